@@ -1,0 +1,293 @@
+//! `wirerate-agent demo`: a real transfer on this machine, from a generated
+//! file to a receiver on 127.0.0.1, next to what the disk alone can do.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::io::{ALIGN, IoMode, IoOp, OpKind, Pool, backend, open::on_tmpfs, open_source};
+use crate::progress::{Progress, Renderer};
+use crate::receiver::{ServeConfig, Server};
+use crate::sender::{SendConfig, send};
+use crate::summary::{ReceiverSummary, SendSummary};
+use crate::units::fmt_bytes;
+
+/// What the demo does.
+#[derive(Debug, Clone)]
+pub struct DemoConfig {
+    /// Size of the generated file.
+    pub size: u64,
+    /// Where the temporary directory goes (must be on a real disk).
+    pub dir: PathBuf,
+    /// The transfer's settings (source, destination and address are filled in).
+    pub send: SendConfig,
+    /// I/O modes to run, one transfer each.
+    pub modes: Vec<IoMode>,
+    /// Keep the files afterwards.
+    pub keep: bool,
+    /// No progress bar.
+    pub quiet: bool,
+}
+
+/// One mode's result.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DemoRun {
+    /// Sender summary.
+    pub sender: SendSummary,
+    /// Receiver summary.
+    pub receiver: Option<ReceiverSummary>,
+}
+
+/// The demo's report.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DemoReport {
+    /// Where it ran.
+    pub dir: String,
+    /// Generated file size.
+    pub size: u64,
+    /// Disk write rate alone, GB/s (O_DIRECT, while generating the file).
+    pub disk_write_gbs: f64,
+    /// Disk read rate alone, GB/s (O_DIRECT io_uring).
+    pub disk_read_gbs: f64,
+    /// One transfer per mode.
+    pub runs: Vec<DemoRun>,
+}
+
+fn drop_cache(path: &Path) {
+    if let Ok(f) = File::open(path) {
+        let _ = f.sync_all();
+        let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
+    }
+}
+
+/// Writes `size` bytes of pseudo-random data with O_DIRECT; returns GB/s.
+fn generate(path: &Path, size: u64, seed: u64) -> Result<f64> {
+    let ctx = || format!("creating the demo file {}", path.display());
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .or_else(|_| {
+            OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(path)
+        })
+        .map_err(|e| Error::io(ctx(), e))?;
+    let chunk = 8 << 20;
+    let pool = Pool::new(chunk, 1)?;
+    let mut buf = pool.try_get().expect("a new pool has a buffer");
+    let mut state = seed | 1;
+    let t0 = Instant::now();
+    let mut off = 0u64;
+    while off < size {
+        let n = (size - off).min(chunk as u64) as usize;
+        for w in buf.as_mut_full().chunks_exact_mut(8) {
+            // xorshift64*: fast, and incompressible enough for a disk test.
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            w.copy_from_slice(&state.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+        }
+        if n % ALIGN == 0 {
+            buf.set_len(n);
+            f.write_all_at(buf.as_slice(), off)
+                .map_err(|e| Error::io(ctx(), e))?;
+        } else {
+            buf.set_len(n);
+            let data = buf.as_slice().to_vec();
+            drop(f.sync_all());
+            let plain = OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(|e| Error::io(ctx(), e))?;
+            plain
+                .write_all_at(&data, off)
+                .map_err(|e| Error::io(ctx(), e))?;
+        }
+        off += n as u64;
+    }
+    f.sync_all().map_err(|e| Error::io(ctx(), e))?;
+    let secs = t0.elapsed().as_secs_f64();
+    drop_cache(path);
+    Ok(size as f64 / secs / 1e9)
+}
+
+/// Reads the file with the async engine and no network; returns GB/s.
+fn disk_read(path: &Path, block: usize, depth: usize) -> Result<f64> {
+    let (f, status) = open_source(path, true)?;
+    let direct = status.is_direct();
+    let f = Arc::new(f);
+    let size = f.metadata().map_err(|e| Error::io("stat", e))?.len();
+    let pool = Pool::new(block, depth.max(1))?;
+    let (mut io, _, _) = backend(IoMode::Async, depth);
+    let t0 = Instant::now();
+    let mut off = 0u64;
+    loop {
+        while off < size && io.in_flight() < io.depth() {
+            let Some(buf) = pool.try_get() else { break };
+            let len = (size - off).min(block as u64) as usize;
+            io.submit(IoOp {
+                file: Arc::clone(&f),
+                kind: OpKind::Read,
+                buf,
+                offset: off,
+                len: if direct {
+                    len.next_multiple_of(ALIGN)
+                } else {
+                    len
+                },
+                tag: off,
+            });
+            off += len as u64;
+        }
+        if io.in_flight() == 0 {
+            break;
+        }
+        for d in io.reap(true)? {
+            d.result
+                .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    drop_cache(path);
+    Ok(size as f64 / secs / 1e9)
+}
+
+/// Runs the demo.
+pub fn run(cfg: &DemoConfig) -> Result<DemoReport> {
+    std::fs::create_dir_all(&cfg.dir)
+        .map_err(|e| Error::io(format!("creating {}", cfg.dir.display()), e))?;
+    let tmp = tempfile::Builder::new()
+        .prefix("wirerate-demo-")
+        .tempdir_in(&cfg.dir)
+        .map_err(|e| Error::io(format!("creating a directory in {}", cfg.dir.display()), e))?;
+    let base = tmp.path().to_path_buf();
+    let src_dir = base.join("src");
+    let dst_dir = base.join("dst");
+    for d in [&src_dir, &dst_dir] {
+        std::fs::create_dir(d).map_err(|e| Error::io(format!("creating {}", d.display()), e))?;
+    }
+    if let Ok(f) = File::open(&base) {
+        if on_tmpfs(&f) {
+            eprintln!(
+                "note: {} is on tmpfs: O_DIRECT is ignored there and the figures measure memory, not disk; pass --dir on a real disk",
+                base.display()
+            );
+        }
+    }
+    let src = src_dir.join("demo.bin");
+    eprintln!(
+        "generating {} of random data in {} ...",
+        fmt_bytes(cfg.size),
+        base.display()
+    );
+    let disk_write_gbs = generate(
+        &src,
+        cfg.size,
+        u64::from_le_bytes(crate::net::auth::random::<8>()),
+    )?;
+    let disk_read_gbs = disk_read(&src, cfg.send.block_size as usize, cfg.send.queue_depth)?;
+
+    let token = crate::net::auth::random::<32>().to_vec();
+    let mut scfg = ServeConfig::new(dst_dir.clone(), token.clone());
+    scfg.queue_depth = cfg.send.queue_depth;
+    scfg.buffer = cfg.send.buffer;
+    let mut runs = Vec::new();
+    for &mode in &cfg.modes {
+        scfg.io_mode = mode;
+        let server = Server::bind("127.0.0.1:0", scfg.clone())?.spawn();
+        let mut send_cfg = cfg.send.clone();
+        send_cfg.to = server.addr().to_string();
+        send_cfg.token = token.clone();
+        send_cfg.source = src.clone();
+        send_cfg.dest = "demo.bin".into();
+        send_cfg.io_mode = mode;
+        send_cfg.retry_for = std::time::Duration::ZERO;
+        let progress = Arc::new(Progress::default());
+        let renderer = Renderer::start(Arc::clone(&progress), &format!("{mode:>8}"), cfg.quiet);
+        let result = send(&send_cfg, progress);
+        renderer.finish();
+        let sender = result?;
+        // The receiver's summary lands just after the sender's last result.
+        let mut receiver = None;
+        for _ in 0..100 {
+            if let Some(r) = server.summaries().pop() {
+                receiver = Some(r);
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        server.stop();
+        if !sender.ok {
+            return Err(Error::Transfer(format!(
+                "demo transfer failed:\n{}",
+                sender.render()
+            )));
+        }
+        let _ = std::fs::remove_file(dst_dir.join("demo.bin"));
+        drop_cache(&src);
+        runs.push(DemoRun { sender, receiver });
+    }
+    let report = DemoReport {
+        dir: base.display().to_string(),
+        size: cfg.size,
+        disk_write_gbs,
+        disk_read_gbs,
+        runs,
+    };
+    if cfg.keep {
+        let kept = tmp.keep();
+        eprintln!("kept {}", kept.display());
+    }
+    Ok(report)
+}
+
+impl DemoReport {
+    /// The human-readable report.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        for r in &self.runs {
+            s.push_str(&r.sender.render());
+            if let Some(rx) = &r.receiver {
+                s.push_str(&format!(
+                    "  receiver   {} written, io {}{}, {} streams joined\n",
+                    fmt_bytes(rx.bytes_written),
+                    rx.io_mode,
+                    rx.io_fallback
+                        .as_deref()
+                        .map(|f| format!(" ({f})"))
+                        .unwrap_or_default(),
+                    rx.streams
+                ));
+            }
+            s.push('\n');
+        }
+        let limit = self.disk_write_gbs.min(self.disk_read_gbs);
+        s.push_str(&format!(
+            "disk alone (O_DIRECT): write {:.2} GB/s, read {:.2} GB/s\n",
+            self.disk_write_gbs, self.disk_read_gbs
+        ));
+        s.push_str("mode       Gbit/s   GB/s   % of the slower disk direction\n");
+        for r in &self.runs {
+            let gbs = r.sender.gbps / 8.0;
+            s.push_str(&format!(
+                "{:<9} {:>7.2} {:>6.2}   {:>5.0}%\n",
+                r.sender.io_mode.to_string(),
+                r.sender.gbps,
+                gbs,
+                gbs / limit * 100.0
+            ));
+        }
+        s.push_str(
+            "(source and destination share this disk: reading and writing at once is the real limit,\n so 100% of the slower direction alone is out of reach on one disk)\n",
+        );
+        s
+    }
+}

@@ -1,0 +1,18 @@
+//! Decision logic with no I/O: what to read, which stream sends what, what
+//! to resend, when to checkpoint, when to retry. The shells in `sender/` and
+//! `receiver/` feed these state machines events and act on what they poll,
+//! so tests drive them with no disk, socket or clock.
+#![forbid(unsafe_code)]
+
+pub mod bitmap;
+pub mod digest;
+pub mod layout;
+pub mod retry;
+pub mod scheduler;
+pub mod tracker;
+
+pub use bitmap::Bitmap;
+pub use layout::Layout;
+pub use retry::Backoff;
+pub use scheduler::{ReadOrder, Scheduler, SendOrder};
+pub use tracker::{CheckpointPolicy, FileTracker};

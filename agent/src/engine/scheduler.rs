@@ -1,0 +1,596 @@
+//! The sender's block scheduler.
+//!
+//! Blocks are read in file order, queued once read, and pulled by whichever
+//! stream has room: a slow stream pulls less. A block stays owned by the
+//! stream that sent it until the receiver acknowledges it; a failed stream's
+//! blocks, and blocks the receiver reports damaged, go back to the front of
+//! the queue for the others. Blocks the receiver already holds (resume) are
+//! read only to compute the file digest, never sent.
+
+use std::collections::{HashMap, VecDeque};
+
+use super::{Bitmap, Layout, digest::file_digest};
+
+/// A block damaged this many times in a row is not a transient fault.
+pub const MAX_RESENDS_PER_BLOCK: u32 = 8;
+
+/// One file as the scheduler sees it.
+#[derive(Debug, Clone)]
+pub struct PlannedFile {
+    /// Session file id.
+    pub file_id: u32,
+    /// Size in bytes.
+    pub size: u64,
+    /// Blocks the receiver already has.
+    pub have: Option<Bitmap>,
+}
+
+/// A read the shell should issue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadOrder {
+    /// Scheduler-wide block index, handed back in `handle_read`.
+    pub gid: usize,
+    /// Session file id.
+    pub file_id: u32,
+    /// Block index within the file.
+    pub block: u64,
+    /// Byte offset.
+    pub offset: u64,
+    /// Bytes to read.
+    pub len: u64,
+    /// The receiver has it: read for the digest only, do not send.
+    pub digest_only: bool,
+    /// This is the file's last block to read: its descriptor may be closed after.
+    pub last_read_of_file: bool,
+}
+
+/// A block a stream should send now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendOrder {
+    /// Scheduler-wide block index (the shell's buffer key).
+    pub gid: usize,
+    /// Session file id.
+    pub file_id: u32,
+    /// Block index within the file.
+    pub block: u64,
+    /// Byte offset.
+    pub offset: u64,
+    /// Payload length.
+    pub len: u64,
+    /// Payload checksum.
+    pub checksum: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Unread,
+    Reading,
+    Ready,
+    InFlight(u16),
+    Acked,
+    /// The receiver has it; the digest still needs its checksum.
+    HaveUnread,
+    HaveReading,
+    HaveDone,
+}
+
+#[derive(Debug)]
+struct FileState {
+    file_id: u32,
+    layout: Layout,
+    first: usize,
+    outstanding: u64,
+    reads_left: u64,
+    checksums: Vec<u64>,
+    reported: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct StreamState {
+    alive: bool,
+    in_flight: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    file: usize,
+    block: u64,
+    state: State,
+    resends: u32,
+}
+
+/// The sender's scheduler; see the module docs.
+#[derive(Debug)]
+pub struct Scheduler {
+    files: Vec<FileState>,
+    by_id: HashMap<u32, usize>,
+    slots: Vec<Slot>,
+    read_cursor: usize,
+    reads_left: usize,
+    ready: VecDeque<usize>,
+    streams: Vec<StreamState>,
+    per_stream_limit: usize,
+    need_digest: bool,
+    completed: VecDeque<usize>,
+    reported: usize,
+    resends: u64,
+    fatal: Option<String>,
+}
+
+impl Scheduler {
+    /// Plans `files` in `block_size` blocks over `streams` streams, each
+    /// holding at most `per_stream_limit` unacknowledged blocks. When
+    /// `need_digest` is false, blocks the receiver has are not read at all.
+    pub fn new(
+        files: Vec<PlannedFile>,
+        block_size: u64,
+        streams: u16,
+        per_stream_limit: usize,
+        need_digest: bool,
+    ) -> Self {
+        let mut s = Self {
+            files: Vec::with_capacity(files.len()),
+            by_id: HashMap::with_capacity(files.len()),
+            slots: Vec::new(),
+            read_cursor: 0,
+            reads_left: 0,
+            ready: VecDeque::new(),
+            streams: vec![
+                StreamState {
+                    alive: true,
+                    in_flight: 0,
+                };
+                streams as usize
+            ],
+            per_stream_limit: per_stream_limit.max(1),
+            need_digest,
+            completed: VecDeque::new(),
+            reported: 0,
+            resends: 0,
+            fatal: None,
+        };
+        for f in files {
+            let layout = Layout::new(f.size, block_size);
+            let n = layout.blocks();
+            let idx = s.files.len();
+            let mut outstanding = 0;
+            let mut reads_left = 0;
+            for b in 0..n {
+                let have = f.have.as_ref().is_some_and(|h| h.get(b));
+                let state = match (have, need_digest) {
+                    (false, _) => State::Unread,
+                    (true, true) => State::HaveUnread,
+                    (true, false) => State::HaveDone,
+                };
+                if state != State::HaveDone {
+                    outstanding += 1;
+                    reads_left += 1;
+                }
+                s.slots.push(Slot {
+                    file: idx,
+                    block: b,
+                    state,
+                    resends: 0,
+                });
+            }
+            s.by_id.insert(f.file_id, idx);
+            s.files.push(FileState {
+                file_id: f.file_id,
+                layout,
+                first: s.slots.len() - n as usize,
+                outstanding,
+                reads_left,
+                checksums: vec![0; n as usize],
+                reported: false,
+            });
+            s.reads_left += reads_left as usize;
+            if outstanding == 0 {
+                s.completed.push_back(idx);
+            }
+        }
+        s
+    }
+
+    /// The next block to read, if any remain.
+    #[must_use]
+    pub fn poll_read(&mut self) -> Option<ReadOrder> {
+        while self.read_cursor < self.slots.len() {
+            let gid = self.read_cursor;
+            self.read_cursor += 1;
+            let slot = &mut self.slots[gid];
+            let digest_only = match slot.state {
+                State::Unread => false,
+                State::HaveUnread => true,
+                _ => continue,
+            };
+            slot.state = if digest_only {
+                State::HaveReading
+            } else {
+                State::Reading
+            };
+            self.reads_left -= 1;
+            let f = &mut self.files[slot.file];
+            f.reads_left -= 1;
+            return Some(ReadOrder {
+                gid,
+                file_id: f.file_id,
+                block: slot.block,
+                offset: f.layout.offset(slot.block),
+                len: f.layout.len(slot.block),
+                digest_only,
+                last_read_of_file: f.reads_left == 0,
+            });
+        }
+        None
+    }
+
+    /// Whether any block remains to be read.
+    pub fn reads_left(&self) -> bool {
+        self.reads_left > 0
+    }
+
+    /// Whether `gid` is read and waiting to be sent (so its buffer is kept).
+    pub fn is_ready(&self, gid: usize) -> bool {
+        self.slots.get(gid).is_some_and(|s| s.state == State::Ready)
+    }
+
+    /// A read finished; `checksum` is its payload's checksum.
+    pub fn handle_read(&mut self, gid: usize, checksum: u64) {
+        let Some(slot) = self.slots.get_mut(gid) else {
+            return;
+        };
+        let file = slot.file;
+        let block = slot.block as usize;
+        match slot.state {
+            State::Reading => {
+                slot.state = State::Ready;
+                self.ready.push_back(gid);
+            }
+            State::HaveReading => {
+                slot.state = State::HaveDone;
+                self.finish_block(file);
+            }
+            _ => return,
+        }
+        self.files[file].checksums[block] = checksum;
+    }
+
+    /// The next block for `stream` to send, if it has room and one is ready.
+    #[must_use]
+    pub fn poll_send(&mut self, stream: u16) -> Option<SendOrder> {
+        let st = self.streams.get_mut(stream as usize)?;
+        if !st.alive || st.in_flight >= self.per_stream_limit || self.fatal.is_some() {
+            return None;
+        }
+        let gid = self.ready.pop_front()?;
+        st.in_flight += 1;
+        let slot = &mut self.slots[gid];
+        slot.state = State::InFlight(stream);
+        let f = &self.files[slot.file];
+        Some(SendOrder {
+            gid,
+            file_id: f.file_id,
+            block: slot.block,
+            offset: f.layout.offset(slot.block),
+            len: f.layout.len(slot.block),
+            checksum: f.checksums[slot.block as usize],
+        })
+    }
+
+    fn lookup(&self, stream: u16, file_id: u32, block: u64) -> Result<usize, String> {
+        let file = *self
+            .by_id
+            .get(&file_id)
+            .ok_or_else(|| format!("acknowledgement for unknown file {file_id}"))?;
+        let f = &self.files[file];
+        if block >= f.layout.blocks() {
+            return Err(format!(
+                "acknowledgement for block {block} beyond the end of file {file_id}"
+            ));
+        }
+        let gid = f.first + block as usize;
+        if self.slots[gid].state != State::InFlight(stream) {
+            return Err(format!(
+                "acknowledgement for block {block} of file {file_id}, which stream {stream} did not send"
+            ));
+        }
+        Ok(gid)
+    }
+
+    /// The receiver wrote a block; returns its gid so the shell frees the buffer.
+    pub fn handle_ack(&mut self, stream: u16, file_id: u32, block: u64) -> Result<usize, String> {
+        let gid = self.lookup(stream, file_id, block)?;
+        self.streams[stream as usize].in_flight -= 1;
+        let slot = &mut self.slots[gid];
+        slot.state = State::Acked;
+        slot.resends = 0;
+        let file = slot.file;
+        self.finish_block(file);
+        Ok(gid)
+    }
+
+    /// The receiver found a block damaged: queue it first for resending.
+    pub fn handle_nack(&mut self, stream: u16, file_id: u32, block: u64) -> Result<(), String> {
+        let gid = self.lookup(stream, file_id, block)?;
+        self.streams[stream as usize].in_flight -= 1;
+        self.resends += 1;
+        let slot = &mut self.slots[gid];
+        slot.resends += 1;
+        slot.state = State::Ready;
+        if slot.resends > MAX_RESENDS_PER_BLOCK {
+            self.fatal = Some(format!(
+                "block {block} of file {file_id} arrived damaged {} times in a row; \
+                 check the path for faulty hardware (NIC, cable, memory)",
+                slot.resends
+            ));
+        }
+        self.ready.push_front(gid);
+        Ok(())
+    }
+
+    /// A stream broke: its unacknowledged blocks go back for the others.
+    /// Returns how many blocks were requeued.
+    pub fn handle_stream_failed(&mut self, stream: u16) -> usize {
+        let Some(st) = self.streams.get_mut(stream as usize) else {
+            return 0;
+        };
+        st.alive = false;
+        st.in_flight = 0;
+        let mut requeued = 0;
+        for gid in (0..self.slots.len()).rev() {
+            if self.slots[gid].state == State::InFlight(stream) {
+                self.slots[gid].state = State::Ready;
+                self.ready.push_front(gid);
+                requeued += 1;
+            }
+        }
+        self.resends += requeued as u64;
+        requeued
+    }
+
+    fn finish_block(&mut self, file: usize) {
+        let f = &mut self.files[file];
+        f.outstanding -= 1;
+        if f.outstanding == 0 {
+            self.completed.push_back(file);
+        }
+    }
+
+    /// A file whose blocks are all acknowledged (or held by the receiver),
+    /// with its digest (0 when digests are off).
+    #[must_use]
+    pub fn poll_file_done(&mut self) -> Option<(u32, u128)> {
+        let idx = self.completed.pop_front()?;
+        let f = &mut self.files[idx];
+        f.reported = true;
+        self.reported += 1;
+        let digest = if self.need_digest {
+            file_digest(&f.checksums)
+        } else {
+            0
+        };
+        Some((f.file_id, digest))
+    }
+
+    /// A reason the transfer cannot go on, if one arose.
+    #[must_use]
+    pub fn poll_fatal(&self) -> Option<&str> {
+        self.fatal.as_deref()
+    }
+
+    /// Every file reported done.
+    pub fn is_finished(&self) -> bool {
+        self.reported == self.files.len()
+    }
+
+    /// Streams still alive.
+    pub fn alive_streams(&self) -> usize {
+        self.streams.iter().filter(|s| s.alive).count()
+    }
+
+    /// Whether `stream` is still alive.
+    pub fn stream_alive(&self, stream: u16) -> bool {
+        self.streams.get(stream as usize).is_some_and(|s| s.alive)
+    }
+
+    /// Blocks sent again (damaged or on a failed stream).
+    pub fn resends(&self) -> u64 {
+        self.resends
+    }
+
+    /// Nothing left to hand to streams, now or later.
+    pub fn nothing_left_to_send(&self) -> bool {
+        self.ready.is_empty()
+            && self.reads_left == 0
+            && !self.slots.iter().any(|s| s.state == State::Reading)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(size: u64, have: Option<Bitmap>) -> Vec<PlannedFile> {
+        vec![PlannedFile {
+            file_id: 7,
+            size,
+            have,
+        }]
+    }
+
+    /// Reads everything the scheduler asks for, checksum = block index + 1.
+    fn read_all(s: &mut Scheduler) -> Vec<ReadOrder> {
+        let mut v = Vec::new();
+        while let Some(r) = s.poll_read() {
+            s.handle_read(r.gid, r.block + 1);
+            v.push(r);
+        }
+        v
+    }
+
+    #[test]
+    fn sends_every_block_once_and_reports_the_file() {
+        let mut s = Scheduler::new(one(10, None), 4, 2, 8, true);
+        let reads = read_all(&mut s);
+        assert_eq!(reads.len(), 3);
+        assert_eq!(reads[2].len, 2);
+        assert!(reads[2].last_read_of_file && !reads[0].last_read_of_file);
+        let a = s.poll_send(0).unwrap();
+        let b = s.poll_send(1).unwrap();
+        let c = s.poll_send(0).unwrap();
+        assert_eq!((a.block, b.block, c.block), (0, 1, 2));
+        assert_eq!(c.checksum, 3);
+        assert!(s.poll_send(1).is_none());
+        assert!(s.poll_file_done().is_none());
+        s.handle_ack(0, 7, 0).unwrap();
+        s.handle_ack(1, 7, 1).unwrap();
+        s.handle_ack(0, 7, 2).unwrap();
+        let (id, d) = s.poll_file_done().unwrap();
+        assert_eq!(id, 7);
+        assert_eq!(d, file_digest(&[1, 2, 3]));
+        assert!(s.is_finished());
+    }
+
+    #[test]
+    fn per_stream_limit_lets_the_other_stream_take_more() {
+        let mut s = Scheduler::new(one(40, None), 4, 2, 2, false);
+        read_all(&mut s);
+        assert!(s.poll_send(0).is_some() && s.poll_send(0).is_some());
+        assert!(s.poll_send(0).is_none(), "slow stream 0 is at its limit");
+        assert!(s.poll_send(1).is_some() && s.poll_send(1).is_some());
+        s.handle_ack(1, 7, 2).unwrap();
+        assert_eq!(s.poll_send(1).unwrap().block, 4);
+    }
+
+    #[test]
+    fn failed_stream_blocks_go_to_the_survivor() {
+        let mut s = Scheduler::new(one(12, None), 4, 2, 8, false);
+        read_all(&mut s);
+        let a = s.poll_send(0).unwrap();
+        let b = s.poll_send(1).unwrap();
+        let c = s.poll_send(0).unwrap();
+        s.handle_ack(1, 7, b.block).unwrap();
+        assert_eq!(s.handle_stream_failed(0), 2);
+        assert_eq!(s.alive_streams(), 1);
+        assert!(s.poll_send(0).is_none(), "a dead stream gets nothing");
+        let r1 = s.poll_send(1).unwrap();
+        let r2 = s.poll_send(1).unwrap();
+        let mut got = [r1.block, r2.block];
+        got.sort();
+        assert_eq!(got, [a.block, c.block]);
+        // A late ack from the dead stream is a violation, not a double count.
+        assert!(s.handle_ack(0, 7, a.block).is_err());
+        s.handle_ack(1, 7, r1.block).unwrap();
+        s.handle_ack(1, 7, r2.block).unwrap();
+        assert!(s.poll_file_done().is_some());
+        assert_eq!(s.resends(), 2);
+    }
+
+    #[test]
+    fn damaged_block_is_resent_first_and_counted() {
+        let mut s = Scheduler::new(one(12, None), 4, 1, 8, true);
+        read_all(&mut s);
+        let a = s.poll_send(0).unwrap();
+        s.handle_nack(0, 7, a.block).unwrap();
+        assert_eq!(s.resends(), 1);
+        assert_eq!(s.poll_send(0).unwrap().block, a.block);
+    }
+
+    #[test]
+    fn persistent_damage_is_fatal() {
+        let mut s = Scheduler::new(one(4, None), 4, 1, 8, true);
+        read_all(&mut s);
+        for _ in 0..=MAX_RESENDS_PER_BLOCK {
+            let a = s.poll_send(0).unwrap();
+            s.handle_nack(0, 7, a.block).unwrap();
+        }
+        assert!(s.poll_fatal().is_some());
+        assert!(s.poll_send(0).is_none());
+    }
+
+    #[test]
+    fn resume_reads_held_blocks_for_the_digest_but_never_sends_them() {
+        let mut have = Bitmap::new(3);
+        have.set(0);
+        have.set(2);
+        let mut s = Scheduler::new(one(10, Some(have)), 4, 1, 8, true);
+        let reads = read_all(&mut s);
+        assert_eq!(reads.iter().filter(|r| r.digest_only).count(), 2);
+        let a = s.poll_send(0).unwrap();
+        assert_eq!(a.block, 1);
+        assert!(s.poll_send(0).is_none());
+        s.handle_ack(0, 7, 1).unwrap();
+        assert_eq!(s.poll_file_done().unwrap().1, file_digest(&[1, 2, 3]));
+    }
+
+    #[test]
+    fn resume_without_digest_reads_only_missing_blocks() {
+        let mut have = Bitmap::new(3);
+        have.set(1);
+        let mut s = Scheduler::new(one(10, Some(have)), 4, 1, 8, false);
+        assert_eq!(read_all(&mut s).len(), 2);
+    }
+
+    #[test]
+    fn empty_and_fully_held_files_complete_at_once() {
+        let mut have = Bitmap::new(1);
+        have.set(0);
+        let files = vec![
+            PlannedFile {
+                file_id: 1,
+                size: 0,
+                have: None,
+            },
+            PlannedFile {
+                file_id: 2,
+                size: 3,
+                have: Some(have),
+            },
+        ];
+        let mut s = Scheduler::new(files, 4, 1, 8, false);
+        assert_eq!(s.poll_file_done().unwrap().0, 1);
+        assert_eq!(s.poll_file_done().unwrap().0, 2);
+        assert!(s.is_finished());
+        assert!(s.poll_read().is_none());
+    }
+
+    #[test]
+    fn bogus_acks_are_violations() {
+        let mut s = Scheduler::new(one(8, None), 4, 1, 8, false);
+        read_all(&mut s);
+        assert!(s.handle_ack(0, 99, 0).is_err());
+        assert!(s.handle_ack(0, 7, 5).is_err());
+        assert!(s.handle_ack(0, 7, 0).is_err(), "not sent yet");
+        assert!(s.handle_nack(3, 7, 0).is_err());
+    }
+
+    #[test]
+    fn many_files_flow_back_to_back() {
+        let files: Vec<_> = (0..100)
+            .map(|i| PlannedFile {
+                file_id: i,
+                size: 3,
+                have: None,
+            })
+            .collect();
+        let mut s = Scheduler::new(files, 4, 4, 1000, true);
+        read_all(&mut s);
+        let mut sent = 0;
+        for st in (0..4).cycle() {
+            match s.poll_send(st) {
+                Some(o) => {
+                    s.handle_ack(st, o.file_id, o.block).unwrap();
+                    sent += 1;
+                }
+                None if s.nothing_left_to_send() => break,
+                None => {}
+            }
+        }
+        assert_eq!(sent, 100);
+        let mut done = 0;
+        while s.poll_file_done().is_some() {
+            done += 1;
+        }
+        assert_eq!(done, 100);
+    }
+}

@@ -1,0 +1,170 @@
+//! The receiver's view of one file: which blocks are written, which are
+//! durable, and when to checkpoint.
+
+use std::time::{Duration, Instant};
+
+use super::{Bitmap, digest::file_digest};
+
+/// Written and durable blocks of one destination file.
+#[derive(Debug, Clone)]
+pub struct FileTracker {
+    durable: Bitmap,
+    written: Bitmap,
+    checksums: Vec<u64>,
+    unsynced: u64,
+}
+
+impl FileTracker {
+    /// A tracker for `blocks` blocks, starting from a checkpoint's durable
+    /// blocks and their checksums when resuming.
+    pub fn new(blocks: u64, resumed: Option<(Bitmap, Vec<u64>)>) -> Self {
+        let (durable, checksums) = match resumed {
+            Some((b, c)) if b.len() == blocks && c.len() as u64 == blocks => (b, c),
+            _ => (Bitmap::new(blocks), vec![0; blocks as usize]),
+        };
+        Self {
+            written: durable.clone(),
+            durable,
+            checksums,
+            unsynced: 0,
+        }
+    }
+
+    /// A block's write completed. Returns false for an index out of range.
+    pub fn handle_written(&mut self, block: u64, checksum: u64) -> bool {
+        if block >= self.written.len() {
+            return false;
+        }
+        self.checksums[block as usize] = checksum;
+        if self.durable.get(block) {
+            // A resend of a durable block rewrote the same bytes.
+            return true;
+        }
+        if !self.written.get(block) {
+            self.written.set(block);
+        }
+        self.unsynced += 1;
+        true
+    }
+
+    /// Blocks written since the last sync.
+    pub fn unsynced(&self) -> u64 {
+        self.unsynced
+    }
+
+    /// The file was fdatasync'ed: everything written so far is durable.
+    pub fn handle_synced(&mut self) {
+        self.durable.union_with(&self.written);
+        self.unsynced = 0;
+    }
+
+    /// Durable blocks (what a checkpoint records).
+    pub fn durable(&self) -> &Bitmap {
+        &self.durable
+    }
+
+    /// Checksums by block (meaningful for written blocks).
+    pub fn checksums(&self) -> &[u64] {
+        &self.checksums
+    }
+
+    /// Every block is written.
+    pub fn is_complete(&self) -> bool {
+        self.written.is_full()
+    }
+
+    /// The file digest from the checksums of the received blocks.
+    pub fn digest(&self) -> u128 {
+        file_digest(&self.checksums)
+    }
+}
+
+/// Decides when unsynced blocks are worth an fdatasync and a checkpoint.
+#[derive(Debug, Clone)]
+pub struct CheckpointPolicy {
+    interval: Duration,
+    last: Instant,
+}
+
+impl CheckpointPolicy {
+    /// Checkpoint at most every `interval`.
+    pub fn new(now: Instant, interval: Duration) -> Self {
+        Self {
+            interval,
+            last: now,
+        }
+    }
+
+    /// Whether a checkpoint is due, given how many blocks await a sync.
+    #[must_use]
+    pub fn poll_due(&self, now: Instant, unsynced: u64) -> bool {
+        unsynced > 0 && now.saturating_duration_since(self.last) >= self.interval
+    }
+
+    /// When the next checkpoint could fall due.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Instant {
+        self.last + self.interval
+    }
+
+    /// A checkpoint was taken at `now`.
+    pub fn handle_checkpointed(&mut self, now: Instant) {
+        self.last = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_is_durable_only_after_sync() {
+        let mut t = FileTracker::new(3, None);
+        assert!(t.handle_written(1, 11));
+        assert!(
+            !t.durable().get(1),
+            "written is not durable before fdatasync"
+        );
+        assert_eq!(t.unsynced(), 1);
+        t.handle_synced();
+        assert!(t.durable().get(1));
+        assert_eq!(t.unsynced(), 0);
+        assert!(!t.is_complete());
+        assert!(t.handle_written(0, 10) && t.handle_written(2, 12));
+        assert!(t.is_complete());
+        assert_eq!(t.digest(), file_digest(&[10, 11, 12]));
+        assert!(!t.handle_written(3, 0));
+    }
+
+    #[test]
+    fn resumed_tracker_keeps_checkpointed_checksums() {
+        let mut b = Bitmap::new(2);
+        b.set(0);
+        let mut t = FileTracker::new(2, Some((b, vec![5, 0])));
+        assert!(!t.is_complete());
+        t.handle_written(1, 6);
+        assert!(t.is_complete());
+        assert_eq!(t.digest(), file_digest(&[5, 6]));
+    }
+
+    #[test]
+    fn mismatched_checkpoint_is_ignored() {
+        let b = Bitmap::new(5);
+        let t = FileTracker::new(2, Some((b, vec![0; 5])));
+        assert_eq!(t.durable().len(), 2);
+    }
+
+    #[test]
+    fn checkpoint_policy() {
+        let t0 = Instant::now();
+        let mut p = CheckpointPolicy::new(t0, Duration::from_secs(1));
+        assert!(
+            !p.poll_due(t0 + Duration::from_secs(5), 0),
+            "nothing to sync"
+        );
+        assert!(!p.poll_due(t0 + Duration::from_millis(500), 3));
+        assert!(p.poll_due(t0 + Duration::from_secs(1), 3));
+        p.handle_checkpointed(t0 + Duration::from_secs(1));
+        assert_eq!(p.poll_timeout(), t0 + Duration::from_secs(2));
+    }
+}

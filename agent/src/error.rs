@@ -1,0 +1,95 @@
+//! The crate's one error type: every message says what went wrong and what to do.
+
+use crate::wire::DecodeError;
+
+/// Result alias used throughout the agent.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can stop a transfer or a server.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Local file or disk trouble; the context names the file and the operation.
+    #[error("{context}: {source}")]
+    Io {
+        /// What we were doing, with the path.
+        context: String,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The network broke or a peer went away; a retry may succeed.
+    #[error("{context}: {source}")]
+    Net {
+        /// What we were doing, with the address.
+        context: String,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The peer sent something that is not valid wirerate protocol.
+    #[error("peer sent an invalid frame: {0}; closing the connection")]
+    Protocol(#[from] DecodeError),
+    /// The peer broke the protocol's rules in a well-formed frame.
+    #[error("peer violated the protocol: {0}; closing the connection")]
+    Violation(String),
+    /// Token mismatch, or the peer does not speak our handshake.
+    #[error("authentication failed: {0}")]
+    Auth(String),
+    /// A destination path that would leave the receiver's root.
+    #[error("refused destination path {path:?}: {reason}")]
+    PathRefused {
+        /// The path as the sender gave it.
+        path: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A bad command-line value or combination of settings.
+    #[error("invalid setting: {0}")]
+    Config(String),
+    /// The receiver reported a failure.
+    #[error("receiver reported: {message}")]
+    Remote {
+        /// The receiver's message.
+        message: String,
+        /// Whether reconnecting could help.
+        retryable: bool,
+    },
+    /// The data that landed is not the data that left.
+    #[error("verification failed for {path}: {detail}")]
+    Verify {
+        /// Destination path.
+        path: String,
+        /// What did not match.
+        detail: String,
+    },
+    /// The transfer cannot continue and retrying will not help.
+    #[error("{0}")]
+    Transfer(String),
+}
+
+impl Error {
+    /// Wraps a local I/O error with what we were doing.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// Wraps a network error with what we were doing.
+    pub fn net(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Net {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// Whether reconnecting and resuming could get past this error.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Net { .. } => true,
+            Self::Remote { retryable, .. } => *retryable,
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! A preallocated pool of aligned block buffers, hugepage-backed when the
+//! host has enough free hugepages.
+
+use std::ptr::NonNull;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use super::ALIGN;
+use crate::error::{Error, Result};
+
+const HUGEPAGE: usize = 2 << 20;
+
+struct Inner {
+    base: NonNull<u8>,
+    map_len: usize,
+    buf_size: usize,
+    free: Mutex<Vec<usize>>,
+    cv: Condvar,
+    hugepages: bool,
+    count: usize,
+}
+
+// SAFETY: the mapping is owned by `Inner` and lives until it drops; each
+// buffer index is handed to at most one `PoolBuf` at a time (the free list
+// is behind a mutex), so no two threads touch the same bytes.
+unsafe impl Send for Inner {}
+// SAFETY: as above; shared access only reads `base`, which never changes.
+unsafe impl Sync for Inner {}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // SAFETY: `base`/`map_len` came from a successful mmap, and every
+        // PoolBuf holds an Arc to us, so no buffer outlives the mapping. Ops
+        // in flight own their PoolBuf, so the kernel is done with the memory.
+        unsafe {
+            libc::munmap(self.base.as_ptr().cast(), self.map_len);
+        }
+    }
+}
+
+/// The pool; clones share it.
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("buf_size", &self.inner.buf_size)
+            .field("count", &self.inner.count)
+            .field("hugepages", &self.inner.hugepages)
+            .finish()
+    }
+}
+
+fn free_hugepage_bytes() -> usize {
+    let Ok(meminfo) = std::fs::read_to_string("/proc/meminfo") else {
+        return 0;
+    };
+    let field = |name: &str| -> usize {
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let size_kib = field("Hugepagesize:");
+    if size_kib * 1024 != HUGEPAGE {
+        return 0;
+    }
+    field("HugePages_Free:") * HUGEPAGE
+}
+
+fn map(len: usize, huge: bool) -> Option<NonNull<u8>> {
+    let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE;
+    if huge {
+        flags |= libc::MAP_HUGETLB;
+    }
+    // SAFETY: an anonymous private mapping with no address hint touches no
+    // existing memory; the result is checked for MAP_FAILED before use.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        None
+    } else {
+        NonNull::new(p.cast())
+    }
+}
+
+impl Pool {
+    /// `count` buffers of `buf_size` bytes (a multiple of 4096).
+    pub fn new(buf_size: usize, count: usize) -> Result<Self> {
+        if buf_size == 0 || buf_size % ALIGN != 0 || count == 0 {
+            return Err(Error::Config(format!(
+                "buffer pool needs a block size that is a positive multiple of {ALIGN} (got {buf_size}) and at least one buffer"
+            )));
+        }
+        let len = buf_size
+            .checked_mul(count)
+            .ok_or_else(|| Error::Config("buffer pool size overflows".into()))?;
+        let huge_len = len.div_ceil(HUGEPAGE) * HUGEPAGE;
+        let (base, map_len, hugepages) = match (free_hugepage_bytes() >= huge_len)
+            .then(|| map(huge_len, true))
+            .flatten()
+        {
+            Some(p) => (p, huge_len, true),
+            None => match map(len, false) {
+                Some(p) => (p, len, false),
+                None => {
+                    return Err(Error::io(
+                        format!("allocating {len} bytes of transfer buffers"),
+                        std::io::Error::last_os_error(),
+                    ));
+                }
+            },
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                base,
+                map_len,
+                buf_size,
+                free: Mutex::new((0..count).rev().collect()),
+                cv: Condvar::new(),
+                hugepages,
+                count,
+            }),
+        })
+    }
+
+    /// Size of each buffer.
+    pub fn buf_size(&self) -> usize {
+        self.inner.buf_size
+    }
+
+    /// Number of buffers.
+    pub fn count(&self) -> usize {
+        self.inner.count
+    }
+
+    /// Whether the buffers sit on hugepages.
+    pub fn hugepages(&self) -> bool {
+        self.inner.hugepages
+    }
+
+    fn take(&self, idx: usize) -> PoolBuf {
+        PoolBuf {
+            inner: Arc::clone(&self.inner),
+            idx,
+            len: 0,
+        }
+    }
+
+    /// A free buffer, if one is free now.
+    pub fn try_get(&self) -> Option<PoolBuf> {
+        let idx = self
+            .inner
+            .free
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()?;
+        Some(self.take(idx))
+    }
+
+    /// A free buffer, waiting at most `timeout` for one.
+    pub fn get_timeout(&self, timeout: Duration) -> Option<PoolBuf> {
+        let free = self.inner.free.lock().unwrap_or_else(|p| p.into_inner());
+        let (mut free, _) = self
+            .inner
+            .cv
+            .wait_timeout_while(free, timeout, |f| f.is_empty())
+            .unwrap_or_else(|p| p.into_inner());
+        let idx = free.pop()?;
+        drop(free);
+        Some(self.take(idx))
+    }
+}
+
+/// One buffer of the pool, returned to it on drop.
+pub struct PoolBuf {
+    inner: Arc<Inner>,
+    idx: usize,
+    len: usize,
+}
+
+impl PoolBuf {
+    /// Capacity in bytes (the pool's block size).
+    pub fn capacity(&self) -> usize {
+        self.inner.buf_size
+    }
+
+    /// Valid bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// No valid bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Marks the first `len` bytes valid (clamped to capacity).
+    pub fn set_len(&mut self, len: usize) {
+        self.len = len.min(self.capacity());
+    }
+
+    /// Start of the buffer, for the kernel; stays put for the buffer's life.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        // SAFETY: idx < count, so the offset stays inside the mapping.
+        unsafe { self.inner.base.as_ptr().add(self.idx * self.inner.buf_size) }
+    }
+
+    /// The valid bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: this buffer's range is inside the mapping, initialised
+        // (anonymous mappings are zero-filled) and owned by us alone.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.inner.base.as_ptr().add(self.idx * self.inner.buf_size),
+                self.len,
+            )
+        }
+    }
+
+    /// The whole capacity, for filling.
+    pub fn as_mut_full(&mut self) -> &mut [u8] {
+        let cap = self.capacity();
+        // SAFETY: as in `as_slice`, and `&mut self` makes the access unique.
+        unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), cap) }
+    }
+}
+
+impl Drop for PoolBuf {
+    fn drop(&mut self) {
+        self.inner
+            .free
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(self.idx);
+        self.inner.cv.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_aligned_distinct_and_recycled() {
+        let pool = Pool::new(8192, 2).unwrap();
+        let mut a = pool.try_get().unwrap();
+        let mut b = pool.try_get().unwrap();
+        assert!(pool.try_get().is_none());
+        assert_eq!(a.as_mut_ptr() as usize % ALIGN, 0);
+        assert_eq!(b.as_mut_ptr() as usize % ALIGN, 0);
+        a.as_mut_full().fill(1);
+        b.as_mut_full().fill(2);
+        a.set_len(10);
+        assert!(a.as_slice().iter().all(|&x| x == 1));
+        drop(a);
+        assert!(pool.get_timeout(Duration::from_millis(10)).is_some());
+        assert!(Pool::new(1000, 1).is_err());
+    }
+}

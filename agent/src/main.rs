@@ -1,0 +1,323 @@
+//! `wirerate-agent`: serve, send, demo.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use wirerate_agent::io::IoMode;
+use wirerate_agent::net::SocketOpts;
+use wirerate_agent::progress::{Progress, Renderer};
+use wirerate_agent::receiver::{ServeConfig, Server};
+use wirerate_agent::sender::{SendConfig, send};
+use wirerate_agent::units::{parse_rate, parse_size};
+use wirerate_agent::wire::Verify;
+use wirerate_agent::{defaults, demo, metrics};
+
+#[derive(Parser)]
+#[command(
+    name = "wirerate-agent",
+    version,
+    about = "Disk-to-disk transfers at the wire rate"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Receive transfers, writing beneath --root.
+    Serve(ServeArgs),
+    /// Send a file or a directory tree to a receiver.
+    Send(SendArgs),
+    /// A real transfer on this machine with a generated file (the README's first command).
+    Demo(DemoArgs),
+}
+
+#[derive(Args, Clone)]
+struct IoArgs {
+    /// I/O mode: buffered (page cache), direct (O_DIRECT, one request), async (io_uring, many).
+    #[arg(long, value_enum, default_value_t = IoMode::Async)]
+    io_mode: IoMode,
+    /// Requests in flight in async mode.
+    #[arg(long, default_value_t = defaults::QUEUE_DEPTH)]
+    queue_depth: usize,
+    /// In-flight buffer memory, e.g. 512MiB.
+    #[arg(long, default_value = "512MiB", value_parser = size)]
+    buffer: u64,
+    /// TCP congestion control (cubic, bbr, reno, ...); default: the kernel's.
+    #[arg(long)]
+    congestion: Option<String>,
+    /// Explicit socket buffer size (disables autotuning), e.g. 64MiB.
+    #[arg(long, value_parser = size)]
+    socket_buffer: Option<u64>,
+}
+
+impl IoArgs {
+    fn socket(&self) -> SocketOpts {
+        SocketOpts {
+            congestion: self.congestion.clone(),
+            pacing: None,
+            buffer: self.socket_buffer.map(|b| b as usize),
+        }
+    }
+}
+
+#[derive(Args)]
+struct TokenArgs {
+    /// File holding the shared secret (or set WIRERATE_TOKEN).
+    #[arg(long, env = "WIRERATE_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+}
+
+impl TokenArgs {
+    fn load(&self) -> Result<Vec<u8>> {
+        if let Some(p) = &self.token_file {
+            let t = std::fs::read(p)
+                .with_context(|| format!("reading the token file {}", p.display()))?;
+            let t = t.trim_ascii().to_vec();
+            if t.is_empty() {
+                bail!(
+                    "the token file {} is empty; put a secret in it (e.g. `head -c 32 /dev/urandom | base64 > {}`)",
+                    p.display(),
+                    p.display()
+                );
+            }
+            return Ok(t);
+        }
+        match std::env::var("WIRERATE_TOKEN") {
+            Ok(t) if !t.trim().is_empty() => Ok(t.trim().as_bytes().to_vec()),
+            _ => bail!("no token: pass --token-file FILE or set WIRERATE_TOKEN"),
+        }
+    }
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0:7470")]
+    listen: String,
+    /// Directory everything is written beneath.
+    #[arg(long)]
+    root: PathBuf,
+    #[command(flatten)]
+    token: TokenArgs,
+    #[command(flatten)]
+    io: IoArgs,
+    /// Serve Prometheus metrics on this address, e.g. 0.0.0.0:9470.
+    #[arg(long)]
+    metrics_addr: Option<String>,
+    /// Concurrent sessions.
+    #[arg(long, default_value_t = 16)]
+    max_sessions: usize,
+    /// Seconds between checkpoints of durable blocks.
+    #[arg(long, default_value_t = 1.0)]
+    checkpoint_interval: f64,
+    /// Print session summaries as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct SendArgs {
+    /// Receiver address, host:port.
+    #[arg(long)]
+    to: String,
+    #[command(flatten)]
+    token: TokenArgs,
+    /// File or directory to send.
+    source: PathBuf,
+    /// Destination relative to the receiver's root (end with / to keep the file name).
+    dest: String,
+    #[command(flatten)]
+    tuning: SendTuning,
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// No progress output.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(Args, Clone)]
+struct SendTuning {
+    /// Parallel TCP streams.
+    #[arg(long, default_value_t = defaults::STREAMS)]
+    streams: u16,
+    /// Content block size, a multiple of 4 KiB, e.g. 16MiB.
+    #[arg(long, default_value = "16MiB", value_parser = size)]
+    block_size: u64,
+    #[command(flatten)]
+    io: IoArgs,
+    /// Cap the transfer's rate, e.g. 5Gbps (TCP pacing, split over the streams).
+    #[arg(long, value_parser = rate)]
+    max_rate: Option<u64>,
+    /// none: trust TCP; blocks: checksum every block and compare file digests; reread: also re-read from disk.
+    #[arg(long, value_parser = verify, default_value = "blocks")]
+    verify: Verify,
+    /// Keep reconnecting and resuming this long after a failure, e.g. 120 (seconds).
+    #[arg(long, default_value_t = 120.0)]
+    retry_for: f64,
+}
+
+#[derive(Args)]
+struct DemoArgs {
+    /// Size of the generated test file.
+    #[arg(long, default_value = "2GiB", value_parser = size)]
+    size: u64,
+    /// Directory for the temporary files (a real disk, not tmpfs).
+    #[arg(long, env = "TMPDIR", default_value = "/var/tmp")]
+    dir: PathBuf,
+    /// Run one transfer in each I/O mode (buffered, direct, async) and compare.
+    #[arg(long)]
+    all_modes: bool,
+    /// Keep the generated files.
+    #[arg(long)]
+    keep: bool,
+    #[command(flatten)]
+    tuning: SendTuning,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn size(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+fn rate(s: &str) -> Result<u64, String> {
+    parse_rate(s).map_err(|e| e.to_string())
+}
+fn verify(s: &str) -> Result<Verify, String> {
+    match s {
+        "none" => Ok(Verify::None),
+        "blocks" => Ok(Verify::Blocks),
+        "reread" => Ok(Verify::Reread),
+        _ => Err(format!("{s:?} is not one of none, blocks, reread")),
+    }
+}
+
+fn init_logs(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn send_config(
+    t: &SendTuning,
+    to: String,
+    token: Vec<u8>,
+    source: PathBuf,
+    dest: String,
+) -> Result<SendConfig> {
+    if !(t.retry_for.is_finite() && t.retry_for >= 0.0) {
+        bail!("--retry-for must be a number of seconds >= 0");
+    }
+    let mut c = SendConfig::new(to, token, source, dest);
+    c.streams = t.streams;
+    c.block_size = t.block_size;
+    c.io_mode = t.io.io_mode;
+    c.queue_depth = t.io.queue_depth;
+    c.buffer = t.io.buffer;
+    c.socket = t.io.socket();
+    c.max_rate = t.max_rate;
+    c.verify = t.verify;
+    c.retry_for = Duration::from_secs_f64(t.retry_for);
+    c.validate()?;
+    Ok(c)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.cmd {
+        Cmd::Serve(a) => {
+            init_logs("info");
+            let token = a.token.load()?;
+            if !(a.checkpoint_interval.is_finite() && a.checkpoint_interval > 0.0) {
+                bail!("--checkpoint-interval must be a positive number of seconds");
+            }
+            let mut cfg = ServeConfig::new(a.root, token);
+            cfg.io_mode = a.io.io_mode;
+            cfg.queue_depth = a.io.queue_depth.clamp(1, 4096);
+            cfg.buffer = a.io.buffer;
+            cfg.max_sessions = a.max_sessions.max(1);
+            cfg.checkpoint_interval = Duration::from_secs_f64(a.checkpoint_interval);
+            cfg.socket = a.io.socket();
+            cfg.print_summaries = true;
+            cfg.json = a.json;
+            if let Some(m) = &a.metrics_addr {
+                let addr = metrics::serve(m)?;
+                tracing::info!("metrics on http://{addr}/metrics");
+            }
+            let server = Server::bind(&a.listen, cfg)?;
+            tracing::info!(addr = %server.local_addr(), "serving");
+            server.run();
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Send(a) => {
+            init_logs("warn");
+            let token = a.token.load()?;
+            let cfg = send_config(&a.tuning, a.to, token, a.source, a.dest)?;
+            let progress = Arc::new(Progress::default());
+            let renderer = Renderer::start(Arc::clone(&progress), "send", a.quiet);
+            let result = send(&cfg, progress);
+            renderer.finish();
+            let summary = result?;
+            if a.json {
+                println!("{}", serde_json::to_string(&summary)?);
+            } else {
+                print!("{}", summary.render());
+            }
+            Ok(if summary.ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Cmd::Demo(a) => {
+            init_logs("warn");
+            let mut send_cfg = send_config(
+                &a.tuning,
+                String::new(),
+                b"demo".to_vec(),
+                PathBuf::new(),
+                String::new(),
+            )?;
+            send_cfg.retry_for = Duration::ZERO;
+            let modes = if a.all_modes {
+                vec![IoMode::Buffered, IoMode::Direct, IoMode::Async]
+            } else {
+                vec![a.tuning.io.io_mode]
+            };
+            let report = demo::run(&demo::DemoConfig {
+                size: a.size,
+                dir: a.dir,
+                send: send_cfg,
+                modes,
+                keep: a.keep,
+                quiet: a.json,
+            })?;
+            if a.json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{}", report.render());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! Progress: counters the engine bumps, and a renderer that shows a bar on
+//! a terminal and plain periodic lines otherwise.
+
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::units::fmt_bytes;
+
+/// Shared transfer counters.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Bytes in the whole transfer.
+    pub total: AtomicU64,
+    /// Bytes at the receiver (acknowledged, or held from before).
+    pub done: AtomicU64,
+}
+
+/// A running renderer; stop it to print the final state.
+pub struct Renderer {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Renderer {
+    /// Starts rendering `p` on stderr; `quiet` renders nothing.
+    pub fn start(p: Arc<Progress>, label: &str, quiet: bool) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        if quiet {
+            return Self { stop, thread: None };
+        }
+        let s = Arc::clone(&stop);
+        let label = label.to_string();
+        let thread = std::thread::Builder::new()
+            .name("progress".into())
+            .spawn(move || {
+                if std::io::stderr().is_terminal() {
+                    bar(&p, &s, &label);
+                } else {
+                    lines(&p, &s, &label);
+                }
+            })
+            .ok();
+        Self { stop, thread }
+    }
+
+    /// Stops rendering.
+    pub fn finish(mut self) {
+        self.stop_now();
+    }
+
+    fn stop_now(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Renderer {
+    fn drop(&mut self) {
+        self.stop_now();
+    }
+}
+
+fn bar(p: &Progress, stop: &AtomicBool, label: &str) {
+    let pb = ProgressBar::new(p.total.load(Ordering::Relaxed));
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{prefix} [{bar:40.cyan/blue}] {bytes}/{total_bytes} {msg} ETA {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    pb.set_prefix(label.to_string());
+    let mut last = (Instant::now(), 0u64);
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(200));
+        let done = p.done.load(Ordering::Relaxed);
+        pb.set_length(p.total.load(Ordering::Relaxed));
+        pb.set_position(done);
+        let dt = last.0.elapsed().as_secs_f64();
+        if dt >= 1.0 {
+            let gbps = (done.saturating_sub(last.1)) as f64 * 8.0 / dt / 1e9;
+            pb.set_message(format!("{gbps:.2} Gbit/s"));
+            last = (Instant::now(), done);
+        }
+    }
+    pb.set_position(p.done.load(Ordering::Relaxed));
+    pb.finish_and_clear();
+}
+
+fn lines(p: &Progress, stop: &AtomicBool, label: &str) {
+    let start = Instant::now();
+    let mut last = (Instant::now(), p.done.load(Ordering::Relaxed));
+    let mut next = Instant::now() + Duration::from_secs(2);
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(100));
+        if Instant::now() < next {
+            continue;
+        }
+        next += Duration::from_secs(2);
+        let done = p.done.load(Ordering::Relaxed);
+        let total = p.total.load(Ordering::Relaxed).max(1);
+        let dt = last.0.elapsed().as_secs_f64();
+        let rate = done.saturating_sub(last.1) as f64 / dt.max(1e-9);
+        let eta = if rate > 0.0 {
+            format!("{:.0} s", (total.saturating_sub(done)) as f64 / rate)
+        } else {
+            "-".into()
+        };
+        eprintln!(
+            "{label}: {} of {} ({:.1}%), {:.2} Gbit/s, ETA {eta}, elapsed {:.0} s",
+            fmt_bytes(done),
+            fmt_bytes(total),
+            done as f64 * 100.0 / total as f64,
+            rate * 8.0 / 1e9,
+            start.elapsed().as_secs_f64()
+        );
+        last = (Instant::now(), done);
+    }
+}

@@ -1,0 +1,141 @@
+//! The on-disk resume checkpoint: which blocks of the temporary file are
+//! durable, and their checksums. Written to a temporary name, synced, then
+//! renamed over the old one, so a crash leaves either checkpoint intact.
+#![forbid(unsafe_code)]
+
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+
+use rustix::fs::OFlags;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::engine::Bitmap;
+use crate::error::{Error, Result};
+use crate::fsroot::Root;
+
+const MAGIC: &[u8; 4] = b"WRCK";
+const VERSION: u32 = 1;
+
+/// What a checkpoint records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The source version it belongs to.
+    pub fingerprint: u64,
+    /// File size.
+    pub size: u64,
+    /// Block size.
+    pub block_size: u64,
+    /// Durable blocks.
+    pub durable: Bitmap,
+    /// Checksums by block.
+    pub checksums: Vec<u64>,
+}
+
+impl Checkpoint {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(40 + self.checksums.len() * 8);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        for v in [
+            self.fingerprint,
+            self.size,
+            self.block_size,
+            self.durable.len(),
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&self.durable.to_bytes());
+        for c in &self.checksums {
+            out.extend_from_slice(&c.to_le_bytes());
+        }
+        let sum = xxh3_64(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    /// Parses a checkpoint; `None` if damaged or of another version.
+    pub fn decode(buf: &[u8]) -> Option<Self> {
+        let (body, sum) = buf.split_at_checked(buf.len().checked_sub(8)?)?;
+        if xxh3_64(body).to_le_bytes() != sum {
+            return None;
+        }
+        if body.get(..4)? != MAGIC || body.get(4..8)? != VERSION.to_le_bytes() {
+            return None;
+        }
+        let u = |i: usize| -> Option<u64> {
+            Some(u64::from_le_bytes(
+                body.get(8 + i * 8..16 + i * 8)?.try_into().ok()?,
+            ))
+        };
+        let (fingerprint, size, block_size, n) = (u(0)?, u(1)?, u(2)?, u(3)?);
+        if block_size == 0 || n != size.div_ceil(block_size) {
+            return None;
+        }
+        let bm_len = n.div_ceil(8) as usize;
+        let rest = body.get(40..)?;
+        if rest.len() as u64 != bm_len as u64 + n * 8 {
+            return None;
+        }
+        let durable = Bitmap::from_bytes(n, &rest[..bm_len])?;
+        let checksums = rest[bm_len..]
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+            .collect();
+        Some(Self {
+            fingerprint,
+            size,
+            block_size,
+            durable,
+            checksums,
+        })
+    }
+
+    /// Loads the checkpoint `name` in `dir`, if present and intact.
+    pub fn load(dir: &OwnedFd, name: &str) -> Option<Self> {
+        let mut f = Root::open_in(dir, name, OFlags::RDONLY).ok()?;
+        let mut buf = Vec::new();
+        // A checkpoint of a maximal file is ~130 MiB; refuse anything bigger.
+        Read::by_ref(&mut f)
+            .take(256 << 20)
+            .read_to_end(&mut buf)
+            .ok()?;
+        Self::decode(&buf)
+    }
+
+    /// Durably replaces the checkpoint `name` in `dir`.
+    pub fn store(&self, dir: &OwnedFd, name: &str) -> Result<()> {
+        let tmp = format!("{name}.tmp");
+        let ctx = |what: &str| format!("{what} checkpoint {name}");
+        let mut f = Root::open_in(dir, &tmp, OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC)
+            .map_err(|e| Error::io(ctx("creating"), e.into()))?;
+        f.write_all(&self.encode())
+            .map_err(|e| Error::io(ctx("writing"), e))?;
+        f.sync_data().map_err(|e| Error::io(ctx("syncing"), e))?;
+        rustix::fs::renameat(dir, tmp.as_str(), dir, name)
+            .map_err(|e| Error::io(ctx("renaming"), e.into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundtrip_and_damage() {
+        let mut durable = Bitmap::new(3);
+        durable.set(1);
+        let c = Checkpoint {
+            fingerprint: 9,
+            size: 10,
+            block_size: 4,
+            durable,
+            checksums: vec![0, 5, 0],
+        };
+        let mut buf = c.encode();
+        assert_eq!(Checkpoint::decode(&buf), Some(c));
+        buf[20] ^= 1;
+        assert_eq!(Checkpoint::decode(&buf), None);
+        assert_eq!(Checkpoint::decode(&[]), None);
+        assert_eq!(Checkpoint::decode(&[0; 7]), None);
+    }
+}

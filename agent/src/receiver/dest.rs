@@ -1,0 +1,256 @@
+//! One destination file: preparing its temporary file and checkpoint,
+//! opening it for the chosen I/O mode, and publishing it.
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+use rustix::fs::{AtFlags, FallocateFlags, OFlags};
+use rustix::io::Errno;
+
+use super::checkpoint::Checkpoint;
+use crate::engine::{Bitmap, FileTracker, Layout};
+use crate::error::{Error, Result};
+use crate::fsroot::{DestPath, Root, validate};
+use crate::io::open::on_tmpfs;
+use crate::wire::{EntryKind, FileEntry, MAX_BLOCKS_PER_FILE};
+
+/// A destination file of a session.
+pub(crate) struct DestFile {
+    pub(crate) kind: EntryKind,
+    pub(crate) dest: DestPath,
+    pub(crate) layout: Layout,
+    pub(crate) fingerprint: u64,
+    pub(crate) tracker: FileTracker,
+    /// O_DIRECT descriptor, when direct I/O is in effect.
+    pub(crate) direct: Option<Arc<File>>,
+    /// Page-cache descriptor, for unaligned tails and syncs.
+    pub(crate) plain: Option<Arc<File>>,
+}
+
+/// What `prepare` decided for one manifest entry.
+pub(crate) enum Prepared {
+    /// Send it; the bitmap holds the blocks already durable here.
+    Accept(Box<DestFile>, Bitmap),
+    /// Refused, with the reason for the sender.
+    Refuse(String),
+}
+
+/// Refusals that concern one file only; anything else fails the session.
+fn per_file(e: Error) -> Result<Prepared> {
+    match e {
+        Error::PathRefused { .. } | Error::Config(_) => Ok(Prepared::Refuse(e.to_string())),
+        other => Err(other),
+    }
+}
+
+/// Sizes the temporary file up front so that a full disk fails now, with a
+/// clear message, rather than halfway through.
+fn reserve(part: &File, size: u64, path: &str) -> Result<()> {
+    part.set_len(0)
+        .map_err(|e| Error::io(format!("truncating the temporary file of {path}"), e))?;
+    if size == 0 {
+        return Ok(());
+    }
+    match rustix::fs::fallocate(part, FallocateFlags::empty(), 0, size) {
+        Ok(()) => Ok(()),
+        Err(Errno::NOSPC) | Err(Errno::FBIG) | Err(Errno::DQUOT) => Err(Error::Config(format!(
+            "no space left for {path}: {size} bytes needed on the receiver's filesystem; free space or choose another root"
+        ))),
+        Err(Errno::OPNOTSUPP) => part
+            .set_len(size)
+            .map_err(|e| Error::io(format!("sizing the temporary file of {path}"), e)),
+        Err(e) => Err(Error::io(format!("reserving space for {path}"), e.into())),
+    }
+}
+
+/// Prepares `e` beneath `root`: directories are created; files get their
+/// temporary file and any matching checkpoint is loaded.
+pub(crate) fn prepare(root: &Root, e: &FileEntry, block_size: u64) -> Result<Prepared> {
+    let dest = match validate(&e.path) {
+        Ok(d) => d,
+        Err(err) => return per_file(err),
+    };
+    let layout = Layout::new(
+        if e.kind == EntryKind::Dir { 0 } else { e.size },
+        block_size,
+    );
+    if layout.blocks() > MAX_BLOCKS_PER_FILE {
+        return Ok(Prepared::Refuse(format!(
+            "{} needs {} blocks, more than the {MAX_BLOCKS_PER_FILE} a file may have; use a larger --block-size",
+            e.path,
+            layout.blocks()
+        )));
+    }
+    let mut file = DestFile {
+        kind: e.kind,
+        dest,
+        layout,
+        fingerprint: e.fingerprint,
+        tracker: FileTracker::new(layout.blocks(), None),
+        direct: None,
+        plain: None,
+    };
+    if e.kind == EntryKind::Dir {
+        return match root.dir(&file.dest.rel) {
+            Ok(_) => Ok(Prepared::Accept(Box::new(file), Bitmap::new(0))),
+            Err(err) => per_file(err),
+        };
+    }
+    let dir = match root.dir(&file.dest.parent) {
+        Ok(d) => d,
+        Err(err) => return per_file(err),
+    };
+    if let Ok(st) = rustix::fs::statat(&dir, file.dest.name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+        if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {
+            return Ok(Prepared::Refuse(format!(
+                "{} exists and is a directory; remove it or choose another destination",
+                e.path
+            )));
+        }
+    }
+    let part = Root::open_in(&dir, &file.dest.part_name(), OFlags::RDWR | OFlags::CREATE).map_err(
+        |err| {
+            Error::io(
+                format!("creating the temporary file for {}", e.path),
+                err.into(),
+            )
+        },
+    )?;
+    let part_len = part
+        .metadata()
+        .map_err(|err| Error::io(format!("inspecting the temporary file of {}", e.path), err))?
+        .len();
+    let resumed = Checkpoint::load(&dir, &file.dest.ckpt_name()).filter(|c| {
+        c.fingerprint == e.fingerprint
+            && c.size == e.size
+            && c.block_size == block_size
+            && part_len == e.size
+    });
+    match resumed {
+        Some(c) => {
+            let have = c.durable.clone();
+            file.tracker = FileTracker::new(layout.blocks(), Some((c.durable, c.checksums)));
+            Ok(Prepared::Accept(Box::new(file), have))
+        }
+        None => {
+            Root::remove_in(&dir, &file.dest.ckpt_name())?;
+            if let Err(err) = reserve(&part, e.size, &e.path) {
+                drop(part);
+                Root::remove_in(&dir, &file.dest.part_name())?;
+                return per_file(err);
+            }
+            Ok(Prepared::Accept(
+                Box::new(file),
+                Bitmap::new(layout.blocks()),
+            ))
+        }
+    }
+}
+
+impl DestFile {
+    /// The directory holding the file, resolved beneath the root again
+    /// (descriptors are not kept per file so that trees of many files do
+    /// not exhaust them).
+    pub(crate) fn dir(&self, root: &Root) -> Result<OwnedFd> {
+        root.dir(&self.dest.parent)
+    }
+
+    /// Opens the temporary file; returns a note when O_DIRECT was wanted
+    /// but is not in effect.
+    pub(crate) fn open(&mut self, root: &Root, want_direct: bool) -> Result<Option<String>> {
+        if self.plain.is_some() {
+            return Ok(None);
+        }
+        let dir = self.dir(root)?;
+        let name = self.dest.part_name();
+        let ctx = || format!("opening the temporary file of {}", self.dest.rel);
+        let plain =
+            Root::open_in(&dir, &name, OFlags::RDWR).map_err(|e| Error::io(ctx(), e.into()))?;
+        let mut note = None;
+        if want_direct {
+            if on_tmpfs(&plain) {
+                note = Some("the destination is on tmpfs, which ignores O_DIRECT".to_string());
+            } else {
+                match Root::open_in(&dir, &name, OFlags::RDWR | OFlags::DIRECT) {
+                    Ok(f) => self.direct = Some(Arc::new(f)),
+                    Err(Errno::INVAL) => {
+                        note = Some(format!(
+                            "the filesystem under {} does not support O_DIRECT; writing through the page cache",
+                            root.path().display()
+                        ));
+                    }
+                    Err(e) => return Err(Error::io(ctx(), e.into())),
+                }
+            }
+        }
+        self.plain = Some(Arc::new(plain));
+        Ok(note)
+    }
+
+    /// Flushes written blocks to stable storage and marks them durable.
+    pub(crate) fn sync(&mut self) -> Result<()> {
+        if let Some(f) = &self.plain {
+            f.sync_data()
+                .map_err(|e| Error::io(format!("syncing {}", self.dest.rel), e))?;
+        }
+        self.tracker.handle_synced();
+        Ok(())
+    }
+
+    /// Records durable blocks for a later resume.
+    pub(crate) fn checkpoint(&self, root: &Root) -> Result<()> {
+        Checkpoint {
+            fingerprint: self.fingerprint,
+            size: self.layout.size,
+            block_size: self.layout.block_size,
+            durable: self.tracker.durable().clone(),
+            checksums: self.tracker.checksums().to_vec(),
+        }
+        .store(&self.dir(root)?, &self.dest.ckpt_name())
+    }
+
+    /// Moves the verified file to its final name and drops the checkpoint.
+    pub(crate) fn publish(&mut self, root: &Root) -> Result<()> {
+        self.direct = None;
+        self.plain = None;
+        let dir = self.dir(root)?;
+        rustix::fs::renameat(
+            &dir,
+            self.dest.part_name().as_str(),
+            &dir,
+            self.dest.name.as_str(),
+        )
+        .map_err(|e| Error::io(format!("publishing {}", self.dest.rel), e.into()))?;
+        Root::remove_in(&dir, &self.dest.ckpt_name())?;
+        // The rename must survive a crash too; O_PATH descriptors cannot
+        // be synced, so open the directory itself.
+        let d = rustix::fs::openat(
+            &dir,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| {
+            Error::io(
+                format!("opening the directory of {}", self.dest.rel),
+                e.into(),
+            )
+        })?;
+        rustix::fs::fsync(&d).map_err(|e| {
+            Error::io(
+                format!("syncing the directory of {}", self.dest.rel),
+                e.into(),
+            )
+        })
+    }
+
+    /// Removes the temporary file and checkpoint (data that failed verification).
+    pub(crate) fn discard(&mut self, root: &Root) -> Result<()> {
+        self.direct = None;
+        self.plain = None;
+        let dir = self.dir(root)?;
+        Root::remove_in(&dir, &self.dest.part_name())?;
+        Root::remove_in(&dir, &self.dest.ckpt_name())
+    }
+}

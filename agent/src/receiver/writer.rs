@@ -1,0 +1,370 @@
+//! A session's writer: keeps `queue_depth` writes in flight at each block's
+//! offset, acknowledges blocks once written, checkpoints durable blocks,
+//! and verifies and publishes finished files.
+
+use std::collections::HashMap;
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use super::dest::DestFile;
+use super::session::Stats;
+use super::{Shared, lock};
+use crate::engine::CheckpointPolicy;
+use crate::engine::digest::{block_checksum, file_digest, fmt_digest};
+use crate::error::{Error, Result};
+use crate::io::{ALIGN, BlockIo, IoDone, IoMode, IoOp, OpKind, Pool, backend};
+use crate::metrics::metrics;
+use crate::wire::{EntryKind, Frame, Verify, write_frame};
+
+/// Work for the writer.
+pub(crate) enum WriterMsg {
+    /// A verified block to write; acknowledge on `ack` once written.
+    Block {
+        file_id: u32,
+        block: u64,
+        buf: crate::io::PoolBuf,
+        checksum: u64,
+        ack: mpsc::Sender<Frame>,
+    },
+    /// The sender has every block acknowledged; verify and publish.
+    FileDone { file_id: u32, digest: u128 },
+    /// Sync what is written, checkpoint, and stop.
+    Stop,
+}
+
+/// How the writer ended.
+pub(crate) struct Report {
+    pub(crate) io_mode: IoMode,
+    pub(crate) fallback: Option<String>,
+    pub(crate) error: Option<String>,
+}
+
+impl Report {
+    pub(crate) fn panicked() -> Self {
+        Self {
+            io_mode: IoMode::Async,
+            fallback: None,
+            error: Some("the writer thread panicked".into()),
+        }
+    }
+}
+
+struct Pending {
+    file_id: u32,
+    block: u64,
+    checksum: u64,
+    ack: mpsc::Sender<Frame>,
+}
+
+pub(crate) struct Writer {
+    shared: Arc<Shared>,
+    files: HashMap<u32, DestFile>,
+    rx: mpsc::Receiver<WriterMsg>,
+    control: Arc<Mutex<TcpStream>>,
+    verify: Verify,
+    stats: Arc<Stats>,
+    io: Box<dyn BlockIo>,
+    mode: IoMode,
+    fallback: Option<String>,
+    pending: HashMap<u64, Pending>,
+    policy: CheckpointPolicy,
+}
+
+fn tag(file_id: u32, block: u64) -> u64 {
+    (u64::from(file_id) << 32) | block
+}
+
+impl Writer {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        files: HashMap<u32, DestFile>,
+        rx: mpsc::Receiver<WriterMsg>,
+        control: Arc<Mutex<TcpStream>>,
+        verify: Verify,
+        stats: Arc<Stats>,
+    ) -> Self {
+        let (io, mode, fallback) = backend(shared.cfg.io_mode, shared.cfg.queue_depth);
+        let policy = CheckpointPolicy::new(Instant::now(), shared.cfg.checkpoint_interval);
+        Self {
+            shared,
+            files,
+            rx,
+            control,
+            verify,
+            stats,
+            io,
+            mode,
+            fallback,
+            pending: HashMap::new(),
+            policy,
+        }
+    }
+
+    pub(crate) fn run(mut self) -> Report {
+        let result = self.work();
+        if let Err(e) = &result {
+            tracing::error!("writer failed: {e}");
+            let mut c = lock(&self.control);
+            let _ = write_frame(
+                &mut *c,
+                &Frame::Error {
+                    retryable: e.is_retryable(),
+                    message: format!("receiver: {e}"),
+                },
+            );
+            let _ = c.shutdown(Shutdown::Both);
+        }
+        // Whatever happened, make what is on disk resumable.
+        let _ = self.drain();
+        let _ = self.checkpoint_all();
+        Report {
+            io_mode: self.mode,
+            fallback: self.fallback.take(),
+            error: result.err().map(|e| e.to_string()),
+        }
+    }
+
+    fn work(&mut self) -> Result<()> {
+        loop {
+            let msg = if self.io.in_flight() == 0 {
+                let wait = self
+                    .policy
+                    .poll_timeout()
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(5));
+                match self.rx.recv_timeout(wait) {
+                    Ok(m) => Some(m),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => Some(WriterMsg::Stop),
+                }
+            } else {
+                match self.rx.try_recv() {
+                    Ok(m) => Some(m),
+                    Err(mpsc::TryRecvError::Empty) => None,
+                    Err(mpsc::TryRecvError::Disconnected) => Some(WriterMsg::Stop),
+                }
+            };
+            match msg {
+                Some(WriterMsg::Block {
+                    file_id,
+                    block,
+                    buf,
+                    checksum,
+                    ack,
+                }) => {
+                    while self.io.in_flight() >= self.io.depth() {
+                        self.reap(true)?;
+                    }
+                    self.write(file_id, block, buf, checksum, ack)?;
+                }
+                Some(WriterMsg::FileDone { file_id, digest }) => {
+                    self.drain()?;
+                    self.finish(file_id, digest)?;
+                }
+                Some(WriterMsg::Stop) => return Ok(()),
+                None if self.io.in_flight() > 0 => self.reap(true)?,
+                None => {}
+            }
+            self.reap(false)?;
+            self.maybe_checkpoint()?;
+        }
+    }
+
+    fn write(
+        &mut self,
+        file_id: u32,
+        block: u64,
+        buf: crate::io::PoolBuf,
+        checksum: u64,
+        ack: mpsc::Sender<Frame>,
+    ) -> Result<()> {
+        let want_direct = self.mode.wants_direct();
+        let f = self.files.get_mut(&file_id).ok_or_else(|| {
+            Error::Violation(format!("block for finished or unknown file {file_id}"))
+        })?;
+        if let Some(note) = f.open(&self.shared.root, want_direct)? {
+            if self.fallback.is_none() {
+                tracing::warn!("{note}");
+                self.fallback = Some(note);
+            }
+        }
+        let offset = f.layout.offset(block);
+        let len = buf.len();
+        // Aligned blocks go direct; the unaligned tail goes through the
+        // page cache, since O_DIRECT refuses it.
+        let file = match &f.direct {
+            Some(d) if len % ALIGN == 0 => Arc::clone(d),
+            _ => Arc::clone(f.plain.as_ref().expect("opened above")),
+        };
+        self.pending.insert(
+            tag(file_id, block),
+            Pending {
+                file_id,
+                block,
+                checksum,
+                ack,
+            },
+        );
+        self.io.submit(IoOp {
+            file,
+            kind: OpKind::Write,
+            buf,
+            offset,
+            len,
+            tag: tag(file_id, block),
+        });
+        Ok(())
+    }
+
+    fn complete(&mut self, p: Pending, len: usize, result: std::io::Result<usize>) -> Result<()> {
+        let f = self
+            .files
+            .get_mut(&p.file_id)
+            .expect("pending writes belong to open files");
+        if let Err(e) = result {
+            return Err(Error::io(
+                format!("writing block {} of {}", p.block, f.dest.rel),
+                e,
+            ));
+        }
+        f.tracker.handle_written(p.block, p.checksum);
+        self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
+        metrics().bytes_written.inc_by(len as u64);
+        metrics().blocks_written.inc();
+        let _ = p.ack.send(Frame::Ack {
+            file_id: p.file_id,
+            block: p.block,
+        });
+        Ok(())
+    }
+
+    fn reap(&mut self, wait: bool) -> Result<()> {
+        for IoDone {
+            tag, buf, result, ..
+        } in self.io.reap(wait)?
+        {
+            let p = self
+                .pending
+                .remove(&tag)
+                .expect("every op has a pending entry");
+            let len = buf.len();
+            drop(buf);
+            self.complete(p, len, result)?;
+        }
+        Ok(())
+    }
+
+    fn drain(&mut self) -> Result<()> {
+        while self.io.in_flight() > 0 {
+            self.reap(true)?;
+        }
+        Ok(())
+    }
+
+    fn maybe_checkpoint(&mut self) -> Result<()> {
+        let now = Instant::now();
+        let unsynced: u64 = self.files.values().map(|f| f.tracker.unsynced()).sum();
+        if self.policy.poll_due(now, unsynced) {
+            self.drain()?;
+            self.checkpoint_all()?;
+            self.policy.handle_checkpointed(now);
+        }
+        Ok(())
+    }
+
+    fn checkpoint_all(&mut self) -> Result<()> {
+        for f in self.files.values_mut() {
+            if f.tracker.unsynced() > 0 && f.plain.is_some() {
+                f.sync()?;
+                f.checkpoint(&self.shared.root)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn result(&self, file_id: u32, ok: bool, digest: u128, message: String) -> Result<()> {
+        let stat = if ok {
+            &self.stats.files_ok
+        } else {
+            &self.stats.files_failed
+        };
+        stat.fetch_add(1, Ordering::Relaxed);
+        if ok {
+            metrics().files_completed.inc();
+        } else {
+            metrics().files_failed.inc();
+        }
+        write_frame(
+            &mut *lock(&self.control),
+            &Frame::FileResult {
+                file_id,
+                ok,
+                digest,
+                message,
+            },
+        )
+    }
+
+    fn finish(&mut self, file_id: u32, sender_digest: u128) -> Result<()> {
+        let mut f = self.files.remove(&file_id).ok_or_else(|| {
+            Error::Violation(format!(
+                "file {file_id} reported done twice or never planned"
+            ))
+        })?;
+        if f.kind == EntryKind::Dir {
+            return self.result(file_id, true, 0, String::new());
+        }
+        if !f.tracker.is_complete() {
+            let msg = format!("{} is missing blocks; it stays resumable", f.dest.rel);
+            let _ = f.checkpoint(&self.shared.root);
+            return self.result(file_id, false, 0, msg);
+        }
+        f.open(&self.shared.root, false)?;
+        f.sync()?;
+        let digest = match self.verify {
+            Verify::None => 0,
+            Verify::Blocks => f.tracker.digest(),
+            Verify::Reread => reread(&f)?,
+        };
+        if self.verify != Verify::None && digest != sender_digest {
+            f.discard(&self.shared.root)?;
+            let msg = format!(
+                "{}: digest mismatch (received {}, sent {}); the data was discarded, send it again",
+                f.dest.rel,
+                fmt_digest(digest),
+                fmt_digest(sender_digest)
+            );
+            tracing::error!("{msg}");
+            return self.result(file_id, false, digest, msg);
+        }
+        f.publish(&self.shared.root)?;
+        self.result(file_id, true, digest, String::new())
+    }
+}
+
+/// Re-reads the written file from disk (not the page cache) and digests it.
+fn reread(f: &DestFile) -> Result<u128> {
+    let plain = f.plain.as_ref().expect("opened before reread");
+    // Written pages are clean after the sync: drop them so the reads
+    // below come from the device.
+    let _ = rustix::fs::fadvise(&**plain, 0, None, rustix::fs::Advice::DontNeed);
+    let pool = Pool::new(f.layout.block_size as usize, 1)?;
+    let mut buf = pool.try_get().expect("a new pool has a buffer");
+    let mut sums = Vec::with_capacity(f.layout.blocks() as usize);
+    for b in 0..f.layout.blocks() {
+        let len = f.layout.len(b) as usize;
+        let n = crate::io::read_full(plain, &mut buf.as_mut_full()[..len], f.layout.offset(b))
+            .map_err(|e| Error::io(format!("re-reading {}", f.dest.rel), e))?;
+        if n != len {
+            return Err(Error::Verify {
+                path: f.dest.rel.clone(),
+                detail: format!("block {b} is short on disk ({n} of {len} bytes)"),
+            });
+        }
+        buf.set_len(len);
+        sums.push(block_checksum(buf.as_slice()));
+    }
+    Ok(file_digest(&sums))
+}

@@ -1,0 +1,275 @@
+//! The sending side: `wirerate-agent send`.
+
+mod reader;
+mod session;
+pub mod source;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use session::Verdict;
+
+use crate::engine::Backoff;
+use crate::engine::digest::{fmt_digest, tree_digest};
+use crate::error::{Error, Result};
+use crate::io::{IoMode, Pool, caps::capabilities};
+use crate::net::{SocketOpts, buffer_ceiling_bps};
+use crate::progress::Progress;
+use crate::summary::{FileFailure, SendSummary};
+use crate::units::{fmt_bytes, gbps};
+use crate::wire::{EntryKind, MAX_BLOCK, Verify};
+
+/// What to send where, and how.
+#[derive(Debug, Clone)]
+pub struct SendConfig {
+    /// Receiver address, host:port.
+    pub to: String,
+    /// The shared secret.
+    pub token: Vec<u8>,
+    /// File or directory to send.
+    pub source: PathBuf,
+    /// Destination relative to the receiver's root.
+    pub dest: String,
+    /// Parallel TCP streams.
+    pub streams: u16,
+    /// Content block size in bytes.
+    pub block_size: u64,
+    /// I/O mode for reads.
+    pub io_mode: IoMode,
+    /// Reads in flight (async mode).
+    pub queue_depth: usize,
+    /// In-flight buffer memory in bytes.
+    pub buffer: u64,
+    /// Socket tuning (congestion control, buffers).
+    pub socket: SocketOpts,
+    /// Cap on the whole transfer's rate, bytes per second.
+    pub max_rate: Option<u64>,
+    /// Verification level.
+    pub verify: Verify,
+    /// How long to keep reconnecting after a failure.
+    pub retry_for: Duration,
+    /// Timeout of each connect.
+    pub connect_timeout: Duration,
+}
+
+impl SendConfig {
+    /// The defaults, for `source` to `dest` at `to`.
+    pub fn new(
+        to: impl Into<String>,
+        token: Vec<u8>,
+        source: impl Into<PathBuf>,
+        dest: impl Into<String>,
+    ) -> Self {
+        Self {
+            to: to.into(),
+            token,
+            source: source.into(),
+            dest: dest.into(),
+            streams: crate::defaults::STREAMS,
+            block_size: crate::defaults::BLOCK_SIZE,
+            io_mode: IoMode::Async,
+            queue_depth: crate::defaults::QUEUE_DEPTH,
+            buffer: crate::defaults::BUFFER,
+            socket: SocketOpts::default(),
+            max_rate: None,
+            verify: Verify::Blocks,
+            retry_for: Duration::from_secs(120),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Refuses settings that cannot work, saying what to change.
+    pub fn validate(&self) -> Result<()> {
+        if self.token.is_empty() {
+            return Err(Error::Config(
+                "the token is empty; put a secret in the token file".into(),
+            ));
+        }
+        if self.streams == 0 || self.streams > 256 {
+            return Err(Error::Config(format!(
+                "--streams must be 1..=256 (got {})",
+                self.streams
+            )));
+        }
+        if self.block_size < 4096
+            || self.block_size > u64::from(MAX_BLOCK)
+            || self.block_size % 4096 != 0
+        {
+            return Err(Error::Config(format!(
+                "--block-size must be a multiple of 4 KiB between 4 KiB and 1 GiB (got {})",
+                self.block_size
+            )));
+        }
+        if self.queue_depth == 0 || self.queue_depth > 4096 {
+            return Err(Error::Config(format!(
+                "--queue-depth must be 1..=4096 (got {})",
+                self.queue_depth
+            )));
+        }
+        if let Some(cc) = &self.socket.congestion {
+            let caps = capabilities();
+            if !caps.congestion.is_empty() && !caps.congestion.iter().any(|c| c == cc) {
+                return Err(Error::Config(format!(
+                    "congestion control {cc:?} is not available; available: {}",
+                    caps.congestion.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// State carried across the sessions of one run.
+#[derive(Debug, Default)]
+pub(crate) struct RunState {
+    pub(crate) sessions: u32,
+    pub(crate) verdicts: HashMap<u32, Verdict>,
+    pub(crate) bytes_sent: u64,
+    pub(crate) bytes_skipped_resume: u64,
+    pub(crate) blocks_retried: u64,
+    pub(crate) per_stream_bytes: Vec<u64>,
+    pub(crate) io_mode: Option<IoMode>,
+    pub(crate) io_fallback: Option<String>,
+    pub(crate) failures: Vec<FileFailure>,
+    pub(crate) rtt: Option<Duration>,
+    pub(crate) congestion: String,
+}
+
+/// Sends `cfg.source`, reconnecting and resuming on failures for up to
+/// `cfg.retry_for`. Returns the summary; `ok` is false when any file
+/// failed. `progress` is updated as blocks are acknowledged.
+pub fn send(cfg: &SendConfig, progress: Arc<Progress>) -> Result<SendSummary> {
+    cfg.validate()?;
+    let list = source::scan(&cfg.source, &cfg.dest)?;
+    let total: u64 = list.files.iter().map(|f| f.size).sum();
+    progress.total.store(total, Ordering::Relaxed);
+    let count = ((cfg.buffer / cfg.block_size) as usize).max(2 * cfg.streams as usize + 2);
+    let pool = Pool::new(cfg.block_size as usize, count)?;
+    let mut st = RunState {
+        per_stream_bytes: vec![0; cfg.streams as usize],
+        ..RunState::default()
+    };
+    let start = Instant::now();
+    let mut backoff = Backoff::new(
+        start,
+        cfg.retry_for,
+        Duration::from_millis(250),
+        Duration::from_secs(5),
+    );
+    loop {
+        st.sessions += 1;
+        let before = (st.bytes_sent, st.verdicts.len());
+        match session::run(cfg, &list.files, &mut st, &pool, &progress) {
+            Ok(()) => break,
+            Err(e) if e.is_retryable() => {
+                if (st.bytes_sent, st.verdicts.len()) != before {
+                    backoff.handle_progress();
+                }
+                match backoff.poll_delay(Instant::now()) {
+                    Some(d) => {
+                        tracing::warn!(
+                            "session {} failed: {e}; reconnecting in {:.1} s to resume",
+                            st.sessions,
+                            d.as_secs_f64()
+                        );
+                        std::thread::sleep(d);
+                    }
+                    None if cfg.retry_for.is_zero() => return Err(e),
+                    None => {
+                        return Err(Error::Transfer(format!(
+                            "{e}; gave up after --retry-for {} s. What reached the receiver is checkpointed: run the same command again to resume",
+                            cfg.retry_for.as_secs()
+                        )));
+                    }
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+
+    let mut failures = std::mem::take(&mut st.failures);
+    let mut digests = Vec::new();
+    let mut files_ok = 0;
+    for (i, f) in list.files.iter().enumerate() {
+        match st.verdicts.get(&(i as u32)) {
+            Some(Verdict::Ok(d)) => {
+                files_ok += 1;
+                if f.kind == EntryKind::File {
+                    digests.push((f.dest.as_str(), *d));
+                }
+            }
+            Some(Verdict::Failed(m)) => failures.push(FileFailure {
+                path: f.dest.clone(),
+                message: m.clone(),
+            }),
+            None => failures.push(FileFailure {
+                path: f.dest.clone(),
+                message: "no verdict from the receiver".into(),
+            }),
+        }
+    }
+    let digest = match (cfg.verify, digests.as_slice(), list.files.len()) {
+        (Verify::None, _, _) => "none (--verify none)".to_string(),
+        (_, [(_, d)], 1) => fmt_digest(*d),
+        _ => fmt_digest(tree_digest(digests.iter().copied())),
+    };
+    let mut warnings = Vec::new();
+    let rtt = st.rtt.unwrap_or_default();
+    if let Some(per_stream) = buffer_ceiling_bps(rtt) {
+        let ceiling = per_stream * f64::from(cfg.streams);
+        let want = cfg.max_rate.map_or(10e9, |r| r as f64 * 8.0);
+        if rtt > Duration::from_millis(1) && ceiling < want {
+            let caps = capabilities();
+            warnings.push(format!(
+                "TCP buffer maximums (tcp_rmem {} / tcp_wmem {}) cap each stream at {:.2} Gbit/s over this {:.1} ms path ({:.2} Gbit/s for {} streams); raise net.ipv4.tcp_rmem/tcp_wmem (and net.core.rmem_max/wmem_max) to the bandwidth-delay product",
+                fmt_bytes(caps.tcp_rmem_max),
+                fmt_bytes(caps.tcp_wmem_max),
+                per_stream / 1e9,
+                rtt.as_secs_f64() * 1e3,
+                ceiling / 1e9,
+                cfg.streams
+            ));
+        }
+    }
+    if let Some(f) = &st.io_fallback {
+        warnings.push(f.clone());
+    }
+    Ok(SendSummary {
+        ok: failures.is_empty(),
+        bytes_total: total,
+        bytes_sent: st.bytes_sent,
+        bytes_skipped_resume: st.bytes_skipped_resume,
+        blocks_retried: st.blocks_retried,
+        seconds,
+        gbps: gbps(st.bytes_sent, seconds),
+        io_mode: st.io_mode.unwrap_or(cfg.io_mode),
+        io_fallback: st.io_fallback.clone(),
+        hugepages: pool.hugepages(),
+        streams: cfg.streams,
+        per_stream_gbps: st
+            .per_stream_bytes
+            .iter()
+            .map(|b| gbps(*b, seconds))
+            .collect(),
+        digest,
+        files: list.files.len(),
+        files_ok,
+        failures,
+        skipped: list.skipped,
+        block_size: cfg.block_size,
+        queue_depth: if st.io_mode == Some(IoMode::Async) {
+            cfg.queue_depth
+        } else {
+            1
+        },
+        verify: cfg.verify,
+        congestion: st.congestion.clone(),
+        sessions: st.sessions,
+        rtt_ms: rtt.as_secs_f64() * 1e3,
+        warnings,
+    })
+}

@@ -1,0 +1,542 @@
+//! One session: connect, send the manifest, get the plan, then run the
+//! reader, one sender and one ack reader per stream, and the control
+//! reader, until every planned file has a verdict.
+
+use std::collections::HashMap;
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use super::reader::{self, ReadReport};
+use super::source::SourceFile;
+use super::{RunState, SendConfig};
+use crate::engine::scheduler::PlannedFile;
+use crate::engine::{Bitmap, Layout, Scheduler};
+use crate::error::{Error, Result};
+use crate::io::{Pool, PoolBuf};
+use crate::net::{self, SocketOpts, auth};
+use crate::progress::Progress;
+use crate::summary::FileFailure;
+use crate::wire::{
+    BlockHeader, FileEntry, Frame, FrameReader, PlanOutcome, Purpose, Verify, encode, write_frame,
+    write_frame_with_payload,
+};
+
+/// Manifest frames stay well under the frame cap.
+const MANIFEST_CHUNK_BYTES: usize = 1 << 20;
+
+/// What a file's verdict was.
+#[derive(Debug, Clone)]
+pub(crate) enum Verdict {
+    Ok(u128),
+    Failed(String),
+}
+
+pub(crate) struct Inner {
+    pub(crate) sched: Scheduler,
+    pub(crate) bufs: HashMap<usize, Arc<PoolBuf>>,
+    pub(crate) failures: Vec<FileFailure>,
+    verdicts: HashMap<u32, Verdict>,
+    sent_digests: HashMap<u32, u128>,
+    error: Option<Error>,
+}
+
+pub(crate) struct Shared {
+    inner: Mutex<Inner>,
+    pub(crate) cv: Condvar,
+    pub(crate) files: HashMap<u32, SourceFile>,
+    stop: AtomicBool,
+    pub(crate) read_bytes: AtomicU64,
+    sent_bytes: AtomicU64,
+    per_stream: Vec<AtomicU64>,
+    progress: Arc<Progress>,
+}
+
+impl Shared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    fn fail(&self, e: Error) {
+        let mut g = self.lock();
+        if g.error.is_none() && !self.stopped() {
+            g.error = Some(e);
+        }
+        drop(g);
+        self.cv.notify_all();
+    }
+
+    fn stream_failed(&self, stream: u16, why: &str) {
+        let mut g = self.lock();
+        if !self.stopped() && g.sched.stream_alive(stream) {
+            let n = g.sched.handle_stream_failed(stream);
+            tracing::warn!(
+                "stream {stream} failed ({why}); {n} unacknowledged blocks go to the other streams"
+            );
+        }
+        drop(g);
+        self.cv.notify_all();
+    }
+}
+
+fn send_manifest(control: &mut TcpStream, entries: &[FileEntry]) -> Result<()> {
+    let mut out = Vec::new();
+    let mut chunk = Vec::new();
+    let mut bytes = 0;
+    for e in entries {
+        bytes += 32 + e.path.len();
+        chunk.push(e.clone());
+        if bytes >= MANIFEST_CHUNK_BYTES {
+            encode(
+                &Frame::Files {
+                    entries: std::mem::take(&mut chunk),
+                },
+                &mut out,
+            );
+            bytes = 0;
+        }
+    }
+    if !chunk.is_empty() {
+        encode(&Frame::Files { entries: chunk }, &mut out);
+    }
+    encode(&Frame::FilesEnd, &mut out);
+    std::io::Write::write_all(control, &out).map_err(|e| Error::net("sending the manifest", e))
+}
+
+/// Runs one session over the files that have no verdict yet.
+pub(crate) fn run(
+    cfg: &SendConfig,
+    all: &[SourceFile],
+    st: &mut RunState,
+    pool: &Pool,
+    progress: &Arc<Progress>,
+) -> Result<()> {
+    let pending: Vec<(u32, &SourceFile)> = all
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (i as u32, f))
+        .filter(|(i, _)| !st.verdicts.contains_key(i))
+        .collect();
+    let control_opts = SocketOpts {
+        pacing: None,
+        ..cfg.socket.clone()
+    };
+    let mut control = net::connect(&cfg.to, &control_opts, cfg.connect_timeout)?;
+    let rtt = auth::client(&mut control, &cfg.token, Purpose::Control)?;
+    st.rtt = Some(rtt);
+    st.congestion = net::congestion_of(&control);
+    let session = auth::random::<16>();
+    write_frame(
+        &mut control,
+        &Frame::Open {
+            session,
+            block_size: cfg.block_size as u32,
+            streams: cfg.streams,
+            verify: cfg.verify,
+        },
+    )?;
+    let entries: Vec<FileEntry> = pending
+        .iter()
+        .map(|(id, f)| FileEntry {
+            file_id: *id,
+            kind: f.kind,
+            size: f.size,
+            fingerprint: f.fingerprint,
+            path: f.dest.clone(),
+        })
+        .collect();
+    send_manifest(&mut control, &entries)?;
+
+    // The plan.
+    let mut reader = FrameReader::default();
+    let mut planned = Vec::new();
+    let mut held_bytes = 0u64;
+    let mut answered = 0usize;
+    loop {
+        match reader.read(&mut control)? {
+            Frame::Plan { file_id, outcome } => {
+                let f = pending
+                    .iter()
+                    .find(|(id, _)| *id == file_id)
+                    .map(|(_, f)| *f)
+                    .ok_or_else(|| {
+                        Error::Violation(format!("plan for file {file_id}, which was not offered"))
+                    })?;
+                answered += 1;
+                match outcome {
+                    PlanOutcome::Accept { have } => {
+                        let layout = Layout::new(f.size, cfg.block_size);
+                        let have = Bitmap::from_bytes(layout.blocks(), &have).ok_or_else(|| {
+                            Error::Violation(format!(
+                                "resume bitmap for {} has the wrong length",
+                                f.dest
+                            ))
+                        })?;
+                        held_bytes += (0..layout.blocks())
+                            .filter(|&b| have.get(b))
+                            .map(|b| layout.len(b))
+                            .sum::<u64>();
+                        planned.push(PlannedFile {
+                            file_id,
+                            size: f.size,
+                            have: Some(have),
+                        });
+                    }
+                    PlanOutcome::Refuse { message } => {
+                        st.verdicts.insert(file_id, Verdict::Failed(message));
+                    }
+                }
+            }
+            Frame::PlanEnd => break,
+            Frame::Error { retryable, message } => {
+                return Err(Error::Remote { message, retryable });
+            }
+            other => {
+                return Err(Error::Violation(format!(
+                    "expected the plan, got {other:?}"
+                )));
+            }
+        }
+    }
+    if answered != pending.len() {
+        return Err(Error::Violation(format!(
+            "the plan answered {answered} of {} files",
+            pending.len()
+        )));
+    }
+    if st.sessions == 1 {
+        st.bytes_skipped_resume = held_bytes;
+    }
+    let verified_bytes: u64 = st
+        .verdicts
+        .iter()
+        .filter(|(_, v)| matches!(v, Verdict::Ok(_)))
+        .map(|(id, _)| all[*id as usize].size)
+        .sum();
+    progress
+        .done
+        .store(verified_bytes + held_bytes, Ordering::Relaxed);
+
+    let accepted = planned.len();
+    let per_stream_limit = (pool.count() / cfg.streams as usize).max(2);
+    let sched = Scheduler::new(
+        planned,
+        cfg.block_size,
+        cfg.streams,
+        per_stream_limit,
+        cfg.verify != Verify::None,
+    );
+    let shared = Shared {
+        inner: Mutex::new(Inner {
+            sched,
+            bufs: HashMap::new(),
+            failures: Vec::new(),
+            verdicts: HashMap::new(),
+            sent_digests: HashMap::new(),
+            error: None,
+        }),
+        cv: Condvar::new(),
+        files: pending.iter().map(|(id, f)| (*id, (*f).clone())).collect(),
+        stop: AtomicBool::new(false),
+        read_bytes: AtomicU64::new(0),
+        sent_bytes: AtomicU64::new(0),
+        per_stream: (0..cfg.streams).map(|_| AtomicU64::new(0)).collect(),
+        progress: Arc::clone(progress),
+    };
+
+    // Data streams; the transfer goes on as long as one connects.
+    let data_opts = SocketOpts {
+        pacing: cfg.max_rate.map(|r| (r / u64::from(cfg.streams)).max(1)),
+        ..cfg.socket.clone()
+    };
+    let mut streams: Vec<Option<TcpStream>> = Vec::new();
+    for i in 0..cfg.streams {
+        let s = net::connect(&cfg.to, &data_opts, cfg.connect_timeout).and_then(|mut s| {
+            auth::client(&mut s, &cfg.token, Purpose::Join { session, stream: i })?;
+            Ok(s)
+        });
+        match s {
+            Ok(s) => streams.push(Some(s)),
+            Err(e) => {
+                tracing::warn!("data stream {i} could not connect: {e}");
+                shared.lock().sched.handle_stream_failed(i);
+                streams.push(None);
+            }
+        }
+    }
+    if streams.iter().all(Option::is_none) {
+        return Err(Error::net(
+            format!("opening data streams to {}", cfg.to),
+            std::io::Error::other("no data stream could connect"),
+        ));
+    }
+
+    let mut report = ReadReport::default();
+    let outcome = std::thread::scope(|s| -> Result<()> {
+        let shared = &shared;
+        let reader_handle = s.spawn(|| {
+            let r = reader::run(
+                shared,
+                pool,
+                cfg.io_mode,
+                cfg.queue_depth,
+                cfg.verify != Verify::None,
+            );
+            if let Err(e) = &r {
+                shared.fail(Error::Transfer(e.to_string()));
+            }
+            r
+        });
+        for (i, st) in streams.iter().enumerate() {
+            let Some(st) = st else { continue };
+            let i = i as u16;
+            let (Ok(w), Ok(r)) = (st.try_clone(), st.try_clone()) else {
+                shared.stream_failed(i, "cannot clone the socket");
+                continue;
+            };
+            s.spawn(move || send_loop(shared, i, w));
+            s.spawn(move || ack_loop(shared, i, r));
+        }
+        let mut ctl_r = control
+            .try_clone()
+            .map_err(|e| Error::net("cloning the control connection", e))?;
+        s.spawn(move || control_loop(shared, &mut ctl_r));
+
+        let result = coordinate(shared, &mut control, accepted);
+
+        shared.stop.store(true, Ordering::SeqCst);
+        shared.cv.notify_all();
+        for st in streams.iter().flatten() {
+            let _ = st.shutdown(Shutdown::Both);
+        }
+        if result.is_ok() {
+            let _ = write_frame(&mut control, &Frame::Finish);
+        }
+        let _ = control.shutdown(Shutdown::Both);
+        if let Ok(Ok(r)) = reader_handle.join() {
+            report = r;
+        }
+        result
+    });
+
+    let mut g = shared.lock();
+    st.blocks_retried += g.sched.resends();
+    st.bytes_sent += shared.sent_bytes.load(Ordering::Relaxed);
+    for (i, b) in shared.per_stream.iter().enumerate() {
+        st.per_stream_bytes[i] += b.load(Ordering::Relaxed);
+    }
+    if report.mode.is_some() {
+        st.io_mode = report.mode;
+    }
+    if report.fallback.is_some() {
+        st.io_fallback = report.fallback;
+    }
+    st.failures.append(&mut g.failures);
+    for (id, v) in g.verdicts.drain() {
+        st.verdicts.insert(id, v);
+    }
+    outcome
+}
+
+/// Sends FileDone for finished files and waits until every accepted file
+/// has a verdict, or something fails.
+fn coordinate(shared: &Shared, control: &mut TcpStream, accepted: usize) -> Result<()> {
+    let mut g = shared.lock();
+    loop {
+        let mut done = Vec::new();
+        while let Some(d) = g.sched.poll_file_done() {
+            g.sent_digests.insert(d.0, d.1);
+            done.push(d);
+        }
+        if !done.is_empty() {
+            drop(g);
+            let mut out = Vec::new();
+            for (file_id, digest) in done {
+                encode(&Frame::FileDone { file_id, digest }, &mut out);
+            }
+            std::io::Write::write_all(control, &out)
+                .map_err(|e| Error::net("sending file digests", e))?;
+            g = shared.lock();
+            continue;
+        }
+        if let Some(e) = g.error.take() {
+            return Err(e);
+        }
+        if let Some(msg) = g.sched.poll_fatal() {
+            return Err(Error::Transfer(msg.to_string()));
+        }
+        if g.verdicts.len() >= accepted {
+            return Ok(());
+        }
+        if g.sched.alive_streams() == 0 {
+            return Err(Error::net(
+                "sending blocks",
+                std::io::Error::other("every data stream failed"),
+            ));
+        }
+        g = shared
+            .cv
+            .wait_timeout(g, Duration::from_millis(250))
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+}
+
+fn send_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
+    loop {
+        let (order, buf) = {
+            let mut g = shared.lock();
+            loop {
+                if shared.stopped() || !g.sched.stream_alive(i) {
+                    return;
+                }
+                if let Some(o) = g.sched.poll_send(i) {
+                    let b = Arc::clone(g.bufs.get(&o.gid).expect("a ready block has its buffer"));
+                    break (o, b);
+                }
+                g = shared.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        let frame = Frame::Block(BlockHeader {
+            file_id: order.file_id,
+            block: order.block,
+            offset: order.offset,
+            len: order.len as u32,
+            checksum: order.checksum,
+        });
+        match write_frame_with_payload(&mut stream, &frame, buf.as_slice()) {
+            Ok(()) => {
+                shared.sent_bytes.fetch_add(order.len, Ordering::Relaxed);
+                shared.per_stream[i as usize].fetch_add(order.len, Ordering::Relaxed);
+            }
+            Err(e) => {
+                let _ = stream.shutdown(Shutdown::Both);
+                shared.stream_failed(i, &e.to_string());
+                return;
+            }
+        }
+    }
+}
+
+fn ack_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
+    let mut reader = FrameReader::default();
+    loop {
+        let frame = reader.read(&mut stream);
+        let mut g = shared.lock();
+        match frame {
+            Ok(Frame::Ack { file_id, block }) => match g.sched.handle_ack(i, file_id, block) {
+                Ok(gid) => {
+                    if let Some(b) = g.bufs.remove(&gid) {
+                        shared
+                            .progress
+                            .done
+                            .fetch_add(b.len() as u64, Ordering::Relaxed);
+                    }
+                }
+                Err(v) => {
+                    drop(g);
+                    shared.fail(Error::Violation(v));
+                    return;
+                }
+            },
+            Ok(Frame::Nack { file_id, block }) => {
+                tracing::warn!(
+                    file_id,
+                    block,
+                    "receiver found a block damaged; resending it"
+                );
+                if let Err(v) = g.sched.handle_nack(i, file_id, block) {
+                    drop(g);
+                    shared.fail(Error::Violation(v));
+                    return;
+                }
+            }
+            Ok(Frame::Error { message, retryable }) => {
+                drop(g);
+                shared.fail(Error::Remote { message, retryable });
+                return;
+            }
+            Ok(other) => {
+                drop(g);
+                shared.fail(Error::Violation(format!(
+                    "unexpected {other:?} on data stream {i}"
+                )));
+                return;
+            }
+            Err(e) => {
+                drop(g);
+                let _ = stream.shutdown(Shutdown::Both);
+                shared.stream_failed(i, &e.to_string());
+                return;
+            }
+        }
+        drop(g);
+        shared.cv.notify_all();
+    }
+}
+
+fn control_loop(shared: &Shared, control: &mut TcpStream) {
+    let mut reader = FrameReader::default();
+    loop {
+        match reader.read(control) {
+            Ok(Frame::FileResult {
+                file_id,
+                ok,
+                digest,
+                message,
+            }) => {
+                let mut g = shared.lock();
+                let Some(f) = shared.files.get(&file_id) else {
+                    drop(g);
+                    shared.fail(Error::Violation(format!(
+                        "result for unknown file {file_id}"
+                    )));
+                    return;
+                };
+                let ours = g.sent_digests.get(&file_id).copied();
+                let verdict = match (ok, ours) {
+                    (true, Some(d)) if d == digest => Verdict::Ok(digest),
+                    (true, Some(d)) => Verdict::Failed(format!(
+                        "receiver digest {} differs from ours {}",
+                        crate::engine::digest::fmt_digest(digest),
+                        crate::engine::digest::fmt_digest(d)
+                    )),
+                    (true, None) => {
+                        drop(g);
+                        shared.fail(Error::Violation(format!(
+                            "result for {} before it was sent",
+                            f.dest
+                        )));
+                        return;
+                    }
+                    (false, _) => Verdict::Failed(message),
+                };
+                g.verdicts.insert(file_id, verdict);
+                drop(g);
+                shared.cv.notify_all();
+            }
+            Ok(Frame::Error { message, retryable }) => {
+                shared.fail(Error::Remote { message, retryable });
+                return;
+            }
+            Ok(other) => {
+                shared.fail(Error::Violation(format!(
+                    "unexpected {other:?} on the control connection"
+                )));
+                return;
+            }
+            Err(e) => {
+                shared.fail(match e {
+                    Error::Net { source, .. } => Error::net("the control connection broke", source),
+                    other => other,
+                });
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! The wire protocol: versioned, length-delimited frames.
+//!
+//! Every frame is `[u32 length][u8 type][body]` in little-endian, where
+//! `length` counts the type byte and the body. A `Block` frame is followed
+//! by `len` raw payload bytes that are not part of the frame, so the payload
+//! goes from the pool buffer to the socket without a copy. Decoding checks
+//! the remaining length before every read and the caller checks the frame
+//! cap before allocating, so a peer cannot make us panic or allocate much.
+#![forbid(unsafe_code)]
+
+mod codec;
+mod stream;
+
+pub use codec::{DecodeError, decode, decode_body, encode};
+pub use stream::{FrameReader, read_frame, write_frame, write_frame_with_payload};
+
+/// Identifies the protocol on the first frame.
+pub const MAGIC: [u8; 4] = *b"WRRT";
+/// The protocol version this build speaks.
+pub const VERSION: u16 = 1;
+/// Largest control frame (manifest chunk, plan bitmap) we accept.
+pub const MAX_FRAME: usize = (4 << 20) + 4096;
+/// Largest block payload any peer may announce.
+pub const MAX_BLOCK: u32 = 1 << 30;
+/// Longest destination path, in bytes.
+pub const MAX_PATH: usize = 4096;
+/// Longest error or result message, in bytes.
+pub const MAX_MESSAGE: usize = 4096;
+/// Most blocks a single file may have (the plan bitmap must fit a frame).
+pub const MAX_BLOCKS_PER_FILE: u64 = 1 << 24;
+/// Length of handshake nonces.
+pub const NONCE_LEN: usize = 32;
+/// Length of an HMAC-SHA256 tag.
+pub const MAC_LEN: usize = 32;
+/// Length of a session id.
+pub const SESSION_ID_LEN: usize = 16;
+
+/// A session identifier chosen by the sender.
+pub type SessionId = [u8; SESSION_ID_LEN];
+
+/// What an authenticated connection will be used for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// The session's control connection (manifest, plan, results).
+    Control,
+    /// A data stream of an open session.
+    Join {
+        /// The session to join.
+        session: SessionId,
+        /// This stream's index within the session.
+        stream: u16,
+    },
+}
+
+/// How much the receiver checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verify {
+    /// Trust TCP: no block checksums, no digest.
+    None,
+    /// Check every block's checksum and compare whole-file digests.
+    #[default]
+    Blocks,
+    /// As `Blocks`, and re-read the written file from disk for the digest.
+    Reread,
+}
+
+/// The kind of a manifest entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// A regular file.
+    File,
+    /// A directory (created, carries no data).
+    Dir,
+}
+
+/// One entry of the sender's manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileEntry {
+    /// The sender's id for this file within the session.
+    pub file_id: u32,
+    /// File or directory.
+    pub kind: EntryKind,
+    /// Size in bytes.
+    pub size: u64,
+    /// Identifies the source version (size and mtime) so stale checkpoints are dropped.
+    pub fingerprint: u64,
+    /// Destination path relative to the receiver's root.
+    pub path: String,
+}
+
+/// The header that precedes each block's payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockHeader {
+    /// Which file.
+    pub file_id: u32,
+    /// Block index within the file.
+    pub block: u64,
+    /// Byte offset within the file.
+    pub offset: u64,
+    /// Payload length.
+    pub len: u32,
+    /// xxh3-64 of the payload (0 when verification is off).
+    pub checksum: u64,
+}
+
+/// The receiver's answer for one manifest entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanOutcome {
+    /// Send it; `have` is a bitmap of blocks already durable (resume).
+    Accept {
+        /// One bit per block, least significant bit first.
+        have: Vec<u8>,
+    },
+    /// Will not be written; the message says why.
+    Refuse {
+        /// Why.
+        message: String,
+    },
+}
+
+/// Every message of the protocol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// Client's first frame.
+    Hello {
+        /// Protocol version.
+        version: u16,
+        /// Client nonce.
+        nonce: [u8; NONCE_LEN],
+    },
+    /// Server's challenge.
+    Challenge {
+        /// Protocol version.
+        version: u16,
+        /// Server nonce.
+        nonce: [u8; NONCE_LEN],
+    },
+    /// Client's proof of the token, and what the connection is for.
+    Auth {
+        /// HMAC over both nonces.
+        mac: [u8; MAC_LEN],
+        /// Control or data stream.
+        purpose: Purpose,
+    },
+    /// Server's proof of the token.
+    AuthOk {
+        /// HMAC over both nonces, the other way round.
+        mac: [u8; MAC_LEN],
+    },
+    /// Opens a session on a control connection.
+    Open {
+        /// Chosen by the sender.
+        session: SessionId,
+        /// Block size in bytes.
+        block_size: u32,
+        /// Number of data streams that will join.
+        streams: u16,
+        /// Verification level.
+        verify: Verify,
+    },
+    /// A chunk of the manifest.
+    Files {
+        /// The entries.
+        entries: Vec<FileEntry>,
+    },
+    /// End of the manifest.
+    FilesEnd,
+    /// The receiver's plan for one entry.
+    Plan {
+        /// Which entry.
+        file_id: u32,
+        /// Accept (with resume bitmap) or refuse.
+        outcome: PlanOutcome,
+    },
+    /// End of the plan.
+    PlanEnd,
+    /// A block header; `len` payload bytes follow.
+    Block(BlockHeader),
+    /// The block is written.
+    Ack {
+        /// Which file.
+        file_id: u32,
+        /// Which block.
+        block: u64,
+    },
+    /// The block arrived damaged; send it again.
+    Nack {
+        /// Which file.
+        file_id: u32,
+        /// Which block.
+        block: u64,
+    },
+    /// Every block of the file is acknowledged; this is the sender's digest.
+    FileDone {
+        /// Which file.
+        file_id: u32,
+        /// xxh3-128 over the block checksums.
+        digest: u128,
+    },
+    /// The receiver's verdict on a file.
+    FileResult {
+        /// Which file.
+        file_id: u32,
+        /// Published under its final name.
+        ok: bool,
+        /// The receiver's digest.
+        digest: u128,
+        /// Why not, when not ok.
+        message: String,
+    },
+    /// The sender is done with the session.
+    Finish,
+    /// A fatal error; the connection closes after it.
+    Error {
+        /// Whether reconnecting could help.
+        retryable: bool,
+        /// What went wrong.
+        message: String,
+    },
+}

@@ -1,0 +1,70 @@
+//! Blocking frame I/O over any `Read`/`Write` (TCP streams in practice).
+
+use std::io::{self, IoSlice, Read, Write};
+
+use super::{DecodeError, Frame, MAX_FRAME, decode_body, encode};
+use crate::error::{Error, Result};
+
+/// Reads one frame, refusing a length prefix over `MAX_FRAME` before allocating.
+pub fn read_frame(r: &mut impl Read) -> Result<Frame> {
+    FrameReader::default().read(r)
+}
+
+/// Reads frames reusing one buffer.
+#[derive(Default)]
+pub struct FrameReader {
+    buf: Vec<u8>,
+}
+
+impl FrameReader {
+    /// Reads the next frame from `r`.
+    pub fn read(&mut self, r: &mut impl Read) -> Result<Frame> {
+        let mut prefix = [0u8; 4];
+        r.read_exact(&mut prefix)
+            .map_err(|e| Error::net("reading a frame", e))?;
+        let len = u32::from_le_bytes(prefix) as usize;
+        if len > MAX_FRAME {
+            return Err(DecodeError::TooLarge {
+                len,
+                max: MAX_FRAME,
+            }
+            .into());
+        }
+        self.buf.clear();
+        self.buf.resize(len, 0);
+        r.read_exact(&mut self.buf)
+            .map_err(|e| Error::net("reading a frame", e))?;
+        Ok(decode_body(&self.buf)?)
+    }
+}
+
+/// Writes one frame.
+pub fn write_frame(w: &mut impl Write, frame: &Frame) -> Result<()> {
+    let mut buf = Vec::with_capacity(64);
+    encode(frame, &mut buf);
+    w.write_all(&buf)
+        .map_err(|e| Error::net("sending a frame", e))
+}
+
+/// Writes a frame followed by `payload`, in one gathered write where the
+/// kernel takes it, so the payload is never copied in user space.
+pub fn write_frame_with_payload(w: &mut impl Write, frame: &Frame, payload: &[u8]) -> Result<()> {
+    let mut head = Vec::with_capacity(48);
+    encode(frame, &mut head);
+    let mut slices = [IoSlice::new(&head), IoSlice::new(payload)];
+    let mut bufs: &mut [IoSlice<'_>] = &mut slices;
+    while !bufs.is_empty() {
+        match w.write_vectored(bufs) {
+            Ok(0) => {
+                return Err(Error::net(
+                    "sending a block",
+                    io::Error::new(io::ErrorKind::WriteZero, "connection closed"),
+                ));
+            }
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::net("sending a block", e)),
+        }
+    }
+    Ok(())
+}
