@@ -9,22 +9,20 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Local file or disk trouble; the context names the file and the operation.
-    #[error("{context}: {source}")]
+    #[error("{context}: {cause}")]
     Io {
         /// What we were doing, with the path.
         context: String,
-        /// The operating system's error.
-        #[source]
-        source: std::io::Error,
+        /// The operating system's error (in the message, so not chained again).
+        cause: std::io::Error,
     },
     /// The network broke or a peer went away; a retry may succeed.
-    #[error("{context}: {source}")]
+    #[error("{context}: {cause}")]
     Net {
         /// What we were doing, with the address.
         context: String,
-        /// The operating system's error.
-        #[source]
-        source: std::io::Error,
+        /// The operating system's error (in the message, so not chained again).
+        cause: std::io::Error,
     },
     /// The peer sent something that is not valid wirerate protocol.
     #[error("peer sent an invalid frame: {0}; closing the connection")]
@@ -72,7 +70,7 @@ impl Error {
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Self::Io {
             context: context.into(),
-            source,
+            cause: source,
         }
     }
 
@@ -80,7 +78,7 @@ impl Error {
     pub fn net(context: impl Into<String>, source: std::io::Error) -> Self {
         Self::Net {
             context: context.into(),
-            source,
+            cause: source,
         }
     }
 

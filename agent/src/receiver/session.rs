@@ -354,10 +354,17 @@ pub(crate) fn run_stream(
         .map_err(|e| Error::io("starting an ack thread", e))?;
     let result = receive_blocks(&session, &mut stream, &ack_tx);
     if let Err(e @ (Error::Protocol(_) | Error::Violation(_))) = &result {
-        let _ = ack_tx.send(Frame::Error {
-            retryable: false,
-            message: e.to_string(),
-        });
+        // Written directly: the ack thread may be gone, and the peer must
+        // hear why before the close.
+        let _ = write_frame(
+            &mut stream,
+            &Frame::Error {
+                retryable: false,
+                message: e.to_string(),
+            },
+        );
+        // Clones held by the session would keep the socket open.
+        let _ = stream.shutdown(Shutdown::Both);
     }
     result
 }

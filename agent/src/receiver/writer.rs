@@ -68,12 +68,11 @@ pub(crate) struct Writer {
     io: Box<dyn BlockIo>,
     mode: IoMode,
     fallback: Option<String>,
+    /// Keyed by a per-op sequence number: a resent block may be written
+    /// again while its first copy is still in flight.
     pending: HashMap<u64, Pending>,
+    next_tag: u64,
     policy: CheckpointPolicy,
-}
-
-fn tag(file_id: u32, block: u64) -> u64 {
-    (u64::from(file_id) << 32) | block
 }
 
 impl Writer {
@@ -98,12 +97,20 @@ impl Writer {
             mode,
             fallback,
             pending: HashMap::new(),
+            next_tag: 0,
             policy,
         }
     }
 
     pub(crate) fn run(mut self) -> Report {
-        let result = self.work();
+        // A bug must not leave the sender waiting forever on a dead writer:
+        // a panic becomes an error the sender is told about.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.work()))
+            .unwrap_or_else(|_| {
+                Err(Error::Transfer(
+                    "internal error in the writer (a bug: please report it)".into(),
+                ))
+            });
         if let Err(e) = &result {
             tracing::error!("writer failed: {e}");
             let mut c = lock(&self.control);
@@ -198,8 +205,10 @@ impl Writer {
             Some(d) if len % ALIGN == 0 => Arc::clone(d),
             _ => Arc::clone(f.plain.as_ref().expect("opened above")),
         };
+        let tag = self.next_tag;
+        self.next_tag += 1;
         self.pending.insert(
-            tag(file_id, block),
+            tag,
             Pending {
                 file_id,
                 block,
@@ -213,7 +222,7 @@ impl Writer {
             buf,
             offset,
             len,
-            tag: tag(file_id, block),
+            tag,
         });
         Ok(())
     }
@@ -314,7 +323,12 @@ impl Writer {
             ))
         })?;
         if f.kind == EntryKind::Dir {
-            return self.result(file_id, true, 0, String::new());
+            let digest = if self.verify == Verify::None {
+                0
+            } else {
+                f.tracker.digest()
+            };
+            return self.result(file_id, true, digest, String::new());
         }
         if !f.tracker.is_complete() {
             let msg = format!("{} is missing blocks; it stays resumable", f.dest.rel);

@@ -1,0 +1,251 @@
+//! Helpers shared by the integration tests: scratch directories on the real
+//! disk, random files, receivers, and a TCP relay that injects faults.
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use wirerate_agent::io::IoMode;
+use wirerate_agent::receiver::{ServeConfig, Server, ServerHandle};
+use wirerate_agent::sender::SendConfig;
+
+pub const TOKEN: &[u8] = b"test-token-0123456789abcdef";
+
+/// A scratch directory under target/ (a real disk: O_DIRECT is real there).
+pub fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("{name}-"))
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("scratch dir")
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        v.extend_from_slice(&s.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+pub fn write_file(path: &Path, len: usize, seed: u64) -> Vec<u8> {
+    let data = bytes(len, seed);
+    if let Some(p) = path.parent() {
+        std::fs::create_dir_all(p).unwrap();
+    }
+    std::fs::write(path, &data).unwrap();
+    data
+}
+
+/// Asserts `b` has exactly the bytes of `a`.
+pub fn assert_same(a: &Path, b: &Path) {
+    let x = std::fs::read(a).unwrap_or_else(|e| panic!("reading {}: {e}", a.display()));
+    let y = std::fs::read(b).unwrap_or_else(|e| panic!("reading {}: {e}", b.display()));
+    assert_eq!(
+        x.len(),
+        y.len(),
+        "{} and {} differ in length",
+        a.display(),
+        b.display()
+    );
+    assert!(
+        x == y,
+        "{} and {} differ in content",
+        a.display(),
+        b.display()
+    );
+}
+
+/// Asserts no temporary or checkpoint file is left anywhere under `dir`.
+pub fn assert_no_leftovers(dir: &Path) {
+    for e in walk(dir) {
+        let n = e.file_name().unwrap().to_string_lossy().to_string();
+        assert!(
+            !n.ends_with(".wirerate-part") && !n.ends_with(".wirerate-ckpt"),
+            "leftover {}",
+            e.display()
+        );
+    }
+}
+
+pub fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            if m.is_dir() {
+                stack.push(p.clone());
+            }
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}
+
+pub fn server(root: &Path, mode: IoMode) -> ServerHandle {
+    let mut cfg = ServeConfig::new(root.to_path_buf(), TOKEN.to_vec());
+    cfg.io_mode = mode;
+    cfg.buffer = 8 << 20;
+    cfg.checkpoint_interval = Duration::from_millis(100);
+    Server::bind("127.0.0.1:0", cfg).expect("bind").spawn()
+}
+
+/// The receiver's session summaries once `n` have been recorded (the last
+/// lands just after the sender's final result).
+pub fn wait_summaries(
+    srv: &ServerHandle,
+    n: usize,
+) -> Vec<wirerate_agent::summary::ReceiverSummary> {
+    for _ in 0..200 {
+        let s = srv.summaries();
+        if s.len() >= n {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    srv.summaries()
+}
+
+pub fn send_cfg(to: SocketAddr, src: &Path, dest: &str) -> SendConfig {
+    let mut c = SendConfig::new(to.to_string(), TOKEN.to_vec(), src, dest);
+    c.block_size = 64 << 10;
+    c.buffer = 4 << 20;
+    c.retry_for = Duration::ZERO;
+    c
+}
+
+/// True when running as root; otherwise says loudly why the test is
+/// skipped, and fails under CI, which runs as root and must not skip.
+pub fn require_root(what: &str) -> bool {
+    if rustix::process::geteuid().is_root() {
+        return true;
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("{what} needs root, and CI runs as root: refusing to skip");
+    }
+    eprintln!("SKIPPED: {what} needs root (run the tests as root to include it)");
+    false
+}
+
+/// A fault for the relay to inject into the client-to-server direction of
+/// the `conn`-th connection it accepts (0 = control, 1.. = data streams).
+#[derive(Debug, Clone, Copy)]
+pub enum Fault {
+    /// Close the connection after this many bytes.
+    CutAfter { conn: usize, bytes: u64 },
+    /// Flip one bit of the byte at this offset.
+    FlipByte { conn: usize, at: u64 },
+}
+
+/// A TCP relay between a sender and a receiver.
+pub struct Relay {
+    pub addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    pub fired: Arc<AtomicUsize>,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl Relay {
+    pub fn start(target: SocketAddr, faults: Vec<Fault>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let fired = Arc::new(AtomicUsize::new(0));
+        let conns = Arc::new(Mutex::new(Vec::new()));
+        let (s, f, c) = (stop.clone(), fired.clone(), conns.clone());
+        std::thread::spawn(move || {
+            for (idx, client) in listener.incoming().enumerate() {
+                if s.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(client) = client else { continue };
+                let Ok(upstream) = TcpStream::connect(target) else {
+                    continue;
+                };
+                c.lock().unwrap().push(client.try_clone().unwrap());
+                c.lock().unwrap().push(upstream.try_clone().unwrap());
+                let mine: Vec<Fault> = faults
+                    .iter()
+                    .copied()
+                    .filter(|x| match x {
+                        Fault::CutAfter { conn, .. } | Fault::FlipByte { conn, .. } => *conn == idx,
+                    })
+                    .collect();
+                let (c2, u2) = (client.try_clone().unwrap(), upstream.try_clone().unwrap());
+                let fired = f.clone();
+                std::thread::spawn(move || pump(client, upstream, mine, fired));
+                std::thread::spawn(move || pump(u2, c2, Vec::new(), Arc::new(AtomicUsize::new(0))));
+            }
+        });
+        Self {
+            addr,
+            stop,
+            fired,
+            conns,
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(self.addr);
+        for c in self.conns.lock().unwrap().iter() {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream, faults: Vec<Fault>, fired: Arc<AtomicUsize>) {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut pos = 0u64;
+    let mut done = vec![false; faults.len()];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let chunk = &mut buf[..n];
+        let mut cut_at = None;
+        for (i, f) in faults.iter().enumerate() {
+            if done[i] {
+                continue;
+            }
+            match *f {
+                Fault::FlipByte { at, .. } if at >= pos && at < pos + n as u64 => {
+                    chunk[(at - pos) as usize] ^= 0x01;
+                    done[i] = true;
+                    fired.fetch_add(1, Ordering::SeqCst);
+                }
+                Fault::CutAfter { bytes, .. } if bytes < pos + n as u64 => {
+                    cut_at = Some((bytes.saturating_sub(pos)) as usize);
+                    done[i] = true;
+                    fired.fetch_add(1, Ordering::SeqCst);
+                }
+                _ => {}
+            }
+        }
+        if let Some(k) = cut_at {
+            let _ = to.write_all(&chunk[..k]);
+            break;
+        }
+        if to.write_all(chunk).is_err() {
+            break;
+        }
+        pos += n as u64;
+    }
+    let _ = from.shutdown(Shutdown::Both);
+    let _ = to.shutdown(Shutdown::Both);
+}

@@ -1,0 +1,361 @@
+//! Faults injected into real transfers: a cut stream, a damaged block, a
+//! wrong token, garbage and oversized frames, path escapes, a full disk.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::*;
+use wirerate_agent::Error;
+use wirerate_agent::io::IoMode;
+use wirerate_agent::net::auth;
+use wirerate_agent::progress::Progress;
+use wirerate_agent::sender::send;
+use wirerate_agent::wire::{self, BlockHeader, EntryKind, FileEntry, Frame, Purpose, Verify};
+
+const BS: usize = 64 << 10;
+
+/// Reads until the server closes the connection; fails if it stays open.
+fn assert_closed(s: &mut TcpStream) -> Vec<u8> {
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return got,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return got,
+            Err(e) => panic!("the server kept the connection open: {e}"),
+        }
+    }
+}
+
+fn clean_transfer_still_works(srv: &wirerate_agent::receiver::ServerHandle, dir: &std::path::Path) {
+    let src = dir.join("after.bin");
+    write_file(&src, 3 * BS + 11, 42);
+    let s = send(
+        &send_cfg(srv.addr(), &src, "after.bin"),
+        Arc::new(Progress::default()),
+    )
+    .unwrap();
+    assert!(s.ok, "the server must keep serving others: {}", s.render());
+}
+
+#[test]
+fn cut_data_stream_blocks_go_to_the_other_streams() {
+    let dir = scratch("cut");
+    let src = dir.path().join("src.bin");
+    write_file(&src, 64 * BS + 999, 1);
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = server(&root, IoMode::Async);
+    // Connection 0 is control; cut data stream 1 a few blocks in, mid-block.
+    let relay = Relay::start(
+        srv.addr(),
+        vec![Fault::CutAfter {
+            conn: 1,
+            bytes: 5 * BS as u64 + 1234,
+        }],
+    );
+    let mut cfg = send_cfg(relay.addr, &src, "out.bin");
+    cfg.streams = 4;
+    let s = send(&cfg, Arc::new(Progress::default())).unwrap();
+    assert_eq!(relay.fired.load(Ordering::SeqCst), 1, "the cut happened");
+    assert!(s.ok, "{}", s.render());
+    assert!(
+        s.blocks_retried >= 1,
+        "the cut stream's block was resent: {}",
+        s.render()
+    );
+    assert_eq!(
+        s.sessions, 1,
+        "no reconnect needed while other streams live"
+    );
+    assert_same(&src, &root.join("out.bin"));
+    assert_no_leftovers(&root);
+}
+
+#[test]
+fn damaged_block_is_detected_resent_and_counted() {
+    let dir = scratch("flip");
+    let src = dir.path().join("src.bin");
+    write_file(&src, 16 * BS, 2);
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = server(&root, IoMode::Async);
+    // Past the handshake and the first block header: inside a payload.
+    let relay = Relay::start(srv.addr(), vec![Fault::FlipByte { conn: 1, at: 5000 }]);
+    let mut cfg = send_cfg(relay.addr, &src, "out.bin");
+    cfg.streams = 2;
+    let s = send(&cfg, Arc::new(Progress::default())).unwrap();
+    assert_eq!(relay.fired.load(Ordering::SeqCst), 1);
+    assert!(s.ok, "{}", s.render());
+    assert!(s.blocks_retried >= 1, "{}", s.render());
+    let rx = wait_summaries(&srv, 1);
+    assert_eq!(
+        rx[0].blocks_rejected, 1,
+        "the receiver caught exactly the damaged block"
+    );
+    assert_same(&src, &root.join("out.bin"));
+}
+
+#[test]
+fn damage_goes_unnoticed_only_with_verify_none() {
+    // The control for the test above: without checksums, the flip lands.
+    let dir = scratch("flip-none");
+    let src = dir.path().join("src.bin");
+    write_file(&src, 16 * BS, 2);
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = server(&root, IoMode::Async);
+    let relay = Relay::start(srv.addr(), vec![Fault::FlipByte { conn: 1, at: 5000 }]);
+    let mut cfg = send_cfg(relay.addr, &src, "out.bin");
+    cfg.streams = 1;
+    cfg.verify = Verify::None;
+    let s = send(&cfg, Arc::new(Progress::default())).unwrap();
+    assert!(s.ok);
+    assert_ne!(
+        std::fs::read(&src).unwrap(),
+        std::fs::read(root.join("out.bin")).unwrap()
+    );
+}
+
+#[test]
+fn wrong_token_is_refused_and_nothing_is_written() {
+    let dir = scratch("token");
+    let src = dir.path().join("src.bin");
+    write_file(&src, 1000, 3);
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = server(&root, IoMode::Async);
+    let mut cfg = send_cfg(srv.addr(), &src, "out.bin");
+    cfg.token = b"not-the-token".to_vec();
+    cfg.retry_for = Duration::from_secs(30);
+    let t0 = std::time::Instant::now();
+    let err = send(&cfg, Arc::new(Progress::default())).unwrap_err();
+    assert!(matches!(err, Error::Auth(_)), "{err}");
+    assert!(err.to_string().contains("token"), "{err}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "a wrong token is not retried"
+    );
+    assert!(walk(&root).is_empty(), "nothing may be created");
+    clean_transfer_still_works(&srv, dir.path());
+}
+
+#[test]
+fn garbage_and_oversized_frames_are_refused_without_harm() {
+    let dir = scratch("garbage");
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = server(&root, IoMode::Async);
+
+    // Random bytes instead of a hello.
+    let mut s = TcpStream::connect(srv.addr()).unwrap();
+    s.write_all(&bytes(4096, 5)).unwrap();
+    assert_closed(&mut s);
+
+    // A length prefix of 4 GiB: refused before any allocation.
+    let mut s = TcpStream::connect(srv.addr()).unwrap();
+    s.write_all(&u32::MAX.to_le_bytes()).unwrap();
+    s.write_all(&[0u8; 64]).unwrap();
+    let reply = assert_closed(&mut s);
+    let (frame, _) = wire::decode(&reply)
+        .unwrap()
+        .expect("an error frame before closing");
+    assert!(
+        matches!(frame, Frame::Error { ref message, .. } if message.contains("limit")),
+        "{frame:?}"
+    );
+
+    // Authenticated, then an oversized manifest frame.
+    let mut s = TcpStream::connect(srv.addr()).unwrap();
+    auth::client(&mut s, TOKEN, Purpose::Control).unwrap();
+    let mut open = Vec::new();
+    wire::encode(
+        &Frame::Open {
+            session: [7; 16],
+            block_size: BS as u32,
+            streams: 1,
+            verify: Verify::Blocks,
+        },
+        &mut open,
+    );
+    s.write_all(&open).unwrap();
+    s.write_all(&(512u32 << 20).to_le_bytes()).unwrap();
+    assert_closed(&mut s);
+
+    // Authenticated data stream for a session that does not exist.
+    let mut s = TcpStream::connect(srv.addr()).unwrap();
+    auth::client(
+        &mut s,
+        TOKEN,
+        Purpose::Join {
+            session: [9; 16],
+            stream: 0,
+        },
+    )
+    .unwrap();
+    assert_closed(&mut s);
+
+    // A well-formed session whose data stream lies about a block's layout.
+    let mut ctl = TcpStream::connect(srv.addr()).unwrap();
+    auth::client(&mut ctl, TOKEN, Purpose::Control).unwrap();
+    let mut out = Vec::new();
+    wire::encode(
+        &Frame::Open {
+            session: [3; 16],
+            block_size: BS as u32,
+            streams: 1,
+            verify: Verify::Blocks,
+        },
+        &mut out,
+    );
+    wire::encode(
+        &Frame::Files {
+            entries: vec![FileEntry {
+                file_id: 0,
+                kind: EntryKind::File,
+                size: 100,
+                fingerprint: 1,
+                path: "lie.bin".into(),
+            }],
+        },
+        &mut out,
+    );
+    wire::encode(&Frame::FilesEnd, &mut out);
+    ctl.write_all(&out).unwrap();
+    assert!(matches!(
+        wire::read_frame(&mut ctl).unwrap(),
+        Frame::Plan { .. }
+    ));
+    assert_eq!(wire::read_frame(&mut ctl).unwrap(), Frame::PlanEnd);
+    let mut data = TcpStream::connect(srv.addr()).unwrap();
+    auth::client(
+        &mut data,
+        TOKEN,
+        Purpose::Join {
+            session: [3; 16],
+            stream: 0,
+        },
+    )
+    .unwrap();
+    let lie = Frame::Block(BlockHeader {
+        file_id: 0,
+        block: 0,
+        offset: 0,
+        len: 1 << 30,
+        checksum: 0,
+    });
+    wire::write_frame(&mut data, &lie).unwrap();
+    let reply = assert_closed(&mut data);
+    let (frame, _) = wire::decode(&reply).unwrap().expect("an error frame");
+    assert!(
+        matches!(frame, Frame::Error { ref message, .. } if message.contains("layout")),
+        "{frame:?}"
+    );
+    drop(ctl);
+
+    clean_transfer_still_works(&srv, dir.path());
+}
+
+#[test]
+fn paths_outside_the_root_are_refused() {
+    let dir = scratch("escape");
+    let src = dir.path().join("src.bin");
+    write_file(&src, 5000, 4);
+    let root = dir.path().join("dst");
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+    let srv = server(&root, IoMode::Async);
+    for dest in [
+        "../escape.bin",
+        "a/../../escape.bin",
+        "link/escape.bin",
+        "/tmp/escape.bin",
+    ] {
+        let s = send(
+            &send_cfg(srv.addr(), &src, dest),
+            Arc::new(Progress::default()),
+        )
+        .unwrap();
+        assert!(!s.ok, "{dest} must be refused");
+        assert_eq!(s.failures.len(), 1);
+        assert!(
+            s.failures[0].message.contains("refused"),
+            "{dest}: {}",
+            s.failures[0].message
+        );
+    }
+    assert!(
+        walk(&outside).is_empty(),
+        "nothing may land outside the root"
+    );
+    assert!(!dir.path().join("escape.bin").exists());
+    assert!(!std::path::Path::new("/tmp/escape.bin").exists());
+    clean_transfer_still_works(&srv, dir.path());
+}
+
+/// Unmounts on drop, also when the test fails.
+struct Mount(std::path::PathBuf);
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[test]
+fn full_destination_gives_a_clear_error_and_no_final_file() {
+    if !require_root("mounting a small tmpfs to fill up") {
+        return;
+    }
+    let dir = scratch("full");
+    let src = dir.path().join("src.bin");
+    write_file(&src, 32 << 20, 6);
+    let small = write_file(&dir.path().join("small.bin"), 1 << 20, 7);
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(&root)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "mounting a tmpfs at {}", root.display());
+    let _m = Mount(root.clone());
+    let srv = server(&root, IoMode::Async);
+    let s = send(
+        &send_cfg(srv.addr(), &src, "big.bin"),
+        Arc::new(Progress::default()),
+    )
+    .unwrap();
+    assert!(!s.ok);
+    assert!(
+        s.failures[0].message.contains("no space left"),
+        "{}",
+        s.failures[0].message
+    );
+    assert!(
+        !root.join("big.bin").exists(),
+        "nothing under the final name"
+    );
+    assert_no_leftovers(&root);
+    // The filesystem is still usable for what fits.
+    let s = send(
+        &send_cfg(srv.addr(), &dir.path().join("small.bin"), "small.bin"),
+        Arc::new(Progress::default()),
+    )
+    .unwrap();
+    assert!(s.ok, "{}", s.render());
+    assert_eq!(std::fs::read(root.join("small.bin")).unwrap(), small);
+    drop(srv);
+}

@@ -1,0 +1,295 @@
+//! The `wirerate-agent` binary as users run it: real processes, a receiver
+//! killed mid-transfer and restarted, JSON output, exit codes.
+
+mod common;
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_wirerate-agent");
+
+/// Kills the process on drop, so a failing test leaves nothing running.
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn serve(root: &Path, token: &Path, port: u16) -> Proc {
+    let child = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--checkpoint-interval",
+            "0.1",
+            "--json",
+        ])
+        .arg("--root")
+        .arg(root)
+        .arg("--token-file")
+        .arg(token)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "receiver did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Proc(child)
+}
+
+fn send_cmd(port: u16, token: &Path, src: &Path, dest: &str, extra: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args([
+        "send",
+        "--to",
+        &format!("127.0.0.1:{port}"),
+        "--json",
+        "--quiet",
+    ])
+    .args(if extra.contains(&"--block-size") {
+        &[][..]
+    } else {
+        &["--block-size", "1MiB"][..]
+    })
+    .arg("--token-file")
+    .arg(token)
+    .args(extra)
+    .arg(src)
+    .arg(dest)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    c
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    let s = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(s.trim()).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): stdout {s:?} stderr {:?}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    src: PathBuf,
+    root: PathBuf,
+    token: PathBuf,
+    size: u64,
+}
+
+fn setup(name: &str, size: usize) -> Setup {
+    let dir = scratch(name);
+    let src = dir.path().join("src.bin");
+    write_file(&src, size, 11);
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret-token-for-tests\n").unwrap();
+    Setup {
+        src,
+        root,
+        token,
+        size: size as u64,
+        _dir: dir,
+    }
+}
+
+/// Waits until the receiver has checkpointed some durable blocks.
+fn wait_for_checkpoint(root: &Path, name: &str) {
+    let ckpt = root.join(format!(".{name}.wirerate-ckpt"));
+    let t0 = Instant::now();
+    loop {
+        if let Some(c) = std::fs::read(&ckpt)
+            .ok()
+            .and_then(|b| wirerate_agent::receiver::Checkpoint::decode(&b))
+        {
+            if c.durable.count() >= 4 {
+                return;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no checkpoint appeared"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn receiver_killed_mid_transfer_then_a_new_run_resumes() {
+    let s = setup("kill-resume", 48 << 20);
+    let port = free_port();
+    let mut rx = serve(&s.root, &s.token, port);
+    // Paced so the kill lands mid-transfer.
+    let first = send_cmd(
+        port,
+        &s.token,
+        &s.src,
+        "out.bin",
+        &["--max-rate", "160Mbps", "--retry-for", "0"],
+    )
+    .spawn()
+    .unwrap();
+    wait_for_checkpoint(&s.root, "out.bin");
+    rx.0.kill().unwrap();
+    rx.0.wait().unwrap();
+    let out = first.wait_with_output().unwrap();
+    assert!(
+        !out.status.success(),
+        "the first run must fail when its receiver dies"
+    );
+    assert!(
+        !s.root.join("out.bin").exists(),
+        "nothing under the final name yet"
+    );
+
+    let _rx = serve(&s.root, &s.token, port);
+    let out = send_cmd(port, &s.token, &s.src, "out.bin", &[])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j = json(&out);
+    let sent = j["bytes_sent"].as_u64().unwrap();
+    let skipped = j["bytes_skipped_resume"].as_u64().unwrap();
+    assert!(
+        sent < s.size,
+        "the second run sent {sent} of {} bytes: it must resume",
+        s.size
+    );
+    assert!(
+        skipped > 0 && sent + skipped >= s.size,
+        "sent {sent} + skipped {skipped}"
+    );
+    assert_eq!(j["bytes_total"].as_u64(), Some(s.size));
+    assert_eq!(j["ok"], true);
+    assert_same(&s.src, &s.root.join("out.bin"));
+    assert_no_leftovers(&s.root);
+}
+
+#[test]
+fn sender_reconnects_and_resumes_when_its_receiver_restarts() {
+    let s = setup("reconnect", 48 << 20);
+    let port = free_port();
+    let mut rx = serve(&s.root, &s.token, port);
+    let sender = send_cmd(
+        port,
+        &s.token,
+        &s.src,
+        "out.bin",
+        &["--max-rate", "160Mbps", "--retry-for", "60"],
+    )
+    .spawn()
+    .unwrap();
+    wait_for_checkpoint(&s.root, "out.bin");
+    rx.0.kill().unwrap();
+    rx.0.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let _rx = serve(&s.root, &s.token, port);
+    let out = sender.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j = json(&out);
+    assert!(j["sessions"].as_u64().unwrap() >= 2, "{j}");
+    assert!(j["bytes_sent"].as_u64().unwrap() < 2 * s.size, "{j}");
+    assert_same(&s.src, &s.root.join("out.bin"));
+}
+
+#[test]
+fn json_summary_has_the_documented_keys() {
+    let s = setup("json", 3 << 20);
+    let port = free_port();
+    let _rx = serve(&s.root, &s.token, port);
+    let out = send_cmd(
+        port,
+        &s.token,
+        &s.src,
+        "a/b/out.bin",
+        &["--streams", "3", "--io-mode", "direct"],
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j = json(&out);
+    for key in [
+        "bytes_total",
+        "bytes_sent",
+        "bytes_skipped_resume",
+        "blocks_retried",
+        "seconds",
+        "gbps",
+        "io_mode",
+        "streams",
+        "digest",
+    ] {
+        assert!(j.get(key).is_some(), "missing {key} in {j}");
+    }
+    assert_eq!(j["io_mode"], "direct");
+    assert_eq!(j["streams"], 3);
+    assert_eq!(j["per_stream_gbps"].as_array().unwrap().len(), 3);
+    assert!(j["digest"].as_str().unwrap().starts_with("xxh3-128:"));
+    assert_same(&s.src, &s.root.join("a/b/out.bin"));
+}
+
+#[test]
+fn bad_arguments_and_refusals_exit_non_zero_with_a_clear_message() {
+    let s = setup("cli", 1000);
+    let port = free_port();
+    let _rx = serve(&s.root, &s.token, port);
+    let out = send_cmd(port, &s.token, &s.src, "x", &["--block-size", "1000"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("multiple of 4 KiB"));
+    let out = send_cmd(port, &s.token, &s.src, "x", &["--max-rate", "fast"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a rate"));
+    // A refused path: the transfer ran, the file did not land: exit 1.
+    let out = send_cmd(port, &s.token, &s.src, "../x", &[])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(json(&out)["ok"], false);
+    // No receiver: a clear connection error, exit 2.
+    let out = send_cmd(free_port(), &s.token, &s.src, "x", &["--retry-for", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("connecting to"));
+}
