@@ -232,6 +232,12 @@ fn send_config(
     Ok(c)
 }
 
+/// Prints to stdout; a closed pipe (`| head`) is not worth a panic.
+fn out(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stdout().write_all(text.as_bytes());
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
@@ -279,9 +285,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             renderer.finish();
             let summary = result?;
             if a.json {
-                println!("{}", serde_json::to_string(&summary)?);
+                out(&format!("{}\n", serde_json::to_string(&summary)?));
             } else {
-                print!("{}", summary.render());
+                out(&summary.render());
             }
             Ok(if summary.ok {
                 ExitCode::SUCCESS
@@ -313,9 +319,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 quiet: a.json,
             })?;
             if a.json {
-                println!("{}", serde_json::to_string(&report)?);
+                out(&format!("{}\n", serde_json::to_string(&report)?));
             } else {
-                print!("{}", report.render());
+                out(&report.render());
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -192,10 +192,11 @@ pub struct ReceiverSummary {
 impl ReceiverSummary {
     /// Prints one line (or one JSON object) on stdout.
     pub fn print(&self, json: bool) {
-        if json {
-            println!("{}", serde_json::to_string(self).unwrap_or_default());
+        use std::io::Write;
+        let line = if json {
+            serde_json::to_string(self).unwrap_or_default()
         } else {
-            println!(
+            format!(
                 "session {} {}: {} written in {:.2} s = {:.2} Gbit/s, io {}{}, {} of {} streams, {} damaged blocks refetched, {} resumed, files {} ok / {} failed",
                 &self.session[..8.min(self.session.len())],
                 self.outcome,
@@ -213,7 +214,8 @@ impl ReceiverSummary {
                 fmt_bytes(self.bytes_skipped_resume),
                 self.files_ok,
                 self.files_failed
-            );
-        }
+            )
+        };
+        let _ = writeln!(std::io::stdout(), "{line}");
     }
 }

@@ -293,3 +293,59 @@ fn bad_arguments_and_refusals_exit_non_zero_with_a_clear_message() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("connecting to"));
 }
+
+#[test]
+fn serve_exposes_prometheus_metrics() {
+    use std::io::{Read, Write};
+    let s = setup("metrics", 2 << 20);
+    let port = free_port();
+    let mport = free_port();
+    let child = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--metrics-addr",
+            &format!("127.0.0.1:{mport}"),
+        ])
+        .arg("--root")
+        .arg(&s.root)
+        .arg("--token-file")
+        .arg(&s.token)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _rx = Proc(child);
+    let t0 = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "receiver did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = send_cmd(port, &s.token, &s.src, "m.bin", &[])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let mut c = TcpStream::connect(("127.0.0.1", mport)).unwrap();
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut body = String::new();
+    c.read_to_string(&mut body).unwrap();
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    let value = |name: &str| -> f64 {
+        body.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing in {body}"))
+    };
+    assert_eq!(
+        value("wirerate_receiver_bytes_written_total"),
+        s.size as f64
+    );
+    assert_eq!(value("wirerate_receiver_files_completed_total"), 1.0);
+    assert_eq!(value("wirerate_receiver_sessions_total"), 1.0);
+}
