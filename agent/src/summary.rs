@@ -15,6 +15,21 @@ pub struct FileFailure {
     pub message: String,
 }
 
+/// One manifest entry's outcome.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileOutcome {
+    /// Destination path.
+    pub path: String,
+    /// Size in bytes (0 for directories).
+    pub bytes: u64,
+    /// Landed and verified.
+    pub ok: bool,
+    /// The file digest, when verified.
+    pub digest: Option<String>,
+    /// Why not, when not ok.
+    pub message: Option<String>,
+}
+
 /// A source entry that was not sent (symlink, device, socket, ...).
 #[derive(Debug, Clone, Serialize)]
 pub struct Skipped {
@@ -59,6 +74,9 @@ pub struct SendSummary {
     pub files_ok: usize,
     /// Entries that failed, with reasons.
     pub failures: Vec<FileFailure>,
+    /// Every entry's outcome, in manifest order (JSON only; the text
+    /// summary lists failures).
+    pub results: Vec<FileOutcome>,
     /// Source entries not sent.
     pub skipped: Vec<Skipped>,
     /// Block size in bytes.

@@ -262,7 +262,31 @@ fn json_summary_has_the_documented_keys() {
     assert_eq!(j["streams"], 3);
     assert_eq!(j["per_stream_gbps"].as_array().unwrap().len(), 3);
     assert!(j["digest"].as_str().unwrap().starts_with("xxh3-128:"));
+    assert_eq!(j["results"][0]["path"], "a/b/out.bin");
+    assert_eq!(j["results"][0]["ok"], true);
+    assert_eq!(j["results"][0]["digest"], j["digest"]);
     assert_same(&s.src, &s.root.join("a/b/out.bin"));
+    // Per-socket congestion control is applied and reported.
+    let out = send_cmd(port, &s.token, &s.src, "cc.bin", &["--congestion", "cubic"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(json(&out)["congestion"], "cubic");
+    let out = send_cmd(
+        port,
+        &s.token,
+        &s.src,
+        "cc.bin",
+        &["--congestion", "nosuchcc"],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("available:"));
 }
 
 #[test]

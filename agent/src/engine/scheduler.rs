@@ -297,8 +297,24 @@ impl Scheduler {
         Ok(gid)
     }
 
-    /// The receiver wrote a block; returns its gid so the shell frees the buffer.
-    pub fn handle_ack(&mut self, stream: u16, file_id: u32, block: u64) -> Result<usize, String> {
+    /// Whether a report arriving on `stream` is a late one from a stream
+    /// already declared failed: its blocks went to other streams, and the
+    /// reports still in its socket say nothing about those new copies.
+    fn is_late(&self, stream: u16) -> bool {
+        self.streams.get(stream as usize).is_some_and(|s| !s.alive)
+    }
+
+    /// The receiver wrote a block; returns its gid so the shell frees the
+    /// buffer, or `None` for a late ack from a failed stream (ignored).
+    pub fn handle_ack(
+        &mut self,
+        stream: u16,
+        file_id: u32,
+        block: u64,
+    ) -> Result<Option<usize>, String> {
+        if self.is_late(stream) {
+            return Ok(None);
+        }
         let gid = self.lookup(stream, file_id, block)?;
         self.streams[stream as usize].in_flight -= 1;
         let slot = &mut self.slots[gid];
@@ -306,11 +322,14 @@ impl Scheduler {
         slot.resends = 0;
         let file = slot.file;
         self.finish_block(file);
-        Ok(gid)
+        Ok(Some(gid))
     }
 
     /// The receiver found a block damaged: queue it first for resending.
     pub fn handle_nack(&mut self, stream: u16, file_id: u32, block: u64) -> Result<(), String> {
+        if self.is_late(stream) {
+            return Ok(());
+        }
         let gid = self.lookup(stream, file_id, block)?;
         self.streams[stream as usize].in_flight -= 1;
         self.resends += 1;
@@ -478,8 +497,10 @@ mod tests {
         let mut got = [r1.block, r2.block];
         got.sort();
         assert_eq!(got, [a.block, c.block]);
-        // A late ack from the dead stream is a violation, not a double count.
-        assert!(s.handle_ack(0, 7, a.block).is_err());
+        // The dead stream's ack was already in its socket: ignored, not a
+        // violation and not a double count.
+        assert_eq!(s.handle_ack(0, 7, a.block), Ok(None));
+        assert_eq!(s.handle_nack(0, 7, c.block), Ok(()));
         s.handle_ack(1, 7, r1.block).unwrap();
         s.handle_ack(1, 7, r2.block).unwrap();
         assert!(s.poll_file_done().is_some());
@@ -561,7 +582,7 @@ mod tests {
         assert!(s.handle_ack(0, 99, 0).is_err());
         assert!(s.handle_ack(0, 7, 5).is_err());
         assert!(s.handle_ack(0, 7, 0).is_err(), "not sent yet");
-        assert!(s.handle_nack(3, 7, 0).is_err());
+        assert!(s.handle_nack(3, 7, 0).is_err(), "no such stream");
     }
 
     #[test]

@@ -132,3 +132,50 @@ pub fn buffer_ceiling_bps(rtt: Duration) -> Option<f64> {
     let buf = caps.tcp_wmem_max.min(caps.tcp_rmem_max);
     (buf > 0 && !rtt.is_zero()).then(|| buf as f64 * 8.0 / rtt.as_secs_f64())
 }
+
+/// A warning when the host's TCP buffer maximums keep `streams` streams
+/// over `rtt` below the wanted rate (`max_rate` in bytes/s, else 10 Gbit/s):
+/// the bandwidth-delay product does not fit the window.
+pub fn buffer_warning(rtt: Duration, streams: u16, max_rate: Option<u64>) -> Option<String> {
+    let per_stream = buffer_ceiling_bps(rtt)?;
+    let ceiling = per_stream * f64::from(streams);
+    let want = max_rate.map_or(10e9, |r| r as f64 * 8.0);
+    if rtt <= Duration::from_millis(1) || ceiling >= want {
+        return None;
+    }
+    let caps = capabilities();
+    Some(format!(
+        "TCP buffer maximums (tcp_rmem {} / tcp_wmem {} bytes) cap each stream at {:.2} Gbit/s over this {:.1} ms path \
+         ({:.2} Gbit/s for {streams} streams); raise net.ipv4.tcp_rmem/tcp_wmem (and net.core.rmem_max/wmem_max) \
+         to the bandwidth-delay product ({} bytes for {:.0} Gbit/s), or use more --streams",
+        caps.tcp_rmem_max,
+        caps.tcp_wmem_max,
+        per_stream / 1e9,
+        rtt.as_secs_f64() * 1e3,
+        ceiling / 1e9,
+        (want / 8.0 * rtt.as_secs_f64()) as u64,
+        want / 1e9
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warns_only_when_the_window_cannot_fill_the_path() {
+        assert!(
+            buffer_warning(Duration::from_micros(50), 4, None).is_none(),
+            "loopback never warns"
+        );
+        let caps = capabilities();
+        if caps.tcp_rmem_max == 0 {
+            return;
+        }
+        // 150 ms and a 100 Gbit/s wish: no default Linux buffer fills that.
+        let w = buffer_warning(Duration::from_millis(150), 1, Some(100_000_000_000 / 8)).unwrap();
+        assert!(w.contains("bandwidth-delay product"), "{w}");
+        // A rate the window covers easily: no warning.
+        assert!(buffer_warning(Duration::from_millis(150), 1, Some(1000)).is_none());
+    }
+}

@@ -16,10 +16,10 @@ use crate::engine::Backoff;
 use crate::engine::digest::{fmt_digest, tree_digest};
 use crate::error::{Error, Result};
 use crate::io::{IoMode, Pool, caps::capabilities};
-use crate::net::{SocketOpts, buffer_ceiling_bps};
+use crate::net::{SocketOpts, buffer_warning};
 use crate::progress::Progress;
-use crate::summary::{FileFailure, SendSummary};
-use crate::units::{fmt_bytes, gbps};
+use crate::summary::{FileFailure, FileOutcome, SendSummary};
+use crate::units::gbps;
 use crate::wire::{EntryKind, MAX_BLOCK, Verify};
 
 /// What to send where, and how.
@@ -194,23 +194,40 @@ pub fn send(cfg: &SendConfig, progress: Arc<Progress>) -> Result<SendSummary> {
     let mut failures = std::mem::take(&mut st.failures);
     let mut digests = Vec::new();
     let mut files_ok = 0;
+    let mut results = Vec::with_capacity(list.files.len());
     for (i, f) in list.files.iter().enumerate() {
-        match st.verdicts.get(&(i as u32)) {
+        let (ok, digest, message) = match st.verdicts.get(&(i as u32)) {
             Some(Verdict::Ok(d)) => {
                 files_ok += 1;
                 if f.kind == EntryKind::File {
                     digests.push((f.dest.as_str(), *d));
                 }
+                (
+                    true,
+                    (cfg.verify != Verify::None).then(|| fmt_digest(*d)),
+                    None,
+                )
             }
-            Some(Verdict::Failed(m)) => failures.push(FileFailure {
+            Some(Verdict::Failed(m)) => (false, None, Some(m.clone())),
+            None => (
+                false,
+                None,
+                Some("no verdict from the receiver".to_string()),
+            ),
+        };
+        if let Some(m) = &message {
+            failures.push(FileFailure {
                 path: f.dest.clone(),
                 message: m.clone(),
-            }),
-            None => failures.push(FileFailure {
-                path: f.dest.clone(),
-                message: "no verdict from the receiver".into(),
-            }),
+            });
         }
+        results.push(FileOutcome {
+            path: f.dest.clone(),
+            bytes: f.size,
+            ok,
+            digest,
+            message,
+        });
     }
     let digest = match (cfg.verify, digests.as_slice(), list.files.len()) {
         (Verify::None, _, _) => "none (--verify none)".to_string(),
@@ -219,21 +236,8 @@ pub fn send(cfg: &SendConfig, progress: Arc<Progress>) -> Result<SendSummary> {
     };
     let mut warnings = Vec::new();
     let rtt = st.rtt.unwrap_or_default();
-    if let Some(per_stream) = buffer_ceiling_bps(rtt) {
-        let ceiling = per_stream * f64::from(cfg.streams);
-        let want = cfg.max_rate.map_or(10e9, |r| r as f64 * 8.0);
-        if rtt > Duration::from_millis(1) && ceiling < want {
-            let caps = capabilities();
-            warnings.push(format!(
-                "TCP buffer maximums (tcp_rmem {} / tcp_wmem {}) cap each stream at {:.2} Gbit/s over this {:.1} ms path ({:.2} Gbit/s for {} streams); raise net.ipv4.tcp_rmem/tcp_wmem (and net.core.rmem_max/wmem_max) to the bandwidth-delay product",
-                fmt_bytes(caps.tcp_rmem_max),
-                fmt_bytes(caps.tcp_wmem_max),
-                per_stream / 1e9,
-                rtt.as_secs_f64() * 1e3,
-                ceiling / 1e9,
-                cfg.streams
-            ));
-        }
+    if let Some(w) = buffer_warning(rtt, cfg.streams, cfg.max_rate) {
+        warnings.push(w);
     }
     if let Some(f) = &st.io_fallback {
         warnings.push(f.clone());
@@ -259,6 +263,7 @@ pub fn send(cfg: &SendConfig, progress: Arc<Progress>) -> Result<SendSummary> {
         files: list.files.len(),
         files_ok,
         failures,
+        results,
         skipped: list.skipped,
         block_size: cfg.block_size,
         queue_depth: if st.io_mode == Some(IoMode::Async) {

@@ -129,6 +129,11 @@ pub(crate) fn run(
     };
     let mut control = net::connect(&cfg.to, &control_opts, cfg.connect_timeout)?;
     let rtt = auth::client(&mut control, &cfg.token, Purpose::Control)?;
+    if st.rtt.is_none() {
+        if let Some(w) = net::buffer_warning(rtt, cfg.streams, cfg.max_rate) {
+            tracing::warn!("{w}");
+        }
+    }
     st.rtt = Some(rtt);
     st.congestion = net::congestion_of(&control);
     let session = auth::random::<16>();
@@ -432,7 +437,8 @@ fn ack_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
         let mut g = shared.lock();
         match frame {
             Ok(Frame::Ack { file_id, block }) => match g.sched.handle_ack(i, file_id, block) {
-                Ok(gid) => {
+                Ok(None) => {}
+                Ok(Some(gid)) => {
                     if let Some(b) = g.bufs.remove(&gid) {
                         shared
                             .progress
