@@ -122,65 +122,29 @@ fn generate(path: &Path, size: u64, seed: u64) -> Result<f64> {
     Ok(size as f64 / secs / 1e9)
 }
 
-/// Reads the file with the async engine and no network; returns GB/s.
-fn disk_read(path: &Path, block: usize, depth: usize) -> Result<f64> {
-    let (f, status) = open_source(path, true)?;
-    let direct = status.is_direct();
-    let f = Arc::new(f);
-    let size = f.metadata().map_err(|e| Error::io("stat", e))?.len();
-    let pool = Pool::new(block, depth.max(1))?;
-    let (mut io, _, _) = backend(IoMode::Async, depth);
-    let t0 = Instant::now();
-    let mut off = 0u64;
-    loop {
-        while off < size && io.in_flight() < io.depth() {
-            let Some(buf) = pool.try_get() else { break };
-            let len = (size - off).min(block as u64) as usize;
-            io.submit(IoOp {
-                file: Arc::clone(&f),
-                kind: OpKind::Read,
-                buf,
-                offset: off,
-                len: if direct {
-                    len.next_multiple_of(ALIGN)
-                } else {
-                    len
-                },
-                tag: off,
-            });
-            off += len as u64;
-        }
-        if io.in_flight() == 0 {
-            break;
-        }
-        for d in io.reap(true)? {
-            d.result
-                .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-        }
-    }
-    let secs = t0.elapsed().as_secs_f64();
-    drop_cache(path);
-    Ok(size as f64 / secs / 1e9)
-}
-
-/// Copies `src` to `dst` on this disk with the async engine (reads and
-/// writes in flight at once, no network): the disk-to-disk limit when
-/// source and destination share a disk. Returns GB/s, final fsync included.
-fn disk_copy(src: &Path, dst: &Path, block: usize, depth: usize) -> Result<f64> {
+/// Reads `src` with the async engine and no network, and with `dst` also
+/// writes it there (reads and writes in flight at once: the disk-to-disk
+/// limit when both share a disk). Returns GB/s, final fsync included.
+fn disk_pass(src: &Path, dst: Option<&Path>, block: usize, depth: usize) -> Result<f64> {
     let (f, status) = open_source(src, true)?;
     let direct = status.is_direct();
     let f = Arc::new(f);
     let size = f.metadata().map_err(|e| Error::io("stat", e))?.len();
-    let ctx = || format!("writing {}", dst.display());
-    let out = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .custom_flags(if direct { libc::O_DIRECT } else { 0 })
-        .open(dst)
-        .map_err(|e| Error::io(ctx(), e))?;
-    let out = Arc::new(out);
-    let pool = Pool::new(block, depth.max(1) * 2)?;
+    let ctx = |p: &Path| format!("writing {}", p.display());
+    let out = match dst {
+        Some(p) => Some(Arc::new(
+            OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .custom_flags(if direct { libc::O_DIRECT } else { 0 })
+                .open(p)
+                .map_err(|e| Error::io(ctx(p), e))?,
+        )),
+        None => None,
+    };
+    let depth = depth.max(1);
+    let pool = Pool::new(block, depth * 2)?;
     let (mut io, _, _) = backend(IoMode::Async, depth * 2);
     let t0 = Instant::now();
     let mut off = 0u64;
@@ -209,26 +173,32 @@ fn disk_copy(src: &Path, dst: &Path, block: usize, depth: usize) -> Result<f64> 
         }
         for d in io.reap(true)? {
             d.result
-                .map_err(|e| Error::io(format!("copying {}", src.display()), e))?;
+                .map_err(|e| Error::io(format!("reading {}", src.display()), e))?;
             if d.kind == OpKind::Read {
                 reads -= 1;
-                // Whole aligned buffers go out; the file is cut to size below.
-                let len = d.buf.len().next_multiple_of(ALIGN);
-                io.submit(IoOp {
-                    file: Arc::clone(&out),
-                    kind: OpKind::Write,
-                    buf: d.buf,
-                    offset: d.tag,
-                    len,
-                    tag: d.tag,
-                });
+                if let Some(out) = &out {
+                    // Whole aligned buffers go out; the file is cut to size below.
+                    let len = d.buf.len().next_multiple_of(ALIGN);
+                    io.submit(IoOp {
+                        file: Arc::clone(out),
+                        kind: OpKind::Write,
+                        buf: d.buf,
+                        offset: d.tag,
+                        len,
+                        tag: d.tag,
+                    });
+                }
             }
         }
     }
-    out.set_len(size).map_err(|e| Error::io(ctx(), e))?;
-    out.sync_all().map_err(|e| Error::io(ctx(), e))?;
+    if let (Some(out), Some(p)) = (&out, dst) {
+        out.set_len(size).map_err(|e| Error::io(ctx(p), e))?;
+        out.sync_all().map_err(|e| Error::io(ctx(p), e))?;
+    }
     let secs = t0.elapsed().as_secs_f64();
-    let _ = std::fs::remove_file(dst);
+    if let Some(p) = dst {
+        let _ = std::fs::remove_file(p);
+    }
     drop_cache(src);
     Ok(size as f64 / secs / 1e9)
 }
@@ -266,11 +236,16 @@ pub fn run(cfg: &DemoConfig) -> Result<DemoReport> {
         cfg.size,
         u64::from_le_bytes(crate::net::auth::random::<8>()),
     )?;
-    let disk_read_gbs = disk_read(&src, cfg.send.block_size as usize, cfg.send.queue_depth)?;
-    eprintln!("measuring a local copy on this disk (no network) ...");
-    let disk_copy_gbs = disk_copy(
+    let disk_read_gbs = disk_pass(
         &src,
-        &base.join("copy.bin"),
+        None,
+        cfg.send.block_size as usize,
+        cfg.send.queue_depth,
+    )?;
+    eprintln!("measuring a local copy on this disk (no network) ...");
+    let disk_copy_gbs = disk_pass(
+        &src,
+        Some(&base.join("copy.bin")),
         cfg.send.block_size as usize,
         cfg.send.queue_depth,
     )?;

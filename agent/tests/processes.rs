@@ -30,6 +30,10 @@ fn free_port() -> u16 {
 }
 
 fn serve(root: &Path, token: &Path, port: u16) -> Proc {
+    serve_with(root, token, port, &[])
+}
+
+fn serve_with(root: &Path, token: &Path, port: u16, extra: &[&str]) -> Proc {
     let child = Command::new(BIN)
         .args([
             "serve",
@@ -39,6 +43,7 @@ fn serve(root: &Path, token: &Path, port: u16) -> Proc {
             "0.1",
             "--json",
         ])
+        .args(extra)
         .arg("--root")
         .arg(root)
         .arg("--token-file")
@@ -324,31 +329,12 @@ fn serve_exposes_prometheus_metrics() {
     let s = setup("metrics", 2 << 20);
     let port = free_port();
     let mport = free_port();
-    let child = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--metrics-addr",
-            &format!("127.0.0.1:{mport}"),
-        ])
-        .arg("--root")
-        .arg(&s.root)
-        .arg("--token-file")
-        .arg(&s.token)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _rx = Proc(child);
-    let t0 = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "receiver did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let _rx = serve_with(
+        &s.root,
+        &s.token,
+        port,
+        &["--metrics-addr", &format!("127.0.0.1:{mport}")],
+    );
     let out = send_cmd(port, &s.token, &s.src, "m.bin", &[])
         .output()
         .unwrap();
