@@ -261,17 +261,34 @@ pub(crate) fn run(
         pacing: cfg.max_rate.map(|r| (r / u64::from(cfg.streams)).max(1)),
         ..cfg.socket.clone()
     };
-    let mut streams: Vec<Option<TcpStream>> = Vec::new();
-    for i in 0..cfg.streams {
-        let s = net::connect(&cfg.to, &data_opts, cfg.connect_timeout).and_then(|mut s| {
-            auth::client(&mut s, &cfg.token, Purpose::Join { session, stream: i })?;
-            Ok(s)
-        });
-        match s {
+    // In parallel: each connect costs a TCP handshake and two round trips
+    // of authentication, which on a long path adds up per stream.
+    let connected: Vec<Result<TcpStream>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..cfg.streams)
+            .map(|i| {
+                let opts = &data_opts;
+                s.spawn(move || {
+                    let mut st = net::connect(&cfg.to, opts, cfg.connect_timeout)?;
+                    auth::client(&mut st, &cfg.token, Purpose::Join { session, stream: i })?;
+                    Ok(st)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Transfer("a connect thread panicked".into())))
+            })
+            .collect()
+    });
+    let mut streams: Vec<Option<TcpStream>> = Vec::with_capacity(connected.len());
+    for (i, c) in connected.into_iter().enumerate() {
+        match c {
             Ok(s) => streams.push(Some(s)),
             Err(e) => {
                 tracing::warn!("data stream {i} could not connect: {e}");
-                shared.lock().sched.handle_stream_failed(i);
+                shared.lock().sched.handle_stream_failed(i as u16);
                 streams.push(None);
             }
         }

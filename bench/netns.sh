@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Two hosts in network namespaces joined by a veth pair, with an optional
+# one-way delay (and loss) on each side applied by wirerate-delayline on
+# NFQUEUE, because this kernel has no netem.
+#
+#   bench/netns.sh up [--delay-ms 75] [--loss 0.0001] [--mtu 1500] [--buf 268435456]
+#   bench/netns.sh down
+#
+# Hosts: wr-a 10.201.0.1 and wr-b 10.201.0.2 (addresses exist only inside
+# the namespaces). Needs root, iproute2 and iptables. `down` restores the
+# global socket-buffer limits it raised and removes everything it made.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+state=/run/wirerate-bench
+A=wr-a B=wr-b
+delayline=${DELAYLINE:-$here/../target/release/wirerate-delayline}
+
+up() {
+  local delay=0 loss=0 mtu=1500 buf=$((256 << 20))
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --delay-ms) delay=$2; shift 2 ;;
+      --loss) loss=$2; shift 2 ;;
+      --mtu) mtu=$2; shift 2 ;;
+      --buf) buf=$2; shift 2 ;;
+      *) echo "unknown option $1" >&2; exit 2 ;;
+    esac
+  done
+  [ -d "$state" ] && { echo "already up; run '$0 down' first" >&2; exit 1; }
+  mkdir -p "$state"
+  sysctl -n net.core.rmem_max > "$state/rmem_max"
+  sysctl -n net.core.wmem_max > "$state/wmem_max"
+  ip netns add $A
+  ip netns add $B
+  ip link add wra0 type veth peer name wrb0
+  ip link set wra0 netns $A
+  ip link set wrb0 netns $B
+  ip -n $A addr add 10.201.0.1/24 dev wra0
+  ip -n $B addr add 10.201.0.2/24 dev wrb0
+  for ns in $A $B; do
+    ip -n $ns link set lo up
+    dev=$([ $ns = $A ] && echo wra0 || echo wrb0)
+    ip -n $ns link set $dev mtu "$mtu" up
+    ip netns exec $ns sysctl -qw net.ipv4.tcp_rmem="4096 131072 $buf" net.ipv4.tcp_wmem="4096 131072 $buf"
+  done
+  # Global on this kernel (EINVAL inside a namespace); restored by `down`.
+  sysctl -qw net.core.rmem_max="$buf" net.core.wmem_max="$buf"
+  if [ "$delay" != 0 ] || [ "$loss" != 0 ]; then
+    [ -x "$delayline" ] || { echo "build it first: cargo build --release -p wirerate-delayline" >&2; exit 1; }
+    for ns in $A $B; do
+      dev=$([ $ns = $A ] && echo wra0 || echo wrb0)
+      # Held on arrival: a packet held at the sender's OUTPUT hook still counts
+      # against its socket (TCP small queues) and throttles the sender.
+      ip netns exec $ns iptables -A INPUT -i $dev -j NFQUEUE --queue-num 0
+      ip netns exec $ns "$delayline" --queue 0 --delay-ms "$delay" --loss "$loss" \
+        2> "$state/delayline-$ns.log" &
+      echo $! > "$state/delayline-$ns.pid"
+    done
+  fi
+  echo "up: $A 10.201.0.1 <-> $B 10.201.0.2, one-way delay ${delay} ms, loss $loss, mtu $mtu, tcp buffers up to $buf"
+}
+
+down() {
+  for f in "$state"/delayline-*.pid; do
+    [ -f "$f" ] || continue
+    pid=$(cat "$f")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  done
+  ip netns del $A 2>/dev/null || true
+  ip netns del $B 2>/dev/null || true
+  if [ -f "$state/rmem_max" ]; then
+    sysctl -qw net.core.rmem_max="$(cat "$state/rmem_max")" net.core.wmem_max="$(cat "$state/wmem_max")"
+  fi
+  rm -rf "$state"
+}
+
+case ${1:-} in
+  up) shift; up "$@" ;;
+  down) down ;;
+  *) echo "usage: $0 up [--delay-ms MS] [--loss P] [--mtu N] [--buf BYTES] | down" >&2; exit 2 ;;
+esac
