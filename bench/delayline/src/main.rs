@@ -134,7 +134,7 @@ mod tests {
 
     #[test]
     fn loss_rate_is_close_to_p_and_seeded() {
-        let run = |seed| {
+        let run = |seed: u64| {
             let mut l = Loss {
                 p: 0.01,
                 state: seed | 1,
