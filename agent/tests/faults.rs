@@ -53,16 +53,19 @@ fn cut_data_stream_blocks_go_to_the_other_streams() {
     let root = dir.path().join("dst");
     std::fs::create_dir_all(&root).unwrap();
     let srv = server(&root, IoMode::Async);
-    // Connection 0 is control; cut data stream 1 a few blocks in, mid-block.
+    // Connection 0 is control; cut the first data stream to connect in its second block.
     let relay = Relay::start(
         srv.addr(),
         vec![Fault::CutAfter {
             conn: 1,
-            bytes: 5 * BS as u64 + 1234,
+            bytes: BS as u64 + 1234,
         }],
     );
     let mut cfg = send_cfg(relay.addr, &src, "out.bin");
     cfg.streams = 4;
+    // About two blocks in flight per stream, so every stream (whichever
+    // connected first is connection 1) carries more than the cut point.
+    cfg.buffer = 10 * BS as u64;
     let s = send(&cfg, Arc::new(Progress::default())).unwrap();
     assert_eq!(relay.fired.load(Ordering::SeqCst), 1, "the cut happened");
     assert!(s.ok, "{}", s.render());
@@ -90,7 +93,8 @@ fn damaged_block_is_detected_resent_and_counted() {
     // Past the handshake and the first block header: inside a payload.
     let relay = Relay::start(srv.addr(), vec![Fault::FlipByte { conn: 1, at: 5000 }]);
     let mut cfg = send_cfg(relay.addr, &src, "out.bin");
-    cfg.streams = 2;
+    // One stream: connection 1 carries every block, so the flip lands.
+    cfg.streams = 1;
     let s = send(&cfg, Arc::new(Progress::default())).unwrap();
     assert_eq!(relay.fired.load(Ordering::SeqCst), 1);
     assert!(s.ok, "{}", s.render());

@@ -89,6 +89,7 @@ struct FileState {
 struct StreamState {
     alive: bool,
     in_flight: usize,
+    in_flight_bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -109,7 +110,7 @@ pub struct Scheduler {
     reads_left: usize,
     ready: VecDeque<usize>,
     streams: Vec<StreamState>,
-    per_stream_limit: usize,
+    per_stream_bytes: u64,
     need_digest: bool,
     completed: VecDeque<usize>,
     reported: usize,
@@ -119,13 +120,15 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// Plans `files` in `block_size` blocks over `streams` streams, each
-    /// holding at most `per_stream_limit` unacknowledged blocks. When
-    /// `need_digest` is false, blocks the receiver has are not read at all.
+    /// holding at most `per_stream_bytes` of unacknowledged blocks (and at
+    /// least one block). Counting bytes, not blocks, lets many small files
+    /// be in flight at once. When `need_digest` is false, blocks the
+    /// receiver has are not read at all.
     pub fn new(
         files: Vec<PlannedFile>,
         block_size: u64,
         streams: u16,
-        per_stream_limit: usize,
+        per_stream_bytes: u64,
         need_digest: bool,
     ) -> Self {
         let mut s = Self {
@@ -139,10 +142,11 @@ impl Scheduler {
                 StreamState {
                     alive: true,
                     in_flight: 0,
+                    in_flight_bytes: 0,
                 };
                 streams as usize
             ],
-            per_stream_limit: per_stream_limit.max(1),
+            per_stream_bytes,
             need_digest,
             completed: VecDeque::new(),
             reported: 0,
@@ -224,9 +228,16 @@ impl Scheduler {
         None
     }
 
-    /// Whether any block remains to be read.
-    pub fn reads_left(&self) -> bool {
-        self.reads_left > 0
+    /// The length of the block `poll_read` will return next, so the shell
+    /// can pick a buffer of the right size first.
+    pub fn next_read_len(&mut self) -> Option<u64> {
+        while let Some(slot) = self.slots.get(self.read_cursor) {
+            if matches!(slot.state, State::Unread | State::HaveUnread) {
+                return Some(self.files[slot.file].layout.len(slot.block));
+            }
+            self.read_cursor += 1;
+        }
+        None
     }
 
     /// Whether `gid` is read and waiting to be sent (so its buffer is kept).
@@ -258,12 +269,18 @@ impl Scheduler {
     /// The next block for `stream` to send, if it has room and one is ready.
     #[must_use]
     pub fn poll_send(&mut self, stream: u16) -> Option<SendOrder> {
+        let next = *self.ready.front()?;
+        let len = self.block_len(next);
         let st = self.streams.get_mut(stream as usize)?;
-        if !st.alive || st.in_flight >= self.per_stream_limit || self.fatal.is_some() {
+        if !st.alive
+            || self.fatal.is_some()
+            || (st.in_flight > 0 && st.in_flight_bytes + len > self.per_stream_bytes)
+        {
             return None;
         }
         let gid = self.ready.pop_front()?;
         st.in_flight += 1;
+        st.in_flight_bytes += len;
         let slot = &mut self.slots[gid];
         slot.state = State::InFlight(stream);
         let f = &self.files[slot.file];
@@ -275,6 +292,18 @@ impl Scheduler {
             len: f.layout.len(slot.block),
             checksum: f.checksums[slot.block as usize],
         })
+    }
+
+    fn block_len(&self, gid: usize) -> u64 {
+        let slot = &self.slots[gid];
+        self.files[slot.file].layout.len(slot.block)
+    }
+
+    fn release(&mut self, stream: u16, gid: usize) {
+        let len = self.block_len(gid);
+        let st = &mut self.streams[stream as usize];
+        st.in_flight -= 1;
+        st.in_flight_bytes -= len;
     }
 
     fn lookup(&self, stream: u16, file_id: u32, block: u64) -> Result<usize, String> {
@@ -316,7 +345,7 @@ impl Scheduler {
             return Ok(None);
         }
         let gid = self.lookup(stream, file_id, block)?;
-        self.streams[stream as usize].in_flight -= 1;
+        self.release(stream, gid);
         let slot = &mut self.slots[gid];
         slot.state = State::Acked;
         slot.resends = 0;
@@ -331,7 +360,7 @@ impl Scheduler {
             return Ok(());
         }
         let gid = self.lookup(stream, file_id, block)?;
-        self.streams[stream as usize].in_flight -= 1;
+        self.release(stream, gid);
         self.resends += 1;
         let slot = &mut self.slots[gid];
         slot.resends += 1;
@@ -355,6 +384,7 @@ impl Scheduler {
         };
         st.alive = false;
         st.in_flight = 0;
+        st.in_flight_bytes = 0;
         let mut requeued = 0;
         for gid in (0..self.slots.len()).rev() {
             if self.slots[gid].state == State::InFlight(stream) {
@@ -449,7 +479,7 @@ mod tests {
 
     #[test]
     fn sends_every_block_once_and_reports_the_file() {
-        let mut s = Scheduler::new(one(10, None), 4, 2, 8, true);
+        let mut s = Scheduler::new(one(10, None), 4, 2, 32, true);
         let reads = read_all(&mut s);
         assert_eq!(reads.len(), 3);
         assert_eq!(reads[2].len, 2);
@@ -472,7 +502,7 @@ mod tests {
 
     #[test]
     fn per_stream_limit_lets_the_other_stream_take_more() {
-        let mut s = Scheduler::new(one(40, None), 4, 2, 2, false);
+        let mut s = Scheduler::new(one(40, None), 4, 2, 8, false);
         read_all(&mut s);
         assert!(s.poll_send(0).is_some() && s.poll_send(0).is_some());
         assert!(s.poll_send(0).is_none(), "slow stream 0 is at its limit");
@@ -483,7 +513,7 @@ mod tests {
 
     #[test]
     fn failed_stream_blocks_go_to_the_survivor() {
-        let mut s = Scheduler::new(one(12, None), 4, 2, 8, false);
+        let mut s = Scheduler::new(one(12, None), 4, 2, 32, false);
         read_all(&mut s);
         let a = s.poll_send(0).unwrap();
         let b = s.poll_send(1).unwrap();
@@ -508,8 +538,32 @@ mod tests {
     }
 
     #[test]
+    fn small_blocks_fill_the_byte_budget_not_a_block_count() {
+        // 100 files of 3 bytes against a budget of two 4-byte blocks.
+        let files: Vec<_> = (0..100)
+            .map(|i| PlannedFile {
+                file_id: i,
+                size: 3,
+                have: None,
+            })
+            .collect();
+        let mut s = Scheduler::new(files, 4, 1, 8, false);
+        assert_eq!(s.next_read_len(), Some(3));
+        read_all(&mut s);
+        let mut n = 0;
+        while s.poll_send(0).is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 2, "3 + 3 fit in 8 bytes, a third does not");
+        // A block larger than the budget still goes when the stream is idle.
+        let mut big = Scheduler::new(one(40, None), 40, 1, 8, false);
+        read_all(&mut big);
+        assert!(big.poll_send(0).is_some());
+    }
+
+    #[test]
     fn damaged_block_is_resent_first_and_counted() {
-        let mut s = Scheduler::new(one(12, None), 4, 1, 8, true);
+        let mut s = Scheduler::new(one(12, None), 4, 1, 32, true);
         read_all(&mut s);
         let a = s.poll_send(0).unwrap();
         s.handle_nack(0, 7, a.block).unwrap();
@@ -519,7 +573,7 @@ mod tests {
 
     #[test]
     fn persistent_damage_is_fatal() {
-        let mut s = Scheduler::new(one(4, None), 4, 1, 8, true);
+        let mut s = Scheduler::new(one(4, None), 4, 1, 32, true);
         read_all(&mut s);
         for _ in 0..=MAX_RESENDS_PER_BLOCK {
             let a = s.poll_send(0).unwrap();
@@ -534,7 +588,7 @@ mod tests {
         let mut have = Bitmap::new(3);
         have.set(0);
         have.set(2);
-        let mut s = Scheduler::new(one(10, Some(have)), 4, 1, 8, true);
+        let mut s = Scheduler::new(one(10, Some(have)), 4, 1, 32, true);
         let reads = read_all(&mut s);
         assert_eq!(reads.iter().filter(|r| r.digest_only).count(), 2);
         let a = s.poll_send(0).unwrap();
@@ -548,7 +602,7 @@ mod tests {
     fn resume_without_digest_reads_only_missing_blocks() {
         let mut have = Bitmap::new(3);
         have.set(1);
-        let mut s = Scheduler::new(one(10, Some(have)), 4, 1, 8, false);
+        let mut s = Scheduler::new(one(10, Some(have)), 4, 1, 32, false);
         assert_eq!(read_all(&mut s).len(), 2);
     }
 
@@ -568,7 +622,7 @@ mod tests {
                 have: Some(have),
             },
         ];
-        let mut s = Scheduler::new(files, 4, 1, 8, false);
+        let mut s = Scheduler::new(files, 4, 1, 32, false);
         assert_eq!(s.poll_file_done().unwrap().0, 1);
         assert_eq!(s.poll_file_done().unwrap().0, 2);
         assert!(s.is_finished());
@@ -577,7 +631,7 @@ mod tests {
 
     #[test]
     fn bogus_acks_are_violations() {
-        let mut s = Scheduler::new(one(8, None), 4, 1, 8, false);
+        let mut s = Scheduler::new(one(8, None), 4, 1, 32, false);
         read_all(&mut s);
         assert!(s.handle_ack(0, 99, 0).is_err());
         assert!(s.handle_ack(0, 7, 5).is_err());
@@ -594,7 +648,7 @@ mod tests {
                 have: None,
             })
             .collect();
-        let mut s = Scheduler::new(files, 4, 4, 1000, true);
+        let mut s = Scheduler::new(files, 4, 4, 4000, true);
         read_all(&mut s);
         let mut sent = 0;
         for st in (0..4).cycle() {

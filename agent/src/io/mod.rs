@@ -11,7 +11,7 @@ use std::fs::File;
 use std::sync::Arc;
 
 pub use open::{DirectStatus, open_source};
-pub use pool::{Pool, PoolBuf};
+pub use pool::{Pool, PoolBuf, Pools};
 pub use sync::SyncIo;
 pub(crate) use sync::read_full;
 pub use uring::Uring;

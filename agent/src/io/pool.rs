@@ -184,6 +184,51 @@ impl Pool {
     }
 }
 
+/// Size of the buffers that hold small blocks (small files, tails).
+pub const SMALL_BUF: usize = 64 << 10;
+
+/// Buffers in two sizes: without the small ones, every block of a small
+/// file would tie up a whole block-size buffer, and a tree of small files
+/// would be limited by how many buffers fit in one round trip.
+#[derive(Clone, Debug)]
+pub struct Pools {
+    large: Pool,
+    small: Option<Pool>,
+}
+
+impl Pools {
+    /// `large_count` buffers of `block_size`, plus 64 KiB buffers worth an
+    /// eighth of that memory (16 to 1,024 of them) when blocks are larger.
+    pub fn new(block_size: usize, large_count: usize) -> Result<Self> {
+        let large = Pool::new(block_size, large_count)?;
+        let small = if block_size > SMALL_BUF {
+            let n = (block_size * large_count / 8 / SMALL_BUF).clamp(16, 1024);
+            Some(Pool::new(SMALL_BUF, n)?)
+        } else {
+            None
+        };
+        Ok(Self { large, small })
+    }
+
+    /// The pool whose buffers suit a `len`-byte block.
+    pub fn for_len(&self, len: usize) -> &Pool {
+        match &self.small {
+            Some(s) if len <= s.buf_size() => s,
+            _ => &self.large,
+        }
+    }
+
+    /// Bytes in the block-size buffers.
+    pub fn large_bytes(&self) -> u64 {
+        (self.large.buf_size() * self.large.count()) as u64
+    }
+
+    /// Whether the block-size buffers sit on hugepages.
+    pub fn hugepages(&self) -> bool {
+        self.large.hugepages()
+    }
+}
+
 /// One buffer of the pool, returned to it on drop.
 pub struct PoolBuf {
     inner: Arc<Inner>,
@@ -268,5 +313,19 @@ mod tests {
         drop(a);
         assert!(pool.get_timeout(Duration::from_millis(10)).is_some());
         assert!(Pool::new(1000, 1).is_err());
+    }
+
+    #[test]
+    fn small_blocks_get_small_buffers() {
+        let p = Pools::new(1 << 20, 4).unwrap();
+        assert_eq!(p.for_len(100).buf_size(), SMALL_BUF);
+        assert_eq!(p.for_len(SMALL_BUF).buf_size(), SMALL_BUF);
+        assert_eq!(p.for_len(SMALL_BUF + 1).buf_size(), 1 << 20);
+        let q = Pools::new(SMALL_BUF, 4).unwrap();
+        assert_eq!(
+            q.for_len(10).buf_size(),
+            SMALL_BUF,
+            "one size when blocks are small"
+        );
     }
 }

@@ -210,8 +210,9 @@ impl DestFile {
         .store(&self.dir(root)?, &self.dest.ckpt_name())
     }
 
-    /// Moves the verified file to its final name and drops the checkpoint.
-    pub(crate) fn publish(&mut self, root: &Root) -> Result<()> {
+    /// Moves the verified file to its final name and drops the checkpoint;
+    /// the rename is durable only after `sync_dir`.
+    pub(crate) fn rename_into_place(&mut self, root: &Root) -> Result<()> {
         self.direct = None;
         self.plain = None;
         let dir = self.dir(root)?;
@@ -222,27 +223,26 @@ impl DestFile {
             self.dest.name.as_str(),
         )
         .map_err(|e| Error::io(format!("publishing {}", self.dest.rel), e.into()))?;
-        Root::remove_in(&dir, &self.dest.ckpt_name())?;
-        // The rename must survive a crash too; O_PATH descriptors cannot
-        // be synced, so open the directory itself.
+        Root::remove_in(&dir, &self.dest.ckpt_name())
+    }
+
+    /// Makes renames in the file's directory survive a crash.
+    pub(crate) fn sync_dir(&self, root: &Root) -> Result<()> {
+        let ctx = || format!("syncing the directory of {}", self.dest.rel);
+        // O_PATH descriptors cannot be synced: open the directory itself.
         let d = rustix::fs::openat(
-            &dir,
+            self.dir(root)?,
             ".",
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         )
-        .map_err(|e| {
-            Error::io(
-                format!("opening the directory of {}", self.dest.rel),
-                e.into(),
-            )
-        })?;
-        rustix::fs::fsync(&d).map_err(|e| {
-            Error::io(
-                format!("syncing the directory of {}", self.dest.rel),
-                e.into(),
-            )
-        })
+        .map_err(|e| Error::io(ctx(), e.into()))?;
+        rustix::fs::fsync(&d).map_err(|e| Error::io(ctx(), e.into()))
+    }
+
+    /// The written data was made durable by a filesystem-wide sync.
+    pub(crate) fn mark_synced(&mut self) {
+        self.tracker.handle_synced();
     }
 
     /// Removes the temporary file and checkpoint (data that failed verification).

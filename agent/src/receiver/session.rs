@@ -12,7 +12,7 @@ use super::writer::{Writer, WriterMsg};
 use super::{Shared, lock};
 use crate::engine::{Layout, digest::block_checksum};
 use crate::error::{Error, Result};
-use crate::io::Pool;
+use crate::io::Pools;
 use crate::metrics::metrics;
 use crate::summary::ReceiverSummary;
 use crate::units::gbps;
@@ -35,7 +35,7 @@ pub(crate) struct Stats {
 pub(crate) struct Session {
     verify: Verify,
     layouts: HashMap<u32, Layout>,
-    pool: Pool,
+    pool: Pools,
     writer_tx: mpsc::Sender<WriterMsg>,
     data_streams: Mutex<Vec<TcpStream>>,
     aborted: AtomicBool,
@@ -205,7 +205,7 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
     }
 
     let count = (shared.cfg.buffer / block_size).clamp(2, 4096) as usize;
-    let pool = Pool::new(block_size as usize, count)?;
+    let pool = Pools::new(block_size as usize, count)?;
     let stats = Arc::new(Stats::default());
     let (writer_tx, writer_rx) = mpsc::channel();
     let control = Arc::new(Mutex::new(
@@ -408,7 +408,11 @@ fn receive_blocks(
             if session.aborted.load(Ordering::SeqCst) {
                 return Ok(());
             }
-            if let Some(b) = session.pool.get_timeout(Duration::from_millis(200)) {
+            if let Some(b) = session
+                .pool
+                .for_len(h.len as usize)
+                .get_timeout(Duration::from_millis(200))
+            {
                 break b;
             }
         };

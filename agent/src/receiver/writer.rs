@@ -2,8 +2,9 @@
 //! offset, acknowledges blocks once written, checkpoints durable blocks,
 //! and verifies and publishes finished files.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{Shutdown, TcpStream};
+use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
@@ -73,7 +74,12 @@ pub(crate) struct Writer {
     pending: HashMap<u64, Pending>,
     next_tag: u64,
     policy: CheckpointPolicy,
+    /// A message taken while gathering finished files, handled next.
+    lookahead: Option<WriterMsg>,
 }
+
+/// Files finished together are made durable together.
+const MAX_FINISH_BATCH: usize = 1024;
 
 impl Writer {
     pub(crate) fn new(
@@ -99,6 +105,7 @@ impl Writer {
             pending: HashMap::new(),
             next_tag: 0,
             policy,
+            lookahead: None,
         }
     }
 
@@ -135,7 +142,9 @@ impl Writer {
 
     fn work(&mut self) -> Result<()> {
         loop {
-            let msg = if self.io.in_flight() == 0 {
+            let msg = if let Some(m) = self.lookahead.take() {
+                Some(m)
+            } else if self.io.in_flight() == 0 {
                 let wait = self
                     .policy
                     .poll_timeout()
@@ -167,8 +176,23 @@ impl Writer {
                     self.write(file_id, block, buf, checksum, ack)?;
                 }
                 Some(WriterMsg::FileDone { file_id, digest }) => {
+                    // Gather the files that finished together (a tree of
+                    // small files finishes many at a time).
+                    let mut batch = vec![(file_id, digest)];
+                    while batch.len() < MAX_FINISH_BATCH {
+                        match self.rx.try_recv() {
+                            Ok(WriterMsg::FileDone { file_id, digest }) => {
+                                batch.push((file_id, digest))
+                            }
+                            Ok(other) => {
+                                self.lookahead = Some(other);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
                     self.drain()?;
-                    self.finish(file_id, digest)?;
+                    self.finish(batch)?;
                 }
                 Some(WriterMsg::Stop) => return Ok(()),
                 None if self.io.in_flight() > 0 => self.reap(true)?,
@@ -274,7 +298,12 @@ impl Writer {
 
     fn maybe_checkpoint(&mut self) -> Result<()> {
         let now = Instant::now();
-        let unsynced: u64 = self.files.values().map(|f| f.tracker.unsynced()).sum();
+        let unsynced: u64 = self
+            .files
+            .values()
+            .filter(|f| f.layout.blocks() > 1)
+            .map(|f| f.tracker.unsynced())
+            .sum();
         if self.policy.poll_due(now, unsynced) {
             self.drain()?;
             self.checkpoint_all()?;
@@ -284,7 +313,10 @@ impl Writer {
     }
 
     fn checkpoint_all(&mut self) -> Result<()> {
-        for f in self.files.values_mut() {
+        // A one-block file is simply sent again after a crash: syncing and
+        // checkpointing each of thousands of small files would cost more
+        // than it could save.
+        for f in self.files.values_mut().filter(|f| f.layout.blocks() > 1) {
             if f.tracker.unsynced() > 0 && f.plain.is_some() {
                 f.sync()?;
                 f.checkpoint(&self.shared.root)?;
@@ -316,45 +348,89 @@ impl Writer {
         )
     }
 
-    fn finish(&mut self, file_id: u32, sender_digest: u128) -> Result<()> {
-        let mut f = self.files.remove(&file_id).ok_or_else(|| {
-            Error::Violation(format!(
-                "file {file_id} reported done twice or never planned"
-            ))
-        })?;
-        if f.kind == EntryKind::Dir {
-            let digest = if self.verify == Verify::None {
-                0
+    /// Verifies and publishes finished files. Their data is made durable
+    /// first (one fdatasync, or one syncfs per filesystem for many files),
+    /// then they are renamed, then each directory is synced once, so a
+    /// final name never points at data a crash could lose.
+    fn finish(&mut self, batch: Vec<(u32, u128)>) -> Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let root = &shared.root;
+        let mut ready = Vec::with_capacity(batch.len());
+        for (file_id, sender_digest) in batch {
+            let mut f = self.files.remove(&file_id).ok_or_else(|| {
+                Error::Violation(format!(
+                    "file {file_id} reported done twice or never planned"
+                ))
+            })?;
+            if f.kind == EntryKind::Dir {
+                let digest = if self.verify == Verify::None {
+                    0
+                } else {
+                    f.tracker.digest()
+                };
+                self.result(file_id, true, digest, String::new())?;
+            } else if !f.tracker.is_complete() {
+                let msg = format!("{} is missing blocks; it stays resumable", f.dest.rel);
+                let _ = f.checkpoint(root);
+                self.result(file_id, false, 0, msg)?;
             } else {
-                f.tracker.digest()
+                f.open(root, false)?;
+                ready.push((file_id, sender_digest, f));
+            }
+        }
+        if let [(_, _, f)] = ready.as_mut_slice() {
+            f.sync()?;
+        } else if !ready.is_empty() {
+            let mut synced = HashSet::new();
+            for (_, _, f) in &mut ready {
+                let plain = f.plain.as_ref().expect("opened above");
+                let dev = plain
+                    .metadata()
+                    .map_err(|e| Error::io(format!("inspecting {}", f.dest.rel), e))?
+                    .dev();
+                if synced.insert(dev) {
+                    rustix::fs::syncfs(&**plain).map_err(|e| {
+                        Error::io(
+                            format!("syncing the filesystem of {}", f.dest.rel),
+                            e.into(),
+                        )
+                    })?;
+                }
+                f.mark_synced();
+            }
+        }
+        let mut published = Vec::with_capacity(ready.len());
+        for (file_id, sender_digest, mut f) in ready {
+            let digest = match self.verify {
+                Verify::None => 0,
+                Verify::Blocks => f.tracker.digest(),
+                Verify::Reread => reread(&f)?,
             };
-            return self.result(file_id, true, digest, String::new());
+            if self.verify != Verify::None && digest != sender_digest {
+                f.discard(root)?;
+                let msg = format!(
+                    "{}: digest mismatch (received {}, sent {}); the data was discarded, send it again",
+                    f.dest.rel,
+                    fmt_digest(digest),
+                    fmt_digest(sender_digest)
+                );
+                tracing::error!("{msg}");
+                self.result(file_id, false, digest, msg)?;
+                continue;
+            }
+            f.rename_into_place(root)?;
+            published.push((file_id, digest, f));
         }
-        if !f.tracker.is_complete() {
-            let msg = format!("{} is missing blocks; it stays resumable", f.dest.rel);
-            let _ = f.checkpoint(&self.shared.root);
-            return self.result(file_id, false, 0, msg);
+        let mut dirs = HashSet::new();
+        for (_, _, f) in &published {
+            if dirs.insert(f.dest.parent.clone()) {
+                f.sync_dir(root)?;
+            }
         }
-        f.open(&self.shared.root, false)?;
-        f.sync()?;
-        let digest = match self.verify {
-            Verify::None => 0,
-            Verify::Blocks => f.tracker.digest(),
-            Verify::Reread => reread(&f)?,
-        };
-        if self.verify != Verify::None && digest != sender_digest {
-            f.discard(&self.shared.root)?;
-            let msg = format!(
-                "{}: digest mismatch (received {}, sent {}); the data was discarded, send it again",
-                f.dest.rel,
-                fmt_digest(digest),
-                fmt_digest(sender_digest)
-            );
-            tracing::error!("{msg}");
-            return self.result(file_id, false, digest, msg);
+        for (file_id, digest, _) in published {
+            self.result(file_id, true, digest, String::new())?;
         }
-        f.publish(&self.shared.root)?;
-        self.result(file_id, true, digest, String::new())
+        Ok(())
     }
 }
 

@@ -15,7 +15,7 @@ use session::Verdict;
 use crate::engine::Backoff;
 use crate::engine::digest::{fmt_digest, tree_digest};
 use crate::error::{Error, Result};
-use crate::io::{IoMode, Pool, caps::capabilities};
+use crate::io::{IoMode, Pools, caps::capabilities};
 use crate::net::{SocketOpts, buffer_warning};
 use crate::progress::Progress;
 use crate::summary::{FileFailure, FileOutcome, SendSummary};
@@ -147,7 +147,7 @@ pub fn send(cfg: &SendConfig, progress: Arc<Progress>) -> Result<SendSummary> {
     let total: u64 = list.files.iter().map(|f| f.size).sum();
     progress.total.store(total, Ordering::Relaxed);
     let count = ((cfg.buffer / cfg.block_size) as usize).max(2 * cfg.streams as usize + 2);
-    let pool = Pool::new(cfg.block_size as usize, count)?;
+    let pool = Pools::new(cfg.block_size as usize, count)?;
     let mut st = RunState {
         per_stream_bytes: vec![0; cfg.streams as usize],
         ..RunState::default()

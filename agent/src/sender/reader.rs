@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::session::Shared;
 use crate::engine::digest::block_checksum;
 use crate::error::{Error, Result};
-use crate::io::{ALIGN, IoMode, IoOp, OpKind, Pool, backend, open_source};
+use crate::io::{ALIGN, IoMode, IoOp, OpKind, Pools, backend, open_source};
 use crate::summary::FileFailure;
 
 /// What the reader found out about the I/O path.
@@ -28,7 +28,7 @@ struct InFlight {
 
 pub(crate) fn run(
     shared: &Shared,
-    pool: &Pool,
+    pools: &Pools,
     mode: IoMode,
     depth: usize,
     need_digest: bool,
@@ -42,10 +42,13 @@ pub(crate) fn run(
             break;
         }
         while !finished_reading && io.in_flight() < io.depth() {
-            if !shared.lock().sched.reads_left() {
+            let Some(next_len) = shared.lock().sched.next_read_len() else {
                 finished_reading = true;
                 break;
-            }
+            };
+            // Only this thread reads, so the block polled below is the one
+            // measured here.
+            let pool = pools.for_len((next_len as usize).next_multiple_of(ALIGN));
             let buf = if io.in_flight() == 0 {
                 pool.get_timeout(Duration::from_millis(100))
             } else {

@@ -14,7 +14,7 @@ use super::{RunState, SendConfig};
 use crate::engine::scheduler::PlannedFile;
 use crate::engine::{Bitmap, Layout, Scheduler};
 use crate::error::{Error, Result};
-use crate::io::{Pool, PoolBuf};
+use crate::io::{PoolBuf, Pools};
 use crate::net::{self, SocketOpts, auth};
 use crate::progress::Progress;
 use crate::summary::FileFailure;
@@ -114,7 +114,7 @@ pub(crate) fn run(
     cfg: &SendConfig,
     all: &[SourceFile],
     st: &mut RunState,
-    pool: &Pool,
+    pool: &Pools,
     progress: &Arc<Progress>,
 ) -> Result<()> {
     let pending: Vec<(u32, &SourceFile)> = all
@@ -229,12 +229,12 @@ pub(crate) fn run(
         .store(verified_bytes + held_bytes, Ordering::Relaxed);
 
     let accepted = planned.len();
-    let per_stream_limit = (pool.count() / cfg.streams as usize).max(2);
+    let per_stream_bytes = (pool.large_bytes() / u64::from(cfg.streams)).max(2 * cfg.block_size);
     let sched = Scheduler::new(
         planned,
         cfg.block_size,
         cfg.streams,
-        per_stream_limit,
+        per_stream_bytes,
         cfg.verify != Verify::None,
     );
     let shared = Shared {
