@@ -156,6 +156,9 @@ fn same_file_twice_gives_same_digest_and_overwrites() {
         Arc::new(Progress::default()),
     )
     .unwrap();
+    // `send` returns only once the receiver has closed the session, so the
+    // destination is free for the next one at once.
+    assert_eq!(srv.summaries().len(), 1);
     let b = send(
         &send_cfg(srv.addr(), &src, "x.bin"),
         Arc::new(Progress::default()),

@@ -278,9 +278,6 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
         .join()
         .unwrap_or_else(|_| super::writer::Report::panicked());
     drop(reg);
-    if outcome.is_ok() {
-        let _ = lock(&control).shutdown(Shutdown::Both);
-    }
 
     let secs = started.elapsed().as_secs_f64();
     let bytes = stats.bytes.load(Ordering::Relaxed);
@@ -309,6 +306,11 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
         summary.print(shared.cfg.json);
     }
     lock(&shared.summaries).push(summary);
+    // Closed last: a sender waiting for this close knows the session is
+    // over, its destinations released and its summary recorded.
+    if outcome.is_ok() {
+        let _ = lock(&control).shutdown(Shutdown::Both);
+    }
     outcome
 }
 

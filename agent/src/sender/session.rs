@@ -340,8 +340,16 @@ pub(crate) fn run(
         }
         if result.is_ok() {
             let _ = write_frame(&mut control, &Frame::Finish);
+            // The receiver closes the control connection only after it has
+            // stopped the session and released its destinations; waiting
+            // for that close means a `send` that returns leaves nothing
+            // behind (an immediate second send of the same file would
+            // otherwise find it still claimed).
+            let _ = control.set_read_timeout(Some(Duration::from_secs(30)));
+            let _ = control.shutdown(Shutdown::Write);
+        } else {
+            let _ = control.shutdown(Shutdown::Both);
         }
-        let _ = control.shutdown(Shutdown::Both);
         if let Ok(Ok(r)) = reader_handle.join() {
             report = r;
         }
