@@ -363,3 +363,26 @@ fn full_destination_gives_a_clear_error_and_no_final_file() {
     assert_eq!(std::fs::read(root.join("small.bin")).unwrap(), small);
     drop(srv);
 }
+
+#[test]
+fn block_size_over_the_receivers_budget_is_refused() {
+    let dir = scratch("bigblock");
+    let src = dir.path().join("src.bin");
+    write_file(&src, 3 * BS, 8);
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    // The test receiver has 8 MiB of buffers: blocks up to 4 MiB.
+    let srv = server(&root, IoMode::Async);
+    let mut cfg = send_cfg(srv.addr(), &src, "big.bin");
+    cfg.block_size = 8 << 20;
+    cfg.retry_for = Duration::from_secs(30);
+    let t0 = std::time::Instant::now();
+    let err = send(&cfg, Arc::new(Progress::default())).unwrap_err();
+    assert!(err.to_string().contains("smaller --block-size"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "not retried");
+    assert!(walk(&root).is_empty());
+    cfg.block_size = 4 << 20;
+    let s = send(&cfg, Arc::new(Progress::default())).unwrap();
+    assert!(s.ok, "{}", s.render());
+    assert_same(&src, &root.join("big.bin"));
+}

@@ -95,6 +95,22 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
         );
         Error::Remote { message, retryable }
     };
+    // The sender picks the block size, but the receiver's memory is its
+    // own: a session needs at least two buffers within --buffer.
+    let max_block = shared.cfg.buffer / 2;
+    if block_size > max_block {
+        metrics().rejected.with_label_values(&["block_size"]).inc();
+        return Err(refuse(
+            &mut stream,
+            false,
+            format!(
+                "block size {} is more than this receiver allows ({}, half its --buffer); \
+             send with a smaller --block-size or raise the receiver's --buffer",
+                crate::units::fmt_bytes(block_size),
+                crate::units::fmt_bytes(max_block)
+            ),
+        ));
+    }
     if lock(&shared.sessions).len() >= shared.cfg.max_sessions {
         metrics().rejected.with_label_values(&["busy"]).inc();
         return Err(refuse(
