@@ -121,14 +121,6 @@ impl Drop for Hosts {
     }
 }
 
-struct Proc(std::process::Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn serve_in(ns: &str, root: &Path, token: &Path) -> Proc {
     Proc(
         Command::new("ip")
@@ -177,31 +169,13 @@ fn send_from(ns: &str, token: &Path, src: &Path, extra: &[&str]) -> Command {
     c
 }
 
-fn files(
-    name: &str,
-    size: usize,
-) -> (
-    tempfile::TempDir,
-    std::path::PathBuf,
-    std::path::PathBuf,
-    std::path::PathBuf,
-) {
-    let dir = scratch(name);
-    let src = dir.path().join("src.bin");
-    write_file(&src, size, 21);
-    let root = dir.path().join("dst");
-    std::fs::create_dir_all(&root).unwrap();
-    let token = dir.path().join("token");
-    std::fs::write(&token, "netns-token-0123456789").unwrap();
-    (dir, src, root, token)
-}
-
 #[test]
 fn across_hosts_with_packet_loss_both_ways() {
     if !available("the network-namespace loss test") {
         return;
     }
-    let (_dir, src, root, token) = files("netns-loss", 24 << 20);
+    let s = setup("netns-loss", 24 << 20);
+    let (src, root, token) = (s.src.clone(), s.root.clone(), s.token.clone());
     let h = Hosts::up("l");
     h.loss(&h.b, "0.01");
     h.loss(&h.a, "0.01");
@@ -229,7 +203,8 @@ fn across_hosts_surviving_a_link_outage() {
     if !available("the network-namespace outage test") {
         return;
     }
-    let (_dir, src, root, token) = files("netns-outage", 24 << 20);
+    let s = setup("netns-outage", 24 << 20);
+    let (src, root, token) = (s.src.clone(), s.root.clone(), s.token.clone());
     let h = Hosts::up("o");
     let _rx = serve_in(&h.b, &root, &token);
     // Paced to about 3 s, so the outage lands mid-transfer.

@@ -4,22 +4,13 @@
 mod common;
 
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_wirerate-agent");
-
-/// Kills the process on drop, so a failing test leaves nothing running.
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -96,31 +87,6 @@ fn json(out: &Output) -> serde_json::Value {
             String::from_utf8_lossy(&out.stderr)
         )
     })
-}
-
-struct Setup {
-    _dir: tempfile::TempDir,
-    src: PathBuf,
-    root: PathBuf,
-    token: PathBuf,
-    size: u64,
-}
-
-fn setup(name: &str, size: usize) -> Setup {
-    let dir = scratch(name);
-    let src = dir.path().join("src.bin");
-    write_file(&src, size, 11);
-    let root = dir.path().join("dst");
-    std::fs::create_dir_all(&root).unwrap();
-    let token = dir.path().join("token");
-    std::fs::write(&token, "s3cret-token-for-tests\n").unwrap();
-    Setup {
-        src,
-        root,
-        token,
-        size: size as u64,
-        _dir: dir,
-    }
 }
 
 /// Waits until the receiver has checkpointed some durable blocks.

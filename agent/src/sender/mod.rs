@@ -133,7 +133,6 @@ pub(crate) struct RunState {
     pub(crate) per_stream_bytes: Vec<u64>,
     pub(crate) io_mode: Option<IoMode>,
     pub(crate) io_fallback: Option<String>,
-    pub(crate) failures: Vec<FileFailure>,
     pub(crate) rtt: Option<Duration>,
     pub(crate) congestion: String,
 }
@@ -191,7 +190,7 @@ pub fn send(cfg: &SendConfig, progress: Arc<Progress>) -> Result<SendSummary> {
     }
     let seconds = start.elapsed().as_secs_f64();
 
-    let mut failures = std::mem::take(&mut st.failures);
+    let mut failures = Vec::new();
     let mut digests = Vec::new();
     let mut files_ok = 0;
     let mut results = Vec::with_capacity(list.files.len());

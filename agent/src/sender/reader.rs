@@ -11,7 +11,6 @@ use super::session::Shared;
 use crate::engine::digest::block_checksum;
 use crate::error::{Error, Result};
 use crate::io::{ALIGN, IoMode, IoOp, OpKind, Pools, backend, open_source};
-use crate::summary::FileFailure;
 
 /// What the reader found out about the I/O path.
 #[derive(Debug, Default, Clone)]
@@ -115,10 +114,6 @@ pub(crate) fn run(
                 )
             })?;
             if n < f.expected {
-                shared.lock().failures.push(FileFailure {
-                    path: shared.files[&f.file_id].dest.clone(),
-                    message: format!("{} shrank while being read", path.display()),
-                });
                 return Err(Error::Transfer(format!(
                     "{} shrank while being read (block {} has {n} of {} bytes); it must not change during a transfer",
                     path.display(),

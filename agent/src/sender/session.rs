@@ -17,7 +17,6 @@ use crate::error::{Error, Result};
 use crate::io::{PoolBuf, Pools};
 use crate::net::{self, SocketOpts, auth};
 use crate::progress::Progress;
-use crate::summary::FileFailure;
 use crate::wire::{
     BlockHeader, FileEntry, Frame, FrameReader, PlanOutcome, Purpose, Verify, encode, write_frame,
     write_frame_with_payload,
@@ -36,7 +35,6 @@ pub(crate) enum Verdict {
 pub(crate) struct Inner {
     pub(crate) sched: Scheduler,
     pub(crate) bufs: HashMap<usize, Arc<PoolBuf>>,
-    pub(crate) failures: Vec<FileFailure>,
     verdicts: HashMap<u32, Verdict>,
     sent_digests: HashMap<u32, u128>,
     error: Option<Error>,
@@ -241,7 +239,6 @@ pub(crate) fn run(
         inner: Mutex::new(Inner {
             sched,
             bufs: HashMap::new(),
-            failures: Vec::new(),
             verdicts: HashMap::new(),
             sent_digests: HashMap::new(),
             error: None,
@@ -368,7 +365,6 @@ pub(crate) fn run(
     if report.fallback.is_some() {
         st.io_fallback = report.fallback;
     }
-    st.failures.append(&mut g.failures);
     for (id, v) in g.verdicts.drain() {
         st.verdicts.insert(id, v);
     }

@@ -249,3 +249,39 @@ fn pump(mut from: TcpStream, mut to: TcpStream, faults: Vec<Fault>, fired: Arc<A
     let _ = from.shutdown(Shutdown::Both);
     let _ = to.shutdown(Shutdown::Both);
 }
+
+/// Kills the child process on drop, so a failing test leaves nothing running.
+pub struct Proc(pub std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A source file, an empty destination root and a token file in one scratch directory.
+pub struct Setup {
+    _dir: tempfile::TempDir,
+    pub src: PathBuf,
+    pub root: PathBuf,
+    pub token: PathBuf,
+    pub size: u64,
+}
+
+pub fn setup(name: &str, size: usize) -> Setup {
+    let dir = scratch(name);
+    let src = dir.path().join("src.bin");
+    write_file(&src, size, 11);
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret-token-for-tests\n").unwrap();
+    Setup {
+        src,
+        root,
+        token,
+        size: size as u64,
+        _dir: dir,
+    }
+}
