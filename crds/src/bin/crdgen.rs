@@ -1,0 +1,11 @@
+//! Prints wirerate's CRDs as YAML (charts/wirerate/crds/ holds the output).
+
+fn main() {
+    match wirerate_crds::crds_yaml() {
+        Ok(yaml) => print!("{yaml}"),
+        Err(e) => {
+            eprintln!("crdgen: cannot render the CRDs: {e}");
+            std::process::exit(2);
+        }
+    }
+}

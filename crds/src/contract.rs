@@ -1,0 +1,63 @@
+//! Names the operator and the agents share. Changing one is a protocol change.
+
+/// Label on a Transfer naming the agent that sends it (the agents watch it).
+pub const SENDER_LABEL: &str = "wirerate.io/sender";
+/// Label on a Transfer naming the agent that receives it.
+pub const RECEIVER_LABEL: &str = "wirerate.io/receiver";
+/// Label on everything rendered for a pool, and on each agent's Lease.
+pub const POOL_LABEL: &str = "wirerate.io/pool";
+/// Label on a token Secret naming its Transfer.
+pub const TRANSFER_LABEL: &str = "wirerate.io/transfer";
+/// `app.kubernetes.io/*` labels on rendered objects.
+pub const APP_NAME: &str = "wirerate-agent";
+
+/// Lease annotation: `host:port` where the agent accepts data connections.
+pub const ADDRESS_ANNOTATION: &str = "wirerate.io/address";
+/// Lease annotation: the node (or host, outside the cluster) the agent runs on.
+pub const NODE_ANNOTATION: &str = "wirerate.io/node";
+/// Lease annotation: transfers the agent is running now.
+pub const ACTIVE_ANNOTATION: &str = "wirerate.io/active-transfers";
+/// Lease annotation: transfers the agent accepts at once.
+pub const CAPACITY_ANNOTATION: &str = "wirerate.io/max-transfers";
+/// Lease annotation: the pod, when the agent runs in the cluster.
+pub const POD_ANNOTATION: &str = "wirerate.io/pod";
+/// Lease annotation: JSON list of host preflight findings.
+pub const PREFLIGHT_ANNOTATION: &str = "wirerate.io/preflight";
+
+/// Key of the token in a Transfer's token Secret.
+pub const TOKEN_KEY: &str = "token";
+/// Finalizer the operator puts on Transfers.
+pub const TRANSFER_FINALIZER: &str = "wirerate.io/cleanup";
+/// Field manager of the operator.
+pub const OPERATOR_MANAGER: &str = "wirerate-operator";
+
+/// Environment: the agent's name (its pod name in the cluster).
+pub const ENV_AGENT: &str = "WIRERATE_AGENT_NAME";
+/// Environment: the namespace of the agent's pool.
+pub const ENV_NAMESPACE: &str = "WIRERATE_NAMESPACE";
+/// Environment: the agent's pool.
+pub const ENV_POOL: &str = "WIRERATE_POOL";
+/// Environment: the node the agent runs on.
+pub const ENV_NODE: &str = "WIRERATE_NODE";
+/// Environment: the address to advertise (`host` or `host:port`).
+pub const ENV_ADVERTISE: &str = "WIRERATE_ADVERTISE";
+/// Environment: the NIC whose address to advertise, when no address is given.
+pub const ENV_INTERFACE: &str = "WIRERATE_INTERFACE";
+
+/// How long an agent's Lease stays valid without renewal, in seconds.
+pub const LEASE_SECONDS: i32 = 15;
+
+/// Name of the Lease an agent of `pool` named `agent` renews.
+pub fn lease_name(pool: &str, agent: &str) -> String {
+    // Pods of a StatefulSet are already named `<pool>-agent-N`; do not repeat the pool.
+    if agent.starts_with(pool) {
+        format!("wirerate-{agent}")
+    } else {
+        format!("wirerate-{pool}-{agent}")
+    }
+}
+
+/// Field manager an agent writes Transfer status under.
+pub fn agent_manager(agent: &str) -> String {
+    format!("wirerate-agent/{agent}")
+}

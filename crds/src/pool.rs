@@ -1,0 +1,268 @@
+//! `DtnPool`: a set of agents on DTN hardware, with their storage and tuning.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use crate::tuning::{Striping, Tuning};
+
+/// A pool of DTN agents: where they run, what storage they see, how they tune transfers.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[kube(
+    group = "wirerate.io",
+    version = "v1alpha1",
+    kind = "DtnPool",
+    doc = "A pool of wirerate agents on DTN hardware.",
+    namespaced,
+    status = "DtnPoolStatus",
+    shortname = "dtnp",
+    shortname = "pool",
+    category = "wirerate",
+    printcolumn(
+        json_path = ".status.readyAgents",
+        name = "Ready",
+        type_ = "integer",
+        description = "Live agents"
+    ),
+    printcolumn(
+        json_path = ".spec.replicas",
+        name = "Desired",
+        type_ = "integer",
+        description = "Agents asked for"
+    ),
+    printcolumn(
+        json_path = ".status.activeTransfers",
+        name = "Active",
+        type_ = "integer",
+        description = "Transfers running on the pool's agents"
+    ),
+    printcolumn(
+        json_path = ".metadata.creationTimestamp",
+        name = "Age",
+        type_ = "date"
+    ),
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.labelSelector"
+    )
+)]
+#[x_kube(validation = Rule::new("self.allowedRoots.all(r, self.volumes.exists(v, r == v.mountPath || r.startsWith(v.mountPath + '/')))").message("every allowedRoots entry must lie under one of the volumes' mountPath: add a volume or change the root"))]
+#[x_kube(validation = Rule::new("!has(self.striping) || !has(self.tuning.blockSize) || self.tuning.blockSize % self.striping.stripeSize == 0").message("striping.stripeSize must divide tuning.blockSize"))]
+#[serde(rename_all = "camelCase")]
+pub struct DtnPoolSpec {
+    /// Agents to run in the cluster (one per node); agents outside it join through their Lease.
+    #[serde(default = "one")]
+    #[schemars(range(min = 0, max = 512))]
+    pub replicas: i32,
+    /// The agent image.
+    #[schemars(length(min = 1, max = 512))]
+    pub image: String,
+    /// Image pull policy (Always, IfNotPresent, Never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<String>,
+    /// Nodes the agents may run on (for example `wirerate.io/dtn: "true"`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Scheduling affinity, added to the one-agent-per-node anti-affinity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Tolerations for tainted DTN nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// TCP port the agents accept data connections on (host network).
+    #[serde(default = "data_port")]
+    #[schemars(range(min = 1024, max = 65535))]
+    pub data_port: i32,
+    /// TCP port of the agents' Prometheus metrics.
+    #[serde(default = "metrics_port")]
+    #[schemars(range(min = 1024, max = 65535))]
+    pub metrics_port: i32,
+    /// Which address the agents advertise to senders.
+    #[serde(default)]
+    pub advertise: Advertise,
+    /// MTU the agents expect on the data NIC; preflight reports a mismatch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1280, max = 9216))]
+    pub mtu: Option<i32>,
+    /// Huge pages for the agents' buffer pools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hugepages: Option<Hugepages>,
+    /// CPU and memory for each agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Storage the agents mount.
+    #[schemars(length(min = 1, max = 16))]
+    pub volumes: Vec<StorageVolume>,
+    /// Directories transfers may read from and write to, each under a volume.
+    #[schemars(length(min = 1, max = 32))]
+    #[x_kube(validation = Rule::new("self.all(r, r.startsWith('/') && !r.contains('/../') && !r.endsWith('/..'))").message("allowedRoots must be absolute paths without '..'"))]
+    pub allowed_roots: Vec<String>,
+    /// Transfers one agent runs at once.
+    #[serde(default = "two")]
+    #[schemars(range(min = 1, max = 64))]
+    pub max_transfers_per_agent: i32,
+    /// Other namespaces whose Transfers may use this pool (its own always may).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub allowed_namespaces: Vec<String>,
+    /// Default tuning for transfers on this pool.
+    #[serde(default)]
+    pub tuning: Tuning,
+    /// Default Lustre layout for files this pool receives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub striping: Option<Striping>,
+    /// Host settings the agents check at start and report in status.
+    #[serde(default)]
+    pub preflight: Preflight,
+}
+
+fn one() -> i32 {
+    1
+}
+fn two() -> i32 {
+    2
+}
+fn data_port() -> i32 {
+    7700
+}
+fn metrics_port() -> i32 {
+    9700
+}
+
+/// The address agents give senders: a fixed address, a NIC's address, or the node's.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[x_kube(validation = Rule::new("!(has(self.interface) && has(self.address))").message("set advertise.interface or advertise.address, not both"))]
+#[serde(rename_all = "camelCase")]
+pub struct Advertise {
+    /// Data NIC whose first IPv4 address to advertise (for example `ens1f0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 15))]
+    pub interface: Option<String>,
+    /// Address to advertise as is (outside the cluster, for example).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub address: Option<String>,
+}
+
+/// Huge pages requested for each agent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Hugepages {
+    /// Page size: `2Mi` or `1Gi`.
+    #[schemars(regex(pattern = r"^(2Mi|1Gi)$"))]
+    pub page_size: String,
+    /// Amount per agent, as a quantity (for example `1Gi`).
+    #[schemars(regex(pattern = r"^[0-9]+(Mi|Gi)$"))]
+    pub amount: String,
+}
+
+/// A volume the agents mount, from the host or from a claim.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[x_kube(validation = Rule::new("has(self.hostPath) != has(self.claimName)").message("a volume needs exactly one of hostPath or claimName"))]
+#[serde(rename_all = "camelCase")]
+pub struct StorageVolume {
+    /// Volume name (a DNS label).
+    #[schemars(regex(pattern = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"))]
+    pub name: String,
+    /// Where the agents see it.
+    #[schemars(length(min = 2, max = 1024), regex(pattern = r"^/"))]
+    pub mount_path: String,
+    /// Directory on the node (for example a Lustre mount point).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024), regex(pattern = r"^/"))]
+    pub host_path: Option<String>,
+    /// PersistentVolumeClaim in the pool's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub claim_name: Option<String>,
+    /// Mount read-only (a pool that only sends).
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// Host expectations an agent checks when it starts.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Preflight {
+    /// Smallest acceptable net.core.rmem_max / wmem_max in bytes (the path's bandwidth-delay product).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub min_socket_buffer: Option<i64>,
+    /// Congestion control that must be available.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 16))]
+    pub congestion: Option<String>,
+}
+
+/// What the operator and the agents observed of a pool.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DtnPoolStatus {
+    /// Generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Live agents (for the scale subresource).
+    #[serde(default)]
+    pub replicas: i32,
+    /// Selector of the pool's pods (for the scale subresource).
+    #[serde(default)]
+    pub label_selector: String,
+    /// Agents whose Lease is current and, in the cluster, whose pod is ready.
+    #[serde(default)]
+    pub ready_agents: i32,
+    /// Transfers running on the pool's agents.
+    #[serde(default)]
+    pub active_transfers: i32,
+    /// Every agent known to the pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub agents: Vec<AgentStatus>,
+    /// Host checks the agents reported that failed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preflight: Vec<PreflightFinding>,
+    /// Ready and Degraded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// One agent as the operator sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStatus {
+    /// Agent name (its pod's name in the cluster).
+    pub name: String,
+    /// Pod, when the agent runs in the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// Node or host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Advertised data address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// Lease current (and pod ready, in the cluster).
+    pub ready: bool,
+    /// Transfers running on it.
+    #[serde(default)]
+    pub active_transfers: i32,
+    /// Last Lease renewal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat: Option<Time>,
+}
+
+/// A host check an agent reported.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PreflightFinding {
+    /// The agent that checked.
+    pub agent: String,
+    /// What was checked (for example `rmem_max`).
+    pub check: String,
+    /// What was found and what to change.
+    pub message: String,
+}

@@ -1,0 +1,337 @@
+//! `Transfer`: one file or directory tree moved from one pool to another.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::tuning::{Striping, Tuning, Verification};
+
+/// Move `source` to `destination` at the wire rate and verify it.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[kube(
+    group = "wirerate.io",
+    version = "v1alpha1",
+    kind = "Transfer",
+    doc = "A wirerate transfer of one file or tree between pools.",
+    namespaced,
+    status = "TransferStatus",
+    shortname = "xfer",
+    shortname = "xf",
+    category = "wirerate",
+    printcolumn(json_path = ".status.phase", name = "Phase", type_ = "string"),
+    printcolumn(
+        json_path = ".status.progress.percent",
+        name = "Progress",
+        type_ = "string"
+    ),
+    printcolumn(json_path = ".status.progress.rate", name = "Rate", type_ = "string"),
+    printcolumn(json_path = ".status.sender.name", name = "Sender", type_ = "string"),
+    printcolumn(
+        json_path = ".status.receiver.name",
+        name = "Receiver",
+        type_ = "string"
+    ),
+    printcolumn(
+        json_path = ".metadata.creationTimestamp",
+        name = "Age",
+        type_ = "date"
+    )
+)]
+#[x_kube(validation = Rule::new("!has(self.destination.pool) || self.source.pool != self.destination.pool || self.source.path != self.destination.path").message("source and destination are the same file: change destination.path or destination.pool"))]
+#[x_kube(validation = Rule::new("!has(self.striping) || !has(self.tuning) || !has(self.tuning.blockSize) || self.tuning.blockSize % self.striping.stripeSize == 0").message("striping.stripeSize must divide tuning.blockSize: pick a stripe size that divides the block size"))]
+#[serde(rename_all = "camelCase")]
+pub struct TransferSpec {
+    /// What to send: a path on a pool's storage.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("source cannot change once set: create a new Transfer instead"))]
+    pub source: Source,
+    /// Where it lands: a path on a pool's storage, or an agent outside the cluster.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("destination cannot change once set: create a new Transfer instead"))]
+    pub destination: Destination,
+    /// Overrides of the pools' tuning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tuning: Option<Tuning>,
+    /// Lustre layout of the destination, overriding the receiving pool's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub striping: Option<Striping>,
+    /// Higher runs first; equal priorities run oldest first.
+    #[serde(default)]
+    #[schemars(range(min = -1000, max = 1000))]
+    pub priority: i32,
+    /// How the landed data is checked.
+    #[serde(default)]
+    pub verification: Verification,
+    /// Cap on the transfer's rate in megabits per second (sharing a path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10000000))]
+    pub max_rate_mbps: Option<i64>,
+    /// Reassignments after an agent is lost before the transfer fails.
+    #[serde(default = "three")]
+    #[schemars(range(min = 0, max = 20))]
+    pub max_failovers: i32,
+}
+
+fn three() -> i32 {
+    3
+}
+
+/// A path on a pool's storage.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Source {
+    /// DtnPool that reads the data.
+    #[schemars(length(min = 1, max = 253))]
+    pub pool: String,
+    /// Namespace of the pool, when not the Transfer's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub pool_namespace: Option<String>,
+    /// Absolute path of a file or directory under one of the pool's allowedRoots.
+    #[schemars(length(min = 2, max = 4096))]
+    #[x_kube(validation = Rule::new("self.startsWith('/') && !self.contains('/../') && !self.endsWith('/..')").message("path must be absolute and must not contain '..'"))]
+    pub path: String,
+}
+
+/// Where a transfer lands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[x_kube(validation = Rule::new("has(self.pool) != has(self.external)").message("destination needs exactly one of pool or external"))]
+#[serde(rename_all = "camelCase")]
+pub struct Destination {
+    /// DtnPool that writes the data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub pool: Option<String>,
+    /// Namespace of the pool, when not the Transfer's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub pool_namespace: Option<String>,
+    /// An agent outside the cluster (`wirerate-agent serve`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external: Option<External>,
+    /// Absolute path under the receiving pool's allowedRoots (for an external
+    /// agent: relative to its root, with a leading '/').
+    #[schemars(length(min = 2, max = 4096))]
+    #[x_kube(validation = Rule::new("self.startsWith('/') && !self.contains('/../') && !self.endsWith('/..')").message("path must be absolute and must not contain '..'"))]
+    pub path: String,
+}
+
+/// A receiver outside the cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct External {
+    /// `host:port` of its data listener.
+    #[schemars(length(min = 3, max = 260))]
+    pub address: String,
+    /// Secret in the Transfer's namespace whose `token` key holds its shared secret.
+    #[schemars(length(min = 1, max = 253))]
+    pub token_secret: String,
+}
+
+/// Where a Transfer is in its life.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum TransferPhase {
+    /// Not yet looked at, or waiting for a valid spec.
+    #[default]
+    Pending,
+    /// Valid, waiting for free agents.
+    Queued,
+    /// Agents are moving data.
+    Running,
+    /// All data landed; the receiver is checking it.
+    Verifying,
+    /// Landed and verified.
+    Succeeded,
+    /// Given up; the Failed condition says why.
+    Failed,
+}
+
+impl TransferPhase {
+    /// Succeeded or Failed: nothing more will happen.
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed)
+    }
+
+    /// The spelling used in status and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Queued => "Queued",
+            Self::Running => "Running",
+            Self::Verifying => "Verifying",
+            Self::Succeeded => "Succeeded",
+            Self::Failed => "Failed",
+        }
+    }
+}
+
+/// What the operator and the agents observed of a Transfer.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TransferStatus {
+    /// Current phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<TransferPhase>,
+    /// Generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Assignments so far (1 on the first run, +1 per failover).
+    #[serde(default)]
+    pub attempt: i32,
+    /// The agent sending now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sender: Option<AgentRef>,
+    /// The agent receiving now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receiver: Option<AgentRef>,
+    /// Secret holding this transfer's token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_secret: Option<String>,
+    /// Place in the pool's queue while Queued (1 = next).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<i32>,
+    /// Progress, written by the receiving agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
+    /// The Lustre layout the receiver applied, or why none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub striping: Option<StripingReport>,
+    /// One entry per role, each written by the agent in that role.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["role".into()]))]
+    pub reports: Vec<AgentReport>,
+    /// Each reassignment after a lost agent, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failovers: Vec<Failover>,
+    /// When the first attempt started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When it succeeded or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    /// Bytes per second over the whole transfer, once complete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub average_rate_bps: Option<i64>,
+    /// The same, for people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub average_rate: Option<String>,
+    /// Valid, Scheduled, Complete and Failed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// An assigned agent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentRef {
+    /// Agent name.
+    pub name: String,
+    /// Its pool.
+    pub pool: String,
+    /// Its data address (`host:port`), for the receiver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// Node or host it runs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+/// Progress as the receiver counts it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Progress {
+    /// Attempt these figures belong to.
+    pub attempt: i32,
+    /// Bytes landed and durable, including those resumed from a checkpoint.
+    pub bytes_done: i64,
+    /// Bytes in all.
+    pub bytes_total: i64,
+    /// Blocks landed.
+    pub blocks_done: i64,
+    /// Blocks in all.
+    pub blocks_total: i64,
+    /// Share done, for `kubectl get` (for example `42%`).
+    pub percent: String,
+    /// Current rate in bytes per second.
+    pub rate_bps: i64,
+    /// Current rate, for people (for example `9.1 Gbit/s`).
+    pub rate: String,
+    /// Seconds left at the current rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_seconds: Option<i64>,
+    /// When these figures were taken.
+    pub updated_at: Time,
+}
+
+/// The Lustre layout a receiver applied.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StripingReport {
+    /// Whether a layout was set.
+    pub applied: bool,
+    /// Stripe count set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stripe_count: Option<i32>,
+    /// Stripe size set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stripe_size: Option<i64>,
+    /// Why none was set, or how.
+    pub message: String,
+}
+
+/// The two sides of a transfer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum Role {
+    /// Reads the source and sends.
+    Sender,
+    /// Receives and writes the destination.
+    Receiver,
+}
+
+/// What one agent last said about its side of a transfer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentReport {
+    /// Sender or Receiver.
+    pub role: Role,
+    /// The reporting agent.
+    pub agent: String,
+    /// Attempt the report belongs to; reports of earlier attempts are ignored.
+    pub attempt: i32,
+    /// Where this side is.
+    pub state: ReportState,
+    /// Detail for people (the error, or the verified digest).
+    #[serde(default)]
+    pub message: String,
+    /// When it was written.
+    pub updated_at: Time,
+}
+
+/// One side's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ReportState {
+    /// Moving data.
+    Running,
+    /// Checking what landed.
+    Verifying,
+    /// Done and verified.
+    Succeeded,
+    /// Gave up on this attempt.
+    Failed,
+}
+
+/// One reassignment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Failover {
+    /// The attempt that was abandoned.
+    pub attempt: i32,
+    /// The role whose agent was lost.
+    pub role: Role,
+    /// The lost agent.
+    pub agent: String,
+    /// Why it counts as lost.
+    pub reason: String,
+    /// When the operator noticed.
+    pub at: Time,
+}

@@ -1,0 +1,176 @@
+//! The generated CRDs: committed copy current, examples valid, admission rules
+//! refusing what they should with a message that says what to change.
+
+use std::path::{Path, PathBuf};
+
+use kube::core::cel::{validate_cel, validate_cel_update};
+use wirerate_crds::{DtnPool, Transfer};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn example<T: serde::de::DeserializeOwned>(name: &str) -> T {
+    let path = repo().join("manifests/examples").join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn rejected_with<T: kube::CustomResourceExt + serde::Serialize>(obj: &T, needle: &str) {
+    match validate_cel(obj) {
+        Ok(()) => panic!("accepted, but should be refused with {needle:?}"),
+        Err(e) => {
+            let text = e.to_string();
+            assert!(
+                text.contains(needle),
+                "refused, but with {text:?}, not {needle:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn committed_crds_are_current() {
+    let path = repo().join("charts/wirerate/crds/crds.yaml");
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    let generated = wirerate_crds::crds_yaml().unwrap();
+    assert!(
+        committed == generated,
+        "{} is stale: run `cargo run -p wirerate-crds --bin crdgen > charts/wirerate/crds/crds.yaml`",
+        path.display()
+    );
+}
+
+#[test]
+fn crds_have_status_scale_short_names_and_columns() {
+    use kube::CustomResourceExt;
+    let pool = DtnPool::crd();
+    let v = &pool.spec.versions[0];
+    let sub = v.subresources.as_ref().unwrap();
+    assert!(sub.status.is_some() && sub.scale.is_some());
+    assert!(
+        pool.spec
+            .names
+            .short_names
+            .as_ref()
+            .unwrap()
+            .contains(&"dtnp".to_string())
+    );
+    let cols: Vec<_> = v
+        .additional_printer_columns
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(cols, ["Ready", "Desired", "Active", "Age"]);
+
+    let xfer = Transfer::crd();
+    let v = &xfer.spec.versions[0];
+    assert!(v.subresources.as_ref().unwrap().status.is_some());
+    let cols: Vec<_> = v
+        .additional_printer_columns
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(
+        cols,
+        ["Phase", "Progress", "Rate", "Sender", "Receiver", "Age"]
+    );
+    let yaml = serde_yaml::to_string(&xfer).unwrap();
+    assert!(
+        yaml.contains("x-kubernetes-list-map-keys:\n                - type"),
+        "conditions must be a list-map keyed by type"
+    );
+}
+
+#[test]
+fn examples_parse_and_pass_admission() {
+    for name in ["dtnpool-lustre.yaml", "dtnpool-instrument.yaml"] {
+        let pool: DtnPool = example(name);
+        validate_cel(&pool).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    for name in ["transfer.yaml", "transfer-external.yaml"] {
+        let t: Transfer = example(name);
+        validate_cel(&t).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
+
+#[test]
+fn transfer_rules_refuse_mistakes() {
+    let good: Transfer = example("transfer.yaml");
+
+    let mut t = good.clone();
+    t.spec.destination.pool = Some(t.spec.source.pool.clone());
+    t.spec.destination.path = t.spec.source.path.clone();
+    rejected_with(&t, "source and destination are the same file");
+
+    let mut t = good.clone();
+    t.spec.tuning.as_mut().unwrap().block_size = Some(16 * 1024 * 1024 + 512);
+    rejected_with(&t, "multiple of 4096");
+
+    let mut t = good.clone();
+    t.spec.tuning.as_mut().unwrap().block_size = Some(6 * 1024 * 1024);
+    t.spec.striping.as_mut().unwrap().stripe_size = 4 * 1024 * 1024;
+    rejected_with(&t, "stripeSize must divide tuning.blockSize");
+
+    let mut t = good.clone();
+    t.spec.striping.as_mut().unwrap().stripe_size = 100_000;
+    rejected_with(&t, "multiple of 65536");
+
+    let mut t = good.clone();
+    t.spec.destination.path = "/lustre/incoming/../../etc".into();
+    rejected_with(&t, "must not contain '..'");
+
+    let mut t = good.clone();
+    t.spec.destination.external = Some(wirerate_crds::transfer::External {
+        address: "x:1".into(),
+        token_secret: "s".into(),
+    });
+    rejected_with(&t, "exactly one of pool or external");
+}
+
+#[test]
+fn source_and_destination_are_immutable() {
+    let old: Transfer = example("transfer.yaml");
+    let mut new = old.clone();
+    new.spec.priority = 100;
+    validate_cel_update(&new, &old).expect("priority may change");
+
+    new.spec.source.path = "/data/runs/other".into();
+    let err = validate_cel_update(&new, &old)
+        .expect_err("source changed")
+        .to_string();
+    assert!(err.contains("source cannot change"), "{err}");
+
+    let mut new = old.clone();
+    new.spec.destination.path = "/lustre/incoming/elsewhere".into();
+    let err = validate_cel_update(&new, &old)
+        .expect_err("destination changed")
+        .to_string();
+    assert!(err.contains("destination cannot change"), "{err}");
+}
+
+#[test]
+fn pool_rules_refuse_mistakes() {
+    let good: DtnPool = example("dtnpool-lustre.yaml");
+
+    let mut p = good.clone();
+    p.spec.allowed_roots.push("/scratch".into());
+    rejected_with(&p, "must lie under one of the volumes");
+
+    let mut p = good.clone();
+    p.spec.advertise.address = Some("10.0.0.1".into());
+    rejected_with(&p, "not both");
+
+    let mut p = good.clone();
+    p.spec.volumes[0].claim_name = Some("pvc".into());
+    rejected_with(&p, "exactly one of hostPath or claimName");
+
+    let mut p = good;
+    p.spec.tuning.block_size = Some(8 * 1024 * 1024);
+    p.spec.striping.as_mut().unwrap().stripe_size = 3 * 1024 * 1024;
+    rejected_with(&p, "stripeSize must divide");
+}
