@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 use crate::tuning::{Striping, Tuning};
 
 /// A pool of DTN agents: where they run, what storage they see, how they tune transfers.
+// Clippy reads each printcolumn's `type_` as a repeated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[kube(
     group = "wirerate.io",

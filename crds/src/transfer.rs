@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 use crate::tuning::{Striping, Tuning, Verification};
 
 /// Move `source` to `destination` at the wire rate and verify it.
+// Clippy reads each printcolumn's `type_` as a repeated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[kube(
     group = "wirerate.io",
