@@ -320,6 +320,8 @@ pub enum ReportState {
     Succeeded,
     /// Gave up on this attempt.
     Failed,
+    /// Stopped because the Transfer is being deleted; temporary files removed.
+    Cancelled,
 }
 
 /// One reassignment.

@@ -1,0 +1,175 @@
+//! Agent liveness, read from each agent's coordination.k8s.io Lease (so agents
+//! outside the cluster can join a pool) and, in the cluster, from its pod.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use wirerate_crds::contract;
+
+/// One agent as the operator sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Agent {
+    /// Agent name.
+    pub name: String,
+    /// Its pool.
+    pub pool: String,
+    /// Namespace of the pool (and of the Lease).
+    pub namespace: String,
+    /// Advertised data address.
+    pub address: Option<String>,
+    /// Node or host.
+    pub node: Option<String>,
+    /// Its pod, in the cluster.
+    pub pod: Option<String>,
+    /// Transfers it accepts at once.
+    pub capacity: i32,
+    /// Last renewal.
+    pub renewed: Option<Time>,
+    /// Why it is not live, if it is not.
+    pub dead: Option<String>,
+    /// Host checks that failed: (check, message).
+    pub preflight: Vec<(String, String)>,
+}
+
+impl Agent {
+    /// Whether transfers may be assigned to it, and kept on it.
+    pub fn live(&self) -> bool {
+        self.dead.is_none()
+    }
+}
+
+/// Reads an agent from its Lease; `pods` maps pod names of the Lease's
+/// namespace to pods. None when the Lease is not an agent's.
+pub fn from_lease(lease: &Lease, pods: &BTreeMap<String, &Pod>, now: Timestamp) -> Option<Agent> {
+    let meta = &lease.metadata;
+    let pool = meta.labels.as_ref()?.get(contract::POOL_LABEL)?.clone();
+    let spec = lease.spec.as_ref()?;
+    let name = spec.holder_identity.clone()?;
+    let ann = meta.annotations.clone().unwrap_or_default();
+    let duration = i64::from(
+        spec.lease_duration_seconds
+            .unwrap_or(contract::LEASE_SECONDS),
+    );
+    let renewed = spec.renew_time.as_ref().map(|t| Time(t.0));
+    let pod = ann.get(contract::POD_ANNOTATION).cloned();
+
+    let dead = match &renewed {
+        None => Some("the agent has not renewed its Lease yet".to_owned()),
+        Some(t) if t.0 + SignedDuration::from_secs(duration) < now => Some(format!(
+            "its Lease expired: last renewed {}s ago, valid for {duration}s",
+            now.duration_since(t.0).as_secs()
+        )),
+        Some(_) => match pod.as_deref().map(|p| (p, pods.get(p))) {
+            Some((p, None)) => Some(format!("its pod {p} is gone")),
+            Some((p, Some(pod))) if pod.metadata.deletion_timestamp.is_some() => {
+                Some(format!("its pod {p} is being deleted"))
+            }
+            _ => None,
+        },
+    };
+    let preflight = ann
+        .get(contract::PREFLIGHT_ANNOTATION)
+        .and_then(|s| serde_json::from_str::<Vec<(String, String)>>(s).ok())
+        .unwrap_or_default();
+    Some(Agent {
+        name,
+        pool,
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        address: ann.get(contract::ADDRESS_ANNOTATION).cloned(),
+        node: ann.get(contract::NODE_ANNOTATION).cloned(),
+        pod,
+        capacity: ann
+            .get(contract::CAPACITY_ANNOTATION)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1)
+            .max(1),
+        renewed,
+        dead,
+        preflight,
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+
+    /// A Lease of `agent` in pool `pool` renewed at `renewed` (seconds).
+    pub(crate) fn lease(pool: &str, agent: &str, renewed: i64, pod: Option<&str>) -> Lease {
+        let mut ann = BTreeMap::from([
+            (
+                contract::ADDRESS_ANNOTATION.to_owned(),
+                format!("{agent}.example:7700"),
+            ),
+            (contract::CAPACITY_ANNOTATION.to_owned(), "2".to_owned()),
+        ]);
+        if let Some(p) = pod {
+            ann.insert(contract::POD_ANNOTATION.to_owned(), p.to_owned());
+        }
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(contract::lease_name(pool, agent)),
+                namespace: Some("data".into()),
+                labels: Some(BTreeMap::from([(
+                    contract::POOL_LABEL.to_owned(),
+                    pool.to_owned(),
+                )])),
+                annotations: Some(ann),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(agent.into()),
+                lease_duration_seconds: Some(15),
+                renew_time: Some(MicroTime(Timestamp::from_second(renewed).unwrap())),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_second(s).unwrap()
+    }
+
+    #[test]
+    fn lease_freshness_decides_liveness() {
+        let pods = BTreeMap::new();
+        let a = from_lease(&lease("p", "a", 100, None), &pods, at(110)).unwrap();
+        assert!(a.live());
+        assert_eq!(a.capacity, 2);
+        assert_eq!(a.address.as_deref(), Some("a.example:7700"));
+        let a = from_lease(&lease("p", "a", 100, None), &pods, at(120)).unwrap();
+        assert!(a.dead.unwrap().contains("Lease expired"));
+    }
+
+    #[test]
+    fn a_deleted_pod_kills_a_fresh_lease() {
+        let l = lease("p", "p-agent-0", 100, Some("p-agent-0"));
+        let none = BTreeMap::new();
+        let a = from_lease(&l, &none, at(101)).unwrap();
+        assert!(a.dead.unwrap().contains("is gone"));
+
+        let mut pod = Pod::default();
+        let pods = BTreeMap::from([("p-agent-0".to_owned(), &pod)]);
+        assert!(from_lease(&l, &pods, at(101)).unwrap().live());
+        pod.metadata.deletion_timestamp = Some(Time(at(100)));
+        let pods = BTreeMap::from([("p-agent-0".to_owned(), &pod)]);
+        assert!(
+            from_lease(&l, &pods, at(101))
+                .unwrap()
+                .dead
+                .unwrap()
+                .contains("being deleted")
+        );
+    }
+
+    #[test]
+    fn leases_without_a_pool_label_are_not_agents() {
+        let mut l = lease("p", "a", 100, None);
+        l.metadata.labels = None;
+        assert!(from_lease(&l, &BTreeMap::new(), at(100)).is_none());
+    }
+}

@@ -1,0 +1,200 @@
+//! `wirerate-operator`: runs the DtnPool and Transfer controllers while it
+//! holds the leader Lease.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::{Api, ListParams};
+use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
+use wirerate_crds::{DtnPool, Transfer, TransferPhase, contract};
+use wirerate_operator::context::{Context, Stores};
+use wirerate_operator::{http, leader, pool_controller, transfer_controller};
+
+/// wirerate's Kubernetes operator.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    /// Namespace of the leader-election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "wirerate-system")]
+    namespace: String,
+    /// This replica's identity in the Lease (the pod name in the cluster).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Address of /metrics and /healthz.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_addr: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,kube=warn".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let identity = args.identity.unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    let client = Client::try_default()
+        .await
+        .context("no Kubernetes API to talk to: set KUBECONFIG or run in a pod")?;
+
+    for (kind, probe) in [
+        (
+            "Transfer",
+            Api::<Transfer>::all(client.clone())
+                .list(&ListParams::default().limit(1))
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "DtnPool",
+            Api::<DtnPool>::all(client.clone())
+                .list(&ListParams::default().limit(1))
+                .await
+                .map(|_| ()),
+        ),
+    ] {
+        probe.map_err(|e| {
+            wirerate_operator::Error::CrdsMissing(format!("listing {kind}s failed: {e}"))
+        })?;
+    }
+
+    let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.metrics_addr))?;
+    tracing::info!(
+        identity,
+        namespace = args.namespace,
+        "waiting for the leader Lease"
+    );
+    leader::acquire(&client, &args.namespace, &identity).await?;
+    tracing::info!("leading; starting controllers");
+
+    let pools = Controller::new(
+        Api::<DtnPool>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(
+        Api::<StatefulSet>::all(client.clone()),
+        watcher::Config::default().labels(contract::POOL_LABEL),
+    );
+    let transfers = Controller::new(
+        Api::<Transfer>::all(client.clone()),
+        watcher::Config::default(),
+    );
+
+    let (leases, lease_writer) = reflector::store::<Lease>();
+    let (pods, pod_writer) = reflector::store::<Pod>();
+    let lease_watch = reflector(
+        lease_writer,
+        watcher(
+            Api::<Lease>::all(client.clone()),
+            watcher::Config::default().labels(contract::POOL_LABEL),
+        ),
+    )
+    .default_backoff()
+    .touched_objects()
+    .for_each(|_| async {});
+    let pod_watch = reflector(
+        pod_writer,
+        watcher(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default().labels(contract::POOL_LABEL),
+        ),
+    )
+    .default_backoff()
+    .touched_objects()
+    .for_each(|_| async {});
+    let stores = Stores {
+        pools: pools.store(),
+        transfers: transfers.store(),
+        leases,
+        pods,
+    };
+    let ctx = Arc::new(Context::new(client.clone(), stores, &identity));
+
+    let metrics = Arc::new(ctx.metrics.clone());
+    tokio::spawn(http::serve(listener, metrics));
+    tokio::spawn(lease_watch);
+    tokio::spawn(pod_watch);
+    tokio::spawn(gauges(ctx.clone()));
+
+    let pool_run = pools
+        .shutdown_on_signal()
+        .run(
+            pool_controller::reconcile,
+            pool_controller::error_policy,
+            ctx.clone(),
+        )
+        .for_each(|_| async {});
+    let transfer_run = transfers
+        .shutdown_on_signal()
+        .run(
+            transfer_controller::reconcile,
+            transfer_controller::error_policy,
+            ctx.clone(),
+        )
+        .for_each(|_| async {});
+    tokio::select! {
+        _ = futures::future::join(pool_run, transfer_run) => tracing::info!("controllers stopped"),
+        why = leader::hold(client, args.namespace, identity) => {
+            // Another replica may be reconciling now; stopping at once is the safe side.
+            anyhow::bail!("lost leadership ({why}); exiting so a restart waits for the Lease again");
+        }
+    }
+    Ok(())
+}
+
+/// Keeps the per-phase and queue gauges current.
+async fn gauges(ctx: Arc<Context>) {
+    let phases = [
+        TransferPhase::Pending,
+        TransferPhase::Queued,
+        TransferPhase::Running,
+        TransferPhase::Verifying,
+        TransferPhase::Succeeded,
+        TransferPhase::Failed,
+    ];
+    loop {
+        let view = ctx.view(Timestamp::now());
+        for p in phases {
+            let n = view
+                .transfers
+                .iter()
+                .filter(|t| t.status.as_ref().and_then(|s| s.phase).unwrap_or_default() == p)
+                .count();
+            ctx.metrics
+                .phases
+                .with_label_values(&[p.as_str()])
+                .set(n as i64);
+        }
+        let (_, positions) = transfer_controller::plan(&view, Timestamp::now());
+        ctx.metrics.queue.reset();
+        let mut per_pool = std::collections::HashMap::<String, i64>::new();
+        for t in &view.transfers {
+            let key = (
+                t.metadata.namespace.clone().unwrap_or_default(),
+                t.metadata.name.clone().unwrap_or_default(),
+            );
+            if positions.contains_key(&key) {
+                *per_pool.entry(t.spec.source.pool.clone()).or_default() += 1;
+            }
+        }
+        for (pool, n) in per_pool {
+            ctx.metrics.queue.with_label_values(&[&pool]).set(n);
+        }
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+}

@@ -1,0 +1,37 @@
+//! The operator's one error type.
+
+/// What can go wrong in a reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server refused or failed a request.
+    #[error("Kubernetes API request failed: {0}")]
+    Kube(#[from] kube::Error),
+    /// Adding or removing the finalizer failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Self>>),
+    /// An object from the API lacks a field every object has.
+    #[error("object without {0}; is the API server sending partial objects?")]
+    Malformed(&'static str),
+    /// A deleted Transfer waits for its agents to stop and clean up.
+    #[error("waiting for agents {0} to stop and remove temporary files")]
+    CleanupPending(String),
+    /// The CRDs are not installed.
+    #[error("the wirerate CRDs are not installed ({0}): kubectl apply -f charts/wirerate/crds/")]
+    CrdsMissing(String),
+}
+
+impl Error {
+    /// A short, bounded label for metrics (never the message, which carries data).
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Kube(_) => "kube",
+            Self::Finalizer(_) => "finalizer",
+            Self::Malformed(_) => "malformed",
+            Self::CleanupPending(_) => "cleanup_pending",
+            Self::CrdsMissing(_) => "crds_missing",
+        }
+    }
+}
+
+/// Result with the operator's error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,145 @@
+//! Leader election through a coordination.k8s.io Lease, so that of several
+//! operator replicas exactly one reconciles.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::Client;
+use kube::api::{Api, ObjectMeta, PostParams};
+
+use crate::Result;
+
+/// Name of the operator's Lease.
+pub const LEASE_NAME: &str = "wirerate-operator";
+/// Seconds a leader's claim lasts without renewal.
+pub const LEASE_SECONDS: i32 = 15;
+
+/// What to do with a Lease as `me`, at `now`: the new Lease to write, or None
+/// when someone else holds it. Pure, so takeover rules are tested directly.
+pub fn claim(lease: &Lease, me: &str, now: Timestamp) -> Option<Lease> {
+    let spec = lease.spec.clone().unwrap_or_default();
+    let holder = spec.holder_identity.as_deref();
+    let duration = i64::from(spec.lease_duration_seconds.unwrap_or(LEASE_SECONDS));
+    let expired = spec
+        .renew_time
+        .as_ref()
+        .is_none_or(|t| t.0 + SignedDuration::from_secs(duration) < now);
+    if holder != Some(me) && holder.is_some() && !expired {
+        return None;
+    }
+    let mut next = lease.clone();
+    let taking_over = holder != Some(me);
+    next.spec = Some(LeaseSpec {
+        holder_identity: Some(me.to_owned()),
+        lease_duration_seconds: Some(LEASE_SECONDS),
+        acquire_time: if taking_over {
+            Some(MicroTime(now))
+        } else {
+            spec.acquire_time
+        },
+        renew_time: Some(MicroTime(now)),
+        lease_transitions: Some(
+            spec.lease_transitions.unwrap_or(0) + i32::from(taking_over && holder.is_some()),
+        ),
+        ..Default::default()
+    });
+    Some(next)
+}
+
+/// Tries once to take or keep the Lease; true while we lead.
+pub async fn try_lead(client: &Client, namespace: &str, me: &str) -> Result<bool> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let now = Timestamp::now();
+    match api.get_opt(LEASE_NAME).await? {
+        None => {
+            let fresh = Lease {
+                metadata: ObjectMeta {
+                    name: Some(LEASE_NAME.into()),
+                    namespace: Some(namespace.into()),
+                    ..Default::default()
+                },
+                spec: None,
+            };
+            let lease = claim(&fresh, me, now).expect("an empty lease is free");
+            match api.create(&PostParams::default(), &lease).await {
+                Ok(_) => Ok(true),
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+                Err(e) => Err(e.into()),
+            }
+        }
+        Some(current) => match claim(&current, me, now) {
+            None => Ok(false),
+            // replace() carries the resourceVersion we read: a racing replica gets 409.
+            Some(next) => match api.replace(LEASE_NAME, &PostParams::default(), &next).await {
+                Ok(_) => Ok(true),
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+                Err(e) => Err(e.into()),
+            },
+        },
+    }
+}
+
+/// Blocks until this replica leads.
+pub async fn acquire(client: &Client, namespace: &str, me: &str) -> Result<()> {
+    loop {
+        if try_lead(client, namespace, me).await? {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// Renews the Lease every few seconds; returns when leadership is lost.
+pub async fn hold(client: Client, namespace: String, me: String) -> String {
+    let mut failures = 0;
+    loop {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        match try_lead(&client, &namespace, &me).await {
+            Ok(true) => failures = 0,
+            Ok(false) => return "another replica holds the Lease".into(),
+            Err(e) => {
+                failures += 1;
+                // Two missed renewals leave too little of the Lease to trust it.
+                if failures >= 2 {
+                    return format!("cannot renew the Lease: {e}");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_second(s).unwrap()
+    }
+
+    #[test]
+    fn takes_a_free_or_expired_lease_and_keeps_its_own() {
+        let free = Lease::default();
+        let mine = claim(&free, "a", at(100)).unwrap();
+        assert_eq!(
+            mine.spec.as_ref().unwrap().holder_identity.as_deref(),
+            Some("a")
+        );
+        // Someone else's fresh lease: hands off.
+        assert!(claim(&mine, "b", at(110)).is_none());
+        // Renewing our own keeps the acquire time.
+        let renewed = claim(&mine, "a", at(110)).unwrap();
+        assert_eq!(
+            renewed.spec.as_ref().unwrap().acquire_time,
+            mine.spec.as_ref().unwrap().acquire_time
+        );
+        // Expired: b takes over and the transition is counted.
+        let taken = claim(&renewed, "b", at(126)).unwrap();
+        let s = taken.spec.unwrap();
+        assert_eq!(
+            (s.holder_identity.as_deref(), s.lease_transitions),
+            (Some("b"), Some(1))
+        );
+    }
+}

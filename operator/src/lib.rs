@@ -1,0 +1,24 @@
+//! wirerate's operator: renders DtnPools into agents, queues and assigns
+//! Transfers, and fails them over when an agent is lost.
+//!
+//! The decisions are pure modules (`scheduler`, `lifecycle`, `validate`,
+//! `render`, `pool_status`, `agents`), tested without a cluster; the
+//! controllers only read the watch caches, call them, and server-side apply
+//! what they return.
+
+pub mod agents;
+pub mod context;
+pub mod error;
+pub mod http;
+pub mod leader;
+pub mod lifecycle;
+pub mod metrics;
+pub mod pool_controller;
+pub mod pool_status;
+pub mod render;
+pub mod scheduler;
+pub mod transfer_controller;
+pub mod validate;
+
+pub use context::Context;
+pub use error::{Error, Result};

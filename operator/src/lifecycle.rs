@@ -1,0 +1,618 @@
+//! A Transfer's next status, computed from what was observed: its spec's
+//! validity, the agents' liveness and reports, and the time. Pure, so every
+//! phase change, failover decision and condition is tested without a cluster.
+
+use std::collections::HashMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use wirerate_crds::conditions::{self, condition, types};
+use wirerate_crds::transfer::{AgentRef, Failover, ReportState, Role};
+use wirerate_crds::{Transfer, TransferPhase, TransferStatus};
+
+use crate::agents::Agent;
+use crate::validate::{Invalid, Resolved};
+
+/// Something a person should see, as a Kubernetes Event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    /// Warning rather than Normal.
+    pub warning: bool,
+    /// PascalCase reason.
+    pub reason: &'static str,
+    /// What happened.
+    pub message: String,
+}
+
+/// Roles that need an agent from the scheduler.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Needs {
+    /// A sender is needed.
+    pub sender: bool,
+    /// A receiver is needed.
+    pub receiver: bool,
+    /// Agents lost by this transfer, not to be chosen again.
+    pub avoid: Vec<String>,
+}
+
+/// The outcome of one look at a Transfer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step {
+    /// The operator's fields of the status (agents' fields are theirs to write).
+    pub status: TransferStatus,
+    /// Events to emit.
+    pub notes: Vec<Note>,
+    /// Agents to ask the scheduler for, if any.
+    pub needs: Option<Needs>,
+}
+
+/// Computes the next status of `t`. `agents` holds every known agent by name.
+pub fn step(
+    t: &Transfer,
+    validity: &Result<Resolved, Invalid>,
+    agents: &HashMap<String, Agent>,
+    now: Timestamp,
+) -> Step {
+    let old = t.status.clone().unwrap_or_default();
+    let now_t = Time(now);
+    let generation = t.metadata.generation;
+    let mut s = operator_fields(&old);
+    s.observed_generation = generation;
+    let mut notes = Vec::new();
+    let old_phase = old.phase.unwrap_or_default();
+
+    if old_phase.is_final() {
+        return Step {
+            status: s,
+            notes,
+            needs: None,
+        };
+    }
+
+    let resolved = match validity {
+        Ok(r) => {
+            conditions::set(
+                &mut s.conditions,
+                condition(types::VALID, true, "Valid", "pools and paths check out"),
+                generation,
+                &now_t,
+            );
+            r
+        }
+        Err(e) => {
+            let was_valid =
+                conditions::is_true(&old.conditions, types::VALID) || old.conditions.is_empty();
+            conditions::set(
+                &mut s.conditions,
+                condition(types::VALID, false, e.reason, &e.message),
+                generation,
+                &now_t,
+            );
+            if s.sender.is_some() {
+                // A pool vanished under a running transfer: nothing can finish it.
+                fail(&mut s, e.reason, &e.message, &now_t, generation, &mut notes);
+            } else {
+                s.phase = Some(TransferPhase::Pending);
+                if was_valid {
+                    notes.push(Note {
+                        warning: true,
+                        reason: e.reason,
+                        message: e.message.clone(),
+                    });
+                }
+            }
+            return Step {
+                status: s,
+                notes,
+                needs: None,
+            };
+        }
+    };
+    let external = resolved.receiver_pool.is_none();
+
+    if s.sender.is_none() {
+        s.phase = Some(TransferPhase::Queued);
+        conditions::set(
+            &mut s.conditions,
+            condition(
+                types::SCHEDULED,
+                false,
+                "WaitingForAgents",
+                "waiting for free agents in the pools",
+            ),
+            generation,
+            &now_t,
+        );
+        let needs = Needs {
+            sender: true,
+            receiver: !external,
+            avoid: vec![],
+        };
+        return Step {
+            status: s,
+            notes,
+            needs: Some(needs),
+        };
+    }
+
+    let report = |role: Role| {
+        old.reports
+            .iter()
+            .find(|r| r.role == role && r.attempt == s.attempt)
+    };
+    let receiver_done = if external {
+        report(Role::Sender).is_some_and(|r| r.state == ReportState::Succeeded)
+    } else {
+        report(Role::Receiver).is_some_and(|r| r.state == ReportState::Succeeded)
+    };
+    if receiver_done {
+        s.phase = Some(TransferPhase::Succeeded);
+        s.completion_time = Some(now_t.clone());
+        s.queue_position = None;
+        if let (Some(start), Some(p)) = (&s.start_time, &old.progress) {
+            let secs = now.duration_since(start.0).as_secs_f64().max(0.001);
+            let bps = (p.bytes_total as f64 / secs) as i64;
+            s.average_rate_bps = Some(bps);
+            s.average_rate = Some(rate_text(bps));
+        }
+        let msg = match report(if external {
+            Role::Sender
+        } else {
+            Role::Receiver
+        }) {
+            Some(r) if !r.message.is_empty() => format!("landed and verified: {}", r.message),
+            _ => "landed and verified".to_owned(),
+        };
+        conditions::set(
+            &mut s.conditions,
+            condition(types::COMPLETE, true, "Verified", &msg),
+            generation,
+            &now_t,
+        );
+        notes.push(Note {
+            warning: false,
+            reason: "Succeeded",
+            message: msg,
+        });
+        return Step {
+            status: s,
+            notes,
+            needs: None,
+        };
+    }
+
+    // Lost agents first: a failure report from the surviving side is usually a consequence.
+    let mut lost = Vec::new();
+    for (role, who) in [(Role::Sender, &s.sender), (Role::Receiver, &s.receiver)] {
+        let Some(who) = who else { continue };
+        let why = match agents.get(&who.name) {
+            None => Some("its Lease is gone".to_owned()),
+            Some(a) => a.dead.clone(),
+        };
+        if let Some(why) = why {
+            lost.push((role, who.name.clone(), why));
+        }
+    }
+    if external {
+        lost.retain(|(role, _, _)| *role == Role::Sender);
+    }
+    if !lost.is_empty() {
+        let budget = t.spec.max_failovers.max(0) as usize;
+        let mut needs = Needs {
+            avoid: s.failovers.iter().map(|f| f.agent.clone()).collect(),
+            ..Needs::default()
+        };
+        for (role, agent, why) in &lost {
+            if s.failovers.len() >= budget {
+                let msg = format!(
+                    "{} agent {agent} lost ({why}) after {} failovers, the most spec.maxFailovers allows",
+                    role_name(*role),
+                    s.failovers.len()
+                );
+                fail(
+                    &mut s,
+                    "TooManyFailovers",
+                    &msg,
+                    &now_t,
+                    generation,
+                    &mut notes,
+                );
+                return Step {
+                    status: s,
+                    notes,
+                    needs: None,
+                };
+            }
+            s.failovers.push(Failover {
+                attempt: s.attempt,
+                role: *role,
+                agent: agent.clone(),
+                reason: why.clone(),
+                at: now_t.clone(),
+            });
+            notes.push(Note {
+                warning: true,
+                reason: "Failover",
+                message: format!(
+                    "{} agent {agent} lost ({why}); reassigning, attempt {} resumes from the checkpoint",
+                    role_name(*role),
+                    s.attempt + 1
+                ),
+            });
+            needs.avoid.push(agent.clone());
+            match role {
+                Role::Sender => {
+                    s.sender = None;
+                    needs.sender = true;
+                }
+                Role::Receiver => {
+                    s.receiver = None;
+                    needs.receiver = true;
+                }
+            }
+        }
+        s.attempt += 1;
+        s.phase = Some(TransferPhase::Queued);
+        conditions::set(
+            &mut s.conditions,
+            condition(
+                types::SCHEDULED,
+                false,
+                "Failover",
+                "waiting for another live agent of the pool",
+            ),
+            generation,
+            &now_t,
+        );
+        return Step {
+            status: s,
+            notes,
+            needs: Some(needs),
+        };
+    }
+
+    if let Some(r) = [Role::Sender, Role::Receiver]
+        .into_iter()
+        .filter_map(report)
+        .find(|r| r.state == ReportState::Failed)
+    {
+        let msg = format!("{} agent {}: {}", role_name(r.role), r.agent, r.message);
+        fail(
+            &mut s,
+            "TransferFailed",
+            &msg,
+            &now_t,
+            generation,
+            &mut notes,
+        );
+        return Step {
+            status: s,
+            notes,
+            needs: None,
+        };
+    }
+
+    let verifying = report(Role::Receiver).is_some_and(|r| r.state == ReportState::Verifying);
+    s.phase = Some(if verifying {
+        TransferPhase::Verifying
+    } else {
+        TransferPhase::Running
+    });
+    Step {
+        status: s,
+        notes,
+        needs: None,
+    }
+}
+
+/// The status after the scheduler placed agents; None fields keep the current agent.
+pub fn assigned(
+    t: &Transfer,
+    mut s: TransferStatus,
+    sender: Option<&Agent>,
+    receiver: Option<&Agent>,
+    token_secret: &str,
+    now: Timestamp,
+) -> (TransferStatus, Note) {
+    let now_t = Time(now);
+    let agent_ref = |a: &Agent| AgentRef {
+        name: a.name.clone(),
+        pool: a.pool.clone(),
+        address: a.address.clone(),
+        node: a.node.clone(),
+    };
+    if let Some(a) = sender {
+        s.sender = Some(agent_ref(a));
+    }
+    if let Some(a) = receiver {
+        s.receiver = Some(agent_ref(a));
+    }
+    s.attempt = s.attempt.max(1);
+    s.phase = Some(TransferPhase::Running);
+    s.queue_position = None;
+    s.token_secret = Some(token_secret.to_owned());
+    s.start_time.get_or_insert_with(|| now_t.clone());
+    let who = format!(
+        "sender {}, receiver {}",
+        s.sender.as_ref().map_or("-", |a| a.name.as_str()),
+        s.receiver.as_ref().map_or("external", |a| a.name.as_str())
+    );
+    conditions::set(
+        &mut s.conditions,
+        condition(types::SCHEDULED, true, "Assigned", &who),
+        t.metadata.generation,
+        &now_t,
+    );
+    let note = Note {
+        warning: false,
+        reason: "Scheduled",
+        message: format!("attempt {}: {who}", s.attempt),
+    };
+    (s, note)
+}
+
+fn fail(
+    s: &mut TransferStatus,
+    reason: &str,
+    msg: &str,
+    now: &Time,
+    generation: Option<i64>,
+    notes: &mut Vec<Note>,
+) {
+    s.phase = Some(TransferPhase::Failed);
+    s.completion_time = Some(now.clone());
+    s.queue_position = None;
+    conditions::set(
+        &mut s.conditions,
+        condition(types::FAILED, true, reason, msg),
+        generation,
+        now,
+    );
+    notes.push(Note {
+        warning: true,
+        reason: "Failed",
+        message: msg.to_owned(),
+    });
+}
+
+/// The fields the operator owns, copied from `old`; agents own the rest.
+pub fn operator_fields(old: &TransferStatus) -> TransferStatus {
+    TransferStatus {
+        progress: None,
+        striping: None,
+        reports: Vec::new(),
+        ..old.clone()
+    }
+}
+
+fn role_name(r: Role) -> &'static str {
+    match r {
+        Role::Sender => "sending",
+        Role::Receiver => "receiving",
+    }
+}
+
+/// Bytes per second as Gbit/s or Mbit/s.
+pub fn rate_text(bps: i64) -> String {
+    let bits = bps as f64 * 8.0;
+    if bits >= 1e9 {
+        format!("{:.2} Gbit/s", bits / 1e9)
+    } else {
+        format!("{:.1} Mbit/s", bits / 1e6)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agents::{from_lease, tests::lease};
+    use crate::validate::{
+        tests::{pools, transfer},
+        validate,
+    };
+    use wirerate_crds::transfer::{AgentReport, Progress};
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_second(s).unwrap()
+    }
+
+    fn agents(live_at: i64, names: &[(&str, &str)]) -> HashMap<String, Agent> {
+        names
+            .iter()
+            .map(|(pool, n)| {
+                let a = from_lease(
+                    &lease(pool, n, live_at, None),
+                    &Default::default(),
+                    at(live_at + 1),
+                )
+                .unwrap();
+                (n.to_string(), a)
+            })
+            .collect()
+    }
+
+    fn running(t: &mut Transfer, ag: &HashMap<String, Agent>) {
+        let s = t.status.clone().unwrap_or_default();
+        let (s, _) = assigned(t, s, ag.get("s0"), ag.get("r0"), "t-token", at(100));
+        t.status = Some(s);
+    }
+
+    fn report(t: &mut Transfer, role: Role, agent: &str, state: ReportState) {
+        let s = t.status.as_mut().unwrap();
+        let attempt = s.attempt;
+        s.reports.retain(|r| r.role != role);
+        s.reports.push(AgentReport {
+            role,
+            agent: agent.into(),
+            attempt,
+            state,
+            message: "digest ok".into(),
+            updated_at: Time(at(150)),
+        });
+    }
+
+    #[test]
+    fn new_valid_transfer_is_queued_and_asks_for_both_agents() {
+        let t = transfer("t", "/in/a", "/out/a");
+        let st = step(&t, &validate(&t, &pools()), &HashMap::new(), at(100));
+        assert_eq!(st.status.phase, Some(TransferPhase::Queued));
+        assert_eq!(
+            st.needs,
+            Some(Needs {
+                sender: true,
+                receiver: true,
+                avoid: vec![]
+            })
+        );
+        assert!(conditions::is_true(&st.status.conditions, types::VALID));
+    }
+
+    #[test]
+    fn invalid_spec_is_pending_with_a_condition_and_one_event() {
+        let mut t = transfer("t", "/in/a", "/nowhere/a");
+        let st = step(&t, &validate(&t, &pools()), &HashMap::new(), at(100));
+        assert_eq!(st.status.phase, Some(TransferPhase::Pending));
+        let c = conditions::find(&st.status.conditions, types::VALID).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "PathNotAllowed")
+        );
+        assert_eq!(st.notes.len(), 1);
+        assert!(st.needs.is_none());
+        // Looking again does not repeat the event.
+        t.status = Some(st.status);
+        let again = step(&t, &validate(&t, &pools()), &HashMap::new(), at(130));
+        assert!(again.notes.is_empty());
+    }
+
+    #[test]
+    fn reports_drive_running_verifying_succeeded() {
+        let ag = agents(100, &[("src", "s0"), ("dst", "r0")]);
+        let mut t = transfer("t", "/in/a", "/out/a");
+        running(&mut t, &ag);
+        let v = validate(&t, &pools());
+        assert_eq!(
+            step(&t, &v, &ag, at(101)).status.phase,
+            Some(TransferPhase::Running)
+        );
+        report(&mut t, Role::Receiver, "r0", ReportState::Verifying);
+        assert_eq!(
+            step(&t, &v, &ag, at(101)).status.phase,
+            Some(TransferPhase::Verifying)
+        );
+        report(&mut t, Role::Receiver, "r0", ReportState::Succeeded);
+        t.status.as_mut().unwrap().progress = Some(Progress {
+            attempt: 1,
+            bytes_total: 1_000_000_000,
+            bytes_done: 1_000_000_000,
+            blocks_done: 60,
+            blocks_total: 60,
+            percent: "100%".into(),
+            rate_bps: 0,
+            rate: String::new(),
+            eta_seconds: None,
+            updated_at: Time(at(101)),
+        });
+        let st = step(&t, &v, &ag, at(110));
+        assert_eq!(st.status.phase, Some(TransferPhase::Succeeded));
+        assert_eq!(
+            st.status.average_rate_bps,
+            Some(100_000_000),
+            "1 GB in the 10 s since start"
+        );
+        assert!(conditions::is_true(&st.status.conditions, types::COMPLETE));
+        assert_eq!(st.notes[0].reason, "Succeeded");
+        assert!(
+            st.status.progress.is_none(),
+            "progress is the agent's field, never written by the operator"
+        );
+    }
+
+    #[test]
+    fn a_stale_lease_fails_over_only_the_lost_side() {
+        let ag = agents(100, &[("src", "s0"), ("dst", "r0"), ("dst", "r1")]);
+        let mut t = transfer("t", "/in/a", "/out/a");
+        running(&mut t, &ag);
+        let v = validate(&t, &pools());
+        // r0 stops renewing; s0 and r1 keep going.
+        let mut later = agents(200, &[("src", "s0"), ("dst", "r1")]);
+        later.insert(
+            "r0".into(),
+            from_lease(&lease("dst", "r0", 100, None), &Default::default(), at(201)).unwrap(),
+        );
+        let st = step(&t, &v, &later, at(201));
+        assert_eq!(st.status.phase, Some(TransferPhase::Queued));
+        assert_eq!(st.status.attempt, 2);
+        assert_eq!(st.status.failovers.len(), 1);
+        assert!(st.status.failovers[0].reason.contains("Lease expired"));
+        assert_eq!(
+            st.status.sender.as_ref().unwrap().name,
+            "s0",
+            "the live sender stays"
+        );
+        assert!(st.status.receiver.is_none());
+        assert_eq!(
+            st.needs,
+            Some(Needs {
+                sender: false,
+                receiver: true,
+                avoid: vec!["r0".into()]
+            })
+        );
+        assert_eq!(st.notes[0].reason, "Failover");
+    }
+
+    #[test]
+    fn failovers_are_bounded() {
+        let ag = agents(100, &[("src", "s0"), ("dst", "r0")]);
+        let mut t = transfer("t", "/in/a", "/out/a");
+        t.spec.max_failovers = 0;
+        running(&mut t, &ag);
+        let st = step(
+            &t,
+            &validate(&t, &pools()),
+            &agents(300, &[("src", "s0")]),
+            at(301),
+        );
+        assert_eq!(st.status.phase, Some(TransferPhase::Failed));
+        let c = conditions::find(&st.status.conditions, types::FAILED).unwrap();
+        assert_eq!(c.reason, "TooManyFailovers");
+        assert!(c.message.contains("receiving agent r0"), "{}", c.message);
+    }
+
+    #[test]
+    fn a_failure_report_of_the_current_attempt_fails_it() {
+        let ag = agents(100, &[("src", "s0"), ("dst", "r0")]);
+        let mut t = transfer("t", "/in/a", "/out/a");
+        running(&mut t, &ag);
+        report(&mut t, Role::Sender, "s0", ReportState::Failed);
+        // A report from an older attempt is ignored.
+        t.status.as_mut().unwrap().reports[0].attempt = 0;
+        let v = validate(&t, &pools());
+        assert_eq!(
+            step(&t, &v, &ag, at(101)).status.phase,
+            Some(TransferPhase::Running)
+        );
+        t.status.as_mut().unwrap().reports[0].attempt = 1;
+        let st = step(&t, &v, &ag, at(101));
+        assert_eq!(st.status.phase, Some(TransferPhase::Failed));
+        assert!(
+            conditions::find(&st.status.conditions, types::FAILED)
+                .unwrap()
+                .message
+                .contains("sending agent s0")
+        );
+    }
+
+    #[test]
+    fn final_phases_stay() {
+        let mut t = transfer("t", "/in/a", "/out/a");
+        t.status = Some(TransferStatus {
+            phase: Some(TransferPhase::Succeeded),
+            ..Default::default()
+        });
+        let st = step(&t, &validate(&t, &pools()), &HashMap::new(), at(1));
+        assert_eq!(st.status.phase, Some(TransferPhase::Succeeded));
+        assert!(st.notes.is_empty() && st.needs.is_none());
+    }
+}

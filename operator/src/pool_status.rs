@@ -1,0 +1,260 @@
+//! A DtnPool's status from its agents, its pods and the transfers on them.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use wirerate_crds::conditions::{self, condition, types};
+use wirerate_crds::pool::{AgentStatus, PreflightFinding};
+use wirerate_crds::{DtnPool, DtnPoolStatus};
+
+use crate::agents::Agent;
+use crate::render;
+
+/// Reasons of the Degraded condition.
+pub mod reason {
+    /// Pods cannot be placed: no node matches the selection.
+    pub const NO_SCHEDULABLE_NODE: &str = "NoSchedulableNode";
+    /// Pods cannot be placed: no node has the huge pages asked for.
+    pub const HUGEPAGES_UNAVAILABLE: &str = "HugepagesUnavailable";
+    /// An agent's host checks failed.
+    pub const PREFLIGHT_FAILED: &str = "PreflightFailed";
+    /// Agents are known but their Leases are stale.
+    pub const AGENTS_LOST: &str = "AgentsLost";
+}
+
+fn pod_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Why a pod is unschedulable, if it is.
+fn unschedulable(p: &Pod) -> Option<String> {
+    p.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find_map(|c| {
+            (c.type_ == "PodScheduled"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("Unschedulable"))
+            .then(|| c.message.clone().unwrap_or_default())
+        })
+}
+
+/// Computes the status of `pool` from its agents, its pods and the number of
+/// transfers assigned to each agent.
+pub fn status(
+    pool: &DtnPool,
+    agents: &[&Agent],
+    pods: &[&Pod],
+    active: &HashMap<String, i32>,
+    now: Timestamp,
+) -> DtnPoolStatus {
+    let old = pool.status.clone().unwrap_or_default();
+    let now_t = Time(now);
+    let generation = pool.metadata.generation;
+    let pods_by_name: HashMap<&str, &Pod> = pods
+        .iter()
+        .filter_map(|p| Some((p.metadata.name.as_deref()?, *p)))
+        .collect();
+
+    let mut list: Vec<AgentStatus> = agents
+        .iter()
+        .map(|a| {
+            let pod_ok = a
+                .pod
+                .as_deref()
+                .map(|p| pods_by_name.get(p).is_some_and(|p| pod_ready(p)));
+            AgentStatus {
+                name: a.name.clone(),
+                pod: a.pod.clone(),
+                node: a.node.clone(),
+                address: a.address.clone(),
+                ready: a.live() && pod_ok.unwrap_or(true),
+                active_transfers: active.get(&a.name).copied().unwrap_or(0),
+                last_heartbeat: a.renewed.clone(),
+            }
+        })
+        .collect();
+    list.sort_by(|a, b| a.name.cmp(&b.name));
+    let ready = list.iter().filter(|a| a.ready).count() as i32;
+    let preflight: Vec<PreflightFinding> = agents
+        .iter()
+        .flat_map(|a| {
+            a.preflight.iter().map(|(check, message)| PreflightFinding {
+                agent: a.name.clone(),
+                check: check.clone(),
+                message: message.clone(),
+            })
+        })
+        .collect();
+
+    let mut conds = old.conditions.clone();
+    let desired = pool.spec.replicas;
+    let ready_ok = if desired > 0 {
+        ready >= desired
+    } else {
+        ready > 0
+    };
+    let msg = format!("{ready} of {} agents live", desired.max(list.len() as i32));
+    conditions::set(
+        &mut conds,
+        condition(
+            types::READY,
+            ready_ok,
+            if ready_ok {
+                "AgentsReady"
+            } else {
+                "AgentsNotReady"
+            },
+            msg,
+        ),
+        generation,
+        &now_t,
+    );
+
+    let stuck: Vec<(String, String)> = pods
+        .iter()
+        .filter_map(|p| Some((p.metadata.name.clone()?, unschedulable(p)?)))
+        .collect();
+    let lost: Vec<&Agent> = agents.iter().copied().filter(|a| !a.live()).collect();
+    let degraded = if let Some((pod, why)) = stuck
+        .iter()
+        .find(|(_, m)| m.to_lowercase().contains("hugepages"))
+    {
+        Some((
+            reason::HUGEPAGES_UNAVAILABLE,
+            format!(
+                "pod {pod} cannot be scheduled, no DTN node has the huge pages asked for ({why}): reserve huge pages on the nodes (vm.nr_hugepages) or lower spec.hugepages.amount"
+            ),
+        ))
+    } else if let Some((pod, why)) = stuck.first() {
+        Some((
+            reason::NO_SCHEDULABLE_NODE,
+            format!(
+                "pod {pod} cannot be scheduled ({why}): label DTN nodes to match spec.nodeSelector, or add tolerations for their taints"
+            ),
+        ))
+    } else if let Some(f) = preflight.first() {
+        Some((
+            reason::PREFLIGHT_FAILED,
+            format!(
+                "agent {} failed the {} check: {}",
+                f.agent, f.check, f.message
+            ),
+        ))
+    } else {
+        lost.first().map(|a| {
+            (
+                reason::AGENTS_LOST,
+                format!(
+                    "agent {}: {}",
+                    a.name,
+                    a.dead.as_deref().unwrap_or_default()
+                ),
+            )
+        })
+    };
+    let (is_degraded, r, m) = match degraded {
+        Some((r, m)) => (true, r, m),
+        None => (false, "AsExpected", "no problems seen".to_owned()),
+    };
+    conditions::set(
+        &mut conds,
+        condition(types::DEGRADED, is_degraded, r, m),
+        generation,
+        &now_t,
+    );
+
+    DtnPoolStatus {
+        observed_generation: generation,
+        replicas: ready,
+        label_selector: render::selector_string(pool),
+        ready_agents: ready,
+        active_transfers: list.iter().map(|a| a.active_transfers).sum(),
+        agents: list,
+        preflight,
+        conditions: conds,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agents::{from_lease, tests::lease};
+    use crate::render::tests::lustre_pool;
+    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_second(s).unwrap()
+    }
+
+    fn pending_pod(name: &str, message: &str) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.into());
+        p.status = Some(PodStatus {
+            conditions: Some(vec![PodCondition {
+                type_: "PodScheduled".into(),
+                status: "False".into(),
+                reason: Some("Unschedulable".into()),
+                message: Some(message.into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        p
+    }
+
+    #[test]
+    fn ready_when_every_desired_agent_is_live() {
+        let pool = lustre_pool();
+        let a0 = from_lease(
+            &lease("lustre-dtn", "a0", 100, None),
+            &Default::default(),
+            at(101),
+        )
+        .unwrap();
+        let a1 = from_lease(
+            &lease("lustre-dtn", "a1", 100, None),
+            &Default::default(),
+            at(101),
+        )
+        .unwrap();
+        let active = HashMap::from([("a0".to_owned(), 2)]);
+        let s = status(&pool, &[&a0, &a1], &[], &active, at(101));
+        assert_eq!((s.ready_agents, s.active_transfers, s.replicas), (2, 2, 2));
+        assert!(conditions::is_true(&s.conditions, types::READY));
+        assert!(!conditions::is_true(&s.conditions, types::DEGRADED));
+        assert_eq!(s.agents[0].active_transfers, 2);
+        let s = status(&pool, &[&a0], &[], &active, at(101));
+        assert!(!conditions::is_true(&s.conditions, types::READY));
+    }
+
+    #[test]
+    fn degraded_says_why_pods_do_not_schedule() {
+        let pool = lustre_pool();
+        let p = pending_pod(
+            "lustre-dtn-agent-0",
+            "0/3 nodes are available: 3 Insufficient hugepages-2Mi.",
+        );
+        let s = status(&pool, &[], &[&p], &HashMap::new(), at(1));
+        let c = conditions::find(&s.conditions, types::DEGRADED).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", reason::HUGEPAGES_UNAVAILABLE)
+        );
+        let p = pending_pod(
+            "lustre-dtn-agent-0",
+            "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector.",
+        );
+        let s = status(&pool, &[], &[&p], &HashMap::new(), at(1));
+        let c = conditions::find(&s.conditions, types::DEGRADED).unwrap();
+        assert_eq!(c.reason, reason::NO_SCHEDULABLE_NODE);
+        assert!(c.message.contains("nodeSelector"));
+    }
+}

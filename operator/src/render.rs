@@ -1,0 +1,529 @@
+//! A DtnPool rendered into the objects that run its agents. Pure: the same
+//! pool always renders the same objects, which the reconciler server-side
+//! applies.
+//!
+//! A StatefulSet rather than a DaemonSet: admins size pools (`kubectl scale
+//! dtnpool`) rather than taking every matching node, agents get stable names
+//! that their Leases and the Transfers' assignment labels use, and a required
+//! anti-affinity keeps one agent per node, which host networking needs anyway
+//! (the data port is the node's).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
+use k8s_openapi::api::core::v1::{
+    Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HostPathVolumeSource, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodAffinityTerm,
+    PodAntiAffinity, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SecurityContext,
+    Service, ServiceAccount, ServicePort, ServiceSpec, TCPSocketAction, Volume, VolumeMount,
+};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::Resource;
+use wirerate_crds::{DtnPool, contract};
+
+/// Where the agents mount their huge pages.
+pub const HUGEPAGES_MOUNT: &str = "/dev/hugepages";
+
+/// Everything a pool runs on, in the order to apply it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rendered {
+    /// The agents' identity.
+    pub service_account: ServiceAccount,
+    /// What agents may do in the pool's namespace.
+    pub role: Role,
+    /// Binds `role` to `service_account`.
+    pub role_binding: RoleBinding,
+    /// Roles and bindings in each other namespace the pool serves.
+    pub remote: Vec<(Role, RoleBinding)>,
+    /// Headless service naming the agents (and their metrics port).
+    pub service: Service,
+    /// The agents.
+    pub stateful_set: StatefulSet,
+}
+
+/// Name shared by the StatefulSet, Service, ServiceAccount and Role.
+pub fn agent_name(pool: &DtnPool) -> String {
+    format!(
+        "{}-agent",
+        pool.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// Labels on every rendered object and on the agents' pods.
+pub fn selector_labels(pool: &DtnPool) -> BTreeMap<String, String> {
+    let name = pool.metadata.name.clone().unwrap_or_default();
+    BTreeMap::from([
+        (
+            "app.kubernetes.io/name".to_owned(),
+            contract::APP_NAME.to_owned(),
+        ),
+        ("app.kubernetes.io/instance".to_owned(), name.clone()),
+        (contract::POOL_LABEL.to_owned(), name),
+    ])
+}
+
+/// The label selector string of the pool's pods (for the scale subresource).
+pub fn selector_string(pool: &DtnPool) -> String {
+    selector_labels(pool)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn meta(pool: &DtnPool, name: &str, namespace: Option<String>, owned: bool) -> ObjectMeta {
+    let mut labels = selector_labels(pool);
+    labels.insert(
+        "app.kubernetes.io/managed-by".into(),
+        contract::OPERATOR_MANAGER.into(),
+    );
+    labels.insert(
+        "wirerate.io/pool-namespace".into(),
+        pool.metadata.namespace.clone().unwrap_or_default(),
+    );
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace,
+        labels: Some(labels),
+        owner_references: owned.then(|| owner(pool)).flatten().map(|o| vec![o]),
+        ..Default::default()
+    }
+}
+
+fn owner(pool: &DtnPool) -> Option<OwnerReference> {
+    pool.controller_owner_ref(&())
+}
+
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    PolicyRule {
+        api_groups: Some(s(groups)),
+        resources: Some(s(resources)),
+        verbs: s(verbs),
+        ..Default::default()
+    }
+}
+
+/// What an agent needs where Transfers live: see its assignments, report on
+/// them, read their tokens, and leave Events.
+fn transfer_rules() -> Vec<PolicyRule> {
+    vec![
+        rule(&["wirerate.io"], &["transfers"], &["get", "list", "watch"]),
+        rule(&["wirerate.io"], &["transfers/status"], &["get", "patch"]),
+        rule(&[""], &["secrets"], &["get"]),
+        rule(&["", "events.k8s.io"], &["events"], &["create", "patch"]),
+    ]
+}
+
+/// Renders `pool`.
+pub fn render(pool: &DtnPool) -> Rendered {
+    let name = agent_name(pool);
+    let ns = pool.metadata.namespace.clone();
+    let pool_name = pool.metadata.name.clone().unwrap_or_default();
+    let spec = &pool.spec;
+
+    let mut rules = transfer_rules();
+    rules.push(rule(
+        &["coordination.k8s.io"],
+        &["leases"],
+        &["get", "list", "watch", "create", "update", "patch"],
+    ));
+    rules.push(rule(&[""], &["pods"], &["get"]));
+    rules.push(rule(&["wirerate.io"], &["dtnpools"], &["get"]));
+    let subject = Subject {
+        kind: "ServiceAccount".into(),
+        name: name.clone(),
+        namespace: ns.clone(),
+        ..Default::default()
+    };
+    let binding = |meta: ObjectMeta| RoleBinding {
+        metadata: meta,
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: name.clone(),
+        },
+        subjects: Some(vec![subject.clone()]),
+    };
+    let remote_name = format!(
+        "wirerate-agent-{}-{pool_name}",
+        ns.clone().unwrap_or_default()
+    );
+    let remote = spec
+        .allowed_namespaces
+        .iter()
+        .filter(|other| Some(*other) != ns.as_ref())
+        .map(|other| {
+            let m = meta(pool, &remote_name, Some(other.clone()), false);
+            let role = Role {
+                metadata: m.clone(),
+                rules: Some(transfer_rules()),
+            };
+            let mut rb = binding(m);
+            rb.role_ref.name = remote_name.clone();
+            (role, rb)
+        })
+        .collect();
+
+    let labels = selector_labels(pool);
+    let service = Service {
+        metadata: meta(pool, &name, ns.clone(), true),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            selector: Some(labels.clone()),
+            ports: Some(vec![ServicePort {
+                name: Some("metrics".into()),
+                port: spec.metrics_port,
+                target_port: Some(IntOrString::Int(spec.metrics_port)),
+                ..Default::default()
+            }]),
+            publish_not_ready_addresses: Some(true),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+
+    Rendered {
+        service_account: ServiceAccount {
+            metadata: meta(pool, &name, ns.clone(), true),
+            ..Default::default()
+        },
+        role: Role {
+            metadata: meta(pool, &name, ns.clone(), true),
+            rules: Some(rules),
+        },
+        role_binding: binding(meta(pool, &name, ns.clone(), true)),
+        remote,
+        service,
+        stateful_set: StatefulSet {
+            metadata: meta(pool, &name, ns, true),
+            spec: Some(StatefulSetSpec {
+                replicas: Some(spec.replicas),
+                service_name: Some(name.clone()),
+                pod_management_policy: Some("Parallel".into()),
+                selector: LabelSelector {
+                    match_labels: Some(labels.clone()),
+                    ..Default::default()
+                },
+                template: PodTemplateSpec {
+                    metadata: Some(ObjectMeta {
+                        labels: Some(labels.clone()),
+                        ..Default::default()
+                    }),
+                    spec: Some(pod_spec(pool, &name, &pool_name, labels)),
+                },
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    }
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..Default::default()
+    }
+}
+
+fn pod_spec(
+    pool: &DtnPool,
+    name: &str,
+    pool_name: &str,
+    labels: BTreeMap<String, String>,
+) -> PodSpec {
+    let spec = &pool.spec;
+    let mut envs = vec![
+        field_env(contract::ENV_AGENT, "metadata.name"),
+        field_env(contract::ENV_NAMESPACE, "metadata.namespace"),
+        field_env(contract::ENV_NODE, "spec.nodeName"),
+        env(contract::ENV_POOL, pool_name),
+        env("WIRERATE_DATA_PORT", spec.data_port.to_string()),
+        env("WIRERATE_METRICS_PORT", spec.metrics_port.to_string()),
+        env(
+            "WIRERATE_MAX_TRANSFERS",
+            spec.max_transfers_per_agent.to_string(),
+        ),
+        env(
+            "WIRERATE_WATCH_NAMESPACES",
+            spec.allowed_namespaces.join(","),
+        ),
+    ];
+    match (&spec.advertise.address, &spec.advertise.interface) {
+        (Some(a), _) => envs.push(env(contract::ENV_ADVERTISE, a.clone())),
+        (None, Some(i)) => envs.push(env(contract::ENV_INTERFACE, i.clone())),
+        // Host network: the node's address is the agent's.
+        (None, None) => envs.push(field_env(contract::ENV_ADVERTISE, "status.hostIP")),
+    }
+
+    let mut volumes = Vec::new();
+    let mut mounts = Vec::new();
+    for v in &spec.volumes {
+        volumes.push(Volume {
+            name: v.name.clone(),
+            host_path: v.host_path.as_ref().map(|p| HostPathVolumeSource {
+                path: p.clone(),
+                type_: Some("Directory".into()),
+            }),
+            persistent_volume_claim: v.claim_name.as_ref().map(|c| {
+                PersistentVolumeClaimVolumeSource {
+                    claim_name: c.clone(),
+                    read_only: Some(v.read_only),
+                }
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name: v.name.clone(),
+            mount_path: v.mount_path.clone(),
+            read_only: Some(v.read_only),
+            ..Default::default()
+        });
+    }
+
+    let mut resources = spec.resources.clone().unwrap_or_default();
+    if let Some(h) = &spec.hugepages {
+        let medium = format!("HugePages-{}", h.page_size);
+        let key = format!("hugepages-{}", h.page_size);
+        // Kubernetes requires hugepage requests to equal their limits.
+        for list in [&mut resources.requests, &mut resources.limits] {
+            list.get_or_insert_with(BTreeMap::new)
+                .insert(key.clone(), Quantity(h.amount.clone()));
+        }
+        // ... and a CPU or memory request beside them.
+        let requests = resources.requests.get_or_insert_with(BTreeMap::new);
+        if !requests.contains_key("memory") && !requests.contains_key("cpu") {
+            requests.insert("memory".into(), Quantity("256Mi".into()));
+        }
+        volumes.push(Volume {
+            name: "hugepages".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: Some(medium),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name: "hugepages".into(),
+            mount_path: HUGEPAGES_MOUNT.into(),
+            ..Default::default()
+        });
+        envs.push(env("WIRERATE_HUGEPAGES", HUGEPAGES_MOUNT));
+    }
+
+    let mut affinity = spec.affinity.clone().unwrap_or_default();
+    let one_per_node = PodAffinityTerm {
+        label_selector: Some(LabelSelector {
+            match_labels: Some(labels),
+            ..Default::default()
+        }),
+        topology_key: "kubernetes.io/hostname".into(),
+        ..Default::default()
+    };
+    affinity
+        .pod_anti_affinity
+        .get_or_insert_with(PodAntiAffinity::default)
+        .required_during_scheduling_ignored_during_execution
+        .get_or_insert_with(Vec::new)
+        .push(one_per_node);
+
+    PodSpec {
+        host_network: Some(true),
+        dns_policy: Some("ClusterFirstWithHostNet".into()),
+        service_account_name: Some(name.to_owned()),
+        node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
+        tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
+        affinity: Some(Affinity { ..affinity }),
+        termination_grace_period_seconds: Some(60),
+        containers: vec![Container {
+            name: "agent".into(),
+            image: Some(spec.image.clone()),
+            image_pull_policy: spec.image_pull_policy.clone(),
+            args: Some(vec!["run".into()]),
+            env: Some(envs),
+            ports: Some(vec![
+                ContainerPort {
+                    name: Some("data".into()),
+                    container_port: spec.data_port,
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                },
+                ContainerPort {
+                    name: Some("metrics".into()),
+                    container_port: spec.metrics_port,
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                },
+            ]),
+            readiness_probe: Some(Probe {
+                tcp_socket: Some(TCPSocketAction {
+                    port: IntOrString::Int(spec.metrics_port),
+                    ..Default::default()
+                }),
+                period_seconds: Some(10),
+                ..Default::default()
+            }),
+            resources: Some(ResourceRequirements { ..resources }),
+            security_context: Some(SecurityContext {
+                allow_privilege_escalation: Some(false),
+                // IPC_LOCK: pin the transfer buffers (and huge pages) in memory.
+                // NET_ADMIN: choose a congestion control outside the host's
+                // allowed list, as the pool's tuning may ask.
+                capabilities: Some(Capabilities {
+                    drop: Some(vec!["ALL".into()]),
+                    add: Some(vec!["IPC_LOCK".into(), "NET_ADMIN".into()]),
+                }),
+                ..Default::default()
+            }),
+            volume_mounts: Some(mounts),
+            ..Default::default()
+        }],
+        volumes: Some(volumes),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// The Lustre pool from manifests/examples.
+    pub(crate) fn lustre_pool() -> DtnPool {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../manifests/examples/dtnpool-lustre.yaml"
+        );
+        let mut p: DtnPool = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        p.metadata.uid = Some("uid-lustre".into());
+        p
+    }
+
+    #[test]
+    fn agents_run_on_the_host_network_one_per_dtn_node() {
+        let r = render(&lustre_pool());
+        let sts = r.stateful_set.spec.unwrap();
+        assert_eq!(sts.replicas, Some(2));
+        let pod = sts.template.spec.unwrap();
+        assert_eq!(pod.host_network, Some(true));
+        assert_eq!(pod.dns_policy.as_deref(), Some("ClusterFirstWithHostNet"));
+        assert_eq!(pod.node_selector.unwrap()["wirerate.io/dtn"], "true");
+        assert_eq!(
+            pod.tolerations.unwrap()[0].key.as_deref(),
+            Some("wirerate.io/dtn")
+        );
+        let anti = pod.affinity.unwrap().pod_anti_affinity.unwrap();
+        assert_eq!(
+            anti.required_during_scheduling_ignored_during_execution
+                .unwrap()[0]
+                .topology_key,
+            "kubernetes.io/hostname"
+        );
+        assert_eq!(
+            pod.service_account_name.as_deref(),
+            Some("lustre-dtn-agent")
+        );
+    }
+
+    #[test]
+    fn hugepages_storage_and_capabilities() {
+        let r = render(&lustre_pool());
+        let pod = r.stateful_set.spec.unwrap().template.spec.unwrap();
+        let c = &pod.containers[0];
+        let res = c.resources.as_ref().unwrap();
+        let req = res.requests.as_ref().unwrap();
+        assert_eq!(req["hugepages-2Mi"], Quantity("1Gi".into()));
+        assert_eq!(
+            res.limits.as_ref().unwrap()["hugepages-2Mi"],
+            Quantity("1Gi".into())
+        );
+        assert_eq!(
+            req["cpu"],
+            Quantity("4".into()),
+            "the pool's own requests are kept"
+        );
+        let vols = pod.volumes.unwrap();
+        let huge = vols.iter().find(|v| v.name == "hugepages").unwrap();
+        assert_eq!(
+            huge.empty_dir.as_ref().unwrap().medium.as_deref(),
+            Some("HugePages-2Mi")
+        );
+        let lustre = vols.iter().find(|v| v.name == "lustre").unwrap();
+        assert_eq!(lustre.host_path.as_ref().unwrap().path, "/lustre");
+        let mounts = c.volume_mounts.as_ref().unwrap();
+        assert!(mounts.iter().any(|m| m.mount_path == "/lustre"));
+        assert!(mounts.iter().any(|m| m.mount_path == HUGEPAGES_MOUNT));
+        let caps = c
+            .security_context
+            .as_ref()
+            .unwrap()
+            .capabilities
+            .as_ref()
+            .unwrap();
+        assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
+        assert_eq!(
+            caps.add.as_deref(),
+            Some(&["IPC_LOCK".to_string(), "NET_ADMIN".to_string()][..])
+        );
+        let env = c.env.as_ref().unwrap();
+        assert!(
+            env.iter()
+                .any(|e| e.name == contract::ENV_INTERFACE && e.value.as_deref() == Some("ens1f0"))
+        );
+        assert!(
+            env.iter()
+                .any(|e| e.name == contract::ENV_AGENT && e.value_from.is_some())
+        );
+    }
+
+    #[test]
+    fn everything_is_owned_by_the_pool_and_rbac_is_namespaced() {
+        let r = render(&lustre_pool());
+        for m in [
+            &r.service_account.metadata,
+            &r.role.metadata,
+            &r.role_binding.metadata,
+            &r.service.metadata,
+            &r.stateful_set.metadata,
+        ] {
+            let o = &m.owner_references.as_ref().unwrap()[0];
+            assert_eq!(
+                (o.kind.as_str(), o.uid.as_str(), o.controller),
+                ("DtnPool", "uid-lustre", Some(true))
+            );
+            assert_eq!(m.namespace.as_deref(), Some("research-data"));
+        }
+        let rules = r.role.rules.unwrap();
+        assert!(
+            rules
+                .iter()
+                .any(|r| r.resources.as_deref() == Some(&["leases".to_string()][..]))
+        );
+        // The pool serves beamline-7 too: a Role there, without an owner (owners cannot cross namespaces).
+        assert_eq!(r.remote.len(), 1);
+        let (role, rb) = &r.remote[0];
+        assert_eq!(role.metadata.namespace.as_deref(), Some("beamline-7"));
+        assert!(role.metadata.owner_references.is_none());
+        assert_eq!(
+            rb.subjects.as_ref().unwrap()[0].namespace.as_deref(),
+            Some("research-data")
+        );
+    }
+}

@@ -1,0 +1,278 @@
+//! Who runs next, and on which agents: a pure function of the waiting
+//! transfers and the agents' free slots, so its order and fairness are tested
+//! without an API server.
+//!
+//! Order: higher priority first; within one priority, namespaces take turns
+//! (the namespace with the fewest transfers already running on the pool goes
+//! first, then the one waiting longest), and each namespace's own transfers
+//! run oldest first. A transfer that cannot be placed (its other pool is full)
+//! does not hold back the ones behind it.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+/// `namespace/name`.
+pub type Key = (String, String);
+
+/// A transfer that needs one or both agents.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Waiting {
+    /// The Transfer.
+    pub key: Key,
+    /// Its priority.
+    pub priority: i32,
+    /// Creation time, in seconds (older first).
+    pub created: i64,
+    /// `namespace/pool` the sender comes from, when a sender is needed.
+    pub sender_pool: Option<Key>,
+    /// `namespace/pool` the receiver comes from, when a receiver is needed.
+    pub receiver_pool: Option<Key>,
+    /// Agents this transfer must not get (lost ones).
+    pub avoid: Vec<String>,
+}
+
+/// An agent with room for more transfers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Slot {
+    /// `namespace/pool`.
+    pub pool: Key,
+    /// Agent name.
+    pub agent: String,
+    /// Transfers it can still take.
+    pub free: i32,
+}
+
+/// The agents chosen for one transfer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// New sender, if one was needed.
+    pub sender: Option<String>,
+    /// New receiver, if one was needed.
+    pub receiver: Option<String>,
+}
+
+/// The queue in the order transfers should get agents.
+pub fn order(waiting: &[Waiting], running_per_namespace: &HashMap<String, usize>) -> Vec<Key> {
+    let mut by_priority: BTreeMap<std::cmp::Reverse<i32>, BTreeMap<String, Vec<&Waiting>>> =
+        BTreeMap::new();
+    for w in waiting {
+        by_priority
+            .entry(std::cmp::Reverse(w.priority))
+            .or_default()
+            .entry(w.key.0.clone())
+            .or_default()
+            .push(w);
+    }
+    let mut out = Vec::with_capacity(waiting.len());
+    for namespaces in by_priority.into_values() {
+        let mut queues: Vec<(String, VecDeque<&Waiting>)> = namespaces
+            .into_iter()
+            .map(|(ns, mut v)| {
+                v.sort_by(|a, b| a.created.cmp(&b.created).then_with(|| a.key.cmp(&b.key)));
+                (ns, v.into())
+            })
+            .collect();
+        let running = |ns: &str| running_per_namespace.get(ns).copied().unwrap_or(0);
+        queues.sort_by(|(a, qa), (b, qb)| {
+            running(a)
+                .cmp(&running(b))
+                .then_with(|| qa[0].created.cmp(&qb[0].created))
+                .then_with(|| a.cmp(b))
+        });
+        while !queues.is_empty() {
+            queues.retain_mut(|(_, q)| match q.pop_front() {
+                Some(w) => {
+                    out.push(w.key.clone());
+                    true
+                }
+                None => false,
+            });
+            queues.retain(|(_, q)| !q.is_empty());
+        }
+    }
+    out
+}
+
+/// Places transfers in `order` on the agents with the most free slots.
+pub fn assign(order: &[Key], waiting: &[Waiting], slots: &[Slot]) -> BTreeMap<Key, Placement> {
+    let by_key: HashMap<&Key, &Waiting> = waiting.iter().map(|w| (&w.key, w)).collect();
+    let mut free: Vec<Slot> = slots.to_vec();
+    let mut placed = BTreeMap::new();
+    for key in order {
+        let Some(w) = by_key.get(key) else { continue };
+        let pick = |free: &[Slot], pool: &Key, not: Option<usize>| {
+            free.iter()
+                .enumerate()
+                .filter(|(i, s)| {
+                    &s.pool == pool && s.free > 0 && Some(*i) != not && !w.avoid.contains(&s.agent)
+                })
+                // Most room first; the name breaks ties so the choice is repeatable.
+                .max_by(|(_, a), (_, b)| a.free.cmp(&b.free).then_with(|| b.agent.cmp(&a.agent)))
+                .map(|(i, _)| i)
+        };
+        let sender = match &w.sender_pool {
+            Some(pool) => match pick(&free, pool, None) {
+                Some(i) => Some(i),
+                None => continue,
+            },
+            None => None,
+        };
+        let receiver = match &w.receiver_pool {
+            // An agent may send and receive the same transfer only if it is
+            // the pool's only choice; two agents spread the disk load.
+            Some(pool) => match pick(&free, pool, sender).or_else(|| pick(&free, pool, None)) {
+                Some(i) => Some(i),
+                None => continue,
+            },
+            None => None,
+        };
+        for i in sender.iter().chain(receiver.iter()) {
+            free[*i].free -= 1;
+        }
+        placed.insert(
+            key.clone(),
+            Placement {
+                sender: sender.map(|i| free[i].agent.clone()),
+                receiver: receiver.map(|i| free[i].agent.clone()),
+            },
+        );
+    }
+    placed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(name: &str) -> Key {
+        ("data".into(), name.into())
+    }
+
+    fn w(ns: &str, name: &str, priority: i32, created: i64) -> Waiting {
+        Waiting {
+            key: (ns.into(), name.into()),
+            priority,
+            created,
+            sender_pool: Some(pool("src")),
+            receiver_pool: Some(pool("dst")),
+            avoid: vec![],
+        }
+    }
+
+    fn names(keys: &[Key]) -> Vec<&str> {
+        keys.iter().map(|k| k.1.as_str()).collect()
+    }
+
+    #[test]
+    fn priority_then_age() {
+        let q = [
+            w("a", "old-low", 0, 1),
+            w("a", "new-high", 5, 9),
+            w("a", "new-low", 0, 5),
+        ];
+        assert_eq!(
+            names(&order(&q, &HashMap::new())),
+            ["new-high", "old-low", "new-low"]
+        );
+    }
+
+    #[test]
+    fn namespaces_take_turns_within_a_priority() {
+        let q = [
+            w("busy", "b1", 0, 1),
+            w("busy", "b2", 0, 2),
+            w("busy", "b3", 0, 3),
+            w("quiet", "q1", 0, 10),
+        ];
+        assert_eq!(names(&order(&q, &HashMap::new())), ["b1", "q1", "b2", "b3"]);
+        // A namespace that already runs transfers on the pool goes after one that runs none.
+        let running = HashMap::from([("busy".to_owned(), 2)]);
+        assert_eq!(names(&order(&q, &running)), ["q1", "b1", "b2", "b3"]);
+    }
+
+    #[test]
+    fn places_within_capacity_and_spreads_load() {
+        let q = [w("a", "t1", 0, 1), w("a", "t2", 0, 2), w("a", "t3", 0, 3)];
+        let slots = [
+            Slot {
+                pool: pool("src"),
+                agent: "s0".into(),
+                free: 2,
+            },
+            Slot {
+                pool: pool("dst"),
+                agent: "r0".into(),
+                free: 1,
+            },
+            Slot {
+                pool: pool("dst"),
+                agent: "r1".into(),
+                free: 1,
+            },
+        ];
+        let placed = assign(&order(&q, &HashMap::new()), &q, &slots);
+        assert_eq!(placed.len(), 2, "the sender has two slots");
+        let t1 = &placed[&("a".to_owned(), "t1".to_owned())];
+        let t2 = &placed[&("a".to_owned(), "t2".to_owned())];
+        assert_eq!(t1.sender.as_deref(), Some("s0"));
+        assert_ne!(t1.receiver, t2.receiver, "receivers are spread");
+    }
+
+    #[test]
+    fn a_blocked_transfer_does_not_hold_back_others() {
+        let mut blocked = w("a", "to-full-pool", 5, 1);
+        blocked.receiver_pool = Some(pool("full"));
+        let q = [blocked, w("a", "other", 0, 2)];
+        let slots = [
+            Slot {
+                pool: pool("src"),
+                agent: "s0".into(),
+                free: 1,
+            },
+            Slot {
+                pool: pool("dst"),
+                agent: "r0".into(),
+                free: 1,
+            },
+            Slot {
+                pool: pool("full"),
+                agent: "f0".into(),
+                free: 0,
+            },
+        ];
+        let placed = assign(&order(&q, &HashMap::new()), &q, &slots);
+        assert_eq!(
+            placed.keys().map(|k| k.1.as_str()).collect::<Vec<_>>(),
+            ["other"]
+        );
+    }
+
+    #[test]
+    fn failover_needs_one_side_and_avoids_the_lost_agent() {
+        let mut f = w("a", "t", 0, 1);
+        f.sender_pool = None;
+        f.avoid = vec!["r0".into()];
+        let slots = [
+            Slot {
+                pool: pool("dst"),
+                agent: "r0".into(),
+                free: 2,
+            },
+            Slot {
+                pool: pool("dst"),
+                agent: "r1".into(),
+                free: 1,
+            },
+        ];
+        let placed = assign(&[f.key.clone()], &[f.clone()], &slots);
+        assert_eq!(
+            placed[&f.key],
+            Placement {
+                sender: None,
+                receiver: Some("r1".into())
+            }
+        );
+        // No other live agent: it waits.
+        let placed = assign(&[f.key.clone()], &[f], &slots[..1]);
+        assert!(placed.is_empty());
+    }
+}

@@ -1,0 +1,337 @@
+//! The Transfer reconciler: validity, phase, scheduling, failover, cleanup.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use wirerate_crds::transfer::ReportState;
+use wirerate_crds::{Transfer, TransferPhase, TransferStatus, contract};
+
+use crate::context::{Assignment, Context, View};
+use crate::lifecycle::{self, Needs, Note};
+use crate::scheduler::{self, Key, Slot, Waiting};
+use crate::validate::validate;
+use crate::{Error, Result};
+
+/// How long to wait for agents to clean up a deleted Transfer before letting it go.
+const CLEANUP_GRACE: Duration = Duration::from_secs(60);
+
+/// Reconciles one Transfer.
+#[tracing::instrument(skip_all, fields(transfer = %t.name_any(), ns = t.namespace().unwrap_or_default()))]
+pub async fn reconcile(t: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action> {
+    let _timer = ctx
+        .metrics
+        .duration
+        .with_label_values(&["transfer"])
+        .start_timer();
+    ctx.metrics
+        .reconciles
+        .with_label_values(&["transfer"])
+        .inc();
+    let ns = t.namespace().ok_or(Error::Malformed("a namespace"))?;
+    let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), &ns);
+    finalizer(&api, contract::TRANSFER_FINALIZER, t, |event| async {
+        match event {
+            Finalizer::Apply(t) => apply(&t, &ctx, &api).await,
+            Finalizer::Cleanup(t) => cleanup(&t, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+/// Logs and counts a failed reconcile, and retries it with backoff.
+pub fn error_policy(t: Arc<Transfer>, error: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(transfer = %t.name_any(), "reconcile failed: {error}");
+    ctx.metrics
+        .failures
+        .with_label_values(&["transfer", error.metric_label()])
+        .inc();
+    Action::requeue(Duration::from_secs(5))
+}
+
+async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Action> {
+    // One scheduling decision at a time, over one snapshot.
+    let _turn = ctx.schedule.lock().await;
+    let now = Timestamp::now();
+    let view = ctx.view(now);
+    let key = key(t)?;
+    // The cache may lag our own last write; decide from the freshest copy.
+    let current = view
+        .transfers
+        .iter()
+        .find(|x| x.metadata.uid == t.metadata.uid)
+        .unwrap_or(t);
+    let validity = validate(current, &view.pools);
+    let mut step = lifecycle::step(current, &validity, &view.agents, now);
+    let mut notes = std::mem::take(&mut step.notes);
+
+    if step.needs.is_some() {
+        let (placements, positions) = plan(&view, now);
+        step.status.queue_position = positions.get(&key).copied();
+        if let Some(p) = placements.get(&key) {
+            let token = ensure_token(current, ctx).await?;
+            let sender = p.sender.as_ref().and_then(|n| view.agents.get(n));
+            let receiver = p.receiver.as_ref().and_then(|n| view.agents.get(n));
+            let (status, note) =
+                lifecycle::assigned(current, step.status, sender, receiver, &token, now);
+            step.status = status;
+            notes.push(note);
+        }
+    }
+    if step.status.failovers.len() > current.status.as_ref().map_or(0, |s| s.failovers.len()) {
+        ctx.metrics.failovers.inc();
+    }
+    let phase = step.status.phase.unwrap_or_default();
+    if phase == TransferPhase::Succeeded
+        && current.status.as_ref().and_then(|s| s.phase) != Some(phase)
+    {
+        let bytes = current
+            .status
+            .as_ref()
+            .and_then(|s| s.progress.as_ref())
+            .map_or(0, |p| p.bytes_total);
+        ctx.metrics.bytes.inc_by(bytes.max(0) as u64);
+    }
+
+    write(t, ctx, api, &step.status).await?;
+    for n in notes {
+        publish(ctx, t, &n).await;
+    }
+    Ok(match phase {
+        TransferPhase::Succeeded | TransferPhase::Failed => Action::await_change(),
+        TransferPhase::Pending => Action::requeue(Duration::from_secs(30)),
+        TransferPhase::Queued => Action::requeue(Duration::from_secs(3)),
+        // Leases are checked on this beat: an agent lost mid-transfer is noticed
+        // within its Lease's duration plus this.
+        TransferPhase::Running | TransferPhase::Verifying => {
+            Action::requeue(Duration::from_secs(3))
+        }
+    })
+}
+
+fn key(t: &Transfer) -> Result<Key> {
+    Ok((
+        t.namespace().ok_or(Error::Malformed("a namespace"))?,
+        t.name_any(),
+    ))
+}
+
+/// The whole cluster's scheduling decision from one snapshot: placements for
+/// transfers that can start now, and queue positions (per sending pool).
+pub fn plan(
+    view: &View,
+    now: Timestamp,
+) -> (BTreeMap<Key, scheduler::Placement>, HashMap<Key, i32>) {
+    let mut waiting = Vec::new();
+    let mut running_per_ns: HashMap<String, usize> = HashMap::new();
+    for t in &view.transfers {
+        if t.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let Ok(k) = key(t) else { continue };
+        let validity = validate(t, &view.pools);
+        let step = lifecycle::step(t, &validity, &view.agents, now);
+        match (step.needs, &validity) {
+            (
+                Some(Needs {
+                    sender,
+                    receiver,
+                    avoid,
+                }),
+                Ok(r),
+            ) => waiting.push(Waiting {
+                priority: t.spec.priority,
+                created: t
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map_or(0, |c| c.0.as_second()),
+                sender_pool: sender.then(|| r.sender_pool.clone()),
+                receiver_pool: if receiver {
+                    r.receiver_pool.clone()
+                } else {
+                    None
+                },
+                avoid,
+                key: k,
+            }),
+            _ if step.status.phase.is_some_and(|p| !p.is_final())
+                && step.status.sender.is_some() =>
+            {
+                *running_per_ns.entry(k.0).or_default() += 1;
+            }
+            _ => {}
+        }
+    }
+    let load = view.load();
+    let slots: Vec<Slot> = view
+        .agents
+        .values()
+        .filter(|a| a.live())
+        .map(|a| Slot {
+            pool: (a.namespace.clone(), a.pool.clone()),
+            agent: a.name.clone(),
+            free: a.capacity - load.get(&a.name).copied().unwrap_or(0),
+        })
+        .collect();
+    let order = scheduler::order(&waiting, &running_per_ns);
+    let placed = scheduler::assign(&order, &waiting, &slots);
+    let by_key: HashMap<&Key, &Waiting> = waiting.iter().map(|w| (&w.key, w)).collect();
+    let mut positions = HashMap::new();
+    let mut per_pool: HashMap<Key, i32> = HashMap::new();
+    for k in order.iter().filter(|k| !placed.contains_key(*k)) {
+        let pool = by_key[k]
+            .sender_pool
+            .clone()
+            .or_else(|| by_key[k].receiver_pool.clone())
+            .unwrap_or_default();
+        let n = per_pool.entry(pool).or_default();
+        *n += 1;
+        positions.insert(k.clone(), *n);
+    }
+    (placed, positions)
+}
+
+/// Creates the Transfer's token Secret once; never rotates it under a running transfer.
+async fn ensure_token(t: &Transfer, ctx: &Context) -> Result<String> {
+    if let Some(ext) = &t.spec.destination.external {
+        return Ok(ext.token_secret.clone());
+    }
+    let ns = t.namespace().ok_or(Error::Malformed("a namespace"))?;
+    let name = format!("{}-token", t.name_any());
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).expect("the kernel's random source is available");
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(ns),
+            labels: Some(BTreeMap::from([(
+                contract::TRANSFER_LABEL.to_owned(),
+                t.name_any(),
+            )])),
+            owner_references: t.controller_owner_ref(&()).map(|o| vec![o]),
+            ..Default::default()
+        },
+        string_data: Some(BTreeMap::from([(contract::TOKEN_KEY.to_owned(), token)])),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    };
+    match api.create(&PostParams::default(), &secret).await {
+        Ok(_) => Ok(name),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(name),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Applies the operator's status fields and the assignment labels.
+async fn write(t: &Transfer, ctx: &Context, api: &Api<Transfer>, s: &TransferStatus) -> Result<()> {
+    let name = t.name_any();
+    let pp = PatchParams::apply(contract::OPERATOR_MANAGER).force();
+    let old = t.status.clone().unwrap_or_default();
+    let assigned = Assignment {
+        attempt: s.attempt,
+        sender: s.sender.as_ref().map(|a| a.name.clone()),
+        receiver: s.receiver.as_ref().map(|a| a.name.clone()),
+    };
+    let live = !s.phase.is_some_and(|p| p.is_final());
+    let mut labels = serde_json::Map::new();
+    if live {
+        if let Some(a) = &assigned.sender {
+            labels.insert(contract::SENDER_LABEL.into(), json!(a));
+        }
+        if let Some(a) = &assigned.receiver {
+            labels.insert(contract::RECEIVER_LABEL.into(), json!(a));
+        }
+    }
+    let current: BTreeMap<String, String> = t
+        .labels()
+        .iter()
+        .filter(|(k, _)| k.starts_with("wirerate.io/"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let wanted: BTreeMap<String, String> = labels
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+        .collect();
+    if current != wanted {
+        let patch = json!({"apiVersion": "wirerate.io/v1alpha1", "kind": "Transfer", "metadata": {"name": name, "labels": labels}});
+        api.patch(&name, &pp, &Patch::Apply(&patch)).await?;
+    }
+    if lifecycle::operator_fields(&old) != *s {
+        let patch = json!({"apiVersion": "wirerate.io/v1alpha1", "kind": "Transfer", "status": s});
+        api.patch_status(&name, &pp, &Patch::Apply(&patch)).await?;
+        if Assignment::of(t) != assigned {
+            let uid = t.metadata.uid.clone().unwrap_or_default();
+            ctx.ledger
+                .lock()
+                .expect("ledger lock")
+                .insert(uid, assigned);
+        }
+    }
+    Ok(())
+}
+
+async fn publish(ctx: &Context, t: &Transfer, n: &Note) {
+    let ev = Event {
+        type_: if n.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: n.reason.into(),
+        note: Some(n.message.chars().take(1000).collect()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &t.object_ref(&())).await {
+        tracing::warn!("cannot publish event {}: {e}", n.reason);
+    }
+}
+
+/// Deleting: lets the agents stop and remove temporary files, then lets go.
+async fn cleanup(t: &Transfer, ctx: &Context) -> Result<Action> {
+    let s = t.status.clone().unwrap_or_default();
+    if s.phase.is_some_and(|p| p.is_final()) || s.sender.is_none() {
+        return Ok(Action::await_change());
+    }
+    let view = ctx.view(Timestamp::now());
+    let pending: Vec<&str> = [&s.sender, &s.receiver]
+        .into_iter()
+        .flatten()
+        .filter(|a| view.agents.get(&a.name).is_some_and(|a| a.live()))
+        .filter(|a| {
+            !s.reports.iter().any(|r| {
+                r.agent == a.name && r.attempt == s.attempt && r.state == ReportState::Cancelled
+            })
+        })
+        .map(|a| a.name.as_str())
+        .collect();
+    let since = t
+        .meta()
+        .deletion_timestamp
+        .as_ref()
+        .map_or(Duration::ZERO, |d| {
+            Timestamp::now().duration_since(d.0).unsigned_abs()
+        });
+    if pending.is_empty() || since > CLEANUP_GRACE {
+        if !pending.is_empty() {
+            tracing::warn!(
+                "agents {pending:?} did not confirm cleanup within {CLEANUP_GRACE:?}; releasing the Transfer"
+            );
+        }
+        return Ok(Action::await_change());
+    }
+    // An error keeps the finalizer in place; error_policy requeues.
+    Err(Error::CleanupPending(pending.join(", ")))
+}

@@ -1,0 +1,267 @@
+//! Does a Transfer refer to pools that exist, allow it, and hold its paths?
+
+use std::collections::BTreeMap;
+
+use wirerate_crds::{DtnPool, Striping, Transfer, Tuning};
+
+use crate::scheduler::Key;
+
+/// Reasons of the Valid condition when it is False.
+pub mod reason {
+    /// A named pool does not exist.
+    pub const POOL_NOT_FOUND: &str = "PoolNotFound";
+    /// The pool does not serve the Transfer's namespace.
+    pub const NAMESPACE_NOT_ALLOWED: &str = "NamespaceNotAllowed";
+    /// A path is outside the pool's allowed roots.
+    pub const PATH_NOT_ALLOWED: &str = "PathNotAllowed";
+    /// The effective tuning cannot run.
+    pub const INVALID_TUNING: &str = "InvalidTuning";
+}
+
+/// What a valid Transfer resolves to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resolved {
+    /// `namespace/name` of the sending pool.
+    pub sender_pool: Key,
+    /// `namespace/name` of the receiving pool (None for an external receiver).
+    pub receiver_pool: Option<Key>,
+    /// Pool defaults with the Transfer's overrides.
+    pub tuning: Tuning,
+    /// Layout for the destination.
+    pub striping: Option<Striping>,
+}
+
+/// Why a Transfer cannot run as written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Invalid {
+    /// Condition reason.
+    pub reason: &'static str,
+    /// What to change.
+    pub message: String,
+}
+
+fn invalid(reason: &'static str, message: String) -> Invalid {
+    Invalid { reason, message }
+}
+
+/// Checks `t` against `pools` (keyed by namespace and name).
+pub fn validate(t: &Transfer, pools: &BTreeMap<Key, DtnPool>) -> Result<Resolved, Invalid> {
+    let ns = t.metadata.namespace.clone().unwrap_or_default();
+    let src_key = (
+        t.spec
+            .source
+            .pool_namespace
+            .clone()
+            .unwrap_or_else(|| ns.clone()),
+        t.spec.source.pool.clone(),
+    );
+    let src = pool(pools, &src_key, &ns)?;
+    under_roots(src, &src_key, &t.spec.source.path, false)?;
+
+    let (receiver_pool, dst) = match &t.spec.destination.pool {
+        Some(name) => {
+            let key = (
+                t.spec
+                    .destination
+                    .pool_namespace
+                    .clone()
+                    .unwrap_or_else(|| ns.clone()),
+                name.clone(),
+            );
+            let dst = pool(pools, &key, &ns)?;
+            under_roots(dst, &key, &t.spec.destination.path, true)?;
+            (Some(key), Some(dst))
+        }
+        None => (None, None),
+    };
+
+    let defaults = dst
+        .map_or(&src.spec.tuning, |d| &d.spec.tuning)
+        .or(&src.spec.tuning);
+    let tuning = t.spec.tuning.clone().unwrap_or_default().or(&defaults);
+    let striping = t
+        .spec
+        .striping
+        .clone()
+        .or_else(|| dst.and_then(|d| d.spec.striping.clone()));
+    if let Some(problem) = tuning.problem(striping.as_ref()) {
+        return Err(invalid(reason::INVALID_TUNING, problem));
+    }
+    Ok(Resolved {
+        sender_pool: src_key,
+        receiver_pool,
+        tuning,
+        striping,
+    })
+}
+
+fn pool<'a>(
+    pools: &'a BTreeMap<Key, DtnPool>,
+    key: &Key,
+    ns: &str,
+) -> Result<&'a DtnPool, Invalid> {
+    let p = pools.get(key).ok_or_else(|| {
+        invalid(
+            reason::POOL_NOT_FOUND,
+            format!(
+                "DtnPool {}/{} does not exist: create it or fix the pool name",
+                key.0, key.1
+            ),
+        )
+    })?;
+    if key.0 != ns && !p.spec.allowed_namespaces.iter().any(|a| a == ns) {
+        return Err(invalid(
+            reason::NAMESPACE_NOT_ALLOWED,
+            format!(
+                "DtnPool {}/{} does not serve namespace {ns}: add it to the pool's allowedNamespaces",
+                key.0, key.1
+            ),
+        ));
+    }
+    Ok(p)
+}
+
+/// The allowed root holding `path`, if any.
+pub fn root_of<'a>(pool: &'a DtnPool, path: &str) -> Option<&'a str> {
+    pool.spec
+        .allowed_roots
+        .iter()
+        .map(|r| r.trim_end_matches('/'))
+        .filter(|r| path.len() > r.len() && path.starts_with(r) && path.as_bytes()[r.len()] == b'/')
+        .max_by_key(|r| r.len())
+}
+
+fn under_roots(p: &DtnPool, key: &Key, path: &str, writes: bool) -> Result<(), Invalid> {
+    let Some(root) = root_of(p, path) else {
+        return Err(invalid(
+            reason::PATH_NOT_ALLOWED,
+            format!(
+                "{path} is not under any allowedRoots of DtnPool {}/{} ({}): use a path beneath one of them",
+                key.0,
+                key.1,
+                p.spec.allowed_roots.join(", ")
+            ),
+        ));
+    };
+    let read_only = p.spec.volumes.iter().any(|v| {
+        v.read_only && (root == v.mount_path || root.starts_with(&format!("{}/", v.mount_path)))
+    });
+    if writes && read_only {
+        return Err(invalid(
+            reason::PATH_NOT_ALLOWED,
+            format!(
+                "{path} is on a read-only volume of DtnPool {}/{}: write to another pool",
+                key.0, key.1
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use kube::api::ObjectMeta;
+    use wirerate_crds::transfer::{Destination, Source};
+    use wirerate_crds::{DtnPoolSpec, TransferSpec};
+
+    pub(crate) fn pool(name: &str, root: &str) -> DtnPool {
+        let mut p = DtnPool::new(
+            name,
+            serde_json::from_value::<DtnPoolSpec>(serde_json::json!({
+                "image": "wirerate-agent:test",
+                "volumes": [{"name": "data", "mountPath": root, "hostPath": root}],
+                "allowedRoots": [root],
+                "tuning": {"blockSize": 16777216, "streams": 4},
+            }))
+            .unwrap(),
+        );
+        p.metadata.namespace = Some("data".into());
+        p.metadata.uid = Some(format!("uid-{name}"));
+        p
+    }
+
+    pub(crate) fn pools() -> BTreeMap<Key, DtnPool> {
+        [pool("src", "/in"), pool("dst", "/out")]
+            .into_iter()
+            .map(|p| (("data".to_owned(), p.metadata.name.clone().unwrap()), p))
+            .collect()
+    }
+
+    pub(crate) fn transfer(name: &str, from: &str, to: &str) -> Transfer {
+        let mut t = Transfer::new(
+            name,
+            TransferSpec {
+                source: Source {
+                    pool: "src".into(),
+                    pool_namespace: None,
+                    path: from.into(),
+                },
+                destination: Destination {
+                    pool: Some("dst".into()),
+                    pool_namespace: None,
+                    external: None,
+                    path: to.into(),
+                },
+                tuning: None,
+                striping: None,
+                priority: 0,
+                verification: Default::default(),
+                max_rate_mbps: None,
+                max_failovers: 2,
+            },
+        );
+        t.metadata = ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("data".into()),
+            uid: Some(format!("uid-{name}")),
+            generation: Some(1),
+            ..Default::default()
+        };
+        t
+    }
+
+    #[test]
+    fn resolves_pools_and_merges_tuning() {
+        let mut t = transfer("t", "/in/a", "/out/a");
+        t.spec.tuning = Some(Tuning {
+            streams: Some(8),
+            ..Default::default()
+        });
+        let r = validate(&t, &pools()).unwrap();
+        assert_eq!(r.tuning.streams, Some(8));
+        assert_eq!(r.tuning.block_size, Some(16777216));
+        assert_eq!(r.receiver_pool, Some(("data".into(), "dst".into())));
+    }
+
+    #[test]
+    fn refuses_with_a_reason_and_what_to_change() {
+        let p = pools();
+        let e = validate(&transfer("t", "/in/a", "/elsewhere/a"), &p).unwrap_err();
+        assert_eq!(e.reason, reason::PATH_NOT_ALLOWED);
+        assert!(e.message.contains("/out"), "{}", e.message);
+
+        // A root is a directory, not a prefix: /input is not under /in.
+        let e = validate(&transfer("t", "/input/a", "/out/a"), &p).unwrap_err();
+        assert_eq!(e.reason, reason::PATH_NOT_ALLOWED);
+
+        let mut t = transfer("t", "/in/a", "/out/a");
+        t.spec.destination.pool = Some("nope".into());
+        assert_eq!(validate(&t, &p).unwrap_err().reason, reason::POOL_NOT_FOUND);
+
+        let mut t = transfer("t", "/in/a", "/out/a");
+        t.metadata.namespace = Some("other".into());
+        t.spec.source.pool_namespace = Some("data".into());
+        t.spec.destination.pool_namespace = Some("data".into());
+        let e = validate(&t, &p).unwrap_err();
+        assert_eq!(e.reason, reason::NAMESPACE_NOT_ALLOWED);
+        assert!(e.message.contains("allowedNamespaces"));
+
+        let mut t = transfer("t", "/in/a", "/out/a");
+        t.spec.striping = Some(Striping {
+            stripe_count: 4,
+            stripe_size: 3 * 1024 * 1024,
+        });
+        assert_eq!(validate(&t, &p).unwrap_err().reason, reason::INVALID_TUNING);
+    }
+}
