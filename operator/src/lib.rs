@@ -22,3 +22,8 @@ pub mod validate;
 
 pub use context::Context;
 pub use error::{Error, Result};
+
+#[cfg(test)]
+mod controller_tests;
+#[cfg(test)]
+mod fixtures;

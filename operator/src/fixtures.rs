@@ -1,0 +1,228 @@
+//! An API server double for the reconcilers: a real `kube::Client` on a
+//! tower-test channel, answered by a small in-memory object store. It records
+//! every request so tests assert what the operator asked of the API, and it
+//! answers as an API server would: objects merged with the patch, 404 for
+//! unknown names, 409 for a second create.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::client::Body;
+use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+use wirerate_crds::{DtnPool, Transfer};
+
+use crate::context::{Context, Stores};
+
+/// One request the operator made.
+#[derive(Clone, Debug)]
+pub(crate) struct Call {
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) query: String,
+    pub(crate) body: Value,
+}
+
+impl Call {
+    /// The resource path without `/status` and the namespace prefix, e.g. `statefulsets/p-agent`.
+    pub(crate) fn is(&self, method: &str, path_end: &str) -> bool {
+        self.method == method && self.path.ends_with(path_end)
+    }
+}
+
+/// The double and the caches the reconcilers read.
+pub(crate) struct Double {
+    pub(crate) ctx: Arc<Context>,
+    calls: Arc<Mutex<Vec<Call>>>,
+    pools: Writer<DtnPool>,
+    transfers: Writer<Transfer>,
+    leases: Writer<Lease>,
+    objects: Arc<Mutex<BTreeMap<String, Value>>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+fn merge(into: &mut Value, patch: &Value) {
+    match (into, patch) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        (a, b) => *a = b.clone(),
+    }
+}
+
+fn status(code: u16, reason: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code, "message": reason})
+}
+
+impl Double {
+    /// An empty cluster.
+    pub(crate) fn new() -> Self {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let objects: Arc<Mutex<BTreeMap<String, Value>>> = Arc::default();
+        let (log, store) = (calls.clone(), objects.clone());
+        let server = tokio::spawn(async move {
+            while let Some((req, respond)) = handle.next_request().await {
+                let method = req.method().to_string();
+                let path = req.uri().path().to_owned();
+                let query = req.uri().query().unwrap_or_default().to_owned();
+                let bytes = req.into_body().collect().await.unwrap().to_bytes();
+                let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                let key = path.trim_end_matches("/status").to_owned();
+                let (code, reply) = {
+                    let mut objs = store.lock().unwrap();
+                    match method.as_str() {
+                        "GET" => match objs.get(&key) {
+                            Some(o) => (200, o.clone()),
+                            None => (404, status(404, "NotFound")),
+                        },
+                        "POST" => {
+                            let name = body["metadata"]["name"]
+                                .as_str()
+                                .unwrap_or("generated")
+                                .to_owned();
+                            let k = format!("{key}/{name}");
+                            match objs.entry(k) {
+                                std::collections::btree_map::Entry::Occupied(_) => {
+                                    (409, status(409, "AlreadyExists"))
+                                }
+                                std::collections::btree_map::Entry::Vacant(v) => {
+                                    v.insert(body.clone());
+                                    (201, body.clone())
+                                }
+                            }
+                        }
+                        "PATCH" | "PUT" => {
+                            let o = objs.entry(key).or_insert_with(|| json!({}));
+                            // A JSON patch (the finalizer helper's) is not merged; the tests start with finalizers in place.
+                            if body.is_object() {
+                                merge(o, &body);
+                            }
+                            (200, o.clone())
+                        }
+                        "DELETE" => match objs.remove(&key) {
+                            Some(_) => (200, status(200, "Success")),
+                            None => (404, status(404, "NotFound")),
+                        },
+                        _ => (405, status(405, "MethodNotAllowed")),
+                    }
+                };
+                log.lock().unwrap().push(Call {
+                    method,
+                    path,
+                    query,
+                    body,
+                });
+                let resp = Response::builder()
+                    .status(StatusCode::from_u16(code).unwrap())
+                    .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+                    .unwrap();
+                respond.send_response(resp);
+            }
+        });
+        let (pools_r, pools) = reflector::store::<DtnPool>();
+        let (transfers_r, transfers) = reflector::store::<Transfer>();
+        let (leases_r, leases) = reflector::store::<Lease>();
+        let (pods_r, _pods) = reflector::store::<Pod>();
+        let stores = Stores {
+            pools: pools_r,
+            transfers: transfers_r,
+            leases: leases_r,
+            pods: pods_r,
+        };
+        let ctx = Arc::new(Context::new(client, stores, "test"));
+        Self {
+            ctx,
+            calls,
+            pools,
+            transfers,
+            leases,
+            objects,
+            server,
+        }
+    }
+
+    /// Puts `obj` in the API and in the cache the reconcilers read.
+    pub(crate) fn pool(&mut self, p: &DtnPool) {
+        self.object(
+            &format!(
+                "/apis/wirerate.io/v1alpha1/namespaces/{}/dtnpools/{}",
+                ns(&p.metadata),
+                name(&p.metadata)
+            ),
+            p,
+        );
+        self.pools
+            .apply_watcher_event(&watcher::Event::Apply(p.clone()));
+    }
+
+    /// Puts a Transfer in the API and the cache.
+    pub(crate) fn transfer(&mut self, t: &Transfer) {
+        self.object(
+            &format!(
+                "/apis/wirerate.io/v1alpha1/namespaces/{}/transfers/{}",
+                ns(&t.metadata),
+                name(&t.metadata)
+            ),
+            t,
+        );
+        self.transfers
+            .apply_watcher_event(&watcher::Event::Apply(t.clone()));
+    }
+
+    /// Puts an agent's Lease in the cache.
+    pub(crate) fn lease(&mut self, l: &Lease) {
+        self.leases
+            .apply_watcher_event(&watcher::Event::Apply(l.clone()));
+    }
+
+    fn object<T: serde::Serialize>(&self, path: &str, obj: &T) {
+        self.objects
+            .lock()
+            .unwrap()
+            .insert(path.to_owned(), serde_json::to_value(obj).unwrap());
+    }
+
+    /// The requests made so far.
+    pub(crate) fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    /// The last status the operator applied to `path_end`.
+    pub(crate) fn last_status(&self, path_end: &str) -> Value {
+        self.calls()
+            .into_iter()
+            .rev()
+            .find(|c| c.is("PATCH", &format!("{path_end}/status")))
+            .map(|c| c.body["status"].clone())
+            .unwrap_or_else(|| {
+                panic!(
+                    "no status applied to {path_end}; calls: {:#?}",
+                    self.calls()
+                )
+            })
+    }
+}
+
+impl Drop for Double {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+fn ns(m: &kube::api::ObjectMeta) -> String {
+    m.namespace.clone().unwrap_or_default()
+}
+
+fn name(m: &kube::api::ObjectMeta) -> String {
+    m.name.clone().unwrap_or_default()
+}
