@@ -6,6 +6,7 @@
 //! `fsroot` path confinement, and `sender`/`receiver` the threads that
 //! drive them.
 
+pub mod cluster;
 pub mod defaults;
 pub mod demo;
 pub mod engine;

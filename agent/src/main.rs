@@ -35,6 +35,48 @@ enum Cmd {
     Send(SendArgs),
     /// A real transfer on this machine with a generated file (the README's first command).
     Demo(DemoArgs),
+    /// In-cluster mode: renew this agent's Lease and run the Transfers assigned to it.
+    Run(RunArgs),
+}
+
+/// Identity and ports of an agent in a DtnPool; the operator's pod template sets them.
+#[derive(Args)]
+struct RunArgs {
+    /// Agent name (the pod name in the cluster).
+    #[arg(long, env = "WIRERATE_AGENT_NAME")]
+    agent_name: String,
+    /// Namespace of the agent's DtnPool.
+    #[arg(long, env = "WIRERATE_NAMESPACE")]
+    namespace: String,
+    /// The agent's DtnPool.
+    #[arg(long, env = "WIRERATE_POOL")]
+    pool: String,
+    /// Node or host name (default: this host's name).
+    #[arg(long, env = "WIRERATE_NODE")]
+    node: Option<String>,
+    /// Address senders reach this agent at.
+    #[arg(long, env = "WIRERATE_ADVERTISE")]
+    advertise: Option<String>,
+    /// NIC whose IPv4 address to advertise, when --advertise is not given.
+    #[arg(long, env = "WIRERATE_INTERFACE")]
+    interface: Option<String>,
+    /// First data port; each transfer received binds the next free one.
+    #[arg(long, env = "WIRERATE_DATA_PORT", default_value_t = 7700)]
+    data_port: u16,
+    /// Port of /metrics (0: none).
+    #[arg(long, env = "WIRERATE_METRICS_PORT", default_value_t = 9700)]
+    metrics_port: u16,
+    /// Transfers this agent runs at once.
+    #[arg(long, env = "WIRERATE_MAX_TRANSFERS", default_value_t = 2)]
+    max_transfers: u16,
+    /// Other namespaces whose Transfers this pool serves, comma-separated.
+    #[arg(
+        long,
+        env = "WIRERATE_WATCH_NAMESPACES",
+        default_value = "",
+        value_delimiter = ','
+    )]
+    watch_namespaces: Vec<String>,
 }
 
 #[derive(Args, Clone)]
@@ -294,6 +336,41 @@ fn run(cli: Cli) -> Result<ExitCode> {
             } else {
                 ExitCode::from(1)
             })
+        }
+        Cmd::Run(a) => {
+            init_logs("info,kube=warn");
+            let advertise = match (a.advertise, &a.interface) {
+                (Some(addr), _) => addr,
+                (None, Some(nic)) => wirerate_agent::cluster::host::interface_address(nic)
+                    .with_context(|| format!("interface {nic} has no IPv4 address to advertise"))?
+                    .to_string(),
+                (None, None) => bail!(
+                    "set --advertise (WIRERATE_ADVERTISE) or --interface (WIRERATE_INTERFACE)"
+                ),
+            };
+            if a.metrics_port != 0 {
+                let addr = metrics::serve(&format!("0.0.0.0:{}", a.metrics_port))?;
+                tracing::info!("metrics on http://{addr}/metrics");
+            }
+            let node = a.node.unwrap_or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .unwrap_or_default()
+                    .trim()
+                    .to_owned()
+            });
+            let cfg = wirerate_agent::cluster::RunConfig {
+                agent: a.agent_name,
+                namespace: a.namespace,
+                pool: a.pool,
+                node,
+                advertise,
+                data_port: a.data_port,
+                max_transfers: a.max_transfers.max(1),
+                watch_namespaces: a.watch_namespaces,
+                in_pod: std::env::var_os("KUBERNETES_SERVICE_HOST").is_some(),
+            };
+            tokio::runtime::Runtime::new()?.block_on(wirerate_agent::cluster::run(cfg))?;
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Demo(a) => {
             init_logs("warn");

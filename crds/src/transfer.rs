@@ -185,13 +185,20 @@ pub struct TransferStatus {
     /// The agent receiving now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receiver: Option<AgentRef>,
+    /// Pool defaults with the Transfer's overrides, fixed at assignment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effective_tuning: Option<Tuning>,
+    /// Lustre layout the receiver is to apply, fixed at assignment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effective_striping: Option<Striping>,
     /// Secret holding this transfer's token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_secret: Option<String>,
     /// Place in the pool's queue while Queued (1 = next).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_position: Option<i32>,
-    /// Progress, written by the receiving agent.
+    /// Progress, written by the sending agent from the receiver's acknowledgements
+    /// (an acknowledged block is durable at the destination).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
     /// The Lustre layout the receiver applied, or why none.
@@ -305,6 +312,9 @@ pub struct AgentReport {
     /// Detail for people (the error, or the verified digest).
     #[serde(default)]
     pub message: String,
+    /// `host:port` the receiver listens on for this attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
     /// When it was written.
     pub updated_at: Time,
 }

@@ -301,6 +301,7 @@ async fn the_receivers_success_completes_the_transfer_and_drops_the_labels() {
             attempt: 1,
             state: ReportState::Succeeded,
             message: "digest 0123".into(),
+            endpoint: None,
             updated_at: Time(Timestamp::now()),
         }],
         ..Default::default()

@@ -292,7 +292,10 @@ pub fn step(
         };
     }
 
-    let verifying = report(Role::Receiver).is_some_and(|r| r.state == ReportState::Verifying);
+    let verifying = [Role::Sender, Role::Receiver]
+        .into_iter()
+        .filter_map(report)
+        .any(|r| r.state == ReportState::Verifying);
     s.phase = Some(if verifying {
         TransferPhase::Verifying
     } else {
@@ -308,6 +311,7 @@ pub fn step(
 /// The status after the scheduler placed agents; None fields keep the current agent.
 pub fn assigned(
     t: &Transfer,
+    resolved: &Resolved,
     mut s: TransferStatus,
     sender: Option<&Agent>,
     receiver: Option<&Agent>,
@@ -331,6 +335,8 @@ pub fn assigned(
     s.phase = Some(TransferPhase::Running);
     s.queue_position = None;
     s.token_secret = Some(token_secret.to_owned());
+    s.effective_tuning = Some(resolved.tuning.clone());
+    s.effective_striping = resolved.striping.clone();
     s.start_time.get_or_insert_with(|| now_t.clone());
     let who = format!(
         "sender {}, receiver {}",
@@ -433,7 +439,8 @@ mod tests {
 
     fn running(t: &mut Transfer, ag: &HashMap<String, Agent>) {
         let s = t.status.clone().unwrap_or_default();
-        let (s, _) = assigned(t, s, ag.get("s0"), ag.get("r0"), "t-token", at(100));
+        let r = validate(t, &pools()).unwrap();
+        let (s, _) = assigned(t, &r, s, ag.get("s0"), ag.get("r0"), "t-token", at(100));
         t.status = Some(s);
     }
 
@@ -447,6 +454,7 @@ mod tests {
             attempt,
             state,
             message: "digest ok".into(),
+            endpoint: None,
             updated_at: Time(at(150)),
         });
     }

@@ -77,12 +77,19 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
     if step.needs.is_some() {
         let (placements, positions) = plan(&view, now);
         step.status.queue_position = positions.get(&key).copied();
-        if let Some(p) = placements.get(&key) {
+        if let (Some(p), Ok(resolved)) = (placements.get(&key), &validity) {
             let token = ensure_token(current, ctx).await?;
             let sender = p.sender.as_ref().and_then(|n| view.agents.get(n));
             let receiver = p.receiver.as_ref().and_then(|n| view.agents.get(n));
-            let (status, note) =
-                lifecycle::assigned(current, step.status, sender, receiver, &token, now);
+            let (status, note) = lifecycle::assigned(
+                current,
+                resolved,
+                step.status,
+                sender,
+                receiver,
+                &token,
+                now,
+            );
             step.status = status;
             notes.push(note);
         }

@@ -7,7 +7,7 @@ pub mod source;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use session::Verdict;
@@ -53,6 +53,8 @@ pub struct SendConfig {
     pub retry_for: Duration,
     /// Timeout of each connect.
     pub connect_timeout: Duration,
+    /// Set to stop reconnecting (the in-cluster agent's assignment moved away).
+    pub cancel: Option<Arc<AtomicBool>>,
 }
 
 impl SendConfig {
@@ -78,6 +80,7 @@ impl SendConfig {
             verify: Verify::Blocks,
             retry_for: Duration::from_secs(120),
             connect_timeout: Duration::from_secs(10),
+            cancel: None,
         }
     }
 
@@ -163,6 +166,14 @@ pub fn send(cfg: &SendConfig, progress: Arc<Progress>) -> Result<SendSummary> {
         let before = (st.bytes_sent, st.verdicts.len());
         match session::run(cfg, &list.files, &mut st, &pool, &progress) {
             Ok(()) => break,
+            Err(e)
+                if cfg
+                    .cancel
+                    .as_ref()
+                    .is_some_and(|c| c.load(Ordering::Relaxed)) =>
+            {
+                return Err(Error::Transfer(format!("cancelled ({e})")));
+            }
             Err(e) if e.is_retryable() => {
                 if (st.bytes_sent, st.verdicts.len()) != before {
                     backoff.handle_progress();

@@ -1,0 +1,151 @@
+//! The host as the agent sees it: the address of a NIC, preflight checks of
+//! the pool's expectations, and the filesystem under a destination.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+use wirerate_crds::pool::Preflight;
+
+/// First IPv4 address of `interface`.
+pub fn interface_address(interface: &str) -> Option<Ipv4Addr> {
+    let mut ifaddrs: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills a list it allocates; we free it below.
+    if unsafe { libc::getifaddrs(&mut ifaddrs) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut cur = ifaddrs;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*cur };
+        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+        if name.to_bytes() == interface.as_bytes() && !ifa.ifa_addr.is_null() {
+            // SAFETY: ifa_addr is non-null and points to a sockaddr of the list.
+            let family = unsafe { (*ifa.ifa_addr).sa_family };
+            if i32::from(family) == libc::AF_INET {
+                // SAFETY: AF_INET addresses are sockaddr_in.
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                found = Some(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+                break;
+            }
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: frees the list getifaddrs allocated, once.
+    unsafe { libc::freeifaddrs(ifaddrs) };
+    found
+}
+
+/// What the host reads as, for the checks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Readings {
+    /// net.core.rmem_max.
+    pub rmem_max: Option<i64>,
+    /// net.core.wmem_max.
+    pub wmem_max: Option<i64>,
+    /// tcp_available_congestion_control.
+    pub congestion: Vec<String>,
+    /// MTU of the data NIC.
+    pub mtu: Option<i32>,
+}
+
+impl Readings {
+    /// Reads them from /proc and /sys.
+    pub fn read(interface: Option<&str>) -> Self {
+        let num = |p: &str| {
+            std::fs::read_to_string(p)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+        };
+        Self {
+            rmem_max: num("/proc/sys/net/core/rmem_max"),
+            wmem_max: num("/proc/sys/net/core/wmem_max"),
+            congestion: std::fs::read_to_string(
+                "/proc/sys/net/ipv4/tcp_available_congestion_control",
+            )
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect(),
+            mtu: interface
+                .and_then(|i| num(&format!("/sys/class/net/{i}/mtu")).map(|v: i64| v as i32)),
+        }
+    }
+}
+
+/// Failed checks as (check, what was found and what to change).
+pub fn preflight(expect: &Preflight, mtu: Option<i32>, r: &Readings) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    if let Some(min) = expect.min_socket_buffer {
+        for (name, v) in [("rmem_max", r.rmem_max), ("wmem_max", r.wmem_max)] {
+            if v.is_some_and(|v| v < min) {
+                out.push((name.to_owned(), format!(
+                    "net.core.{name} is {}, below the pool's minSocketBuffer {min}: sysctl -w net.core.{name}={min}",
+                    v.unwrap_or(0)
+                )));
+            }
+        }
+    }
+    if let Some(cc) = &expect.congestion
+        && !r.congestion.iter().any(|c| c == cc)
+    {
+        out.push((
+            "congestion".to_owned(),
+            format!(
+                "congestion control {cc} is not available (have: {}): modprobe tcp_{cc}",
+                r.congestion.join(" ")
+            ),
+        ));
+    }
+    if let (Some(want), Some(have)) = (mtu, r.mtu)
+        && want != have
+    {
+        out.push((
+            "mtu".to_owned(),
+            format!("the data NIC's MTU is {have}, the pool expects {want}"),
+        ));
+    }
+    out
+}
+
+/// Lustre's statfs magic.
+const LUSTRE_MAGIC: i64 = 0x0BD0_0BD0;
+
+/// Whether `dir` is on Lustre, and the filesystem's magic number.
+pub fn lustre(dir: &Path) -> (bool, i64) {
+    match rustix::fs::statfs(dir) {
+        Ok(s) => (s.f_type == LUSTRE_MAGIC, s.f_type),
+        Err(_) => (false, 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preflight_names_the_fix() {
+        let expect = Preflight {
+            min_socket_buffer: Some(1 << 30),
+            congestion: Some("bbr".into()),
+        };
+        let r = Readings {
+            rmem_max: Some(212992),
+            wmem_max: Some(1 << 30),
+            congestion: vec!["reno".into(), "cubic".into()],
+            mtu: Some(1500),
+        };
+        let f = preflight(&expect, Some(9000), &r);
+        let checks: Vec<&str> = f.iter().map(|(c, _)| c.as_str()).collect();
+        assert_eq!(checks, ["rmem_max", "congestion", "mtu"]);
+        assert!(f[0].1.contains("sysctl -w net.core.rmem_max="));
+        assert!(preflight(&Preflight::default(), None, &r).is_empty());
+    }
+
+    #[test]
+    fn loopback_has_127_0_0_1() {
+        assert_eq!(interface_address("lo"), Some(Ipv4Addr::LOCALHOST));
+        assert_eq!(interface_address("no-such-nic0"), None);
+    }
+}

@@ -1,0 +1,229 @@
+//! The engine, run for one side of one attempt: a sender thread, or a
+//! receiver bound for this transfer alone (its own port, token and root).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use wirerate_crds::Tuning;
+
+use crate::error::{Error, Result};
+use crate::fsroot::{CKPT_SUFFIX, PART_SUFFIX};
+use crate::io::IoMode;
+use crate::net::SocketOpts;
+use crate::progress::Progress;
+use crate::receiver::{ServeConfig, Server, ServerHandle};
+use crate::sender::{SendConfig, send};
+use crate::summary::{ReceiverSummary, SendSummary};
+use crate::wire::Verify;
+
+fn io_mode(t: &Tuning) -> IoMode {
+    match t.io_mode.unwrap_or_default() {
+        wirerate_crds::IoMode::Async => IoMode::Async,
+        wirerate_crds::IoMode::Direct => IoMode::Direct,
+        wirerate_crds::IoMode::Buffered => IoMode::Buffered,
+    }
+}
+
+fn socket(t: &Tuning) -> SocketOpts {
+    SocketOpts {
+        congestion: t.congestion.clone(),
+        ..SocketOpts::default()
+    }
+}
+
+/// `path` resolved, if it lies under one of `roots`; symlinks cannot lead out.
+pub fn under_roots(path: &Path, roots: &[String]) -> Result<PathBuf> {
+    let real = path
+        .canonicalize()
+        .map_err(|e| Error::io(format!("resolving {}", path.display()), e))?;
+    for r in roots {
+        if let Ok(root) = Path::new(r).canonicalize()
+            && real.starts_with(&root)
+        {
+            return Ok(real);
+        }
+    }
+    Err(Error::PathRefused {
+        path: path.display().to_string(),
+        reason: format!(
+            "it is not under this pool's allowedRoots ({})",
+            roots.join(", ")
+        ),
+    })
+}
+
+/// A sender in flight.
+pub struct SenderJob {
+    /// Acknowledged and total bytes.
+    pub progress: Arc<Progress>,
+    cancel: Arc<AtomicBool>,
+    result: Arc<Mutex<Option<Result<SendSummary>>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl SenderJob {
+    /// Starts sending `source` to `dest` at `endpoint`.
+    pub fn start(
+        endpoint: &str,
+        token: Vec<u8>,
+        source: PathBuf,
+        dest: String,
+        tuning: &Tuning,
+        verify: Verify,
+        max_rate_mbps: Option<i64>,
+    ) -> Result<Self> {
+        let mut cfg = SendConfig::new(endpoint, token, source, dest);
+        if let Some(s) = tuning.streams {
+            cfg.streams = s.clamp(1, 64) as u16;
+        }
+        if let Some(b) = tuning.block_size {
+            cfg.block_size = b as u64;
+        }
+        if let Some(q) = tuning.queue_depth {
+            cfg.queue_depth = q.max(1) as usize;
+        }
+        if let Some(b) = tuning.buffer_size {
+            cfg.buffer = b as u64;
+        }
+        cfg.io_mode = io_mode(tuning);
+        cfg.socket = socket(tuning);
+        cfg.verify = verify;
+        cfg.max_rate = max_rate_mbps.map(|m| m as u64 * 1_000_000 / 8);
+        // Longer than a Lease: a lost receiver is replaced before the sender gives up.
+        cfg.retry_for = Duration::from_secs(90);
+        let cancel = Arc::new(AtomicBool::new(false));
+        cfg.cancel = Some(cancel.clone());
+        cfg.validate()?;
+        let progress = Arc::new(Progress::default());
+        let result = Arc::new(Mutex::new(None));
+        let (p, r) = (progress.clone(), result.clone());
+        let thread = std::thread::Builder::new()
+            .name("k8s-send".into())
+            .spawn(move || {
+                let out = send(&cfg, p);
+                *r.lock().expect("result lock") = Some(out);
+            })
+            .map_err(|e| Error::io("starting a sender thread".to_string(), e))?;
+        Ok(Self {
+            progress,
+            cancel,
+            result,
+            thread: Some(thread),
+        })
+    }
+
+    /// The outcome, once the sender is done.
+    pub fn outcome(&self) -> Option<std::result::Result<SendSummary, String>> {
+        let r = self.result.lock().expect("result lock");
+        r.as_ref().map(|r| match r {
+            Ok(s) => Ok(s.clone()),
+            Err(e) => Err(e.to_string()),
+        })
+    }
+
+    /// Stops reconnecting; the thread ends when its session breaks.
+    pub fn cancel(&mut self) {
+        self.cancel.store(true, Ordering::Relaxed);
+        // Detach: a session in progress ends when the receiver goes away.
+        drop(self.thread.take());
+    }
+}
+
+/// A receiver bound for one transfer.
+pub struct ReceiverJob {
+    handle: Option<ServerHandle>,
+    /// Port it listens on.
+    pub port: u16,
+}
+
+impl ReceiverJob {
+    /// Binds the first free port in `ports` and serves `root` with `token`.
+    pub fn start(
+        root: PathBuf,
+        token: Vec<u8>,
+        tuning: &Tuning,
+        ports: std::ops::Range<u16>,
+    ) -> Result<Self> {
+        let mut cfg = ServeConfig::new(root, token);
+        cfg.io_mode = io_mode(tuning);
+        if let Some(q) = tuning.queue_depth {
+            cfg.queue_depth = q.max(1) as usize;
+        }
+        if let Some(b) = tuning.buffer_size {
+            cfg.buffer = b as u64;
+        }
+        cfg.socket = socket(tuning);
+        cfg.max_sessions = 4;
+        let mut last = None;
+        for port in ports.clone() {
+            match Server::bind(&format!("0.0.0.0:{port}"), cfg.clone()) {
+                Ok(s) => {
+                    return Ok(Self {
+                        port,
+                        handle: Some(s.spawn()),
+                    });
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::Config(format!("no port in {ports:?} to listen on"))))
+    }
+
+    /// Sessions that ended so far.
+    pub fn summaries(&self) -> Vec<ReceiverSummary> {
+        self.handle
+            .as_ref()
+            .map(ServerHandle::summaries)
+            .unwrap_or_default()
+    }
+
+    /// Stops listening and ends its sessions.
+    pub fn stop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            h.stop();
+        }
+    }
+}
+
+impl Drop for ReceiverJob {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Removes the temporary files and checkpoints a cancelled transfer left at `dest`.
+pub fn remove_partials(dest: &Path) -> usize {
+    fn is_partial(name: &str) -> bool {
+        name.ends_with(PART_SUFFIX) || name.ends_with(CKPT_SUFFIX)
+    }
+    fn walk(dir: &Path, n: &mut usize) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                walk(&p, n);
+            } else if is_partial(&e.file_name().to_string_lossy())
+                && std::fs::remove_file(&p).is_ok()
+            {
+                *n += 1;
+            }
+        }
+    }
+    let mut n = 0;
+    if dest.is_dir() {
+        walk(dest, &mut n);
+    } else if let (Some(dir), Some(name)) = (dest.parent(), dest.file_name()) {
+        let name = name.to_string_lossy();
+        for suffix in [PART_SUFFIX, CKPT_SUFFIX] {
+            if std::fs::remove_file(dir.join(format!(".{name}{suffix}"))).is_ok() {
+                n += 1;
+            }
+        }
+    }
+    n
+}

@@ -1,0 +1,647 @@
+//! In-cluster mode (`wirerate-agent run`): keep this agent's Lease renewed,
+//! run the sides of the Transfers assigned to it, and report on them under
+//! the agent's own field manager.
+//!
+//! `plan` decides what should run and when to report, `jobs` runs the
+//! engine, `host` reads the machine; this module talks to the API server.
+
+pub mod host;
+pub mod jobs;
+pub mod plan;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+use wirerate_crds::transfer::{Progress as ProgressStatus, ReportState, Role, StripingReport};
+use wirerate_crds::{DtnPool, Transfer, Verification, contract};
+
+use crate::error::{Error, Result};
+use crate::units::fmt_bytes;
+use crate::wire::Verify;
+use jobs::{ReceiverJob, SenderJob};
+use plan::{Cadence, JobKey, Want};
+
+/// Who this agent is and where it listens.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// Agent name (the pod name in the cluster).
+    pub agent: String,
+    /// Namespace of its pool.
+    pub namespace: String,
+    /// Its pool.
+    pub pool: String,
+    /// Node or host name.
+    pub node: String,
+    /// Host or address senders reach it at.
+    pub advertise: String,
+    /// First data port; receivers bind the first free one from here.
+    pub data_port: u16,
+    /// Transfers at once.
+    pub max_transfers: u16,
+    /// Other namespaces whose Transfers to watch.
+    pub watch_namespaces: Vec<String>,
+    /// Running in a pod (then the Lease names it).
+    pub in_pod: bool,
+}
+
+enum Side {
+    Sender(SenderJob),
+    Receiver {
+        job: ReceiverJob,
+        dest: PathBuf,
+        striping: StripingReport,
+        reported: bool,
+    },
+}
+
+struct Job {
+    transfer: (String, String),
+    side: Side,
+    cadence: Cadence,
+    last_done: (Duration, u64),
+    progress: Option<ProgressStatus>,
+    block_size: i64,
+}
+
+/// Runs the agent until the process is stopped.
+pub async fn run(cfg: RunConfig) -> Result<()> {
+    let client = Client::try_default().await.map_err(|e| {
+        Error::Config(format!(
+            "no Kubernetes API to talk to ({e}): set KUBECONFIG or run in a pod"
+        ))
+    })?;
+    let pools: Api<DtnPool> = Api::namespaced(client.clone(), &cfg.namespace);
+    let pool = pools.get(&cfg.pool).await.map_err(|e| {
+        Error::Config(format!(
+            "cannot read DtnPool {}/{}: {e}",
+            cfg.namespace, cfg.pool
+        ))
+    })?;
+    tracing::info!(
+        agent = cfg.agent,
+        pool = cfg.pool,
+        advertise = cfg.advertise,
+        "agent starting"
+    );
+
+    let mut namespaces = vec![cfg.namespace.clone()];
+    namespaces.extend(
+        cfg.watch_namespaces
+            .iter()
+            .filter(|n| !n.is_empty() && **n != cfg.namespace)
+            .cloned(),
+    );
+    let mut stores: Vec<Store<Transfer>> = Vec::new();
+    for ns in &namespaces {
+        for label in [contract::SENDER_LABEL, contract::RECEIVER_LABEL] {
+            let (reader, writer) = reflector::store();
+            let api: Api<Transfer> = Api::namespaced(client.clone(), ns);
+            let selector = format!("{label}={}", cfg.agent);
+            tokio::spawn(
+                reflector::reflector(
+                    writer,
+                    watcher(api, watcher::Config::default().labels(&selector)),
+                )
+                .default_backoff()
+                .touched_objects()
+                .for_each(|_| async {}),
+            );
+            stores.push(reader);
+        }
+    }
+
+    let start = Instant::now();
+    let mut jobs: HashMap<JobKey, Job> = HashMap::new();
+    let mut finished: HashSet<JobKey> = HashSet::new();
+    let mut last_beat: Option<Instant> = None;
+    let mut pool = pool;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        if last_beat.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
+            if let Ok(p) = pools.get(&cfg.pool).await {
+                pool = p;
+            }
+            match heartbeat(&client, &cfg, &pool, jobs.len()).await {
+                Ok(()) => last_beat = Some(Instant::now()),
+                Err(e) => tracing::warn!("cannot renew the Lease: {e}"),
+            }
+        }
+        let mut seen: BTreeMap<String, Transfer> = BTreeMap::new();
+        for s in &stores {
+            for t in s.state() {
+                seen.insert(t.metadata.uid.clone().unwrap_or_default(), (*t).clone());
+            }
+        }
+        let transfers: Vec<Transfer> = seen.into_values().collect();
+        let by_uid: HashMap<String, &Transfer> = transfers
+            .iter()
+            .map(|t| (t.metadata.uid.clone().unwrap_or_default(), t))
+            .collect();
+
+        for (key, name) in plan::cancelled(&transfers, &cfg.agent) {
+            if let Some(mut j) = jobs.remove(&key) {
+                stop(&mut j);
+            }
+            let msg = match by_uid.get(&key.uid) {
+                Some(t) if key.role == Role::Receiver => {
+                    let n = jobs::remove_partials(Path::new(&t.spec.destination.path));
+                    format!("stopped; removed {n} temporary files")
+                }
+                _ => "stopped".to_owned(),
+            };
+            report(
+                &client,
+                &cfg,
+                &name,
+                &key,
+                ReportState::Cancelled,
+                &msg,
+                None,
+                None,
+                None,
+            )
+            .await;
+        }
+
+        let wanted = plan::wanted(&transfers, &cfg.agent);
+        for key in plan::to_stop(jobs.keys(), &wanted, &finished) {
+            if let Some(mut j) = jobs.remove(&key) {
+                tracing::info!(transfer = ?j.transfer, "assignment moved away; stopping attempt {}", key.attempt);
+                stop(&mut j);
+            }
+        }
+        for w in wanted {
+            if jobs.contains_key(&w.key) || finished.contains(&w.key) {
+                continue;
+            }
+            let Some(t) = by_uid.get(&w.key.uid) else {
+                continue;
+            };
+            match start_job(&client, &cfg, &pool, t, &w).await {
+                Ok(job) => {
+                    tracing::info!(transfer = ?w.transfer, role = ?w.key.role, attempt = w.key.attempt, "started");
+                    jobs.insert(w.key.clone(), job);
+                }
+                Err(e) => {
+                    tracing::warn!(transfer = ?w.transfer, "cannot start: {e}");
+                    report(
+                        &client,
+                        &cfg,
+                        &w.transfer,
+                        &w.key,
+                        ReportState::Failed,
+                        &e.to_string(),
+                        None,
+                        None,
+                        None,
+                    )
+                    .await;
+                    finished.insert(w.key);
+                }
+            }
+        }
+
+        let now = start.elapsed();
+        let mut done = Vec::new();
+        for (key, job) in jobs.iter_mut() {
+            if let Some(finish) = observe(&client, &cfg, key, job, now).await {
+                done.push((key.clone(), finish));
+            }
+        }
+        for (key, _) in done {
+            if let Some(mut j) = jobs.remove(&key) {
+                stop(&mut j);
+            }
+            finished.insert(key);
+        }
+    }
+}
+
+fn stop(j: &mut Job) {
+    match &mut j.side {
+        Side::Sender(s) => s.cancel(),
+        Side::Receiver { job, .. } => job.stop(),
+    }
+}
+
+async fn start_job(
+    client: &Client,
+    cfg: &RunConfig,
+    pool: &DtnPool,
+    t: &Transfer,
+    w: &Want,
+) -> Result<Job> {
+    let s = t.status.clone().unwrap_or_default();
+    let tuning = s.effective_tuning.clone().unwrap_or_else(|| {
+        t.spec
+            .tuning
+            .clone()
+            .unwrap_or_default()
+            .or(&pool.spec.tuning)
+    });
+    let block_size = tuning
+        .block_size
+        .unwrap_or(crate::defaults::BLOCK_SIZE as i64);
+    let secret_name = s
+        .token_secret
+        .clone()
+        .ok_or_else(|| Error::Config("the Transfer has no token Secret yet".into()))?;
+    let token = read_token(client, &w.transfer.0, &secret_name).await?;
+    let side = match w.key.role {
+        Role::Sender => {
+            let source =
+                jobs::under_roots(Path::new(&t.spec.source.path), &pool.spec.allowed_roots)?;
+            let dest = dest_name(&t.spec.destination.path)?;
+            let verify = match t.spec.verification {
+                Verification::None => Verify::None,
+                Verification::Checksums => Verify::Blocks,
+                Verification::Reread => Verify::Reread,
+            };
+            let endpoint = w.endpoint.clone().unwrap_or_default();
+            Side::Sender(SenderJob::start(
+                &endpoint,
+                token,
+                source,
+                dest,
+                &tuning,
+                verify,
+                t.spec.max_rate_mbps,
+            )?)
+        }
+        Role::Receiver => {
+            let dest = PathBuf::from(&t.spec.destination.path);
+            let parent = dest
+                .parent()
+                .ok_or_else(|| Error::Config("the destination has no parent directory".into()))?;
+            // The parent must be created beneath an allowed root, never above one.
+            let root = pool
+                .spec
+                .allowed_roots
+                .iter()
+                .find(|r| parent.starts_with(r))
+                .ok_or_else(|| Error::PathRefused {
+                    path: dest.display().to_string(),
+                    reason: format!(
+                        "it is not under this pool's allowedRoots ({})",
+                        pool.spec.allowed_roots.join(", ")
+                    ),
+                })?;
+            std::fs::create_dir_all(parent)
+                .map_err(|e| Error::io(format!("creating {}", parent.display()), e))?;
+            let parent = jobs::under_roots(parent, std::slice::from_ref(root))?;
+            let striping = stripe(&parent, s.effective_striping.as_ref());
+            let ports = cfg.data_port..cfg.data_port.saturating_add(cfg.max_transfers.max(1) * 2);
+            let job = ReceiverJob::start(parent, token, &tuning, ports)?;
+            Side::Receiver {
+                job,
+                dest,
+                striping,
+                reported: false,
+            }
+        }
+    };
+    Ok(Job {
+        transfer: w.transfer.clone(),
+        side,
+        cadence: Cadence::default(),
+        last_done: (Duration::ZERO, 0),
+        progress: None,
+        block_size,
+    })
+}
+
+/// The receiver's root is the destination's parent; the sender names the last component.
+fn dest_name(path: &str) -> Result<String> {
+    Path::new(path)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .ok_or_else(|| Error::Config(format!("destination {path} has no file name")))
+}
+
+fn stripe(dir: &Path, want: Option<&wirerate_crds::Striping>) -> StripingReport {
+    let (is_lustre, magic) = host::lustre(dir);
+    let none = |message: String| StripingReport {
+        applied: false,
+        stripe_count: None,
+        stripe_size: None,
+        message,
+    };
+    match (is_lustre, want) {
+        (false, _) => none(format!(
+            "{} is not on Lustre (filesystem magic {magic:#x}); no layout set",
+            dir.display()
+        )),
+        (true, None) => none("no striping asked for; files inherit the directory's layout".into()),
+        (true, Some(s)) => {
+            let out = std::process::Command::new("lfs")
+                .args([
+                    "setstripe",
+                    "-c",
+                    &s.stripe_count.to_string(),
+                    "-S",
+                    &s.stripe_size.to_string(),
+                ])
+                .arg(dir)
+                .output();
+            match out {
+                Ok(o) if o.status.success() => StripingReport {
+                    applied: true,
+                    stripe_count: Some(s.stripe_count),
+                    stripe_size: Some(s.stripe_size),
+                    message: format!("lfs setstripe on {}", dir.display()),
+                },
+                Ok(o) => none(format!(
+                    "lfs setstripe failed: {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                )),
+                Err(e) => none(format!("cannot run lfs: {e}")),
+            }
+        }
+    }
+}
+
+async fn read_token(client: &Client, ns: &str, name: &str) -> Result<Vec<u8>> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let s = api
+        .get(name)
+        .await
+        .map_err(|e| Error::Config(format!("cannot read token Secret {ns}/{name}: {e}")))?;
+    s.data
+        .and_then(|d| d.get(contract::TOKEN_KEY).cloned())
+        .map(|b| b.0)
+        .filter(|b| !b.is_empty())
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "Secret {ns}/{name} has no '{}' key",
+                contract::TOKEN_KEY
+            ))
+        })
+}
+
+/// Looks at a running job; reports what changed. Some(()) when it is over.
+async fn observe(
+    client: &Client,
+    cfg: &RunConfig,
+    key: &JobKey,
+    job: &mut Job,
+    now: Duration,
+) -> Option<()> {
+    match &mut job.side {
+        Side::Sender(s) => {
+            let total = s.progress.total.load(Ordering::Relaxed);
+            let done = s.progress.done.load(Ordering::Relaxed);
+            if let Some(outcome) = s.outcome() {
+                let (state, msg) = match outcome {
+                    Ok(sum) if sum.ok => (
+                        ReportState::Succeeded,
+                        format!(
+                            "{} in {:.1} s at {:.2} Gbit/s, digest {}",
+                            fmt_bytes(sum.bytes_total),
+                            sum.seconds,
+                            sum.gbps,
+                            sum.digest
+                        ),
+                    ),
+                    Ok(sum) => (
+                        ReportState::Failed,
+                        sum.failures
+                            .iter()
+                            .map(|f| format!("{}: {}", f.path, f.message))
+                            .collect::<Vec<_>>()
+                            .join("; "),
+                    ),
+                    Err(e) => (ReportState::Failed, e),
+                };
+                job.progress = Some(progress(key, total, done, job.block_size, 0, Some(0)));
+                report(
+                    client,
+                    cfg,
+                    &job.transfer,
+                    key,
+                    state,
+                    &msg,
+                    job.progress.as_ref(),
+                    None,
+                    None,
+                )
+                .await;
+                return Some(());
+            }
+            let changed = done != job.last_done.1;
+            if job.cadence.due(now, changed) {
+                let secs = now.saturating_sub(job.last_done.0).as_secs_f64().max(0.001);
+                let rate = ((done.saturating_sub(job.last_done.1)) as f64 / secs) as i64;
+                let eta = (rate > 0).then(|| (total.saturating_sub(done)) as i64 / rate);
+                job.last_done = (now, done);
+                job.progress = Some(progress(key, total, done, job.block_size, rate, eta));
+                let state = if total > 0 && done >= total {
+                    ReportState::Verifying
+                } else {
+                    ReportState::Running
+                };
+                report(
+                    client,
+                    cfg,
+                    &job.transfer,
+                    key,
+                    state,
+                    "",
+                    job.progress.as_ref(),
+                    None,
+                    None,
+                )
+                .await;
+            }
+            None
+        }
+        Side::Receiver {
+            job: rj,
+            striping,
+            reported,
+            dest,
+        } => {
+            let sums = rj.summaries();
+            let endpoint = format!("{}:{}", cfg.advertise, rj.port);
+            if let Some(s) = sums.iter().find(|s| s.outcome == "complete") {
+                let msg = format!(
+                    "{} verified into {}: {} written this attempt, {} resumed",
+                    s.files_ok,
+                    dest.display(),
+                    fmt_bytes(s.bytes_written),
+                    fmt_bytes(s.bytes_skipped_resume)
+                );
+                report(
+                    client,
+                    cfg,
+                    &job.transfer,
+                    key,
+                    ReportState::Succeeded,
+                    &msg,
+                    None,
+                    Some(striping),
+                    Some(&endpoint),
+                )
+                .await;
+                return Some(());
+            }
+            if let Some(s) = sums.iter().find(|s| s.outcome.starts_with("failed")) {
+                report(
+                    client,
+                    cfg,
+                    &job.transfer,
+                    key,
+                    ReportState::Failed,
+                    &s.outcome,
+                    None,
+                    Some(striping),
+                    Some(&endpoint),
+                )
+                .await;
+                return Some(());
+            }
+            if !*reported || job.cadence.due(now, false) {
+                *reported = report(
+                    client,
+                    cfg,
+                    &job.transfer,
+                    key,
+                    ReportState::Running,
+                    &format!("listening on {endpoint}"),
+                    None,
+                    Some(striping),
+                    Some(&endpoint),
+                )
+                .await;
+            }
+            None
+        }
+    }
+}
+
+fn progress(
+    key: &JobKey,
+    total: u64,
+    done: u64,
+    block: i64,
+    rate: i64,
+    eta: Option<i64>,
+) -> ProgressStatus {
+    let block = block.max(1) as u64;
+    let pct = if total == 0 {
+        100.0
+    } else {
+        done as f64 * 100.0 / total as f64
+    };
+    ProgressStatus {
+        attempt: key.attempt,
+        bytes_done: done as i64,
+        bytes_total: total as i64,
+        blocks_done: done.div_ceil(block) as i64,
+        blocks_total: total.div_ceil(block) as i64,
+        percent: format!("{pct:.0}%"),
+        rate_bps: rate,
+        rate: format!("{:.2} Gbit/s", rate as f64 * 8.0 / 1e9),
+        eta_seconds: eta,
+        updated_at: Time(Timestamp::now()),
+    }
+}
+
+/// Applies this agent's report (and the fields its role owns). True if the API took it.
+#[allow(clippy::too_many_arguments)]
+async fn report(
+    client: &Client,
+    cfg: &RunConfig,
+    (ns, name): &(String, String),
+    key: &JobKey,
+    state: ReportState,
+    message: &str,
+    progress: Option<&ProgressStatus>,
+    striping: Option<&StripingReport>,
+    endpoint: Option<&str>,
+) -> bool {
+    let api: Api<Transfer> = Api::namespaced(client.clone(), ns);
+    let mut status = json!({
+        "reports": [{
+            "role": key.role,
+            "agent": cfg.agent,
+            "attempt": key.attempt,
+            "state": state,
+            "message": message.chars().take(1000).collect::<String>(),
+            "endpoint": endpoint,
+            "updatedAt": Time(Timestamp::now()),
+        }]
+    });
+    if let Some(p) = progress {
+        status["progress"] = json!(p);
+    }
+    if let Some(s) = striping {
+        status["striping"] = json!(s);
+    }
+    let patch = json!({"apiVersion": "wirerate.io/v1alpha1", "kind": "Transfer", "status": status});
+    let pp = PatchParams::apply(&contract::agent_manager(&cfg.agent)).force();
+    match api.patch_status(name, &pp, &Patch::Apply(&patch)).await {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(transfer = name, "cannot report: {e}");
+            false
+        }
+    }
+}
+
+async fn heartbeat(client: &Client, cfg: &RunConfig, pool: &DtnPool, active: usize) -> Result<()> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), &cfg.namespace);
+    let name = contract::lease_name(&cfg.pool, &cfg.agent);
+    let interface = std::env::var(contract::ENV_INTERFACE).ok();
+    let findings = host::preflight(
+        &pool.spec.preflight,
+        pool.spec.mtu,
+        &host::Readings::read(interface.as_deref()),
+    );
+    let mut annotations = BTreeMap::from([
+        (
+            contract::ADDRESS_ANNOTATION.to_owned(),
+            format!("{}:{}", cfg.advertise, cfg.data_port),
+        ),
+        (contract::NODE_ANNOTATION.to_owned(), cfg.node.clone()),
+        (
+            contract::CAPACITY_ANNOTATION.to_owned(),
+            cfg.max_transfers.to_string(),
+        ),
+        (contract::ACTIVE_ANNOTATION.to_owned(), active.to_string()),
+        (
+            contract::PREFLIGHT_ANNOTATION.to_owned(),
+            serde_json::to_string(&findings).unwrap_or_default(),
+        ),
+    ]);
+    if cfg.in_pod {
+        annotations.insert(contract::POD_ANNOTATION.to_owned(), cfg.agent.clone());
+    }
+    let lease = json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "labels": {contract::POOL_LABEL: cfg.pool}, "annotations": annotations},
+        "spec": {
+            "holderIdentity": cfg.agent,
+            "leaseDurationSeconds": contract::LEASE_SECONDS,
+            "renewTime": MicroTime(Timestamp::now()),
+        }
+    });
+    let pp = PatchParams::apply(&contract::agent_manager(&cfg.agent)).force();
+    api.patch(&name, &pp, &Patch::Apply(&lease))
+        .await
+        .map_err(|e| Error::Config(format!("Lease {name}: {e}")))?;
+    Ok(())
+}

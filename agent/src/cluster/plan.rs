@@ -1,0 +1,277 @@
+//! What this agent should be running, from the Transfers it can see, and
+//! when to report. Pure: tested without a cluster or a clock.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use wirerate_crds::Transfer;
+use wirerate_crds::transfer::{ReportState, Role};
+
+/// One side of one attempt of one Transfer.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct JobKey {
+    /// Transfer uid.
+    pub uid: String,
+    /// Our side.
+    pub role: Role,
+    /// Attempt number.
+    pub attempt: i32,
+}
+
+/// A job to run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Want {
+    /// Identity.
+    pub key: JobKey,
+    /// Namespace and name of the Transfer.
+    pub transfer: (String, String),
+    /// For a sender: where the receiver listens.
+    pub endpoint: Option<String>,
+}
+
+fn my_report_state(t: &Transfer, me: &str, key: &JobKey) -> Option<ReportState> {
+    t.status
+        .as_ref()?
+        .reports
+        .iter()
+        .find(|r| r.role == key.role && r.attempt == key.attempt && r.agent == me)
+        .map(|r| r.state)
+}
+
+/// Jobs `me` should run now. A sender waits until the receiver of the same
+/// attempt has said where it listens.
+pub fn wanted(transfers: &[Transfer], me: &str) -> Vec<Want> {
+    let mut out = Vec::new();
+    for t in transfers {
+        let Some(s) = &t.status else { continue };
+        if t.metadata.deletion_timestamp.is_some()
+            || s.phase.is_some_and(|p| p.is_final())
+            || s.attempt < 1
+        {
+            continue;
+        }
+        let uid = t.metadata.uid.clone().unwrap_or_default();
+        let name = (
+            t.metadata.namespace.clone().unwrap_or_default(),
+            t.metadata.name.clone().unwrap_or_default(),
+        );
+        for (role, who) in [(Role::Sender, &s.sender), (Role::Receiver, &s.receiver)] {
+            if who.as_ref().is_none_or(|a| a.name != me) {
+                continue;
+            }
+            let key = JobKey {
+                uid: uid.clone(),
+                role,
+                attempt: s.attempt,
+            };
+            if matches!(
+                my_report_state(t, me, &key),
+                Some(ReportState::Succeeded | ReportState::Failed | ReportState::Cancelled)
+            ) {
+                continue;
+            }
+            let endpoint = match role {
+                Role::Receiver => None,
+                Role::Sender => match &t.spec.destination.external {
+                    Some(ext) => Some(ext.address.clone()),
+                    None => match s
+                        .reports
+                        .iter()
+                        .find(|r| r.role == Role::Receiver && r.attempt == s.attempt)
+                        .and_then(|r| r.endpoint.clone())
+                    {
+                        Some(e) => Some(e),
+                        None => continue,
+                    },
+                },
+            };
+            out.push(Want {
+                key,
+                transfer: name.clone(),
+                endpoint,
+            });
+        }
+    }
+    out
+}
+
+/// Transfers being deleted on which `me` still has to stop and clean up.
+pub fn cancelled(transfers: &[Transfer], me: &str) -> Vec<(JobKey, (String, String))> {
+    let mut out = Vec::new();
+    for t in transfers {
+        let Some(s) = &t.status else { continue };
+        if t.metadata.deletion_timestamp.is_none() || s.phase.is_some_and(|p| p.is_final()) {
+            continue;
+        }
+        for (role, who) in [(Role::Sender, &s.sender), (Role::Receiver, &s.receiver)] {
+            if who.as_ref().is_some_and(|a| a.name == me) {
+                let key = JobKey {
+                    uid: t.metadata.uid.clone().unwrap_or_default(),
+                    role,
+                    attempt: s.attempt,
+                };
+                if my_report_state(t, me, &key) != Some(ReportState::Cancelled) {
+                    out.push((
+                        key,
+                        (
+                            t.metadata.namespace.clone().unwrap_or_default(),
+                            t.metadata.name.clone().unwrap_or_default(),
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Running jobs that are no longer wanted (the assignment moved, or a new attempt began).
+pub fn to_stop<'a>(
+    running: impl IntoIterator<Item = &'a JobKey>,
+    wanted: &[Want],
+    finished: &HashSet<JobKey>,
+) -> Vec<JobKey> {
+    let keep: HashSet<&JobKey> = wanted.iter().map(|w| &w.key).collect();
+    running
+        .into_iter()
+        .filter(|k| !keep.contains(k) && !finished.contains(k))
+        .cloned()
+        .collect()
+}
+
+/// Progress reports: not more often than every 2 s, and at least every 10 s.
+#[derive(Debug, Default)]
+pub struct Cadence {
+    last: Option<Duration>,
+}
+
+impl Cadence {
+    /// Shortest gap between two reports.
+    pub const MIN: Duration = Duration::from_secs(2);
+    /// Longest silence.
+    pub const MAX: Duration = Duration::from_secs(10);
+
+    /// Whether to report at `now` (time since any fixed start), given whether
+    /// anything changed since the last report. Records the report if so.
+    pub fn due(&mut self, now: Duration, changed: bool) -> bool {
+        let due = match self.last {
+            None => true,
+            Some(last) => {
+                let gap = now.saturating_sub(last);
+                gap >= Self::MAX || (changed && gap >= Self::MIN)
+            }
+        };
+        if due {
+            self.last = Some(now);
+        }
+        due
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use wirerate_crds::transfer::{AgentRef, AgentReport};
+    use wirerate_crds::{TransferPhase, TransferStatus};
+
+    fn xfer(sender: &str, receiver: &str, attempt: i32) -> Transfer {
+        let spec = serde_json::from_value(serde_json::json!({
+            "source": {"pool": "a", "path": "/in/f"},
+            "destination": {"pool": "b", "path": "/out/f"},
+        }))
+        .unwrap();
+        let mut t = Transfer::new("t", spec);
+        t.metadata.namespace = Some("ns".into());
+        t.metadata.uid = Some("u1".into());
+        let r = |n: &str| AgentRef {
+            name: n.into(),
+            pool: "p".into(),
+            address: None,
+            node: None,
+        };
+        t.status = Some(TransferStatus {
+            phase: Some(TransferPhase::Running),
+            attempt,
+            sender: Some(r(sender)),
+            receiver: Some(r(receiver)),
+            ..Default::default()
+        });
+        t
+    }
+
+    fn report(
+        t: &mut Transfer,
+        role: Role,
+        agent: &str,
+        state: ReportState,
+        endpoint: Option<&str>,
+    ) {
+        let s = t.status.as_mut().unwrap();
+        let attempt = s.attempt;
+        s.reports.push(AgentReport {
+            role,
+            agent: agent.into(),
+            attempt,
+            state,
+            message: String::new(),
+            endpoint: endpoint.map(Into::into),
+            updated_at: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        });
+    }
+
+    #[test]
+    fn the_sender_waits_for_the_receivers_endpoint() {
+        let mut t = xfer("s", "r", 1);
+        assert_eq!(wanted(std::slice::from_ref(&t), "r").len(), 1);
+        assert!(wanted(std::slice::from_ref(&t), "s").is_empty());
+        report(
+            &mut t,
+            Role::Receiver,
+            "r",
+            ReportState::Running,
+            Some("10.0.0.2:7700"),
+        );
+        let w = wanted(std::slice::from_ref(&t), "s");
+        assert_eq!(w[0].endpoint.as_deref(), Some("10.0.0.2:7700"));
+        assert!(wanted(std::slice::from_ref(&t), "nobody").is_empty());
+    }
+
+    #[test]
+    fn a_new_attempt_replaces_the_old_job_and_finished_jobs_stay_finished() {
+        let t1 = xfer("s", "r", 1);
+        let old = wanted(std::slice::from_ref(&t1), "r");
+        let t2 = xfer("s", "r2", 2);
+        let now = wanted(std::slice::from_ref(&t2), "r");
+        assert!(now.is_empty(), "r lost its assignment");
+        assert_eq!(
+            to_stop([&old[0].key], &now, &HashSet::new()),
+            vec![old[0].key.clone()]
+        );
+
+        let mut done = xfer("s", "r", 1);
+        report(&mut done, Role::Receiver, "r", ReportState::Succeeded, None);
+        assert!(wanted(&[done], "r").is_empty());
+    }
+
+    #[test]
+    fn deletion_asks_each_assigned_agent_to_clean_up_once() {
+        let mut t = xfer("s", "r", 1);
+        t.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        assert!(wanted(std::slice::from_ref(&t), "r").is_empty());
+        assert_eq!(cancelled(std::slice::from_ref(&t), "r").len(), 1);
+        report(&mut t, Role::Receiver, "r", ReportState::Cancelled, None);
+        assert!(cancelled(&[t], "r").is_empty());
+    }
+
+    #[test]
+    fn cadence_between_two_and_ten_seconds() {
+        let mut c = Cadence::default();
+        let s = Duration::from_secs;
+        assert!(c.due(s(0), false), "first report at once");
+        assert!(!c.due(s(1), true), "not within 2 s");
+        assert!(c.due(s(2), true));
+        assert!(!c.due(s(5), false), "nothing new, not yet 10 s");
+        assert!(c.due(s(12), false), "at least every 10 s");
+    }
+}
