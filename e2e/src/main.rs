@@ -1,0 +1,404 @@
+//! wirerate end to end against a real API server (WIRERATE_E2E_KUBECONFIG):
+//! CRDs applied, the operator and three agents as local processes (two
+//! receivers sharing one destination directory, one sender), two pools, a
+//! 1 GiB Transfer checked byte for byte, then the same with the receiving
+//! agent killed mid-transfer: the failover is counted, the new receiver
+//! resumes from the checkpoint, and the file is identical.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, CustomResourceExt};
+use serde_json::json;
+use tokio::process::{Child, Command};
+use wirerate_crds::{DtnPool, Transfer, TransferPhase};
+
+const MANAGER: &str = "wirerate-e2e";
+
+struct Procs(Vec<(String, Child)>);
+
+impl Procs {
+    fn kill(&mut self, name: &str) {
+        if let Some((_, c)) = self.0.iter_mut().find(|(n, _)| n == name) {
+            let _ = c.start_kill();
+        }
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.0 {
+            let _ = c.start_kill();
+        }
+    }
+}
+
+fn bin(name: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join("target"));
+    dir.join("release").join(name)
+}
+
+fn spawn(
+    procs: &mut Procs,
+    name: &str,
+    program: &Path,
+    args: &[String],
+    kubeconfig: &str,
+    log_dir: &Path,
+) -> Result<()> {
+    let log = std::fs::File::create(log_dir.join(format!("{name}.log")))?;
+    let child = Command::new(program)
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .stdout(Stdio::from(log.try_clone()?))
+        .stderr(Stdio::from(log))
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", program.display()))?;
+    procs.0.push((name.to_owned(), child));
+    Ok(())
+}
+
+fn same_file(a: &Path, b: &Path) -> Result<bool> {
+    let (mut fa, mut fb) = (std::fs::File::open(a)?, std::fs::File::open(b)?);
+    if fa.metadata()?.len() != fb.metadata()?.len() {
+        return Ok(false);
+    }
+    let (mut ba, mut bb) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    loop {
+        let n = fa.read(&mut ba)?;
+        if n == 0 {
+            return Ok(true);
+        }
+        fb.read_exact(&mut bb[..n])?;
+        if ba[..n] != bb[..n] {
+            return Ok(false);
+        }
+    }
+}
+
+/// `len` bytes of xorshift noise: incompressible, and different every run.
+fn write_random(path: &Path, len: usize) -> Result<()> {
+    use std::io::Write;
+    let mut x = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos() as u64
+        | 1;
+    let mut out = std::io::BufWriter::with_capacity(1 << 22, std::fs::File::create(path)?);
+    let mut buf = vec![0u8; 1 << 20];
+    for _ in 0..len / buf.len() {
+        for chunk in buf.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            chunk.copy_from_slice(&x.to_le_bytes());
+        }
+        out.write_all(&buf)?;
+    }
+    out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    Ok(())
+}
+
+async fn wait_for<F: Fn(&Transfer) -> bool>(
+    api: &Api<Transfer>,
+    name: &str,
+    what: &str,
+    limit: Duration,
+    f: F,
+) -> Result<Transfer> {
+    let start = Instant::now();
+    let mut last = String::new();
+    loop {
+        let t = api.get(name).await?;
+        let s = t.status.clone().unwrap_or_default();
+        let line = format!(
+            "{name}: {:?} attempt {} sender {} receiver {} progress {}",
+            s.phase.unwrap_or_default(),
+            s.attempt,
+            s.sender.as_ref().map_or("-", |a| a.name.as_str()),
+            s.receiver.as_ref().map_or("-", |a| a.name.as_str()),
+            s.progress
+                .as_ref()
+                .map_or("-".to_owned(), |p| format!("{} {}", p.percent, p.rate)),
+        );
+        if line != last {
+            println!("  {line}");
+            last = line;
+        }
+        if f(&t) {
+            return Ok(t);
+        }
+        if s.phase == Some(TransferPhase::Failed) {
+            bail!(
+                "{name} failed while waiting for {what}: {:#?}",
+                s.conditions
+            );
+        }
+        if start.elapsed() > limit {
+            bail!("{name}: no {what} within {limit:?}; last status: {s:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn pool(name: &str, root: &Path) -> Result<DtnPool> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "wirerate.io/v1alpha1", "kind": "DtnPool", "metadata": {"name": name},
+        "spec": {
+            // The agents run as local processes; the StatefulSet is rendered with no pods.
+            "replicas": 0,
+            "image": "wirerate-agent:e2e",
+            "volumes": [{"name": "data", "mountPath": root, "hostPath": root}],
+            "allowedRoots": [root],
+            "maxTransfersPerAgent": 1,
+            "tuning": {"streams": 4, "blockSize": 4194304, "ioMode": "Async"},
+        }
+    }))?)
+}
+
+fn transfer(name: &str, from: &Path, to: &Path, rate_mbps: Option<i64>) -> Result<Transfer> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "wirerate.io/v1alpha1", "kind": "Transfer", "metadata": {"name": name},
+        "spec": {
+            "source": {"pool": "senders", "path": from},
+            "destination": {"pool": "receivers", "path": to},
+            "maxRateMbps": rate_mbps,
+            "maxFailovers": 2,
+        }
+    }))?)
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let kubeconfig =
+        std::env::var("WIRERATE_E2E_KUBECONFIG").context("WIRERATE_E2E_KUBECONFIG is not set")?;
+    let client = {
+        let opts = kube::config::KubeConfigOptions::default();
+        let kc = kube::config::Kubeconfig::read_from(&kubeconfig)?;
+        Client::try_from(kube::Config::from_custom_kubeconfig(kc, &opts).await?)?
+    };
+    let ns = format!("wirerate-e2e-{}", std::process::id());
+    let work = std::env::temp_dir().join(&ns);
+    let (src, dst, logs) = (work.join("src"), work.join("dst"), work.join("logs"));
+    for d in [&src, &dst, &logs] {
+        std::fs::create_dir_all(d)?;
+    }
+    println!(
+        "e2e: namespace {ns}, files and logs under {}",
+        work.display()
+    );
+
+    println!("== CRDs");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in [DtnPool::crd(), Transfer::crd()] {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        crds.patch(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&crd),
+        )
+        .await?;
+        kube::runtime::wait::await_condition(
+            crds.clone(),
+            &name,
+            kube::runtime::wait::conditions::is_crd_established(),
+        )
+        .await
+        .with_context(|| format!("CRD {name} never became Established"))?;
+    }
+    let nss: Api<Namespace> = Api::all(client.clone());
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+    )
+    .await?;
+
+    let result = run(&client, &ns, &kubeconfig, &src, &dst, &logs).await;
+    let _ = nss.delete(&ns, &DeleteParams::default()).await;
+    match &result {
+        Ok(()) => {
+            let _ = std::fs::remove_dir_all(&work);
+            println!("e2e: PASSED");
+        }
+        Err(e) => println!("e2e: FAILED: {e:#}\n(logs kept in {})", logs.display()),
+    }
+    result
+}
+
+async fn run(
+    client: &Client,
+    ns: &str,
+    kubeconfig: &str,
+    src: &Path,
+    dst: &Path,
+    logs: &Path,
+) -> Result<()> {
+    println!("== a 1 GiB source file");
+    let file = src.join("run-1.dat");
+    write_random(&file, 1 << 30)?;
+
+    println!("== operator and agents (local processes)");
+    let mut procs = Procs(Vec::new());
+    let op_args: Vec<String> = vec![
+        "--namespace".into(),
+        ns.into(),
+        "--metrics-addr".into(),
+        "127.0.0.1:0".into(),
+    ];
+    spawn(
+        &mut procs,
+        "operator",
+        &bin("wirerate-operator"),
+        &op_args,
+        kubeconfig,
+        logs,
+    )?;
+    for (name, pool, port) in [
+        ("recv-a", "receivers", 17700),
+        ("recv-b", "receivers", 17800),
+        ("send-a", "senders", 17900),
+    ] {
+        let args: Vec<String> = [
+            "run",
+            "--agent-name",
+            name,
+            "--namespace",
+            ns,
+            "--pool",
+            pool,
+            "--advertise",
+            "127.0.0.1",
+            "--data-port",
+            &port.to_string(),
+            "--metrics-port",
+            "0",
+            "--max-transfers",
+            "1",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        spawn(
+            &mut procs,
+            name,
+            &bin("wirerate-agent"),
+            &args,
+            kubeconfig,
+            logs,
+        )?;
+    }
+    let pools: Api<DtnPool> = Api::namespaced(client.clone(), ns);
+    for p in [pool("senders", src)?, pool("receivers", dst)?] {
+        pools.create(&PostParams::default(), &p).await?;
+    }
+    let transfers: Api<Transfer> = Api::namespaced(client.clone(), ns);
+
+    println!("== transfer 1: straight through");
+    let out = dst.join("run-1.dat");
+    transfers
+        .create(&PostParams::default(), &transfer("one", &file, &out, None)?)
+        .await?;
+    let t = wait_for(
+        &transfers,
+        "one",
+        "success",
+        Duration::from_secs(600),
+        |t| t.status.as_ref().and_then(|s| s.phase) == Some(TransferPhase::Succeeded),
+    )
+    .await?;
+    ensure!(
+        same_file(&file, &out)?,
+        "transfer one: {} differs from {}",
+        out.display(),
+        file.display()
+    );
+    let s = t.status.unwrap_or_default();
+    println!(
+        "  identical; average {}",
+        s.average_rate.unwrap_or_default()
+    );
+
+    println!("== transfer 2: the receiving agent killed mid-transfer");
+    let out2 = dst.join("run-1-again.dat");
+    // A rate cap keeps the transfer long enough to kill its receiver in the middle.
+    transfers
+        .create(
+            &PostParams::default(),
+            &transfer("two", &file, &out2, Some(1500))?,
+        )
+        .await?;
+    let t = wait_for(
+        &transfers,
+        "two",
+        "30% progress",
+        Duration::from_secs(300),
+        |t| {
+            t.status
+                .as_ref()
+                .and_then(|s| s.progress.as_ref())
+                .is_some_and(|p| p.bytes_done * 10 >= p.bytes_total * 3 && p.attempt == 1)
+        },
+    )
+    .await?;
+    let victim = t
+        .status
+        .as_ref()
+        .and_then(|s| s.receiver.clone())
+        .context("no receiver")?
+        .name;
+    println!("  killing {victim}");
+    procs.kill(&victim);
+    let t = wait_for(
+        &transfers,
+        "two",
+        "success after failover",
+        Duration::from_secs(600),
+        |t| t.status.as_ref().and_then(|s| s.phase) == Some(TransferPhase::Succeeded),
+    )
+    .await?;
+    let s = t.status.unwrap_or_default();
+    ensure!(
+        s.failovers.len() == 1,
+        "expected one failover, status says {:?}",
+        s.failovers
+    );
+    ensure!(
+        s.failovers[0].agent == victim,
+        "the failover names {}, not {victim}",
+        s.failovers[0].agent
+    );
+    let receiver = s.receiver.context("no receiver after failover")?.name;
+    ensure!(receiver != victim, "still assigned to the killed agent");
+    let report = s
+        .reports
+        .iter()
+        .find(|r| r.agent == receiver)
+        .context("no report of the new receiver")?;
+    println!("  new receiver {receiver}: {}", report.message);
+    ensure!(
+        !report.message.contains(" 0 B resumed"),
+        "the new receiver did not resume from the checkpoint: {}",
+        report.message
+    );
+    ensure!(
+        same_file(&file, &out2)?,
+        "transfer two: {} differs from {}",
+        out2.display(),
+        file.display()
+    );
+    println!(
+        "  identical after failover ({} failover: {})",
+        s.failovers.len(),
+        s.failovers[0].reason
+    );
+    Ok(())
+}
