@@ -81,8 +81,8 @@ pub struct View {
 }
 
 impl Context {
-    /// A context on `client` reading `stores`.
-    pub fn new(client: Client, stores: Stores, identity: &str) -> Self {
+    /// A context on `client` reading `stores`, counting into `metrics`.
+    pub fn new(client: Client, stores: Stores, metrics: Metrics, identity: &str) -> Self {
         let reporter = Reporter {
             controller: "wirerate-operator".into(),
             instance: Some(identity.into()),
@@ -90,7 +90,7 @@ impl Context {
         Self {
             recorder: Recorder::new(client.clone(), reporter),
             client,
-            metrics: Metrics::default(),
+            metrics,
             stores,
             ledger: Mutex::default(),
             schedule: tokio::sync::Mutex::new(()),

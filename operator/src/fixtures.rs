@@ -139,7 +139,7 @@ impl Double {
             leases: leases_r,
             pods: pods_r,
         };
-        let ctx = Arc::new(Context::new(client, stores, "test"));
+        let ctx = Arc::new(Context::new(client, stores, Default::default(), "test"));
         Self {
             ctx,
             calls,

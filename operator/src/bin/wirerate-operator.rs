@@ -34,7 +34,17 @@ struct Args {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -74,6 +84,9 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
         .await
         .with_context(|| format!("cannot listen on {}", args.metrics_addr))?;
+    // Served before leading, so a standby replica is ready and a rollout proceeds.
+    let metrics = wirerate_operator::metrics::Metrics::default();
+    tokio::spawn(http::serve(listener, Arc::new(metrics.clone())));
     tracing::info!(
         identity,
         namespace = args.namespace,
@@ -123,10 +136,8 @@ async fn main() -> anyhow::Result<()> {
         leases,
         pods,
     };
-    let ctx = Arc::new(Context::new(client.clone(), stores, &identity));
+    let ctx = Arc::new(Context::new(client.clone(), stores, metrics, &identity));
 
-    let metrics = Arc::new(ctx.metrics.clone());
-    tokio::spawn(http::serve(listener, metrics));
     tokio::spawn(lease_watch);
     tokio::spawn(pod_watch);
     tokio::spawn(gauges(ctx.clone()));
