@@ -52,20 +52,19 @@ pub struct Assignment {
     /// Attempt number.
     pub attempt: i32,
     /// Sender agent.
-    pub sender: Option<String>,
+    pub sender: Option<AgentRef>,
     /// Receiver agent.
-    pub receiver: Option<String>,
+    pub receiver: Option<AgentRef>,
 }
 
 impl Assignment {
     /// The assignment a Transfer's status records.
     pub fn of(t: &Transfer) -> Self {
         let s = t.status.clone().unwrap_or_default();
-        let name = |a: Option<AgentRef>| a.map(|a| a.name);
         Self {
             attempt: s.attempt,
-            sender: name(s.sender),
-            receiver: name(s.receiver),
+            sender: s.sender,
+            receiver: s.receiver,
         }
     }
 }
@@ -156,16 +155,8 @@ impl Context {
 fn overlay(t: &mut Transfer, a: &Assignment) {
     let s = t.status.get_or_insert_with(Default::default);
     s.attempt = a.attempt;
-    let r = |name: &Option<String>| {
-        name.clone().map(|name| AgentRef {
-            name,
-            pool: String::new(),
-            address: None,
-            node: None,
-        })
-    };
-    s.sender = r(&a.sender);
-    s.receiver = r(&a.receiver);
+    s.sender = a.sender.clone();
+    s.receiver = a.receiver.clone();
 }
 
 impl View {

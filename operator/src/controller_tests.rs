@@ -215,6 +215,14 @@ async fn higher_priority_gets_the_only_slot_and_the_other_queues() {
         .unwrap();
     assert_eq!(sched.body["reason"], "Scheduled");
 
+    // Looked at again before the cache shows the assignment: the ledger's copy
+    // keeps it whole (agents, pools, addresses), not a stub.
+    reconcile(&d, &high).await;
+    let again = d.last_status("/transfers/high");
+    assert_eq!(again["receiver"]["pool"], "dst");
+    assert_eq!(again["receiver"]["address"], "r0.example:7700");
+    assert_eq!(again["attempt"], 1);
+
     // The ledger counts high's slot before the cache shows it: mid takes the
     // last one and low still waits.
     reconcile(&d, &mid).await;

@@ -248,17 +248,17 @@ async fn write(t: &Transfer, ctx: &Context, api: &Api<Transfer>, s: &TransferSta
     let old = t.status.clone().unwrap_or_default();
     let assigned = Assignment {
         attempt: s.attempt,
-        sender: s.sender.as_ref().map(|a| a.name.clone()),
-        receiver: s.receiver.as_ref().map(|a| a.name.clone()),
+        sender: s.sender.clone(),
+        receiver: s.receiver.clone(),
     };
     let live = !s.phase.is_some_and(|p| p.is_final());
     let mut labels = serde_json::Map::new();
     if live {
         if let Some(a) = &assigned.sender {
-            labels.insert(contract::SENDER_LABEL.into(), json!(a));
+            labels.insert(contract::SENDER_LABEL.into(), json!(a.name));
         }
         if let Some(a) = &assigned.receiver {
-            labels.insert(contract::RECEIVER_LABEL.into(), json!(a));
+            labels.insert(contract::RECEIVER_LABEL.into(), json!(a.name));
         }
     }
     let current: BTreeMap<String, String> = t
