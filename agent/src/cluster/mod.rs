@@ -68,6 +68,8 @@ enum Side {
 
 struct Job {
     transfer: (String, String),
+    /// Where a sender sends; a receiver that restarted listens elsewhere.
+    endpoint: Option<String>,
     side: Side,
     cadence: Cadence,
     last_done: (Duration, u64),
@@ -184,6 +186,13 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
             }
         }
         for w in wanted {
+            if let Some(j) = jobs.get_mut(&w.key)
+                && j.endpoint != w.endpoint
+            {
+                tracing::info!(transfer = ?j.transfer, "the receiver moved to {:?}; following it", w.endpoint);
+                stop(j);
+                jobs.remove(&w.key);
+            }
             if jobs.contains_key(&w.key) || finished.contains(&w.key) {
                 continue;
             }
@@ -315,6 +324,7 @@ async fn start_job(
     };
     Ok(Job {
         transfer: w.transfer.clone(),
+        endpoint: w.endpoint.clone(),
         side,
         cadence: Cadence::default(),
         last_done: (Duration::ZERO, 0),
@@ -475,9 +485,32 @@ async fn observe(
         } => {
             let sums = rj.summaries();
             let endpoint = format!("{}:{}", cfg.advertise, rj.port);
+            if let Some(s) = sums
+                .iter()
+                .find(|s| s.outcome == "complete" && s.files_failed > 0)
+            {
+                let msg = format!(
+                    "{} of {} files failed verification",
+                    s.files_failed,
+                    s.files_failed + s.files_ok
+                );
+                report(
+                    client,
+                    cfg,
+                    &job.transfer,
+                    key,
+                    ReportState::Failed,
+                    &msg,
+                    None,
+                    Some(striping),
+                    Some(&endpoint),
+                )
+                .await;
+                return Some(());
+            }
             if let Some(s) = sums.iter().find(|s| s.outcome == "complete") {
                 let msg = format!(
-                    "{} verified into {}: {} written this attempt, {} resumed",
+                    "{} file(s) verified into {}: {} written this attempt, {} resumed",
                     s.files_ok,
                     dest.display(),
                     fmt_bytes(s.bytes_written),
@@ -580,10 +613,12 @@ async fn report(
             "attempt": key.attempt,
             "state": state,
             "message": message.chars().take(1000).collect::<String>(),
-            "endpoint": endpoint,
             "updatedAt": Time(Timestamp::now()),
         }]
     });
+    if let Some(e) = endpoint {
+        status["reports"][0]["endpoint"] = json!(e);
+    }
     if let Some(p) = progress {
         status["progress"] = json!(p);
     }
