@@ -485,59 +485,39 @@ async fn observe(
         } => {
             let sums = rj.summaries();
             let endpoint = format!("{}:{}", cfg.advertise, rj.port);
-            if let Some(s) = sums
-                .iter()
-                .find(|s| s.outcome == "complete" && s.files_failed > 0)
-            {
-                let msg = format!(
-                    "{} of {} files failed verification",
-                    s.files_failed,
-                    s.files_failed + s.files_ok
-                );
-                report(
-                    client,
-                    cfg,
-                    &job.transfer,
-                    key,
+            let complete = sums.iter().find(|s| s.outcome == "complete");
+            let verdict = match complete {
+                Some(s) if s.files_failed > 0 => Some((
                     ReportState::Failed,
-                    &msg,
-                    None,
-                    Some(striping),
-                    Some(&endpoint),
-                )
-                .await;
-                return Some(());
-            }
-            if let Some(s) = sums.iter().find(|s| s.outcome == "complete") {
-                let msg = format!(
-                    "{} file(s) verified into {}: {} written this attempt, {} resumed",
-                    s.files_ok,
-                    dest.display(),
-                    fmt_bytes(s.bytes_written),
-                    fmt_bytes(s.bytes_skipped_resume)
-                );
-                report(
-                    client,
-                    cfg,
-                    &job.transfer,
-                    key,
+                    format!(
+                        "{} of {} files failed verification",
+                        s.files_failed,
+                        s.files_failed + s.files_ok
+                    ),
+                )),
+                Some(s) => Some((
                     ReportState::Succeeded,
-                    &msg,
-                    None,
-                    Some(striping),
-                    Some(&endpoint),
-                )
-                .await;
-                return Some(());
-            }
-            if let Some(s) = sums.iter().find(|s| s.outcome.starts_with("failed")) {
+                    format!(
+                        "{} file(s) verified into {}: {} written this attempt, {} resumed",
+                        s.files_ok,
+                        dest.display(),
+                        fmt_bytes(s.bytes_written),
+                        fmt_bytes(s.bytes_skipped_resume)
+                    ),
+                )),
+                None => sums
+                    .iter()
+                    .find(|s| s.outcome.starts_with("failed"))
+                    .map(|s| (ReportState::Failed, s.outcome.clone())),
+            };
+            if let Some((state, msg)) = verdict {
                 report(
                     client,
                     cfg,
                     &job.transfer,
                     key,
-                    ReportState::Failed,
-                    &s.outcome,
+                    state,
+                    &msg,
                     None,
                     Some(striping),
                     Some(&endpoint),
