@@ -1,0 +1,162 @@
+//! The in-cluster agent's engine jobs on real files and sockets: a receiver
+//! bound for one transfer, a sender started from Transfer-style settings,
+//! cancellation, the cleanup of a cancelled transfer, and root checks.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{TOKEN, assert_same, scratch, write_file};
+use wirerate_agent::cluster::jobs::{ReceiverJob, SenderJob, remove_partials, under_roots};
+use wirerate_agent::wire::Verify;
+use wirerate_crds::Tuning;
+
+fn tuning() -> Tuning {
+    Tuning {
+        streams: Some(4),
+        block_size: Some(1 << 20),
+        ..Default::default()
+    }
+}
+
+fn free_ports() -> std::ops::Range<u16> {
+    // Taken by this test alone: other tests bind port 0.
+    let base = 20000 + (std::process::id() % 20000) as u16;
+    base..base + 50
+}
+
+fn wait_outcome(
+    s: &SenderJob,
+    limit: Duration,
+) -> Result<wirerate_agent::summary::SendSummary, String> {
+    let start = Instant::now();
+    loop {
+        if let Some(o) = s.outcome() {
+            return o;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "the sender did not finish within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
+    let dir = scratch("cluster-jobs");
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst/run-7"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&dst).unwrap();
+    let file = src.join("frames.h5");
+    write_file(&file, 9 * (1 << 20) + 4321, 7);
+
+    // A second job must get another port from the range.
+    let first = ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap();
+    let mut rx = ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap();
+    assert_ne!(first.port, rx.port);
+
+    let endpoint = format!("127.0.0.1:{}", rx.port);
+    let tx = SenderJob::start(
+        &endpoint,
+        TOKEN.to_vec(),
+        file.clone(),
+        "frames.h5".into(),
+        &tuning(),
+        Verify::Blocks,
+        None,
+    )
+    .unwrap();
+    let sum = wait_outcome(&tx, Duration::from_secs(60)).expect("sent");
+    assert!(sum.ok, "{sum:?}");
+    assert_eq!(sum.streams, 4);
+    assert_eq!(
+        tx.progress.done.load(std::sync::atomic::Ordering::Relaxed),
+        sum.bytes_total
+    );
+    assert_same(&file, &dst.join("frames.h5"));
+    let start = Instant::now();
+    while !rx
+        .summaries()
+        .iter()
+        .any(|s| s.outcome == "complete" && s.files_ok == 1)
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no complete receiver summary: {:?}",
+            rx.summaries()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    rx.stop();
+}
+
+#[test]
+fn a_cancelled_sender_stops_retrying() {
+    let dir = scratch("cluster-cancel");
+    let file = dir.path().join("f");
+    write_file(&file, 1 << 20, 1);
+    // Nothing listens on port 9 of loopback: every connect is refused and retried.
+    let mut tx = SenderJob::start(
+        "127.0.0.1:9",
+        TOKEN.to_vec(),
+        file,
+        "f".into(),
+        &tuning(),
+        Verify::Blocks,
+        None,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        tx.outcome().is_none(),
+        "still retrying (retry window is 90 s)"
+    );
+    tx.cancel();
+    let err = wait_outcome(&tx, Duration::from_secs(15)).expect_err("cancelled");
+    assert!(err.contains("cancelled"), "{err}");
+}
+
+#[test]
+fn cleanup_removes_only_the_partial_files_of_the_destination() {
+    let dir = scratch("cluster-cleanup");
+    let d = dir.path();
+    for name in [
+        ".data.wirerate-part",
+        ".data.wirerate-ckpt",
+        ".other.wirerate-part",
+        "keep.txt",
+    ] {
+        std::fs::write(d.join(name), b"x").unwrap();
+    }
+    assert_eq!(remove_partials(&d.join("data")), 2);
+    assert!(d.join(".other.wirerate-part").exists() && d.join("keep.txt").exists());
+
+    // A directory destination: partials anywhere beneath it.
+    let tree = d.join("tree/sub");
+    std::fs::create_dir_all(&tree).unwrap();
+    std::fs::write(tree.join(".a.wirerate-part"), b"x").unwrap();
+    std::fs::write(tree.join("a"), b"x").unwrap();
+    assert_eq!(remove_partials(&d.join("tree")), 1);
+    assert!(tree.join("a").exists());
+}
+
+#[test]
+fn sources_must_resolve_beneath_an_allowed_root() {
+    let dir = scratch("cluster-roots");
+    let root = dir.path().join("allowed");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("ok"), b"x").unwrap();
+    std::fs::write(dir.path().join("secret"), b"x").unwrap();
+    std::os::unix::fs::symlink(dir.path().join("secret"), root.join("link")).unwrap();
+    let roots = vec![root.display().to_string()];
+    assert!(under_roots(&root.join("ok"), &roots).is_ok());
+    let err = under_roots(&root.join("link"), &roots)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not under this pool's allowedRoots"), "{err}");
+    // A root is a directory, not a string prefix.
+    std::fs::create_dir_all(dir.path().join("allowed-not")).unwrap();
+    std::fs::write(dir.path().join("allowed-not/x"), b"x").unwrap();
+    assert!(under_roots(&dir.path().join("allowed-not/x"), &roots).is_err());
+}
