@@ -73,7 +73,6 @@ struct Job {
     side: Side,
     cadence: Cadence,
     last_done: (Duration, u64),
-    progress: Option<ProgressStatus>,
     block_size: i64,
 }
 
@@ -328,7 +327,6 @@ async fn start_job(
         side,
         cadence: Cadence::default(),
         last_done: (Duration::ZERO, 0),
-        progress: None,
         block_size,
     })
 }
@@ -413,7 +411,7 @@ async fn observe(
         Side::Sender(s) => {
             let total = s.progress.total.load(Ordering::Relaxed);
             let done = s.progress.done.load(Ordering::Relaxed);
-            if let Some(outcome) = s.outcome() {
+            let (state, msg, p, over) = if let Some(outcome) = s.outcome() {
                 let (state, msg) = match outcome {
                     Ok(sum) if sum.ok => (
                         ReportState::Succeeded,
@@ -435,47 +433,44 @@ async fn observe(
                     ),
                     Err(e) => (ReportState::Failed, e),
                 };
-                job.progress = Some(progress(key, total, done, job.block_size, 0, Some(0)));
-                report(
-                    client,
-                    cfg,
-                    &job.transfer,
-                    key,
+                (
                     state,
-                    &msg,
-                    job.progress.as_ref(),
-                    None,
-                    None,
+                    msg,
+                    progress(key, total, done, job.block_size, 0, Some(0)),
+                    true,
                 )
-                .await;
-                return Some(());
-            }
-            let changed = done != job.last_done.1;
-            if job.cadence.due(now, changed) {
+            } else if job.cadence.due(now, done != job.last_done.1) {
                 let secs = now.saturating_sub(job.last_done.0).as_secs_f64().max(0.001);
                 let rate = ((done.saturating_sub(job.last_done.1)) as f64 / secs) as i64;
                 let eta = (rate > 0).then(|| (total.saturating_sub(done)) as i64 / rate);
                 job.last_done = (now, done);
-                job.progress = Some(progress(key, total, done, job.block_size, rate, eta));
                 let state = if total > 0 && done >= total {
                     ReportState::Verifying
                 } else {
                     ReportState::Running
                 };
-                report(
-                    client,
-                    cfg,
-                    &job.transfer,
-                    key,
+                (
                     state,
-                    "",
-                    job.progress.as_ref(),
-                    None,
-                    None,
+                    String::new(),
+                    progress(key, total, done, job.block_size, rate, eta),
+                    false,
                 )
-                .await;
-            }
-            None
+            } else {
+                return None;
+            };
+            report(
+                client,
+                cfg,
+                &job.transfer,
+                key,
+                state,
+                &msg,
+                Some(&p),
+                None,
+                None,
+            )
+            .await;
+            over.then_some(())
         }
         Side::Receiver {
             job: rj,
