@@ -65,6 +65,7 @@ pub struct DtnPoolSpec {
     pub image: String,
     /// Image pull policy (Always, IfNotPresent, Never).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16), regex(pattern = r"^(Always|IfNotPresent|Never)$"))]
     pub image_pull_policy: Option<String>,
     /// Nodes the agents may run on (for example `wirerate.io/dtn: "true"`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -100,7 +101,9 @@ pub struct DtnPoolSpec {
     #[schemars(length(min = 1, max = 16))]
     pub volumes: Vec<StorageVolume>,
     /// Directories transfers may read from and write to, each under a volume.
-    #[schemars(length(min = 1, max = 32))]
+    // Item lengths bound the CEL rules' estimated cost, which the API server
+    // checks when the CRD is applied; without them it refuses the CRD.
+    #[schemars(length(min = 1, max = 32), inner(length(min = 1, max = 1024)))]
     #[x_kube(validation = Rule::new("self.all(r, r.startsWith('/') && !r.contains('/../') && !r.endsWith('/..'))").message("allowedRoots must be absolute paths without '..'"))]
     pub allowed_roots: Vec<String>,
     /// Transfers one agent runs at once.
@@ -109,7 +112,7 @@ pub struct DtnPoolSpec {
     pub max_transfers_per_agent: i32,
     /// Other namespaces whose Transfers may use this pool (its own always may).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 64))]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 63)))]
     pub allowed_namespaces: Vec<String>,
     /// Default tuning for transfers on this pool.
     #[serde(default)]
@@ -155,10 +158,10 @@ pub struct Advertise {
 #[serde(rename_all = "camelCase")]
 pub struct Hugepages {
     /// Page size: `2Mi` or `1Gi`.
-    #[schemars(regex(pattern = r"^(2Mi|1Gi)$"))]
+    #[schemars(length(max = 3), regex(pattern = r"^(2Mi|1Gi)$"))]
     pub page_size: String,
     /// Amount per agent, as a quantity (for example `1Gi`).
-    #[schemars(regex(pattern = r"^[0-9]+(Mi|Gi)$"))]
+    #[schemars(length(max = 16), regex(pattern = r"^[0-9]+(Mi|Gi)$"))]
     pub amount: String,
 }
 
@@ -168,7 +171,10 @@ pub struct Hugepages {
 #[serde(rename_all = "camelCase")]
 pub struct StorageVolume {
     /// Volume name (a DNS label).
-    #[schemars(regex(pattern = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"))]
+    #[schemars(
+        length(max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    )]
     pub name: String,
     /// Where the agents see it.
     #[schemars(length(min = 2, max = 1024), regex(pattern = r"^/"))]

@@ -86,6 +86,63 @@ fn crds_have_status_scale_short_names_and_columns() {
     );
 }
 
+/// Fields that embed Kubernetes' own types, which no CEL rule of ours reads.
+const EMBEDDED: [&str; 4] = ["affinity", "tolerations", "resources", "nodeSelector"];
+
+/// Collects the strings and arrays under `node` that have no upper bound.
+fn unbounded(node: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+    let bounded = |key: &str| node.get(key).is_some() || node.get("enum").is_some();
+    match node.get("type").and_then(|t| t.as_str()) {
+        Some("string") if !bounded("maxLength") => out.push(path.to_owned()),
+        Some("array") if !bounded("maxItems") => out.push(path.to_owned()),
+        _ => {}
+    }
+    if let Some(items) = node.get("items") {
+        unbounded(items, &format!("{path}[]"), out);
+    }
+    if let Some(props) = node.get("properties").and_then(|p| p.as_object()) {
+        for (name, child) in props {
+            if !EMBEDDED.contains(&name.as_str()) {
+                unbounded(child, &format!("{path}.{name}"), out);
+            }
+        }
+    }
+}
+
+/// Finds every schema node carrying CEL rules and the unbounded fields under it.
+fn rule_inputs_unbounded(node: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+    if node.get("x-kubernetes-validations").is_some() {
+        unbounded(node, path, out);
+        return;
+    }
+    if let Some(items) = node.get("items") {
+        rule_inputs_unbounded(items, &format!("{path}[]"), out);
+    }
+    if let Some(props) = node.get("properties").and_then(|p| p.as_object()) {
+        for (name, child) in props {
+            rule_inputs_unbounded(child, &format!("{path}.{name}"), out);
+        }
+    }
+}
+
+// The API server estimates each CEL rule's worst-case cost from the maxLength
+// and maxItems of what it reads, and refuses the whole CRD when a rule exceeds
+// the budget (found by applying the CRDs to kube-apiserver 1.32). The estimate
+// itself needs an API server, so this keeps its inputs bounded instead.
+#[test]
+fn everything_a_rule_reads_is_bounded() {
+    use kube::CustomResourceExt;
+    for (kind, crd) in [("DtnPool", DtnPool::crd()), ("Transfer", Transfer::crd())] {
+        let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+        let mut out = Vec::new();
+        rule_inputs_unbounded(&schema["openAPIV3Schema"], kind, &mut out);
+        assert!(
+            out.is_empty(),
+            "{kind}: give these a maxLength/maxItems so the API server can bound its CEL rules' cost: {out:?}"
+        );
+    }
+}
+
 #[test]
 fn examples_parse_and_pass_admission() {
     for name in ["dtnpool-lustre.yaml", "dtnpool-instrument.yaml"] {
