@@ -310,9 +310,13 @@ async fn run(
     let t = wait_for(
         &transfers,
         "one",
-        "success",
+        "success and an average rate",
         Duration::from_secs(600),
-        |t| t.status.as_ref().and_then(|s| s.phase) == Some(TransferPhase::Succeeded),
+        |t| {
+            t.status.as_ref().is_some_and(|s| {
+                s.phase == Some(TransferPhase::Succeeded) && s.average_rate_bps.unwrap_or(0) > 0
+            })
+        },
     )
     .await?;
     ensure!(
@@ -345,7 +349,9 @@ async fn run(
             t.status
                 .as_ref()
                 .and_then(|s| s.progress.as_ref())
-                .is_some_and(|p| p.bytes_done * 10 >= p.bytes_total * 3 && p.attempt == 1)
+                .is_some_and(|p| {
+                    p.bytes_total > 0 && p.bytes_done * 10 >= p.bytes_total * 3 && p.attempt == 1
+                })
         },
     )
     .await?;

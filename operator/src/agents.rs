@@ -7,7 +7,48 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use wirerate_crds::Transfer;
 use wirerate_crds::contract;
+use wirerate_crds::transfer::{AgentRef, Role};
+
+/// Who an agent is. A name alone is not enough: names are unique only within
+/// one pool, and pools of the same name live in different namespaces.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AgentId {
+    /// Namespace of its pool (and of its Lease).
+    pub namespace: String,
+    /// Its pool.
+    pub pool: String,
+    /// Agent name.
+    pub name: String,
+}
+
+impl AgentId {
+    /// The agent `name` of the pool `pool` (`namespace/name`).
+    pub fn new(pool: &(String, String), name: &str) -> Self {
+        Self {
+            namespace: pool.0.clone(),
+            pool: pool.1.clone(),
+            name: name.to_owned(),
+        }
+    }
+
+    /// The agent `who` that holds `role` in `t`.
+    pub fn assigned(t: &Transfer, role: Role, who: &AgentRef) -> Self {
+        let pool_namespace = match role {
+            Role::Sender => &t.spec.source.pool_namespace,
+            Role::Receiver => &t.spec.destination.pool_namespace,
+        };
+        Self {
+            namespace: pool_namespace
+                .clone()
+                .or_else(|| t.metadata.namespace.clone())
+                .unwrap_or_default(),
+            pool: who.pool.clone(),
+            name: who.name.clone(),
+        }
+    }
+}
 
 /// One agent as the operator sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -35,6 +76,15 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// Its identity.
+    pub fn id(&self) -> AgentId {
+        AgentId {
+            namespace: self.namespace.clone(),
+            pool: self.pool.clone(),
+            name: self.name.clone(),
+        }
+    }
+
     /// Whether transfers may be assigned to it, and kept on it.
     pub fn live(&self) -> bool {
         self.dead.is_none()

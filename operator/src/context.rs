@@ -10,10 +10,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
-use wirerate_crds::transfer::AgentRef;
+use wirerate_crds::transfer::{AgentRef, Role};
 use wirerate_crds::{DtnPool, Transfer};
 
-use crate::agents::{self, Agent};
+use crate::agents::{self, Agent, AgentId};
 use crate::metrics::Metrics;
 use crate::scheduler::Key;
 
@@ -73,8 +73,8 @@ impl Assignment {
 pub struct View {
     /// Pools by namespace and name.
     pub pools: BTreeMap<Key, DtnPool>,
-    /// Agents by name.
-    pub agents: HashMap<String, Agent>,
+    /// Agents by identity.
+    pub agents: HashMap<AgentId, Agent>,
     /// Transfers, with assignments from the ledger laid over stale cache entries.
     pub transfers: Vec<Transfer>,
 }
@@ -121,7 +121,7 @@ impl Context {
                 .filter_map(|p| Some((p.metadata.name.clone()?, &**p)))
                 .collect();
             if let Some(a) = agents::from_lease(l, &in_ns, now) {
-                agents.insert(a.name.clone(), a);
+                agents.insert(a.id(), a);
             }
         }
         let mut ledger = self.ledger.lock().expect("ledger lock");
@@ -161,15 +161,17 @@ fn overlay(t: &mut Transfer, a: &Assignment) {
 
 impl View {
     /// Transfers assigned to each agent, counting only those still in progress.
-    pub fn load(&self) -> HashMap<String, i32> {
+    pub fn load(&self) -> HashMap<AgentId, i32> {
         let mut load = HashMap::new();
         for t in &self.transfers {
             let s = t.status.clone().unwrap_or_default();
             if s.phase.is_some_and(|p| p.is_final()) || t.metadata.deletion_timestamp.is_some() {
                 continue;
             }
-            for a in [s.sender, s.receiver].into_iter().flatten() {
-                *load.entry(a.name).or_insert(0) += 1;
+            for (role, who) in [(Role::Sender, &s.sender), (Role::Receiver, &s.receiver)] {
+                if let Some(who) = who {
+                    *load.entry(AgentId::assigned(t, role, who)).or_insert(0) += 1;
+                }
             }
         }
         load

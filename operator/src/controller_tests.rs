@@ -231,6 +231,44 @@ async fn higher_priority_gets_the_only_slot_and_the_other_queues() {
     assert_eq!(d.last_status("/transfers/low")["phase"], "Queued");
 }
 
+// Found against a real API server: agents were known by name alone, so the
+// expired Leases of same-named agents in another namespace hid live ones.
+#[tokio::test]
+async fn same_named_agents_of_another_namespace_are_other_agents() {
+    let mut d = Double::new();
+    pools(&mut d);
+    for (pool, agent) in [("src", "s0"), ("dst", "r0")] {
+        let mut old = lease(pool, agent, now() - 600, None);
+        old.metadata.namespace = Some("last-week".into());
+        d.lease(&old);
+        d.lease(&lease(pool, agent, now(), None));
+        let mut old = lease(pool, agent, now() - 600, None);
+        old.metadata.namespace = Some("next-week".into());
+        d.lease(&old);
+    }
+    let x = t("x", 0, 1);
+    d.transfer(&x);
+    reconcile(&d, &x).await;
+    let s = d.last_status("/transfers/x");
+    assert_eq!(s["phase"], "Running", "{s}");
+    assert_eq!(
+        (s["sender"]["name"].as_str(), s["receiver"]["name"].as_str()),
+        (Some("s0"), Some("r0"))
+    );
+    // Running, the expired namesakes do not count as its agents being lost.
+    let mut x = x;
+    x.status = Some(serde_json::from_value(s).unwrap());
+    d.transfer(&x);
+    reconcile(&d, &x).await;
+    let s = d.last_status("/transfers/x");
+    assert_eq!(s["attempt"], 1, "{s}");
+    assert!(
+        s.get("failovers")
+            .is_none_or(|f| f.as_array().unwrap().is_empty()),
+        "{s}"
+    );
+}
+
 #[tokio::test]
 async fn a_stale_receiver_lease_fails_over_to_another_agent() {
     let mut d = Double::new();

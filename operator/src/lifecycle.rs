@@ -7,10 +7,10 @@ use std::collections::HashMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use wirerate_crds::conditions::{self, condition, types};
-use wirerate_crds::transfer::{AgentRef, Failover, ReportState, Role};
+use wirerate_crds::transfer::{AgentRef, Failover, Progress, ReportState, Role};
 use wirerate_crds::{Transfer, TransferPhase, TransferStatus};
 
-use crate::agents::Agent;
+use crate::agents::{Agent, AgentId};
 use crate::validate::{Invalid, Resolved};
 
 /// Something a person should see, as a Kubernetes Event.
@@ -46,11 +46,11 @@ pub struct Step {
     pub needs: Option<Needs>,
 }
 
-/// Computes the next status of `t`. `agents` holds every known agent by name.
+/// Computes the next status of `t`. `agents` holds every known agent.
 pub fn step(
     t: &Transfer,
     validity: &Result<Resolved, Invalid>,
-    agents: &HashMap<String, Agent>,
+    agents: &HashMap<AgentId, Agent>,
     now: Timestamp,
 ) -> Step {
     let old = t.status.clone().unwrap_or_default();
@@ -62,6 +62,12 @@ pub fn step(
     let old_phase = old.phase.unwrap_or_default();
 
     if old_phase.is_final() {
+        // The sender's last progress report may land after the receiver's
+        // verdict (a transfer shorter than the report cadence).
+        if old_phase == TransferPhase::Succeeded && s.average_rate_bps.is_none() {
+            let end = s.completion_time.clone();
+            average_rate(&mut s, old.progress.as_ref(), end);
+        }
         return Step {
             status: s,
             notes,
@@ -135,10 +141,11 @@ pub fn step(
         };
     }
 
+    let attempt = s.attempt;
     let report = |role: Role| {
         old.reports
             .iter()
-            .find(|r| r.role == role && r.attempt == s.attempt)
+            .find(|r| r.role == role && r.attempt == attempt)
     };
     let receiver_done = if external {
         report(Role::Sender).is_some_and(|r| r.state == ReportState::Succeeded)
@@ -149,12 +156,7 @@ pub fn step(
         s.phase = Some(TransferPhase::Succeeded);
         s.completion_time = Some(now_t.clone());
         s.queue_position = None;
-        if let (Some(start), Some(p)) = (&s.start_time, &old.progress) {
-            let secs = now.duration_since(start.0).as_secs_f64().max(0.001);
-            let bps = (p.bytes_total as f64 / secs) as i64;
-            s.average_rate_bps = Some(bps);
-            s.average_rate = Some(rate_text(bps));
-        }
+        average_rate(&mut s, old.progress.as_ref(), Some(now_t.clone()));
         let msg = match report(if external {
             Role::Sender
         } else {
@@ -185,7 +187,7 @@ pub fn step(
     let mut lost = Vec::new();
     for (role, who) in [(Role::Sender, &s.sender), (Role::Receiver, &s.receiver)] {
         let Some(who) = who else { continue };
-        let why = match agents.get(&who.name) {
+        let why = match agents.get(&AgentId::assigned(t, role, who)) {
             None => Some("its Lease is gone".to_owned()),
             Some(a) => a.dead.clone(),
         };
@@ -398,6 +400,21 @@ fn role_name(r: Role) -> &'static str {
     }
 }
 
+/// Sets the average rate from start to `end`, once the size is known.
+fn average_rate(s: &mut TransferStatus, progress: Option<&Progress>, end: Option<Time>) {
+    let (Some(start), Some(end), Some(p)) = (&s.start_time, end, progress) else {
+        return;
+    };
+    if p.bytes_total <= 0 {
+        return;
+    }
+    // Status times have whole seconds: a shorter transfer counts as one second.
+    let secs = end.0.duration_since(start.0).as_secs_f64().max(1.0);
+    let bps = (p.bytes_total as f64 / secs) as i64;
+    s.average_rate_bps = Some(bps);
+    s.average_rate = Some(rate_text(bps));
+}
+
 /// Bytes per second as Gbit/s or Mbit/s.
 pub fn rate_text(bps: i64) -> String {
     let bits = bps as f64 * 8.0;
@@ -416,13 +433,13 @@ mod tests {
         tests::{pools, transfer},
         validate,
     };
-    use wirerate_crds::transfer::{AgentReport, Progress};
+    use wirerate_crds::transfer::AgentReport;
 
     fn at(s: i64) -> Timestamp {
         Timestamp::from_second(s).unwrap()
     }
 
-    fn agents(live_at: i64, names: &[(&str, &str)]) -> HashMap<String, Agent> {
+    fn agents(live_at: i64, names: &[(&str, &str)]) -> HashMap<AgentId, Agent> {
         names
             .iter()
             .map(|(pool, n)| {
@@ -432,15 +449,16 @@ mod tests {
                     at(live_at + 1),
                 )
                 .unwrap();
-                (n.to_string(), a)
+                (a.id(), a)
             })
             .collect()
     }
 
-    fn running(t: &mut Transfer, ag: &HashMap<String, Agent>) {
+    fn running(t: &mut Transfer, ag: &HashMap<AgentId, Agent>) {
         let s = t.status.clone().unwrap_or_default();
         let r = validate(t, &pools()).unwrap();
-        let (s, _) = assigned(t, &r, s, ag.get("s0"), ag.get("r0"), "t-token", at(100));
+        let by_name = |n: &str| ag.values().find(|a| a.name == n);
+        let (s, _) = assigned(t, &r, s, by_name("s0"), by_name("r0"), "t-token", at(100));
         t.status = Some(s);
     }
 
@@ -537,6 +555,38 @@ mod tests {
     }
 
     #[test]
+    fn a_sender_report_after_the_verdict_still_gives_the_average_rate() {
+        let ag = agents(100, &[("src", "s0"), ("dst", "r0")]);
+        let mut t = transfer("t", "/in/a", "/out/a");
+        running(&mut t, &ag);
+        let v = validate(&t, &pools());
+        report(&mut t, Role::Receiver, "r0", ReportState::Succeeded);
+        let done = step(&t, &v, &ag, at(104));
+        assert_eq!(done.status.phase, Some(TransferPhase::Succeeded));
+        assert_eq!(done.status.average_rate, None, "no size known yet");
+        let mut s = done.status;
+        s.progress = Some(Progress {
+            attempt: 1,
+            bytes_total: 4_000_000_000,
+            bytes_done: 4_000_000_000,
+            blocks_done: 240,
+            blocks_total: 240,
+            percent: "100%".into(),
+            rate_bps: 0,
+            rate: String::new(),
+            eta_seconds: None,
+            updated_at: Time(at(105)),
+        });
+        t.status = Some(s);
+        let later = step(&t, &v, &ag, at(200));
+        assert_eq!(
+            later.status.average_rate_bps,
+            Some(1_000_000_000),
+            "4 GB from start (100) to completion (104), not to now"
+        );
+    }
+
+    #[test]
     fn a_stale_lease_fails_over_only_the_lost_side() {
         let ag = agents(100, &[("src", "s0"), ("dst", "r0"), ("dst", "r1")]);
         let mut t = transfer("t", "/in/a", "/out/a");
@@ -544,10 +594,8 @@ mod tests {
         let v = validate(&t, &pools());
         // r0 stops renewing; s0 and r1 keep going.
         let mut later = agents(200, &[("src", "s0"), ("dst", "r1")]);
-        later.insert(
-            "r0".into(),
-            from_lease(&lease("dst", "r0", 100, None), &Default::default(), at(201)).unwrap(),
-        );
+        let r0 = from_lease(&lease("dst", "r0", 100, None), &Default::default(), at(201)).unwrap();
+        later.insert(r0.id(), r0);
         let st = step(&t, &v, &later, at(201));
         assert_eq!(st.status.phase, Some(TransferPhase::Queued));
         assert_eq!(st.status.attempt, 2);

@@ -9,7 +9,7 @@ use wirerate_crds::conditions::{self, condition, types};
 use wirerate_crds::pool::{AgentStatus, PreflightFinding};
 use wirerate_crds::{DtnPool, DtnPoolStatus};
 
-use crate::agents::Agent;
+use crate::agents::{Agent, AgentId};
 use crate::render;
 
 /// Reasons of the Degraded condition.
@@ -52,7 +52,7 @@ pub fn status(
     pool: &DtnPool,
     agents: &[&Agent],
     pods: &[&Pod],
-    active: &HashMap<String, i32>,
+    active: &HashMap<AgentId, i32>,
     now: Timestamp,
 ) -> DtnPoolStatus {
     let old = pool.status.clone().unwrap_or_default();
@@ -76,7 +76,7 @@ pub fn status(
                 node: a.node.clone(),
                 address: a.address.clone(),
                 ready: a.live() && pod_ok.unwrap_or(true),
-                active_transfers: active.get(&a.name).copied().unwrap_or(0),
+                active_transfers: active.get(&a.id()).copied().unwrap_or(0),
                 last_heartbeat: a.renewed.clone(),
             }
         })
@@ -225,7 +225,7 @@ mod tests {
             at(101),
         )
         .unwrap();
-        let active = HashMap::from([("a0".to_owned(), 2)]);
+        let active = HashMap::from([(a0.id(), 2)]);
         let s = status(&pool, &[&a0, &a1], &[], &active, at(101));
         assert_eq!((s.ready_agents, s.active_transfers, s.replicas), (2, 2, 2));
         assert!(conditions::is_true(&s.conditions, types::READY));

@@ -12,9 +12,10 @@ use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
-use wirerate_crds::transfer::ReportState;
+use wirerate_crds::transfer::{ReportState, Role};
 use wirerate_crds::{Transfer, TransferPhase, TransferStatus, contract};
 
+use crate::agents::AgentId;
 use crate::context::{Assignment, Context, View};
 use crate::lifecycle::{self, Needs, Note};
 use crate::scheduler::{self, Key, Slot, Waiting};
@@ -79,8 +80,14 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
         step.status.queue_position = positions.get(&key).copied();
         if let (Some(p), Ok(resolved)) = (placements.get(&key), &validity) {
             let token = ensure_token(current, ctx).await?;
-            let sender = p.sender.as_ref().and_then(|n| view.agents.get(n));
-            let receiver = p.receiver.as_ref().and_then(|n| view.agents.get(n));
+            let sender = p
+                .sender
+                .as_ref()
+                .and_then(|n| view.agents.get(&AgentId::new(&resolved.sender_pool, n)));
+            let receiver = p.receiver.as_ref().and_then(|n| {
+                let pool = resolved.receiver_pool.as_ref()?;
+                view.agents.get(&AgentId::new(pool, n))
+            });
             let (status, note) = lifecycle::assigned(
                 current,
                 resolved,
@@ -98,8 +105,14 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
         ctx.metrics.failovers.inc();
     }
     let phase = step.status.phase.unwrap_or_default();
-    if phase == TransferPhase::Succeeded
-        && current.status.as_ref().and_then(|s| s.phase) != Some(phase)
+    // Counted once, when the size of a succeeded transfer is first known (the
+    // sender's last report can land after the verdict).
+    if step.status.average_rate_bps.is_some()
+        && current
+            .status
+            .as_ref()
+            .and_then(|s| s.average_rate_bps)
+            .is_none()
     {
         let bytes = current
             .status
@@ -187,7 +200,7 @@ pub fn plan(
         .map(|a| Slot {
             pool: (a.namespace.clone(), a.pool.clone()),
             agent: a.name.clone(),
-            free: a.capacity - load.get(&a.name).copied().unwrap_or(0),
+            free: a.capacity - load.get(&a.id()).copied().unwrap_or(0),
         })
         .collect();
     let order = scheduler::order(&waiting, &running_per_ns);
@@ -313,10 +326,15 @@ async fn cleanup(t: &Transfer, ctx: &Context) -> Result<Action> {
         return Ok(Action::await_change());
     }
     let view = ctx.view(Timestamp::now());
-    let pending: Vec<&str> = [&s.sender, &s.receiver]
+    let pending: Vec<&str> = [(Role::Sender, &s.sender), (Role::Receiver, &s.receiver)]
         .into_iter()
-        .flatten()
-        .filter(|a| view.agents.get(&a.name).is_some_and(|a| a.live()))
+        .filter_map(|(role, who)| Some((role, who.as_ref()?)))
+        .filter(|(role, a)| {
+            view.agents
+                .get(&AgentId::assigned(t, *role, a))
+                .is_some_and(|a| a.live())
+        })
+        .map(|(_, a)| a)
         .filter(|a| {
             !s.reports.iter().any(|r| {
                 r.agent == a.name && r.attempt == s.attempt && r.state == ReportState::Cancelled

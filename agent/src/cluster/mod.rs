@@ -31,7 +31,7 @@ use crate::error::{Error, Result};
 use crate::units::fmt_bytes;
 use crate::wire::Verify;
 use jobs::{ReceiverJob, SenderJob};
-use plan::{Cadence, JobKey, Want};
+use plan::{Cadence, JobKey, Me, Want};
 
 /// Who this agent is and where it listens.
 #[derive(Clone, Debug)]
@@ -83,6 +83,11 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
             "no Kubernetes API to talk to ({e}): set KUBECONFIG or run in a pod"
         ))
     })?;
+    let me = Me {
+        namespace: cfg.namespace.clone(),
+        pool: cfg.pool.clone(),
+        name: cfg.agent.clone(),
+    };
     let pools: Api<DtnPool> = Api::namespaced(client.clone(), &cfg.namespace);
     let pool = pools.get(&cfg.pool).await.map_err(|e| {
         Error::Config(format!(
@@ -152,7 +157,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
             .map(|t| (t.metadata.uid.clone().unwrap_or_default(), t))
             .collect();
 
-        for (key, name) in plan::cancelled(&transfers, &cfg.agent) {
+        for (key, name) in plan::cancelled(&transfers, &me) {
             if let Some(mut j) = jobs.remove(&key) {
                 stop(&mut j);
             }
@@ -177,7 +182,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
             .await;
         }
 
-        let wanted = plan::wanted(&transfers, &cfg.agent);
+        let wanted = plan::wanted(&transfers, &me);
         for key in plan::to_stop(jobs.keys(), &wanted, &finished) {
             if let Some(mut j) = jobs.remove(&key) {
                 tracing::info!(transfer = ?j.transfer, "assignment moved away; stopping attempt {}", key.attempt);
@@ -548,8 +553,9 @@ fn progress(
     eta: Option<i64>,
 ) -> ProgressStatus {
     let block = block.max(1) as u64;
+    // Before the source is listed the total is unknown: nothing is done yet.
     let pct = if total == 0 {
-        100.0
+        0.0
     } else {
         done as f64 * 100.0 / total as f64
     };

@@ -5,7 +5,31 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use wirerate_crds::Transfer;
-use wirerate_crds::transfer::{ReportState, Role};
+use wirerate_crds::transfer::{AgentRef, ReportState, Role};
+
+/// This agent. Its name alone is not enough: names are unique only within one
+/// pool, and a Transfer may use pools of other namespaces.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Me {
+    /// Namespace of its pool.
+    pub namespace: String,
+    /// Its pool.
+    pub pool: String,
+    /// Agent name.
+    pub name: String,
+}
+
+impl Me {
+    /// Whether `who`, holding `role` in `t`, is this agent.
+    fn is(&self, t: &Transfer, role: Role, who: &AgentRef) -> bool {
+        let pool_namespace = match role {
+            Role::Sender => &t.spec.source.pool_namespace,
+            Role::Receiver => &t.spec.destination.pool_namespace,
+        };
+        let namespace = pool_namespace.as_ref().or(t.metadata.namespace.as_ref());
+        who.name == self.name && who.pool == self.pool && namespace == Some(&self.namespace)
+    }
+}
 
 /// One side of one attempt of one Transfer.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -29,18 +53,18 @@ pub struct Want {
     pub endpoint: Option<String>,
 }
 
-fn my_report_state(t: &Transfer, me: &str, key: &JobKey) -> Option<ReportState> {
+fn my_report_state(t: &Transfer, me: &Me, key: &JobKey) -> Option<ReportState> {
     t.status
         .as_ref()?
         .reports
         .iter()
-        .find(|r| r.role == key.role && r.attempt == key.attempt && r.agent == me)
+        .find(|r| r.role == key.role && r.attempt == key.attempt && r.agent == me.name)
         .map(|r| r.state)
 }
 
 /// Jobs `me` should run now. A sender waits until the receiver of the same
 /// attempt has said where it listens.
-pub fn wanted(transfers: &[Transfer], me: &str) -> Vec<Want> {
+pub fn wanted(transfers: &[Transfer], me: &Me) -> Vec<Want> {
     let mut out = Vec::new();
     for t in transfers {
         let Some(s) = &t.status else { continue };
@@ -56,7 +80,7 @@ pub fn wanted(transfers: &[Transfer], me: &str) -> Vec<Want> {
             t.metadata.name.clone().unwrap_or_default(),
         );
         for (role, who) in [(Role::Sender, &s.sender), (Role::Receiver, &s.receiver)] {
-            if who.as_ref().is_none_or(|a| a.name != me) {
+            if !who.as_ref().is_some_and(|a| me.is(t, role, a)) {
                 continue;
             }
             let key = JobKey {
@@ -96,7 +120,7 @@ pub fn wanted(transfers: &[Transfer], me: &str) -> Vec<Want> {
 }
 
 /// Transfers being deleted on which `me` still has to stop and clean up.
-pub fn cancelled(transfers: &[Transfer], me: &str) -> Vec<(JobKey, (String, String))> {
+pub fn cancelled(transfers: &[Transfer], me: &Me) -> Vec<(JobKey, (String, String))> {
     let mut out = Vec::new();
     for t in transfers {
         let Some(s) = &t.status else { continue };
@@ -104,7 +128,7 @@ pub fn cancelled(transfers: &[Transfer], me: &str) -> Vec<(JobKey, (String, Stri
             continue;
         }
         for (role, who) in [(Role::Sender, &s.sender), (Role::Receiver, &s.receiver)] {
-            if who.as_ref().is_some_and(|a| a.name == me) {
+            if who.as_ref().is_some_and(|a| me.is(t, role, a)) {
                 let key = JobKey {
                     uid: t.metadata.uid.clone().unwrap_or_default(),
                     role,
@@ -200,6 +224,14 @@ mod tests {
         t
     }
 
+    fn me(name: &str) -> Me {
+        Me {
+            namespace: "ns".into(),
+            pool: "p".into(),
+            name: name.into(),
+        }
+    }
+
     fn report(
         t: &mut Transfer,
         role: Role,
@@ -223,8 +255,8 @@ mod tests {
     #[test]
     fn the_sender_waits_for_the_receivers_endpoint() {
         let mut t = xfer("s", "r", 1);
-        assert_eq!(wanted(std::slice::from_ref(&t), "r").len(), 1);
-        assert!(wanted(std::slice::from_ref(&t), "s").is_empty());
+        assert_eq!(wanted(std::slice::from_ref(&t), &me("r")).len(), 1);
+        assert!(wanted(std::slice::from_ref(&t), &me("s")).is_empty());
         report(
             &mut t,
             Role::Receiver,
@@ -232,17 +264,17 @@ mod tests {
             ReportState::Running,
             Some("10.0.0.2:7700"),
         );
-        let w = wanted(std::slice::from_ref(&t), "s");
+        let w = wanted(std::slice::from_ref(&t), &me("s"));
         assert_eq!(w[0].endpoint.as_deref(), Some("10.0.0.2:7700"));
-        assert!(wanted(std::slice::from_ref(&t), "nobody").is_empty());
+        assert!(wanted(std::slice::from_ref(&t), &me("nobody")).is_empty());
     }
 
     #[test]
     fn a_new_attempt_replaces_the_old_job_and_finished_jobs_stay_finished() {
         let t1 = xfer("s", "r", 1);
-        let old = wanted(std::slice::from_ref(&t1), "r");
+        let old = wanted(std::slice::from_ref(&t1), &me("r"));
         let t2 = xfer("s", "r2", 2);
-        let now = wanted(std::slice::from_ref(&t2), "r");
+        let now = wanted(std::slice::from_ref(&t2), &me("r"));
         assert!(now.is_empty(), "r lost its assignment");
         assert_eq!(
             to_stop([&old[0].key], &now, &HashSet::new()),
@@ -251,17 +283,17 @@ mod tests {
 
         let mut done = xfer("s", "r", 1);
         report(&mut done, Role::Receiver, "r", ReportState::Succeeded, None);
-        assert!(wanted(&[done], "r").is_empty());
+        assert!(wanted(&[done], &me("r")).is_empty());
     }
 
     #[test]
     fn deletion_asks_each_assigned_agent_to_clean_up_once() {
         let mut t = xfer("s", "r", 1);
         t.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
-        assert!(wanted(std::slice::from_ref(&t), "r").is_empty());
-        assert_eq!(cancelled(std::slice::from_ref(&t), "r").len(), 1);
+        assert!(wanted(std::slice::from_ref(&t), &me("r")).is_empty());
+        assert_eq!(cancelled(std::slice::from_ref(&t), &me("r")).len(), 1);
         report(&mut t, Role::Receiver, "r", ReportState::Cancelled, None);
-        assert!(cancelled(&[t], "r").is_empty());
+        assert!(cancelled(&[t], &me("r")).is_empty());
     }
 
     #[test]
@@ -273,5 +305,17 @@ mod tests {
         assert!(c.due(s(2), true));
         assert!(!c.due(s(5), false), "nothing new, not yet 10 s");
         assert!(c.due(s(12), false), "at least every 10 s");
+    }
+
+    #[test]
+    fn a_namesake_in_another_pool_or_namespace_is_not_me() {
+        let t = xfer("s", "r", 1);
+        let mut other = me("r");
+        other.pool = "q".into();
+        assert!(wanted(std::slice::from_ref(&t), &other).is_empty());
+        other = me("r");
+        other.namespace = "elsewhere".into();
+        assert!(wanted(std::slice::from_ref(&t), &other).is_empty());
+        assert_eq!(wanted(std::slice::from_ref(&t), &me("r")).len(), 1);
     }
 }
