@@ -417,6 +417,12 @@ async fn observe(
             let total = s.progress.total.load(Ordering::Relaxed);
             let done = s.progress.done.load(Ordering::Relaxed);
             let (state, msg, p, over) = if let Some(outcome) = s.outcome() {
+                // The last report carries the session's own rate, which the
+                // Rate column then shows for a finished transfer.
+                let rate = match &outcome {
+                    Ok(sum) => (sum.gbps * 1e9 / 8.0) as i64,
+                    Err(_) => 0,
+                };
                 let (state, msg) = match outcome {
                     Ok(sum) if sum.ok => (
                         ReportState::Succeeded,
@@ -441,7 +447,7 @@ async fn observe(
                 (
                     state,
                     msg,
-                    progress(key, total, done, job.block_size, 0, Some(0)),
+                    progress(key, total, done, job.block_size, rate, Some(0)),
                     true,
                 )
             } else if job.cadence.due(now, done != job.last_done.1) {
