@@ -21,10 +21,21 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether this is an expected wait rather than a failure.
+    pub fn is_waiting(&self) -> bool {
+        use kube::runtime::finalizer::Error as F;
+        match self {
+            Self::CleanupPending(_) => true,
+            Self::Finalizer(f) => matches!(**f, F::CleanupFailed(Self::CleanupPending(_))),
+            _ => false,
+        }
+    }
+
     /// A short, bounded label for metrics (never the message, which carries data).
     pub fn metric_label(&self) -> &'static str {
         match self {
             Self::Kube(_) => "kube",
+            Self::Finalizer(_) if self.is_waiting() => "cleanup_pending",
             Self::Finalizer(_) => "finalizer",
             Self::Malformed(_) => "malformed",
             Self::CleanupPending(_) => "cleanup_pending",
@@ -35,3 +46,18 @@ impl Error {
 
 /// Result with the operator's error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::finalizer::Error as F;
+
+    #[test]
+    fn a_pending_cleanup_is_a_wait_and_other_errors_are_not() {
+        let pending = || Error::CleanupPending("send-1".into());
+        assert!(pending().is_waiting());
+        assert!(Error::Finalizer(Box::new(F::CleanupFailed(pending()))).is_waiting());
+        assert!(!Error::Finalizer(Box::new(F::ApplyFailed(pending()))).is_waiting());
+        assert!(!Error::Malformed("a namespace").is_waiting());
+    }
+}

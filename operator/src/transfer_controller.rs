@@ -51,6 +51,12 @@ pub async fn reconcile(t: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action> {
 
 /// Logs and counts a failed reconcile, and retries it with backoff.
 pub fn error_policy(t: Arc<Transfer>, error: &Error, ctx: Arc<Context>) -> Action {
+    if error.is_waiting() {
+        // A deletion waiting for its agents is routine, not a warning; the
+        // agents usually confirm within a second.
+        tracing::info!(transfer = %t.name_any(), "{error}");
+        return Action::requeue(Duration::from_secs(1));
+    }
     tracing::warn!(transfer = %t.name_any(), "reconcile failed: {error}");
     ctx.metrics
         .failures
