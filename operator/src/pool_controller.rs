@@ -86,8 +86,16 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
     ssa(ctx, &r.service_account).await?;
     ssa(ctx, &r.role).await?;
     ssa(ctx, &r.role_binding).await?;
+    // A missing allowed namespace degrades the pool; its own namespace still works.
+    let mut missing = Vec::new();
     for (role, rb) in &r.remote {
-        ssa(ctx, role).await?;
+        match ssa(ctx, role).await {
+            Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 => {
+                missing.push(role.metadata.namespace.clone().unwrap_or_default());
+                continue;
+            }
+            other => other?,
+        }
         ssa(ctx, rb).await?;
     }
     ssa(ctx, &r.service).await?;
@@ -109,7 +117,7 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
         .filter(|p| p.labels().get(contract::POOL_LABEL) == Some(&name))
         .map(|p| &**p)
         .collect();
-    let status = pool_status::status(pool, &agents, &pods, &view.load(), now);
+    let status = pool_status::status(pool, &agents, &pods, &view.load(), &missing, now);
     if pool.status.as_ref() != Some(&status) {
         let patch =
             json!({"apiVersion": "wirerate.io/v1alpha1", "kind": "DtnPool", "status": status});

@@ -22,6 +22,8 @@ pub mod reason {
     pub const PREFLIGHT_FAILED: &str = "PreflightFailed";
     /// Agents are known but their Leases are stale.
     pub const AGENTS_LOST: &str = "AgentsLost";
+    /// A namespace in spec.allowedNamespaces does not exist.
+    pub const NAMESPACE_MISSING: &str = "NamespaceMissing";
 }
 
 fn pod_ready(p: &Pod) -> bool {
@@ -46,13 +48,14 @@ fn unschedulable(p: &Pod) -> Option<String> {
         })
 }
 
-/// Computes the status of `pool` from its agents, its pods and the number of
-/// transfers assigned to each agent.
+/// Computes the status of `pool` from its agents, its pods, the number of
+/// transfers assigned to each agent, and the allowed namespaces that do not exist.
 pub fn status(
     pool: &DtnPool,
     agents: &[&Agent],
     pods: &[&Pod],
     active: &HashMap<AgentId, i32>,
+    missing_namespaces: &[String],
     now: Timestamp,
 ) -> DtnPoolStatus {
     let old = pool.status.clone().unwrap_or_default();
@@ -138,6 +141,14 @@ pub fn status(
             reason::NO_SCHEDULABLE_NODE,
             format!(
                 "pod {pod} cannot be scheduled ({why}): label DTN nodes to match spec.nodeSelector, or add tolerations for their taints"
+            ),
+        ))
+    } else if !missing_namespaces.is_empty() {
+        Some((
+            reason::NAMESPACE_MISSING,
+            format!(
+                "spec.allowedNamespaces lists {}, which does not exist: create it or remove it from the list (Transfers there cannot use this pool until then)",
+                missing_namespaces.join(", ")
             ),
         ))
     } else if let Some(f) = preflight.first() {
@@ -226,12 +237,12 @@ mod tests {
         )
         .unwrap();
         let active = HashMap::from([(a0.id(), 2)]);
-        let s = status(&pool, &[&a0, &a1], &[], &active, at(101));
+        let s = status(&pool, &[&a0, &a1], &[], &active, &[], at(101));
         assert_eq!((s.ready_agents, s.active_transfers, s.replicas), (2, 2, 2));
         assert!(conditions::is_true(&s.conditions, types::READY));
         assert!(!conditions::is_true(&s.conditions, types::DEGRADED));
         assert_eq!(s.agents[0].active_transfers, 2);
-        let s = status(&pool, &[&a0], &[], &active, at(101));
+        let s = status(&pool, &[&a0], &[], &active, &[], at(101));
         assert!(!conditions::is_true(&s.conditions, types::READY));
     }
 
@@ -242,7 +253,7 @@ mod tests {
             "lustre-dtn-agent-0",
             "0/3 nodes are available: 3 Insufficient hugepages-2Mi.",
         );
-        let s = status(&pool, &[], &[&p], &HashMap::new(), at(1));
+        let s = status(&pool, &[], &[&p], &HashMap::new(), &[], at(1));
         let c = conditions::find(&s.conditions, types::DEGRADED).unwrap();
         assert_eq!(
             (c.status.as_str(), c.reason.as_str()),
@@ -252,9 +263,39 @@ mod tests {
             "lustre-dtn-agent-0",
             "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector.",
         );
-        let s = status(&pool, &[], &[&p], &HashMap::new(), at(1));
+        let s = status(&pool, &[], &[&p], &HashMap::new(), &[], at(1));
         let c = conditions::find(&s.conditions, types::DEGRADED).unwrap();
         assert_eq!(c.reason, reason::NO_SCHEDULABLE_NODE);
         assert!(c.message.contains("nodeSelector"));
+    }
+
+    #[test]
+    fn a_missing_allowed_namespace_degrades_the_pool_and_says_which() {
+        let pool = lustre_pool();
+        let a0 = from_lease(
+            &lease("lustre-dtn", "a0", 100, None),
+            &Default::default(),
+            at(101),
+        )
+        .unwrap();
+        let s = status(
+            &pool,
+            &[&a0],
+            &[],
+            &HashMap::new(),
+            &["beamline-7".to_owned()],
+            at(101),
+        );
+        let d = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == types::DEGRADED)
+            .unwrap();
+        assert_eq!(
+            (d.status.as_str(), d.reason.as_str()),
+            ("True", reason::NAMESPACE_MISSING)
+        );
+        assert!(d.message.contains("beamline-7"), "{}", d.message);
+        assert_eq!(s.ready_agents, 1, "the pool still serves its own namespace");
     }
 }
