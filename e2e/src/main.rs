@@ -3,7 +3,8 @@
 //! receivers sharing one destination directory, one sender), two pools, a
 //! 1 GiB Transfer checked byte for byte, then the same with the receiving
 //! agent killed mid-transfer: the failover is counted, the new receiver
-//! resumes from the checkpoint, and the file is identical.
+//! resumes from the checkpoint, and the file is identical; last, deleting the
+//! Transfers and pools lets their finalizers go.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -406,5 +407,32 @@ async fn run(
         s.failovers.len(),
         s.failovers[0].reason
     );
+
+    // While the operator still runs: its finalizers must let both kinds go,
+    // or the namespace could never be deleted.
+    println!("== deleting the Transfers and pools");
+    let dp = DeleteParams::default();
+    for name in ["one", "two"] {
+        transfers.delete(name, &dp).await?;
+    }
+    for name in ["senders", "receivers"] {
+        pools.delete(name, &dp).await?;
+    }
+    let start = Instant::now();
+    loop {
+        let lp = kube::api::ListParams::default();
+        let (t, p) = (transfers.list(&lp).await?, pools.list(&lp).await?);
+        if t.items.is_empty() && p.items.is_empty() {
+            break;
+        }
+        ensure!(
+            start.elapsed() < Duration::from_secs(60),
+            "still there a minute after deletion (finalizers not released): {} Transfers, {} pools",
+            t.items.len(),
+            p.items.len()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!("  gone after {:.1} s", start.elapsed().as_secs_f64());
     Ok(())
 }
