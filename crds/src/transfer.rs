@@ -147,6 +147,17 @@ pub enum TransferPhase {
     Failed,
 }
 
+impl Transfer {
+    /// Namespace of the pool that plays `role`: the one named, or the Transfer's own.
+    pub fn pool_namespace(&self, role: Role) -> Option<&str> {
+        let named = match role {
+            Role::Sender => &self.spec.source.pool_namespace,
+            Role::Receiver => &self.spec.destination.pool_namespace,
+        };
+        named.as_deref().or(self.metadata.namespace.as_deref())
+    }
+}
+
 impl TransferPhase {
     /// Succeeded or Failed: nothing more will happen.
     pub fn is_final(self) -> bool {

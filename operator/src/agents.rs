@@ -35,15 +35,8 @@ impl AgentId {
 
     /// The agent `who` that holds `role` in `t`.
     pub fn assigned(t: &Transfer, role: Role, who: &AgentRef) -> Self {
-        let pool_namespace = match role {
-            Role::Sender => &t.spec.source.pool_namespace,
-            Role::Receiver => &t.spec.destination.pool_namespace,
-        };
         Self {
-            namespace: pool_namespace
-                .clone()
-                .or_else(|| t.metadata.namespace.clone())
-                .unwrap_or_default(),
+            namespace: t.pool_namespace(role).unwrap_or_default().to_owned(),
             pool: who.pool.clone(),
             name: who.name.clone(),
         }

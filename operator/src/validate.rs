@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use wirerate_crds::transfer::Role;
 use wirerate_crds::{DtnPool, Striping, Transfer, Tuning};
 
 use crate::scheduler::Key;
@@ -48,11 +49,9 @@ fn invalid(reason: &'static str, message: String) -> Invalid {
 pub fn validate(t: &Transfer, pools: &BTreeMap<Key, DtnPool>) -> Result<Resolved, Invalid> {
     let ns = t.metadata.namespace.clone().unwrap_or_default();
     let src_key = (
-        t.spec
-            .source
-            .pool_namespace
-            .clone()
-            .unwrap_or_else(|| ns.clone()),
+        t.pool_namespace(Role::Sender)
+            .unwrap_or_default()
+            .to_owned(),
         t.spec.source.pool.clone(),
     );
     let src = pool(pools, &src_key, &ns)?;
@@ -61,11 +60,9 @@ pub fn validate(t: &Transfer, pools: &BTreeMap<Key, DtnPool>) -> Result<Resolved
     let (receiver_pool, dst) = match &t.spec.destination.pool {
         Some(name) => {
             let key = (
-                t.spec
-                    .destination
-                    .pool_namespace
-                    .clone()
-                    .unwrap_or_else(|| ns.clone()),
+                t.pool_namespace(Role::Receiver)
+                    .unwrap_or_default()
+                    .to_owned(),
                 name.clone(),
             );
             let dst = pool(pools, &key, &ns)?;

@@ -22,12 +22,9 @@ pub struct Me {
 impl Me {
     /// Whether `who`, holding `role` in `t`, is this agent.
     fn is(&self, t: &Transfer, role: Role, who: &AgentRef) -> bool {
-        let pool_namespace = match role {
-            Role::Sender => &t.spec.source.pool_namespace,
-            Role::Receiver => &t.spec.destination.pool_namespace,
-        };
-        let namespace = pool_namespace.as_ref().or(t.metadata.namespace.as_ref());
-        who.name == self.name && who.pool == self.pool && namespace == Some(&self.namespace)
+        who.name == self.name
+            && who.pool == self.pool
+            && t.pool_namespace(role) == Some(self.namespace.as_str())
     }
 }
 
