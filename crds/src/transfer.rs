@@ -240,6 +240,18 @@ pub struct TransferStatus {
     pub conditions: Vec<Condition>,
 }
 
+impl TransferStatus {
+    /// The assigned agents, each with the side it plays.
+    pub fn assigned(&self) -> impl Iterator<Item = (Role, &AgentRef)> {
+        [
+            (Role::Sender, &self.sender),
+            (Role::Receiver, &self.receiver),
+        ]
+        .into_iter()
+        .filter_map(|(role, who)| Some((role, who.as_ref()?)))
+    }
+}
+
 /// An assigned agent.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -10,7 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
-use wirerate_crds::transfer::{AgentRef, Role};
+use wirerate_crds::transfer::AgentRef;
 use wirerate_crds::{DtnPool, Transfer};
 
 use crate::agents::{self, Agent, AgentId};
@@ -168,10 +168,8 @@ impl View {
             if s.phase.is_some_and(|p| p.is_final()) || t.metadata.deletion_timestamp.is_some() {
                 continue;
             }
-            for (role, who) in [(Role::Sender, &s.sender), (Role::Receiver, &s.receiver)] {
-                if let Some(who) = who {
-                    *load.entry(AgentId::assigned(t, role, who)).or_insert(0) += 1;
-                }
+            for (role, who) in s.assigned() {
+                *load.entry(AgentId::assigned(t, role, who)).or_insert(0) += 1;
             }
         }
         load

@@ -185,8 +185,7 @@ pub fn step(
 
     // Lost agents first: a failure report from the surviving side is usually a consequence.
     let mut lost = Vec::new();
-    for (role, who) in [(Role::Sender, &s.sender), (Role::Receiver, &s.receiver)] {
-        let Some(who) = who else { continue };
+    for (role, who) in s.assigned() {
         let why = match agents.get(&AgentId::assigned(t, role, who)) {
             None => Some("its Lease is gone".to_owned()),
             Some(a) => a.dead.clone(),
@@ -462,6 +461,22 @@ mod tests {
         t.status = Some(s);
     }
 
+    /// The sender's last progress report: `bytes` in `blocks`, all done, at `when`.
+    fn finished(bytes: i64, blocks: i64, when: i64) -> Progress {
+        Progress {
+            attempt: 1,
+            bytes_total: bytes,
+            bytes_done: bytes,
+            blocks_done: blocks,
+            blocks_total: blocks,
+            percent: "100%".into(),
+            rate_bps: 0,
+            rate: String::new(),
+            eta_seconds: None,
+            updated_at: Time(at(when)),
+        }
+    }
+
     fn report(t: &mut Transfer, role: Role, agent: &str, state: ReportState) {
         let s = t.status.as_mut().unwrap();
         let attempt = s.attempt;
@@ -527,18 +542,7 @@ mod tests {
             Some(TransferPhase::Verifying)
         );
         report(&mut t, Role::Receiver, "r0", ReportState::Succeeded);
-        t.status.as_mut().unwrap().progress = Some(Progress {
-            attempt: 1,
-            bytes_total: 1_000_000_000,
-            bytes_done: 1_000_000_000,
-            blocks_done: 60,
-            blocks_total: 60,
-            percent: "100%".into(),
-            rate_bps: 0,
-            rate: String::new(),
-            eta_seconds: None,
-            updated_at: Time(at(101)),
-        });
+        t.status.as_mut().unwrap().progress = Some(finished(1_000_000_000, 60, 101));
         let st = step(&t, &v, &ag, at(110));
         assert_eq!(st.status.phase, Some(TransferPhase::Succeeded));
         assert_eq!(
@@ -565,18 +569,7 @@ mod tests {
         assert_eq!(done.status.phase, Some(TransferPhase::Succeeded));
         assert_eq!(done.status.average_rate, None, "no size known yet");
         let mut s = done.status;
-        s.progress = Some(Progress {
-            attempt: 1,
-            bytes_total: 4_000_000_000,
-            bytes_done: 4_000_000_000,
-            blocks_done: 240,
-            blocks_total: 240,
-            percent: "100%".into(),
-            rate_bps: 0,
-            rate: String::new(),
-            eta_seconds: None,
-            updated_at: Time(at(105)),
-        });
+        s.progress = Some(finished(4_000_000_000, 240, 105));
         t.status = Some(s);
         let later = step(&t, &v, &ag, at(200));
         assert_eq!(

@@ -205,6 +205,16 @@ mod tests {
         Timestamp::from_second(s).unwrap()
     }
 
+    /// An agent of lustre-dtn that renewed its Lease at 100, seen at 101.
+    fn live_agent(name: &str) -> Agent {
+        from_lease(
+            &lease("lustre-dtn", name, 100, None),
+            &Default::default(),
+            at(101),
+        )
+        .unwrap()
+    }
+
     fn pending_pod(name: &str, message: &str) -> Pod {
         let mut p = Pod::default();
         p.metadata.name = Some(name.into());
@@ -224,18 +234,8 @@ mod tests {
     #[test]
     fn ready_when_every_desired_agent_is_live() {
         let pool = lustre_pool();
-        let a0 = from_lease(
-            &lease("lustre-dtn", "a0", 100, None),
-            &Default::default(),
-            at(101),
-        )
-        .unwrap();
-        let a1 = from_lease(
-            &lease("lustre-dtn", "a1", 100, None),
-            &Default::default(),
-            at(101),
-        )
-        .unwrap();
+        let a0 = live_agent("a0");
+        let a1 = live_agent("a1");
         let active = HashMap::from([(a0.id(), 2)]);
         let s = status(&pool, &[&a0, &a1], &[], &active, &[], at(101));
         assert_eq!((s.ready_agents, s.active_transfers, s.replicas), (2, 2, 2));
@@ -272,12 +272,7 @@ mod tests {
     #[test]
     fn a_missing_allowed_namespace_degrades_the_pool_and_says_which() {
         let pool = lustre_pool();
-        let a0 = from_lease(
-            &lease("lustre-dtn", "a0", 100, None),
-            &Default::default(),
-            at(101),
-        )
-        .unwrap();
+        let a0 = live_agent("a0");
         let s = status(
             &pool,
             &[&a0],

@@ -12,7 +12,7 @@ use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
-use wirerate_crds::transfer::{ReportState, Role};
+use wirerate_crds::transfer::ReportState;
 use wirerate_crds::{Transfer, TransferPhase, TransferStatus, contract};
 
 use crate::agents::AgentId;
@@ -332,9 +332,8 @@ async fn cleanup(t: &Transfer, ctx: &Context) -> Result<Action> {
         return Ok(Action::await_change());
     }
     let view = ctx.view(Timestamp::now());
-    let pending: Vec<&str> = [(Role::Sender, &s.sender), (Role::Receiver, &s.receiver)]
-        .into_iter()
-        .filter_map(|(role, who)| Some((role, who.as_ref()?)))
+    let pending: Vec<&str> = s
+        .assigned()
         .filter(|(role, a)| {
             view.agents
                 .get(&AgentId::assigned(t, *role, a))

@@ -76,10 +76,7 @@ pub fn wanted(transfers: &[Transfer], me: &Me) -> Vec<Want> {
             t.metadata.namespace.clone().unwrap_or_default(),
             t.metadata.name.clone().unwrap_or_default(),
         );
-        for (role, who) in [(Role::Sender, &s.sender), (Role::Receiver, &s.receiver)] {
-            if !who.as_ref().is_some_and(|a| me.is(t, role, a)) {
-                continue;
-            }
+        for (role, _) in s.assigned().filter(|(role, who)| me.is(t, *role, who)) {
             let key = JobKey {
                 uid: uid.clone(),
                 role,
@@ -124,22 +121,20 @@ pub fn cancelled(transfers: &[Transfer], me: &Me) -> Vec<(JobKey, (String, Strin
         if t.metadata.deletion_timestamp.is_none() || s.phase.is_some_and(|p| p.is_final()) {
             continue;
         }
-        for (role, who) in [(Role::Sender, &s.sender), (Role::Receiver, &s.receiver)] {
-            if who.as_ref().is_some_and(|a| me.is(t, role, a)) {
-                let key = JobKey {
-                    uid: t.metadata.uid.clone().unwrap_or_default(),
-                    role,
-                    attempt: s.attempt,
-                };
-                if my_report_state(t, me, &key) != Some(ReportState::Cancelled) {
-                    out.push((
-                        key,
-                        (
-                            t.metadata.namespace.clone().unwrap_or_default(),
-                            t.metadata.name.clone().unwrap_or_default(),
-                        ),
-                    ));
-                }
+        for (role, _) in s.assigned().filter(|(role, who)| me.is(t, *role, who)) {
+            let key = JobKey {
+                uid: t.metadata.uid.clone().unwrap_or_default(),
+                role,
+                attempt: s.attempt,
+            };
+            if my_report_state(t, me, &key) != Some(ReportState::Cancelled) {
+                out.push((
+                    key,
+                    (
+                        t.metadata.namespace.clone().unwrap_or_default(),
+                        t.metadata.name.clone().unwrap_or_default(),
+                    ),
+                ));
             }
         }
     }
