@@ -173,11 +173,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
                 &cfg,
                 &name,
                 &key,
-                ReportState::Cancelled,
-                &msg,
-                None,
-                None,
-                None,
+                Report::new(ReportState::Cancelled, &msg),
             )
             .await;
         }
@@ -215,11 +211,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
                         &cfg,
                         &w.transfer,
                         &w.key,
-                        ReportState::Failed,
-                        &e.to_string(),
-                        None,
-                        None,
-                        None,
+                        Report::new(ReportState::Failed, &e.to_string()),
                     )
                     .await;
                     finished.insert(w.key);
@@ -474,11 +466,10 @@ async fn observe(
                 cfg,
                 &job.transfer,
                 key,
-                state,
-                &msg,
-                Some(&p),
-                None,
-                None,
+                Report {
+                    progress: Some(&p),
+                    ..Report::new(state, &msg)
+                },
             )
             .await;
             over.then_some(())
@@ -522,11 +513,11 @@ async fn observe(
                     cfg,
                     &job.transfer,
                     key,
-                    state,
-                    &msg,
-                    None,
-                    Some(striping),
-                    Some(&endpoint),
+                    Report {
+                        striping: Some(striping),
+                        endpoint: Some(&endpoint),
+                        ..Report::new(state, &msg)
+                    },
                 )
                 .await;
                 return Some(());
@@ -537,11 +528,11 @@ async fn observe(
                     cfg,
                     &job.transfer,
                     key,
-                    ReportState::Running,
-                    &format!("listening on {endpoint}"),
-                    None,
-                    Some(striping),
-                    Some(&endpoint),
+                    Report {
+                        striping: Some(striping),
+                        endpoint: Some(&endpoint),
+                        ..Report::new(ReportState::Running, &format!("listening on {endpoint}"))
+                    },
                 )
                 .await;
             }
@@ -579,19 +570,43 @@ fn progress(
     }
 }
 
+/// What one report says; the optional parts are fields the agent's role owns.
+struct Report<'a> {
+    state: ReportState,
+    message: &'a str,
+    progress: Option<&'a ProgressStatus>,
+    striping: Option<&'a StripingReport>,
+    endpoint: Option<&'a str>,
+}
+
+impl<'a> Report<'a> {
+    /// A state and a message, nothing else.
+    fn new(state: ReportState, message: &'a str) -> Self {
+        Self {
+            state,
+            message,
+            progress: None,
+            striping: None,
+            endpoint: None,
+        }
+    }
+}
+
 /// Applies this agent's report (and the fields its role owns). True if the API took it.
-#[allow(clippy::too_many_arguments)]
 async fn report(
     client: &Client,
     cfg: &RunConfig,
     (ns, name): &(String, String),
     key: &JobKey,
-    state: ReportState,
-    message: &str,
-    progress: Option<&ProgressStatus>,
-    striping: Option<&StripingReport>,
-    endpoint: Option<&str>,
+    r: Report<'_>,
 ) -> bool {
+    let Report {
+        state,
+        message,
+        progress,
+        striping,
+        endpoint,
+    } = r;
     let api: Api<Transfer> = Api::namespaced(client.clone(), ns);
     let mut status = json!({
         "reports": [{
