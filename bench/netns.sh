@@ -47,6 +47,14 @@ up() {
   sysctl -qw net.core.rmem_max="$buf" net.core.wmem_max="$buf"
   if [ "$delay" != 0 ] || [ "$loss" != 0 ]; then
     [ -x "$delayline" ] || { echo "build it first: cargo build --release -p wirerate-delayline" >&2; exit 1; }
+    # The kernel hands queued packets to the delay line over a netlink
+    # socket; when its receive buffer (net.core.rmem_default, 208 KiB)
+    # fills, the packet is dropped (user_dropped in nfnetlink_queue). Two
+    # shared cores make that happen at a few Gbit/s, so the "lossless"
+    # path lost ~1% of its packets. The sockets take the default at
+    # creation: raise it only until both delay lines have bound.
+    sysctl -n net.core.rmem_default > "$state/rmem_default"
+    sysctl -qw net.core.rmem_default=$((64 << 20))
     for ns in $A $B; do
       dev=$([ $ns = $A ] && echo wra0 || echo wrb0)
       # Held on arrival: a packet held at the sender's OUTPUT hook still counts
@@ -56,11 +64,26 @@ up() {
         2> "$state/delayline-$ns.log" &
       echo $! > "$state/delayline-$ns.pid"
     done
+    for ns in $A $B; do
+      for _ in $(seq 50); do
+        ip netns exec $ns grep -q . /proc/net/netfilter/nfnetlink_queue && break
+        sleep 0.1
+      done
+    done
+    sysctl -qw net.core.rmem_default="$(cat "$state/rmem_default")"
   fi
   echo "up: $A 10.201.0.1 <-> $B 10.201.0.2, one-way delay ${delay} ms, loss $loss, mtu $mtu, tcp buffers up to $buf"
 }
 
 down() {
+  # Packets the delay line never saw: the kernel dropped them (queue full,
+  # or the netlink buffer full). Said out loud, since the path should
+  # lose only what --loss asks for.
+  for ns in $A $B; do
+    ip netns exec $ns cat /proc/net/netfilter/nfnetlink_queue 2>/dev/null | while read -r q _ _ _ _ qdrop udrop _; do
+      [ "$qdrop" = 0 ] && [ "$udrop" = 0 ] || echo "warning: $ns queue $q: kernel dropped $qdrop (queue full) + $udrop (delay line too slow) packets" >&2
+    done
+  done
   for f in "$state"/delayline-*.pid; do
     [ -f "$f" ] || continue
     pid=$(cat "$f")
@@ -69,6 +92,9 @@ down() {
   done
   ip netns del $A 2>/dev/null || true
   ip netns del $B 2>/dev/null || true
+  if [ -f "$state/rmem_default" ]; then
+    sysctl -qw net.core.rmem_default="$(cat "$state/rmem_default")"
+  fi
   if [ -f "$state/rmem_max" ]; then
     sysctl -qw net.core.rmem_max="$(cat "$state/rmem_max")" net.core.wmem_max="$(cat "$state/wmem_max")"
   fi
