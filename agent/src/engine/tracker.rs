@@ -54,8 +54,30 @@ impl FileTracker {
 
     /// The file was fdatasync'ed: everything written so far is durable.
     pub fn handle_synced(&mut self) {
-        self.durable.union_with(&self.written);
+        let written = self.begin_sync();
+        self.handle_synced_upto(&written);
+    }
+
+    /// A sync is about to start in the background: returns the blocks it
+    /// will cover (those written so far). Writes that complete while it
+    /// runs count as unsynced again.
+    pub fn begin_sync(&mut self) -> Bitmap {
         self.unsynced = 0;
+        self.written.clone()
+    }
+
+    /// The sync started by `begin_sync` finished: what it covered is durable.
+    pub fn handle_synced_upto(&mut self, covered: &Bitmap) {
+        self.durable.union_with(covered);
+    }
+
+    /// What a checkpoint taken once `covered` is durable records: the
+    /// durable blocks then, and the checksums now (a covered block's
+    /// checksum cannot change, since its write already completed).
+    pub fn checkpoint_after(&self, covered: &Bitmap) -> (Bitmap, Vec<u64>) {
+        let mut durable = self.durable.clone();
+        durable.union_with(covered);
+        (durable, self.checksums.clone())
     }
 
     /// Durable blocks (what a checkpoint records).
@@ -116,6 +138,31 @@ impl CheckpointPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_background_sync_covers_only_what_was_written_when_it_began() {
+        let mut t = FileTracker::new(4, None);
+        assert!(t.handle_written(0, 10) && t.handle_written(1, 11));
+        let covered = t.begin_sync();
+        assert_eq!(t.unsynced(), 0);
+        // Lands while the sync runs: not covered by it.
+        assert!(t.handle_written(2, 12));
+        assert_eq!(
+            t.unsynced(),
+            1,
+            "a write during the sync waits for the next"
+        );
+        let (durable, sums) = t.checkpoint_after(&covered);
+        assert!(durable.get(0) && durable.get(1) && !durable.get(2));
+        assert_eq!(&sums[..3], &[10, 11, 12]);
+        assert!(!t.durable().get(0), "not durable before the sync finished");
+        t.handle_synced_upto(&covered);
+        assert!(t.durable().get(0) && t.durable().get(1));
+        assert!(!t.durable().get(2), "written after the sync began");
+        t.handle_synced();
+        assert!(t.durable().get(2));
+        assert_eq!(t.unsynced(), 0);
+    }
 
     #[test]
     fn block_is_durable_only_after_sync() {

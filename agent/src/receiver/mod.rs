@@ -7,6 +7,7 @@
 //! `queue_depth` writes in flight and checkpoints durable blocks.
 
 mod checkpoint;
+mod checkpointer;
 mod dest;
 mod session;
 mod writer;

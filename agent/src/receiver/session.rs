@@ -236,7 +236,7 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
         Arc::clone(&control),
         verify,
         Arc::clone(&stats),
-    );
+    )?;
     let hugepages = pool.hugepages();
     let session = Arc::new(Session {
         verify,

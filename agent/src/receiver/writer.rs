@@ -9,6 +9,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
+use super::checkpoint::Checkpoint;
+use super::checkpointer::{Checkpointer, Done, Job};
 use super::dest::DestFile;
 use super::session::Stats;
 use super::{Shared, lock};
@@ -74,6 +76,7 @@ pub(crate) struct Writer {
     pending: HashMap<u64, Pending>,
     next_tag: u64,
     policy: CheckpointPolicy,
+    checkpointer: Checkpointer,
     /// A message taken while gathering finished files, handled next.
     lookahead: Option<WriterMsg>,
 }
@@ -89,10 +92,11 @@ impl Writer {
         control: Arc<Mutex<TcpStream>>,
         verify: Verify,
         stats: Arc<Stats>,
-    ) -> Self {
+    ) -> Result<Self> {
         let (io, mode, fallback) = backend(shared.cfg.io_mode, shared.cfg.queue_depth);
         let policy = CheckpointPolicy::new(Instant::now(), shared.cfg.checkpoint_interval);
-        Self {
+        let checkpointer = Checkpointer::start(Arc::clone(&shared))?;
+        Ok(Self {
             shared,
             files,
             rx,
@@ -105,8 +109,9 @@ impl Writer {
             pending: HashMap::new(),
             next_tag: 0,
             policy,
+            checkpointer,
             lookahead: None,
-        }
+        })
     }
 
     pub(crate) fn run(mut self) -> Report {
@@ -297,6 +302,9 @@ impl Writer {
     }
 
     fn maybe_checkpoint(&mut self) -> Result<()> {
+        if let Some(done) = self.checkpointer.poll(false) {
+            self.apply(done)?;
+        }
         let now = Instant::now();
         let unsynced: u64 = self
             .files
@@ -304,15 +312,65 @@ impl Writer {
             .filter(|f| f.layout.blocks() > 1)
             .map(|f| f.tracker.unsynced())
             .sum();
-        if self.policy.poll_due(now, unsynced) {
-            self.drain()?;
-            self.checkpoint_all()?;
-            self.policy.handle_checkpointed(now);
+        if self.checkpointer.busy() || !self.policy.poll_due(now, unsynced) {
+            return Ok(());
+        }
+        // No drain and no sync here: the checkpoint thread syncs what was
+        // written when the batch was made, while the writes in flight and
+        // those that follow keep the disk busy.
+        let batch: Vec<Job> = self
+            .files
+            .iter_mut()
+            .filter(|(_, f)| f.layout.blocks() > 1 && f.tracker.unsynced() > 0)
+            .filter_map(|(&file_id, f)| {
+                let file = Arc::clone(f.plain.as_ref()?);
+                let covered = f.tracker.begin_sync();
+                let (durable, checksums) = f.tracker.checkpoint_after(&covered);
+                Some(Job {
+                    file_id,
+                    file,
+                    rel: f.dest.rel.clone(),
+                    parent: f.dest.parent.clone(),
+                    ckpt_name: f.dest.ckpt_name(),
+                    checkpoint: Checkpoint {
+                        fingerprint: f.fingerprint,
+                        size: f.layout.size,
+                        block_size: f.layout.block_size,
+                        durable,
+                        checksums,
+                    },
+                    covered,
+                })
+            })
+            .collect();
+        if !batch.is_empty() {
+            self.checkpointer.submit(batch)?;
+        }
+        self.policy.handle_checkpointed(now);
+        Ok(())
+    }
+
+    /// Marks what a finished background checkpoint made durable.
+    fn apply(&mut self, done: Done) -> Result<()> {
+        for (file_id, covered) in done? {
+            if let Some(f) = self.files.get_mut(&file_id) {
+                f.tracker.handle_synced_upto(&covered);
+            }
         }
         Ok(())
     }
 
+    /// Waits for a background checkpoint, so that nothing stores a
+    /// checkpoint behind a file that is being published or discarded.
+    fn settle(&mut self) -> Result<()> {
+        match self.checkpointer.poll(true) {
+            Some(done) => self.apply(done),
+            None => Ok(()),
+        }
+    }
+
     fn checkpoint_all(&mut self) -> Result<()> {
+        self.settle()?;
         // A one-block file is simply sent again after a crash: syncing and
         // checkpointing each of thousands of small files would cost more
         // than it could save.
@@ -353,6 +411,7 @@ impl Writer {
     /// then they are renamed, then each directory is synced once, so a
     /// final name never points at data a crash could lose.
     fn finish(&mut self, batch: Vec<(u32, u128)>) -> Result<()> {
+        self.settle()?;
         let shared = Arc::clone(&self.shared);
         let root = &shared.root;
         let mut ready = Vec::with_capacity(batch.len());
