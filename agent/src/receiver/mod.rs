@@ -9,10 +9,11 @@
 mod checkpoint;
 mod checkpointer;
 mod dest;
+mod registry;
 mod session;
 mod writer;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -28,7 +29,7 @@ use crate::io::IoMode;
 use crate::metrics::metrics;
 use crate::net::{self, SocketOpts, auth};
 use crate::summary::ReceiverSummary;
-use crate::wire::{Frame, Purpose, SessionId, write_frame};
+use crate::wire::{Frame, Purpose, write_frame};
 
 /// More concurrent connections than this are refused, so a flood of
 /// garbage peers cannot exhaust threads.
@@ -55,6 +56,9 @@ pub struct ServeConfig {
     pub checkpoint_interval: Duration,
     /// Socket tuning for accepted connections.
     pub socket: SocketOpts,
+    /// How long a data stream waits for the session it joins to be
+    /// announced on its control connection (senders open both at once).
+    pub join_wait: Duration,
     /// Print a summary line per session on stdout (JSON when `json`).
     pub print_summaries: bool,
     /// Print summaries as JSON.
@@ -73,6 +77,7 @@ impl ServeConfig {
             max_sessions: 16,
             checkpoint_interval: Duration::from_secs(1),
             socket: SocketOpts::default(),
+            join_wait: HANDSHAKE_TIMEOUT,
             print_summaries: false,
             json: false,
         }
@@ -82,7 +87,7 @@ impl ServeConfig {
 pub(crate) struct Shared {
     cfg: ServeConfig,
     root: Root,
-    sessions: Mutex<HashMap<SessionId, Arc<session::Session>>>,
+    sessions: registry::Registry<Arc<session::Session>>,
     busy: Mutex<HashSet<String>>,
     connections: AtomicUsize,
     stop: AtomicBool,
@@ -117,7 +122,7 @@ impl Server {
             shared: Arc::new(Shared {
                 cfg,
                 root,
-                sessions: Mutex::default(),
+                sessions: registry::Registry::default(),
                 busy: Mutex::default(),
                 connections: AtomicUsize::new(0),
                 stop: AtomicBool::new(false),

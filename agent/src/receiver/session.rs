@@ -55,7 +55,7 @@ struct Registration<'a> {
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
-        if let Some(s) = lock(&self.shared.sessions).remove(&self.id) {
+        if let Some(s) = self.shared.sessions.withdraw(&self.id) {
             s.aborted.store(true, Ordering::SeqCst);
             for st in lock(&s.data_streams).iter() {
                 let _ = st.shutdown(Shutdown::Both);
@@ -111,7 +111,7 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
             ),
         ));
     }
-    if lock(&shared.sessions).len() >= shared.cfg.max_sessions {
+    if shared.sessions.len() >= shared.cfg.max_sessions {
         metrics().rejected.with_label_values(&["busy"]).inc();
         return Err(refuse(
             &mut stream,
@@ -122,6 +122,20 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
             ),
         ));
     }
+
+    if !shared.sessions.announce(id) {
+        return Err(refuse(
+            &mut stream,
+            false,
+            format!("session {} is already open; pick a fresh id", hex(&id)),
+        ));
+    }
+    // From here on, dropping this releases the id and any claimed paths.
+    let mut reg = Registration {
+        shared,
+        id,
+        paths: Vec::new(),
+    };
 
     // The manifest.
     let mut entries = Vec::new();
@@ -157,11 +171,6 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
     }
 
     // Claim the destinations so that two sessions never write one file.
-    let mut reg = Registration {
-        shared,
-        id,
-        paths: Vec::new(),
-    };
     {
         let mut busy = lock(&shared.busy);
         for e in &entries {
@@ -247,7 +256,7 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
         aborted: AtomicBool::new(false),
         stats: Arc::clone(&stats),
     });
-    lock(&shared.sessions).insert(id, Arc::clone(&session));
+    shared.sessions.publish(id, Arc::clone(&session));
     metrics().sessions.inc();
     metrics().sessions_active.inc();
     let writer = std::thread::Builder::new()
@@ -336,7 +345,8 @@ pub(crate) fn run_stream(
     id: SessionId,
     idx: u16,
 ) -> Result<()> {
-    let Some(session) = lock(&shared.sessions).get(&id).cloned() else {
+    let stopping = || shared.stop.load(Ordering::SeqCst);
+    let Some(session) = shared.sessions.wait(&id, shared.cfg.join_wait, stopping) else {
         let message = "unknown session: open it on a control connection first".to_string();
         let _ = write_frame(
             &mut stream,

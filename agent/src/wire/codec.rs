@@ -39,7 +39,7 @@ pub enum DecodeError {
 const T_HELLO: u8 = 1;
 const T_CHALLENGE: u8 = 2;
 const T_AUTH: u8 = 3;
-const T_AUTH_OK: u8 = 4;
+const T_SERVER_PROOF: u8 = 4;
 const T_OPEN: u8 = 5;
 const T_FILES: u8 = 6;
 const T_FILES_END: u8 = 7;
@@ -83,8 +83,8 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
                 }
             }
         }
-        Frame::AuthOk { mac } => {
-            w.u8(T_AUTH_OK);
+        Frame::ServerProof { mac } => {
+            w.u8(T_SERVER_PROOF);
             w.bytes(mac);
         }
         Frame::Open {
@@ -228,7 +228,7 @@ pub fn decode_body(body: &[u8]) -> Result<Frame, DecodeError> {
             };
             Frame::Auth { mac, purpose }
         }
-        T_AUTH_OK => Frame::AuthOk {
+        T_SERVER_PROOF => Frame::ServerProof {
             mac: r.array::<MAC_LEN>()?,
         },
         T_OPEN => {
@@ -446,7 +446,7 @@ mod tests {
                     },
                 }
             }),
-            any::<[u8; 32]>().prop_map(|mac| Frame::AuthOk { mac }),
+            any::<[u8; 32]>().prop_map(|mac| Frame::ServerProof { mac }),
             (any::<[u8; 16]>(), 1u32..=(MAX_BLOCK / 4096), 1u16.., 0u8..3).prop_map(
                 |(session, b, streams, v)| Frame::Open {
                     session,

@@ -16,8 +16,8 @@ pub use stream::{FrameReader, read_frame, write_frame, write_frame_with_payload}
 
 /// Identifies the protocol on the first frame.
 pub const MAGIC: [u8; 4] = *b"WRRT";
-/// The protocol version this build speaks.
-pub const VERSION: u16 = 1;
+/// The protocol version this build speaks (2: the one-round-trip handshake).
+pub const VERSION: u16 = 2;
 /// Largest control frame (manifest chunk, plan bitmap) we accept.
 pub const MAX_FRAME: usize = (4 << 20) + 4096;
 /// Largest block payload any peer may announce.
@@ -143,8 +143,8 @@ pub enum Frame {
         /// Control or data stream.
         purpose: Purpose,
     },
-    /// Server's proof of the token.
-    AuthOk {
+    /// Server's proof of the token, sent right after its challenge.
+    ServerProof {
         /// HMAC over both nonces, the other way round.
         mac: [u8; MAC_LEN],
     },

@@ -99,6 +99,8 @@ pub fn server(root: &Path, mode: IoMode) -> ServerHandle {
     cfg.io_mode = mode;
     cfg.buffer = 8 << 20;
     cfg.checkpoint_interval = Duration::from_millis(100);
+    // A join for a session nobody opens is refused after this.
+    cfg.join_wait = Duration::from_secs(1);
     Server::bind("127.0.0.1:0", cfg).expect("bind").spawn()
 }
 
@@ -140,7 +142,9 @@ pub fn require_root(what: &str) -> bool {
 }
 
 /// A fault for the relay to inject into the client-to-server direction of
-/// the `conn`-th connection it accepts (0 = control, 1.. = data streams).
+/// connection `conn`: 0 is the control connection, n the data stream with
+/// index n - 1. The relay tells them apart by the purpose in the client's
+/// handshake, since a sender connects them all at once.
 #[derive(Debug, Clone, Copy)]
 pub enum Fault {
     /// Close the connection after this many bytes.
@@ -166,7 +170,7 @@ impl Relay {
         let conns = Arc::new(Mutex::new(Vec::new()));
         let (s, f, c) = (stop.clone(), fired.clone(), conns.clone());
         std::thread::spawn(move || {
-            for (idx, client) in listener.incoming().enumerate() {
+            for client in listener.incoming() {
                 if s.load(Ordering::SeqCst) {
                     break;
                 }
@@ -176,16 +180,10 @@ impl Relay {
                 };
                 c.lock().unwrap().push(client.try_clone().unwrap());
                 c.lock().unwrap().push(upstream.try_clone().unwrap());
-                let mine: Vec<Fault> = faults
-                    .iter()
-                    .copied()
-                    .filter(|x| match x {
-                        Fault::CutAfter { conn, .. } | Fault::FlipByte { conn, .. } => *conn == idx,
-                    })
-                    .collect();
                 let (c2, u2) = (client.try_clone().unwrap(), upstream.try_clone().unwrap());
                 let fired = f.clone();
-                std::thread::spawn(move || pump(client, upstream, mine, fired));
+                let faults = faults.clone();
+                std::thread::spawn(move || pump(client, upstream, faults, fired));
                 std::thread::spawn(move || pump(u2, c2, Vec::new(), Arc::new(AtomicUsize::new(0))));
             }
         });
@@ -208,15 +206,48 @@ impl Drop for Relay {
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream, faults: Vec<Fault>, fired: Arc<AtomicUsize>) {
+/// Which connection a client's first bytes open: 0 for control, n for data
+/// stream n - 1; `None` until the handshake's purpose has arrived. The
+/// hello frame is 43 bytes; the auth frame's purpose byte follows its
+/// 4-byte length, type byte and 32-byte MAC, then the 16-byte session id
+/// and the little-endian stream index.
+fn conn_of(head: &[u8]) -> Option<usize> {
+    const PURPOSE: usize = 43 + 4 + 1 + 32;
+    match head.get(PURPOSE)? {
+        0 => Some(0),
+        _ => {
+            let i = head.get(PURPOSE + 17..PURPOSE + 19)?;
+            Some(usize::from(u16::from_le_bytes([i[0], i[1]])) + 1)
+        }
+    }
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream, all: Vec<Fault>, fired: Arc<AtomicUsize>) {
     let mut buf = vec![0u8; 64 << 10];
     let mut pos = 0u64;
-    let mut done = vec![false; faults.len()];
+    let mut head = Vec::new();
+    let mut faults: Vec<Fault> = Vec::new();
+    let mut known = all.is_empty();
+    let mut done = Vec::new();
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        if !known {
+            head.extend_from_slice(&buf[..n.min(128)]);
+            if let Some(idx) = conn_of(&head) {
+                known = true;
+                faults = all
+                    .iter()
+                    .copied()
+                    .filter(|x| match x {
+                        Fault::CutAfter { conn, .. } | Fault::FlipByte { conn, .. } => *conn == idx,
+                    })
+                    .collect();
+                done = vec![false; faults.len()];
+            }
+        }
         let chunk = &mut buf[..n];
         let mut cut_at = None;
         for (i, f) in faults.iter().enumerate() {
