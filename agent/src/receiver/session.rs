@@ -31,6 +31,11 @@ pub(crate) struct Stats {
     pub(crate) files_failed: AtomicU64,
 }
 
+/// Files of the session that have their result.
+fn answered(stats: &Stats) -> u64 {
+    stats.files_ok.load(Ordering::SeqCst) + stats.files_failed.load(Ordering::SeqCst)
+}
+
 /// What data streams need to know about their session.
 pub(crate) struct Session {
     verify: Verify,
@@ -238,6 +243,7 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
             .try_clone()
             .map_err(|e| Error::net("cloning the control connection", e))?,
     ));
+    let accepted = files.len() as u64;
     let writer = Writer::new(
         Arc::clone(shared),
         files,
@@ -289,6 +295,8 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
                     }
                 }
                 Ok(Frame::Finish) => break Ok(()),
+                // The writer ended the session after the last result.
+                Err(_) if answered(&stats) >= accepted => break Ok(()),
                 Ok(other) => {
                     break Err(Error::Violation(format!(
                         "unexpected {other:?} on the control connection"

@@ -77,6 +77,8 @@ pub(crate) struct Writer {
     next_tag: u64,
     policy: CheckpointPolicy,
     checkpointer: Checkpointer,
+    /// Accepted files still without a result.
+    unanswered: usize,
     /// A message taken while gathering finished files, handled next.
     lookahead: Option<WriterMsg>,
 }
@@ -96,6 +98,7 @@ impl Writer {
         let (io, mode, fallback) = backend(shared.cfg.io_mode, shared.cfg.queue_depth);
         let policy = CheckpointPolicy::new(Instant::now(), shared.cfg.checkpoint_interval);
         let checkpointer = Checkpointer::start(Arc::clone(&shared))?;
+        let unanswered = files.len();
         Ok(Self {
             shared,
             files,
@@ -110,6 +113,7 @@ impl Writer {
             next_tag: 0,
             policy,
             checkpointer,
+            unanswered,
             lookahead: None,
         })
     }
@@ -383,27 +387,39 @@ impl Writer {
         Ok(())
     }
 
-    fn result(&self, file_id: u32, ok: bool, digest: u128, message: String) -> Result<()> {
+    fn result(&mut self, file_id: u32, ok: bool, digest: u128, message: String) -> Result<()> {
         let stat = if ok {
             &self.stats.files_ok
         } else {
             &self.stats.files_failed
         };
-        stat.fetch_add(1, Ordering::Relaxed);
+        stat.fetch_add(1, Ordering::SeqCst);
         if ok {
             metrics().files_completed.inc();
         } else {
             metrics().files_failed.inc();
         }
+        let mut control = lock(&self.control);
         write_frame(
-            &mut *lock(&self.control),
+            &mut *control,
             &Frame::FileResult {
                 file_id,
                 ok,
                 digest,
                 message,
             },
-        )
+        )?;
+        self.unanswered = self.unanswered.saturating_sub(1);
+        if self.unanswered == 0 {
+            // Every file has its result, so the session is over: end it now
+            // rather than a round trip later, when the sender's Finish
+            // arrives. Shutting down our read side wakes the control
+            // thread, which stops this writer, releases the destinations
+            // and closes the connection; that close is what the sender
+            // waits for.
+            let _ = control.shutdown(Shutdown::Read);
+        }
+        Ok(())
     }
 
     /// Verifies and publishes finished files. Their data is made durable

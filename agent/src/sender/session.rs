@@ -365,7 +365,7 @@ pub(crate) fn run(
         let mut ctl_r = control
             .try_clone()
             .map_err(|e| Error::net("cloning the control connection", e))?;
-        s.spawn(move || control_loop(shared, &mut ctl_r));
+        s.spawn(move || control_loop(shared, &mut ctl_r, accepted));
 
         let result = coordinate(shared, &mut control, accepted);
 
@@ -440,7 +440,10 @@ fn coordinate(shared: &Shared, control: &mut TcpStream, accepted: usize) -> Resu
         if g.verdicts.len() >= accepted {
             return Ok(());
         }
-        if g.sched.alive_streams() == 0 {
+        // Once every block is acknowledged the data streams have done
+        // their part (the receiver may close them as the session ends);
+        // only the results are still to come.
+        if g.sched.alive_streams() == 0 && g.sent_digests.len() < accepted {
             return Err(Error::net(
                 "sending blocks",
                 std::io::Error::other("every data stream failed"),
@@ -548,7 +551,7 @@ fn ack_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
     }
 }
 
-fn control_loop(shared: &Shared, control: &mut TcpStream) {
+fn control_loop(shared: &Shared, control: &mut TcpStream, accepted: usize) {
     let mut reader = FrameReader::default();
     loop {
         match reader.read(control) {
@@ -599,6 +602,8 @@ fn control_loop(shared: &Shared, control: &mut TcpStream) {
                 )));
                 return;
             }
+            // The receiver closes as soon as every file has its result.
+            Err(_) if shared.lock().verdicts.len() >= accepted => return,
             Err(e) => {
                 shared.fail(match e {
                     Error::Net { cause, .. } => Error::net("the control connection broke", cause),
