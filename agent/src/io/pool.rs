@@ -95,10 +95,20 @@ fn map(len: usize, huge: bool) -> Option<NonNull<u8>> {
         )
     };
     if p == libc::MAP_FAILED {
-        None
-    } else {
-        NonNull::new(p.cast())
+        return None;
     }
+    if !huge {
+        // Transparent hugepages where the host allows them (THP "madvise"
+        // is common): a 16 MiB buffer faults in 8 times instead of 4,096,
+        // which was a tenth of a small transfer's CPU time.
+        // SAFETY: [p, p + len) is the mapping just created, owned by no one
+        // else yet; MADV_HUGEPAGE changes only how it is backed, never its
+        // contents, and a refusal (THP off) is harmless.
+        unsafe {
+            libc::madvise(p, len, libc::MADV_HUGEPAGE);
+        }
+    }
+    NonNull::new(p.cast())
 }
 
 impl Pool {
