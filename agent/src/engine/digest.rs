@@ -11,6 +11,24 @@ pub fn block_checksum(payload: &[u8]) -> u64 {
     xxh3_64(payload)
 }
 
+/// `block_checksum` of a payload that arrives in pieces: each piece is
+/// hashed right after it lands, while it is still in the CPU cache, instead
+/// of reading the whole block back from memory afterwards.
+#[derive(Default)]
+pub struct BlockHasher(Xxh3Default);
+
+impl BlockHasher {
+    /// Adds the next piece of the payload.
+    pub fn update(&mut self, piece: &[u8]) {
+        self.0.update(piece);
+    }
+
+    /// The checksum of everything added.
+    pub fn finish(&self) -> u64 {
+        self.0.digest()
+    }
+}
+
 /// Digest of a file from its block checksums in order.
 pub fn file_digest(checksums: &[u64]) -> u128 {
     let mut h = Xxh3Default::new();
@@ -39,6 +57,21 @@ pub fn fmt_digest(d: u128) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pieces_hash_like_the_whole() {
+        let data: Vec<u8> = (0..3_000_017u32)
+            .map(|i| i.wrapping_mul(2_654_435_761) as u8)
+            .collect();
+        for piece in [1, 63, 64, 1000, 4096, 256 << 10, data.len()] {
+            let mut h = BlockHasher::default();
+            for p in data.chunks(piece) {
+                h.update(p);
+            }
+            assert_eq!(h.finish(), block_checksum(&data), "pieces of {piece}");
+        }
+        assert_eq!(BlockHasher::default().finish(), block_checksum(&[]));
+    }
 
     #[test]
     fn order_matters() {
