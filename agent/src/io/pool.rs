@@ -233,6 +233,12 @@ impl Pools {
         }
     }
 
+    /// Whether these are `large_count` buffers of `block_size`, as
+    /// `new(block_size, large_count)` would make.
+    pub fn is_shaped(&self, block_size: usize, large_count: usize) -> bool {
+        self.large.buf_size() == block_size && self.large.count() == large_count
+    }
+
     /// Bytes in the block-size buffers.
     pub fn large_bytes(&self) -> u64 {
         (self.large.buf_size() * self.large.count()) as u64

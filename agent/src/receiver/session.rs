@@ -239,7 +239,13 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
     }
 
     let count = (shared.cfg.buffer / block_size).clamp(2, 4096) as usize;
-    let pool = Pools::new(block_size as usize, count)?;
+    let spare = lock(&shared.spare_pool)
+        .take()
+        .filter(|p| p.is_shaped(block_size as usize, count));
+    let pool = match spare {
+        Some(p) => p,
+        None => Pools::new(block_size as usize, count)?,
+    };
     let stats = Arc::new(Stats::default());
     let (writer_tx, writer_rx) = mpsc::channel();
     let control = Arc::new(Mutex::new(
@@ -315,6 +321,10 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
         .join()
         .unwrap_or_else(|_| super::writer::Report::panicked());
     drop(reg);
+    // Buffers still held by a stream thread that has not noticed the end
+    // go back to the free list when it lets go, so the next session can
+    // take the pool now.
+    *lock(&shared.spare_pool) = Some(session.pool.clone());
 
     let secs = started.elapsed().as_secs_f64();
     let bytes = stats.bytes.load(Ordering::Relaxed);
