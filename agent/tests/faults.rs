@@ -253,7 +253,6 @@ fn garbage_and_oversized_frames_are_refused_without_harm() {
         block: 0,
         offset: 0,
         len: 1 << 30,
-        checksum: 0,
     });
     wire::write_frame(&mut data, &lie).unwrap();
     let reply = assert_closed(&mut data);

@@ -11,6 +11,10 @@ pub fn block_checksum(payload: &[u8]) -> u64 {
     xxh3_64(payload)
 }
 
+/// Payloads are hashed (and sent, and read from the socket) in pieces of
+/// this size, so each piece is hashed while it is in the CPU cache (L2).
+pub const HASH_PIECE: usize = 256 << 10;
+
 /// `block_checksum` of a payload that arrives in pieces: each piece is
 /// hashed right after it lands, while it is still in the CPU cache, instead
 /// of reading the whole block back from memory afterwards.

@@ -57,8 +57,6 @@ pub struct SendOrder {
     pub offset: u64,
     /// Payload length.
     pub len: u64,
-    /// Payload checksum.
-    pub checksum: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,7 +243,9 @@ impl Scheduler {
         self.slots.get(gid).is_some_and(|s| s.state == State::Ready)
     }
 
-    /// A read finished; `checksum` is its payload's checksum.
+    /// A read finished; `checksum` is its payload's checksum for a
+    /// digest-only block (a block to send gets it from
+    /// `handle_sent_checksum`).
     pub fn handle_read(&mut self, gid: usize, checksum: u64) {
         let Some(slot) = self.slots.get_mut(gid) else {
             return;
@@ -290,8 +290,16 @@ impl Scheduler {
             block: slot.block,
             offset: f.layout.offset(slot.block),
             len: f.layout.len(slot.block),
-            checksum: f.checksums[slot.block as usize],
         })
+    }
+
+    /// The checksum of a block, computed as it went out (the sender hashes
+    /// a payload piece by piece just before sending it). Called before the
+    /// receiver can acknowledge the block, so the file's digest has it.
+    pub fn handle_sent_checksum(&mut self, gid: usize, checksum: u64) {
+        if let Some(slot) = self.slots.get(gid) {
+            self.files[slot.file].checksums[slot.block as usize] = checksum;
+        }
     }
 
     fn block_len(&self, gid: usize) -> u64 {
@@ -488,7 +496,8 @@ mod tests {
         let b = s.poll_send(1).unwrap();
         let c = s.poll_send(0).unwrap();
         assert_eq!((a.block, b.block, c.block), (0, 1, 2));
-        assert_eq!(c.checksum, 3);
+        // Hashed on the way out: this is the checksum the digest uses.
+        s.handle_sent_checksum(c.gid, 30);
         assert!(s.poll_send(1).is_none());
         assert!(s.poll_file_done().is_none());
         s.handle_ack(0, 7, 0).unwrap();
@@ -496,7 +505,7 @@ mod tests {
         s.handle_ack(0, 7, 2).unwrap();
         let (id, d) = s.poll_file_done().unwrap();
         assert_eq!(id, 7);
-        assert_eq!(d, file_digest(&[1, 2, 3]));
+        assert_eq!(d, file_digest(&[1, 2, 30]));
         assert!(s.is_finished());
     }
 

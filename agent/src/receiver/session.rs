@@ -10,17 +10,14 @@ use std::time::{Duration, Instant};
 use super::dest::{Prepared, prepare};
 use super::writer::{Writer, WriterMsg};
 use super::{Shared, lock};
-use crate::engine::{Layout, digest::BlockHasher};
+use crate::engine::Layout;
+use crate::engine::digest::{BlockHasher, HASH_PIECE};
 use crate::error::{Error, Result};
 use crate::io::Pools;
 use crate::metrics::metrics;
 use crate::summary::ReceiverSummary;
 use crate::units::gbps;
 use crate::wire::{Frame, FrameReader, PlanOutcome, SessionId, Verify, write_frame};
-
-/// A block is read from its stream and hashed in pieces of this size, so
-/// each piece is hashed while it is still in the CPU cache (it fits in L2).
-const HASH_PIECE: usize = 256 << 10;
 
 /// Most manifest entries one session may carry.
 const MAX_ENTRIES: usize = 1 << 20;
@@ -476,12 +473,16 @@ fn receive_blocks(
                 h.update(piece);
             }
         }
+        let mut trailer = [0u8; 8];
+        stream
+            .read_exact(&mut trailer)
+            .map_err(|e| Error::net("reading a block's checksum", e))?;
         buf.set_len(len);
         let checksum = match hasher {
             None => 0,
             Some(hasher) => {
                 let c = hasher.finish();
-                if c != h.checksum {
+                if c != u64::from_le_bytes(trailer) {
                     session.stats.rejected.fetch_add(1, Ordering::Relaxed);
                     metrics().checksum_failures.inc();
                     tracing::warn!(

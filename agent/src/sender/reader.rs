@@ -23,6 +23,7 @@ struct InFlight {
     file_id: u32,
     block: u64,
     expected: usize,
+    digest_only: bool,
 }
 
 pub(crate) fn run(
@@ -90,6 +91,7 @@ pub(crate) fn run(
                     file_id: order.file_id,
                     block: order.block,
                     expected,
+                    digest_only: order.digest_only,
                 },
             );
             io.submit(IoOp {
@@ -123,7 +125,9 @@ pub(crate) fn run(
             }
             let mut buf = done.buf;
             buf.set_len(f.expected);
-            let sum = if need_digest {
+            // Blocks to send are hashed as they go out (see send_loop);
+            // only those the receiver already holds are hashed here.
+            let sum = if need_digest && f.digest_only {
                 block_checksum(buf.as_slice())
             } else {
                 0

@@ -3,6 +3,7 @@
 //! reader, until every planned file has a verdict.
 
 use std::collections::HashMap;
+use std::io::Write;
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -11,6 +12,7 @@ use std::time::Duration;
 use super::reader::{self, ReadReport};
 use super::source::SourceFile;
 use super::{RunState, SendConfig};
+use crate::engine::digest::{BlockHasher, HASH_PIECE};
 use crate::engine::scheduler::PlannedFile;
 use crate::engine::{Bitmap, Layout, Scheduler};
 use crate::error::{Error, Result};
@@ -104,7 +106,9 @@ fn send_manifest(control: &mut TcpStream, entries: &[FileEntry]) -> Result<()> {
         encode(&Frame::Files { entries: chunk }, &mut out);
     }
     encode(&Frame::FilesEnd, &mut out);
-    std::io::Write::write_all(control, &out).map_err(|e| Error::net("sending the manifest", e))
+    control
+        .write_all(&out)
+        .map_err(|e| Error::net("sending the manifest", e))
 }
 
 /// What opening a session settled: the control connection and the files
@@ -426,7 +430,8 @@ fn coordinate(shared: &Shared, control: &mut TcpStream, accepted: usize) -> Resu
             for (file_id, digest) in done {
                 encode(&Frame::FileDone { file_id, digest }, &mut out);
             }
-            std::io::Write::write_all(control, &out)
+            control
+                .write_all(&out)
                 .map_err(|e| Error::net("sending file digests", e))?;
             g = shared.lock();
             continue;
@@ -477,9 +482,8 @@ fn send_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
             block: order.block,
             offset: order.offset,
             len: order.len as u32,
-            checksum: order.checksum,
         });
-        match write_frame_with_payload(&mut stream, &frame, buf.as_slice()) {
+        match send_block(shared, &mut stream, &frame, order.gid, buf.as_slice()) {
             Ok(()) => {
                 shared.sent_bytes.fetch_add(order.len, Ordering::Relaxed);
                 shared.per_stream[i as usize].fetch_add(order.len, Ordering::Relaxed);
@@ -491,6 +495,40 @@ fn send_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
             }
         }
     }
+}
+
+/// Sends a block's header, its payload in pieces, each hashed just before
+/// it goes (so the kernel copies it from the CPU cache rather than from
+/// memory), and the checksum after them.
+fn send_block(
+    shared: &Shared,
+    stream: &mut TcpStream,
+    frame: &Frame,
+    gid: usize,
+    payload: &[u8],
+) -> Result<()> {
+    let mut hasher = (shared.verify != Verify::None).then(BlockHasher::default);
+    let mut pieces = payload.chunks(HASH_PIECE);
+    let first = pieces.next().unwrap_or_default();
+    if let Some(h) = &mut hasher {
+        h.update(first);
+    }
+    write_frame_with_payload(stream, frame, first)?;
+    for piece in pieces {
+        if let Some(h) = &mut hasher {
+            h.update(piece);
+        }
+        stream
+            .write_all(piece)
+            .map_err(|e| Error::net("sending a block", e))?;
+    }
+    let sum = hasher.map_or(0, |h| h.finish());
+    // Recorded before the receiver can see the checksum, hence before it
+    // can acknowledge the block and complete the file's digest.
+    shared.lock().sched.handle_sent_checksum(gid, sum);
+    stream
+        .write_all(&sum.to_le_bytes())
+        .map_err(|e| Error::net("sending a block", e))
 }
 
 fn ack_loop(shared: &Shared, i: u16, mut stream: TcpStream) {

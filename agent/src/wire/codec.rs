@@ -140,7 +140,6 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             w.u64(h.block);
             w.u64(h.offset);
             w.u32(h.len);
-            w.u64(h.checksum);
         }
         Frame::Ack { file_id, block } => {
             w.u8(T_ACK);
@@ -303,7 +302,6 @@ pub fn decode_body(body: &[u8]) -> Result<Frame, DecodeError> {
                 block: r.u64()?,
                 offset: r.u64()?,
                 len: r.u32()?,
-                checksum: r.u64()?,
             };
             if h.len == 0 || h.len > MAX_BLOCK {
                 return Err(DecodeError::Invalid("block length"));
@@ -489,22 +487,14 @@ mod tests {
                 outcome: PlanOutcome::Refuse { message }
             }),
             Just(Frame::PlanEnd),
-            (
-                any::<u32>(),
-                any::<u64>(),
-                any::<u64>(),
-                1..=MAX_BLOCK,
-                any::<u64>()
-            )
-                .prop_map(|(file_id, block, offset, len, checksum)| Frame::Block(
-                    BlockHeader {
-                        file_id,
-                        block,
-                        offset,
-                        len,
-                        checksum
-                    }
-                )),
+            (any::<u32>(), any::<u64>(), any::<u64>(), 1..=MAX_BLOCK).prop_map(
+                |(file_id, block, offset, len)| Frame::Block(BlockHeader {
+                    file_id,
+                    block,
+                    offset,
+                    len,
+                })
+            ),
             (any::<u32>(), any::<u64>()).prop_map(|(file_id, block)| Frame::Ack { file_id, block }),
             (any::<u32>(), any::<u64>())
                 .prop_map(|(file_id, block)| Frame::Nack { file_id, block }),

@@ -3,7 +3,10 @@
 //! Every frame is `[u32 length][u8 type][body]` in little-endian, where
 //! `length` counts the type byte and the body. A `Block` frame is followed
 //! by `len` raw payload bytes that are not part of the frame, so the payload
-//! goes from the pool buffer to the socket without a copy. Decoding checks
+//! goes from the pool buffer to the socket without a copy, and then by the
+//! payload's xxh3-64 checksum as 8 little-endian bytes (0 when verification
+//! is off). The checksum trails the payload so that the sender can hash
+//! each piece just before it sends it, reading the payload from memory once. Decoding checks
 //! the remaining length before every read and the caller checks the frame
 //! cap before allocating, so a peer cannot make us panic or allocate much.
 #![forbid(unsafe_code)]
@@ -16,7 +19,8 @@ pub use stream::{FrameReader, read_frame, write_frame, write_frame_with_payload}
 
 /// Identifies the protocol on the first frame.
 pub const MAGIC: [u8; 4] = *b"WRRT";
-/// The protocol version this build speaks (2: the one-round-trip handshake).
+/// The protocol version this build speaks (2: the one-round-trip handshake,
+/// block checksums after the payload).
 pub const VERSION: u16 = 2;
 /// Largest control frame (manifest chunk, plan bitmap) we accept.
 pub const MAX_FRAME: usize = (4 << 20) + 4096;
@@ -100,8 +104,6 @@ pub struct BlockHeader {
     pub offset: u64,
     /// Payload length.
     pub len: u32,
-    /// xxh3-64 of the payload (0 when verification is off).
-    pub checksum: u64,
 }
 
 /// The receiver's answer for one manifest entry.
