@@ -247,6 +247,12 @@ async fn run(
     let file = src.join("run-1.dat");
     write_random(&file, 1 << 30)?;
 
+    // The pools first: an agent reads its pool once at start and exits if
+    // it is missing (in a cluster its pod exists only because the pool does).
+    let pools: Api<DtnPool> = Api::namespaced(client.clone(), ns);
+    for p in [pool("senders", src)?, pool("receivers", dst)?] {
+        pools.create(&PostParams::default(), &p).await?;
+    }
     println!("== operator and agents (local processes)");
     let mut procs = Procs(Vec::new());
     let op_args: Vec<String> = vec![
@@ -296,10 +302,6 @@ async fn run(
             kubeconfig,
             logs,
         )?;
-    }
-    let pools: Api<DtnPool> = Api::namespaced(client.clone(), ns);
-    for p in [pool("senders", src)?, pool("receivers", dst)?] {
-        pools.create(&PostParams::default(), &p).await?;
     }
     let transfers: Api<Transfer> = Api::namespaced(client.clone(), ns);
 
