@@ -74,6 +74,8 @@ struct Job {
     cadence: Cadence,
     last_done: (Duration, u64),
     block_size: i64,
+    /// The Transfer's progress when this job started (bytes done, total).
+    carried: (u64, u64),
 }
 
 /// Runs the agent until the process is stopped.
@@ -318,13 +320,19 @@ async fn start_job(
             }
         }
     };
+    let carried = s
+        .progress
+        .as_ref()
+        .map(|p| (p.bytes_done.max(0) as u64, p.bytes_total.max(0) as u64))
+        .unwrap_or_default();
     Ok(Job {
         transfer: w.transfer.clone(),
         endpoint: w.endpoint.clone(),
         side,
         cadence: Cadence::default(),
-        last_done: (Duration::ZERO, 0),
+        last_done: (Duration::ZERO, carried.0),
         block_size,
+        carried,
     })
 }
 
@@ -406,8 +414,11 @@ async fn observe(
 ) -> Option<()> {
     match &mut job.side {
         Side::Sender(s) => {
-            let total = s.progress.total.load(Ordering::Relaxed);
-            let done = s.progress.done.load(Ordering::Relaxed);
+            let (total, done) = shown(
+                s.progress.total.load(Ordering::Relaxed),
+                s.progress.done.load(Ordering::Relaxed),
+                job.carried,
+            );
             let (state, msg, p, over) = if let Some(outcome) = s.outcome() {
                 // The last report carries the session's own rate, which the
                 // Rate column then shows for a finished transfer.
@@ -538,6 +549,18 @@ async fn observe(
             }
             None
         }
+    }
+}
+
+/// The (total, done) a sender reports: its own once it has listed its
+/// source, and until then the figures the Transfer already showed, so that
+/// a new attempt after a failover does not drop the progress back to 0%
+/// for its first report.
+fn shown(total: u64, done: u64, carried: (u64, u64)) -> (u64, u64) {
+    if total == 0 {
+        (carried.1, carried.0)
+    } else {
+        (total, done)
     }
 }
 
@@ -681,4 +704,19 @@ async fn heartbeat(client: &Client, cfg: &RunConfig, pool: &DtnPool, active: usi
         .await
         .map_err(|e| Error::Config(format!("Lease {name}: {e}")))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown;
+
+    #[test]
+    fn a_new_attempt_shows_the_last_progress_until_it_knows_its_own() {
+        // Attempt 2 before it has listed the source: attempt 1's 55% stands.
+        assert_eq!(shown(0, 0, (550, 1000)), (1000, 550));
+        // Listed, with the resumed bytes counted: its own figures from now on.
+        assert_eq!(shown(1000, 520, (550, 1000)), (1000, 520));
+        // A first attempt has nothing to carry: 0 of an unknown total.
+        assert_eq!(shown(0, 0, (0, 0)), (0, 0));
+    }
 }
