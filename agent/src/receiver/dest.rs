@@ -200,14 +200,22 @@ impl DestFile {
 
     /// Records durable blocks for a later resume.
     pub(crate) fn checkpoint(&self, root: &Root) -> Result<()> {
+        self.record(
+            self.tracker.durable().clone(),
+            self.tracker.checksums().to_vec(),
+        )
+        .store(&self.dir(root)?, &self.dest.ckpt_name())
+    }
+
+    /// The checkpoint of this file with `durable` blocks and `checksums`.
+    pub(crate) fn record(&self, durable: Bitmap, checksums: Vec<u64>) -> Checkpoint {
         Checkpoint {
             fingerprint: self.fingerprint,
             size: self.layout.size,
             block_size: self.layout.block_size,
-            durable: self.tracker.durable().clone(),
-            checksums: self.tracker.checksums().to_vec(),
+            durable,
+            checksums,
         }
-        .store(&self.dir(root)?, &self.dest.ckpt_name())
     }
 
     /// Moves the verified file to its final name and drops the checkpoint;

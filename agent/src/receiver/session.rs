@@ -33,7 +33,7 @@ pub(crate) struct Stats {
 }
 
 /// Files of the session that have their result.
-fn answered(stats: &Stats) -> u64 {
+pub(crate) fn answered(stats: &Stats) -> u64 {
     stats.files_ok.load(Ordering::SeqCst) + stats.files_failed.load(Ordering::SeqCst)
 }
 

@@ -9,7 +9,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use super::checkpoint::Checkpoint;
 use super::checkpointer::{Checkpointer, Done, Job};
 use super::dest::DestFile;
 use super::session::Stats;
@@ -77,8 +76,8 @@ pub(crate) struct Writer {
     next_tag: u64,
     policy: CheckpointPolicy,
     checkpointer: Checkpointer,
-    /// Accepted files still without a result.
-    unanswered: usize,
+    /// Files the session accepted; each gets one result.
+    accepted: u64,
     /// A message taken while gathering finished files, handled next.
     lookahead: Option<WriterMsg>,
 }
@@ -98,7 +97,7 @@ impl Writer {
         let (io, mode, fallback) = backend(shared.cfg.io_mode, shared.cfg.queue_depth);
         let policy = CheckpointPolicy::new(Instant::now(), shared.cfg.checkpoint_interval);
         let checkpointer = Checkpointer::start(Arc::clone(&shared))?;
-        let unanswered = files.len();
+        let accepted = files.len() as u64;
         Ok(Self {
             shared,
             files,
@@ -113,7 +112,7 @@ impl Writer {
             next_tag: 0,
             policy,
             checkpointer,
-            unanswered,
+            accepted,
             lookahead: None,
         })
     }
@@ -336,13 +335,7 @@ impl Writer {
                     rel: f.dest.rel.clone(),
                     parent: f.dest.parent.clone(),
                     ckpt_name: f.dest.ckpt_name(),
-                    checkpoint: Checkpoint {
-                        fingerprint: f.fingerprint,
-                        size: f.layout.size,
-                        block_size: f.layout.block_size,
-                        durable,
-                        checksums,
-                    },
+                    checkpoint: f.record(durable, checksums),
                     covered,
                 })
             })
@@ -409,8 +402,7 @@ impl Writer {
                 message,
             },
         )?;
-        self.unanswered = self.unanswered.saturating_sub(1);
-        if self.unanswered == 0 {
+        if super::session::answered(&self.stats) >= self.accepted {
             // Every file has its result, so the session is over: end it now
             // rather than a round trip later, when the sender's Finish
             // arrives. Shutting down our read side wakes the control
