@@ -11,6 +11,7 @@ mod checkpointer;
 mod dest;
 mod registry;
 mod session;
+mod spare;
 mod writer;
 
 use std::collections::HashSet;
@@ -88,10 +89,8 @@ pub(crate) struct Shared {
     cfg: ServeConfig,
     root: Root,
     sessions: registry::Registry<Arc<session::Session>>,
-    /// The last session's buffers, kept for the next one: their pages are
-    /// already faulted in, which on first touch cost about 0.3 s of CPU
-    /// per 512 MiB here.
-    spare_pool: Mutex<Option<crate::io::Pools>>,
+    /// The last session's buffers, kept for the next one (see `spare`).
+    spare_pool: Mutex<spare::Spare<crate::io::Pools>>,
     busy: Mutex<HashSet<String>>,
     connections: AtomicUsize,
     stop: AtomicBool,
@@ -127,7 +126,7 @@ impl Server {
                 cfg,
                 root,
                 sessions: registry::Registry::default(),
-                spare_pool: Mutex::default(),
+                spare_pool: Mutex::new(spare::Spare::new(spare::KEEP_IDLE)),
                 busy: Mutex::default(),
                 connections: AtomicUsize::new(0),
                 stop: AtomicBool::new(false),
@@ -145,6 +144,13 @@ impl Server {
 
     /// Accepts connections until stopped.
     pub fn run(self) {
+        let shared = Arc::clone(&self.shared);
+        let janitor = std::thread::Builder::new()
+            .name("spare-pool".into())
+            .spawn(move || release_idle_pool(&shared));
+        if let Err(e) = janitor {
+            tracing::warn!("cannot start the thread that frees idle buffers: {e}");
+        }
         accept_loop(&self.listener, &self.shared);
     }
 
@@ -198,6 +204,18 @@ impl Drop for ServerHandle {
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Lets go of the last session's buffers once the receiver has been idle
+/// for `spare::KEEP_IDLE`.
+fn release_idle_pool(shared: &Shared) {
+    while !shared.stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_secs(1));
+        let expired = lock(&shared.spare_pool).expire(std::time::Instant::now());
+        if expired.is_some() {
+            tracing::debug!("idle: freeing the last session's buffers");
+        }
+    }
 }
 
 fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {

@@ -236,9 +236,7 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
     }
 
     let count = (shared.cfg.buffer / block_size).clamp(2, 4096) as usize;
-    let spare = lock(&shared.spare_pool)
-        .take()
-        .filter(|p| p.is_shaped(block_size as usize, count));
+    let spare = lock(&shared.spare_pool).take_if(|p| p.is_shaped(block_size as usize, count));
     let pool = match spare {
         Some(p) => p,
         None => Pools::new(block_size as usize, count)?,
@@ -321,7 +319,7 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
     // Buffers still held by a stream thread that has not noticed the end
     // go back to the free list when it lets go, so the next session can
     // take the pool now.
-    *lock(&shared.spare_pool) = Some(session.pool.clone());
+    lock(&shared.spare_pool).put(session.pool.clone(), Instant::now());
 
     let secs = started.elapsed().as_secs_f64();
     let bytes = stats.bytes.load(Ordering::Relaxed);
