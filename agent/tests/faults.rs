@@ -158,6 +158,9 @@ fn garbage_and_oversized_frames_are_refused_without_harm() {
     std::fs::create_dir_all(&root).unwrap();
     let srv = server(&root, IoMode::Async);
 
+    // A readiness probe: connect and close without a byte.
+    drop(TcpStream::connect(srv.addr()).unwrap());
+
     // Random bytes instead of a hello.
     let mut s = TcpStream::connect(srv.addr()).unwrap();
     s.write_all(&bytes(4096, 5)).unwrap();

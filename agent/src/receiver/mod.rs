@@ -260,6 +260,12 @@ fn handle_connection(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> 
     stream
         .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
         .map_err(|e| Error::net("setting a read timeout", e))?;
+    // TCP readiness probes and port waits connect and close without a
+    // byte; that is not worth a warning on every probe.
+    if matches!(stream.peek(&mut [0u8; 1]), Ok(0)) {
+        tracing::debug!("connection closed before its hello (a probe?)");
+        return Ok(());
+    }
     let purpose = match auth::server(&mut stream, &shared.cfg.token) {
         Ok(p) => p,
         Err(e) => {
