@@ -247,8 +247,8 @@ async fn run(
     let file = src.join("run-1.dat");
     write_random(&file, 1 << 30)?;
 
-    // The pools first: an agent reads its pool once at start and exits if
-    // it is missing (in a cluster its pod exists only because the pool does).
+    // The pools first, as in a cluster, where an agent's pod exists only
+    // because its pool does (an agent started earlier would wait for it).
     let pools: Api<DtnPool> = Api::namespaced(client.clone(), ns);
     for p in [pool("senders", src)?, pool("receivers", dst)?] {
         pools.create(&PostParams::default(), &p).await?;

@@ -78,6 +78,43 @@ struct Job {
     carried: (u64, u64),
 }
 
+/// How long a starting agent waits for its DtnPool (and the RBAC to read
+/// it) to appear: GitOps tools apply a pool, its agents and their roles in
+/// no fixed order.
+const POOL_WAIT: Duration = Duration::from_secs(120);
+
+/// Reads this agent's DtnPool, retrying with a growing pause until
+/// `POOL_WAIT` has passed.
+async fn read_pool(pools: &Api<DtnPool>, cfg: &RunConfig) -> Result<DtnPool> {
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(500);
+    loop {
+        // The API's own message, not the whole Status it came in.
+        let e = match pools.get(&cfg.pool).await {
+            Ok(p) => return Ok(p),
+            Err(kube::Error::Api(s)) => format!("{} {}", s.code, s.message),
+            Err(e) => e.to_string(),
+        };
+        if start.elapsed() + pause >= POOL_WAIT {
+            return Err(Error::Config(format!(
+                "cannot read DtnPool {}/{} after {}s ({e}): create the pool, or check \
+                 that this agent's service account may get dtnpools",
+                cfg.namespace,
+                cfg.pool,
+                POOL_WAIT.as_secs()
+            )));
+        }
+        tracing::warn!(
+            "cannot read DtnPool {}/{} yet ({e}); retrying in {:?}",
+            cfg.namespace,
+            cfg.pool,
+            pause
+        );
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(10));
+    }
+}
+
 /// Runs the agent until the process is stopped.
 pub async fn run(cfg: RunConfig) -> Result<()> {
     let client = Client::try_default().await.map_err(|e| {
@@ -91,12 +128,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         name: cfg.agent.clone(),
     };
     let pools: Api<DtnPool> = Api::namespaced(client.clone(), &cfg.namespace);
-    let pool = pools.get(&cfg.pool).await.map_err(|e| {
-        Error::Config(format!(
-            "cannot read DtnPool {}/{}: {e}",
-            cfg.namespace, cfg.pool
-        ))
-    })?;
+    let pool = read_pool(&pools, &cfg).await?;
     tracing::info!(
         agent = cfg.agent,
         pool = cfg.pool,

@@ -20,8 +20,8 @@ use crate::io::{PoolBuf, Pools};
 use crate::net::{self, SocketOpts, auth};
 use crate::progress::Progress;
 use crate::wire::{
-    BlockHeader, FileEntry, Frame, FrameReader, PlanOutcome, Purpose, Verify, encode, write_frame,
-    write_frame_with_payload,
+    BlockHeader, FileEntry, Frame, FrameReader, PlanOutcome, Purpose, SessionId, Verify, encode,
+    write_frame, write_frame_with_payload,
 };
 
 /// Manifest frames stay well under the frame cap.
@@ -124,7 +124,7 @@ fn open_session(
     cfg: &SendConfig,
     pending: &[(u32, &SourceFile)],
     st: &mut RunState,
-    session: [u8; 16],
+    session: SessionId,
 ) -> Result<Opened> {
     let control_opts = SocketOpts {
         pacing: None,
@@ -228,7 +228,7 @@ fn open_session(
 fn connect_stream(
     cfg: &SendConfig,
     opts: &SocketOpts,
-    session: [u8; 16],
+    session: SessionId,
     i: u16,
 ) -> Result<TcpStream> {
     let mut st = net::connect(&cfg.to, opts, cfg.connect_timeout)?;
@@ -250,7 +250,7 @@ pub(crate) fn run(
         .map(|(i, f)| (i as u32, f))
         .filter(|(i, _)| !st.verdicts.contains_key(i))
         .collect();
-    let session = auth::random::<16>();
+    let session: SessionId = auth::random::<{ crate::wire::SESSION_ID_LEN }>();
     let data_opts = SocketOpts {
         pacing: cfg.max_rate.map(|r| (r / u64::from(cfg.streams)).max(1)),
         ..cfg.socket.clone()
