@@ -388,3 +388,115 @@ fn block_size_over_the_receivers_budget_is_refused() {
     assert!(s.ok, "{}", s.render());
     assert_same(&src, &root.join("big.bin"));
 }
+
+/// Sends one block on a data stream as the sender does: header, payload,
+/// then the payload's checksum.
+fn send_raw_block(data: &mut TcpStream, block: u64, payload: &[u8]) -> u64 {
+    let sum = wirerate_agent::engine::digest::block_checksum(payload);
+    let header = Frame::Block(BlockHeader {
+        file_id: 0,
+        block,
+        offset: block * BS as u64,
+        len: payload.len() as u32,
+    });
+    wire::write_frame_with_payload(data, &header, payload).unwrap();
+    data.write_all(&sum.to_le_bytes()).unwrap();
+    sum
+}
+
+#[test]
+fn file_done_ahead_of_its_last_block_waits_for_it() {
+    // The sender reports a file once every block has gone out; the report
+    // travels on the control connection and can overtake the last block
+    // on a data stream. The receiver must answer only once it is written.
+    let dir = scratch("early-done");
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = server(&root, IoMode::Async);
+    let content = bytes(BS + 100, 8);
+
+    let mut ctl = TcpStream::connect(srv.addr()).unwrap();
+    auth::client(&mut ctl, TOKEN, Purpose::Control).unwrap();
+    let mut out = Vec::new();
+    wire::encode(
+        &Frame::Open {
+            session: [5; 16],
+            block_size: BS as u32,
+            streams: 1,
+            verify: Verify::Blocks,
+        },
+        &mut out,
+    );
+    wire::encode(
+        &Frame::Files {
+            entries: vec![FileEntry {
+                file_id: 0,
+                kind: EntryKind::File,
+                size: content.len() as u64,
+                fingerprint: 1,
+                path: "early.bin".into(),
+            }],
+        },
+        &mut out,
+    );
+    wire::encode(&Frame::FilesEnd, &mut out);
+    ctl.write_all(&out).unwrap();
+    assert!(matches!(
+        wire::read_frame(&mut ctl).unwrap(),
+        Frame::Plan { .. }
+    ));
+    assert_eq!(wire::read_frame(&mut ctl).unwrap(), Frame::PlanEnd);
+    let mut data = TcpStream::connect(srv.addr()).unwrap();
+    auth::client(
+        &mut data,
+        TOKEN,
+        Purpose::Join {
+            session: [5; 16],
+            stream: 0,
+        },
+    )
+    .unwrap();
+
+    let first = send_raw_block(&mut data, 0, &content[..BS]);
+    assert_eq!(
+        wire::read_frame(&mut data).unwrap(),
+        Frame::Ack {
+            file_id: 0,
+            block: 0
+        }
+    );
+    let last_sum = wirerate_agent::engine::digest::block_checksum(&content[BS..]);
+    let digest = wirerate_agent::engine::digest::file_digest(&[first, last_sum]);
+    wire::write_frame(&mut ctl, &Frame::FileDone { file_id: 0, digest }).unwrap();
+
+    // No answer while block 1 is missing.
+    ctl.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let early = wire::read_frame(&mut ctl);
+    assert!(
+        matches!(&early, Err(Error::Net { cause, .. })
+            if matches!(cause.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
+        "answered before the last block arrived: {early:?}"
+    );
+    assert!(!root.join("early.bin").exists());
+
+    send_raw_block(&mut data, 1, &content[BS..]);
+    assert_eq!(
+        wire::read_frame(&mut data).unwrap(),
+        Frame::Ack {
+            file_id: 0,
+            block: 1
+        }
+    );
+    ctl.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    match wire::read_frame(&mut ctl).unwrap() {
+        Frame::FileResult {
+            file_id: 0,
+            ok: true,
+            digest: d,
+            ..
+        } => assert_eq!(d, digest),
+        other => panic!("expected a good result, got {other:?}"),
+    }
+    assert_eq!(std::fs::read(root.join("early.bin")).unwrap(), content);
+}

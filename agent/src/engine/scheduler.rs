@@ -6,6 +6,11 @@
 //! blocks, and blocks the receiver reports damaged, go back to the front of
 //! the queue for the others. Blocks the receiver already holds (resume) are
 //! read only to compute the file digest, never sent.
+//!
+//! A file is reported done once every block has gone out once (its
+//! checksum is then known), not once every block is acknowledged: the
+//! receiver holds the report until its last block is written, which saves
+//! the round trip from the last acknowledgement to the report.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -77,6 +82,8 @@ struct FileState {
     file_id: u32,
     layout: Layout,
     first: usize,
+    /// Blocks whose checksum is not known yet (not sent once, or held by
+    /// the receiver and not read yet).
     outstanding: u64,
     reads_left: u64,
     checksums: Vec<u64>,
@@ -96,6 +103,8 @@ struct Slot {
     block: u64,
     state: State,
     resends: u32,
+    /// Gone out once, so its checksum is known.
+    sent: bool,
 }
 
 /// The sender's scheduler; see the module docs.
@@ -112,6 +121,8 @@ pub struct Scheduler {
     need_digest: bool,
     completed: VecDeque<usize>,
     reported: usize,
+    /// Blocks to send that the receiver has not acknowledged yet.
+    unacked: usize,
     resends: u64,
     fatal: Option<String>,
 }
@@ -148,6 +159,7 @@ impl Scheduler {
             need_digest,
             completed: VecDeque::new(),
             reported: 0,
+            unacked: 0,
             resends: 0,
             fatal: None,
         };
@@ -168,11 +180,15 @@ impl Scheduler {
                     outstanding += 1;
                     reads_left += 1;
                 }
+                if state == State::Unread {
+                    s.unacked += 1;
+                }
                 s.slots.push(Slot {
                     file: idx,
                     block: b,
                     state,
                     resends: 0,
+                    sent: false,
                 });
             }
             s.by_id.insert(f.file_id, idx);
@@ -294,12 +310,26 @@ impl Scheduler {
     }
 
     /// The checksum of a block, computed as it went out (the sender hashes
-    /// a payload piece by piece just before sending it). Called before the
-    /// receiver can acknowledge the block, so the file's digest has it.
-    pub fn handle_sent_checksum(&mut self, gid: usize, checksum: u64) {
-        if let Some(slot) = self.slots.get(gid) {
-            self.files[slot.file].checksums[slot.block as usize] = checksum;
+    /// a payload piece by piece just before sending it). Returns whether
+    /// this completed a file, i.e. `poll_file_done` has something new.
+    pub fn handle_sent_checksum(&mut self, gid: usize, checksum: u64) -> bool {
+        let Some(slot) = self.slots.get(gid) else {
+            return false;
+        };
+        self.files[slot.file].checksums[slot.block as usize] = checksum;
+        self.mark_sent(gid)
+    }
+
+    /// Counts a block's first send towards its file; true if that
+    /// completed the file.
+    fn mark_sent(&mut self, gid: usize) -> bool {
+        let slot = &mut self.slots[gid];
+        if slot.sent {
+            return false;
         }
+        slot.sent = true;
+        let file = slot.file;
+        self.finish_block(file)
     }
 
     fn block_len(&self, gid: usize) -> u64 {
@@ -357,8 +387,10 @@ impl Scheduler {
         let slot = &mut self.slots[gid];
         slot.state = State::Acked;
         slot.resends = 0;
-        let file = slot.file;
-        self.finish_block(file);
+        self.unacked -= 1;
+        // An ack implies the send; the shell reports the checksum first,
+        // so this only counts for callers that do not hash.
+        self.mark_sent(gid);
         Ok(Some(gid))
     }
 
@@ -405,16 +437,18 @@ impl Scheduler {
         requeued
     }
 
-    fn finish_block(&mut self, file: usize) {
+    fn finish_block(&mut self, file: usize) -> bool {
         let f = &mut self.files[file];
         f.outstanding -= 1;
         if f.outstanding == 0 {
             self.completed.push_back(file);
+            return true;
         }
+        false
     }
 
-    /// A file whose blocks are all acknowledged (or held by the receiver),
-    /// with its digest (0 when digests are off).
+    /// A file whose blocks have all gone out once (or are held by the
+    /// receiver), with its digest (0 when digests are off).
     #[must_use]
     pub fn poll_file_done(&mut self) -> Option<(u32, u128)> {
         let idx = self.completed.pop_front()?;
@@ -438,6 +472,11 @@ impl Scheduler {
     /// Every file reported done.
     pub fn is_finished(&self) -> bool {
         self.reported == self.files.len()
+    }
+
+    /// Every block to send is acknowledged (written by the receiver).
+    pub fn all_acked(&self) -> bool {
+        self.unacked == 0
     }
 
     /// Streams still alive.
@@ -507,6 +546,61 @@ mod tests {
         assert_eq!(id, 7);
         assert_eq!(d, file_digest(&[1, 2, 30]));
         assert!(s.is_finished());
+    }
+
+    #[test]
+    fn file_is_reported_once_every_block_has_gone_out() {
+        let mut s = Scheduler::new(one(10, None), 4, 2, 32, true);
+        read_all(&mut s);
+        let a = s.poll_send(0).unwrap();
+        let b = s.poll_send(1).unwrap();
+        let c = s.poll_send(0).unwrap();
+        assert!(!s.handle_sent_checksum(a.gid, 10));
+        assert!(!s.handle_sent_checksum(c.gid, 30));
+        assert!(s.poll_file_done().is_none(), "block 1 has not gone out");
+        assert!(
+            s.handle_sent_checksum(b.gid, 20),
+            "the last send completes it"
+        );
+        assert_eq!(s.poll_file_done(), Some((7, file_digest(&[10, 20, 30]))));
+        assert!(s.is_finished());
+        assert!(!s.all_acked(), "reported is not written");
+        for o in [a, b, c] {
+            let st = if o.gid == b.gid { 1 } else { 0 };
+            s.handle_ack(st, 7, o.block).unwrap();
+        }
+        assert!(s.all_acked());
+        assert!(s.poll_file_done().is_none(), "reported once");
+    }
+
+    #[test]
+    fn resent_blocks_count_once() {
+        let mut s = Scheduler::new(one(8, None), 4, 2, 32, true);
+        read_all(&mut s);
+        let a = s.poll_send(0).unwrap();
+        assert!(!s.handle_sent_checksum(a.gid, 10));
+        s.handle_nack(0, 7, a.block).unwrap();
+        let again = s.poll_send(0).unwrap();
+        assert_eq!(again.block, a.block);
+        assert!(
+            !s.handle_sent_checksum(again.gid, 10),
+            "block 1 is still unsent"
+        );
+        assert!(s.poll_file_done().is_none());
+        // A stream breaks after the file was reported: its block goes out
+        // again, and the session is not over until that copy is written.
+        let b = s.poll_send(1).unwrap();
+        assert!(s.handle_sent_checksum(b.gid, 20));
+        assert!(s.poll_file_done().is_some());
+        assert_eq!(s.handle_stream_failed(1), 1);
+        s.handle_ack(0, 7, a.block).unwrap();
+        let b2 = s.poll_send(0).unwrap();
+        assert_eq!(b2.block, b.block);
+        assert!(!s.handle_sent_checksum(b2.gid, 20));
+        assert!(!s.all_acked());
+        s.handle_ack(0, 7, b2.block).unwrap();
+        assert!(s.all_acked());
+        assert!(s.poll_file_done().is_none(), "reported once");
     }
 
     #[test]

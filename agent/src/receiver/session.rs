@@ -57,14 +57,26 @@ struct Registration<'a> {
     shared: &'a Shared,
     id: SessionId,
     paths: Vec<String>,
+    /// Every file was answered: let the data streams finish writing the
+    /// acknowledgements queued for them rather than cut them.
+    graceful: bool,
 }
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
         if let Some(s) = self.shared.sessions.withdraw(&self.id) {
             s.aborted.store(true, Ordering::SeqCst);
+            // A file's result can overtake the acknowledgements of its last
+            // blocks, which wait in the ack threads' queues; the sender
+            // counts on them. Shutting down only the read side stops the
+            // stream threads and lets the ack threads drain and close.
+            let how = if self.graceful {
+                Shutdown::Read
+            } else {
+                Shutdown::Both
+            };
             for st in lock(&s.data_streams).iter() {
-                let _ = st.shutdown(Shutdown::Both);
+                let _ = st.shutdown(how);
             }
             metrics().sessions_active.dec();
         }
@@ -141,6 +153,7 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
         shared,
         id,
         paths: Vec::new(),
+        graceful: false,
     };
 
     // The manifest.
@@ -315,6 +328,7 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
     let report = writer
         .join()
         .unwrap_or_else(|_| super::writer::Report::panicked());
+    reg.graceful = outcome.is_ok() && report.error.is_none();
     drop(reg);
     // Buffers still held by a stream thread that has not noticed the end
     // go back to the free list when it lets go, so the next session can

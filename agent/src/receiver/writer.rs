@@ -80,6 +80,14 @@ pub(crate) struct Writer {
     accepted: u64,
     /// A message taken while gathering finished files, handled next.
     lookahead: Option<WriterMsg>,
+    /// Reports of files whose last blocks are still on their way: the
+    /// sender reports a file once every block has gone out, and the report
+    /// travels on the control connection, so it can overtake them.
+    awaiting: Vec<(u32, u128)>,
+    /// Files answered in this session. A copy of one of their blocks that
+    /// the sender resent after a stream broke can still arrive; it is
+    /// acknowledged and dropped.
+    finished: HashSet<u32>,
 }
 
 /// Files finished together are made durable together.
@@ -114,6 +122,8 @@ impl Writer {
             checkpointer,
             accepted,
             lookahead: None,
+            awaiting: Vec::new(),
+            finished: HashSet::new(),
         })
     }
 
@@ -199,16 +209,48 @@ impl Writer {
                             Err(_) => break,
                         }
                     }
-                    self.drain()?;
-                    self.finish(batch)?;
+                    let (ready, waiting): (Vec<_>, Vec<_>) =
+                        batch.into_iter().partition(|(id, _)| self.can_finish(*id));
+                    self.awaiting.extend(waiting);
+                    if !ready.is_empty() {
+                        self.drain()?;
+                        self.finish(ready)?;
+                    }
                 }
                 Some(WriterMsg::Stop) => return Ok(()),
                 None if self.io.in_flight() > 0 => self.reap(true)?,
                 None => {}
             }
             self.reap(false)?;
+            self.finish_awaited()?;
             self.maybe_checkpoint()?;
         }
+    }
+
+    /// Whether a reported file can be answered now: it has all its blocks
+    /// (or is a directory). An unknown or already answered file also goes
+    /// to `finish`, which refuses it.
+    fn can_finish(&self, file_id: u32) -> bool {
+        self.files
+            .get(&file_id)
+            .is_none_or(|f| f.kind == EntryKind::Dir || f.tracker.is_complete())
+    }
+
+    /// Answers the reported files whose last blocks have now been written.
+    fn finish_awaited(&mut self) -> Result<()> {
+        if self.awaiting.is_empty() {
+            return Ok(());
+        }
+        let awaiting = std::mem::take(&mut self.awaiting);
+        let (ready, waiting): (Vec<_>, Vec<_>) = awaiting
+            .into_iter()
+            .partition(|(id, _)| self.can_finish(*id));
+        self.awaiting = waiting;
+        if ready.is_empty() {
+            return Ok(());
+        }
+        self.drain()?;
+        self.finish(ready)
     }
 
     fn write(
@@ -219,6 +261,10 @@ impl Writer {
         checksum: u64,
         ack: mpsc::Sender<Frame>,
     ) -> Result<()> {
+        if self.finished.contains(&file_id) {
+            let _ = ack.send(Frame::Ack { file_id, block });
+            return Ok(());
+        }
         let want_direct = self.mode.wants_direct();
         let f = self.files.get_mut(&file_id).ok_or_else(|| {
             Error::Violation(format!("block for finished or unknown file {file_id}"))
@@ -429,6 +475,7 @@ impl Writer {
                     "file {file_id} reported done twice or never planned"
                 ))
             })?;
+            self.finished.insert(file_id);
             if f.kind == EntryKind::Dir {
                 let digest = if self.verify == Verify::None {
                     0

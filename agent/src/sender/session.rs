@@ -442,13 +442,17 @@ fn coordinate(shared: &Shared, control: &mut TcpStream, accepted: usize) -> Resu
         if let Some(msg) = g.sched.poll_fatal() {
             return Err(Error::Transfer(msg.to_string()));
         }
-        if g.verdicts.len() >= accepted {
+        // The receiver answers a file after writing its last block, but the
+        // acknowledgements travel on the data streams: wait for them too,
+        // so progress ends at the full size.
+        if g.verdicts.len() >= accepted && (g.sched.all_acked() || g.sched.alive_streams() == 0) {
             return Ok(());
         }
         // Once every block is acknowledged the data streams have done
         // their part (the receiver may close them as the session ends);
-        // only the results are still to come.
-        if g.sched.alive_streams() == 0 && g.sent_digests.len() < accepted {
+        // only the results are still to come. A file reported done may
+        // still have blocks in flight, so reports alone do not say that.
+        if g.sched.alive_streams() == 0 && !g.sched.all_acked() {
             return Err(Error::net(
                 "sending blocks",
                 std::io::Error::other("every data stream failed"),
@@ -524,8 +528,11 @@ fn send_block(
     }
     let sum = hasher.map_or(0, |h| h.finish());
     // Recorded before the receiver can see the checksum, hence before it
-    // can acknowledge the block and complete the file's digest.
-    shared.lock().sched.handle_sent_checksum(gid, sum);
+    // can acknowledge the block. The last block of a file to go out lets
+    // the coordinator report the file at once.
+    if shared.lock().sched.handle_sent_checksum(gid, sum) {
+        shared.cv.notify_all();
+    }
     stream
         .write_all(&sum.to_le_bytes())
         .map_err(|e| Error::net("sending a block", e))

@@ -20,8 +20,9 @@ pub use stream::{FrameReader, read_frame, write_frame, write_frame_with_payload}
 /// Identifies the protocol on the first frame.
 pub const MAGIC: [u8; 4] = *b"WRRT";
 /// The protocol version this build speaks (2: the one-round-trip handshake,
-/// block checksums after the payload).
-pub const VERSION: u16 = 2;
+/// block checksums after the payload; 3: `FileDone` once every block has
+/// gone out, held by the receiver until the file is written).
+pub const VERSION: u16 = 3;
 /// Largest control frame (manifest chunk, plan bitmap) we accept.
 pub const MAX_FRAME: usize = (4 << 20) + 4096;
 /// Largest block payload any peer may announce.
@@ -193,7 +194,9 @@ pub enum Frame {
         /// Which block.
         block: u64,
     },
-    /// Every block of the file is acknowledged; this is the sender's digest.
+    /// Every block of the file has gone out (some may still be in flight;
+    /// the receiver answers once it has written them); this is the
+    /// sender's digest.
     FileDone {
         /// Which file.
         file_id: u32,
