@@ -210,47 +210,7 @@ fn garbage_and_oversized_frames_are_refused_without_harm() {
     assert_closed(&mut s);
 
     // A well-formed session whose data stream lies about a block's layout.
-    let mut ctl = TcpStream::connect(srv.addr()).unwrap();
-    auth::client(&mut ctl, TOKEN, Purpose::Control).unwrap();
-    let mut out = Vec::new();
-    wire::encode(
-        &Frame::Open {
-            session: [3; 16],
-            block_size: BS as u32,
-            streams: 1,
-            verify: Verify::Blocks,
-        },
-        &mut out,
-    );
-    wire::encode(
-        &Frame::Files {
-            entries: vec![FileEntry {
-                file_id: 0,
-                kind: EntryKind::File,
-                size: 100,
-                fingerprint: 1,
-                path: "lie.bin".into(),
-            }],
-        },
-        &mut out,
-    );
-    wire::encode(&Frame::FilesEnd, &mut out);
-    ctl.write_all(&out).unwrap();
-    assert!(matches!(
-        wire::read_frame(&mut ctl).unwrap(),
-        Frame::Plan { .. }
-    ));
-    assert_eq!(wire::read_frame(&mut ctl).unwrap(), Frame::PlanEnd);
-    let mut data = TcpStream::connect(srv.addr()).unwrap();
-    auth::client(
-        &mut data,
-        TOKEN,
-        Purpose::Join {
-            session: [3; 16],
-            stream: 0,
-        },
-    )
-    .unwrap();
+    let (ctl, mut data) = open_raw_session(&srv, [3; 16], 100, "lie.bin");
     let lie = Frame::Block(BlockHeader {
         file_id: 0,
         block: 0,
@@ -389,6 +349,50 @@ fn block_size_over_the_receivers_budget_is_refused() {
     assert_same(&src, &root.join("big.bin"));
 }
 
+/// Opens a one-file, one-stream session by hand, as a sender would:
+/// returns the control connection (plan read) and the joined data stream.
+fn open_raw_session(
+    srv: &wirerate_agent::receiver::ServerHandle,
+    session: [u8; 16],
+    size: u64,
+    path: &str,
+) -> (TcpStream, TcpStream) {
+    let mut ctl = TcpStream::connect(srv.addr()).unwrap();
+    auth::client(&mut ctl, TOKEN, Purpose::Control).unwrap();
+    let mut out = Vec::new();
+    wire::encode(
+        &Frame::Open {
+            session,
+            block_size: BS as u32,
+            streams: 1,
+            verify: Verify::Blocks,
+        },
+        &mut out,
+    );
+    wire::encode(
+        &Frame::Files {
+            entries: vec![FileEntry {
+                file_id: 0,
+                kind: EntryKind::File,
+                size,
+                fingerprint: 1,
+                path: path.into(),
+            }],
+        },
+        &mut out,
+    );
+    wire::encode(&Frame::FilesEnd, &mut out);
+    ctl.write_all(&out).unwrap();
+    assert!(matches!(
+        wire::read_frame(&mut ctl).unwrap(),
+        Frame::Plan { .. }
+    ));
+    assert_eq!(wire::read_frame(&mut ctl).unwrap(), Frame::PlanEnd);
+    let mut data = TcpStream::connect(srv.addr()).unwrap();
+    auth::client(&mut data, TOKEN, Purpose::Join { session, stream: 0 }).unwrap();
+    (ctl, data)
+}
+
 /// Sends one block on a data stream as the sender does: header, payload,
 /// then the payload's checksum.
 fn send_raw_block(data: &mut TcpStream, block: u64, payload: &[u8]) -> u64 {
@@ -415,47 +419,7 @@ fn file_done_ahead_of_its_last_block_waits_for_it() {
     let srv = server(&root, IoMode::Async);
     let content = bytes(BS + 100, 8);
 
-    let mut ctl = TcpStream::connect(srv.addr()).unwrap();
-    auth::client(&mut ctl, TOKEN, Purpose::Control).unwrap();
-    let mut out = Vec::new();
-    wire::encode(
-        &Frame::Open {
-            session: [5; 16],
-            block_size: BS as u32,
-            streams: 1,
-            verify: Verify::Blocks,
-        },
-        &mut out,
-    );
-    wire::encode(
-        &Frame::Files {
-            entries: vec![FileEntry {
-                file_id: 0,
-                kind: EntryKind::File,
-                size: content.len() as u64,
-                fingerprint: 1,
-                path: "early.bin".into(),
-            }],
-        },
-        &mut out,
-    );
-    wire::encode(&Frame::FilesEnd, &mut out);
-    ctl.write_all(&out).unwrap();
-    assert!(matches!(
-        wire::read_frame(&mut ctl).unwrap(),
-        Frame::Plan { .. }
-    ));
-    assert_eq!(wire::read_frame(&mut ctl).unwrap(), Frame::PlanEnd);
-    let mut data = TcpStream::connect(srv.addr()).unwrap();
-    auth::client(
-        &mut data,
-        TOKEN,
-        Purpose::Join {
-            session: [5; 16],
-            stream: 0,
-        },
-    )
-    .unwrap();
+    let (mut ctl, mut data) = open_raw_session(&srv, [5; 16], content.len() as u64, "early.bin");
 
     let first = send_raw_block(&mut data, 0, &content[..BS]);
     assert_eq!(
