@@ -209,13 +209,8 @@ impl Writer {
                             Err(_) => break,
                         }
                     }
-                    let (ready, waiting): (Vec<_>, Vec<_>) =
-                        batch.into_iter().partition(|(id, _)| self.can_finish(*id));
-                    self.awaiting.extend(waiting);
-                    if !ready.is_empty() {
-                        self.drain()?;
-                        self.finish(ready)?;
-                    }
+                    // Answered below, once their blocks are all written.
+                    self.awaiting.extend(batch);
                 }
                 Some(WriterMsg::Stop) => return Ok(()),
                 None if self.io.in_flight() > 0 => self.reap(true)?,
@@ -236,7 +231,7 @@ impl Writer {
             .is_none_or(|f| f.kind == EntryKind::Dir || f.tracker.is_complete())
     }
 
-    /// Answers the reported files whose last blocks have now been written.
+    /// Answers the reported files whose blocks have all been written.
     fn finish_awaited(&mut self) -> Result<()> {
         if self.awaiting.is_empty() {
             return Ok(());

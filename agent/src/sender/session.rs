@@ -250,7 +250,7 @@ pub(crate) fn run(
         .map(|(i, f)| (i as u32, f))
         .filter(|(i, _)| !st.verdicts.contains_key(i))
         .collect();
-    let session: SessionId = auth::random::<{ crate::wire::SESSION_ID_LEN }>();
+    let session: SessionId = auth::random();
     let data_opts = SocketOpts {
         pacing: cfg.max_rate.map(|r| (r / u64::from(cfg.streams)).max(1)),
         ..cfg.socket.clone()
