@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::io::{ALIGN, IoMode, IoOp, OpKind, Pool, backend, open::on_tmpfs, open_source};
+use crate::io::{ALIGN, IoMode, IoOp, OpKind, Pool, backend, open::on_tmpfs, open_path};
 use crate::progress::{Progress, Renderer};
 use crate::receiver::{ServeConfig, Server};
 use crate::sender::{SendConfig, send};
@@ -123,7 +123,7 @@ fn generate(path: &Path, size: u64, seed: u64) -> Result<f64> {
 /// writes it there (reads and writes in flight at once: the disk-to-disk
 /// limit when both share a disk). Returns GB/s, final fsync included.
 fn disk_pass(src: &Path, dst: Option<&Path>, block: usize, depth: usize) -> Result<f64> {
-    let (f, status) = open_source(src, true)?;
+    let (f, status) = open_path(src, true)?;
     let direct = status.is_direct();
     let f = Arc::new(f);
     let size = f.metadata().map_err(|e| Error::io("stat", e))?.len();
@@ -202,6 +202,12 @@ fn disk_pass(src: &Path, dst: Option<&Path>, block: usize, depth: usize) -> Resu
 
 /// Runs the demo.
 pub fn run(cfg: &DemoConfig) -> Result<DemoReport> {
+    if cfg.size == 0 {
+        return Err(Error::Config(
+            "--size must be at least 1 byte (the demo moves a file of that size)".into(),
+        ));
+    }
+    cfg.send.validate()?;
     std::fs::create_dir_all(&cfg.dir)
         .map_err(|e| Error::io(format!("creating {}", cfg.dir.display()), e))?;
     let tmp = tempfile::Builder::new()

@@ -24,6 +24,14 @@ pub enum Error {
         /// The operating system's error (in the message, so not chained again).
         cause: std::io::Error,
     },
+    /// The receiver's name does not resolve.
+    #[error("cannot resolve {addr}: {cause}; check the address")]
+    Unresolvable {
+        /// The address as given.
+        addr: String,
+        /// The resolver's error.
+        cause: std::io::Error,
+    },
     /// The peer sent something that is not valid wirerate protocol.
     #[error("peer sent an invalid frame: {0}; closing the connection")]
     Protocol(#[from] DecodeError),
@@ -44,6 +52,13 @@ pub enum Error {
     /// A bad command-line value or combination of settings.
     #[error("invalid setting: {0}")]
     Config(String),
+    /// A filesystem is full, or a quota reached: freeing space and trying
+    /// again can get past it.
+    #[error("no space left on the receiver's filesystem: {context}")]
+    NoSpace {
+        /// What needed the space, and what to do.
+        context: String,
+    },
     /// The receiver reported a failure.
     #[error("receiver reported: {message}")]
     Remote {
@@ -51,6 +66,15 @@ pub enum Error {
         message: String,
         /// Whether reconnecting could help.
         retryable: bool,
+    },
+    /// A source file is not the one that was listed, or changed while it
+    /// was read; it is not sent (or not published), the rest goes on.
+    #[error("{path}: {reason}")]
+    SourceChanged {
+        /// The source path.
+        path: String,
+        /// What happened to it.
+        reason: String,
     },
     /// The data that landed is not the data that left.
     #[error("verification failed for {path}: {detail}")]
@@ -74,6 +98,17 @@ impl Error {
         }
     }
 
+    /// Wraps a local I/O error, telling a full filesystem (ENOSPC, EDQUOT)
+    /// from other failures: the first may pass once space is freed.
+    pub fn disk(context: impl Into<String>, source: std::io::Error) -> Self {
+        match source.raw_os_error() {
+            Some(libc::ENOSPC | libc::EDQUOT) => Self::NoSpace {
+                context: context.into(),
+            },
+            _ => Self::io(context, source),
+        }
+    }
+
     /// Wraps a network error with what we were doing.
     pub fn net(context: impl Into<String>, source: std::io::Error) -> Self {
         Self::Net {
@@ -85,7 +120,7 @@ impl Error {
     /// Whether reconnecting and resuming could get past this error.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Self::Net { .. } => true,
+            Self::Net { .. } | Self::NoSpace { .. } => true,
             Self::Remote { retryable, .. } => *retryable,
             _ => false,
         }

@@ -20,6 +20,41 @@ use crate::error::{Error, Result};
 pub const PART_SUFFIX: &str = ".wirerate-part";
 /// Suffix of a file's resume checkpoint.
 pub const CKPT_SUFFIX: &str = ".wirerate-ckpt";
+/// Suffix of a checkpoint being replaced (written, synced, then renamed).
+pub const CKPT_TMP_SUFFIX: &str = ".wirerate-ckpt.tmp";
+/// Every suffix of the receiver's own files, which no destination may use.
+pub const TEMP_SUFFIXES: [&str; 3] = [PART_SUFFIX, CKPT_SUFFIX, CKPT_TMP_SUFFIX];
+/// Longest file name most filesystems take (NAME_MAX).
+const NAME_MAX: usize = 255;
+
+/// Whether `name` is one of the receiver's own temporary files.
+pub fn is_temporary(name: &str) -> bool {
+    name.starts_with('.') && TEMP_SUFFIXES.iter().any(|s| name.ends_with(s))
+}
+
+/// The stem of the temporary files of the destination file `name`: the
+/// name itself while `.`, the name and the longest suffix fit NAME_MAX;
+/// else a prefix of it and a hash of the whole name, so a name of 241-255
+/// bytes still gets temporary files (and the same ones on every resume).
+fn temp_stem(name: &str) -> std::borrow::Cow<'_, str> {
+    let room = NAME_MAX - 1 - CKPT_TMP_SUFFIX.len();
+    if name.len() <= room {
+        return name.into();
+    }
+    let hash = format!("~{:016x}", xxhash_rust::xxh3::xxh3_64(name.as_bytes()));
+    let mut end = room - hash.len();
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{hash}", &name[..end]).into()
+}
+
+/// The names of the temporary file, checkpoint and checkpoint being
+/// replaced of the destination file `name`, in the same directory.
+pub fn temp_names(name: &str) -> [String; 3] {
+    let stem = temp_stem(name);
+    TEMP_SUFFIXES.map(|suffix| format!(".{stem}{suffix}"))
+}
 
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
 
@@ -30,25 +65,35 @@ pub struct Root {
     path: PathBuf,
 }
 
-/// A validated destination, split into its parent directory and file name.
+/// A validated destination: its path relative to the root, which splits
+/// into a parent directory and a file name (one string, since a manifest
+/// may hold a million of them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DestPath {
     /// Path relative to the root, as given (normalised).
     pub rel: String,
-    /// Parent directory relative to the root ("" for the root itself).
-    pub parent: String,
-    /// Final file name.
-    pub name: String,
+    /// Where the file name starts in `rel`.
+    name_at: usize,
 }
 
 impl DestPath {
+    /// Parent directory relative to the root ("" for the root itself).
+    pub fn parent(&self) -> &str {
+        self.rel[..self.name_at].trim_end_matches('/')
+    }
+    /// Final file name.
+    pub fn name(&self) -> &str {
+        &self.rel[self.name_at..]
+    }
     /// Name of the temporary file the data is written to.
     pub fn part_name(&self) -> String {
-        format!(".{}{PART_SUFFIX}", self.name)
+        let [part, _, _] = temp_names(self.name());
+        part
     }
     /// Name of the checkpoint file.
     pub fn ckpt_name(&self) -> String {
-        format!(".{}{CKPT_SUFFIX}", self.name)
+        let [_, ckpt, _] = temp_names(self.name());
+        ckpt
     }
 }
 
@@ -78,26 +123,21 @@ pub fn validate(path: &str) -> Result<DestPath> {
         match *c {
             "" => return Err(refused(path, "empty path component (//)")),
             "." | ".." => return Err(refused(path, "'.' and '..' components are not allowed")),
-            c if c.len() > 255 => {
+            c if c.len() > NAME_MAX => {
                 return Err(refused(path, "a component is longer than 255 bytes"));
             }
-            c if c.ends_with(PART_SUFFIX) || c.ends_with(CKPT_SUFFIX) => {
+            c if TEMP_SUFFIXES.iter().any(|s| c.ends_with(s)) => {
                 return Err(refused(
                     path,
-                    "names ending in .wirerate-part or .wirerate-ckpt are reserved",
+                    "names ending in .wirerate-part, .wirerate-ckpt or .wirerate-ckpt.tmp are reserved",
                 ));
             }
             _ => {}
         }
     }
-    let (name, parents) = comps
-        .split_last()
-        .ok_or_else(|| refused(path, "empty path"))?;
-    Ok(DestPath {
-        rel: comps.join("/"),
-        parent: parents.join("/"),
-        name: (*name).to_string(),
-    })
+    let rel = comps.join("/");
+    let name_at = rel.rfind('/').map_or(0, |i| i + 1);
+    Ok(DestPath { rel, name_at })
 }
 
 fn map_resolve(path: &str, e: Errno) -> Error {
@@ -177,11 +217,13 @@ impl Root {
     }
 
     /// Opens `name` in the directory `dir` (which must come from `dir()`),
-    /// never following a symlink at the last component.
+    /// never following a symlink at the last component. A file it creates
+    /// is readable by its owner only: what is being received stays private
+    /// until it is published with the sender's permission bits.
     pub fn open_in(dir: &OwnedFd, name: &str, flags: OFlags) -> std::result::Result<File, Errno> {
         // openat2 insists on a zero mode unless a file may be created.
         let mode = if flags.contains(OFlags::CREATE) {
-            Mode::from_raw_mode(0o644)
+            Mode::from_raw_mode(0o600)
         } else {
             Mode::empty()
         };
@@ -211,10 +253,12 @@ mod tests {
     #[test]
     fn lexical_checks() {
         assert!(validate("a/b.h5").is_ok());
-        assert_eq!(validate("run/").unwrap().name, "run");
+        assert_eq!(validate("run/").unwrap().name(), "run");
         let d = validate("x/y/z").unwrap();
-        assert_eq!((d.parent.as_str(), d.name.as_str()), ("x/y", "z"));
+        assert_eq!((d.parent(), d.name()), ("x/y", "z"));
         assert_eq!(d.part_name(), ".z.wirerate-part");
+        let top = validate("z").unwrap();
+        assert_eq!((top.parent(), top.name()), ("", "z"));
         for bad in [
             "",
             "/etc/passwd",
@@ -224,9 +268,33 @@ mod tests {
             "./a",
             "a/\0",
             "a/.b.wirerate-part",
+            "a/.b.wirerate-ckpt.tmp",
         ] {
             assert!(validate(bad).is_err(), "{bad:?} must be refused");
         }
+    }
+
+    #[test]
+    fn temporary_names_fit_for_every_name_a_filesystem_takes() {
+        for len in [1, 200, 236, 237, 240, 241, 250, 255] {
+            let name = "n".repeat(len);
+            let names = temp_names(&name);
+            for t in &names {
+                assert!(t.len() <= NAME_MAX, "{len}: {t} is {} bytes", t.len());
+                assert!(is_temporary(t), "{t}");
+            }
+            assert_eq!(names, temp_names(&name), "the same on every resume");
+            if len <= 236 {
+                assert_eq!(names[0], format!(".{name}{PART_SUFFIX}"));
+            }
+        }
+        // Two long names alike but for their end get different files.
+        let a = format!("{}a", "n".repeat(250));
+        let b = format!("{}b", "n".repeat(250));
+        assert_ne!(temp_names(&a), temp_names(&b));
+        // A multi-byte character is never cut in half.
+        let wide = "é".repeat(127);
+        assert!(temp_names(&wide)[2].len() <= NAME_MAX);
     }
 
     #[test]

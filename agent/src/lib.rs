@@ -19,6 +19,7 @@ pub mod progress;
 pub mod receiver;
 pub mod sender;
 pub mod summary;
+pub mod token;
 pub mod units;
 pub mod wire;
 

@@ -116,23 +116,31 @@ struct TokenArgs {
 }
 
 impl TokenArgs {
+    /// The token; says what is weak about how it is kept (logs must be
+    /// set up first).
     fn load(&self) -> Result<Vec<u8>> {
-        if let Some(p) = &self.token_file {
-            let t = std::fs::read(p)
-                .with_context(|| format!("reading the token file {}", p.display()))?;
-            let t = t.trim_ascii().to_vec();
-            if t.is_empty() {
-                bail!(
-                    "the token file {} is empty; put a secret in it (e.g. `head -c 32 /dev/urandom | base64 > {}`)",
-                    p.display(),
-                    p.display()
-                );
-            }
-            return Ok(t);
+        let token = match (&self.token_file, std::env::var("WIRERATE_TOKEN")) {
+            (Some(p), _) => wirerate_agent::token::from_file(p)?,
+            (None, Ok(t)) => wirerate_agent::token::from_env("WIRERATE_TOKEN", &t)?,
+            (None, Err(_)) => bail!("no token: pass --token-file FILE or set WIRERATE_TOKEN"),
+        };
+        for w in &token.warnings {
+            tracing::warn!("{w}");
         }
-        match std::env::var("WIRERATE_TOKEN") {
-            Ok(t) if !t.trim().is_empty() => Ok(t.trim().as_bytes().to_vec()),
-            _ => bail!("no token: pass --token-file FILE or set WIRERATE_TOKEN"),
+        Ok(token.bytes)
+    }
+}
+
+/// Raises the soft limit on open files to the hard one: a receiver serves
+/// up to --max-connections sockets, far more than a default soft limit of
+/// 1,024 descriptors allows once files are open too.
+fn raise_fd_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut l = getrlimit(Resource::Nofile);
+    if l.current < l.maximum {
+        l.current = l.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, l) {
+            tracing::warn!("cannot raise the open-file limit: {e}");
         }
     }
 }
@@ -155,6 +163,20 @@ struct ServeArgs {
     /// Concurrent sessions.
     #[arg(long, default_value_t = 16)]
     max_sessions: usize,
+    /// Buffer memory all sessions together may hold, e.g. 4GiB (default:
+    /// --max-sessions x --buffer).
+    #[arg(long, value_parser = size)]
+    max_memory: Option<u64>,
+    /// Connections served at once (each costs a thread).
+    #[arg(long, default_value_t = wirerate_agent::receiver::MAX_CONNECTIONS)]
+    max_connections: usize,
+    /// Seconds a sender may stay silent (not even a keepalive) before its
+    /// session is ended and its files released; at least 10.
+    #[arg(long, default_value_t = wirerate_agent::wire::IDLE_TIMEOUT.as_secs_f64())]
+    idle_timeout: f64,
+    /// Permission bits cleared from the modes senders' files carry (octal).
+    #[arg(long, default_value = "022", value_parser = umask)]
+    umask: u32,
     /// Seconds between checkpoints of durable blocks.
     #[arg(long, default_value_t = 1.0)]
     checkpoint_interval: f64,
@@ -232,6 +254,12 @@ fn size(s: &str) -> Result<u64, String> {
 fn rate(s: &str) -> Result<u64, String> {
     parse_rate(s).map_err(|e| e.to_string())
 }
+fn umask(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s, 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("{s:?} is not an octal permission mask (000 to 777)"))
+}
 fn verify(s: &str) -> Result<Verify, String> {
     match s {
         "none" => Ok(Verify::None),
@@ -295,9 +323,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
     match cli.cmd {
         Cmd::Serve(a) => {
             init_logs("info");
+            raise_fd_limit();
             let token = a.token.load()?;
             if !(a.checkpoint_interval.is_finite() && a.checkpoint_interval > 0.0) {
                 bail!("--checkpoint-interval must be a positive number of seconds");
+            }
+            if !(a.idle_timeout.is_finite() && a.idle_timeout > 0.0) {
+                bail!("--idle-timeout must be a positive number of seconds");
             }
             let mut cfg = ServeConfig::new(a.root, token);
             cfg.io_mode = a.io.io_mode;
@@ -308,6 +340,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             cfg.socket = a.io.socket();
             cfg.print_summaries = true;
             cfg.json = a.json;
+            cfg.max_memory = a.max_memory;
+            cfg.max_connections = a.max_connections.max(1);
+            cfg.idle_timeout = Duration::from_secs_f64(a.idle_timeout);
+            cfg.umask = a.umask;
             if let Some(m) = &a.metrics_addr {
                 let addr = metrics::serve(m)?;
                 tracing::info!("metrics on http://{addr}/metrics");
@@ -339,6 +375,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Run(a) => {
             init_logs("info,kube=warn");
+            raise_fd_limit();
             let advertise = match (a.advertise, &a.interface) {
                 (Some(addr), _) => addr,
                 (None, Some(nic)) => wirerate_agent::cluster::host::interface_address(nic)

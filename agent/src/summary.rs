@@ -203,8 +203,11 @@ pub struct ReceiverSummary {
     pub blocks_rejected: u64,
     /// Files verified and published.
     pub files_ok: u64,
-    /// Files that failed.
+    /// Files that failed, refused ones included.
     pub files_failed: u64,
+    /// Things the receiver's operator should know (checkpoints that could
+    /// not be stored, for one).
+    pub warnings: Vec<String>,
 }
 
 impl ReceiverSummary {
@@ -235,5 +238,10 @@ impl ReceiverSummary {
             )
         };
         let _ = writeln!(std::io::stdout(), "{line}");
+        if !json {
+            for w in &self.warnings {
+                let _ = writeln!(std::io::stdout(), "  warning: {w}");
+            }
+        }
     }
 }

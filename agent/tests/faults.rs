@@ -1,5 +1,6 @@
 //! Faults injected into real transfers: a cut stream, a damaged block, a
-//! wrong token, garbage and oversized frames, path escapes, a full disk.
+//! wrong token, garbage and oversized frames, path escapes, a disk that is
+//! full or fills up mid-file, interrupted sessions and what they leave.
 
 mod common;
 
@@ -305,16 +306,20 @@ fn full_destination_gives_a_clear_error_and_no_final_file() {
     )
     .unwrap();
     assert!(!s.ok);
+    let msg = &s.failures[0].message;
+    assert!(msg.contains("no space left"), "{msg}");
     assert!(
-        s.failures[0].message.contains("no space left"),
-        "{}",
-        s.failures[0].message
+        !msg.contains("invalid setting"),
+        "a full disk is not a setting: {msg}"
     );
     assert!(
         !root.join("big.bin").exists(),
         "nothing under the final name"
     );
     assert_no_leftovers(&root);
+    // The receiver counts the refusal as the failure it is.
+    let rx = wait_summaries(&srv, 1);
+    assert_eq!((rx[0].files_ok, rx[0].files_failed), (0, 1), "{:?}", rx[0]);
     // The filesystem is still usable for what fits.
     let s = send(
         &send_cfg(srv.addr(), &dir.path().join("small.bin"), "small.bin"),
@@ -337,6 +342,7 @@ fn block_size_over_the_receivers_budget_is_refused() {
     let srv = server(&root, IoMode::Async);
     let mut cfg = send_cfg(srv.addr(), &src, "big.bin");
     cfg.block_size = 8 << 20;
+    cfg.buffer = 16 << 20;
     cfg.retry_for = Duration::from_secs(30);
     let t0 = std::time::Instant::now();
     let err = send(&cfg, Arc::new(Progress::default())).unwrap_err();
@@ -376,6 +382,7 @@ fn open_raw_session(
                 kind: EntryKind::File,
                 size,
                 fingerprint: 1,
+                mode: 0o644,
                 path: path.into(),
             }],
         },
@@ -463,4 +470,219 @@ fn file_done_ahead_of_its_last_block_waits_for_it() {
         other => panic!("expected a good result, got {other:?}"),
     }
     assert_eq!(std::fs::read(root.join("early.bin")).unwrap(), content);
+}
+
+/// Fills the filesystem of `dir` with a file there; returns its path.
+fn fill(dir: &std::path::Path) -> std::path::PathBuf {
+    let p = dir.join("filler");
+    let mut f = std::fs::File::create(&p).unwrap();
+    let chunk = vec![7u8; 64 << 10];
+    while f.write_all(&chunk).is_ok() {}
+    // What the page cache took counts on tmpfs: nothing is left.
+    let _ = f.sync_all();
+    p
+}
+
+/// An 8 MiB tmpfs mounted at `root` for the test, if it may run.
+fn small_tmpfs(root: &std::path::Path, what: &str) -> Option<Mount> {
+    if !require_root(what) {
+        return None;
+    }
+    std::fs::create_dir_all(root).unwrap();
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(root)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "mounting a tmpfs at {}", root.display());
+    Some(Mount(root.to_path_buf()))
+}
+
+#[test]
+fn a_disk_that_fills_mid_transfer_costs_checkpoints_not_the_transfer() {
+    let dir = scratch("fills");
+    let root = dir.path().join("dst");
+    let Some(_m) = small_tmpfs(&root, "mounting a small tmpfs to fill up") else {
+        return;
+    };
+    let src = dir.path().join("src.bin");
+    write_file(&src, 6 << 20, 21);
+    let srv = server(&root, IoMode::Async);
+    let mut cfg = send_cfg(srv.addr(), &src, "big.bin");
+    cfg.block_size = 256 << 10;
+    cfg.buffer = 2 << 20;
+    cfg.max_rate = Some(4_000_000);
+    let progress = Arc::new(Progress::default());
+    let p = Arc::clone(&progress);
+    let run = std::thread::spawn(move || send(&cfg, p));
+    while progress.done.load(Ordering::Relaxed) < 1 << 20 {
+        assert!(!run.is_finished());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Another writer takes every byte left: the file's own space was
+    // reserved up front, its checkpoints were not.
+    let filler = fill(&root);
+    let s = run.join().unwrap().unwrap();
+    assert!(s.ok, "the transfer goes on: {}", s.render());
+    assert_same(&src, &root.join("big.bin"));
+    assert_no_leftovers(&root);
+    let rx = wait_summaries(&srv, 1);
+    assert!(
+        rx[0]
+            .warnings
+            .iter()
+            .any(|w| w.contains("checkpoint") && w.contains("no space left")),
+        "{:?}",
+        rx[0]
+    );
+    drop(filler);
+}
+
+#[test]
+fn a_disk_full_mid_file_is_retried_and_resumes_once_space_is_freed() {
+    let dir = scratch("enospc-retry");
+    let root = dir.path().join("dst");
+    let Some(_m) = small_tmpfs(&root, "mounting a small tmpfs to fill up") else {
+        return;
+    };
+    let src = dir.path().join("src.bin");
+    write_file(&src, 4 << 20, 22);
+    let srv = server(&root, IoMode::Async);
+    // A first run cut half-way leaves a checkpointed temporary file.
+    let relay = Relay::start(
+        srv.addr(),
+        vec![Fault::CutAfter {
+            conn: 1,
+            bytes: 2 << 20,
+        }],
+    );
+    let mut cfg = send_cfg(relay.addr, &src, "big.bin");
+    cfg.block_size = 256 << 10;
+    cfg.buffer = 2 << 20;
+    cfg.streams = 1;
+    assert!(send(&cfg, Arc::new(Progress::default())).is_err());
+    wait_summaries(&srv, 1);
+    let part = root.join(".big.bin.wirerate-part");
+    let ckpt = wirerate_agent::receiver::Checkpoint::decode(
+        &std::fs::read(root.join(".big.bin.wirerate-ckpt")).unwrap(),
+    )
+    .unwrap();
+    let missing: Vec<u64> = (0..ckpt.durable.len())
+        .filter(|&b| !ckpt.durable.get(b))
+        .collect();
+    assert!(!missing.is_empty() && missing.len() < 16, "{missing:?}");
+    // Its missing blocks take no space (as on a filesystem without
+    // fallocate), and the disk is then filled by someone else.
+    let f = std::fs::OpenOptions::new().write(true).open(&part).unwrap();
+    for b in &missing {
+        rustix::fs::fallocate(
+            &f,
+            rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+            b * (256 << 10),
+            256 << 10,
+        )
+        .unwrap();
+    }
+    drop(f);
+    let filler = fill(&root);
+    // The resume hits the full disk; the sender keeps retrying, and
+    // finishes once space is freed.
+    let mut cfg = send_cfg(srv.addr(), &src, "big.bin");
+    cfg.block_size = 256 << 10;
+    cfg.buffer = 2 << 20;
+    cfg.retry_for = Duration::from_secs(30);
+    let run = std::thread::spawn(move || send(&cfg, Arc::new(Progress::default())));
+    let t0 = std::time::Instant::now();
+    while srv.summaries().len() < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no session hit the full disk"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let full = &srv.summaries()[1];
+    assert!(
+        full.outcome
+            .contains("no space left on the receiver's filesystem"),
+        "{}",
+        full.outcome
+    );
+    std::fs::remove_file(&filler).unwrap();
+    let s = run.join().unwrap().unwrap();
+    assert!(s.ok, "{}", s.render());
+    assert!(s.sessions >= 2, "{}", s.render());
+    assert_same(&src, &root.join("big.bin"));
+    assert_no_leftovers(&root);
+}
+
+#[test]
+fn an_interrupted_session_leaves_no_temporary_file_it_cannot_resume() {
+    // One-block files are never checkpointed, so their temporary files
+    // could never be resumed: they go when the session ends.
+    let dir = scratch("abandoned");
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = server(&root, IoMode::Async);
+    let (ctl, data) = open_raw_session(&srv, [11; 16], 100, "one-block.bin");
+    assert!(root.join(".one-block.bin.wirerate-part").exists());
+    drop((ctl, data));
+    let rx = wait_summaries(&srv, 1);
+    assert!(
+        rx[0].outcome.starts_with("interrupted"),
+        "{}",
+        rx[0].outcome
+    );
+    assert_no_leftovers(&root);
+}
+
+#[test]
+fn bytes_skipped_resume_is_what_the_receiver_held_when_the_run_began() {
+    let dir = scratch("skipped");
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let src = dir.path().join("src.bin");
+    write_file(&src, 4 << 20, 23);
+    let held = {
+        let srv = server(&root, IoMode::Async);
+        let relay = Relay::start(
+            srv.addr(),
+            vec![Fault::CutAfter {
+                conn: 1,
+                bytes: 2 << 20,
+            }],
+        );
+        let mut cfg = send_cfg(relay.addr, &src, "out.bin");
+        cfg.block_size = 256 << 10;
+        cfg.buffer = 2 << 20;
+        cfg.streams = 1;
+        assert!(send(&cfg, Arc::new(Progress::default())).is_err());
+        wait_summaries(&srv, 1);
+        let c = wirerate_agent::receiver::Checkpoint::decode(
+            &std::fs::read(root.join(".out.bin.wirerate-ckpt")).unwrap(),
+        )
+        .unwrap();
+        c.durable.count() * (256 << 10)
+    };
+    assert!(held > 0);
+    // The next run's first attempt finds no receiver; its second gets the
+    // plan, which is when it learns what the receiver holds.
+    let port = free_port();
+    let mut cfg = send_cfg(([127, 0, 0, 1], port).into(), &src, "out.bin");
+    cfg.block_size = 256 << 10;
+    cfg.buffer = 2 << 20;
+    cfg.retry_for = Duration::from_secs(20);
+    let run = std::thread::spawn(move || send(&cfg, Arc::new(Progress::default())));
+    std::thread::sleep(Duration::from_millis(400));
+    let mut scfg = wirerate_agent::receiver::ServeConfig::new(root.clone(), TOKEN.to_vec());
+    scfg.buffer = 8 << 20;
+    let _srv = wirerate_agent::receiver::Server::bind(&format!("127.0.0.1:{port}"), scfg)
+        .unwrap()
+        .spawn();
+    let s = run.join().unwrap().unwrap();
+    assert!(s.ok, "{}", s.render());
+    assert!(s.sessions >= 2, "{}", s.render());
+    assert_eq!(s.bytes_skipped_resume, held, "{}", s.render());
+    assert_eq!(s.bytes_sent + held, 4 << 20, "{}", s.render());
+    assert_same(&src, &root.join("out.bin"));
 }

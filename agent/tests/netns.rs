@@ -1,17 +1,16 @@
 //! Two hosts in network namespaces joined by a veth pair, with the agent
 //! running as a separate process on each: random packet loss on both
-//! directions, and a link outage mid-transfer. Needs root, iproute2 and
-//! iptables; skips loudly without them and fails under CI.
+//! directions, a link outage mid-transfer, and a sender host that
+//! vanishes. Needs root, iproute2 and iptables; skips loudly without them
+//! and fails under CI.
 
 mod common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
-
-const BIN: &str = env!("CARGO_BIN_EXE_wirerate-agent");
 
 fn sh(args: &[&str]) {
     let st = Command::new(args[0]).args(&args[1..]).status().unwrap();
@@ -97,6 +96,31 @@ impl Hosts {
             "-j",
             "DROP",
         ]);
+    }
+
+    /// `ns` drops every packet in and out, as a host that lost power or
+    /// its network would: its peers hear no FIN and no RST.
+    fn vanish(&self, ns: &str) {
+        for chain in ["INPUT", "OUTPUT"] {
+            sh(&[
+                "ip", "netns", "exec", ns, "iptables", "-I", chain, "-j", "DROP",
+            ]);
+        }
+    }
+
+    /// Established TCP connections in `ns` to or from `peer`.
+    fn established(&self, ns: &str, peer: &str) -> usize {
+        let out = Command::new("ip")
+            .args(["netns", "exec", ns, "ss", "-Htn", "state", "established"])
+            .args(["dst", peer])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ss: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).lines().count()
     }
 
     fn link(&self, up: bool) {
@@ -238,4 +262,97 @@ fn across_hosts_surviving_a_link_outage() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_same(&src, &root.join("out.bin"));
+}
+
+#[test]
+fn a_vanished_sender_is_let_go_and_its_file_taken_over() {
+    if !available("the network-namespace vanished-sender test") {
+        return;
+    }
+    let s = setup("netns-vanish", 24 << 20);
+    let (src, root, token) = (s.src.clone(), s.root.clone(), s.token.clone());
+    let h = Hosts::up("v");
+    // The receiver runs with its default idle timeout (30 s).
+    let _rx = serve_in(&h.b, &root, &token);
+    let mut first = send_from(
+        &h.a,
+        &token,
+        &src,
+        &[
+            "--streams",
+            "2",
+            "--block-size",
+            "1MiB",
+            "--max-rate",
+            "32Mbps",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let ckpt = root.join(".out.bin.wirerate-ckpt");
+    let t0 = Instant::now();
+    while !ckpt.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "no checkpoint yet");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let n = h.established(&h.b, "10.203.0.1");
+    eprintln!("{n} connections from the sender before it vanishes");
+    assert!(n >= 1, "the sender is connected");
+    // Host a vanishes, and its sender dies without a word reaching b.
+    h.vanish(&h.a);
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let vanished = Instant::now();
+    // The same transfer, restarted from another host, is refused while the
+    // old session might still be alive, then takes its file over once the
+    // old sender has been silent for three keepalive intervals (15 s),
+    // well before the idle timeout would have ended it.
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &h.b,
+            BIN,
+            "send",
+            "--to",
+            "10.203.0.2:7470",
+        ])
+        .args([
+            "--json",
+            "--quiet",
+            "--retry-for",
+            "60",
+            "--block-size",
+            "1MiB",
+        ])
+        .arg("--token-file")
+        .arg(&token)
+        .arg(&src)
+        .arg("out.bin")
+        .output()
+        .unwrap();
+    let took = vanished.elapsed();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        j["bytes_skipped_resume"].as_u64().unwrap() > 0,
+        "it resumed from the vanished session's checkpoint: {j}"
+    );
+    assert_same(&src, &root.join("out.bin"));
+    // Bound: taken over within 28 s of the vanishing (takeover at 15 s,
+    // the sender's reconnect backoff up to 5 s, the rest of the file).
+    assert!(took < Duration::from_secs(28), "took {took:?}");
+    // And the vanished host's connections are gone from the receiver.
+    let t0 = Instant::now();
+    while h.established(&h.b, "10.203.0.1") > 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "connections from the vanished host are still established"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -3,22 +3,12 @@
 
 mod common;
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-
-const BIN: &str = env!("CARGO_BIN_EXE_wirerate-agent");
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn serve(root: &Path, token: &Path, port: u16) -> Proc {
     serve_with(root, token, port, &[])
@@ -324,4 +314,107 @@ fn serve_exposes_prometheus_metrics() {
     );
     assert_eq!(value("wirerate_receiver_files_completed_total"), 1.0);
     assert_eq!(value("wirerate_receiver_sessions_total"), 1.0);
+}
+
+#[test]
+fn weak_tokens_hopeless_addresses_and_empty_runs_are_said_plainly() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = setup("plain", 1000);
+    let port = free_port();
+    let _rx = serve(&s.root, &s.token, port);
+    // A token file anyone can read is named, with the fix.
+    std::fs::set_permissions(&s.token, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = send_cmd(port, &s.token, &s.src, "w.bin", &[])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("can be read by its group and everyone else") && err.contains("chmod 600"),
+        "{err}"
+    );
+    std::fs::set_permissions(&s.token, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    // A name that does not resolve is not retried for --retry-for.
+    let t0 = Instant::now();
+    let out = Command::new(BIN)
+        .args([
+            "send",
+            "--to",
+            "no-such-host.invalid:7470",
+            "--retry-for",
+            "60",
+        ])
+        .arg("--token-file")
+        .arg(&s.token)
+        .arg(&s.src)
+        .arg("x")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("cannot resolve no-such-host.invalid"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(20), "retried: {err}");
+
+    // A receiver that never answers: retried, then given up, with no
+    // promise of a resume when nothing was sent.
+    let out = send_cmd(free_port(), &s.token, &s.src, "x", &["--retry-for", "1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("gave up after --retry-for 1 s"), "{err}");
+    assert!(!err.contains("resume"), "{err}");
+
+    // A wrong token says so once.
+    let wrong = s.root.parent().unwrap().join("wrong-token");
+    std::fs::write(&wrong, "not-the-right-token-at-all").unwrap();
+    std::fs::set_permissions(&wrong, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = send_cmd(port, &wrong, &s.src, "x", &["--retry-for", "60"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.matches("authentication failed").count(), 1, "{err}");
+}
+
+#[test]
+fn zero_sizes_are_refused_with_what_to_change() {
+    let dir = scratch("zeros");
+    for (args, want) in [
+        (
+            &["demo", "--size", "0"][..],
+            "--size must be at least 1 byte",
+        ),
+        (
+            &["demo", "--buffer", "0"][..],
+            "--buffer (0 B) must hold at least one block",
+        ),
+    ] {
+        let out = Command::new(BIN)
+            .args(args)
+            .arg("--dir")
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(
+            !err.contains("generating"),
+            "{args:?} must fail before any work"
+        );
+    }
+    let s = setup("zeros-serve", 10);
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--buffer", "0"])
+        .arg("--root")
+        .arg(&s.root)
+        .arg("--token-file")
+        .arg(&s.token)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--buffer must be at least 8 KiB"), "{err}");
 }

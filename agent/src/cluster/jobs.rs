@@ -10,7 +10,7 @@ use std::time::Duration;
 use wirerate_crds::Tuning;
 
 use crate::error::{Error, Result};
-use crate::fsroot::{CKPT_SUFFIX, PART_SUFFIX};
+use crate::fsroot::{is_temporary, temp_names};
 use crate::io::IoMode;
 use crate::net::SocketOpts;
 use crate::progress::Progress;
@@ -196,9 +196,6 @@ impl Drop for ReceiverJob {
 
 /// Removes the temporary files and checkpoints a cancelled transfer left at `dest`.
 pub fn remove_partials(dest: &Path) -> usize {
-    fn is_partial(name: &str) -> bool {
-        name.ends_with(PART_SUFFIX) || name.ends_with(CKPT_SUFFIX)
-    }
     fn walk(dir: &Path, n: &mut usize) {
         let Ok(entries) = std::fs::read_dir(dir) else {
             return;
@@ -207,7 +204,7 @@ pub fn remove_partials(dest: &Path) -> usize {
             let p = e.path();
             if e.file_type().is_ok_and(|t| t.is_dir()) {
                 walk(&p, n);
-            } else if is_partial(&e.file_name().to_string_lossy())
+            } else if is_temporary(&e.file_name().to_string_lossy())
                 && std::fs::remove_file(&p).is_ok()
             {
                 *n += 1;
@@ -218,9 +215,8 @@ pub fn remove_partials(dest: &Path) -> usize {
     if dest.is_dir() {
         walk(dest, &mut n);
     } else if let (Some(dir), Some(name)) = (dest.parent(), dest.file_name()) {
-        let name = name.to_string_lossy();
-        for suffix in [PART_SUFFIX, CKPT_SUFFIX] {
-            if std::fs::remove_file(dir.join(format!(".{name}{suffix}"))).is_ok() {
+        for temp in temp_names(&name.to_string_lossy()) {
+            if std::fs::remove_file(dir.join(temp)).is_ok() {
                 n += 1;
             }
         }

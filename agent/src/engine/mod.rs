@@ -7,12 +7,14 @@
 pub mod bitmap;
 pub mod digest;
 pub mod layout;
+pub mod liveness;
 pub mod retry;
 pub mod scheduler;
 pub mod tracker;
 
 pub use bitmap::Bitmap;
 pub use layout::Layout;
+pub use liveness::{IdleDeadline, Keepalive};
 pub use retry::Backoff;
 pub use scheduler::{ReadOrder, Scheduler, SendOrder};
 pub use tracker::{CheckpointPolicy, FileTracker};

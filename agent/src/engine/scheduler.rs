@@ -75,6 +75,8 @@ enum State {
     HaveUnread,
     HaveReading,
     HaveDone,
+    /// Its file was given up: not read, not sent, not waited for.
+    Dropped,
 }
 
 #[derive(Debug)]
@@ -88,6 +90,8 @@ struct FileState {
     reads_left: u64,
     checksums: Vec<u64>,
     reported: bool,
+    /// Given up by the shell (the source changed): never reported done.
+    failed: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -121,6 +125,8 @@ pub struct Scheduler {
     need_digest: bool,
     completed: VecDeque<usize>,
     reported: usize,
+    /// Files given up, with why, for the shell to tell the receiver.
+    failed: VecDeque<(u32, String)>,
     /// Blocks to send that the receiver has not acknowledged yet.
     unacked: usize,
     resends: u64,
@@ -159,6 +165,7 @@ impl Scheduler {
             need_digest,
             completed: VecDeque::new(),
             reported: 0,
+            failed: VecDeque::new(),
             unacked: 0,
             resends: 0,
             fatal: None,
@@ -200,6 +207,7 @@ impl Scheduler {
                 reads_left,
                 checksums: vec![0; n as usize],
                 reported: false,
+                failed: false,
             });
             s.reads_left += reads_left as usize;
             if outstanding == 0 {
@@ -401,6 +409,12 @@ impl Scheduler {
         }
         let gid = self.lookup(stream, file_id, block)?;
         self.release(stream, gid);
+        if self.files[self.slots[gid].file].failed {
+            // Nothing of a file given up is sent again.
+            self.slots[gid].state = State::Dropped;
+            self.unacked -= 1;
+            return Ok(());
+        }
         self.resends += 1;
         let slot = &mut self.slots[gid];
         slot.resends += 1;
@@ -428,6 +442,11 @@ impl Scheduler {
         let mut requeued = 0;
         for gid in (0..self.slots.len()).rev() {
             if self.slots[gid].state == State::InFlight(stream) {
+                if self.files[self.slots[gid].file].failed {
+                    self.slots[gid].state = State::Dropped;
+                    self.unacked -= 1;
+                    continue;
+                }
                 self.slots[gid].state = State::Ready;
                 self.ready.push_front(gid);
                 requeued += 1;
@@ -440,11 +459,62 @@ impl Scheduler {
     fn finish_block(&mut self, file: usize) -> bool {
         let f = &mut self.files[file];
         f.outstanding -= 1;
-        if f.outstanding == 0 {
+        if f.outstanding == 0 && !f.failed {
             self.completed.push_back(file);
             return true;
         }
         false
+    }
+
+    /// The shell gives a file up (its source changed, or cannot be
+    /// opened): nothing more of it is read or sent, it is never reported
+    /// done, and `poll_file_failed` hands back `reason` for the receiver.
+    /// Blocks already on the wire are still acknowledged as usual. Returns
+    /// the gids of read blocks the shell holds buffers for, to free them;
+    /// nothing for a file unknown, already failed or already reported.
+    pub fn handle_file_failed(&mut self, file_id: u32, reason: String) -> Vec<usize> {
+        let Some(&idx) = self.by_id.get(&file_id) else {
+            return Vec::new();
+        };
+        let f = &mut self.files[idx];
+        if f.failed || f.reported {
+            return Vec::new();
+        }
+        f.failed = true;
+        self.reported += 1;
+        self.completed.retain(|&c| c != idx);
+        let (first, n) = (f.first, f.layout.blocks() as usize);
+        let mut freed = Vec::new();
+        for gid in first..first + n {
+            let slot = &mut self.slots[gid];
+            match slot.state {
+                State::Unread | State::HaveUnread => {
+                    if slot.state == State::Unread {
+                        self.unacked -= 1;
+                    }
+                    self.reads_left -= 1;
+                    self.files[idx].reads_left -= 1;
+                }
+                State::Reading => self.unacked -= 1,
+                State::Ready => {
+                    self.unacked -= 1;
+                    freed.push(gid);
+                }
+                State::HaveReading => {}
+                // On the wire: the receiver acknowledges it all the same.
+                State::InFlight(_) | State::Acked | State::HaveDone | State::Dropped => continue,
+            }
+            slot.state = State::Dropped;
+        }
+        self.ready.retain(|g| !freed.contains(g));
+        self.failed.push_back((file_id, reason));
+        freed
+    }
+
+    /// A file given up by `handle_file_failed`, and why.
+    #[must_use]
+    pub fn poll_file_failed(&mut self) -> Option<(u32, String)> {
+        self.failed.pop_front()
     }
 
     /// A file whose blocks have all gone out once (or are held by the
@@ -522,6 +592,83 @@ mod tests {
             v.push(r);
         }
         v
+    }
+
+    #[test]
+    fn a_file_given_up_is_never_reported_and_its_unsent_blocks_are_dropped() {
+        let files = vec![
+            PlannedFile {
+                file_id: 1,
+                size: 16,
+                have: None,
+            },
+            PlannedFile {
+                file_id: 2,
+                size: 8,
+                have: None,
+            },
+        ];
+        let mut s = Scheduler::new(files, 4, 1, 64, true);
+        // Blocks 0-2 of file 1 read; block 0 goes out, 1 and 2 wait.
+        let r: Vec<_> = (0..3).map(|_| s.poll_read().unwrap()).collect();
+        for o in &r {
+            s.handle_read(o.gid, 5);
+        }
+        let out = s.poll_send(0).unwrap();
+        assert!(!s.handle_sent_checksum(out.gid, 5));
+        let freed = s.handle_file_failed(1, "changed".into());
+        assert_eq!(freed, vec![r[1].gid, r[2].gid], "its waiting buffers");
+        assert!(
+            s.handle_file_failed(1, "again".into()).is_empty(),
+            "given up once"
+        );
+        assert_eq!(s.poll_file_failed(), Some((1, "changed".into())));
+        assert_eq!(s.poll_file_failed(), None);
+        // Its last block is never read; the next file's are.
+        let next = s.poll_read().unwrap();
+        assert_eq!(next.file_id, 2);
+        s.handle_read(next.gid, 9);
+        let n2 = s.poll_read().unwrap();
+        s.handle_read(n2.gid, 9);
+        assert!(s.poll_read().is_none());
+        // The block already on the wire is still acknowledged.
+        s.handle_ack(0, 1, out.block).unwrap();
+        for _ in 0..2 {
+            let o = s.poll_send(0).unwrap();
+            assert_eq!(o.file_id, 2, "nothing of file 1 goes out again");
+            s.handle_sent_checksum(o.gid, 9);
+            s.handle_ack(0, 2, o.block).unwrap();
+        }
+        assert_eq!(s.poll_file_done().map(|d| d.0), Some(2));
+        assert_eq!(s.poll_file_done(), None, "file 1 is never reported");
+        assert!(s.all_acked() && s.is_finished());
+    }
+
+    #[test]
+    fn a_file_given_up_is_not_resent_when_its_stream_breaks_or_a_block_is_damaged() {
+        let mut s = Scheduler::new(one(12, None), 4, 2, 64, true);
+        read_all(&mut s);
+        let a = s.poll_send(0).unwrap();
+        let b = s.poll_send(1).unwrap();
+        s.handle_file_failed(7, "changed".into());
+        s.handle_nack(0, 7, a.block).unwrap();
+        assert_eq!(s.handle_stream_failed(1), 0, "nothing to requeue");
+        assert!(s.poll_send(0).is_none());
+        assert!(s.all_acked(), "nothing is waited for");
+        assert_eq!(b.file_id, 7);
+        assert_eq!(s.poll_file_done(), None);
+    }
+
+    #[test]
+    fn a_file_given_up_before_its_reads_finish_ignores_them() {
+        let mut s = Scheduler::new(one(8, None), 4, 1, 64, true);
+        let a = s.poll_read().unwrap();
+        assert!(s.handle_file_failed(7, "gone".into()).is_empty());
+        s.handle_read(a.gid, 1);
+        assert!(!s.is_ready(a.gid), "its buffer is not kept");
+        assert!(s.poll_read().is_none());
+        assert!(s.poll_send(0).is_none());
+        assert!(s.all_acked() && s.is_finished());
     }
 
     #[test]

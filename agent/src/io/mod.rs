@@ -10,7 +10,7 @@ use std::fmt;
 use std::fs::File;
 use std::sync::Arc;
 
-pub use open::{DirectStatus, open_source};
+pub use open::{DirectStatus, open_path, open_source};
 pub use pool::{Pool, PoolBuf, Pools};
 pub use sync::SyncIo;
 pub(crate) use sync::read_full;

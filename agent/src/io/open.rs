@@ -1,8 +1,11 @@
 //! Opening files for the chosen I/O mode, with O_DIRECT fallbacks said once.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::File;
+use std::os::fd::OwnedFd;
 use std::path::Path;
+
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
 
 use crate::error::{Error, Result};
 
@@ -33,15 +36,49 @@ pub fn on_tmpfs(file: &File) -> bool {
     rustix::fs::fstatfs(file).is_ok_and(|s| s.f_type as i64 == TMPFS_MAGIC)
 }
 
-/// Opens a source file for reading, with O_DIRECT when wanted and possible.
-pub fn open_source(path: &Path, want_direct: bool) -> Result<(File, DirectStatus)> {
-    let ctx = || format!("opening {} for reading", path.display());
+/// Opens the source file `rel` beneath `base` for reading, never through a
+/// symlink at any component and never outside `base`, with O_DIRECT when
+/// wanted and possible. `shown` names it in messages.
+pub fn open_source(
+    base: &OwnedFd,
+    rel: &Path,
+    shown: &Path,
+    want_direct: bool,
+) -> Result<(File, DirectStatus)> {
+    let open = |direct: bool| {
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let flags = if direct {
+            flags | OFlags::DIRECT
+        } else {
+            flags
+        };
+        rustix::fs::openat2(
+            base,
+            rel,
+            flags,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        )
+        .map(File::from)
+    };
+    let refused = |e: Errno| -> Error {
+        let why = match e {
+            Errno::LOOP => {
+                "it, or a directory above it, was replaced by a symlink after it was listed; \
+                            symlinks inside a source are never followed"
+                    .to_string()
+            }
+            Errno::XDEV => "it resolves outside the source directory".to_string(),
+            Errno::NOENT => "it disappeared after it was listed".to_string(),
+            e => format!("cannot open it for reading: {e}"),
+        };
+        Error::SourceChanged {
+            path: shown.display().to_string(),
+            reason: format!("{why}; not sent"),
+        }
+    };
     if want_direct {
-        match OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)
-        {
+        match open(true) {
             Ok(f) if on_tmpfs(&f) => {
                 return Ok((
                     f,
@@ -52,19 +89,38 @@ pub fn open_source(path: &Path, want_direct: bool) -> Result<(File, DirectStatus
                 ));
             }
             Ok(f) => return Ok((f, DirectStatus::Direct)),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                let f = File::open(path).map_err(|e| Error::io(ctx(), e))?;
+            Err(Errno::INVAL) => {
+                let f = open(false).map_err(refused)?;
                 return Ok((
                     f,
                     DirectStatus::Buffered(Some(format!(
                         "the filesystem of {} does not support O_DIRECT; reading through the page cache",
-                        path.display()
+                        shown.display()
                     ))),
                 ));
             }
-            Err(e) => return Err(Error::io(ctx(), e)),
+            Err(e) => return Err(refused(e)),
         }
     }
-    let f = File::open(path).map_err(|e| Error::io(ctx(), e))?;
+    let f = open(false).map_err(refused)?;
     Ok((f, DirectStatus::Buffered(None)))
+}
+
+/// Opens the local file `path` for reading, as `open_source` would with its
+/// parent directory as the base (for the demo's own files).
+pub fn open_path(path: &Path, want_direct: bool) -> Result<(File, DirectStatus)> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| Error::Config(format!("{} has no file name", path.display())))?;
+    let base = rustix::fs::open(
+        parent,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::io(format!("opening {}", parent.display()), e.into()))?;
+    open_source(&base, Path::new(name), path, want_direct)
 }

@@ -216,13 +216,25 @@ impl Pools {
     /// eighth of that memory (16 to 1,024 of them) when blocks are larger.
     pub fn new(block_size: usize, large_count: usize) -> Result<Self> {
         let large = Pool::new(block_size, large_count)?;
-        let small = if block_size > SMALL_BUF {
-            let n = (block_size * large_count / 8 / SMALL_BUF).clamp(16, 1024);
-            Some(Pool::new(SMALL_BUF, n)?)
-        } else {
-            None
+        let small = match Self::small_count(block_size, large_count) {
+            0 => None,
+            n => Some(Pool::new(SMALL_BUF, n)?),
         };
         Ok(Self { large, small })
+    }
+
+    fn small_count(block_size: usize, large_count: usize) -> usize {
+        if block_size > SMALL_BUF {
+            (block_size.saturating_mul(large_count) / 8 / SMALL_BUF).clamp(16, 1024)
+        } else {
+            0
+        }
+    }
+
+    /// The memory `new(block_size, large_count)` takes.
+    pub fn bytes_for(block_size: usize, large_count: usize) -> u64 {
+        (block_size as u64).saturating_mul(large_count as u64)
+            + (Self::small_count(block_size, large_count) * SMALL_BUF) as u64
     }
 
     /// The pool whose buffers suit a `len`-byte block.

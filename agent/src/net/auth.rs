@@ -18,7 +18,14 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::error::{Error, Result};
-use crate::wire::{Frame, MAC_LEN, NONCE_LEN, Purpose, VERSION, encode, read_frame, write_frame};
+use crate::wire::{
+    Frame, MAC_LEN, MAX_PREAUTH_FRAME, MAX_SMALL_FRAME, NONCE_LEN, Purpose, VERSION, encode,
+    read_frame_capped, write_frame,
+};
+
+/// How `Error::Auth` introduces itself; a peer's message that already
+/// starts with it is not prefixed twice.
+const AUTH_FAILED: &str = "authentication failed: ";
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -43,8 +50,8 @@ pub fn random<const N: usize>() -> [u8; N] {
 fn peer_error(frame: Frame, expected: &str) -> Error {
     match frame {
         Frame::Error { message, retryable } => {
-            if message.contains("authentication") {
-                Error::Auth(message)
+            if let Some(reason) = message.strip_prefix(AUTH_FAILED) {
+                Error::Auth(reason.to_string())
             } else {
                 Error::Remote { message, retryable }
             }
@@ -66,7 +73,7 @@ pub fn client<S: Read + Write>(s: &mut S, token: &[u8], purpose: Purpose) -> Res
             nonce: nonce_c,
         },
     )?;
-    let nonce_s = match read_frame(s)? {
+    let nonce_s = match read_frame_capped(s, MAX_SMALL_FRAME)? {
         Frame::Challenge { version, nonce } if version == VERSION => nonce,
         Frame::Challenge { version, .. } => {
             return Err(Error::Violation(format!(
@@ -75,7 +82,7 @@ pub fn client<S: Read + Write>(s: &mut S, token: &[u8], purpose: Purpose) -> Res
         }
         other => return Err(peer_error(other, "a challenge")),
     };
-    let theirs = match read_frame(s)? {
+    let theirs = match read_frame_capped(s, MAX_SMALL_FRAME)? {
         Frame::ServerProof { mac } => mac,
         other => return Err(peer_error(other, "the receiver's proof")),
     };
@@ -91,7 +98,7 @@ pub fn client<S: Read + Write>(s: &mut S, token: &[u8], purpose: Purpose) -> Res
         .verify_slice(&theirs)
         .map_err(|_| {
             Error::Auth(
-                "authentication failed: the receiver holds a different token than this sender; \
+                "the receiver holds a different token than this sender; \
                  give both sides the same token"
                     .into(),
             )
@@ -101,9 +108,10 @@ pub fn client<S: Read + Write>(s: &mut S, token: &[u8], purpose: Purpose) -> Res
 }
 
 /// Server side; returns what the client wants the connection for. On a bad
-/// token it tells the client and fails.
+/// token it tells the client and fails. It allocates nothing for frames
+/// over `MAX_PREAUTH_FRAME`; the caller bounds its time (`net::within`).
 pub fn server<S: Read + Write>(s: &mut S, token: &[u8]) -> Result<Purpose> {
-    let nonce_c = match read_frame(s)? {
+    let nonce_c = match read_frame_capped(s, MAX_PREAUTH_FRAME)? {
         Frame::Hello { version, nonce } if version == VERSION => nonce,
         Frame::Hello { version, .. } => {
             let msg =
@@ -136,7 +144,7 @@ pub fn server<S: Read + Write>(s: &mut S, token: &[u8]) -> Result<Purpose> {
     encode(&Frame::ServerProof { mac: ours }, &mut out);
     s.write_all(&out)
         .map_err(|e| Error::net("answering a handshake", e))?;
-    let (tag, purpose) = match read_frame(s)? {
+    let (tag, purpose) = match read_frame_capped(s, MAX_PREAUTH_FRAME)? {
         Frame::Auth { mac, purpose } => (mac, purpose),
         other => {
             return Err(Error::Violation(format!(
@@ -152,7 +160,7 @@ pub fn server<S: Read + Write>(s: &mut S, token: &[u8]) -> Result<Purpose> {
             s,
             &Frame::Error {
                 retryable: false,
-                message: "authentication failed: the token does not match the receiver's".into(),
+                message: format!("{AUTH_FAILED}the token does not match the receiver's"),
             },
         );
         return Err(Error::Auth("a peer presented a wrong token".into()));
@@ -187,6 +195,39 @@ mod tests {
         let (c, s) = run(b"wrong", b"secret-token-123");
         assert!(matches!(s, Err(Error::Auth(_))));
         let msg = c.unwrap_err().to_string();
-        assert!(msg.contains("authentication failed"), "{msg}");
+        assert_eq!(
+            msg.matches("authentication failed").count(),
+            1,
+            "said once: {msg}"
+        );
+    }
+
+    #[test]
+    fn the_receivers_refusal_is_said_once() {
+        let e = peer_error(
+            Frame::Error {
+                retryable: false,
+                message: format!("{AUTH_FAILED}the token does not match the receiver's"),
+            },
+            "a challenge",
+        );
+        assert!(matches!(e, Error::Auth(_)), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "authentication failed: the token does not match the receiver's"
+        );
+    }
+
+    #[test]
+    fn an_unauthenticated_peer_cannot_announce_a_large_frame() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let srv = std::thread::spawn(move || server(&mut b, b"secret-token-123"));
+        // 4 MiB announced: refused from the length prefix alone.
+        a.write_all(&(4u32 << 20).to_le_bytes()).unwrap();
+        let e = srv.join().unwrap().unwrap_err();
+        assert!(
+            matches!(e, Error::Protocol(crate::wire::DecodeError::TooLarge { max, .. }) if max == MAX_PREAUTH_FRAME),
+            "{e:?}"
+        );
     }
 }

@@ -3,11 +3,12 @@
 
 pub mod auth;
 
+use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use socket2::{Domain, Protocol, SockRef, Socket, Type};
+use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 
 use crate::error::{Error, Result};
 use crate::io::caps::capabilities;
@@ -23,7 +24,7 @@ pub struct SocketOpts {
     pub buffer: Option<usize>,
 }
 
-fn set_pacing(sock: &SockRef<'_>, bytes_per_sec: u64) -> std::io::Result<()> {
+fn set_pacing(sock: &SockRef<'_>, bytes_per_sec: u64) -> io::Result<()> {
     let v: u64 = bytes_per_sec;
     // SAFETY: setsockopt reads exactly `size_of::<u64>()` bytes from a valid
     // pointer to a local; the fd is borrowed from a live socket.
@@ -39,15 +40,39 @@ fn set_pacing(sock: &SockRef<'_>, bytes_per_sec: u64) -> std::io::Result<()> {
     if r == 0 {
         Ok(())
     } else {
-        Err(std::io::Error::last_os_error())
+        Err(io::Error::last_os_error())
     }
 }
 
-/// Applies `opts` to a socket.
+/// Data written to a peer that stays unacknowledged this long means the
+/// peer is gone: the kernel closes the connection (TCP_USER_TIMEOUT).
+/// Without it, a peer that vanished (no FIN, no RST) keeps a connection
+/// that has data to send open for the whole retransmission schedule,
+/// about 15 minutes.
+pub const TCP_DEAD_AFTER: Duration = Duration::from_secs(30);
+/// An idle connection is probed after this long without traffic...
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+/// ...every this often...
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// ...and closed when this many probes in a row go unanswered (so an idle
+/// connection to a vanished peer closes after about 30 s, not the
+/// kernel's default of two hours and 11 minutes).
+const KEEPALIVE_PROBES: u32 = 4;
+
+/// Applies `opts` to a socket, and the liveness settings every connection
+/// gets (TCP keepalive and TCP_USER_TIMEOUT).
 pub fn apply(stream: &TcpStream, opts: &SocketOpts) -> Result<()> {
     let sock = SockRef::from(stream);
     sock.set_tcp_nodelay(true)
         .map_err(|e| Error::net("setting TCP_NODELAY", e))?;
+    let keepalive = TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    sock.set_tcp_keepalive(&keepalive)
+        .map_err(|e| Error::net("setting TCP keepalive", e))?;
+    sock.set_tcp_user_timeout(Some(TCP_DEAD_AFTER))
+        .map_err(|e| Error::net("setting TCP_USER_TIMEOUT", e))?;
     if let Some(cc) = &opts.congestion {
         sock.set_tcp_congestion(cc.as_bytes()).map_err(|e| {
             Error::Config(format!(
@@ -83,7 +108,10 @@ pub fn congestion_of(stream: &TcpStream) -> String {
 pub fn connect(addr: &str, opts: &SocketOpts, timeout: Duration) -> Result<TcpStream> {
     let addrs: Vec<SocketAddr> = addr
         .to_socket_addrs()
-        .map_err(|e| Error::net(format!("resolving {addr}"), e))?
+        .map_err(|cause| Error::Unresolvable {
+            addr: addr.to_string(),
+            cause,
+        })?
         .collect();
     let mut last = None;
     for a in addrs {
@@ -102,9 +130,121 @@ pub fn connect(addr: &str, opts: &SocketOpts, timeout: Duration) -> Result<TcpSt
     Err(last.unwrap_or_else(|| {
         Error::net(
             format!("resolving {addr}"),
-            std::io::Error::new(std::io::ErrorKind::NotFound, "no address"),
+            io::Error::new(io::ErrorKind::NotFound, "no address"),
         )
     }))
+}
+
+/// A connection whose reads and writes must all be done by one deadline,
+/// so that a peer cannot stretch a handshake by trickling it a byte at a
+/// time (each read would otherwise get the whole timeout anew).
+pub struct Deadline<'a> {
+    stream: &'a TcpStream,
+    at: Instant,
+    within: Duration,
+}
+
+impl<'a> Deadline<'a> {
+    /// Everything read or written through this must be done `within` from now.
+    pub fn new(stream: &'a TcpStream, within: Duration) -> Self {
+        Self {
+            stream,
+            at: Instant::now() + within,
+            within,
+        }
+    }
+
+    fn expired(&self) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "the handshake did not finish within {} s",
+                self.within.as_secs_f64()
+            ),
+        )
+    }
+
+    /// Time left, or the error once there is none.
+    fn left(&self) -> io::Result<Duration> {
+        let left = self.at.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            Err(self.expired())
+        } else {
+            Ok(left)
+        }
+    }
+
+    /// Waits, within the deadline, for the first byte without taking it:
+    /// 0 means the peer closed without sending one (a readiness probe).
+    pub fn peek(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stream.set_read_timeout(Some(self.left()?))?;
+        self.stream.peek(buf).map_err(|e| self.timed_out(e))
+    }
+
+    fn timed_out(&self, e: io::Error) -> io::Error {
+        if matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        ) {
+            self.expired()
+        } else {
+            e
+        }
+    }
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stream.set_read_timeout(Some(self.left()?))?;
+        (&*self.stream).read(buf).map_err(|e| self.timed_out(e))
+    }
+}
+
+impl Write for Deadline<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.stream.set_write_timeout(Some(self.left()?))?;
+        (&*self.stream).write(buf).map_err(|e| self.timed_out(e))
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// How long a peer has to complete the handshake, all reads and writes
+/// together, on either side.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Runs `f` (a handshake) over `stream` under one deadline `within`, then
+/// clears the socket timeouts it set.
+pub fn within<T>(
+    stream: &TcpStream,
+    within: Duration,
+    f: impl FnOnce(&mut Deadline<'_>) -> Result<T>,
+) -> Result<T> {
+    let result = f(&mut Deadline::new(stream, within));
+    let cleared = stream
+        .set_read_timeout(None)
+        .and_then(|()| stream.set_write_timeout(None));
+    let value = result?;
+    cleared.map_err(|e| Error::net("clearing the handshake's timeouts", e))?;
+    Ok(value)
+}
+
+/// Waits up to `timeout` for `stream` to have something to read (or to be
+/// closed); false when the time ran out.
+pub fn wait_readable(stream: &TcpStream, timeout: Duration) -> io::Result<bool> {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let ts = Timespec::try_from(timeout).unwrap_or(Timespec {
+        tv_sec: i64::MAX,
+        tv_nsec: 0,
+    });
+    let mut fds = [PollFd::new(stream, PollFlags::IN)];
+    match poll(&mut fds, Some(&ts)) {
+        Ok(n) => Ok(n > 0),
+        Err(rustix::io::Errno::INTR) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Listens on `addr` with SO_REUSEADDR, so a restarted receiver can rebind.

@@ -102,23 +102,41 @@ impl Checkpoint {
         Self::decode(&buf)
     }
 
-    /// Durably replaces the checkpoint `name` in `dir`.
+    /// Durably replaces the checkpoint `name` in `dir`. On failure the
+    /// old checkpoint stays as it was and no temporary file is left.
     pub fn store(&self, dir: &OwnedFd, name: &str) -> Result<()> {
+        // `.tmp` after the checkpoint's own suffix: CKPT_TMP_SUFFIX.
         let tmp = format!("{name}.tmp");
         let ctx = |what: &str| format!("{what} checkpoint {name}");
-        let mut f = Root::open_in(dir, &tmp, OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC)
-            .map_err(|e| Error::io(ctx("creating"), e.into()))?;
-        f.write_all(&self.encode())
-            .map_err(|e| Error::io(ctx("writing"), e))?;
-        f.sync_data().map_err(|e| Error::io(ctx("syncing"), e))?;
-        rustix::fs::renameat(dir, tmp.as_str(), dir, name)
-            .map_err(|e| Error::io(ctx("renaming"), e.into()))
+        let written = Root::open_in(dir, &tmp, OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC)
+            .map_err(|e| Error::disk(ctx("creating"), e.into()))
+            .and_then(|mut f| {
+                f.write_all(&self.encode())
+                    .map_err(|e| Error::disk(ctx("writing"), e))?;
+                f.sync_data().map_err(|e| Error::disk(ctx("syncing"), e))
+            })
+            .and_then(|()| {
+                rustix::fs::renameat(dir, tmp.as_str(), dir, name)
+                    .map_err(|e| Error::disk(ctx("renaming"), e.into()))
+            });
+        if written.is_err() {
+            let _ = Root::remove_in(dir, &tmp);
+        }
+        written
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_replacement_is_named_as_the_receiver_knows_it() {
+        assert_eq!(
+            crate::fsroot::CKPT_TMP_SUFFIX,
+            format!("{}.tmp", crate::fsroot::CKPT_SUFFIX)
+        );
+    }
 
     #[test]
     fn roundtrip_and_damage() {

@@ -24,9 +24,21 @@ pub(crate) struct Job {
     pub(crate) covered: Bitmap,
 }
 
-/// A finished batch: the files now durable up to what each job covered,
-/// or the first error.
-pub(crate) type Done = Result<Vec<(u32, Bitmap)>>;
+/// A finished batch, or the first error syncing a file's data (which
+/// means written blocks may be lost, so the session cannot go on).
+pub(crate) type Done = Result<Batch>;
+
+/// What a batch made durable and recorded.
+#[derive(Debug, Default)]
+pub(crate) struct Batch {
+    /// Files now durable up to what each job covered, and whether their
+    /// checkpoint was stored.
+    pub(crate) synced: Vec<(u32, Bitmap, bool)>,
+    /// Checkpoints that could not be stored, and why. Not fatal: the
+    /// blocks are durable all the same, a later checkpoint records them,
+    /// and until then a crash costs only their resending.
+    pub(crate) warnings: Vec<String>,
+}
 
 /// The background thread; one batch at a time.
 pub(crate) struct Checkpointer {
@@ -109,14 +121,22 @@ impl Drop for Checkpointer {
 }
 
 fn run(shared: &Shared, batch: Vec<Job>) -> Done {
-    let mut out = Vec::with_capacity(batch.len());
+    let mut out = Batch::default();
     for j in batch {
         j.file
             .sync_data()
-            .map_err(|e| Error::io(format!("syncing {}", j.rel), e))?;
-        let dir = shared.root.dir(&j.parent)?;
-        j.checkpoint.store(&dir, &j.ckpt_name)?;
-        out.push((j.file_id, j.covered));
+            .map_err(|e| Error::disk(format!("syncing {}", j.rel), e))?;
+        let stored = shared
+            .root
+            .dir(&j.parent)
+            .and_then(|dir| j.checkpoint.store(&dir, &j.ckpt_name));
+        if let Err(e) = &stored {
+            out.warnings.push(format!(
+                "checkpoint of {} not stored ({e}); the transfer goes on, and a crash would resend its blocks",
+                j.rel
+            ));
+        }
+        out.synced.push((j.file_id, j.covered, stored.is_ok()));
     }
     Ok(out)
 }

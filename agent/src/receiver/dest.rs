@@ -21,6 +21,12 @@ pub(crate) struct DestFile {
     pub(crate) dest: DestPath,
     pub(crate) layout: Layout,
     pub(crate) fingerprint: u64,
+    /// Permission bits it is published with (the sender's, masked).
+    pub(crate) mode: u32,
+    /// A checkpoint of it is on disk (loaded or stored), so what was
+    /// written can be resumed; without one, its temporary file is garbage
+    /// once the session ends.
+    pub(crate) has_checkpoint: bool,
     pub(crate) tracker: FileTracker,
     /// O_DIRECT descriptor, when direct I/O is in effect.
     pub(crate) direct: Option<Arc<File>>,
@@ -36,12 +42,10 @@ pub(crate) enum Prepared {
     Refuse(String),
 }
 
-/// Refusals that concern one file only; anything else fails the session.
-fn per_file(e: Error) -> Result<Prepared> {
-    match e {
-        Error::PathRefused { .. } | Error::Config(_) => Ok(Prepared::Refuse(e.to_string())),
-        other => Err(other),
-    }
+/// Whatever goes wrong preparing one entry concerns that entry only: it is
+/// refused with the reason, and the rest of the manifest goes on.
+fn per_file(e: Error) -> Prepared {
+    Prepared::Refuse(e.to_string())
 }
 
 /// Sizes the temporary file up front so that a full disk fails now, with a
@@ -54,9 +58,12 @@ fn reserve(part: &File, size: u64, path: &str) -> Result<()> {
     }
     match rustix::fs::fallocate(part, FallocateFlags::empty(), 0, size) {
         Ok(()) => Ok(()),
-        Err(Errno::NOSPC) | Err(Errno::FBIG) | Err(Errno::DQUOT) => Err(Error::Config(format!(
-            "no space left for {path}: {size} bytes needed on the receiver's filesystem; free space or choose another root"
-        ))),
+        Err(Errno::NOSPC) | Err(Errno::FBIG) | Err(Errno::DQUOT) => Err(Error::NoSpace {
+            context: format!(
+                "{path} needs {}; free space there or choose another root",
+                crate::units::fmt_bytes(size)
+            ),
+        }),
         Err(Errno::OPNOTSUPP) => part
             .set_len(size)
             .map_err(|e| Error::io(format!("sizing the temporary file of {path}"), e)),
@@ -65,12 +72,14 @@ fn reserve(part: &File, size: u64, path: &str) -> Result<()> {
 }
 
 /// Prepares `e` beneath `root`: directories are created; files get their
-/// temporary file and any matching checkpoint is loaded.
-pub(crate) fn prepare(root: &Root, e: &FileEntry, block_size: u64) -> Result<Prepared> {
-    let dest = match validate(&e.path) {
-        Ok(d) => d,
-        Err(err) => return per_file(err),
-    };
+/// temporary file and any matching checkpoint is loaded. Files are
+/// published with the sender's permission bits less `umask`.
+pub(crate) fn prepare(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Prepared {
+    prepare_entry(root, e, block_size, umask).unwrap_or_else(per_file)
+}
+
+fn prepare_entry(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Result<Prepared> {
+    let dest = validate(&e.path)?;
     let layout = Layout::new(
         if e.kind == EntryKind::Dir { 0 } else { e.size },
         block_size,
@@ -87,21 +96,18 @@ pub(crate) fn prepare(root: &Root, e: &FileEntry, block_size: u64) -> Result<Pre
         dest,
         layout,
         fingerprint: e.fingerprint,
+        mode: u32::from(e.mode) & 0o777 & !umask,
+        has_checkpoint: false,
         tracker: FileTracker::new(layout.blocks(), None),
         direct: None,
         plain: None,
     };
     if e.kind == EntryKind::Dir {
-        return match root.dir(&file.dest.rel) {
-            Ok(_) => Ok(Prepared::Accept(Box::new(file), Bitmap::new(0))),
-            Err(err) => per_file(err),
-        };
+        root.dir(&file.dest.rel)?;
+        return Ok(Prepared::Accept(Box::new(file), Bitmap::new(0)));
     }
-    let dir = match root.dir(&file.dest.parent) {
-        Ok(d) => d,
-        Err(err) => return per_file(err),
-    };
-    if let Ok(st) = rustix::fs::statat(&dir, file.dest.name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+    let dir = root.dir(file.dest.parent())?;
+    if let Ok(st) = rustix::fs::statat(&dir, file.dest.name(), AtFlags::SYMLINK_NOFOLLOW) {
         if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {
             return Ok(Prepared::Refuse(format!(
                 "{} exists and is a directory; remove it or choose another destination",
@@ -129,16 +135,17 @@ pub(crate) fn prepare(root: &Root, e: &FileEntry, block_size: u64) -> Result<Pre
     });
     match resumed {
         Some(c) => {
+            file.has_checkpoint = true;
             let have = c.durable.clone();
             file.tracker = FileTracker::new(layout.blocks(), Some((c.durable, c.checksums)));
             Ok(Prepared::Accept(Box::new(file), have))
         }
         None => {
-            Root::remove_in(&dir, &file.dest.ckpt_name())?;
+            file.remove_checkpoint(&dir)?;
             if let Err(err) = reserve(&part, e.size, &e.path) {
                 drop(part);
                 Root::remove_in(&dir, &file.dest.part_name())?;
-                return per_file(err);
+                return Err(err);
             }
             Ok(Prepared::Accept(
                 Box::new(file),
@@ -153,7 +160,7 @@ impl DestFile {
     /// (descriptors are not kept per file so that trees of many files do
     /// not exhaust them).
     pub(crate) fn dir(&self, root: &Root) -> Result<OwnedFd> {
-        root.dir(&self.dest.parent)
+        root.dir(self.dest.parent())
     }
 
     /// Opens the temporary file; returns a note when O_DIRECT was wanted
@@ -218,20 +225,27 @@ impl DestFile {
         }
     }
 
-    /// Moves the verified file to its final name and drops the checkpoint;
-    /// the rename is durable only after `sync_dir`.
+    /// Gives the verified file its permission bits and final name, and
+    /// drops the checkpoint; the rename is durable only after `sync_dir`.
     pub(crate) fn rename_into_place(&mut self, root: &Root) -> Result<()> {
+        if let Some(f) = &self.plain {
+            rustix::fs::fchmod(&**f, rustix::fs::Mode::from_raw_mode(self.mode)).map_err(|e| {
+                Error::io(format!("setting the mode of {}", self.dest.rel), e.into())
+            })?;
+        }
         self.direct = None;
         self.plain = None;
         let dir = self.dir(root)?;
-        rustix::fs::renameat(
-            &dir,
-            self.dest.part_name().as_str(),
-            &dir,
-            self.dest.name.as_str(),
-        )
-        .map_err(|e| Error::io(format!("publishing {}", self.dest.rel), e.into()))?;
-        Root::remove_in(&dir, &self.dest.ckpt_name())
+        rustix::fs::renameat(&dir, self.dest.part_name().as_str(), &dir, self.dest.name())
+            .map_err(|e| Error::io(format!("publishing {}", self.dest.rel), e.into()))?;
+        self.remove_checkpoint(&dir)
+    }
+
+    /// Removes the checkpoint, and one left half-replaced by a crash.
+    fn remove_checkpoint(&self, dir: &OwnedFd) -> Result<()> {
+        let [_, ckpt, tmp] = crate::fsroot::temp_names(self.dest.name());
+        Root::remove_in(dir, &ckpt)?;
+        Root::remove_in(dir, &tmp)
     }
 
     /// Makes renames in the file's directory survive a crash.
@@ -248,6 +262,21 @@ impl DestFile {
         rustix::fs::fsync(&d).map_err(|e| Error::io(ctx(), e.into()))
     }
 
+    /// Gives a directory the sender's permission bits, keeping the owner's
+    /// own, so that what is still to be written into it can be.
+    pub(crate) fn set_dir_mode(&self, root: &Root) -> Result<()> {
+        let ctx = || format!("setting the mode of {}", self.dest.rel);
+        let d = rustix::fs::openat(
+            root.dir(&self.dest.rel)?,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| Error::io(ctx(), e.into()))?;
+        rustix::fs::fchmod(&d, rustix::fs::Mode::from_raw_mode(self.mode | 0o700))
+            .map_err(|e| Error::io(ctx(), e.into()))
+    }
+
     /// The written data was made durable by a filesystem-wide sync.
     pub(crate) fn mark_synced(&mut self) {
         self.tracker.handle_synced();
@@ -259,6 +288,6 @@ impl DestFile {
         self.plain = None;
         let dir = self.dir(root)?;
         Root::remove_in(&dir, &self.dest.part_name())?;
-        Root::remove_in(&dir, &self.dest.ckpt_name())
+        self.remove_checkpoint(&dir)
     }
 }

@@ -6,21 +6,24 @@
 //! verified blocks to the session's writer thread, which keeps
 //! `queue_depth` writes in flight and checkpoints durable blocks.
 
+mod admission;
+mod budget;
 mod checkpoint;
 mod checkpointer;
+mod claims;
 mod dest;
 mod registry;
 mod session;
 mod spare;
 mod writer;
 
-use std::collections::HashSet;
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use checkpoint::Checkpoint;
 
@@ -32,11 +35,18 @@ use crate::net::{self, SocketOpts, auth};
 use crate::summary::ReceiverSummary;
 use crate::wire::{Frame, Purpose, write_frame};
 
-/// More concurrent connections than this are refused, so a flood of
-/// garbage peers cannot exhaust threads.
-const MAX_CONNECTIONS: usize = 1024;
-/// A peer has this long to complete the handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once, by default: each costs a thread.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Connections from one address that may be in their handshake at once,
+/// by default: enough for a sender's control connection and 128 data
+/// streams connecting together (a sender with more retries the rest).
+pub const MAX_HANDSHAKES_PER_ADDRESS: usize = 129;
+/// The shortest idle timeout allowed: a live sender writes every
+/// `KEEPALIVE_INTERVAL`, so anything shorter would drop live ones.
+pub const MIN_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Summaries kept for `ServerHandle::summaries`: a receiver that runs for
+/// months must not keep one per session it ever served.
+const KEEP_SUMMARIES: usize = 1000;
 
 /// How the receiver writes.
 #[derive(Debug, Clone)]
@@ -64,6 +74,20 @@ pub struct ServeConfig {
     pub print_summaries: bool,
     /// Print summaries as JSON.
     pub json: bool,
+    /// Connections served at once.
+    pub max_connections: usize,
+    /// Connections in their handshake at once from one address.
+    pub max_handshakes_per_address: usize,
+    /// How long a peer has for the whole handshake.
+    pub handshake_timeout: Duration,
+    /// A sender silent this long is presumed gone and its session ended
+    /// (its destinations released, what it wrote checkpointed).
+    pub idle_timeout: Duration,
+    /// Buffer memory all sessions together may hold; `None`: up to
+    /// `max_sessions` times `buffer` (and an eighth more for small files).
+    pub max_memory: Option<u64>,
+    /// Permission bits cleared from what the sender's files carry.
+    pub umask: u32,
 }
 
 impl ServeConfig {
@@ -78,10 +102,55 @@ impl ServeConfig {
             max_sessions: 16,
             checkpoint_interval: Duration::from_secs(1),
             socket: SocketOpts::default(),
-            join_wait: HANDSHAKE_TIMEOUT,
+            join_wait: net::HANDSHAKE_TIMEOUT,
             print_summaries: false,
             json: false,
+            max_connections: MAX_CONNECTIONS,
+            max_handshakes_per_address: MAX_HANDSHAKES_PER_ADDRESS,
+            handshake_timeout: net::HANDSHAKE_TIMEOUT,
+            idle_timeout: crate::wire::IDLE_TIMEOUT,
+            max_memory: None,
+            umask: 0o022,
         }
+    }
+
+    /// Refuses settings that cannot work, saying what to change.
+    pub fn validate(&self) -> Result<()> {
+        if self.token.is_empty() {
+            return Err(Error::Config(
+                "the token is empty; put a secret in the token file".into(),
+            ));
+        }
+        // The smallest block is 4 KiB and a session needs two buffers.
+        if self.buffer < 2 * crate::io::ALIGN as u64 {
+            return Err(Error::Config(format!(
+                "--buffer must be at least 8 KiB (two of the smallest blocks); got {}",
+                crate::units::fmt_bytes(self.buffer)
+            )));
+        }
+        if self.idle_timeout < MIN_IDLE_TIMEOUT {
+            return Err(Error::Config(format!(
+                "--idle-timeout must be at least {} s: senders write every {} s",
+                MIN_IDLE_TIMEOUT.as_secs(),
+                crate::wire::KEEPALIVE_INTERVAL.as_secs()
+            )));
+        }
+        if let Some(m) = self.max_memory
+            && m < self.buffer
+        {
+            return Err(Error::Config(format!(
+                "--max-memory ({}) must hold at least one session's --buffer ({})",
+                crate::units::fmt_bytes(m),
+                crate::units::fmt_bytes(self.buffer)
+            )));
+        }
+        if self.umask > 0o777 {
+            return Err(Error::Config(format!(
+                "--umask {:o} is not a permission mask (000 to 777)",
+                self.umask
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -89,12 +158,18 @@ pub(crate) struct Shared {
     cfg: ServeConfig,
     root: Root,
     sessions: registry::Registry<Arc<session::Session>>,
-    /// The last session's buffers, kept for the next one (see `spare`).
-    spare_pool: Mutex<spare::Spare<crate::io::Pools>>,
-    busy: Mutex<HashSet<String>>,
-    connections: AtomicUsize,
+    /// The last session's buffers, kept for the next one (see `spare`),
+    /// with their share of the memory budget.
+    spare_pool: Mutex<spare::Spare<(crate::io::Pools, budget::Reservation)>>,
+    memory: Arc<budget::Budget>,
+    /// Destinations being written, and by which session.
+    claims: claims::Claims,
+    admission: Arc<admission::Admission>,
     stop: AtomicBool,
-    summaries: Mutex<Vec<ReceiverSummary>>,
+    summaries: Mutex<std::collections::VecDeque<ReceiverSummary>>,
+    /// When the receiver last said it refused connections, and how many
+    /// it refused since (a flood must not flood the log too).
+    refusals: Mutex<(Option<Instant>, u64)>,
 }
 
 /// A bound receiver.
@@ -113,13 +188,12 @@ pub struct ServerHandle {
 impl Server {
     /// Binds `addr` and opens the root.
     pub fn bind(addr: &str, cfg: ServeConfig) -> Result<Self> {
-        if cfg.token.is_empty() {
-            return Err(Error::Config(
-                "the token is empty; put a secret in the token file".into(),
-            ));
-        }
+        cfg.validate()?;
         let root = Root::open(&cfg.root)?;
         let listener = net::listen(addr)?;
+        let max_memory = cfg.max_memory.unwrap_or(u64::MAX);
+        let admission =
+            admission::Admission::new(cfg.max_connections, cfg.max_handshakes_per_address);
         Ok(Self {
             listener,
             shared: Arc::new(Shared {
@@ -127,10 +201,12 @@ impl Server {
                 root,
                 sessions: registry::Registry::default(),
                 spare_pool: Mutex::new(spare::Spare::new(spare::KEEP_IDLE)),
-                busy: Mutex::default(),
-                connections: AtomicUsize::new(0),
+                memory: Arc::new(budget::Budget::new(max_memory)),
+                claims: claims::Claims::default(),
+                admission: Arc::new(admission),
                 stop: AtomicBool::new(false),
                 summaries: Mutex::default(),
+                refusals: Mutex::default(),
             }),
         })
     }
@@ -176,9 +252,14 @@ impl ServerHandle {
         self.addr
     }
 
-    /// Summaries of the sessions that ended so far.
+    /// Summaries of the sessions that ended so far (the last thousand).
     pub fn summaries(&self) -> Vec<ReceiverSummary> {
-        lock(&self.shared.summaries).clone()
+        lock(&self.shared.summaries).iter().cloned().collect()
+    }
+
+    /// Connections open now, authenticated or not.
+    pub fn connections(&self) -> usize {
+        self.shared.admission.connections()
     }
 
     /// Stops accepting and waits for the accept thread.
@@ -211,11 +292,63 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn release_idle_pool(shared: &Shared) {
     while !shared.stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_secs(1));
-        let expired = lock(&shared.spare_pool).expire(std::time::Instant::now());
+        let expired = lock(&shared.spare_pool).expire(Instant::now());
         if expired.is_some() {
             tracing::debug!("idle: freeing the last session's buffers");
         }
     }
+}
+
+impl Shared {
+    /// Records a finished session's summary, keeping the last thousand.
+    fn record(&self, summary: ReceiverSummary) {
+        let mut s = lock(&self.summaries);
+        if s.len() >= KEEP_SUMMARIES {
+            s.pop_front();
+        }
+        s.push_back(summary);
+    }
+
+    /// Logs refused connections at most every 10 s, with how many.
+    fn log_refusal(&self, message: &str) {
+        let mut g = lock(&self.refusals);
+        g.1 += 1;
+        let now = Instant::now();
+        if g.0
+            .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(10))
+        {
+            tracing::warn!("refusing connections: {message} ({} refused)", g.1);
+            *g = (Some(now), 0);
+        }
+    }
+}
+
+/// Gives the memory freed by a finished session back to the system. glibc
+/// keeps freed small allocations (a large manifest's paths, say) in its
+/// arenas, so without this a receiver that once served a big manifest
+/// would hold that memory until it exits.
+pub(crate) fn release_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only walks glibc's own free lists; it takes no
+    // pointer from us and is safe to call from any thread at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Tells a connection over a limit why, without waiting on it: the frame
+/// fits a fresh socket's buffer, so a non-blocking write takes it whole.
+fn refuse_at_once(stream: &TcpStream, message: &str) {
+    let mut out = Vec::with_capacity(message.len() + 16);
+    crate::wire::encode(
+        &Frame::Error {
+            retryable: true,
+            message: message.to_string(),
+        },
+        &mut out,
+    );
+    let _ = stream.set_nonblocking(true);
+    let _ = (&*stream).write(&out);
 }
 
 fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
@@ -226,28 +359,35 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
         let stream = match conn {
             Ok(s) => s,
             Err(e) => {
+                // EMFILE and friends: wait for connections to close.
                 tracing::warn!("accept failed: {e}");
                 std::thread::sleep(Duration::from_millis(50));
                 continue;
             }
         };
-        if shared.connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-            shared.connections.fetch_sub(1, Ordering::SeqCst);
-            metrics()
-                .rejected
-                .with_label_values(&["too_many_connections"])
-                .inc();
+        let Ok(peer) = stream.peer_addr() else {
             continue;
-        }
+        };
+        let ticket = match shared.admission.admit(peer.ip()) {
+            Ok(t) => t,
+            Err(refusal) => {
+                metrics()
+                    .rejected
+                    .with_label_values(&[refusal.metric_label()])
+                    .inc();
+                let message = refusal.message();
+                refuse_at_once(&stream, &message);
+                shared.log_refusal(&message);
+                continue;
+            }
+        };
         let shared = Arc::clone(shared);
         let spawned = std::thread::Builder::new()
             .name("conn".into())
             .spawn(move || {
-                let peer = stream.peer_addr().ok();
-                if let Err(e) = handle_connection(&shared, stream) {
-                    tracing::warn!(?peer, "connection closed: {e}");
+                if let Err(e) = handle_connection(&shared, stream, ticket) {
+                    tracing::warn!(%peer, "connection closed: {e}");
                 }
-                shared.connections.fetch_sub(1, Ordering::SeqCst);
             });
         if let Err(e) = spawned {
             tracing::error!("cannot start a connection thread: {e}");
@@ -255,19 +395,26 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
     }
 }
 
-fn handle_connection(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
+fn handle_connection(
+    shared: &Arc<Shared>,
+    mut stream: TcpStream,
+    mut ticket: admission::Ticket,
+) -> Result<()> {
     net::apply(&stream, &shared.cfg.socket)?;
-    stream
-        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
-        .map_err(|e| Error::net("setting a read timeout", e))?;
-    // TCP readiness probes and port waits connect and close without a
-    // byte; that is not worth a warning on every probe.
-    if matches!(stream.peek(&mut [0u8; 1]), Ok(0)) {
-        tracing::debug!("connection closed before its hello (a probe?)");
-        return Ok(());
-    }
-    let purpose = match auth::server(&mut stream, &shared.cfg.token) {
-        Ok(p) => p,
+    let handshake = net::within(&stream, shared.cfg.handshake_timeout, |d| {
+        // TCP readiness probes and port waits connect and close without a
+        // byte; that is not worth a warning on every probe.
+        if matches!(d.peek(&mut [0u8; 1]), Ok(0)) {
+            return Ok(None);
+        }
+        auth::server(d, &shared.cfg.token).map(Some)
+    });
+    let purpose = match handshake {
+        Ok(Some(p)) => p,
+        Ok(None) => {
+            tracing::debug!("connection closed before its hello (a probe?)");
+            return Ok(());
+        }
         Err(e) => {
             let reason = match &e {
                 Error::Auth(_) => "auth",
@@ -287,9 +434,7 @@ fn handle_connection(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> 
             return Err(e);
         }
     };
-    stream
-        .set_read_timeout(None)
-        .map_err(|e| Error::net("clearing the read timeout", e))?;
+    ticket.authenticated();
     match purpose {
         Purpose::Control => session::run_control(shared, stream),
         Purpose::Join {

@@ -7,20 +7,22 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
+use super::claims::Life;
 use super::dest::{Prepared, prepare};
 use super::writer::{Writer, WriterMsg};
 use super::{Shared, lock};
-use crate::engine::Layout;
 use crate::engine::digest::{BlockHasher, HASH_PIECE};
+use crate::engine::{IdleDeadline, Keepalive, Layout};
 use crate::error::{Error, Result};
 use crate::io::Pools;
 use crate::metrics::metrics;
+use crate::net;
 use crate::summary::ReceiverSummary;
-use crate::units::gbps;
-use crate::wire::{Frame, FrameReader, PlanOutcome, SessionId, Verify, write_frame};
-
-/// Most manifest entries one session may carry.
-const MAX_ENTRIES: usize = 1 << 20;
+use crate::units::{fmt_bytes, gbps};
+use crate::wire::{
+    FileEntry, Frame, FrameReader, KEEPALIVE_INTERVAL, MAX_ENTRIES, MAX_MANIFEST_BYTES,
+    MAX_SMALL_FRAME, PlanOutcome, SessionId, Verify, write_frame,
+};
 
 /// Counters shared by a session's threads.
 #[derive(Default)]
@@ -30,9 +32,11 @@ pub(crate) struct Stats {
     pub(crate) streams: AtomicU64,
     pub(crate) files_ok: AtomicU64,
     pub(crate) files_failed: AtomicU64,
+    /// Entries refused in the plan (they get no result).
+    pub(crate) refused: AtomicU64,
 }
 
-/// Files of the session that have their result.
+/// Accepted files of the session that have their result.
 pub(crate) fn answered(stats: &Stats) -> u64 {
     stats.files_ok.load(Ordering::SeqCst) + stats.files_failed.load(Ordering::SeqCst)
 }
@@ -56,7 +60,7 @@ fn hex(id: &SessionId) -> String {
 struct Registration<'a> {
     shared: &'a Shared,
     id: SessionId,
-    paths: Vec<String>,
+    life: Arc<Life>,
     /// Every file was answered: let the data streams finish writing the
     /// acknowledgements queued for them rather than cut them.
     graceful: bool,
@@ -80,15 +84,80 @@ impl Drop for Registration<'_> {
             }
             metrics().sessions_active.dec();
         }
-        let mut busy = lock(&self.shared.busy);
-        for p in &self.paths {
-            busy.remove(p);
+        self.shared.claims.release(&self.life);
+    }
+}
+
+/// Tells the sender why the session cannot go on, and returns the error.
+fn refuse(stream: &mut TcpStream, retryable: bool, message: String) -> Error {
+    let _ = write_frame(
+        stream,
+        &Frame::Error {
+            retryable,
+            message: message.clone(),
+        },
+    );
+    Error::Remote { message, retryable }
+}
+
+/// Reads the manifest, bounded in entries and in path bytes: the
+/// receiver's memory is its own, and a sender could otherwise make it hold
+/// gigabytes of paths. The outer error ends the connection; the inner one
+/// is a refusal to tell the sender.
+fn read_manifest(
+    reader: &mut FrameReader,
+    stream: &mut TcpStream,
+) -> Result<std::result::Result<Vec<FileEntry>, String>> {
+    let mut entries = Vec::new();
+    let mut ids = HashSet::new();
+    let mut path_bytes = 0usize;
+    loop {
+        match reader.read(stream)? {
+            Frame::Files { entries: chunk } => {
+                for e in chunk {
+                    if !ids.insert(e.file_id) {
+                        return Ok(Err(format!(
+                            "file id {} appears twice in the manifest",
+                            e.file_id
+                        )));
+                    }
+                    path_bytes += e.path.len();
+                    entries.push(e);
+                }
+                if entries.len() > MAX_ENTRIES || path_bytes > MAX_MANIFEST_BYTES {
+                    metrics().rejected.with_label_values(&["manifest"]).inc();
+                    return Ok(Err(format!(
+                        "manifest over {MAX_ENTRIES} entries or {} of paths; split the transfer",
+                        fmt_bytes(MAX_MANIFEST_BYTES as u64)
+                    )));
+                }
+            }
+            Frame::FilesEnd => return Ok(Ok(entries)),
+            other => {
+                return Err(Error::Violation(format!(
+                    "expected the manifest, got {other:?}"
+                )));
+            }
         }
     }
 }
 
-pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
+pub(crate) fn run_control(shared: &Arc<Shared>, stream: TcpStream) -> Result<()> {
+    let result = control(shared, stream);
+    super::release_freed_memory();
+    result
+}
+
+fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     let started = Instant::now();
+    let idle_timeout = shared.cfg.idle_timeout;
+    // No single read or write of the session may stall longer than the
+    // idle deadline: a sender that stops mid-frame, or stops reading, is
+    // as gone as one that stops writing.
+    stream
+        .set_read_timeout(Some(idle_timeout))
+        .and_then(|()| stream.set_write_timeout(Some(idle_timeout)))
+        .map_err(|e| Error::net("setting the control connection's timeouts", e))?;
     let mut reader = FrameReader::default();
     let (id, block_size, streams, verify) = match reader.read(&mut stream)? {
         Frame::Open {
@@ -103,16 +172,6 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
             )));
         }
     };
-    let refuse = |stream: &mut TcpStream, retryable: bool, message: String| {
-        let _ = write_frame(
-            stream,
-            &Frame::Error {
-                retryable,
-                message: message.clone(),
-            },
-        );
-        Error::Remote { message, retryable }
-    };
     // The sender picks the block size, but the receiver's memory is its
     // own: a session needs at least two buffers within --buffer.
     let max_block = shared.cfg.buffer / 2;
@@ -124,8 +183,8 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
             format!(
                 "block size {} is more than this receiver allows ({}, half its --buffer); \
              send with a smaller --block-size or raise the receiver's --buffer",
-                crate::units::fmt_bytes(block_size),
-                crate::units::fmt_bytes(max_block)
+                fmt_bytes(block_size),
+                fmt_bytes(max_block)
             ),
         ));
     }
@@ -140,6 +199,31 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
             ),
         ));
     }
+    // The buffers, or their share of --max-memory, before anything is
+    // written for the session.
+    let count = (shared.cfg.buffer / block_size).clamp(2, 4096) as usize;
+    let spare = lock(&shared.spare_pool).take_if(|(p, _)| p.is_shaped(block_size as usize, count));
+    let (spare, reservation) = match spare {
+        Some((pool, r)) => (Some(pool), r),
+        None => match shared
+            .memory
+            .reserve(Pools::bytes_for(block_size as usize, count))
+        {
+            Ok(r) => (None, r),
+            Err(used) => {
+                metrics().rejected.with_label_values(&["memory"]).inc();
+                return Err(refuse(
+                    &mut stream,
+                    true,
+                    format!(
+                        "receiver busy: {} of its {} of buffer memory (--max-memory) is in use; retry later",
+                        fmt_bytes(used),
+                        fmt_bytes(shared.memory.max())
+                    ),
+                ));
+            }
+        },
+    };
 
     if !shared.sessions.announce(id) {
         return Err(refuse(
@@ -148,98 +232,77 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
             format!("session {} is already open; pick a fresh id", hex(&id)),
         ));
     }
+    let life = Arc::new(Life::new(
+        stream
+            .try_clone()
+            .map_err(|e| Error::net("cloning the control connection", e))?,
+        started,
+    ));
     // From here on, dropping this releases the id and any claimed paths.
     let mut reg = Registration {
         shared,
         id,
-        paths: Vec::new(),
+        life: Arc::clone(&life),
         graceful: false,
     };
 
-    // The manifest.
-    let mut entries = Vec::new();
-    let mut ids = HashSet::new();
-    loop {
-        match reader.read(&mut stream)? {
-            Frame::Files { entries: chunk } => {
-                for e in chunk {
-                    if !ids.insert(e.file_id) {
-                        return Err(refuse(
-                            &mut stream,
-                            false,
-                            format!("file id {} appears twice in the manifest", e.file_id),
-                        ));
-                    }
-                    entries.push(e);
-                }
-                if entries.len() > MAX_ENTRIES {
-                    return Err(refuse(
-                        &mut stream,
-                        false,
-                        format!("manifest over {MAX_ENTRIES} entries; split the transfer"),
-                    ));
-                }
-            }
-            Frame::FilesEnd => break,
-            other => {
-                return Err(Error::Violation(format!(
-                    "expected the manifest, got {other:?}"
-                )));
-            }
-        }
-    }
+    let entries = match read_manifest(&mut reader, &mut stream)? {
+        Ok(e) => e,
+        Err(message) => return Err(refuse(&mut stream, false, message)),
+    };
+    life.heard(Instant::now());
 
-    // Claim the destinations so that two sessions never write one file.
-    {
-        let mut busy = lock(&shared.busy);
-        for e in &entries {
-            if busy.contains(&e.path) {
-                drop(busy);
-                return Err(refuse(
-                    &mut stream,
-                    true,
-                    format!(
-                        "{} is being written by another session right now; retry when it ends",
-                        e.path
-                    ),
-                ));
-            }
-        }
-        for e in &entries {
-            busy.insert(e.path.clone());
-            reg.paths.push(e.path.clone());
-        }
+    // Claim the destinations so that two sessions never write one file,
+    // taking them over from a session whose sender has gone silent.
+    let takeover_after = (3 * KEEPALIVE_INTERVAL).min(idle_timeout);
+    let paths: Vec<&str> = entries.iter().map(|e| e.path.as_str()).collect();
+    if let Err(busy) = shared.claims.claim(&paths, &life, takeover_after) {
+        metrics()
+            .rejected
+            .with_label_values(&["destination_busy"])
+            .inc();
+        return Err(refuse(&mut stream, true, busy.message()));
     }
+    drop(paths);
 
     // The plan.
+    let stats = Arc::new(Stats::default());
     let mut files = HashMap::new();
     let mut layouts = HashMap::new();
     let mut plan = Vec::with_capacity(entries.len());
     let mut resumed_bytes = 0u64;
     let mut seen_paths = HashSet::new();
+    // Preparing a large tree takes a while: the sender waiting for the
+    // plan is told now and then that the receiver is still at it.
+    let mut keepalive = Keepalive::new(Instant::now(), KEEPALIVE_INTERVAL);
     for e in &entries {
+        let now = Instant::now();
+        if keepalive.poll_due(now) {
+            write_frame(&mut stream, &Frame::Keepalive)?;
+            keepalive.handle_sent(now);
+        }
         let outcome = if !seen_paths.insert(e.path.trim_end_matches('/')) {
-            PlanOutcome::Refuse {
-                message: format!("{} appears twice in the manifest", e.path),
-            }
+            Prepared::Refuse(format!("{} appears twice in the manifest", e.path))
         } else {
-            match prepare(&shared.root, e, block_size) {
-                Ok(Prepared::Accept(file, have)) => {
-                    resumed_bytes += (0..have.len())
-                        .filter(|&b| have.get(b))
-                        .map(|b| file.layout.len(b))
-                        .sum::<u64>();
-                    layouts.insert(e.file_id, file.layout);
-                    files.insert(e.file_id, *file);
-                    PlanOutcome::Accept {
-                        have: have.to_bytes(),
-                    }
+            prepare(&shared.root, e, block_size, shared.cfg.umask)
+        };
+        let outcome = match outcome {
+            Prepared::Accept(file, have) => {
+                resumed_bytes += (0..have.len())
+                    .filter(|&b| have.get(b))
+                    .map(|b| file.layout.len(b))
+                    .sum::<u64>();
+                layouts.insert(e.file_id, file.layout);
+                files.insert(e.file_id, *file);
+                PlanOutcome::Accept {
+                    have: have.to_bytes(),
                 }
-                Ok(Prepared::Refuse(message)) => {
-                    metrics().files_failed.inc();
-                    PlanOutcome::Refuse { message }
-                }
-                Err(err) => return Err(refuse(&mut stream, false, err.to_string())),
+            }
+            Prepared::Refuse(message) => {
+                metrics().files_failed.inc();
+                stats.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("refused {}: {message}", e.path);
+                PlanOutcome::Refuse { message }
             }
         };
         plan.push(Frame::Plan {
@@ -247,14 +310,13 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
             outcome,
         });
     }
+    drop(seen_paths);
+    drop(entries);
 
-    let count = (shared.cfg.buffer / block_size).clamp(2, 4096) as usize;
-    let spare = lock(&shared.spare_pool).take_if(|p| p.is_shaped(block_size as usize, count));
     let pool = match spare {
         Some(p) => p,
         None => Pools::new(block_size as usize, count)?,
     };
-    let stats = Arc::new(Stats::default());
     let (writer_tx, writer_rx) = mpsc::channel();
     let control = Arc::new(Mutex::new(
         stream
@@ -293,36 +355,27 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
         crate::wire::encode(f, &mut out);
     }
     crate::wire::encode(&Frame::PlanEnd, &mut out);
+    drop(plan);
     let sent = {
         use std::io::Write;
         lock(&control)
             .write_all(&out)
             .map_err(|e| Error::net("sending the plan", e))
     };
+    drop(out);
 
     // Results flow until the sender finishes or goes away.
     let outcome = sent.and_then(|()| {
-        loop {
-            match reader.read(&mut stream) {
-                Ok(Frame::FileDone { file_id, digest }) => {
-                    if writer_tx
-                        .send(WriterMsg::FileDone { file_id, digest })
-                        .is_err()
-                    {
-                        break Err(Error::Transfer("the writer stopped".into()));
-                    }
-                }
-                Ok(Frame::Finish) => break Ok(()),
-                // The writer ended the session after the last result.
-                Err(_) if answered(&stats) >= accepted => break Ok(()),
-                Ok(other) => {
-                    break Err(Error::Violation(format!(
-                        "unexpected {other:?} on the control connection"
-                    )));
-                }
-                Err(e) => break Err(e),
-            }
-        }
+        results(
+            shared,
+            &mut reader,
+            &mut stream,
+            &control,
+            &writer_tx,
+            &stats,
+            accepted,
+            &life,
+        )
     });
     let _ = writer_tx.send(WriterMsg::Stop);
     let report = writer
@@ -333,7 +386,7 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
     // Buffers still held by a stream thread that has not noticed the end
     // go back to the free list when it lets go, so the next session can
     // take the pool now.
-    lock(&shared.spare_pool).put(session.pool.clone(), Instant::now());
+    lock(&shared.spare_pool).put((session.pool.clone(), reservation), Instant::now());
 
     let secs = started.elapsed().as_secs_f64();
     let bytes = stats.bytes.load(Ordering::Relaxed);
@@ -342,6 +395,10 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
         outcome: match (&outcome, &report.error) {
             (_, Some(e)) => format!("failed: {e}"),
             (Ok(()), None) => "complete".into(),
+            (Err(_), None) if life.was_taken_over() => {
+                "interrupted: its sender went silent, and a new session of it took its files over"
+                    .into()
+            }
             (Err(e), None) => format!("interrupted: {e}"),
         },
         bytes_written: bytes,
@@ -355,19 +412,93 @@ pub(crate) fn run_control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result
         requested_streams: streams,
         blocks_rejected: stats.rejected.load(Ordering::Relaxed),
         files_ok: stats.files_ok.load(Ordering::Relaxed),
-        files_failed: stats.files_failed.load(Ordering::Relaxed),
+        files_failed: stats.files_failed.load(Ordering::Relaxed)
+            + stats.refused.load(Ordering::Relaxed),
+        warnings: report.warnings,
     };
     tracing::info!(session = %summary.session, outcome = %summary.outcome, bytes, "session ended");
     if shared.cfg.print_summaries {
         summary.print(shared.cfg.json);
     }
-    lock(&shared.summaries).push(summary);
+    shared.record(summary);
     // Closed last: a sender waiting for this close knows the session is
     // over, its destinations released and its summary recorded.
     if outcome.is_ok() {
         let _ = lock(&control).shutdown(Shutdown::Both);
     }
     outcome
+}
+
+/// Passes the sender's reports to the writer until the sender finishes,
+/// goes away or falls silent; keeps the sender told that we are here.
+#[allow(clippy::too_many_arguments)]
+fn results(
+    shared: &Shared,
+    reader: &mut FrameReader,
+    stream: &mut TcpStream,
+    control: &Mutex<TcpStream>,
+    writer_tx: &mpsc::Sender<WriterMsg>,
+    stats: &Stats,
+    accepted: u64,
+    life: &Life,
+) -> Result<()> {
+    let now = Instant::now();
+    let mut keepalive = Keepalive::new(now, KEEPALIVE_INTERVAL);
+    let mut idle = IdleDeadline::new(now, shared.cfg.idle_timeout);
+    let to_writer = |msg| {
+        writer_tx
+            .send(msg)
+            .map_err(|_| Error::Transfer("the writer stopped".into()))
+    };
+    loop {
+        let now = Instant::now();
+        if let Some(silent) = idle.poll_expired(now) {
+            return Err(Error::net(
+                "waiting for the sender",
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "nothing heard for {:.0} s (--idle-timeout), so it is presumed gone; what it wrote is checkpointed",
+                        silent.as_secs_f64()
+                    ),
+                ),
+            ));
+        }
+        if keepalive.poll_due(now) {
+            write_frame(&mut *lock(control), &Frame::Keepalive)?;
+            keepalive.handle_sent(now);
+        }
+        let wake = keepalive.poll_timeout().min(idle.poll_timeout());
+        let readable = net::wait_readable(stream, wake.saturating_duration_since(now))
+            .map_err(|e| Error::net("waiting for the sender", e))?;
+        if !readable {
+            continue;
+        }
+        let frame = reader.read(stream);
+        if frame.is_ok() {
+            let now = Instant::now();
+            idle.handle_heard(now);
+            life.heard(now);
+        }
+        match frame {
+            Ok(Frame::FileDone { file_id, digest }) => {
+                to_writer(WriterMsg::FileDone { file_id, digest })?;
+            }
+            Ok(Frame::FileAbort { file_id, message }) => {
+                to_writer(WriterMsg::Abort { file_id, message })?;
+            }
+            Ok(Frame::Keepalive) => {}
+            Ok(Frame::Finish) => return Ok(()),
+            // The writer ended the session after the last result.
+            Err(_) if answered(stats) >= accepted => return Ok(()),
+            Ok(other) => {
+                return Err(Error::Violation(format!(
+                    "unexpected {other:?} on the control connection"
+                )));
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 pub(crate) fn run_stream(
@@ -436,7 +567,7 @@ fn receive_blocks(
     use std::io::Read;
     let mut reader = FrameReader::default();
     loop {
-        let h = match reader.read(stream) {
+        let h = match reader.read_capped(stream, MAX_SMALL_FRAME) {
             Ok(Frame::Block(h)) => h,
             Ok(Frame::Finish) => return Ok(()),
             Ok(other) => {

@@ -32,6 +32,8 @@ pub(crate) enum WriterMsg {
     },
     /// The sender has every block acknowledged; verify and publish.
     FileDone { file_id: u32, digest: u128 },
+    /// The sender gave the file up (its source changed): discard it.
+    Abort { file_id: u32, message: String },
     /// Sync what is written, checkpoint, and stop.
     Stop,
 }
@@ -41,6 +43,8 @@ pub(crate) struct Report {
     pub(crate) io_mode: IoMode,
     pub(crate) fallback: Option<String>,
     pub(crate) error: Option<String>,
+    /// Things the receiver's operator should know (checkpoints not stored).
+    pub(crate) warnings: Vec<String>,
 }
 
 impl Report {
@@ -49,9 +53,13 @@ impl Report {
             io_mode: IoMode::Async,
             fallback: None,
             error: Some("the writer thread panicked".into()),
+            warnings: Vec::new(),
         }
     }
 }
+
+/// Warnings kept per session: one full disk makes every checkpoint fail.
+const MAX_WARNINGS: usize = 8;
 
 struct Pending {
     file_id: u32,
@@ -88,6 +96,7 @@ pub(crate) struct Writer {
     /// the sender resent after a stream broke can still arrive; it is
     /// acknowledged and dropped.
     finished: HashSet<u32>,
+    warnings: Vec<String>,
 }
 
 /// Files finished together are made durable together.
@@ -124,7 +133,15 @@ impl Writer {
             lookahead: None,
             awaiting: Vec::new(),
             finished: HashSet::new(),
+            warnings: Vec::new(),
         })
+    }
+
+    fn warn(&mut self, w: String) {
+        if self.warnings.len() < MAX_WARNINGS && !self.warnings.contains(&w) {
+            tracing::warn!("{w}");
+            self.warnings.push(w);
+        }
     }
 
     pub(crate) fn run(mut self) -> Report {
@@ -148,13 +165,31 @@ impl Writer {
             );
             let _ = c.shutdown(Shutdown::Both);
         }
-        // Whatever happened, make what is on disk resumable.
+        // Whatever happened, make what is on disk resumable, and remove
+        // what cannot be resumed.
         let _ = self.drain();
         let _ = self.checkpoint_all();
+        self.discard_unresumable();
         Report {
             io_mode: self.mode,
             fallback: self.fallback.take(),
             error: result.err().map(|e| e.to_string()),
+            warnings: std::mem::take(&mut self.warnings),
+        }
+    }
+
+    /// Removes the temporary files of unfinished files that have no
+    /// checkpoint (one-block files are never checkpointed, and a file may
+    /// not have got its first one): a new session would start them over
+    /// anyway, and nothing else would ever remove them.
+    fn discard_unresumable(&mut self) {
+        let root = &self.shared.root;
+        for f in self.files.values_mut() {
+            if f.kind == EntryKind::File && !f.has_checkpoint {
+                if let Err(e) = f.discard(root) {
+                    tracing::warn!("cannot remove the temporary file of {}: {e}", f.dest.rel);
+                }
+            }
         }
     }
 
@@ -212,6 +247,7 @@ impl Writer {
                     // Answered below, once their blocks are all written.
                     self.awaiting.extend(batch);
                 }
+                Some(WriterMsg::Abort { file_id, message }) => self.abort(file_id, message)?,
                 Some(WriterMsg::Stop) => return Ok(()),
                 None if self.io.in_flight() > 0 => self.reap(true)?,
                 None => {}
@@ -306,8 +342,11 @@ impl Writer {
             .get_mut(&p.file_id)
             .expect("pending writes belong to open files");
         if let Err(e) = result {
-            return Err(Error::io(
-                format!("writing block {} of {}", p.block, f.dest.rel),
+            return Err(Error::disk(
+                format!(
+                    "writing block {} of {}; free space there (the sender retries for its --retry-for)",
+                    p.block, f.dest.rel
+                ),
                 e,
             ));
         }
@@ -374,7 +413,7 @@ impl Writer {
                     file_id,
                     file,
                     rel: f.dest.rel.clone(),
-                    parent: f.dest.parent.clone(),
+                    parent: f.dest.parent().to_string(),
                     ckpt_name: f.dest.ckpt_name(),
                     checkpoint: f.record(durable, checksums),
                     covered,
@@ -390,10 +429,15 @@ impl Writer {
 
     /// Marks what a finished background checkpoint made durable.
     fn apply(&mut self, done: Done) -> Result<()> {
-        for (file_id, covered) in done? {
+        let batch = done?;
+        for (file_id, covered, stored) in batch.synced {
             if let Some(f) = self.files.get_mut(&file_id) {
                 f.tracker.handle_synced_upto(&covered);
+                f.has_checkpoint |= stored;
             }
+        }
+        for w in batch.warnings {
+            self.warn(w);
         }
         Ok(())
     }
@@ -412,13 +456,48 @@ impl Writer {
         // A one-block file is simply sent again after a crash: syncing and
         // checkpointing each of thousands of small files would cost more
         // than it could save.
+        let mut warnings = Vec::new();
         for f in self.files.values_mut().filter(|f| f.layout.blocks() > 1) {
             if f.tracker.unsynced() > 0 && f.plain.is_some() {
                 f.sync()?;
-                f.checkpoint(&self.shared.root)?;
+                match f.checkpoint(&self.shared.root) {
+                    Ok(()) => f.has_checkpoint = true,
+                    Err(e) => warnings.push(format!(
+                        "checkpoint of {} not stored ({e}); a new session resumes it from its last stored checkpoint, or from the start",
+                        f.dest.rel
+                    )),
+                }
             }
         }
+        for w in warnings {
+            self.warn(w);
+        }
         Ok(())
+    }
+
+    /// The sender gave a file up: what it wrote is discarded, never
+    /// published, and the file is answered as failed.
+    fn abort(&mut self, file_id: u32, message: String) -> Result<()> {
+        // Its writes in flight complete first: they refer to the file.
+        self.drain()?;
+        self.settle()?;
+        self.awaiting.retain(|(id, _)| *id != file_id);
+        let mut f = self.files.remove(&file_id).ok_or_else(|| {
+            Error::Violation(format!(
+                "file {file_id} given up after its result, or never planned"
+            ))
+        })?;
+        self.finished.insert(file_id);
+        if f.kind == EntryKind::File {
+            f.discard(&self.shared.root)?;
+        }
+        tracing::warn!("{}: the sender gave it up: {message}", f.dest.rel);
+        self.result(
+            file_id,
+            false,
+            0,
+            format!("{message}; the receiver discarded what it had of it"),
+        )
     }
 
     fn result(&mut self, file_id: u32, ok: bool, digest: u128, message: String) -> Result<()> {
@@ -477,10 +556,14 @@ impl Writer {
                 } else {
                     f.tracker.digest()
                 };
+                f.set_dir_mode(root)?;
                 self.result(file_id, true, digest, String::new())?;
             } else if !f.tracker.is_complete() {
                 let msg = format!("{} is missing blocks; it stays resumable", f.dest.rel);
-                let _ = f.checkpoint(root);
+                if f.checkpoint(root).is_err() && !f.has_checkpoint {
+                    // Nothing could resume it: do not leave it behind.
+                    let _ = f.discard(root);
+                }
                 self.result(file_id, false, 0, msg)?;
             } else {
                 f.open(root, false)?;
@@ -532,7 +615,7 @@ impl Writer {
         }
         let mut dirs = HashSet::new();
         for (_, _, f) in &published {
-            if dirs.insert(f.dest.parent.clone()) {
+            if dirs.insert(f.dest.parent().to_string()) {
                 f.sync_dir(root)?;
             }
         }

@@ -106,6 +106,13 @@ impl SendConfig {
                 self.block_size
             )));
         }
+        if self.buffer < self.block_size {
+            return Err(Error::Config(format!(
+                "--buffer ({}) must hold at least one block (--block-size {})",
+                crate::units::fmt_bytes(self.buffer),
+                crate::units::fmt_bytes(self.block_size)
+            )));
+        }
         if self.queue_depth == 0 || self.queue_depth > 4096 {
             return Err(Error::Config(format!(
                 "--queue-depth must be 1..=4096 (got {})",
@@ -129,6 +136,10 @@ impl SendConfig {
 #[derive(Debug, Default)]
 pub(crate) struct RunState {
     pub(crate) sessions: u32,
+    /// Some session reached the receiver and authenticated.
+    pub(crate) connected: bool,
+    /// Some session got the receiver's plan.
+    pub(crate) planned: bool,
     pub(crate) verdicts: HashMap<u32, Verdict>,
     pub(crate) bytes_sent: u64,
     pub(crate) bytes_skipped_resume: u64,
@@ -164,7 +175,7 @@ pub fn send(cfg: &SendConfig, progress: Arc<Progress>) -> Result<SendSummary> {
     loop {
         st.sessions += 1;
         let before = (st.bytes_sent, st.verdicts.len());
-        match session::run(cfg, &list.files, &mut st, &pool, &progress) {
+        match session::run(cfg, &list.files, &list.base, &mut st, &pool, &progress) {
             Ok(()) => break,
             Err(e)
                 if cfg
@@ -174,20 +185,33 @@ pub fn send(cfg: &SendConfig, progress: Arc<Progress>) -> Result<SendSummary> {
             {
                 return Err(Error::Transfer(format!("cancelled ({e})")));
             }
-            Err(e) if e.is_retryable() => {
+            // A name that never resolved is a typo, not an outage; once the
+            // receiver was reached, a failed lookup is a passing DNS fault.
+            Err(e)
+                if e.is_retryable()
+                    || (st.connected && matches!(e, Error::Unresolvable { .. })) =>
+            {
                 if (st.bytes_sent, st.verdicts.len()) != before {
                     backoff.handle_progress();
                 }
                 match backoff.poll_delay(Instant::now()) {
                     Some(d) => {
                         tracing::warn!(
-                            "session {} failed: {e}; reconnecting in {:.1} s to resume",
+                            "session {} failed: {e}; reconnecting in {:.1} s{}",
                             st.sessions,
-                            d.as_secs_f64()
+                            d.as_secs_f64(),
+                            if st.bytes_sent > 0 { " to resume" } else { "" }
                         );
                         std::thread::sleep(d);
                     }
                     None if cfg.retry_for.is_zero() => return Err(e),
+                    // Nothing was sent: there is nothing to resume.
+                    None if st.bytes_sent == 0 => {
+                        return Err(Error::Transfer(format!(
+                            "{e}; gave up after --retry-for {} s",
+                            cfg.retry_for.as_secs()
+                        )));
+                    }
                     None => {
                         return Err(Error::Transfer(format!(
                             "{e}; gave up after --retry-for {} s. What reached the receiver is checkpointed: run the same command again to resume",

@@ -1,5 +1,7 @@
 //! The sender's reader: one thread keeping `queue_depth` reads in flight
-//! into pool buffers, in the order the scheduler asks.
+//! into pool buffers, in the order the scheduler asks, and making sure
+//! each file is still the one that was listed from before its first read
+//! to after its last (see `source`).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -8,9 +10,10 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::session::Shared;
+use super::source::{SourceFile, Stamp};
 use crate::engine::digest::block_checksum;
 use crate::error::{Error, Result};
-use crate::io::{ALIGN, IoMode, IoOp, OpKind, Pools, backend, open_source};
+use crate::io::{ALIGN, DirectStatus, IoMode, IoOp, OpKind, Pools, backend, open_source};
 
 /// What the reader found out about the I/O path.
 #[derive(Debug, Default, Clone)]
@@ -26,6 +29,53 @@ struct InFlight {
     digest_only: bool,
 }
 
+/// A source file being read.
+struct Open {
+    file: Arc<File>,
+    direct: bool,
+    /// Reads submitted and not reaped.
+    pending: usize,
+    /// The scheduler has handed out its last read.
+    all_submitted: bool,
+}
+
+/// The file's state now against what the scan saw: the reason to give it
+/// up, if it is no longer the same.
+fn check(src: &SourceFile, file: &File) -> Option<String> {
+    let now = match file.metadata() {
+        Ok(m) => Stamp::of(&m),
+        Err(e) => return Some(format!("cannot inspect it: {e}")),
+    };
+    src.stamp
+        .change_to(&now)
+        .map(|c| format!("{c}; it was not published: send it again once it is stable"))
+}
+
+/// Opens `src` beneath the source root and checks it is still the file
+/// that was listed.
+fn open_checked(shared: &Shared, src: &SourceFile, direct: bool) -> Result<(File, DirectStatus)> {
+    let (file, status) = open_source(&shared.base, &src.rel, &src.path, direct)?;
+    match check(src, &file) {
+        None => Ok((file, status)),
+        Some(reason) => Err(Error::SourceChanged {
+            path: src.path.display().to_string(),
+            reason,
+        }),
+    }
+}
+
+/// Gives a file up: the scheduler drops what is left of it, and its read
+/// blocks' buffers go back to the pool.
+fn give_up(shared: &Shared, file_id: u32, reason: String) {
+    tracing::warn!("{reason}");
+    let mut g = shared.lock();
+    for gid in g.sched.handle_file_failed(file_id, reason) {
+        g.bufs.remove(&gid);
+    }
+    drop(g);
+    shared.cv.notify_all();
+}
+
 pub(crate) fn run(
     shared: &Shared,
     pools: &Pools,
@@ -34,7 +84,7 @@ pub(crate) fn run(
     need_digest: bool,
 ) -> Result<ReadReport> {
     let (mut io, eff_mode, mut fallback) = backend(mode, depth);
-    let mut open: HashMap<u32, (Arc<File>, bool)> = HashMap::new();
+    let mut open: HashMap<u32, Open> = HashMap::new();
     let mut inflight: HashMap<u64, InFlight> = HashMap::new();
     let mut finished_reading = false;
     loop {
@@ -60,27 +110,35 @@ pub(crate) fn run(
                 break;
             };
             let src = &shared.files[&order.file_id];
-            let (file, direct) = match open.get(&order.file_id) {
-                Some(f) => f.clone(),
-                None => {
-                    let (f, status) = open_source(&src.path, eff_mode.wants_direct())?;
-                    if let crate::io::DirectStatus::Buffered(Some(note)) = &status {
-                        if fallback.is_none() {
-                            tracing::warn!("{note}");
-                            fallback = Some(note.clone());
+            let o = match open.entry(order.file_id) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    match open_checked(shared, src, eff_mode.wants_direct()) {
+                        Ok((f, status)) => {
+                            if let DirectStatus::Buffered(Some(note)) = &status {
+                                if fallback.is_none() {
+                                    tracing::warn!("{note}");
+                                    fallback = Some(note.clone());
+                                }
+                            }
+                            e.insert(Open {
+                                file: Arc::new(f),
+                                direct: status.is_direct(),
+                                pending: 0,
+                                all_submitted: false,
+                            })
+                        }
+                        Err(err) => {
+                            give_up(shared, order.file_id, err.to_string());
+                            continue;
                         }
                     }
-                    let entry = (Arc::new(f), status.is_direct());
-                    open.insert(order.file_id, entry.clone());
-                    entry
                 }
             };
-            if order.last_read_of_file {
-                // The op keeps the descriptor alive until it completes.
-                open.remove(&order.file_id);
-            }
+            o.pending += 1;
+            o.all_submitted |= order.last_read_of_file;
             let expected = order.len as usize;
-            let len = if direct {
+            let len = if o.direct {
                 expected.next_multiple_of(ALIGN)
             } else {
                 expected
@@ -95,7 +153,8 @@ pub(crate) fn run(
                 },
             );
             io.submit(IoOp {
-                file,
+                // The op keeps the descriptor alive until it completes.
+                file: Arc::clone(&o.file),
                 kind: OpKind::Read,
                 buf,
                 offset: order.offset,
@@ -108,20 +167,45 @@ pub(crate) fn run(
         }
         for done in io.reap(io.in_flight() > 0)? {
             let f = inflight.remove(&done.tag).expect("every read is tracked");
-            let path = &shared.files[&f.file_id].path;
+            let src = &shared.files[&f.file_id];
             let n = done.result.map_err(|e| {
                 Error::io(
-                    format!("reading {} at block {}", path.display(), f.block),
+                    format!("reading {} at block {}", src.path.display(), f.block),
                     e,
                 )
             })?;
-            if n < f.expected {
-                return Err(Error::Transfer(format!(
-                    "{} shrank while being read (block {} has {n} of {} bytes); it must not change during a transfer",
-                    path.display(),
-                    f.block,
-                    f.expected
-                )));
+            // A file already given up has no entry; its reads are dropped.
+            let Some(o) = open.get_mut(&f.file_id) else {
+                continue;
+            };
+            o.pending -= 1;
+            // After the file's last read and before that block is handed
+            // on (so before the file can be reported done), it must still
+            // be the file that was listed, unchanged.
+            let last = o.pending == 0 && o.all_submitted;
+            let changed = if n < f.expected || last {
+                check(src, &o.file).or_else(|| {
+                    (n < f.expected).then(|| {
+                        format!(
+                            "it shrank while being read (block {} has {n} of {} bytes); \
+                             it was not published: send it again once it is stable",
+                            f.block, f.expected
+                        )
+                    })
+                })
+            } else {
+                None
+            };
+            if last || changed.is_some() {
+                open.remove(&f.file_id);
+            }
+            if let Some(reason) = changed {
+                give_up(
+                    shared,
+                    f.file_id,
+                    format!("{}: {reason}", src.path.display()),
+                );
+                continue;
             }
             let mut buf = done.buf;
             buf.set_len(f.expected);
@@ -148,4 +232,15 @@ pub(crate) fn run(
         mode: Some(eff_mode),
         fallback,
     })
+}
+
+/// Checks the files that have no block to read (empty ones), which the
+/// reader never opens, and gives up those no longer as listed. Called
+/// before the session reports any file.
+pub(crate) fn check_empty(shared: &Shared, ids: &[u32]) {
+    for id in ids {
+        if let Err(e) = open_checked(shared, &shared.files[id], false) {
+            give_up(shared, *id, e.to_string());
+        }
+    }
 }

@@ -5,24 +5,30 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::{Shutdown, TcpStream};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::reader::{self, ReadReport};
 use super::source::SourceFile;
 use super::{RunState, SendConfig};
 use crate::engine::digest::{BlockHasher, HASH_PIECE};
 use crate::engine::scheduler::PlannedFile;
-use crate::engine::{Bitmap, Layout, Scheduler};
+use crate::engine::{Bitmap, IdleDeadline, Keepalive, Layout, Scheduler};
 use crate::error::{Error, Result};
 use crate::io::{PoolBuf, Pools};
 use crate::net::{self, SocketOpts, auth};
 use crate::progress::Progress;
 use crate::wire::{
-    BlockHeader, FileEntry, Frame, FrameReader, PlanOutcome, Purpose, SessionId, Verify, encode,
-    write_frame, write_frame_with_payload,
+    BlockHeader, EntryKind, FileEntry, Frame, FrameReader, IDLE_TIMEOUT, KEEPALIVE_INTERVAL,
+    MAX_SMALL_FRAME, PlanOutcome, Purpose, SessionId, Verify, encode, write_frame,
+    write_frame_with_payload,
 };
+
+/// A data stream the receiver turns away as busy (too many handshakes
+/// from this address at once) is tried again this many times.
+const STREAM_CONNECT_ATTEMPTS: u32 = 4;
 
 /// Manifest frames stay well under the frame cap.
 const MANIFEST_CHUNK_BYTES: usize = 1 << 20;
@@ -46,6 +52,8 @@ pub(crate) struct Shared {
     inner: Mutex<Inner>,
     pub(crate) cv: Condvar,
     pub(crate) files: HashMap<u32, SourceFile>,
+    /// The directory every source file is opened beneath.
+    pub(crate) base: Arc<OwnedFd>,
     stop: AtomicBool,
     pub(crate) read_bytes: AtomicU64,
     sent_bytes: AtomicU64,
@@ -111,6 +119,16 @@ fn send_manifest(control: &mut TcpStream, entries: &[FileEntry]) -> Result<()> {
         .map_err(|e| Error::net("sending the manifest", e))
 }
 
+/// Connects to the receiver and authenticates for `purpose`, the handshake
+/// bounded in time as a whole; returns the stream and the round trip.
+fn connect(cfg: &SendConfig, opts: &SocketOpts, purpose: Purpose) -> Result<(TcpStream, Duration)> {
+    let stream = net::connect(&cfg.to, opts, cfg.connect_timeout)?;
+    let rtt = net::within(&stream, net::HANDSHAKE_TIMEOUT, |d| {
+        auth::client(d, &cfg.token, purpose)
+    })?;
+    Ok((stream, rtt))
+}
+
 /// What opening a session settled: the control connection and the files
 /// the receiver accepted, with the bytes it already holds.
 struct Opened {
@@ -130,8 +148,17 @@ fn open_session(
         pacing: None,
         ..cfg.socket.clone()
     };
-    let mut control = net::connect(&cfg.to, &control_opts, cfg.connect_timeout)?;
-    let rtt = auth::client(&mut control, &cfg.token, Purpose::Control)?;
+    let (mut control, rtt) = connect(cfg, &control_opts, Purpose::Control)?;
+    st.connected = true;
+    // A receiver that stops reading cannot hold this side's writes longer
+    // than a silent one would be waited for.
+    // A receiver that stops reading, or stops mid-frame, cannot hold this
+    // side longer than a silent one would be waited for (between frames,
+    // silence is watched by the idle deadline; see `control_loop`).
+    control
+        .set_write_timeout(Some(IDLE_TIMEOUT))
+        .and_then(|()| control.set_read_timeout(Some(IDLE_TIMEOUT)))
+        .map_err(|e| Error::net("setting the control connection's timeouts", e))?;
     if st.rtt.is_none() {
         if let Some(w) = net::buffer_warning(rtt, cfg.streams, cfg.max_rate) {
             tracing::warn!("{w}");
@@ -155,6 +182,7 @@ fn open_session(
             kind: f.kind,
             size: f.size,
             fingerprint: f.fingerprint,
+            mode: f.mode,
             path: f.dest.clone(),
         })
         .collect();
@@ -201,6 +229,8 @@ fn open_session(
                 }
             }
             Frame::PlanEnd => break,
+            // A receiver preparing a large tree says it is still there.
+            Frame::Keepalive => {}
             Frame::Error { retryable, message } => {
                 return Err(Error::Remote { message, retryable });
             }
@@ -224,22 +254,35 @@ fn open_session(
     })
 }
 
-/// Connects and authenticates data stream `i` of `session`.
+/// Connects and authenticates data stream `i` of `session`. A receiver
+/// that turns it away as busy (more handshakes from this address at once
+/// than it takes) is tried again shortly, as the others finish theirs.
 fn connect_stream(
     cfg: &SendConfig,
     opts: &SocketOpts,
     session: SessionId,
     i: u16,
 ) -> Result<TcpStream> {
-    let mut st = net::connect(&cfg.to, opts, cfg.connect_timeout)?;
-    auth::client(&mut st, &cfg.token, Purpose::Join { session, stream: i })?;
-    Ok(st)
+    let mut attempt = 1;
+    loop {
+        match connect(cfg, opts, Purpose::Join { session, stream: i }) {
+            Ok((st, _)) => return Ok(st),
+            Err(Error::Remote {
+                retryable: true, ..
+            }) if attempt < STREAM_CONNECT_ATTEMPTS => {
+                std::thread::sleep(Duration::from_millis(100) * attempt);
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Runs one session over the files that have no verdict yet.
 pub(crate) fn run(
     cfg: &SendConfig,
     all: &[SourceFile],
+    base: &Arc<OwnedFd>,
     st: &mut RunState,
     pool: &Pools,
     progress: &Arc<Progress>,
@@ -281,7 +324,10 @@ pub(crate) fn run(
         planned,
         held_bytes,
     } = opened?;
-    if st.sessions == 1 {
+    // What the receiver held before this run sent anything: the first
+    // plan of the run says, whichever attempt got it.
+    if !st.planned {
+        st.planned = true;
         st.bytes_skipped_resume = held_bytes;
     }
     let verified_bytes: u64 = st
@@ -295,6 +341,12 @@ pub(crate) fn run(
         .store(verified_bytes + held_bytes, Ordering::Relaxed);
 
     let accepted = planned.len();
+    let empty: Vec<u32> = planned
+        .iter()
+        .filter(|p| p.size == 0)
+        .map(|p| p.file_id)
+        .filter(|id| all[*id as usize].kind == EntryKind::File)
+        .collect();
     let per_stream_bytes = (pool.large_bytes() / u64::from(cfg.streams)).max(2 * cfg.block_size);
     let sched = Scheduler::new(
         planned,
@@ -313,6 +365,7 @@ pub(crate) fn run(
         }),
         cv: Condvar::new(),
         files: pending.iter().map(|(id, f)| (*id, (*f).clone())).collect(),
+        base: Arc::clone(base),
         stop: AtomicBool::new(false),
         read_bytes: AtomicU64::new(0),
         sent_bytes: AtomicU64::new(0),
@@ -320,6 +373,9 @@ pub(crate) fn run(
         progress: Arc::clone(progress),
         verify: cfg.verify,
     };
+
+    // Empty files are never read: check them before anything is reported.
+    reader::check_empty(&shared, &empty);
 
     // The transfer goes on as long as one data stream connected.
     let mut streams: Vec<Option<TcpStream>> = Vec::with_capacity(connected.len());
@@ -414,25 +470,31 @@ pub(crate) fn run(
     outcome
 }
 
-/// Sends FileDone for finished files and waits until every accepted file
-/// has a verdict, or something fails.
+/// Sends FileDone for finished files and FileAbort for files given up,
+/// keeps the receiver told that this side is here, and waits until every
+/// accepted file has a verdict, or something fails.
 fn coordinate(shared: &Shared, control: &mut TcpStream, accepted: usize) -> Result<()> {
+    let mut keepalive = Keepalive::new(Instant::now(), KEEPALIVE_INTERVAL);
     let mut g = shared.lock();
     loop {
-        let mut done = Vec::new();
-        while let Some(d) = g.sched.poll_file_done() {
-            g.sent_digests.insert(d.0, d.1);
-            done.push(d);
+        let mut out = Vec::new();
+        while let Some((file_id, digest)) = g.sched.poll_file_done() {
+            g.sent_digests.insert(file_id, digest);
+            encode(&Frame::FileDone { file_id, digest }, &mut out);
         }
-        if !done.is_empty() {
+        while let Some((file_id, message)) = g.sched.poll_file_failed() {
+            encode(&Frame::FileAbort { file_id, message }, &mut out);
+        }
+        let now = Instant::now();
+        if out.is_empty() && keepalive.poll_due(now) {
+            encode(&Frame::Keepalive, &mut out);
+        }
+        if !out.is_empty() {
             drop(g);
-            let mut out = Vec::new();
-            for (file_id, digest) in done {
-                encode(&Frame::FileDone { file_id, digest }, &mut out);
-            }
             control
                 .write_all(&out)
                 .map_err(|e| Error::net("sending file digests", e))?;
+            keepalive.handle_sent(now);
             g = shared.lock();
             continue;
         }
@@ -541,7 +603,7 @@ fn send_block(
 fn ack_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
     let mut reader = FrameReader::default();
     loop {
-        let frame = reader.read(&mut stream);
+        let frame = reader.read_capped(&mut stream, MAX_SMALL_FRAME);
         let mut g = shared.lock();
         match frame {
             Ok(Frame::Ack { file_id, block }) => match g.sched.handle_ack(i, file_id, block) {
@@ -598,8 +660,41 @@ fn ack_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
 
 fn control_loop(shared: &Shared, control: &mut TcpStream, accepted: usize) {
     let mut reader = FrameReader::default();
+    let mut idle = IdleDeadline::new(Instant::now(), IDLE_TIMEOUT);
+    // Runs past the session's end too: after `Finish` the receiver closes
+    // the connection once it has released the session's destinations, and
+    // the send returns only then (an immediate second send of the same
+    // file would otherwise find it still claimed).
     loop {
-        match reader.read(control) {
+        let now = Instant::now();
+        if let Some(silent) = idle.poll_expired(now) {
+            shared.fail(Error::net(
+                "waiting for the receiver",
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "nothing heard for {:.0} s, not even a keepalive; reconnecting",
+                        silent.as_secs_f64()
+                    ),
+                ),
+            ));
+            return;
+        }
+        let wait = idle.poll_timeout().saturating_duration_since(now);
+        match net::wait_readable(control, wait) {
+            Ok(false) => continue,
+            Ok(true) => {}
+            Err(e) => {
+                shared.fail(Error::net("waiting for the receiver", e));
+                return;
+            }
+        }
+        let frame = reader.read_capped(control, MAX_SMALL_FRAME);
+        if frame.is_ok() {
+            idle.handle_heard(Instant::now());
+        }
+        match frame {
+            Ok(Frame::Keepalive) => {}
             Ok(Frame::FileResult {
                 file_id,
                 ok,

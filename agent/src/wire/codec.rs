@@ -52,6 +52,8 @@ const T_FILE_DONE: u8 = 13;
 const T_FILE_RESULT: u8 = 14;
 const T_FINISH: u8 = 15;
 const T_ERROR: u8 = 16;
+const T_FILE_ABORT: u8 = 17;
+const T_KEEPALIVE: u8 = 18;
 
 /// Appends the encoding of `frame` (length prefix included) to `out`.
 pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
@@ -114,6 +116,7 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
                 });
                 w.u64(e.size);
                 w.u64(e.fingerprint);
+                w.u16(e.mode);
                 w.str(&e.path);
             }
         }
@@ -168,6 +171,12 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             w.bytes(&digest.to_le_bytes());
             w.str(message);
         }
+        Frame::FileAbort { file_id, message } => {
+            w.u8(T_FILE_ABORT);
+            w.u32(*file_id);
+            w.str(message);
+        }
+        Frame::Keepalive => w.u8(T_KEEPALIVE),
         Frame::Finish => w.u8(T_FINISH),
         Frame::Error { retryable, message } => {
             w.u8(T_ERROR);
@@ -255,9 +264,9 @@ pub fn decode_body(body: &[u8]) -> Result<Frame, DecodeError> {
         }
         T_FILES => {
             let count = r.u32()? as usize;
-            // Each entry takes at least 23 bytes, so the count cannot make us
+            // Each entry takes at least 25 bytes, so the count cannot make us
             // reserve more than the frame itself justifies.
-            let mut entries = Vec::with_capacity(count.min(r.0.len() / 23));
+            let mut entries = Vec::with_capacity(count.min(r.0.len() / 25));
             for _ in 0..count {
                 let file_id = r.u32()?;
                 let kind = match r.u8()? {
@@ -267,12 +276,17 @@ pub fn decode_body(body: &[u8]) -> Result<Frame, DecodeError> {
                 };
                 let size = r.u64()?;
                 let fingerprint = r.u64()?;
+                let mode = r.u16()?;
+                if mode > 0o777 {
+                    return Err(DecodeError::Invalid("permission bits"));
+                }
                 let path = r.str(MAX_PATH)?;
                 entries.push(FileEntry {
                     file_id,
                     kind,
                     size,
                     fingerprint,
+                    mode,
                     path,
                 });
             }
@@ -327,6 +341,11 @@ pub fn decode_body(body: &[u8]) -> Result<Frame, DecodeError> {
             digest: u128::from_le_bytes(r.array::<16>()?),
             message: r.str(MAX_MESSAGE)?,
         },
+        T_FILE_ABORT => Frame::FileAbort {
+            file_id: r.u32()?,
+            message: r.str(MAX_MESSAGE)?,
+        },
+        T_KEEPALIVE => Frame::Keepalive,
         T_FINISH => Frame::Finish,
         T_ERROR => Frame::Error {
             retryable: r.bool()?,
@@ -459,6 +478,7 @@ mod tests {
                     any::<bool>(),
                     any::<u64>(),
                     any::<u64>(),
+                    0u16..=0o777,
                     arb_str(200)
                 ),
                 0..20
@@ -466,11 +486,12 @@ mod tests {
             .prop_map(|v| Frame::Files {
                 entries: v
                     .into_iter()
-                    .map(|(file_id, d, size, fingerprint, path)| FileEntry {
+                    .map(|(file_id, d, size, fingerprint, mode, path)| FileEntry {
                         file_id,
                         kind: if d { EntryKind::Dir } else { EntryKind::File },
                         size,
                         fingerprint,
+                        mode,
                         path,
                     })
                     .collect()
@@ -510,6 +531,9 @@ mod tests {
                     }
                 }
             ),
+            (any::<u32>(), arb_str(300))
+                .prop_map(|(file_id, message)| Frame::FileAbort { file_id, message }),
+            Just(Frame::Keepalive),
             Just(Frame::Finish),
             (any::<bool>(), arb_str(300))
                 .prop_map(|(retryable, message)| Frame::Error { retryable, message }),

@@ -15,22 +15,48 @@ mod codec;
 mod stream;
 
 pub use codec::{DecodeError, decode, decode_body, encode};
-pub use stream::{FrameReader, read_frame, write_frame, write_frame_with_payload};
+pub use stream::{
+    FrameReader, read_frame, read_frame_capped, write_frame, write_frame_with_payload,
+};
+
+use std::time::Duration;
 
 /// Identifies the protocol on the first frame.
 pub const MAGIC: [u8; 4] = *b"WRRT";
 /// The protocol version this build speaks (2: the one-round-trip handshake,
 /// block checksums after the payload; 3: `FileDone` once every block has
-/// gone out, held by the receiver until the file is written).
-pub const VERSION: u16 = 3;
-/// Largest control frame (manifest chunk, plan bitmap) we accept.
+/// gone out, held by the receiver until the file is written; 4: keepalives
+/// on the control connection, `FileAbort`, permission bits in the manifest).
+pub const VERSION: u16 = 4;
+/// Largest control frame (manifest chunk, plan bitmap) we accept, once
+/// the peer has authenticated.
 pub const MAX_FRAME: usize = (4 << 20) + 4096;
+/// Largest frame an unauthenticated peer may send: a hello or an auth
+/// (under 60 bytes). Nothing is allocated for more before the peer proved
+/// it holds the token.
+pub const MAX_PREAUTH_FRAME: usize = 128;
+/// Largest frame of every other kind: handshake replies, block headers,
+/// acknowledgements, results and errors (a message of at most
+/// `MAX_MESSAGE` bytes plus its fields).
+pub const MAX_SMALL_FRAME: usize = MAX_MESSAGE + 64;
+/// Each side writes on the control connection at least this often (a
+/// `Keepalive` when it has nothing else to say), so that the other side
+/// can tell a silent peer from a vanished one.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// A peer silent this long on the control connection (no frame, not even
+/// a keepalive) is presumed gone, by default: six keepalive intervals.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest block payload any peer may announce.
 pub const MAX_BLOCK: u32 = 1 << 30;
 /// Longest destination path, in bytes.
 pub const MAX_PATH: usize = 4096;
 /// Longest error or result message, in bytes.
 pub const MAX_MESSAGE: usize = 4096;
+/// Most manifest entries one session may carry.
+pub const MAX_ENTRIES: usize = 1 << 20;
+/// Most bytes of destination paths one session's manifest may carry: the
+/// receiver holds every path for the whole session.
+pub const MAX_MANIFEST_BYTES: usize = 64 << 20;
 /// Most blocks a single file may have (the plan bitmap must fit a frame).
 pub const MAX_BLOCKS_PER_FILE: u64 = 1 << 24;
 /// Length of handshake nonces.
@@ -90,6 +116,9 @@ pub struct FileEntry {
     pub size: u64,
     /// Identifies the source version (size and mtime) so stale checkpoints are dropped.
     pub fingerprint: u64,
+    /// The source's permission bits (`0o777` at most; the receiver masks
+    /// them with its umask and never sets setuid, setgid or sticky bits).
+    pub mode: u16,
     /// Destination path relative to the receiver's root.
     pub path: String,
 }
@@ -214,6 +243,17 @@ pub enum Frame {
         /// Why not, when not ok.
         message: String,
     },
+    /// The sender gives up on a file it had announced (its source changed
+    /// while it was being read, or was replaced): the receiver discards
+    /// what it has of it and answers with a failed `FileResult`.
+    FileAbort {
+        /// Which file.
+        file_id: u32,
+        /// Why, for the receiver's log and summary.
+        message: String,
+    },
+    /// Nothing to say, but still here (see `KEEPALIVE_INTERVAL`).
+    Keepalive,
     /// The sender is done with the session.
     Finish,
     /// A fatal error; the connection closes after it.

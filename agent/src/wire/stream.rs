@@ -10,6 +10,12 @@ pub fn read_frame(r: &mut impl Read) -> Result<Frame> {
     FrameReader::default().read(r)
 }
 
+/// Reads one frame of at most `cap` bytes, refusing a longer length
+/// prefix before allocating (see `MAX_PREAUTH_FRAME`, `MAX_SMALL_FRAME`).
+pub fn read_frame_capped(r: &mut impl Read, cap: usize) -> Result<Frame> {
+    FrameReader::default().read_capped(r, cap)
+}
+
 /// Reads frames reusing one buffer.
 #[derive(Default)]
 pub struct FrameReader {
@@ -19,16 +25,18 @@ pub struct FrameReader {
 impl FrameReader {
     /// Reads the next frame from `r`.
     pub fn read(&mut self, r: &mut impl Read) -> Result<Frame> {
+        self.read_capped(r, MAX_FRAME)
+    }
+
+    /// Reads the next frame from `r`, refusing one over `cap` bytes.
+    pub fn read_capped(&mut self, r: &mut impl Read, cap: usize) -> Result<Frame> {
         let mut prefix = [0u8; 4];
         r.read_exact(&mut prefix)
             .map_err(|e| Error::net("reading a frame", e))?;
         let len = u32::from_le_bytes(prefix) as usize;
-        if len > MAX_FRAME {
-            return Err(DecodeError::TooLarge {
-                len,
-                max: MAX_FRAME,
-            }
-            .into());
+        let cap = cap.min(MAX_FRAME);
+        if len > cap {
+            return Err(DecodeError::TooLarge { len, max: cap }.into());
         }
         self.buf.clear();
         self.buf.resize(len, 0);

@@ -70,7 +70,7 @@ pub fn assert_no_leftovers(dir: &Path) {
     for e in walk(dir) {
         let n = e.file_name().unwrap().to_string_lossy().to_string();
         assert!(
-            !n.ends_with(".wirerate-part") && !n.ends_with(".wirerate-ckpt"),
+            !n.contains(".wirerate-part") && !n.contains(".wirerate-ckpt"),
             "leftover {}",
             e.display()
         );
@@ -308,6 +308,8 @@ pub fn setup(name: &str, size: usize) -> Setup {
     std::fs::create_dir_all(&root).unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, "s3cret-token-for-tests\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
     Setup {
         src,
         root,
@@ -315,4 +317,69 @@ pub fn setup(name: &str, size: usize) -> Setup {
         size: size as u64,
         _dir: dir,
     }
+}
+
+/// A port nothing listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A field of /proc/PID/status in KiB (VmRSS, VmHWM, ...).
+pub fn proc_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} missing in /proc/{pid}/status"))
+}
+
+/// A TCP connection to `to` from the loopback address `from` (127.0.0.x),
+/// so that tests can play several hosts.
+pub fn connect_from(from: [u8; 4], to: SocketAddr) -> TcpStream {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    s.bind(&SocketAddr::from((from, 0)).into()).unwrap();
+    s.connect(&to.into()).unwrap();
+    s.into()
+}
+
+/// The agent binary.
+pub const BIN: &str = env!("CARGO_BIN_EXE_wirerate-agent");
+
+/// Starts `wirerate-agent serve` on 127.0.0.1:`port` with `extra`
+/// arguments, and waits until it listens.
+pub fn serve_bin(root: &Path, token: &Path, port: u16, extra: &[&str]) -> Proc {
+    let child = std::process::Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--checkpoint-interval",
+            "0.1",
+            "--json",
+        ])
+        .args(extra)
+        .arg("--root")
+        .arg(root)
+        .arg("--token-file")
+        .arg(token)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "receiver did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Proc(child)
 }

@@ -1,0 +1,251 @@
+//! Which session is writing which destination, so that two sessions never
+//! write one file, and how a new session takes a destination over from
+//! one whose sender has gone silent.
+//!
+//! A sender whose network vanished (no FIN, no RST) leaves its session
+//! open here until the idle deadline ends it. When the same sender comes
+//! back sooner with a new session for the same files, waiting for that
+//! deadline would only cost it time: a session that has not heard from its
+//! sender for `takeover_after` (three keepalive intervals: a live sender
+//! writes every one) is ended, and the new session waits until it has
+//! released the files (its writer drained and checkpointed them) before it
+//! claims them.
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How long a new session waits for a silent one to let go of its files.
+const RELEASE_WAIT: Duration = Duration::from_secs(30);
+
+/// What others may need of a session: when its sender was last heard, and
+/// a way to end it.
+#[derive(Debug)]
+pub(crate) struct Life {
+    born: Instant,
+    /// Milliseconds after `born` that the sender was last heard.
+    heard_ms: AtomicU64,
+    /// A handle on the control connection: shutting it down wakes the
+    /// session's control thread, which then ends the session.
+    control: TcpStream,
+    taken_over: AtomicBool,
+}
+
+impl Life {
+    pub(crate) fn new(control: TcpStream, now: Instant) -> Self {
+        Self {
+            born: now,
+            heard_ms: AtomicU64::new(0),
+            control,
+            taken_over: AtomicBool::new(false),
+        }
+    }
+
+    /// The sender was heard at `now`.
+    pub(crate) fn heard(&self, now: Instant) {
+        let ms = now.saturating_duration_since(self.born).as_millis() as u64;
+        self.heard_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// How long the sender has been silent at `now`.
+    pub(crate) fn silent_for(&self, now: Instant) -> Duration {
+        let heard = self.born + Duration::from_millis(self.heard_ms.load(Ordering::Relaxed));
+        now.saturating_duration_since(heard)
+    }
+
+    /// Whether another session ended this one to take its files.
+    pub(crate) fn was_taken_over(&self) -> bool {
+        self.taken_over.load(Ordering::SeqCst)
+    }
+
+    fn take_over(&self) {
+        if !self.taken_over.swap(true, Ordering::SeqCst) {
+            let _ = self.control.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// Why a session could not claim its files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Busy {
+    /// The first contended destination.
+    pub(crate) path: String,
+    /// How long its holder's sender has been silent.
+    pub(crate) silent: Duration,
+    /// The holder was told to end but has not let go in time.
+    pub(crate) releasing: bool,
+}
+
+impl Busy {
+    pub(crate) fn message(&self) -> String {
+        if self.releasing {
+            format!(
+                "{} is still being released by a session whose sender went silent; retry shortly",
+                self.path
+            )
+        } else {
+            format!(
+                "{} is being written by another session right now (its sender was heard {:.0} s ago); retry when it ends",
+                self.path,
+                self.silent.as_secs_f64()
+            )
+        }
+    }
+}
+
+/// Destinations in use, by the session writing them.
+#[derive(Debug, Default)]
+pub(crate) struct Claims {
+    held: Mutex<HashMap<String, Arc<Life>>>,
+    released: Condvar,
+}
+
+impl Claims {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<Life>>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Claims `paths` for `life`. A holder silent for `takeover_after` is
+    /// ended and waited for; a live one makes this fail.
+    pub(crate) fn claim(
+        &self,
+        paths: &[&str],
+        life: &Arc<Life>,
+        takeover_after: Duration,
+    ) -> Result<(), Busy> {
+        let deadline = Instant::now() + RELEASE_WAIT;
+        let mut held = self.lock();
+        loop {
+            let holder = paths
+                .iter()
+                .find_map(|p| held.get(*p).map(|h| (*p, Arc::clone(h))));
+            let Some((path, holder)) = holder else {
+                for p in paths {
+                    held.insert((*p).to_string(), Arc::clone(life));
+                }
+                return Ok(());
+            };
+            let now = Instant::now();
+            let silent = holder.silent_for(now);
+            if silent < takeover_after && !holder.was_taken_over() {
+                return Err(Busy {
+                    path: path.to_string(),
+                    silent,
+                    releasing: false,
+                });
+            }
+            if now >= deadline {
+                return Err(Busy {
+                    path: path.to_string(),
+                    silent,
+                    releasing: true,
+                });
+            }
+            if !holder.was_taken_over() {
+                tracing::warn!(
+                    "taking over {path} from a session whose sender has been silent for {:.0} s",
+                    silent.as_secs_f64()
+                );
+                holder.take_over();
+            }
+            held = self
+                .released
+                .wait_timeout(held, (deadline - now).min(Duration::from_secs(1)))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Lets go of whatever `life` holds.
+    pub(crate) fn release(&self, life: &Arc<Life>) {
+        let mut held = self.lock();
+        held.retain(|_, h| !Arc::ptr_eq(h, life));
+        if held.is_empty() {
+            held.shrink_to_fit();
+        }
+        drop(held);
+        self.released.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// A Life on a real (loopback) control connection; the peer end is
+    /// returned so the test can see it shut down.
+    fn life(now: Instant) -> (Arc<Life>, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        (Arc::new(Life::new(s, now)), c)
+    }
+
+    const TAKEOVER: Duration = Duration::from_secs(15);
+
+    #[test]
+    fn a_live_holder_keeps_its_files() {
+        let c = Claims::default();
+        let now = Instant::now();
+        let (a, _pa) = life(now);
+        let (b, _pb) = life(now);
+        c.claim(&["x", "y"], &a, TAKEOVER).unwrap();
+        let busy = c.claim(&["z", "y"], &b, TAKEOVER).unwrap_err();
+        assert_eq!(busy.path, "y");
+        assert!(!busy.releasing);
+        assert!(busy.message().contains("being written by another session"));
+        assert!(!a.was_taken_over());
+        c.release(&a);
+        c.claim(&["z", "y"], &b, TAKEOVER)
+            .expect("free once released");
+    }
+
+    #[test]
+    fn a_silent_holder_is_ended_and_its_files_taken_once_released() {
+        let c = Arc::new(Claims::default());
+        let long_ago = Instant::now() - Duration::from_secs(60);
+        let (old, mut old_peer) = life(long_ago);
+        c.claim(&["f"], &old, TAKEOVER).unwrap();
+        // The old session ends as its control thread would: once woken,
+        // it releases what it held.
+        let releaser = {
+            let (c, old) = (Arc::clone(&c), Arc::clone(&old));
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 1];
+                use std::io::Read;
+                // EOF here: the takeover shut the old control connection.
+                assert_eq!(old_peer.read(&mut buf).unwrap(), 0);
+                c.release(&old);
+            })
+        };
+        let (new, _pn) = life(Instant::now());
+        c.claim(&["f"], &new, TAKEOVER).expect("taken over");
+        assert!(old.was_taken_over());
+        releaser.join().unwrap();
+        // The late release of the old session does not free the new claim.
+        c.release(&old);
+        let (third, _pt) = life(Instant::now());
+        assert!(c.claim(&["f"], &third, TAKEOVER).is_err());
+    }
+
+    #[test]
+    fn silence_is_measured_from_the_last_time_the_sender_was_heard() {
+        let t0 = Instant::now();
+        let (l, _p) = life(t0);
+        l.heard(t0 + Duration::from_secs(20));
+        assert_eq!(
+            l.silent_for(t0 + Duration::from_secs(26)),
+            Duration::from_secs(6)
+        );
+        l.heard(t0 + Duration::from_secs(10));
+        assert_eq!(
+            l.silent_for(t0 + Duration::from_secs(26)),
+            Duration::from_secs(6),
+            "an older report does not make it look silent"
+        );
+    }
+}

@@ -1,0 +1,127 @@
+//! The shared secret: read from a file or the environment, and checked for
+//! what would let others learn or guess it. Anyone who holds it can write
+//! beneath a receiver's root, so a token file others can read, or a token
+//! short enough to guess, is said at start.
+#![forbid(unsafe_code)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// Tokens shorter than this draw a warning.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// A loaded token and what is wrong with how it is kept.
+#[derive(Debug, Clone)]
+pub struct Token {
+    /// The secret, surrounding whitespace removed.
+    pub bytes: Vec<u8>,
+    /// Weaknesses worth telling the user about.
+    pub warnings: Vec<String>,
+}
+
+fn how_to_make(path: &str) -> String {
+    format!("head -c 32 /dev/urandom | base64 > {path} && chmod 600 {path}")
+}
+
+/// What is wrong with a token of `len` bytes kept in `path` with `mode`.
+fn weaknesses(path: &str, mode: Option<u32>, len: usize) -> Vec<String> {
+    let mut w = Vec::new();
+    if let Some(mode) = mode
+        && mode & 0o077 != 0
+    {
+        let who = match (mode & 0o070 != 0, mode & 0o007 != 0) {
+            (true, true) => "its group and everyone else",
+            (true, false) => "its group",
+            _ => "everyone",
+        };
+        w.push(format!(
+            "the token file {path} can be read by {who} (mode {:03o}), and whoever reads it can write to every receiver that trusts it; chmod 600 {path}",
+            mode & 0o777
+        ));
+    }
+    if len < MIN_TOKEN_LEN {
+        w.push(format!(
+            "the token in {path} is {len} bytes, short enough to guess; use at least {MIN_TOKEN_LEN} random bytes ({})",
+            how_to_make(path)
+        ));
+    }
+    w
+}
+
+/// Reads the token in `path`.
+pub fn from_file(path: &Path) -> Result<Token> {
+    let shown = path.display().to_string();
+    let raw =
+        std::fs::read(path).map_err(|e| Error::io(format!("reading the token file {shown}"), e))?;
+    let bytes = raw.trim_ascii().to_vec();
+    if bytes.is_empty() {
+        return Err(Error::Config(format!(
+            "the token file {shown} is empty; put a secret in it ({})",
+            how_to_make(&shown)
+        )));
+    }
+    let mode = std::fs::metadata(path).ok().map(|m| m.permissions().mode());
+    Ok(Token {
+        warnings: weaknesses(&shown, mode, bytes.len()),
+        bytes,
+    })
+}
+
+/// Takes the token from an environment variable's `value`.
+pub fn from_env(name: &str, value: &str) -> Result<Token> {
+    let bytes = value.trim().as_bytes().to_vec();
+    if bytes.is_empty() {
+        return Err(Error::Config(format!(
+            "{name} is empty; put a secret in it"
+        )));
+    }
+    Ok(Token {
+        warnings: weaknesses(name, None, bytes.len()),
+        bytes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_private_long_token_draws_no_warning() {
+        assert!(weaknesses("t", Some(0o100600), 44).is_empty());
+        assert!(weaknesses("t", Some(0o400), 16).is_empty());
+    }
+
+    #[test]
+    fn a_token_others_can_read_is_named_with_who_can() {
+        let w = weaknesses("/etc/wirerate/token", Some(0o100644), 44);
+        assert_eq!(w.len(), 1);
+        assert!(
+            w[0].contains("everyone") && w[0].contains("chmod 600"),
+            "{w:?}"
+        );
+        let g = weaknesses("t", Some(0o640), 44);
+        assert!(g[0].contains("its group") && g[0].contains("640"), "{g:?}");
+    }
+
+    #[test]
+    fn a_short_token_is_named() {
+        let w = weaknesses("t", Some(0o600), 15);
+        assert_eq!(w.len(), 1);
+        assert!(w[0].contains("15 bytes"), "{w:?}");
+    }
+
+    #[test]
+    fn the_file_is_checked_as_it_is_on_disk() {
+        let dir = tempfile::tempdir_in(concat!(env!("CARGO_MANIFEST_DIR"), "/../target")).unwrap();
+        let p = dir.path().join("token");
+        std::fs::write(&p, "short\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let t = from_file(&p).unwrap();
+        assert_eq!(t.bytes, b"short");
+        assert_eq!(t.warnings.len(), 2, "{:?}", t.warnings);
+        std::fs::write(&p, "  \n").unwrap();
+        assert!(matches!(from_file(&p), Err(Error::Config(_))));
+    }
+}

@@ -1,0 +1,268 @@
+//! What the sender reads and what the receiver publishes: a source that
+//! changes while it is sent, a file swapped for a symlink after the scan,
+//! permission bits, and file names near the filesystem's limit. Real
+//! files, real sockets, paced transfers so the change lands mid-way.
+
+mod common;
+
+use std::io::{Seek, SeekFrom, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::*;
+use wirerate_agent::io::IoMode;
+use wirerate_agent::progress::Progress;
+use wirerate_agent::receiver::{ServeConfig, Server};
+use wirerate_agent::sender::{SendConfig, send};
+use wirerate_agent::summary::SendSummary;
+
+const BS: u64 = 256 << 10;
+
+/// A send of `cfg` running on its own thread, with its progress.
+struct Running {
+    progress: Arc<Progress>,
+    thread: std::thread::JoinHandle<wirerate_agent::Result<SendSummary>>,
+}
+
+fn start(cfg: SendConfig) -> Running {
+    let progress = Arc::new(Progress::default());
+    let p = Arc::clone(&progress);
+    Running {
+        progress,
+        thread: std::thread::spawn(move || send(&cfg, p)),
+    }
+}
+
+impl Running {
+    /// Waits until at least `bytes` are acknowledged (the scan is long
+    /// done by then), and checks the transfer is not over yet.
+    fn wait_for(&self, bytes: u64) {
+        let t0 = Instant::now();
+        while self.progress.done.load(Ordering::Relaxed) < bytes {
+            assert!(!self.thread.is_finished(), "the send ended early");
+            assert!(t0.elapsed() < Duration::from_secs(30), "no progress");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let total = self.progress.total.load(Ordering::Relaxed);
+        assert!(
+            self.progress.done.load(Ordering::Relaxed) < total / 2,
+            "the change must land mid-transfer"
+        );
+    }
+
+    fn finish(self) -> SendSummary {
+        self.thread.join().unwrap().unwrap()
+    }
+}
+
+/// A paced send: 16 MiB at 8 MB/s takes about 2 s, and the reader runs at
+/// most a 2 MiB buffer ahead of what is acknowledged.
+fn paced(to: std::net::SocketAddr, src: &Path, dest: &str) -> SendConfig {
+    let mut c = send_cfg(to, src, dest);
+    c.block_size = BS;
+    c.buffer = 2 << 20;
+    c.streams = 2;
+    c.max_rate = Some(8_000_000);
+    c
+}
+
+fn failure<'a>(s: &'a SendSummary, path: &str) -> &'a str {
+    s.failures
+        .iter()
+        .find(|f| f.path == path)
+        .map(|f| f.message.as_str())
+        .unwrap_or_else(|| panic!("{path} did not fail: {}", s.render()))
+}
+
+#[test]
+fn source_overwritten_in_place_while_sent_is_not_published() {
+    let dir = scratch("overwrite");
+    let src = dir.path().join("src.bin");
+    write_file(&src, 16 << 20, 1);
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = server(&root, IoMode::Async);
+    let run = start(paced(srv.addr(), &src, "out.bin"));
+    run.wait_for(2 << 20);
+    // Rewritten in place, as a careless instrument would: same size.
+    let mut f = std::fs::OpenOptions::new().write(true).open(&src).unwrap();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f.write_all(&bytes(1 << 20, 99)).unwrap();
+    drop(f);
+    let s = run.finish();
+    assert!(!s.ok, "a source that changed must not pass: {}", s.render());
+    let msg = failure(&s, "out.bin");
+    assert!(msg.contains("modified while it was being sent"), "{msg}");
+    assert!(msg.contains("not published"), "{msg}");
+    assert!(
+        !root.join("out.bin").exists(),
+        "nothing under the final name"
+    );
+    let rx = wait_summaries(&srv, 1);
+    assert_eq!(rx[0].files_failed, 1, "{:?}", rx[0]);
+    assert_no_leftovers(&root);
+}
+
+#[test]
+fn source_appended_while_sent_is_not_published() {
+    let dir = scratch("append");
+    let src = dir.path().join("src.bin");
+    write_file(&src, 16 << 20, 2);
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = server(&root, IoMode::Async);
+    let run = start(paced(srv.addr(), &src, "out.bin"));
+    run.wait_for(2 << 20);
+    let mut f = std::fs::OpenOptions::new().append(true).open(&src).unwrap();
+    f.write_all(&bytes(1 << 20, 98)).unwrap();
+    drop(f);
+    let s = run.finish();
+    assert!(!s.ok, "{}", s.render());
+    let msg = failure(&s, "out.bin");
+    assert!(msg.contains("size changed"), "{msg}");
+    assert!(!root.join("out.bin").exists());
+    assert_no_leftovers(&root);
+    // Once the file is stable, the same command sends it whole.
+    let mut cfg = paced(srv.addr(), &src, "out.bin");
+    cfg.max_rate = None;
+    let s = send(&cfg, Arc::new(Progress::default())).unwrap();
+    assert!(s.ok, "{}", s.render());
+    assert_same(&src, &root.join("out.bin"));
+}
+
+#[test]
+fn files_swapped_for_symlinks_during_a_send_are_not_followed() {
+    let dir = scratch("swap");
+    let tree = dir.path().join("tree");
+    for i in 0..6 {
+        write_file(&tree.join(format!("f{i}.bin")), 2 << 20, i);
+    }
+    write_file(&tree.join("sub/inner.bin"), 1 << 20, 7);
+    // What an attacker who can write the source tree wants a root-run
+    // sender to deliver.
+    let secret = dir.path().join("outside/secret");
+    std::fs::create_dir_all(secret.parent().unwrap()).unwrap();
+    let marker = b"SECRET-SHADOW-CONTENTS".repeat(1000);
+    std::fs::write(&secret, &marker).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::write(dir.path().join("outside/inner.bin"), &marker).unwrap();
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = server(&root, IoMode::Async);
+    let run = start(paced(srv.addr(), &tree, "t/"));
+    run.wait_for(1 << 20);
+    // The last file becomes a link to the secret; a directory becomes a
+    // link to a directory outside holding a file of the listed name.
+    std::fs::remove_file(tree.join("f5.bin")).unwrap();
+    std::os::unix::fs::symlink(&secret, tree.join("f5.bin")).unwrap();
+    std::fs::remove_dir_all(tree.join("sub")).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("outside"), tree.join("sub")).unwrap();
+    let s = run.finish();
+    assert!(!s.ok, "{}", s.render());
+    for path in ["t/f5.bin", "t/sub/inner.bin"] {
+        let msg = failure(&s, path);
+        assert!(msg.contains("symlink"), "{path}: {msg}");
+    }
+    assert_eq!(s.files_ok, s.files - 2, "{}", s.render());
+    for e in walk(&root) {
+        if e.is_file() {
+            let data = std::fs::read(&e).unwrap();
+            assert!(
+                !data.windows(22).any(|w| w == b"SECRET-SHADOW-CONTENTS"),
+                "{} holds the secret",
+                e.display()
+            );
+        }
+    }
+    for i in 0..5 {
+        assert_same(
+            &dir.path().join(format!("tree/f{i}.bin")),
+            &root.join(format!("t/f{i}.bin")),
+        );
+    }
+    assert_no_leftovers(&root);
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+#[test]
+fn permission_bits_are_carried_and_masked_by_the_receivers_umask() {
+    let dir = scratch("modes");
+    let tree = dir.path().join("tree");
+    let files = [
+        ("private.bin", 0o600),
+        ("tool.sh", 0o755),
+        ("group.bin", 0o640),
+    ];
+    for (name, m) in files {
+        write_file(&tree.join(name), 5000, 3);
+        std::fs::set_permissions(tree.join(name), std::fs::Permissions::from_mode(m)).unwrap();
+    }
+    write_file(&tree.join("d/x.bin"), 10, 4);
+    std::fs::set_permissions(tree.join("d"), std::fs::Permissions::from_mode(0o750)).unwrap();
+    // A setuid bit never travels.
+    std::fs::set_permissions(
+        tree.join("tool.sh"),
+        std::fs::Permissions::from_mode(0o4755),
+    )
+    .unwrap();
+    for (umask, want) in [
+        (0o022, [0o600, 0o755, 0o640, 0o750]),
+        (0o077, [0o600, 0o700, 0o600, 0o700]),
+    ] {
+        let root = dir.path().join(format!("dst-{umask:o}"));
+        std::fs::create_dir_all(&root).unwrap();
+        let mut cfg = ServeConfig::new(root.clone(), TOKEN.to_vec());
+        cfg.buffer = 8 << 20;
+        cfg.umask = umask;
+        let srv = Server::bind("127.0.0.1:0", cfg).unwrap().spawn();
+        let s = send(
+            &send_cfg(srv.addr(), &tree, "t/"),
+            Arc::new(Progress::default()),
+        )
+        .unwrap();
+        assert!(s.ok, "{}", s.render());
+        let got = [
+            mode(&root.join("t/private.bin")),
+            mode(&root.join("t/tool.sh")),
+            mode(&root.join("t/group.bin")),
+            mode(&root.join("t/d")),
+        ];
+        assert_eq!(got, want, "umask {umask:03o}: got {got:?} (decimal)");
+    }
+}
+
+#[test]
+fn names_of_241_to_255_bytes_land_with_the_rest_of_the_tree() {
+    let dir = scratch("longnames");
+    let tree = dir.path().join("tree");
+    let mut names = vec!["short.bin".to_string()];
+    for len in [236, 237, 240, 241, 248, 255] {
+        names.push(format!("{}{}", "n".repeat(len - 4), ".bin"));
+    }
+    // Two long names that differ only at the end get separate temporary files.
+    names.push(format!("{}a", "m".repeat(254)));
+    names.push(format!("{}b", "m".repeat(254)));
+    for (i, n) in names.iter().enumerate() {
+        // Several blocks each, so every one is checkpointed on the way.
+        write_file(&tree.join(n), 3 * 65536 + i, i as u64);
+    }
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = server(&root, IoMode::Async);
+    let s = send(
+        &send_cfg(srv.addr(), &tree, "t/"),
+        Arc::new(Progress::default()),
+    )
+    .unwrap();
+    assert!(s.ok, "{}", s.render());
+    for n in &names {
+        assert_same(&tree.join(n), &root.join("t").join(n));
+    }
+    assert_no_leftovers(&root);
+}
