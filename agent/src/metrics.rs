@@ -1,10 +1,17 @@
 //! Prometheus metrics of the receiver, served on `--metrics-addr`.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
-use std::sync::OnceLock;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use tokio::sync::Semaphore;
 
 /// The agent's metrics.
 pub struct Metrics {
@@ -70,41 +77,92 @@ pub fn metrics() -> &'static Metrics {
     })
 }
 
-/// Serves `/metrics` on `addr` from a background thread.
-pub fn serve(addr: &str) -> crate::Result<std::net::SocketAddr> {
-    let listener = TcpListener::bind(addr)
+/// Scrapes served at once; more are closed at once.
+const MAX_SCRAPERS: usize = 64;
+/// A request's head must arrive within this...
+const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// ...and the whole exchange be over within this.
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest request head read (hyper's smallest buffer): a longer one is
+/// answered 431 and closed.
+const MAX_REQUEST: usize = 8192;
+
+/// Serves `/metrics` and `/health` on `addr` from a background thread.
+/// Requests are bounded in size and time and served concurrently, so one
+/// slow or hostile client cannot stall or bloat the scrapes of others.
+pub fn serve(addr: &str) -> crate::Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind(addr)
         .map_err(|e| crate::Error::Config(format!("cannot serve metrics on {addr}: {e}")))?;
     let local = listener
         .local_addr()
         .map_err(|e| crate::Error::net("metrics listener", e))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| crate::Error::net("metrics listener", e))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(|e| crate::Error::io("starting the metrics runtime", e))?;
     std::thread::Builder::new()
         .name("metrics".into())
         .spawn(move || {
-            for conn in listener.incoming().flatten() {
-                let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
-                let mut line = String::new();
-                let mut r = BufReader::new(&conn);
-                if r.read_line(&mut line).is_err() {
-                    continue;
+            runtime.block_on(async move {
+                match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => accept(l).await,
+                    Err(e) => tracing::error!("metrics listener: {e}"),
                 }
-                let (status, body) = if line.starts_with("GET /metrics") {
-                    let mut buf = Vec::new();
-                    let _ = TextEncoder::new().encode(&metrics().registry.gather(), &mut buf);
-                    ("200 OK", buf)
-                } else if line.starts_with("GET /health") {
-                    ("200 OK", b"ok\n".to_vec())
-                } else {
-                    ("404 Not Found", b"try /metrics\n".to_vec())
-                };
-                let mut w = &conn;
-                let _ = write!(
-                    w,
-                    "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    body.len()
-                );
-                let _ = w.write_all(&body);
-            }
+            });
         })
         .map_err(|e| crate::Error::io("starting the metrics thread", e))?;
     Ok(local)
+}
+
+async fn accept(listener: tokio::net::TcpListener) {
+    let slots = Arc::new(Semaphore::new(MAX_SCRAPERS));
+    loop {
+        let sock = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // Out of descriptors, say: wait for some to close.
+                tracing::debug!("metrics accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            continue;
+        };
+        tokio::spawn(async move {
+            let _permit = permit;
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEAD_TIMEOUT)
+                .max_buf_size(MAX_REQUEST)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(sock), service_fn(respond));
+            let _ = tokio::time::timeout(EXCHANGE_TIMEOUT, conn).await;
+        });
+    }
+}
+
+async fn respond(
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+    let (status, body) = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics") => {
+            let mut buf = Vec::new();
+            let _ = TextEncoder::new().encode(&metrics().registry.gather(), &mut buf);
+            (StatusCode::OK, buf)
+        }
+        (&Method::GET, "/health" | "/healthz") => (StatusCode::OK, b"ok\n".to_vec()),
+        _ => (StatusCode::NOT_FOUND, b"try /metrics\n".to_vec()),
+    };
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    Ok(resp)
 }
