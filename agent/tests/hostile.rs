@@ -1,0 +1,665 @@
+//! The receiver against hostile or broken peers, each test with its bound:
+//! trickled handshakes, floods of unauthenticated connections (memory
+//! measured on the real binary), the connection caps, huge manifests, a
+//! sender that hangs, a slow sender beside a fast one, the metrics
+//! endpoint under abuse, and random frame sequences before and after
+//! authentication.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use proptest::prelude::*;
+use wirerate_agent::Error;
+use wirerate_agent::net::auth;
+use wirerate_agent::progress::Progress;
+use wirerate_agent::receiver::{ServeConfig, Server, ServerHandle};
+use wirerate_agent::sender::send;
+use wirerate_agent::wire::{self, EntryKind, FileEntry, Frame, Purpose, Verify};
+
+const BS: u32 = 64 << 10;
+
+fn serve_cfg(root: &std::path::Path, tweak: impl FnOnce(&mut ServeConfig)) -> ServerHandle {
+    let mut cfg = ServeConfig::new(root.to_path_buf(), TOKEN.to_vec());
+    cfg.buffer = 8 << 20;
+    cfg.checkpoint_interval = Duration::from_millis(100);
+    cfg.join_wait = Duration::from_secs(1);
+    tweak(&mut cfg);
+    Server::bind("127.0.0.1:0", cfg).unwrap().spawn()
+}
+
+/// Reads until the peer closes; the bytes read, or the error that ended it.
+fn read_to_close(s: &mut TcpStream, within: Duration) -> (Vec<u8>, Option<std::io::Error>) {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return (got, None),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => return (got, Some(e)),
+        }
+    }
+}
+
+fn first_frame(bytes: &[u8]) -> Option<Frame> {
+    wire::decode(bytes).ok().flatten().map(|(f, _)| f)
+}
+
+fn clean_send_works(srv: &ServerHandle, dir: &std::path::Path, name: &str) {
+    let src = dir.join(format!("{name}.src"));
+    write_file(&src, 200_000, 5);
+    let s = send(
+        &send_cfg(srv.addr(), &src, name),
+        Arc::new(Progress::default()),
+    )
+    .unwrap_or_else(|e| panic!("a clean send must still work: {e}"));
+    assert!(s.ok, "{}", s.render());
+}
+
+fn hello() -> Vec<u8> {
+    let mut out = Vec::new();
+    wire::encode(
+        &Frame::Hello {
+            version: wire::VERSION,
+            nonce: [1; 32],
+        },
+        &mut out,
+    );
+    out
+}
+
+#[test]
+fn trickled_handshake_is_cut_at_the_deadline() {
+    // Bound: the whole handshake within the receiver's deadline (2 s
+    // here), however slowly the bytes come; each byte alone would have
+    // been within a per-read timeout.
+    let dir = scratch("trickle");
+    let srv = serve_cfg(dir.path(), |c| c.handshake_timeout = Duration::from_secs(2));
+    let mut s = TcpStream::connect(srv.addr()).unwrap();
+    let t0 = Instant::now();
+    let mut closed = None;
+    for b in hello() {
+        if s.write_all(&[b]).is_err() {
+            closed = Some(t0.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        if let Ok(0) = {
+            s.set_nonblocking(true).unwrap();
+            let r = s.peek(&mut [0u8; 1]);
+            s.set_nonblocking(false).unwrap();
+            r
+        } {
+            closed = Some(t0.elapsed());
+            break;
+        }
+    }
+    let (reply, _) = read_to_close(&mut s, Duration::from_secs(10));
+    let closed = closed.unwrap_or_else(|| t0.elapsed());
+    assert!(
+        !matches!(first_frame(&reply), Some(Frame::Challenge { .. })),
+        "a trickled hello must not be answered"
+    );
+    assert!(
+        closed < Duration::from_secs(4),
+        "closed after {closed:?}, not within the 2 s deadline"
+    );
+    clean_send_works(&srv, dir.path(), "after-trickle");
+}
+
+#[test]
+fn at_the_connection_cap_a_sender_is_told_the_receiver_is_busy() {
+    let dir = scratch("cap");
+    let srv = serve_cfg(dir.path(), |c| c.max_connections = 4);
+    let held: Vec<TcpStream> = (0..4)
+        .map(|i| connect_from([127, 0, 0, 2 + i], srv.addr()))
+        .collect();
+    let t0 = Instant::now();
+    while srv.connections() < 4 {
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let src = dir.path().join("src.bin");
+    write_file(&src, 1000, 1);
+    let err = send(
+        &send_cfg(srv.addr(), &src, "x.bin"),
+        Arc::new(Progress::default()),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, Error::Remote { retryable: true, message } if message.contains("receiver busy: too many connections")),
+        "{err}"
+    );
+    drop(held);
+    let t0 = Instant::now();
+    while srv.connections() > 0 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "slots come back");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    clean_send_works(&srv, dir.path(), "after-cap");
+}
+
+#[test]
+fn one_address_cannot_take_every_handshake_slot() {
+    let dir = scratch("per-address");
+    let srv = serve_cfg(dir.path(), |c| c.max_handshakes_per_address = 3);
+    let held: Vec<TcpStream> = (0..3)
+        .map(|_| connect_from([127, 0, 0, 9], srv.addr()))
+        .collect();
+    let t0 = Instant::now();
+    while srv.connections() < 3 {
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut fourth = connect_from([127, 0, 0, 9], srv.addr());
+    let (reply, _) = read_to_close(&mut fourth, Duration::from_secs(5));
+    match first_frame(&reply) {
+        Some(Frame::Error {
+            retryable: true,
+            message,
+        }) => assert!(
+            message.contains("too many unauthenticated connections from 127.0.0.9"),
+            "{message}"
+        ),
+        other => panic!("expected a busy error, got {other:?}"),
+    }
+    // Everyone else is served meanwhile, a sender of 4 streams included.
+    clean_send_works(&srv, dir.path(), "other-host");
+    drop(held);
+}
+
+/// Opens 1,000 connections that never authenticate, half of them
+/// announcing a 4 MiB frame, against the real binary, and measures it.
+#[test]
+fn flood_of_unauthenticated_connections_stays_within_its_memory_bound() {
+    const FLOOD: usize = 1000;
+    // Bound: the receiver's resident memory with the whole flood open.
+    const BOUND_KIB: u64 = 96 << 10;
+    let s = setup("flood", 1 << 20);
+    let port = free_port();
+    let rx = serve_bin(&s.root, &s.token, port, &[]);
+    let pid = rx.0.id();
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let base = proc_kib(pid, "VmRSS");
+    let mut held = Vec::with_capacity(FLOOD);
+    for i in 0..FLOOD {
+        // Ten source addresses, so the per-address limit is not what
+        // stops the flood.
+        let mut c = connect_from([127, 0, 1, (i % 10) as u8 + 1], addr);
+        if i % 2 == 0 {
+            let mut big = (4u32 << 20).to_le_bytes().to_vec();
+            big.push(1);
+            let _ = c.write_all(&big);
+        } else {
+            let _ = c.write_all(&hello()[..20]);
+        }
+        held.push(c);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let rss = proc_kib(pid, "VmRSS");
+    let hwm = proc_kib(pid, "VmHWM");
+    eprintln!(
+        "receiver with {FLOOD} unauthenticated connections: VmRSS {rss} KiB (idle {base} KiB), VmHWM {hwm} KiB"
+    );
+    assert!(
+        hwm < BOUND_KIB,
+        "the receiver peaked at {hwm} KiB under the flood (bound {BOUND_KIB} KiB)"
+    );
+    // Announcing a frame over the pre-authentication cap gets an error and
+    // a closed connection, not an allocation.
+    let (reply, _) = read_to_close(&mut held[0], Duration::from_secs(5));
+    assert!(
+        matches!(first_frame(&reply), Some(Frame::Error { ref message, .. }) if message.contains("limit")),
+        "{:?}",
+        first_frame(&reply)
+    );
+    // A real sender still gets through while the rest of the flood is open.
+    let out = std::process::Command::new(BIN)
+        .args([
+            "send",
+            "--to",
+            &addr.to_string(),
+            "--quiet",
+            "--streams",
+            "2",
+        ])
+        .arg("--token-file")
+        .arg(&s.token)
+        .arg(&s.src)
+        .arg("during-flood.bin")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_same(&s.src, &s.root.join("during-flood.bin"));
+    drop(held);
+}
+
+/// A raw authenticated control connection that has sent `Open`.
+fn open_control(srv: &ServerHandle, session: [u8; 16]) -> TcpStream {
+    let mut ctl = TcpStream::connect(srv.addr()).unwrap();
+    auth::client(&mut ctl, TOKEN, Purpose::Control).unwrap();
+    wire::write_frame(
+        &mut ctl,
+        &Frame::Open {
+            session,
+            block_size: BS,
+            streams: 1,
+            verify: Verify::Blocks,
+        },
+    )
+    .unwrap();
+    ctl
+}
+
+#[test]
+fn manifest_over_its_byte_cap_is_refused_and_memory_stays_bounded() {
+    // Bound: the receiver's peak memory stays within the manifest cap
+    // (64 MiB of paths) and a few frames, however much a sender offers.
+    const BOUND_KIB: u64 = 200 << 10;
+    let s = setup("manifest", 1000);
+    let port = free_port();
+    let rx = serve_bin(&s.root, &s.token, port, &[]);
+    let pid = rx.0.id();
+    let mut ctl = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let token = std::fs::read_to_string(&s.token).unwrap();
+    auth::client(&mut ctl, token.trim().as_bytes(), Purpose::Control).unwrap();
+    wire::write_frame(
+        &mut ctl,
+        &Frame::Open {
+            session: [4; 16],
+            block_size: BS,
+            streams: 1,
+            verify: Verify::Blocks,
+        },
+    )
+    .unwrap();
+    // 4,000-byte paths (each refused lexically, so nothing is created):
+    // 960 of them per 3.7 MiB frame, 40 frames = 150 MiB offered.
+    let path = format!("{}/x", "p".repeat(3998));
+    let mut frame = Vec::new();
+    wire::encode(
+        &Frame::Files {
+            entries: (0..960)
+                .map(|i| FileEntry {
+                    file_id: 0,
+                    kind: EntryKind::File,
+                    size: 1,
+                    fingerprint: i,
+                    mode: 0o644,
+                    path: path.clone(),
+                })
+                .collect(),
+        },
+        &mut frame,
+    );
+    let mut id = 0u32;
+    let mut sent_frames = 0;
+    for _ in 0..40 {
+        // Distinct file ids: patch them into the encoded frame.
+        let mut f = frame.clone();
+        let mut at = 4 + 1 + 4;
+        for _ in 0..960 {
+            f[at..at + 4].copy_from_slice(&id.to_le_bytes());
+            id += 1;
+            at += 4 + 1 + 8 + 8 + 2 + 2 + path.len();
+        }
+        if ctl.write_all(&f).is_err() {
+            break;
+        }
+        sent_frames += 1;
+    }
+    if sent_frames == 40 {
+        let _ = wire::write_frame(&mut ctl, &Frame::FilesEnd);
+    }
+    let (reply, _) = read_to_close(&mut ctl, Duration::from_secs(60));
+    let hwm = proc_kib(pid, "VmHWM");
+    let rss = proc_kib(pid, "VmRSS");
+    eprintln!("after a {sent_frames}-frame manifest: VmHWM {hwm} KiB, VmRSS {rss} KiB");
+    match first_frame(&reply) {
+        Some(Frame::Error {
+            retryable: false,
+            message,
+        }) => {
+            assert!(message.contains("split the transfer"), "{message}")
+        }
+        other => panic!("expected a refusal, got {other:?} after {sent_frames} frames"),
+    }
+    assert!(
+        hwm < BOUND_KIB,
+        "the receiver peaked at {hwm} KiB (bound {BOUND_KIB} KiB)"
+    );
+    // What the manifest took is given back once the session is over.
+    std::thread::sleep(Duration::from_millis(300));
+    let rss = proc_kib(pid, "VmRSS");
+    eprintln!("once the session is over: VmRSS {rss} KiB");
+    assert!(rss < 16 << 10, "{rss} KiB still held after the session");
+}
+
+#[test]
+fn a_sender_that_hangs_is_given_up_after_the_idle_timeout() {
+    // Bound: its session ends within the idle timeout (10 s) plus a
+    // keepalive interval, its file is checkpointed and released, and a
+    // new session gets it.
+    let dir = scratch("hung");
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = serve_cfg(&root, |c| c.idle_timeout = Duration::from_secs(10));
+    let src = dir.path().join("src.bin");
+    let data = write_file(&src, 4 * BS as usize, 3);
+    // A sender whose process hangs: connected, authenticated, then mute.
+    // (Its kernel would answer TCP keepalives; only the receiver's own
+    // deadline can tell.)
+    let mut ctl = open_control(&srv, [6; 16]);
+    let mut out = Vec::new();
+    wire::encode(
+        &Frame::Files {
+            entries: vec![FileEntry {
+                file_id: 0,
+                kind: EntryKind::File,
+                size: data.len() as u64,
+                fingerprint: 1,
+                mode: 0o644,
+                path: "held.bin".into(),
+            }],
+        },
+        &mut out,
+    );
+    wire::encode(&Frame::FilesEnd, &mut out);
+    ctl.write_all(&out).unwrap();
+    let t0 = Instant::now();
+    // The receiver keeps the hung sender told it is there.
+    ctl.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
+    let mut keepalives = 0;
+    let mut reader = wire::FrameReader::default();
+    while let Ok(f) = reader.read(&mut ctl) {
+        if f == Frame::Keepalive {
+            keepalives += 1;
+            if keepalives == 1 {
+                // Meanwhile the file is held: another sender is refused.
+                let mut cfg = send_cfg(srv.addr(), &src, "held.bin");
+                cfg.retry_for = Duration::ZERO;
+                let err = send(&cfg, Arc::new(Progress::default())).unwrap_err();
+                assert!(
+                    err.to_string().contains("being written by another session"),
+                    "{err}"
+                );
+            }
+        }
+    }
+    let ended = t0.elapsed();
+    assert!(keepalives >= 1, "the receiver sent keepalives");
+    assert!(
+        ended < Duration::from_secs(16),
+        "the hung session lasted {ended:?}"
+    );
+    let rx = wait_summaries(&srv, 1);
+    let hung = rx.iter().find(|s| s.session.starts_with("0606")).unwrap();
+    assert!(
+        hung.outcome.contains("nothing heard for"),
+        "{}",
+        hung.outcome
+    );
+    let mut cfg = send_cfg(srv.addr(), &src, "held.bin");
+    cfg.retry_for = Duration::from_secs(10);
+    let s = send(&cfg, Arc::new(Progress::default())).unwrap();
+    assert!(s.ok, "{}", s.render());
+    assert_same(&src, &root.join("held.bin"));
+}
+
+#[test]
+fn a_slow_sender_does_not_hold_up_another() {
+    // Bound: a fast transfer finishes while a slow one (1 MB/s) to the
+    // same receiver is still under way, and both land.
+    let dir = scratch("slow");
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = serve_cfg(&root, |_| {});
+    let slow_src = dir.path().join("slow.bin");
+    write_file(&slow_src, 3 << 20, 1);
+    let fast_src = dir.path().join("fast.bin");
+    write_file(&fast_src, 24 << 20, 2);
+    let mut slow = send_cfg(srv.addr(), &slow_src, "slow.bin");
+    slow.max_rate = Some(1_000_000);
+    slow.streams = 2;
+    let slow = std::thread::spawn(move || send(&slow, Arc::new(Progress::default())));
+    std::thread::sleep(Duration::from_millis(300));
+    let fast = send(
+        &send_cfg(srv.addr(), &fast_src, "fast.bin"),
+        Arc::new(Progress::default()),
+    )
+    .unwrap();
+    assert!(fast.ok, "{}", fast.render());
+    assert!(
+        !slow.is_finished(),
+        "the fast transfer must end while the slow one runs"
+    );
+    let slow = slow.join().unwrap().unwrap();
+    assert!(slow.ok, "{}", slow.render());
+    assert_same(&slow_src, &root.join("slow.bin"));
+    assert_same(&fast_src, &root.join("fast.bin"));
+}
+
+#[test]
+fn sessions_over_the_memory_cap_are_told_to_retry() {
+    let dir = scratch("memcap");
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    // Room for one session's 8 MiB of buffers.
+    let srv = serve_cfg(&root, |c| c.max_memory = Some(8 << 20));
+    // A session with an empty manifest, open once its (empty) plan is in.
+    let mut first = open_control(&srv, [8; 16]);
+    wire::write_frame(&mut first, &Frame::FilesEnd).unwrap();
+    assert_eq!(wire::read_frame(&mut first).unwrap(), Frame::PlanEnd);
+    let src = dir.path().join("src.bin");
+    write_file(&src, 100_000, 4);
+    let err = send(
+        &send_cfg(srv.addr(), &src, "second.bin"),
+        Arc::new(Progress::default()),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, Error::Remote { retryable: true, message } if message.contains("--max-memory")),
+        "{err}"
+    );
+    drop(first);
+    let mut cfg = send_cfg(srv.addr(), &src, "second.bin");
+    cfg.retry_for = Duration::from_secs(10);
+    let s = send(&cfg, Arc::new(Progress::default())).unwrap();
+    assert!(s.ok, "{}", s.render());
+}
+
+#[test]
+fn metrics_endpoint_survives_a_huge_request_and_a_slow_client() {
+    let addr = wirerate_agent::metrics::serve("127.0.0.1:0").unwrap();
+    let scrape = || {
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let (body, _) = read_to_close(&mut c, Duration::from_secs(5));
+        String::from_utf8_lossy(&body).into_owned()
+    };
+    // A client that trickles its request a byte a second: it must not
+    // block anyone, and is cut off (bound: 10 s for a whole exchange).
+    let mut slow = TcpStream::connect(addr).unwrap();
+    let trickler = std::thread::spawn(move || {
+        let t0 = Instant::now();
+        for b in b"GET /metrics HTTP/1.1\r\nHost: slow\r\n".iter().cycle() {
+            if slow.write_all(&[*b]).is_err() || t0.elapsed() > Duration::from_secs(30) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        t0.elapsed()
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let body = scrape();
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    assert!(body.contains("wirerate_receiver_"), "{body}");
+    // A request line of 64 MiB is not read whole: the server answers and
+    // closes long before (bound: it takes at most its 8 KiB head buffer).
+    let mut big = TcpStream::connect(addr).unwrap();
+    big.set_write_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let chunk = vec![b'A'; 1 << 20];
+    big.write_all(b"GET /").unwrap();
+    let mut written = 0usize;
+    for _ in 0..64 {
+        match big.write_all(&chunk) {
+            Ok(()) => written += chunk.len(),
+            Err(_) => break,
+        }
+    }
+    assert!(
+        written < 64 << 20,
+        "the server took a 64 MiB request line without closing"
+    );
+    let body = scrape();
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    let slow_for = trickler.join().unwrap();
+    assert!(
+        slow_for < Duration::from_secs(15),
+        "the trickling client was served for {slow_for:?}"
+    );
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.write_all(b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let (body, _) = read_to_close(&mut c, Duration::from_secs(5));
+    assert!(String::from_utf8_lossy(&body).starts_with("HTTP/1.1 404"));
+}
+
+/// What a hostile peer may do on one connection.
+#[derive(Debug, Clone)]
+enum Move {
+    /// Raw bytes.
+    Bytes(Vec<u8>),
+    /// A well-formed frame of any type.
+    Frame(Frame),
+}
+
+fn arb_frame() -> impl Strategy<Value = Frame> {
+    let entry = (any::<u32>(), any::<bool>(), 0u64..1 << 20, "[a-z/.]{0,12}").prop_map(
+        |(file_id, dir, size, path)| FileEntry {
+            file_id,
+            kind: if dir { EntryKind::Dir } else { EntryKind::File },
+            size,
+            fingerprint: 0,
+            mode: 0o644,
+            path,
+        },
+    );
+    prop_oneof![
+        any::<[u8; 32]>().prop_map(|nonce| Frame::Hello {
+            version: wire::VERSION,
+            nonce
+        }),
+        (any::<[u8; 16]>(), 1u32..64, 1u16..4).prop_map(|(session, b, streams)| Frame::Open {
+            session,
+            block_size: b * 4096,
+            streams,
+            verify: Verify::Blocks,
+        }),
+        proptest::collection::vec(entry, 0..4).prop_map(|entries| Frame::Files { entries }),
+        Just(Frame::FilesEnd),
+        (0u32..4, 0u64..4, 0u64..1 << 20, 1u32..1 << 16).prop_map(
+            |(file_id, block, offset, len)| Frame::Block(wire::BlockHeader {
+                file_id,
+                block,
+                offset,
+                len,
+            })
+        ),
+        (0u32..4, any::<u128>()).prop_map(|(file_id, digest)| Frame::FileDone { file_id, digest }),
+        (0u32..4, "[a-z ]{0,20}")
+            .prop_map(|(file_id, message)| Frame::FileAbort { file_id, message }),
+        Just(Frame::Keepalive),
+        Just(Frame::Finish),
+        (any::<bool>(), "[a-z ]{0,20}")
+            .prop_map(|(retryable, message)| Frame::Error { retryable, message }),
+    ]
+}
+
+fn arb_move() -> impl Strategy<Value = Move> {
+    prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..64).prop_map(Move::Bytes),
+        arb_frame().prop_map(Move::Frame),
+        arb_frame().prop_map(Move::Frame),
+    ]
+}
+
+/// How a hostile connection starts: unauthenticated, or as a control
+/// connection or data stream that passed the handshake.
+#[derive(Debug, Clone, Copy)]
+enum Opening {
+    Anonymous,
+    Control,
+    Join([u8; 16]),
+}
+
+fn arb_opening() -> impl Strategy<Value = Opening> {
+    prop_oneof![
+        Just(Opening::Anonymous),
+        Just(Opening::Control),
+        any::<[u8; 16]>().prop_map(Opening::Join),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("WIRERATE_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(32),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Random frame sequences and bytes, before and after authentication,
+    /// against a real receiver: nothing panics, every such connection is
+    /// closed or answered within the idle bounds, and the receiver goes on
+    /// serving (a clean transfer after every case).
+    #[test]
+    fn hostile_frame_sequences_never_break_the_receiver(
+        conns in proptest::collection::vec((arb_opening(), proptest::collection::vec(arb_move(), 0..8)), 1..4)
+    ) {
+        let dir = scratch("fuzz");
+        let root = dir.path().join("dst");
+        std::fs::create_dir_all(&root).unwrap();
+        let srv = serve_cfg(&root, |c| {
+            c.handshake_timeout = Duration::from_secs(1);
+            c.join_wait = Duration::from_millis(300);
+        });
+        let mut open = Vec::new();
+        for (opening, moves) in conns {
+            let mut c = TcpStream::connect(srv.addr()).unwrap();
+            let authed = match opening {
+                Opening::Anonymous => Ok(Duration::ZERO),
+                Opening::Control => auth::client(&mut c, TOKEN, Purpose::Control),
+                Opening::Join(session) => auth::client(&mut c, TOKEN, Purpose::Join { session, stream: 0 }),
+            };
+            prop_assert!(authed.is_ok(), "{:?}", authed);
+            let mut out = Vec::new();
+            for m in moves {
+                match m {
+                    Move::Bytes(b) => out.extend_from_slice(&b),
+                    Move::Frame(f) => wire::encode(&f, &mut out),
+                }
+            }
+            let _ = c.write_all(&out);
+            open.push(c);
+        }
+        drop(open);
+        clean_send_works(&srv, dir.path(), "after-fuzz");
+        // Every hostile connection is let go once its peer closes.
+        let t0 = Instant::now();
+        while srv.connections() > 0 {
+            prop_assert!(t0.elapsed() < Duration::from_secs(15), "{} connections left", srv.connections());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
