@@ -33,12 +33,16 @@ pub fn is_temporary(name: &str) -> bool {
 }
 
 /// The stem of the temporary files of the destination file `name`: the
-/// name itself while `.`, the name and the longest suffix fit NAME_MAX;
-/// else a prefix of it and a hash of the whole name, so a name of 241-255
-/// bytes still gets temporary files (and the same ones on every resume).
+/// name itself while it is short enough that `.`, the name and the longest
+/// suffix fit NAME_MAX with room to spare; else a prefix of it and a hash
+/// of the whole name, so a name of 241-255 bytes still gets temporary files
+/// (and the same ones on every resume). Plain stems are at most
+/// `room - 4` bytes and hashed ones at least `room - 3` (the prefix gives
+/// up at most three bytes to end on a character boundary), so no plain
+/// name can take a long name's temporary files.
 fn temp_stem(name: &str) -> std::borrow::Cow<'_, str> {
     let room = NAME_MAX - 1 - CKPT_TMP_SUFFIX.len();
-    if name.len() <= room {
+    if name.len() <= room - 4 {
         return name.into();
     }
     let hash = format!("~{:016x}", xxhash_rust::xxh3::xxh3_64(name.as_bytes()));
@@ -284,7 +288,7 @@ mod tests {
                 assert!(is_temporary(t), "{t}");
             }
             assert_eq!(names, temp_names(&name), "the same on every resume");
-            if len <= 236 {
+            if len <= 232 {
                 assert_eq!(names[0], format!(".{name}{PART_SUFFIX}"));
             }
         }
@@ -292,6 +296,14 @@ mod tests {
         let a = format!("{}a", "n".repeat(250));
         let b = format!("{}b", "n".repeat(250));
         assert_ne!(temp_names(&a), temp_names(&b));
+        // A plain name shaped like a long name's stem does not share its
+        // temporary files.
+        let long = "n".repeat(250);
+        let stem = temp_names(&long)[0]
+            .trim_start_matches('.')
+            .trim_end_matches(PART_SUFFIX)
+            .to_string();
+        assert_ne!(temp_names(&stem), temp_names(&long));
         // A multi-byte character is never cut in half.
         let wide = "é".repeat(127);
         assert!(temp_names(&wide)[2].len() <= NAME_MAX);

@@ -686,3 +686,107 @@ fn bytes_skipped_resume_is_what_the_receiver_held_when_the_run_began() {
     assert_eq!(s.bytes_sent + held, 4 << 20, "{}", s.render());
     assert_same(&src, &root.join("out.bin"));
 }
+
+#[test]
+fn a_finish_with_files_unanswered_is_not_a_complete_session() {
+    let dir = scratch("early-finish");
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = server(&root, IoMode::Async);
+    let (mut ctl, data) = open_raw_session(&srv, [12; 16], 3 * BS as u64, "never.bin");
+    wire::write_frame(&mut ctl, &Frame::Finish).unwrap();
+    let rx = wait_summaries(&srv, 1);
+    assert!(
+        rx[0].outcome.contains("1 of 1 files unanswered"),
+        "{}",
+        rx[0].outcome
+    );
+    drop((ctl, data));
+    assert!(!root.join("never.bin").exists());
+}
+
+#[test]
+fn one_destination_is_one_claim_however_it_is_spelled() {
+    let dir = scratch("spelling");
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = server(&root, IoMode::Async);
+    let (ctl, data) = open_raw_session(&srv, [13; 16], 3 * BS as u64, "f.bin");
+    // The same file, spelled with a trailing slash, by another session.
+    let mut other = TcpStream::connect(srv.addr()).unwrap();
+    auth::client(&mut other, TOKEN, Purpose::Control).unwrap();
+    let mut out = Vec::new();
+    wire::encode(
+        &Frame::Open {
+            session: [14; 16],
+            block_size: BS as u32,
+            streams: 1,
+            verify: Verify::Blocks,
+        },
+        &mut out,
+    );
+    wire::encode(
+        &Frame::Files {
+            entries: vec![FileEntry {
+                file_id: 0,
+                kind: EntryKind::File,
+                size: 10,
+                fingerprint: 2,
+                mode: 0o644,
+                path: "f.bin//".into(),
+            }],
+        },
+        &mut out,
+    );
+    wire::encode(&Frame::FilesEnd, &mut out);
+    other.write_all(&out).unwrap();
+    match wire::read_frame(&mut other).unwrap() {
+        Frame::Error { message, .. } => {
+            assert!(
+                message.contains("being written by another session"),
+                "{message}"
+            )
+        }
+        f => panic!("the second spelling must be refused, got {f:?}"),
+    }
+    drop((ctl, data));
+}
+
+#[test]
+fn a_sender_that_never_reads_its_acknowledgements_is_held_back() {
+    // Bound: the receiver stops reading a data stream whose sender does not
+    // read its acknowledgements (a bounded queue), instead of queueing them
+    // in memory; here within 50,000 blocks of 4 KiB.
+    let dir = scratch("no-acks");
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = server(&root, IoMode::Buffered);
+    let (ctl, data) = open_raw_session(&srv, [15; 16], 4096, "acks.bin");
+    // A tiny receive buffer, never read: the receiver's acknowledgements
+    // back up at once.
+    socket2::SockRef::from(&data)
+        .set_recv_buffer_size(4096)
+        .unwrap();
+    let mut data = data;
+    data.set_write_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    let payload = bytes(4096, 9);
+    let sum = wirerate_agent::engine::digest::block_checksum(&payload);
+    let header = Frame::Block(BlockHeader {
+        file_id: 0,
+        block: 0,
+        offset: 0,
+        len: 4096,
+    });
+    let mut one = Vec::new();
+    wire::encode(&header, &mut one);
+    one.extend_from_slice(&payload);
+    one.extend_from_slice(&sum.to_le_bytes());
+    let mut sent = 0;
+    while sent < 50_000 && data.write_all(&one).is_ok() {
+        sent += 1;
+    }
+    assert!(sent < 50_000, "the receiver kept reading {sent} blocks");
+    drop((ctl, data));
+    clean_transfer_still_works(&srv, dir.path());
+}

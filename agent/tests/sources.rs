@@ -266,3 +266,32 @@ fn names_of_241_to_255_bytes_land_with_the_rest_of_the_tree() {
     }
     assert_no_leftovers(&root);
 }
+
+#[test]
+fn a_file_swapped_for_a_fifo_fails_without_hanging_the_sender() {
+    // Bound: the send ends (a FIFO with no writer would block a plain open
+    // forever), the FIFO's entry failed, the rest landed.
+    let dir = scratch("fifo");
+    let tree = dir.path().join("tree");
+    for i in 0..4 {
+        write_file(&tree.join(format!("f{i}.bin")), 2 << 20, i);
+    }
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = server(&root, IoMode::Async);
+    let run = start(paced(srv.addr(), &tree, "t/"));
+    run.wait_for(1 << 20);
+    std::fs::remove_file(tree.join("f3.bin")).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(tree.join("f3.bin"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let t0 = Instant::now();
+    let s = run.finish();
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    let msg = failure(&s, "t/f3.bin");
+    assert!(msg.contains("no longer a regular file"), "{msg}");
+    assert_eq!(s.files_ok, s.files - 1, "{}", s.render());
+    assert_no_leftovers(&root);
+}

@@ -46,20 +46,28 @@ pub fn open_source(
     want_direct: bool,
 ) -> Result<(File, DirectStatus)> {
     let open = |direct: bool| {
-        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        // Non-blocking for the open only: a FIFO or device swapped in
+        // after the scan would otherwise block it until someone writes.
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
         let flags = if direct {
             flags | OFlags::DIRECT
         } else {
             flags
         };
-        rustix::fs::openat2(
+        let fd = rustix::fs::openat2(
             base,
             rel,
             flags,
             Mode::empty(),
             ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-        )
-        .map(File::from)
+        )?;
+        if rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode)
+            != rustix::fs::FileType::RegularFile
+        {
+            return Err(Errno::NOTSUP);
+        }
+        rustix::fs::fcntl_setfl(&fd, rustix::fs::fcntl_getfl(&fd)? - OFlags::NONBLOCK)?;
+        Ok(File::from(fd))
     };
     let refused = |e: Errno| -> Error {
         let why = match e {
@@ -70,6 +78,9 @@ pub fn open_source(
             }
             Errno::XDEV => "it resolves outside the source directory".to_string(),
             Errno::NOENT => "it disappeared after it was listed".to_string(),
+            Errno::NOTSUP => {
+                "it is no longer a regular file (replaced after it was listed)".to_string()
+            }
             e => format!("cannot open it for reading: {e}"),
         };
         Error::SourceChanged {

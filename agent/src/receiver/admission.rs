@@ -42,6 +42,19 @@ impl Refusal {
     }
 }
 
+/// The source a limit applies to: an IPv4 address, or an IPv6 /64 (one
+/// host is commonly given a whole /64, and could otherwise spread its
+/// connections over as many addresses as it likes).
+fn source(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
+        },
+        v4 => v4,
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     connections: usize,
@@ -80,6 +93,7 @@ impl Admission {
     /// Takes on a connection from `ip`, in its handshake until the ticket
     /// says it authenticated.
     pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Ticket, Refusal> {
+        let ip = source(ip);
         let mut g = self.lock();
         if g.connections >= self.max_connections {
             return Err(Refusal::Connections(self.max_connections));
@@ -163,6 +177,20 @@ mod tests {
         assert_eq!(a.connections(), 2);
         drop(t);
         assert_eq!(a.connections(), 1);
+    }
+
+    #[test]
+    fn an_ipv6_host_counts_as_its_slash_64() {
+        let a = Arc::new(Admission::new(100, 2));
+        let v6 = |last: u16| IpAddr::from([0x2001, 0xdb8, 0, 1, 0, 0, 0, last]);
+        let _t1 = a.admit(v6(1)).unwrap();
+        let _t2 = a.admit(v6(2)).unwrap();
+        assert!(
+            matches!(a.admit(v6(3)), Err(Refusal::Handshakes(..))),
+            "another address of the same /64 is the same source"
+        );
+        let other = IpAddr::from([0x2001, 0xdb8, 0, 2, 0, 0, 0, 1]);
+        assert!(a.admit(other).is_ok(), "another /64 is not");
     }
 
     #[test]

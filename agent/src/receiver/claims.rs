@@ -18,8 +18,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// How long a new session waits for a silent one to let go of its files.
-const RELEASE_WAIT: Duration = Duration::from_secs(30);
+/// How long a new session waits for a silent one to let go of its files:
+/// shorter than the sender's idle deadline, since the waiting session
+/// says nothing to its sender meanwhile.
+const RELEASE_WAIT: Duration = Duration::from_secs(20);
 
 /// What others may need of a session: when its sender was last heard, and
 /// a way to end it.

@@ -1,6 +1,7 @@
 //! One destination file: preparing its temporary file and checkpoint,
 //! opening it for the chosen I/O mode, and publishing it.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -40,6 +41,56 @@ pub(crate) enum Prepared {
     Accept(Box<DestFile>, Bitmap),
     /// Refused, with the reason for the sender.
     Refuse(String),
+}
+
+/// Files prepared for a session that no writer owns yet. If the session
+/// fails before its writer takes them, the temporary files no checkpoint
+/// can resume are removed rather than left fallocated at full size.
+pub(crate) struct Staged<'a> {
+    root: &'a Root,
+    files: HashMap<u32, DestFile>,
+}
+
+impl<'a> Staged<'a> {
+    pub(crate) fn new(root: &'a Root) -> Self {
+        Self {
+            root,
+            files: HashMap::new(),
+        }
+    }
+
+    pub(crate) fn insert(&mut self, file_id: u32, file: DestFile) {
+        self.files.insert(file_id, file);
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    /// Hands the files over to their writer.
+    pub(crate) fn into_files(mut self) -> HashMap<u32, DestFile> {
+        std::mem::take(&mut self.files)
+    }
+}
+
+impl Drop for Staged<'_> {
+    fn drop(&mut self) {
+        discard_unresumable(self.root, self.files.values_mut());
+    }
+}
+
+/// Removes the temporary files of `files` that no checkpoint can resume
+/// (one-block files are never checkpointed, and a file may not have got
+/// its first one): a new session would start them over anyway, and
+/// nothing else would ever remove them.
+pub(crate) fn discard_unresumable<'f>(root: &Root, files: impl Iterator<Item = &'f mut DestFile>) {
+    for f in files {
+        if f.kind == EntryKind::File && !f.has_checkpoint {
+            if let Err(e) = f.discard(root) {
+                tracing::warn!("cannot remove the temporary file of {}: {e}", f.dest.rel);
+            }
+        }
+    }
 }
 
 /// Whatever goes wrong preparing one entry concerns that entry only: it is

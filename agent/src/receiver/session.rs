@@ -8,21 +8,25 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use super::claims::Life;
-use super::dest::{Prepared, prepare};
+use super::dest::{Prepared, Staged, prepare};
 use super::writer::{Writer, WriterMsg};
 use super::{Shared, lock};
 use crate::engine::digest::{BlockHasher, HASH_PIECE};
 use crate::engine::{IdleDeadline, Keepalive, Layout};
 use crate::error::{Error, Result};
+use crate::fsroot::validate;
 use crate::io::Pools;
 use crate::metrics::metrics;
 use crate::net;
 use crate::summary::ReceiverSummary;
 use crate::units::{fmt_bytes, gbps};
 use crate::wire::{
-    FileEntry, Frame, FrameReader, KEEPALIVE_INTERVAL, MAX_ENTRIES, MAX_MANIFEST_BYTES,
-    MAX_SMALL_FRAME, PlanOutcome, SessionId, Verify, write_frame,
+    EntryKind, FileEntry, Frame, FrameReader, KEEPALIVE_INTERVAL, MAX_BLOCKS_PER_SESSION,
+    MAX_ENTRIES, MAX_MANIFEST_BYTES, MAX_SMALL_FRAME, PlanOutcome, SessionId, Verify, write_frame,
 };
+
+/// Acknowledgements queued per data stream before its reader waits.
+const ACK_QUEUE: usize = 1024;
 
 /// Counters shared by a session's threads.
 #[derive(Default)]
@@ -225,6 +229,12 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         },
     };
 
+    let life = Arc::new(Life::new(
+        stream
+            .try_clone()
+            .map_err(|e| Error::net("cloning the control connection", e))?,
+        started,
+    ));
     if !shared.sessions.announce(id) {
         return Err(refuse(
             &mut stream,
@@ -232,12 +242,6 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
             format!("session {} is already open; pick a fresh id", hex(&id)),
         ));
     }
-    let life = Arc::new(Life::new(
-        stream
-            .try_clone()
-            .map_err(|e| Error::net("cloning the control connection", e))?,
-        started,
-    ));
     // From here on, dropping this releases the id and any claimed paths.
     let mut reg = Registration {
         shared,
@@ -246,17 +250,29 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         graceful: false,
     };
 
-    let entries = match read_manifest(&mut reader, &mut stream)? {
+    let mut entries = match read_manifest(&mut reader, &mut stream)? {
         Ok(e) => e,
         Err(message) => return Err(refuse(&mut stream, false, message)),
     };
-    life.heard(Instant::now());
+    // One spelling per destination (`f`, `f/` and `f//` are one file), so
+    // that claims and duplicates are compared as the filesystem sees them.
+    for e in &mut entries {
+        if let Ok(d) = validate(&e.path) {
+            e.path = d.rel;
+        }
+    }
 
     // Claim the destinations so that two sessions never write one file,
     // taking them over from a session whose sender has gone silent.
     let takeover_after = (3 * KEEPALIVE_INTERVAL).min(idle_timeout);
     let paths: Vec<&str> = entries.iter().map(|e| e.path.as_str()).collect();
-    if let Err(busy) = shared.claims.claim(&paths, &life, takeover_after) {
+    // The sender waits quietly for the plan; the receiver's own work on
+    // the session (claiming, then preparing) counts as hearing from it, or
+    // a long claim wait or plan would look like a vanished sender.
+    life.heard(Instant::now());
+    let claimed = shared.claims.claim(&paths, &life, takeover_after);
+    life.heard(Instant::now());
+    if let Err(busy) = claimed {
         metrics()
             .rejected
             .with_label_values(&["destination_busy"])
@@ -267,10 +283,12 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
 
     // The plan.
     let stats = Arc::new(Stats::default());
-    let mut files = HashMap::new();
+    let mut files = Staged::new(&shared.root);
     let mut layouts = HashMap::new();
     let mut plan = Vec::with_capacity(entries.len());
     let mut resumed_bytes = 0u64;
+    // Blocks of the accepted files: the receiver holds state for each.
+    let mut tracked = 0u64;
     let mut seen_paths = HashSet::new();
     // Preparing a large tree takes a while: the sender waiting for the
     // plan is told now and then that the receiver is still at it.
@@ -280,14 +298,26 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         if keepalive.poll_due(now) {
             write_frame(&mut stream, &Frame::Keepalive)?;
             keepalive.handle_sent(now);
+            life.heard(now);
         }
-        let outcome = if !seen_paths.insert(e.path.trim_end_matches('/')) {
+        let blocks = if e.kind == EntryKind::File {
+            Layout::new(e.size, block_size).blocks()
+        } else {
+            0
+        };
+        let outcome = if !seen_paths.insert(e.path.as_str()) {
             Prepared::Refuse(format!("{} appears twice in the manifest", e.path))
+        } else if tracked + blocks > MAX_BLOCKS_PER_SESSION {
+            Prepared::Refuse(format!(
+                "the session already tracks {tracked} blocks and {} needs {blocks} more, past the {MAX_BLOCKS_PER_SESSION} one session may track; send it with a larger --block-size or in a transfer of its own",
+                e.path
+            ))
         } else {
             prepare(&shared.root, e, block_size, shared.cfg.umask)
         };
         let outcome = match outcome {
             Prepared::Accept(file, have) => {
+                tracked += blocks;
                 resumed_bytes += (0..have.len())
                     .filter(|&b| have.get(b))
                     .map(|b| file.layout.len(b))
@@ -394,7 +424,11 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         session: hex(&id),
         outcome: match (&outcome, &report.error) {
             (_, Some(e)) => format!("failed: {e}"),
-            (Ok(()), None) => "complete".into(),
+            (Ok(()), None) if answered(&stats) >= accepted => "complete".into(),
+            (Ok(()), None) => format!(
+                "interrupted: the sender finished with {} of {accepted} files unanswered",
+                accepted - answered(&stats)
+            ),
             (Err(_), None) if life.was_taken_over() => {
                 "interrupted: its sender went silent, and a new session of it took its files over"
                     .into()
@@ -528,7 +562,13 @@ pub(crate) fn run_stream(
         return Ok(());
     }
     session.stats.streams.fetch_add(1, Ordering::Relaxed);
-    let (ack_tx, ack_rx) = mpsc::channel::<Frame>();
+    // Bounded, and the socket's writes too: a sender that stops reading
+    // its acknowledgements stops this stream (and, after the idle timeout,
+    // loses it) instead of queueing them in the receiver's memory.
+    let (ack_tx, ack_rx) = mpsc::sync_channel::<Frame>(ACK_QUEUE);
+    stream
+        .set_write_timeout(Some(shared.cfg.idle_timeout))
+        .map_err(|e| Error::net("setting a stream's write timeout", e))?;
     let mut ack_stream = stream
         .try_clone()
         .map_err(|e| Error::net("cloning a stream", e))?;
@@ -562,7 +602,7 @@ pub(crate) fn run_stream(
 fn receive_blocks(
     session: &Session,
     stream: &mut TcpStream,
-    ack_tx: &mpsc::Sender<Frame>,
+    ack_tx: &mpsc::SyncSender<Frame>,
 ) -> Result<()> {
     use std::io::Read;
     let mut reader = FrameReader::default();

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use super::checkpointer::{Checkpointer, Done, Job};
-use super::dest::DestFile;
+use super::dest::{DestFile, Staged, discard_unresumable};
 use super::session::Stats;
 use super::{Shared, lock};
 use crate::engine::CheckpointPolicy;
@@ -28,7 +28,7 @@ pub(crate) enum WriterMsg {
         block: u64,
         buf: crate::io::PoolBuf,
         checksum: u64,
-        ack: mpsc::Sender<Frame>,
+        ack: mpsc::SyncSender<Frame>,
     },
     /// The sender has every block acknowledged; verify and publish.
     FileDone { file_id: u32, digest: u128 },
@@ -65,7 +65,7 @@ struct Pending {
     file_id: u32,
     block: u64,
     checksum: u64,
-    ack: mpsc::Sender<Frame>,
+    ack: mpsc::SyncSender<Frame>,
 }
 
 pub(crate) struct Writer {
@@ -105,7 +105,7 @@ const MAX_FINISH_BATCH: usize = 1024;
 impl Writer {
     pub(crate) fn new(
         shared: Arc<Shared>,
-        files: HashMap<u32, DestFile>,
+        files: Staged<'_>,
         rx: mpsc::Receiver<WriterMsg>,
         control: Arc<Mutex<TcpStream>>,
         verify: Verify,
@@ -114,6 +114,7 @@ impl Writer {
         let (io, mode, fallback) = backend(shared.cfg.io_mode, shared.cfg.queue_depth);
         let policy = CheckpointPolicy::new(Instant::now(), shared.cfg.checkpoint_interval);
         let checkpointer = Checkpointer::start(Arc::clone(&shared))?;
+        let files = files.into_files();
         let accepted = files.len() as u64;
         Ok(Self {
             shared,
@@ -169,27 +170,12 @@ impl Writer {
         // what cannot be resumed.
         let _ = self.drain();
         let _ = self.checkpoint_all();
-        self.discard_unresumable();
+        // Dropping the writer then removes what cannot be resumed.
         Report {
             io_mode: self.mode,
             fallback: self.fallback.take(),
             error: result.err().map(|e| e.to_string()),
             warnings: std::mem::take(&mut self.warnings),
-        }
-    }
-
-    /// Removes the temporary files of unfinished files that have no
-    /// checkpoint (one-block files are never checkpointed, and a file may
-    /// not have got its first one): a new session would start them over
-    /// anyway, and nothing else would ever remove them.
-    fn discard_unresumable(&mut self) {
-        let root = &self.shared.root;
-        for f in self.files.values_mut() {
-            if f.kind == EntryKind::File && !f.has_checkpoint {
-                if let Err(e) = f.discard(root) {
-                    tracing::warn!("cannot remove the temporary file of {}: {e}", f.dest.rel);
-                }
-            }
         }
     }
 
@@ -290,7 +276,7 @@ impl Writer {
         block: u64,
         buf: crate::io::PoolBuf,
         checksum: u64,
-        ack: mpsc::Sender<Frame>,
+        ack: mpsc::SyncSender<Frame>,
     ) -> Result<()> {
         if self.finished.contains(&file_id) {
             let _ = ack.send(Frame::Ack { file_id, block });
@@ -623,6 +609,14 @@ impl Writer {
             self.result(file_id, true, digest, String::new())?;
         }
         Ok(())
+    }
+}
+
+impl Drop for Writer {
+    /// However the writer ends (having run or not), the temporary files of
+    /// its unfinished files that no checkpoint can resume go.
+    fn drop(&mut self) {
+        discard_unresumable(&self.shared.root, self.files.values_mut());
     }
 }
 

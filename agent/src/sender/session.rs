@@ -54,6 +54,8 @@ pub(crate) struct Shared {
     pub(crate) files: HashMap<u32, SourceFile>,
     /// The directory every source file is opened beneath.
     pub(crate) base: Arc<OwnedFd>,
+    /// The empty files have been checked (see `reader::check_empty`).
+    empties_checked: AtomicBool,
     stop: AtomicBool,
     pub(crate) read_bytes: AtomicU64,
     sent_bytes: AtomicU64,
@@ -366,6 +368,7 @@ pub(crate) fn run(
         cv: Condvar::new(),
         files: pending.iter().map(|(id, f)| (*id, (*f).clone())).collect(),
         base: Arc::clone(base),
+        empties_checked: AtomicBool::new(false),
         stop: AtomicBool::new(false),
         read_bytes: AtomicU64::new(0),
         sent_bytes: AtomicU64::new(0),
@@ -373,9 +376,6 @@ pub(crate) fn run(
         progress: Arc::clone(progress),
         verify: cfg.verify,
     };
-
-    // Empty files are never read: check them before anything is reported.
-    reader::check_empty(&shared, &empty);
 
     // The transfer goes on as long as one data stream connected.
     let mut streams: Vec<Option<TcpStream>> = Vec::with_capacity(connected.len());
@@ -400,6 +400,12 @@ pub(crate) fn run(
     let outcome = std::thread::scope(|s| -> Result<()> {
         let shared = &shared;
         let reader_handle = s.spawn(|| {
+            // Empty files are never read: they are checked here, first,
+            // and nothing is reported done until they are (meanwhile the
+            // coordinator keeps the receiver told that this side is here).
+            reader::check_empty(shared, &empty);
+            shared.empties_checked.store(true, Ordering::SeqCst);
+            shared.cv.notify_all();
             let r = reader::run(
                 shared,
                 pool,
@@ -478,7 +484,9 @@ fn coordinate(shared: &Shared, control: &mut TcpStream, accepted: usize) -> Resu
     let mut g = shared.lock();
     loop {
         let mut out = Vec::new();
-        while let Some((file_id, digest)) = g.sched.poll_file_done() {
+        while shared.empties_checked.load(Ordering::SeqCst)
+            && let Some((file_id, digest)) = g.sched.poll_file_done()
+        {
             g.sent_digests.insert(file_id, digest);
             encode(&Frame::FileDone { file_id, digest }, &mut out);
         }

@@ -57,6 +57,9 @@ pub const MAX_ENTRIES: usize = 1 << 20;
 /// Most bytes of destination paths one session's manifest may carry: the
 /// receiver holds every path for the whole session.
 pub const MAX_MANIFEST_BYTES: usize = 64 << 20;
+/// Most blocks one session may track: the receiver holds a checksum and
+/// two bits per block of every file it accepts (about 540 MiB at this cap).
+pub const MAX_BLOCKS_PER_SESSION: u64 = 1 << 26;
 /// Most blocks a single file may have (the plan bitmap must fit a frame).
 pub const MAX_BLOCKS_PER_FILE: u64 = 1 << 24;
 /// Length of handshake nonces.

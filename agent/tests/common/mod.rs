@@ -110,7 +110,8 @@ pub fn wait_summaries(
     srv: &ServerHandle,
     n: usize,
 ) -> Vec<wirerate_agent::summary::ReceiverSummary> {
-    for _ in 0..200 {
+    // Patient: a loaded machine may take seconds to end a session.
+    for _ in 0..2000 {
         let s = srv.summaries();
         if s.len() >= n {
             return s;
