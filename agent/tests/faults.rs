@@ -472,6 +472,43 @@ fn file_done_ahead_of_its_last_block_waits_for_it() {
     assert_eq!(std::fs::read(root.join("early.bin")).unwrap(), content);
 }
 
+/// Sends `src` to `dest` in 256 KiB blocks, paced, and cuts every
+/// connection once the receiver has checkpointed a few blocks (not at a
+/// byte count: how much is durable by then depends on the machine's
+/// load); returns the checkpoint the interrupted session left.
+fn interrupted_run(
+    srv: &wirerate_agent::receiver::ServerHandle,
+    src: &std::path::Path,
+    root: &std::path::Path,
+    dest: &str,
+) -> wirerate_agent::receiver::Checkpoint {
+    let relay = Relay::start(srv.addr(), Vec::new());
+    let mut cfg = send_cfg(relay.addr, src, dest);
+    cfg.block_size = 256 << 10;
+    cfg.buffer = 2 << 20;
+    cfg.streams = 1;
+    cfg.max_rate = Some(2_000_000);
+    let before = srv.summaries().len();
+    let run = std::thread::spawn(move || send(&cfg, Arc::new(Progress::default())));
+    let ckpt = root.join(format!(".{dest}.wirerate-ckpt"));
+    let t0 = std::time::Instant::now();
+    while std::fs::read(&ckpt)
+        .ok()
+        .and_then(|b| wirerate_agent::receiver::Checkpoint::decode(&b))
+        .is_none_or(|c| c.durable.count() < 2)
+    {
+        assert!(t0.elapsed() < Duration::from_secs(20), "no checkpoint");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(relay);
+    assert!(run.join().unwrap().is_err(), "the cut run must fail");
+    wait_summaries(srv, before + 1);
+    let c = wirerate_agent::receiver::Checkpoint::decode(&std::fs::read(&ckpt).unwrap())
+        .expect("the interrupted session leaves its checkpoint");
+    assert!(c.durable.count() < c.durable.len(), "cut mid-file");
+    c
+}
+
 /// Fills the filesystem of `dir` with a file there; returns its path.
 fn fill(dir: &std::path::Path) -> std::path::PathBuf {
     let p = dir.join("filler");
@@ -550,24 +587,8 @@ fn a_disk_full_mid_file_is_retried_and_resumes_once_space_is_freed() {
     write_file(&src, 4 << 20, 22);
     let srv = server(&root, IoMode::Async);
     // A first run cut half-way leaves a checkpointed temporary file.
-    let relay = Relay::start(
-        srv.addr(),
-        vec![Fault::CutAfter {
-            conn: 1,
-            bytes: 2 << 20,
-        }],
-    );
-    let mut cfg = send_cfg(relay.addr, &src, "big.bin");
-    cfg.block_size = 256 << 10;
-    cfg.buffer = 2 << 20;
-    cfg.streams = 1;
-    assert!(send(&cfg, Arc::new(Progress::default())).is_err());
-    wait_summaries(&srv, 1);
+    let ckpt = interrupted_run(&srv, &src, &root, "big.bin");
     let part = root.join(".big.bin.wirerate-part");
-    let ckpt = wirerate_agent::receiver::Checkpoint::decode(
-        &std::fs::read(root.join(".big.bin.wirerate-ckpt")).unwrap(),
-    )
-    .unwrap();
     let missing: Vec<u64> = (0..ckpt.durable.len())
         .filter(|&b| !ckpt.durable.get(b))
         .collect();
@@ -645,24 +666,10 @@ fn bytes_skipped_resume_is_what_the_receiver_held_when_the_run_began() {
     write_file(&src, 4 << 20, 23);
     let held = {
         let srv = server(&root, IoMode::Async);
-        let relay = Relay::start(
-            srv.addr(),
-            vec![Fault::CutAfter {
-                conn: 1,
-                bytes: 2 << 20,
-            }],
-        );
-        let mut cfg = send_cfg(relay.addr, &src, "out.bin");
-        cfg.block_size = 256 << 10;
-        cfg.buffer = 2 << 20;
-        cfg.streams = 1;
-        assert!(send(&cfg, Arc::new(Progress::default())).is_err());
-        wait_summaries(&srv, 1);
-        let c = wirerate_agent::receiver::Checkpoint::decode(
-            &std::fs::read(root.join(".out.bin.wirerate-ckpt")).unwrap(),
-        )
-        .unwrap();
-        c.durable.count() * (256 << 10)
+        interrupted_run(&srv, &src, &root, "out.bin")
+            .durable
+            .count()
+            * (256 << 10)
     };
     assert!(held > 0);
     // The next run's first attempt finds no receiver; its second gets the

@@ -381,6 +381,11 @@ fn a_sender_that_hangs_is_given_up_after_the_idle_timeout() {
     let mut keepalives = 0;
     let mut reader = wire::FrameReader::default();
     while let Ok(f) = reader.read(&mut ctl) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(16),
+            "the hung session is still open after {:?}",
+            t0.elapsed()
+        );
         if f == Frame::Keepalive {
             keepalives += 1;
             if keepalives == 1 {
