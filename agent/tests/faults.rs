@@ -762,38 +762,43 @@ fn one_destination_is_one_claim_however_it_is_spelled() {
 #[test]
 fn a_sender_that_never_reads_its_acknowledgements_is_held_back() {
     // Bound: the receiver stops reading a data stream whose sender does not
-    // read its acknowledgements (a bounded queue), instead of queueing them
-    // in memory; here within 50,000 blocks of 4 KiB.
+    // read its acknowledgements (a bounded queue behind the socket's own
+    // buffers), instead of queueing them in memory: here within 2 million
+    // one-byte blocks, which the receiver would otherwise take whole and
+    // answer with 2 million queued acknowledgements.
     let dir = scratch("no-acks");
     let root = dir.path().join("dst");
     std::fs::create_dir_all(&root).unwrap();
     let srv = server(&root, IoMode::Buffered);
-    let (ctl, data) = open_raw_session(&srv, [15; 16], 4096, "acks.bin");
-    // A tiny receive buffer, never read: the receiver's acknowledgements
-    // back up at once.
-    socket2::SockRef::from(&data)
-        .set_recv_buffer_size(4096)
-        .unwrap();
-    let mut data = data;
+    let (ctl, mut data) = open_raw_session(&srv, [15; 16], 1, "acks.bin");
     data.set_write_timeout(Some(Duration::from_secs(3)))
         .unwrap();
-    let payload = bytes(4096, 9);
+    let payload = [7u8];
     let sum = wirerate_agent::engine::digest::block_checksum(&payload);
     let header = Frame::Block(BlockHeader {
         file_id: 0,
         block: 0,
         offset: 0,
-        len: 4096,
+        len: 1,
     });
     let mut one = Vec::new();
     wire::encode(&header, &mut one);
     one.extend_from_slice(&payload);
     one.extend_from_slice(&sum.to_le_bytes());
+    let chunk = one.repeat(10_000);
+    let target = 2_000_000 * one.len();
     let mut sent = 0;
-    while sent < 50_000 && data.write_all(&one).is_ok() {
-        sent += 1;
+    while sent < target {
+        match data.write(&chunk[sent % chunk.len()..]) {
+            Ok(n) => sent += n,
+            Err(_) => break,
+        }
     }
-    assert!(sent < 50_000, "the receiver kept reading {sent} blocks");
+    let blocks = sent / one.len();
+    assert!(
+        blocks < 2_000_000,
+        "the receiver kept reading {blocks} blocks"
+    );
     drop((ctl, data));
     clean_transfer_still_works(&srv, dir.path());
 }
