@@ -363,6 +363,25 @@ fn open_raw_session(
     size: u64,
     path: &str,
 ) -> (TcpStream, TcpStream) {
+    let mut ctl = raw_control(srv, session, size, path);
+    assert!(matches!(
+        wire::read_frame(&mut ctl).unwrap(),
+        Frame::Plan { .. }
+    ));
+    assert_eq!(wire::read_frame(&mut ctl).unwrap(), Frame::PlanEnd);
+    let mut data = TcpStream::connect(srv.addr()).unwrap();
+    auth::client(&mut data, TOKEN, Purpose::Join { session, stream: 0 }).unwrap();
+    (ctl, data)
+}
+
+/// An authenticated control connection that has opened `session` and sent
+/// a one-file manifest; the receiver's answer is still to be read.
+fn raw_control(
+    srv: &wirerate_agent::receiver::ServerHandle,
+    session: [u8; 16],
+    size: u64,
+    path: &str,
+) -> TcpStream {
     let mut ctl = TcpStream::connect(srv.addr()).unwrap();
     auth::client(&mut ctl, TOKEN, Purpose::Control).unwrap();
     let mut out = Vec::new();
@@ -390,14 +409,7 @@ fn open_raw_session(
     );
     wire::encode(&Frame::FilesEnd, &mut out);
     ctl.write_all(&out).unwrap();
-    assert!(matches!(
-        wire::read_frame(&mut ctl).unwrap(),
-        Frame::Plan { .. }
-    ));
-    assert_eq!(wire::read_frame(&mut ctl).unwrap(), Frame::PlanEnd);
-    let mut data = TcpStream::connect(srv.addr()).unwrap();
-    auth::client(&mut data, TOKEN, Purpose::Join { session, stream: 0 }).unwrap();
-    (ctl, data)
+    ctl
 }
 
 /// Sends one block on a data stream as the sender does: header, payload,
@@ -720,33 +732,7 @@ fn one_destination_is_one_claim_however_it_is_spelled() {
     let srv = server(&root, IoMode::Async);
     let (ctl, data) = open_raw_session(&srv, [13; 16], 3 * BS as u64, "f.bin");
     // The same file, spelled with a trailing slash, by another session.
-    let mut other = TcpStream::connect(srv.addr()).unwrap();
-    auth::client(&mut other, TOKEN, Purpose::Control).unwrap();
-    let mut out = Vec::new();
-    wire::encode(
-        &Frame::Open {
-            session: [14; 16],
-            block_size: BS as u32,
-            streams: 1,
-            verify: Verify::Blocks,
-        },
-        &mut out,
-    );
-    wire::encode(
-        &Frame::Files {
-            entries: vec![FileEntry {
-                file_id: 0,
-                kind: EntryKind::File,
-                size: 10,
-                fingerprint: 2,
-                mode: 0o644,
-                path: "f.bin//".into(),
-            }],
-        },
-        &mut out,
-    );
-    wire::encode(&Frame::FilesEnd, &mut out);
-    other.write_all(&out).unwrap();
+    let mut other = raw_control(&srv, [14; 16], 10, "f.bin//");
     match wire::read_frame(&mut other).unwrap() {
         Frame::Error { message, .. } => {
             assert!(

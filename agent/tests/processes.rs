@@ -11,38 +11,7 @@ use std::time::{Duration, Instant};
 use common::*;
 
 fn serve(root: &Path, token: &Path, port: u16) -> Proc {
-    serve_with(root, token, port, &[])
-}
-
-fn serve_with(root: &Path, token: &Path, port: u16, extra: &[&str]) -> Proc {
-    let child = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--checkpoint-interval",
-            "0.1",
-            "--json",
-        ])
-        .args(extra)
-        .arg("--root")
-        .arg(root)
-        .arg("--token-file")
-        .arg(token)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "receiver did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Proc(child)
+    serve_bin(root, token, port, &[])
 }
 
 fn send_cmd(port: u16, token: &Path, src: &Path, dest: &str, extra: &[&str]) -> Command {
@@ -285,7 +254,7 @@ fn serve_exposes_prometheus_metrics() {
     let s = setup("metrics", 2 << 20);
     let port = free_port();
     let mport = free_port();
-    let _rx = serve_with(
+    let _rx = serve_bin(
         &s.root,
         &s.token,
         port,
