@@ -409,10 +409,7 @@ impl Scheduler {
         }
         let gid = self.lookup(stream, file_id, block)?;
         self.release(stream, gid);
-        if self.files[self.slots[gid].file].failed {
-            // Nothing of a file given up is sent again.
-            self.slots[gid].state = State::Dropped;
-            self.unacked -= 1;
+        if self.drop_if_given_up(gid) {
             return Ok(());
         }
         self.resends += 1;
@@ -442,9 +439,7 @@ impl Scheduler {
         let mut requeued = 0;
         for gid in (0..self.slots.len()).rev() {
             if self.slots[gid].state == State::InFlight(stream) {
-                if self.files[self.slots[gid].file].failed {
-                    self.slots[gid].state = State::Dropped;
-                    self.unacked -= 1;
+                if self.drop_if_given_up(gid) {
                     continue;
                 }
                 self.slots[gid].state = State::Ready;
@@ -509,6 +504,17 @@ impl Scheduler {
         self.ready.retain(|g| !freed.contains(g));
         self.failed.push_back((file_id, reason));
         freed
+    }
+
+    /// A block that would go out again, of a file given up: nothing of
+    /// such a file is sent again, so it is dropped instead.
+    fn drop_if_given_up(&mut self, gid: usize) -> bool {
+        if !self.files[self.slots[gid].file].failed {
+            return false;
+        }
+        self.slots[gid].state = State::Dropped;
+        self.unacked -= 1;
+        true
     }
 
     /// A file given up by `handle_file_failed`, and why.

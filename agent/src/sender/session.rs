@@ -183,7 +183,7 @@ fn open_session(
             file_id: *id,
             kind: f.kind,
             size: f.size,
-            fingerprint: f.fingerprint,
+            fingerprint: f.stamp.fingerprint(),
             mode: f.mode,
             path: f.dest.clone(),
         })

@@ -57,6 +57,16 @@ impl Stamp {
         }
     }
 
+    /// The source version a receiver's checkpoint is tied to (size and
+    /// mtime), so a stale checkpoint is not reused.
+    pub fn fingerprint(&self) -> u64 {
+        let mut b = [0u8; 24];
+        b[..8].copy_from_slice(&self.size.to_le_bytes());
+        b[8..16].copy_from_slice(&self.mtime.0.to_le_bytes());
+        b[16..].copy_from_slice(&self.mtime.1.to_le_bytes());
+        xxh3_64(&b)
+    }
+
     /// How `now` differs from this stamp, if it does.
     #[must_use]
     pub fn change_to(&self, now: &Self) -> Option<SourceChange> {
@@ -126,8 +136,6 @@ pub struct SourceFile {
     pub kind: EntryKind,
     /// Size in bytes.
     pub size: u64,
-    /// Source version (size and mtime), so a stale checkpoint is not reused.
-    pub fingerprint: u64,
     /// Permission bits.
     pub mode: u16,
     /// What it looked like when listed.
@@ -146,14 +154,6 @@ pub struct SourceList {
     pub base: Arc<OwnedFd>,
 }
 
-fn fingerprint(m: &std::fs::Metadata) -> u64 {
-    let mut b = [0u8; 24];
-    b[..8].copy_from_slice(&m.len().to_le_bytes());
-    b[8..16].copy_from_slice(&m.mtime().to_le_bytes());
-    b[16..].copy_from_slice(&m.mtime_nsec().to_le_bytes());
-    xxh3_64(&b)
-}
-
 fn entry(path: PathBuf, rel: PathBuf, dest: String, m: &std::fs::Metadata) -> Result<SourceFile> {
     if dest.len() > MAX_PATH {
         return Err(Error::Config(format!(
@@ -169,7 +169,6 @@ fn entry(path: PathBuf, rel: PathBuf, dest: String, m: &std::fs::Metadata) -> Re
             EntryKind::File
         },
         size: if m.is_dir() { 0 } else { m.len() },
-        fingerprint: fingerprint(m),
         mode: (m.permissions().mode() & 0o777) as u16,
         stamp: Stamp::of(m),
         dest,
