@@ -24,6 +24,9 @@ pub const POD_ANNOTATION: &str = "wirerate.io/pod";
 /// Lease annotation: JSON list of host preflight findings.
 pub const PREFLIGHT_ANNOTATION: &str = "wirerate.io/preflight";
 
+/// Label an external receiver's token Secret must carry (value `true`) before
+/// the operator lets the sending pool's agents read it.
+pub const EXTERNAL_TOKEN_LABEL: &str = "wirerate.io/external-token";
 /// Key of the token in a Transfer's token Secret.
 pub const TOKEN_KEY: &str = "token";
 /// Finalizer the operator puts on Transfers.

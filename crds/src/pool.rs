@@ -111,8 +111,16 @@ pub struct DtnPoolSpec {
     #[schemars(range(min = 1, max = 64))]
     pub max_transfers_per_agent: i32,
     /// Other namespaces whose Transfers may use this pool (its own always may).
+    /// An offer only: a namespace is served once it also holds a
+    /// DtnPoolBinding naming this pool.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 64), inner(length(min = 1, max = 63)))]
+    #[schemars(
+        length(max = 64),
+        inner(
+            length(min = 1, max = 63),
+            regex(pattern = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+        )
+    )]
     pub allowed_namespaces: Vec<String>,
     /// Default tuning for transfers on this pool.
     #[serde(default)]
@@ -232,6 +240,14 @@ pub struct DtnPoolStatus {
     /// Host checks the agents reported that failed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub preflight: Vec<PreflightFinding>,
+    /// Other namespaces whose Transfers the agents may run: offered in
+    /// allowedNamespaces and consented to with a DtnPoolBinding there.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub serving_namespaces: Vec<String>,
+    /// Namespaces offered in allowedNamespaces that have no DtnPoolBinding
+    /// naming this pool: the agents get no access there until one is made.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub awaiting_binding: Vec<String>,
     /// Ready and Degraded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]

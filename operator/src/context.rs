@@ -1,7 +1,7 @@
 //! What every reconcile shares: the client, the watch caches, the metrics,
 //! and the scheduler's lock and ledger.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -11,7 +11,7 @@ use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use wirerate_crds::transfer::AgentRef;
-use wirerate_crds::{DtnPool, Transfer};
+use wirerate_crds::{Consent, DtnPool, DtnPoolBinding, Transfer};
 
 use crate::agents::{self, Agent, AgentId};
 use crate::metrics::Metrics;
@@ -44,6 +44,8 @@ pub struct Stores {
     pub leases: Store<Lease>,
     /// Agents' pods.
     pub pods: Store<Pod>,
+    /// Namespaces' consents to pools elsewhere.
+    pub bindings: Store<DtnPoolBinding>,
 }
 
 /// Who a Transfer's attempt is assigned to.
@@ -77,6 +79,8 @@ pub struct View {
     pub agents: HashMap<AgentId, Agent>,
     /// Transfers, with assignments from the ledger laid over stale cache entries.
     pub transfers: Vec<Transfer>,
+    /// Which namespaces consent to which pools (their DtnPoolBindings).
+    pub consents: BTreeSet<Consent>,
 }
 
 impl Context {
@@ -94,6 +98,37 @@ impl Context {
             ledger: Mutex::default(),
             schedule: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Server-side applies `obj` as the operator, taking over its fields.
+    pub async fn apply<K>(&self, obj: &K) -> crate::Result<()>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + serde::Serialize
+            + Clone
+            + std::fmt::Debug
+            + serde::de::DeserializeOwned,
+        K::DynamicType: Default,
+    {
+        use crate::Error;
+        let ns = obj
+            .meta()
+            .namespace
+            .clone()
+            .ok_or(Error::Malformed("a namespace"))?;
+        let name = obj.meta().name.clone().ok_or(Error::Malformed("a name"))?;
+        let api: kube::Api<K> = kube::Api::namespaced(self.client.clone(), &ns);
+        let dt = K::DynamicType::default();
+        let mut body = serde_json::to_value(obj).expect("Kubernetes objects serialize");
+        body["apiVersion"] = serde_json::json!(K::api_version(&dt));
+        body["kind"] = serde_json::json!(K::kind(&dt));
+        api.patch(
+            &name,
+            &kube::api::PatchParams::apply(wirerate_crds::contract::OPERATOR_MANAGER).force(),
+            &kube::api::Patch::Apply(&body),
+        )
+        .await?;
+        Ok(())
     }
 
     /// Snapshots the caches at `now`.
@@ -144,10 +179,18 @@ impl Context {
                 t
             })
             .collect();
+        let consents = self
+            .stores
+            .bindings
+            .state()
+            .iter()
+            .filter_map(|b| b.consent())
+            .collect();
         View {
             pools,
             agents,
             transfers,
+            consents,
         }
     }
 }
@@ -160,6 +203,14 @@ fn overlay(t: &mut Transfer, a: &Assignment) {
 }
 
 impl View {
+    /// What Transfers are validated against.
+    pub fn catalog(&self) -> crate::validate::Catalog<'_> {
+        crate::validate::Catalog {
+            pools: &self.pools,
+            consents: &self.consents,
+        }
+    }
+
     /// Transfers assigned to each agent, counting only those still in progress.
     pub fn load(&self) -> HashMap<AgentId, i32> {
         let mut load = HashMap::new();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use wirerate_crds::transfer::{AgentReport, ReportState, Role};
-use wirerate_crds::{DtnPool, Transfer, contract};
+use wirerate_crds::{DtnPool, DtnPoolBinding, DtnPoolBindingSpec, Transfer, contract};
 
 use crate::agents::tests::lease;
 use crate::fixtures::Double;
@@ -39,6 +39,18 @@ fn pools(d: &mut Double) {
     }
 }
 
+fn binding(ns: &str, pool_ns: &str, pool: &str) -> DtnPoolBinding {
+    let mut b = DtnPoolBinding::new(
+        &format!("use-{pool}"),
+        DtnPoolBindingSpec {
+            pool_namespace: pool_ns.into(),
+            pool: pool.into(),
+        },
+    );
+    b.metadata.namespace = Some(ns.into());
+    b
+}
+
 async fn reconcile(d: &Double, t: &Transfer) {
     transfer_controller::reconcile(Arc::new(t.clone()), d.ctx.clone())
         .await
@@ -53,11 +65,14 @@ async fn pool_renders_agents_and_reports_status() {
     let mut l = lease("lustre-dtn", "lustre-dtn-agent-0", now(), None);
     l.metadata.namespace = Some("research-data".into());
     d.lease(&l);
+
+    // beamline-7, which the pool offers to serve, consents.
+    d.binding(&binding("beamline-7", "research-data", "lustre-dtn"));
     pool_controller::reconcile(Arc::new(p), d.ctx.clone())
         .await
         .expect("reconcile");
 
-    let calls = d.calls();
+    let calls: Vec<_> = d.calls().into_iter().filter(|c| c.method != "GET").collect();
     let order: Vec<&str> = calls
         .iter()
         .map(|c| c.path.rsplit('/').nth(1).unwrap_or(""))
@@ -379,4 +394,225 @@ async fn the_receivers_success_completes_the_transfer_and_drops_the_labels() {
         .unwrap();
     assert_eq!(ev.body["reason"], "Succeeded");
     assert!(ev.body["note"].as_str().unwrap().contains("digest 0123"));
+}
+
+// Found against a real API server: a pool author listed kube-system in
+// allowedNamespaces and the operator gave the pool's agents Secrets there.
+#[tokio::test]
+async fn a_pool_gets_nothing_in_a_namespace_that_did_not_consent() {
+    let mut d = Double::new();
+    let mut p: DtnPool = finalized(lustre_pool(), pool_controller::POOL_FINALIZER);
+    p.spec.allowed_namespaces = vec!["kube-system".into(), "beamline-7".into()];
+    d.pool(&p);
+    let touched = |d: &Double, ns: &str| {
+        d.calls()
+            .into_iter()
+            .filter(|c| c.method != "GET" && c.path.contains(&format!("/namespaces/{ns}/")))
+            .map(|c| format!("{} {}", c.method, c.path))
+            .collect::<Vec<_>>()
+    };
+    pool_controller::reconcile(Arc::new(p.clone()), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    assert_eq!(touched(&d, "kube-system"), Vec::<String>::new());
+    assert_eq!(touched(&d, "beamline-7"), Vec::<String>::new());
+    let s = d.last_status("/dtnpools/lustre-dtn");
+    assert_eq!(s["awaitingBinding"], serde_json::json!(["kube-system", "beamline-7"]));
+    // The pool's own Role reads no Secrets.
+    let own = d
+        .calls()
+        .into_iter()
+        .find(|c| c.is("PATCH", "/namespaces/research-data/roles/lustre-dtn-agent"))
+        .unwrap();
+    assert!(
+        !own.body.to_string().contains("secrets"),
+        "{}",
+        own.body
+    );
+
+    // A binding in another namespace, or naming another pool, is no consent.
+    d.binding(&binding("default", "research-data", "lustre-dtn"));
+    d.binding(&binding("beamline-7", "research-data", "other-pool"));
+    d.binding(&binding("beamline-7", "elsewhere", "lustre-dtn"));
+    pool_controller::reconcile(Arc::new(p.clone()), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    assert_eq!(touched(&d, "beamline-7"), Vec::<String>::new());
+
+    // beamline-7 consents: a Role there, with no Secrets in it.
+    let consent = binding("beamline-7", "research-data", "lustre-dtn");
+    d.binding(&consent);
+    pool_controller::reconcile(Arc::new(p.clone()), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    let there = touched(&d, "beamline-7");
+    assert_eq!(there.len(), 2, "{there:?}");
+    let role = "/apis/rbac.authorization.k8s.io/v1/namespaces/beamline-7/roles/wirerate-agent-research-data-lustre-dtn";
+    let rb = "/apis/rbac.authorization.k8s.io/v1/namespaces/beamline-7/rolebindings/wirerate-agent-research-data-lustre-dtn";
+    assert!(d.has(role) && d.has(rb));
+    let applied = d.calls().into_iter().find(|c| c.is("PATCH", role)).unwrap();
+    assert!(!applied.body.to_string().contains("secrets"), "{}", applied.body);
+    assert_eq!(touched(&d, "kube-system"), Vec::<String>::new());
+    let s = d.last_status("/dtnpools/lustre-dtn");
+    assert_eq!(s["servingNamespaces"], serde_json::json!(["beamline-7"]));
+
+    // Consent withdrawn: the access goes on the next reconcile.
+    d.unbind(&consent);
+    pool_controller::reconcile(Arc::new(p.clone()), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    assert!(!d.has(role) && !d.has(rb), "access revoked");
+
+    // Consent back, then the pool stops offering: revoked too.
+    d.binding(&consent);
+    pool_controller::reconcile(Arc::new(p.clone()), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    assert!(d.has(role));
+    p.spec.allowed_namespaces.clear();
+    pool_controller::reconcile(Arc::new(p), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    assert!(!d.has(role) && !d.has(rb), "access revoked");
+}
+
+#[tokio::test]
+async fn a_transfer_of_an_unbound_namespace_waits_with_what_to_do() {
+    let mut d = Double::new();
+    for mut p in [pool("src", "/in"), pool("dst", "/out")] {
+        p.spec.allowed_namespaces = vec!["guest".into()];
+        d.pool(&finalized(p, pool_controller::POOL_FINALIZER));
+    }
+    d.lease(&lease("src", "s0", now(), None));
+    d.lease(&lease("dst", "r0", now(), None));
+    let mut x = t("x", 0, 1);
+    x.metadata.namespace = Some("guest".into());
+    x.spec.source.pool_namespace = Some("data".into());
+    x.spec.destination.pool_namespace = Some("data".into());
+    d.transfer(&x);
+    reconcile(&d, &x).await;
+    let s = d.last_status("/transfers/x");
+    assert_eq!(s["phase"], "Pending", "{s}");
+    assert!(s.get("sender").is_none());
+    assert!(s.to_string().contains("NamespaceNotBound"), "{s}");
+    assert!(!d.calls().iter().any(|c| c.path.contains("/secrets")));
+
+    for pool in ["src", "dst"] {
+        d.binding(&binding("guest", "data", pool));
+    }
+    reconcile(&d, &x).await;
+    assert_eq!(d.last_status("/transfers/x")["phase"], "Running");
+}
+
+// Agents used to read every Secret where Transfers live. Now each token is
+// granted, by name, to the pools of the Transfer it belongs to, before they
+// are told of the assignment, and taken back when it ends.
+#[tokio::test]
+async fn each_token_is_readable_by_its_transfers_pools_alone_and_only_while_it_runs() {
+    let mut d = Double::new();
+    pools(&mut d);
+    d.lease(&lease("src", "s0", now(), None));
+    d.lease(&lease("dst", "r0", now(), None));
+    let x = t("x", 0, 1);
+    d.transfer(&x);
+    reconcile(&d, &x).await;
+    let calls = d.calls();
+    let at = |end: &str| calls.iter().position(|c| c.is("PATCH", end));
+    let role = at("/namespaces/data/roles/x-token").expect("token Role");
+    let rb = at("/namespaces/data/rolebindings/x-token").expect("token RoleBinding");
+    let assigned = at("/transfers/x/status").unwrap();
+    assert!(role < assigned && rb < assigned, "granted before assigned");
+    let rules = &calls[role].body["rules"];
+    assert_eq!(
+        rules,
+        &serde_json::json!([{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["x-token"], "verbs": ["get"]}])
+    );
+    let subjects = &calls[rb].body["subjects"];
+    assert_eq!(
+        subjects,
+        &serde_json::json!([
+            {"kind": "ServiceAccount", "name": "src-agent", "namespace": "data"},
+            {"kind": "ServiceAccount", "name": "dst-agent", "namespace": "data"}
+        ])
+    );
+
+    // It succeeds: the grant goes.
+    let mut x = x;
+    let mut s: wirerate_crds::TransferStatus =
+        serde_json::from_value(d.last_status("/transfers/x")).unwrap();
+    s.reports = vec![AgentReport {
+        role: Role::Receiver,
+        agent: "r0".into(),
+        attempt: 1,
+        state: ReportState::Succeeded,
+        message: "digest 0123".into(),
+        endpoint: None,
+        updated_at: Time(Timestamp::now()),
+    }];
+    x.status = Some(s);
+    d.transfer(&x);
+    reconcile(&d, &x).await;
+    assert_eq!(d.last_status("/transfers/x")["phase"], "Succeeded");
+    let gone: Vec<String> = d
+        .calls()
+        .into_iter()
+        .filter(|c| c.method == "DELETE")
+        .map(|c| c.path)
+        .collect();
+    assert!(
+        gone.iter().any(|p| p.ends_with("/namespaces/data/rolebindings/x-token"))
+            && gone.iter().any(|p| p.ends_with("/namespaces/data/roles/x-token")),
+        "{gone:?}"
+    );
+}
+
+// A Transfer author names the Secret an external receiver's token is in; the
+// sending agents then read it. Without a check, anyone who may create
+// Transfers could have agents read any Secret of the namespace.
+#[tokio::test]
+async fn an_external_token_secret_must_be_marked_for_wirerate_by_its_owner() {
+    let mut d = Double::new();
+    pools(&mut d);
+    d.lease(&lease("src", "s0", now(), None));
+    let mut x = t("x", 0, 1);
+    x.spec.destination.pool = None;
+    x.spec.destination.external = Some(wirerate_crds::transfer::External {
+        address: "far.example:7700".into(),
+        token_secret: "db-password".into(),
+    });
+    x.spec.destination.path = "/x".into();
+    d.transfer(&x);
+    let secret = "/api/v1/namespaces/data/secrets/db-password";
+
+    // Missing.
+    reconcile(&d, &x).await;
+    let s = d.last_status("/transfers/x");
+    assert_eq!(s["phase"], "Pending", "{s}");
+    assert!(s.to_string().contains("TokenSecretNotUsable"), "{s}");
+
+    // There, but not marked: still refused, and nothing granted.
+    d.put(
+        secret,
+        &serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db-password", "namespace": "data"}}),
+    );
+    reconcile(&d, &x).await;
+    let s = d.last_status("/transfers/x");
+    assert_eq!(s["phase"], "Pending", "{s}");
+    assert!(s.to_string().contains("wirerate.io/external-token=true"), "{s}");
+    assert!(!d.calls().iter().any(|c| c.path.contains("/roles/x-token")));
+
+    // Marked by someone who may write it: used, and granted by name.
+    d.put(
+        secret,
+        &serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db-password", "namespace": "data", "labels": {contract::EXTERNAL_TOKEN_LABEL: "true"}}}),
+    );
+    reconcile(&d, &x).await;
+    let s = d.last_status("/transfers/x");
+    assert_eq!(s["phase"], "Running", "{s}");
+    let role = d
+        .calls()
+        .into_iter()
+        .find(|c| c.is("PATCH", "/roles/x-token"))
+        .unwrap();
+    assert_eq!(role.body["rules"][0]["resourceNames"], serde_json::json!(["db-password"]));
 }

@@ -16,7 +16,7 @@ use kube::client::Body;
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
-use wirerate_crds::{DtnPool, Transfer};
+use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer};
 
 use crate::context::{Context, Stores};
 
@@ -43,6 +43,7 @@ pub(crate) struct Double {
     pools: Writer<DtnPool>,
     transfers: Writer<Transfer>,
     leases: Writer<Lease>,
+    bindings: Writer<DtnPoolBinding>,
     objects: Arc<Mutex<BTreeMap<String, Value>>>,
     server: tokio::task::JoinHandle<()>,
 }
@@ -56,6 +57,53 @@ fn merge(into: &mut Value, patch: &Value) {
         }
         (a, b) => *a = b.clone(),
     }
+}
+
+/// For a collection path, the prefix up to the API version (plus the
+/// namespace, if any) and the resource; None for an object's path.
+fn list_of(path: &str) -> Option<(String, String)> {
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let api = if parts.first() == Some(&"api") { 2 } else { 3 };
+    let prefix = format!("/{}", parts.get(..api)?.join("/"));
+    match parts.get(api..)? {
+        [resource] => Some((prefix, (*resource).to_owned())),
+        ["namespaces", ns, resource] => Some((
+            format!("{prefix}/namespaces/{ns}"),
+            (*resource).to_owned(),
+        )),
+        _ => None,
+    }
+}
+
+/// Whether the object at `key` belongs to the list `prefix`/…/`resource`.
+fn in_list(key: &str, prefix: &str, resource: &str) -> bool {
+    let Some(rest) = key.strip_prefix(prefix) else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.trim_start_matches('/').split('/').collect();
+    match parts.as_slice() {
+        [r, _] => *r == resource,
+        ["namespaces", _, r, _] => *r == resource,
+        _ => false,
+    }
+}
+
+/// Whether `o` matches the equality-based `labelSelector` of `query`.
+fn selected(o: &Value, query: &str) -> bool {
+    let Some(raw) = query
+        .split('&')
+        .find_map(|q| q.strip_prefix("labelSelector="))
+    else {
+        return true;
+    };
+    let decoded = raw
+        .replace("%3D", "=")
+        .replace("%2C", ",")
+        .replace("%2F", "/");
+    decoded.split(',').all(|term| match term.split_once('=') {
+        Some((k, v)) => o["metadata"]["labels"][k].as_str() == Some(v),
+        None => !o["metadata"]["labels"][term].is_null(),
+    })
 }
 
 fn status(code: u16, reason: &str) -> Value {
@@ -81,9 +129,22 @@ impl Double {
                 let (code, reply) = {
                     let mut objs = store.lock().unwrap();
                     match method.as_str() {
-                        "GET" => match objs.get(&key) {
-                            Some(o) => (200, o.clone()),
-                            None => (404, status(404, "NotFound")),
+                        "GET" => match (objs.get(&key), list_of(&key)) {
+                            (Some(o), _) => (200, o.clone()),
+                            (None, Some((prefix, resource))) => {
+                                let items: Vec<Value> = objs
+                                    .iter()
+                                    .filter(|(k, o)| {
+                                        in_list(k, &prefix, &resource) && selected(o, &query)
+                                    })
+                                    .map(|(_, o)| o.clone())
+                                    .collect();
+                                (
+                                    200,
+                                    json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": "1"}, "items": items}),
+                                )
+                            }
+                            (None, None) => (404, status(404, "NotFound")),
                         },
                         "POST" => {
                             let name = body["metadata"]["name"]
@@ -133,7 +194,9 @@ impl Double {
         let (transfers_r, transfers) = reflector::store::<Transfer>();
         let (leases_r, leases) = reflector::store::<Lease>();
         let (pods_r, _pods) = reflector::store::<Pod>();
+        let (bindings_r, bindings) = reflector::store::<DtnPoolBinding>();
         let stores = Stores {
+            bindings: bindings_r,
             pools: pools_r,
             transfers: transfers_r,
             leases: leases_r,
@@ -146,6 +209,7 @@ impl Double {
             pools,
             transfers,
             leases,
+            bindings,
             objects,
             server,
         }
@@ -177,6 +241,41 @@ impl Double {
         );
         self.transfers
             .apply_watcher_event(&watcher::Event::Apply(t.clone()));
+    }
+
+    /// Puts a DtnPoolBinding in the API and the cache.
+    pub(crate) fn binding(&mut self, b: &DtnPoolBinding) {
+        self.object(
+            &format!(
+                "/apis/wirerate.io/v1alpha1/namespaces/{}/dtnpoolbindings/{}",
+                ns(&b.metadata),
+                name(&b.metadata)
+            ),
+            b,
+        );
+        self.bindings
+            .apply_watcher_event(&watcher::Event::Apply(b.clone()));
+    }
+
+    /// Takes a DtnPoolBinding out of the API and the cache.
+    pub(crate) fn unbind(&mut self, b: &DtnPoolBinding) {
+        self.objects.lock().unwrap().remove(&format!(
+            "/apis/wirerate.io/v1alpha1/namespaces/{}/dtnpoolbindings/{}",
+            ns(&b.metadata),
+            name(&b.metadata)
+        ));
+        self.bindings
+            .apply_watcher_event(&watcher::Event::Delete(b.clone()));
+    }
+
+    /// Puts any object in the API (not in a cache), at its path.
+    pub(crate) fn put<T: serde::Serialize>(&self, path: &str, obj: &T) {
+        self.object(path, obj);
+    }
+
+    /// Whether the API holds an object at `path`.
+    pub(crate) fn has(&self, path: &str) -> bool {
+        self.objects.lock().unwrap().contains_key(path)
     }
 
     /// Puts an agent's Lease in the cache.

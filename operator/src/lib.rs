@@ -2,7 +2,7 @@
 //! Transfers, and fails them over when an agent is lost.
 //!
 //! The decisions are pure modules (`scheduler`, `lifecycle`, `validate`,
-//! `render`, `pool_status`, `agents`), tested without a cluster; the
+//! `render`, `token_grant`, `pool_status`, `agents`), tested without a cluster; the
 //! controllers only read the watch caches, call them, and server-side apply
 //! what they return.
 
@@ -17,6 +17,7 @@ pub mod pool_controller;
 pub mod pool_status;
 pub mod render;
 pub mod scheduler;
+pub mod token_grant;
 pub mod transfer_controller;
 pub mod validate;
 

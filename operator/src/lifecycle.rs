@@ -428,10 +428,7 @@ pub fn rate_text(bps: i64) -> String {
 mod tests {
     use super::*;
     use crate::agents::{from_lease, tests::lease};
-    use crate::validate::{
-        tests::{pools, transfer},
-        validate,
-    };
+    use crate::validate::tests::{check, transfer};
     use wirerate_crds::transfer::AgentReport;
 
     fn at(s: i64) -> Timestamp {
@@ -455,7 +452,7 @@ mod tests {
 
     fn running(t: &mut Transfer, ag: &HashMap<AgentId, Agent>) {
         let s = t.status.clone().unwrap_or_default();
-        let r = validate(t, &pools()).unwrap();
+        let r = check(t).unwrap();
         let by_name = |n: &str| ag.values().find(|a| a.name == n);
         let (s, _) = assigned(t, &r, s, by_name("s0"), by_name("r0"), "t-token", at(100));
         t.status = Some(s);
@@ -495,7 +492,7 @@ mod tests {
     #[test]
     fn new_valid_transfer_is_queued_and_asks_for_both_agents() {
         let t = transfer("t", "/in/a", "/out/a");
-        let st = step(&t, &validate(&t, &pools()), &HashMap::new(), at(100));
+        let st = step(&t, &check(&t), &HashMap::new(), at(100));
         assert_eq!(st.status.phase, Some(TransferPhase::Queued));
         assert_eq!(
             st.needs,
@@ -511,7 +508,7 @@ mod tests {
     #[test]
     fn invalid_spec_is_pending_with_a_condition_and_one_event() {
         let mut t = transfer("t", "/in/a", "/nowhere/a");
-        let st = step(&t, &validate(&t, &pools()), &HashMap::new(), at(100));
+        let st = step(&t, &check(&t), &HashMap::new(), at(100));
         assert_eq!(st.status.phase, Some(TransferPhase::Pending));
         let c = conditions::find(&st.status.conditions, types::VALID).unwrap();
         assert_eq!(
@@ -522,7 +519,7 @@ mod tests {
         assert!(st.needs.is_none());
         // Looking again does not repeat the event.
         t.status = Some(st.status);
-        let again = step(&t, &validate(&t, &pools()), &HashMap::new(), at(130));
+        let again = step(&t, &check(&t), &HashMap::new(), at(130));
         assert!(again.notes.is_empty());
     }
 
@@ -531,7 +528,7 @@ mod tests {
         let ag = agents(100, &[("src", "s0"), ("dst", "r0")]);
         let mut t = transfer("t", "/in/a", "/out/a");
         running(&mut t, &ag);
-        let v = validate(&t, &pools());
+        let v = check(&t);
         assert_eq!(
             step(&t, &v, &ag, at(101)).status.phase,
             Some(TransferPhase::Running)
@@ -563,7 +560,7 @@ mod tests {
         let ag = agents(100, &[("src", "s0"), ("dst", "r0")]);
         let mut t = transfer("t", "/in/a", "/out/a");
         running(&mut t, &ag);
-        let v = validate(&t, &pools());
+        let v = check(&t);
         report(&mut t, Role::Receiver, "r0", ReportState::Succeeded);
         let done = step(&t, &v, &ag, at(104));
         assert_eq!(done.status.phase, Some(TransferPhase::Succeeded));
@@ -584,7 +581,7 @@ mod tests {
         let ag = agents(100, &[("src", "s0"), ("dst", "r0"), ("dst", "r1")]);
         let mut t = transfer("t", "/in/a", "/out/a");
         running(&mut t, &ag);
-        let v = validate(&t, &pools());
+        let v = check(&t);
         // r0 stops renewing; s0 and r1 keep going.
         let mut later = agents(200, &[("src", "s0"), ("dst", "r1")]);
         let r0 = from_lease(&lease("dst", "r0", 100, None), &Default::default(), at(201)).unwrap();
@@ -619,7 +616,7 @@ mod tests {
         running(&mut t, &ag);
         let st = step(
             &t,
-            &validate(&t, &pools()),
+            &check(&t),
             &agents(300, &[("src", "s0")]),
             at(301),
         );
@@ -637,7 +634,7 @@ mod tests {
         report(&mut t, Role::Sender, "s0", ReportState::Failed);
         // A report from an older attempt is ignored.
         t.status.as_mut().unwrap().reports[0].attempt = 0;
-        let v = validate(&t, &pools());
+        let v = check(&t);
         assert_eq!(
             step(&t, &v, &ag, at(101)).status.phase,
             Some(TransferPhase::Running)
@@ -660,7 +657,7 @@ mod tests {
             phase: Some(TransferPhase::Succeeded),
             ..Default::default()
         });
-        let st = step(&t, &validate(&t, &pools()), &HashMap::new(), at(1));
+        let st = step(&t, &check(&t), &HashMap::new(), at(1));
         assert_eq!(st.status.phase, Some(TransferPhase::Succeeded));
         assert!(st.notes.is_empty() && st.needs.is_none());
     }

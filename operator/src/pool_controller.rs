@@ -6,16 +6,15 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::{Resource, ResourceExt};
-use serde::Serialize;
+use kube::ResourceExt;
 use serde_json::json;
 use wirerate_crds::{DtnPool, contract};
 
 use crate::context::Context;
-use crate::{Error, Result, pool_status, render};
+use crate::{Error, Result, pool_status, render, validate};
 
 /// Finalizer that removes the pool's Roles in other namespaces (owner
 /// references cannot reach across namespaces).
@@ -52,59 +51,43 @@ pub fn error_policy(pool: Arc<DtnPool>, error: &Error, ctx: Arc<Context>) -> Act
     Action::requeue(Duration::from_secs(5))
 }
 
-async fn ssa<K>(ctx: &Context, obj: &K) -> Result<()>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
-        + Serialize
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned,
-    K::DynamicType: Default,
-{
-    let ns = obj
-        .meta()
-        .namespace
-        .clone()
-        .ok_or(Error::Malformed("a namespace"))?;
-    let name = obj.meta().name.clone().ok_or(Error::Malformed("a name"))?;
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), &ns);
-    let dt = K::DynamicType::default();
-    let mut body = serde_json::to_value(obj).expect("Kubernetes objects serialize");
-    body["apiVersion"] = json!(K::api_version(&dt));
-    body["kind"] = json!(K::kind(&dt));
-    api.patch(
-        &name,
-        &PatchParams::apply(contract::OPERATOR_MANAGER).force(),
-        &Patch::Apply(&body),
-    )
-    .await?;
-    Ok(())
-}
-
 async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Action> {
-    let r = render::render(pool);
-    ssa(ctx, &r.service_account).await?;
-    ssa(ctx, &r.role).await?;
-    ssa(ctx, &r.role_binding).await?;
-    // A missing allowed namespace degrades the pool; its own namespace still works.
+    let now = Timestamp::now();
+    let view = ctx.view(now);
+    let ns = pool.namespace().unwrap_or_default();
+    let name = pool.name_any();
+    let key = (ns.clone(), name.clone());
+    // The pool's offer grants nothing by itself: a namespace is served only
+    // once it consented (see `wirerate_crds::binding`).
+    let (serving, awaiting): (Vec<String>, Vec<String>) = pool
+        .spec
+        .allowed_namespaces
+        .iter()
+        .filter(|n| **n != ns)
+        .cloned()
+        .partition(|n| validate::serves(pool, &key, n, &view.consents));
+
+    let r = render::render(pool, &serving);
+    ctx.apply(&r.service_account).await?;
+    ctx.apply(&r.role).await?;
+    ctx.apply(&r.role_binding).await?;
+    // A consenting namespace that vanished degrades the pool; its own
+    // namespace still works.
     let mut missing = Vec::new();
     for (role, rb) in &r.remote {
-        match ssa(ctx, role).await {
+        match ctx.apply(role).await {
             Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 => {
                 missing.push(role.metadata.namespace.clone().unwrap_or_default());
                 continue;
             }
             other => other?,
         }
-        ssa(ctx, rb).await?;
+        ctx.apply(rb).await?;
     }
-    ssa(ctx, &r.service).await?;
-    ssa(ctx, &r.stateful_set).await?;
+    revoke_remote(pool, ctx, &serving).await?;
+    ctx.apply(&r.service).await?;
+    ctx.apply(&r.stateful_set).await?;
 
-    let now = Timestamp::now();
-    let view = ctx.view(now);
-    let ns = pool.namespace().unwrap_or_default();
-    let name = pool.name_any();
     let agents: Vec<_> = view
         .agents
         .values()
@@ -117,7 +100,12 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
         .filter(|p| p.labels().get(contract::POOL_LABEL) == Some(&name))
         .map(|p| &**p)
         .collect();
-    let status = pool_status::status(pool, &agents, &pods, &view.load(), &missing, now);
+    let namespaces = pool_status::Namespaces {
+        serving: &serving,
+        awaiting: &awaiting,
+        missing: &missing,
+    };
+    let status = pool_status::status(pool, &agents, &pods, &view.load(), namespaces, now);
     if pool.status.as_ref() != Some(&status) {
         let patch =
             json!({"apiVersion": "wirerate.io/v1alpha1", "kind": "DtnPool", "status": status});
@@ -132,27 +120,53 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
     Ok(Action::requeue(Duration::from_secs(10)))
 }
 
-async fn cleanup(pool: &DtnPool, ctx: &Context) -> Result<Action> {
-    for (role, _) in render::render(pool).remote {
-        let ns = role.metadata.namespace.clone().unwrap_or_default();
-        let name = role.metadata.name.clone().unwrap_or_default();
-        let dp = DeleteParams::default();
-        let gone = [
-            Api::<RoleBinding>::namespaced(ctx.client.clone(), &ns)
+/// Removes the pool's Roles and RoleBindings from every other namespace not
+/// in `keep`: one dropped from allowedNamespaces, or whose DtnPoolBinding
+/// was deleted. Found by label, so nothing is left behind whatever changed.
+async fn revoke_remote(pool: &DtnPool, ctx: &Context, keep: &[String]) -> Result<()> {
+    let ns = pool.namespace().unwrap_or_default();
+    let selector = format!(
+        "{}={},{}={ns}",
+        contract::POOL_LABEL,
+        pool.name_any(),
+        render::POOL_NAMESPACE_LABEL
+    );
+    let lp = ListParams::default().labels(&selector);
+    let dp = DeleteParams::default();
+    let bindings = Api::<RoleBinding>::all(ctx.client.clone()).list(&lp).await?;
+    let roles = Api::<Role>::all(ctx.client.clone()).list(&lp).await?;
+    let stale = |m: &kube::api::ObjectMeta| {
+        let at = m.namespace.clone().unwrap_or_default();
+        (at != ns && !keep.contains(&at)).then(|| (at, m.name.clone().unwrap_or_default()))
+    };
+    for (at, name) in bindings.items.iter().filter_map(|b| stale(&b.metadata)) {
+        tracing::info!(namespace = at, "revoking the pool's access to {at}");
+        gone(
+            Api::<RoleBinding>::namespaced(ctx.client.clone(), &at)
                 .delete(&name, &dp)
                 .await
                 .map(|_| ()),
-            Api::<Role>::namespaced(ctx.client.clone(), &ns)
-                .delete(&name, &dp)
-                .await
-                .map(|_| ()),
-        ];
-        for result in gone {
-            match result {
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                other => other?,
-            }
-        }
+        )?;
     }
+    for (at, name) in roles.items.iter().filter_map(|r| stale(&r.metadata)) {
+        gone(
+            Api::<Role>::namespaced(ctx.client.clone(), &at)
+                .delete(&name, &dp)
+                .await
+                .map(|_| ()),
+        )?;
+    }
+    Ok(())
+}
+
+fn gone(result: kube::Result<()>) -> Result<()> {
+    match result {
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        other => Ok(other?),
+    }
+}
+
+async fn cleanup(pool: &DtnPool, ctx: &Context) -> Result<Action> {
+    revoke_remote(pool, ctx, &[]).await?;
     Ok(Action::await_change())
 }

@@ -26,6 +26,17 @@ pub mod reason {
     pub const NAMESPACE_MISSING: &str = "NamespaceMissing";
 }
 
+/// The other namespaces a pool offers to serve, by how far they got.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Namespaces<'a> {
+    /// Consented: the agents have access there.
+    pub serving: &'a [String],
+    /// Offered but with no DtnPoolBinding: no access until there is one.
+    pub awaiting: &'a [String],
+    /// Consented but gone.
+    pub missing: &'a [String],
+}
+
 fn pod_ready(p: &Pod) -> bool {
     p.status
         .as_ref()
@@ -49,15 +60,16 @@ fn unschedulable(p: &Pod) -> Option<String> {
 }
 
 /// Computes the status of `pool` from its agents, its pods, the number of
-/// transfers assigned to each agent, and the allowed namespaces that do not exist.
+/// transfers assigned to each agent, and the other namespaces it serves.
 pub fn status(
     pool: &DtnPool,
     agents: &[&Agent],
     pods: &[&Pod],
     active: &HashMap<AgentId, i32>,
-    missing_namespaces: &[String],
+    namespaces: Namespaces<'_>,
     now: Timestamp,
 ) -> DtnPoolStatus {
+    let missing_namespaces = namespaces.missing;
     let old = pool.status.clone().unwrap_or_default();
     let now_t = Time(now);
     let generation = pool.metadata.generation;
@@ -190,6 +202,13 @@ pub fn status(
         active_transfers: list.iter().map(|a| a.active_transfers).sum(),
         agents: list,
         preflight,
+        serving_namespaces: namespaces
+            .serving
+            .iter()
+            .filter(|n| !missing_namespaces.contains(n))
+            .cloned()
+            .collect(),
+        awaiting_binding: namespaces.awaiting.to_vec(),
         conditions: conds,
     }
 }
@@ -237,12 +256,12 @@ mod tests {
         let a0 = live_agent("a0");
         let a1 = live_agent("a1");
         let active = HashMap::from([(a0.id(), 2)]);
-        let s = status(&pool, &[&a0, &a1], &[], &active, &[], at(101));
+        let s = status(&pool, &[&a0, &a1], &[], &active, Namespaces::default(), at(101));
         assert_eq!((s.ready_agents, s.active_transfers, s.replicas), (2, 2, 2));
         assert!(conditions::is_true(&s.conditions, types::READY));
         assert!(!conditions::is_true(&s.conditions, types::DEGRADED));
         assert_eq!(s.agents[0].active_transfers, 2);
-        let s = status(&pool, &[&a0], &[], &active, &[], at(101));
+        let s = status(&pool, &[&a0], &[], &active, Namespaces::default(), at(101));
         assert!(!conditions::is_true(&s.conditions, types::READY));
     }
 
@@ -253,7 +272,7 @@ mod tests {
             "lustre-dtn-agent-0",
             "0/3 nodes are available: 3 Insufficient hugepages-2Mi.",
         );
-        let s = status(&pool, &[], &[&p], &HashMap::new(), &[], at(1));
+        let s = status(&pool, &[], &[&p], &HashMap::new(), Namespaces::default(), at(1));
         let c = conditions::find(&s.conditions, types::DEGRADED).unwrap();
         assert_eq!(
             (c.status.as_str(), c.reason.as_str()),
@@ -263,7 +282,7 @@ mod tests {
             "lustre-dtn-agent-0",
             "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector.",
         );
-        let s = status(&pool, &[], &[&p], &HashMap::new(), &[], at(1));
+        let s = status(&pool, &[], &[&p], &HashMap::new(), Namespaces::default(), at(1));
         let c = conditions::find(&s.conditions, types::DEGRADED).unwrap();
         assert_eq!(c.reason, reason::NO_SCHEDULABLE_NODE);
         assert!(c.message.contains("nodeSelector"));
@@ -278,7 +297,11 @@ mod tests {
             &[&a0],
             &[],
             &HashMap::new(),
-            &["beamline-7".to_owned()],
+            Namespaces {
+                serving: &["beamline-7".to_owned()],
+                awaiting: &["beamline-9".to_owned()],
+                missing: &["beamline-7".to_owned()],
+            },
             at(101),
         );
         let d = s
@@ -292,5 +315,7 @@ mod tests {
         );
         assert!(d.message.contains("beamline-7"), "{}", d.message);
         assert_eq!(s.ready_agents, 1, "the pool still serves its own namespace");
+        assert!(s.serving_namespaces.is_empty(), "a missing one is not served");
+        assert_eq!(s.awaiting_binding, ["beamline-9"]);
     }
 }

@@ -24,6 +24,10 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 use wirerate_crds::{DtnPool, contract};
 
+/// Label naming the pool's namespace on everything rendered for it (Roles in
+/// other namespaces are found by it).
+pub const POOL_NAMESPACE_LABEL: &str = "wirerate.io/pool-namespace";
+
 /// Where the agents mount their huge pages.
 pub const HUGEPAGES_MOUNT: &str = "/dev/hugepages";
 
@@ -36,7 +40,8 @@ pub struct Rendered {
     pub role: Role,
     /// Binds `role` to `service_account`.
     pub role_binding: RoleBinding,
-    /// Roles and bindings in each other namespace the pool serves.
+    /// Roles and bindings in each other namespace the pool serves (offered
+    /// in allowedNamespaces and consented to with a DtnPoolBinding).
     pub remote: Vec<(Role, RoleBinding)>,
     /// Headless service naming the agents (and their metrics port).
     pub service: Service,
@@ -46,10 +51,12 @@ pub struct Rendered {
 
 /// Name shared by the StatefulSet, Service, ServiceAccount and Role.
 pub fn agent_name(pool: &DtnPool) -> String {
-    format!(
-        "{}-agent",
-        pool.metadata.name.as_deref().unwrap_or_default()
-    )
+    agent_account(pool.metadata.name.as_deref().unwrap_or_default())
+}
+
+/// The ServiceAccount of the agents of the pool named `pool`.
+pub fn agent_account(pool: &str) -> String {
+    format!("{pool}-agent")
 }
 
 /// Labels on every rendered object and on the agents' pods.
@@ -81,7 +88,7 @@ fn meta(pool: &DtnPool, name: &str, namespace: Option<String>, owned: bool) -> O
         contract::OPERATOR_MANAGER.into(),
     );
     labels.insert(
-        "wirerate.io/pool-namespace".into(),
+        POOL_NAMESPACE_LABEL.into(),
         pool.metadata.namespace.clone().unwrap_or_default(),
     );
     ObjectMeta {
@@ -97,7 +104,7 @@ fn owner(pool: &DtnPool) -> Option<OwnerReference> {
     pool.controller_owner_ref(&())
 }
 
-fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+pub(crate) fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     PolicyRule {
         api_groups: Some(s(groups)),
@@ -108,23 +115,20 @@ fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
 }
 
 /// What an agent needs where Transfers live: see its assignments, report on
-/// them, read their tokens, and leave Events.
-fn transfer_rules() -> Vec<PolicyRule> {
+/// them, and leave Events. No Secrets: each Transfer's token is granted to
+/// the pools it is assigned to by a Role of its own, naming that one Secret
+/// (see [`token_access`]).
+pub fn transfer_rules() -> Vec<PolicyRule> {
     vec![
         rule(&["wirerate.io"], &["transfers"], &["get", "list", "watch"]),
         rule(&["wirerate.io"], &["transfers/status"], &["get", "patch"]),
-        rule(&[""], &["secrets"], &["get"]),
         rule(&["", "events.k8s.io"], &["events"], &["create", "patch"]),
     ]
 }
 
-/// Renders `pool`.
-pub fn render(pool: &DtnPool) -> Rendered {
-    let name = agent_name(pool);
-    let ns = pool.metadata.namespace.clone();
-    let pool_name = pool.metadata.name.clone().unwrap_or_default();
-    let spec = &pool.spec;
-
+/// What an agent needs in its pool's namespace: the above, plus its Lease,
+/// its pod, and its pool.
+pub fn pool_rules() -> Vec<PolicyRule> {
     let mut rules = transfer_rules();
     rules.push(rule(
         &["coordination.k8s.io"],
@@ -133,6 +137,18 @@ pub fn render(pool: &DtnPool) -> Rendered {
     ));
     rules.push(rule(&[""], &["pods"], &["get"]));
     rules.push(rule(&["wirerate.io"], &["dtnpools"], &["get"]));
+    rules
+}
+
+/// Renders `pool`, with access to the other namespaces in `serving` (those
+/// that consented; the caller checks).
+pub fn render(pool: &DtnPool, serving: &[String]) -> Rendered {
+    let name = agent_name(pool);
+    let ns = pool.metadata.namespace.clone();
+    let pool_name = pool.metadata.name.clone().unwrap_or_default();
+    let spec = &pool.spec;
+
+    let rules = pool_rules();
     let subject = Subject {
         kind: "ServiceAccount".into(),
         name: name.clone(),
@@ -152,8 +168,7 @@ pub fn render(pool: &DtnPool) -> Rendered {
         "wirerate-agent-{}-{pool_name}",
         ns.clone().unwrap_or_default()
     );
-    let remote = spec
-        .allowed_namespaces
+    let remote = serving
         .iter()
         .filter(|other| Some(*other) != ns.as_ref())
         .map(|other| {
@@ -418,7 +433,7 @@ pub(crate) mod tests {
 
     #[test]
     fn agents_run_on_the_host_network_one_per_dtn_node() {
-        let r = render(&lustre_pool());
+        let r = render(&lustre_pool(), &[]);
         let sts = r.stateful_set.spec.unwrap();
         assert_eq!(sts.replicas, Some(2));
         let pod = sts.template.spec.unwrap();
@@ -444,7 +459,7 @@ pub(crate) mod tests {
 
     #[test]
     fn hugepages_storage_and_capabilities() {
-        let r = render(&lustre_pool());
+        let r = render(&lustre_pool(), &[]);
         let pod = r.stateful_set.spec.unwrap().template.spec.unwrap();
         let c = &pod.containers[0];
         let res = c.resources.as_ref().unwrap();
@@ -495,7 +510,9 @@ pub(crate) mod tests {
 
     #[test]
     fn everything_is_owned_by_the_pool_and_rbac_is_namespaced() {
-        let r = render(&lustre_pool());
+        // Offered in allowedNamespaces but not consented to: nothing there.
+        assert!(render(&lustre_pool(), &[]).remote.is_empty());
+        let r = render(&lustre_pool(), &["beamline-7".to_owned()]);
         for m in [
             &r.service_account.metadata,
             &r.role.metadata,
@@ -516,6 +533,17 @@ pub(crate) mod tests {
                 .iter()
                 .any(|r| r.resources.as_deref() == Some(&["leases".to_string()][..]))
         );
+        // No Role of a pool reads Secrets: tokens are granted one by one.
+        let all_rules = rules
+            .iter()
+            .chain(r.remote.iter().flat_map(|(role, _)| role.rules.iter().flatten()));
+        for rule in all_rules {
+            let res = rule.resources.clone().unwrap_or_default();
+            assert!(
+                !res.iter().any(|x| x == "secrets" || x == "*"),
+                "{rule:?}"
+            );
+        }
         // The pool serves beamline-7 too: a Role there, without an owner (owners cannot cross namespaces).
         assert_eq!(r.remote.len(), 1);
         let (role, rb) = &r.remote[0];

@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::{Role as RbacRole, RoleBinding};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -19,7 +20,8 @@ use crate::agents::AgentId;
 use crate::context::{Assignment, Context, View};
 use crate::lifecycle::{self, Needs, Note};
 use crate::scheduler::{self, Key, Slot, Waiting};
-use crate::validate::validate;
+use crate::token_grant;
+use crate::validate::{Invalid, reason, validate};
 use crate::{Error, Result};
 
 /// How long to wait for agents to clean up a deleted Transfer before letting it go.
@@ -77,7 +79,12 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
         .iter()
         .find(|x| x.metadata.uid == t.metadata.uid)
         .unwrap_or(t);
-    let validity = validate(current, &view.pools);
+    let mut validity = validate(current, view.catalog());
+    if validity.is_ok() && Assignment::of(current).sender.is_none() {
+        if let Some(why) = external_token_unusable(current, ctx).await? {
+            validity = Err(why);
+        }
+    }
     let mut step = lifecycle::step(current, &validity, &view.agents, now);
     let mut notes = std::mem::take(&mut step.notes);
 
@@ -86,6 +93,15 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
         step.status.queue_position = positions.get(&key).copied();
         if let (Some(p), Ok(resolved)) = (placements.get(&key), &validity) {
             let token = ensure_token(current, ctx).await?;
+            // Access before assignment: an agent that sees its assignment can
+            // read the token (the API server's authorizer may lag a moment;
+            // agents retry).
+            let pools: Vec<&Key> = std::iter::once(&resolved.sender_pool)
+                .chain(resolved.receiver_pool.as_ref())
+                .collect();
+            let (role, binding) = token_grant::render(current, &token, &pools);
+            ctx.apply(&role).await?;
+            ctx.apply(&binding).await?;
             let sender = p
                 .sender
                 .as_ref()
@@ -129,6 +145,15 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
     }
 
     write(t, ctx, api, &step.status).await?;
+    let was_final = current
+        .status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .is_some_and(|p| p.is_final());
+    if phase.is_final() && !was_final && current.status.as_ref().is_some_and(|s| s.sender.is_some())
+    {
+        revoke_token(current, ctx).await?;
+    }
     for n in notes {
         publish(ctx, t, &n).await;
     }
@@ -164,7 +189,7 @@ pub fn plan(
             continue;
         }
         let Ok(k) = key(t) else { continue };
-        let validity = validate(t, &view.pools);
+        let validity = validate(t, view.catalog());
         let step = lifecycle::step(t, &validity, &view.agents, now);
         match (step.needs, &validity) {
             (
@@ -258,6 +283,58 @@ async fn ensure_token(t: &Transfer, ctx: &Context) -> Result<String> {
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(name),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Why an external receiver's token Secret cannot be handed to the sending
+/// agents, if it cannot. The Secret is the Transfer author's choice, so it
+/// must say itself that it is meant for wirerate: whoever labelled it could
+/// read it, so the agents get nothing its owners did not give.
+async fn external_token_unusable(t: &Transfer, ctx: &Context) -> Result<Option<Invalid>> {
+    let Some(ext) = &t.spec.destination.external else {
+        return Ok(None);
+    };
+    let ns = t.namespace().ok_or(Error::Malformed("a namespace"))?;
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let name = &ext.token_secret;
+    let label = contract::EXTERNAL_TOKEN_LABEL;
+    let problem = match api.get_metadata_opt(name).await? {
+        None => format!(
+            "Secret {ns}/{name} (destination.external.tokenSecret) does not exist: create it with the receiver's token under the key '{}' and the label {label}=true",
+            contract::TOKEN_KEY
+        ),
+        Some(s) if s.labels().get(label).map(String::as_str) != Some("true") => format!(
+            "Secret {ns}/{name} is not marked for wirerate: label it {label}=true (kubectl label secret -n {ns} {name} {label}=true) to let the sending pool's agents read it"
+        ),
+        Some(_) => return Ok(None),
+    };
+    Ok(Some(Invalid {
+        reason: reason::TOKEN_SECRET_NOT_USABLE,
+        message: problem,
+    }))
+}
+
+/// Takes back the agents' access to a finished Transfer's token.
+async fn revoke_token(t: &Transfer, ctx: &Context) -> Result<()> {
+    let ns = t.namespace().ok_or(Error::Malformed("a namespace"))?;
+    let name = token_grant::grant_name(&t.name_any());
+    let dp = DeleteParams::default();
+    let results = [
+        Api::<RoleBinding>::namespaced(ctx.client.clone(), &ns)
+            .delete(&name, &dp)
+            .await
+            .map(|_| ()),
+        Api::<RbacRole>::namespaced(ctx.client.clone(), &ns)
+            .delete(&name, &dp)
+            .await
+            .map(|_| ()),
+    ];
+    for r in results {
+        match r {
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            other => other?,
+        }
+    }
+    Ok(())
 }
 
 /// Applies the operator's status fields and the assignment labels.

@@ -1,9 +1,9 @@
 //! Does a Transfer refer to pools that exist, allow it, and hold its paths?
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use wirerate_crds::transfer::Role;
-use wirerate_crds::{DtnPool, Striping, Transfer, Tuning};
+use wirerate_crds::{Consent, DtnPool, Striping, Transfer, Tuning};
 
 use crate::scheduler::Key;
 
@@ -13,6 +13,11 @@ pub mod reason {
     pub const POOL_NOT_FOUND: &str = "PoolNotFound";
     /// The pool does not serve the Transfer's namespace.
     pub const NAMESPACE_NOT_ALLOWED: &str = "NamespaceNotAllowed";
+    /// The pool offers to serve the namespace, but the namespace has no
+    /// DtnPoolBinding consenting to it.
+    pub const NAMESPACE_NOT_BOUND: &str = "NamespaceNotBound";
+    /// An external receiver's token Secret is missing or not marked for wirerate.
+    pub const TOKEN_SECRET_NOT_USABLE: &str = "TokenSecretNotUsable";
     /// A path is outside the pool's allowed roots.
     pub const PATH_NOT_ALLOWED: &str = "PathNotAllowed";
     /// The effective tuning cannot run.
@@ -45,8 +50,17 @@ fn invalid(reason: &'static str, message: String) -> Invalid {
     Invalid { reason, message }
 }
 
-/// Checks `t` against `pools` (keyed by namespace and name).
-pub fn validate(t: &Transfer, pools: &BTreeMap<Key, DtnPool>) -> Result<Resolved, Invalid> {
+/// The pools and the namespaces' consents a Transfer is checked against.
+#[derive(Clone, Copy)]
+pub struct Catalog<'a> {
+    /// Pools by namespace and name.
+    pub pools: &'a BTreeMap<Key, DtnPool>,
+    /// DtnPoolBindings: which namespaces let which pools in.
+    pub consents: &'a BTreeSet<Consent>,
+}
+
+/// Checks `t` against the pools and consents of `catalog`.
+pub fn validate(t: &Transfer, catalog: Catalog<'_>) -> Result<Resolved, Invalid> {
     let ns = t.metadata.namespace.clone().unwrap_or_default();
     let src_key = (
         t.pool_namespace(Role::Sender)
@@ -54,7 +68,7 @@ pub fn validate(t: &Transfer, pools: &BTreeMap<Key, DtnPool>) -> Result<Resolved
             .to_owned(),
         t.spec.source.pool.clone(),
     );
-    let src = pool(pools, &src_key, &ns)?;
+    let src = pool(catalog, &src_key, &ns)?;
     under_roots(src, &src_key, &t.spec.source.path, false)?;
 
     let (receiver_pool, dst) = match &t.spec.destination.pool {
@@ -65,7 +79,7 @@ pub fn validate(t: &Transfer, pools: &BTreeMap<Key, DtnPool>) -> Result<Resolved
                     .to_owned(),
                 name.clone(),
             );
-            let dst = pool(pools, &key, &ns)?;
+            let dst = pool(catalog, &key, &ns)?;
             under_roots(dst, &key, &t.spec.destination.path, true)?;
             (Some(key), Some(dst))
         }
@@ -92,12 +106,20 @@ pub fn validate(t: &Transfer, pools: &BTreeMap<Key, DtnPool>) -> Result<Resolved
     })
 }
 
-fn pool<'a>(
-    pools: &'a BTreeMap<Key, DtnPool>,
-    key: &Key,
-    ns: &str,
-) -> Result<&'a DtnPool, Invalid> {
-    let p = pools.get(key).ok_or_else(|| {
+/// Whether `pool` (at `key`) may run Transfers of namespace `ns`: its own, or
+/// one the pool offers to serve and that consented with a DtnPoolBinding.
+pub fn serves(pool: &DtnPool, key: &Key, ns: &str, consents: &BTreeSet<Consent>) -> bool {
+    key.0 == ns
+        || (pool.spec.allowed_namespaces.iter().any(|a| a == ns)
+            && consents.contains(&Consent {
+                namespace: ns.to_owned(),
+                pool_namespace: key.0.clone(),
+                pool: key.1.clone(),
+            }))
+}
+
+fn pool<'a>(catalog: Catalog<'a>, key: &Key, ns: &str) -> Result<&'a DtnPool, Invalid> {
+    let p = catalog.pools.get(key).ok_or_else(|| {
         invalid(
             reason::POOL_NOT_FOUND,
             format!(
@@ -112,6 +134,15 @@ fn pool<'a>(
             format!(
                 "DtnPool {}/{} does not serve namespace {ns}: add it to the pool's allowedNamespaces",
                 key.0, key.1
+            ),
+        ));
+    }
+    if !serves(p, key, ns, catalog.consents) {
+        return Err(invalid(
+            reason::NAMESPACE_NOT_BOUND,
+            format!(
+                "namespace {ns} has not consented to DtnPool {}/{}: someone with rights in {ns} creates a DtnPoolBinding there with spec.poolNamespace {} and spec.pool {}",
+                key.0, key.1, key.0, key.1
             ),
         ));
     }
@@ -185,6 +216,17 @@ pub(crate) mod tests {
             .collect()
     }
 
+    /// `t` checked against [`pools`], with no consents.
+    pub(crate) fn check(t: &Transfer) -> Result<Resolved, Invalid> {
+        validate(
+            t,
+            Catalog {
+                pools: &pools(),
+                consents: &BTreeSet::new(),
+            },
+        )
+    }
+
     pub(crate) fn transfer(name: &str, from: &str, to: &str) -> Transfer {
         let mut t = Transfer::new(
             name,
@@ -225,7 +267,7 @@ pub(crate) mod tests {
             streams: Some(8),
             ..Default::default()
         });
-        let r = validate(&t, &pools()).unwrap();
+        let r = check(&t).unwrap();
         assert_eq!(r.tuning.streams, Some(8));
         assert_eq!(r.tuning.block_size, Some(16777216));
         assert_eq!(r.receiver_pool, Some(("data".into(), "dst".into())));
@@ -233,24 +275,23 @@ pub(crate) mod tests {
 
     #[test]
     fn refuses_with_a_reason_and_what_to_change() {
-        let p = pools();
-        let e = validate(&transfer("t", "/in/a", "/elsewhere/a"), &p).unwrap_err();
+        let e = check(&transfer("t", "/in/a", "/elsewhere/a")).unwrap_err();
         assert_eq!(e.reason, reason::PATH_NOT_ALLOWED);
         assert!(e.message.contains("/out"), "{}", e.message);
 
         // A root is a directory, not a prefix: /input is not under /in.
-        let e = validate(&transfer("t", "/input/a", "/out/a"), &p).unwrap_err();
+        let e = check(&transfer("t", "/input/a", "/out/a")).unwrap_err();
         assert_eq!(e.reason, reason::PATH_NOT_ALLOWED);
 
         let mut t = transfer("t", "/in/a", "/out/a");
         t.spec.destination.pool = Some("nope".into());
-        assert_eq!(validate(&t, &p).unwrap_err().reason, reason::POOL_NOT_FOUND);
+        assert_eq!(check(&t).unwrap_err().reason, reason::POOL_NOT_FOUND);
 
         let mut t = transfer("t", "/in/a", "/out/a");
         t.metadata.namespace = Some("other".into());
         t.spec.source.pool_namespace = Some("data".into());
         t.spec.destination.pool_namespace = Some("data".into());
-        let e = validate(&t, &p).unwrap_err();
+        let e = check(&t).unwrap_err();
         assert_eq!(e.reason, reason::NAMESPACE_NOT_ALLOWED);
         assert!(e.message.contains("allowedNamespaces"));
 
@@ -259,6 +300,54 @@ pub(crate) mod tests {
             stripe_count: 4,
             stripe_size: 3 * 1024 * 1024,
         });
-        assert_eq!(validate(&t, &p).unwrap_err().reason, reason::INVALID_TUNING);
+        assert_eq!(check(&t).unwrap_err().reason, reason::INVALID_TUNING);
+    }
+
+    #[test]
+    fn another_namespace_is_served_only_when_the_pool_offers_and_the_namespace_consents() {
+        let mut t = transfer("t", "/in/a", "/out/a");
+        t.metadata.namespace = Some("other".into());
+        t.spec.source.pool_namespace = Some("data".into());
+        t.spec.destination.pool_namespace = Some("data".into());
+        let mut offered = pools();
+        for p in offered.values_mut() {
+            p.spec.allowed_namespaces = vec!["other".into()];
+        }
+        let consent = |pool: &str| Consent {
+            namespace: "other".into(),
+            pool_namespace: "data".into(),
+            pool: pool.into(),
+        };
+        let none = BTreeSet::new();
+        let at = |consents| Catalog {
+            pools: &offered,
+            consents,
+        };
+
+        // The pool's offer alone is not enough: the namespace has not agreed.
+        let e = validate(&t, at(&none)).unwrap_err();
+        assert_eq!(e.reason, reason::NAMESPACE_NOT_BOUND);
+        assert!(e.message.contains("DtnPoolBinding"), "{}", e.message);
+
+        // Consent to one pool does not extend to the other.
+        let only_src = BTreeSet::from([consent("src")]);
+        let e = validate(&t, at(&only_src)).unwrap_err();
+        assert_eq!(e.reason, reason::NAMESPACE_NOT_BOUND);
+        assert!(e.message.contains("data/dst"), "{}", e.message);
+
+        let both = BTreeSet::from([consent("src"), consent("dst")]);
+        assert!(validate(&t, at(&both)).is_ok());
+
+        // Consent without the pool's offer does not let a namespace in either.
+        let plain = pools();
+        let e = validate(
+            &t,
+            Catalog {
+                pools: &plain,
+                consents: &both,
+            },
+        )
+        .unwrap_err();
+        assert_eq!(e.reason, reason::NAMESPACE_NOT_ALLOWED);
     }
 }

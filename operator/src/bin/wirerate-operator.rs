@@ -14,7 +14,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, ListParams};
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
-use wirerate_crds::{DtnPool, Transfer, TransferPhase, contract};
+use kube::runtime::reflector::ObjectRef;
+use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer, TransferPhase, contract};
 use wirerate_operator::context::{Context, Stores};
 use wirerate_operator::{http, leader, pool_controller, transfer_controller};
 
@@ -103,9 +104,30 @@ async fn run() -> anyhow::Result<()> {
         Api::<StatefulSet>::all(client.clone()),
         watcher::Config::default().labels(contract::POOL_LABEL),
     );
+    // A new or deleted DtnPoolBinding changes what its pool may reach, and
+    // whether the namespace's Transfers are valid.
+    let pools = pools.watches(
+        Api::<DtnPoolBinding>::all(client.clone()),
+        watcher::Config::default(),
+        |b| Some(ObjectRef::new(&b.spec.pool).within(&b.spec.pool_namespace)),
+    );
     let transfers = Controller::new(
         Api::<Transfer>::all(client.clone()),
         watcher::Config::default(),
+    );
+    let transfer_store = transfers.store();
+    let transfers = transfers.watches(
+        Api::<DtnPoolBinding>::all(client.clone()),
+        watcher::Config::default(),
+        move |b| {
+            let ns = b.metadata.namespace.clone();
+            transfer_store
+                .state()
+                .iter()
+                .filter(|t| t.metadata.namespace == ns)
+                .map(|t| ObjectRef::from_obj(&**t))
+                .collect::<Vec<_>>()
+        },
     );
 
     let (leases, lease_writer) = reflector::store::<Lease>();
@@ -130,7 +152,19 @@ async fn run() -> anyhow::Result<()> {
     .default_backoff()
     .touched_objects()
     .for_each(|_| async {});
+    let (bindings, binding_writer) = reflector::store::<DtnPoolBinding>();
+    let binding_watch = reflector(
+        binding_writer,
+        watcher(
+            Api::<DtnPoolBinding>::all(client.clone()),
+            watcher::Config::default(),
+        ),
+    )
+    .default_backoff()
+    .touched_objects()
+    .for_each(|_| async {});
     let stores = Stores {
+        bindings,
         pools: pools.store(),
         transfers: transfers.store(),
         leases,
@@ -140,6 +174,7 @@ async fn run() -> anyhow::Result<()> {
 
     tokio::spawn(lease_watch);
     tokio::spawn(pod_watch);
+    tokio::spawn(binding_watch);
     tokio::spawn(gauges(ctx.clone()));
 
     let pool_run = pools

@@ -1,0 +1,115 @@
+//! Each Transfer's token, readable by exactly the pools it is assigned to.
+//!
+//! The agents' own Roles hold no Secret rights at all. When a Transfer is
+//! assigned, the operator applies a Role in the Transfer's namespace that
+//! allows `get` on that one Secret (`resourceNames`) and binds it to the
+//! ServiceAccounts of the sending and receiving pools. The Role is owned by
+//! the Transfer, so it goes with it, and it is deleted when the Transfer ends.
+//! Agents of one pool share a ServiceAccount, so the unit of access is the
+//! pool, not the single agent.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::{Resource, ResourceExt};
+use wirerate_crds::{Transfer, contract};
+
+use crate::render::agent_account;
+use crate::scheduler::Key;
+
+/// Name of the Role and RoleBinding granting `transfer`'s token.
+pub fn grant_name(transfer: &str) -> String {
+    format!("{transfer}-token")
+}
+
+/// The Role and RoleBinding that let the agents of `pools` read `secret`.
+pub fn render(t: &Transfer, secret: &str, pools: &[&Key]) -> (Role, RoleBinding) {
+    let name = grant_name(&t.name_any());
+    let meta = ObjectMeta {
+        name: Some(name.clone()),
+        namespace: t.namespace(),
+        labels: Some(BTreeMap::from([
+            (contract::TRANSFER_LABEL.to_owned(), t.name_any()),
+            (
+                "app.kubernetes.io/managed-by".to_owned(),
+                contract::OPERATOR_MANAGER.to_owned(),
+            ),
+        ])),
+        owner_references: t.controller_owner_ref(&()).map(|o| vec![o]),
+        ..Default::default()
+    };
+    let role = Role {
+        metadata: meta.clone(),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["secrets".into()]),
+            // Never empty: an empty list would mean every Secret.
+            resource_names: Some(vec![secret.to_owned()]),
+            verbs: vec!["get".into()],
+            ..Default::default()
+        }]),
+    };
+    let mut subjects: Vec<Subject> = pools
+        .iter()
+        .map(|(ns, pool)| Subject {
+            kind: "ServiceAccount".into(),
+            name: agent_account(pool),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        })
+        .collect();
+    subjects.dedup();
+    let binding = RoleBinding {
+        metadata: meta,
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name,
+        },
+        subjects: Some(subjects),
+    };
+    (role, binding)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::tests::transfer;
+
+    #[test]
+    fn grants_one_secret_to_the_assigned_pools_only() {
+        let t = transfer("t", "/in/a", "/out/a");
+        let src = ("data".to_owned(), "src".to_owned());
+        let dst = ("far".to_owned(), "dst".to_owned());
+        let (role, rb) = render(&t, "t-token", &[&src, &dst]);
+        let rules = role.rules.unwrap();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].resources.as_deref(), Some(&["secrets".to_owned()][..]));
+        assert_eq!(rules[0].verbs, ["get"]);
+        assert_eq!(
+            rules[0].resource_names.as_deref(),
+            Some(&["t-token".to_owned()][..])
+        );
+        assert_eq!(role.metadata.namespace.as_deref(), Some("data"));
+        assert_eq!(
+            role.metadata.owner_references.unwrap()[0].kind,
+            "Transfer",
+            "goes with its Transfer"
+        );
+        let who: Vec<(String, String)> = rb
+            .subjects
+            .unwrap()
+            .into_iter()
+            .map(|s| (s.namespace.unwrap(), s.name))
+            .collect();
+        assert_eq!(
+            who,
+            [
+                ("data".to_owned(), "src-agent".to_owned()),
+                ("far".to_owned(), "dst-agent".to_owned())
+            ]
+        );
+        assert_eq!(rb.role_ref.name, "t-token");
+    }
+}
