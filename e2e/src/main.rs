@@ -4,7 +4,9 @@
 //! 1 GiB Transfer checked byte for byte, then the same with the receiving
 //! agent killed mid-transfer: the failover is counted, the new receiver
 //! resumes from the checkpoint, and the file is identical; last, deleting the
-//! Transfers and pools lets their finalizers go.
+//! Transfers and pools lets their finalizers go. Along the way, the
+//! security model: the escalation rule at admission, namespace consent, and
+//! tokens granted by name (`security`).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -18,7 +20,9 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, CustomResourceExt};
 use serde_json::json;
 use tokio::process::{Child, Command};
-use wirerate_crds::{DtnPool, Transfer, TransferPhase};
+use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer, TransferPhase};
+
+mod security;
 
 const MANAGER: &str = "wirerate-e2e";
 
@@ -200,7 +204,7 @@ async fn main() -> Result<()> {
 
     println!("== CRDs");
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in [DtnPool::crd(), Transfer::crd()] {
+    for crd in [DtnPool::crd(), Transfer::crd(), DtnPoolBinding::crd()] {
         let name = crd.metadata.name.clone().unwrap_or_default();
         crds.patch(
             &name,
@@ -216,6 +220,7 @@ async fn main() -> Result<()> {
         .await
         .with_context(|| format!("CRD {name} never became Established"))?;
     }
+    security::apply_policies(&client).await?;
     let nss: Api<Namespace> = Api::all(client.clone());
     nss.create(
         &PostParams::default(),
@@ -233,6 +238,33 @@ async fn main() -> Result<()> {
         Err(e) => println!("e2e: FAILED: {e:#}\n(logs kept in {})", logs.display()),
     }
     result
+}
+
+/// Found against a real API server: another spelling of the source as the
+/// destination passed the same-file rule, and an agent copied a file onto
+/// itself. The API server now refuses every such spelling.
+async fn path_spellings_are_refused(transfers: &Api<Transfer>, file: &Path) -> Result<()> {
+    println!("== other spellings of the source as the destination are refused");
+    let src = file.display().to_string();
+    let (dir, leaf) = src.rsplit_once('/').context("an absolute path")?;
+    for (i, spelling) in [
+        format!("{src}/"),
+        format!("{dir}//{leaf}"),
+        format!("{dir}/./{leaf}"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut t = transfer(&format!("self-{i}"), file, Path::new(spelling), None)?;
+        t.spec.destination.pool = Some("senders".into());
+        match transfers.create(&PostParams::default(), &t).await {
+            Err(kube::Error::Api(e)) if e.code == 422 && e.message.contains("spelled plainly") => {
+                println!("  refused: {spelling}");
+            }
+            other => bail!("{spelling}: expected a refusal naming the spelling, got {other:?}"),
+        }
+    }
+    Ok(())
 }
 
 async fn run(
@@ -304,6 +336,9 @@ async fn run(
         )?;
     }
     let transfers: Api<Transfer> = Api::namespaced(client.clone(), ns);
+    security::escalation_is_refused(client, kubeconfig, ns).await?;
+    security::consent_is_required(client, ns).await?;
+    path_spellings_are_refused(&transfers, &file).await?;
 
     println!("== transfer 1: straight through");
     let out = dst.join("run-1.dat");
@@ -333,6 +368,7 @@ async fn run(
         "  identical; average {}",
         s.average_rate.unwrap_or_default()
     );
+    security::token_is_granted_by_name(client, ns, "one", false).await?;
 
     println!("== transfer 2: the receiving agent killed mid-transfer");
     let out2 = dst.join("run-1-again.dat");
@@ -358,6 +394,7 @@ async fn run(
         },
     )
     .await?;
+    security::token_is_granted_by_name(client, ns, "two", true).await?;
     let victim = t
         .status
         .as_ref()

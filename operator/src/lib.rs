@@ -6,6 +6,7 @@
 //! controllers only read the watch caches, call them, and server-side apply
 //! what they return.
 
+pub mod admission;
 pub mod agents;
 pub mod context;
 pub mod error;

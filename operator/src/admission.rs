@@ -1,0 +1,232 @@
+//! The escalation rule at admission: nobody obtains through wirerate what
+//! they could not have granted themselves.
+//!
+//! The operator holds cluster-wide rights and acts on objects people write,
+//! so it would hand out whatever a DtnPool, a DtnPoolBinding or a Transfer
+//! asks of it. The API server refuses a Role to a user who does not hold its
+//! permissions (unless they may `escalate`); these ValidatingAdmissionPolicies
+//! apply the same rule to what the operator will create on the user's
+//! behalf, with the requesting user's own authorizer:
+//! - a DtnPool: its author must hold every permission the pool's agents get
+//!   in that namespace, and may create StatefulSets there;
+//! - a DtnPoolBinding: its author must hold, in that namespace, every
+//!   permission the pool's agents get there;
+//! - a Transfer to an external receiver: its author must be able to read the
+//!   token Secret it names.
+//!
+//! The policies are generated from the same rules `render` puts in the
+//! agents' Roles, so the two cannot drift apart; the chart carries the
+//! output of `cargo run -p wirerate-operator --bin policygen`.
+
+use k8s_openapi::api::rbac::v1::PolicyRule;
+use serde_json::{Value, json};
+
+use crate::render::{pool_rules, transfer_rules};
+
+/// Name prefix of the policies and their bindings.
+pub const POLICY_PREFIX: &str = "wirerate.io-no-escalation";
+
+/// One `authorizer` check per group, resource and verb of `rules`, as
+/// `(expression, what it checks)`.
+fn checks(rules: &[PolicyRule]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for r in rules {
+        for group in r.api_groups.iter().flatten() {
+            for resource in r.resources.iter().flatten() {
+                let (res, sub) = match resource.split_once('/') {
+                    Some((res, sub)) => (res, Some(sub)),
+                    None => (resource.as_str(), None),
+                };
+                for verb in &r.verbs {
+                    let mut c = format!("authorizer.group('{group}').resource('{res}')");
+                    if let Some(sub) = sub {
+                        c.push_str(&format!(".subresource('{sub}')"));
+                    }
+                    c.push_str(&format!(
+                        ".namespace(object.metadata.namespace).check('{verb}').allowed()"
+                    ));
+                    let what = match group.as_str() {
+                        "" => format!("{verb} {resource}"),
+                        g => format!("{verb} {resource}.{g}"),
+                    };
+                    out.push((c, what));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Whether the user may create Roles beyond their own rights (the API
+/// server's own escape from the rule). A variable, so it is evaluated once:
+/// each authorizer call is costly and a request's CEL budget is bounded.
+const ESCALATE: &str = "authorizer.group('rbac.authorization.k8s.io').resource('roles').namespace(object.metadata.namespace).check('escalate').allowed()";
+
+/// One validation per right in `rules`, each saying which right is missing.
+fn held(rules: &[PolicyRule], what_for: &str) -> Vec<Value> {
+    checks(rules)
+        .into_iter()
+        .map(|(expr, what)| {
+            json!({
+                "expression": format!("variables.escalate || {expr}"),
+                "message": format!("{what_for} would get '{what}' in this namespace, which you do not hold yourself: ask someone who does (or who may escalate roles here)"),
+                "reason": "Forbidden",
+            })
+        })
+        .collect()
+}
+
+fn policy(name: &str, resource: &str, validations: Vec<Value>) -> [Value; 2] {
+    let full = format!("{POLICY_PREFIX}-{name}");
+    [
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": full},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": [wirerate_crds::GROUP],
+                    "apiVersions": ["*"],
+                    "operations": ["CREATE", "UPDATE"],
+                    "resources": [resource],
+                }]},
+                "variables": [{"name": "escalate", "expression": ESCALATE}],
+                "validations": validations,
+            }
+        }),
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": full},
+            "spec": {"policyName": full, "validationActions": ["Deny"]}
+        }),
+    ]
+}
+
+/// The policies and their bindings.
+pub fn policies() -> Vec<Value> {
+    let mut pool_checks = vec![json!({
+        "expression": "authorizer.group('apps').resource('statefulsets').namespace(object.metadata.namespace).check('create').allowed()",
+        "message": "a DtnPool runs agent pods (host network, host paths) as a StatefulSet: you need create on statefulsets in this namespace",
+        "reason": "Forbidden",
+    })];
+    pool_checks.extend(held(&pool_rules(), "the pool's agents"));
+    let pool = policy("dtnpools", "dtnpools", pool_checks);
+    let binding = policy(
+        "dtnpoolbindings",
+        "dtnpoolbindings",
+        held(&transfer_rules(), "the bound pool's agents"),
+    );
+    let transfer = policy(
+        "transfers",
+        "transfers",
+        vec![json!({
+            "expression": "!has(object.spec.destination.external) || authorizer.group('').resource('secrets').namespace(object.metadata.namespace).name(object.spec.destination.external.tokenSecret).check('get').allowed()",
+            "messageExpression": "'the sending agents will read Secret ' + object.spec.destination.external.tokenSecret + ' (destination.external.tokenSecret), which you may not read yourself'",
+            "reason": "Forbidden",
+        })],
+    );
+    pool.into_iter().chain(binding).chain(transfer).collect()
+}
+
+/// The policies as one multi-document YAML stream.
+pub fn policies_yaml() -> Result<String, serde_yaml::Error> {
+    let mut out = String::from(
+        "# Generated by `cargo run -p wirerate-operator --bin policygen`; do not edit by hand.\n",
+    );
+    for p in policies() {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&p)?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+
+    #[test]
+    fn committed_policies_are_current() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../charts/wirerate/templates/admission-policy.yaml"
+        );
+        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            committed == policies_yaml().unwrap(),
+            "{path} is stale: run `cargo run -p wirerate-operator --bin policygen > charts/wirerate/templates/admission-policy.yaml`"
+        );
+    }
+
+    #[test]
+    fn every_right_the_agents_get_is_checked_against_the_requester() {
+        let ps = policies();
+        let text = |kind: &str| {
+            let p: ValidatingAdmissionPolicy = serde_json::from_value(
+                ps.iter()
+                    .find(|p| p["metadata"]["name"] == format!("{POLICY_PREFIX}-{kind}"))
+                    .unwrap()
+                    .clone(),
+            )
+            .unwrap();
+            serde_json::to_string(&p.spec.unwrap().validations).unwrap()
+        };
+        for (kind, rules) in [
+            ("dtnpools", pool_rules()),
+            ("dtnpoolbindings", transfer_rules()),
+        ] {
+            let checks = text(kind);
+            for r in &rules {
+                for res in r.resources.iter().flatten() {
+                    let res = res.split('/').next().unwrap();
+                    for verb in &r.verbs {
+                        assert!(
+                            checks.contains(&format!("resource('{res}')"))
+                                && checks.contains(&format!("check('{verb}')")),
+                            "{kind}: {verb} {res} unchecked"
+                        );
+                    }
+                }
+            }
+        }
+        assert!(text("transfers").contains("tokenSecret"));
+        // Each policy is bound, to deny.
+        for p in ps
+            .iter()
+            .filter(|p| p["kind"] == "ValidatingAdmissionPolicyBinding")
+        {
+            let b: ValidatingAdmissionPolicyBinding = serde_json::from_value(p.clone()).unwrap();
+            assert_eq!(
+                b.spec.unwrap().validation_actions,
+                Some(vec!["Deny".to_owned()])
+            );
+        }
+    }
+
+    #[test]
+    fn a_check_per_verb_with_subresources_split_out() {
+        let rules = transfer_rules();
+        let h = checks(&rules)
+            .into_iter()
+            .map(|(c, _)| c)
+            .collect::<Vec<_>>()
+            .join(" && ");
+        assert!(
+            h.contains(".resource('transfers').subresource('status')"),
+            "{h}"
+        );
+        let n: usize = rules
+            .iter()
+            .map(|r| {
+                r.verbs.len()
+                    * r.resources.as_ref().map_or(0, Vec::len)
+                    * r.api_groups.as_ref().map_or(0, Vec::len)
+            })
+            .sum();
+        assert_eq!(h.matches(".allowed()").count(), n);
+    }
+}
