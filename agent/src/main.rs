@@ -272,9 +272,12 @@ fn verify(s: &str) -> Result<Verify, String> {
 fn init_logs(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // Colour only for a person at a terminal: escape codes in a pod's log,
+    // a file or a pipe are noise to whoever greps them.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 

@@ -248,6 +248,39 @@ fn bad_arguments_and_refusals_exit_non_zero_with_a_clear_message() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("connecting to"));
 }
 
+// Found in a pod's log: the log lines carried terminal colour codes.
+#[test]
+fn logs_carry_no_colour_codes_when_not_at_a_terminal() {
+    use std::io::Read;
+    let s = setup("nocolour", 1 << 20);
+    let port = free_port();
+    let mut rx = Command::new(BIN)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--root")
+        .arg(&s.root)
+        .arg("--token-file")
+        .arg(&s.token)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "receiver did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    rx.kill().unwrap();
+    rx.wait().unwrap();
+    let mut err = String::new();
+    rx.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(err.contains("serving"), "no log line to check: {err:?}");
+    assert!(!err.contains('\x1b'), "colour codes in a pipe: {err:?}");
+}
+
 #[test]
 fn serve_exposes_prometheus_metrics() {
     use std::io::{Read, Write};

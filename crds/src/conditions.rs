@@ -30,6 +30,13 @@ pub fn condition(type_: &str, ok: bool, reason: &str, message: impl Into<String>
     }
 }
 
+/// `t` as the API stores a Time: to the second. A status holding finer
+/// times never equals what is read back, so each write would look like a
+/// change and trigger another.
+pub fn whole_seconds(t: k8s_openapi::jiff::Timestamp) -> Time {
+    Time(k8s_openapi::jiff::Timestamp::from_second(t.as_second()).unwrap_or(t))
+}
+
 /// Puts `new` into `conditions`, keeping the old transition time when the status
 /// did not change, so re-reconciling never looks like a transition.
 pub fn set(

@@ -52,7 +52,7 @@ use crate::tuning::{Striping, Tuning};
         label_selector_path = ".status.labelSelector"
     )
 )]
-#[x_kube(validation = Rule::new("self.allowedRoots.all(r, self.volumes.exists(v, r == v.mountPath || r.startsWith(v.mountPath + '/')))").message("every allowedRoots entry must lie under one of the volumes' mountPath: add a volume or change the root"))]
+#[x_kube(validation = Rule::new("self.allowedRoots.all(r, self.volumes.exists(v, r == v.mountPath || r.startsWith(v.mountPath.endsWith('/') ? v.mountPath : v.mountPath + '/')))").message("every allowedRoots entry must lie under one of the volumes' mountPath: add a volume or change the root"))]
 #[x_kube(validation = Rule::new("!has(self.striping) || !has(self.tuning.blockSize) || self.tuning.blockSize % self.striping.stripeSize == 0").message("striping.stripeSize must divide tuning.blockSize"))]
 #[serde(rename_all = "camelCase")]
 pub struct DtnPoolSpec {
@@ -163,13 +163,14 @@ pub struct Advertise {
 
 /// Huge pages requested for each agent.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[x_kube(validation = Rule::new("!self.amount.startsWith('0') && (self.pageSize == '1Gi' ? self.amount.endsWith('Gi') : (self.amount.endsWith('Gi') || int(self.amount.substring(0, size(self.amount) - 2)) % 2 == 0))").message("hugepages.amount must be a whole number of pages: a multiple of 2Mi for 2Mi pages, of 1Gi for 1Gi pages"))]
 #[serde(rename_all = "camelCase")]
 pub struct Hugepages {
     /// Page size: `2Mi` or `1Gi`.
     #[schemars(length(max = 3), regex(pattern = r"^(2Mi|1Gi)$"))]
     pub page_size: String,
     /// Amount per agent, as a quantity (for example `1Gi`).
-    #[schemars(length(max = 16), regex(pattern = r"^[0-9]+(Mi|Gi)$"))]
+    #[schemars(length(max = 16), regex(pattern = r"^[1-9][0-9]*(Mi|Gi)$"))]
     pub amount: String,
 }
 

@@ -38,6 +38,32 @@ use crate::tuning::{Striping, Tuning, Verification};
         json_path = ".metadata.creationTimestamp",
         name = "Age",
         type_ = "date"
+    ),
+    printcolumn(
+        json_path = ".status.attempt",
+        name = "Attempt",
+        type_ = "integer",
+        priority = 1
+    ),
+    printcolumn(
+        json_path = ".status.queuePosition",
+        name = "Queue",
+        type_ = "integer",
+        description = "Place in the sending pool's queue (1 = next)",
+        priority = 1
+    ),
+    printcolumn(
+        json_path = r#".status.conditions[?(@.status=="False")].reason"#,
+        name = "Reason",
+        type_ = "string",
+        description = "Why it waits (a False condition's reason)",
+        priority = 1
+    ),
+    printcolumn(
+        json_path = r#".status.conditions[?(@.type=="Failed")].reason"#,
+        name = "Failure",
+        type_ = "string",
+        priority = 1
     )
 )]
 #[x_kube(validation = Rule::new("!has(self.destination.pool) || self.source.pool != self.destination.pool || self.source.path != self.destination.path").message("source and destination are the same file: change destination.path or destination.pool"))]
@@ -77,6 +103,21 @@ fn three() -> i32 {
     3
 }
 
+/// A path is spelled one way only, so that comparing two spellings compares
+/// the files: `/x/f/`, `/x//f` and `/x/./f` would otherwise pass the
+/// same-file rule as three files.
+const PLAIN_PATH: &str = "!self.contains('//') && !self.contains('/./') && !self.endsWith('/.') && (self == '/' || !self.endsWith('/'))";
+const PLAIN_PATH_MESSAGE: &str =
+    "path must be spelled plainly: no '//', no '/./' and no trailing '/' or '/.'";
+
+/// Whether `path` is spelled as the CRD requires (the rule PLAIN_PATH).
+pub fn plain_path(path: &str) -> bool {
+    !path.contains("//")
+        && !path.contains("/./")
+        && !path.ends_with("/.")
+        && (path == "/" || !path.ends_with('/'))
+}
+
 /// A path on a pool's storage.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
@@ -91,6 +132,7 @@ pub struct Source {
     /// Absolute path of a file or directory under one of the pool's allowedRoots.
     #[schemars(length(min = 2, max = 4096))]
     #[x_kube(validation = Rule::new("self.startsWith('/') && !self.contains('/../') && !self.endsWith('/..')").message("path must be absolute and must not contain '..'"))]
+    #[x_kube(validation = Rule::new(PLAIN_PATH).message(PLAIN_PATH_MESSAGE))]
     pub path: String,
 }
 
@@ -114,6 +156,7 @@ pub struct Destination {
     /// agent: relative to its root, with a leading '/').
     #[schemars(length(min = 2, max = 4096))]
     #[x_kube(validation = Rule::new("self.startsWith('/') && !self.contains('/../') && !self.endsWith('/..')").message("path must be absolute and must not contain '..'"))]
+    #[x_kube(validation = Rule::new(PLAIN_PATH).message(PLAIN_PATH_MESSAGE))]
     pub path: String,
 }
 
@@ -123,6 +166,7 @@ pub struct Destination {
 pub struct External {
     /// `host:port` of its data listener.
     #[schemars(length(min = 3, max = 260))]
+    #[x_kube(validation = Rule::new("self.matches('^[^ /]+:[0-9]{1,5}$')").message("address must be host:port, for example dtn1.partner.example.org:7700 or [2001:db8::1]:7700"))]
     pub address: String,
     /// Secret in the Transfer's namespace whose `token` key holds its shared secret.
     #[schemars(length(min = 1, max = 253))]

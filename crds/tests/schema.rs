@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use kube::core::cel::{validate_cel, validate_cel_update};
-use wirerate_crds::{DtnPool, Transfer};
+use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -77,7 +77,10 @@ fn crds_have_status_scale_short_names_and_columns() {
         .collect();
     assert_eq!(
         cols,
-        ["Phase", "Progress", "Rate", "Sender", "Receiver", "Age"]
+        [
+            "Phase", "Progress", "Rate", "Sender", "Receiver", "Age", "Attempt", "Queue", "Reason",
+            "Failure"
+        ]
     );
     let yaml = serde_yaml::to_string(&xfer).unwrap();
     assert!(
@@ -153,6 +156,31 @@ fn examples_parse_and_pass_admission() {
         let t: Transfer = example(name);
         validate_cel(&t).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
+    let b: DtnPoolBinding = example("dtnpoolbinding.yaml");
+    validate_cel(&b).unwrap();
+    // The binding consents for the namespace it is in, to the pool it names,
+    // and the example pool offers to serve that namespace.
+    let consent = b.consent().unwrap();
+    let pool: DtnPool = example("dtnpool-lustre.yaml");
+    assert_eq!(
+        (consent.pool_namespace.as_str(), consent.pool.as_str()),
+        (
+            pool.metadata.namespace.as_deref().unwrap(),
+            pool.metadata.name.as_deref().unwrap()
+        )
+    );
+    assert!(pool.spec.allowed_namespaces.contains(&consent.namespace));
+}
+
+#[test]
+fn allowed_namespaces_must_be_namespace_names() {
+    use kube::CustomResourceExt;
+    let crd = serde_json::to_value(DtnPool::crd()).unwrap();
+    let items = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["allowedNamespaces"]["items"];
+    // The API server checks the pattern; its RFC 1123 label is a namespace name.
+    assert_eq!(items["pattern"], r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$");
+    assert_eq!(items["maxLength"], 63);
 }
 
 #[test]
@@ -187,6 +215,62 @@ fn transfer_rules_refuse_mistakes() {
         token_secret: "s".into(),
     });
     rejected_with(&t, "exactly one of pool or external");
+}
+
+// Found against a real API server: `/x/f/`, `/x//f` and `/x/./f` passed the
+// same-file rule, and an agent copied a file onto itself.
+#[test]
+fn paths_are_spelled_one_way_so_the_same_file_is_seen() {
+    let good: Transfer = example("transfer.yaml");
+    let src = good.spec.source.path.clone();
+    let (dir, leaf) = src.rsplit_once('/').unwrap();
+    for spelling in [
+        format!("{src}/"),
+        format!("{dir}//{leaf}"),
+        format!("{dir}/./{leaf}"),
+        format!("{src}/."),
+    ] {
+        assert!(
+            !wirerate_crds::transfer::plain_path(&spelling),
+            "{spelling}"
+        );
+        let mut t = good.clone();
+        t.spec.destination.pool = Some(t.spec.source.pool.clone());
+        t.spec.destination.path = spelling.clone();
+        rejected_with(&t, "spelled plainly");
+        let mut t = good.clone();
+        t.spec.source.path = spelling;
+        rejected_with(&t, "spelled plainly");
+    }
+    assert!(wirerate_crds::transfer::plain_path(&src));
+}
+
+#[test]
+fn an_external_address_needs_a_port() {
+    let mut t: Transfer = example("transfer-external.yaml");
+    validate_cel(&t).unwrap();
+    for bad in ["dtn1.partner.example.org", "dtn1:", "10.0.0.1", "a b:7700"] {
+        t.spec.destination.external.as_mut().unwrap().address = bad.into();
+        rejected_with(&t, "address must be host:port");
+    }
+    for ok in ["10.0.0.1:7700", "[2001:db8::1]:7700", "dtn1:1"] {
+        t.spec.destination.external.as_mut().unwrap().address = ok.into();
+        validate_cel(&t).unwrap_or_else(|e| panic!("{ok}: {e}"));
+    }
+}
+
+#[test]
+fn wide_output_shows_attempt_queue_and_reasons() {
+    use kube::CustomResourceExt;
+    let crd = Transfer::crd();
+    let wide: Vec<String> = crd.spec.versions[0]
+        .additional_printer_columns
+        .iter()
+        .flatten()
+        .filter(|c| c.priority == Some(1))
+        .map(|c| c.name.clone())
+        .collect();
+    assert_eq!(wide, ["Attempt", "Queue", "Reason", "Failure"]);
 }
 
 #[test]
@@ -226,8 +310,38 @@ fn pool_rules_refuse_mistakes() {
     p.spec.volumes[0].claim_name = Some("pvc".into());
     rejected_with(&p, "exactly one of hostPath or claimName");
 
-    let mut p = good;
+    let mut p = good.clone();
     p.spec.tuning.block_size = Some(8 * 1024 * 1024);
     p.spec.striping.as_mut().unwrap().stripe_size = 3 * 1024 * 1024;
     rejected_with(&p, "stripeSize must divide");
+
+    // Found against a real API server: these passed admission, and the
+    // StatefulSet then failed to create pods.
+    for (page, amount) in [
+        ("2Mi", "3Mi"),
+        ("1Gi", "1Mi"),
+        ("1Gi", "512Mi"),
+        ("2Mi", "0Mi"),
+    ] {
+        let mut p = good.clone();
+        p.spec.hugepages = Some(wirerate_crds::pool::Hugepages {
+            page_size: page.into(),
+            amount: amount.into(),
+        });
+        rejected_with(&p, "whole number of pages");
+    }
+    for (page, amount) in [("2Mi", "4Mi"), ("2Mi", "1Gi"), ("1Gi", "2Gi")] {
+        let mut p = good.clone();
+        p.spec.hugepages = Some(wirerate_crds::pool::Hugepages {
+            page_size: page.into(),
+            amount: amount.into(),
+        });
+        validate_cel(&p).unwrap_or_else(|e| panic!("{amount} of {page}: {e}"));
+    }
+
+    // Found against a real API server: a mountPath written with a trailing
+    // slash made a root beneath it fail.
+    let mut p = good;
+    p.spec.volumes[0].mount_path = format!("{}/", p.spec.volumes[0].mount_path);
+    validate_cel(&p).expect("a trailing slash on mountPath is the same directory");
 }

@@ -72,7 +72,11 @@ async fn pool_renders_agents_and_reports_status() {
         .await
         .expect("reconcile");
 
-    let calls: Vec<_> = d.calls().into_iter().filter(|c| c.method != "GET").collect();
+    let calls: Vec<_> = d
+        .calls()
+        .into_iter()
+        .filter(|c| c.method != "GET")
+        .collect();
     let order: Vec<&str> = calls
         .iter()
         .map(|c| c.path.rsplit('/').nth(1).unwrap_or(""))
@@ -417,18 +421,17 @@ async fn a_pool_gets_nothing_in_a_namespace_that_did_not_consent() {
     assert_eq!(touched(&d, "kube-system"), Vec::<String>::new());
     assert_eq!(touched(&d, "beamline-7"), Vec::<String>::new());
     let s = d.last_status("/dtnpools/lustre-dtn");
-    assert_eq!(s["awaitingBinding"], serde_json::json!(["kube-system", "beamline-7"]));
+    assert_eq!(
+        s["awaitingBinding"],
+        serde_json::json!(["kube-system", "beamline-7"])
+    );
     // The pool's own Role reads no Secrets.
     let own = d
         .calls()
         .into_iter()
         .find(|c| c.is("PATCH", "/namespaces/research-data/roles/lustre-dtn-agent"))
         .unwrap();
-    assert!(
-        !own.body.to_string().contains("secrets"),
-        "{}",
-        own.body
-    );
+    assert!(!own.body.to_string().contains("secrets"), "{}", own.body);
 
     // A binding in another namespace, or naming another pool, is no consent.
     d.binding(&binding("default", "research-data", "lustre-dtn"));
@@ -451,7 +454,11 @@ async fn a_pool_gets_nothing_in_a_namespace_that_did_not_consent() {
     let rb = "/apis/rbac.authorization.k8s.io/v1/namespaces/beamline-7/rolebindings/wirerate-agent-research-data-lustre-dtn";
     assert!(d.has(role) && d.has(rb));
     let applied = d.calls().into_iter().find(|c| c.is("PATCH", role)).unwrap();
-    assert!(!applied.body.to_string().contains("secrets"), "{}", applied.body);
+    assert!(
+        !applied.body.to_string().contains("secrets"),
+        "{}",
+        applied.body
+    );
     assert_eq!(touched(&d, "kube-system"), Vec::<String>::new());
     let s = d.last_status("/dtnpools/lustre-dtn");
     assert_eq!(s["servingNamespaces"], serde_json::json!(["beamline-7"]));
@@ -560,8 +567,11 @@ async fn each_token_is_readable_by_its_transfers_pools_alone_and_only_while_it_r
         .map(|c| c.path)
         .collect();
     assert!(
-        gone.iter().any(|p| p.ends_with("/namespaces/data/rolebindings/x-token"))
-            && gone.iter().any(|p| p.ends_with("/namespaces/data/roles/x-token")),
+        gone.iter()
+            .any(|p| p.ends_with("/namespaces/data/rolebindings/x-token"))
+            && gone
+                .iter()
+                .any(|p| p.ends_with("/namespaces/data/roles/x-token")),
         "{gone:?}"
     );
 }
@@ -598,7 +608,10 @@ async fn an_external_token_secret_must_be_marked_for_wirerate_by_its_owner() {
     reconcile(&d, &x).await;
     let s = d.last_status("/transfers/x");
     assert_eq!(s["phase"], "Pending", "{s}");
-    assert!(s.to_string().contains("wirerate.io/external-token=true"), "{s}");
+    assert!(
+        s.to_string().contains("wirerate.io/external-token=true"),
+        "{s}"
+    );
     assert!(!d.calls().iter().any(|c| c.path.contains("/roles/x-token")));
 
     // Marked by someone who may write it: used, and granted by name.
@@ -614,5 +627,76 @@ async fn an_external_token_secret_must_be_marked_for_wirerate_by_its_owner() {
         .into_iter()
         .find(|c| c.is("PATCH", "/roles/x-token"))
         .unwrap();
-    assert_eq!(role.body["rules"][0]["resourceNames"], serde_json::json!(["db-password"]));
+    assert_eq!(
+        role.body["rules"][0]["resourceNames"],
+        serde_json::json!(["db-password"])
+    );
+}
+
+// Found against a real API server: every Transfer got the finalizer, even
+// one never scheduled, so deleting a namespace hung while the operator was
+// down. Now it is added just before agents are given the Transfer, and
+// dropped when the Transfer is over.
+#[tokio::test]
+async fn the_finalizer_is_held_only_while_agents_have_something_to_clean_up() {
+    let finalizer_patches = |d: &Double, name: &str| -> Vec<serde_json::Value> {
+        d.calls()
+            .into_iter()
+            .filter(|c| c.is("PATCH", &format!("/transfers/{name}")) && c.body.is_array())
+            .map(|c| c.body)
+            .collect()
+    };
+    let mut d = Double::new();
+    pools(&mut d);
+    d.lease(&lease("src", "s0", now(), None));
+    d.lease(&lease("dst", "r0", now(), None));
+
+    // Never valid, never scheduled: no finalizer.
+    let mut bad = transfer("bad", "/in/a", "/out/bad");
+    bad.spec.destination.pool = Some("missing".into());
+    d.transfer(&bad);
+    reconcile(&d, &bad).await;
+    assert_eq!(d.last_status("/transfers/bad")["phase"], "Pending");
+    assert!(finalizer_patches(&d, "bad").is_empty());
+
+    // Scheduled: the finalizer first, then the assignment.
+    let x = transfer("x", "/in/a", "/out/x");
+    d.transfer(&x);
+    reconcile(&d, &x).await;
+    let calls = d.calls();
+    let added = calls
+        .iter()
+        .position(|c| c.is("PATCH", "/transfers/x") && c.body.is_array())
+        .expect("finalizer added");
+    let assigned = calls
+        .iter()
+        .position(|c| c.is("PATCH", "/transfers/x/status"))
+        .unwrap();
+    assert!(added < assigned, "held before the agents are told");
+    assert_eq!(
+        calls[added].body[1],
+        serde_json::json!({"op": "add", "path": "/metadata/finalizers", "value": [contract::TRANSFER_FINALIZER]})
+    );
+
+    // Over: the finalizer goes.
+    let mut x = finalized(x, contract::TRANSFER_FINALIZER);
+    let mut s: wirerate_crds::TransferStatus =
+        serde_json::from_value(d.last_status("/transfers/x")).unwrap();
+    s.reports = vec![AgentReport {
+        role: Role::Receiver,
+        agent: "r0".into(),
+        attempt: 1,
+        state: ReportState::Succeeded,
+        message: "digest 0123".into(),
+        endpoint: None,
+        updated_at: Time(Timestamp::now()),
+    }];
+    x.status = Some(s);
+    d.transfer(&x);
+    reconcile(&d, &x).await;
+    let patches = finalizer_patches(&d, "x");
+    assert_eq!(
+        patches.last().unwrap()[1],
+        serde_json::json!({"op": "remove", "path": "/metadata/finalizers/0"})
+    );
 }

@@ -67,10 +67,9 @@ fn list_of(path: &str) -> Option<(String, String)> {
     let prefix = format!("/{}", parts.get(..api)?.join("/"));
     match parts.get(api..)? {
         [resource] => Some((prefix, (*resource).to_owned())),
-        ["namespaces", ns, resource] => Some((
-            format!("{prefix}/namespaces/{ns}"),
-            (*resource).to_owned(),
-        )),
+        ["namespaces", ns, resource] => {
+            Some((format!("{prefix}/namespaces/{ns}"), (*resource).to_owned()))
+        }
         _ => None,
     }
 }

@@ -48,6 +48,41 @@ pub fn claim(lease: &Lease, me: &str, now: Timestamp) -> Option<Lease> {
     Some(next)
 }
 
+/// The Lease handed back by `me`, or None when `me` does not hold it. With
+/// no holder, a standby takes it on its next try instead of waiting out the
+/// duration.
+pub fn released(lease: &Lease, me: &str) -> Option<Lease> {
+    let spec = lease.spec.clone().unwrap_or_default();
+    if spec.holder_identity.as_deref() != Some(me) {
+        return None;
+    }
+    let mut next = lease.clone();
+    next.spec = Some(LeaseSpec {
+        holder_identity: None,
+        renew_time: None,
+        acquire_time: None,
+        ..spec
+    });
+    Some(next)
+}
+
+/// Hands the Lease back if this replica holds it (on a clean shutdown).
+pub async fn release(client: &Client, namespace: &str, me: &str) -> Result<bool> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let Some(current) = api.get_opt(LEASE_NAME).await? else {
+        return Ok(false);
+    };
+    let Some(next) = released(&current, me) else {
+        return Ok(false);
+    };
+    match api.replace(LEASE_NAME, &PostParams::default(), &next).await {
+        Ok(_) => Ok(true),
+        // Someone renewed or took it meanwhile: nothing of ours to release.
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Tries once to take or keep the Lease; true while we lead.
 pub async fn try_lead(client: &Client, namespace: &str, me: &str) -> Result<bool> {
     let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
@@ -141,5 +176,19 @@ mod tests {
             (s.holder_identity.as_deref(), s.lease_transitions),
             (Some("b"), Some(1))
         );
+    }
+
+    // Found against a real API server: a leader stopped by SIGTERM kept its
+    // Lease, so the standby waited out the 15 s duration (28 s under load).
+    #[test]
+    fn a_released_lease_is_taken_at_once() {
+        let mine = claim(&Lease::default(), "a", at(100)).unwrap();
+        assert!(released(&mine, "b").is_none(), "only the holder releases");
+        let free = released(&mine, "a").unwrap();
+        let s = free.spec.as_ref().unwrap();
+        assert_eq!(s.holder_identity, None);
+        // One second later, not fifteen: b takes it.
+        let taken = claim(&free, "b", at(101)).expect("free at once");
+        assert_eq!(taken.spec.unwrap().holder_identity.as_deref(), Some("b"));
     }
 }

@@ -54,7 +54,7 @@ pub fn step(
     now: Timestamp,
 ) -> Step {
     let old = t.status.clone().unwrap_or_default();
-    let now_t = Time(now);
+    let now_t = conditions::whole_seconds(now);
     let generation = t.metadata.generation;
     let mut s = operator_fields(&old);
     s.observed_generation = generation;
@@ -319,7 +319,7 @@ pub fn assigned(
     token_secret: &str,
     now: Timestamp,
 ) -> (TransferStatus, Note) {
-    let now_t = Time(now);
+    let now_t = conditions::whole_seconds(now);
     let agent_ref = |a: &Agent| AgentRef {
         name: a.name.clone(),
         pool: a.pool.clone(),
@@ -614,12 +614,7 @@ mod tests {
         let mut t = transfer("t", "/in/a", "/out/a");
         t.spec.max_failovers = 0;
         running(&mut t, &ag);
-        let st = step(
-            &t,
-            &check(&t),
-            &agents(300, &[("src", "s0")]),
-            at(301),
-        );
+        let st = step(&t, &check(&t), &agents(300, &[("src", "s0")]), at(301));
         assert_eq!(st.status.phase, Some(TransferPhase::Failed));
         let c = conditions::find(&st.status.conditions, types::FAILED).unwrap();
         assert_eq!(c.reason, "TooManyFailovers");

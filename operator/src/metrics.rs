@@ -46,8 +46,11 @@ impl Default for Metrics {
         let phases =
             IntGaugeVec::new(Opts::new("transfers", "Transfers by phase"), &["phase"]).unwrap();
         let queue = IntGaugeVec::new(
-            Opts::new("queue_length", "Transfers waiting for agents"),
-            &["pool"],
+            Opts::new(
+                "queue_length",
+                "Transfers waiting for agents, by their namespace and sending pool",
+            ),
+            &["namespace", "pool_namespace", "pool"],
         )
         .unwrap();
         let bytes =
@@ -86,5 +89,81 @@ impl Metrics {
             .encode_utf8(&self.registry.gather(), &mut out)
             .expect("text encoding cannot fail");
         out
+    }
+}
+
+/// Queued Transfers by (their namespace, sending pool's namespace, sending pool).
+pub type Queues = std::collections::BTreeMap<(String, String, String), i64>;
+
+/// Transfers by phase, and the queues: read off the statuses, so the gauges
+/// cost one pass over the cache and never a scheduling decision.
+pub fn tally(
+    transfers: &[wirerate_crds::Transfer],
+) -> (
+    std::collections::HashMap<wirerate_crds::TransferPhase, i64>,
+    Queues,
+) {
+    use wirerate_crds::TransferPhase;
+    use wirerate_crds::transfer::Role;
+    let mut phases = std::collections::HashMap::new();
+    let mut queues = std::collections::BTreeMap::new();
+    for t in transfers {
+        let phase = t.status.as_ref().and_then(|s| s.phase).unwrap_or_default();
+        *phases.entry(phase).or_default() += 1;
+        if phase == TransferPhase::Queued {
+            let ns = t.metadata.namespace.clone().unwrap_or_default();
+            let pool_ns = t
+                .pool_namespace(Role::Sender)
+                .unwrap_or_default()
+                .to_owned();
+            *queues
+                .entry((ns, pool_ns, t.spec.source.pool.clone()))
+                .or_default() += 1;
+        }
+    }
+    (phases, queues)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::tests::transfer;
+    use wirerate_crds::{TransferPhase, TransferStatus};
+
+    // The queue gauge had only a pool label: two namespaces' queues on one
+    // pool were one number.
+    #[test]
+    fn queues_are_counted_per_namespace_and_pool() {
+        let queued = |name: &str, ns: &str| {
+            let mut t = transfer(name, "/in/a", "/out/a");
+            t.metadata.namespace = Some(ns.into());
+            t.spec.source.pool_namespace = Some("data".into());
+            t.status = Some(TransferStatus {
+                phase: Some(TransferPhase::Queued),
+                ..Default::default()
+            });
+            t
+        };
+        let mut running = transfer("r", "/in/a", "/out/a");
+        running.status = Some(TransferStatus {
+            phase: Some(TransferPhase::Running),
+            ..Default::default()
+        });
+        let all = [
+            queued("a1", "alpha"),
+            queued("a2", "alpha"),
+            queued("b1", "beta"),
+            running,
+        ];
+        let (phases, queues) = tally(&all);
+        assert_eq!(phases[&TransferPhase::Queued], 3);
+        assert_eq!(phases[&TransferPhase::Running], 1);
+        let key = |ns: &str| (ns.to_owned(), "data".to_owned(), "src".to_owned());
+        assert_eq!(queues[&key("alpha")], 2);
+        assert_eq!(queues[&key("beta")], 1);
+        assert_eq!(queues.len(), 2);
+        let m = Metrics::default();
+        m.queue.with_label_values(&["alpha", "data", "src"]).set(2);
+        assert!(m.render().contains("namespace=\"alpha\""));
     }
 }

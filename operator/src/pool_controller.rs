@@ -6,10 +6,10 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::ResourceExt;
 use serde_json::json;
 use wirerate_crds::{DtnPool, contract};
 
@@ -133,7 +133,9 @@ async fn revoke_remote(pool: &DtnPool, ctx: &Context, keep: &[String]) -> Result
     );
     let lp = ListParams::default().labels(&selector);
     let dp = DeleteParams::default();
-    let bindings = Api::<RoleBinding>::all(ctx.client.clone()).list(&lp).await?;
+    let bindings = Api::<RoleBinding>::all(ctx.client.clone())
+        .list(&lp)
+        .await?;
     let roles = Api::<Role>::all(ctx.client.clone()).list(&lp).await?;
     let stale = |m: &kube::api::ObjectMeta| {
         let at = m.namespace.clone().unwrap_or_default();

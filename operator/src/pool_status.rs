@@ -3,9 +3,8 @@
 use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use wirerate_crds::conditions::{self, condition, types};
+use wirerate_crds::conditions::{self, condition, types, whole_seconds};
 use wirerate_crds::pool::{AgentStatus, PreflightFinding};
 use wirerate_crds::{DtnPool, DtnPoolStatus};
 
@@ -71,7 +70,7 @@ pub fn status(
 ) -> DtnPoolStatus {
     let missing_namespaces = namespaces.missing;
     let old = pool.status.clone().unwrap_or_default();
-    let now_t = Time(now);
+    let now_t = whole_seconds(now);
     let generation = pool.metadata.generation;
     let pods_by_name: HashMap<&str, &Pod> = pods
         .iter()
@@ -92,7 +91,7 @@ pub fn status(
                 address: a.address.clone(),
                 ready: a.live() && pod_ok.unwrap_or(true),
                 active_transfers: active.get(&a.id()).copied().unwrap_or(0),
-                last_heartbeat: a.renewed.clone(),
+                last_heartbeat: a.renewed.as_ref().map(|t| whole_seconds(t.0)),
             }
         })
         .collect();
@@ -250,13 +249,58 @@ mod tests {
         p
     }
 
+    // Found against a real API server: two idle pools wrote their status
+    // about five times a second. The heartbeat carried the Lease's
+    // microseconds, the API kept seconds, so what was read back never
+    // equalled what was computed, and each write woke the next reconcile.
+    #[test]
+    fn a_status_read_back_from_the_api_is_not_written_again() {
+        let mut pool = lustre_pool();
+        let mut l = lease("lustre-dtn", "a0", 100, None);
+        let fine = Timestamp::from_second(100).unwrap() + std::time::Duration::from_micros(123_456);
+        l.spec.as_mut().unwrap().renew_time = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(fine),
+        );
+        let a0 = from_lease(&l, &Default::default(), at(101)).unwrap();
+        let now = at(101) + std::time::Duration::from_millis(250);
+        let first = status(
+            &pool,
+            &[&a0],
+            &[],
+            &HashMap::new(),
+            Namespaces::default(),
+            now,
+        );
+        // Through the API and back, as the next reconcile sees it.
+        let stored: DtnPoolStatus =
+            serde_json::from_value(serde_json::to_value(&first).unwrap()).unwrap();
+        pool.status = Some(stored.clone());
+        let later = now + std::time::Duration::from_millis(300);
+        let second = status(
+            &pool,
+            &[&a0],
+            &[],
+            &HashMap::new(),
+            Namespaces::default(),
+            later,
+        );
+        assert_eq!(second, stored, "nothing changed, so nothing to write");
+    }
+
     #[test]
     fn ready_when_every_desired_agent_is_live() {
         let pool = lustre_pool();
         let a0 = live_agent("a0");
         let a1 = live_agent("a1");
         let active = HashMap::from([(a0.id(), 2)]);
-        let s = status(&pool, &[&a0, &a1], &[], &active, Namespaces::default(), at(101));
+        let s = status(
+            &pool,
+            &[&a0, &a1],
+            &[],
+            &active,
+            Namespaces::default(),
+            at(101),
+        );
         assert_eq!((s.ready_agents, s.active_transfers, s.replicas), (2, 2, 2));
         assert!(conditions::is_true(&s.conditions, types::READY));
         assert!(!conditions::is_true(&s.conditions, types::DEGRADED));
@@ -272,7 +316,14 @@ mod tests {
             "lustre-dtn-agent-0",
             "0/3 nodes are available: 3 Insufficient hugepages-2Mi.",
         );
-        let s = status(&pool, &[], &[&p], &HashMap::new(), Namespaces::default(), at(1));
+        let s = status(
+            &pool,
+            &[],
+            &[&p],
+            &HashMap::new(),
+            Namespaces::default(),
+            at(1),
+        );
         let c = conditions::find(&s.conditions, types::DEGRADED).unwrap();
         assert_eq!(
             (c.status.as_str(), c.reason.as_str()),
@@ -282,7 +333,14 @@ mod tests {
             "lustre-dtn-agent-0",
             "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector.",
         );
-        let s = status(&pool, &[], &[&p], &HashMap::new(), Namespaces::default(), at(1));
+        let s = status(
+            &pool,
+            &[],
+            &[&p],
+            &HashMap::new(),
+            Namespaces::default(),
+            at(1),
+        );
         let c = conditions::find(&s.conditions, types::DEGRADED).unwrap();
         assert_eq!(c.reason, reason::NO_SCHEDULABLE_NODE);
         assert!(c.message.contains("nodeSelector"));
@@ -315,7 +373,10 @@ mod tests {
         );
         assert!(d.message.contains("beamline-7"), "{}", d.message);
         assert_eq!(s.ready_agents, 1, "the pool still serves its own namespace");
-        assert!(s.serving_namespaces.is_empty(), "a missing one is not served");
+        assert!(
+            s.serving_namespaces.is_empty(),
+            "a missing one is not served"
+        );
         assert_eq!(s.awaiting_binding, ["beamline-9"]);
     }
 }

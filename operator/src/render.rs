@@ -534,15 +534,14 @@ pub(crate) mod tests {
                 .any(|r| r.resources.as_deref() == Some(&["leases".to_string()][..]))
         );
         // No Role of a pool reads Secrets: tokens are granted one by one.
-        let all_rules = rules
-            .iter()
-            .chain(r.remote.iter().flat_map(|(role, _)| role.rules.iter().flatten()));
+        let all_rules = rules.iter().chain(
+            r.remote
+                .iter()
+                .flat_map(|(role, _)| role.rules.iter().flatten()),
+        );
         for rule in all_rules {
             let res = rule.resources.clone().unwrap_or_default();
-            assert!(
-                !res.iter().any(|x| x == "secrets" || x == "*"),
-                "{rule:?}"
-            );
+            assert!(!res.iter().any(|x| x == "secrets" || x == "*"), "{rule:?}");
         }
         // The pool serves beamline-7 too: a Role there, without an owner (owners cannot cross namespaces).
         assert_eq!(r.remote.len(), 1);

@@ -85,7 +85,10 @@ mod tests {
         let (role, rb) = render(&t, "t-token", &[&src, &dst]);
         let rules = role.rules.unwrap();
         assert_eq!(rules.len(), 1);
-        assert_eq!(rules[0].resources.as_deref(), Some(&["secrets".to_owned()][..]));
+        assert_eq!(
+            rules[0].resources.as_deref(),
+            Some(&["secrets".to_owned()][..])
+        );
         assert_eq!(rules[0].verbs, ["get"]);
         assert_eq!(
             rules[0].resource_names.as_deref(),

@@ -41,6 +41,20 @@ pub async fn reconcile(t: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action> {
         .inc();
     let ns = t.namespace().ok_or(Error::Malformed("a namespace"))?;
     let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), &ns);
+    // The finalizer is added only when agents are about to be given the
+    // Transfer (see `apply`), and dropped once it is over: a Transfer never
+    // scheduled, or finished, must not hold up a namespace's deletion while
+    // the operator is down.
+    if !t
+        .finalizers()
+        .iter()
+        .any(|f| f == contract::TRANSFER_FINALIZER)
+    {
+        if t.meta().deletion_timestamp.is_some() {
+            return Ok(Action::await_change());
+        }
+        return apply(&t, &ctx, &api).await;
+    }
     finalizer(&api, contract::TRANSFER_FINALIZER, t, |event| async {
         match event {
             Finalizer::Apply(t) => apply(&t, &ctx, &api).await,
@@ -92,6 +106,7 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
         let (placements, positions) = plan(&view, now);
         step.status.queue_position = positions.get(&key).copied();
         if let (Some(p), Ok(resolved)) = (placements.get(&key), &validity) {
+            hold(current, &api_for(current, ctx)?, true).await?;
             let token = ensure_token(current, ctx).await?;
             // Access before assignment: an agent that sees its assignment can
             // read the token (the API server's authorizer may lag a moment;
@@ -153,6 +168,10 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
     if phase.is_final() && !was_final && current.status.as_ref().is_some_and(|s| s.sender.is_some())
     {
         revoke_token(current, ctx).await?;
+    }
+    if phase.is_final() {
+        // Nothing left for the agents to clean up.
+        hold(t, api, false).await?;
     }
     for n in notes {
         publish(ctx, t, &n).await;
@@ -283,6 +302,39 @@ async fn ensure_token(t: &Transfer, ctx: &Context) -> Result<String> {
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(name),
         Err(e) => Err(e.into()),
     }
+}
+
+fn api_for(t: &Transfer, ctx: &Context) -> Result<Api<Transfer>> {
+    let ns = t.namespace().ok_or(Error::Malformed("a namespace"))?;
+    Ok(Api::namespaced(ctx.client.clone(), &ns))
+}
+
+/// Adds (`keep`) or removes the operator's finalizer, if that changes
+/// anything. A JSON patch that tests the list first, so a concurrent change
+/// to the finalizers fails the patch rather than being overwritten.
+async fn hold(t: &Transfer, api: &Api<Transfer>, keep: bool) -> Result<()> {
+    let ours = contract::TRANSFER_FINALIZER;
+    let list = t.finalizers();
+    let at = list.iter().position(|f| f == ours);
+    let ops = match (keep, at) {
+        (true, Some(_)) | (false, None) => return Ok(()),
+        (true, None) if t.meta().finalizers.is_none() => {
+            json!([{"op": "test", "path": "/metadata/finalizers", "value": null},
+                   {"op": "add", "path": "/metadata/finalizers", "value": [ours]}])
+        }
+        (true, None) => {
+            json!([{"op": "test", "path": "/metadata/finalizers", "value": list},
+                   {"op": "add", "path": "/metadata/finalizers/-", "value": ours}])
+        }
+        (false, Some(i)) => {
+            json!([{"op": "test", "path": format!("/metadata/finalizers/{i}"), "value": ours},
+                   {"op": "remove", "path": format!("/metadata/finalizers/{i}")}])
+        }
+    };
+    let patch: json_patch::Patch = serde_json::from_value(ops).expect("a well-formed JSON patch");
+    api.patch::<Transfer>(&t.name_any(), &PatchParams::default(), &Patch::Json(patch))
+        .await?;
+    Ok(())
 }
 
 /// Why an external receiver's token Secret cannot be handed to the sending

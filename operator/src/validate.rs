@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use wirerate_crds::transfer::Role;
+use wirerate_crds::transfer::{Role, plain_path};
 use wirerate_crds::{Consent, DtnPool, Striping, Transfer, Tuning};
 
 use crate::scheduler::Key;
@@ -160,6 +160,16 @@ pub fn root_of<'a>(pool: &'a DtnPool, path: &str) -> Option<&'a str> {
 }
 
 fn under_roots(p: &DtnPool, key: &Key, path: &str, writes: bool) -> Result<(), Invalid> {
+    // Admission refuses these spellings too; a Transfer stored before that
+    // rule, or written around it, is refused here.
+    if !plain_path(path) {
+        return Err(invalid(
+            reason::PATH_NOT_ALLOWED,
+            format!(
+                "{path}: a path must be spelled plainly, without '//', '/./' or a trailing '/'"
+            ),
+        ));
+    }
     let Some(root) = root_of(p, path) else {
         return Err(invalid(
             reason::PATH_NOT_ALLOWED,
@@ -172,7 +182,8 @@ fn under_roots(p: &DtnPool, key: &Key, path: &str, writes: bool) -> Result<(), I
         ));
     };
     let read_only = p.spec.volumes.iter().any(|v| {
-        v.read_only && (root == v.mount_path || root.starts_with(&format!("{}/", v.mount_path)))
+        let mount = v.mount_path.trim_end_matches('/');
+        v.read_only && (root == mount || root.starts_with(&format!("{mount}/")))
     });
     if writes && read_only {
         return Err(invalid(
@@ -301,6 +312,38 @@ pub(crate) mod tests {
             stripe_size: 3 * 1024 * 1024,
         });
         assert_eq!(check(&t).unwrap_err().reason, reason::INVALID_TUNING);
+    }
+
+    #[test]
+    fn other_spellings_of_a_path_are_refused() {
+        for (from, to) in [
+            ("/in/a/", "/out/a"),
+            ("/in/a", "/out//a"),
+            ("/in/./a", "/out/a"),
+        ] {
+            let e = check(&transfer("t", from, to)).unwrap_err();
+            assert_eq!(e.reason, reason::PATH_NOT_ALLOWED);
+            assert!(e.message.contains("plainly"), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn a_read_only_volume_is_found_whatever_its_mount_path_ends_with() {
+        let mut pools = pools();
+        let dst = pools
+            .get_mut(&("data".to_owned(), "dst".to_owned()))
+            .unwrap();
+        dst.spec.volumes[0].mount_path = "/out/".into();
+        dst.spec.volumes[0].read_only = true;
+        let e = validate(
+            &transfer("t", "/in/a", "/out/a"),
+            Catalog {
+                pools: &pools,
+                consents: &BTreeSet::new(),
+            },
+        )
+        .unwrap_err();
+        assert!(e.message.contains("read-only"), "{}", e.message);
     }
 
     #[test]

@@ -55,6 +55,29 @@ pub fn under_roots(path: &Path, roots: &[String]) -> Result<PathBuf> {
     })
 }
 
+/// Whether `a` and `b` name one file (same device and inode), however
+/// spelled; false when either cannot be looked at.
+pub fn is_same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+/// Refuses a Transfer whose destination is its source, when this agent can
+/// see both (pools on one file system): copying a file onto itself would
+/// truncate it.
+pub fn refuse_same_file(source: &str, dest: &str) -> Result<()> {
+    if is_same_file(Path::new(source), Path::new(dest)) {
+        return Err(Error::PathRefused {
+            path: dest.to_owned(),
+            reason: format!("it is the source file {source} itself (same device and inode)"),
+        });
+    }
+    Ok(())
+}
+
 /// A sender in flight.
 pub struct SenderJob {
     /// Acknowledged and total bytes.
@@ -222,4 +245,35 @@ pub fn remove_partials(dest: &Path) -> usize {
         }
     }
     n
+}
+
+#[cfg(test)]
+mod same_file_tests {
+    use super::*;
+
+    // Found against a real API server: `/x/f` and `/x//f` passed as two
+    // files, and an agent copied a file onto itself.
+    #[test]
+    fn one_file_under_two_spellings_is_refused() {
+        let dir = std::env::temp_dir().join(format!("wirerate-same-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("f");
+        std::fs::write(&f, b"data").unwrap();
+        let other = dir.join("g");
+        std::fs::write(&other, b"data").unwrap();
+        let d = dir.display();
+        for spelling in [format!("{d}//f"), format!("{d}/./f"), format!("{d}/f")] {
+            let e = refuse_same_file(&f.display().to_string(), &spelling).unwrap_err();
+            assert!(e.to_string().contains("itself"), "{e}");
+        }
+        let link = dir.join("hard");
+        std::fs::hard_link(&f, &link).unwrap();
+        assert!(is_same_file(&f, &link));
+        assert!(refuse_same_file(&f.display().to_string(), &other.display().to_string()).is_ok());
+        assert!(
+            refuse_same_file(&f.display().to_string(), &format!("{d}/not-there")).is_ok(),
+            "a new destination is not the source"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -298,6 +298,17 @@ async fn start_job(
         .token_secret
         .clone()
         .ok_or_else(|| Error::Config("the Transfer has no token Secret yet".into()))?;
+    for path in [&t.spec.source.path, &t.spec.destination.path] {
+        if !wirerate_crds::transfer::plain_path(path) {
+            return Err(Error::PathRefused {
+                path: path.clone(),
+                reason: "it is not spelled plainly (no '//', '/./' or trailing '/')".into(),
+            });
+        }
+    }
+    if t.spec.destination.external.is_none() {
+        jobs::refuse_same_file(&t.spec.source.path, &t.spec.destination.path)?;
+    }
     let token = read_token(client, &w.transfer.0, &secret_name).await?;
     let side = match w.key.role {
         Role::Sender => {
@@ -418,12 +429,29 @@ fn stripe(dir: &Path, want: Option<&wirerate_crds::Striping>) -> StripingReport 
     }
 }
 
+/// How long an agent keeps asking for a token it was just given access to:
+/// the operator grants it before assigning, but the API server's authorizer
+/// learns of new RoleBindings a moment later.
+const TOKEN_ACCESS_GRACE: Duration = Duration::from_secs(10);
+
 async fn read_token(client: &Client, ns: &str, name: &str) -> Result<Vec<u8>> {
     let api: Api<Secret> = Api::namespaced(client.clone(), ns);
-    let s = api
-        .get(name)
-        .await
-        .map_err(|e| Error::Config(format!("cannot read token Secret {ns}/{name}: {e}")))?;
+    let started = tokio::time::Instant::now();
+    let s = loop {
+        match api.get(name).await {
+            Ok(s) => break s,
+            Err(kube::Error::Api(e))
+                if (e.code == 403 || e.code == 404) && started.elapsed() < TOKEN_ACCESS_GRACE =>
+            {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => {
+                return Err(Error::Config(format!(
+                    "cannot read token Secret {ns}/{name}: {e}"
+                )));
+            }
+        }
+    };
     s.data
         .and_then(|d| d.get(contract::TOKEN_KEY).cloned())
         .map(|b| b.0)

@@ -10,11 +10,10 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, ListParams};
-use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer, TransferPhase, contract};
 use wirerate_operator::context::{Context, Stores};
 use wirerate_operator::{http, leader, pool_controller, transfer_controller};
@@ -51,6 +50,9 @@ async fn run() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,kube=warn".into()),
         )
+        // Colour only at a terminal, never in a pod's log.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
     let identity = args.identity.unwrap_or_else(|| {
@@ -194,8 +196,17 @@ async fn run() -> anyhow::Result<()> {
         )
         .for_each(|_| async {});
     tokio::select! {
-        _ = futures::future::join(pool_run, transfer_run) => tracing::info!("controllers stopped"),
-        why = leader::hold(client, args.namespace, identity) => {
+        _ = futures::future::join(pool_run, transfer_run) => {
+            // Stopped by a signal: hand the Lease to a standby now rather
+            // than let it wait out the Lease's duration.
+            tracing::info!("controllers stopped");
+            match leader::release(&client, &args.namespace, &identity).await {
+                Ok(true) => tracing::info!("leader Lease released"),
+                Ok(false) => {}
+                Err(e) => tracing::warn!("cannot release the leader Lease: {e}"),
+            }
+        }
+        why = leader::hold(client.clone(), args.namespace.clone(), identity.clone()) => {
             // Another replica may be reconciling now; stopping at once is the safe side.
             anyhow::bail!("lost leadership ({why}); exiting so a restart waits for the Lease again");
         }
@@ -214,32 +225,26 @@ async fn gauges(ctx: Arc<Context>) {
         TransferPhase::Failed,
     ];
     loop {
-        let view = ctx.view(Timestamp::now());
+        let transfers: Vec<Transfer> = ctx
+            .stores
+            .transfers
+            .state()
+            .iter()
+            .map(|t| (**t).clone())
+            .collect();
+        let (by_phase, queues) = wirerate_operator::metrics::tally(&transfers);
         for p in phases {
-            let n = view
-                .transfers
-                .iter()
-                .filter(|t| t.status.as_ref().and_then(|s| s.phase).unwrap_or_default() == p)
-                .count();
             ctx.metrics
                 .phases
                 .with_label_values(&[p.as_str()])
-                .set(n as i64);
+                .set(by_phase.get(&p).copied().unwrap_or(0));
         }
-        let (_, positions) = transfer_controller::plan(&view, Timestamp::now());
         ctx.metrics.queue.reset();
-        let mut per_pool = std::collections::HashMap::<String, i64>::new();
-        for t in &view.transfers {
-            let key = (
-                t.metadata.namespace.clone().unwrap_or_default(),
-                t.metadata.name.clone().unwrap_or_default(),
-            );
-            if positions.contains_key(&key) {
-                *per_pool.entry(t.spec.source.pool.clone()).or_default() += 1;
-            }
-        }
-        for (pool, n) in per_pool {
-            ctx.metrics.queue.with_label_values(&[&pool]).set(n);
+        for ((ns, pool_ns, pool), n) in queues {
+            ctx.metrics
+                .queue
+                .with_label_values(&[&ns, &pool_ns, &pool])
+                .set(n);
         }
         tokio::time::sleep(Duration::from_secs(10)).await;
     }
