@@ -27,6 +27,11 @@ pub const PREFLIGHT_ANNOTATION: &str = "wirerate.io/preflight";
 /// Label an external receiver's token Secret must carry (value `true`) before
 /// the operator lets the sending pool's agents read it.
 pub const EXTERNAL_TOKEN_LABEL: &str = "wirerate.io/external-token";
+/// Preflight check: the agent cannot list an allowed root.
+pub const PREFLIGHT_STORAGE_READABLE: &str = "storage-readable";
+/// Preflight check: the agent cannot write and read back a file under an
+/// allowed root the pool writes to.
+pub const PREFLIGHT_STORAGE_WRITABLE: &str = "storage-writable";
 /// Key of the token in a Transfer's token Secret.
 pub const TOKEN_KEY: &str = "token";
 /// Finalizer the operator puts on Transfers.

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::tuning::{Striping, Tuning};
@@ -131,6 +132,69 @@ pub struct DtnPoolSpec {
     /// Host settings the agents check at start and report in status.
     #[serde(default)]
     pub preflight: Preflight,
+    /// Who the agents run as on the storage: its owner's uid and groups, or
+    /// capabilities that bypass file permissions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_context: Option<AgentSecurityContext>,
+}
+
+/// The identity the agents read and write users' data with. File permissions
+/// apply to the agents like to anyone (their capabilities are dropped), so
+/// data of uid 1000 with mode 0600 needs the agents to run as uid 1000, or a
+/// capability that bypasses permissions.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentSecurityContext {
+    /// User the agents run as (pod securityContext.runAsUser).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 2147483647))]
+    pub run_as_user: Option<i64>,
+    /// Primary group (pod securityContext.runAsGroup).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 2147483647))]
+    pub run_as_group: Option<i64>,
+    /// Group that owns the pool's volumes where the volume type supports it
+    /// (not hostPath), and a supplementary group of the agents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 2147483647))]
+    pub fs_group: Option<i64>,
+    /// More groups the agents belong to (for group-readable data).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(range(min = 0, max = 2147483647)))]
+    pub supplemental_groups: Vec<i64>,
+    /// Capabilities that bypass file permissions, for facilities whose data
+    /// belongs to many users: DAC_READ_SEARCH reads any file, DAC_OVERRIDE
+    /// also writes any file, CHOWN and FOWNER change owners and modes. Each
+    /// makes the agents able to do so on everything their volumes hold.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4))]
+    pub add_capabilities: Vec<FileCapability>,
+}
+
+/// A capability an agent may be given to get past file permissions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[allow(non_camel_case_types)]
+pub enum FileCapability {
+    /// Read any file and search any directory.
+    DAC_READ_SEARCH,
+    /// Read, write and search any file or directory.
+    DAC_OVERRIDE,
+    /// Change any file's owner.
+    CHOWN,
+    /// Act as the owner of any file (modes, times).
+    FOWNER,
+}
+
+impl FileCapability {
+    /// The capability's name, as a container's securityContext takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::DAC_READ_SEARCH => "DAC_READ_SEARCH",
+            Self::DAC_OVERRIDE => "DAC_OVERRIDE",
+            Self::CHOWN => "CHOWN",
+            Self::FOWNER => "FOWNER",
+        }
+    }
 }
 
 fn one() -> i32 {

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use wirerate_crds::conditions::{self, condition, types, whole_seconds};
 use wirerate_crds::pool::{AgentStatus, PreflightFinding};
-use wirerate_crds::{DtnPool, DtnPoolStatus};
+use wirerate_crds::{DtnPool, DtnPoolStatus, contract};
 
 use crate::agents::{Agent, AgentId};
 use crate::render;
@@ -23,6 +23,10 @@ pub mod reason {
     pub const AGENTS_LOST: &str = "AgentsLost";
     /// A namespace in spec.allowedNamespaces does not exist.
     pub const NAMESPACE_MISSING: &str = "NamespaceMissing";
+    /// An agent cannot write under an allowed root.
+    pub const STORAGE_NOT_WRITABLE: &str = "StorageNotWritable";
+    /// An agent cannot read an allowed root.
+    pub const STORAGE_NOT_READABLE: &str = "StorageNotReadable";
 }
 
 /// The other namespaces a pool offers to serve, by how far they got.
@@ -162,6 +166,20 @@ pub fn status(
                 missing_namespaces.join(", ")
             ),
         ))
+    } else if let Some((r, f)) = [
+        (
+            reason::STORAGE_NOT_READABLE,
+            contract::PREFLIGHT_STORAGE_READABLE,
+        ),
+        (
+            reason::STORAGE_NOT_WRITABLE,
+            contract::PREFLIGHT_STORAGE_WRITABLE,
+        ),
+    ]
+    .into_iter()
+    .find_map(|(r, check)| Some((r, preflight.iter().find(|f| f.check == check)?)))
+    {
+        Some((r, format!("agent {}: {}", f.agent, f.message)))
     } else if let Some(f) = preflight.first() {
         Some((
             reason::PREFLIGHT_FAILED,
@@ -285,6 +303,41 @@ mod tests {
             later,
         );
         assert_eq!(second, stored, "nothing changed, so nothing to write");
+    }
+
+    #[test]
+    fn storage_an_agent_cannot_use_degrades_the_pool_with_its_own_reason() {
+        let pool = lustre_pool();
+        for (check, want) in [
+            (
+                contract::PREFLIGHT_STORAGE_WRITABLE,
+                reason::STORAGE_NOT_WRITABLE,
+            ),
+            (
+                contract::PREFLIGHT_STORAGE_READABLE,
+                reason::STORAGE_NOT_READABLE,
+            ),
+        ] {
+            let mut a0 = live_agent("a0");
+            a0.preflight = vec![
+                ("mtu".to_owned(), "the MTU is off".to_owned()),
+                (
+                    check.to_owned(),
+                    "cannot write ... (the agent runs as uid 0)".to_owned(),
+                ),
+            ];
+            let s = status(
+                &pool,
+                &[&a0],
+                &[],
+                &HashMap::new(),
+                Namespaces::default(),
+                at(101),
+            );
+            let d = conditions::find(&s.conditions, types::DEGRADED).unwrap();
+            assert_eq!((d.status.as_str(), d.reason.as_str()), ("True", want));
+            assert!(d.message.contains("uid 0"), "{}", d.message);
+        }
     }
 
     #[test]

@@ -14,8 +14,9 @@ use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
     HostPathVolumeSource, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodAffinityTerm,
-    PodAntiAffinity, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SecurityContext,
-    Service, ServiceAccount, ServicePort, ServiceSpec, TCPSocketAction, Volume, VolumeMount,
+    PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, TCPSocketAction, Volume,
+    VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -360,8 +361,29 @@ fn pod_spec(
         .get_or_insert_with(Vec::new)
         .push(one_per_node);
 
+    let identity = spec.security_context.clone().unwrap_or_default();
+    // IPC_LOCK: pin the transfer buffers (and huge pages) in memory.
+    // NET_ADMIN: choose a congestion control outside the host's allowed
+    // list, as the pool's tuning may ask. The rest only if the pool asks.
+    let mut caps = vec!["IPC_LOCK".to_owned(), "NET_ADMIN".to_owned()];
+    caps.extend(
+        identity
+            .add_capabilities
+            .iter()
+            .map(|c| c.as_str().to_owned()),
+    );
+    let pod_identity = PodSecurityContext {
+        run_as_user: identity.run_as_user,
+        run_as_group: identity.run_as_group,
+        fs_group: identity.fs_group,
+        supplemental_groups: (!identity.supplemental_groups.is_empty())
+            .then(|| identity.supplemental_groups.clone()),
+        ..Default::default()
+    };
+
     PodSpec {
         host_network: Some(true),
+        security_context: (pod_identity != PodSecurityContext::default()).then_some(pod_identity),
         dns_policy: Some("ClusterFirstWithHostNet".into()),
         service_account_name: Some(name.to_owned()),
         node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
@@ -399,12 +421,9 @@ fn pod_spec(
             resources: Some(ResourceRequirements { ..resources }),
             security_context: Some(SecurityContext {
                 allow_privilege_escalation: Some(false),
-                // IPC_LOCK: pin the transfer buffers (and huge pages) in memory.
-                // NET_ADMIN: choose a congestion control outside the host's
-                // allowed list, as the pool's tuning may ask.
                 capabilities: Some(Capabilities {
                     drop: Some(vec!["ALL".into()]),
-                    add: Some(vec!["IPC_LOCK".into(), "NET_ADMIN".into()]),
+                    add: Some(caps),
                 }),
                 ..Default::default()
             }),
@@ -506,6 +525,51 @@ pub(crate) mod tests {
             env.iter()
                 .any(|e| e.name == contract::ENV_AGENT && e.value_from.is_some())
         );
+    }
+
+    // Found in a cluster: with no uid or gid settings and all capabilities
+    // dropped, agents could not read a uid-1000 file of mode 0600 nor write
+    // into a uid-1000 directory.
+    #[test]
+    fn the_pool_chooses_who_its_agents_are_on_the_storage() {
+        use wirerate_crds::pool::{AgentSecurityContext, FileCapability};
+        let plain = render(&lustre_pool(), &[]);
+        let pod = plain.stateful_set.spec.unwrap().template.spec.unwrap();
+        assert!(pod.security_context.is_none(), "nothing asked, nothing set");
+
+        let mut p = lustre_pool();
+        p.spec.security_context = Some(AgentSecurityContext {
+            run_as_user: Some(1000),
+            run_as_group: Some(1000),
+            fs_group: Some(2000),
+            supplemental_groups: vec![3000],
+            add_capabilities: vec![FileCapability::DAC_READ_SEARCH],
+        });
+        let pod = render(&p, &[])
+            .stateful_set
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap();
+        let sc = pod.security_context.unwrap();
+        assert_eq!(
+            (sc.run_as_user, sc.run_as_group, sc.fs_group),
+            (Some(1000), Some(1000), Some(2000))
+        );
+        assert_eq!(sc.supplemental_groups, Some(vec![3000]));
+        let caps = pod.containers[0]
+            .security_context
+            .as_ref()
+            .unwrap()
+            .capabilities
+            .clone()
+            .unwrap();
+        assert_eq!(
+            caps.add.unwrap(),
+            ["IPC_LOCK", "NET_ADMIN", "DAC_READ_SEARCH"]
+        );
+        assert_eq!(caps.drop.unwrap(), ["ALL"]);
     }
 
     #[test]

@@ -3,11 +3,13 @@
 //! the agent's own field manager.
 //!
 //! `plan` decides what should run and when to report, `jobs` runs the
-//! engine, `host` reads the machine; this module talks to the API server.
+//! engine, `host` reads the machine, `storage` checks the agent may use the
+//! pool's storage; this module talks to the API server.
 
 pub mod host;
 pub mod jobs;
 pub mod plan;
+pub mod storage;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -245,7 +247,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
                         &cfg,
                         &w.transfer,
                         &w.key,
-                        Report::new(ReportState::Failed, &e.to_string()),
+                        Report::new(ReportState::Failed, &storage::explain(&e)),
                     )
                     .await;
                     finished.insert(w.key);
@@ -721,15 +723,32 @@ async fn report(
     }
 }
 
+/// The pool's allowed roots, each with whether the pool may write there (not
+/// beneath a read-only volume).
+fn roots(pool: &DtnPool) -> Vec<(String, bool)> {
+    pool.spec
+        .allowed_roots
+        .iter()
+        .map(|r| {
+            let read_only = pool.spec.volumes.iter().any(|v| {
+                let mount = v.mount_path.trim_end_matches('/');
+                v.read_only && (r == mount || r.starts_with(&format!("{mount}/")))
+            });
+            (r.clone(), !read_only)
+        })
+        .collect()
+}
+
 async fn heartbeat(client: &Client, cfg: &RunConfig, pool: &DtnPool, active: usize) -> Result<()> {
     let api: Api<Lease> = Api::namespaced(client.clone(), &cfg.namespace);
     let name = contract::lease_name(&cfg.pool, &cfg.agent);
     let interface = std::env::var(contract::ENV_INTERFACE).ok();
-    let findings = host::preflight(
+    let mut findings = host::preflight(
         &pool.spec.preflight,
         pool.spec.mtu,
         &host::Readings::read(interface.as_deref()),
     );
+    findings.extend(storage::probe_cached(&roots(pool), &cfg.agent));
     let mut annotations = BTreeMap::from([
         (
             contract::ADDRESS_ANNOTATION.to_owned(),
