@@ -97,10 +97,23 @@ pub struct TransferSpec {
     #[serde(default = "three")]
     #[schemars(range(min = 0, max = 20))]
     pub max_failovers: i32,
+    /// Seconds a running transfer may go without a byte landing before both
+    /// of its agents are replaced (an agent that renews its Lease but is
+    /// stuck, on a hung mount for example). Verifying is not counted.
+    #[serde(default = "stall_timeout")]
+    #[schemars(range(min = 30, max = 86400))]
+    pub stall_timeout_seconds: i32,
 }
 
 fn three() -> i32 {
     3
+}
+
+/// The default of `stallTimeoutSeconds`: five minutes.
+pub const STALL_TIMEOUT_SECONDS: i32 = 300;
+
+fn stall_timeout() -> i32 {
+    STALL_TIMEOUT_SECONDS
 }
 
 /// A path is spelled one way only, so that comparing two spellings compares
@@ -256,6 +269,10 @@ pub struct TransferStatus {
     /// (an acknowledged block is durable at the destination).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
+    /// The operator's note of when the transfer last moved, for
+    /// spec.stallTimeoutSeconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_moved: Option<Moved>,
     /// The Lustre layout the receiver applied, or why none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub striping: Option<StripingReport>,
@@ -337,6 +354,18 @@ pub struct Progress {
     pub eta_seconds: Option<i64>,
     /// When these figures were taken.
     pub updated_at: Time,
+}
+
+/// Bytes landed at a point in time, in one attempt.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Moved {
+    /// The attempt.
+    pub attempt: i32,
+    /// Bytes landed by then.
+    pub bytes_done: i64,
+    /// When the operator saw them.
+    pub at: Time,
 }
 
 /// The Lustre layout a receiver applied.

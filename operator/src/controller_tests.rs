@@ -450,8 +450,8 @@ async fn a_pool_gets_nothing_in_a_namespace_that_did_not_consent() {
         .expect("reconcile");
     let there = touched(&d, "beamline-7");
     assert_eq!(there.len(), 2, "{there:?}");
-    let role = "/apis/rbac.authorization.k8s.io/v1/namespaces/beamline-7/roles/wirerate-agent-research-data-lustre-dtn";
-    let rb = "/apis/rbac.authorization.k8s.io/v1/namespaces/beamline-7/rolebindings/wirerate-agent-research-data-lustre-dtn";
+    let role = "/apis/rbac.authorization.k8s.io/v1/namespaces/beamline-7/roles/wirerate-agent.research-data.lustre-dtn";
+    let rb = "/apis/rbac.authorization.k8s.io/v1/namespaces/beamline-7/rolebindings/wirerate-agent.research-data.lustre-dtn";
     assert!(d.has(role) && d.has(rb));
     let applied = d.calls().into_iter().find(|c| c.is("PATCH", role)).unwrap();
     assert!(
@@ -525,8 +525,8 @@ async fn each_token_is_readable_by_its_transfers_pools_alone_and_only_while_it_r
     reconcile(&d, &x).await;
     let calls = d.calls();
     let at = |end: &str| calls.iter().position(|c| c.is("PATCH", end));
-    let role = at("/namespaces/data/roles/x-token").expect("token Role");
-    let rb = at("/namespaces/data/rolebindings/x-token").expect("token RoleBinding");
+    let role = at("/namespaces/data/roles/wirerate-token.x").expect("token Role");
+    let rb = at("/namespaces/data/rolebindings/wirerate-token.x").expect("token RoleBinding");
     let assigned = at("/transfers/x/status").unwrap();
     assert!(role < assigned && rb < assigned, "granted before assigned");
     let rules = &calls[role].body["rules"];
@@ -568,10 +568,10 @@ async fn each_token_is_readable_by_its_transfers_pools_alone_and_only_while_it_r
         .collect();
     assert!(
         gone.iter()
-            .any(|p| p.ends_with("/namespaces/data/rolebindings/x-token"))
+            .any(|p| p.ends_with("/namespaces/data/rolebindings/wirerate-token.x"))
             && gone
                 .iter()
-                .any(|p| p.ends_with("/namespaces/data/roles/x-token")),
+                .any(|p| p.ends_with("/namespaces/data/roles/wirerate-token.x")),
         "{gone:?}"
     );
 }
@@ -612,7 +612,11 @@ async fn an_external_token_secret_must_be_marked_for_wirerate_by_its_owner() {
         s.to_string().contains("wirerate.io/external-token=true"),
         "{s}"
     );
-    assert!(!d.calls().iter().any(|c| c.path.contains("/roles/x-token")));
+    assert!(
+        !d.calls()
+            .iter()
+            .any(|c| c.path.contains("/roles/wirerate-token.x"))
+    );
 
     // Marked by someone who may write it: used, and granted by name.
     d.put(
@@ -625,7 +629,7 @@ async fn an_external_token_secret_must_be_marked_for_wirerate_by_its_owner() {
     let role = d
         .calls()
         .into_iter()
-        .find(|c| c.is("PATCH", "/roles/x-token"))
+        .find(|c| c.is("PATCH", "/roles/wirerate-token.x"))
         .unwrap();
     assert_eq!(
         role.body["rules"][0]["resourceNames"],
@@ -698,5 +702,80 @@ async fn the_finalizer_is_held_only_while_agents_have_something_to_clean_up() {
     assert_eq!(
         patches.last().unwrap()[1],
         serde_json::json!({"op": "remove", "path": "/metadata/finalizers/0"})
+    );
+}
+
+// Found in review: a Transfer named after an existing Secret's prefix
+// (`admin` for `admin-token`) had the operator reuse that Secret as its token
+// and grant the pools' agents read on it; a Role or RoleBinding of the grant's
+// name was taken over by force. Names this Transfer does not own are refused.
+#[tokio::test]
+async fn names_a_transfer_does_not_own_are_never_granted_or_taken_over() {
+    for (path, kind) in [
+        ("/api/v1/namespaces/data/secrets/x-token", "Secret"),
+        (
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles/wirerate-token.x",
+            "Role",
+        ),
+        (
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings/wirerate-token.x",
+            "RoleBinding",
+        ),
+    ] {
+        let mut d = Double::new();
+        pools(&mut d);
+        d.lease(&lease("src", "s0", now(), None));
+        d.lease(&lease("dst", "r0", now(), None));
+        d.put(
+            path,
+            &serde_json::json!({"metadata": {"name": path.rsplit('/').next().unwrap(), "namespace": "data",
+                "ownerReferences": [{"apiVersion": "v1", "kind": "ServiceAccount", "name": "someone", "uid": "not-x", "controller": true}]}}),
+        );
+        let x = t("x", 0, 1);
+        d.transfer(&x);
+        reconcile(&d, &x).await;
+        let s = d.last_status("/transfers/x");
+        assert_eq!(s["phase"], "Pending", "{kind}: {s}");
+        assert!(s.to_string().contains(&format!("{kind} data/")), "{s}");
+        assert!(s.get("sender").is_none());
+        let written: Vec<String> = d
+            .calls()
+            .into_iter()
+            .filter(|c| {
+                c.method != "GET"
+                    && (c.path.contains("-token") || c.path.contains("wirerate-token"))
+            })
+            .map(|c| format!("{} {}", c.method, c.path))
+            .collect();
+        assert!(written.is_empty(), "{kind}: {written:?}");
+    }
+}
+
+// Found in review: the grant was revoked only on the step into a final
+// phase, so a failed DELETE (or a restart) left it for the Transfer's life.
+#[tokio::test]
+async fn a_finished_transfers_grant_is_revoked_on_every_look() {
+    let mut d = Double::new();
+    pools(&mut d);
+    let mut x = t("x", 0, 1);
+    x.status = Some(wirerate_crds::TransferStatus {
+        phase: Some(wirerate_crds::TransferPhase::Succeeded),
+        attempt: 1,
+        token_secret: Some("x-token".into()),
+        ..Default::default()
+    });
+    d.transfer(&x);
+    reconcile(&d, &x).await;
+    let deleted: Vec<String> = d
+        .calls()
+        .into_iter()
+        .filter(|c| c.method == "DELETE")
+        .map(|c| c.path)
+        .collect();
+    assert!(
+        deleted
+            .iter()
+            .any(|p| p.ends_with("/rolebindings/wirerate-token.x")),
+        "{deleted:?}"
     );
 }

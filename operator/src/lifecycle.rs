@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use wirerate_crds::conditions::{self, condition, types};
-use wirerate_crds::transfer::{AgentRef, Failover, Progress, ReportState, Role};
+use wirerate_crds::transfer::{AgentRef, Failover, Moved, Progress, ReportState, Role};
 use wirerate_crds::{Transfer, TransferPhase, TransferStatus};
 
 use crate::agents::{Agent, AgentId};
@@ -142,10 +142,23 @@ pub fn step(
     }
 
     let attempt = s.attempt;
+    // Only the assigned agent speaks for its side: any agent of a consented
+    // pool may patch the status of every Transfer in the namespace.
+    let assigned_to = |role: Role| match role {
+        Role::Sender => s.sender.as_ref().map(|a| a.name.clone()),
+        Role::Receiver => s.receiver.as_ref().map(|a| a.name.clone()),
+    };
+    let (sender_name, receiver_name) = (assigned_to(Role::Sender), assigned_to(Role::Receiver));
     let report = |role: Role| {
-        old.reports
-            .iter()
-            .find(|r| r.role == role && r.attempt == attempt)
+        let who = match role {
+            Role::Sender => &sender_name,
+            Role::Receiver => &receiver_name,
+        };
+        old.reports.iter().find(|r| {
+            r.role == role
+                && r.attempt == attempt
+                && (external && role == Role::Receiver || Some(&r.agent) == who.as_ref())
+        })
     };
     let receiver_done = if external {
         report(Role::Sender).is_some_and(|r| r.state == ReportState::Succeeded)
@@ -194,21 +207,38 @@ pub fn step(
             lost.push((role, who.name.clone(), why));
         }
     }
+    let stalled = stall(t, &old, &mut s, now);
+    if lost.is_empty()
+        && let Some(why) = &stalled
+    {
+        // Live but stuck: which side is cannot be told from here, so both go.
+        for (role, who) in s.assigned() {
+            lost.push((role, who.name.clone(), why.clone()));
+        }
+    }
     if external {
         lost.retain(|(role, _, _)| *role == Role::Sender);
     }
     if !lost.is_empty() {
         let budget = t.spec.max_failovers.max(0) as usize;
+        // Failovers are counted by attempt: both sides replaced at once is one.
+        let used = |s: &TransferStatus| {
+            let mut attempts: Vec<i32> = s.failovers.iter().map(|f| f.attempt).collect();
+            attempts.dedup();
+            attempts.len()
+        };
         let mut needs = Needs {
             avoid: s.failovers.iter().map(|f| f.agent.clone()).collect(),
             ..Needs::default()
         };
+        let attempt = s.attempt;
         for (role, agent, why) in &lost {
-            if s.failovers.len() >= budget {
+            let counted =
+                used(&s) - usize::from(s.failovers.last().is_some_and(|f| f.attempt == attempt));
+            if counted >= budget {
                 let msg = format!(
-                    "{} agent {agent} lost ({why}) after {} failovers, the most spec.maxFailovers allows",
+                    "{} agent {agent} lost ({why}) after {counted} failovers, the most spec.maxFailovers allows",
                     role_name(*role),
-                    s.failovers.len()
                 );
                 fail(
                     &mut s,
@@ -259,7 +289,11 @@ pub fn step(
             condition(
                 types::SCHEDULED,
                 false,
-                "Failover",
+                if stalled.is_some() {
+                    "Stalled"
+                } else {
+                    "Failover"
+                },
                 "waiting for another live agent of the pool",
             ),
             generation,
@@ -307,6 +341,52 @@ pub fn step(
         notes,
         needs: None,
     }
+}
+
+/// Keeps `s.last_moved`, the operator's note of when the transfer last
+/// moved, and says why it counts as stalled, if it does: running, with no
+/// byte landed for spec.stallTimeoutSeconds. The note is moved forward at
+/// most every quarter of the timeout, so progress costs few status writes.
+fn stall(
+    t: &Transfer,
+    old: &TransferStatus,
+    s: &mut TransferStatus,
+    now: Timestamp,
+) -> Option<String> {
+    let attempt = s.attempt;
+    let timeout = i64::from(t.spec.stall_timeout_seconds.max(1));
+    let landed = old
+        .progress
+        .as_ref()
+        .filter(|p| p.attempt == attempt)
+        .map_or(0, |p| p.bytes_done);
+    let fresh = || Moved {
+        attempt,
+        bytes_done: landed,
+        at: conditions::whole_seconds(now),
+    };
+    let Some(mark) = s.last_moved.clone().filter(|m| m.attempt == attempt) else {
+        s.last_moved = Some(fresh());
+        return None;
+    };
+    let idle = now.as_second() - mark.at.0.as_second();
+    if landed > mark.bytes_done {
+        if idle * 4 >= timeout {
+            s.last_moved = Some(fresh());
+        }
+        return None;
+    }
+    // Verifying reads the whole file back and lands nothing: not a stall.
+    let running = old.phase == Some(TransferPhase::Running)
+        && !old
+            .reports
+            .iter()
+            .any(|r| r.attempt == attempt && r.state == ReportState::Verifying);
+    (running && idle > timeout).then(|| {
+        format!(
+            "Stalled: no data landed for {idle}s (spec.stallTimeoutSeconds {timeout}) though its Lease is current"
+        )
+    })
 }
 
 /// The status after the scheduler placed agents; None fields keep the current agent.
@@ -487,6 +567,118 @@ mod tests {
             endpoint: None,
             updated_at: Time(at(150)),
         });
+    }
+
+    /// One step at `when` with both agents live then; its status becomes `t`'s.
+    fn step_at(t: &mut Transfer, when: i64) -> Step {
+        let ag = agents(when - 1, &[("src", "s0"), ("dst", "r0")]);
+        let st = step(t, &check(t), &ag, at(when));
+        let mut next = st.status.clone();
+        next.progress = t.status.as_ref().and_then(|s| s.progress.clone());
+        next.reports = t
+            .status
+            .as_ref()
+            .map(|s| s.reports.clone())
+            .unwrap_or_default();
+        t.status = Some(next);
+        st
+    }
+
+    fn landed(t: &mut Transfer, bytes: i64) {
+        let mut p = finished(1 << 30, 256, 0);
+        p.bytes_done = bytes;
+        t.status.as_mut().unwrap().progress = Some(p);
+    }
+
+    // Found against a real API server: an agent that renewed its Lease but
+    // made no progress kept its transfer for ever.
+    #[test]
+    fn a_transfer_that_lands_nothing_for_the_stall_timeout_gets_new_agents() {
+        let mut t = transfer("t", "/in/a", "/out/a");
+        t.spec.stall_timeout_seconds = 60;
+        running(&mut t, &agents(99, &[("src", "s0"), ("dst", "r0")]));
+        landed(&mut t, 1 << 20);
+        step_at(&mut t, 100);
+        let mark = t.status.as_ref().unwrap().last_moved.clone().unwrap();
+        assert_eq!((mark.attempt, mark.bytes_done), (1, 1 << 20));
+
+        // Moving: never stalled, and the mark moves at most every 15 s.
+        for (when, bytes) in [(110, 2 << 20), (130, 3 << 20), (180, 4 << 20)] {
+            landed(&mut t, bytes);
+            let st = step_at(&mut t, when);
+            assert_eq!(st.status.phase, Some(TransferPhase::Running), "{when}");
+        }
+        let mark = t.status.as_ref().unwrap().last_moved.clone().unwrap();
+        assert_eq!(mark.at.0.as_second(), 180);
+        assert_eq!(mark.bytes_done, 4 << 20);
+
+        // Stuck from 180: fine at 240, stalled after.
+        assert_eq!(
+            step_at(&mut t, 240).status.phase,
+            Some(TransferPhase::Running)
+        );
+        let st = step_at(&mut t, 241);
+        assert_eq!(st.status.phase, Some(TransferPhase::Queued));
+        let n = st.needs.unwrap();
+        assert!(n.sender && n.receiver, "both sides replaced");
+        assert_eq!(n.avoid, ["s0", "r0"]);
+        assert_eq!(st.status.attempt, 2);
+        assert!(st.status.failovers[0].reason.starts_with("Stalled"));
+        let sched = conditions::find(&st.status.conditions, types::SCHEDULED).unwrap();
+        assert_eq!(sched.reason, "Stalled");
+    }
+
+    #[test]
+    fn verifying_is_not_a_stall_and_both_sides_replaced_count_once() {
+        let mut t = transfer("t", "/in/a", "/out/a");
+        t.spec.stall_timeout_seconds = 60;
+        t.spec.max_failovers = 1;
+        running(&mut t, &agents(99, &[("src", "s0"), ("dst", "r0")]));
+        landed(&mut t, 1 << 30);
+        step_at(&mut t, 100);
+        report(&mut t, Role::Receiver, "r0", ReportState::Verifying);
+        t.status.as_mut().unwrap().phase = Some(TransferPhase::Verifying);
+        let st = step_at(&mut t, 1000);
+        assert_eq!(st.status.phase, Some(TransferPhase::Verifying));
+
+        // One stall with maxFailovers 1: reassigned, not failed.
+        let mut t = transfer("t", "/in/a", "/out/a");
+        t.spec.stall_timeout_seconds = 60;
+        t.spec.max_failovers = 1;
+        running(&mut t, &agents(99, &[("src", "s0"), ("dst", "r0")]));
+        step_at(&mut t, 100);
+        let st = step_at(&mut t, 200);
+        assert_eq!(
+            st.status.phase,
+            Some(TransferPhase::Queued),
+            "{:?}",
+            st.status.conditions
+        );
+        assert_eq!(st.status.failovers.len(), 2);
+    }
+
+    // Found in review: any agent of a consented pool may patch the status of
+    // every Transfer in the namespace, and a report was believed whoever
+    // wrote it.
+    #[test]
+    fn only_the_assigned_agent_speaks_for_its_side() {
+        let ag = agents(100, &[("src", "s0"), ("dst", "r0")]);
+        let mut t = transfer("t", "/in/a", "/out/a");
+        running(&mut t, &ag);
+        report(&mut t, Role::Receiver, "intruder", ReportState::Succeeded);
+        let v = check(&t);
+        let st = step(&t, &v, &ag, at(101));
+        assert_eq!(st.status.phase, Some(TransferPhase::Running));
+        report(&mut t, Role::Sender, "intruder", ReportState::Failed);
+        assert_eq!(
+            step(&t, &v, &ag, at(101)).status.phase,
+            Some(TransferPhase::Running)
+        );
+        report(&mut t, Role::Receiver, "r0", ReportState::Succeeded);
+        assert_eq!(
+            step(&t, &v, &ag, at(101)).status.phase,
+            Some(TransferPhase::Succeeded)
+        );
     }
 
     #[test]

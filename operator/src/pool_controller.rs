@@ -68,23 +68,33 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
         .partition(|n| validate::serves(pool, &key, n, &view.consents));
 
     let r = render::render(pool, &serving);
+    // Revocation first, so that no other namespace's trouble below can hold
+    // it up. Only when what the pool serves may have changed: it lists Roles
+    // across the cluster.
+    let old = pool.status.clone().unwrap_or_default();
+    if pool.status.is_none()
+        || old.observed_generation != pool.metadata.generation
+        || old.serving_namespaces != serving
+    {
+        revoke_remote(pool, ctx, &r.remote).await?;
+    }
     ctx.apply(&r.service_account).await?;
     ctx.apply(&r.role).await?;
     ctx.apply(&r.role_binding).await?;
-    // A consenting namespace that vanished degrades the pool; its own
-    // namespace still works.
+    // A consenting namespace that vanished, or refuses the Role, degrades
+    // the pool; its own namespace and the others still work.
     let mut missing = Vec::new();
     for (role, rb) in &r.remote {
-        match ctx.apply(role).await {
-            Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 => {
-                missing.push(role.metadata.namespace.clone().unwrap_or_default());
-                continue;
-            }
-            other => other?,
+        let at = role.metadata.namespace.clone().unwrap_or_default();
+        let applied = match ctx.apply(role).await {
+            Ok(()) => ctx.apply(rb).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = applied {
+            tracing::warn!(namespace = at, "cannot give the pool's agents access: {e}");
+            missing.push(at);
         }
-        ctx.apply(rb).await?;
     }
-    revoke_remote(pool, ctx, &serving).await?;
     ctx.apply(&r.service).await?;
     ctx.apply(&r.stateful_set).await?;
 
@@ -120,10 +130,20 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
     Ok(Action::requeue(Duration::from_secs(10)))
 }
 
-/// Removes the pool's Roles and RoleBindings from every other namespace not
-/// in `keep`: one dropped from allowedNamespaces, or whose DtnPoolBinding
-/// was deleted. Found by label, so nothing is left behind whatever changed.
-async fn revoke_remote(pool: &DtnPool, ctx: &Context, keep: &[String]) -> Result<()> {
+/// Removes the pool's Roles and RoleBindings from every other namespace but
+/// those `keep` renders (by namespace and name): one dropped from
+/// allowedNamespaces, or whose DtnPoolBinding was deleted. Found by label,
+/// so nothing is left behind whatever changed.
+async fn revoke_remote(pool: &DtnPool, ctx: &Context, keep: &[(Role, RoleBinding)]) -> Result<()> {
+    let keep: Vec<(String, String)> = keep
+        .iter()
+        .map(|(r, _)| {
+            (
+                r.metadata.namespace.clone().unwrap_or_default(),
+                r.metadata.name.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
     let ns = pool.namespace().unwrap_or_default();
     let selector = format!(
         "{}={},{}={ns}",
@@ -139,7 +159,8 @@ async fn revoke_remote(pool: &DtnPool, ctx: &Context, keep: &[String]) -> Result
     let roles = Api::<Role>::all(ctx.client.clone()).list(&lp).await?;
     let stale = |m: &kube::api::ObjectMeta| {
         let at = m.namespace.clone().unwrap_or_default();
-        (at != ns && !keep.contains(&at)).then(|| (at, m.name.clone().unwrap_or_default()))
+        let name = m.name.clone().unwrap_or_default();
+        (at != ns && !keep.contains(&(at.clone(), name.clone()))).then_some((at, name))
     };
     for (at, name) in bindings.items.iter().filter_map(|b| stale(&b.metadata)) {
         tracing::info!(namespace = at, "revoking the pool's access to {at}");

@@ -165,8 +165,9 @@ pub fn render(pool: &DtnPool, serving: &[String]) -> Rendered {
         },
         subjects: Some(vec![subject.clone()]),
     };
+    // Dots cannot occur in a namespace's name, so no two pools share one.
     let remote_name = format!(
-        "wirerate-agent-{}-{pool_name}",
+        "wirerate-agent.{}.{pool_name}",
         ns.clone().unwrap_or_default()
     );
     let remote = serving

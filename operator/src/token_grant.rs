@@ -18,9 +18,20 @@ use wirerate_crds::{Transfer, contract};
 use crate::render::agent_account;
 use crate::scheduler::Key;
 
-/// Name of the Role and RoleBinding granting `transfer`'s token.
+/// Name of the Role and RoleBinding granting `transfer`'s token. The dot
+/// keeps it apart from names people give (a Transfer name has none, since
+/// the operator's own names are checked before use anyway).
 pub fn grant_name(transfer: &str) -> String {
-    format!("{transfer}-token")
+    format!("wirerate-token.{transfer}")
+}
+
+/// Whether an object with `meta` is the operator's own for Transfer `uid`
+/// (its controller owner), so applying over it takes nothing from anyone.
+pub fn owned_by(meta: &ObjectMeta, uid: &str) -> bool {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.uid == uid && o.kind == "Transfer")
 }
 
 /// The Role and RoleBinding that let the agents of `pools` read `secret`.
@@ -113,6 +124,6 @@ mod tests {
                 ("far".to_owned(), "dst-agent".to_owned())
             ]
         );
-        assert_eq!(rb.role_ref.name, "t-token");
+        assert_eq!(rb.role_ref.name, "wirerate-token.t");
     }
 }

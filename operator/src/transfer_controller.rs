@@ -105,7 +105,15 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
     if step.needs.is_some() {
         let (placements, positions) = plan(&view, now);
         step.status.queue_position = positions.get(&key).copied();
-        if let (Some(p), Ok(resolved)) = (placements.get(&key), &validity) {
+        if let (Some(_), Ok(_)) = (placements.get(&key), &validity)
+            && let Some(why) = names_taken(current, ctx).await?
+        {
+            // Someone else's Secret or Role holds a name this Transfer needs:
+            // applying over it would hand it to the agents, or take it over.
+            let s = lifecycle::step(current, &Err(why), &view.agents, now);
+            step = s;
+            notes.append(&mut step.notes);
+        } else if let (Some(p), Ok(resolved)) = (placements.get(&key), &validity) {
             hold(current, &api_for(current, ctx)?, true).await?;
             let token = ensure_token(current, ctx).await?;
             // Access before assignment: an agent that sees its assignment can
@@ -160,16 +168,14 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
     }
 
     write(t, ctx, api, &step.status).await?;
-    let was_final = current
-        .status
-        .as_ref()
-        .and_then(|s| s.phase)
-        .is_some_and(|p| p.is_final());
-    if phase.is_final() && !was_final && current.status.as_ref().is_some_and(|s| s.sender.is_some())
-    {
+    // Over, or unable to run: the agents lose the token (idempotent, so a
+    // failed revocation or a restart in between is made good next time).
+    let granted = step.status.token_secret.is_some();
+    if granted && (phase.is_final() || phase == TransferPhase::Pending) {
         revoke_token(current, ctx).await?;
     }
-    if phase.is_final() {
+    let assigned = step.status.sender.is_some() || step.status.receiver.is_some();
+    if phase.is_final() || (phase == TransferPhase::Pending && !assigned) {
         // Nothing left for the agents to clean up.
         hold(t, api, false).await?;
     }
@@ -208,6 +214,17 @@ pub fn plan(
             continue;
         }
         let Ok(k) = key(t) else { continue };
+        // Found unusable by a check outside `validate` (its token or grant
+        // names): it would hold a slot it cannot use. Its own reconcile
+        // looks again.
+        let refused = t.status.as_ref().and_then(|s| {
+            wirerate_crds::conditions::find(&s.conditions, wirerate_crds::conditions::types::VALID)
+        });
+        if refused
+            .is_some_and(|c| c.status == "False" && c.reason == reason::TOKEN_SECRET_NOT_USABLE)
+        {
+            continue;
+        }
         let validity = validate(t, view.catalog());
         let step = lifecycle::step(t, &validity, &view.agents, now);
         match (step.needs, &validity) {
@@ -271,13 +288,62 @@ pub fn plan(
     (placed, positions)
 }
 
+/// Why the names this Transfer's token and grant need are not its own to
+/// use, if they are not: an object there that this Transfer does not
+/// control (a Secret named `<transfer>-token` made by someone else, say).
+async fn names_taken(t: &Transfer, ctx: &Context) -> Result<Option<Invalid>> {
+    let ns = t.namespace().ok_or(Error::Malformed("a namespace"))?;
+    let uid = t.metadata.uid.clone().unwrap_or_default();
+    let grant = token_grant::grant_name(&t.name_any());
+    let mut found = Vec::new();
+    if t.spec.destination.external.is_none() {
+        let name = token_name(t);
+        let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+        found.push((
+            "Secret",
+            name.clone(),
+            api.get_metadata_opt(&name).await?.map(|m| m.metadata),
+        ));
+    }
+    let roles: Api<RbacRole> = Api::namespaced(ctx.client.clone(), &ns);
+    found.push((
+        "Role",
+        grant.clone(),
+        roles.get_metadata_opt(&grant).await?.map(|m| m.metadata),
+    ));
+    let bindings: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), &ns);
+    found.push((
+        "RoleBinding",
+        grant.clone(),
+        bindings.get_metadata_opt(&grant).await?.map(|m| m.metadata),
+    ));
+    for (kind, name, meta) in found {
+        if let Some(meta) = meta
+            && !token_grant::owned_by(&meta, &uid)
+        {
+            return Ok(Some(Invalid {
+                reason: reason::TOKEN_SECRET_NOT_USABLE,
+                message: format!(
+                    "{kind} {ns}/{name} exists and does not belong to this Transfer, and wirerate will not hand it to agents or take it over: delete it, or give the Transfer another name"
+                ),
+            }));
+        }
+    }
+    Ok(None)
+}
+
+/// Name of the Secret holding a Transfer's own token.
+fn token_name(t: &Transfer) -> String {
+    format!("{}-token", t.name_any())
+}
+
 /// Creates the Transfer's token Secret once; never rotates it under a running transfer.
 async fn ensure_token(t: &Transfer, ctx: &Context) -> Result<String> {
     if let Some(ext) = &t.spec.destination.external {
         return Ok(ext.token_secret.clone());
     }
     let ns = t.namespace().ok_or(Error::Malformed("a namespace"))?;
-    let name = format!("{}-token", t.name_any());
+    let name = token_name(t);
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).expect("the kernel's random source is available");
@@ -299,7 +365,16 @@ async fn ensure_token(t: &Transfer, ctx: &Context) -> Result<String> {
     };
     match api.create(&PostParams::default(), &secret).await {
         Ok(_) => Ok(name),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(name),
+        // Ours from an earlier pass (names_taken checked the owner), kept:
+        // a running transfer's token never changes.
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            let meta = api.get_metadata(&name).await?.metadata;
+            if token_grant::owned_by(&meta, t.metadata.uid.as_deref().unwrap_or_default()) {
+                Ok(name)
+            } else {
+                Err(Error::Malformed("a token Secret this Transfer owns"))
+            }
+        }
         Err(e) => Err(e.into()),
     }
 }

@@ -259,6 +259,7 @@ pub(crate) mod tests {
                 verification: Default::default(),
                 max_rate_mbps: None,
                 max_failovers: 2,
+                stall_timeout_seconds: wirerate_crds::transfer::STALL_TIMEOUT_SECONDS,
             },
         );
         t.metadata = ObjectMeta {
