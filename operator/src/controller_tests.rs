@@ -779,3 +779,33 @@ async fn a_finished_transfers_grant_is_revoked_on_every_look() {
         "{deleted:?}"
     );
 }
+
+// Found against a real API server: pools got no Events, so `kubectl describe
+// dtnpool` showed nothing when one degraded.
+#[tokio::test]
+async fn a_pool_that_degrades_says_so_once_in_an_event() {
+    let mut d = Double::new();
+    let mut p: DtnPool = finalized(lustre_pool(), pool_controller::POOL_FINALIZER);
+    p.spec.allowed_namespaces.clear();
+    d.pool(&p);
+    let mut l = lease("lustre-dtn", "lustre-dtn-agent-0", now() - 600, None);
+    l.metadata.namespace = Some("research-data".into());
+    d.lease(&l);
+    let events = |d: &Double| -> Vec<String> {
+        d.calls()
+            .into_iter()
+            .filter(|c| c.method == "POST" && c.path.ends_with("/events"))
+            .map(|c| c.body["reason"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    pool_controller::reconcile(Arc::new(p.clone()), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    assert_eq!(events(&d), ["AgentsLost"]);
+    // Looked at again with that status stored: no second Event.
+    p.status = Some(serde_json::from_value(d.last_status("/dtnpools/lustre-dtn")).unwrap());
+    pool_controller::reconcile(Arc::new(p), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    assert_eq!(events(&d), ["AgentsLost"]);
+}

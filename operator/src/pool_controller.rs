@@ -3,14 +3,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Event as CoreEvent;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::jiff::Timestamp;
-use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::{Resource, ResourceExt};
 use serde_json::json;
+use wirerate_crds::DtnPoolStatus;
+use wirerate_crds::conditions::{self, types};
 use wirerate_crds::{DtnPool, contract};
 
 use crate::context::Context;
@@ -115,7 +119,21 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
         awaiting: &awaiting,
         missing: &missing,
     };
-    let status = pool_status::status(pool, &agents, &pods, &view.load(), namespaces, now);
+    let create_failure = if (pods.len() as i32) < pool.spec.replicas {
+        create_failure(ctx, &ns, &render::agent_name(pool)).await
+    } else {
+        None
+    };
+    let status = pool_status::status(
+        pool,
+        &agents,
+        &pods,
+        &view.load(),
+        namespaces,
+        create_failure.as_deref(),
+        now,
+    );
+    announce(ctx, pool, &status).await;
     if pool.status.as_ref() != Some(&status) {
         let patch =
             json!({"apiVersion": "wirerate.io/v1alpha1", "kind": "DtnPool", "status": status});
@@ -128,6 +146,67 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
     }
     // Heartbeats are not watched events; look again on their beat.
     Ok(Action::requeue(Duration::from_secs(10)))
+}
+
+/// The latest reason the StatefulSet `sts` gave for not creating a pod, from
+/// its FailedCreate Events (the pool's status says nothing else of it).
+async fn create_failure(ctx: &Context, ns: &str, sts: &str) -> Option<String> {
+    let api: Api<CoreEvent> = Api::namespaced(ctx.client.clone(), ns);
+    let lp = ListParams::default().fields(&format!(
+        "involvedObject.kind=StatefulSet,involvedObject.name={sts},reason=FailedCreate"
+    ));
+    let events = match api.list(&lp).await {
+        Ok(l) => l.items,
+        Err(e) => {
+            tracing::debug!("cannot list the StatefulSet's events: {e}");
+            return None;
+        }
+    };
+    events
+        .into_iter()
+        .max_by_key(|e| {
+            e.last_timestamp
+                .as_ref()
+                .or(e.metadata.creation_timestamp.as_ref())
+                .map(|t| t.0.as_second())
+        })
+        .and_then(|e| e.message)
+}
+
+/// An Event on the pool when it becomes degraded, or recovers.
+async fn announce(ctx: &Context, pool: &DtnPool, status: &DtnPoolStatus) {
+    let find = |s: Option<&DtnPoolStatus>| {
+        s.and_then(|s| conditions::find(&s.conditions, types::DEGRADED).cloned())
+    };
+    let (Some(new), old) = (find(Some(status)), find(pool.status.as_ref())) else {
+        return;
+    };
+    let was = old.as_ref().map(|c| (c.status.clone(), c.reason.clone()));
+    if was == Some((new.status.clone(), new.reason.clone())) {
+        return;
+    }
+    let degraded = new.status == "True";
+    if !degraded && old.as_ref().is_none_or(|c| c.status != "True") {
+        return;
+    }
+    let ev = Event {
+        type_: if degraded {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: if degraded {
+            new.reason.clone()
+        } else {
+            "Recovered".into()
+        },
+        note: Some(new.message.chars().take(1000).collect()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &pool.object_ref(&())).await {
+        tracing::warn!("cannot publish event {}: {e}", ev.reason);
+    }
 }
 
 /// Removes the pool's Roles and RoleBindings from every other namespace but

@@ -27,6 +27,8 @@ pub mod reason {
     pub const STORAGE_NOT_WRITABLE: &str = "StorageNotWritable";
     /// An agent cannot read an allowed root.
     pub const STORAGE_NOT_READABLE: &str = "StorageNotReadable";
+    /// The StatefulSet cannot create the agents' pods.
+    pub const PODS_NOT_CREATED: &str = "PodsNotCreated";
 }
 
 /// The other namespaces a pool offers to serve, by how far they got.
@@ -70,6 +72,7 @@ pub fn status(
     pods: &[&Pod],
     active: &HashMap<AgentId, i32>,
     namespaces: Namespaces<'_>,
+    create_failure: Option<&str>,
     now: Timestamp,
 ) -> DtnPoolStatus {
     let missing_namespaces = namespaces.missing;
@@ -141,7 +144,12 @@ pub fn status(
         .filter_map(|p| Some((p.metadata.name.clone()?, unschedulable(p)?)))
         .collect();
     let lost: Vec<&Agent> = agents.iter().copied().filter(|a| !a.live()).collect();
-    let degraded = if let Some((pod, why)) = stuck
+    let degraded = if let Some(why) = create_failure {
+        Some((
+            reason::PODS_NOT_CREATED,
+            format!("the agents' StatefulSet cannot create pods: {why}"),
+        ))
+    } else if let Some((pod, why)) = stuck
         .iter()
         .find(|(_, m)| m.to_lowercase().contains("hugepages"))
     {
@@ -287,6 +295,7 @@ mod tests {
             &[],
             &HashMap::new(),
             Namespaces::default(),
+            None,
             now,
         );
         // Through the API and back, as the next reconcile sees it.
@@ -300,6 +309,7 @@ mod tests {
             &[],
             &HashMap::new(),
             Namespaces::default(),
+            None,
             later,
         );
         assert_eq!(second, stored, "nothing changed, so nothing to write");
@@ -332,12 +342,38 @@ mod tests {
                 &[],
                 &HashMap::new(),
                 Namespaces::default(),
+                None,
                 at(101),
             );
             let d = conditions::find(&s.conditions, types::DEGRADED).unwrap();
             assert_eq!((d.status.as_str(), d.reason.as_str()), ("True", want));
             assert!(d.message.contains("uid 0"), "{}", d.message);
         }
+    }
+
+    // Found against a real API server: with a hugepage amount the kubelet
+    // refuses, the StatefulSet failed with FailedCreate while the pool said
+    // Degraded=False.
+    #[test]
+    fn pods_the_statefulset_cannot_create_degrade_the_pool() {
+        let pool = lustre_pool();
+        let why =
+            "pods \"lustre-dtn-agent-0\" is forbidden: hugepages-2Mi must be a multiple of 2Mi";
+        let s = status(
+            &pool,
+            &[],
+            &[],
+            &HashMap::new(),
+            Namespaces::default(),
+            Some(why),
+            at(1),
+        );
+        let d = conditions::find(&s.conditions, types::DEGRADED).unwrap();
+        assert_eq!(
+            (d.status.as_str(), d.reason.as_str()),
+            ("True", reason::PODS_NOT_CREATED)
+        );
+        assert!(d.message.contains("multiple of 2Mi"), "{}", d.message);
     }
 
     #[test]
@@ -352,13 +388,22 @@ mod tests {
             &[],
             &active,
             Namespaces::default(),
+            None,
             at(101),
         );
         assert_eq!((s.ready_agents, s.active_transfers, s.replicas), (2, 2, 2));
         assert!(conditions::is_true(&s.conditions, types::READY));
         assert!(!conditions::is_true(&s.conditions, types::DEGRADED));
         assert_eq!(s.agents[0].active_transfers, 2);
-        let s = status(&pool, &[&a0], &[], &active, Namespaces::default(), at(101));
+        let s = status(
+            &pool,
+            &[&a0],
+            &[],
+            &active,
+            Namespaces::default(),
+            None,
+            at(101),
+        );
         assert!(!conditions::is_true(&s.conditions, types::READY));
     }
 
@@ -375,6 +420,7 @@ mod tests {
             &[&p],
             &HashMap::new(),
             Namespaces::default(),
+            None,
             at(1),
         );
         let c = conditions::find(&s.conditions, types::DEGRADED).unwrap();
@@ -392,6 +438,7 @@ mod tests {
             &[&p],
             &HashMap::new(),
             Namespaces::default(),
+            None,
             at(1),
         );
         let c = conditions::find(&s.conditions, types::DEGRADED).unwrap();
@@ -413,6 +460,7 @@ mod tests {
                 awaiting: &["beamline-9".to_owned()],
                 missing: &["beamline-7".to_owned()],
             },
+            None,
             at(101),
         );
         let d = s
