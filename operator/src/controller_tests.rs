@@ -809,3 +809,22 @@ async fn a_pool_that_degrades_says_so_once_in_an_event() {
         .expect("reconcile");
     assert_eq!(events(&d), ["AgentsLost"]);
 }
+
+// Found in review: a pool name longer than a label value made the cleanup's
+// label selector fail, and the finalizer kept the pool for ever.
+#[tokio::test]
+async fn a_pool_whose_name_is_no_label_value_can_still_be_deleted() {
+    let mut d = Double::new();
+    let mut p: DtnPool = finalized(lustre_pool(), pool_controller::POOL_FINALIZER);
+    p.metadata.name = Some("p".repeat(64));
+    p.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
+    d.pool(&p);
+    pool_controller::reconcile(Arc::new(p), d.ctx.clone())
+        .await
+        .expect("cleanup goes through");
+    assert!(
+        !d.calls().iter().any(|c| c.query.contains("labelSelector")),
+        "{:?}",
+        d.calls()
+    );
+}

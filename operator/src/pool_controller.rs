@@ -224,6 +224,12 @@ async fn revoke_remote(pool: &DtnPool, ctx: &Context, keep: &[(Role, RoleBinding
         })
         .collect();
     let ns = pool.namespace().unwrap_or_default();
+    if pool.name_any().len() > 63 {
+        // Not a label value: nothing was ever labelled with it (every apply
+        // failed), and a selector with it is refused, which would hold the
+        // pool's deletion for ever.
+        return Ok(());
+    }
     let selector = format!(
         "{}={},{}={ns}",
         contract::POOL_LABEL,
