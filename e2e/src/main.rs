@@ -22,6 +22,7 @@ use serde_json::json;
 use tokio::process::{Child, Command};
 use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer, TransferPhase};
 
+mod owned;
 mod security;
 
 const MANAGER: &str = "wirerate-e2e";
@@ -339,6 +340,8 @@ async fn run(
     security::escalation_is_refused(client, kubeconfig, ns).await?;
     security::consent_is_required(client, ns).await?;
     path_spellings_are_refused(&transfers, &file).await?;
+    let work = dst.parent().context("the scratch directory")?;
+    owned::uid_owned_data(client, ns, kubeconfig, &mut procs, work, dst, logs).await?;
 
     println!("== transfer 1: straight through");
     let out = dst.join("run-1.dat");
@@ -451,11 +454,16 @@ async fn run(
     // or the namespace could never be deleted.
     println!("== deleting the Transfers and pools");
     let dp = DeleteParams::default();
-    for name in ["one", "two"] {
-        transfers.delete(name, &dp).await?;
+    let lp = kube::api::ListParams::default();
+    for t in transfers.list(&lp).await?.items {
+        transfers
+            .delete(&t.metadata.name.unwrap_or_default(), &dp)
+            .await?;
     }
-    for name in ["senders", "receivers"] {
-        pools.delete(name, &dp).await?;
+    for p in pools.list(&lp).await?.items {
+        pools
+            .delete(&p.metadata.name.unwrap_or_default(), &dp)
+            .await?;
     }
     let start = Instant::now();
     loop {

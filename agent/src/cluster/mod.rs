@@ -78,7 +78,13 @@ struct Job {
     block_size: i64,
     /// The Transfer's progress when this job started (bytes done, total).
     carried: (u64, u64),
+    /// Since when the job is no longer wanted, while it finishes.
+    unwanted_since: Option<Duration>,
 }
+
+/// How long a sender that has sent everything may go on after its Transfer
+/// is over, to report how it ended.
+const FINISH_GRACE: Duration = Duration::from_secs(30);
 
 /// How long a starting agent waits for its DtnPool (and the RBAC to read
 /// it) to appear: GitOps tools apply a pool, its agents and their roles in
@@ -216,6 +222,22 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
 
         let wanted = plan::wanted(&transfers, &me);
         for key in plan::to_stop(jobs.keys(), &wanted, &finished) {
+            let Some(j) = jobs.get_mut(&key) else {
+                continue;
+            };
+            let acked = match &j.side {
+                Side::Sender(s) => {
+                    let total = s.progress.total.load(Ordering::Relaxed);
+                    total > 0 && s.progress.done.load(Ordering::Relaxed) >= total
+                }
+                Side::Receiver { .. } => false,
+            };
+            let lingering = *j.unwanted_since.get_or_insert(start.elapsed());
+            if plan::may_finish(&key, by_uid.get(&key.uid).copied(), acked)
+                && start.elapsed() - lingering < FINISH_GRACE
+            {
+                continue;
+            }
             if let Some(mut j) = jobs.remove(&key) {
                 tracing::info!(transfer = ?j.transfer, "assignment moved away; stopping attempt {}", key.attempt);
                 stop(&mut j);
@@ -378,6 +400,7 @@ async fn start_job(
         last_done: (Duration::ZERO, carried.0),
         block_size,
         carried,
+        unwanted_since: None,
     })
 }
 
