@@ -74,6 +74,30 @@ fn spawn(
     Ok(())
 }
 
+/// `wirerate-agent run` as `name` of `pool`, on data port `port`.
+fn agent_args(name: &str, ns: &str, pool: &str, port: u16) -> Vec<String> {
+    [
+        "run",
+        "--agent-name",
+        name,
+        "--namespace",
+        ns,
+        "--pool",
+        pool,
+        "--advertise",
+        "127.0.0.1",
+        "--data-port",
+        &port.to_string(),
+        "--metrics-port",
+        "0",
+        "--max-transfers",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
 fn same_file(a: &Path, b: &Path) -> Result<bool> {
     let (mut fa, mut fb) = (std::fs::File::open(a)?, std::fs::File::open(b)?);
     if fa.metadata()?.len() != fb.metadata()?.len() {
@@ -307,26 +331,7 @@ async fn run(
         ("recv-b", "receivers", 17800),
         ("send-a", "senders", 17900),
     ] {
-        let args: Vec<String> = [
-            "run",
-            "--agent-name",
-            name,
-            "--namespace",
-            ns,
-            "--pool",
-            pool,
-            "--advertise",
-            "127.0.0.1",
-            "--data-port",
-            &port.to_string(),
-            "--metrics-port",
-            "0",
-            "--max-transfers",
-            "1",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let args = agent_args(name, ns, pool, port);
         spawn(
             &mut procs,
             name,

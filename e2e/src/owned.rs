@@ -20,34 +20,16 @@ use crate::{Procs, bin, pool, same_file, spawn, transfer, wait_for, write_random
 const OWNER: u32 = 1000;
 const STRANGER: u32 = 2000;
 
+/// The agent of pool `owned` named `name`, run as `uid` through setpriv.
 fn agent_args(name: &str, ns: &str, port: u16, uid: u32) -> Vec<String> {
     let id = uid.to_string();
-    [
-        "--reuid",
-        &id,
-        "--regid",
-        &id,
-        "--clear-groups",
-        &bin("wirerate-agent").display().to_string(),
-        "run",
-        "--agent-name",
-        name,
-        "--namespace",
-        ns,
-        "--pool",
-        "owned",
-        "--advertise",
-        "127.0.0.1",
-        "--data-port",
-        &port.to_string(),
-        "--metrics-port",
-        "0",
-        "--max-transfers",
-        "1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+    let mut args: Vec<String> = ["--reuid", &id, "--regid", &id, "--clear-groups"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.push(bin("wirerate-agent").display().to_string());
+    args.extend(crate::agent_args(name, ns, "owned", port));
+    args
 }
 
 /// Runs the scenario; `work` is the e2e's scratch directory, `dst` the

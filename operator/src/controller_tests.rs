@@ -51,6 +51,29 @@ fn binding(ns: &str, pool_ns: &str, pool: &str) -> DtnPoolBinding {
     b
 }
 
+/// `x` with the status last applied to it and receiver r0's success on
+/// attempt 1, put in the API and reconciled.
+async fn receiver_succeeded(d: &mut Double, mut x: Transfer) -> Transfer {
+    let mut s: wirerate_crds::TransferStatus = serde_json::from_value(d.last_status(&format!(
+        "/transfers/{}",
+        x.metadata.name.as_deref().unwrap_or_default()
+    )))
+    .unwrap();
+    s.reports = vec![AgentReport {
+        role: Role::Receiver,
+        agent: "r0".into(),
+        attempt: 1,
+        state: ReportState::Succeeded,
+        message: "digest 0123".into(),
+        endpoint: None,
+        updated_at: Time(Timestamp::now()),
+    }];
+    x.status = Some(s);
+    d.transfer(&x);
+    reconcile(d, &x).await;
+    x
+}
+
 async fn reconcile(d: &Double, t: &Transfer) {
     transfer_controller::reconcile(Arc::new(t.clone()), d.ctx.clone())
         .await
@@ -544,21 +567,7 @@ async fn each_token_is_readable_by_its_transfers_pools_alone_and_only_while_it_r
     );
 
     // It succeeds: the grant goes.
-    let mut x = x;
-    let mut s: wirerate_crds::TransferStatus =
-        serde_json::from_value(d.last_status("/transfers/x")).unwrap();
-    s.reports = vec![AgentReport {
-        role: Role::Receiver,
-        agent: "r0".into(),
-        attempt: 1,
-        state: ReportState::Succeeded,
-        message: "digest 0123".into(),
-        endpoint: None,
-        updated_at: Time(Timestamp::now()),
-    }];
-    x.status = Some(s);
-    d.transfer(&x);
-    reconcile(&d, &x).await;
+    let x = receiver_succeeded(&mut d, x).await;
     assert_eq!(d.last_status("/transfers/x")["phase"], "Succeeded");
     let gone: Vec<String> = d
         .calls()
@@ -683,21 +692,7 @@ async fn the_finalizer_is_held_only_while_agents_have_something_to_clean_up() {
     );
 
     // Over: the finalizer goes.
-    let mut x = finalized(x, contract::TRANSFER_FINALIZER);
-    let mut s: wirerate_crds::TransferStatus =
-        serde_json::from_value(d.last_status("/transfers/x")).unwrap();
-    s.reports = vec![AgentReport {
-        role: Role::Receiver,
-        agent: "r0".into(),
-        attempt: 1,
-        state: ReportState::Succeeded,
-        message: "digest 0123".into(),
-        endpoint: None,
-        updated_at: Time(Timestamp::now()),
-    }];
-    x.status = Some(s);
-    d.transfer(&x);
-    reconcile(&d, &x).await;
+    receiver_succeeded(&mut d, finalized(x, contract::TRANSFER_FINALIZER)).await;
     let patches = finalizer_patches(&d, "x");
     assert_eq!(
         patches.last().unwrap()[1],
