@@ -567,7 +567,7 @@ async fn each_token_is_readable_by_its_transfers_pools_alone_and_only_while_it_r
     );
 
     // It succeeds: the grant goes.
-    let x = receiver_succeeded(&mut d, x).await;
+    receiver_succeeded(&mut d, x).await;
     assert_eq!(d.last_status("/transfers/x")["phase"], "Succeeded");
     let gone: Vec<String> = d
         .calls()
