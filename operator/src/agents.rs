@@ -1,7 +1,7 @@
 //! Agent liveness, read from each agent's coordination.k8s.io Lease (so agents
 //! outside the cluster can join a pool) and, in the cluster, from its pod.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
@@ -62,6 +62,8 @@ pub struct Agent {
     pub capacity: i32,
     /// Last renewal.
     pub renewed: Option<Time>,
+    /// When its Lease runs out unless renewed.
+    pub expires: Option<Timestamp>,
     /// Why it is not live, if it is not.
     pub dead: Option<String>,
     /// Host checks that failed: (check, message).
@@ -82,6 +84,49 @@ impl Agent {
     pub fn live(&self) -> bool {
         self.dead.is_none()
     }
+
+    /// What its Transfers and its pool's status depend on; a renewal alone
+    /// changes none of it.
+    pub fn summary(&self) -> Summary {
+        Summary {
+            live: self.live(),
+            capacity: self.capacity,
+            address: self.address.clone(),
+            node: self.node.clone(),
+            pod: self.pod.clone(),
+            preflight: self.preflight.clone(),
+        }
+    }
+}
+
+/// An agent as far as anyone who reads it cares, without its heartbeat.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Summary {
+    live: bool,
+    capacity: i32,
+    address: Option<String>,
+    node: Option<String>,
+    pod: Option<String>,
+    preflight: Vec<(String, String)>,
+}
+
+/// The agents whose summary differs between `before` and `after` (new and gone ones too).
+pub fn changed(
+    before: &HashMap<AgentId, Summary>,
+    after: &HashMap<AgentId, Summary>,
+) -> BTreeSet<AgentId> {
+    let mut out = BTreeSet::new();
+    for (id, s) in after {
+        if before.get(id) != Some(s) {
+            out.insert(id.clone());
+        }
+    }
+    for id in before.keys() {
+        if !after.contains_key(id) {
+            out.insert(id.clone());
+        }
+    }
+    out
 }
 
 /// Reads an agent from its Lease; `pods` maps pod names of the Lease's
@@ -129,6 +174,9 @@ pub fn from_lease(lease: &Lease, pods: &BTreeMap<String, &Pod>, now: Timestamp) 
             .and_then(|s| s.parse().ok())
             .unwrap_or(1)
             .max(1),
+        expires: renewed
+            .as_ref()
+            .map(|t| t.0 + SignedDuration::from_secs(duration)),
         renewed,
         dead,
         preflight,

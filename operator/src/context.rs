@@ -1,21 +1,32 @@
 //! What every reconcile shares: the client, the watch caches, the metrics,
-//! and the scheduler's lock and ledger.
+//! the ledger of assignments in flight, and the scheduler's index and plan.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio::sync::Notify;
 use wirerate_crds::transfer::AgentRef;
 use wirerate_crds::{Consent, DtnPool, DtnPoolBinding, Transfer};
 
 use crate::agents::{self, Agent, AgentId};
 use crate::metrics::Metrics;
-use crate::scheduler::Key;
+use crate::planner::{self, Inputs, Plan, Planner};
+use crate::scheduler::{Key, Placement};
+
+/// How often, at most, queued Transfers are woken only to show a new place in line.
+pub const POSITION_REFRESH: Duration = Duration::from_secs(5);
+
+/// Changes arriving this close together share one plan.
+const DEBOUNCE: Duration = Duration::from_millis(20);
 
 /// Shared state of the controllers.
 pub struct Context {
@@ -27,10 +38,38 @@ pub struct Context {
     pub metrics: Metrics,
     /// Watch caches.
     pub stores: Stores,
-    /// Assignments written but maybe not yet back through the watch, by Transfer uid.
+    /// Assignments taken (being written, or written but maybe not yet back
+    /// through the watch), by Transfer uid.
     pub ledger: Mutex<HashMap<String, Assignment>>,
-    /// Serialises scheduling so two reconciles never give out the same slot.
-    pub schedule: tokio::sync::Mutex<()>,
+    /// The index, the last plan, and who was woken for it.
+    scheduling: Mutex<Scheduling>,
+    /// Bumped by every change a plan depends on.
+    changes: AtomicU64,
+    /// Wakes the planner.
+    changed: Notify,
+    /// Wakes the agent watcher: a Lease or pod changed.
+    agents_touched: Notify,
+    wake_transfers: UnboundedSender<ObjectRef<Transfer>>,
+    wake_pools: UnboundedSender<ObjectRef<DtnPool>>,
+    wakes: Mutex<Option<Wakes>>,
+}
+
+/// Reconciles the controllers are asked for by the planner and the agent watcher.
+pub struct Wakes {
+    /// Transfers to look at.
+    pub transfers: UnboundedReceiver<ObjectRef<Transfer>>,
+    /// Pools to look at.
+    pub pools: UnboundedReceiver<ObjectRef<DtnPool>>,
+}
+
+struct Scheduling {
+    planner: Planner,
+    plan: Arc<Plan>,
+    /// The change count the plan was computed at.
+    at: Option<u64>,
+    /// Places in line the queued Transfers were last woken to show.
+    announced: HashMap<Key, i32>,
+    announced_at: Option<Instant>,
 }
 
 /// The watch caches the controllers read.
@@ -71,14 +110,12 @@ impl Assignment {
     }
 }
 
-/// A consistent snapshot of the caches.
+/// A consistent snapshot of the caches the decisions read, Transfers aside.
 pub struct View {
     /// Pools by namespace and name.
     pub pools: BTreeMap<Key, DtnPool>,
     /// Agents by identity.
     pub agents: HashMap<AgentId, Agent>,
-    /// Transfers, with assignments from the ledger laid over stale cache entries.
-    pub transfers: Vec<Transfer>,
     /// Which namespaces consent to which pools (their DtnPoolBindings).
     pub consents: BTreeSet<Consent>,
 }
@@ -90,14 +127,33 @@ impl Context {
             controller: "wirerate-operator".into(),
             instance: Some(identity.into()),
         };
+        let (wake_transfers, transfers) = unbounded();
+        let (wake_pools, pools) = unbounded();
         Self {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             metrics,
             stores,
             ledger: Mutex::default(),
-            schedule: tokio::sync::Mutex::new(()),
+            scheduling: Mutex::new(Scheduling {
+                planner: Planner::default(),
+                plan: Arc::default(),
+                at: None,
+                announced: HashMap::new(),
+                announced_at: None,
+            }),
+            changes: AtomicU64::new(0),
+            changed: Notify::new(),
+            agents_touched: Notify::new(),
+            wake_transfers,
+            wake_pools,
+            wakes: Mutex::new(Some(Wakes { transfers, pools })),
         }
+    }
+
+    /// The reconcile requests the planner and the agent watcher make; taken once.
+    pub fn wakes(&self) -> Option<Wakes> {
+        self.wakes.lock().expect("wakes lock").take()
     }
 
     /// Server-side applies `obj` as the operator, taking over its fields.
@@ -131,7 +187,7 @@ impl Context {
         Ok(())
     }
 
-    /// Snapshots the caches at `now`.
+    /// Snapshots pools, agents and consents at `now`.
     pub fn view(&self, now: Timestamp) -> View {
         let pools = self
             .stores
@@ -145,40 +201,6 @@ impl Context {
                 ))
             })
             .collect();
-        let pods = self.stores.pods.state();
-        let leases = self.stores.leases.state();
-        let mut agents = HashMap::new();
-        for l in &leases {
-            let ns = l.metadata.namespace.clone().unwrap_or_default();
-            let in_ns: BTreeMap<String, &Pod> = pods
-                .iter()
-                .filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()))
-                .filter_map(|p| Some((p.metadata.name.clone()?, &**p)))
-                .collect();
-            if let Some(a) = agents::from_lease(l, &in_ns, now) {
-                agents.insert(a.id(), a);
-            }
-        }
-        let mut ledger = self.ledger.lock().expect("ledger lock");
-        let transfers = self
-            .stores
-            .transfers
-            .state()
-            .iter()
-            .map(|t| {
-                let mut t = (**t).clone();
-                let uid = t.metadata.uid.clone().unwrap_or_default();
-                if let Some(a) = ledger.get(&uid) {
-                    let seen = Assignment::of(&t);
-                    if seen.attempt >= a.attempt && seen.sender.is_some() {
-                        ledger.remove(&uid);
-                    } else {
-                        overlay(&mut t, a);
-                    }
-                }
-                t
-            })
-            .collect();
         let consents = self
             .stores
             .bindings
@@ -188,18 +210,256 @@ impl Context {
             .collect();
         View {
             pools,
-            agents,
-            transfers,
+            agents: self.agents(now),
             consents,
         }
     }
-}
 
-fn overlay(t: &mut Transfer, a: &Assignment) {
-    let s = t.status.get_or_insert_with(Default::default);
-    s.attempt = a.attempt;
-    s.sender = a.sender.clone();
-    s.receiver = a.receiver.clone();
+    /// Every agent with a Lease, as it stands at `now`.
+    pub fn agents(&self, now: Timestamp) -> HashMap<AgentId, Agent> {
+        let pods = self.stores.pods.state();
+        let mut by_ns: HashMap<&str, BTreeMap<String, &Pod>> = HashMap::new();
+        for p in &pods {
+            if let (Some(ns), Some(name)) = (&p.metadata.namespace, &p.metadata.name) {
+                by_ns.entry(ns).or_default().insert(name.clone(), &**p);
+            }
+        }
+        let none = BTreeMap::new();
+        self.stores
+            .leases
+            .state()
+            .iter()
+            .filter_map(|l| {
+                let ns = l.metadata.namespace.as_deref().unwrap_or_default();
+                agents::from_lease(l, by_ns.get(ns).unwrap_or(&none), now)
+            })
+            .map(|a| (a.id(), a))
+            .collect()
+    }
+
+    /// The freshest copy of `t`: the cache's, with the ledger's assignment
+    /// laid over when the cache lags the operator's own last write.
+    pub fn current(&self, t: &Transfer) -> Transfer {
+        let cached = self
+            .stores
+            .transfers
+            .get(&ObjectRef::from_obj(t))
+            .filter(|c| c.metadata.uid == t.metadata.uid);
+        let t = cached.as_deref().unwrap_or(t);
+        let ledger = self.ledger.lock().expect("ledger lock");
+        planner::overlaid(t, &ledger).unwrap_or_else(|| t.clone())
+    }
+
+    /// Notes a change a plan depends on (a Transfer, pool, binding or agent
+    /// changed), so the next plan is computed afresh.
+    pub fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_one();
+    }
+
+    /// Notes that a Lease or an agent's pod changed.
+    pub fn agents_touched(&self) {
+        self.agents_touched.notify_one();
+    }
+
+    /// The plan for the caches as they are: the last one, unless something
+    /// changed since.
+    pub fn plan(&self, now: Timestamp) -> Arc<Plan> {
+        let mut s = self.scheduling.lock().expect("scheduling lock");
+        self.fresh(&mut s, now)
+    }
+
+    fn fresh(&self, s: &mut Scheduling, now: Timestamp) -> Arc<Plan> {
+        let at = self.changes.load(Ordering::SeqCst);
+        if s.at == Some(at) {
+            return s.plan.clone();
+        }
+        let timer = self.metrics.plan.start_timer();
+        let view = self.view(now);
+        let transfers = self.stores.transfers.state();
+        let mut ledger = self.ledger.lock().expect("ledger lock");
+        // Entries the cache has caught up with, or whose Transfer is gone.
+        let cached: HashMap<&str, &Transfer> = transfers
+            .iter()
+            .filter_map(|t| Some((t.metadata.uid.as_deref()?, &**t)))
+            .collect();
+        ledger.retain(|uid, a| {
+            cached
+                .get(uid.as_str())
+                .is_some_and(|t| !planner::superseded(t, a))
+        });
+        let plan = s.planner.plan(&Inputs {
+            transfers: &transfers,
+            agents: &view.agents,
+            catalog: view.catalog(),
+            ledger: &ledger,
+            now,
+        });
+        drop(ledger);
+        timer.observe_duration();
+        // The Transfers this plan gives agents to (or other agents than
+        // before) are looked at now; the others see it when they next come.
+        for (k, p) in &plan.placements {
+            if s.plan.placements.get(k) != Some(p) {
+                let _ = self
+                    .wake_transfers
+                    .unbounded_send(ObjectRef::new(&k.1).within(&k.0));
+            }
+        }
+        s.plan = Arc::new(plan);
+        s.at = Some(at);
+        s.plan.clone()
+    }
+
+    /// Takes `key`'s placement in the current plan, if it has one: `assign`
+    /// turns it into the Transfer's assignment, which goes into the ledger
+    /// before anything is written, so that no later plan hands out its slots
+    /// again. Undo with [`Context::release`] if it cannot be written.
+    pub fn take<T>(
+        &self,
+        key: &Key,
+        uid: &str,
+        now: Timestamp,
+        assign: impl FnOnce(&Placement) -> (Assignment, T),
+    ) -> Option<T> {
+        let mut s = self.scheduling.lock().expect("scheduling lock");
+        let plan = self.fresh(&mut s, now);
+        let (a, out) = assign(plan.placements.get(key)?);
+        // Taken as planned, the plan stays true: the slots it handed out
+        // are the ones now in use. No new plan needed.
+        self.ledger
+            .lock()
+            .expect("ledger lock")
+            .insert(uid.to_owned(), a);
+        Some(out)
+    }
+
+    /// Gives back a taken placement whose assignment was not written.
+    pub fn release(&self, uid: &str) {
+        self.ledger.lock().expect("ledger lock").remove(uid);
+        self.changed();
+    }
+
+    /// Wakes queued Transfers whose place in line moved, at most every
+    /// [`POSITION_REFRESH`]; a shifting queue of a thousand would otherwise
+    /// rewrite a thousand statuses per start. When some are left to wake,
+    /// says when to call again.
+    pub fn announce(&self, now: Instant) -> Option<Instant> {
+        let mut s = self.scheduling.lock().expect("scheduling lock");
+        let positions = &s.plan.positions;
+        let moved: Vec<Key> = positions
+            .iter()
+            .filter(|(k, p)| s.announced.get(*k) != Some(*p))
+            .map(|(k, _)| k.clone())
+            .collect();
+        if moved.is_empty() {
+            return None;
+        }
+        if let Some(at) = s.announced_at
+            && now < at + POSITION_REFRESH
+        {
+            return Some(at + POSITION_REFRESH);
+        }
+        for k in moved {
+            let _ = self
+                .wake_transfers
+                .unbounded_send(ObjectRef::new(&k.1).within(&k.0));
+        }
+        s.announced = s.plan.positions.clone();
+        s.announced_at = Some(now);
+        None
+    }
+
+    /// Plans after every change, debounced, and wakes who the plans concern.
+    /// Runs for the life of the operator.
+    pub async fn plan_on_changes(self: Arc<Self>) {
+        let mut next: Option<Instant> = None;
+        loop {
+            match next {
+                Some(at) => {
+                    tokio::select! {
+                        () = self.changed.notified() => {}
+                        () = tokio::time::sleep_until(at.into()) => {}
+                    }
+                }
+                None => self.changed.notified().await,
+            }
+            tokio::time::sleep(DEBOUNCE).await;
+            self.plan(Timestamp::now());
+            next = self.announce(Instant::now());
+        }
+    }
+
+    /// Watches the agents: when one comes, goes, or changes in a way that
+    /// matters (not a mere renewal), the Transfers it holds and its pool are
+    /// looked at, and the next plan sees it. A Lease that runs out sends no
+    /// event, so this also wakes when the next one would. Runs for the life
+    /// of the operator.
+    pub async fn watch_agents(self: Arc<Self>) {
+        // Unknown at first: the controllers look at everything when they start.
+        let mut known: Option<HashMap<AgentId, agents::Summary>> = None;
+        loop {
+            let now = Timestamp::now();
+            let all = self.agents(now);
+            let summaries: HashMap<AgentId, agents::Summary> = all
+                .iter()
+                .map(|(id, a)| (id.clone(), a.summary()))
+                .collect();
+            let changed = known
+                .as_ref()
+                .map(|k| agents::changed(k, &summaries))
+                .unwrap_or_default();
+            if !changed.is_empty() {
+                self.changed();
+                for t in self.stores.transfers.state() {
+                    let Some(s) = &t.status else { continue };
+                    if s.assigned()
+                        .any(|(role, who)| changed.contains(&AgentId::assigned(&t, role, who)))
+                    {
+                        let _ = self.wake_transfers.unbounded_send(ObjectRef::from_obj(&*t));
+                    }
+                }
+                let pools: BTreeSet<(&str, &str)> = changed
+                    .iter()
+                    .map(|id| (id.namespace.as_str(), id.pool.as_str()))
+                    .collect();
+                for (ns, pool) in pools {
+                    let _ = self
+                        .wake_pools
+                        .unbounded_send(ObjectRef::new(pool).within(ns));
+                }
+            }
+            known = Some(summaries);
+            // A second past the earliest expiry, so the Lease reads as expired.
+            let next = all
+                .values()
+                .filter(|a| a.live())
+                .filter_map(|a| a.expires)
+                .min()
+                .map(|at| {
+                    let wait = if at > now {
+                        now.duration_until(at).unsigned_abs()
+                    } else {
+                        Duration::ZERO
+                    };
+                    Instant::now() + wait + Duration::from_secs(1)
+                });
+            match next {
+                Some(at) => {
+                    tokio::select! {
+                        () = self.agents_touched.notified() => {}
+                        () = tokio::time::sleep_until(at.into()) => {}
+                    }
+                }
+                None => self.agents_touched.notified().await,
+            }
+        }
+    }
+
+    /// Transfers in progress on each agent, as the current plan counts them.
+    pub fn load(&self, now: Timestamp) -> HashMap<AgentId, i32> {
+        self.plan(now).load.clone()
+    }
 }
 
 impl View {
@@ -209,20 +469,5 @@ impl View {
             pools: &self.pools,
             consents: &self.consents,
         }
-    }
-
-    /// Transfers assigned to each agent, counting only those still in progress.
-    pub fn load(&self) -> HashMap<AgentId, i32> {
-        let mut load = HashMap::new();
-        for t in &self.transfers {
-            let s = t.status.clone().unwrap_or_default();
-            if s.phase.is_some_and(|p| p.is_final()) || t.metadata.deletion_timestamp.is_some() {
-                continue;
-            }
-            for (role, who) in s.assigned() {
-                *load.entry(AgentId::assigned(t, role, who)).or_insert(0) += 1;
-            }
-        }
-        load
     }
 }

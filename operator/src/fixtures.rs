@@ -226,6 +226,8 @@ impl Double {
         );
         self.pools
             .apply_watcher_event(&watcher::Event::Apply(p.clone()));
+        // The watch streams note each change; so does the double.
+        self.ctx.changed();
     }
 
     /// Puts a Transfer in the API and the cache.
@@ -240,6 +242,7 @@ impl Double {
         );
         self.transfers
             .apply_watcher_event(&watcher::Event::Apply(t.clone()));
+        self.ctx.changed();
     }
 
     /// Puts a DtnPoolBinding in the API and the cache.
@@ -254,6 +257,7 @@ impl Double {
         );
         self.bindings
             .apply_watcher_event(&watcher::Event::Apply(b.clone()));
+        self.ctx.changed();
     }
 
     /// Takes a DtnPoolBinding out of the API and the cache.
@@ -265,6 +269,7 @@ impl Double {
         ));
         self.bindings
             .apply_watcher_event(&watcher::Event::Delete(b.clone()));
+        self.ctx.changed();
     }
 
     /// Puts any object in the API (not in a cache), at its path.
@@ -281,6 +286,7 @@ impl Double {
     pub(crate) fn lease(&mut self, l: &Lease) {
         self.leases
             .apply_watcher_event(&watcher::Event::Apply(l.clone()));
+        self.ctx.changed();
     }
 
     fn object<T: serde::Serialize>(&self, path: &str, obj: &T) {

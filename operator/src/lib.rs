@@ -1,7 +1,7 @@
 //! wirerate's operator: renders DtnPools into agents, queues and assigns
 //! Transfers, and fails them over when an agent is lost.
 //!
-//! The decisions are pure modules (`scheduler`, `lifecycle`, `validate`,
+//! The decisions are pure modules (`planner`, `scheduler`, `lifecycle`, `validate`,
 //! `render`, `token_grant`, `pool_status`, `agents`), tested without a cluster; the
 //! controllers only read the watch caches, call them, and server-side apply
 //! what they return.
@@ -14,6 +14,7 @@ pub mod http;
 pub mod leader;
 pub mod lifecycle;
 pub mod metrics;
+pub mod planner;
 pub mod pool_controller;
 pub mod pool_status;
 pub mod render;

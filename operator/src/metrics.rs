@@ -1,7 +1,7 @@
 //! Prometheus metrics of the operator.
 
 use prometheus::{
-    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
 
 /// The operator's metrics, registered in one registry.
@@ -15,6 +15,8 @@ pub struct Metrics {
     pub failures: IntCounterVec,
     /// Reconcile duration by controller.
     pub duration: HistogramVec,
+    /// Time to compute one plan of the whole cluster.
+    pub plan: Histogram,
     /// Transfers by phase.
     pub phases: IntGaugeVec,
     /// Transfers waiting for agents, by sending pool.
@@ -38,9 +40,18 @@ impl Default for Metrics {
         )
         .unwrap();
         let duration = HistogramVec::new(
-            HistogramOpts::new("reconcile_duration_seconds", "Reconcile duration")
-                .buckets(vec![0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0]),
+            HistogramOpts::new("reconcile_duration_seconds", "Reconcile duration").buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ]),
             &["controller"],
+        )
+        .unwrap();
+        let plan = Histogram::with_opts(
+            HistogramOpts::new(
+                "plan_duration_seconds",
+                "Time to compute one scheduling plan of the whole cluster",
+            )
+            .buckets(vec![0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5]),
         )
         .unwrap();
         let phases =
@@ -61,6 +72,7 @@ impl Default for Metrics {
             Box::new(reconciles.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(failures.clone()),
             Box::new(duration.clone()),
+            Box::new(plan.clone()),
             Box::new(phases.clone()),
             Box::new(queue.clone()),
             Box::new(bytes.clone()),
@@ -73,6 +85,7 @@ impl Default for Metrics {
             reconciles,
             failures,
             duration,
+            plan,
             phases,
             queue,
             bytes,
@@ -97,8 +110,8 @@ pub type Queues = std::collections::BTreeMap<(String, String, String), i64>;
 
 /// Transfers by phase, and the queues: read off the statuses, so the gauges
 /// cost one pass over the cache and never a scheduling decision.
-pub fn tally(
-    transfers: &[wirerate_crds::Transfer],
+pub fn tally<'a>(
+    transfers: impl IntoIterator<Item = &'a wirerate_crds::Transfer>,
 ) -> (
     std::collections::HashMap<wirerate_crds::TransferPhase, i64>,
     Queues,

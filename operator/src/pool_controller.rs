@@ -128,7 +128,7 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
         pool,
         &agents,
         &pods,
-        &view.load(),
+        &ctx.load(now),
         namespaces,
         create_failure.as_deref(),
         now,

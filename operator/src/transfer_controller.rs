@@ -1,6 +1,6 @@
 //! The Transfer reconciler: validity, phase, scheduling, failover, cleanup.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,9 +17,9 @@ use wirerate_crds::transfer::ReportState;
 use wirerate_crds::{Transfer, TransferPhase, TransferStatus, contract};
 
 use crate::agents::AgentId;
-use crate::context::{Assignment, Context, View};
-use crate::lifecycle::{self, Needs, Note};
-use crate::scheduler::{self, Key, Slot, Waiting};
+use crate::context::{Assignment, Context};
+use crate::lifecycle::{self, Note};
+use crate::scheduler::Key;
 use crate::token_grant;
 use crate::validate::{Invalid, reason, validate};
 use crate::{Error, Result};
@@ -82,17 +82,11 @@ pub fn error_policy(t: Arc<Transfer>, error: &Error, ctx: Arc<Context>) -> Actio
 }
 
 async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Action> {
-    // One scheduling decision at a time, over one snapshot.
-    let _turn = ctx.schedule.lock().await;
     let now = Timestamp::now();
-    let view = ctx.view(now);
     let key = key(t)?;
     // The cache may lag our own last write; decide from the freshest copy.
-    let current = view
-        .transfers
-        .iter()
-        .find(|x| x.metadata.uid == t.metadata.uid)
-        .unwrap_or(t);
+    let current = &ctx.current(t);
+    let view = ctx.view(now);
     let mut validity = validate(current, view.catalog());
     if validity.is_ok() && Assignment::of(current).sender.is_none() {
         if let Some(why) = external_token_unusable(current, ctx).await? {
@@ -101,11 +95,13 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
     }
     let mut step = lifecycle::step(current, &validity, &view.agents, now);
     let mut notes = std::mem::take(&mut step.notes);
+    // A placement taken from the plan, given back unless its status is written.
+    let mut taken: Option<Taken<'_>> = None;
 
     if step.needs.is_some() {
-        let (placements, positions) = plan(&view, now);
-        step.status.queue_position = positions.get(&key).copied();
-        if let (Some(_), Ok(_)) = (placements.get(&key), &validity)
+        let plan = ctx.plan(now);
+        step.status.queue_position = plan.positions.get(&key).copied();
+        if let (Some(_), Ok(_)) = (plan.placements.get(&key), &validity)
             && let Some(why) = names_taken(current, ctx).await?
         {
             // Someone else's Secret or Role holds a name this Transfer needs:
@@ -113,37 +109,54 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
             let s = lifecycle::step(current, &Err(why), &view.agents, now);
             step = s;
             notes.append(&mut step.notes);
-        } else if let (Some(p), Ok(resolved)) = (placements.get(&key), &validity) {
-            hold(current, &api_for(current, ctx)?, true).await?;
-            let token = ensure_token(current, ctx).await?;
-            // Access before assignment: an agent that sees its assignment can
-            // read the token (the API server's authorizer may lag a moment;
-            // agents retry).
-            let pools: Vec<&Key> = std::iter::once(&resolved.sender_pool)
-                .chain(resolved.receiver_pool.as_ref())
-                .collect();
-            let (role, binding) = token_grant::render(current, &token, &pools);
-            ctx.apply(&role).await?;
-            ctx.apply(&binding).await?;
-            let sender = p
-                .sender
-                .as_ref()
-                .and_then(|n| view.agents.get(&AgentId::new(&resolved.sender_pool, n)));
-            let receiver = p.receiver.as_ref().and_then(|n| {
-                let pool = resolved.receiver_pool.as_ref()?;
-                view.agents.get(&AgentId::new(pool, n))
+        } else if let (Some(_), Ok(resolved)) = (plan.placements.get(&key), &validity) {
+            let uid = current.metadata.uid.clone().unwrap_or_default();
+            let token = token_secret_name(current);
+            // The plan may have moved on since it was read: take what it
+            // holds for this Transfer now.
+            let assigned = ctx.take(&key, &uid, now, |p| {
+                let sender = p
+                    .sender
+                    .as_ref()
+                    .and_then(|n| view.agents.get(&AgentId::new(&resolved.sender_pool, n)));
+                let receiver = p.receiver.as_ref().and_then(|n| {
+                    let pool = resolved.receiver_pool.as_ref()?;
+                    view.agents.get(&AgentId::new(pool, n))
+                });
+                let (status, note) = lifecycle::assigned(
+                    current,
+                    resolved,
+                    step.status.clone(),
+                    sender,
+                    receiver,
+                    &token,
+                    now,
+                );
+                let a = Assignment {
+                    attempt: status.attempt,
+                    sender: status.sender.clone(),
+                    receiver: status.receiver.clone(),
+                };
+                (a, (status, note))
             });
-            let (status, note) = lifecycle::assigned(
-                current,
-                resolved,
-                step.status,
-                sender,
-                receiver,
-                &token,
-                now,
-            );
-            step.status = status;
-            notes.push(note);
+            if let Some((status, note)) = assigned {
+                taken = Some(Taken { ctx, uid });
+                hold(current, &api_for(current, ctx)?, true).await?;
+                ensure_token(current, ctx).await?;
+                // Access before assignment: an agent that sees its assignment can
+                // read the token (the API server's authorizer may lag a moment;
+                // agents retry).
+                let pools: Vec<&Key> = std::iter::once(&resolved.sender_pool)
+                    .chain(resolved.receiver_pool.as_ref())
+                    .collect();
+                let (role, binding) = token_grant::render(current, &token, &pools);
+                ctx.apply(&role).await?;
+                ctx.apply(&binding).await?;
+                step.status = status;
+                notes.push(note);
+            } else {
+                step.status.queue_position = ctx.plan(now).positions.get(&key).copied();
+            }
         }
     }
     if step.status.failovers.len() > current.status.as_ref().map_or(0, |s| s.failovers.len()) {
@@ -168,6 +181,9 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
     }
 
     write(t, ctx, api, &step.status).await?;
+    if let Some(t) = taken {
+        t.keep();
+    }
     // Over, or unable to run: the agents lose the token (idempotent, so a
     // failed revocation or a restart in between is made good next time).
     let granted = step.status.token_secret.is_some();
@@ -182,16 +198,52 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
     for n in notes {
         publish(ctx, t, &n).await;
     }
+    // Agents' comings and goings, reports and the plan's placements wake a
+    // Transfer; the clock only for what no event announces.
     Ok(match phase {
         TransferPhase::Succeeded | TransferPhase::Failed => Action::await_change(),
+        // A pool that appears, or a Secret that gets its label, sends no event here.
         TransferPhase::Pending => Action::requeue(Duration::from_secs(30)),
-        TransferPhase::Queued => Action::requeue(Duration::from_secs(3)),
-        // Leases are checked on this beat: an agent lost mid-transfer is noticed
-        // within its Lease's duration plus this.
+        TransferPhase::Queued => Action::requeue(RESYNC),
         TransferPhase::Running | TransferPhase::Verifying => {
-            Action::requeue(Duration::from_secs(3))
+            Action::requeue(stall_check(&step.status, current, now))
         }
     })
+}
+
+/// A look now and then at a Transfer that events should keep current anyway.
+const RESYNC: Duration = Duration::from_secs(300);
+
+/// When a running Transfer that lands nothing more would count as stalled
+/// (see `lifecycle`), a second after; at most [`RESYNC`].
+fn stall_check(s: &TransferStatus, t: &Transfer, now: Timestamp) -> Duration {
+    let Some(mark) = &s.last_moved else {
+        return RESYNC;
+    };
+    let due = mark.at.0.as_second() + i64::from(t.spec.stall_timeout_seconds.max(1)) + 1;
+    let wait = (due - now.as_second()).clamp(1, RESYNC.as_secs() as i64);
+    Duration::from_secs(wait as u64)
+}
+
+/// A placement taken from the plan: given back when dropped before `keep`.
+struct Taken<'a> {
+    ctx: &'a Context,
+    uid: String,
+}
+
+impl Taken<'_> {
+    /// Its assignment is written: the ledger keeps it until the cache shows it.
+    fn keep(mut self) {
+        self.uid.clear();
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        if !self.uid.is_empty() {
+            self.ctx.release(&self.uid);
+        }
+    }
 }
 
 fn key(t: &Transfer) -> Result<Key> {
@@ -199,93 +251,6 @@ fn key(t: &Transfer) -> Result<Key> {
         t.namespace().ok_or(Error::Malformed("a namespace"))?,
         t.name_any(),
     ))
-}
-
-/// The whole cluster's scheduling decision from one snapshot: placements for
-/// transfers that can start now, and queue positions (per sending pool).
-pub fn plan(
-    view: &View,
-    now: Timestamp,
-) -> (BTreeMap<Key, scheduler::Placement>, HashMap<Key, i32>) {
-    let mut waiting = Vec::new();
-    let mut running_per_ns: HashMap<String, usize> = HashMap::new();
-    for t in &view.transfers {
-        if t.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        let Ok(k) = key(t) else { continue };
-        // Found unusable by a check outside `validate` (its token or grant
-        // names): it would hold a slot it cannot use. Its own reconcile
-        // looks again.
-        let refused = t.status.as_ref().and_then(|s| {
-            wirerate_crds::conditions::find(&s.conditions, wirerate_crds::conditions::types::VALID)
-        });
-        if refused
-            .is_some_and(|c| c.status == "False" && c.reason == reason::TOKEN_SECRET_NOT_USABLE)
-        {
-            continue;
-        }
-        let validity = validate(t, view.catalog());
-        let step = lifecycle::step(t, &validity, &view.agents, now);
-        match (step.needs, &validity) {
-            (
-                Some(Needs {
-                    sender,
-                    receiver,
-                    avoid,
-                }),
-                Ok(r),
-            ) => waiting.push(Waiting {
-                priority: t.spec.priority,
-                created: t
-                    .metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .map_or(0, |c| c.0.as_second()),
-                sender_pool: sender.then(|| r.sender_pool.clone()),
-                receiver_pool: if receiver {
-                    r.receiver_pool.clone()
-                } else {
-                    None
-                },
-                avoid,
-                key: k,
-            }),
-            _ if step.status.phase.is_some_and(|p| !p.is_final())
-                && step.status.sender.is_some() =>
-            {
-                *running_per_ns.entry(k.0).or_default() += 1;
-            }
-            _ => {}
-        }
-    }
-    let load = view.load();
-    let slots: Vec<Slot> = view
-        .agents
-        .values()
-        .filter(|a| a.live())
-        .map(|a| Slot {
-            pool: (a.namespace.clone(), a.pool.clone()),
-            agent: a.name.clone(),
-            free: a.capacity - load.get(&a.id()).copied().unwrap_or(0),
-        })
-        .collect();
-    let order = scheduler::order(&waiting, &running_per_ns);
-    let placed = scheduler::assign(&order, &waiting, &slots);
-    let by_key: HashMap<&Key, &Waiting> = waiting.iter().map(|w| (&w.key, w)).collect();
-    let mut positions = HashMap::new();
-    let mut per_pool: HashMap<Key, i32> = HashMap::new();
-    for k in order.iter().filter(|k| !placed.contains_key(*k)) {
-        let pool = by_key[k]
-            .sender_pool
-            .clone()
-            .or_else(|| by_key[k].receiver_pool.clone())
-            .unwrap_or_default();
-        let n = per_pool.entry(pool).or_default();
-        *n += 1;
-        positions.insert(k.clone(), *n);
-    }
-    (placed, positions)
 }
 
 /// Why the names this Transfer's token and grant need are not its own to
@@ -337,10 +302,19 @@ fn token_name(t: &Transfer) -> String {
     format!("{}-token", t.name_any())
 }
 
+/// Name of the Secret the agents read the token from: the Transfer's own,
+/// or the external receiver's.
+fn token_secret_name(t: &Transfer) -> String {
+    match &t.spec.destination.external {
+        Some(ext) => ext.token_secret.clone(),
+        None => token_name(t),
+    }
+}
+
 /// Creates the Transfer's token Secret once; never rotates it under a running transfer.
-async fn ensure_token(t: &Transfer, ctx: &Context) -> Result<String> {
-    if let Some(ext) = &t.spec.destination.external {
-        return Ok(ext.token_secret.clone());
+async fn ensure_token(t: &Transfer, ctx: &Context) -> Result<()> {
+    if t.spec.destination.external.is_some() {
+        return Ok(());
     }
     let ns = t.namespace().ok_or(Error::Malformed("a namespace"))?;
     let name = token_name(t);
@@ -364,13 +338,13 @@ async fn ensure_token(t: &Transfer, ctx: &Context) -> Result<String> {
         ..Default::default()
     };
     match api.create(&PostParams::default(), &secret).await {
-        Ok(_) => Ok(name),
+        Ok(_) => Ok(()),
         // Ours from an earlier pass (names_taken checked the owner), kept:
         // a running transfer's token never changes.
         Err(kube::Error::Api(e)) if e.code == 409 => {
             let meta = api.get_metadata(&name).await?.metadata;
             if token_grant::owned_by(&meta, t.metadata.uid.as_deref().unwrap_or_default()) {
-                Ok(name)
+                Ok(())
             } else {
                 Err(Error::Malformed("a token Secret this Transfer owns"))
             }
@@ -501,12 +475,16 @@ async fn write(t: &Transfer, ctx: &Context, api: &Api<Transfer>, s: &TransferSta
     if lifecycle::operator_fields(&old) != *s {
         let patch = json!({"apiVersion": "wirerate.io/v1alpha1", "kind": "Transfer", "status": s});
         api.patch_status(&name, &pp, &Patch::Apply(&patch)).await?;
+        // Until the cache shows it, the ledger stands in (a failover's new
+        // attempt must not be made twice from a stale copy).
         if Assignment::of(t) != assigned {
             let uid = t.metadata.uid.clone().unwrap_or_default();
-            ctx.ledger
-                .lock()
-                .expect("ledger lock")
-                .insert(uid, assigned);
+            let mut ledger = ctx.ledger.lock().expect("ledger lock");
+            if ledger.get(&uid) != Some(&assigned) {
+                ledger.insert(uid, assigned);
+                drop(ledger);
+                ctx.changed();
+            }
         }
     }
     Ok(())

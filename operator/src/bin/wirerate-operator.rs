@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
@@ -98,11 +98,23 @@ async fn run() -> anyhow::Result<()> {
     leader::acquire(&client, &args.namespace, &identity).await?;
     tracing::info!("leading; starting controllers");
 
-    let pools = Controller::new(
-        Api::<DtnPool>::all(client.clone()),
-        watcher::Config::default(),
+    // Every change a plan depends on is noted as it arrives from the watch
+    // (`Context::changed`); the context exists only after the caches do, so
+    // the streams reach it through this cell.
+    let cell: Cell = Arc::default();
+
+    let (pool_store, pool_writer) = reflector::store::<DtnPool>();
+    let pool_stream = reflector(
+        pool_writer,
+        watcher(
+            Api::<DtnPool>::all(client.clone()),
+            watcher::Config::default(),
+        ),
     )
-    .owns(
+    .default_backoff()
+    .inspect_ok(noted(&cell, false))
+    .applied_objects();
+    let pools = Controller::for_stream(pool_stream, pool_store.clone()).owns(
         Api::<StatefulSet>::all(client.clone()),
         watcher::Config::default().labels(contract::POOL_LABEL),
     );
@@ -113,17 +125,25 @@ async fn run() -> anyhow::Result<()> {
         watcher::Config::default(),
         |b| Some(ObjectRef::new(&b.spec.pool).within(&b.spec.pool_namespace)),
     );
-    let transfers = Controller::new(
-        Api::<Transfer>::all(client.clone()),
-        watcher::Config::default(),
-    );
-    let transfer_store = transfers.store();
+    let (transfer_store, transfer_writer) = reflector::store::<Transfer>();
+    let transfer_stream = reflector(
+        transfer_writer,
+        watcher(
+            Api::<Transfer>::all(client.clone()),
+            watcher::Config::default(),
+        ),
+    )
+    .default_backoff()
+    .inspect_ok(noted(&cell, false))
+    .applied_objects();
+    let transfers = Controller::for_stream(transfer_stream, transfer_store.clone());
+    let in_namespace = transfer_store.clone();
     let transfers = transfers.watches(
         Api::<DtnPoolBinding>::all(client.clone()),
         watcher::Config::default(),
         move |b| {
             let ns = b.metadata.namespace.clone();
-            transfer_store
+            in_namespace
                 .state()
                 .iter()
                 .filter(|t| t.metadata.namespace == ns)
@@ -142,6 +162,7 @@ async fn run() -> anyhow::Result<()> {
         ),
     )
     .default_backoff()
+    .inspect_ok(noted(&cell, true))
     .touched_objects()
     .for_each(|_| async {});
     let pod_watch = reflector(
@@ -152,6 +173,7 @@ async fn run() -> anyhow::Result<()> {
         ),
     )
     .default_backoff()
+    .inspect_ok(noted(&cell, true))
     .touched_objects()
     .for_each(|_| async {});
     let (bindings, binding_writer) = reflector::store::<DtnPoolBinding>();
@@ -163,20 +185,27 @@ async fn run() -> anyhow::Result<()> {
         ),
     )
     .default_backoff()
+    .inspect_ok(noted(&cell, false))
     .touched_objects()
     .for_each(|_| async {});
     let stores = Stores {
         bindings,
-        pools: pools.store(),
-        transfers: transfers.store(),
+        pools: pool_store,
+        transfers: transfer_store,
         leases,
         pods,
     };
     let ctx = Arc::new(Context::new(client.clone(), stores, metrics, &identity));
+    let _ = cell.set(ctx.clone());
+    let wakes = ctx.wakes().expect("taken once, here");
+    let pools = pools.reconcile_on(wakes.pools);
+    let transfers = transfers.reconcile_on(wakes.transfers);
 
     tokio::spawn(lease_watch);
     tokio::spawn(pod_watch);
     tokio::spawn(binding_watch);
+    tokio::spawn(ctx.clone().plan_on_changes());
+    tokio::spawn(ctx.clone().watch_agents());
     tokio::spawn(gauges(ctx.clone()));
 
     let pool_run = pools
@@ -214,6 +243,24 @@ async fn run() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Where the watch streams find the context once it exists.
+type Cell = Arc<std::sync::OnceLock<Arc<Context>>>;
+
+/// Notes each watch event as a change a plan depends on, or (`agents`) as
+/// one the agent watcher looks at.
+fn noted<T>(cell: &Cell, agents: bool) -> impl FnMut(&T) + Send + 'static {
+    let cell = cell.clone();
+    move |_| {
+        if let Some(ctx) = cell.get() {
+            if agents {
+                ctx.agents_touched();
+            } else {
+                ctx.changed();
+            }
+        }
+    }
+}
+
 /// Keeps the per-phase and queue gauges current.
 async fn gauges(ctx: Arc<Context>) {
     let phases = [
@@ -225,14 +272,8 @@ async fn gauges(ctx: Arc<Context>) {
         TransferPhase::Failed,
     ];
     loop {
-        let transfers: Vec<Transfer> = ctx
-            .stores
-            .transfers
-            .state()
-            .iter()
-            .map(|t| (**t).clone())
-            .collect();
-        let (by_phase, queues) = wirerate_operator::metrics::tally(&transfers);
+        let transfers = ctx.stores.transfers.state();
+        let (by_phase, queues) = wirerate_operator::metrics::tally(transfers.iter().map(|t| &**t));
         for p in phases {
             ctx.metrics
                 .phases
