@@ -62,6 +62,8 @@ pub struct SendSummary {
     pub io_fallback: Option<String>,
     /// Buffers on hugepages.
     pub hugepages: bool,
+    /// What the buffers sit on: `normal-page`, `2 MiB huge-page`, `1 GiB huge-page`.
+    pub buffer_pages: String,
     /// Streams requested.
     pub streams: u16,
     /// Gbit/s each stream carried, by stream index.
@@ -127,11 +129,7 @@ impl SendSummary {
             },
             fmt_bytes(self.block_size),
             self.queue_depth,
-            if self.hugepages {
-                "hugepage"
-            } else {
-                "normal-page"
-            }
+            self.buffer_pages
         ));
         if let Some(f) = &self.io_fallback {
             s.push_str(&format!("  fallback   {f}\n"));
@@ -195,6 +193,8 @@ pub struct ReceiverSummary {
     pub io_fallback: Option<String>,
     /// Buffers on hugepages.
     pub hugepages: bool,
+    /// What the buffers sit on: `normal-page`, `2 MiB huge-page`, `1 GiB huge-page`.
+    pub buffer_pages: String,
     /// Data streams that joined.
     pub streams: u64,
     /// Data streams the sender announced.
@@ -218,7 +218,7 @@ impl ReceiverSummary {
             serde_json::to_string(self).unwrap_or_default()
         } else {
             format!(
-                "session {} {}: {} written in {:.2} s = {:.2} Gbit/s, io {}{}, {} of {} streams, {} damaged blocks refetched, {} resumed, files {} ok / {} failed",
+                "session {} {}: {} written in {:.2} s = {:.2} Gbit/s, io {}{}, {} buffers, {} of {} streams, {} damaged blocks refetched, {} resumed, files {} ok / {} failed",
                 &self.session[..8.min(self.session.len())],
                 self.outcome,
                 fmt_bytes(self.bytes_written),
@@ -229,6 +229,7 @@ impl ReceiverSummary {
                     .as_deref()
                     .map(|f| format!(" ({f})"))
                     .unwrap_or_default(),
+                self.buffer_pages,
                 self.streams,
                 self.requested_streams,
                 self.blocks_rejected,

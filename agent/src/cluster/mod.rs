@@ -772,6 +772,17 @@ async fn heartbeat(client: &Client, cfg: &RunConfig, pool: &DtnPool, active: usi
         &host::Readings::read(interface.as_deref()),
     );
     findings.extend(storage::probe_cached(&roots(pool), &cfg.agent));
+    // The pool asked for huge pages: say if a default-sized buffer pool
+    // would not get them (the transfer still runs, on normal pages).
+    if std::env::var_os(crate::io::hugepages::ENV).is_some()
+        && let crate::io::hugepages::Backing::Normal { why: Some(why) } =
+            crate::io::hugepages::decide(
+                &crate::io::hugepages::offer(),
+                crate::defaults::BUFFER as usize,
+            )
+    {
+        findings.push(("hugepages".to_owned(), why));
+    }
     let mut annotations = BTreeMap::from([
         (
             contract::ADDRESS_ANNOTATION.to_owned(),

@@ -1,6 +1,7 @@
 //! Disk I/O: the buffer pool and the three I/O modes behind one trait.
 
 pub mod caps;
+pub mod hugepages;
 pub mod open;
 pub mod pool;
 mod sync;

@@ -1,14 +1,13 @@
-//! A preallocated pool of aligned block buffers, hugepage-backed when the
-//! host has enough free hugepages.
+//! A preallocated pool of aligned block buffers, on huge pages when the pod
+//! was given them or the host has enough free (see `hugepages`).
 
 use std::ptr::NonNull;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::ALIGN;
+use super::hugepages::{self, Backing, PageSize};
 use crate::error::{Error, Result};
-
-const HUGEPAGE: usize = 2 << 20;
 
 struct Inner {
     base: NonNull<u8>,
@@ -16,7 +15,9 @@ struct Inner {
     buf_size: usize,
     free: Mutex<Vec<usize>>,
     cv: Condvar,
-    hugepages: bool,
+    page: Option<PageSize>,
+    /// Why huge pages that were asked for are not used.
+    huge_note: Option<String>,
     count: usize,
 }
 
@@ -49,34 +50,52 @@ impl std::fmt::Debug for Pool {
         f.debug_struct("Pool")
             .field("buf_size", &self.inner.buf_size)
             .field("count", &self.inner.count)
-            .field("hugepages", &self.inner.hugepages)
+            .field("page", &self.inner.page)
             .finish()
     }
 }
 
-fn free_hugepage_bytes() -> usize {
-    let Ok(meminfo) = std::fs::read_to_string("/proc/meminfo") else {
-        return 0;
+/// Maps `len` bytes of a new, unlinked file in the hugetlbfs mount `dir`:
+/// the pages come from what the pod was given there, at its page size.
+fn map_file(dir: &std::path::Path, len: usize) -> Option<NonNull<u8>> {
+    use std::os::fd::AsRawFd;
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!(".wirerate-buffers-{}-{n}", std::process::id()));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .ok()?;
+    // Unlinked at once: the pages go back when the mapping goes, even after a crash.
+    let _ = std::fs::remove_file(&path);
+    file.set_len(len as u64).ok()?;
+    // SAFETY: a shared mapping of a file only this function has opened, with
+    // no address hint, touches no existing memory; hugetlbfs reserves the
+    // pages at mmap time, so a shortage is an error here rather than a
+    // SIGBUS later; the result is checked for MAP_FAILED before use.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_POPULATE,
+            file.as_raw_fd(),
+            0,
+        )
     };
-    let field = |name: &str| -> usize {
-        meminfo
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0)
-    };
-    let size_kib = field("Hugepagesize:");
-    if size_kib * 1024 != HUGEPAGE {
-        return 0;
+    if p == libc::MAP_FAILED {
+        return None;
     }
-    field("HugePages_Free:") * HUGEPAGE
+    NonNull::new(p.cast())
 }
 
-fn map(len: usize, huge: bool) -> Option<NonNull<u8>> {
+fn map(len: usize, huge: Option<PageSize>) -> Option<NonNull<u8>> {
     let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
-    if huge {
+    if let Some(page) = huge {
         // Hugepages are reserved at mmap time anyway; fault them in now.
-        flags |= libc::MAP_HUGETLB | libc::MAP_POPULATE;
+        flags |= libc::MAP_HUGETLB | libc::MAP_POPULATE | page.map_flag();
     }
     // Normal pages are left to fault in on first use: populating the whole
     // pool up front zeroed 512 MiB per side before every transfer, which
@@ -97,7 +116,7 @@ fn map(len: usize, huge: bool) -> Option<NonNull<u8>> {
     if p == libc::MAP_FAILED {
         return None;
     }
-    if !huge {
+    if huge.is_none() {
         // Transparent hugepages where the host allows them (THP "madvise"
         // is common): a 16 MiB buffer faults in 8 times instead of 4,096,
         // which was a tenth of a small transfer's CPU time.
@@ -112,8 +131,19 @@ fn map(len: usize, huge: bool) -> Option<NonNull<u8>> {
 }
 
 impl Pool {
-    /// `count` buffers of `buf_size` bytes (a multiple of 4096).
+    /// `count` buffers of `buf_size` bytes (a multiple of 4096), on huge
+    /// pages when it can.
     pub fn new(buf_size: usize, count: usize) -> Result<Self> {
+        Self::build(buf_size, count, true)
+    }
+
+    /// Like `new`, on normal pages: a pool of small buffers would round up
+    /// to a whole huge page (1 GiB of them) for a few KiB.
+    pub fn normal(buf_size: usize, count: usize) -> Result<Self> {
+        Self::build(buf_size, count, false)
+    }
+
+    fn build(buf_size: usize, count: usize, may_be_huge: bool) -> Result<Self> {
         if buf_size == 0 || buf_size % ALIGN != 0 || count == 0 {
             return Err(Error::Config(format!(
                 "buffer pool needs a block size that is a positive multiple of {ALIGN} (got {buf_size}) and at least one buffer"
@@ -122,14 +152,35 @@ impl Pool {
         let len = buf_size
             .checked_mul(count)
             .ok_or_else(|| Error::Config("buffer pool size overflows".into()))?;
-        let huge_len = len.div_ceil(HUGEPAGE) * HUGEPAGE;
-        let (base, map_len, hugepages) = match (free_hugepage_bytes() >= huge_len)
-            .then(|| map(huge_len, true))
-            .flatten()
-        {
-            Some(p) => (p, huge_len, true),
-            None => match map(len, false) {
-                Some(p) => (p, len, false),
+        let backing = if may_be_huge {
+            hugepages::decide(&hugepages::offer(), len)
+        } else {
+            Backing::Normal { why: None }
+        };
+        let (huge, mut huge_note) = match backing {
+            Backing::Huge {
+                page,
+                len: huge_len,
+                file_in,
+            } => {
+                let p = match &file_in {
+                    Some(dir) => map_file(dir, huge_len),
+                    None => map(huge_len, Some(page)),
+                };
+                let note = (p.is_none() && file_in.is_some()).then(|| {
+                    format!(
+                        "mapping {huge_len} bytes of {page} huge pages failed ({}): buffers are on normal pages",
+                        std::io::Error::last_os_error()
+                    )
+                });
+                (p.map(|p| (p, huge_len, page)), note)
+            }
+            Backing::Normal { why } => (None, why),
+        };
+        let (base, map_len, page) = match huge {
+            Some((p, l, page)) => (p, l, Some(page)),
+            None => match map(len, None) {
+                Some(p) => (p, len, None),
                 None => {
                     return Err(Error::io(
                         format!("allocating {len} bytes of transfer buffers"),
@@ -145,7 +196,8 @@ impl Pool {
                 buf_size,
                 free: Mutex::new((0..count).rev().collect()),
                 cv: Condvar::new(),
-                hugepages,
+                page,
+                huge_note: huge_note.take(),
                 count,
             }),
         })
@@ -163,7 +215,17 @@ impl Pool {
 
     /// Whether the buffers sit on hugepages.
     pub fn hugepages(&self) -> bool {
-        self.inner.hugepages
+        self.inner.page.is_some()
+    }
+
+    /// The huge page size the buffers sit on, if they do.
+    pub fn page_size(&self) -> Option<PageSize> {
+        self.inner.page
+    }
+
+    /// Why huge pages asked for (`WIRERATE_HUGEPAGES`) are not used, if not.
+    pub fn huge_note(&self) -> Option<&str> {
+        self.inner.huge_note.as_deref()
     }
 
     fn take(&self, idx: usize) -> PoolBuf {
@@ -218,7 +280,7 @@ impl Pools {
         let large = Pool::new(block_size, large_count)?;
         let small = match Self::small_count(block_size, large_count) {
             0 => None,
-            n => Some(Pool::new(SMALL_BUF, n)?),
+            n => Some(Pool::normal(SMALL_BUF, n)?),
         };
         Ok(Self { large, small })
     }
@@ -259,6 +321,19 @@ impl Pools {
     /// Whether the block-size buffers sit on hugepages.
     pub fn hugepages(&self) -> bool {
         self.large.hugepages()
+    }
+
+    /// What the block-size buffers sit on, for people: `1 GiB huge-page`.
+    pub fn pages(&self) -> String {
+        match self.large.page_size() {
+            Some(p) => format!("{p} huge-page"),
+            None => "normal-page".into(),
+        }
+    }
+
+    /// Why huge pages asked for are not used, if not.
+    pub fn huge_note(&self) -> Option<&str> {
+        self.large.huge_note()
     }
 }
 

@@ -363,6 +363,8 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         Arc::clone(&stats),
     )?;
     let hugepages = pool.hugepages();
+    let buffer_pages = pool.pages();
+    let huge_note = pool.huge_note().map(str::to_owned);
     let session = Arc::new(Session {
         verify,
         layouts,
@@ -442,13 +444,14 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         io_mode: report.io_mode,
         io_fallback: report.fallback,
         hugepages,
+        buffer_pages,
         streams: stats.streams.load(Ordering::Relaxed),
         requested_streams: streams,
         blocks_rejected: stats.rejected.load(Ordering::Relaxed),
         files_ok: stats.files_ok.load(Ordering::Relaxed),
         files_failed: stats.files_failed.load(Ordering::Relaxed)
             + stats.refused.load(Ordering::Relaxed),
-        warnings: report.warnings,
+        warnings: report.warnings.into_iter().chain(huge_note).collect(),
     };
     tracing::info!(session = %summary.session, outcome = %summary.outcome, bytes, "session ended");
     if shared.cfg.print_summaries {

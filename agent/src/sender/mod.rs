@@ -276,6 +276,9 @@ pub fn send(cfg: &SendConfig, progress: Arc<Progress>) -> Result<SendSummary> {
     if let Some(f) = &st.io_fallback {
         warnings.push(f.clone());
     }
+    if let Some(n) = pool.huge_note() {
+        warnings.push(n.to_owned());
+    }
     Ok(SendSummary {
         ok: failures.is_empty(),
         bytes_total: total,
@@ -287,6 +290,7 @@ pub fn send(cfg: &SendConfig, progress: Arc<Progress>) -> Result<SendSummary> {
         io_mode: st.io_mode.unwrap_or(cfg.io_mode),
         io_fallback: st.io_fallback.clone(),
         hugepages: pool.hugepages(),
+        buffer_pages: pool.pages(),
         streams: cfg.streams,
         per_stream_gbps: st
             .per_stream_bytes
