@@ -28,6 +28,9 @@ pub const POSITION_REFRESH: Duration = Duration::from_secs(5);
 /// Changes arriving this close together share one plan.
 const DEBOUNCE: Duration = Duration::from_millis(20);
 
+/// The longest a reconcile waits for the planner to see its change.
+const PLAN_WAIT: Duration = Duration::from_millis(500);
+
 /// Shared state of the controllers.
 pub struct Context {
     /// API client.
@@ -49,6 +52,10 @@ pub struct Context {
     changed: Notify,
     /// Wakes the agent watcher: a Lease or pod changed.
     agents_touched: Notify,
+    /// The change count of the latest plan, for reconciles waiting on it.
+    plans: tokio::sync::watch::Sender<u64>,
+    /// Whether the planner task runs (else a reconcile plans itself).
+    planner_running: std::sync::atomic::AtomicBool,
     wake_transfers: UnboundedSender<ObjectRef<Transfer>>,
     wake_pools: UnboundedSender<ObjectRef<DtnPool>>,
     wakes: Mutex<Option<Wakes>>,
@@ -145,6 +152,8 @@ impl Context {
             changes: AtomicU64::new(0),
             changed: Notify::new(),
             agents_touched: Notify::new(),
+            plans: tokio::sync::watch::Sender::new(0),
+            planner_running: std::sync::atomic::AtomicBool::new(false),
             wake_transfers,
             wake_pools,
             wakes: Mutex::new(Some(Wakes { transfers, pools })),
@@ -269,6 +278,24 @@ impl Context {
         self.fresh(&mut s, now)
     }
 
+    /// A plan that has seen every change noted so far: the planner's next,
+    /// waited for (at most [`PLAN_WAIT`]), so that a burst of a thousand new
+    /// Transfers costs a few plans rather than a thousand. Without the
+    /// planner task (in tests), planned here.
+    pub async fn recent_plan(&self, now: Timestamp) -> Arc<Plan> {
+        if !self.planner_running.load(Ordering::SeqCst) {
+            return self.plan(now);
+        }
+        let want = self.changes.load(Ordering::SeqCst);
+        let mut rx = self.plans.subscribe();
+        let _ = tokio::time::timeout(PLAN_WAIT, rx.wait_for(|at| *at >= want)).await;
+        self.scheduling
+            .lock()
+            .expect("scheduling lock")
+            .plan
+            .clone()
+    }
+
     fn fresh(&self, s: &mut Scheduling, now: Timestamp) -> Arc<Plan> {
         let at = self.changes.load(Ordering::SeqCst);
         if s.at == Some(at) {
@@ -308,23 +335,35 @@ impl Context {
         }
         s.plan = Arc::new(plan);
         s.at = Some(at);
+        self.plans.send_replace(at);
         s.plan.clone()
     }
 
-    /// Takes `key`'s placement in the current plan, if it has one: `assign`
-    /// turns it into the Transfer's assignment, which goes into the ledger
-    /// before anything is written, so that no later plan hands out its slots
-    /// again. Undo with [`Context::release`] if it cannot be written.
+    /// Takes `key`'s placement in the latest plan, if it has one and
+    /// `assign` accepts it (it may have gone stale: an agent lost since, or
+    /// other roles needed): `assign` turns it into the Transfer's
+    /// assignment, which goes into the ledger before anything is written.
+    /// Undo with [`Context::release`] if it cannot be written.
+    ///
+    /// Why this cannot hand a slot out twice: the placements of one plan
+    /// are disjoint, and a plan is computed (under the same lock) from the
+    /// ledger, which holds every placement taken from the plans before it.
     pub fn take<T>(
         &self,
         key: &Key,
         uid: &str,
         now: Timestamp,
-        assign: impl FnOnce(&Placement) -> (Assignment, T),
+        assign: impl FnOnce(&Placement) -> Option<(Assignment, T)>,
     ) -> Option<T> {
         let mut s = self.scheduling.lock().expect("scheduling lock");
-        let plan = self.fresh(&mut s, now);
-        let (a, out) = assign(plan.placements.get(key)?);
+        if s.at.is_none() {
+            self.fresh(&mut s, now);
+        }
+        let Some((a, out)) = assign(s.plan.placements.get(key)?) else {
+            // Stale for this Transfer: the next plan will know better.
+            self.changed();
+            return None;
+        };
         // Taken as planned, the plan stays true: the slots it handed out
         // are the ones now in use. No new plan needed.
         self.ledger
@@ -373,6 +412,7 @@ impl Context {
     /// Plans after every change, debounced, and wakes who the plans concern.
     /// Runs for the life of the operator.
     pub async fn plan_on_changes(self: Arc<Self>) {
+        self.planner_running.store(true, Ordering::SeqCst);
         let mut next: Option<Instant> = None;
         loop {
             match next {

@@ -105,6 +105,25 @@ fn selected(o: &Value, query: &str) -> bool {
     })
 }
 
+/// Applies a JSON patch as the API server does (a failed `test` is a 422);
+/// like it, a `test` for null passes where the field is absent.
+fn json_patched(o: &mut Value, ops: &Value) -> Result<(), String> {
+    let ops: Vec<Value> = ops
+        .as_array()
+        .ok_or("a JSON patch is a list")?
+        .iter()
+        .filter(|op| {
+            !(op["op"] == "test"
+                && op["value"].is_null()
+                && o.pointer(op["path"].as_str().unwrap_or_default()).is_none())
+        })
+        .cloned()
+        .collect();
+    let patch: json_patch::Patch =
+        serde_json::from_value(Value::Array(ops)).map_err(|e| e.to_string())?;
+    json_patch::patch(o, &patch).map_err(|e| e.to_string())
+}
+
 fn status(code: u16, reason: &str) -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code, "message": reason})
 }
@@ -163,11 +182,15 @@ impl Double {
                         }
                         "PATCH" | "PUT" => {
                             let o = objs.entry(key).or_insert_with(|| json!({}));
-                            // A JSON patch (the finalizer helper's) is not merged; the tests start with finalizers in place.
                             if body.is_object() {
                                 merge(o, &body);
+                                (200, o.clone())
+                            } else {
+                                match json_patched(o, &body) {
+                                    Ok(()) => (200, o.clone()),
+                                    Err(why) => (422, status(422, &why)),
+                                }
                             }
-                            (200, o.clone())
                         }
                         "DELETE" => match objs.remove(&key) {
                             Some(_) => (200, status(200, "Success")),
@@ -243,6 +266,23 @@ impl Double {
         self.transfers
             .apply_watcher_event(&watcher::Event::Apply(t.clone()));
         self.ctx.changed();
+    }
+
+    /// Puts a Transfer in the cache only (the API keeps its own copy).
+    pub(crate) fn transfer_in_cache(&mut self, t: &Transfer) {
+        self.transfers
+            .apply_watcher_event(&watcher::Event::Apply(t.clone()));
+        self.ctx.changed();
+    }
+
+    /// The API's copy of the object at `path`.
+    pub(crate) fn object_at(&self, path: &str) -> Value {
+        self.objects
+            .lock()
+            .unwrap()
+            .get(path)
+            .cloned()
+            .unwrap_or(Value::Null)
     }
 
     /// Puts a DtnPoolBinding in the API and the cache.

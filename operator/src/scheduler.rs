@@ -96,9 +96,22 @@ pub fn order(waiting: &[Waiting], running_per_namespace: &HashMap<String, usize>
 pub fn assign(order: &[Key], waiting: &[Waiting], slots: &[Slot]) -> BTreeMap<Key, Placement> {
     let by_key: HashMap<&Key, &Waiting> = waiting.iter().map(|w| (&w.key, w)).collect();
     let mut free: Vec<Slot> = slots.to_vec();
+    // Room left per pool: once a pool is full, the rest of a long queue for
+    // it is passed over without looking at each of its agents.
+    let mut room: HashMap<Key, i32> = HashMap::new();
+    for s in slots {
+        *room.entry(s.pool.clone()).or_default() += s.free.max(0);
+    }
+    let full = |room: &HashMap<Key, i32>, pool: &Option<Key>| {
+        pool.as_ref()
+            .is_some_and(|p| room.get(p).copied().unwrap_or(0) <= 0)
+    };
     let mut placed = BTreeMap::new();
     for key in order {
         let Some(w) = by_key.get(key) else { continue };
+        if full(&room, &w.sender_pool) || full(&room, &w.receiver_pool) {
+            continue;
+        }
         let pick = |free: &[Slot], pool: &Key, not: Option<usize>| {
             free.iter()
                 .enumerate()
@@ -127,6 +140,7 @@ pub fn assign(order: &[Key], waiting: &[Waiting], slots: &[Slot]) -> BTreeMap<Ke
         };
         for i in sender.iter().chain(receiver.iter()) {
             free[*i].free -= 1;
+            *room.entry(free[*i].pool.clone()).or_default() -= 1;
         }
         placed.insert(
             key.clone(),

@@ -30,6 +30,7 @@ const CLEANUP_GRACE: Duration = Duration::from_secs(60);
 /// Reconciles one Transfer.
 #[tracing::instrument(skip_all, fields(transfer = %t.name_any(), ns = t.namespace().unwrap_or_default()))]
 pub async fn reconcile(t: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action> {
+    tracing::trace!("reconciling");
     let _timer = ctx
         .metrics
         .duration
@@ -98,8 +99,8 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
     // A placement taken from the plan, given back unless its status is written.
     let mut taken: Option<Taken<'_>> = None;
 
-    if step.needs.is_some() {
-        let plan = ctx.plan(now);
+    if let Some(needs) = step.needs.clone() {
+        let plan = ctx.recent_plan(now).await;
         step.status.queue_position = plan.positions.get(&key).copied();
         if let (Some(_), Ok(_)) = (plan.placements.get(&key), &validity)
             && let Some(why) = names_taken(current, ctx).await?
@@ -115,14 +116,20 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
             // The plan may have moved on since it was read: take what it
             // holds for this Transfer now.
             let assigned = ctx.take(&key, &uid, now, |p| {
-                let sender = p
-                    .sender
-                    .as_ref()
-                    .and_then(|n| view.agents.get(&AgentId::new(&resolved.sender_pool, n)));
-                let receiver = p.receiver.as_ref().and_then(|n| {
-                    let pool = resolved.receiver_pool.as_ref()?;
-                    view.agents.get(&AgentId::new(pool, n))
-                });
+                // Exactly the roles needed, on agents live now; else stale.
+                if p.sender.is_some() != needs.sender || p.receiver.is_some() != needs.receiver {
+                    return None;
+                }
+                let live = |pool: Option<&Key>, name: &Option<String>| match name {
+                    None => Some(None),
+                    Some(n) => view
+                        .agents
+                        .get(&AgentId::new(pool?, n))
+                        .filter(|a| a.live())
+                        .map(Some),
+                };
+                let sender = live(Some(&resolved.sender_pool), &p.sender)?;
+                let receiver = live(resolved.receiver_pool.as_ref(), &p.receiver)?;
                 let (status, note) = lifecycle::assigned(
                     current,
                     resolved,
@@ -137,7 +144,7 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
                     sender: status.sender.clone(),
                     receiver: status.receiver.clone(),
                 };
-                (a, (status, note))
+                Some((a, (status, note)))
             });
             if let Some((status, note)) = assigned {
                 taken = Some(Taken { ctx, uid });
@@ -360,13 +367,39 @@ fn api_for(t: &Transfer, ctx: &Context) -> Result<Api<Transfer>> {
 
 /// Adds (`keep`) or removes the operator's finalizer, if that changes
 /// anything. A JSON patch that tests the list first, so a concurrent change
-/// to the finalizers fails the patch rather than being overwritten.
+/// to the finalizers fails the patch rather than being overwritten. `t` may
+/// be a stale copy (the cache lags the operator's own last write): when the
+/// test fails, the object is read afresh and, if it still needs it, patched
+/// once more.
 async fn hold(t: &Transfer, api: &Api<Transfer>, keep: bool) -> Result<()> {
+    let Some(patch) = finalizer_patch(t, keep) else {
+        return Ok(());
+    };
+    let pp = PatchParams::default();
+    match api
+        .patch::<Transfer>(&t.name_any(), &pp, &Patch::Json(patch))
+        .await
+    {
+        Err(kube::Error::Api(e)) if e.code == 422 => {
+            let fresh = api.get(&t.name_any()).await?;
+            if let Some(patch) = finalizer_patch(&fresh, keep) {
+                api.patch::<Transfer>(&t.name_any(), &pp, &Patch::Json(patch))
+                    .await?;
+            }
+            Ok(())
+        }
+        other => other.map(|_| ()).map_err(Error::from),
+    }
+}
+
+/// The JSON patch that adds (`keep`) or removes the operator's finalizer
+/// on `t`; None when `t` is already so.
+fn finalizer_patch(t: &Transfer, keep: bool) -> Option<json_patch::Patch> {
     let ours = contract::TRANSFER_FINALIZER;
     let list = t.finalizers();
     let at = list.iter().position(|f| f == ours);
     let ops = match (keep, at) {
-        (true, Some(_)) | (false, None) => return Ok(()),
+        (true, Some(_)) | (false, None) => return None,
         (true, None) if t.meta().finalizers.is_none() => {
             json!([{"op": "test", "path": "/metadata/finalizers", "value": null},
                    {"op": "add", "path": "/metadata/finalizers", "value": [ours]}])
@@ -380,10 +413,7 @@ async fn hold(t: &Transfer, api: &Api<Transfer>, keep: bool) -> Result<()> {
                    {"op": "remove", "path": format!("/metadata/finalizers/{i}")}])
         }
     };
-    let patch: json_patch::Patch = serde_json::from_value(ops).expect("a well-formed JSON patch");
-    api.patch::<Transfer>(&t.name_any(), &PatchParams::default(), &Patch::Json(patch))
-        .await?;
-    Ok(())
+    Some(serde_json::from_value(ops).expect("a well-formed JSON patch"))
 }
 
 /// Why an external receiver's token Secret cannot be handed to the sending
