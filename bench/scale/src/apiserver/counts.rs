@@ -1,0 +1,54 @@
+//! Requests counted by who made them, verb and resource: the bench reports
+//! the operator's API traffic, and the driver's own requests (its simulated
+//! agents, its watch) must not count as the operator's.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+/// The User-Agent prefix the driver's requests carry; kube-rs sends none
+/// of its own, so anything else is the operator.
+pub(crate) const DRIVER_AGENT: &str = "wirerate-scale";
+
+/// Who made a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Actor {
+    /// The operator under test.
+    Operator,
+    /// The bench's driver (agents, creators, observer).
+    Driver,
+}
+
+impl Actor {
+    /// From the request's User-Agent header.
+    pub(crate) fn from_user_agent(ua: Option<&str>) -> Self {
+        if ua.is_some_and(|u| u.starts_with(DRIVER_AGENT)) {
+            Self::Driver
+        } else {
+            Self::Operator
+        }
+    }
+}
+
+/// (actor, verb, resource) -> requests.
+pub(crate) type Tally = BTreeMap<(Actor, &'static str, String), u64>;
+
+/// The running tally.
+#[derive(Debug, Default)]
+pub(crate) struct Counts(Mutex<Tally>);
+
+impl Counts {
+    /// Counts one request.
+    pub(crate) fn add(&self, actor: Actor, verb: &'static str, resource: String) {
+        *self
+            .0
+            .lock()
+            .expect("counts lock")
+            .entry((actor, verb, resource))
+            .or_default() += 1;
+    }
+
+    /// A copy of the tally so far.
+    pub(crate) fn snapshot(&self) -> Tally {
+        self.0.lock().expect("counts lock").clone()
+    }
+}

@@ -1,0 +1,111 @@
+//! An in-memory Kubernetes API server double, served over plain HTTP on
+//! 127.0.0.1, so the real operator binary can run against it with nothing
+//! but a kubeconfig. It implements what the operator and the bench driver
+//! use, answering as kube-apiserver does: objects of any group and version,
+//! get, list and watch (selectors, resourceVersions, bookmarks, 410 for a
+//! watch older than the history), create, update with optimistic
+//! concurrency, merge, JSON and server-side-apply patches, status
+//! subresources, finalizers, and `Status` errors. It counts every request by
+//! who made it, verb and resource.
+//!
+//! Left out, because nothing here needs it: authentication and RBAC,
+//! admission (CEL rules, webhooks), defaulting and schema validation,
+//! paging (`limit` is ignored: a list returns everything, with no continue
+//! token), garbage collection through owner references, strategic merge
+//! patches, and discovery. Deleting a namespace or a CRD removes its objects
+//! at once (the API server's controllers take a moment, and wait for
+//! finalizers).
+
+mod apply;
+mod counts;
+mod error;
+mod path;
+mod select;
+mod serve;
+mod store;
+#[cfg(test)]
+mod tests;
+mod types;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub(crate) use counts::{Actor, DRIVER_AGENT, Tally};
+
+/// Changes kept for watches that resume from an older resourceVersion.
+const HISTORY: usize = 20_000;
+
+/// A running double.
+pub(crate) struct ApiServer {
+    addr: SocketAddr,
+    shared: Arc<serve::Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ApiServer {
+    /// Starts an empty cluster on a free port of 127.0.0.1, answering each
+    /// request (but for watch events) after `latency`.
+    pub(crate) async fn start(latency: Duration) -> std::io::Result<Self> {
+        Self::start_with(HISTORY, latency).await
+    }
+
+    /// As `start`, keeping `history` changes for watches.
+    pub(crate) async fn start_with(history: usize, latency: Duration) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(serve::Shared {
+            store: Mutex::new(store::Store::new(history)),
+            counts: counts::Counts::default(),
+            latency,
+        });
+        let task = tokio::spawn(serve::serve(listener, shared.clone()));
+        let server = Self { addr, shared, task };
+        server.seed();
+        Ok(server)
+    }
+
+    /// The namespaces every cluster has.
+    fn seed(&self) {
+        let mut store = self.shared.store.lock().expect("store lock");
+        for ns in ["default", "kube-system"] {
+            let t = path::parse("/api/v1/namespaces").expect("a resource path");
+            store
+                .create(
+                    &t,
+                    serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+                )
+                .expect("a fresh store takes its namespaces");
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub(crate) fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Writes a kubeconfig pointing at the double (JSON, which is YAML).
+    pub(crate) fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
+        let config = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "double", "cluster": {"server": self.url()}}],
+            "users": [{"name": "bench", "user": {}}],
+            "contexts": [{"name": "double", "context": {"cluster": "double", "user": "bench"}}],
+            "current-context": "double",
+        });
+        std::fs::write(path, serde_json::to_vec_pretty(&config)?)
+    }
+
+    /// Requests so far.
+    pub(crate) fn counts(&self) -> Tally {
+        self.shared.counts.snapshot()
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
