@@ -225,7 +225,7 @@ impl Report {
             "figure", "value", "target"
         );
         let row = |o: &mut String, name: &str, value: String, target: &str, result: &str| {
-            let _ = writeln!(o, "{name:<52} {value:>16}  {target:<14} {result}");
+            let _ = writeln!(o, "{name:<52} {value:>22}  {target:<14} {result}");
         };
         let secs = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2} s"));
         for t in &self.targets {
