@@ -951,3 +951,37 @@ async fn a_stale_copy_of_a_finalizer_already_removed_is_no_error() {
         .await
         .expect("already done is not an error");
 }
+
+// Found by the scale bench: each pool's own status write (a heartbeat had
+// moved) woke the pool again, which wrote the next heartbeat: about one
+// reconcile and seven applies a second per idle pool.
+#[test]
+fn a_pools_own_status_write_does_not_wake_it() {
+    let p = lustre_pool();
+    let mut written = p.clone();
+    written.status = Some(wirerate_crds::DtnPoolStatus {
+        ready_agents: 3,
+        ..Default::default()
+    });
+    assert_eq!(
+        pool_controller::changed(&p),
+        pool_controller::changed(&written)
+    );
+    let mut spec = p.clone();
+    spec.metadata.generation = Some(p.metadata.generation.unwrap_or(1) + 1);
+    assert_ne!(
+        pool_controller::changed(&p),
+        pool_controller::changed(&spec)
+    );
+    let mut deleted = p.clone();
+    deleted.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
+    assert_ne!(
+        pool_controller::changed(&p),
+        pool_controller::changed(&deleted)
+    );
+    let finalized = finalized(p.clone(), pool_controller::POOL_FINALIZER);
+    assert_ne!(
+        pool_controller::changed(&p),
+        pool_controller::changed(&finalized)
+    );
+}

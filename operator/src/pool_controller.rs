@@ -45,6 +45,25 @@ pub async fn reconcile(pool: Arc<DtnPool>, ctx: Arc<Context>) -> Result<Action> 
     .map_err(|e| Error::Finalizer(Box::new(e)))
 }
 
+/// What of a pool needs a reconcile when it changes: its spec (the
+/// generation), its deletion and its finalizers. Not its status: the pool's
+/// own status write (an agent's heartbeat moved) would otherwise trigger
+/// the next reconcile, which writes the next heartbeat, about once a second
+/// per pool while nothing happens. Agents' changes reach the pool through
+/// the agent watcher, and heartbeats on the requeue.
+pub fn changed(pool: &DtnPool) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (
+        pool.metadata.generation,
+        &pool.metadata.uid,
+        pool.metadata.deletion_timestamp.is_some(),
+        &pool.metadata.finalizers,
+    )
+        .hash(&mut h);
+    Some(h.finish())
+}
+
 /// Logs and counts a failed reconcile, and retries it.
 pub fn error_policy(pool: Arc<DtnPool>, error: &Error, ctx: Arc<Context>) -> Action {
     tracing::warn!(pool = %pool.name_any(), "reconcile failed: {error}");

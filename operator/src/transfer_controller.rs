@@ -191,6 +191,7 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
     if let Some(t) = taken {
         t.keep();
     }
+    ctx.shown(&key, step.status.queue_position);
     // Over, or unable to run: the agents lose the token (idempotent, so a
     // failed revocation or a restart in between is made good next time).
     let granted = step.status.token_secret.is_some();

@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::ObjectRef;
+use kube::runtime::utils::PredicateConfig;
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer, TransferPhase, contract};
 use wirerate_operator::context::{Context, Stores};
@@ -113,7 +114,8 @@ async fn run() -> anyhow::Result<()> {
     )
     .default_backoff()
     .inspect_ok(noted(&cell, false))
-    .applied_objects();
+    .applied_objects()
+    .predicate_filter(pool_controller::changed, PredicateConfig::default());
     let pools = Controller::for_stream(pool_stream, pool_store.clone()).owns(
         Api::<StatefulSet>::all(client.clone()),
         watcher::Config::default().labels(contract::POOL_LABEL),
