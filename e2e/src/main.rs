@@ -3,7 +3,8 @@
 //! receivers sharing one destination directory, one sender), two pools, a
 //! 1 GiB Transfer checked byte for byte, then the same with the receiving
 //! agent killed mid-transfer: the failover is counted, the new receiver
-//! resumes from the checkpoint, and the file is identical; last, deleting the
+//! resumes from the checkpoint, and the file is identical; then a receiver
+//! whose storage hangs while its Lease stays current (`stall`); last, deleting the
 //! Transfers and pools lets their finalizers go. Along the way, the
 //! security model: the escalation rule at admission, namespace consent, and
 //! tokens granted by name (`security`).
@@ -24,12 +25,17 @@ use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer, TransferPhase};
 
 mod owned;
 mod security;
+mod stall;
 
 const MANAGER: &str = "wirerate-e2e";
 
 struct Procs(Vec<(String, Child)>);
 
 impl Procs {
+    fn pid(&self, name: &str) -> Option<u32> {
+        self.0.iter().find(|(n, _)| n == name)?.1.id()
+    }
+
     fn kill(&mut self, name: &str) {
         if let Some((_, c)) = self.0.iter_mut().find(|(n, _)| n == name) {
             let _ = c.start_kill();
@@ -454,6 +460,9 @@ async fn run(
         s.failovers.len(),
         s.failovers[0].reason
     );
+
+    stall::stuck_receiver_is_replaced(&transfers, ns, kubeconfig, &mut procs, &file, dst, logs)
+        .await?;
 
     // While the operator still runs: its finalizers must let both kinds go,
     // or the namespace could never be deleted.

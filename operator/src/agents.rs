@@ -129,6 +129,10 @@ pub fn changed(
     out
 }
 
+/// The most transfers one agent is counted as taking at once, whatever
+/// its Lease says.
+pub const MAX_CAPACITY: i32 = 1024;
+
 /// Reads an agent from its Lease; `pods` maps pod names of the Lease's
 /// namespace to pods. None when the Lease is not an agent's.
 pub fn from_lease(lease: &Lease, pods: &BTreeMap<String, &Pod>, now: Timestamp) -> Option<Agent> {
@@ -146,10 +150,17 @@ pub fn from_lease(lease: &Lease, pods: &BTreeMap<String, &Pod>, now: Timestamp) 
 
     let dead = match &renewed {
         None => Some("the agent has not renewed its Lease yet".to_owned()),
-        Some(t) if t.0 + SignedDuration::from_secs(duration) < now => Some(format!(
-            "its Lease expired: last renewed {}s ago, valid for {duration}s",
-            now.duration_since(t.0).as_secs()
-        )),
+        // checked: a renewTime near the end of time must not panic the operator.
+        Some(t)
+            if t.0
+                .checked_add(SignedDuration::from_secs(duration))
+                .is_ok_and(|end| end < now) =>
+        {
+            Some(format!(
+                "its Lease expired: last renewed {}s ago, valid for {duration}s",
+                now.duration_since(t.0).as_secs()
+            ))
+        }
         Some(_) => match pod.as_deref().map(|p| (p, pods.get(p))) {
             Some((p, None)) => Some(format!("its pod {p} is gone")),
             Some((p, Some(pod))) if pod.metadata.deletion_timestamp.is_some() => {
@@ -173,10 +184,11 @@ pub fn from_lease(lease: &Lease, pods: &BTreeMap<String, &Pod>, now: Timestamp) 
             .get(contract::CAPACITY_ANNOTATION)
             .and_then(|s| s.parse().ok())
             .unwrap_or(1)
-            .max(1),
+            // Sums of capacities must not overflow.
+            .clamp(1, MAX_CAPACITY),
         expires: renewed
             .as_ref()
-            .map(|t| t.0 + SignedDuration::from_secs(duration)),
+            .and_then(|t| t.0.checked_add(SignedDuration::from_secs(duration)).ok()),
         renewed,
         dead,
         preflight,

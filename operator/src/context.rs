@@ -22,6 +22,13 @@ use crate::metrics::Metrics;
 use crate::planner::{self, Inputs, Plan, Planner};
 use crate::scheduler::{Key, Placement};
 
+/// Locks `m`, poisoned or not: the data under these locks stays whole
+/// across a panic (a plan is swapped in whole), and one panic must not
+/// take every later reconcile down with it.
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// How often, at most, queued Transfers are woken only to show a new place in line.
 pub const POSITION_REFRESH: Duration = Duration::from_secs(5);
 
@@ -163,9 +170,30 @@ impl Context {
         }
     }
 
+    /// Whether every cache a decision reads has been listed once. Before, a
+    /// Transfer would read as naming no pool, or its agents as gone, and a
+    /// restarted operator would fail or fail over running Transfers.
+    pub async fn caches_ready(&self) -> bool {
+        let all = async {
+            let s = &self.stores;
+            let (a, b, c, d, e) = futures::future::join5(
+                s.pools.wait_until_ready(),
+                s.transfers.wait_until_ready(),
+                s.leases.wait_until_ready(),
+                s.pods.wait_until_ready(),
+                s.bindings.wait_until_ready(),
+            )
+            .await;
+            a.is_ok() && b.is_ok() && c.is_ok() && d.is_ok() && e.is_ok()
+        };
+        tokio::time::timeout(Duration::from_millis(200), all)
+            .await
+            .unwrap_or(false)
+    }
+
     /// The reconcile requests the planner and the agent watcher make; taken once.
     pub fn wakes(&self) -> Option<Wakes> {
-        self.wakes.lock().expect("wakes lock").take()
+        lock(&self.wakes).take()
     }
 
     /// Server-side applies `obj` as the operator, taking over its fields.
@@ -258,7 +286,7 @@ impl Context {
             .get(&ObjectRef::from_obj(t))
             .filter(|c| c.metadata.uid == t.metadata.uid);
         let t = cached.as_deref().unwrap_or(t);
-        let ledger = self.ledger.lock().expect("ledger lock");
+        let ledger = lock(&self.ledger);
         planner::overlaid(t, &ledger).unwrap_or_else(|| t.clone())
     }
 
@@ -277,7 +305,7 @@ impl Context {
     /// The plan for the caches as they are: the last one, unless something
     /// changed since.
     pub fn plan(&self, now: Timestamp) -> Arc<Plan> {
-        let mut s = self.scheduling.lock().expect("scheduling lock");
+        let mut s = lock(&self.scheduling);
         self.fresh(&mut s, now)
     }
 
@@ -292,11 +320,7 @@ impl Context {
         let want = self.changes.load(Ordering::SeqCst);
         let mut rx = self.plans.subscribe();
         let _ = tokio::time::timeout(PLAN_WAIT, rx.wait_for(|at| *at >= want)).await;
-        self.scheduling
-            .lock()
-            .expect("scheduling lock")
-            .plan
-            .clone()
+        lock(&self.scheduling).plan.clone()
     }
 
     fn fresh(&self, s: &mut Scheduling, now: Timestamp) -> Arc<Plan> {
@@ -307,7 +331,7 @@ impl Context {
         let timer = self.metrics.plan.start_timer();
         let view = self.view(now);
         let transfers = self.stores.transfers.state();
-        let mut ledger = self.ledger.lock().expect("ledger lock");
+        let mut ledger = lock(&self.ledger);
         // Entries the cache has caught up with, or whose Transfer is gone.
         let cached: HashMap<&str, &Transfer> = transfers
             .iter()
@@ -357,28 +381,33 @@ impl Context {
         uid: &str,
         now: Timestamp,
         assign: impl FnOnce(&Placement) -> Option<(Assignment, T)>,
-    ) -> Option<T> {
-        let mut s = self.scheduling.lock().expect("scheduling lock");
+    ) -> Option<(T, Option<Assignment>)> {
+        let mut s = lock(&self.scheduling);
         if s.at.is_none() {
             self.fresh(&mut s, now);
         }
         let Some((a, out)) = assign(s.plan.placements.get(key)?) else {
-            // Stale for this Transfer: the next plan will know better.
+            // Stale for this Transfer: forgotten here, so that the next plan,
+            // placing it again, wakes it again.
+            Arc::make_mut(&mut s.plan).placements.remove(key);
             self.changed();
             return None;
         };
         // Taken as planned, the plan stays true: the slots it handed out
         // are the ones now in use. No new plan needed.
-        self.ledger
-            .lock()
-            .expect("ledger lock")
-            .insert(uid.to_owned(), a);
-        Some(out)
+        let before = lock(&self.ledger).insert(uid.to_owned(), a);
+        Some((out, before))
     }
 
-    /// Gives back a taken placement whose assignment was not written.
-    pub fn release(&self, uid: &str) {
-        self.ledger.lock().expect("ledger lock").remove(uid);
+    /// Gives back a taken placement whose assignment was not written; the
+    /// ledger's entry before it (a failover's stand-in) comes back.
+    pub fn release(&self, uid: &str, before: Option<Assignment>) {
+        let mut ledger = lock(&self.ledger);
+        match before {
+            Some(a) => ledger.insert(uid.to_owned(), a),
+            None => ledger.remove(uid),
+        };
+        drop(ledger);
         self.changed();
     }
 
@@ -387,7 +416,7 @@ impl Context {
     /// rewrite a thousand statuses per start. When some are left to wake,
     /// says when to call again.
     pub fn announce(&self, now: Instant) -> Option<Instant> {
-        let mut s = self.scheduling.lock().expect("scheduling lock");
+        let mut s = lock(&self.scheduling);
         let positions = &s.plan.positions;
         let moved: Vec<Key> = positions
             .iter()
@@ -415,7 +444,7 @@ impl Context {
     /// Notes the place in line `key`'s status now shows, so that it is
     /// woken only when the plan moves it from there.
     pub fn shown(&self, key: &Key, position: Option<i32>) {
-        let mut s = self.scheduling.lock().expect("scheduling lock");
+        let mut s = lock(&self.scheduling);
         match position {
             Some(p) => s.announced.insert(key.clone(), p),
             None => s.announced.remove(key),

@@ -985,3 +985,39 @@ fn a_pools_own_status_write_does_not_wake_it() {
         pool_controller::changed(&finalized)
     );
 }
+
+// Found by review: the Transfer controller waited for its own cache only. A
+// restarted operator looking at a running Transfer before the Leases were
+// listed saw its agents gone and failed it over.
+#[tokio::test]
+async fn nothing_is_decided_before_every_cache_is_listed() {
+    let mut d = Double::listed(false);
+    pools(&mut d);
+    let mut x = t("x", 0, 1);
+    let ag = |n: &str, p: &str| wirerate_crds::transfer::AgentRef {
+        name: n.into(),
+        pool: p.into(),
+        address: None,
+        node: None,
+    };
+    x.status = Some(wirerate_crds::TransferStatus {
+        phase: Some(wirerate_crds::TransferPhase::Running),
+        attempt: 1,
+        sender: Some(ag("s0", "src")),
+        receiver: Some(ag("r0", "dst")),
+        ..Default::default()
+    });
+    d.transfer(&x);
+    let action = transfer_controller::reconcile(Arc::new(x), d.ctx.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        action,
+        kube::runtime::controller::Action::requeue(std::time::Duration::from_secs(1))
+    );
+    assert!(
+        !d.calls().iter().any(|c| c.path.ends_with("/status")),
+        "no status written: {:?}",
+        d.calls()
+    );
+}

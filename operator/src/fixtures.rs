@@ -131,6 +131,12 @@ fn status(code: u16, reason: &str) -> Value {
 impl Double {
     /// An empty cluster.
     pub(crate) fn new() -> Self {
+        Self::listed(true)
+    }
+
+    /// An empty cluster whose Lease cache has not been listed yet (as
+    /// just after the operator starts) unless `leases_listed`.
+    pub(crate) fn listed(leases_listed: bool) -> Self {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
         let calls = Arc::new(Mutex::new(Vec::new()));
@@ -212,11 +218,19 @@ impl Double {
                 respond.send_response(resp);
             }
         });
-        let (pools_r, pools) = reflector::store::<DtnPool>();
-        let (transfers_r, transfers) = reflector::store::<Transfer>();
-        let (leases_r, leases) = reflector::store::<Lease>();
-        let (pods_r, _pods) = reflector::store::<Pod>();
-        let (bindings_r, bindings) = reflector::store::<DtnPoolBinding>();
+        let (pools_r, mut pools) = reflector::store::<DtnPool>();
+        let (transfers_r, mut transfers) = reflector::store::<Transfer>();
+        let (leases_r, mut leases) = reflector::store::<Lease>();
+        let (pods_r, mut pods) = reflector::store::<Pod>();
+        let (bindings_r, mut bindings) = reflector::store::<DtnPoolBinding>();
+        // Listed once, empty, as the watches do first.
+        pools.apply_watcher_event(&watcher::Event::InitDone);
+        transfers.apply_watcher_event(&watcher::Event::InitDone);
+        if leases_listed {
+            leases.apply_watcher_event(&watcher::Event::InitDone);
+        }
+        pods.apply_watcher_event(&watcher::Event::InitDone);
+        bindings.apply_watcher_event(&watcher::Event::InitDone);
         let stores = Stores {
             bindings: bindings_r,
             pools: pools_r,

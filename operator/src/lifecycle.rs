@@ -116,7 +116,9 @@ pub fn step(
     };
     let external = resolved.receiver_pool.is_none();
 
-    if s.sender.is_none() {
+    // Waiting for agents: none yet, or one side lost and not yet replaced
+    // (its pool was full), when the survivor keeps its slot and waits.
+    if s.sender.is_none() || (!external && s.receiver.is_none()) {
         s.phase = Some(TransferPhase::Queued);
         conditions::set(
             &mut s.conditions,
@@ -130,9 +132,10 @@ pub fn step(
             &now_t,
         );
         let needs = Needs {
-            sender: true,
-            receiver: !external,
-            avoid: vec![],
+            sender: s.sender.is_none(),
+            receiver: !external && s.receiver.is_none(),
+            // Agents lost before are not chosen again.
+            avoid: s.failovers.iter().map(|f| f.agent.clone()).collect(),
         };
         return Step {
             status: s,
@@ -626,6 +629,47 @@ mod tests {
         assert!(st.status.failovers[0].reason.starts_with("Stalled"));
         let sched = conditions::find(&st.status.conditions, types::SCHEDULED).unwrap();
         assert_eq!(sched.reason, "Stalled");
+    }
+
+    // Found by review of the planner: a failover written without new agents
+    // (the pools were full) was looked at again as a Transfer needing both
+    // sides and avoiding nobody, so it went back to the agents just replaced
+    // (seen in e2e after a stall), or, one side lost, as running with one agent.
+    #[test]
+    fn a_failover_left_waiting_asks_for_the_lost_sides_only_and_avoids_them() {
+        let mut t = transfer("t", "/in/a", "/out/a");
+        t.spec.stall_timeout_seconds = 60;
+        running(&mut t, &agents(99, &[("src", "s0"), ("dst", "r0")]));
+        step_at(&mut t, 100);
+        // Stalled: both replaced, none placed yet; the next look keeps avoiding them.
+        step_at(&mut t, 200);
+        let again = step_at(&mut t, 201);
+        assert_eq!(again.status.phase, Some(TransferPhase::Queued));
+        let n = again.needs.unwrap();
+        assert!(n.sender && n.receiver);
+        assert_eq!(n.avoid, ["s0", "r0"]);
+
+        // The receiver alone lost, no receiver free: the sender keeps its
+        // slot and the Transfer waits for a receiver, not for both.
+        let mut t = transfer("u", "/in/a", "/out/a");
+        running(&mut t, &agents(99, &[("src", "s0"), ("dst", "r0")]));
+        let only_sender = agents(130, &[("src", "s0")]);
+        let st = step(&t, &check(&t), &only_sender, at(131));
+        t.status = Some(st.status.clone());
+        assert_eq!(
+            st.needs.as_ref().map(|n| (n.sender, n.receiver)),
+            Some((false, true))
+        );
+        let again = step(&t, &check(&t), &only_sender, at(132));
+        assert_eq!(
+            again.status.phase,
+            Some(TransferPhase::Queued),
+            "not Running with one agent"
+        );
+        let n = again.needs.unwrap();
+        assert_eq!((n.sender, n.receiver), (false, true));
+        assert_eq!(n.avoid, ["r0"]);
+        assert_eq!(again.status.sender.as_ref().unwrap().name, "s0");
     }
 
     #[test]

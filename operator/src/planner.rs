@@ -88,10 +88,13 @@ pub fn overlaid(t: &Transfer, ledger: &HashMap<String, Assignment>) -> Option<Tr
     Some(t)
 }
 
-/// Whether the cache already shows the ledger's assignment `a` (or a later one).
+/// Whether the cache already shows the ledger's assignment `a`, or a later
+/// attempt. Not merely the same attempt: after a one-sided failover the
+/// cache shows the attempt with the survivor alone while the ledger holds
+/// both agents.
 pub fn superseded(t: &Transfer, a: &Assignment) -> bool {
     let seen = Assignment::of(t);
-    seen.attempt >= a.attempt && seen.sender.is_some()
+    seen == *a || seen.attempt > a.attempt
 }
 
 /// Transfers in progress on each agent: assigned, not over, not being deleted.
@@ -111,6 +114,17 @@ fn count(load: &mut HashMap<AgentId, i32>, t: &Transfer) {
     for (role, who) in s.assigned() {
         *load.entry(AgentId::assigned(t, role, who)).or_insert(0) += 1;
     }
+}
+
+/// Whether a running `t` has landed nothing for its stall timeout by `now`
+/// (when `lifecycle` fails it over): time, not an event, changes this.
+fn stalled(t: &Transfer, now: Timestamp) -> bool {
+    t.status
+        .as_ref()
+        .and_then(|s| s.last_moved.as_ref())
+        .is_some_and(|m| {
+            now.as_second() > m.at.0.as_second() + i64::from(t.spec.stall_timeout_seconds.max(1))
+        })
 }
 
 fn hash_of(v: &impl Hash) -> u64 {
@@ -175,7 +189,7 @@ impl Planner {
                     }),
                     t.metadata.deletion_timestamp.is_some(),
                     catalog_fp,
-                    assigned.then_some(agents_fp),
+                    assigned.then_some((agents_fp, stalled(t, inputs.now))),
                 ))
             });
             let entry = match self.entries.get(&uid) {

@@ -27,6 +27,9 @@ pub const POOL_FINALIZER: &str = "wirerate.io/remote-rbac";
 /// Reconciles one DtnPool.
 #[tracing::instrument(skip_all, fields(pool = %pool.name_any(), ns = pool.namespace().unwrap_or_default()))]
 pub async fn reconcile(pool: Arc<DtnPool>, ctx: Arc<Context>) -> Result<Action> {
+    if !ctx.caches_ready().await {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     let _timer = ctx
         .metrics
         .duration

@@ -40,6 +40,9 @@ pub async fn reconcile(t: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action> {
         .reconciles
         .with_label_values(&["transfer"])
         .inc();
+    if !ctx.caches_ready().await {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     let ns = t.namespace().ok_or(Error::Malformed("a namespace"))?;
     let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), &ns);
     // The finalizer is added only when agents are about to be given the
@@ -115,6 +118,8 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
             let token = token_secret_name(current);
             // The plan may have moved on since it was read: take what it
             // holds for this Transfer now.
+            // Agents as they are now, not before the wait for the plan.
+            let agents = ctx.agents(Timestamp::now());
             let assigned = ctx.take(&key, &uid, now, |p| {
                 // Exactly the roles needed, on agents live now; else stale.
                 if p.sender.is_some() != needs.sender || p.receiver.is_some() != needs.receiver {
@@ -122,8 +127,7 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
                 }
                 let live = |pool: Option<&Key>, name: &Option<String>| match name {
                     None => Some(None),
-                    Some(n) => view
-                        .agents
+                    Some(n) => agents
                         .get(&AgentId::new(pool?, n))
                         .filter(|a| a.live())
                         .map(Some),
@@ -146,8 +150,8 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
                 };
                 Some((a, (status, note)))
             });
-            if let Some((status, note)) = assigned {
-                taken = Some(Taken { ctx, uid });
+            if let Some(((status, note), before)) = assigned {
+                taken = Some(Taken { ctx, uid, before });
                 hold(current, &api_for(current, ctx)?, true).await?;
                 ensure_token(current, ctx).await?;
                 // Access before assignment: an agent that sees its assignment can
@@ -187,10 +191,13 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
         ctx.metrics.bytes.inc_by(bytes.max(0) as u64);
     }
 
-    write(t, ctx, api, &step.status).await?;
-    if let Some(t) = taken {
-        t.keep();
+    let written = write(t, ctx, api, &step.status).await;
+    if let Some(taken) = taken
+        && !written.as_ref().is_err_and(refused)
+    {
+        taken.keep();
     }
+    written?;
     ctx.shown(&key, step.status.queue_position);
     // Over, or unable to run: the agents lose the token (idempotent, so a
     // failed revocation or a restart in between is made good next time).
@@ -237,10 +244,13 @@ fn stall_check(s: &TransferStatus, t: &Transfer, now: Timestamp) -> Duration {
 struct Taken<'a> {
     ctx: &'a Context,
     uid: String,
+    /// The ledger's entry it replaced.
+    before: Option<Assignment>,
 }
 
 impl Taken<'_> {
-    /// Its assignment is written: the ledger keeps it until the cache shows it.
+    /// Its assignment is written, or may have been: the ledger keeps it
+    /// until the cache shows it (or the Transfer's next look writes it).
     fn keep(mut self) {
         self.uid.clear();
     }
@@ -249,9 +259,16 @@ impl Taken<'_> {
 impl Drop for Taken<'_> {
     fn drop(&mut self) {
         if !self.uid.is_empty() {
-            self.ctx.release(&self.uid);
+            self.ctx.release(&self.uid, self.before.take());
         }
     }
+}
+
+/// Whether the API server surely did not apply a write that failed with
+/// `e`: it said no. A timeout or a broken connection may hide a write that
+/// was applied, whose slots must stay counted.
+fn refused(e: &Error) -> bool {
+    matches!(e, Error::Kube(kube::Error::Api(a)) if (400..500).contains(&a.code))
 }
 
 fn key(t: &Transfer) -> Result<Key> {
@@ -510,7 +527,7 @@ async fn write(t: &Transfer, ctx: &Context, api: &Api<Transfer>, s: &TransferSta
         // attempt must not be made twice from a stale copy).
         if Assignment::of(t) != assigned {
             let uid = t.metadata.uid.clone().unwrap_or_default();
-            let mut ledger = ctx.ledger.lock().expect("ledger lock");
+            let mut ledger = crate::context::lock(&ctx.ledger);
             if ledger.get(&uid) != Some(&assigned) {
                 ledger.insert(uid, assigned);
                 drop(ledger);

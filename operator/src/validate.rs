@@ -22,7 +22,12 @@ pub mod reason {
     pub const PATH_NOT_ALLOWED: &str = "PathNotAllowed";
     /// The effective tuning cannot run.
     pub const INVALID_TUNING: &str = "InvalidTuning";
+    /// The Transfer's name cannot label the objects made for it.
+    pub const NAME_TOO_LONG: &str = "NameTooLong";
 }
+
+/// The longest Transfer name: it is a label value on its token Secret and grant.
+pub const MAX_NAME: usize = 63;
 
 /// What a valid Transfer resolves to.
 #[derive(Clone, Debug, PartialEq)]
@@ -62,6 +67,18 @@ pub struct Catalog<'a> {
 /// Checks `t` against the pools and consents of `catalog`.
 pub fn validate(t: &Transfer, catalog: Catalog<'_>) -> Result<Resolved, Invalid> {
     let ns = t.metadata.namespace.clone().unwrap_or_default();
+    // Otherwise every write for it fails, and each plan hands it the slots
+    // again: a Transfer that could never start would hold them for good.
+    let name = t.metadata.name.as_deref().unwrap_or_default();
+    if name.len() > MAX_NAME {
+        return Err(Invalid {
+            reason: reason::NAME_TOO_LONG,
+            message: format!(
+                "the name is {} characters; wirerate labels the Transfer's token Secret and grant with it, and a label value has at most {MAX_NAME}: recreate it with a shorter name",
+                name.len()
+            ),
+        });
+    }
     let src_key = (
         t.pool_namespace(Role::Sender)
             .unwrap_or_default()
@@ -270,6 +287,16 @@ pub(crate) mod tests {
             ..Default::default()
         };
         t
+    }
+
+    #[test]
+    fn a_name_too_long_to_label_with_is_refused() {
+        let ok = transfer(&"a".repeat(MAX_NAME), "/in/a", "/out/a");
+        assert!(check(&ok).is_ok());
+        let long = transfer(&"a".repeat(MAX_NAME + 1), "/in/a", "/out/a");
+        let e = check(&long).unwrap_err();
+        assert_eq!(e.reason, reason::NAME_TOO_LONG);
+        assert!(e.message.contains("64 characters"), "{}", e.message);
     }
 
     #[test]

@@ -206,8 +206,8 @@ async fn run() -> anyhow::Result<()> {
     tokio::spawn(lease_watch);
     tokio::spawn(pod_watch);
     tokio::spawn(binding_watch);
-    tokio::spawn(ctx.clone().plan_on_changes());
-    tokio::spawn(ctx.clone().watch_agents());
+    let planner = tokio::spawn(ctx.clone().plan_on_changes());
+    let agent_watcher = tokio::spawn(ctx.clone().watch_agents());
     tokio::spawn(gauges(ctx.clone()));
 
     let pool_run = pools
@@ -237,6 +237,10 @@ async fn run() -> anyhow::Result<()> {
                 Err(e) => tracing::warn!("cannot release the leader Lease: {e}"),
             }
         }
+        // They run for ever: one that ended panicked, and without it nothing
+        // would be placed, or no lost agent noticed.
+        end = planner => anyhow::bail!("the planner stopped: {end:?}"),
+        end = agent_watcher => anyhow::bail!("the agent watcher stopped: {end:?}"),
         why = leader::hold(client.clone(), args.namespace.clone(), identity.clone()) => {
             // Another replica may be reconciling now; stopping at once is the safe side.
             anyhow::bail!("lost leadership ({why}); exiting so a restart waits for the Lease again");
