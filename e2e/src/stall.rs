@@ -76,15 +76,18 @@ pub async fn stuck_receiver_is_replaced(
     logs: &Path,
 ) -> Result<()> {
     println!("== transfer 3: the receiving agent's storage hangs (its Lease stays current)");
-    // Both agents are replaced on a stall, so the sending pool needs a second one.
-    spawn(
-        procs,
-        "send-b",
-        &bin("wirerate-agent"),
-        &agent_args("send-b", ns, "senders", 18000),
-        kubeconfig,
-        logs,
-    )?;
+    // Both agents are replaced on a stall, so each pool needs another live
+    // one (recv-a was killed in transfer 2).
+    for (name, pool, port) in [("send-b", "senders", 18000), ("recv-c", "receivers", 18400)] {
+        spawn(
+            procs,
+            name,
+            &bin("wirerate-agent"),
+            &agent_args(name, ns, pool, port),
+            kubeconfig,
+            logs,
+        )?;
+    }
     let out = dst.join("run-1-stalled.dat");
     let mut t = transfer("three", file, &out, Some(1500))?;
     t.spec.stall_timeout_seconds = 30;
@@ -190,5 +193,6 @@ pub async fn stuck_receiver_is_replaced(
     println!("  the thawed agent left it alone");
     transfers.delete("three", &DeleteParams::default()).await?;
     procs.kill("send-b");
+    procs.kill("recv-c");
     Ok(())
 }
