@@ -20,6 +20,8 @@ pub(crate) struct Job {
     pub(crate) rel: String,
     pub(crate) parent: String,
     pub(crate) ckpt_name: String,
+    /// The partial file's name, to check it is still `file`.
+    pub(crate) part_name: String,
     pub(crate) checkpoint: Checkpoint,
     pub(crate) covered: Bitmap,
 }
@@ -126,10 +128,20 @@ fn run(shared: &Shared, batch: Vec<Job>) -> Done {
         j.file
             .sync_data()
             .map_err(|e| Error::disk(format!("syncing {}", j.rel), e))?;
-        let stored = shared
-            .root
-            .dir(&j.parent)
-            .and_then(|dir| j.checkpoint.store(&dir, &j.ckpt_name));
+        let dir = shared.root.dir(&j.parent);
+        // Another session (another agent, after this one was failed over
+        // while stuck) may have taken the file over and published it: then
+        // this session must neither write its checkpoint beside the
+        // published file nor go on.
+        if let Ok(dir) = &dir
+            && !still_ours(dir, &j.part_name, &j.file)
+        {
+            return Err(Error::Transfer(format!(
+                "{}: the partial file is no longer this session's (another session took it over or published it); stopping",
+                j.rel
+            )));
+        }
+        let stored = dir.and_then(|dir| j.checkpoint.store(&dir, &j.ckpt_name));
         if let Err(e) = &stored {
             out.warnings.push(format!(
                 "checkpoint of {} not stored ({e}); the transfer goes on, and a crash would resend its blocks",
@@ -139,4 +151,37 @@ fn run(shared: &Shared, batch: Vec<Job>) -> Done {
         out.synced.push((j.file_id, j.covered, stored.is_ok()));
     }
     Ok(out)
+}
+
+/// Whether `name` in `dir` is still the file `file` is open on.
+pub(crate) fn still_ours(dir: &std::os::fd::OwnedFd, name: &str, file: &File) -> bool {
+    use rustix::fs::{AtFlags, fstat, statat};
+    match (statat(dir, name, AtFlags::SYMLINK_NOFOLLOW), fstat(file)) {
+        (Ok(at), Ok(open)) => at.st_dev == open.st_dev && at.st_ino == open.st_ino,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::still_ours;
+
+    // Found by e2e: a receiver stuck on its storage, failed over and then
+    // thawed, stored its checkpoint beside the file the new receiver had
+    // published (and went on writing). A session now checks that the
+    // partial file is still the one it has open.
+    #[test]
+    fn a_partial_file_taken_over_or_published_is_no_longer_ours() {
+        let dir = tempfile::tempdir().unwrap();
+        let fd: std::os::fd::OwnedFd = std::fs::File::open(dir.path()).unwrap().into();
+        let part = dir.path().join(".f.wirerate-part");
+        let file = std::fs::File::create(&part).unwrap();
+        assert!(still_ours(&fd, ".f.wirerate-part", &file));
+        // Published by another session: renamed to its final name.
+        std::fs::rename(&part, dir.path().join("f")).unwrap();
+        assert!(!still_ours(&fd, ".f.wirerate-part", &file));
+        // Another session's new partial file under the same name.
+        std::fs::write(&part, b"theirs").unwrap();
+        assert!(!still_ours(&fd, ".f.wirerate-part", &file));
+    }
 }

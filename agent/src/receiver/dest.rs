@@ -256,13 +256,24 @@ impl DestFile {
         Ok(())
     }
 
-    /// Records durable blocks for a later resume.
+    /// Records durable blocks for a later resume, unless another session
+    /// has taken the partial file over (or published it) meanwhile: a
+    /// checkpoint beside a published file would be a stale one.
     pub(crate) fn checkpoint(&self, root: &Root) -> Result<()> {
+        let dir = self.dir(root)?;
+        if let Some(f) = &self.plain
+            && !super::checkpointer::still_ours(&dir, &self.dest.part_name(), f)
+        {
+            return Err(Error::Transfer(format!(
+                "{}: the partial file is no longer this session's",
+                self.dest.rel
+            )));
+        }
         self.record(
             self.tracker.durable().clone(),
             self.tracker.checksums().to_vec(),
         )
-        .store(&self.dir(root)?, &self.dest.ckpt_name())
+        .store(&dir, &self.dest.ckpt_name())
     }
 
     /// The checkpoint of this file with `durable` blocks and `checksums`.

@@ -401,6 +401,7 @@ impl Writer {
                     rel: f.dest.rel.clone(),
                     parent: f.dest.parent().to_string(),
                     ckpt_name: f.dest.ckpt_name(),
+                    part_name: f.dest.part_name(),
                     checkpoint: f.record(durable, checksums),
                     covered,
                 })
