@@ -33,6 +33,16 @@ fn t(name: &str, priority: i32, created: i64) -> Transfer {
     t
 }
 
+/// Agent `name` of `pool`, as a status names it.
+fn agent_ref(name: &str, pool: &str) -> wirerate_crds::transfer::AgentRef {
+    wirerate_crds::transfer::AgentRef {
+        name: name.into(),
+        pool: pool.into(),
+        address: None,
+        node: None,
+    }
+}
+
 fn pools(d: &mut Double) {
     for p in [pool("src", "/in"), pool("dst", "/out")] {
         d.pool(&finalized(p, pool_controller::POOL_FINALIZER));
@@ -320,12 +330,7 @@ async fn a_stale_receiver_lease_fails_over_to_another_agent() {
     d.lease(&lease("dst", "r1", now(), None));
     let mut x = t("x", 0, 1);
     let mut s = wirerate_crds::TransferStatus::default();
-    let ag = |n: &str, p: &str| wirerate_crds::transfer::AgentRef {
-        name: n.into(),
-        pool: p.into(),
-        address: None,
-        node: None,
-    };
+    let ag = agent_ref;
     s.phase = Some(wirerate_crds::TransferPhase::Running);
     s.attempt = 1;
     s.sender = Some(ag("s0", "src"));
@@ -371,12 +376,7 @@ async fn the_receivers_success_completes_the_transfer_and_drops_the_labels() {
         ]
         .into(),
     );
-    let ag = |n: &str, p: &str| wirerate_crds::transfer::AgentRef {
-        name: n.into(),
-        pool: p.into(),
-        address: None,
-        node: None,
-    };
+    let ag = agent_ref;
     x.status = Some(wirerate_crds::TransferStatus {
         phase: Some(wirerate_crds::TransferPhase::Verifying),
         attempt: 1,
@@ -994,12 +994,7 @@ async fn nothing_is_decided_before_every_cache_is_listed() {
     let mut d = Double::listed(false);
     pools(&mut d);
     let mut x = t("x", 0, 1);
-    let ag = |n: &str, p: &str| wirerate_crds::transfer::AgentRef {
-        name: n.into(),
-        pool: p.into(),
-        address: None,
-        node: None,
-    };
+    let ag = agent_ref;
     x.status = Some(wirerate_crds::TransferStatus {
         phase: Some(wirerate_crds::TransferPhase::Running),
         attempt: 1,
