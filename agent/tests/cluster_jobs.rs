@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use common::{TOKEN, assert_same, scratch, write_file};
 use wirerate_agent::cluster::jobs::{ReceiverJob, SenderJob, remove_partials, under_roots};
+use wirerate_agent::engine::Layout;
+use wirerate_agent::receiver::Checkpoint;
 use wirerate_agent::wire::Verify;
 use wirerate_crds::Tuning;
 
@@ -89,6 +91,88 @@ fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
         std::thread::sleep(Duration::from_millis(20));
     }
     rx.stop();
+}
+
+/// What a new session would keep of `name` in `dir` now: all of it once
+/// published, else what its stored checkpoint records. The checkpoint is
+/// read first: publishing removes it, and the published file is then seen.
+fn resumable(dir: &std::path::Path, name: &str) -> u64 {
+    let ckpt = std::fs::read(dir.join(format!(".{name}.wirerate-ckpt")))
+        .ok()
+        .and_then(|b| Checkpoint::decode(&b))
+        .map_or(0, |c| {
+            Layout::new(c.size, c.block_size).bytes_in(&c.durable)
+        });
+    match std::fs::metadata(dir.join(name)) {
+        Ok(m) => m.len(),
+        Err(_) => ckpt,
+    }
+}
+
+#[test]
+fn the_progress_a_receiver_shows_never_runs_ahead_of_what_a_resume_keeps() {
+    // The sender used to show the bytes acknowledged as written: up to a
+    // checkpoint interval ahead of the checkpoint (55% shown, 48% resumed).
+    let dir = scratch("cluster-kept");
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&dst).unwrap();
+    let file = src.join("scan.raw");
+    let size: u64 = 40 * (1 << 20) + 777;
+    write_file(&file, size as usize, 11);
+    let rx = ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap();
+    assert_eq!(rx.landed(), None, "nothing planned yet");
+    // 160 Mbit/s: about 2 s, several checkpoints.
+    let tx = SenderJob::start(
+        &format!("127.0.0.1:{}", rx.port),
+        TOKEN.to_vec(),
+        file.clone(),
+        "scan.raw".into(),
+        &tuning(),
+        Verify::Blocks,
+        Some(160),
+    )
+    .unwrap();
+    let (mut samples, mut acked_ahead, mut partial) = (0, 0, 0);
+    let start = Instant::now();
+    while tx.outcome().is_none() {
+        assert!(start.elapsed() < Duration::from_secs(60), "not done");
+        if let Some(l) = rx.landed() {
+            let acked = tx.progress.done.load(std::sync::atomic::Ordering::Relaxed);
+            let kept = l.kept;
+            let on_disk = resumable(&dst, "scan.raw");
+            assert!(
+                kept <= on_disk,
+                "shown {kept} B kept, but a resume would keep {on_disk} B"
+            );
+            assert!(l.total == size && kept <= l.total && l.written <= l.total);
+            samples += 1;
+            acked_ahead += usize::from(acked > on_disk);
+            partial += usize::from(kept > 0 && kept < size);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(tx.outcome().unwrap().unwrap().ok);
+    assert!(samples > 50, "only {samples} samples");
+    assert!(
+        acked_ahead > 0,
+        "the acknowledged count never ran ahead of the checkpoint: the test shows nothing"
+    );
+    assert!(
+        partial > 0,
+        "no checkpoint was shown while the transfer ran"
+    );
+    // Published: all of it is kept.
+    let start = Instant::now();
+    while rx.landed().map(|l| l.kept) != Some(size) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            rx.landed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_same(&file, &dst.join("scan.raw"));
 }
 
 #[test]

@@ -289,7 +289,8 @@ pub struct TransferStatus {
     /// When it succeeded or failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_time: Option<Time>,
-    /// Bytes per second over the whole transfer, once complete.
+    /// Bytes per second of the attempt that finished, as its agent measured
+    /// it over its own session, once complete.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub average_rate_bps: Option<i64>,
     /// The same, for people.
@@ -335,7 +336,9 @@ pub struct AgentRef {
 pub struct Progress {
     /// Attempt these figures belong to.
     pub attempt: i32,
-    /// Bytes landed and durable, including those resumed from a checkpoint.
+    /// Bytes a resume would keep: those of published files and of stored
+    /// checkpoints, including those resumed (toward an external receiver:
+    /// the bytes it acknowledged as written).
     pub bytes_done: i64,
     /// Bytes in all.
     pub bytes_total: i64,

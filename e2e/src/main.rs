@@ -409,6 +409,13 @@ async fn run(
     )
     .await?;
     security::token_is_granted_by_name(client, ns, "two", true).await?;
+    // Progress shows what a resume keeps: the new receiver must resume at
+    // least this much.
+    let shown = t
+        .status
+        .as_ref()
+        .and_then(|s| s.progress.as_ref())
+        .map_or(0, |p| p.bytes_done);
     let victim = t
         .status
         .as_ref()
@@ -449,6 +456,13 @@ async fn run(
         "the new receiver did not resume from the checkpoint: {}",
         report.message
     );
+    let resumed = resumed_at_most(&report.message)
+        .with_context(|| format!("no resumed size in {:?}", report.message))?;
+    ensure!(
+        resumed >= shown as f64,
+        "attempt 1 showed {shown} B done, but its successor resumed only about {resumed:.0} B: progress ran ahead of what a resume keeps"
+    );
+    println!("  shown before the kill {shown} B, resumed up to {resumed:.0} B");
     ensure!(
         same_file(&file, &out2)?,
         "transfer two: {} differs from {}",
@@ -496,4 +510,21 @@ async fn run(
     }
     println!("  gone after {:.1} s", start.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// The largest byte count a receiver's "…, 1.50 GiB resumed" can stand
+/// for (the figure is rounded to two decimals).
+fn resumed_at_most(message: &str) -> Option<f64> {
+    let head = message.strip_suffix(" resumed")?;
+    let mut words = head.rsplit(' ');
+    let unit = match words.next()? {
+        "B" => 1.0,
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        "GiB" => 1024.0 * 1024.0 * 1024.0,
+        "TiB" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        _ => return None,
+    };
+    let value: f64 = words.next()?.parse().ok()?;
+    Some((value + 0.005) * unit)
 }

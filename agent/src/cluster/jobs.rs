@@ -14,7 +14,7 @@ use crate::fsroot::{is_temporary, temp_names};
 use crate::io::IoMode;
 use crate::net::SocketOpts;
 use crate::progress::Progress;
-use crate::receiver::{ServeConfig, Server, ServerHandle};
+use crate::receiver::{Landed, ServeConfig, Server, ServerHandle};
 use crate::sender::{SendConfig, send};
 use crate::summary::{ReceiverSummary, SendSummary};
 use crate::wire::Verify;
@@ -201,6 +201,11 @@ impl ReceiverJob {
             .as_ref()
             .map(ServerHandle::summaries)
             .unwrap_or_default()
+    }
+
+    /// What its latest session holds: the progress to show.
+    pub fn landed(&self) -> Option<Landed> {
+        self.handle.as_ref().and_then(ServerHandle::landed)
     }
 
     /// Stops listening and ends its sessions.

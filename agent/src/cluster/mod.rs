@@ -59,12 +59,24 @@ pub struct RunConfig {
 }
 
 enum Side {
-    Sender(SenderJob),
+    Sender {
+        job: SenderJob,
+        /// The receiver is outside the cluster, so only the sender can
+        /// show progress (bytes the remote acknowledged as written); an
+        /// in-cluster receiver shows what it holds durably instead.
+        shows_progress: bool,
+        /// The state last reported, so that a sender that shows no
+        /// progress writes only when its state moves (or every
+        /// `Cadence::MAX`).
+        last_state: Option<ReportState>,
+    },
     Receiver {
         job: ReceiverJob,
         dest: PathBuf,
         striping: StripingReport,
         reported: bool,
+        /// Bytes kept at the last report.
+        shown_kept: u64,
     },
 }
 
@@ -226,7 +238,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
                 continue;
             };
             let acked = match &j.side {
-                Side::Sender(s) => {
+                Side::Sender { job: s, .. } => {
                     let total = s.progress.total.load(Ordering::Relaxed);
                     total > 0 && s.progress.done.load(Ordering::Relaxed) >= total
                 }
@@ -295,7 +307,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
 
 fn stop(j: &mut Job) {
     match &mut j.side {
-        Side::Sender(s) => s.cancel(),
+        Side::Sender { job, .. } => job.cancel(),
         Side::Receiver { job, .. } => job.stop(),
     }
 }
@@ -345,15 +357,19 @@ async fn start_job(
                 Verification::Reread => Verify::Reread,
             };
             let endpoint = w.endpoint.clone().unwrap_or_default();
-            Side::Sender(SenderJob::start(
-                &endpoint,
-                token,
-                source,
-                dest,
-                &tuning,
-                verify,
-                t.spec.max_rate_mbps,
-            )?)
+            Side::Sender {
+                job: SenderJob::start(
+                    &endpoint,
+                    token,
+                    source,
+                    dest,
+                    &tuning,
+                    verify,
+                    t.spec.max_rate_mbps,
+                )?,
+                shows_progress: t.spec.destination.external.is_some(),
+                last_state: None,
+            }
         }
         Role::Receiver => {
             let dest = PathBuf::from(&t.spec.destination.path);
@@ -384,6 +400,7 @@ async fn start_job(
                 dest,
                 striping,
                 reported: false,
+                shown_kept: 0,
             }
         }
     };
@@ -397,7 +414,16 @@ async fn start_job(
         endpoint: w.endpoint.clone(),
         side,
         cadence: Cadence::default(),
-        last_done: (Duration::ZERO, carried.0),
+        // A sender counts from what was done; a receiver's counter of
+        // bytes written starts at 0 with its session.
+        last_done: (
+            Duration::ZERO,
+            if w.key.role == Role::Sender {
+                carried.0
+            } else {
+                0
+            },
+        ),
         block_size,
         carried,
         unwanted_since: None,
@@ -498,7 +524,11 @@ async fn observe(
     now: Duration,
 ) -> Option<()> {
     match &mut job.side {
-        Side::Sender(s) => {
+        Side::Sender {
+            job: s,
+            shows_progress,
+            last_state,
+        } => {
             let (total, done) = shown(
                 s.progress.total.load(Ordering::Relaxed),
                 s.progress.done.load(Ordering::Relaxed),
@@ -538,32 +568,39 @@ async fn observe(
                     progress(key, total, done, job.block_size, rate, Some(0)),
                     true,
                 )
-            } else if job.cadence.due(now, done != job.last_done.1) {
-                let secs = now.saturating_sub(job.last_done.0).as_secs_f64().max(0.001);
-                let rate = ((done.saturating_sub(job.last_done.1)) as f64 / secs) as i64;
-                let eta = (rate > 0).then(|| (total.saturating_sub(done)) as i64 / rate);
-                job.last_done = (now, done);
+            } else {
                 let state = if total > 0 && done >= total {
                     ReportState::Verifying
                 } else {
                     ReportState::Running
                 };
+                let changed = if *shows_progress {
+                    done != job.last_done.1
+                } else {
+                    *last_state != Some(state)
+                };
+                if !job.cadence.due(now, changed) {
+                    return None;
+                }
+                let secs = now.saturating_sub(job.last_done.0).as_secs_f64().max(0.001);
+                let rate = ((done.saturating_sub(job.last_done.1)) as f64 / secs) as i64;
+                let eta = (rate > 0).then(|| (total.saturating_sub(done)) as i64 / rate);
+                job.last_done = (now, done);
                 (
                     state,
                     String::new(),
                     progress(key, total, done, job.block_size, rate, eta),
                     false,
                 )
-            } else {
-                return None;
             };
+            *last_state = Some(state);
             report(
                 client,
                 cfg,
                 &job.transfer,
                 key,
                 Report {
-                    progress: Some(&p),
+                    progress: shows_progress.then_some(&p),
                     ..Report::new(state, &msg)
                 },
             )
@@ -575,9 +612,12 @@ async fn observe(
             striping,
             reported,
             dest,
+            shown_kept,
         } => {
             let sums = rj.summaries();
             let endpoint = format!("{}:{}", cfg.advertise, rj.port);
+            let landed = rj.landed().unwrap_or_default();
+            let (total, kept) = shown(landed.total, landed.kept, job.carried);
             let complete = sums.iter().find(|s| s.outcome == "complete");
             let verdict = match complete {
                 Some(s) if s.files_failed > 0 => Some((
@@ -587,6 +627,7 @@ async fn observe(
                         s.files_failed,
                         s.files_failed + s.files_ok
                     ),
+                    0,
                 )),
                 Some(s) => Some((
                     ReportState::Succeeded,
@@ -597,19 +638,24 @@ async fn observe(
                         fmt_bytes(s.bytes_written),
                         fmt_bytes(s.bytes_skipped_resume)
                     ),
+                    // The attempt's own rate: what it wrote over how long
+                    // its session took (the average the Transfer shows).
+                    (s.gbps * 1e9 / 8.0) as i64,
                 )),
                 None => sums
                     .iter()
                     .find(|s| s.outcome.starts_with("failed"))
-                    .map(|s| (ReportState::Failed, s.outcome.clone())),
+                    .map(|s| (ReportState::Failed, s.outcome.clone(), 0)),
             };
-            if let Some((state, msg)) = verdict {
+            if let Some((state, msg, rate)) = verdict {
+                let p = progress(key, total, kept, job.block_size, rate, None);
                 report(
                     client,
                     cfg,
                     &job.transfer,
                     key,
                     Report {
+                        progress: Some(&p),
                         striping: Some(striping),
                         endpoint: Some(&endpoint),
                         ..Report::new(state, &msg)
@@ -618,29 +664,39 @@ async fn observe(
                 .await;
                 return Some(());
             }
-            if !*reported || job.cadence.due(now, false) {
+            if !*reported || job.cadence.due(now, kept != *shown_kept) {
+                // The rate is of bytes written, durable or not; what is
+                // shown done is only what a resume would keep.
+                let secs = now.saturating_sub(job.last_done.0).as_secs_f64().max(0.001);
+                let rate = (landed.written.saturating_sub(job.last_done.1) as f64 / secs) as i64;
+                let eta = (rate > 0).then(|| (total.saturating_sub(kept)) as i64 / rate);
+                job.last_done = (now, landed.written);
+                let p = progress(key, total, kept, job.block_size, rate, eta);
                 *reported = report(
                     client,
                     cfg,
                     &job.transfer,
                     key,
                     Report {
+                        progress: Some(&p),
                         striping: Some(striping),
                         endpoint: Some(&endpoint),
                         ..Report::new(ReportState::Running, &format!("listening on {endpoint}"))
                     },
                 )
                 .await;
+                *shown_kept = kept;
             }
             None
         }
     }
 }
 
-/// The (total, done) a sender reports: its own once it has listed its
-/// source, and until then the figures the Transfer already showed, so that
-/// a new attempt after a failover does not drop the progress back to 0%
-/// for its first report.
+/// The (total, done) a job reports: its own once it knows the total (the
+/// sender has listed its source, the receiver planned a session), and until
+/// then the figures the Transfer already showed, so that a new attempt
+/// after a failover does not drop the progress back to 0% for its first
+/// report.
 fn shown(total: u64, done: u64, carried: (u64, u64)) -> (u64, u64) {
     if total == 0 {
         (carried.1, carried.0)

@@ -1,5 +1,7 @@
 //! How a file is cut into content blocks.
 
+use super::Bitmap;
+
 /// Block geometry of one file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
@@ -35,6 +37,21 @@ impl Layout {
             (self.size - off).min(self.block_size)
         }
     }
+
+    /// Bytes held by the blocks set in `blocks` (a bitmap of this file's
+    /// blocks): whole blocks, and the last one at its own length.
+    pub fn bytes_in(&self, blocks: &Bitmap) -> u64 {
+        let set = blocks.count();
+        let n = self.blocks();
+        if set == 0 || n == 0 {
+            return 0;
+        }
+        if blocks.get(n - 1) {
+            (set - 1) * self.block_size + self.len(n - 1)
+        } else {
+            set * self.block_size
+        }
+    }
 }
 
 #[cfg(test)]
@@ -48,6 +65,19 @@ mod tests {
         assert_eq!((l.len(0), l.len(1), l.len(2), l.len(3)), (4, 4, 2, 0));
         assert_eq!(Layout::new(0, 4).blocks(), 0);
         assert_eq!(Layout::new(8, 4).blocks(), 2);
+    }
+
+    #[test]
+    fn bytes_held_by_blocks_count_the_short_last_block_at_its_length() {
+        let l = Layout::new(10, 4);
+        let mut b = Bitmap::new(3);
+        assert_eq!(l.bytes_in(&b), 0);
+        b.set(1);
+        assert_eq!(l.bytes_in(&b), 4);
+        b.set(2);
+        assert_eq!(l.bytes_in(&b), 6);
+        b.set(0);
+        assert_eq!(l.bytes_in(&b), 10);
         assert_eq!(Layout::new(8, 4).len(1), 4);
     }
 }

@@ -12,6 +12,7 @@ mod checkpoint;
 mod checkpointer;
 mod claims;
 mod dest;
+mod kept;
 mod registry;
 mod session;
 mod spare;
@@ -167,9 +168,24 @@ pub(crate) struct Shared {
     admission: Arc<admission::Admission>,
     stop: AtomicBool,
     summaries: Mutex<std::collections::VecDeque<ReceiverSummary>>,
+    /// The counters of the session planned last, for `ServerHandle::landed`.
+    latest: Mutex<Option<Arc<session::Stats>>>,
     /// When the receiver last said it refused connections, and how many
     /// it refused since (a flood must not flood the log too).
     refusals: Mutex<(Option<Instant>, u64)>,
+}
+
+/// Bytes of one session, as progress to show.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Landed {
+    /// Bytes of the files the session accepted.
+    pub total: u64,
+    /// Bytes a new session would keep if this one died now: those of
+    /// published files and those in stored checkpoints (resumed ones
+    /// included). Progress shown from it never runs ahead of a resume.
+    pub kept: u64,
+    /// Bytes this session wrote, durable or not (for the rate).
+    pub written: u64,
 }
 
 /// A bound receiver.
@@ -206,6 +222,7 @@ impl Server {
                 admission: Arc::new(admission),
                 stop: AtomicBool::new(false),
                 summaries: Mutex::default(),
+                latest: Mutex::default(),
                 refusals: Mutex::default(),
             }),
         })
@@ -255,6 +272,18 @@ impl ServerHandle {
     /// Summaries of the sessions that ended so far (the last thousand).
     pub fn summaries(&self) -> Vec<ReceiverSummary> {
         lock(&self.shared.summaries).iter().cloned().collect()
+    }
+
+    /// What the session planned last holds, while it runs and after it
+    /// ended; `None` before any session was planned. Meant for a server
+    /// that serves one transfer (the in-cluster agent), whose sessions are
+    /// attempts at the same files.
+    pub fn landed(&self) -> Option<Landed> {
+        lock(&self.shared.latest).as_ref().map(|s| Landed {
+            total: s.total.load(Ordering::Relaxed),
+            kept: s.kept.load(Ordering::Relaxed),
+            written: s.bytes.load(Ordering::Relaxed),
+        })
     }
 
     /// Connections open now, authenticated or not.

@@ -38,6 +38,10 @@ pub(crate) struct Stats {
     pub(crate) files_failed: AtomicU64,
     /// Entries refused in the plan (they get no result).
     pub(crate) refused: AtomicU64,
+    /// Bytes of the accepted files in all.
+    pub(crate) total: AtomicU64,
+    /// Bytes a new session would keep (see `kept::Kept`).
+    pub(crate) kept: AtomicU64,
 }
 
 /// Accepted files of the session that have their result.
@@ -318,10 +322,8 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         let outcome = match outcome {
             Prepared::Accept(file, have) => {
                 tracked += blocks;
-                resumed_bytes += (0..have.len())
-                    .filter(|&b| have.get(b))
-                    .map(|b| file.layout.len(b))
-                    .sum::<u64>();
+                resumed_bytes += file.layout.bytes_in(&have);
+                stats.total.fetch_add(file.layout.size, Ordering::Relaxed);
                 layouts.insert(e.file_id, file.layout);
                 files.insert(e.file_id, *file);
                 PlanOutcome::Accept {
@@ -362,6 +364,8 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         verify,
         Arc::clone(&stats),
     )?;
+    // The writer counted what the files keep from earlier sessions.
+    *lock(&shared.latest) = Some(Arc::clone(&stats));
     let hugepages = pool.hugepages();
     let buffer_pages = pool.pages();
     let huge_note = pool.huge_note().map(str::to_owned);

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::checkpointer::{Checkpointer, Done, Job};
 use super::dest::{DestFile, Staged, discard_unresumable};
+use super::kept::Kept;
 use super::session::Stats;
 use super::{Shared, lock};
 use crate::engine::CheckpointPolicy;
@@ -97,6 +98,8 @@ pub(crate) struct Writer {
     /// acknowledged and dropped.
     finished: HashSet<u32>,
     warnings: Vec<String>,
+    /// What a new session would keep, shown as the transfer's progress.
+    kept: Kept,
 }
 
 /// Files finished together are made durable together.
@@ -116,6 +119,10 @@ impl Writer {
         let checkpointer = Checkpointer::start(Arc::clone(&shared))?;
         let files = files.into_files();
         let accepted = files.len() as u64;
+        let mut kept = Kept::new(Arc::clone(&stats));
+        for (&id, f) in &files {
+            kept.set(id, f.layout.bytes_in(f.tracker.durable()));
+        }
         Ok(Self {
             shared,
             files,
@@ -135,6 +142,7 @@ impl Writer {
             awaiting: Vec::new(),
             finished: HashSet::new(),
             warnings: Vec::new(),
+            kept,
         })
     }
 
@@ -421,6 +429,10 @@ impl Writer {
             if let Some(f) = self.files.get_mut(&file_id) {
                 f.tracker.handle_synced_upto(&covered);
                 f.has_checkpoint |= stored;
+                if stored {
+                    self.kept
+                        .set(file_id, f.layout.bytes_in(f.tracker.durable()));
+                }
             }
         }
         for w in batch.warnings {
@@ -444,11 +456,14 @@ impl Writer {
         // checkpointing each of thousands of small files would cost more
         // than it could save.
         let mut warnings = Vec::new();
-        for f in self.files.values_mut().filter(|f| f.layout.blocks() > 1) {
+        for (&id, f) in self.files.iter_mut().filter(|(_, f)| f.layout.blocks() > 1) {
             if f.tracker.unsynced() > 0 && f.plain.is_some() {
                 f.sync()?;
                 match f.checkpoint(&self.shared.root) {
-                    Ok(()) => f.has_checkpoint = true,
+                    Ok(()) => {
+                        f.has_checkpoint = true;
+                        self.kept.set(id, f.layout.bytes_in(f.tracker.durable()));
+                    }
                     Err(e) => warnings.push(format!(
                         "checkpoint of {} not stored ({e}); a new session resumes it from its last stored checkpoint, or from the start",
                         f.dest.rel
@@ -476,6 +491,7 @@ impl Writer {
         })?;
         self.finished.insert(file_id);
         if f.kind == EntryKind::File {
+            self.kept.set(file_id, 0);
             f.discard(&self.shared.root)?;
         }
         tracing::warn!("{}: the sender gave it up: {message}", f.dest.rel);
@@ -547,9 +563,13 @@ impl Writer {
                 self.result(file_id, true, digest, String::new())?;
             } else if !f.tracker.is_complete() {
                 let msg = format!("{} is missing blocks; it stays resumable", f.dest.rel);
-                if f.checkpoint(root).is_err() && !f.has_checkpoint {
+                if f.checkpoint(root).is_ok() {
+                    self.kept
+                        .set(file_id, f.layout.bytes_in(f.tracker.durable()));
+                } else if !f.has_checkpoint {
                     // Nothing could resume it: do not leave it behind.
                     let _ = f.discard(root);
+                    self.kept.set(file_id, 0);
                 }
                 self.result(file_id, false, 0, msg)?;
             } else {
@@ -586,6 +606,7 @@ impl Writer {
                 Verify::Reread => reread(&f)?,
             };
             if self.verify != Verify::None && digest != sender_digest {
+                self.kept.set(file_id, 0);
                 f.discard(root)?;
                 let msg = format!(
                     "{}: digest mismatch (received {}, sent {}); the data was discarded, send it again",
@@ -598,6 +619,7 @@ impl Writer {
                 continue;
             }
             f.rename_into_place(root)?;
+            self.kept.set(file_id, f.layout.size);
             published.push((file_id, digest, f));
         }
         let mut dirs = HashSet::new();
