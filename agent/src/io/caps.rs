@@ -39,7 +39,7 @@ pub fn capabilities() -> &'static Capabilities {
     CAPS.get_or_init(|| Capabilities {
         io_uring: io_uring::IoUring::new(2)
             .map(drop)
-            .map_err(|e| e.to_string()),
+            .map_err(|e| io_uring_refused(&e)),
         congestion: read_trim("/proc/sys/net/ipv4/tcp_available_congestion_control")
             .split_whitespace()
             .map(str::to_string)
@@ -48,4 +48,80 @@ pub fn capabilities() -> &'static Capabilities {
         tcp_rmem_max: third_field("/proc/sys/net/ipv4/tcp_rmem"),
         tcp_wmem_max: third_field("/proc/sys/net/ipv4/tcp_wmem"),
     })
+}
+
+/// Why the kernel refused an io_uring, and what would allow it: a
+/// container runtime's default seccomp profile (Docker's and containerd's
+/// both deny `io_uring_setup`), the host's `kernel.io_uring_disabled`, or a
+/// kernel without io_uring look alike from here (EPERM or ENOSYS).
+pub fn io_uring_refused(e: &std::io::Error) -> String {
+    explain_refusal(
+        e,
+        &read_trim("/proc/sys/kernel/io_uring_disabled"),
+        &std::fs::read_to_string("/proc/self/status").unwrap_or_default(),
+    )
+}
+
+/// The profile that allows io_uring and nothing else beyond the runtime's
+/// default, as shipped in the repository and installed on the nodes.
+pub const SECCOMP_PROFILE: &str = "deploy/seccomp/wirerate-agent.json";
+
+fn explain_refusal(e: &std::io::Error, disabled: &str, status: &str) -> String {
+    let filtered = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Seccomp:"))
+        .is_some_and(|m| m.trim() == "2");
+    match (e.raw_os_error(), disabled) {
+        (Some(libc::EPERM), "2") => format!(
+            "io_uring is disabled on this host ({e}; kernel.io_uring_disabled = 2): set the sysctl to 0 on the node to use it"
+        ),
+        (Some(libc::EPERM), "1") => format!(
+            "io_uring is restricted on this host ({e}; kernel.io_uring_disabled = 1 allows only the group in kernel.io_uring_group): set the sysctl to 0, or run the agent in that group"
+        ),
+        (Some(libc::EPERM | libc::ENOSYS), _) if filtered => format!(
+            "io_uring is blocked by seccomp ({e}): the container runtime's default profile denies io_uring_setup; run the agent with the profile {SECCOMP_PROFILE} (docker run --security-opt seccomp={SECCOMP_PROFILE}; in Kubernetes, the DtnPool's seccompProfile of type Localhost with that file installed on the nodes)"
+        ),
+        (Some(libc::ENOSYS), _) => {
+            format!("this kernel has no io_uring ({e}; it needs Linux 5.1 or later built with it)")
+        }
+        (Some(libc::ENOMEM), _) => format!(
+            "the kernel refused the ring's memory ({e}): raise the locked-memory limit (ulimit -l) or grant IPC_LOCK"
+        ),
+        _ => format!("io_uring unavailable: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errno(n: i32) -> std::io::Error {
+        std::io::Error::from_raw_os_error(n)
+    }
+
+    const FILTERED: &str = "Name:\twirerate-agent\nSeccomp:\t2\nSeccomp_filters:\t1\n";
+    const OPEN: &str = "Name:\twirerate-agent\nSeccomp:\t0\n";
+
+    #[test]
+    fn a_seccomp_filter_is_named_with_the_profile_that_allows_io_uring() {
+        let why = explain_refusal(&errno(libc::EPERM), "0", FILTERED);
+        assert!(why.contains("blocked by seccomp"), "{why}");
+        assert!(why.contains(SECCOMP_PROFILE), "{why}");
+    }
+
+    #[test]
+    fn the_hosts_sysctl_is_named_before_seccomp() {
+        let why = explain_refusal(&errno(libc::EPERM), "2", FILTERED);
+        assert!(why.contains("kernel.io_uring_disabled = 2"), "{why}");
+        let why = explain_refusal(&errno(libc::EPERM), "1", OPEN);
+        assert!(why.contains("kernel.io_uring_group"), "{why}");
+    }
+
+    #[test]
+    fn no_filter_and_enosys_is_an_old_kernel() {
+        let why = explain_refusal(&errno(libc::ENOSYS), "", OPEN);
+        assert!(why.contains("no io_uring"), "{why}");
+        let why = explain_refusal(&errno(libc::EPERM), "0", OPEN);
+        assert!(why.starts_with("io_uring unavailable"), "{why}");
+    }
 }

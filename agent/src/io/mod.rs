@@ -123,7 +123,8 @@ pub fn backend(mode: IoMode, queue_depth: usize) -> (Box<dyn BlockIo>, IoMode, O
                 Box::new(SyncIo::default()),
                 IoMode::Direct,
                 Some(format!(
-                    "io_uring unavailable ({e}); using synchronous direct I/O"
+                    "{}; using synchronous direct I/O",
+                    caps::io_uring_refused(&e)
                 )),
             ),
         },

@@ -74,12 +74,8 @@ pub fn apply(stream: &TcpStream, opts: &SocketOpts) -> Result<()> {
     sock.set_tcp_user_timeout(Some(TCP_DEAD_AFTER))
         .map_err(|e| Error::net("setting TCP_USER_TIMEOUT", e))?;
     if let Some(cc) = &opts.congestion {
-        sock.set_tcp_congestion(cc.as_bytes()).map_err(|e| {
-            Error::Config(format!(
-                "congestion control {cc:?} is not available here ({e}); available: {}",
-                capabilities().congestion.join(", ")
-            ))
-        })?;
+        sock.set_tcp_congestion(cc.as_bytes())
+            .map_err(|e| Error::Config(congestion_refused(cc, &e)))?;
     }
     if let Some(rate) = opts.pacing {
         set_pacing(&sock, rate).map_err(|e| Error::net("setting SO_MAX_PACING_RATE", e))?;
@@ -90,6 +86,25 @@ pub fn apply(stream: &TcpStream, opts: &SocketOpts) -> Result<()> {
             .map_err(|e| Error::net("setting socket buffer sizes", e))?;
     }
     Ok(())
+}
+
+/// Why `cc` could not be set: not loaded, or loaded but not in the host's
+/// allowed list without CAP_NET_ADMIN (both read "available" otherwise).
+fn congestion_refused(cc: &str, e: &std::io::Error) -> String {
+    let caps = capabilities();
+    if e.raw_os_error() == Some(libc::EPERM) {
+        format!(
+            "congestion control {cc:?} is refused ({e}): it is not in net.ipv4.tcp_allowed_congestion_control ({}), and choosing another needs CAP_NET_ADMIN (the agent's pod has it unless dropped)",
+            std::fs::read_to_string("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+                .unwrap_or_default()
+                .trim()
+        )
+    } else {
+        format!(
+            "congestion control {cc:?} is not available here ({e}); available: {}",
+            caps.congestion.join(", ")
+        )
+    }
 }
 
 /// The congestion control a socket ended up with.
@@ -301,6 +316,17 @@ pub fn buffer_warning(rtt: Duration, streams: u16, max_rate: Option<u64>) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_loaded_but_disallowed_congestion_control_names_the_capability() {
+        // It used to read "cubic is not available here; available: reno,
+        // bbr, cubic" when a pod without NET_ADMIN asked for cubic.
+        let why = congestion_refused("cubic", &io::Error::from_raw_os_error(libc::EPERM));
+        assert!(why.contains("CAP_NET_ADMIN"), "{why}");
+        assert!(why.contains("tcp_allowed_congestion_control"), "{why}");
+        let why = congestion_refused("nosuch", &io::Error::from_raw_os_error(libc::ENOENT));
+        assert!(why.contains("not available here"), "{why}");
+    }
 
     #[test]
     fn warns_only_when_the_window_cannot_fill_the_path() {
