@@ -90,7 +90,7 @@ pub fn apply(stream: &TcpStream, opts: &SocketOpts) -> Result<()> {
 
 /// Why `cc` could not be set: not loaded, or loaded but not in the host's
 /// allowed list without CAP_NET_ADMIN (both read "available" otherwise).
-fn congestion_refused(cc: &str, e: &std::io::Error) -> String {
+fn congestion_refused(cc: &str, e: &io::Error) -> String {
     let caps = capabilities();
     if e.raw_os_error() == Some(libc::EPERM) {
         format!(
