@@ -34,6 +34,13 @@ pub const PREFLIGHT_STORAGE_READABLE: &str = "storage-readable";
 pub const PREFLIGHT_STORAGE_WRITABLE: &str = "storage-writable";
 /// Key of the token in a Transfer's token Secret.
 pub const TOKEN_KEY: &str = "token";
+/// Lease annotation: the I/O mode in effect for the pool's transfers on
+/// the agent (`async`, `direct` or `buffered`).
+pub const IO_MODE_ANNOTATION: &str = "wirerate.io/io-mode";
+/// Lease annotation: why that mode is not the one the pool asks for.
+pub const IO_MODE_REASON_ANNOTATION: &str = "wirerate.io/io-mode-reason";
+/// Preflight finding: the pool asks for async I/O and io_uring is refused.
+pub const PREFLIGHT_IO_URING: &str = "io-uring";
 /// Finalizer the operator puts on Transfers.
 pub const TRANSFER_FINALIZER: &str = "wirerate.io/cleanup";
 /// Field manager of the operator.

@@ -136,6 +136,57 @@ pub struct DtnPoolSpec {
     /// capabilities that bypass file permissions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_context: Option<AgentSecurityContext>,
+    /// The agents' seccomp profile. The runtimes' default (RuntimeDefault)
+    /// denies io_uring, so the agents then use direct I/O and the pool says
+    /// so (Degraded, IoUringUnavailable); `Localhost` with the project's
+    /// profile (deploy/seccomp/wirerate-agent.json, installed on the nodes)
+    /// allows io_uring and nothing else beyond the default.
+    #[serde(default)]
+    pub seccomp_profile: AgentSeccompProfile,
+}
+
+/// Which seccomp profile the agent container runs under.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[x_kube(validation = Rule::new("(self.type == 'Localhost') == has(self.localhostProfile)").message("seccompProfile.localhostProfile is set with type Localhost, and only then"))]
+#[serde(rename_all = "camelCase")]
+pub struct AgentSeccompProfile {
+    /// RuntimeDefault, Localhost or Unconfined.
+    #[serde(rename = "type", default)]
+    pub type_: SeccompType,
+    /// With Localhost: the profile's path beneath the kubelet's seccomp
+    /// directory, for example `profiles/wirerate-agent.json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
+    )]
+    #[x_kube(validation = Rule::new("!self.split('/').exists(p, p == '..')").message("seccompProfile.localhostProfile must stay beneath the kubelet's seccomp directory (no '..')"))]
+    pub localhost_profile: Option<String>,
+}
+
+/// The seccomp profile kinds a pod can name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum SeccompType {
+    /// The container runtime's default profile: io_uring denied, the agents
+    /// use direct I/O.
+    #[default]
+    RuntimeDefault,
+    /// A profile file on each node (the project's allows io_uring).
+    Localhost,
+    /// No seccomp filter at all (not recommended; refused by the
+    /// `restricted` Pod Security Standard).
+    Unconfined,
+}
+
+impl SeccompType {
+    /// The name a pod's securityContext.seccompProfile.type takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RuntimeDefault => "RuntimeDefault",
+            Self::Localhost => "Localhost",
+            Self::Unconfined => "Unconfined",
+        }
+    }
 }
 
 /// The identity the agents read and write users' data with. File permissions
@@ -342,6 +393,13 @@ pub struct AgentStatus {
     /// Last Lease renewal.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat: Option<Time>,
+    /// The I/O mode in effect for the pool's transfers on this agent
+    /// (`async` is io_uring; `direct` when io_uring cannot be had).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_mode: Option<String>,
+    /// Why the mode is not the one the pool asks for, if it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_mode_reason: Option<String>,
 }
 
 /// A host check an agent reported.

@@ -330,6 +330,35 @@ fn pool_rules_refuse_mistakes() {
         });
         rejected_with(&p, "whole number of pages");
     }
+    use wirerate_crds::pool::{AgentSeccompProfile, SeccompType};
+    let profile = |type_, path: Option<&str>| AgentSeccompProfile {
+        type_,
+        localhost_profile: path.map(str::to_owned),
+    };
+    for bad in [
+        profile(SeccompType::Localhost, None),
+        profile(
+            SeccompType::RuntimeDefault,
+            Some("profiles/wirerate-agent.json"),
+        ),
+    ] {
+        let mut p = good.clone();
+        p.spec.seccomp_profile = bad;
+        rejected_with(&p, "with type Localhost, and only then");
+    }
+    let mut p = good.clone();
+    p.spec.seccomp_profile = profile(SeccompType::Localhost, Some("profiles/../../etc/x.json"));
+    rejected_with(&p, "no '..'");
+    for ok in [
+        profile(SeccompType::Localhost, Some("profiles/wirerate-agent.json")),
+        profile(SeccompType::Unconfined, None),
+        AgentSeccompProfile::default(),
+    ] {
+        let mut p = good.clone();
+        p.spec.seccomp_profile = ok.clone();
+        validate_cel(&p).unwrap_or_else(|e| panic!("{ok:?}: {e}"));
+    }
+
     for (page, amount) in [("2Mi", "4Mi"), ("2Mi", "1Gi"), ("1Gi", "2Gi")] {
         let mut p = good.clone();
         p.spec.hugepages = Some(wirerate_crds::pool::Hugepages {

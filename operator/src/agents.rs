@@ -68,6 +68,10 @@ pub struct Agent {
     pub dead: Option<String>,
     /// Host checks that failed: (check, message).
     pub preflight: Vec<(String, String)>,
+    /// The I/O mode in effect for the pool's transfers on it.
+    pub io_mode: Option<String>,
+    /// Why that mode is not the one the pool asks for.
+    pub io_mode_reason: Option<String>,
 }
 
 impl Agent {
@@ -95,6 +99,7 @@ impl Agent {
             node: self.node.clone(),
             pod: self.pod.clone(),
             preflight: self.preflight.clone(),
+            io_mode: self.io_mode.clone(),
         }
     }
 }
@@ -108,6 +113,7 @@ pub struct Summary {
     node: Option<String>,
     pod: Option<String>,
     preflight: Vec<(String, String)>,
+    io_mode: Option<String>,
 }
 
 /// The agents whose summary differs between `before` and `after` (new and gone ones too).
@@ -192,6 +198,8 @@ pub fn from_lease(lease: &Lease, pods: &BTreeMap<String, &Pod>, now: Timestamp) 
         renewed,
         dead,
         preflight,
+        io_mode: ann.get(contract::IO_MODE_ANNOTATION).cloned(),
+        io_mode_reason: ann.get(contract::IO_MODE_REASON_ANNOTATION).cloned(),
     })
 }
 

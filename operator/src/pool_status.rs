@@ -29,6 +29,9 @@ pub mod reason {
     pub const STORAGE_NOT_READABLE: &str = "StorageNotReadable";
     /// The StatefulSet cannot create the agents' pods.
     pub const PODS_NOT_CREATED: &str = "PodsNotCreated";
+    /// The pool asks for async I/O and an agent cannot have io_uring
+    /// (seccomp, a sysctl, the kernel): it uses direct I/O.
+    pub const IO_URING_UNAVAILABLE: &str = "IoUringUnavailable";
 }
 
 /// The other namespaces a pool offers to serve, by how far they got.
@@ -99,6 +102,8 @@ pub fn status(
                 ready: a.live() && pod_ok.unwrap_or(true),
                 active_transfers: active.get(&a.id()).copied().unwrap_or(0),
                 last_heartbeat: a.renewed.as_ref().map(|t| whole_seconds(t.0)),
+                io_mode: a.io_mode.clone(),
+                io_mode_reason: a.io_mode_reason.clone(),
             }
         })
         .collect();
@@ -188,6 +193,17 @@ pub fn status(
     .find_map(|(r, check)| Some((r, preflight.iter().find(|f| f.check == check)?)))
     {
         Some((r, format!("agent {}: {}", f.agent, f.message)))
+    } else if let Some(f) = preflight
+        .iter()
+        .find(|f| f.check == contract::PREFLIGHT_IO_URING)
+    {
+        Some((
+            reason::IO_URING_UNAVAILABLE,
+            format!(
+                "agent {} cannot use io_uring, which the pool's async I/O needs: {}. Give the agents a seccomp profile that allows it (spec.seccompProfile: type Localhost, localhostProfile profiles/wirerate-agent.json, from deploy/seccomp/), or set spec.tuning.ioMode to Direct to accept direct I/O",
+                f.agent, f.message
+            ),
+        ))
     } else if let Some(f) = preflight.first() {
         Some((
             reason::PREFLIGHT_FAILED,
@@ -349,6 +365,51 @@ mod tests {
             assert_eq!((d.status.as_str(), d.reason.as_str()), ("True", want));
             assert!(d.message.contains("uid 0"), "{}", d.message);
         }
+    }
+
+    #[test]
+    fn an_agent_without_io_uring_degrades_the_pool_and_shows_its_mode() {
+        let pool = lustre_pool();
+        let mut a0 = live_agent("a0");
+        let why = "io_uring is blocked by seccomp (Operation not permitted); transfers use synchronous direct I/O";
+        a0.preflight = vec![
+            ("mtu".to_owned(), "the MTU is off".to_owned()),
+            (contract::PREFLIGHT_IO_URING.to_owned(), why.to_owned()),
+        ];
+        a0.io_mode = Some("direct".to_owned());
+        a0.io_mode_reason = Some(why.to_owned());
+        let mut a1 = live_agent("a1");
+        a1.io_mode = Some("async".to_owned());
+        let s = status(
+            &pool,
+            &[&a0, &a1],
+            &[],
+            &HashMap::new(),
+            Namespaces::default(),
+            None,
+            at(101),
+        );
+        let d = conditions::find(&s.conditions, types::DEGRADED).unwrap();
+        assert_eq!(
+            (d.status.as_str(), d.reason.as_str()),
+            ("True", reason::IO_URING_UNAVAILABLE)
+        );
+        assert!(d.message.contains("seccompProfile"), "{}", d.message);
+        let modes: Vec<_> = s
+            .agents
+            .iter()
+            .map(|a| {
+                (
+                    a.name.as_str(),
+                    a.io_mode.as_deref(),
+                    a.io_mode_reason.is_some(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            modes,
+            [("a0", Some("direct"), true), ("a1", Some("async"), false)]
+        );
     }
 
     // Found against a real API server: with a hugepage amount the kubelet

@@ -15,8 +15,8 @@ use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
     HostPathVolumeSource, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodAffinityTerm,
     PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-    SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, TCPSocketAction, Volume,
-    VolumeMount,
+    SeccompProfile, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec,
+    TCPSocketAction, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -426,6 +426,12 @@ fn pod_spec(
                     drop: Some(vec!["ALL".into()]),
                     add: Some(caps),
                 }),
+                // The agent writes only beneath its allowed roots.
+                read_only_root_filesystem: Some(true),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: spec.seccomp_profile.type_.as_str().to_owned(),
+                    localhost_profile: spec.seccomp_profile.localhost_profile.clone(),
+                }),
                 ..Default::default()
             }),
             volume_mounts: Some(mounts),
@@ -571,6 +577,46 @@ pub(crate) mod tests {
             ["IPC_LOCK", "NET_ADMIN", "DAC_READ_SEARCH"]
         );
         assert_eq!(caps.drop.unwrap(), ["ALL"]);
+    }
+
+    #[test]
+    fn the_pool_chooses_the_agents_seccomp_profile() {
+        use wirerate_crds::pool::{AgentSeccompProfile, SeccompType};
+        let container = |p: &DtnPool| {
+            render(p, &[])
+                .stateful_set
+                .spec
+                .unwrap()
+                .template
+                .spec
+                .unwrap()
+                .containers[0]
+                .security_context
+                .clone()
+                .unwrap()
+        };
+        let mut p = lustre_pool();
+        p.spec.seccomp_profile = AgentSeccompProfile::default();
+        let sc = container(&p);
+        let profile = sc.seccomp_profile.unwrap();
+        assert_eq!(
+            profile.type_, "RuntimeDefault",
+            "the default, never none at all"
+        );
+        assert_eq!(profile.localhost_profile, None);
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+
+        let mut p = lustre_pool();
+        p.spec.seccomp_profile = AgentSeccompProfile {
+            type_: SeccompType::Localhost,
+            localhost_profile: Some("profiles/wirerate-agent.json".into()),
+        };
+        let profile = container(&p).seccomp_profile.unwrap();
+        assert_eq!(profile.type_, "Localhost");
+        assert_eq!(
+            profile.localhost_profile.as_deref(),
+            Some("profiles/wirerate-agent.json")
+        );
     }
 
     #[test]

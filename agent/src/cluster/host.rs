@@ -112,6 +112,23 @@ pub fn preflight(expect: &Preflight, mtu: Option<i32>, r: &Readings) -> Vec<(Str
 /// Lustre's statfs magic.
 const LUSTRE_MAGIC: i64 = 0x0BD0_0BD0;
 
+/// The I/O mode the pool's transfers get on this host, and why it is not
+/// the one asked for: async needs an io_uring, which seccomp, a sysctl or
+/// the kernel may refuse (`uring` is the probe's outcome).
+pub fn io_mode(
+    wanted: wirerate_crds::tuning::IoMode,
+    uring: &Result<(), String>,
+) -> (&'static str, Option<String>) {
+    use wirerate_crds::tuning::IoMode;
+    match (wanted, uring) {
+        (IoMode::Async, Err(why)) => (
+            IoMode::Direct.as_arg(),
+            Some(format!("{why}; transfers use synchronous direct I/O")),
+        ),
+        (m, _) => (m.as_arg(), None),
+    }
+}
+
 /// Whether `dir` is on Lustre, and the filesystem's magic number.
 pub fn lustre(dir: &Path) -> (bool, i64) {
     match rustix::fs::statfs(dir) {
@@ -123,6 +140,18 @@ pub fn lustre(dir: &Path) -> (bool, i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_ring_turns_async_into_direct_with_the_reason() {
+        use wirerate_crds::tuning::IoMode;
+        let refused = Err("io_uring is blocked by seccomp (EPERM)".to_owned());
+        let (mode, why) = io_mode(IoMode::Async, &refused);
+        assert_eq!(mode, "direct");
+        assert!(why.unwrap().contains("blocked by seccomp"));
+        assert_eq!(io_mode(IoMode::Async, &Ok(())), ("async", None));
+        // A pool that asks for buffered I/O needs no ring.
+        assert_eq!(io_mode(IoMode::Buffered, &refused), ("buffered", None));
+    }
 
     #[test]
     fn preflight_names_the_fix() {

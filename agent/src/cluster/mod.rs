@@ -839,6 +839,13 @@ async fn heartbeat(client: &Client, cfg: &RunConfig, pool: &DtnPool, active: usi
     {
         findings.push(("hugepages".to_owned(), why));
     }
+    let (io_mode, io_why) = host::io_mode(
+        pool.spec.tuning.io_mode.unwrap_or_default(),
+        &crate::io::caps::capabilities().io_uring,
+    );
+    if let Some(why) = &io_why {
+        findings.push((contract::PREFLIGHT_IO_URING.to_owned(), why.clone()));
+    }
     let mut annotations = BTreeMap::from([
         (
             contract::ADDRESS_ANNOTATION.to_owned(),
@@ -854,7 +861,11 @@ async fn heartbeat(client: &Client, cfg: &RunConfig, pool: &DtnPool, active: usi
             contract::PREFLIGHT_ANNOTATION.to_owned(),
             serde_json::to_string(&findings).unwrap_or_default(),
         ),
+        (contract::IO_MODE_ANNOTATION.to_owned(), io_mode.to_owned()),
     ]);
+    if let Some(why) = io_why {
+        annotations.insert(contract::IO_MODE_REASON_ANNOTATION.to_owned(), why);
+    }
     if cfg.in_pod {
         annotations.insert(contract::POD_ANNOTATION.to_owned(), cfg.agent.clone());
     }
