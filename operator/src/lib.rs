@@ -11,6 +11,7 @@ pub mod agents;
 pub mod context;
 pub mod error;
 pub mod http;
+pub mod install;
 pub mod leader;
 pub mod lifecycle;
 pub mod metrics;
