@@ -1,4 +1,6 @@
-//! Prometheus metrics of the receiver, served on `--metrics-addr`.
+//! Prometheus metrics of the receiver (`wirerate_receiver_*`) and of the
+//! sender (`wirerate_sender_*`), served together on `--metrics-addr` (and
+//! on the in-cluster agent's metrics port).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -77,6 +79,82 @@ pub fn metrics() -> &'static Metrics {
     })
 }
 
+/// The sending side's metrics.
+pub struct SenderMetrics {
+    /// Registry holding everything below.
+    pub registry: Registry,
+    /// Payload bytes put on the wire (resends included).
+    pub bytes_sent: IntCounter,
+    /// Blocks sent again (damaged in flight, or on a stream that broke).
+    pub blocks_resent: IntCounter,
+    /// Data streams that broke.
+    pub stream_failures: IntCounter,
+    /// Sessions by how they ended: `complete`, `retried` (failed with an
+    /// error worth reconnecting for), `failed`.
+    pub sessions: IntCounterVec,
+    /// Bytes sent and not yet acknowledged, all sessions together.
+    pub bytes_in_flight: IntGauge,
+    /// Payload bytes by data stream index, for per-stream throughput.
+    pub stream_bytes: IntCounterVec,
+}
+
+/// The sending outcomes, as the `outcome` label spells them.
+pub const SEND_OUTCOMES: [&str; 3] = ["complete", "retried", "failed"];
+
+/// The process-wide sender metrics.
+pub fn sender_metrics() -> &'static SenderMetrics {
+    static M: OnceLock<SenderMetrics> = OnceLock::new();
+    M.get_or_init(|| {
+        let registry = Registry::new_custom(Some("wirerate_sender".into()), None)
+            .expect("static registry prefix is valid");
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("static metric definition is valid");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("metric registered once");
+            c
+        };
+        let vec = |name: &str, help: &str, label: &str| {
+            let c = IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("registered once");
+            c
+        };
+        let bytes_in_flight =
+            IntGauge::new("bytes_in_flight", "Bytes sent and not yet acknowledged").expect("valid");
+        registry
+            .register(Box::new(bytes_in_flight.clone()))
+            .expect("registered once");
+        let sessions = vec("sessions_total", "Sessions by how they ended", "outcome");
+        for o in SEND_OUTCOMES {
+            sessions.with_label_values(&[o]);
+        }
+        SenderMetrics {
+            bytes_sent: counter("bytes_sent_total", "Payload bytes put on the wire"),
+            blocks_resent: counter("blocks_resent_total", "Blocks sent again"),
+            stream_failures: counter("stream_failures_total", "Data streams that broke"),
+            stream_bytes: vec(
+                "stream_bytes_total",
+                "Payload bytes by data stream index",
+                "stream",
+            ),
+            sessions,
+            bytes_in_flight,
+            registry,
+        }
+    })
+}
+
+/// Everything the agent serves on /metrics, in Prometheus' text format.
+pub fn render() -> Vec<u8> {
+    let mut families = metrics().registry.gather();
+    families.extend(sender_metrics().registry.gather());
+    let mut buf = Vec::new();
+    let _ = TextEncoder::new().encode(&families, &mut buf);
+    buf
+}
+
 /// Scrapes served at once; more are closed at once.
 const MAX_SCRAPERS: usize = 64;
 /// A request's head must arrive within this...
@@ -150,11 +228,7 @@ async fn respond(
     req: Request<hyper::body::Incoming>,
 ) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
     let (status, body) = match (req.method(), req.uri().path()) {
-        (&Method::GET, "/metrics") => {
-            let mut buf = Vec::new();
-            let _ = TextEncoder::new().encode(&metrics().registry.gather(), &mut buf);
-            (StatusCode::OK, buf)
-        }
+        (&Method::GET, "/metrics") => (StatusCode::OK, render()),
         (&Method::GET, "/health" | "/healthz") => (StatusCode::OK, b"ok\n".to_vec()),
         _ => (StatusCode::NOT_FOUND, b"try /metrics\n".to_vec()),
     };

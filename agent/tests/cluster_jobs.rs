@@ -175,6 +175,93 @@ fn the_progress_a_receiver_shows_never_runs_ahead_of_what_a_resume_keeps() {
     assert_same(&file, &dst.join("scan.raw"));
 }
 
+/// The agent metric names the Grafana dashboard's queries read.
+fn dashboard_names() -> Vec<String> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../charts/wirerate/dashboards/wirerate.json"
+    );
+    let d: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut names = Vec::new();
+    for panel in d["panels"].as_array().unwrap() {
+        for t in panel["targets"].as_array().unwrap() {
+            let expr = t["expr"].as_str().unwrap();
+            for (i, _) in expr.match_indices("wirerate_") {
+                let name: String = expr[i..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                let agents =
+                    name.starts_with("wirerate_sender_") || name.starts_with("wirerate_receiver_");
+                if agents && !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn the_agents_metrics_endpoint_serves_every_metric_the_dashboard_queries() {
+    // Only the receiver exported metrics: a sending agent's bytes, resends,
+    // stream failures and sessions were nowhere.
+    let dir = scratch("cluster-metrics");
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&dst).unwrap();
+    let file = src.join("m.bin");
+    write_file(&file, 6 * (1 << 20) + 5, 9);
+    let rx = ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap();
+    let tx = SenderJob::start(
+        &format!("127.0.0.1:{}", rx.port),
+        TOKEN.to_vec(),
+        file,
+        "m.bin".into(),
+        &tuning(),
+        Verify::Blocks,
+        None,
+    )
+    .unwrap();
+    assert!(wait_outcome(&tx, Duration::from_secs(60)).unwrap().ok);
+
+    let addr = wirerate_agent::metrics::serve("127.0.0.1:0").unwrap();
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    use std::io::{Read, Write};
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut body = String::new();
+    c.read_to_string(&mut body).unwrap();
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    let served: Vec<&str> = body
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    let wanted = dashboard_names();
+    assert!(wanted.len() >= 6, "{wanted:?}");
+    let missing: Vec<&String> = wanted
+        .iter()
+        .filter(|n| !served.contains(&n.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the dashboard queries {missing:?}, not served:\n{body}"
+    );
+    let value = |line_start: &str| -> f64 {
+        body.lines()
+            .find(|l| l.starts_with(line_start))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {line_start} in {body}"))
+    };
+    // Other tests in this binary send too: at least this transfer's bytes.
+    assert!(value("wirerate_sender_bytes_sent_total") >= (6 * (1 << 20) + 5) as f64);
+    assert!(value("wirerate_sender_sessions_total{outcome=\"complete\"}") >= 1.0);
+    assert!(body.contains("wirerate_sender_stream_bytes_total{stream=\"0\"}"));
+}
+
 #[test]
 fn a_cancelled_sender_stops_retrying() {
     let dir = scratch("cluster-cancel");

@@ -221,6 +221,16 @@ impl TransferPhase {
         matches!(self, Self::Succeeded | Self::Failed)
     }
 
+    /// Every phase, in the order a transfer goes through them.
+    pub const ALL: [Self; 6] = [
+        Self::Pending,
+        Self::Queued,
+        Self::Running,
+        Self::Verifying,
+        Self::Succeeded,
+        Self::Failed,
+    ];
+
     /// The spelling used in status and metrics.
     pub fn as_str(self) -> &'static str {
         match self {

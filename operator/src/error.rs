@@ -53,6 +53,23 @@ mod tests {
     use kube::runtime::finalizer::Error as F;
 
     #[test]
+    fn every_error_label_is_one_the_metrics_start_with() {
+        let all = [
+            Error::CleanupPending("x".into()),
+            Error::Malformed("x"),
+            Error::CrdsMissing("x".into()),
+            Error::Finalizer(Box::new(F::ApplyFailed(Error::Malformed("x")))),
+        ];
+        for e in &all {
+            assert!(
+                crate::metrics::ERROR_LABELS.contains(&e.metric_label()),
+                "{e:?}"
+            );
+        }
+        assert!(crate::metrics::ERROR_LABELS.contains(&"kube"));
+    }
+
+    #[test]
     fn a_pending_cleanup_is_a_wait_and_other_errors_are_not() {
         let pending = || Error::CleanupPending("send-1".into());
         assert!(pending().is_waiting());

@@ -52,6 +52,7 @@ pub fn values() -> Value {
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "serviceMonitor": {"enabled": false, "interval": "30s", "labels": {}},
+        "grafanaDashboard": {"enabled": true, "labels": {"grafana_dashboard": "1"}},
     })
 }
 
@@ -388,6 +389,10 @@ pub fn chart_files() -> Result<Vec<(&'static str, String)>, serde_yaml::Error> {
         ("values.yaml", values_yaml),
         ("templates/operator.yaml", operator_yaml),
         ("templates/servicemonitor.yaml", monitor),
+        (
+            "templates/dashboard.yaml",
+            format!("{GENERATED}{DASHBOARD}"),
+        ),
         ("templates/_helpers.tpl", format!("{GENERATED}{HELPERS}")),
         ("templates/NOTES.txt", NOTES.to_owned()),
     ])
@@ -396,8 +401,27 @@ pub fn chart_files() -> Result<Vec<(&'static str, String)>, serde_yaml::Error> {
 const VALUES_HEADER: &str = "# The operator's settings. DtnPools name their own agent image.
 # image.tag empty: the chart's appVersion. replicas: two are safe, only the
 # holder of the leader Lease reconciles. serviceMonitor needs the Prometheus
-# Operator's CRDs.
+# Operator's CRDs. grafanaDashboard: a ConfigMap holding
+# dashboards/wirerate.json, with the label Grafana's dashboard sidecar looks for.
 ";
+
+/// The Grafana dashboard as a ConfigMap for Grafana's sidecar.
+const DASHBOARD: &str = r#"{{- if .Values.grafanaDashboard.enabled }}
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: wirerate-dashboard
+  namespace: {{ .Release.Namespace }}
+  labels:
+    {{- include "wirerate.labels" . | nindent 4 }}
+    {{- with .Values.grafanaDashboard.labels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+data:
+  wirerate.json: |-
+{{ .Files.Get "dashboards/wirerate.json" | indent 4 }}
+{{- end }}
+"#;
 
 const HELPERS: &str = r#"{{/* Labels of every object the chart creates. */}}
 {{- define "wirerate.labels" -}}

@@ -25,7 +25,26 @@ pub struct Metrics {
     pub bytes: IntCounter,
     /// Failovers performed.
     pub failovers: IntCounter,
+    /// Current rate of each transfer on the wire, by namespace and name.
+    pub transfer_rate: IntGaugeVec,
+    /// Seconds left of each running transfer at its current rate.
+    pub transfer_eta: IntGaugeVec,
+    /// Bytes each running transfer holds durably at the receiver.
+    pub transfer_done: IntGaugeVec,
+    /// Agents by pool and state (`live`, `lost`).
+    pub agents: IntGaugeVec,
 }
+
+/// The controllers, as the `controller` label spells them.
+pub const CONTROLLERS: [&str; 2] = ["transfer", "dtnpool"];
+/// Every value of the `error` label (`Error::metric_label`).
+pub const ERROR_LABELS: [&str; 5] = [
+    "kube",
+    "cleanup_pending",
+    "finalizer",
+    "malformed",
+    "crds_missing",
+];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -68,6 +87,38 @@ impl Default for Metrics {
             IntCounter::new("bytes_moved_total", "Bytes of transfers that succeeded").unwrap();
         let failovers =
             IntCounter::new("failovers_total", "Transfers reassigned after a lost agent").unwrap();
+        let per_transfer = |name: &str, help: &str| {
+            IntGaugeVec::new(Opts::new(name, help), &["namespace", "transfer"]).unwrap()
+        };
+        let transfer_rate = per_transfer(
+            "transfer_rate_bytes_per_second",
+            "Current rate of each running transfer, as its agents report it",
+        );
+        let transfer_eta = per_transfer(
+            "transfer_eta_seconds",
+            "Seconds left of each running transfer at its current rate",
+        );
+        let transfer_done = per_transfer(
+            "transfer_bytes_done",
+            "Bytes of each running transfer a resume would keep",
+        );
+        let agents = IntGaugeVec::new(
+            Opts::new("agents", "Agents by pool and state (live or lost)"),
+            &["namespace", "pool", "state"],
+        )
+        .unwrap();
+        // Every controller's series exist from the start, at 0, so that
+        // dashboards and rate() see the first reconcile and the first error.
+        for p in wirerate_crds::TransferPhase::ALL {
+            phases.with_label_values(&[p.as_str()]);
+        }
+        for c in CONTROLLERS {
+            reconciles.with_label_values(&[c]);
+            duration.with_label_values(&[c]);
+            for e in ERROR_LABELS {
+                failures.with_label_values(&[c, e]);
+            }
+        }
         for c in [
             Box::new(reconciles.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(failures.clone()),
@@ -77,6 +128,10 @@ impl Default for Metrics {
             Box::new(queue.clone()),
             Box::new(bytes.clone()),
             Box::new(failovers.clone()),
+            Box::new(transfer_rate.clone()),
+            Box::new(transfer_eta.clone()),
+            Box::new(transfer_done.clone()),
+            Box::new(agents.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -90,11 +145,52 @@ impl Default for Metrics {
             queue,
             bytes,
             failovers,
+            transfer_rate,
+            transfer_eta,
+            transfer_done,
+            agents,
         }
     }
 }
 
 impl Metrics {
+    /// Sets the gauges from the cache: transfers by phase, the queues, each
+    /// running transfer's rate, ETA and bytes, and agents by state.
+    pub fn observe<'a>(
+        &self,
+        transfers: impl IntoIterator<Item = &'a wirerate_crds::Transfer> + Clone,
+        agents: impl IntoIterator<Item = &'a crate::agents::Agent>,
+    ) {
+        let (by_phase, queues) = tally(transfers.clone());
+        for p in wirerate_crds::TransferPhase::ALL {
+            self.phases
+                .with_label_values(&[p.as_str()])
+                .set(by_phase.get(&p).copied().unwrap_or(0));
+        }
+        self.queue.reset();
+        for ((ns, pool_ns, pool), n) in queues {
+            self.queue.with_label_values(&[&ns, &pool_ns, &pool]).set(n);
+        }
+        for g in [&self.transfer_rate, &self.transfer_eta, &self.transfer_done] {
+            g.reset();
+        }
+        for (ns, name, rate, eta, done) in running(transfers) {
+            self.transfer_rate
+                .with_label_values(&[&ns, &name])
+                .set(rate);
+            self.transfer_done
+                .with_label_values(&[&ns, &name])
+                .set(done);
+            if let Some(eta) = eta {
+                self.transfer_eta.with_label_values(&[&ns, &name]).set(eta);
+            }
+        }
+        self.agents.reset();
+        for ((ns, pool, state), n) in agent_states(agents) {
+            self.agents.with_label_values(&[&ns, &pool, state]).set(n);
+        }
+    }
+
     /// The metrics in Prometheus' text format.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -103,6 +199,50 @@ impl Metrics {
             .expect("text encoding cannot fail");
         out
     }
+}
+
+/// A running transfer's figures: (namespace, name, rate in bytes/s,
+/// seconds left, bytes done).
+pub type Running = (String, String, i64, Option<i64>, i64);
+
+/// The transfers running or verifying, with their progress.
+pub fn running<'a>(
+    transfers: impl IntoIterator<Item = &'a wirerate_crds::Transfer>,
+) -> Vec<Running> {
+    use wirerate_crds::TransferPhase;
+    transfers
+        .into_iter()
+        .filter_map(|t| {
+            let s = t.status.as_ref()?;
+            if !matches!(
+                s.phase,
+                Some(TransferPhase::Running | TransferPhase::Verifying)
+            ) {
+                return None;
+            }
+            let p = s.progress.as_ref().filter(|p| p.attempt == s.attempt)?;
+            Some((
+                t.metadata.namespace.clone().unwrap_or_default(),
+                t.metadata.name.clone().unwrap_or_default(),
+                p.rate_bps,
+                p.eta_seconds,
+                p.bytes_done,
+            ))
+        })
+        .collect()
+}
+
+/// Agents by (namespace, pool) and whether live.
+pub fn agent_states<'a>(
+    agents: impl IntoIterator<Item = &'a crate::agents::Agent>,
+) -> std::collections::BTreeMap<(String, String, &'static str), i64> {
+    let mut out = std::collections::BTreeMap::new();
+    for a in agents {
+        let state = if a.live() { "live" } else { "lost" };
+        *out.entry((a.namespace.clone(), a.pool.clone(), state))
+            .or_default() += 1;
+    }
+    out
 }
 
 /// Queued Transfers by (their namespace, sending pool's namespace, sending pool).
@@ -178,5 +318,105 @@ mod tests {
         let m = Metrics::default();
         m.queue.with_label_values(&["alpha", "data", "src"]).set(2);
         assert!(m.render().contains("namespace=\"alpha\""));
+    }
+
+    /// The metric names the dashboard's queries read, by prefix.
+    pub(crate) fn dashboard_names(prefix: &str) -> Vec<String> {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../charts/wirerate/dashboards/wirerate.json"
+        );
+        let d: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let mut names = Vec::new();
+        for panel in d["panels"].as_array().unwrap() {
+            for t in panel["targets"].as_array().unwrap() {
+                let expr = t["expr"].as_str().unwrap();
+                let mut rest = expr;
+                while let Some(i) = rest.find(prefix) {
+                    let name: String = rest[i..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    rest = &rest[i + name.len()..];
+                    if !names.contains(&name) {
+                        names.push(name);
+                    }
+                }
+            }
+        }
+        names
+    }
+
+    #[tokio::test]
+    async fn every_operator_metric_the_dashboard_queries_is_served() {
+        use crate::agents::{from_lease, tests::lease};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let wanted = dashboard_names("wirerate_operator_");
+        assert!(wanted.len() >= 8, "{wanted:?}");
+
+        // A cluster with a running, a queued transfer and two agents.
+        let mut run = transfer("run", "/in/a", "/out/a");
+        run.status = Some(TransferStatus {
+            phase: Some(TransferPhase::Running),
+            attempt: 1,
+            progress: Some(wirerate_crds::transfer::Progress {
+                attempt: 1,
+                bytes_done: 1 << 30,
+                bytes_total: 4 << 30,
+                blocks_done: 64,
+                blocks_total: 256,
+                percent: "25%".into(),
+                rate_bps: 1_000_000_000,
+                rate: "8.00 Gbit/s".into(),
+                eta_seconds: Some(3),
+                updated_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::from_second(100).unwrap(),
+                ),
+            }),
+            ..Default::default()
+        });
+        let mut queued = transfer("q", "/in/b", "/out/b");
+        queued.status = Some(TransferStatus {
+            phase: Some(TransferPhase::Queued),
+            ..Default::default()
+        });
+        let now = k8s_openapi::jiff::Timestamp::from_second(101).unwrap();
+        let agents = [
+            from_lease(&lease("src", "s0", 100, None), &Default::default(), now).unwrap(),
+            from_lease(&lease("dst", "r0", 10, None), &Default::default(), now).unwrap(),
+        ];
+        let m = std::sync::Arc::new(Metrics::default());
+        m.observe([&run, &queued], agents.iter());
+
+        // The operator's own endpoint, as Prometheus scrapes it.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(crate::http::serve(listener, m.clone()));
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut body = String::new();
+        c.read_to_string(&mut body).await.unwrap();
+        server.abort();
+        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+        let served: Vec<&str> = body
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .collect();
+        let missing: Vec<&String> = wanted
+            .iter()
+            .filter(|n| !served.contains(&n.as_str()))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "the dashboard queries {missing:?}, not served:\n{body}"
+        );
+        assert!(body.contains(
+            "wirerate_operator_transfer_eta_seconds{namespace=\"data\",transfer=\"run\"} 3"
+        ));
+        assert!(body.contains("state=\"lost\""), "r0's Lease is 91 s old");
     }
 }

@@ -175,7 +175,18 @@ pub fn send(cfg: &SendConfig, progress: Arc<Progress>) -> Result<SendSummary> {
     loop {
         st.sessions += 1;
         let before = (st.bytes_sent, st.verdicts.len());
-        match session::run(cfg, &list.files, &list.base, &mut st, &pool, &progress) {
+        let outcome = session::run(cfg, &list.files, &list.base, &mut st, &pool, &progress);
+        let retried = matches!(&outcome, Err(e) if e.is_retryable()
+            || (st.connected && matches!(e, Error::Unresolvable { .. })));
+        crate::metrics::sender_metrics()
+            .sessions
+            .with_label_values(&[match (&outcome, retried) {
+                (Ok(()), _) => "complete",
+                (Err(_), true) => "retried",
+                (Err(_), false) => "failed",
+            }])
+            .inc();
+        match outcome {
             Ok(()) => break,
             Err(e)
                 if cfg

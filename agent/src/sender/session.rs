@@ -18,6 +18,7 @@ use crate::engine::scheduler::PlannedFile;
 use crate::engine::{Bitmap, IdleDeadline, Keepalive, Layout, Scheduler};
 use crate::error::{Error, Result};
 use crate::io::{PoolBuf, Pools};
+use crate::metrics::sender_metrics;
 use crate::net::{self, SocketOpts, auth};
 use crate::progress::Progress;
 use crate::wire::{
@@ -62,6 +63,9 @@ pub(crate) struct Shared {
     per_stream: Vec<AtomicU64>,
     progress: Arc<Progress>,
     verify: Verify,
+    /// This session's share of the `bytes_in_flight` gauge: sent, not yet
+    /// acknowledged (a resent block counts once more, until the session ends).
+    in_flight: std::sync::atomic::AtomicI64,
 }
 
 impl Shared {
@@ -82,10 +86,17 @@ impl Shared {
         self.cv.notify_all();
     }
 
+    /// Moves this session's bytes in flight (and the agent's gauge) by `delta`.
+    fn in_flight(&self, delta: i64) {
+        self.in_flight.fetch_add(delta, Ordering::Relaxed);
+        sender_metrics().bytes_in_flight.add(delta);
+    }
+
     fn stream_failed(&self, stream: u16, why: &str) {
         let mut g = self.lock();
         if !self.stopped() && g.sched.stream_alive(stream) {
             let n = g.sched.handle_stream_failed(stream);
+            sender_metrics().stream_failures.inc();
             tracing::warn!(
                 "stream {stream} failed ({why}); {n} unacknowledged blocks go to the other streams"
             );
@@ -375,6 +386,7 @@ pub(crate) fn run(
         per_stream: (0..cfg.streams).map(|_| AtomicU64::new(0)).collect(),
         progress: Arc::clone(progress),
         verify: cfg.verify,
+        in_flight: std::sync::atomic::AtomicI64::new(0),
     };
 
     // The transfer goes on as long as one data stream connected.
@@ -460,6 +472,11 @@ pub(crate) fn run(
 
     let mut g = shared.lock();
     st.blocks_retried += g.sched.resends();
+    sender_metrics().blocks_resent.inc_by(g.sched.resends());
+    // What this session still counts as in flight is not any more.
+    sender_metrics()
+        .bytes_in_flight
+        .sub(shared.in_flight.swap(0, Ordering::Relaxed));
     st.bytes_sent += shared.sent_bytes.load(Ordering::Relaxed);
     for (i, b) in shared.per_stream.iter().enumerate() {
         st.per_stream_bytes[i] += b.load(Ordering::Relaxed);
@@ -561,6 +578,12 @@ fn send_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
             Ok(()) => {
                 shared.sent_bytes.fetch_add(order.len, Ordering::Relaxed);
                 shared.per_stream[i as usize].fetch_add(order.len, Ordering::Relaxed);
+                let m = sender_metrics();
+                m.bytes_sent.inc_by(order.len);
+                m.stream_bytes
+                    .with_label_values(&[&i.to_string()])
+                    .inc_by(order.len);
+                shared.in_flight(order.len as i64);
             }
             Err(e) => {
                 let _ = stream.shutdown(Shutdown::Both);
@@ -622,6 +645,7 @@ fn ack_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
                             .progress
                             .done
                             .fetch_add(b.len() as u64, Ordering::Relaxed);
+                        shared.in_flight(-(b.len() as i64));
                     }
                 }
                 Err(v) => {

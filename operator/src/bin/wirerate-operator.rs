@@ -15,7 +15,7 @@ use kube::api::{Api, ListParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::utils::PredicateConfig;
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
-use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer, TransferPhase, contract};
+use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer, contract};
 use wirerate_operator::context::{Context, Stores};
 use wirerate_operator::{http, leader, pool_controller, transfer_controller};
 
@@ -267,32 +267,14 @@ fn noted<T>(cell: &Cell, agents: bool) -> impl FnMut(&T) + Send + 'static {
     }
 }
 
-/// Keeps the per-phase and queue gauges current.
+/// Keeps the gauges current: transfers by phase, queues, running
+/// transfers' progress, agents.
 async fn gauges(ctx: Arc<Context>) {
-    let phases = [
-        TransferPhase::Pending,
-        TransferPhase::Queued,
-        TransferPhase::Running,
-        TransferPhase::Verifying,
-        TransferPhase::Succeeded,
-        TransferPhase::Failed,
-    ];
     loop {
         let transfers = ctx.stores.transfers.state();
-        let (by_phase, queues) = wirerate_operator::metrics::tally(transfers.iter().map(|t| &**t));
-        for p in phases {
-            ctx.metrics
-                .phases
-                .with_label_values(&[p.as_str()])
-                .set(by_phase.get(&p).copied().unwrap_or(0));
-        }
-        ctx.metrics.queue.reset();
-        for ((ns, pool_ns, pool), n) in queues {
-            ctx.metrics
-                .queue
-                .with_label_values(&[&ns, &pool_ns, &pool])
-                .set(n);
-        }
+        let agents = ctx.agents(k8s_openapi::jiff::Timestamp::now());
+        ctx.metrics
+            .observe(transfers.iter().map(|t| &**t), agents.values());
         tokio::time::sleep(Duration::from_secs(10)).await;
     }
 }
