@@ -269,6 +269,25 @@ pub fn service_monitor() -> Value {
     })
 }
 
+/// A PodMonitor for every pool's agents, in whichever namespace (their
+/// pods carry the same name label; the port is named `metrics`).
+pub fn agent_pod_monitor() -> Value {
+    json!({
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {
+            "name": "wirerate-agents",
+            "namespace": "@@namespace@@",
+            "labels": {"@@include:wirerate.labels@@": "", "@@with-inline:serviceMonitor.labels@@": ""},
+        },
+        "spec": {
+            "namespaceSelector": {"any": true},
+            "selector": {"matchLabels": {"app.kubernetes.io/name": wirerate_crds::contract::APP_NAME}},
+            "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "@@serviceMonitorInterval@@"}],
+        },
+    })
+}
+
 /// Helm expressions for the placeholders `knob` and friends put in.
 fn expression(name: &str) -> Option<&'static str> {
     Some(match name {
@@ -383,7 +402,7 @@ pub fn chart_files() -> Result<Vec<(&'static str, String)>, serde_yaml::Error> {
     let operator_yaml = format!("{GENERATED}{}", helmify(&stream(&operator(Target::Chart))?));
     let monitor = format!(
         "{GENERATED}{{{{- if .Values.serviceMonitor.enabled }}}}\n{}{{{{- end }}}}\n",
-        helmify(&stream(&[service_monitor()])?)
+        helmify(&stream(&[service_monitor(), agent_pod_monitor()])?)
     );
     Ok(vec![
         ("values.yaml", values_yaml),
