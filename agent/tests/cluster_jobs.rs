@@ -175,6 +175,39 @@ fn the_progress_a_receiver_shows_never_runs_ahead_of_what_a_resume_keeps() {
     assert_same(&file, &dst.join("scan.raw"));
 }
 
+#[test]
+fn a_second_session_of_the_same_transfer_counts_on_from_the_first() {
+    // A sender that reconnects lists only the files still open: the
+    // receiver's figures were the new session's alone, so the progress fell
+    // (60 of 100 GB to 0 of 40) and looked like a stall.
+    let dir = scratch("cluster-sessions");
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&dst).unwrap();
+    let (a, b) = (5 * (1 << 20) + 1, 3 * (1 << 20) + 7);
+    write_file(&src.join("a.bin"), a, 1);
+    write_file(&src.join("b.bin"), b, 2);
+    let rx = ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap();
+    for name in ["a.bin", "b.bin"] {
+        let tx = SenderJob::start(
+            &format!("127.0.0.1:{}", rx.port),
+            TOKEN.to_vec(),
+            src.join(name),
+            name.into(),
+            &tuning(),
+            Verify::Blocks,
+            None,
+        )
+        .unwrap();
+        assert!(wait_outcome(&tx, Duration::from_secs(60)).unwrap().ok);
+        assert_same(&src.join(name), &dst.join(name));
+    }
+    let l = rx.landed().unwrap();
+    let both = (a + b) as u64;
+    assert_eq!((l.kept, l.total), (both, both), "{l:?}");
+    assert!(l.written >= both && l.seconds > 0.0, "{l:?}");
+}
+
 /// The agent metric names the Grafana dashboard's queries read.
 fn dashboard_names() -> Vec<String> {
     let path = concat!(

@@ -136,22 +136,24 @@ pub struct DtnPoolSpec {
     /// capabilities that bypass file permissions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_context: Option<AgentSecurityContext>,
-    /// The agents' seccomp profile. The runtimes' default (RuntimeDefault)
-    /// denies io_uring, so the agents then use direct I/O and the pool says
-    /// so (Degraded, IoUringUnavailable); `Localhost` with the project's
-    /// profile (deploy/seccomp/wirerate-agent.json, installed on the nodes)
-    /// allows io_uring and nothing else beyond the default.
-    #[serde(default)]
-    pub seccomp_profile: AgentSeccompProfile,
+    /// The agents' seccomp profile. Unset: the node's default (Unconfined,
+    /// unless the kubelet runs with --seccomp-default). RuntimeDefault
+    /// denies io_uring, so the agents use direct I/O and a pool that asks
+    /// for async I/O says so (Degraded, IoUringUnavailable); `Localhost`
+    /// with the project's profile (deploy/seccomp/wirerate-agent.json,
+    /// installed on the nodes) allows io_uring and nothing else beyond the
+    /// runtime's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seccomp_profile: Option<AgentSeccompProfile>,
 }
 
 /// Which seccomp profile the agent container runs under.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[x_kube(validation = Rule::new("(self.type == 'Localhost') == has(self.localhostProfile)").message("seccompProfile.localhostProfile is set with type Localhost, and only then"))]
 #[serde(rename_all = "camelCase")]
 pub struct AgentSeccompProfile {
     /// RuntimeDefault, Localhost or Unconfined.
-    #[serde(rename = "type", default)]
+    #[serde(rename = "type")]
     pub type_: SeccompType,
     /// With Localhost: the profile's path beneath the kubelet's seccomp
     /// directory, for example `profiles/wirerate-agent.json`.
@@ -165,11 +167,10 @@ pub struct AgentSeccompProfile {
 }
 
 /// The seccomp profile kinds a pod can name.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum SeccompType {
     /// The container runtime's default profile: io_uring denied, the agents
     /// use direct I/O.
-    #[default]
     RuntimeDefault,
     /// A profile file on each node (the project's allows io_uring).
     Localhost,

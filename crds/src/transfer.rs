@@ -352,6 +352,11 @@ pub struct Progress {
     pub bytes_done: i64,
     /// Bytes in all.
     pub bytes_total: i64,
+    /// Bytes the receiver wrote in this attempt, durable or not: with
+    /// `bytesDone`, what tells a transfer that writes but cannot store its
+    /// checkpoints (a full disk) from a stalled one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_written: Option<i64>,
     /// Blocks landed.
     pub blocks_done: i64,
     /// Blocks in all.

@@ -343,16 +343,23 @@ fn pool_rules_refuse_mistakes() {
         ),
     ] {
         let mut p = good.clone();
-        p.spec.seccomp_profile = bad;
+        p.spec.seccomp_profile = Some(bad);
         rejected_with(&p, "with type Localhost, and only then");
     }
     let mut p = good.clone();
-    p.spec.seccomp_profile = profile(SeccompType::Localhost, Some("profiles/../../etc/x.json"));
+    p.spec.seccomp_profile = Some(profile(
+        SeccompType::Localhost,
+        Some("profiles/../../etc/x.json"),
+    ));
     rejected_with(&p, "no '..'");
     for ok in [
-        profile(SeccompType::Localhost, Some("profiles/wirerate-agent.json")),
-        profile(SeccompType::Unconfined, None),
-        AgentSeccompProfile::default(),
+        Some(profile(
+            SeccompType::Localhost,
+            Some("profiles/wirerate-agent.json"),
+        )),
+        Some(profile(SeccompType::Unconfined, None)),
+        Some(profile(SeccompType::RuntimeDefault, None)),
+        None,
     ] {
         let mut p = good.clone();
         p.spec.seccomp_profile = ok.clone();

@@ -358,11 +358,15 @@ fn stall(
 ) -> Option<String> {
     let attempt = s.attempt;
     let timeout = i64::from(t.spec.stall_timeout_seconds.max(1));
+    // Kept bytes move only when a checkpoint is stored: a receiver that
+    // writes but cannot checkpoint (a full disk) is not stalled.
     let landed = old
         .progress
         .as_ref()
         .filter(|p| p.attempt == attempt)
-        .map_or(0, |p| p.bytes_done);
+        .map_or(0, |p| {
+            p.bytes_done.saturating_add(p.bytes_written.unwrap_or(0))
+        });
     let fresh = || Moved {
         attempt,
         bytes_done: landed,
@@ -554,6 +558,7 @@ mod tests {
         Progress {
             attempt: 1,
             bytes_total: bytes,
+            bytes_written: None,
             bytes_done: bytes,
             blocks_done: blocks,
             blocks_total: blocks,

@@ -364,6 +364,7 @@ mod tests {
                 attempt: 1,
                 bytes_done: 1 << 30,
                 bytes_total: 4 << 30,
+                bytes_written: None,
                 blocks_done: 64,
                 blocks_total: 256,
                 percent: "25%".into(),

@@ -428,9 +428,11 @@ fn pod_spec(
                 }),
                 // The agent writes only beneath its allowed roots.
                 read_only_root_filesystem: Some(true),
-                seccomp_profile: Some(SeccompProfile {
-                    type_: spec.seccomp_profile.type_.as_str().to_owned(),
-                    localhost_profile: spec.seccomp_profile.localhost_profile.clone(),
+                // Unset, the node's default stands: setting one here would
+                // change (and restart) every existing pool on upgrade.
+                seccomp_profile: spec.seccomp_profile.as_ref().map(|p| SeccompProfile {
+                    type_: p.type_.as_str().to_owned(),
+                    localhost_profile: p.localhost_profile.clone(),
                 }),
                 ..Default::default()
             }),
@@ -596,21 +598,28 @@ pub(crate) mod tests {
                 .unwrap()
         };
         let mut p = lustre_pool();
-        p.spec.seccomp_profile = AgentSeccompProfile::default();
+        p.spec.seccomp_profile = None;
         let sc = container(&p);
-        let profile = sc.seccomp_profile.unwrap();
         assert_eq!(
-            profile.type_, "RuntimeDefault",
-            "the default, never none at all"
+            sc.seccomp_profile, None,
+            "unset: the node's default, as before the field existed"
         );
-        assert_eq!(profile.localhost_profile, None);
         assert_eq!(sc.read_only_root_filesystem, Some(true));
 
+        p.spec.seccomp_profile = Some(AgentSeccompProfile {
+            type_: SeccompType::RuntimeDefault,
+            localhost_profile: None,
+        });
+        assert_eq!(
+            container(&p).seccomp_profile.unwrap().type_,
+            "RuntimeDefault"
+        );
+
         let mut p = lustre_pool();
-        p.spec.seccomp_profile = AgentSeccompProfile {
+        p.spec.seccomp_profile = Some(AgentSeccompProfile {
             type_: SeccompType::Localhost,
             localhost_profile: Some("profiles/wirerate-agent.json".into()),
-        };
+        });
         let profile = container(&p).seccomp_profile.unwrap();
         assert_eq!(profile.type_, "Localhost");
         assert_eq!(

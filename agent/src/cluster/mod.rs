@@ -565,7 +565,7 @@ async fn observe(
                 (
                     state,
                     msg,
-                    progress(key, total, done, job.block_size, rate, Some(0)),
+                    progress(key, (total, done, None), job.block_size, rate, Some(0)),
                     true,
                 )
             } else {
@@ -589,7 +589,7 @@ async fn observe(
                 (
                     state,
                     String::new(),
-                    progress(key, total, done, job.block_size, rate, eta),
+                    progress(key, (total, done, None), job.block_size, rate, eta),
                     false,
                 )
             };
@@ -635,12 +635,13 @@ async fn observe(
                         "{} file(s) verified into {}: {} written this attempt, {} resumed",
                         s.files_ok,
                         dest.display(),
-                        fmt_bytes(s.bytes_written),
+                        fmt_bytes(landed.written),
                         fmt_bytes(s.bytes_skipped_resume)
                     ),
-                    // The attempt's own rate: what it wrote over how long
-                    // its session took (the average the Transfer shows).
-                    (s.gbps * 1e9 / 8.0) as i64,
+                    // The attempt's own rate: what all its sessions wrote
+                    // over the time since the first was planned (the
+                    // average the Transfer shows).
+                    (landed.written as f64 / landed.seconds.max(0.001)) as i64,
                 )),
                 None => sums
                     .iter()
@@ -648,7 +649,13 @@ async fn observe(
                     .map(|s| (ReportState::Failed, s.outcome.clone(), 0)),
             };
             if let Some((state, msg, rate)) = verdict {
-                let p = progress(key, total, kept, job.block_size, rate, None);
+                let p = progress(
+                    key,
+                    (total, kept, Some(landed.written)),
+                    job.block_size,
+                    rate,
+                    None,
+                );
                 report(
                     client,
                     cfg,
@@ -664,14 +671,25 @@ async fn observe(
                 .await;
                 return Some(());
             }
-            if !*reported || job.cadence.due(now, kept != *shown_kept) {
+            if !*reported
+                || job.cadence.due(
+                    now,
+                    kept != *shown_kept || landed.written != job.last_done.1,
+                )
+            {
                 // The rate is of bytes written, durable or not; what is
                 // shown done is only what a resume would keep.
                 let secs = now.saturating_sub(job.last_done.0).as_secs_f64().max(0.001);
                 let rate = (landed.written.saturating_sub(job.last_done.1) as f64 / secs) as i64;
                 let eta = (rate > 0).then(|| (total.saturating_sub(kept)) as i64 / rate);
                 job.last_done = (now, landed.written);
-                let p = progress(key, total, kept, job.block_size, rate, eta);
+                let p = progress(
+                    key,
+                    (total, kept, Some(landed.written)),
+                    job.block_size,
+                    rate,
+                    eta,
+                );
                 *reported = report(
                     client,
                     cfg,
@@ -707,8 +725,7 @@ fn shown(total: u64, done: u64, carried: (u64, u64)) -> (u64, u64) {
 
 fn progress(
     key: &JobKey,
-    total: u64,
-    done: u64,
+    (total, done, written): (u64, u64, Option<u64>),
     block: i64,
     rate: i64,
     eta: Option<i64>,
@@ -724,6 +741,7 @@ fn progress(
         attempt: key.attempt,
         bytes_done: done as i64,
         bytes_total: total as i64,
+        bytes_written: written.map(|w| w as i64),
         blocks_done: done.div_ceil(block) as i64,
         blocks_total: total.div_ceil(block) as i64,
         percent: format!("{pct:.0}%"),

@@ -1,8 +1,9 @@
-//! What a new session would keep of this one's files if it died now: the
-//! bytes of published files and those of stored checkpoints. The in-cluster
-//! receiver shows this as the transfer's progress, so the progress shown
-//! never runs ahead of what a resume keeps (bytes that are written but not
-//! yet synced and checkpointed would be sent again).
+//! What a new session would keep of this one's unpublished files if it
+//! died now: the bytes of their stored checkpoints (published files are
+//! counted by the server, across sessions). The in-cluster receiver shows
+//! this, plus what is published, as the transfer's progress, so the
+//! progress shown never runs ahead of what a resume keeps (bytes written
+//! but not yet synced and checkpointed would be sent again).
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
@@ -27,8 +28,8 @@ impl Kept {
         }
     }
 
-    /// `file_id` now keeps `bytes`: a checkpoint of it was stored, it was
-    /// published (all of it), or discarded (0).
+    /// `file_id` now keeps `bytes`: a checkpoint of it was stored, or it
+    /// was published or discarded (0).
     pub(crate) fn set(&mut self, file_id: u32, bytes: u64) {
         let old = self.by_file.insert(file_id, bytes).unwrap_or(0);
         self.sum = self.sum - old + bytes;

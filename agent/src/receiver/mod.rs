@@ -170,22 +170,45 @@ pub(crate) struct Shared {
     summaries: Mutex<std::collections::VecDeque<ReceiverSummary>>,
     /// The counters of the session planned last, for `ServerHandle::landed`.
     latest: Mutex<Option<Arc<session::Stats>>>,
+    /// What every session of this server together did, for a server that
+    /// serves one transfer (the in-cluster agent): a sender that
+    /// reconnects lists only the files still open, so one session's
+    /// figures alone would make the progress drop.
+    job: JobCounters,
     /// When the receiver last said it refused connections, and how many
     /// it refused since (a flood must not flood the log too).
     refusals: Mutex<(Option<Instant>, u64)>,
 }
 
-/// Bytes of one session, as progress to show.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What a server's sessions hold and did, as progress to show: the
+/// sessions of a server that serves one transfer are attempts at the same
+/// files.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Landed {
-    /// Bytes of the files the session accepted.
+    /// Bytes of the transfer: those published by earlier sessions and
+    /// those of the files the latest session accepted.
     pub total: u64,
     /// Bytes a new session would keep if this one died now: those of
     /// published files and those in stored checkpoints (resumed ones
-    /// included). Progress shown from it never runs ahead of a resume.
+    /// included). Progress shown from it never runs ahead of a resume of
+    /// the same files.
     pub kept: u64,
-    /// Bytes this session wrote, durable or not (for the rate).
+    /// Bytes all sessions wrote, durable or not (for the rate, and to tell
+    /// a transfer that writes but cannot checkpoint from a stalled one).
     pub written: u64,
+    /// Seconds since the first session was planned.
+    pub seconds: f64,
+}
+
+/// Counters of all sessions of a server together.
+#[derive(Debug, Default)]
+pub(crate) struct JobCounters {
+    /// Bytes of files published.
+    pub(crate) published: std::sync::atomic::AtomicU64,
+    /// Bytes written, durable or not.
+    pub(crate) written: std::sync::atomic::AtomicU64,
+    /// When the first session was planned.
+    pub(crate) first_plan: std::sync::OnceLock<Instant>,
 }
 
 /// A bound receiver.
@@ -223,6 +246,7 @@ impl Server {
                 stop: AtomicBool::new(false),
                 summaries: Mutex::default(),
                 latest: Mutex::default(),
+                job: JobCounters::default(),
                 refusals: Mutex::default(),
             }),
         })
@@ -279,10 +303,15 @@ impl ServerHandle {
     /// that serves one transfer (the in-cluster agent), whose sessions are
     /// attempts at the same files.
     pub fn landed(&self) -> Option<Landed> {
+        let job = &self.shared.job;
         lock(&self.shared.latest).as_ref().map(|s| Landed {
-            total: s.total.load(Ordering::Relaxed),
-            kept: s.kept.load(Ordering::Relaxed),
-            written: s.bytes.load(Ordering::Relaxed),
+            total: s.published_before.load(Ordering::Relaxed) + s.total.load(Ordering::Relaxed),
+            kept: job.published.load(Ordering::Relaxed) + s.kept.load(Ordering::Relaxed),
+            written: job.written.load(Ordering::Relaxed),
+            seconds: job
+                .first_plan
+                .get()
+                .map_or(0.0, |t| t.elapsed().as_secs_f64()),
         })
     }
 

@@ -40,8 +40,11 @@ pub(crate) struct Stats {
     pub(crate) refused: AtomicU64,
     /// Bytes of the accepted files in all.
     pub(crate) total: AtomicU64,
-    /// Bytes a new session would keep (see `kept::Kept`).
+    /// Bytes of this session's files a new session would keep, those
+    /// published excepted (see `kept::Kept`).
     pub(crate) kept: AtomicU64,
+    /// Bytes the server's sessions had published when this one was planned.
+    pub(crate) published_before: AtomicU64,
 }
 
 /// Accepted files of the session that have their result.
@@ -365,6 +368,11 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         Arc::clone(&stats),
     )?;
     // The writer counted what the files keep from earlier sessions.
+    stats.published_before.store(
+        shared.job.published.load(Ordering::Relaxed),
+        Ordering::Relaxed,
+    );
+    shared.job.first_plan.get_or_init(Instant::now);
     *lock(&shared.latest) = Some(Arc::clone(&stats));
     let hugepages = pool.hugepages();
     let buffer_pages = pool.pages();

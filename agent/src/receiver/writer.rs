@@ -346,6 +346,10 @@ impl Writer {
         }
         f.tracker.handle_written(p.block, p.checksum);
         self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
+        self.shared
+            .job
+            .written
+            .fetch_add(len as u64, Ordering::Relaxed);
         metrics().bytes_written.inc_by(len as u64);
         metrics().blocks_written.inc();
         let _ = p.ack.send(Frame::Ack {
@@ -619,7 +623,12 @@ impl Writer {
                 continue;
             }
             f.rename_into_place(root)?;
-            self.kept.set(file_id, f.layout.size);
+            // From now on the server's published bytes count it.
+            self.kept.set(file_id, 0);
+            self.shared
+                .job
+                .published
+                .fetch_add(f.layout.size, Ordering::Relaxed);
             published.push((file_id, digest, f));
         }
         let mut dirs = HashSet::new();
