@@ -644,6 +644,38 @@ mod tests {
         assert_eq!(sched.reason, "Stalled");
     }
 
+    // Found by review: with progress counting only checkpointed bytes, a
+    // receiver that kept writing but could not store checkpoints (a full
+    // disk) showed no progress and was failed over as Stalled.
+    #[test]
+    fn a_receiver_that_writes_without_checkpoints_is_not_stalled() {
+        let mut t = transfer("t", "/in/a", "/out/a");
+        t.spec.stall_timeout_seconds = 60;
+        running(&mut t, &agents(99, &[("src", "s0"), ("dst", "r0")]));
+        landed(&mut t, 1 << 20);
+        step_at(&mut t, 100);
+        for when in (110..=400).step_by(10) {
+            // Kept stays at 1 MiB; bytes written grow.
+            t.status
+                .as_mut()
+                .unwrap()
+                .progress
+                .as_mut()
+                .unwrap()
+                .bytes_written = Some(i64::from(when) << 20);
+            let st = step_at(&mut t, when);
+            assert_eq!(st.status.phase, Some(TransferPhase::Running), "at {when}");
+        }
+        // Nothing written either from 400: stalled after the timeout.
+        assert_eq!(
+            step_at(&mut t, 455).status.phase,
+            Some(TransferPhase::Running)
+        );
+        let st = step_at(&mut t, 480);
+        assert_eq!(st.status.phase, Some(TransferPhase::Queued));
+        assert!(st.status.failovers[0].reason.starts_with("Stalled"));
+    }
+
     // Found by review of the planner: a failover written without new agents
     // (the pools were full) was looked at again as a Transfer needing both
     // sides and avoiding nobody, so it went back to the agents just replaced
