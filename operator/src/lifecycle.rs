@@ -662,7 +662,7 @@ mod tests {
                 .progress
                 .as_mut()
                 .unwrap()
-                .bytes_written = Some(i64::from(when) << 20);
+                .bytes_written = Some(when << 20);
             let st = step_at(&mut t, when);
             assert_eq!(st.status.phase, Some(TransferPhase::Running), "at {when}");
         }
