@@ -37,6 +37,14 @@ pub struct Metrics {
     pub rejected: IntCounterVec,
 }
 
+/// `c`, registered in `registry` (names are static and registered once).
+fn registered<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
+    registry
+        .register(Box::new(c.clone()))
+        .expect("metric registered once");
+    c
+}
+
 /// The process-wide metrics.
 pub fn metrics() -> &'static Metrics {
     static M: OnceLock<Metrics> = OnceLock::new();
@@ -44,27 +52,23 @@ pub fn metrics() -> &'static Metrics {
         let registry = Registry::new_custom(Some("wirerate_receiver".into()), None)
             .expect("static registry prefix is valid");
         let counter = |name: &str, help: &str| {
-            let c = IntCounter::new(name, help).expect("static metric definition is valid");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("metric registered once");
-            c
+            registered(&registry, IntCounter::new(name, help).expect("valid"))
         };
-        let sessions_active = IntGauge::new("sessions_active", "Sessions open now").expect("valid");
-        registry
-            .register(Box::new(sessions_active.clone()))
-            .expect("registered once");
-        let rejected = IntCounterVec::new(
-            Opts::new(
-                "connections_rejected_total",
-                "Connections refused, by reason",
-            ),
-            &["reason"],
-        )
-        .expect("valid");
-        registry
-            .register(Box::new(rejected.clone()))
-            .expect("registered once");
+        let sessions_active = registered(
+            &registry,
+            IntGauge::new("sessions_active", "Sessions open now").expect("valid"),
+        );
+        let rejected = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "connections_rejected_total",
+                    "Connections refused, by reason",
+                ),
+                &["reason"],
+            )
+            .expect("valid"),
+        );
         Metrics {
             bytes_written: counter("bytes_written_total", "Payload bytes written to disk"),
             blocks_written: counter("blocks_written_total", "Blocks written to disk"),
@@ -108,24 +112,18 @@ pub fn sender_metrics() -> &'static SenderMetrics {
         let registry = Registry::new_custom(Some("wirerate_sender".into()), None)
             .expect("static registry prefix is valid");
         let counter = |name: &str, help: &str| {
-            let c = IntCounter::new(name, help).expect("static metric definition is valid");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("metric registered once");
-            c
+            registered(&registry, IntCounter::new(name, help).expect("valid"))
         };
         let vec = |name: &str, help: &str, label: &str| {
-            let c = IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("registered once");
-            c
+            registered(
+                &registry,
+                IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid"),
+            )
         };
-        let bytes_in_flight =
-            IntGauge::new("bytes_in_flight", "Bytes sent and not yet acknowledged").expect("valid");
-        registry
-            .register(Box::new(bytes_in_flight.clone()))
-            .expect("registered once");
+        let bytes_in_flight = registered(
+            &registry,
+            IntGauge::new("bytes_in_flight", "Bytes sent and not yet acknowledged").expect("valid"),
+        );
         let sessions = vec("sessions_total", "Sessions by how they ended", "outcome");
         for o in SEND_OUTCOMES {
             sessions.with_label_values(&[o]);
