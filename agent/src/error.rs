@@ -52,6 +52,9 @@ pub enum Error {
     /// A bad command-line value or combination of settings.
     #[error("invalid setting: {0}")]
     Config(String),
+    /// A tuning value out of its bounds; the message names the field.
+    #[error("invalid setting: {0}")]
+    Tuning(#[from] wirerate_engine::TuningError),
     /// A filesystem is full, or a quota reached: freeing space and trying
     /// again can get past it.
     #[error("no space left on the receiver's filesystem: {context}")]
@@ -117,12 +120,97 @@ impl Error {
         }
     }
 
+    /// What the code that meets this error does with it.
+    pub fn disposition(&self) -> Disposition {
+        match self {
+            // The path or the peer may come back; space may be freed.
+            Self::Net { .. } | Self::NoSpace { .. } => Disposition::Retry,
+            Self::Remote { retryable, .. } => {
+                if *retryable {
+                    Disposition::Retry
+                } else {
+                    Disposition::FailSession
+                }
+            }
+            // One file's trouble: the rest of the transfer goes on.
+            Self::PathRefused { .. } | Self::SourceChanged { .. } | Self::Verify { .. } => {
+                Disposition::RefuseFile
+            }
+            Self::Io { .. }
+            | Self::Unresolvable { .. }
+            | Self::Protocol(_)
+            | Self::Violation(_)
+            | Self::Auth(_)
+            | Self::Config(_)
+            | Self::Tuning(_)
+            | Self::Transfer(_) => Disposition::FailSession,
+        }
+    }
+
     /// Whether reconnecting and resuming could get past this error.
     pub fn is_retryable(&self) -> bool {
+        self.disposition() == Disposition::Retry
+    }
+
+    /// A bounded name for the kind of error, for metric labels and log
+    /// fields (never the message, which carries paths and addresses).
+    pub fn metric_label(&self) -> &'static str {
         match self {
-            Self::Net { .. } | Self::NoSpace { .. } => true,
-            Self::Remote { retryable, .. } => *retryable,
-            _ => false,
+            Self::Io { .. } => "io",
+            Self::Net { .. } => "net",
+            Self::Unresolvable { .. } => "unresolvable",
+            Self::Protocol(_) => "protocol",
+            Self::Violation(_) => "violation",
+            Self::Auth(_) => "auth",
+            Self::PathRefused { .. } => "path_refused",
+            Self::Config(_) => "config",
+            Self::Tuning(_) => "tuning",
+            Self::NoSpace { .. } => "no_space",
+            Self::Remote { .. } => "remote",
+            Self::SourceChanged { .. } => "source_changed",
+            Self::Verify { .. } => "verify",
+            Self::Transfer(_) => "transfer",
         }
+    }
+}
+
+/// What to do about an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Reconnect and resume: what is durable is kept.
+    Retry,
+    /// Give up this file, say why, and go on with the rest.
+    RefuseFile,
+    /// End the session (and the run) with the error.
+    FailSession,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dispositions_and_labels() {
+        let enospc = std::io::Error::from_raw_os_error(libc::ENOSPC);
+        assert_eq!(
+            Error::disk("writing x", enospc).disposition(),
+            Disposition::Retry
+        );
+        let eio = std::io::Error::from_raw_os_error(libc::EIO);
+        let e = Error::disk("writing x", eio);
+        assert_eq!(e.disposition(), Disposition::FailSession);
+        assert_eq!(e.metric_label(), "io");
+        let refused = Error::PathRefused {
+            path: "../x".into(),
+            reason: "it leaves the root".into(),
+        };
+        assert_eq!(refused.disposition(), Disposition::RefuseFile);
+        assert!(!refused.is_retryable());
+        let remote = Error::Remote {
+            message: "busy".into(),
+            retryable: true,
+        };
+        assert!(remote.is_retryable());
+        assert_eq!(remote.metric_label(), "remote");
     }
 }

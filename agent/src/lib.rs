@@ -1,15 +1,14 @@
 //! wirerate's transfer engine: one file or a tree, disk to disk over many
 //! TCP streams with io_uring O_DIRECT I/O, resumable and verified.
 //!
-//! Layout: `engine` holds the I/O-free state machines, `wire` the protocol,
+//! Layout: the `wirerate-engine` crate holds the I/O-free state machines and
+//! the settings' one definition; here `wire` is the protocol,
 //! `io` the buffer pool and I/O modes, `net` sockets and authentication,
 //! `fsroot` path confinement, and `sender`/`receiver` the threads that
 //! drive them.
 
 pub mod cluster;
-pub mod defaults;
 pub mod demo;
-pub mod engine;
 pub mod error;
 pub mod fsroot;
 pub mod io;
@@ -23,4 +22,4 @@ pub mod token;
 pub mod units;
 pub mod wire;
 
-pub use error::{Error, Result};
+pub use error::{Disposition, Error, Result};

@@ -13,8 +13,10 @@ use wirerate_agent::progress::{Progress, Renderer};
 use wirerate_agent::receiver::{ServeConfig, Server};
 use wirerate_agent::sender::{SendConfig, send};
 use wirerate_agent::units::{parse_rate, parse_size};
-use wirerate_agent::wire::Verify;
-use wirerate_agent::{defaults, demo, metrics};
+use wirerate_agent::wire::Verification;
+use wirerate_agent::{demo, metrics};
+use wirerate_crds::contract;
+use wirerate_engine::tuning::{self, Overrides};
 
 #[derive(Parser)]
 #[command(
@@ -67,7 +69,8 @@ struct RunArgs {
     #[arg(long, env = "WIRERATE_METRICS_PORT", default_value_t = 9700)]
     metrics_port: u16,
     /// Transfers this agent runs at once.
-    #[arg(long, env = "WIRERATE_MAX_TRANSFERS", default_value_t = 2)]
+    #[arg(long, env = "WIRERATE_MAX_TRANSFERS", default_value_t = 2,
+          value_parser = clap::value_parser!(u16).range(1..=i64::from(contract::MAX_TRANSFERS_PER_AGENT)))]
     max_transfers: u16,
     /// Other namespaces whose Transfers this pool serves, comma-separated.
     #[arg(
@@ -82,14 +85,14 @@ struct RunArgs {
 #[derive(Args, Clone)]
 struct IoArgs {
     /// I/O mode: buffered (page cache), direct (O_DIRECT, one request), async (io_uring, many).
-    #[arg(long, value_enum, default_value_t = IoMode::Async)]
+    #[arg(long, default_value_t = IoMode::default(), value_parser = names::<IoMode>(IoMode::ALL.map(IoMode::as_str)))]
     io_mode: IoMode,
     /// Requests in flight in async mode.
-    #[arg(long, default_value_t = defaults::QUEUE_DEPTH)]
-    queue_depth: usize,
-    /// In-flight buffer memory, e.g. 512MiB.
-    #[arg(long, default_value = "512MiB", value_parser = size)]
-    buffer: u64,
+    #[arg(long, default_value_t = tuning::QUEUE_DEPTH.default)]
+    queue_depth: u64,
+    /// In-flight buffer memory, e.g. 4GiB [default: 512MiB, or two blocks when --block-size is larger].
+    #[arg(long, value_parser = size)]
+    buffer: Option<u64>,
     /// TCP congestion control (cubic, bbr, reno, ...); default: the kernel's.
     #[arg(long)]
     congestion: Option<String>,
@@ -99,6 +102,19 @@ struct IoArgs {
 }
 
 impl IoArgs {
+    /// The flags as the engine's overrides: the path a Transfer's tuning
+    /// takes too, so the same bounds refuse the same values with the same
+    /// message.
+    fn overrides(&self) -> Overrides {
+        Overrides {
+            io_mode: Some(self.io_mode),
+            queue_depth: Some(self.queue_depth.into()),
+            buffer: self.buffer.map(i128::from),
+            congestion: self.congestion.clone(),
+            ..Overrides::default()
+        }
+    }
+
     fn socket(&self) -> SocketOpts {
         SocketOpts {
             congestion: self.congestion.clone(),
@@ -161,14 +177,14 @@ struct ServeArgs {
     #[arg(long)]
     metrics_addr: Option<String>,
     /// Concurrent sessions.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = at_least_one)]
     max_sessions: usize,
     /// Buffer memory all sessions together may hold, e.g. 4GiB (default:
     /// --max-sessions x --buffer).
     #[arg(long, value_parser = size)]
     max_memory: Option<u64>,
     /// Connections served at once (each costs a thread).
-    #[arg(long, default_value_t = wirerate_agent::receiver::MAX_CONNECTIONS)]
+    #[arg(long, default_value_t = wirerate_agent::receiver::MAX_CONNECTIONS, value_parser = at_least_one)]
     max_connections: usize,
     /// Seconds a sender may stay silent (not even a keepalive) before its
     /// session is ended and its files released; at least 10.
@@ -209,19 +225,19 @@ struct SendArgs {
 #[derive(Args, Clone)]
 struct SendTuning {
     /// Parallel TCP streams.
-    #[arg(long, default_value_t = defaults::STREAMS)]
-    streams: u16,
-    /// Content block size, a multiple of 4 KiB, e.g. 16MiB.
-    #[arg(long, default_value = "16MiB", value_parser = size)]
-    block_size: u64,
+    #[arg(long, default_value_t = tuning::STREAMS.default)]
+    streams: u64,
+    /// Content block size, a multiple of 4 KiB, e.g. 64MiB [default: 16MiB, or half of --buffer when that is smaller].
+    #[arg(long, value_parser = size)]
+    block_size: Option<u64>,
     #[command(flatten)]
     io: IoArgs,
     /// Cap the transfer's rate, e.g. 5Gbps (TCP pacing, split over the streams).
     #[arg(long, value_parser = rate)]
     max_rate: Option<u64>,
-    /// none: trust TCP; blocks: checksum every block and compare file digests; reread: also re-read from disk.
-    #[arg(long, value_parser = verify, default_value = "blocks")]
-    verify: Verify,
+    /// none: trust TCP; checksums: checksum every block and compare file digests; reread: also re-read from disk.
+    #[arg(long, default_value_t = Verification::default(), value_parser = names::<Verification>(Verification::ALL.map(Verification::as_str)))]
+    verify: Verification,
     /// Keep reconnecting and resuming this long after a failure, e.g. 120 (seconds).
     #[arg(long, default_value_t = 120.0)]
     retry_for: f64,
@@ -260,12 +276,29 @@ fn umask(s: &str) -> Result<u32, String> {
         .filter(|m| *m <= 0o777)
         .ok_or_else(|| format!("{s:?} is not an octal permission mask (000 to 777)"))
 }
-fn verify(s: &str) -> Result<Verify, String> {
-    match s {
-        "none" => Ok(Verify::None),
-        "blocks" => Ok(Verify::Blocks),
-        "reread" => Ok(Verify::Reread),
-        _ => Err(format!("{s:?} is not one of none, blocks, reread")),
+/// A parser of one of `names` (listed in `--help`) into `T`; `blocks` is
+/// the old name of `checksums`.
+fn names<T>(names: [&'static str; 3]) -> impl clap::builder::TypedValueParser<Value = T>
+where
+    T: std::str::FromStr + Clone + Send + Sync + 'static,
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(names.map(|n| {
+        let v = PossibleValue::new(n);
+        if n == "checksums" {
+            v.alias("blocks")
+        } else {
+            v
+        }
+    }))
+    .try_map(|s| s.parse::<T>())
+}
+
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("{s:?} is not a whole number of at least 1")),
     }
 }
 
@@ -292,12 +325,15 @@ fn send_config(
         bail!("--retry-for must be a number of seconds >= 0");
     }
     let mut c = SendConfig::new(to, token, source, dest);
-    c.streams = t.streams;
-    c.block_size = t.block_size;
-    c.io_mode = t.io.io_mode;
-    c.queue_depth = t.io.queue_depth;
-    c.buffer = t.io.buffer;
     c.socket = t.io.socket();
+    c.tune(
+        &Overrides {
+            streams: Some(t.streams.into()),
+            block_size: t.block_size.map(i128::from),
+            ..t.io.overrides()
+        }
+        .resolve()?,
+    );
     c.max_rate = t.max_rate;
     c.verify = t.verify;
     c.retry_for = Duration::from_secs_f64(t.retry_for);
@@ -335,16 +371,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 bail!("--idle-timeout must be a positive number of seconds");
             }
             let mut cfg = ServeConfig::new(a.root, token);
-            cfg.io_mode = a.io.io_mode;
-            cfg.queue_depth = a.io.queue_depth.clamp(1, 4096);
-            cfg.buffer = a.io.buffer;
-            cfg.max_sessions = a.max_sessions.max(1);
-            cfg.checkpoint_interval = Duration::from_secs_f64(a.checkpoint_interval);
             cfg.socket = a.io.socket();
+            cfg.tune(&a.io.overrides().resolve()?);
+            cfg.max_sessions = a.max_sessions;
+            cfg.checkpoint_interval = Duration::from_secs_f64(a.checkpoint_interval);
             cfg.print_summaries = true;
             cfg.json = a.json;
             cfg.max_memory = a.max_memory;
-            cfg.max_connections = a.max_connections.max(1);
+            cfg.max_connections = a.max_connections;
             cfg.idle_timeout = Duration::from_secs_f64(a.idle_timeout);
             cfg.umask = a.umask;
             if let Some(m) = &a.metrics_addr {
@@ -405,7 +439,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 node,
                 advertise,
                 data_port: a.data_port,
-                max_transfers: a.max_transfers.max(1),
+                max_transfers: a.max_transfers,
                 watch_namespaces: a.watch_namespaces,
                 in_pod: std::env::var_os("KUBERNETES_SERVICE_HOST").is_some(),
             };

@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use crate::io::IoMode;
 use crate::units::fmt_bytes;
-use crate::wire::Verify;
+use crate::wire::Verification;
 
 /// A file that did not make it, and why.
 #[derive(Debug, Clone, Serialize)]
@@ -57,6 +57,7 @@ pub struct SendSummary {
     /// `bytes_sent` over `seconds`, in Gbit/s.
     pub gbps: f64,
     /// I/O mode in effect on the source.
+    #[serde(serialize_with = "spelled")]
     pub io_mode: IoMode,
     /// Why the requested I/O mode was not fully in effect, if not.
     pub io_fallback: Option<String>,
@@ -86,7 +87,8 @@ pub struct SendSummary {
     /// Requests in flight.
     pub queue_depth: usize,
     /// Verification level.
-    pub verify: Verify,
+    #[serde(serialize_with = "spelled")]
+    pub verify: Verification,
     /// Congestion control in use.
     pub congestion: String,
     /// Sessions it took (1 unless the sender reconnected).
@@ -150,7 +152,7 @@ impl SendSummary {
             self.blocks_retried, self.sessions, self.rtt_ms
         ));
         s.push_str(&format!(
-            "  files      {} of {} ok; verify {:?}; digest {}\n",
+            "  files      {} of {} ok; verify {}; digest {}\n",
             self.files_ok, self.files, self.verify, self.digest
         ));
         for f in &self.failures {
@@ -172,13 +174,59 @@ impl SendSummary {
     }
 }
 
+/// How a receiver's session ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionOutcome {
+    /// Every file the session accepted has its result.
+    Complete,
+    /// The session ended before every file had its result; a new session
+    /// of the same transfer resumes what is durable.
+    Interrupted {
+        /// Why, for the person reading the summary.
+        reason: String,
+    },
+    /// The receiver itself failed (its writer, its disk).
+    Failed {
+        /// The error, with what to do.
+        reason: String,
+    },
+}
+
+impl SessionOutcome {
+    /// Whether every accepted file has its result.
+    pub fn is_complete(&self) -> bool {
+        matches!(self, Self::Complete)
+    }
+
+    /// The failure, if the receiver failed.
+    pub fn failure(&self) -> Option<&str> {
+        match self {
+            Self::Failed { reason } => Some(reason),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for SessionOutcome {
+    /// `complete`, `interrupted: why` or `failed: why`, as the summary and
+    /// `--json` have always shown it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Complete => f.write_str("complete"),
+            Self::Interrupted { reason } => write!(f, "interrupted: {reason}"),
+            Self::Failed { reason } => write!(f, "failed: {reason}"),
+        }
+    }
+}
+
 /// The receiver's summary of one session.
 #[derive(Debug, Clone, Serialize)]
 pub struct ReceiverSummary {
     /// Session id (hex).
     pub session: String,
-    /// complete, interrupted: ..., or failed: ...
-    pub outcome: String,
+    /// How it ended (`complete`, `interrupted: ...` or `failed: ...` in JSON).
+    #[serde(serialize_with = "spelled")]
+    pub outcome: SessionOutcome,
     /// Payload bytes written.
     pub bytes_written: u64,
     /// Bytes already durable from an earlier session.
@@ -188,6 +236,7 @@ pub struct ReceiverSummary {
     /// `bytes_written` over `seconds`, in Gbit/s.
     pub gbps: f64,
     /// I/O mode in effect for writes.
+    #[serde(serialize_with = "spelled")]
     pub io_mode: IoMode,
     /// Why the configured mode was not fully in effect, if not.
     pub io_fallback: Option<String>,
@@ -245,4 +294,11 @@ impl ReceiverSummary {
             }
         }
     }
+}
+
+/// Settings as the command line spells them (`async`, `checksums`): the
+/// I/O mode as `--json` always showed it; the verification level as
+/// `checksums` since it has one name everywhere (it was `blocks`).
+fn spelled<S: serde::Serializer>(v: &impl std::fmt::Display, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
 }

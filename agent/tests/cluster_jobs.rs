@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use common::{TOKEN, assert_same, scratch, write_file};
 use wirerate_agent::cluster::jobs::{ReceiverJob, SenderJob, remove_partials, under_roots};
-use wirerate_agent::engine::Layout;
 use wirerate_agent::receiver::Checkpoint;
-use wirerate_agent::wire::Verify;
+use wirerate_agent::wire::Verification;
 use wirerate_crds::Tuning;
+use wirerate_engine::Layout;
 
 fn tuning() -> Tuning {
     Tuning {
@@ -65,7 +65,7 @@ fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
         file.clone(),
         "frames.h5".into(),
         &tuning(),
-        Verify::Blocks,
+        Verification::Checksums,
         None,
     )
     .unwrap();
@@ -81,7 +81,7 @@ fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
     while !rx
         .summaries()
         .iter()
-        .any(|s| s.outcome == "complete" && s.files_ok == 1)
+        .any(|s| s.outcome.is_complete() && s.files_ok == 1)
     {
         assert!(
             start.elapsed() < Duration::from_secs(10),
@@ -129,7 +129,7 @@ fn the_progress_a_receiver_shows_never_runs_ahead_of_what_a_resume_keeps() {
         file.clone(),
         "scan.raw".into(),
         &tuning(),
-        Verify::Blocks,
+        Verification::Checksums,
         Some(160),
     )
     .unwrap();
@@ -195,7 +195,7 @@ fn a_second_session_of_the_same_transfer_counts_on_from_the_first() {
             src.join(name),
             name.into(),
             &tuning(),
-            Verify::Blocks,
+            Verification::Checksums,
             None,
         )
         .unwrap();
@@ -253,7 +253,7 @@ fn the_agents_metrics_endpoint_serves_every_metric_the_dashboard_queries() {
         file,
         "m.bin".into(),
         &tuning(),
-        Verify::Blocks,
+        Verification::Checksums,
         None,
     )
     .unwrap();
@@ -307,7 +307,7 @@ fn a_cancelled_sender_stops_retrying() {
         file,
         "f".into(),
         &tuning(),
-        Verify::Blocks,
+        Verification::Checksums,
         None,
     )
     .unwrap();
@@ -363,4 +363,52 @@ fn sources_must_resolve_beneath_an_allowed_root() {
     std::fs::create_dir_all(dir.path().join("allowed-not")).unwrap();
     std::fs::write(dir.path().join("allowed-not/x"), b"x").unwrap();
     assert!(under_roots(&dir.path().join("allowed-not/x"), &roots).is_err());
+}
+
+// The in-cluster sender clamped streams to 1..=64 and the receiver raised a
+// queue depth of 0 to 1, so a Transfer ran with settings nobody asked for.
+// Out of range is now refused with the field's name, as the CLI refuses it.
+#[test]
+fn out_of_range_tuning_is_refused_naming_the_field_not_clamped() {
+    let dst = scratch("refuse-tuning");
+    let src = scratch("refuse-tuning-src");
+    let file = src.path().join("f.bin");
+    write_file(&file, 4096, 3);
+    let wide = Tuning {
+        streams: Some(300),
+        ..tuning()
+    };
+    let err = SenderJob::start(
+        "127.0.0.1:9",
+        TOKEN.to_vec(),
+        file,
+        "f.bin".into(),
+        &wide,
+        Verification::Checksums,
+        None,
+    )
+    .err()
+    .expect("refused");
+    assert!(
+        err.to_string()
+            .contains("streams (--streams) must be from 1 to 256; got 300"),
+        "{err}"
+    );
+    let shallow = Tuning {
+        queue_depth: Some(0),
+        ..tuning()
+    };
+    let err = ReceiverJob::start(
+        dst.path().to_path_buf(),
+        TOKEN.to_vec(),
+        &shallow,
+        free_ports(),
+    )
+    .err()
+    .expect("refused");
+    assert!(
+        err.to_string()
+            .contains("queueDepth (--queue-depth) must be from 1 to 4096; got 0"),
+        "{err}"
+    );
 }

@@ -19,7 +19,7 @@ use wirerate_agent::net::auth;
 use wirerate_agent::progress::Progress;
 use wirerate_agent::receiver::{ServeConfig, Server, ServerHandle};
 use wirerate_agent::sender::send;
-use wirerate_agent::wire::{self, EntryKind, FileEntry, Frame, Purpose, Verify};
+use wirerate_agent::wire::{self, EntryKind, FileEntry, Frame, Purpose, Verification};
 
 const BS: u32 = 64 << 10;
 
@@ -253,7 +253,7 @@ fn open_control(srv: &ServerHandle, session: [u8; 16]) -> TcpStream {
             session,
             block_size: BS,
             streams: 1,
-            verify: Verify::Blocks,
+            verify: Verification::Checksums,
         },
     )
     .unwrap();
@@ -278,7 +278,7 @@ fn manifest_over_its_byte_cap_is_refused_and_memory_stays_bounded() {
             session: [4; 16],
             block_size: BS,
             streams: 1,
-            verify: Verify::Blocks,
+            verify: Verification::Checksums,
         },
     )
     .unwrap();
@@ -409,7 +409,7 @@ fn a_sender_that_hangs_is_given_up_after_the_idle_timeout() {
     let rx = wait_summaries(&srv, 1);
     let hung = rx.iter().find(|s| s.session.starts_with("0606")).unwrap();
     assert!(
-        hung.outcome.contains("nothing heard for"),
+        hung.outcome.to_string().contains("nothing heard for"),
         "{}",
         hung.outcome
     );
@@ -570,7 +570,7 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
             session,
             block_size: b * 4096,
             streams,
-            verify: Verify::Blocks,
+            verify: Verification::Checksums,
         }),
         proptest::collection::vec(entry, 0..4).prop_map(|entries| Frame::Files { entries }),
         Just(Frame::FilesEnd),

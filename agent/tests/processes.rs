@@ -390,7 +390,16 @@ fn zero_sizes_are_refused_with_what_to_change() {
         ),
         (
             &["demo", "--buffer", "0"][..],
-            "--buffer (0 B) must hold at least one block",
+            "bufferSize (--buffer) must be from 8 KiB to 64 GiB; got 0",
+        ),
+        // These were clamped into range and run with other settings than asked.
+        (
+            &["demo", "--streams", "300"][..],
+            "streams (--streams) must be from 1 to 256; got 300",
+        ),
+        (
+            &["demo", "--queue-depth", "0"][..],
+            "queueDepth (--queue-depth) must be from 1 to 4096; got 0",
         ),
     ] {
         let out = Command::new(BIN)
@@ -408,15 +417,36 @@ fn zero_sizes_are_refused_with_what_to_change() {
         );
     }
     let s = setup("zeros-serve", 10);
-    let out = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--buffer", "0"])
-        .arg("--root")
-        .arg(&s.root)
-        .arg("--token-file")
-        .arg(&s.token)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("--buffer must be at least 8 KiB"), "{err}");
+    for (args, want) in [
+        (
+            &["--buffer", "0"][..],
+            "bufferSize (--buffer) must be from 8 KiB to 64 GiB; got 0",
+        ),
+        // Before, clamped to 1 and 4096 without a word.
+        (
+            &["--queue-depth", "0"][..],
+            "queueDepth (--queue-depth) must be from 1 to 4096; got 0",
+        ),
+        (
+            &["--queue-depth", "5000"][..],
+            "queueDepth (--queue-depth) must be from 1 to 4096; got 5000",
+        ),
+        (
+            &["--max-sessions", "0"][..],
+            "\"0\" is not a whole number of at least 1",
+        ),
+    ] {
+        let out = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .arg("--root")
+            .arg(&s.root)
+            .arg("--token-file")
+            .arg(&s.token)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
 }

@@ -10,7 +10,7 @@ use common::*;
 use wirerate_agent::io::IoMode;
 use wirerate_agent::progress::Progress;
 use wirerate_agent::sender::send;
-use wirerate_agent::wire::Verify;
+use wirerate_agent::wire::Verification;
 
 const BS: usize = 64 << 10;
 const MODES: [IoMode; 3] = [IoMode::Buffered, IoMode::Direct, IoMode::Async];
@@ -60,7 +60,7 @@ fn every_size_every_mode_pair_one_and_eight_streams() {
         assert!(
             summaries
                 .iter()
-                .all(|r| r.outcome == "complete" && r.io_mode == rx_mode)
+                .all(|r| r.outcome.is_complete() && r.io_mode == rx_mode)
         );
         assert_no_leftovers(&root);
     }
@@ -132,13 +132,16 @@ fn verify_levels_none_and_reread() {
     let root = dir.path().join("dst");
     std::fs::create_dir_all(&root).unwrap();
     let srv = server(&root, IoMode::Async);
-    for (v, dest) in [(Verify::None, "none.bin"), (Verify::Reread, "reread.bin")] {
+    for (v, dest) in [
+        (Verification::None, "none.bin"),
+        (Verification::Reread, "reread.bin"),
+    ] {
         let mut cfg = send_cfg(srv.addr(), &src, dest);
         cfg.verify = v;
         let s = send(&cfg, Arc::new(Progress::default())).unwrap();
         assert!(s.ok, "{}", s.render());
         assert_same(&src, &root.join(dest));
-        assert_eq!(s.digest.starts_with("xxh3-128:"), v != Verify::None);
+        assert_eq!(s.digest.starts_with("xxh3-128:"), v != Verification::None);
     }
 }
 

@@ -1,4 +1,5 @@
 //! Names the operator and the agents share. Changing one is a protocol change.
+//! The agent's Lease annotations are in `lease`, typed.
 
 /// Label on a Transfer naming the agent that sends it (the agents watch it).
 pub const SENDER_LABEL: &str = "wirerate.io/sender";
@@ -11,19 +12,6 @@ pub const TRANSFER_LABEL: &str = "wirerate.io/transfer";
 /// `app.kubernetes.io/*` labels on rendered objects.
 pub const APP_NAME: &str = "wirerate-agent";
 
-/// Lease annotation: `host:port` where the agent accepts data connections.
-pub const ADDRESS_ANNOTATION: &str = "wirerate.io/address";
-/// Lease annotation: the node (or host, outside the cluster) the agent runs on.
-pub const NODE_ANNOTATION: &str = "wirerate.io/node";
-/// Lease annotation: transfers the agent is running now.
-pub const ACTIVE_ANNOTATION: &str = "wirerate.io/active-transfers";
-/// Lease annotation: transfers the agent accepts at once.
-pub const CAPACITY_ANNOTATION: &str = "wirerate.io/max-transfers";
-/// Lease annotation: the pod, when the agent runs in the cluster.
-pub const POD_ANNOTATION: &str = "wirerate.io/pod";
-/// Lease annotation: JSON list of host preflight findings.
-pub const PREFLIGHT_ANNOTATION: &str = "wirerate.io/preflight";
-
 /// Label an external receiver's token Secret must carry (value `true`) before
 /// the operator lets the sending pool's agents read it.
 pub const EXTERNAL_TOKEN_LABEL: &str = "wirerate.io/external-token";
@@ -34,11 +22,6 @@ pub const PREFLIGHT_STORAGE_READABLE: &str = "storage-readable";
 pub const PREFLIGHT_STORAGE_WRITABLE: &str = "storage-writable";
 /// Key of the token in a Transfer's token Secret.
 pub const TOKEN_KEY: &str = "token";
-/// Lease annotation: the I/O mode in effect for the pool's transfers on
-/// the agent (`async`, `direct` or `buffered`).
-pub const IO_MODE_ANNOTATION: &str = "wirerate.io/io-mode";
-/// Lease annotation: why that mode is not the one the pool asks for.
-pub const IO_MODE_REASON_ANNOTATION: &str = "wirerate.io/io-mode-reason";
 /// Preflight finding: the pool asks for async I/O and io_uring is refused.
 pub const PREFLIGHT_IO_URING: &str = "io-uring";
 /// Finalizer the operator puts on Transfers.
@@ -58,6 +41,11 @@ pub const ENV_NODE: &str = "WIRERATE_NODE";
 pub const ENV_ADVERTISE: &str = "WIRERATE_ADVERTISE";
 /// Environment: the NIC whose address to advertise, when no address is given.
 pub const ENV_INTERFACE: &str = "WIRERATE_INTERFACE";
+
+/// The most transfers one agent runs at once: the bound of a pool's
+/// `maxTransfersPerAgent`, of the agent's `--max-transfers`, and of the
+/// capacity the operator counts an agent's Lease for.
+pub const MAX_TRANSFERS_PER_AGENT: i32 = 64;
 
 /// How long an agent's Lease stays valid without renewal, in seconds.
 pub const LEASE_SECONDS: i32 = 15;

@@ -14,11 +14,13 @@
 pub mod binding;
 pub mod conditions;
 pub mod contract;
+pub mod lease;
 pub mod pool;
 pub mod transfer;
 pub mod tuning;
 
 pub use binding::{Consent, DtnPoolBinding, DtnPoolBindingSpec};
+pub use lease::AgentLease;
 pub use pool::{DtnPool, DtnPoolSpec, DtnPoolStatus};
 pub use transfer::{Transfer, TransferPhase, TransferSpec, TransferStatus};
 pub use tuning::{IoMode, Striping, Tuning, Verification};

@@ -109,7 +109,7 @@ pub struct DtnPoolSpec {
     pub allowed_roots: Vec<String>,
     /// Transfers one agent runs at once.
     #[serde(default = "two")]
-    #[schemars(range(min = 1, max = 64))]
+    #[schemars(range(min = 1, max = crate::contract::MAX_TRANSFERS_PER_AGENT))]
     pub max_transfers_per_agent: i32,
     /// Other namespaces whose Transfers may use this pool (its own always may).
     /// An offer only: a namespace is served once it also holds a

@@ -1,43 +1,13 @@
 //! Engine settings shared by `DtnPool` (defaults) and `Transfer` (overrides).
 
 use kube::KubeSchema;
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// How an agent reads and writes file data (the paper's three modes).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub enum IoMode {
-    /// io_uring with O_DIRECT, many requests in flight.
-    #[default]
-    Async,
-    /// O_DIRECT, one request at a time.
-    Direct,
-    /// Through the page cache.
-    Buffered,
-}
-
-impl IoMode {
-    /// The agent's command-line spelling.
-    pub fn as_arg(self) -> &'static str {
-        match self {
-            Self::Async => "async",
-            Self::Direct => "direct",
-            Self::Buffered => "buffered",
-        }
-    }
-}
-
-/// How the receiver proves the file that landed is the file that left.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub enum Verification {
-    /// Trust TCP: no checksums (only for data that is checked elsewhere).
-    None,
-    /// Check every block's checksum and compare the whole-file digests.
-    #[default]
-    Checksums,
-    /// As `Checksums`, and re-read the written file from disk for the digest.
-    Reread,
-}
+use wirerate_engine::tuning::{
+    BLOCK_SIZE, BUFFER, CONGESTION_MAX_LEN, Overrides, QUEUE_DEPTH, STREAMS, Settings, TuningError,
+    step_rule,
+};
+pub use wirerate_engine::tuning::{IoMode, Verification};
 
 /// Engine tuning; every field is optional so a Transfer overrides only what it names.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
@@ -45,27 +15,27 @@ pub enum Verification {
 pub struct Tuning {
     /// Parallel TCP data streams.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 64))]
+    #[schemars(range(min = STREAMS.min, max = STREAMS.max))]
     pub streams: Option<i32>,
-    /// Content block size in bytes: a multiple of 4096, from 64 KiB to 256 MiB.
+    /// Content block size in bytes: a multiple of 4 KiB, from 4 KiB to 1 GiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 65536, max = 268435456))]
-    #[x_kube(validation = Rule::new("self % 4096 == 0").message("blockSize must be a multiple of 4096 bytes (4 KiB), for example 16777216 for 16 MiB"))]
+    #[schemars(range(min = BLOCK_SIZE.min, max = BLOCK_SIZE.max))]
+    #[x_kube(validation = { let (rule, message) = step_rule(&BLOCK_SIZE); Rule::new(rule).message(message.as_str()) })]
     pub block_size: Option<i64>,
     /// Read and write mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io_mode: Option<IoMode>,
     /// I/O requests in flight per file in async mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 256))]
+    #[schemars(range(min = QUEUE_DEPTH.min, max = QUEUE_DEPTH.max))]
     pub queue_depth: Option<i32>,
-    /// Buffer memory per transfer in bytes, from 8 MiB to 64 GiB; at least twice the block size.
+    /// Buffer memory per transfer in bytes, from 8 KiB to 64 GiB; at least twice the block size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 8388608, max = 68719476736_i64))]
+    #[schemars(range(min = BUFFER.min, max = BUFFER.max))]
     pub buffer_size: Option<i64>,
     /// TCP congestion control algorithm (for example `bbr` or `cubic`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 16), regex(pattern = r"^[a-z0-9_]+$"))]
+    #[schemars(length(min = 1, max = CONGESTION_MAX_LEN), regex(pattern = r"^[a-z0-9_]+$"))]
     pub congestion: Option<String>,
 }
 
@@ -85,24 +55,47 @@ impl Tuning {
         }
     }
 
+    /// The engine's settings: every unset field at its default, every
+    /// field checked against the one set of bounds.
+    pub fn settings(&self) -> Result<Settings, TuningError> {
+        Settings::try_from(self)
+    }
+
     /// Why this combination cannot run, if it cannot.
     pub fn problem(&self, striping: Option<&Striping>) -> Option<String> {
-        if let (Some(block), Some(buffer)) = (self.block_size, self.buffer_size)
-            && buffer < 2 * block
+        let settings = match self.settings() {
+            Ok(s) => s,
+            Err(e) => return Some(e.to_string()),
+        };
+        // Only a block size that was named, as the CEL rule does: a default
+        // one the stripe does not divide costs speed, not correctness.
+        if let (Some(s), Some(_)) = (striping, self.block_size)
+            && settings.block_size % s.stripe_size.max(1) as u64 != 0
         {
             return Some(format!(
-                "bufferSize {buffer} is less than twice blockSize {block}: raise bufferSize or lower blockSize"
-            ));
-        }
-        if let (Some(block), Some(s)) = (self.block_size, striping)
-            && block % s.stripe_size != 0
-        {
-            return Some(format!(
-                "striping.stripeSize {} does not divide blockSize {block}: pick a stripe size that divides the block size",
-                s.stripe_size
+                "striping.stripeSize {} does not divide blockSize {}: pick a stripe size that divides the block size",
+                s.stripe_size, settings.block_size
             ));
         }
         None
+    }
+}
+
+/// The one conversion from a manifest's tuning to the engine's settings;
+/// the CLI's flags go through the same `Overrides`.
+impl TryFrom<&Tuning> for Settings {
+    type Error = TuningError;
+
+    fn try_from(t: &Tuning) -> Result<Self, Self::Error> {
+        Overrides {
+            streams: t.streams.map(i128::from),
+            block_size: t.block_size.map(i128::from),
+            io_mode: t.io_mode,
+            queue_depth: t.queue_depth.map(i128::from),
+            buffer: t.buffer_size.map(i128::from),
+            congestion: t.congestion.clone(),
+        }
+        .resolve()
     }
 }
 
@@ -118,4 +111,38 @@ pub struct Striping {
     #[schemars(range(min = 65536, max = 4294967296_i64))]
     #[x_kube(validation = Rule::new("self % 65536 == 0").message("stripeSize must be a multiple of 65536 bytes (64 KiB), as Lustre requires"))]
     pub stripe_size: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The operator validates on every reconcile and fails a running
+    // Transfer that no longer validates: an upgrade must not start refusing
+    // what the old rules accepted. These passed before the bounds moved to
+    // the engine (an unnamed block size was never checked).
+    #[test]
+    fn what_the_old_rules_accepted_still_validates() {
+        let small_buffer = Tuning {
+            buffer_size: Some(16 << 20),
+            ..Tuning::default()
+        };
+        assert_eq!(small_buffer.problem(None), None);
+        assert_eq!(small_buffer.settings().unwrap().block_size, 8 << 20);
+        let wide_stripes = Striping {
+            stripe_count: -1,
+            stripe_size: 64 << 20,
+        };
+        assert_eq!(Tuning::default().problem(Some(&wide_stripes)), None);
+        let named = Tuning {
+            block_size: Some(16 << 20),
+            ..Tuning::default()
+        };
+        assert!(
+            named
+                .problem(Some(&wide_stripes))
+                .unwrap()
+                .contains("does not divide blockSize")
+        );
+    }
 }

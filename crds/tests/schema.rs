@@ -381,3 +381,77 @@ fn pool_rules_refuse_mistakes() {
     p.spec.volumes[0].mount_path = format!("{}/", p.spec.volumes[0].mount_path);
     validate_cel(&p).expect("a trailing slash on mountPath is the same directory");
 }
+
+// The CRD's bounds were written apart from the engine's and disagreed
+// (streams 1..64 against 1..256, queueDepth ..256 against ..4096): a value
+// the CLI took, a manifest could not say, and the agent clamped the rest.
+#[test]
+fn tuning_bounds_in_the_schema_are_the_engines() {
+    use kube::CustomResourceExt;
+    use wirerate_engine::tuning::{BLOCK_SIZE, BUFFER, CONGESTION_MAX_LEN, QUEUE_DEPTH, STREAMS};
+    for crd in [Transfer::crd(), DtnPool::crd()] {
+        let schema = serde_json::to_value(
+            crd.spec.versions[0]
+                .schema
+                .as_ref()
+                .unwrap()
+                .open_api_v3_schema
+                .as_ref()
+                .unwrap(),
+        )
+        .unwrap();
+        let tuning = &schema["properties"]["spec"]["properties"]["tuning"]["properties"];
+        for b in [&STREAMS, &BLOCK_SIZE, &QUEUE_DEPTH, &BUFFER] {
+            let field = &tuning[b.field];
+            assert_eq!(
+                field["minimum"].as_f64(),
+                Some(b.min as f64),
+                "{}: {field}",
+                b.field
+            );
+            assert_eq!(
+                field["maximum"].as_f64(),
+                Some(b.max as f64),
+                "{}: {field}",
+                b.field
+            );
+            // The prose `kubectl explain` shows must not drift from the numbers.
+            if b.unit == wirerate_engine::tuning::Unit::Bytes {
+                let text = field["description"].as_str().unwrap_or_default();
+                for v in [b.min, b.max] {
+                    assert!(
+                        text.contains(&b.show(v)),
+                        "{}: {text:?} lacks {}",
+                        b.field,
+                        b.show(v)
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            tuning["congestion"]["maxLength"].as_f64(),
+            Some(CONGESTION_MAX_LEN as f64)
+        );
+        assert_eq!(
+            tuning["ioMode"]["enum"],
+            serde_json::json!(["Async", "Direct", "Buffered"])
+        );
+    }
+}
+
+#[test]
+fn tuning_the_engine_refuses_is_refused_at_admission() {
+    let mut t: Transfer = example("transfer.yaml");
+    t.spec.tuning = Some(wirerate_crds::Tuning {
+        block_size: Some(16 * 1024 * 1024 + 512),
+        ..Default::default()
+    });
+    rejected_with(&t, "blockSize must be a multiple of 4096 bytes (4 KiB)");
+    let settings = t.spec.tuning.as_ref().unwrap().settings();
+    assert!(
+        settings
+            .unwrap_err()
+            .to_string()
+            .starts_with("blockSize (--block-size) must be a multiple of 4 KiB"),
+    );
+}

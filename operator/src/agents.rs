@@ -7,9 +7,9 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use wirerate_crds::Transfer;
 use wirerate_crds::contract;
 use wirerate_crds::transfer::{AgentRef, Role};
+use wirerate_crds::{AgentLease, Transfer};
 
 /// Who an agent is. A name alone is not enough: names are unique only within
 /// one pool, and pools of the same name live in different namespaces.
@@ -136,8 +136,8 @@ pub fn changed(
 }
 
 /// The most transfers one agent is counted as taking at once, whatever
-/// its Lease says.
-pub const MAX_CAPACITY: i32 = 1024;
+/// its Lease says: what a pool may ask of an agent.
+pub const MAX_CAPACITY: i32 = contract::MAX_TRANSFERS_PER_AGENT;
 
 /// Reads an agent from its Lease; `pods` maps pod names of the Lease's
 /// namespace to pods. None when the Lease is not an agent's.
@@ -146,13 +146,13 @@ pub fn from_lease(lease: &Lease, pods: &BTreeMap<String, &Pod>, now: Timestamp) 
     let pool = meta.labels.as_ref()?.get(contract::POOL_LABEL)?.clone();
     let spec = lease.spec.as_ref()?;
     let name = spec.holder_identity.clone()?;
-    let ann = meta.annotations.clone().unwrap_or_default();
+    let said = AgentLease::from_lease(lease)?;
     let duration = i64::from(
         spec.lease_duration_seconds
             .unwrap_or(contract::LEASE_SECONDS),
     );
     let renewed = spec.renew_time.as_ref().map(|t| Time(t.0));
-    let pod = ann.get(contract::POD_ANNOTATION).cloned();
+    let pod = said.pod.clone();
 
     let dead = match &renewed {
         None => Some("the agent has not renewed its Lease yet".to_owned()),
@@ -175,20 +175,15 @@ pub fn from_lease(lease: &Lease, pods: &BTreeMap<String, &Pod>, now: Timestamp) 
             _ => None,
         },
     };
-    let preflight = ann
-        .get(contract::PREFLIGHT_ANNOTATION)
-        .and_then(|s| serde_json::from_str::<Vec<(String, String)>>(s).ok())
-        .unwrap_or_default();
     Some(Agent {
         name,
         pool,
         namespace: meta.namespace.clone().unwrap_or_default(),
-        address: ann.get(contract::ADDRESS_ANNOTATION).cloned(),
-        node: ann.get(contract::NODE_ANNOTATION).cloned(),
+        address: said.address,
+        node: said.node,
         pod,
-        capacity: ann
-            .get(contract::CAPACITY_ANNOTATION)
-            .and_then(|s| s.parse().ok())
+        capacity: said
+            .capacity
             .unwrap_or(1)
             // Sums of capacities must not overflow.
             .clamp(1, MAX_CAPACITY),
@@ -197,48 +192,27 @@ pub fn from_lease(lease: &Lease, pods: &BTreeMap<String, &Pod>, now: Timestamp) 
             .and_then(|t| t.0.checked_add(SignedDuration::from_secs(duration)).ok()),
         renewed,
         dead,
-        preflight,
-        io_mode: ann.get(contract::IO_MODE_ANNOTATION).cloned(),
-        io_mode_reason: ann.get(contract::IO_MODE_REASON_ANNOTATION).cloned(),
+        preflight: said.preflight,
+        io_mode: said.io_mode.map(|m| m.as_str().to_owned()),
+        io_mode_reason: said.io_mode_reason,
     })
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use k8s_openapi::api::coordination::v1::LeaseSpec;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 
     /// A Lease of `agent` in pool `pool` renewed at `renewed` (seconds).
     pub(crate) fn lease(pool: &str, agent: &str, renewed: i64, pod: Option<&str>) -> Lease {
-        let mut ann = BTreeMap::from([
-            (
-                contract::ADDRESS_ANNOTATION.to_owned(),
-                format!("{agent}.example:7700"),
-            ),
-            (contract::CAPACITY_ANNOTATION.to_owned(), "2".to_owned()),
-        ]);
-        if let Some(p) = pod {
-            ann.insert(contract::POD_ANNOTATION.to_owned(), p.to_owned());
+        let mut lease = AgentLease {
+            address: Some(format!("{agent}.example:7700")),
+            capacity: Some(2),
+            pod: pod.map(str::to_owned),
+            ..AgentLease::default()
         }
-        Lease {
-            metadata: ObjectMeta {
-                name: Some(contract::lease_name(pool, agent)),
-                namespace: Some("data".into()),
-                labels: Some(BTreeMap::from([(
-                    contract::POOL_LABEL.to_owned(),
-                    pool.to_owned(),
-                )])),
-                annotations: Some(ann),
-                ..Default::default()
-            },
-            spec: Some(LeaseSpec {
-                holder_identity: Some(agent.into()),
-                lease_duration_seconds: Some(15),
-                renew_time: Some(MicroTime(Timestamp::from_second(renewed).unwrap())),
-                ..Default::default()
-            }),
-        }
+        .to_lease(pool, agent, Timestamp::from_second(renewed).unwrap());
+        lease.metadata.namespace = Some("data".into());
+        lease
     }
 
     fn at(s: i64) -> Timestamp {

@@ -5,6 +5,7 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 
 use wirerate_crds::pool::Preflight;
+use wirerate_engine::IoMode;
 
 /// First IPv4 address of `interface`.
 pub fn interface_address(interface: &str) -> Option<Ipv4Addr> {
@@ -115,17 +116,13 @@ const LUSTRE_MAGIC: i64 = 0x0BD0_0BD0;
 /// The I/O mode the pool's transfers get on this host, and why it is not
 /// the one asked for: async needs an io_uring, which seccomp, a sysctl or
 /// the kernel may refuse (`uring` is the probe's outcome).
-pub fn io_mode(
-    wanted: wirerate_crds::tuning::IoMode,
-    uring: &Result<(), String>,
-) -> (&'static str, Option<String>) {
-    use wirerate_crds::tuning::IoMode;
+pub fn io_mode(wanted: IoMode, uring: &Result<(), String>) -> (IoMode, Option<String>) {
     match (wanted, uring) {
         (IoMode::Async, Err(why)) => (
-            IoMode::Direct.as_arg(),
+            IoMode::Direct,
             Some(format!("{why}; transfers use synchronous direct I/O")),
         ),
-        (m, _) => (m.as_arg(), None),
+        (m, _) => (m, None),
     }
 }
 
@@ -143,14 +140,16 @@ mod tests {
 
     #[test]
     fn a_refused_ring_turns_async_into_direct_with_the_reason() {
-        use wirerate_crds::tuning::IoMode;
         let refused = Err("io_uring is blocked by seccomp (EPERM)".to_owned());
         let (mode, why) = io_mode(IoMode::Async, &refused);
-        assert_eq!(mode, "direct");
+        assert_eq!(mode, IoMode::Direct);
         assert!(why.unwrap().contains("blocked by seccomp"));
-        assert_eq!(io_mode(IoMode::Async, &Ok(())), ("async", None));
+        assert_eq!(io_mode(IoMode::Async, &Ok(())), (IoMode::Async, None));
         // A pool that asks for buffered I/O needs no ring.
-        assert_eq!(io_mode(IoMode::Buffered, &refused), ("buffered", None));
+        assert_eq!(
+            io_mode(IoMode::Buffered, &refused),
+            (IoMode::Buffered, None)
+        );
     }
 
     #[test]

@@ -11,28 +11,11 @@ use wirerate_crds::Tuning;
 
 use crate::error::{Error, Result};
 use crate::fsroot::{is_temporary, temp_names};
-use crate::io::IoMode;
-use crate::net::SocketOpts;
 use crate::progress::Progress;
 use crate::receiver::{Landed, ServeConfig, Server, ServerHandle};
 use crate::sender::{SendConfig, send};
 use crate::summary::{ReceiverSummary, SendSummary};
-use crate::wire::Verify;
-
-fn io_mode(t: &Tuning) -> IoMode {
-    match t.io_mode.unwrap_or_default() {
-        wirerate_crds::IoMode::Async => IoMode::Async,
-        wirerate_crds::IoMode::Direct => IoMode::Direct,
-        wirerate_crds::IoMode::Buffered => IoMode::Buffered,
-    }
-}
-
-fn socket(t: &Tuning) -> SocketOpts {
-    SocketOpts {
-        congestion: t.congestion.clone(),
-        ..SocketOpts::default()
-    }
-}
+use crate::wire::Verification;
 
 /// `path` resolved, if it lies under one of `roots`; symlinks cannot lead out.
 pub fn under_roots(path: &Path, roots: &[String]) -> Result<PathBuf> {
@@ -95,24 +78,13 @@ impl SenderJob {
         source: PathBuf,
         dest: String,
         tuning: &Tuning,
-        verify: Verify,
+        verify: Verification,
         max_rate_mbps: Option<i64>,
     ) -> Result<Self> {
         let mut cfg = SendConfig::new(endpoint, token, source, dest);
-        if let Some(s) = tuning.streams {
-            cfg.streams = s.clamp(1, 64) as u16;
-        }
-        if let Some(b) = tuning.block_size {
-            cfg.block_size = b as u64;
-        }
-        if let Some(q) = tuning.queue_depth {
-            cfg.queue_depth = q.max(1) as usize;
-        }
-        if let Some(b) = tuning.buffer_size {
-            cfg.buffer = b as u64;
-        }
-        cfg.io_mode = io_mode(tuning);
-        cfg.socket = socket(tuning);
+        // Out-of-range values are refused, never clamped: the Transfer
+        // fails naming the field rather than running with other settings.
+        cfg.tune(&tuning.settings()?);
         cfg.verify = verify;
         cfg.max_rate = max_rate_mbps.map(|m| m as u64 * 1_000_000 / 8);
         // Longer than a Lease: a lost receiver is replaced before the sender gives up.
@@ -171,14 +143,7 @@ impl ReceiverJob {
         ports: std::ops::Range<u16>,
     ) -> Result<Self> {
         let mut cfg = ServeConfig::new(root, token);
-        cfg.io_mode = io_mode(tuning);
-        if let Some(q) = tuning.queue_depth {
-            cfg.queue_depth = q.max(1) as usize;
-        }
-        if let Some(b) = tuning.buffer_size {
-            cfg.buffer = b as u64;
-        }
-        cfg.socket = socket(tuning);
+        cfg.tune(&tuning.settings()?);
         cfg.max_sessions = 4;
         let mut last = None;
         for port in ports.clone() {

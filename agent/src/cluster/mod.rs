@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
@@ -27,11 +27,10 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use wirerate_crds::transfer::{Progress as ProgressStatus, ReportState, Role, StripingReport};
-use wirerate_crds::{DtnPool, Transfer, Verification, contract};
+use wirerate_crds::{AgentLease, DtnPool, Transfer, contract};
 
 use crate::error::{Error, Result};
 use crate::units::fmt_bytes;
-use crate::wire::Verify;
 use jobs::{ReceiverJob, SenderJob};
 use plan::{Cadence, JobKey, Me, Want};
 
@@ -327,9 +326,7 @@ async fn start_job(
             .unwrap_or_default()
             .or(&pool.spec.tuning)
     });
-    let block_size = tuning
-        .block_size
-        .unwrap_or(crate::defaults::BLOCK_SIZE as i64);
+    let block_size = tuning.settings()?.block_size as i64;
     let secret_name = s
         .token_secret
         .clone()
@@ -351,11 +348,7 @@ async fn start_job(
             let source =
                 jobs::under_roots(Path::new(&t.spec.source.path), &pool.spec.allowed_roots)?;
             let dest = dest_name(&t.spec.destination.path)?;
-            let verify = match t.spec.verification {
-                Verification::None => Verify::None,
-                Verification::Checksums => Verify::Blocks,
-                Verification::Reread => Verify::Reread,
-            };
+            let verify = t.spec.verification;
             let endpoint = w.endpoint.clone().unwrap_or_default();
             Side::Sender {
                 job: SenderJob::start(
@@ -393,7 +386,10 @@ async fn start_job(
                 .map_err(|e| Error::io(format!("creating {}", parent.display()), e))?;
             let parent = jobs::under_roots(parent, std::slice::from_ref(root))?;
             let striping = stripe(&parent, s.effective_striping.as_ref());
-            let ports = cfg.data_port..cfg.data_port.saturating_add(cfg.max_transfers.max(1) * 2);
+            let ports = cfg.data_port
+                ..cfg
+                    .data_port
+                    .saturating_add(cfg.max_transfers.saturating_mul(2));
             let job = ReceiverJob::start(parent, token, &tuning, ports)?;
             Side::Receiver {
                 job,
@@ -618,7 +614,7 @@ async fn observe(
             let endpoint = format!("{}:{}", cfg.advertise, rj.port);
             let landed = rj.landed().unwrap_or_default();
             let (total, kept) = shown(landed.total, landed.kept, job.carried);
-            let complete = sums.iter().find(|s| s.outcome == "complete");
+            let complete = sums.iter().find(|s| s.outcome.is_complete());
             let verdict = match complete {
                 Some(s) if s.files_failed > 0 => Some((
                     ReportState::Failed,
@@ -645,8 +641,8 @@ async fn observe(
                 )),
                 None => sums
                     .iter()
-                    .find(|s| s.outcome.starts_with("failed"))
-                    .map(|s| (ReportState::Failed, s.outcome.clone(), 0)),
+                    .find(|s| s.outcome.failure().is_some())
+                    .map(|s| (ReportState::Failed, s.outcome.to_string(), 0)),
             };
             if let Some((state, msg, rate)) = verdict {
                 let p = progress(
@@ -852,7 +848,7 @@ async fn heartbeat(client: &Client, cfg: &RunConfig, pool: &DtnPool, active: usi
         && let crate::io::hugepages::Backing::Normal { why: Some(why) } =
             crate::io::hugepages::decide(
                 &crate::io::hugepages::offer(),
-                crate::defaults::BUFFER as usize,
+                wirerate_engine::Settings::default().buffer as usize,
             )
     {
         findings.push(("hugepages".to_owned(), why));
@@ -864,39 +860,17 @@ async fn heartbeat(client: &Client, cfg: &RunConfig, pool: &DtnPool, active: usi
     if let Some(why) = &io_why {
         findings.push((contract::PREFLIGHT_IO_URING.to_owned(), why.clone()));
     }
-    let mut annotations = BTreeMap::from([
-        (
-            contract::ADDRESS_ANNOTATION.to_owned(),
-            format!("{}:{}", cfg.advertise, cfg.data_port),
-        ),
-        (contract::NODE_ANNOTATION.to_owned(), cfg.node.clone()),
-        (
-            contract::CAPACITY_ANNOTATION.to_owned(),
-            cfg.max_transfers.to_string(),
-        ),
-        (contract::ACTIVE_ANNOTATION.to_owned(), active.to_string()),
-        (
-            contract::PREFLIGHT_ANNOTATION.to_owned(),
-            serde_json::to_string(&findings).unwrap_or_default(),
-        ),
-        (contract::IO_MODE_ANNOTATION.to_owned(), io_mode.to_owned()),
-    ]);
-    if let Some(why) = io_why {
-        annotations.insert(contract::IO_MODE_REASON_ANNOTATION.to_owned(), why);
+    let lease = AgentLease {
+        address: Some(format!("{}:{}", cfg.advertise, cfg.data_port)),
+        node: Some(cfg.node.clone()),
+        capacity: Some(cfg.max_transfers.into()),
+        active: Some(i32::try_from(active).unwrap_or(i32::MAX)),
+        pod: cfg.in_pod.then(|| cfg.agent.clone()),
+        preflight: findings,
+        io_mode: Some(io_mode),
+        io_mode_reason: io_why,
     }
-    if cfg.in_pod {
-        annotations.insert(contract::POD_ANNOTATION.to_owned(), cfg.agent.clone());
-    }
-    let lease = json!({
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {"name": name, "labels": {contract::POOL_LABEL: cfg.pool}, "annotations": annotations},
-        "spec": {
-            "holderIdentity": cfg.agent,
-            "leaseDurationSeconds": contract::LEASE_SECONDS,
-            "renewTime": MicroTime(Timestamp::now()),
-        }
-    });
+    .to_lease(&cfg.pool, &cfg.agent, Timestamp::now());
     let pp = PatchParams::apply(&contract::agent_manager(&cfg.agent)).force();
     api.patch(&name, &pp, &Patch::Apply(&lease))
         .await

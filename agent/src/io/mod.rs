@@ -7,7 +7,6 @@ pub mod pool;
 mod sync;
 mod uring;
 
-use std::fmt;
 use std::fs::File;
 use std::sync::Arc;
 
@@ -18,37 +17,9 @@ pub(crate) use sync::read_full;
 pub use uring::Uring;
 
 /// O_DIRECT needs offsets, lengths and buffers aligned to this.
-pub const ALIGN: usize = 4096;
+pub const ALIGN: usize = wirerate_engine::tuning::ALIGN as usize;
 
-/// The paper's three I/O modes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum IoMode {
-    /// Page cache, one request at a time.
-    Buffered,
-    /// O_DIRECT, one request in flight.
-    Direct,
-    /// io_uring with O_DIRECT, `queue_depth` requests in flight.
-    #[default]
-    Async,
-}
-
-impl IoMode {
-    /// Whether this mode asks for O_DIRECT.
-    pub fn wants_direct(self) -> bool {
-        !matches!(self, Self::Buffered)
-    }
-}
-
-impl fmt::Display for IoMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Buffered => "buffered",
-            Self::Direct => "direct",
-            Self::Async => "async",
-        })
-    }
-}
+pub use wirerate_engine::IoMode;
 
 /// Read into or write from a pool buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,11 +10,11 @@ use rustix::fs::{AtFlags, FallocateFlags, OFlags};
 use rustix::io::Errno;
 
 use super::checkpoint::Checkpoint;
-use crate::engine::{Bitmap, FileTracker, Layout};
 use crate::error::{Error, Result};
 use crate::fsroot::{DestPath, Root, validate};
 use crate::io::open::on_tmpfs;
 use crate::wire::{EntryKind, FileEntry, MAX_BLOCKS_PER_FILE};
+use wirerate_engine::{Bitmap, FileTracker, Layout};
 
 /// A destination file of a session.
 pub(crate) struct DestFile {

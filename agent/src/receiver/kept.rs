@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::session::Stats;
+use super::stats::Stats;
 
 /// Kept bytes by file, summed into the session's counters.
 pub(crate) struct Kept {

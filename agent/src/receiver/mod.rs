@@ -16,6 +16,7 @@ mod kept;
 mod registry;
 mod session;
 mod spare;
+mod stats;
 mod writer;
 
 use std::io::Write;
@@ -35,6 +36,7 @@ use crate::metrics::metrics;
 use crate::net::{self, SocketOpts, auth};
 use crate::summary::ReceiverSummary;
 use crate::wire::{Frame, Purpose, write_frame};
+use wirerate_engine::{Settings, tuning};
 
 /// Connections served at once, by default: each costs a thread.
 pub const MAX_CONNECTIONS: usize = 1024;
@@ -98,8 +100,8 @@ impl ServeConfig {
             root,
             token,
             io_mode: IoMode::Async,
-            queue_depth: crate::defaults::QUEUE_DEPTH,
-            buffer: crate::defaults::BUFFER,
+            queue_depth: Settings::default().queue_depth,
+            buffer: Settings::default().buffer,
             max_sessions: 16,
             checkpoint_interval: Duration::from_secs(1),
             socket: SocketOpts::default(),
@@ -115,6 +117,15 @@ impl ServeConfig {
         }
     }
 
+    /// Takes a transfer's settings, as the sender does: the receiver's own
+    /// share of them (the block size is the sender's to choose).
+    pub fn tune(&mut self, s: &Settings) {
+        self.io_mode = s.io_mode;
+        self.queue_depth = s.queue_depth;
+        self.buffer = s.buffer;
+        self.socket.congestion = s.congestion.clone();
+    }
+
     /// Refuses settings that cannot work, saying what to change.
     pub fn validate(&self) -> Result<()> {
         if self.token.is_empty() {
@@ -122,12 +133,17 @@ impl ServeConfig {
                 "the token is empty; put a secret in the token file".into(),
             ));
         }
-        // The smallest block is 4 KiB and a session needs two buffers.
-        if self.buffer < 2 * crate::io::ALIGN as u64 {
-            return Err(Error::Config(format!(
-                "--buffer must be at least 8 KiB (two of the smallest blocks); got {}",
-                crate::units::fmt_bytes(self.buffer)
-            )));
+        // The blocks' size is the sender's to choose, so only the bounds of
+        // this side's own settings are checked here.
+        tuning::BUFFER.check(self.buffer.into())?;
+        tuning::QUEUE_DEPTH.check(self.queue_depth as i128)?;
+        if let Some(cc) = &self.socket.congestion
+            && !tuning::congestion_name_ok(cc)
+        {
+            return Err(wirerate_engine::TuningError::Congestion { name: cc.clone() }.into());
+        }
+        if self.max_sessions == 0 {
+            return Err(Error::Config("--max-sessions must be at least 1".into()));
         }
         if self.idle_timeout < MIN_IDLE_TIMEOUT {
             return Err(Error::Config(format!(
@@ -169,7 +185,7 @@ pub(crate) struct Shared {
     stop: AtomicBool,
     summaries: Mutex<std::collections::VecDeque<ReceiverSummary>>,
     /// The counters of the session planned last, for `ServerHandle::landed`.
-    latest: Mutex<Option<Arc<session::Stats>>>,
+    latest: Mutex<Option<Arc<stats::Stats>>>,
     /// What every session of this server together did, for a server that
     /// serves one transfer (the in-cluster agent): a sender that
     /// reconnects lists only the files still open, so one session's

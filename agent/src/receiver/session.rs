@@ -3,58 +3,36 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use super::claims::Life;
 use super::dest::{Prepared, Staged, prepare};
+use super::stats::{Stats, answered};
 use super::writer::{Writer, WriterMsg};
 use super::{Shared, lock};
-use crate::engine::digest::{BlockHasher, HASH_PIECE};
-use crate::engine::{IdleDeadline, Keepalive, Layout};
 use crate::error::{Error, Result};
 use crate::fsroot::validate;
 use crate::io::Pools;
 use crate::metrics::metrics;
 use crate::net;
-use crate::summary::ReceiverSummary;
+use crate::summary::{ReceiverSummary, SessionOutcome};
 use crate::units::{fmt_bytes, gbps};
 use crate::wire::{
     EntryKind, FileEntry, Frame, FrameReader, KEEPALIVE_INTERVAL, MAX_BLOCKS_PER_SESSION,
-    MAX_ENTRIES, MAX_MANIFEST_BYTES, MAX_SMALL_FRAME, PlanOutcome, SessionId, Verify, write_frame,
+    MAX_ENTRIES, MAX_MANIFEST_BYTES, MAX_SMALL_FRAME, PlanOutcome, SessionId, Verification,
+    write_frame,
 };
+use wirerate_engine::digest::{BlockHasher, HASH_PIECE};
+use wirerate_engine::{IdleDeadline, Keepalive, Layout};
 
 /// Acknowledgements queued per data stream before its reader waits.
 const ACK_QUEUE: usize = 1024;
 
-/// Counters shared by a session's threads.
-#[derive(Default)]
-pub(crate) struct Stats {
-    pub(crate) bytes: AtomicU64,
-    pub(crate) rejected: AtomicU64,
-    pub(crate) streams: AtomicU64,
-    pub(crate) files_ok: AtomicU64,
-    pub(crate) files_failed: AtomicU64,
-    /// Entries refused in the plan (they get no result).
-    pub(crate) refused: AtomicU64,
-    /// Bytes of the accepted files in all.
-    pub(crate) total: AtomicU64,
-    /// Bytes of this session's files a new session would keep, those
-    /// published excepted (see `kept::Kept`).
-    pub(crate) kept: AtomicU64,
-    /// Bytes the server's sessions had published when this one was planned.
-    pub(crate) published_before: AtomicU64,
-}
-
-/// Accepted files of the session that have their result.
-pub(crate) fn answered(stats: &Stats) -> u64 {
-    stats.files_ok.load(Ordering::SeqCst) + stats.files_failed.load(Ordering::SeqCst)
-}
-
 /// What data streams need to know about their session.
 pub(crate) struct Session {
-    verify: Verify,
+    verify: Verification,
     layouts: HashMap<u32, Layout>,
     pool: Pools,
     writer_tx: mpsc::Sender<WriterMsg>,
@@ -437,17 +415,21 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     let summary = ReceiverSummary {
         session: hex(&id),
         outcome: match (&outcome, &report.error) {
-            (_, Some(e)) => format!("failed: {e}"),
-            (Ok(()), None) if answered(&stats) >= accepted => "complete".into(),
-            (Ok(()), None) => format!(
-                "interrupted: the sender finished with {} of {accepted} files unanswered",
-                accepted - answered(&stats)
-            ),
-            (Err(_), None) if life.was_taken_over() => {
-                "interrupted: its sender went silent, and a new session of it took its files over"
-                    .into()
-            }
-            (Err(e), None) => format!("interrupted: {e}"),
+            (_, Some(e)) => SessionOutcome::Failed { reason: e.clone() },
+            (Ok(()), None) if answered(&stats) >= accepted => SessionOutcome::Complete,
+            (Ok(()), None) => SessionOutcome::Interrupted {
+                reason: format!(
+                    "the sender finished with {} of {accepted} files unanswered",
+                    accepted - answered(&stats)
+                ),
+            },
+            (Err(_), None) if life.was_taken_over() => SessionOutcome::Interrupted {
+                reason: "its sender went silent, and a new session of it took its files over"
+                    .into(),
+            },
+            (Err(e), None) => SessionOutcome::Interrupted {
+                reason: e.to_string(),
+            },
         },
         bytes_written: bytes,
         bytes_skipped_resume: resumed_bytes,
@@ -662,7 +644,7 @@ fn receive_blocks(
             }
         };
         let len = h.len as usize;
-        let mut hasher = (session.verify != Verify::None).then(BlockHasher::default);
+        let mut hasher = (session.verify != Verification::None).then(BlockHasher::default);
         for piece in buf.as_mut_full()[..len].chunks_mut(HASH_PIECE) {
             stream
                 .read_exact(piece)

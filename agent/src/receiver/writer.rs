@@ -12,14 +12,14 @@ use std::time::{Duration, Instant};
 use super::checkpointer::{Checkpointer, Done, Job};
 use super::dest::{DestFile, Staged, discard_unresumable};
 use super::kept::Kept;
-use super::session::Stats;
+use super::stats::{Stats, answered};
 use super::{Shared, lock};
-use crate::engine::CheckpointPolicy;
-use crate::engine::digest::{block_checksum, file_digest, fmt_digest};
 use crate::error::{Error, Result};
 use crate::io::{ALIGN, BlockIo, IoDone, IoMode, IoOp, OpKind, Pool, backend};
 use crate::metrics::metrics;
-use crate::wire::{EntryKind, Frame, Verify, write_frame};
+use crate::wire::{EntryKind, Frame, Verification, write_frame};
+use wirerate_engine::CheckpointPolicy;
+use wirerate_engine::digest::{block_checksum, file_digest, fmt_digest};
 
 /// Work for the writer.
 pub(crate) enum WriterMsg {
@@ -74,7 +74,7 @@ pub(crate) struct Writer {
     files: HashMap<u32, DestFile>,
     rx: mpsc::Receiver<WriterMsg>,
     control: Arc<Mutex<TcpStream>>,
-    verify: Verify,
+    verify: Verification,
     stats: Arc<Stats>,
     io: Box<dyn BlockIo>,
     mode: IoMode,
@@ -111,7 +111,7 @@ impl Writer {
         files: Staged<'_>,
         rx: mpsc::Receiver<WriterMsg>,
         control: Arc<Mutex<TcpStream>>,
-        verify: Verify,
+        verify: Verification,
         stats: Arc<Stats>,
     ) -> Result<Self> {
         let (io, mode, fallback) = backend(shared.cfg.io_mode, shared.cfg.queue_depth);
@@ -529,7 +529,7 @@ impl Writer {
                 message,
             },
         )?;
-        if super::session::answered(&self.stats) >= self.accepted {
+        if answered(&self.stats) >= self.accepted {
             // Every file has its result, so the session is over: end it now
             // rather than a round trip later, when the sender's Finish
             // arrives. Shutting down our read side wakes the control
@@ -558,7 +558,7 @@ impl Writer {
             })?;
             self.finished.insert(file_id);
             if f.kind == EntryKind::Dir {
-                let digest = if self.verify == Verify::None {
+                let digest = if self.verify == Verification::None {
                     0
                 } else {
                     f.tracker.digest()
@@ -605,11 +605,11 @@ impl Writer {
         let mut published = Vec::with_capacity(ready.len());
         for (file_id, sender_digest, mut f) in ready {
             let digest = match self.verify {
-                Verify::None => 0,
-                Verify::Blocks => f.tracker.digest(),
-                Verify::Reread => reread(&f)?,
+                Verification::None => 0,
+                Verification::Checksums => f.tracker.digest(),
+                Verification::Reread => reread(&f)?,
             };
-            if self.verify != Verify::None && digest != sender_digest {
+            if self.verify != Verification::None && digest != sender_digest {
                 self.kept.set(file_id, 0);
                 f.discard(root)?;
                 let msg = format!(

@@ -2,6 +2,7 @@
 
 mod reader;
 mod session;
+mod shared;
 pub mod source;
 
 use std::collections::HashMap;
@@ -10,17 +11,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use session::Verdict;
+use shared::Verdict;
 
-use crate::engine::Backoff;
-use crate::engine::digest::{fmt_digest, tree_digest};
 use crate::error::{Error, Result};
 use crate::io::{IoMode, Pools, caps::capabilities};
 use crate::net::{SocketOpts, buffer_warning};
 use crate::progress::Progress;
 use crate::summary::{FileFailure, FileOutcome, SendSummary};
 use crate::units::gbps;
-use crate::wire::{EntryKind, MAX_BLOCK, Verify};
+use crate::wire::{EntryKind, Verification};
+use wirerate_engine::Backoff;
+use wirerate_engine::Settings;
+use wirerate_engine::digest::{fmt_digest, tree_digest};
 
 /// What to send where, and how.
 #[derive(Debug, Clone)]
@@ -48,7 +50,7 @@ pub struct SendConfig {
     /// Cap on the whole transfer's rate, bytes per second.
     pub max_rate: Option<u64>,
     /// Verification level.
-    pub verify: Verify,
+    pub verify: Verification,
     /// How long to keep reconnecting after a failure.
     pub retry_for: Duration,
     /// Timeout of each connect.
@@ -70,17 +72,40 @@ impl SendConfig {
             token,
             source: source.into(),
             dest: dest.into(),
-            streams: crate::defaults::STREAMS,
-            block_size: crate::defaults::BLOCK_SIZE,
+            streams: Settings::default().streams,
+            block_size: Settings::default().block_size,
             io_mode: IoMode::Async,
-            queue_depth: crate::defaults::QUEUE_DEPTH,
-            buffer: crate::defaults::BUFFER,
+            queue_depth: Settings::default().queue_depth,
+            buffer: Settings::default().buffer,
             socket: SocketOpts::default(),
             max_rate: None,
-            verify: Verify::Blocks,
+            verify: Verification::Checksums,
             retry_for: Duration::from_secs(120),
             connect_timeout: Duration::from_secs(10),
             cancel: None,
+        }
+    }
+
+    /// Takes a transfer's settings: the one path from a manifest's tuning
+    /// or the command line's flags into the sender.
+    pub fn tune(&mut self, s: &Settings) {
+        self.streams = s.streams;
+        self.block_size = s.block_size;
+        self.io_mode = s.io_mode;
+        self.queue_depth = s.queue_depth;
+        self.buffer = s.buffer;
+        self.socket.congestion = s.congestion.clone();
+    }
+
+    /// The settings in effect, for checking against the shared bounds.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            streams: self.streams,
+            block_size: self.block_size,
+            io_mode: self.io_mode,
+            queue_depth: self.queue_depth,
+            buffer: self.buffer,
+            congestion: self.socket.congestion.clone(),
         }
     }
 
@@ -91,34 +116,7 @@ impl SendConfig {
                 "the token is empty; put a secret in the token file".into(),
             ));
         }
-        if self.streams == 0 || self.streams > 256 {
-            return Err(Error::Config(format!(
-                "--streams must be 1..=256 (got {})",
-                self.streams
-            )));
-        }
-        if self.block_size < 4096
-            || self.block_size > u64::from(MAX_BLOCK)
-            || self.block_size % 4096 != 0
-        {
-            return Err(Error::Config(format!(
-                "--block-size must be a multiple of 4 KiB between 4 KiB and 1 GiB (got {})",
-                self.block_size
-            )));
-        }
-        if self.buffer < self.block_size {
-            return Err(Error::Config(format!(
-                "--buffer ({}) must hold at least one block (--block-size {})",
-                crate::units::fmt_bytes(self.buffer),
-                crate::units::fmt_bytes(self.block_size)
-            )));
-        }
-        if self.queue_depth == 0 || self.queue_depth > 4096 {
-            return Err(Error::Config(format!(
-                "--queue-depth must be 1..=4096 (got {})",
-                self.queue_depth
-            )));
-        }
+        self.settings().check()?;
         if let Some(cc) = &self.socket.congestion {
             let caps = capabilities();
             if !caps.congestion.is_empty() && !caps.congestion.iter().any(|c| c == cc) {
@@ -249,7 +247,7 @@ pub fn send(cfg: &SendConfig, progress: Arc<Progress>) -> Result<SendSummary> {
                 }
                 (
                     true,
-                    (cfg.verify != Verify::None).then(|| fmt_digest(*d)),
+                    (cfg.verify != Verification::None).then(|| fmt_digest(*d)),
                     None,
                 )
             }
@@ -275,7 +273,7 @@ pub fn send(cfg: &SendConfig, progress: Arc<Progress>) -> Result<SendSummary> {
         });
     }
     let digest = match (cfg.verify, digests.as_slice(), list.files.len()) {
-        (Verify::None, _, _) => "none (--verify none)".to_string(),
+        (Verification::None, _, _) => "none (--verify none)".to_string(),
         (_, [(_, d)], 1) => fmt_digest(*d),
         _ => fmt_digest(tree_digest(digests.iter().copied())),
     };

@@ -7,25 +7,26 @@ use std::io::Write;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::reader::{self, ReadReport};
+use super::shared::{Inner, Shared, Verdict};
 use super::source::SourceFile;
 use super::{RunState, SendConfig};
-use crate::engine::digest::{BlockHasher, HASH_PIECE};
-use crate::engine::scheduler::PlannedFile;
-use crate::engine::{Bitmap, IdleDeadline, Keepalive, Layout, Scheduler};
 use crate::error::{Error, Result};
-use crate::io::{PoolBuf, Pools};
+use crate::io::Pools;
 use crate::metrics::sender_metrics;
 use crate::net::{self, SocketOpts, auth};
 use crate::progress::Progress;
 use crate::wire::{
     BlockHeader, EntryKind, FileEntry, Frame, FrameReader, IDLE_TIMEOUT, KEEPALIVE_INTERVAL,
-    MAX_SMALL_FRAME, PlanOutcome, Purpose, SessionId, Verify, encode, write_frame,
+    MAX_SMALL_FRAME, PlanOutcome, Purpose, SessionId, Verification, encode, write_frame,
     write_frame_with_payload,
 };
+use wirerate_engine::digest::{BlockHasher, HASH_PIECE};
+use wirerate_engine::scheduler::PlannedFile;
+use wirerate_engine::{Bitmap, IdleDeadline, Keepalive, Layout, Scheduler};
 
 /// A data stream the receiver turns away as busy (too many handshakes
 /// from this address at once) is tried again this many times.
@@ -33,78 +34,6 @@ const STREAM_CONNECT_ATTEMPTS: u32 = 4;
 
 /// Manifest frames stay well under the frame cap.
 const MANIFEST_CHUNK_BYTES: usize = 1 << 20;
-
-/// What a file's verdict was.
-#[derive(Debug, Clone)]
-pub(crate) enum Verdict {
-    Ok(u128),
-    Failed(String),
-}
-
-pub(crate) struct Inner {
-    pub(crate) sched: Scheduler,
-    pub(crate) bufs: HashMap<usize, Arc<PoolBuf>>,
-    verdicts: HashMap<u32, Verdict>,
-    sent_digests: HashMap<u32, u128>,
-    error: Option<Error>,
-}
-
-pub(crate) struct Shared {
-    inner: Mutex<Inner>,
-    pub(crate) cv: Condvar,
-    pub(crate) files: HashMap<u32, SourceFile>,
-    /// The directory every source file is opened beneath.
-    pub(crate) base: Arc<OwnedFd>,
-    /// The empty files have been checked (see `reader::check_empty`).
-    empties_checked: AtomicBool,
-    stop: AtomicBool,
-    pub(crate) read_bytes: AtomicU64,
-    sent_bytes: AtomicU64,
-    per_stream: Vec<AtomicU64>,
-    progress: Arc<Progress>,
-    verify: Verify,
-    /// This session's share of the `bytes_in_flight` gauge: sent, not yet
-    /// acknowledged (a resent block counts once more, until the session ends).
-    in_flight: std::sync::atomic::AtomicI64,
-}
-
-impl Shared {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(crate) fn stopped(&self) -> bool {
-        self.stop.load(Ordering::SeqCst)
-    }
-
-    fn fail(&self, e: Error) {
-        let mut g = self.lock();
-        if g.error.is_none() && !self.stopped() {
-            g.error = Some(e);
-        }
-        drop(g);
-        self.cv.notify_all();
-    }
-
-    /// Moves this session's bytes in flight (and the agent's gauge) by `delta`.
-    fn in_flight(&self, delta: i64) {
-        self.in_flight.fetch_add(delta, Ordering::Relaxed);
-        sender_metrics().bytes_in_flight.add(delta);
-    }
-
-    fn stream_failed(&self, stream: u16, why: &str) {
-        let mut g = self.lock();
-        if !self.stopped() && g.sched.stream_alive(stream) {
-            let n = g.sched.handle_stream_failed(stream);
-            sender_metrics().stream_failures.inc();
-            tracing::warn!(
-                "stream {stream} failed ({why}); {n} unacknowledged blocks go to the other streams"
-            );
-        }
-        drop(g);
-        self.cv.notify_all();
-    }
-}
 
 fn send_manifest(control: &mut TcpStream, entries: &[FileEntry]) -> Result<()> {
     let mut out = Vec::new();
@@ -366,7 +295,7 @@ pub(crate) fn run(
         cfg.block_size,
         cfg.streams,
         per_stream_bytes,
-        cfg.verify != Verify::None,
+        cfg.verify != Verification::None,
     );
     let shared = Shared {
         inner: Mutex::new(Inner {
@@ -423,7 +352,7 @@ pub(crate) fn run(
                 pool,
                 cfg.io_mode,
                 cfg.queue_depth,
-                cfg.verify != Verify::None,
+                cfg.verify != Verification::None,
             );
             if let Err(e) = &r {
                 shared.fail(Error::Transfer(e.to_string()));
@@ -604,7 +533,7 @@ fn send_block(
     gid: usize,
     payload: &[u8],
 ) -> Result<()> {
-    let mut hasher = (shared.verify != Verify::None).then(BlockHasher::default);
+    let mut hasher = (shared.verify != Verification::None).then(BlockHasher::default);
     let mut pieces = payload.chunks(HASH_PIECE);
     let first = pieces.next().unwrap_or_default();
     if let Some(h) = &mut hasher {
@@ -743,12 +672,12 @@ fn control_loop(shared: &Shared, control: &mut TcpStream, accepted: usize) {
                 };
                 let ours = g.sent_digests.get(&file_id).copied();
                 let verdict = match (ok, ours) {
-                    (true, Some(_)) if shared.verify == Verify::None => Verdict::Ok(0),
+                    (true, Some(_)) if shared.verify == Verification::None => Verdict::Ok(0),
                     (true, Some(d)) if d == digest => Verdict::Ok(digest),
                     (true, Some(d)) => Verdict::Failed(format!(
                         "receiver digest {} differs from ours {}",
-                        crate::engine::digest::fmt_digest(digest),
-                        crate::engine::digest::fmt_digest(d)
+                        wirerate_engine::digest::fmt_digest(digest),
+                        wirerate_engine::digest::fmt_digest(d)
                     )),
                     (true, None) => {
                         drop(g);

@@ -2,7 +2,7 @@
 
 use super::{
     BlockHeader, EntryKind, FileEntry, Frame, MAC_LEN, MAGIC, MAX_BLOCK, MAX_FRAME, MAX_MESSAGE,
-    MAX_PATH, NONCE_LEN, PlanOutcome, Purpose, SESSION_ID_LEN, Verify,
+    MAX_PATH, NONCE_LEN, PlanOutcome, Purpose, SESSION_ID_LEN, Verification,
 };
 
 /// Why a frame could not be decoded.
@@ -100,9 +100,9 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             w.u32(*block_size);
             w.u16(*streams);
             w.u8(match verify {
-                Verify::None => 0,
-                Verify::Blocks => 1,
-                Verify::Reread => 2,
+                Verification::None => 0,
+                Verification::Checksums => 1,
+                Verification::Reread => 2,
             });
         }
         Frame::Files { entries } => {
@@ -242,7 +242,10 @@ pub fn decode_body(body: &[u8]) -> Result<Frame, DecodeError> {
         T_OPEN => {
             let session = r.array::<SESSION_ID_LEN>()?;
             let block_size = r.u32()?;
-            if block_size == 0 || block_size > MAX_BLOCK || block_size % 4096 != 0 {
+            if block_size == 0
+                || block_size > MAX_BLOCK
+                || u64::from(block_size) % wirerate_engine::tuning::BLOCK_SIZE.step != 0
+            {
                 return Err(DecodeError::Invalid("block size"));
             }
             let streams = r.u16()?;
@@ -250,9 +253,9 @@ pub fn decode_body(body: &[u8]) -> Result<Frame, DecodeError> {
                 return Err(DecodeError::Invalid("stream count"));
             }
             let verify = match r.u8()? {
-                0 => Verify::None,
-                1 => Verify::Blocks,
-                2 => Verify::Reread,
+                0 => Verification::None,
+                1 => Verification::Checksums,
+                2 => Verification::Reread,
                 _ => return Err(DecodeError::Invalid("verify level")),
             };
             Frame::Open {
@@ -469,7 +472,11 @@ mod tests {
                     session,
                     block_size: b * 4096,
                     streams,
-                    verify: [Verify::None, Verify::Blocks, Verify::Reread][v as usize],
+                    verify: [
+                        Verification::None,
+                        Verification::Checksums,
+                        Verification::Reread
+                    ][v as usize],
                 }
             ),
             proptest::collection::vec(

@@ -47,7 +47,8 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 /// a keepalive) is presumed gone, by default: six keepalive intervals.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest block payload any peer may announce.
-pub const MAX_BLOCK: u32 = 1 << 30;
+pub const MAX_BLOCK: u32 = wirerate_engine::tuning::BLOCK_SIZE.max as u32;
+const _: () = assert!(wirerate_engine::tuning::BLOCK_SIZE.max <= u32::MAX as u64);
 /// Longest destination path, in bytes.
 pub const MAX_PATH: usize = 4096;
 /// Longest error or result message, in bytes.
@@ -86,18 +87,7 @@ pub enum Purpose {
     },
 }
 
-/// How much the receiver checks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Verify {
-    /// Trust TCP: no block checksums, no digest.
-    None,
-    /// Check every block's checksum and compare whole-file digests.
-    #[default]
-    Blocks,
-    /// As `Blocks`, and re-read the written file from disk for the digest.
-    Reread,
-}
+pub use wirerate_engine::Verification;
 
 /// The kind of a manifest entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,7 +182,7 @@ pub enum Frame {
         /// Number of data streams that will join.
         streams: u16,
         /// Verification level.
-        verify: Verify,
+        verify: Verification,
     },
     /// A chunk of the manifest.
     Files {

@@ -158,13 +158,18 @@ impl Scenario {
     /// The Lease an agent renews, in the shape `wirerate-agent run` writes
     /// it (outside the cluster: no pod annotation).
     pub(crate) fn lease(&self, agent: &Agent, active: usize, renewed: &Value) -> Value {
-        let annotations = json!({
-            contract::ADDRESS_ANNOTATION: format!("10.99.{}.{}:7700", agent.index / 250, agent.index % 250 + 1),
-            contract::NODE_ANNOTATION: format!("dtn-{:03}", agent.index),
-            contract::CAPACITY_ANNOTATION: self.capacity.to_string(),
-            contract::ACTIVE_ANNOTATION: active.to_string(),
-            contract::PREFLIGHT_ANNOTATION: "[]",
-        });
+        let annotations = wirerate_crds::AgentLease {
+            address: Some(format!(
+                "10.99.{}.{}:7700",
+                agent.index / 250,
+                agent.index % 250 + 1
+            )),
+            node: Some(format!("dtn-{:03}", agent.index)),
+            capacity: Some(self.capacity),
+            active: i32::try_from(active).ok(),
+            ..Default::default()
+        }
+        .to_annotations();
         json!({
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",

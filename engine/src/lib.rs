@@ -1,0 +1,27 @@
+//! wirerate's transfer core, with no kube, tokio, prometheus or CLI.
+//!
+//! Decision logic with no I/O: what to read, which stream sends what, what
+//! to resend, when to checkpoint, when to retry. The shells in the agent's
+//! `sender/` and `receiver/` feed these state machines events and act on
+//! what they poll, so tests drive them with no disk, socket or clock.
+//!
+//! `tuning` is the one definition of every setting, bound and default that
+//! the CRDs, the operator, the CLI and the engine share.
+#![forbid(unsafe_code)]
+
+pub mod bitmap;
+pub mod digest;
+pub mod layout;
+pub mod liveness;
+pub mod retry;
+pub mod scheduler;
+pub mod tracker;
+pub mod tuning;
+
+pub use bitmap::Bitmap;
+pub use layout::Layout;
+pub use liveness::{IdleDeadline, Keepalive};
+pub use retry::Backoff;
+pub use scheduler::{ReadOrder, Scheduler, SendOrder};
+pub use tracker::{CheckpointPolicy, FileTracker};
+pub use tuning::{IoMode, Settings, TuningError, Verification};
