@@ -262,6 +262,29 @@ pub fn wait_readable(stream: &TcpStream, timeout: Duration) -> io::Result<bool> 
     }
 }
 
+/// Waits until `stream` is readable (or closed) or `wake` is readable, at
+/// most `timeout`; says which.
+pub fn wait_readable_or(
+    stream: &TcpStream,
+    wake: std::os::fd::BorrowedFd<'_>,
+    timeout: Duration,
+) -> io::Result<(bool, bool)> {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let ts = Timespec::try_from(timeout).unwrap_or(Timespec {
+        tv_sec: i64::MAX,
+        tv_nsec: 0,
+    });
+    let mut fds = [
+        PollFd::new(stream, PollFlags::IN),
+        PollFd::from_borrowed_fd(wake, PollFlags::IN),
+    ];
+    match poll(&mut fds, Some(&ts)) {
+        Ok(_) => Ok((!fds[0].revents().is_empty(), !fds[1].revents().is_empty())),
+        Err(rustix::io::Errno::INTR) => Ok((false, false)),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Listens on `addr` with SO_REUSEADDR, so a restarted receiver can rebind.
 pub fn listen(addr: &str) -> Result<TcpListener> {
     let a: SocketAddr = addr

@@ -17,6 +17,7 @@ mod registry;
 mod session;
 mod spare;
 mod stats;
+mod verdicts;
 mod writer;
 
 use std::io::Write;

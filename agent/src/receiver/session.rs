@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use super::claims::Life;
 use super::dest::{Prepared, Staged, prepare};
 use super::stats::{Stats, answered};
+use super::verdicts::{self, Verdict, VerdictRx};
 use super::writer::{Writer, WriterMsg};
 use super::{Shared, lock};
 use crate::error::{Error, Result};
@@ -331,17 +332,16 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         None => Pools::new(block_size as usize, count)?,
     };
     let (writer_tx, writer_rx) = mpsc::channel();
-    let control = Arc::new(Mutex::new(
-        stream
-            .try_clone()
-            .map_err(|e| Error::net("cloning the control connection", e))?,
-    ));
+    // The writer's verdicts come back to this thread, which alone writes
+    // on the control connection.
+    let (verdicts_tx, verdicts) =
+        verdicts::channel().map_err(|e| Error::io("creating the writer's eventfd", e))?;
     let accepted = files.len() as u64;
     let writer = Writer::new(
         Arc::clone(shared),
         files,
         writer_rx,
-        Arc::clone(&control),
+        verdicts_tx,
         verify,
         Arc::clone(&stats),
     )?;
@@ -380,7 +380,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     drop(plan);
     let sent = {
         use std::io::Write;
-        lock(&control)
+        stream
             .write_all(&out)
             .map_err(|e| Error::net("sending the plan", e))
     };
@@ -392,9 +392,8 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
             shared,
             &mut reader,
             &mut stream,
-            &control,
+            &verdicts,
             &writer_tx,
-            &stats,
             accepted,
             &life,
         )
@@ -455,7 +454,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     // Closed last: a sender waiting for this close knows the session is
     // over, its destinations released and its summary recorded.
     if outcome.is_ok() {
-        let _ = lock(&control).shutdown(Shutdown::Both);
+        let _ = stream.shutdown(Shutdown::Both);
     }
     outcome
 }
@@ -467,12 +466,12 @@ fn results(
     shared: &Shared,
     reader: &mut FrameReader,
     stream: &mut TcpStream,
-    control: &Mutex<TcpStream>,
+    verdicts: &VerdictRx,
     writer_tx: &mpsc::Sender<WriterMsg>,
-    stats: &Stats,
     accepted: u64,
     life: &Life,
 ) -> Result<()> {
+    let mut answered = 0;
     let now = Instant::now();
     let mut keepalive = Keepalive::new(now, KEEPALIVE_INTERVAL);
     let mut idle = IdleDeadline::new(now, shared.cfg.idle_timeout);
@@ -496,12 +495,53 @@ fn results(
             ));
         }
         if keepalive.poll_due(now) {
-            write_frame(&mut *lock(control), &Frame::Keepalive)?;
+            write_frame(stream, &Frame::Keepalive)?;
             keepalive.handle_sent(now);
         }
         let wake = keepalive.poll_timeout().min(idle.poll_timeout());
-        let readable = net::wait_readable(stream, wake.saturating_duration_since(now))
-            .map_err(|e| Error::net("waiting for the sender", e))?;
+        let (readable, woken) =
+            net::wait_readable_or(stream, verdicts.fd(), wake.saturating_duration_since(now))
+                .map_err(|e| Error::net("waiting for the sender", e))?;
+        if woken {
+            for v in verdicts.take() {
+                match v {
+                    Verdict::File {
+                        file_id,
+                        ok,
+                        digest,
+                        message,
+                    } => {
+                        write_frame(
+                            stream,
+                            &Frame::FileResult {
+                                file_id,
+                                ok,
+                                digest,
+                                message,
+                            },
+                        )?;
+                        answered += 1;
+                    }
+                    Verdict::Failed { retryable, message } => {
+                        let _ = write_frame(
+                            stream,
+                            &Frame::Error {
+                                retryable,
+                                message: message.clone(),
+                            },
+                        );
+                        return Err(Error::Transfer(message));
+                    }
+                }
+            }
+            if answered >= accepted {
+                // Every file has its verdict: the session is over now, not
+                // a round trip later when the sender's Finish arrives. The
+                // caller stops the writer, releases the destinations and
+                // closes the connection, which is what the sender waits for.
+                return Ok(());
+            }
+        }
         if !readable {
             continue;
         }
@@ -520,8 +560,6 @@ fn results(
             }
             Ok(Frame::Keepalive) => {}
             Ok(Frame::Finish) => return Ok(()),
-            // The writer ended the session after the last result.
-            Err(_) if answered(stats) >= accepted => return Ok(()),
             Ok(other) => {
                 return Err(Error::Violation(format!(
                     "unexpected {other:?} on the control connection"

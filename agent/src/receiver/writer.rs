@@ -3,21 +3,21 @@
 //! and verifies and publishes finished files.
 
 use std::collections::{HashMap, HashSet};
-use std::net::{Shutdown, TcpStream};
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
+use super::Shared;
 use super::checkpointer::{Checkpointer, Done, Job};
 use super::dest::{DestFile, Staged, discard_unresumable};
 use super::kept::Kept;
-use super::stats::{Stats, answered};
-use super::{Shared, lock};
+use super::stats::Stats;
+use super::verdicts::{Verdict, VerdictTx};
 use crate::error::{Error, Result};
 use crate::io::{ALIGN, BlockIo, IoDone, IoMode, IoOp, OpKind, Pool, backend};
 use crate::metrics::metrics;
-use crate::wire::{EntryKind, Frame, Verification, write_frame};
+use crate::wire::{EntryKind, Frame, Verification};
 use wirerate_engine::CheckpointPolicy;
 use wirerate_engine::digest::{block_checksum, file_digest, fmt_digest};
 
@@ -73,7 +73,8 @@ pub(crate) struct Writer {
     shared: Arc<Shared>,
     files: HashMap<u32, DestFile>,
     rx: mpsc::Receiver<WriterMsg>,
-    control: Arc<Mutex<TcpStream>>,
+    /// To the control thread, which owns the control connection.
+    verdicts: VerdictTx,
     verify: Verification,
     stats: Arc<Stats>,
     io: Box<dyn BlockIo>,
@@ -85,8 +86,6 @@ pub(crate) struct Writer {
     next_tag: u64,
     policy: CheckpointPolicy,
     checkpointer: Checkpointer,
-    /// Files the session accepted; each gets one result.
-    accepted: u64,
     /// A message taken while gathering finished files, handled next.
     lookahead: Option<WriterMsg>,
     /// Reports of files whose last blocks are still on their way: the
@@ -110,7 +109,7 @@ impl Writer {
         shared: Arc<Shared>,
         files: Staged<'_>,
         rx: mpsc::Receiver<WriterMsg>,
-        control: Arc<Mutex<TcpStream>>,
+        verdicts: VerdictTx,
         verify: Verification,
         stats: Arc<Stats>,
     ) -> Result<Self> {
@@ -118,7 +117,6 @@ impl Writer {
         let policy = CheckpointPolicy::new(Instant::now(), shared.cfg.checkpoint_interval);
         let checkpointer = Checkpointer::start(Arc::clone(&shared))?;
         let files = files.into_files();
-        let accepted = files.len() as u64;
         let mut kept = Kept::new(Arc::clone(&stats));
         for (&id, f) in &files {
             kept.set(id, f.layout.bytes_in(f.tracker.durable()));
@@ -127,7 +125,7 @@ impl Writer {
             shared,
             files,
             rx,
-            control,
+            verdicts,
             verify,
             stats,
             io,
@@ -137,7 +135,6 @@ impl Writer {
             next_tag: 0,
             policy,
             checkpointer,
-            accepted,
             lookahead: None,
             awaiting: Vec::new(),
             finished: HashSet::new(),
@@ -164,15 +161,10 @@ impl Writer {
             });
         if let Err(e) = &result {
             tracing::error!("writer failed: {e}");
-            let mut c = lock(&self.control);
-            let _ = write_frame(
-                &mut *c,
-                &Frame::Error {
-                    retryable: e.is_retryable(),
-                    message: format!("receiver: {e}"),
-                },
-            );
-            let _ = c.shutdown(Shutdown::Both);
+            self.verdicts.send(Verdict::Failed {
+                retryable: e.is_retryable(),
+                message: format!("receiver: {e}"),
+            });
         }
         // Whatever happened, make what is on disk resumable, and remove
         // what cannot be resumed.
@@ -519,25 +511,14 @@ impl Writer {
         } else {
             metrics().files_failed.inc();
         }
-        let mut control = lock(&self.control);
-        write_frame(
-            &mut *control,
-            &Frame::FileResult {
-                file_id,
-                ok,
-                digest,
-                message,
-            },
-        )?;
-        if answered(&self.stats) >= self.accepted {
-            // Every file has its result, so the session is over: end it now
-            // rather than a round trip later, when the sender's Finish
-            // arrives. Shutting down our read side wakes the control
-            // thread, which stops this writer, releases the destinations
-            // and closes the connection; that close is what the sender
-            // waits for.
-            let _ = control.shutdown(Shutdown::Read);
-        }
+        // The control thread ends the session once every accepted file has
+        // its verdict, rather than a round trip later at the sender's Finish.
+        self.verdicts.send(Verdict::File {
+            file_id,
+            ok,
+            digest,
+            message,
+        });
         Ok(())
     }
 

@@ -1,0 +1,118 @@
+//! The writer's verdicts on their way to the control thread, which alone
+//! writes on the control connection. An eventfd wakes that thread's poll,
+//! so a verdict goes out at once rather than at its next keepalive.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, mpsc};
+
+use rustix::event::{EventfdFlags, eventfd};
+
+/// What the writer has to say to the sender.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// A file is published (`ok`) or given up, with the receiver's digest.
+    File {
+        file_id: u32,
+        ok: bool,
+        digest: u128,
+        message: String,
+    },
+    /// The writer failed; the session ends with this error.
+    Failed { retryable: bool, message: String },
+}
+
+/// The writer's end.
+pub(crate) struct VerdictTx {
+    tx: mpsc::Sender<Verdict>,
+    wake: Arc<OwnedFd>,
+}
+
+/// The control thread's end.
+pub(crate) struct VerdictRx {
+    rx: mpsc::Receiver<Verdict>,
+    wake: Arc<OwnedFd>,
+}
+
+/// A channel whose receiver can be polled beside a socket.
+pub(crate) fn channel() -> std::io::Result<(VerdictTx, VerdictRx)> {
+    let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
+    let (tx, rx) = mpsc::channel();
+    Ok((
+        VerdictTx {
+            tx,
+            wake: Arc::clone(&wake),
+        },
+        VerdictRx { rx, wake },
+    ))
+}
+
+impl VerdictTx {
+    /// Queues `v` and wakes the control thread. A control thread that has
+    /// gone (the session ended) no longer wants it.
+    pub(crate) fn send(&self, v: Verdict) {
+        if self.tx.send(v).is_ok() {
+            // Cannot fail but by overflowing a counter that is reset on
+            // every wake; a missed wake would only delay to the next poll.
+            let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
+        }
+    }
+}
+
+impl VerdictRx {
+    /// What to poll for readability: set while verdicts wait.
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.wake.as_fd()
+    }
+
+    /// Every verdict queued so far, in order.
+    pub(crate) fn take(&self) -> Vec<Verdict> {
+        // Reset before draining: a verdict sent after the drain sets the
+        // eventfd again, so none is left waiting without a wake.
+        let mut count = [0u8; 8];
+        let _ = rustix::io::read(&*self.wake, &mut count);
+        self.rx.try_iter().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn woken(rx: &VerdictRx, wait: Duration) -> bool {
+        use rustix::event::{PollFd, PollFlags, Timespec, poll};
+        let ts = Timespec::try_from(wait).unwrap();
+        let mut fds = [PollFd::from_borrowed_fd(rx.fd(), PollFlags::IN)];
+        poll(&mut fds, Some(&ts)).unwrap() > 0
+    }
+
+    #[test]
+    fn a_verdict_from_another_thread_wakes_the_poll_and_keeps_its_order() {
+        let (tx, rx) = channel().unwrap();
+        assert!(!woken(&rx, Duration::from_millis(10)));
+        let t = std::thread::spawn(move || {
+            for file_id in 0..3 {
+                tx.send(Verdict::File {
+                    file_id,
+                    ok: true,
+                    digest: 0,
+                    message: String::new(),
+                });
+            }
+        });
+        t.join().unwrap();
+        assert!(woken(&rx, Duration::from_secs(5)));
+        let ids: Vec<u32> = rx
+            .take()
+            .into_iter()
+            .map(|v| match v {
+                Verdict::File { file_id, .. } => file_id,
+                Verdict::Failed { .. } => u32::MAX,
+            })
+            .collect();
+        assert_eq!(ids, [0, 1, 2]);
+        // Drained and reset: nothing wakes until the next verdict.
+        assert!(!woken(&rx, Duration::from_millis(10)));
+        assert!(rx.take().is_empty());
+    }
+}
