@@ -11,6 +11,7 @@
 // KubeSchema re-declares each type inside a private module, which trips this lint.
 #![allow(unreachable_pub)]
 
+pub mod apply;
 pub mod binding;
 pub mod conditions;
 pub mod contract;

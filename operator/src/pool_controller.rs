@@ -12,7 +12,6 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Resource, ResourceExt};
-use serde_json::json;
 use wirerate_crds::DtnPoolStatus;
 use wirerate_crds::conditions::{self, types};
 use wirerate_crds::{DtnPool, contract};
@@ -157,8 +156,7 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
     );
     announce(ctx, pool, &status).await;
     if pool.status.as_ref() != Some(&status) {
-        let patch =
-            json!({"apiVersion": "wirerate.io/v1alpha1", "kind": "DtnPool", "status": status});
+        let patch = wirerate_crds::apply::StatusApply::new::<DtnPool>(&status);
         api.patch_status(
             &name,
             &PatchParams::apply(contract::OPERATOR_MANAGER).force(),

@@ -13,6 +13,7 @@ use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
+use wirerate_crds::apply::{LabelsApply, StatusApply};
 use wirerate_crds::transfer::ReportState;
 use wirerate_crds::{Transfer, TransferPhase, TransferStatus, contract};
 
@@ -497,13 +498,13 @@ async fn write(t: &Transfer, ctx: &Context, api: &Api<Transfer>, s: &TransferSta
         receiver: s.receiver.clone(),
     };
     let live = !s.phase.is_some_and(|p| p.is_final());
-    let mut labels = serde_json::Map::new();
+    let mut wanted = BTreeMap::new();
     if live {
         if let Some(a) = &assigned.sender {
-            labels.insert(contract::SENDER_LABEL.into(), json!(a.name));
+            wanted.insert(contract::SENDER_LABEL.to_owned(), a.name.clone());
         }
         if let Some(a) = &assigned.receiver {
-            labels.insert(contract::RECEIVER_LABEL.into(), json!(a.name));
+            wanted.insert(contract::RECEIVER_LABEL.to_owned(), a.name.clone());
         }
     }
     let current: BTreeMap<String, String> = t
@@ -512,16 +513,12 @@ async fn write(t: &Transfer, ctx: &Context, api: &Api<Transfer>, s: &TransferSta
         .filter(|(k, _)| k.starts_with("wirerate.io/"))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    let wanted: BTreeMap<String, String> = labels
-        .iter()
-        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
-        .collect();
     if current != wanted {
-        let patch = json!({"apiVersion": "wirerate.io/v1alpha1", "kind": "Transfer", "metadata": {"name": name, "labels": labels}});
+        let patch = LabelsApply::new::<Transfer>(&name, &wanted);
         api.patch(&name, &pp, &Patch::Apply(&patch)).await?;
     }
     if lifecycle::operator_fields(&old) != *s {
-        let patch = json!({"apiVersion": "wirerate.io/v1alpha1", "kind": "Transfer", "status": s});
+        let patch = StatusApply::new::<Transfer>(s);
         api.patch_status(&name, &pp, &Patch::Apply(&patch)).await?;
         // Until the cache shows it, the ledger stands in (a failover's new
         // attempt must not be made twice from a stale copy).

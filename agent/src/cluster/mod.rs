@@ -25,8 +25,10 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use serde_json::json;
-use wirerate_crds::transfer::{Progress as ProgressStatus, ReportState, Role, StripingReport};
+use wirerate_crds::apply::{AgentStatus, StatusApply};
+use wirerate_crds::transfer::{
+    AgentReport, Progress as ProgressStatus, ReportState, Role, StripingReport,
+};
 use wirerate_crds::{AgentLease, DtnPool, Transfer, contract};
 
 use crate::error::{Error, Result};
@@ -786,26 +788,20 @@ async fn report(
         endpoint,
     } = r;
     let api: Api<Transfer> = Api::namespaced(client.clone(), ns);
-    let mut status = json!({
-        "reports": [{
-            "role": key.role,
-            "agent": cfg.agent,
-            "attempt": key.attempt,
-            "state": state,
-            "message": message.chars().take(1000).collect::<String>(),
-            "updatedAt": Time(Timestamp::now()),
-        }]
-    });
-    if let Some(e) = endpoint {
-        status["reports"][0]["endpoint"] = json!(e);
-    }
-    if let Some(p) = progress {
-        status["progress"] = json!(p);
-    }
-    if let Some(s) = striping {
-        status["striping"] = json!(s);
-    }
-    let patch = json!({"apiVersion": "wirerate.io/v1alpha1", "kind": "Transfer", "status": status});
+    let status = AgentStatus {
+        reports: [AgentReport {
+            role: key.role,
+            agent: cfg.agent.clone(),
+            attempt: key.attempt,
+            state,
+            message: message.chars().take(1000).collect(),
+            endpoint: endpoint.map(str::to_owned),
+            updated_at: Time(Timestamp::now()),
+        }],
+        progress: progress.cloned(),
+        striping: striping.cloned(),
+    };
+    let patch = StatusApply::new::<Transfer>(&status);
     let pp = PatchParams::apply(&contract::agent_manager(&cfg.agent)).force();
     match api.patch_status(name, &pp, &Patch::Apply(&patch)).await {
         Ok(_) => true,

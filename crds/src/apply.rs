@@ -1,0 +1,135 @@
+//! Server-side-apply bodies, typed. The apiVersion and kind come from the
+//! resource type, the body from a typed struct, so a patch cannot name a
+//! field the type does not have, and a field manager claims exactly the
+//! fields it sets.
+
+use std::collections::BTreeMap;
+
+use kube::Resource;
+use serde::Serialize;
+
+use crate::transfer::{AgentReport, Progress, StripingReport};
+
+/// `{apiVersion, kind, status}`: applied to the status subresource.
+#[derive(Debug, Serialize)]
+pub struct StatusApply<'a, S> {
+    #[serde(rename = "apiVersion")]
+    api_version: String,
+    kind: String,
+    status: &'a S,
+}
+
+impl<'a, S: Serialize> StatusApply<'a, S> {
+    /// The body that applies `status` to an object of kind `K`.
+    pub fn new<K: Resource<DynamicType = ()>>(status: &'a S) -> Self {
+        Self {
+            api_version: K::api_version(&()).into_owned(),
+            kind: K::kind(&()).into_owned(),
+            status,
+        }
+    }
+}
+
+/// `{apiVersion, kind, metadata: {name, labels}}`: the labels a manager
+/// owns on an object (an empty map gives them all up).
+#[derive(Debug, Serialize)]
+pub struct LabelsApply<'a> {
+    #[serde(rename = "apiVersion")]
+    api_version: String,
+    kind: String,
+    metadata: NamedLabels<'a>,
+}
+
+#[derive(Debug, Serialize)]
+struct NamedLabels<'a> {
+    name: &'a str,
+    labels: &'a BTreeMap<String, String>,
+}
+
+impl<'a> LabelsApply<'a> {
+    /// The body that sets `labels` on the object `name` of kind `K`.
+    pub fn new<K: Resource<DynamicType = ()>>(
+        name: &'a str,
+        labels: &'a BTreeMap<String, String>,
+    ) -> Self {
+        Self {
+            api_version: K::api_version(&()).into_owned(),
+            kind: K::kind(&()).into_owned(),
+            metadata: NamedLabels { name, labels },
+        }
+    }
+}
+
+/// The part of a Transfer's status an agent owns: its own report, and
+/// what its role reports (progress, striping). Nothing else, so applying it
+/// never takes a field from the operator (a `TransferStatus` would carry
+/// `attempt: 0`).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStatus {
+    /// This agent's one report.
+    pub reports: [AgentReport; 1],
+    /// Bytes moved, if this side shows them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
+    /// The layout the receiver gave the file, if it striped it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub striping: Option<StripingReport>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transfer::{ReportState, Role};
+    use crate::{DtnPool, Transfer, TransferStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+    use serde_json::json;
+
+    #[test]
+    fn bodies_are_what_the_hand_written_patches_were() {
+        let s = TransferStatus::default();
+        assert_eq!(
+            serde_json::to_value(StatusApply::new::<Transfer>(&s)).unwrap(),
+            json!({"apiVersion": "wirerate.io/v1alpha1", "kind": "Transfer", "status": s})
+        );
+        let p = crate::DtnPoolStatus::default();
+        assert_eq!(
+            serde_json::to_value(StatusApply::new::<DtnPool>(&p)).unwrap(),
+            json!({"apiVersion": "wirerate.io/v1alpha1", "kind": "DtnPool", "status": p})
+        );
+        let labels = BTreeMap::from([("wirerate.io/sender".to_owned(), "a-0".to_owned())]);
+        assert_eq!(
+            serde_json::to_value(LabelsApply::new::<Transfer>("t", &labels)).unwrap(),
+            json!({"apiVersion": "wirerate.io/v1alpha1", "kind": "Transfer",
+                   "metadata": {"name": "t", "labels": {"wirerate.io/sender": "a-0"}}})
+        );
+    }
+
+    // An agent's patch must not carry fields it does not own: applying
+    // `attempt` would take it from the operator.
+    #[test]
+    fn an_agents_status_carries_only_its_own_fields() {
+        let at = Time(Timestamp::from_second(1_700_000_000).unwrap());
+        let body = AgentStatus {
+            reports: [AgentReport {
+                role: Role::Receiver,
+                agent: "b-0".into(),
+                attempt: 2,
+                state: ReportState::Running,
+                message: "writing".into(),
+                endpoint: Some("10.0.0.2:7701".into()),
+                updated_at: at.clone(),
+            }],
+            progress: None,
+            striping: None,
+        };
+        let v = serde_json::to_value(StatusApply::new::<Transfer>(&body)).unwrap();
+        assert_eq!(
+            v["status"],
+            json!({"reports": [{"role": "Receiver", "agent": "b-0", "attempt": 2,
+                   "state": "Running", "message": "writing", "endpoint": "10.0.0.2:7701",
+                   "updatedAt": at}]})
+        );
+    }
+}
