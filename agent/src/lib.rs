@@ -17,6 +17,7 @@ pub mod net;
 pub mod progress;
 pub mod receiver;
 pub mod sender;
+mod spans;
 pub mod summary;
 pub mod token;
 pub mod units;

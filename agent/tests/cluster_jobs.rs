@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::{TOKEN, assert_same, scratch, write_file};
@@ -411,4 +412,74 @@ fn out_of_range_tuning_is_refused_naming_the_field_not_clamped() {
             .contains("queueDepth (--queue-depth) must be from 1 to 4096; got 0"),
         "{err}"
     );
+}
+
+/// Everything logged in this test process, for the test below.
+fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&logs);
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || Sink(Arc::clone(&sink)))
+            .init();
+        logs
+    })
+    .clone()
+}
+
+struct Sink(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Sink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+// An in-cluster agent runs several transfers at once, and its engine
+// threads logged without saying which: "session 1 failed: connecting to
+// ..." named no Transfer. They now log under the span the job was started
+// in.
+#[test]
+fn a_jobs_threads_log_under_its_transfers_span() {
+    let logs = captured_logs();
+    let src = scratch("spans-src");
+    let file = src.path().join("f.bin");
+    write_file(&file, 4096, 5);
+    // Nothing listens there: the sender fails to connect and says so.
+    let closed = free_ports().end;
+    let span = tracing::info_span!("transfer", transfer = "lab/run-42");
+    let mut tx = span
+        .in_scope(|| {
+            SenderJob::start(
+                &format!("127.0.0.1:{closed}"),
+                TOKEN.to_vec(),
+                file,
+                "f.bin".into(),
+                &tuning(),
+                Verification::Checksums,
+                None,
+            )
+        })
+        .unwrap();
+    let start = Instant::now();
+    let line = loop {
+        let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+        if let Some(l) = text.lines().find(|l| l.contains("session failed")) {
+            break l.to_owned();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no failure logged: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    tx.cancel();
+    assert!(line.contains("transfer{transfer=\"lab/run-42\"}"), "{line}");
+    assert!(line.contains("session=1"), "{line}");
 }

@@ -15,6 +15,7 @@ pub mod layout;
 pub mod liveness;
 pub mod retry;
 pub mod scheduler;
+pub mod throttle;
 pub mod tracker;
 pub mod tuning;
 
@@ -23,5 +24,6 @@ pub use layout::Layout;
 pub use liveness::{IdleDeadline, Keepalive};
 pub use retry::Backoff;
 pub use scheduler::{ReadOrder, Scheduler, SendOrder};
+pub use throttle::Throttle;
 pub use tracker::{CheckpointPolicy, FileTracker};
 pub use tuning::{IoMode, Settings, TuningError, Verification};

@@ -97,10 +97,10 @@ impl SenderJob {
         let (p, r) = (progress.clone(), result.clone());
         let thread = std::thread::Builder::new()
             .name("k8s-send".into())
-            .spawn(move || {
+            .spawn(crate::spans::carry(move || {
                 let out = send(&cfg, p);
                 *r.lock().expect("result lock") = Some(out);
-            })
+            }))
             .map_err(|e| Error::io("starting a sender thread".to_string(), e))?;
         Ok(Self {
             progress,

@@ -270,7 +270,13 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
             let Some(t) = by_uid.get(&w.key.uid) else {
                 continue;
             };
-            match start_job(&client, &cfg, &pool, t, &w).await {
+            let span = tracing::info_span!(
+                "transfer",
+                transfer = %format!("{}/{}", w.transfer.0, w.transfer.1),
+                role = ?w.key.role,
+                attempt = w.key.attempt
+            );
+            match start_job(&client, &cfg, &pool, t, &w, &span).await {
                 Ok(job) => {
                     tracing::info!(transfer = ?w.transfer, role = ?w.key.role, attempt = w.key.attempt, "started");
                     jobs.insert(w.key.clone(), job);
@@ -319,6 +325,7 @@ async fn start_job(
     pool: &DtnPool,
     t: &Transfer,
     w: &Want,
+    span: &tracing::Span,
 ) -> Result<Job> {
     let s = t.status.clone().unwrap_or_default();
     let tuning = s.effective_tuning.clone().unwrap_or_else(|| {
@@ -353,15 +360,18 @@ async fn start_job(
             let verify = t.spec.verification;
             let endpoint = w.endpoint.clone().unwrap_or_default();
             Side::Sender {
-                job: SenderJob::start(
-                    &endpoint,
-                    token,
-                    source,
-                    dest,
-                    &tuning,
-                    verify,
-                    t.spec.max_rate_mbps,
-                )?,
+                // Its thread logs under the Transfer's span.
+                job: span.in_scope(|| {
+                    SenderJob::start(
+                        &endpoint,
+                        token,
+                        source,
+                        dest,
+                        &tuning,
+                        verify,
+                        t.spec.max_rate_mbps,
+                    )
+                })?,
                 shows_progress: t.spec.destination.external.is_some(),
                 last_state: None,
             }
@@ -392,7 +402,8 @@ async fn start_job(
                 ..cfg
                     .data_port
                     .saturating_add(cfg.max_transfers.saturating_mul(2));
-            let job = ReceiverJob::start(parent, token, &tuning, ports)?;
+            // Its threads log under the Transfer's span.
+            let job = span.in_scope(|| ReceiverJob::start(parent, token, &tuning, ports))?;
             Side::Receiver {
                 job,
                 dest,

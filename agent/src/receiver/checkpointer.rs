@@ -56,13 +56,13 @@ impl Checkpointer {
         let (done_tx, done) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("checkpoint".into())
-            .spawn(move || {
+            .spawn(crate::spans::carry(move || {
                 for batch in job_rx {
                     if done_tx.send(run(&shared, batch)).is_err() {
                         break;
                     }
                 }
-            })
+            }))
             .map_err(|e| Error::io("starting the checkpoint thread", e))?;
         Ok(Self {
             jobs: Some(jobs),

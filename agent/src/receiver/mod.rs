@@ -37,7 +37,10 @@ use crate::metrics::metrics;
 use crate::net::{self, SocketOpts, auth};
 use crate::summary::ReceiverSummary;
 use crate::wire::{Frame, Purpose, write_frame};
-use wirerate_engine::{Settings, tuning};
+use wirerate_engine::{Settings, Throttle, tuning};
+
+/// How often a repeated failure is logged.
+const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Connections served at once, by default: each costs a thread.
 pub const MAX_CONNECTIONS: usize = 1024;
@@ -192,9 +195,10 @@ pub(crate) struct Shared {
     /// reconnects lists only the files still open, so one session's
     /// figures alone would make the progress drop.
     job: JobCounters,
-    /// When the receiver last said it refused connections, and how many
-    /// it refused since (a flood must not flood the log too).
-    refusals: Mutex<(Option<Instant>, u64)>,
+    /// Refused connections and failed accepts are logged at most every
+    /// 10 s, with how many (a flood must not flood the log too).
+    refusals: Mutex<Throttle>,
+    accept_failures: Mutex<Throttle>,
 }
 
 /// What a server's sessions hold and did, as progress to show: the
@@ -264,7 +268,8 @@ impl Server {
                 summaries: Mutex::default(),
                 latest: Mutex::default(),
                 job: JobCounters::default(),
-                refusals: Mutex::default(),
+                refusals: Mutex::new(Throttle::new(LOG_EVERY)),
+                accept_failures: Mutex::new(Throttle::new(LOG_EVERY)),
             }),
         })
     }
@@ -294,7 +299,7 @@ impl Server {
         let shared = Arc::clone(&self.shared);
         let thread = std::thread::Builder::new()
             .name("accept".into())
-            .spawn(move || self.run())
+            .spawn(crate::spans::carry(move || self.run()))
             .expect("spawning the accept thread");
         ServerHandle {
             addr,
@@ -386,14 +391,8 @@ impl Shared {
 
     /// Logs refused connections at most every 10 s, with how many.
     fn log_refusal(&self, message: &str) {
-        let mut g = lock(&self.refusals);
-        g.1 += 1;
-        let now = Instant::now();
-        if g.0
-            .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(10))
-        {
-            tracing::warn!("refusing connections: {message} ({} refused)", g.1);
-            *g = (Some(now), 0);
+        if let Some(held) = lock(&self.refusals).poll(Instant::now()) {
+            tracing::warn!(refused = held + 1, "refusing connections: {message}");
         }
     }
 }
@@ -435,7 +434,9 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
             Ok(s) => s,
             Err(e) => {
                 // EMFILE and friends: wait for connections to close.
-                tracing::warn!("accept failed: {e}");
+                if let Some(held) = lock(&shared.accept_failures).poll(Instant::now()) {
+                    tracing::warn!(failures = held + 1, "accept failed: {e}");
+                }
                 std::thread::sleep(Duration::from_millis(50));
                 continue;
             }
@@ -459,11 +460,11 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
         let shared = Arc::clone(shared);
         let spawned = std::thread::Builder::new()
             .name("conn".into())
-            .spawn(move || {
+            .spawn(crate::spans::carry(move || {
                 if let Err(e) = handle_connection(&shared, stream, ticket) {
                     tracing::warn!(%peer, "connection closed: {e}");
                 }
-            });
+            }));
         if let Err(e) = spawned {
             tracing::error!("cannot start a connection thread: {e}");
         }

@@ -18,6 +18,7 @@ use crate::fsroot::validate;
 use crate::io::Pools;
 use crate::metrics::metrics;
 use crate::net;
+use crate::spans::carry;
 use crate::summary::{ReceiverSummary, SessionOutcome};
 use crate::units::{fmt_bytes, gbps};
 use crate::wire::{
@@ -44,6 +45,11 @@ pub(crate) struct Session {
 
 fn hex(id: &SessionId) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The first 8 hex digits of a session id, as the summary shows it.
+fn short(id: &SessionId) -> String {
+    hex(id)[..8].to_owned()
 }
 
 /// Releases the session's registrations however the control thread ends.
@@ -162,6 +168,8 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
             )));
         }
     };
+    // Everything this session and its writer log carries its id.
+    let _session = tracing::info_span!("session", id = %short(&id)).entered();
     // The sender picks the block size, but the receiver's memory is its
     // own: a session needs at least two buffers within --buffer.
     let max_block = shared.cfg.buffer / 2;
@@ -369,7 +377,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     metrics().sessions_active.inc();
     let writer = std::thread::Builder::new()
         .name("writer".into())
-        .spawn(move || writer.run())
+        .spawn(carry(move || writer.run()))
         .map_err(|e| Error::io("starting the writer thread", e))?;
 
     let mut out = Vec::new();
@@ -576,6 +584,7 @@ pub(crate) fn run_stream(
     id: SessionId,
     idx: u16,
 ) -> Result<()> {
+    let _stream = tracing::info_span!("stream", session = %short(&id), idx).entered();
     let stopping = || shared.stop.load(Ordering::SeqCst);
     let Some(session) = shared.sessions.wait(&id, shared.cfg.join_wait, stopping) else {
         let message = "unknown session: open it on a control connection first".to_string();

@@ -173,7 +173,8 @@ pub fn send(cfg: &SendConfig, progress: Arc<Progress>) -> Result<SendSummary> {
     loop {
         st.sessions += 1;
         let before = (st.bytes_sent, st.verdicts.len());
-        let outcome = session::run(cfg, &list.files, &list.base, &mut st, &pool, &progress);
+        let outcome = tracing::info_span!("session", n = st.sessions + 1)
+            .in_scope(|| session::run(cfg, &list.files, &list.base, &mut st, &pool, &progress));
         let retried = matches!(&outcome, Err(e) if e.is_retryable()
             || (st.connected && matches!(e, Error::Unresolvable { .. })));
         crate::metrics::sender_metrics()
@@ -206,9 +207,9 @@ pub fn send(cfg: &SendConfig, progress: Arc<Progress>) -> Result<SendSummary> {
                 match backoff.poll_delay(Instant::now()) {
                     Some(d) => {
                         tracing::warn!(
-                            "session {} failed: {e}; reconnecting in {:.1} s{}",
-                            st.sessions,
-                            d.as_secs_f64(),
+                            session = st.sessions,
+                            retry_in_s = d.as_secs_f64(),
+                            "session failed: {e}; reconnecting{}",
                             if st.bytes_sent > 0 { " to resume" } else { "" }
                         );
                         std::thread::sleep(d);

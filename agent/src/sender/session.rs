@@ -19,6 +19,7 @@ use crate::io::Pools;
 use crate::metrics::sender_metrics;
 use crate::net::{self, SocketOpts, auth};
 use crate::progress::Progress;
+use crate::spans::carry;
 use crate::wire::{
     BlockHeader, EntryKind, FileEntry, Frame, FrameReader, IDLE_TIMEOUT, KEEPALIVE_INTERVAL,
     MAX_SMALL_FRAME, PlanOutcome, Purpose, SessionId, Verification, encode, write_frame,
@@ -248,7 +249,7 @@ pub(crate) fn run(
         let handles: Vec<_> = (0..cfg.streams)
             .map(|i| {
                 let opts = &data_opts;
-                s.spawn(move || connect_stream(cfg, opts, session, i))
+                s.spawn(carry(move || connect_stream(cfg, opts, session, i)))
             })
             .collect();
         let opened = open_session(cfg, &pending, st, session);
@@ -340,7 +341,7 @@ pub(crate) fn run(
     let mut report = ReadReport::default();
     let outcome = std::thread::scope(|s| -> Result<()> {
         let shared = &shared;
-        let reader_handle = s.spawn(|| {
+        let reader_handle = s.spawn(carry(|| {
             // Empty files are never read: they are checked here, first,
             // and nothing is reported done until they are (meanwhile the
             // coordinator keeps the receiver told that this side is here).
@@ -358,7 +359,7 @@ pub(crate) fn run(
                 shared.fail(Error::Transfer(e.to_string()));
             }
             r
-        });
+        }));
         for (i, st) in streams.iter().enumerate() {
             let Some(st) = st else { continue };
             let i = i as u16;
@@ -366,13 +367,13 @@ pub(crate) fn run(
                 shared.stream_failed(i, "cannot clone the socket");
                 continue;
             };
-            s.spawn(move || send_loop(shared, i, w));
-            s.spawn(move || ack_loop(shared, i, r));
+            s.spawn(carry(move || send_loop(shared, i, w)));
+            s.spawn(carry(move || ack_loop(shared, i, r)));
         }
         let mut ctl_r = control
             .try_clone()
             .map_err(|e| Error::net("cloning the control connection", e))?;
-        s.spawn(move || control_loop(shared, &mut ctl_r, accepted));
+        s.spawn(carry(move || control_loop(shared, &mut ctl_r, accepted)));
 
         let result = coordinate(shared, &mut control, accepted);
 
