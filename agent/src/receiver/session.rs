@@ -410,6 +410,17 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     let report = writer
         .join()
         .unwrap_or_else(|_| super::writer::Report::panicked());
+    // A writer that failed and stopped before this thread read its verdict
+    // (it saw only "the writer stopped"): the sender still hears the real
+    // error, and whether retrying can help.
+    if outcome.is_err()
+        && let Some(Verdict::Failed { retryable, message }) = verdicts
+            .take()
+            .into_iter()
+            .find(|v| matches!(v, Verdict::Failed { .. }))
+    {
+        let _ = write_frame(&mut stream, &Frame::Error { retryable, message });
+    }
     reg.graceful = outcome.is_ok() && report.error.is_none();
     drop(reg);
     // Buffers still held by a stream thread that has not noticed the end

@@ -173,7 +173,7 @@ pub fn send(cfg: &SendConfig, progress: Arc<Progress>) -> Result<SendSummary> {
     loop {
         st.sessions += 1;
         let before = (st.bytes_sent, st.verdicts.len());
-        let outcome = tracing::info_span!("session", n = st.sessions + 1)
+        let outcome = tracing::info_span!("session", n = st.sessions)
             .in_scope(|| session::run(cfg, &list.files, &list.base, &mut st, &pool, &progress));
         let retried = matches!(&outcome, Err(e) if e.is_retryable()
             || (st.connected && matches!(e, Error::Unresolvable { .. })));
