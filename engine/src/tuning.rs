@@ -54,14 +54,7 @@ impl FromStr for IoMode {
 
     /// Either spelling: `async` on the command line, `Async` in a manifest.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|m| m.as_str().eq_ignore_ascii_case(s))
-            .ok_or_else(|| UnknownName {
-                what: "I/O mode",
-                got: s.to_owned(),
-                expected: "async, direct, buffered",
-            })
+        by_name(Self::ALL, Self::as_str, s, "I/O mode")
     }
 }
 
@@ -107,14 +100,7 @@ impl FromStr for Verification {
         if s.eq_ignore_ascii_case("blocks") {
             return Ok(Self::Checksums);
         }
-        Self::ALL
-            .into_iter()
-            .find(|v| v.as_str().eq_ignore_ascii_case(s))
-            .ok_or_else(|| UnknownName {
-                what: "verification",
-                got: s.to_owned(),
-                expected: "none, checksums, reread",
-            })
+        by_name(Self::ALL, Self::as_str, s, "verification")
     }
 }
 
@@ -124,7 +110,23 @@ impl FromStr for Verification {
 pub struct UnknownName {
     what: &'static str,
     got: String,
-    expected: &'static str,
+    expected: String,
+}
+
+/// The one of `all` spelled `s` in either case, or the error listing them.
+fn by_name<T: Copy, const N: usize>(
+    all: [T; N],
+    name: fn(T) -> &'static str,
+    s: &str,
+    what: &'static str,
+) -> Result<T, UnknownName> {
+    all.into_iter()
+        .find(|v| name(*v).eq_ignore_ascii_case(s))
+        .ok_or_else(|| UnknownName {
+            what,
+            got: s.to_owned(),
+            expected: all.map(name).join(", "),
+        })
 }
 
 /// O_DIRECT offsets, lengths and buffers are aligned to this, so block sizes

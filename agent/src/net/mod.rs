@@ -246,20 +246,27 @@ pub fn within<T>(
     Ok(value)
 }
 
-/// Waits up to `timeout` for `stream` to have something to read (or to be
-/// closed); false when the time ran out.
-pub fn wait_readable(stream: &TcpStream, timeout: Duration) -> io::Result<bool> {
-    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+/// Polls `fds` for input up to `timeout`; an interrupted wait counts as
+/// nothing ready.
+fn poll_in(fds: &mut [rustix::event::PollFd<'_>], timeout: Duration) -> io::Result<()> {
+    use rustix::event::{Timespec, poll};
     let ts = Timespec::try_from(timeout).unwrap_or(Timespec {
         tv_sec: i64::MAX,
         tv_nsec: 0,
     });
-    let mut fds = [PollFd::new(stream, PollFlags::IN)];
-    match poll(&mut fds, Some(&ts)) {
-        Ok(n) => Ok(n > 0),
-        Err(rustix::io::Errno::INTR) => Ok(false),
+    match poll(fds, Some(&ts)) {
+        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Waits up to `timeout` for `stream` to have something to read (or to be
+/// closed); false when the time ran out.
+pub fn wait_readable(stream: &TcpStream, timeout: Duration) -> io::Result<bool> {
+    use rustix::event::{PollFd, PollFlags};
+    let mut fds = [PollFd::new(stream, PollFlags::IN)];
+    poll_in(&mut fds, timeout)?;
+    Ok(!fds[0].revents().is_empty())
 }
 
 /// Waits until `stream` is readable (or closed) or `wake` is readable, at
@@ -269,20 +276,13 @@ pub fn wait_readable_or(
     wake: std::os::fd::BorrowedFd<'_>,
     timeout: Duration,
 ) -> io::Result<(bool, bool)> {
-    use rustix::event::{PollFd, PollFlags, Timespec, poll};
-    let ts = Timespec::try_from(timeout).unwrap_or(Timespec {
-        tv_sec: i64::MAX,
-        tv_nsec: 0,
-    });
+    use rustix::event::{PollFd, PollFlags};
     let mut fds = [
         PollFd::new(stream, PollFlags::IN),
         PollFd::from_borrowed_fd(wake, PollFlags::IN),
     ];
-    match poll(&mut fds, Some(&ts)) {
-        Ok(_) => Ok((!fds[0].revents().is_empty(), !fds[1].revents().is_empty())),
-        Err(rustix::io::Errno::INTR) => Ok((false, false)),
-        Err(e) => Err(e.into()),
-    }
+    poll_in(&mut fds, timeout)?;
+    Ok((!fds[0].revents().is_empty(), !fds[1].revents().is_empty()))
 }
 
 /// Listens on `addr` with SO_REUSEADDR, so a restarted receiver can rebind.
