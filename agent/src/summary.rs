@@ -174,50 +174,7 @@ impl SendSummary {
     }
 }
 
-/// How a receiver's session ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SessionOutcome {
-    /// Every file the session accepted has its result.
-    Complete,
-    /// The session ended before every file had its result; a new session
-    /// of the same transfer resumes what is durable.
-    Interrupted {
-        /// Why, for the person reading the summary.
-        reason: String,
-    },
-    /// The receiver itself failed (its writer, its disk).
-    Failed {
-        /// The error, with what to do.
-        reason: String,
-    },
-}
-
-impl SessionOutcome {
-    /// Whether every accepted file has its result.
-    pub fn is_complete(&self) -> bool {
-        matches!(self, Self::Complete)
-    }
-
-    /// The failure, if the receiver failed.
-    pub fn failure(&self) -> Option<&str> {
-        match self {
-            Self::Failed { reason } => Some(reason),
-            _ => None,
-        }
-    }
-}
-
-impl std::fmt::Display for SessionOutcome {
-    /// `complete`, `interrupted: why` or `failed: why`, as the summary and
-    /// `--json` have always shown it.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Complete => f.write_str("complete"),
-            Self::Interrupted { reason } => write!(f, "interrupted: {reason}"),
-            Self::Failed { reason } => write!(f, "failed: {reason}"),
-        }
-    }
-}
+pub use wirerate_engine::session::SessionOutcome;
 
 /// The receiver's summary of one session.
 #[derive(Debug, Clone, Serialize)]

@@ -2,6 +2,8 @@
 
 use crate::error::{Error, Result};
 
+pub use wirerate_engine::units::{fmt_bytes, gbps};
+
 /// Parses a byte size: a number with an optional SI (k, M, G, T = 1000^n) or
 /// IEC (KiB, MiB, GiB, TiB = 1024^n) suffix; a bare `K`/`M`/`G` means IEC,
 /// as people mean it for buffers and files.
@@ -70,31 +72,6 @@ pub fn parse_rate(s: &str) -> Result<u64> {
     Err(Error::Config(format!(
         "{s:?} is not a rate; write e.g. 5Gbps, 800Mbps or 1GB/s"
     )))
-}
-
-/// Formats a byte count with a binary unit, for people.
-pub fn fmt_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < UNITS.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.2} {}", UNITS[i])
-    }
-}
-
-/// Gigabits per second for `bytes` moved in `secs`.
-pub fn gbps(bytes: u64, secs: f64) -> f64 {
-    if secs <= 0.0 {
-        0.0
-    } else {
-        bytes as f64 * 8.0 / secs / 1e9
-    }
 }
 
 #[cfg(test)]

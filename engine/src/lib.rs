@@ -5,8 +5,11 @@
 //! `sender/` and `receiver/` feed these state machines events and act on
 //! what they poll, so tests drive them with no disk, socket or clock.
 //!
-//! `tuning` is the one definition of every setting, bound and default that
-//! the CRDs, the operator, the CLI and the engine share.
+//! `session` holds the session protocol's decisions for a control
+//! connection, `wire` the frames and their checked codec (the agent reads
+//! and writes them on sockets), and `tuning` the one definition of every
+//! setting, bound and default that the CRDs, the operator, the CLI and the
+//! engine share.
 #![forbid(unsafe_code)]
 
 pub mod bitmap;
@@ -15,13 +18,16 @@ pub mod layout;
 pub mod liveness;
 pub mod retry;
 pub mod scheduler;
+pub mod session;
 pub mod throttle;
 pub mod tracker;
 pub mod tuning;
+pub mod units;
+pub mod wire;
 
 pub use bitmap::Bitmap;
 pub use layout::Layout;
-pub use liveness::{IdleDeadline, Keepalive};
+pub use liveness::{IdleDeadline, Keepalive, Liveness};
 pub use retry::Backoff;
 pub use scheduler::{ReadOrder, Scheduler, SendOrder};
 pub use throttle::Throttle;

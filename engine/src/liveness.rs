@@ -79,6 +79,79 @@ impl IdleDeadline {
     }
 }
 
+/// What time asks of a control connection now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    /// Nothing yet.
+    Nothing,
+    /// Write a keepalive.
+    Keepalive,
+    /// The peer has been silent this long: give it up.
+    GiveUp(Duration),
+}
+
+/// Both timers of one control connection, each armed when its side of
+/// the protocol says it starts and disarmed when the connection ends.
+#[derive(Debug, Clone, Default)]
+pub struct Liveness {
+    keepalive: Option<Keepalive>,
+    idle: Option<IdleDeadline>,
+}
+
+impl Liveness {
+    /// From `now` on, this side owes a sign of life every `interval`.
+    pub fn arm_keepalive(&mut self, now: Instant, interval: Duration) {
+        self.keepalive = Some(Keepalive::new(now, interval));
+    }
+
+    /// From `now` on, the peer is given up after `idle` of silence.
+    pub fn arm_idle(&mut self, now: Instant, idle: Duration) {
+        self.idle = Some(IdleDeadline::new(now, idle));
+    }
+
+    /// The connection is over: nothing is due any more.
+    pub fn disarm(&mut self) {
+        *self = Self::default();
+    }
+
+    /// Something was written to the peer at `now`.
+    pub fn handle_sent(&mut self, now: Instant) {
+        if let Some(k) = &mut self.keepalive {
+            k.handle_sent(now);
+        }
+    }
+
+    /// A frame arrived at `now`.
+    pub fn handle_heard(&mut self, now: Instant) {
+        if let Some(i) = &mut self.idle {
+            i.handle_heard(now);
+        }
+    }
+
+    /// What is due at `now`; giving up comes before a keepalive.
+    #[must_use]
+    pub fn poll(&self, now: Instant) -> Due {
+        if let Some(silent) = self.idle.as_ref().and_then(|i| i.poll_expired(now)) {
+            Due::GiveUp(silent)
+        } else if self.keepalive.as_ref().is_some_and(|k| k.poll_due(now)) {
+            Due::Keepalive
+        } else {
+            Due::Nothing
+        }
+    }
+
+    /// When `poll` next has something to say, if ever.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let k = self.keepalive.as_ref().map(Keepalive::poll_timeout);
+        let i = self.idle.as_ref().map(IdleDeadline::poll_timeout);
+        match (k, i) {
+            (Some(k), Some(i)) => Some(k.min(i)),
+            (k, i) => k.or(i),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,5 +187,24 @@ mod tests {
         let mut d = IdleDeadline::new(t0 + 10 * S, 30 * S);
         d.handle_heard(t0);
         assert_eq!(d.poll_timeout(), t0 + 40 * S);
+    }
+
+    #[test]
+    fn liveness_arms_each_timer_on_its_own_and_giving_up_comes_first() {
+        let t0 = Instant::now();
+        let mut l = Liveness::default();
+        assert_eq!(l.poll_timeout(), None);
+        assert_eq!(l.poll(t0 + 100 * S), Due::Nothing);
+        l.arm_keepalive(t0, 5 * S);
+        l.handle_heard(t0 + 100 * S);
+        assert_eq!(l.poll_timeout(), Some(t0 + 5 * S));
+        assert_eq!(l.poll(t0 + 5 * S), Due::Keepalive);
+        l.handle_sent(t0 + 5 * S);
+        l.arm_idle(t0 + 5 * S, 30 * S);
+        assert_eq!(l.poll_timeout(), Some(t0 + 10 * S));
+        assert_eq!(l.poll(t0 + 35 * S), Due::GiveUp(30 * S));
+        l.disarm();
+        assert_eq!(l.poll(t0 + 35 * S), Due::Nothing);
+        assert_eq!(l.poll_timeout(), None);
     }
 }

@@ -20,7 +20,7 @@ use super::{Bitmap, Layout, digest::file_digest};
 pub const MAX_RESENDS_PER_BLOCK: u32 = 8;
 
 /// One file as the scheduler sees it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannedFile {
     /// Session file id.
     pub file_id: u32,

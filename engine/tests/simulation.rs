@@ -4,11 +4,15 @@
 //! damage and cut, and a disk that completes writes out of order, fails
 //! with ENOSPC or EIO, and on a crash loses whatever was not synced.
 //!
-//! What the agent's threads do around the core (deliver blocks, write them,
+//! Both ends of the control connection are the real cores: the sim opens
+//! each session through `ReceiverControl` (the manifest, its requests to
+//! admit and prepare), hands its plan frames to `SenderControl`, whose plan
+//! the scheduler sends by, and passes reports and results between them;
+//! the sender's verdicts come from its core's digest check. What the
+//! agent's threads do around the core (deliver blocks, write them,
 //! acknowledge, checkpoint, hold a file's report until its blocks are
-//! written, publish, resume from checkpoints) is modelled here step by step,
-//! as the shells do it today; when the session state machines move into the
-//! engine (issue 14) they replace this model and the properties stay.
+//! written, publish, resume from checkpoints) is modelled here step by
+//! step, as the shells do it.
 //!
 //! Properties, checked on every run:
 //! - a run ends, within a bounded number of steps, with every file
@@ -17,7 +21,10 @@
 //!   digest matched and every block was durable and right before the rename;
 //! - a checkpoint records only blocks that are durable and right;
 //! - a session after a crash or a cut sends no block its plan said the
-//!   receiver already has.
+//!   receiver already has;
+//! - the receiver's core answers each file once, only after the sender
+//!   reported it, and closes the session exactly when the sender has every
+//!   result.
 //!
 //! `SIM_SEEDS=N` runs N seeds (default 2,000); `SIM_SEED=S` replays one and
 //! prints its trace. A failure prints the seed and the last events.
@@ -27,6 +34,10 @@ use std::time::{Duration, Instant};
 
 use wirerate_engine::digest::{block_checksum, file_digest};
 use wirerate_engine::scheduler::PlannedFile;
+use wirerate_engine::session::receiver::{Action, End, Limits, Report};
+use wirerate_engine::session::sender::Action as SendAction;
+use wirerate_engine::session::{FileVerdict, ReceiverControl, SenderControl, Verdict};
+use wirerate_engine::wire::{EntryKind, FileEntry, Frame, PlanOutcome};
 use wirerate_engine::{Bitmap, CheckpointPolicy, FileTracker, Scheduler};
 
 /// SplitMix64: small, seedable, the same on every machine.
@@ -106,6 +117,7 @@ enum Msg {
     Result {
         file: u32,
         ok: bool,
+        digest: u128,
     },
 }
 
@@ -293,8 +305,14 @@ impl Sim {
             });
             trackers.insert(f, t);
         }
+        let (mut rx, mut tx, plan) = self.open_session(session, &planned);
+        if plan != planned {
+            self.fail(&format!(
+                "the sender core planned {plan:?}, the receiver {planned:?}"
+            ));
+        }
         let per_stream = BLOCK * (1 + self.rng.below(4));
-        let mut sched = Scheduler::new(planned, BLOCK, streams, per_stream, true);
+        let mut sched = Scheduler::new(plan, BLOCK, streams, per_stream, true);
         let mut policy = CheckpointPolicy::new(self.now(), Duration::from_millis(5));
         // Messages in flight: (deliver at, message); the control channel is
         // stream u16::MAX.
@@ -354,8 +372,24 @@ impl Sim {
                 }
             }
             while let Some((file, digest)) = sched.poll_file_done() {
-                let at = now + 1 + self.rng.below(self.faults.max_delay);
-                wire.push((at, Msg::FileDone { file, digest }));
+                tx.handle_file_done(file, digest, self.now());
+                while let Some(a) = tx.poll_action() {
+                    match a {
+                        SendAction::Send(Frame::FileDone { file_id, digest }) => {
+                            let at = now + 1 + self.rng.below(self.faults.max_delay);
+                            wire.push((
+                                at,
+                                Msg::FileDone {
+                                    file: file_id,
+                                    digest,
+                                },
+                            ));
+                        }
+                        other => self.fail(&format!(
+                            "the sender core reported file {file} with {other:?}"
+                        )),
+                    }
+                }
             }
             if let Some(why) = sched.poll_fatal() {
                 return SessionEnd::Fatal(why.to_owned());
@@ -531,13 +565,54 @@ impl Sim {
                         }
                     }
                     Msg::FileDone { file, digest } => {
-                        awaiting.insert(file, digest);
+                        rx.handle_frame(
+                            Frame::FileDone {
+                                file_id: file,
+                                digest,
+                            },
+                            self.now(),
+                        );
+                        while let Some(a) = rx.poll_action() {
+                            match a {
+                                Action::Report(Report::Done { file_id, digest }) => {
+                                    awaiting.insert(file_id, digest);
+                                }
+                                other => self.fail(&format!(
+                                    "the receiver core answered a report of file {file} with {other:?}"
+                                )),
+                            }
+                        }
                     }
-                    Msg::Result { file, ok } => {
+                    Msg::Result { file, ok, digest } => {
                         self.log(format!("result file {file}: ok={ok}"));
-                        verdicts.insert(file, ok);
+                        tx.handle_frame(
+                            Frame::FileResult {
+                                file_id: file,
+                                ok,
+                                digest,
+                                message: String::new(),
+                            },
+                            self.now(),
+                        );
+                        match tx.poll_action() {
+                            Some(SendAction::Verdict { file_id, verdict }) if file_id == file => {
+                                verdicts.insert(file, matches!(verdict, FileVerdict::Ok(_)));
+                            }
+                            other => self.fail(&format!(
+                                "the sender core took the result of file {file} as {other:?}"
+                            )),
+                        }
                         answered += 1;
+                        if tx.all_answered() != (answered == todo.len()) {
+                            self.fail("the sender core miscounts the results");
+                        }
                         if answered == todo.len() {
+                            if !matches!(rx.end(), Some(End::Answered)) {
+                                self.fail(&format!(
+                                    "the sender has every result but the receiver core ended {:?}",
+                                    rx.end()
+                                ));
+                            }
                             return SessionEnd::Done;
                         }
                     }
@@ -571,10 +646,124 @@ impl Sim {
                 }
                 finished.insert(f);
                 self.log(format!("publish file {f}: ok={ok}"));
-                let at = now + 1 + self.rng.below(self.faults.max_delay);
-                wire.push((at, Msg::Result { file: f, ok }));
+                rx.handle_verdict(
+                    Verdict::File {
+                        file_id: f,
+                        ok,
+                        digest,
+                        message: String::new(),
+                    },
+                    self.now(),
+                );
+                while let Some(a) = rx.poll_action() {
+                    match a {
+                        Action::Send(Frame::FileResult {
+                            file_id,
+                            ok,
+                            digest,
+                            ..
+                        }) => {
+                            let at = now + 1 + self.rng.below(self.faults.max_delay);
+                            wire.push((
+                                at,
+                                Msg::Result {
+                                    file: file_id,
+                                    ok,
+                                    digest,
+                                },
+                            ));
+                        }
+                        Action::Close(End::Answered) if rx.answered() as usize == todo.len() => {}
+                        other => self.fail(&format!(
+                            "the receiver core answered file {f}'s verdict with {other:?}"
+                        )),
+                    }
+                }
             }
         }
+    }
+
+    /// Opens a session through both control cores: the sender's Open and
+    /// manifest into the receiver's, the shell's admission and plan
+    /// (every file accepted, with what it holds), and the plan frames into
+    /// the sender's, whose plan the sender then sends by.
+    fn open_session(
+        &mut self,
+        session: u32,
+        planned: &[PlannedFile],
+    ) -> (ReceiverControl, SenderControl, Vec<PlannedFile>) {
+        let now = self.now();
+        let mut rx = ReceiverControl::new(Limits::new(
+            BLOCK * 4,
+            Duration::from_secs(5),
+            Duration::from_secs(30),
+        ));
+        rx.handle_frame(
+            Frame::Open {
+                session: [session as u8; 16],
+                block_size: BLOCK as u32,
+                streams: 1,
+                verify: wirerate_engine::Verification::Checksums,
+            },
+            now,
+        );
+        let Some(Action::Admit { .. }) = rx.poll_action() else {
+            self.fail("the receiver core did not ask to admit the session");
+        };
+        rx.handle_admitted(Ok(()));
+        let entries = planned
+            .iter()
+            .map(|p| FileEntry {
+                file_id: p.file_id,
+                kind: EntryKind::File,
+                size: p.size,
+                fingerprint: 0,
+                mode: 0o644,
+                path: format!("f{}", p.file_id),
+            })
+            .collect();
+        rx.handle_frame(Frame::Files { entries }, now);
+        rx.handle_frame(Frame::FilesEnd, now);
+        let Some(Action::Prepare(entries)) = rx.poll_action() else {
+            self.fail("the receiver core did not ask to prepare the manifest");
+        };
+        let plan = entries
+            .iter()
+            .zip(planned)
+            .map(|(e, p)| {
+                let have = p.have.as_ref().map(Bitmap::to_bytes).unwrap_or_default();
+                (e.file_id, PlanOutcome::Accept { have })
+            })
+            .collect();
+        rx.handle_plan(plan, now);
+        let mut tx = SenderControl::new(
+            planned.iter().map(|p| (p.file_id, p.size)),
+            BLOCK,
+            wirerate_engine::Verification::Checksums,
+            Duration::from_secs(5),
+            Duration::from_secs(30),
+        );
+        while let Some(a) = rx.poll_action() {
+            match a {
+                Action::Send(f @ (Frame::Plan { .. } | Frame::PlanEnd)) => {
+                    tx.handle_frame(f, now);
+                }
+                other => self.fail(&format!("the receiver core planned {other:?}")),
+            }
+        }
+        let plan = match tx.poll_action() {
+            Some(SendAction::Planned(plan)) if plan.refused.is_empty() => plan,
+            other => self.fail(&format!("the sender core took the plan as {other:?}")),
+        };
+        if plan.held_bytes
+            != planned
+                .iter()
+                .map(|p| p.have.as_ref().map_or(0, |h| h.count()) * BLOCK)
+                .sum::<u64>()
+        {
+            self.fail("the sender core counts the held bytes wrong");
+        }
+        (rx, tx, plan.accepted)
     }
 
     /// Stores a checkpoint, which must record only durable, right blocks.

@@ -63,10 +63,6 @@ impl<'a> Staged<'a> {
         self.files.insert(file_id, file);
     }
 
-    pub(crate) fn len(&self) -> usize {
-        self.files.len()
-    }
-
     /// Hands the files over to their writer.
     pub(crate) fn into_files(mut self) -> HashMap<u32, DestFile> {
         std::mem::take(&mut self.files)

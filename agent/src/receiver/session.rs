@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::claims::Life;
 use super::dest::{Prepared, Staged, prepare};
-use super::stats::{Stats, answered};
+use super::stats::Stats;
 use super::verdicts::{self, Verdict, VerdictRx};
 use super::writer::{Writer, WriterMsg};
 use super::{Shared, lock};
@@ -19,15 +19,15 @@ use crate::io::Pools;
 use crate::metrics::metrics;
 use crate::net;
 use crate::spans::carry;
-use crate::summary::{ReceiverSummary, SessionOutcome};
+use crate::summary::ReceiverSummary;
 use crate::units::{fmt_bytes, gbps};
 use crate::wire::{
-    EntryKind, FileEntry, Frame, FrameReader, KEEPALIVE_INTERVAL, MAX_BLOCKS_PER_SESSION,
-    MAX_ENTRIES, MAX_MANIFEST_BYTES, MAX_SMALL_FRAME, PlanOutcome, SessionId, Verification,
-    write_frame,
+    EntryKind, Frame, FrameReader, KEEPALIVE_INTERVAL, MAX_BLOCKS_PER_SESSION, MAX_SMALL_FRAME,
+    PlanOutcome, SessionId, Verification, write_frame,
 };
+use wirerate_engine::Layout;
 use wirerate_engine::digest::{BlockHasher, HASH_PIECE};
-use wirerate_engine::{IdleDeadline, Keepalive, Layout};
+use wirerate_engine::session::receiver::{Action, End, Limits, ReceiverControl, Refusal, Report};
 
 /// Acknowledgements queued per data stream before its reader waits.
 const ACK_QUEUE: usize = 1024;
@@ -84,56 +84,105 @@ impl Drop for Registration<'_> {
     }
 }
 
-/// Tells the sender why the session cannot go on, and returns the error.
-fn refuse(stream: &mut TcpStream, retryable: bool, message: String) -> Error {
-    let _ = write_frame(
-        stream,
-        &Frame::Error {
-            retryable,
-            message: message.clone(),
-        },
-    );
-    Error::Remote { message, retryable }
+/// Writes the frames the core wants sent, batched into one write, and
+/// returns the first thing it wants done that is not a frame. A session
+/// the core has closed stays closed even when its last words cannot be
+/// written.
+fn flush(
+    core: &mut ReceiverControl,
+    stream: &mut TcpStream,
+    out: &mut Vec<u8>,
+) -> Result<Option<Action>> {
+    use std::io::Write;
+    out.clear();
+    let mut next = None;
+    while let Some(action) = core.poll_action() {
+        match action {
+            Action::Send(frame) => crate::wire::encode(&frame, out),
+            other => {
+                next = Some(other);
+                break;
+            }
+        }
+    }
+    let written = if out.is_empty() {
+        Ok(())
+    } else {
+        stream
+            .write_all(out)
+            .map_err(|e| Error::net("writing to the sender", e))
+    };
+    if out.capacity() > 1 << 20 {
+        // The plan went out: do not hold its bytes all session.
+        *out = Vec::new();
+    }
+    match (written, next) {
+        // The sender missed its last results: not a clean end after all.
+        (Err(e), Some(Action::Close(end))) if end.is_clean() => {
+            core.handle_lost(e.to_string());
+            Err(e)
+        }
+        (_, Some(Action::Close(end))) => Ok(Some(Action::Close(end))),
+        (Err(e), _) => Err(e),
+        (Ok(()), next) => Ok(next),
+    }
 }
 
-/// Reads the manifest, bounded in entries and in path bytes: the
-/// receiver's memory is its own, and a sender could otherwise make it hold
-/// gigabytes of paths. The outer error ends the connection; the inner one
-/// is a refusal to tell the sender.
-fn read_manifest(
+/// The error a session that ended with `end` returns, if any.
+fn ended(end: End) -> Result<()> {
+    match end {
+        End::Finished | End::Answered => Ok(()),
+        End::Refused(r) => {
+            metrics().rejected.with_label_values(&[r.label]).inc();
+            Err(Error::Remote {
+                message: r.message,
+                retryable: r.retryable,
+            })
+        }
+        End::WriterFailed { message, .. } => Err(Error::Transfer(message)),
+        End::Violation(v) => Err(Error::Violation(v)),
+        End::Silent(silent) => Err(Error::net(
+            "waiting for the sender",
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "nothing heard for {:.0} s (--idle-timeout), so it is presumed gone; what it wrote is checkpointed",
+                    silent.as_secs_f64()
+                ),
+            ),
+        )),
+        End::Lost(reason) => Err(Error::Transfer(reason)),
+    }
+}
+
+/// Tells the sender why the session cannot go on, and returns the error.
+fn refuse(core: &mut ReceiverControl, stream: &mut TcpStream, refusal: Refusal) -> Result<()> {
+    core.handle_refused(refusal);
+    match flush(core, stream, &mut Vec::new())? {
+        Some(Action::Close(end)) => ended(end),
+        other => Err(out_of_order(other)),
+    }
+}
+
+/// What the shell did not expect the core to ask for at this point.
+fn out_of_order(action: Option<Action>) -> Error {
+    Error::Transfer(format!(
+        "internal error: the session core asked for {action:?} out of order"
+    ))
+}
+
+/// Feeds frames to the core until it asks for something else.
+fn read_until_action(
+    core: &mut ReceiverControl,
     reader: &mut FrameReader,
     stream: &mut TcpStream,
-) -> Result<std::result::Result<Vec<FileEntry>, String>> {
-    let mut entries = Vec::new();
-    let mut ids = HashSet::new();
-    let mut path_bytes = 0usize;
+    out: &mut Vec<u8>,
+) -> Result<Action> {
     loop {
-        match reader.read(stream)? {
-            Frame::Files { entries: chunk } => {
-                for e in chunk {
-                    if !ids.insert(e.file_id) {
-                        return Ok(Err(format!(
-                            "file id {} appears twice in the manifest",
-                            e.file_id
-                        )));
-                    }
-                    path_bytes += e.path.len();
-                    entries.push(e);
-                }
-                if entries.len() > MAX_ENTRIES || path_bytes > MAX_MANIFEST_BYTES {
-                    metrics().rejected.with_label_values(&["manifest"]).inc();
-                    return Ok(Err(format!(
-                        "manifest over {MAX_ENTRIES} entries or {} of paths; split the transfer",
-                        fmt_bytes(MAX_MANIFEST_BYTES as u64)
-                    )));
-                }
-            }
-            Frame::FilesEnd => return Ok(Ok(entries)),
-            other => {
-                return Err(Error::Violation(format!(
-                    "expected the manifest, got {other:?}"
-                )));
-            }
+        let frame = reader.read(stream)?;
+        core.handle_frame(frame, Instant::now());
+        if let Some(action) = flush(core, stream, out)? {
+            return Ok(action);
         }
     }
 }
@@ -155,47 +204,40 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         .and_then(|()| stream.set_write_timeout(Some(idle_timeout)))
         .map_err(|e| Error::net("setting the control connection's timeouts", e))?;
     let mut reader = FrameReader::default();
-    let (id, block_size, streams, verify) = match reader.read(&mut stream)? {
-        Frame::Open {
-            session,
-            block_size,
-            streams,
-            verify,
-        } => (session, u64::from(block_size), streams, verify),
-        other => {
-            return Err(Error::Violation(format!(
-                "expected a session to open, got {other:?}"
-            )));
-        }
-    };
-    // Everything this session and its writer log carries its id.
-    let _session = tracing::info_span!("session", id = %short(&id)).entered();
+    let mut out = Vec::new();
     // The sender picks the block size, but the receiver's memory is its
     // own: a session needs at least two buffers within --buffer.
-    let max_block = shared.cfg.buffer / 2;
-    if block_size > max_block {
-        metrics().rejected.with_label_values(&["block_size"]).inc();
-        return Err(refuse(
-            &mut stream,
-            false,
-            format!(
-                "block size {} is more than this receiver allows ({}, half its --buffer); \
-             send with a smaller --block-size or raise the receiver's --buffer",
-                fmt_bytes(block_size),
-                fmt_bytes(max_block)
-            ),
-        ));
-    }
+    let mut core = ReceiverControl::new(Limits::new(
+        shared.cfg.buffer / 2,
+        KEEPALIVE_INTERVAL,
+        idle_timeout,
+    ));
+    let (id, block_size, streams, verify) =
+        match read_until_action(&mut core, &mut reader, &mut stream, &mut out)? {
+            Action::Admit {
+                session,
+                block_size,
+                streams,
+                verify,
+            } => (session, block_size, streams, verify),
+            Action::Close(end) => return ended(end),
+            other => return Err(out_of_order(Some(other))),
+        };
+    // Everything this session and its writer log carries its id.
+    let _session = tracing::info_span!("session", id = %short(&id)).entered();
     if shared.sessions.len() >= shared.cfg.max_sessions {
-        metrics().rejected.with_label_values(&["busy"]).inc();
-        return Err(refuse(
+        return refuse(
+            &mut core,
             &mut stream,
-            true,
-            format!(
-                "receiver busy: {} sessions already open (--max-sessions); retry later",
-                shared.cfg.max_sessions
-            ),
-        ));
+            Refusal {
+                retryable: true,
+                message: format!(
+                    "receiver busy: {} sessions already open (--max-sessions); retry later",
+                    shared.cfg.max_sessions
+                ),
+                label: "busy",
+            },
+        );
     }
     // The buffers, or their share of --max-memory, before anything is
     // written for the session.
@@ -209,16 +251,19 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         {
             Ok(r) => (None, r),
             Err(used) => {
-                metrics().rejected.with_label_values(&["memory"]).inc();
-                return Err(refuse(
+                return refuse(
+                    &mut core,
                     &mut stream,
-                    true,
-                    format!(
-                        "receiver busy: {} of its {} of buffer memory (--max-memory) is in use; retry later",
-                        fmt_bytes(used),
-                        fmt_bytes(shared.memory.max())
-                    ),
-                ));
+                    Refusal {
+                        retryable: true,
+                        message: format!(
+                            "receiver busy: {} of its {} of buffer memory (--max-memory) is in use; retry later",
+                            fmt_bytes(used),
+                            fmt_bytes(shared.memory.max())
+                        ),
+                        label: "memory",
+                    },
+                );
             }
         },
     };
@@ -230,12 +275,17 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         started,
     ));
     if !shared.sessions.announce(id) {
-        return Err(refuse(
+        return refuse(
+            &mut core,
             &mut stream,
-            false,
-            format!("session {} is already open; pick a fresh id", hex(&id)),
-        ));
+            Refusal {
+                retryable: false,
+                message: format!("session {} is already open; pick a fresh id", hex(&id)),
+                label: "protocol",
+            },
+        );
     }
+    core.handle_admitted(Ok(()));
     // From here on, dropping this releases the id and any claimed paths.
     let mut reg = Registration {
         shared,
@@ -244,9 +294,10 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         graceful: false,
     };
 
-    let mut entries = match read_manifest(&mut reader, &mut stream)? {
-        Ok(e) => e,
-        Err(message) => return Err(refuse(&mut stream, false, message)),
+    let mut entries = match read_until_action(&mut core, &mut reader, &mut stream, &mut out)? {
+        Action::Prepare(entries) => entries,
+        Action::Close(end) => return ended(end),
+        other => return Err(out_of_order(Some(other))),
     };
     // One spelling per destination (`f`, `f/` and `f//` are one file), so
     // that claims and duplicates are compared as the filesystem sees them.
@@ -267,11 +318,15 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     let claimed = shared.claims.claim(&paths, &life, takeover_after);
     life.heard(Instant::now());
     if let Err(busy) = claimed {
-        metrics()
-            .rejected
-            .with_label_values(&["destination_busy"])
-            .inc();
-        return Err(refuse(&mut stream, true, busy.message()));
+        return refuse(
+            &mut core,
+            &mut stream,
+            Refusal {
+                retryable: true,
+                message: busy.message(),
+                label: "destination_busy",
+            },
+        );
     }
     drop(paths);
 
@@ -284,16 +339,15 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     // Blocks of the accepted files: the receiver holds state for each.
     let mut tracked = 0u64;
     let mut seen_paths = HashSet::new();
-    // Preparing a large tree takes a while: the sender waiting for the
-    // plan is told now and then that the receiver is still at it.
-    let mut keepalive = Keepalive::new(Instant::now(), KEEPALIVE_INTERVAL);
     for e in &entries {
+        // Preparing a large tree takes a while; the core says when the
+        // sender must hear that we are still at it.
         let now = Instant::now();
-        if keepalive.poll_due(now) {
-            write_frame(&mut stream, &Frame::Keepalive)?;
-            keepalive.handle_sent(now);
-            life.heard(now);
+        core.handle_timeout(now);
+        if let Some(action) = flush(&mut core, &mut stream, &mut out)? {
+            return Err(out_of_order(Some(action)));
         }
+        life.heard(now);
         let blocks = if e.kind == EntryKind::File {
             Layout::new(e.size, block_size).blocks()
         } else {
@@ -323,14 +377,11 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
             Prepared::Refuse(message) => {
                 metrics().files_failed.inc();
                 stats.refused.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!("refused {}: {message}", e.path);
+                tracing::warn!(path = %e.path, "refused: {message}");
                 PlanOutcome::Refuse { message }
             }
         };
-        plan.push(Frame::Plan {
-            file_id: e.file_id,
-            outcome,
-        });
+        plan.push((e.file_id, outcome));
     }
     drop(seen_paths);
     drop(entries);
@@ -344,7 +395,6 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     // on the control connection.
     let (verdicts_tx, verdicts) =
         verdicts::channel().map_err(|e| Error::io("creating the writer's eventfd", e))?;
-    let accepted = files.len() as u64;
     let writer = Writer::new(
         Arc::clone(shared),
         files,
@@ -380,48 +430,34 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         .spawn(carry(move || writer.run()))
         .map_err(|e| Error::io("starting the writer thread", e))?;
 
-    let mut out = Vec::new();
-    for f in &plan {
-        crate::wire::encode(f, &mut out);
-    }
-    crate::wire::encode(&Frame::PlanEnd, &mut out);
-    drop(plan);
-    let sent = {
-        use std::io::Write;
-        stream
-            .write_all(&out)
-            .map_err(|e| Error::net("sending the plan", e))
-    };
-    drop(out);
-
+    core.handle_plan(plan, Instant::now());
     // Results flow until the sender finishes or goes away.
-    let outcome = sent.and_then(|()| {
-        results(
-            shared,
-            &mut reader,
-            &mut stream,
-            &verdicts,
-            &writer_tx,
-            accepted,
-            &life,
-        )
-    });
+    let outcome = results(
+        &mut core,
+        &mut reader,
+        &mut stream,
+        &verdicts,
+        &writer_tx,
+        &life,
+        &mut out,
+    );
     let _ = writer_tx.send(WriterMsg::Stop);
     let report = writer
         .join()
         .unwrap_or_else(|_| super::writer::Report::panicked());
     // A writer that failed and stopped before this thread read its verdict
     // (it saw only "the writer stopped"): the sender still hears the real
-    // error, and whether retrying can help.
-    if outcome.is_err()
-        && let Some(Verdict::Failed { retryable, message }) = verdicts
-            .take()
-            .into_iter()
-            .find(|v| matches!(v, Verdict::Failed { .. }))
-    {
-        let _ = write_frame(&mut stream, &Frame::Error { retryable, message });
+    // error, and whether retrying can help. Only then is the session lost.
+    for v in verdicts.take() {
+        if matches!(v, Verdict::Failed { .. }) {
+            core.handle_verdict(v, Instant::now());
+        }
     }
-    reg.graceful = outcome.is_ok() && report.error.is_none();
+    if let Err(e) = &outcome {
+        core.handle_lost(e.to_string());
+    }
+    let _ = flush(&mut core, &mut stream, &mut out);
+    reg.graceful = core.end().is_some_and(End::is_clean) && report.error.is_none();
     drop(reg);
     // Buffers still held by a stream thread that has not noticed the end
     // go back to the free list when it lets go, so the next session can
@@ -432,23 +468,11 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     let bytes = stats.bytes.load(Ordering::Relaxed);
     let summary = ReceiverSummary {
         session: hex(&id),
-        outcome: match (&outcome, &report.error) {
-            (_, Some(e)) => SessionOutcome::Failed { reason: e.clone() },
-            (Ok(()), None) if answered(&stats) >= accepted => SessionOutcome::Complete,
-            (Ok(()), None) => SessionOutcome::Interrupted {
-                reason: format!(
-                    "the sender finished with {} of {accepted} files unanswered",
-                    accepted - answered(&stats)
-                ),
-            },
-            (Err(_), None) if life.was_taken_over() => SessionOutcome::Interrupted {
-                reason: "its sender went silent, and a new session of it took its files over"
-                    .into(),
-            },
-            (Err(e), None) => SessionOutcome::Interrupted {
-                reason: e.to_string(),
-            },
-        },
+        outcome: core.outcome(
+            report.error.as_deref(),
+            life.was_taken_over(),
+            outcome.as_ref().err().map(ToString::to_string).as_deref(),
+        ),
         bytes_written: bytes,
         bytes_skipped_resume: resumed_bytes,
         seconds: secs,
@@ -478,113 +502,54 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     outcome
 }
 
-/// Passes the sender's reports to the writer until the sender finishes,
-/// goes away or falls silent; keeps the sender told that we are here.
-#[allow(clippy::too_many_arguments)]
+/// Passes the sender's reports to the writer and the writer's verdicts to
+/// the sender until the core says the session is over; the core also
+/// says when the sender must hear from us and when it has been silent too
+/// long.
 fn results(
-    shared: &Shared,
+    core: &mut ReceiverControl,
     reader: &mut FrameReader,
     stream: &mut TcpStream,
     verdicts: &VerdictRx,
     writer_tx: &mpsc::Sender<WriterMsg>,
-    accepted: u64,
     life: &Life,
+    out: &mut Vec<u8>,
 ) -> Result<()> {
-    let mut answered = 0;
-    let now = Instant::now();
-    let mut keepalive = Keepalive::new(now, KEEPALIVE_INTERVAL);
-    let mut idle = IdleDeadline::new(now, shared.cfg.idle_timeout);
-    let to_writer = |msg| {
-        writer_tx
-            .send(msg)
-            .map_err(|_| Error::Transfer("the writer stopped".into()))
-    };
     loop {
         let now = Instant::now();
-        if let Some(silent) = idle.poll_expired(now) {
-            return Err(Error::net(
-                "waiting for the sender",
-                std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!(
-                        "nothing heard for {:.0} s (--idle-timeout), so it is presumed gone; what it wrote is checkpointed",
-                        silent.as_secs_f64()
-                    ),
-                ),
-            ));
+        core.handle_timeout(now);
+        match flush(core, stream, out)? {
+            None => {}
+            Some(Action::Report(report)) => {
+                let msg = match report {
+                    Report::Done { file_id, digest } => WriterMsg::FileDone { file_id, digest },
+                    Report::Abort { file_id, message } => WriterMsg::Abort { file_id, message },
+                };
+                writer_tx
+                    .send(msg)
+                    .map_err(|_| Error::Transfer("the writer stopped".into()))?;
+                continue;
+            }
+            Some(Action::Close(end)) => return ended(end),
+            Some(other) => return Err(out_of_order(Some(other))),
         }
-        if keepalive.poll_due(now) {
-            write_frame(stream, &Frame::Keepalive)?;
-            keepalive.handle_sent(now);
-        }
-        let wake = keepalive.poll_timeout().min(idle.poll_timeout());
+        let wake = core.poll_timeout().unwrap_or(now + KEEPALIVE_INTERVAL);
         let (readable, woken) =
             net::wait_readable_or(stream, verdicts.fd(), wake.saturating_duration_since(now))
                 .map_err(|e| Error::net("waiting for the sender", e))?;
         if woken {
             for v in verdicts.take() {
-                match v {
-                    Verdict::File {
-                        file_id,
-                        ok,
-                        digest,
-                        message,
-                    } => {
-                        write_frame(
-                            stream,
-                            &Frame::FileResult {
-                                file_id,
-                                ok,
-                                digest,
-                                message,
-                            },
-                        )?;
-                        answered += 1;
-                    }
-                    Verdict::Failed { retryable, message } => {
-                        let _ = write_frame(
-                            stream,
-                            &Frame::Error {
-                                retryable,
-                                message: message.clone(),
-                            },
-                        );
-                        return Err(Error::Transfer(message));
-                    }
-                }
-            }
-            if answered >= accepted {
-                // Every file has its verdict: the session is over now, not
-                // a round trip later when the sender's Finish arrives. The
-                // caller stops the writer, releases the destinations and
-                // closes the connection, which is what the sender waits for.
-                return Ok(());
+                core.handle_verdict(v, Instant::now());
             }
         }
-        if !readable {
-            continue;
-        }
-        let frame = reader.read(stream);
-        if frame.is_ok() {
+        // Read even when verdicts came too: a writer busy with a tree of
+        // small files must not keep the sender's frames (and its
+        // keepalives, which the idle deadline waits for) unread.
+        if readable && core.end().is_none() {
+            let frame = reader.read(stream)?;
             let now = Instant::now();
-            idle.handle_heard(now);
             life.heard(now);
-        }
-        match frame {
-            Ok(Frame::FileDone { file_id, digest }) => {
-                to_writer(WriterMsg::FileDone { file_id, digest })?;
-            }
-            Ok(Frame::FileAbort { file_id, message }) => {
-                to_writer(WriterMsg::Abort { file_id, message })?;
-            }
-            Ok(Frame::Keepalive) => {}
-            Ok(Frame::Finish) => return Ok(()),
-            Ok(other) => {
-                return Err(Error::Violation(format!(
-                    "unexpected {other:?} on the control connection"
-                )));
-            }
-            Err(e) => return Err(e),
+            core.handle_frame(frame, now);
         }
     }
 }

@@ -1,6 +1,6 @@
 //! A session's counters, shared by its control, stream and writer threads.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 /// Counters shared by a session's threads.
 #[derive(Default)]
@@ -19,9 +19,4 @@ pub(crate) struct Stats {
     pub(crate) kept: AtomicU64,
     /// Bytes the server's sessions had published when this one was planned.
     pub(crate) published_before: AtomicU64,
-}
-
-/// Accepted files of the session that have their result.
-pub(crate) fn answered(stats: &Stats) -> u64 {
-    stats.files_ok.load(Ordering::SeqCst) + stats.files_failed.load(Ordering::SeqCst)
 }

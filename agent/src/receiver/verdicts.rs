@@ -6,20 +6,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, mpsc};
 
 use rustix::event::{EventfdFlags, eventfd};
-
-/// What the writer has to say to the sender.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    /// A file is published (`ok`) or given up, with the receiver's digest.
-    File {
-        file_id: u32,
-        ok: bool,
-        digest: u128,
-        message: String,
-    },
-    /// The writer failed; the session ends with this error.
-    Failed { retryable: bool, message: String },
-}
+pub(crate) use wirerate_engine::session::Verdict;
 
 /// The writer's end.
 pub(crate) struct VerdictTx {

@@ -11,7 +11,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::reader::{self, ReadReport};
-use super::shared::{Inner, Shared, Verdict};
+use super::shared::{Inner, Shared, Verdict, end_error};
 use super::source::SourceFile;
 use super::{RunState, SendConfig};
 use crate::error::{Error, Result};
@@ -22,16 +22,22 @@ use crate::progress::Progress;
 use crate::spans::carry;
 use crate::wire::{
     BlockHeader, EntryKind, FileEntry, Frame, FrameReader, IDLE_TIMEOUT, KEEPALIVE_INTERVAL,
-    MAX_SMALL_FRAME, PlanOutcome, Purpose, SessionId, Verification, encode, write_frame,
+    MAX_SMALL_FRAME, Purpose, SessionId, Verification, encode, write_frame,
     write_frame_with_payload,
 };
+use wirerate_engine::Scheduler;
 use wirerate_engine::digest::{BlockHasher, HASH_PIECE};
 use wirerate_engine::scheduler::PlannedFile;
-use wirerate_engine::{Bitmap, IdleDeadline, Keepalive, Layout, Scheduler};
+use wirerate_engine::session::SenderControl;
+use wirerate_engine::session::sender::Action;
 
 /// A data stream the receiver turns away as busy (too many handshakes
 /// from this address at once) is tried again this many times.
 const STREAM_CONNECT_ATTEMPTS: u32 = 4;
+
+/// How long a receiver has to close the control connection after
+/// `Finish` (it does once it has released the session's destinations).
+const FINISH_GRACE: Duration = Duration::from_secs(30);
 
 /// Manifest frames stay well under the frame cap.
 const MANIFEST_CHUNK_BYTES: usize = 1 << 20;
@@ -76,6 +82,7 @@ fn connect(cfg: &SendConfig, opts: &SocketOpts, purpose: Purpose) -> Result<(Tcp
 /// the receiver accepted, with the bytes it already holds.
 struct Opened {
     control: TcpStream,
+    core: SenderControl,
     planned: Vec<PlannedFile>,
     held_bytes: u64,
 }
@@ -131,69 +138,38 @@ fn open_session(
         .collect();
     send_manifest(&mut control, &entries)?;
 
-    // The plan.
+    // The plan: the core checks it answers each offered file once, with
+    // resume bitmaps of the right length.
+    let mut core = SenderControl::new(
+        pending.iter().map(|(id, f)| (*id, f.size)),
+        cfg.block_size,
+        cfg.verify,
+        KEEPALIVE_INTERVAL,
+        IDLE_TIMEOUT,
+    );
     let mut reader = FrameReader::default();
-    let mut planned = Vec::new();
-    let mut held_bytes = 0u64;
-    let mut answered = 0usize;
-    loop {
-        match reader.read(&mut control)? {
-            Frame::Plan { file_id, outcome } => {
-                let f = pending
-                    .iter()
-                    .find(|(id, _)| *id == file_id)
-                    .map(|(_, f)| *f)
-                    .ok_or_else(|| {
-                        Error::Violation(format!("plan for file {file_id}, which was not offered"))
-                    })?;
-                answered += 1;
-                match outcome {
-                    PlanOutcome::Accept { have } => {
-                        let layout = Layout::new(f.size, cfg.block_size);
-                        let have = Bitmap::from_bytes(layout.blocks(), &have).ok_or_else(|| {
-                            Error::Violation(format!(
-                                "resume bitmap for {} has the wrong length",
-                                f.dest
-                            ))
-                        })?;
-                        held_bytes += (0..layout.blocks())
-                            .filter(|&b| have.get(b))
-                            .map(|b| layout.len(b))
-                            .sum::<u64>();
-                        planned.push(PlannedFile {
-                            file_id,
-                            size: f.size,
-                            have: Some(have),
-                        });
-                    }
-                    PlanOutcome::Refuse { message } => {
-                        st.verdicts.insert(file_id, Verdict::Failed(message));
-                    }
-                }
-            }
-            Frame::PlanEnd => break,
-            // A receiver preparing a large tree says it is still there.
-            Frame::Keepalive => {}
-            Frame::Error { retryable, message } => {
-                return Err(Error::Remote { message, retryable });
-            }
-            other => {
-                return Err(Error::Violation(format!(
-                    "expected the plan, got {other:?}"
+    let plan = loop {
+        let frame = reader.read(&mut control)?;
+        core.handle_frame(frame, Instant::now());
+        match core.poll_action() {
+            None => {}
+            Some(Action::Planned(plan)) => break plan,
+            Some(Action::Close(end)) => return Err(end_error(end)),
+            Some(other) => {
+                return Err(Error::Transfer(format!(
+                    "internal error: the session core asked for {other:?} before the plan"
                 )));
             }
         }
-    }
-    if answered != pending.len() {
-        return Err(Error::Violation(format!(
-            "the plan answered {answered} of {} files",
-            pending.len()
-        )));
+    };
+    for (file_id, message) in plan.refused {
+        st.verdicts.insert(file_id, Verdict::Failed(message));
     }
     Ok(Opened {
         control,
-        planned,
-        held_bytes,
+        core,
+        planned: plan.accepted,
+        held_bytes: plan.held_bytes,
     })
 }
 
@@ -264,6 +240,7 @@ pub(crate) fn run(
     });
     let Opened {
         mut control,
+        core,
         planned,
         held_bytes,
     } = opened?;
@@ -283,7 +260,6 @@ pub(crate) fn run(
         .done
         .store(verified_bytes + held_bytes, Ordering::Relaxed);
 
-    let accepted = planned.len();
     let empty: Vec<u32> = planned
         .iter()
         .filter(|p| p.size == 0)
@@ -303,7 +279,8 @@ pub(crate) fn run(
             sched,
             bufs: HashMap::new(),
             verdicts: HashMap::new(),
-            sent_digests: HashMap::new(),
+            control: core,
+            outbox: Vec::new(),
             error: None,
         }),
         cv: Condvar::new(),
@@ -338,6 +315,9 @@ pub(crate) fn run(
         ));
     }
 
+    // The control connection is read and written from here on; the time
+    // spent connecting the data streams was no one's silence.
+    shared.lock().control.handle_started(Instant::now());
     let mut report = ReadReport::default();
     let outcome = std::thread::scope(|s| -> Result<()> {
         let shared = &shared;
@@ -373,9 +353,9 @@ pub(crate) fn run(
         let mut ctl_r = control
             .try_clone()
             .map_err(|e| Error::net("cloning the control connection", e))?;
-        s.spawn(carry(move || control_loop(shared, &mut ctl_r, accepted)));
+        s.spawn(carry(move || control_loop(shared, &mut ctl_r)));
 
-        let result = coordinate(shared, &mut control, accepted);
+        let result = coordinate(shared, &mut control);
 
         shared.stop.store(true, Ordering::SeqCst);
         shared.cv.notify_all();
@@ -384,12 +364,16 @@ pub(crate) fn run(
         }
         if result.is_ok() {
             let _ = write_frame(&mut control, &Frame::Finish);
+            shared
+                .lock()
+                .control
+                .handle_finished(Instant::now(), FINISH_GRACE);
             // The receiver closes the control connection only after it has
             // stopped the session and released its destinations; waiting
             // for that close means a `send` that returns leaves nothing
             // behind (an immediate second send of the same file would
             // otherwise find it still claimed).
-            let _ = control.set_read_timeout(Some(Duration::from_secs(30)));
+            let _ = control.set_read_timeout(Some(FINISH_GRACE));
             let _ = control.shutdown(Shutdown::Write);
         } else {
             let _ = control.shutdown(Shutdown::Both);
@@ -423,33 +407,30 @@ pub(crate) fn run(
     outcome
 }
 
-/// Sends FileDone for finished files and FileAbort for files given up,
-/// keeps the receiver told that this side is here, and waits until every
-/// accepted file has a verdict, or something fails.
-fn coordinate(shared: &Shared, control: &mut TcpStream, accepted: usize) -> Result<()> {
-    let mut keepalive = Keepalive::new(Instant::now(), KEEPALIVE_INTERVAL);
+/// Tells the control core which files are done or given up, sends what
+/// it wants sent (reports, keepalives), and waits until every accepted
+/// file has a verdict and every block its acknowledgement, or something
+/// fails.
+fn coordinate(shared: &Shared, control: &mut TcpStream) -> Result<()> {
     let mut g = shared.lock();
     loop {
-        let mut out = Vec::new();
+        let now = Instant::now();
         while shared.empties_checked.load(Ordering::SeqCst)
             && let Some((file_id, digest)) = g.sched.poll_file_done()
         {
-            g.sent_digests.insert(file_id, digest);
-            encode(&Frame::FileDone { file_id, digest }, &mut out);
+            g.control.handle_file_done(file_id, digest, now);
         }
         while let Some((file_id, message)) = g.sched.poll_file_failed() {
-            encode(&Frame::FileAbort { file_id, message }, &mut out);
+            g.control.handle_file_failed(file_id, message, now);
         }
-        let now = Instant::now();
-        if out.is_empty() && keepalive.poll_due(now) {
-            encode(&Frame::Keepalive, &mut out);
-        }
-        if !out.is_empty() {
+        g.control.handle_timeout(now);
+        shared.apply_control(&mut g);
+        if !g.outbox.is_empty() {
+            let out = std::mem::take(&mut g.outbox);
             drop(g);
             control
                 .write_all(&out)
                 .map_err(|e| Error::net("sending file digests", e))?;
-            keepalive.handle_sent(now);
             g = shared.lock();
             continue;
         }
@@ -462,7 +443,7 @@ fn coordinate(shared: &Shared, control: &mut TcpStream, accepted: usize) -> Resu
         // The receiver answers a file after writing its last block, but the
         // acknowledgements travel on the data streams: wait for them too,
         // so progress ends at the full size.
-        if g.verdicts.len() >= accepted && (g.sched.all_acked() || g.sched.alive_streams() == 0) {
+        if g.control.all_answered() && (g.sched.all_acked() || g.sched.alive_streams() == 0) {
             return Ok(());
         }
         // Once every block is acknowledged the data streams have done
@@ -620,29 +601,31 @@ fn ack_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
     }
 }
 
-fn control_loop(shared: &Shared, control: &mut TcpStream, accepted: usize) {
+/// Reads the receiver's frames into the control core until it ends the
+/// session or the connection closes.
+fn control_loop(shared: &Shared, control: &mut TcpStream) {
     let mut reader = FrameReader::default();
-    let mut idle = IdleDeadline::new(Instant::now(), IDLE_TIMEOUT);
     // Runs past the session's end too: after `Finish` the receiver closes
     // the connection once it has released the session's destinations, and
     // the send returns only then (an immediate second send of the same
     // file would otherwise find it still claimed).
     loop {
-        let now = Instant::now();
-        if let Some(silent) = idle.poll_expired(now) {
-            shared.fail(Error::net(
-                "waiting for the receiver",
-                std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!(
-                        "nothing heard for {:.0} s, not even a keepalive; reconnecting",
-                        silent.as_secs_f64()
-                    ),
-                ),
-            ));
-            return;
-        }
-        let wait = idle.poll_timeout().saturating_duration_since(now);
+        let wait = {
+            let now = Instant::now();
+            let mut g = shared.lock();
+            g.control.handle_timeout(now);
+            let changed = shared.apply_control(&mut g);
+            let ended = g.control.end().is_some();
+            let wake = g.control.poll_timeout();
+            drop(g);
+            if changed {
+                shared.cv.notify_all();
+            }
+            if ended {
+                return;
+            }
+            wake.map_or(KEEPALIVE_INTERVAL, |t| t.saturating_duration_since(now))
+        };
         match net::wait_readable(control, wait) {
             Ok(false) => continue,
             Ok(true) => {}
@@ -652,67 +635,31 @@ fn control_loop(shared: &Shared, control: &mut TcpStream, accepted: usize) {
             }
         }
         let frame = reader.read_capped(control, MAX_SMALL_FRAME);
-        if frame.is_ok() {
-            idle.handle_heard(Instant::now());
-        }
+        let mut g = shared.lock();
         match frame {
-            Ok(Frame::Keepalive) => {}
-            Ok(Frame::FileResult {
-                file_id,
-                ok,
-                digest,
-                message,
-            }) => {
-                let mut g = shared.lock();
-                let Some(f) = shared.files.get(&file_id) else {
-                    drop(g);
-                    shared.fail(Error::Violation(format!(
-                        "result for unknown file {file_id}"
-                    )));
-                    return;
-                };
-                let ours = g.sent_digests.get(&file_id).copied();
-                let verdict = match (ok, ours) {
-                    (true, Some(_)) if shared.verify == Verification::None => Verdict::Ok(0),
-                    (true, Some(d)) if d == digest => Verdict::Ok(digest),
-                    (true, Some(d)) => Verdict::Failed(format!(
-                        "receiver digest {} differs from ours {}",
-                        wirerate_engine::digest::fmt_digest(digest),
-                        wirerate_engine::digest::fmt_digest(d)
-                    )),
-                    (true, None) => {
-                        drop(g);
-                        shared.fail(Error::Violation(format!(
-                            "result for {} before it was sent",
-                            f.dest
-                        )));
-                        return;
-                    }
-                    (false, _) => Verdict::Failed(message),
-                };
-                g.verdicts.insert(file_id, verdict);
+            Ok(frame) => g.control.handle_frame(frame, Instant::now()),
+            Err(e) => {
+                // The receiver closes as soon as every file has its
+                // result; before that, the session is lost.
+                g.control.handle_lost(e.to_string());
+                if g.control.end().is_some() && g.error.is_none() && !shared.stopped() {
+                    g.error = Some(match e {
+                        Error::Net { cause, .. } => {
+                            Error::net("the control connection broke", cause)
+                        }
+                        other => other,
+                    });
+                }
+                shared.apply_control(&mut g);
                 drop(g);
                 shared.cv.notify_all();
-            }
-            Ok(Frame::Error { message, retryable }) => {
-                shared.fail(Error::Remote { message, retryable });
                 return;
             }
-            Ok(other) => {
-                shared.fail(Error::Violation(format!(
-                    "unexpected {other:?} on the control connection"
-                )));
-                return;
-            }
-            // The receiver closes as soon as every file has its result.
-            Err(_) if shared.lock().verdicts.len() >= accepted => return,
-            Err(e) => {
-                shared.fail(match e {
-                    Error::Net { cause, .. } => Error::net("the control connection broke", cause),
-                    other => other,
-                });
-                return;
-            }
+        }
+        // A keepalive changes nothing: the data path's threads sleep on.
+        if shared.apply_control(&mut g) {
+            drop(g);
+            shared.cv.notify_all();
         }
     }
 }

@@ -7,27 +7,52 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use wirerate_engine::Scheduler;
+use wirerate_engine::session::SenderControl;
+use wirerate_engine::session::sender::{Action, End};
 
 use super::source::SourceFile;
 use crate::error::Error;
 use crate::io::PoolBuf;
 use crate::metrics::sender_metrics;
 use crate::progress::Progress;
-use crate::wire::Verification;
+use crate::wire::{Verification, encode};
 
 /// What a file's verdict was.
-#[derive(Debug, Clone)]
-pub(crate) enum Verdict {
-    Ok(u128),
-    Failed(String),
-}
+pub(crate) use wirerate_engine::session::FileVerdict as Verdict;
 
 pub(crate) struct Inner {
     pub(crate) sched: Scheduler,
     pub(crate) bufs: HashMap<usize, Arc<PoolBuf>>,
     pub(super) verdicts: HashMap<u32, Verdict>,
-    pub(super) sent_digests: HashMap<u32, u128>,
+    /// The control connection's decisions; `outbox` holds the frames it
+    /// wants sent until the coordinator, the connection's one writer,
+    /// sends them.
+    pub(super) control: SenderControl,
+    pub(super) outbox: Vec<u8>,
     pub(super) error: Option<Error>,
+}
+
+/// The error a control connection that ended with `end` fails its
+/// session with.
+pub(super) fn end_error(end: End) -> Error {
+    match end {
+        End::Remote { retryable, message } => Error::Remote { message, retryable },
+        End::Violation(v) => Error::Violation(v),
+        End::Silent(silent) => Error::net(
+            "waiting for the receiver",
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "nothing heard for {:.0} s, not even a keepalive; reconnecting",
+                    silent.as_secs_f64()
+                ),
+            ),
+        ),
+        End::Lost(reason) => Error::net(
+            "the control connection broke",
+            std::io::Error::other(reason),
+        ),
+    }
 }
 
 pub(crate) struct Shared {
@@ -56,6 +81,32 @@ impl Shared {
 
     pub(crate) fn stopped(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Carries out what the control core decided: frames to the outbox,
+    /// verdicts recorded, an end turned into the session's error (the
+    /// first error stands, and none once the session stopped). Says
+    /// whether anything was done, so that threads are woken only then.
+    pub(super) fn apply_control(&self, g: &mut Inner) -> bool {
+        let mut any = false;
+        while let Some(action) = g.control.poll_action() {
+            any = true;
+            match action {
+                Action::Send(frame) if !self.stopped() => encode(&frame, &mut g.outbox),
+                Action::Send(_) => {}
+                Action::Verdict { file_id, verdict } => {
+                    g.verdicts.insert(file_id, verdict);
+                }
+                Action::Close(end) => {
+                    if g.error.is_none() && !self.stopped() {
+                        g.error = Some(end_error(end));
+                    }
+                }
+                // The plan is taken before the session's threads start.
+                Action::Planned(_) => {}
+            }
+        }
+        any
     }
 
     pub(super) fn fail(&self, e: Error) {

@@ -244,7 +244,7 @@ pub fn decode_body(body: &[u8]) -> Result<Frame, DecodeError> {
             let block_size = r.u32()?;
             if block_size == 0
                 || block_size > MAX_BLOCK
-                || u64::from(block_size) % wirerate_engine::tuning::BLOCK_SIZE.step != 0
+                || u64::from(block_size) % crate::tuning::BLOCK_SIZE.step != 0
             {
                 return Err(DecodeError::Invalid("block size"));
             }
@@ -437,7 +437,7 @@ impl<'a> Reader<'a> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
@@ -451,7 +451,8 @@ mod tests {
         })
     }
 
-    fn arb_frame() -> impl Strategy<Value = Frame> {
+    /// Any frame the codec can carry, for decoders and state machines.
+    pub(crate) fn arb_frame() -> impl Strategy<Value = Frame> {
         prop_oneof![
             (any::<u16>(), any::<[u8; 32]>())
                 .prop_map(|(version, nonce)| Frame::Hello { version, nonce }),

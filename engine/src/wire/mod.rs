@@ -1,0 +1,259 @@
+//! The wire protocol: versioned, length-delimited frames.
+//!
+//! Every frame is `[u32 length][u8 type][body]` in little-endian, where
+//! `length` counts the type byte and the body. A `Block` frame is followed
+//! by `len` raw payload bytes that are not part of the frame, so the payload
+//! goes from the pool buffer to the socket without a copy, and then by the
+//! payload's xxh3-64 checksum as 8 little-endian bytes (0 when verification
+//! is off). The checksum trails the payload so that the sender can hash
+//! each piece just before it sends it, reading the payload from memory once. Decoding checks
+//! the remaining length before every read and the caller checks the frame
+//! cap before allocating, so a peer cannot make us panic or allocate much.
+//!
+//! Only the encoding lives here; the agent's `wire` module reads and
+//! writes frames on sockets.
+
+mod codec;
+
+#[cfg(test)]
+pub(crate) use codec::tests::arb_frame;
+pub use codec::{DecodeError, decode, decode_body, encode};
+
+use std::time::Duration;
+
+/// Identifies the protocol on the first frame.
+pub const MAGIC: [u8; 4] = *b"WRRT";
+/// The protocol version this build speaks (2: the one-round-trip handshake,
+/// block checksums after the payload; 3: `FileDone` once every block has
+/// gone out, held by the receiver until the file is written; 4: keepalives
+/// on the control connection, `FileAbort`, permission bits in the manifest).
+pub const VERSION: u16 = 4;
+/// Largest control frame (manifest chunk, plan bitmap) we accept, once
+/// the peer has authenticated.
+pub const MAX_FRAME: usize = (4 << 20) + 4096;
+/// Largest frame an unauthenticated peer may send: a hello or an auth
+/// (under 60 bytes). Nothing is allocated for more before the peer proved
+/// it holds the token.
+pub const MAX_PREAUTH_FRAME: usize = 128;
+/// Largest frame of every other kind: handshake replies, block headers,
+/// acknowledgements, results and errors (a message of at most
+/// `MAX_MESSAGE` bytes plus its fields).
+pub const MAX_SMALL_FRAME: usize = MAX_MESSAGE + 64;
+/// Each side writes on the control connection at least this often (a
+/// `Keepalive` when it has nothing else to say), so that the other side
+/// can tell a silent peer from a vanished one.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// A peer silent this long on the control connection (no frame, not even
+/// a keepalive) is presumed gone, by default: six keepalive intervals.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest block payload any peer may announce.
+pub const MAX_BLOCK: u32 = crate::tuning::BLOCK_SIZE.max as u32;
+const _: () = assert!(crate::tuning::BLOCK_SIZE.max <= u32::MAX as u64);
+/// Longest destination path, in bytes.
+pub const MAX_PATH: usize = 4096;
+/// Longest error or result message, in bytes.
+pub const MAX_MESSAGE: usize = 4096;
+/// Most manifest entries one session may carry.
+pub const MAX_ENTRIES: usize = 1 << 20;
+/// Most bytes of destination paths one session's manifest may carry: the
+/// receiver holds every path for the whole session.
+pub const MAX_MANIFEST_BYTES: usize = 64 << 20;
+/// Most blocks one session may track: the receiver holds a checksum and
+/// two bits per block of every file it accepts (about 540 MiB at this cap).
+pub const MAX_BLOCKS_PER_SESSION: u64 = 1 << 26;
+/// Most blocks a single file may have (the plan bitmap must fit a frame).
+pub const MAX_BLOCKS_PER_FILE: u64 = 1 << 24;
+/// Length of handshake nonces.
+pub const NONCE_LEN: usize = 32;
+/// Length of an HMAC-SHA256 tag.
+pub const MAC_LEN: usize = 32;
+/// Length of a session id.
+pub const SESSION_ID_LEN: usize = 16;
+
+/// A session identifier chosen by the sender.
+pub type SessionId = [u8; SESSION_ID_LEN];
+
+/// What an authenticated connection will be used for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// The session's control connection (manifest, plan, results).
+    Control,
+    /// A data stream of an open session.
+    Join {
+        /// The session to join.
+        session: SessionId,
+        /// This stream's index within the session.
+        stream: u16,
+    },
+}
+
+pub use crate::tuning::Verification;
+
+/// The kind of a manifest entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// A regular file.
+    File,
+    /// A directory (created, carries no data).
+    Dir,
+}
+
+/// One entry of the sender's manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileEntry {
+    /// The sender's id for this file within the session.
+    pub file_id: u32,
+    /// File or directory.
+    pub kind: EntryKind,
+    /// Size in bytes.
+    pub size: u64,
+    /// Identifies the source version (size and mtime) so stale checkpoints are dropped.
+    pub fingerprint: u64,
+    /// The source's permission bits (`0o777` at most; the receiver masks
+    /// them with its umask and never sets setuid, setgid or sticky bits).
+    pub mode: u16,
+    /// Destination path relative to the receiver's root.
+    pub path: String,
+}
+
+/// The header that precedes each block's payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockHeader {
+    /// Which file.
+    pub file_id: u32,
+    /// Block index within the file.
+    pub block: u64,
+    /// Byte offset within the file.
+    pub offset: u64,
+    /// Payload length.
+    pub len: u32,
+}
+
+/// The receiver's answer for one manifest entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanOutcome {
+    /// Send it; `have` is a bitmap of blocks already durable (resume).
+    Accept {
+        /// One bit per block, least significant bit first.
+        have: Vec<u8>,
+    },
+    /// Will not be written; the message says why.
+    Refuse {
+        /// Why.
+        message: String,
+    },
+}
+
+/// Every message of the protocol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// Client's first frame.
+    Hello {
+        /// Protocol version.
+        version: u16,
+        /// Client nonce.
+        nonce: [u8; NONCE_LEN],
+    },
+    /// Server's challenge.
+    Challenge {
+        /// Protocol version.
+        version: u16,
+        /// Server nonce.
+        nonce: [u8; NONCE_LEN],
+    },
+    /// Client's proof of the token, and what the connection is for.
+    Auth {
+        /// HMAC over both nonces.
+        mac: [u8; MAC_LEN],
+        /// Control or data stream.
+        purpose: Purpose,
+    },
+    /// Server's proof of the token, sent right after its challenge.
+    ServerProof {
+        /// HMAC over both nonces, the other way round.
+        mac: [u8; MAC_LEN],
+    },
+    /// Opens a session on a control connection.
+    Open {
+        /// Chosen by the sender.
+        session: SessionId,
+        /// Block size in bytes.
+        block_size: u32,
+        /// Number of data streams that will join.
+        streams: u16,
+        /// Verification level.
+        verify: Verification,
+    },
+    /// A chunk of the manifest.
+    Files {
+        /// The entries.
+        entries: Vec<FileEntry>,
+    },
+    /// End of the manifest.
+    FilesEnd,
+    /// The receiver's plan for one entry.
+    Plan {
+        /// Which entry.
+        file_id: u32,
+        /// Accept (with resume bitmap) or refuse.
+        outcome: PlanOutcome,
+    },
+    /// End of the plan.
+    PlanEnd,
+    /// A block header; `len` payload bytes follow.
+    Block(BlockHeader),
+    /// The block is written.
+    Ack {
+        /// Which file.
+        file_id: u32,
+        /// Which block.
+        block: u64,
+    },
+    /// The block arrived damaged; send it again.
+    Nack {
+        /// Which file.
+        file_id: u32,
+        /// Which block.
+        block: u64,
+    },
+    /// Every block of the file has gone out (some may still be in flight;
+    /// the receiver answers once it has written them); this is the
+    /// sender's digest.
+    FileDone {
+        /// Which file.
+        file_id: u32,
+        /// xxh3-128 over the block checksums.
+        digest: u128,
+    },
+    /// The receiver's verdict on a file.
+    FileResult {
+        /// Which file.
+        file_id: u32,
+        /// Published under its final name.
+        ok: bool,
+        /// The receiver's digest.
+        digest: u128,
+        /// Why not, when not ok.
+        message: String,
+    },
+    /// The sender gives up on a file it had announced (its source changed
+    /// while it was being read, or was replaced): the receiver discards
+    /// what it has of it and answers with a failed `FileResult`.
+    FileAbort {
+        /// Which file.
+        file_id: u32,
+        /// Why, for the receiver's log and summary.
+        message: String,
+    },
+    /// Nothing to say, but still here (see `KEEPALIVE_INTERVAL`).
+    Keepalive,
+    /// The sender is done with the session.
+    Finish,
+    /// A fatal error; the connection closes after it.
+    Error {
+        /// Whether reconnecting could help.
+        retryable: bool,
+        /// What went wrong.
+        message: String,
+    },
+}
