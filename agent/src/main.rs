@@ -17,6 +17,7 @@ use wirerate_agent::wire::Verification;
 use wirerate_agent::{demo, metrics};
 use wirerate_crds::contract;
 use wirerate_engine::tuning::{self, Overrides};
+use wirerate_telemetry::init_logs;
 
 #[derive(Parser)]
 #[command(
@@ -302,18 +303,6 @@ fn at_least_one(s: &str) -> Result<usize, String> {
     }
 }
 
-fn init_logs(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    // Colour only for a person at a terminal: escape codes in a pod's log,
-    // a file or a pipe are noise to whoever greps them.
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-}
-
 fn send_config(
     t: &SendTuning,
     to: String,
@@ -361,7 +350,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.cmd {
         Cmd::Serve(a) => {
-            init_logs("info");
+            let log = init_logs("info");
             raise_fd_limit();
             let token = a.token.load()?;
             if !(a.checkpoint_interval.is_finite() && a.checkpoint_interval > 0.0) {
@@ -382,7 +371,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             cfg.idle_timeout = Duration::from_secs_f64(a.idle_timeout);
             cfg.umask = a.umask;
             if let Some(m) = &a.metrics_addr {
-                let addr = metrics::serve(m)?;
+                let addr =
+                    metrics::serve_endpoints(m, metrics::endpoints().with_log_level(log.clone()))?;
                 tracing::info!("metrics on http://{addr}/metrics");
             }
             let server = Server::bind(&a.listen, cfg)?;
@@ -391,7 +381,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Send(a) => {
-            init_logs("warn");
+            let _ = init_logs("warn");
             let token = a.token.load()?;
             let cfg = send_config(&a.tuning, a.to, token, a.source, a.dest)?;
             let progress = Arc::new(Progress::default());
@@ -411,7 +401,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             })
         }
         Cmd::Run(a) => {
-            init_logs("info,kube=warn");
+            let log = init_logs("info,kube=warn");
             raise_fd_limit();
             let advertise = match (a.advertise, &a.interface) {
                 (Some(addr), _) => addr,
@@ -423,7 +413,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 ),
             };
             if a.metrics_port != 0 {
-                let addr = metrics::serve(&format!("0.0.0.0:{}", a.metrics_port))?;
+                let addr = metrics::serve_endpoints(
+                    &format!("0.0.0.0:{}", a.metrics_port),
+                    metrics::endpoints().with_log_level(log.clone()),
+                )?;
                 tracing::info!("metrics on http://{addr}/metrics");
             }
             let node = a.node.unwrap_or_else(|| {
@@ -447,7 +440,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Demo(a) => {
-            init_logs("warn");
+            let _ = init_logs("warn");
             let mut send_cfg = send_config(
                 &a.tuning,
                 String::new(),

@@ -3,17 +3,10 @@
 //! on the in-cluster agent's metrics port).
 
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::sync::OnceLock;
 
-use http_body_util::Full;
-use hyper::body::Bytes;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
-use tokio::sync::Semaphore;
+use wirerate_telemetry::Endpoints;
 
 /// The agent's metrics.
 pub struct Metrics {
@@ -153,88 +146,21 @@ pub fn render() -> Vec<u8> {
     buf
 }
 
-/// Scrapes served at once; more are closed at once.
-const MAX_SCRAPERS: usize = 64;
-/// A request's head must arrive within this...
-const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
-/// ...and the whole exchange be over within this.
-const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Largest request head read (hyper's smallest buffer): a longer one is
-/// answered 431 and closed.
-const MAX_REQUEST: usize = 8192;
+/// What the agent serves about itself: its metrics, ready once it serves.
+pub fn endpoints() -> Endpoints {
+    let e = Endpoints::new(render);
+    e.set_ready(true);
+    e
+}
 
-/// Serves `/metrics` and `/health` on `addr` from a background thread.
-/// Requests are bounded in size and time and served concurrently, so one
-/// slow or hostile client cannot stall or bloat the scrapes of others.
+/// Serves the agent's metrics, health and readiness on `addr` from a
+/// background thread (see `wirerate_telemetry` for the bounds).
 pub fn serve(addr: &str) -> crate::Result<SocketAddr> {
-    let listener = std::net::TcpListener::bind(addr)
-        .map_err(|e| crate::Error::Config(format!("cannot serve metrics on {addr}: {e}")))?;
-    let local = listener
-        .local_addr()
-        .map_err(|e| crate::Error::net("metrics listener", e))?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| crate::Error::net("metrics listener", e))?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .enable_time()
-        .build()
-        .map_err(|e| crate::Error::io("starting the metrics runtime", e))?;
-    std::thread::Builder::new()
-        .name("metrics".into())
-        .spawn(move || {
-            runtime.block_on(async move {
-                match tokio::net::TcpListener::from_std(listener) {
-                    Ok(l) => accept(l).await,
-                    Err(e) => tracing::error!("metrics listener: {e}"),
-                }
-            });
-        })
-        .map_err(|e| crate::Error::io("starting the metrics thread", e))?;
-    Ok(local)
+    serve_endpoints(addr, endpoints())
 }
 
-async fn accept(listener: tokio::net::TcpListener) {
-    let slots = Arc::new(Semaphore::new(MAX_SCRAPERS));
-    loop {
-        let sock = match listener.accept().await {
-            Ok((s, _)) => s,
-            Err(e) => {
-                // Out of descriptors, say: wait for some to close.
-                tracing::debug!("metrics accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
-            continue;
-        };
-        tokio::spawn(async move {
-            let _permit = permit;
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEAD_TIMEOUT)
-                .max_buf_size(MAX_REQUEST)
-                .keep_alive(false)
-                .serve_connection(TokioIo::new(sock), service_fn(respond));
-            let _ = tokio::time::timeout(EXCHANGE_TIMEOUT, conn).await;
-        });
-    }
-}
-
-async fn respond(
-    req: Request<hyper::body::Incoming>,
-) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
-    let (status, body) = match (req.method(), req.uri().path()) {
-        (&Method::GET, "/metrics") => (StatusCode::OK, render()),
-        (&Method::GET, "/health" | "/healthz") => (StatusCode::OK, b"ok\n".to_vec()),
-        _ => (StatusCode::NOT_FOUND, b"try /metrics\n".to_vec()),
-    };
-    let mut resp = Response::new(Full::new(Bytes::from(body)));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
-    );
-    Ok(resp)
+/// Serves `endpoints` on `addr` from a background thread.
+pub fn serve_endpoints(addr: &str, endpoints: Endpoints) -> crate::Result<SocketAddr> {
+    wirerate_telemetry::serve_in_thread(addr, endpoints)
+        .map_err(|e| crate::Error::Config(format!("cannot serve metrics on {addr}: {e}")))
 }

@@ -18,7 +18,7 @@ pub const NAME: &str = "wirerate-operator";
 pub const IMAGE: &str = "ghcr.io/wirerate/wirerate-operator";
 /// The version the manifests pin (the workspace's).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-/// Where /metrics and /healthz listen.
+/// Where /metrics, /healthz and /readyz listen.
 pub const METRICS_PORT: i32 = 8080;
 /// Two replicas are safe: only the holder of the leader Lease reconciles.
 pub const REPLICAS: i32 = 2;
@@ -189,9 +189,9 @@ pub fn operator(t: Target) -> Vec<Value> {
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
         "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace(t)}],
     }));
-    let probe = |initial: i32| {
+    let probe = |path: &str, initial: i32| {
         json!({
-            "httpGet": {"path": "/healthz", "port": "metrics"},
+            "httpGet": {"path": path, "port": "metrics"},
             "initialDelaySeconds": initial,
             "periodSeconds": 10,
         })
@@ -209,8 +209,8 @@ pub fn operator(t: Target) -> Vec<Value> {
                 {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
             ],
             "ports": [{"name": "metrics", "containerPort": port.clone(), "protocol": "TCP"}],
-            "readinessProbe": probe(0),
-            "livenessProbe": probe(15),
+            "readinessProbe": probe("/readyz", 0),
+            "livenessProbe": probe("/healthz", 15),
             "resources": knob(t, "with:resources:resources", v["resources"].clone()),
             "securityContext": {
                 "allowPrivilegeEscalation": false,

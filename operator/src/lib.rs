@@ -10,7 +10,6 @@ pub mod admission;
 pub mod agents;
 pub mod context;
 pub mod error;
-pub mod http;
 pub mod install;
 pub mod leader;
 pub mod lifecycle;

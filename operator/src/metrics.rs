@@ -393,7 +393,11 @@ mod tests {
         // The operator's own endpoint, as Prometheus scrapes it.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(crate::http::serve(listener, m.clone()));
+        let served = m.clone();
+        let server = tokio::spawn(wirerate_telemetry::serve(
+            listener,
+            wirerate_telemetry::Endpoints::new(move || served.render().into_bytes()),
+        ));
         let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
         c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
             .await

@@ -17,7 +17,8 @@ use kube::runtime::utils::PredicateConfig;
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer, contract};
 use wirerate_operator::context::{Context, Stores};
-use wirerate_operator::{http, leader, pool_controller, transfer_controller};
+use wirerate_operator::{leader, pool_controller, transfer_controller};
+use wirerate_telemetry::Endpoints;
 
 /// wirerate's Kubernetes operator.
 #[derive(Parser)]
@@ -46,15 +47,7 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,kube=warn".into()),
-        )
-        // Colour only at a terminal, never in a pod's log.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .init();
+    let log = wirerate_telemetry::init_logs("info,kube=warn");
     let args = Args::parse();
     let identity = args.identity.unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
@@ -90,7 +83,14 @@ async fn run() -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", args.metrics_addr))?;
     // Served before leading, so a standby replica is ready and a rollout proceeds.
     let metrics = wirerate_operator::metrics::Metrics::default();
-    tokio::spawn(http::serve(listener, Arc::new(metrics.clone())));
+    let endpoints = {
+        let metrics = metrics.clone();
+        Endpoints::new(move || metrics.render().into_bytes()).with_log_level(log)
+    };
+    // Ready once the API and the CRDs answered (above): a standby that
+    // waits for the Lease is ready too.
+    endpoints.set_ready(true);
+    tokio::spawn(wirerate_telemetry::serve(listener, endpoints));
     tracing::info!(
         identity,
         namespace = args.namespace,

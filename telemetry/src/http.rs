@@ -1,0 +1,222 @@
+//! One HTTP/1.1 endpoint per process: `GET /metrics`, `GET /healthz`,
+//! `GET /readyz` and `GET`/`PUT /loglevel`.
+//!
+//! Every request is bounded in size and time and served concurrently, so
+//! one slow or hostile client cannot stall or bloat the scrapes of
+//! others. Changing the log level is taken only from loopback, that is
+//! from inside the pod (`kubectl port-forward`, `kubectl exec`): at
+//! `trace`, client libraries may log request headers, and whoever can
+//! reach a metrics port must not be able to turn that on.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::sync::Semaphore;
+
+use crate::logs::{LogLevel, MAX_FILTER};
+
+/// Clients served at once; more are closed at once.
+const MAX_CLIENTS: usize = 64;
+/// A request's head must arrive within this...
+const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// ...and the whole exchange be over within this.
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest request head read (hyper's smallest buffer): a longer one is
+/// answered 431 and closed.
+const MAX_REQUEST: usize = 8192;
+
+/// What a process serves about itself.
+#[derive(Clone)]
+pub struct Endpoints {
+    render: Arc<dyn Fn() -> Vec<u8> + Send + Sync>,
+    ready: Arc<AtomicBool>,
+    log: Option<LogLevel>,
+}
+
+impl Endpoints {
+    /// `/metrics` serves what `render` returns (Prometheus' text format).
+    /// Not ready until [`Self::set_ready`] says so.
+    pub fn new(render: impl Fn() -> Vec<u8> + Send + Sync + 'static) -> Self {
+        Self {
+            render: Arc::new(render),
+            ready: Arc::new(AtomicBool::new(false)),
+            log: None,
+        }
+    }
+
+    /// `/loglevel` reads and (from loopback) changes this filter.
+    #[must_use]
+    pub fn with_log_level(mut self, log: LogLevel) -> Self {
+        self.log = Some(log);
+        self
+    }
+
+    /// Whether `/readyz` answers 200 (ready) or 503.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::SeqCst);
+    }
+}
+
+/// Serves `endpoints` on `listener` until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, endpoints: Endpoints) {
+    let slots = Arc::new(Semaphore::new(MAX_CLIENTS));
+    loop {
+        let (sock, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                // Out of descriptors, say: wait for some to close.
+                tracing::debug!("telemetry accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            continue;
+        };
+        let endpoints = endpoints.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let service = service_fn(move |req| respond(endpoints.clone(), peer, req));
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEAD_TIMEOUT)
+                .max_buf_size(MAX_REQUEST)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(sock), service);
+            let _ = tokio::time::timeout(EXCHANGE_TIMEOUT, conn).await;
+        });
+    }
+}
+
+/// Serves `endpoints` on `addr` from a thread of its own, for a process
+/// with no runtime of its own; returns the address bound.
+pub fn serve_in_thread(addr: &str, endpoints: Endpoints) -> std::io::Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind(addr)?;
+    let local = listener.local_addr()?;
+    listener.set_nonblocking(true)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()?;
+    std::thread::Builder::new()
+        .name("telemetry".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => serve(l, endpoints).await,
+                    Err(e) => tracing::error!("telemetry listener: {e}"),
+                }
+            });
+        })?;
+    Ok(local)
+}
+
+fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    }
+}
+
+async fn respond(
+    endpoints: Endpoints,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+    let text = |status: StatusCode, body: String| (status, body.into_bytes());
+    let (status, body) = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics") => (StatusCode::OK, (endpoints.render)()),
+        (&Method::GET, "/health" | "/healthz") => text(StatusCode::OK, "ok\n".into()),
+        (&Method::GET, "/readyz") if endpoints.ready.load(Ordering::SeqCst) => {
+            text(StatusCode::OK, "ready\n".into())
+        }
+        (&Method::GET, "/readyz") => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n".into()),
+        (_, "/loglevel") if endpoints.log.is_none() => text(
+            StatusCode::NOT_FOUND,
+            "this process does not change its log level at run time\n".into(),
+        ),
+        (&Method::GET, "/loglevel") => text(
+            StatusCode::OK,
+            format!(
+                "{}\n",
+                endpoints
+                    .log
+                    .as_ref()
+                    .map(LogLevel::get)
+                    .unwrap_or_default()
+            ),
+        ),
+        (&Method::PUT, "/loglevel") if !is_loopback(peer.ip()) => text(
+            StatusCode::FORBIDDEN,
+            "the log level changes only from inside the pod: use kubectl port-forward or exec\n"
+                .into(),
+        ),
+        (&Method::PUT, "/loglevel") => {
+            match Limited::new(req.into_body(), MAX_FILTER).collect().await {
+                Err(_) => text(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("a log filter is at most {MAX_FILTER} bytes\n"),
+                ),
+                Ok(body) => {
+                    let wanted = String::from_utf8_lossy(&body.to_bytes()).into_owned();
+                    match endpoints.log.as_ref().map(|l| l.set(&wanted)) {
+                        Some(Ok(())) => {
+                            tracing::warn!(filter = %wanted.trim(), %peer, "log level changed");
+                            text(
+                                StatusCode::OK,
+                                format!("log filter now {}\n", wanted.trim()),
+                            )
+                        }
+                        Some(Err(e)) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
+                        None => text(StatusCode::NOT_FOUND, "no log level here\n".into()),
+                    }
+                }
+            }
+        }
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "try /metrics, /healthz, /readyz or /loglevel\n".into(),
+        ),
+    };
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The network test reaches the endpoint only over loopback, so the
+    // refusal of everyone else is checked on the rule itself.
+    #[test]
+    fn only_loopback_changes_the_log_level() {
+        for ip in ["127.0.0.1", "127.8.9.10", "::1", "::ffff:127.0.0.1"] {
+            assert!(is_loopback(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in [
+            "10.0.0.7",
+            "0.0.0.0",
+            "::",
+            "fd00::1",
+            "::ffff:10.1.2.3",
+            "169.254.1.1",
+        ] {
+            assert!(!is_loopback(ip.parse().unwrap()), "{ip}");
+        }
+    }
+}
