@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::units::fmt_bytes;
+use crate::units::{self, fmt_bytes};
 
 /// Shared transfer counters.
 #[derive(Debug, Default)]
@@ -106,13 +106,9 @@ fn lines(p: &Progress, stop: &AtomicBool, label: &str) {
         next += Duration::from_secs(2);
         let done = p.done.load(Ordering::Relaxed);
         let total = p.total.load(Ordering::Relaxed).max(1);
-        let dt = last.0.elapsed().as_secs_f64();
-        let rate = done.saturating_sub(last.1) as f64 / dt.max(1e-9);
-        let eta = if rate > 0.0 {
-            format!("{:.0} s", (total.saturating_sub(done)) as f64 / rate)
-        } else {
-            "-".into()
-        };
+        let rate = units::rate(last.1, done, last.0.elapsed().as_secs_f64());
+        let eta = units::eta(total.saturating_sub(done), rate)
+            .map_or_else(|| "-".into(), |s| format!("{s:.0} s"));
         eprintln!(
             "{label}: {} of {} ({:.1}%), {:.2} Gbit/s, ETA {eta}, elapsed {:.0} s",
             fmt_bytes(done),

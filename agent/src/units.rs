@@ -2,7 +2,7 @@
 
 use crate::error::{Error, Result};
 
-pub use wirerate_engine::units::{fmt_bytes, gbps};
+pub use wirerate_engine::units::{eta, fmt_bytes, gbps, rate};
 
 /// Parses a byte size: a number with an optional SI (k, M, G, T = 1000^n) or
 /// IEC (KiB, MiB, GiB, TiB = 1024^n) suffix; a bare `K`/`M`/`G` means IEC,

@@ -4,6 +4,7 @@
 use std::net::Ipv4Addr;
 use std::path::Path;
 
+use crate::io::caps::{sysctl_number, sysctl_words};
 use wirerate_crds::pool::Preflight;
 use wirerate_engine::IoMode;
 
@@ -60,15 +61,9 @@ impl Readings {
                 .and_then(|s| s.trim().parse().ok())
         };
         Self {
-            rmem_max: num("/proc/sys/net/core/rmem_max"),
-            wmem_max: num("/proc/sys/net/core/wmem_max"),
-            congestion: std::fs::read_to_string(
-                "/proc/sys/net/ipv4/tcp_available_congestion_control",
-            )
-            .unwrap_or_default()
-            .split_whitespace()
-            .map(str::to_owned)
-            .collect(),
+            rmem_max: sysctl_number("net.core.rmem_max"),
+            wmem_max: sysctl_number("net.core.wmem_max"),
+            congestion: sysctl_words("net.ipv4.tcp_available_congestion_control"),
             mtu: interface
                 .and_then(|i| num(&format!("/sys/class/net/{i}/mtu")).map(|v: i64| v as i32)),
         }

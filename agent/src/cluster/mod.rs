@@ -32,7 +32,7 @@ use wirerate_crds::transfer::{
 use wirerate_crds::{AgentLease, DtnPool, Transfer, contract};
 
 use crate::error::{Error, Result};
-use crate::units::fmt_bytes;
+use crate::units::{self, fmt_bytes};
 use jobs::{ReceiverJob, SenderJob};
 use plan::{Cadence, JobKey, Me, Want};
 
@@ -591,9 +591,10 @@ async fn observe(
                 if !job.cadence.due(now, changed) {
                     return None;
                 }
-                let secs = now.saturating_sub(job.last_done.0).as_secs_f64().max(0.001);
-                let rate = ((done.saturating_sub(job.last_done.1)) as f64 / secs) as i64;
-                let eta = (rate > 0).then(|| (total.saturating_sub(done)) as i64 / rate);
+                let secs = now.saturating_sub(job.last_done.0).as_secs_f64();
+                let rate = units::rate(job.last_done.1, done, secs);
+                let eta = units::eta(total.saturating_sub(done), rate).map(|s| s as i64);
+                let rate = rate as i64;
                 job.last_done = (now, done);
                 (
                     state,
@@ -688,9 +689,10 @@ async fn observe(
             {
                 // The rate is of bytes written, durable or not; what is
                 // shown done is only what a resume would keep.
-                let secs = now.saturating_sub(job.last_done.0).as_secs_f64().max(0.001);
-                let rate = (landed.written.saturating_sub(job.last_done.1) as f64 / secs) as i64;
-                let eta = (rate > 0).then(|| (total.saturating_sub(kept)) as i64 / rate);
+                let secs = now.saturating_sub(job.last_done.0).as_secs_f64();
+                let rate = units::rate(job.last_done.1, landed.written, secs);
+                let eta = units::eta(total.saturating_sub(kept), rate).map(|s| s as i64);
+                let rate = rate as i64;
                 job.last_done = (now, landed.written);
                 let p = progress(
                     key,

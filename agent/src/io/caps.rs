@@ -25,8 +25,26 @@ fn read_trim(path: &str) -> String {
         .to_string()
 }
 
-fn third_field(path: &str) -> u64 {
-    read_trim(path)
+/// A kernel setting by its sysctl name (`net.core.rmem_max`), read now,
+/// trimmed; empty when it cannot be read. The one place this host's
+/// /proc/sys is read: the probe below, the in-cluster preflight and the
+/// socket setup's explanations all come here.
+pub fn sysctl(name: &str) -> String {
+    read_trim(&format!("/proc/sys/{}", name.replace('.', "/")))
+}
+
+/// A numeric sysctl, if it reads as one.
+pub fn sysctl_number(name: &str) -> Option<i64> {
+    sysctl(name).parse().ok()
+}
+
+/// The words of a list-valued sysctl (`net.ipv4.tcp_available_congestion_control`).
+pub fn sysctl_words(name: &str) -> Vec<String> {
+    sysctl(name).split_whitespace().map(str::to_owned).collect()
+}
+
+fn third_field(name: &str) -> u64 {
+    sysctl(name)
         .split_whitespace()
         .nth(2)
         .and_then(|v| v.parse().ok())
@@ -40,13 +58,10 @@ pub fn capabilities() -> &'static Capabilities {
         io_uring: io_uring::IoUring::new(2)
             .map(drop)
             .map_err(|e| io_uring_refused(&e)),
-        congestion: read_trim("/proc/sys/net/ipv4/tcp_available_congestion_control")
-            .split_whitespace()
-            .map(str::to_string)
-            .collect(),
-        default_congestion: read_trim("/proc/sys/net/ipv4/tcp_congestion_control"),
-        tcp_rmem_max: third_field("/proc/sys/net/ipv4/tcp_rmem"),
-        tcp_wmem_max: third_field("/proc/sys/net/ipv4/tcp_wmem"),
+        congestion: sysctl_words("net.ipv4.tcp_available_congestion_control"),
+        default_congestion: sysctl("net.ipv4.tcp_congestion_control"),
+        tcp_rmem_max: third_field("net.ipv4.tcp_rmem"),
+        tcp_wmem_max: third_field("net.ipv4.tcp_wmem"),
     })
 }
 
@@ -57,7 +72,7 @@ pub fn capabilities() -> &'static Capabilities {
 pub fn io_uring_refused(e: &std::io::Error) -> String {
     explain_refusal(
         e,
-        &read_trim("/proc/sys/kernel/io_uring_disabled"),
+        &sysctl("kernel.io_uring_disabled"),
         &std::fs::read_to_string("/proc/self/status").unwrap_or_default(),
     )
 }
@@ -101,6 +116,16 @@ mod tests {
 
     const FILTERED: &str = "Name:\twirerate-agent\nSeccomp:\t2\nSeccomp_filters:\t1\n";
     const OPEN: &str = "Name:\twirerate-agent\nSeccomp:\t0\n";
+
+    #[test]
+    fn sysctls_are_read_by_their_names() {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+        assert_eq!(sysctl("kernel.hostname"), host.trim());
+        assert!(sysctl_number("kernel.pid_max").is_some_and(|v| v > 0));
+        assert_eq!(sysctl_words("kernel.ostype"), ["Linux"]);
+        assert_eq!(sysctl("no.such.setting"), "");
+        assert_eq!(sysctl_number("kernel.hostname"), None);
+    }
 
     #[test]
     fn a_seccomp_filter_is_named_with_the_profile_that_allows_io_uring() {

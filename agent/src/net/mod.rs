@@ -95,9 +95,7 @@ fn congestion_refused(cc: &str, e: &io::Error) -> String {
     if e.raw_os_error() == Some(libc::EPERM) {
         format!(
             "congestion control {cc:?} is refused ({e}): it is not in net.ipv4.tcp_allowed_congestion_control ({}), and choosing another needs CAP_NET_ADMIN (the agent's pod has it unless dropped)",
-            std::fs::read_to_string("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
-                .unwrap_or_default()
-                .trim()
+            crate::io::caps::sysctl("net.ipv4.tcp_allowed_congestion_control")
         )
     } else {
         format!(
