@@ -658,15 +658,36 @@ async fn observe(
                     .find(|s| s.outcome.failure().is_some())
                     .map(|s| (ReportState::Failed, s.outcome.to_string(), 0)),
             };
-            if let Some((state, msg, rate)) = verdict {
+            // The verdict, once there is one, ends the job; until then
+            // the running progress, at the cadence.
+            let update = if let Some((state, msg, rate)) = verdict {
+                Some((state, msg, rate, None, true))
+            } else if !*reported
+                || job.cadence.due(
+                    now,
+                    kept != *shown_kept || landed.written != job.last_done.1,
+                )
+            {
+                // The rate is of bytes written, durable or not; what is
+                // shown done is only what a resume would keep.
+                let secs = now.saturating_sub(job.last_done.0).as_secs_f64();
+                let rate = units::rate(job.last_done.1, landed.written, secs);
+                let eta = units::eta(total.saturating_sub(kept), rate).map(|s| s as i64);
+                job.last_done = (now, landed.written);
+                let msg = format!("listening on {endpoint}");
+                Some((ReportState::Running, msg, rate as i64, eta, false))
+            } else {
+                None
+            };
+            if let Some((state, msg, rate, eta, last)) = update {
                 let p = progress(
                     key,
                     (total, kept, Some(landed.written)),
                     job.block_size,
                     rate,
-                    None,
+                    eta,
                 );
-                report(
+                let sent = report(
                     client,
                     cfg,
                     &job.transfer,
@@ -679,41 +700,10 @@ async fn observe(
                     },
                 )
                 .await;
-                return Some(());
-            }
-            if !*reported
-                || job.cadence.due(
-                    now,
-                    kept != *shown_kept || landed.written != job.last_done.1,
-                )
-            {
-                // The rate is of bytes written, durable or not; what is
-                // shown done is only what a resume would keep.
-                let secs = now.saturating_sub(job.last_done.0).as_secs_f64();
-                let rate = units::rate(job.last_done.1, landed.written, secs);
-                let eta = units::eta(total.saturating_sub(kept), rate).map(|s| s as i64);
-                let rate = rate as i64;
-                job.last_done = (now, landed.written);
-                let p = progress(
-                    key,
-                    (total, kept, Some(landed.written)),
-                    job.block_size,
-                    rate,
-                    eta,
-                );
-                *reported = report(
-                    client,
-                    cfg,
-                    &job.transfer,
-                    key,
-                    Report {
-                        progress: Some(&p),
-                        striping: Some(striping),
-                        endpoint: Some(&endpoint),
-                        ..Report::new(ReportState::Running, &format!("listening on {endpoint}"))
-                    },
-                )
-                .await;
+                if last {
+                    return Some(());
+                }
+                *reported = sent;
                 *shown_kept = kept;
             }
             None
