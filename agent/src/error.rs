@@ -38,9 +38,9 @@ pub enum Error {
     /// The peer broke the protocol's rules in a well-formed frame.
     #[error("peer violated the protocol: {0}; closing the connection")]
     Violation(String),
-    /// Token mismatch, or the peer does not speak our handshake.
+    /// The two sides do not hold the same token.
     #[error("authentication failed: {0}")]
-    Auth(String),
+    Auth(#[from] AuthError),
     /// A destination path that would leave the receiver's root.
     #[error("refused destination path {path:?}: {reason}")]
     PathRefused {
@@ -90,6 +90,22 @@ pub enum Error {
     /// The transfer cannot continue and retrying will not help.
     #[error("{0}")]
     Transfer(String),
+}
+
+/// Why a handshake failed authentication; each says what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// Seen by a sender: the receiver's proof does not match our token.
+    #[error(
+        "the receiver holds a different token than this sender; give both sides the same token"
+    )]
+    ReceiverTokenDiffers,
+    /// Seen by a receiver: a peer's proof does not match our token.
+    #[error("a peer presented a wrong token")]
+    PeerTokenWrong,
+    /// Seen by a sender: the receiver refused our proof, in its words.
+    #[error("{0}")]
+    RefusedByReceiver(String),
 }
 
 impl Error {

@@ -23,4 +23,4 @@ pub mod token;
 pub mod units;
 pub mod wire;
 
-pub use error::{Disposition, Error, Result};
+pub use error::{AuthError, Disposition, Error, Result};

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::error::{Error, Result};
+use crate::error::{AuthError, Error, Result};
 use crate::wire::{
     Frame, MAC_LEN, MAX_PREAUTH_FRAME, MAX_SMALL_FRAME, NONCE_LEN, Purpose, VERSION, encode,
     read_frame_capped, write_frame,
@@ -51,7 +51,7 @@ fn peer_error(frame: Frame, expected: &str) -> Error {
     match frame {
         Frame::Error { message, retryable } => {
             if let Some(reason) = message.strip_prefix(AUTH_FAILED) {
-                Error::Auth(reason.to_string())
+                AuthError::RefusedByReceiver(reason.to_owned()).into()
             } else {
                 Error::Remote { message, retryable }
             }
@@ -96,13 +96,7 @@ pub fn client<S: Read + Write>(s: &mut S, token: &[u8], purpose: Purpose) -> Res
     let sent = write_frame(s, &Frame::Auth { mac: tag, purpose });
     mac(token, SERVER_LABEL, &nonce_c, &nonce_s)
         .verify_slice(&theirs)
-        .map_err(|_| {
-            Error::Auth(
-                "the receiver holds a different token than this sender; \
-                 give both sides the same token"
-                    .into(),
-            )
-        })?;
+        .map_err(|_| AuthError::ReceiverTokenDiffers)?;
     sent?;
     Ok(rtt)
 }
@@ -163,7 +157,7 @@ pub fn server<S: Read + Write>(s: &mut S, token: &[u8]) -> Result<Purpose> {
                 message: format!("{AUTH_FAILED}the token does not match the receiver's"),
             },
         );
-        return Err(Error::Auth("a peer presented a wrong token".into()));
+        return Err(AuthError::PeerTokenWrong.into());
     }
     Ok(purpose)
 }
@@ -193,8 +187,13 @@ mod tests {
     #[test]
     fn wrong_token_is_refused_with_a_clear_message() {
         let (c, s) = run(b"wrong", b"secret-token-123");
-        assert!(matches!(s, Err(Error::Auth(_))));
-        let msg = c.unwrap_err().to_string();
+        assert!(matches!(s, Err(Error::Auth(AuthError::PeerTokenWrong))));
+        let c = c.unwrap_err();
+        assert!(
+            matches!(c, Error::Auth(AuthError::ReceiverTokenDiffers)),
+            "{c:?}"
+        );
+        let msg = c.to_string();
         assert_eq!(
             msg.matches("authentication failed").count(),
             1,
@@ -211,7 +210,10 @@ mod tests {
             },
             "a challenge",
         );
-        assert!(matches!(e, Error::Auth(_)), "{e:?}");
+        assert!(
+            matches!(e, Error::Auth(AuthError::RefusedByReceiver(_))),
+            "{e:?}"
+        );
         assert_eq!(
             e.to_string(),
             "authentication failed: the token does not match the receiver's"
