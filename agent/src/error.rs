@@ -101,7 +101,7 @@ pub enum AuthError {
     )]
     ReceiverTokenDiffers,
     /// Seen by a receiver: a peer's proof does not match our token.
-    #[error("a peer presented a wrong token")]
+    #[error("a peer presented a wrong token; if it is one of yours, give it this receiver's token")]
     PeerTokenWrong,
     /// Seen by a sender: the receiver refused our proof, in its words.
     #[error("{0}")]

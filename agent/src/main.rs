@@ -370,12 +370,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
             cfg.max_connections = a.max_connections;
             cfg.idle_timeout = Duration::from_secs_f64(a.idle_timeout);
             cfg.umask = a.umask;
+            let endpoints = metrics::endpoints().with_log_level(log.clone());
             if let Some(m) = &a.metrics_addr {
-                let addr =
-                    metrics::serve_endpoints(m, metrics::endpoints().with_log_level(log.clone()))?;
+                let addr = metrics::serve_endpoints(m, endpoints.clone())?;
                 tracing::info!("metrics on http://{addr}/metrics");
             }
             let server = Server::bind(&a.listen, cfg)?;
+            endpoints.set_ready(true);
             tracing::info!(addr = %server.local_addr(), "serving");
             server.run();
             Ok(ExitCode::SUCCESS)
@@ -413,18 +414,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 ),
             };
             if a.metrics_port != 0 {
-                let addr = metrics::serve_endpoints(
-                    &format!("0.0.0.0:{}", a.metrics_port),
-                    metrics::endpoints().with_log_level(log.clone()),
-                )?;
+                // Ready at once: its pods' probe is the port itself, and the
+                // cluster loop reports its own state in its Lease.
+                let endpoints = metrics::endpoints().with_log_level(log.clone());
+                endpoints.set_ready(true);
+                let addr =
+                    metrics::serve_endpoints(&format!("0.0.0.0:{}", a.metrics_port), endpoints)?;
                 tracing::info!("metrics on http://{addr}/metrics");
             }
-            let node = a.node.unwrap_or_else(|| {
-                std::fs::read_to_string("/proc/sys/kernel/hostname")
-                    .unwrap_or_default()
-                    .trim()
-                    .to_owned()
-            });
+            let node = a
+                .node
+                .unwrap_or_else(|| wirerate_agent::io::caps::sysctl("kernel.hostname"));
             let cfg = wirerate_agent::cluster::RunConfig {
                 agent: a.agent_name,
                 namespace: a.namespace,

@@ -146,17 +146,19 @@ pub fn render() -> Vec<u8> {
     buf
 }
 
-/// What the agent serves about itself: its metrics, ready once it serves.
+/// What the agent serves about itself: its metrics; not ready until the
+/// caller says so (the receiver once it listens, cluster mode once it runs).
 pub fn endpoints() -> Endpoints {
-    let e = Endpoints::new(render);
-    e.set_ready(true);
-    e
+    Endpoints::new(render)
 }
 
 /// Serves the agent's metrics, health and readiness on `addr` from a
-/// background thread (see `wirerate_telemetry` for the bounds).
+/// background thread (see `wirerate_telemetry` for the bounds), ready at
+/// once.
 pub fn serve(addr: &str) -> crate::Result<SocketAddr> {
-    serve_endpoints(addr, endpoints())
+    let e = endpoints();
+    e.set_ready(true);
+    serve_endpoints(addr, e)
 }
 
 /// Serves `endpoints` on `addr` from a background thread.

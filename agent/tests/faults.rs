@@ -347,7 +347,10 @@ fn block_size_over_the_receivers_budget_is_refused() {
     cfg.retry_for = Duration::from_secs(30);
     let t0 = std::time::Instant::now();
     let err = send(&cfg, Arc::new(Progress::default())).unwrap_err();
-    assert!(err.to_string().contains("smaller --block-size"), "{err}");
+    assert!(
+        err.to_string().contains("smaller blockSize (--block-size)"),
+        "{err}"
+    );
     assert!(t0.elapsed() < Duration::from_secs(10), "not retried");
     assert!(walk(&root).is_empty());
     cfg.block_size = 4 << 20;

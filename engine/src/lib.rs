@@ -27,7 +27,7 @@ pub mod wire;
 
 pub use bitmap::Bitmap;
 pub use layout::Layout;
-pub use liveness::{IdleDeadline, Keepalive, Liveness};
+pub use liveness::{Due, Liveness};
 pub use retry::Backoff;
 pub use scheduler::{ReadOrder, Scheduler, SendOrder};
 pub use throttle::Throttle;

@@ -25,11 +25,11 @@ pub fn gbps(bytes: u64, secs: f64) -> f64 {
     }
 }
 
-/// Bytes per second of a counter that went from `then` to `now` in
+/// Bytes per second of a counter that went from `before` to `after` in
 /// `secs` (at least a millisecond, so a reading taken twice at once is
 /// not a division by zero).
-pub fn rate(then: u64, now: u64, secs: f64) -> f64 {
-    now.saturating_sub(then) as f64 / secs.max(1e-3)
+pub fn rate(before: u64, after: u64, secs: f64) -> f64 {
+    after.saturating_sub(before) as f64 / secs.max(1e-3)
 }
 
 /// Seconds until `remaining` bytes are moved at `bytes_per_sec`, or none

@@ -1,5 +1,6 @@
-//! One HTTP/1.1 endpoint per process: `GET /metrics`, `GET /healthz`,
-//! `GET /readyz` and `GET`/`PUT /loglevel`.
+//! One HTTP/1.1 endpoint per process: `GET /metrics`, `GET /healthz`
+//! (also `/health`, its name before this crate), `GET /readyz` and
+//! `GET`/`PUT /loglevel`.
 //!
 //! Every request is bounded in size and time and served concurrently, so
 //! one slow or hostile client cannot stall or bloat the scrapes of
@@ -134,34 +135,26 @@ async fn respond(
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
     let text = |status: StatusCode, body: String| (status, body.into_bytes());
-    let (status, body) = match (req.method(), req.uri().path()) {
-        (&Method::GET, "/metrics") => (StatusCode::OK, (endpoints.render)()),
-        (&Method::GET, "/health" | "/healthz") => text(StatusCode::OK, "ok\n".into()),
-        (&Method::GET, "/readyz") if endpoints.ready.load(Ordering::SeqCst) => {
+    let metrics = req.method() == Method::GET && req.uri().path() == "/metrics";
+    let log = endpoints.log.clone();
+    let (status, body) = match (req.method(), req.uri().path(), log) {
+        (&Method::GET, "/metrics", _) => (StatusCode::OK, (endpoints.render)()),
+        (&Method::GET, "/health" | "/healthz", _) => text(StatusCode::OK, "ok\n".into()),
+        (&Method::GET, "/readyz", _) if endpoints.ready.load(Ordering::SeqCst) => {
             text(StatusCode::OK, "ready\n".into())
         }
-        (&Method::GET, "/readyz") => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n".into()),
-        (_, "/loglevel") if endpoints.log.is_none() => text(
+        (&Method::GET, "/readyz", _) => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n".into()),
+        (_, "/loglevel", None) => text(
             StatusCode::NOT_FOUND,
             "this process does not change its log level at run time\n".into(),
         ),
-        (&Method::GET, "/loglevel") => text(
-            StatusCode::OK,
-            format!(
-                "{}\n",
-                endpoints
-                    .log
-                    .as_ref()
-                    .map(LogLevel::get)
-                    .unwrap_or_default()
-            ),
-        ),
-        (&Method::PUT, "/loglevel") if !is_loopback(peer.ip()) => text(
+        (&Method::GET, "/loglevel", Some(log)) => text(StatusCode::OK, format!("{}\n", log.get())),
+        (&Method::PUT, "/loglevel", Some(_)) if !is_loopback(peer.ip()) => text(
             StatusCode::FORBIDDEN,
             "the log level changes only from inside the pod: use kubectl port-forward or exec\n"
                 .into(),
         ),
-        (&Method::PUT, "/loglevel") => {
+        (&Method::PUT, "/loglevel", Some(log)) => {
             match Limited::new(req.into_body(), MAX_FILTER).collect().await {
                 Err(_) => text(
                     StatusCode::PAYLOAD_TOO_LARGE,
@@ -169,16 +162,15 @@ async fn respond(
                 ),
                 Ok(body) => {
                     let wanted = String::from_utf8_lossy(&body.to_bytes()).into_owned();
-                    match endpoints.log.as_ref().map(|l| l.set(&wanted)) {
-                        Some(Ok(())) => {
+                    match log.set(&wanted) {
+                        Ok(()) => {
                             tracing::warn!(filter = %wanted.trim(), %peer, "log level changed");
                             text(
                                 StatusCode::OK,
                                 format!("log filter now {}\n", wanted.trim()),
                             )
                         }
-                        Some(Err(e)) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
-                        None => text(StatusCode::NOT_FOUND, "no log level here\n".into()),
+                        Err(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
                     }
                 }
             }
@@ -192,7 +184,12 @@ async fn respond(
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+        hyper::header::HeaderValue::from_static(if metrics {
+            // Prometheus' text exposition format.
+            "text/plain; version=0.0.4"
+        } else {
+            "text/plain; charset=utf-8"
+        }),
     );
     Ok(resp)
 }

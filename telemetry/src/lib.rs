@@ -8,4 +8,4 @@ mod http;
 mod logs;
 
 pub use http::{Endpoints, serve, serve_in_thread};
-pub use logs::{LogLevel, init_logs};
+pub use logs::{FilterError, LogLevel, init_logs};

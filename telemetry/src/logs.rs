@@ -10,6 +10,25 @@ use tracing_subscriber::{EnvFilter, Registry, reload};
 /// Longest filter accepted at run time; real ones are a few dozen bytes.
 pub(crate) const MAX_FILTER: usize = 512;
 
+/// Why a new log filter was refused; the old one stays.
+#[derive(Debug, thiserror::Error)]
+pub enum FilterError {
+    /// Empty, or longer than any real filter.
+    #[error("a log filter is 1 to {MAX_FILTER} bytes, e.g. `debug` or `info,wirerate_agent=debug`")]
+    Length,
+    /// Not `RUST_LOG` syntax.
+    #[error("{filter:?} is not a log filter: {reason}")]
+    Invalid {
+        /// The filter as given.
+        filter: String,
+        /// The parser's reason.
+        reason: String,
+    },
+    /// The subscriber is gone (the process is exiting).
+    #[error("cannot change the log filter: {0}")]
+    Gone(String),
+}
+
 /// Reads and changes the log filter of a running process.
 #[derive(Clone)]
 pub struct LogLevel {
@@ -26,19 +45,20 @@ impl LogLevel {
 
     /// Replaces the filter with `directives` (`RUST_LOG` syntax). An
     /// invalid one is refused with the parser's reason and changes nothing.
-    pub fn set(&self, directives: &str) -> Result<(), String> {
+    pub fn set(&self, directives: &str) -> Result<(), FilterError> {
         let directives = directives.trim();
         if directives.is_empty() || directives.len() > MAX_FILTER {
-            return Err(format!(
-                "a log filter is 1 to {MAX_FILTER} bytes, e.g. `debug` or `info,wirerate_agent=debug`"
-            ));
+            return Err(FilterError::Length);
         }
         let filter = EnvFilter::builder()
             .parse(directives)
-            .map_err(|e| format!("{directives:?} is not a log filter: {e}"))?;
+            .map_err(|e| FilterError::Invalid {
+                filter: directives.to_owned(),
+                reason: e.to_string(),
+            })?;
         self.handle
             .reload(filter)
-            .map_err(|e| format!("cannot change the log filter: {e}"))
+            .map_err(|e| FilterError::Gone(e.to_string()))
     }
 }
 

@@ -26,9 +26,10 @@ fn read_trim(path: &str) -> String {
 }
 
 /// A kernel setting by its sysctl name (`net.core.rmem_max`), read now,
-/// trimmed; empty when it cannot be read. The one place this host's
-/// /proc/sys is read: the probe below, the in-cluster preflight and the
-/// socket setup's explanations all come here.
+/// trimmed; empty when it cannot be read (a setting the kernel lacks, or
+/// one hidden in this network namespace, reads as unknown either way).
+/// The probe below, the in-cluster preflight, the socket setup's
+/// explanations and the node name all read /proc/sys through here.
 pub fn sysctl(name: &str) -> String {
     read_trim(&format!("/proc/sys/{}", name.replace('.', "/")))
 }

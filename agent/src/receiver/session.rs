@@ -27,7 +27,9 @@ use crate::wire::{
 };
 use wirerate_engine::Layout;
 use wirerate_engine::digest::{BlockHasher, HASH_PIECE};
-use wirerate_engine::session::receiver::{Action, End, Limits, ReceiverControl, Refusal, Report};
+use wirerate_engine::session::receiver::{
+    Action, End, Limits, ReceiverControl, Refusal, RefusalReason, Report,
+};
 
 /// Acknowledgements queued per data stream before its reader waits.
 const ACK_QUEUE: usize = 1024;
@@ -133,7 +135,10 @@ fn ended(end: End) -> Result<()> {
     match end {
         End::Finished | End::Answered => Ok(()),
         End::Refused(r) => {
-            metrics().rejected.with_label_values(&[r.label]).inc();
+            metrics()
+                .rejected
+                .with_label_values(&[r.reason.metric_label()])
+                .inc();
             Err(Error::Remote {
                 message: r.message,
                 retryable: r.retryable,
@@ -235,7 +240,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
                     "receiver busy: {} sessions already open (--max-sessions); retry later",
                     shared.cfg.max_sessions
                 ),
-                label: "busy",
+                reason: RefusalReason::Busy,
             },
         );
     }
@@ -261,7 +266,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
                             fmt_bytes(used),
                             fmt_bytes(shared.memory.max())
                         ),
-                        label: "memory",
+                        reason: RefusalReason::Memory,
                     },
                 );
             }
@@ -281,7 +286,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
             Refusal {
                 retryable: false,
                 message: format!("session {} is already open; pick a fresh id", hex(&id)),
-                label: "protocol",
+                reason: RefusalReason::SessionOpen,
             },
         );
     }
@@ -324,7 +329,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
             Refusal {
                 retryable: true,
                 message: busy.message(),
-                label: "destination_busy",
+                reason: RefusalReason::DestinationBusy,
             },
         );
     }
@@ -468,11 +473,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     let bytes = stats.bytes.load(Ordering::Relaxed);
     let summary = ReceiverSummary {
         session: hex(&id),
-        outcome: core.outcome(
-            report.error.as_deref(),
-            life.was_taken_over(),
-            outcome.as_ref().err().map(ToString::to_string).as_deref(),
-        ),
+        outcome: core.outcome(report.error.as_deref(), life.was_taken_over()),
         bytes_written: bytes,
         bytes_skipped_resume: resumed_bytes,
         seconds: secs,

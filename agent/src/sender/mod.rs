@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use shared::Verdict;
+use wirerate_engine::session::FileVerdict;
 
 use crate::error::{Error, Result};
 use crate::io::{IoMode, Pools, caps::capabilities};
@@ -138,7 +138,7 @@ pub(crate) struct RunState {
     pub(crate) connected: bool,
     /// Some session got the receiver's plan.
     pub(crate) planned: bool,
-    pub(crate) verdicts: HashMap<u32, Verdict>,
+    pub(crate) verdicts: HashMap<u32, FileVerdict>,
     pub(crate) bytes_sent: u64,
     pub(crate) bytes_skipped_resume: u64,
     pub(crate) blocks_retried: u64,
@@ -241,7 +241,7 @@ pub fn send(cfg: &SendConfig, progress: Arc<Progress>) -> Result<SendSummary> {
     let mut results = Vec::with_capacity(list.files.len());
     for (i, f) in list.files.iter().enumerate() {
         let (ok, digest, message) = match st.verdicts.get(&(i as u32)) {
-            Some(Verdict::Ok(d)) => {
+            Some(FileVerdict::Ok(d)) => {
                 files_ok += 1;
                 if f.kind == EntryKind::File {
                     digests.push((f.dest.as_str(), *d));
@@ -252,7 +252,7 @@ pub fn send(cfg: &SendConfig, progress: Arc<Progress>) -> Result<SendSummary> {
                     None,
                 )
             }
-            Some(Verdict::Failed(m)) => (false, None, Some(m.clone())),
+            Some(FileVerdict::Failed(m)) => (false, None, Some(m.clone())),
             None => (
                 false,
                 None,

@@ -11,7 +11,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::reader::{self, ReadReport};
-use super::shared::{Inner, Shared, Verdict, end_error};
+use super::shared::{Inner, Shared, end_error};
 use super::source::SourceFile;
 use super::{RunState, SendConfig};
 use crate::error::{Error, Result};
@@ -28,6 +28,7 @@ use crate::wire::{
 use wirerate_engine::Scheduler;
 use wirerate_engine::digest::{BlockHasher, HASH_PIECE};
 use wirerate_engine::scheduler::PlannedFile;
+use wirerate_engine::session::FileVerdict;
 use wirerate_engine::session::SenderControl;
 use wirerate_engine::session::sender::Action;
 
@@ -100,8 +101,6 @@ fn open_session(
     };
     let (mut control, rtt) = connect(cfg, &control_opts, Purpose::Control)?;
     st.connected = true;
-    // A receiver that stops reading cannot hold this side's writes longer
-    // than a silent one would be waited for.
     // A receiver that stops reading, or stops mid-frame, cannot hold this
     // side longer than a silent one would be waited for (between frames,
     // silence is watched by the idle deadline; see `control_loop`).
@@ -148,22 +147,27 @@ fn open_session(
         IDLE_TIMEOUT,
     );
     let mut reader = FrameReader::default();
-    let plan = loop {
+    let plan = 'plan: loop {
         let frame = reader.read(&mut control)?;
         core.handle_frame(frame, Instant::now());
-        match core.poll_action() {
-            None => {}
-            Some(Action::Planned(plan)) => break plan,
-            Some(Action::Close(end)) => return Err(end_error(end)),
-            Some(other) => {
-                return Err(Error::Transfer(format!(
-                    "internal error: the session core asked for {other:?} before the plan"
-                )));
+        while let Some(action) = core.poll_action() {
+            match action {
+                Action::Planned(plan) => break 'plan plan,
+                // The receiver's last words: why we hang up.
+                Action::Send(frame) => {
+                    let _ = write_frame(&mut control, &frame);
+                }
+                Action::Close(end) => return Err(end_error(end)),
+                other @ Action::Verdict { .. } => {
+                    return Err(Error::Transfer(format!(
+                        "internal error: the session core asked for {other:?} before the plan"
+                    )));
+                }
             }
         }
     };
     for (file_id, message) in plan.refused {
-        st.verdicts.insert(file_id, Verdict::Failed(message));
+        st.verdicts.insert(file_id, FileVerdict::Failed(message));
     }
     Ok(Opened {
         control,
@@ -253,7 +257,7 @@ pub(crate) fn run(
     let verified_bytes: u64 = st
         .verdicts
         .iter()
-        .filter(|(_, v)| matches!(v, Verdict::Ok(_)))
+        .filter(|(_, v)| matches!(v, FileVerdict::Ok(_)))
         .map(|(id, _)| all[*id as usize].size)
         .sum();
     progress
@@ -430,7 +434,7 @@ fn coordinate(shared: &Shared, control: &mut TcpStream) -> Result<()> {
             drop(g);
             control
                 .write_all(&out)
-                .map_err(|e| Error::net("sending file digests", e))?;
+                .map_err(|e| Error::net("writing to the receiver", e))?;
             g = shared.lock();
             continue;
         }

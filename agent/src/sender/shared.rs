@@ -17,13 +17,12 @@ use crate::metrics::sender_metrics;
 use crate::progress::Progress;
 use crate::wire::{Verification, encode};
 
-/// What a file's verdict was.
-pub(crate) use wirerate_engine::session::FileVerdict as Verdict;
+use wirerate_engine::session::FileVerdict;
 
 pub(crate) struct Inner {
     pub(crate) sched: Scheduler,
     pub(crate) bufs: HashMap<usize, Arc<PoolBuf>>,
-    pub(super) verdicts: HashMap<u32, Verdict>,
+    pub(super) verdicts: HashMap<u32, FileVerdict>,
     /// The control connection's decisions; `outbox` holds the frames it
     /// wants sent until the coordinator, the connection's one writer,
     /// sends them.

@@ -19,7 +19,7 @@ use crate::wire::{
 /// What the receiver allows a session, fixed when it starts.
 #[derive(Debug, Clone)]
 pub struct Limits {
-    /// Largest block size it will buffer (half its `--buffer`).
+    /// Largest block size it will buffer (half its buffer).
     pub max_block: u64,
     /// Most manifest entries.
     pub max_entries: usize,
@@ -53,8 +53,39 @@ pub struct Refusal {
     pub retryable: bool,
     /// What the sender's user should do.
     pub message: String,
-    /// The `rejected` metric's reason label.
-    pub label: &'static str,
+    /// Why, for the `rejected` metric.
+    pub reason: RefusalReason,
+}
+
+/// Why a session was refused, as the metrics count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalReason {
+    /// Its block size is over half the receiver's buffer.
+    BlockSize,
+    /// Its manifest is too big or names a file id twice.
+    Manifest,
+    /// The receiver has as many sessions as it takes.
+    Busy,
+    /// The receiver's buffer memory is taken.
+    Memory,
+    /// A session with its id is already open.
+    SessionOpen,
+    /// Another session holds one of its destinations.
+    DestinationBusy,
+}
+
+impl RefusalReason {
+    /// The `rejected` metric's `reason` label.
+    pub fn metric_label(self) -> &'static str {
+        match self {
+            Self::BlockSize => "block_size",
+            Self::Manifest => "manifest",
+            Self::Busy => "busy",
+            Self::Memory => "memory",
+            Self::SessionOpen => "protocol",
+            Self::DestinationBusy => "destination_busy",
+        }
+    }
 }
 
 /// What the writer has to say to the sender.
@@ -180,7 +211,6 @@ enum State {
     Preparing,
     Results {
         files: HashMap<u32, FileState>,
-        answered: u64,
     },
     Ended,
 }
@@ -211,7 +241,9 @@ impl ReceiverControl {
         }
     }
 
-    /// The next thing to do, in order.
+    /// The next thing to do, in order; call until it returns `None` after
+    /// every `handle_*`.
+    #[must_use]
     pub fn poll_action(&mut self) -> Option<Action> {
         let next = self.actions.pop_front();
         if next.is_none() && self.actions.capacity() > 64 {
@@ -222,7 +254,9 @@ impl ReceiverControl {
         next
     }
 
-    /// When [`Self::handle_timeout`] must next be called, if ever.
+    /// When [`Self::handle_timeout`] must next be called, if ever; ask
+    /// again after every `handle_*`.
+    #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.live.poll_timeout()
     }
@@ -255,15 +289,16 @@ impl ReceiverControl {
                 let block_size = u64::from(block_size);
                 if block_size > self.limits.max_block {
                     let message = format!(
-                        "block size {} is more than this receiver allows ({}, half its --buffer); \
-                         send with a smaller --block-size or raise the receiver's --buffer",
+                        "block size {} is more than this receiver allows ({}, half its buffer); \
+                         send with a smaller blockSize (--block-size) or raise the receiver's \
+                         bufferSize (--buffer)",
                         crate::units::fmt_bytes(block_size),
                         crate::units::fmt_bytes(self.limits.max_block)
                     );
                     self.refuse(Refusal {
                         retryable: false,
                         message,
-                        label: "block_size",
+                        reason: RefusalReason::BlockSize,
                     });
                     return;
                 }
@@ -290,7 +325,7 @@ impl ReceiverControl {
                         self.refuse(Refusal {
                             retryable: false,
                             message,
-                            label: "manifest",
+                            reason: RefusalReason::Manifest,
                         });
                         return;
                     }
@@ -308,7 +343,7 @@ impl ReceiverControl {
                     self.refuse(Refusal {
                         retryable: false,
                         message,
-                        label: "manifest",
+                        reason: RefusalReason::Manifest,
                     });
                 }
             }
@@ -408,7 +443,7 @@ impl ReceiverControl {
         }
         self.send(Frame::PlanEnd, now);
         self.accepted = files.len() as u64;
-        self.state = State::Results { files, answered: 0 };
+        self.state = State::Results { files };
         self.live.arm_idle(now, self.limits.idle_timeout);
     }
 
@@ -424,7 +459,7 @@ impl ReceiverControl {
                 digest,
                 message,
             } => {
-                let State::Results { files, answered } = &mut self.state else {
+                let State::Results { files } = &mut self.state else {
                     return;
                 };
                 // One result per file the sender reported: the writer
@@ -434,8 +469,7 @@ impl ReceiverControl {
                     return;
                 };
                 *s = FileState::Answered;
-                *answered += 1;
-                self.answered = *answered;
+                self.answered += 1;
                 self.send(
                     Frame::FileResult {
                         file_id,
@@ -481,14 +515,8 @@ impl ReceiverControl {
 
     /// The session's outcome for its summary. `writer_error` is the
     /// writer's own failure, `taken_over` whether a newer session of the
-    /// same sender took its files, `error` the shell's error for an end
-    /// that was not clean (the reason the summary gives, if any).
-    pub fn outcome(
-        &self,
-        writer_error: Option<&str>,
-        taken_over: bool,
-        error: Option<&str>,
-    ) -> SessionOutcome {
+    /// same sender took its files.
+    pub fn outcome(&self, writer_error: Option<&str>, taken_over: bool) -> SessionOutcome {
         if let Some(e) = writer_error {
             return SessionOutcome::Failed {
                 reason: e.to_owned(),
@@ -512,9 +540,6 @@ impl ReceiverControl {
                 reason: "its sender went silent, and a new session of it took its files over"
                     .into(),
             },
-            _ if error.is_some() => SessionOutcome::Interrupted {
-                reason: error.unwrap_or_default().to_owned(),
-            },
             Some(End::Silent(silent)) => SessionOutcome::Interrupted {
                 reason: format!(
                     "nothing heard for {:.0} s (--idle-timeout), so it is presumed gone; what it wrote is checkpointed",
@@ -525,7 +550,7 @@ impl ReceiverControl {
                 reason: r.message.clone(),
             },
             Some(End::Violation(v)) => SessionOutcome::Interrupted {
-                reason: format!("protocol violation: {v}"),
+                reason: format!("peer violated the protocol: {v}"),
             },
             Some(End::Lost(reason)) => SessionOutcome::Interrupted {
                 reason: reason.clone(),
@@ -746,7 +771,7 @@ mod tests {
                 Action::Close(End::Answered)
             ]
         ));
-        assert_eq!(core.outcome(None, false, None), SessionOutcome::Complete);
+        assert_eq!(core.outcome(None, false), SessionOutcome::Complete);
         assert_eq!(core.poll_timeout(), None);
     }
 
@@ -770,7 +795,7 @@ mod tests {
         core.handle_frame(Frame::Finish, now);
         assert_eq!(drain(&mut core), [Action::Close(End::Finished)]);
         assert_eq!(
-            core.outcome(None, false, None).to_string(),
+            core.outcome(None, false).to_string(),
             "interrupted: the sender finished with 2 of 2 files unanswered"
         );
     }
@@ -789,7 +814,7 @@ mod tests {
         };
         assert!(!retryable);
         assert!(message.contains("--block-size"), "{message}");
-        assert_eq!(r.label, "block_size");
+        assert_eq!(r.reason, RefusalReason::BlockSize);
     }
 
     #[test]
@@ -943,12 +968,12 @@ mod tests {
             Some(Action::Close(End::Silent(_)))
         ));
         assert!(
-            core.outcome(None, false, None)
+            core.outcome(None, false)
                 .to_string()
                 .contains("presumed gone")
         );
         assert!(
-            core.outcome(None, true, None)
+            core.outcome(None, true)
                 .to_string()
                 .contains("took its files over")
         );
@@ -975,7 +1000,7 @@ mod tests {
                 Action::Close(End::WriterFailed { .. })
             ]
         ));
-        assert_eq!(core.outcome(None, false, None).failure(), Some("disk full"));
+        assert_eq!(core.outcome(None, false).failure(), Some("disk full"));
     }
 
     /// What the shell does, chosen by the test.
@@ -1113,7 +1138,7 @@ mod tests {
                     Step::Admit(ok) => core.handle_admitted(if ok {
                         Ok(())
                     } else {
-                        Err(Refusal { retryable: true, message: "busy".into(), label: "busy" })
+                        Err(Refusal { retryable: true, message: "busy".into(), reason: RefusalReason::Busy })
                     }),
                     Step::Plan(choices) => {
                         let plan: Vec<_> = prepared
@@ -1174,7 +1199,7 @@ mod tests {
                 core.handle_timeout(now + IDLE);
                 prop_assert!(core.end().is_some());
             }
-            let _ = core.outcome(None, false, None).to_string();
+            let _ = core.outcome(None, false).to_string();
         }
     }
 }

@@ -155,12 +155,16 @@ impl SenderControl {
         }
     }
 
-    /// The next thing to do, in order.
+    /// The next thing to do, in order; call until it returns `None` after
+    /// every `handle_*`.
+    #[must_use]
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop_front()
     }
 
-    /// When [`Self::handle_timeout`] must next be called, if ever.
+    /// When [`Self::handle_timeout`] must next be called, if ever; ask
+    /// again after every `handle_*`.
+    #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.live.poll_timeout()
     }
@@ -389,6 +393,11 @@ impl SenderControl {
     }
 
     fn violation(&mut self, what: String) {
+        // The receiver hears why, and that trying again will not help.
+        self.actions.push_back(Action::Send(Frame::Error {
+            retryable: false,
+            message: format!("protocol violation: {what}"),
+        }));
         self.close(End::Violation(what));
     }
 
@@ -473,10 +482,18 @@ mod tests {
         c
     }
 
+    /// The violation the core closed with, after telling the receiver.
     fn violation(c: &mut SenderControl) -> String {
-        match drain(c).pop() {
-            Some(Action::Close(End::Violation(v))) => v,
-            other => panic!("expected a violation, got {other:?}"),
+        let actions = drain(c);
+        match &actions[actions.len().saturating_sub(2)..] {
+            [
+                Action::Send(Frame::Error {
+                    retryable: false,
+                    message,
+                }),
+                Action::Close(End::Violation(v)),
+            ] if message.ends_with(v.as_str()) => v.clone(),
+            other => panic!("expected an Error frame and a violation, got {other:?}"),
         }
     }
 
@@ -826,6 +843,10 @@ mod tests {
                             prop_assert!(reported.insert(file_id, None).is_none());
                         }
                         Action::Send(Frame::Keepalive) => {}
+                        // Only right before a close for a violation.
+                        Action::Send(Frame::Error { retryable: false, .. }) => {
+                            prop_assert!(matches!(c.end(), Some(End::Violation(_))));
+                        }
                         Action::Send(other) => prop_assert!(false, "sent {:?}", other),
                         Action::Verdict { file_id, verdict } => {
                             let ours = reported.get(&file_id);
