@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::{TOKEN, assert_same, scratch, write_file};
-use wirerate_agent::cluster::jobs::{ReceiverJob, SenderJob, remove_partials, under_roots};
+use wirerate_agent::cluster::jobs::{
+    ReceiverJob, SenderJob, SenderOutcome, remove_partials, under_roots,
+};
 use wirerate_agent::receiver::Checkpoint;
 use wirerate_agent::wire::Verification;
 use wirerate_crds::Tuning;
@@ -28,10 +30,7 @@ fn free_ports() -> std::ops::Range<u16> {
     base..base + 50
 }
 
-fn wait_outcome(
-    s: &SenderJob,
-    limit: Duration,
-) -> Result<wirerate_agent::summary::SendSummary, String> {
+fn wait_outcome(s: &SenderJob, limit: Duration) -> SenderOutcome {
     let start = Instant::now();
     loop {
         if let Some(o) = s.outcome() {
@@ -70,7 +69,9 @@ fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
         None,
     )
     .unwrap();
-    let sum = wait_outcome(&tx, Duration::from_secs(60)).expect("sent");
+    let SenderOutcome::Verified(sum) = wait_outcome(&tx, Duration::from_secs(60)) else {
+        panic!("not verified");
+    };
     assert!(sum.ok, "{sum:?}");
     assert_eq!(sum.streams, 4);
     assert_eq!(
@@ -153,7 +154,7 @@ fn the_progress_a_receiver_shows_never_runs_ahead_of_what_a_resume_keeps() {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert!(tx.outcome().unwrap().unwrap().ok);
+    assert!(matches!(tx.outcome(), Some(SenderOutcome::Verified(_))));
     assert!(samples > 50, "only {samples} samples");
     assert!(
         acked_ahead > 0,
@@ -200,7 +201,10 @@ fn a_second_session_of_the_same_transfer_counts_on_from_the_first() {
             None,
         )
         .unwrap();
-        assert!(wait_outcome(&tx, Duration::from_secs(60)).unwrap().ok);
+        assert!(matches!(
+            wait_outcome(&tx, Duration::from_secs(60)),
+            SenderOutcome::Verified(_)
+        ));
         assert_same(&src.join(name), &dst.join(name));
     }
     let l = rx.landed().unwrap();
@@ -258,7 +262,10 @@ fn the_agents_metrics_endpoint_serves_every_metric_the_dashboard_queries() {
         None,
     )
     .unwrap();
-    assert!(wait_outcome(&tx, Duration::from_secs(60)).unwrap().ok);
+    assert!(matches!(
+        wait_outcome(&tx, Duration::from_secs(60)),
+        SenderOutcome::Verified(_)
+    ));
 
     let addr = wirerate_agent::metrics::serve("127.0.0.1:0").unwrap();
     let mut c = std::net::TcpStream::connect(addr).unwrap();
@@ -318,8 +325,19 @@ fn a_cancelled_sender_stops_retrying() {
         "still retrying (retry window is 90 s)"
     );
     tx.cancel();
-    let err = wait_outcome(&tx, Duration::from_secs(15)).expect_err("cancelled");
-    assert!(err.contains("cancelled"), "{err}");
+    let SenderOutcome::Failed {
+        reason,
+        disposition,
+    } = wait_outcome(&tx, Duration::from_secs(15))
+    else {
+        panic!("a cancelled sender did not fail");
+    };
+    assert!(reason.contains("cancelled"), "{reason}");
+    assert_eq!(
+        disposition,
+        wirerate_agent::Disposition::FailSession,
+        "{reason}"
+    );
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use wirerate_crds::Tuning;
 
-use crate::error::{Error, Result};
+use crate::error::{Disposition, Error, Result};
 use crate::fsroot::{is_temporary, temp_names};
 use crate::progress::Progress;
 use crate::receiver::{Landed, ServeConfig, Server, ServerHandle};
@@ -111,11 +111,15 @@ impl SenderJob {
     }
 
     /// The outcome, once the sender is done.
-    pub fn outcome(&self) -> Option<std::result::Result<SendSummary, String>> {
+    pub fn outcome(&self) -> Option<SenderOutcome> {
         let r = self.result.lock().expect("result lock");
         r.as_ref().map(|r| match r {
-            Ok(s) => Ok(s.clone()),
-            Err(e) => Err(e.to_string()),
+            Ok(s) if s.ok => SenderOutcome::Verified(s.clone()),
+            Ok(s) => SenderOutcome::FilesFailed(s.clone()),
+            Err(e) => SenderOutcome::Failed {
+                reason: e.to_string(),
+                disposition: e.disposition(),
+            },
         })
     }
 
@@ -124,6 +128,32 @@ impl SenderJob {
         self.cancel.store(true, Ordering::Relaxed);
         // Detach: a session in progress ends when the receiver goes away.
         drop(self.thread.take());
+    }
+}
+
+/// How a sender job ended.
+#[derive(Debug, Clone)]
+pub enum SenderOutcome {
+    /// Every file is verified at the receiver.
+    Verified(SendSummary),
+    /// The run ended with files that failed; the summary names them.
+    FilesFailed(SendSummary),
+    /// The run itself failed.
+    Failed {
+        /// The error, with what to do.
+        reason: String,
+        /// Whether a new attempt could get further.
+        disposition: Disposition,
+    },
+}
+
+impl SenderOutcome {
+    /// The run's summary, when it got as far as one.
+    pub fn summary(&self) -> Option<&SendSummary> {
+        match self {
+            Self::Verified(s) | Self::FilesFailed(s) => Some(s),
+            Self::Failed { .. } => None,
+        }
     }
 }
 

@@ -33,7 +33,7 @@ use wirerate_crds::{AgentLease, DtnPool, Transfer, contract};
 
 use crate::error::{Error, Result};
 use crate::units::{self, fmt_bytes};
-use jobs::{ReceiverJob, SenderJob};
+use jobs::{ReceiverJob, SenderJob, SenderOutcome};
 use plan::{Cadence, JobKey, Me, Want};
 
 /// Who this agent is and where it listens.
@@ -546,12 +546,11 @@ async fn observe(
             let (state, msg, p, over) = if let Some(outcome) = s.outcome() {
                 // The last report carries the session's own rate, which the
                 // Rate column then shows for a finished transfer.
-                let rate = match &outcome {
-                    Ok(sum) => (sum.gbps * 1e9 / 8.0) as i64,
-                    Err(_) => 0,
-                };
+                let rate = outcome
+                    .summary()
+                    .map_or(0, |sum| (sum.gbps * 1e9 / 8.0) as i64);
                 let (state, msg) = match outcome {
-                    Ok(sum) if sum.ok => (
+                    SenderOutcome::Verified(sum) => (
                         ReportState::Succeeded,
                         format!(
                             "{} in {:.1} s at {:.2} Gbit/s, digest {}",
@@ -561,7 +560,7 @@ async fn observe(
                             sum.digest
                         ),
                     ),
-                    Ok(sum) => (
+                    SenderOutcome::FilesFailed(sum) => (
                         ReportState::Failed,
                         sum.failures
                             .iter()
@@ -569,7 +568,7 @@ async fn observe(
                             .collect::<Vec<_>>()
                             .join("; "),
                     ),
-                    Err(e) => (ReportState::Failed, e),
+                    SenderOutcome::Failed { reason, .. } => (ReportState::Failed, reason),
                 };
                 (
                     state,
