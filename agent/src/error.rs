@@ -136,6 +136,19 @@ impl Error {
         }
     }
 
+    /// The peer on a control connection sent nothing, not even a
+    /// keepalive, for `silent`: a network error (so a sender reconnects).
+    /// `peer` names it; `then` says what follows, after the duration.
+    pub fn silent(peer: &str, silent: std::time::Duration, then: &str) -> Self {
+        Self::net(
+            format!("waiting for the {peer}"),
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("nothing heard for {:.0} s{then}", silent.as_secs_f64()),
+            ),
+        )
+    }
+
     /// What the code that meets this error does with it.
     pub fn disposition(&self) -> Disposition {
         match self {

@@ -146,15 +146,10 @@ fn ended(end: End) -> Result<()> {
         }
         End::WriterFailed { message, .. } => Err(Error::Transfer(message)),
         End::Violation(v) => Err(Error::Violation(v)),
-        End::Silent(silent) => Err(Error::net(
-            "waiting for the sender",
-            std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "nothing heard for {:.0} s (--idle-timeout), so it is presumed gone; what it wrote is checkpointed",
-                    silent.as_secs_f64()
-                ),
-            ),
+        End::Silent(silent) => Err(Error::silent(
+            "sender",
+            silent,
+            " (--idle-timeout), so it is presumed gone; what it wrote is checkpointed",
         )),
         End::Lost(reason) => Err(Error::Transfer(reason)),
     }

@@ -37,16 +37,9 @@ pub(super) fn end_error(end: End) -> Error {
     match end {
         End::Remote { retryable, message } => Error::Remote { message, retryable },
         End::Violation(v) => Error::Violation(v),
-        End::Silent(silent) => Error::net(
-            "waiting for the receiver",
-            std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "nothing heard for {:.0} s, not even a keepalive; reconnecting",
-                    silent.as_secs_f64()
-                ),
-            ),
-        ),
+        End::Silent(silent) => {
+            Error::silent("receiver", silent, ", not even a keepalive; reconnecting")
+        }
         End::Lost(reason) => Error::net(
             "the control connection broke",
             std::io::Error::other(reason),
