@@ -7,13 +7,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::error::{Error, Result};
-use crate::io::{ALIGN, IoMode, IoOp, OpKind, Pool, backend, open::on_tmpfs, open_path};
+use crate::observer::Shown;
 use crate::progress::{Progress, Renderer};
-use crate::receiver::{ServeConfig, Server};
-use crate::sender::{SendConfig, send};
-use crate::summary::{ReceiverSummary, SendSummary};
 use crate::units::fmt_bytes;
+use wirerate_engine::error::{Error, Result};
+use wirerate_engine::io::{ALIGN, IoMode, IoOp, OpKind, Pool, backend, open::on_tmpfs, open_path};
+use wirerate_engine::receiver::{ServeConfig, Server};
+use wirerate_engine::sender::{SendConfig, send};
+use wirerate_engine::summary::{ReceiverSummary, SendSummary};
 
 /// What the demo does.
 #[derive(Debug, Clone)]
@@ -237,7 +238,7 @@ pub fn run(cfg: &DemoConfig) -> Result<DemoReport> {
     let disk_write_gbs = generate(
         &src,
         cfg.size,
-        u64::from_le_bytes(crate::net::auth::random::<8>()),
+        u64::from_le_bytes(wirerate_engine::net::auth::random::<8>()),
     )?;
     let disk_read_gbs = disk_pass(
         &src,
@@ -253,8 +254,9 @@ pub fn run(cfg: &DemoConfig) -> Result<DemoReport> {
         cfg.send.queue_depth,
     )?;
 
-    let token = crate::net::auth::random::<32>().to_vec();
+    let token = wirerate_engine::net::auth::random::<32>().to_vec();
     let mut scfg = ServeConfig::new(dst_dir.clone(), token.clone());
+    scfg.observer = Shown::metrics().observe();
     scfg.queue_depth = cfg.send.queue_depth;
     scfg.buffer = cfg.send.buffer;
     let mut runs = Vec::new();
@@ -269,8 +271,11 @@ pub fn run(cfg: &DemoConfig) -> Result<DemoReport> {
         send_cfg.io_mode = mode;
         send_cfg.retry_for = std::time::Duration::ZERO;
         let progress = Arc::new(Progress::default());
+        send_cfg.observer = Shown::metrics()
+            .with_progress(Arc::clone(&progress))
+            .observe();
         let renderer = Renderer::start(Arc::clone(&progress), &format!("{mode:>8}"), cfg.quiet);
-        let result = send(&send_cfg, progress);
+        let result = send(&send_cfg);
         renderer.finish();
         let sender = result?;
         // `send` returns only after the receiver closed the session and

@@ -1,26 +1,18 @@
-//! wirerate's transfer engine: one file or a tree, disk to disk over many
-//! TCP streams with io_uring O_DIRECT I/O, resumable and verified.
+//! The `wirerate-agent` binary's library: what turns the engine into a
+//! program people and clusters run.
 //!
-//! Layout: the `wirerate-engine` crate holds the I/O-free state machines and
-//! the settings' one definition; here `wire` is the protocol,
-//! `io` the buffer pool and I/O modes, `net` sockets and authentication,
-//! `fsroot` path confinement, and `sender`/`receiver` the threads that
-//! drive them.
+//! The data path (the core and the shells that drive it) is the
+//! `wirerate-engine` crate. Here: `cluster` is the in-cluster mode,
+//! `demo` the README's one-command transfer, `metrics` and `progress` the
+//! engine's observer (Prometheus counters, a progress bar), `summary` how
+//! summaries are printed, and `token`/`units` the command line's parsers.
+#![forbid(unsafe_code)]
 
 pub mod cluster;
 pub mod demo;
-pub mod error;
-pub mod fsroot;
-pub mod io;
 pub mod metrics;
-pub mod net;
+pub mod observer;
 pub mod progress;
-pub mod receiver;
-pub mod sender;
-mod spans;
 pub mod summary;
 pub mod token;
 pub mod units;
-pub mod wire;
-
-pub use error::{AuthError, Disposition, Error, Result};

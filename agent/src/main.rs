@@ -7,16 +7,18 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
-use wirerate_agent::io::IoMode;
-use wirerate_agent::net::SocketOpts;
+use wirerate_agent::observer::Shown;
 use wirerate_agent::progress::{Progress, Renderer};
-use wirerate_agent::receiver::{ServeConfig, Server};
-use wirerate_agent::sender::{SendConfig, send};
 use wirerate_agent::units::{parse_rate, parse_size};
-use wirerate_agent::wire::Verification;
 use wirerate_agent::{demo, metrics};
 use wirerate_crds::contract;
+use wirerate_engine::io::IoMode;
+use wirerate_engine::net::SocketOpts;
+use wirerate_engine::receiver::{ServeConfig, Server};
+use wirerate_engine::sender::{SendConfig, send};
+use wirerate_engine::summary::SendSummary;
 use wirerate_engine::tuning::{self, Overrides};
+use wirerate_engine::wire::Verification;
 use wirerate_telemetry::init_logs;
 
 #[derive(Parser)]
@@ -185,11 +187,11 @@ struct ServeArgs {
     #[arg(long, value_parser = size)]
     max_memory: Option<u64>,
     /// Connections served at once (each costs a thread).
-    #[arg(long, default_value_t = wirerate_agent::receiver::MAX_CONNECTIONS, value_parser = at_least_one)]
+    #[arg(long, default_value_t = wirerate_engine::receiver::MAX_CONNECTIONS, value_parser = at_least_one)]
     max_connections: usize,
     /// Seconds a sender may stay silent (not even a keepalive) before its
     /// session is ended and its files released; at least 10.
-    #[arg(long, default_value_t = wirerate_agent::wire::IDLE_TIMEOUT.as_secs_f64())]
+    #[arg(long, default_value_t = wirerate_engine::wire::IDLE_TIMEOUT.as_secs_f64())]
     idle_timeout: f64,
     /// Permission bits cleared from the modes senders' files carry (octal).
     #[arg(long, default_value = "022", value_parser = umask)]
@@ -330,12 +332,6 @@ fn send_config(
     Ok(c)
 }
 
-/// Prints to stdout; a closed pipe (`| head`) is not worth a panic.
-fn out(text: &str) {
-    use std::io::Write;
-    let _ = std::io::stdout().write_all(text.as_bytes());
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
@@ -364,8 +360,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             cfg.tune(&a.io.overrides().resolve()?);
             cfg.max_sessions = a.max_sessions;
             cfg.checkpoint_interval = Duration::from_secs_f64(a.checkpoint_interval);
-            cfg.print_summaries = true;
-            cfg.json = a.json;
+            cfg.observer = Shown::metrics().printing_summaries(a.json).observe();
             cfg.max_memory = a.max_memory;
             cfg.max_connections = a.max_connections;
             cfg.idle_timeout = Duration::from_secs_f64(a.idle_timeout);
@@ -384,17 +379,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Send(a) => {
             let _ = init_logs("warn");
             let token = a.token.load()?;
-            let cfg = send_config(&a.tuning, a.to, token, a.source, a.dest)?;
+            let mut cfg = send_config(&a.tuning, a.to, token, a.source, a.dest)?;
             let progress = Arc::new(Progress::default());
+            cfg.observer = Shown::metrics()
+                .with_progress(Arc::clone(&progress))
+                .observe();
             let renderer = Renderer::start(Arc::clone(&progress), "send", a.quiet);
-            let result = send(&cfg, progress);
+            let result = send(&cfg);
             renderer.finish();
             let summary = result?;
-            if a.json {
-                out(&format!("{}\n", serde_json::to_string(&summary)?));
-            } else {
-                out(&summary.render());
-            }
+            wirerate_agent::summary::print(&summary, SendSummary::render, a.json);
             Ok(if summary.ok {
                 ExitCode::SUCCESS
             } else {
@@ -424,7 +418,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             let node = a
                 .node
-                .unwrap_or_else(|| wirerate_agent::io::caps::sysctl("kernel.hostname"));
+                .unwrap_or_else(|| wirerate_engine::io::caps::sysctl("kernel.hostname"));
             let cfg = wirerate_agent::cluster::RunConfig {
                 agent: a.agent_name,
                 namespace: a.namespace,
@@ -462,11 +456,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 keep: a.keep,
                 quiet: a.json,
             })?;
-            if a.json {
-                out(&format!("{}\n", serde_json::to_string(&report)?));
-            } else {
-                out(&report.render());
-            }
+            wirerate_agent::summary::print(&report, demo::DemoReport::render, a.json);
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::OnceLock;
 
 use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use wirerate_engine::observe::SessionEnd;
 use wirerate_telemetry::Endpoints;
 
 /// The agent's metrics.
@@ -95,9 +96,6 @@ pub struct SenderMetrics {
     pub stream_bytes: IntCounterVec,
 }
 
-/// The sending outcomes, as the `outcome` label spells them.
-pub const SEND_OUTCOMES: [&str; 3] = ["complete", "retried", "failed"];
-
 /// The process-wide sender metrics.
 pub fn sender_metrics() -> &'static SenderMetrics {
     static M: OnceLock<SenderMetrics> = OnceLock::new();
@@ -118,8 +116,8 @@ pub fn sender_metrics() -> &'static SenderMetrics {
             IntGauge::new("bytes_in_flight", "Bytes sent and not yet acknowledged").expect("valid"),
         );
         let sessions = vec("sessions_total", "Sessions by how they ended", "outcome");
-        for o in SEND_OUTCOMES {
-            sessions.with_label_values(&[o]);
+        for o in SessionEnd::ALL {
+            sessions.with_label_values(&[o.metric_label()]);
         }
         SenderMetrics {
             bytes_sent: counter("bytes_sent_total", "Payload bytes put on the wire"),
@@ -155,14 +153,14 @@ pub fn endpoints() -> Endpoints {
 /// Serves the agent's metrics, health and readiness on `addr` from a
 /// background thread (see `wirerate_telemetry` for the bounds), ready at
 /// once.
-pub fn serve(addr: &str) -> crate::Result<SocketAddr> {
+pub fn serve(addr: &str) -> wirerate_engine::Result<SocketAddr> {
     let e = endpoints();
     e.set_ready(true);
     serve_endpoints(addr, e)
 }
 
 /// Serves `endpoints` on `addr` from a background thread.
-pub fn serve_endpoints(addr: &str, endpoints: Endpoints) -> crate::Result<SocketAddr> {
+pub fn serve_endpoints(addr: &str, endpoints: Endpoints) -> wirerate_engine::Result<SocketAddr> {
     wirerate_telemetry::serve_in_thread(addr, endpoints)
-        .map_err(|e| crate::Error::Config(format!("cannot serve metrics on {addr}: {e}")))
+        .map_err(|e| wirerate_engine::Error::Config(format!("cannot serve metrics on {addr}: {e}")))
 }

@@ -7,7 +7,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use crate::error::{Error, Result};
+use wirerate_engine::error::{Error, Result};
 
 /// Tokens shorter than this draw a warning.
 pub const MIN_TOKEN_LEN: usize = 16;

@@ -1,6 +1,6 @@
 //! Human units for sizes (`64MiB`, `2G`) and rates (`5Gbps`, `800MB/s`).
 
-use crate::error::{Error, Result};
+use wirerate_engine::error::{Error, Result};
 
 pub use wirerate_engine::units::{eta, fmt_bytes, gbps, rate};
 

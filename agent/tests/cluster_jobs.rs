@@ -11,10 +11,10 @@ use common::{TOKEN, assert_same, scratch, write_file};
 use wirerate_agent::cluster::jobs::{
     ReceiverJob, SenderJob, SenderOutcome, remove_partials, under_roots,
 };
-use wirerate_agent::receiver::Checkpoint;
-use wirerate_agent::wire::Verification;
 use wirerate_crds::Tuning;
 use wirerate_engine::Layout;
+use wirerate_engine::receiver::Checkpoint;
+use wirerate_engine::wire::Verification;
 
 fn tuning() -> Tuning {
     Tuning {
@@ -335,7 +335,7 @@ fn a_cancelled_sender_stops_retrying() {
     assert!(reason.contains("cancelled"), "{reason}");
     assert_eq!(
         disposition,
-        wirerate_agent::Disposition::FailSession,
+        wirerate_engine::Disposition::FailSession,
         "{reason}"
     );
 }

@@ -11,13 +11,16 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::*;
-use wirerate_agent::Error;
-use wirerate_agent::io::IoMode;
-use wirerate_agent::net::auth;
+use wirerate_agent::observer::Shown;
 use wirerate_agent::progress::Progress;
-use wirerate_agent::sender::send;
-use wirerate_agent::summary::SessionOutcome;
-use wirerate_agent::wire::{self, BlockHeader, EntryKind, FileEntry, Frame, Purpose, Verification};
+use wirerate_engine::Error;
+use wirerate_engine::io::IoMode;
+use wirerate_engine::net::auth;
+use wirerate_engine::sender::send;
+use wirerate_engine::summary::SessionOutcome;
+use wirerate_engine::wire::{
+    self, BlockHeader, EntryKind, FileEntry, Frame, Purpose, Verification,
+};
 
 const BS: usize = 64 << 10;
 
@@ -36,14 +39,13 @@ fn assert_closed(s: &mut TcpStream) -> Vec<u8> {
     }
 }
 
-fn clean_transfer_still_works(srv: &wirerate_agent::receiver::ServerHandle, dir: &std::path::Path) {
+fn clean_transfer_still_works(
+    srv: &wirerate_engine::receiver::ServerHandle,
+    dir: &std::path::Path,
+) {
     let src = dir.join("after.bin");
     write_file(&src, 3 * BS + 11, 42);
-    let s = send(
-        &send_cfg(srv.addr(), &src, "after.bin"),
-        Arc::new(Progress::default()),
-    )
-    .unwrap();
+    let s = send(&send_cfg(srv.addr(), &src, "after.bin")).unwrap();
     assert!(s.ok, "the server must keep serving others: {}", s.render());
 }
 
@@ -68,7 +70,7 @@ fn cut_data_stream_blocks_go_to_the_other_streams() {
     // About two blocks in flight per stream, so every stream (whichever
     // connected first is connection 1) carries more than the cut point.
     cfg.buffer = 10 * BS as u64;
-    let s = send(&cfg, Arc::new(Progress::default())).unwrap();
+    let s = send(&cfg).unwrap();
     assert_eq!(relay.fired.load(Ordering::SeqCst), 1, "the cut happened");
     assert!(s.ok, "{}", s.render());
     assert!(
@@ -97,7 +99,7 @@ fn damaged_block_is_detected_resent_and_counted() {
     let mut cfg = send_cfg(relay.addr, &src, "out.bin");
     // One stream: connection 1 carries every block, so the flip lands.
     cfg.streams = 1;
-    let s = send(&cfg, Arc::new(Progress::default())).unwrap();
+    let s = send(&cfg).unwrap();
     assert_eq!(relay.fired.load(Ordering::SeqCst), 1);
     assert!(s.ok, "{}", s.render());
     assert!(s.blocks_retried >= 1, "{}", s.render());
@@ -122,7 +124,7 @@ fn damage_goes_unnoticed_only_with_verify_none() {
     let mut cfg = send_cfg(relay.addr, &src, "out.bin");
     cfg.streams = 1;
     cfg.verify = Verification::None;
-    let s = send(&cfg, Arc::new(Progress::default())).unwrap();
+    let s = send(&cfg).unwrap();
     assert!(s.ok);
     assert_ne!(
         std::fs::read(&src).unwrap(),
@@ -142,7 +144,7 @@ fn wrong_token_is_refused_and_nothing_is_written() {
     cfg.token = b"not-the-token".to_vec();
     cfg.retry_for = Duration::from_secs(30);
     let t0 = std::time::Instant::now();
-    let err = send(&cfg, Arc::new(Progress::default())).unwrap_err();
+    let err = send(&cfg).unwrap_err();
     assert!(matches!(err, Error::Auth(_)), "{err}");
     assert!(err.to_string().contains("token"), "{err}");
     assert!(
@@ -248,11 +250,7 @@ fn paths_outside_the_root_are_refused() {
         "link/escape.bin",
         "/tmp/escape.bin",
     ] {
-        let s = send(
-            &send_cfg(srv.addr(), &src, dest),
-            Arc::new(Progress::default()),
-        )
-        .unwrap();
+        let s = send(&send_cfg(srv.addr(), &src, dest)).unwrap();
         assert!(!s.ok, "{dest} must be refused");
         assert_eq!(s.failures.len(), 1);
         assert!(
@@ -301,11 +299,7 @@ fn full_destination_gives_a_clear_error_and_no_final_file() {
     assert!(ok, "mounting a tmpfs at {}", root.display());
     let _m = Mount(root.clone());
     let srv = server(&root, IoMode::Async);
-    let s = send(
-        &send_cfg(srv.addr(), &src, "big.bin"),
-        Arc::new(Progress::default()),
-    )
-    .unwrap();
+    let s = send(&send_cfg(srv.addr(), &src, "big.bin")).unwrap();
     assert!(!s.ok);
     let msg = &s.failures[0].message;
     assert!(msg.contains("no space left"), "{msg}");
@@ -322,10 +316,11 @@ fn full_destination_gives_a_clear_error_and_no_final_file() {
     let rx = wait_summaries(&srv, 1);
     assert_eq!((rx[0].files_ok, rx[0].files_failed), (0, 1), "{:?}", rx[0]);
     // The filesystem is still usable for what fits.
-    let s = send(
-        &send_cfg(srv.addr(), &dir.path().join("small.bin"), "small.bin"),
-        Arc::new(Progress::default()),
-    )
+    let s = send(&send_cfg(
+        srv.addr(),
+        &dir.path().join("small.bin"),
+        "small.bin",
+    ))
     .unwrap();
     assert!(s.ok, "{}", s.render());
     assert_eq!(std::fs::read(root.join("small.bin")).unwrap(), small);
@@ -346,7 +341,7 @@ fn block_size_over_the_receivers_budget_is_refused() {
     cfg.buffer = 16 << 20;
     cfg.retry_for = Duration::from_secs(30);
     let t0 = std::time::Instant::now();
-    let err = send(&cfg, Arc::new(Progress::default())).unwrap_err();
+    let err = send(&cfg).unwrap_err();
     assert!(
         err.to_string().contains("smaller blockSize (--block-size)"),
         "{err}"
@@ -354,7 +349,7 @@ fn block_size_over_the_receivers_budget_is_refused() {
     assert!(t0.elapsed() < Duration::from_secs(10), "not retried");
     assert!(walk(&root).is_empty());
     cfg.block_size = 4 << 20;
-    let s = send(&cfg, Arc::new(Progress::default())).unwrap();
+    let s = send(&cfg).unwrap();
     assert!(s.ok, "{}", s.render());
     assert_same(&src, &root.join("big.bin"));
 }
@@ -362,7 +357,7 @@ fn block_size_over_the_receivers_budget_is_refused() {
 /// Opens a one-file, one-stream session by hand, as a sender would:
 /// returns the control connection (plan read) and the joined data stream.
 fn open_raw_session(
-    srv: &wirerate_agent::receiver::ServerHandle,
+    srv: &wirerate_engine::receiver::ServerHandle,
     session: [u8; 16],
     size: u64,
     path: &str,
@@ -381,7 +376,7 @@ fn open_raw_session(
 /// An authenticated control connection that has opened `session` and sent
 /// a one-file manifest; the receiver's answer is still to be read.
 fn raw_control(
-    srv: &wirerate_agent::receiver::ServerHandle,
+    srv: &wirerate_engine::receiver::ServerHandle,
     session: [u8; 16],
     size: u64,
     path: &str,
@@ -493,11 +488,11 @@ fn file_done_ahead_of_its_last_block_waits_for_it() {
 /// byte count: how much is durable by then depends on the machine's
 /// load); returns the checkpoint the interrupted session left.
 fn interrupted_run(
-    srv: &wirerate_agent::receiver::ServerHandle,
+    srv: &wirerate_engine::receiver::ServerHandle,
     src: &std::path::Path,
     root: &std::path::Path,
     dest: &str,
-) -> wirerate_agent::receiver::Checkpoint {
+) -> wirerate_engine::receiver::Checkpoint {
     let relay = Relay::start(srv.addr(), Vec::new());
     let mut cfg = send_cfg(relay.addr, src, dest);
     cfg.block_size = 256 << 10;
@@ -505,12 +500,12 @@ fn interrupted_run(
     cfg.streams = 1;
     cfg.max_rate = Some(2_000_000);
     let before = srv.summaries().len();
-    let run = std::thread::spawn(move || send(&cfg, Arc::new(Progress::default())));
+    let run = std::thread::spawn(move || send(&cfg));
     let ckpt = root.join(format!(".{dest}.wirerate-ckpt"));
     let t0 = std::time::Instant::now();
     while std::fs::read(&ckpt)
         .ok()
-        .and_then(|b| wirerate_agent::receiver::Checkpoint::decode(&b))
+        .and_then(|b| wirerate_engine::receiver::Checkpoint::decode(&b))
         .is_none_or(|c| c.durable.count() < 2)
     {
         assert!(t0.elapsed() < Duration::from_secs(20), "no checkpoint");
@@ -519,7 +514,7 @@ fn interrupted_run(
     drop(relay);
     assert!(run.join().unwrap().is_err(), "the cut run must fail");
     wait_summaries(srv, before + 1);
-    let c = wirerate_agent::receiver::Checkpoint::decode(&std::fs::read(&ckpt).unwrap())
+    let c = wirerate_engine::receiver::Checkpoint::decode(&std::fs::read(&ckpt).unwrap())
         .expect("the interrupted session leaves its checkpoint");
     assert!(c.durable.count() < c.durable.len(), "cut mid-file");
     c
@@ -567,8 +562,10 @@ fn a_disk_that_fills_mid_transfer_costs_checkpoints_not_the_transfer() {
     cfg.buffer = 2 << 20;
     cfg.max_rate = Some(4_000_000);
     let progress = Arc::new(Progress::default());
-    let p = Arc::clone(&progress);
-    let run = std::thread::spawn(move || send(&cfg, p));
+    cfg.observer = Shown::metrics()
+        .with_progress(Arc::clone(&progress))
+        .observe();
+    let run = std::thread::spawn(move || send(&cfg));
     while progress.done.load(Ordering::Relaxed) < 1 << 20 {
         assert!(!run.is_finished());
         std::thread::sleep(Duration::from_millis(5));
@@ -629,7 +626,7 @@ fn a_disk_full_mid_file_is_retried_and_resumes_once_space_is_freed() {
     cfg.block_size = 256 << 10;
     cfg.buffer = 2 << 20;
     cfg.retry_for = Duration::from_secs(30);
-    let run = std::thread::spawn(move || send(&cfg, Arc::new(Progress::default())));
+    let run = std::thread::spawn(move || send(&cfg));
     let t0 = std::time::Instant::now();
     while srv.summaries().len() < 2 {
         assert!(
@@ -696,11 +693,11 @@ fn bytes_skipped_resume_is_what_the_receiver_held_when_the_run_began() {
     cfg.block_size = 256 << 10;
     cfg.buffer = 2 << 20;
     cfg.retry_for = Duration::from_secs(20);
-    let run = std::thread::spawn(move || send(&cfg, Arc::new(Progress::default())));
+    let run = std::thread::spawn(move || send(&cfg));
     std::thread::sleep(Duration::from_millis(400));
-    let mut scfg = wirerate_agent::receiver::ServeConfig::new(root.clone(), TOKEN.to_vec());
+    let mut scfg = wirerate_engine::receiver::ServeConfig::new(root.clone(), TOKEN.to_vec());
     scfg.buffer = 8 << 20;
-    let _srv = wirerate_agent::receiver::Server::bind(&format!("127.0.0.1:{port}"), scfg)
+    let _srv = wirerate_engine::receiver::Server::bind(&format!("127.0.0.1:{port}"), scfg)
         .unwrap()
         .spawn();
     let s = run.join().unwrap().unwrap();

@@ -9,17 +9,15 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
 use proptest::prelude::*;
-use wirerate_agent::Error;
-use wirerate_agent::net::auth;
-use wirerate_agent::progress::Progress;
-use wirerate_agent::receiver::{ServeConfig, Server, ServerHandle};
-use wirerate_agent::sender::send;
-use wirerate_agent::wire::{self, EntryKind, FileEntry, Frame, Purpose, Verification};
+use wirerate_engine::Error;
+use wirerate_engine::net::auth;
+use wirerate_engine::receiver::{ServeConfig, Server, ServerHandle};
+use wirerate_engine::sender::send;
+use wirerate_engine::wire::{self, EntryKind, FileEntry, Frame, Purpose, Verification};
 
 const BS: u32 = 64 << 10;
 
@@ -53,11 +51,8 @@ fn first_frame(bytes: &[u8]) -> Option<Frame> {
 fn clean_send_works(srv: &ServerHandle, dir: &std::path::Path, name: &str) {
     let src = dir.join(format!("{name}.src"));
     write_file(&src, 200_000, 5);
-    let s = send(
-        &send_cfg(srv.addr(), &src, name),
-        Arc::new(Progress::default()),
-    )
-    .unwrap_or_else(|e| panic!("a clean send must still work: {e}"));
+    let s = send(&send_cfg(srv.addr(), &src, name))
+        .unwrap_or_else(|e| panic!("a clean send must still work: {e}"));
     assert!(s.ok, "{}", s.render());
 }
 
@@ -126,11 +121,7 @@ fn at_the_connection_cap_a_sender_is_told_the_receiver_is_busy() {
     }
     let src = dir.path().join("src.bin");
     write_file(&src, 1000, 1);
-    let err = send(
-        &send_cfg(srv.addr(), &src, "x.bin"),
-        Arc::new(Progress::default()),
-    )
-    .unwrap_err();
+    let err = send(&send_cfg(srv.addr(), &src, "x.bin")).unwrap_err();
     assert!(
         matches!(&err, Error::Remote { retryable: true, message } if message.contains("receiver busy: too many connections")),
         "{err}"
@@ -392,7 +383,7 @@ fn a_sender_that_hangs_is_given_up_after_the_idle_timeout() {
                 // Meanwhile the file is held: another sender is refused.
                 let mut cfg = send_cfg(srv.addr(), &src, "held.bin");
                 cfg.retry_for = Duration::ZERO;
-                let err = send(&cfg, Arc::new(Progress::default())).unwrap_err();
+                let err = send(&cfg).unwrap_err();
                 assert!(
                     err.to_string().contains("being written by another session"),
                     "{err}"
@@ -415,7 +406,7 @@ fn a_sender_that_hangs_is_given_up_after_the_idle_timeout() {
     );
     let mut cfg = send_cfg(srv.addr(), &src, "held.bin");
     cfg.retry_for = Duration::from_secs(10);
-    let s = send(&cfg, Arc::new(Progress::default())).unwrap();
+    let s = send(&cfg).unwrap();
     assert!(s.ok, "{}", s.render());
     assert_same(&src, &root.join("held.bin"));
 }
@@ -435,13 +426,9 @@ fn a_slow_sender_does_not_hold_up_another() {
     let mut slow = send_cfg(srv.addr(), &slow_src, "slow.bin");
     slow.max_rate = Some(1_000_000);
     slow.streams = 2;
-    let slow = std::thread::spawn(move || send(&slow, Arc::new(Progress::default())));
+    let slow = std::thread::spawn(move || send(&slow));
     std::thread::sleep(Duration::from_millis(300));
-    let fast = send(
-        &send_cfg(srv.addr(), &fast_src, "fast.bin"),
-        Arc::new(Progress::default()),
-    )
-    .unwrap();
+    let fast = send(&send_cfg(srv.addr(), &fast_src, "fast.bin")).unwrap();
     assert!(fast.ok, "{}", fast.render());
     assert!(
         !slow.is_finished(),
@@ -466,11 +453,7 @@ fn sessions_over_the_memory_cap_are_told_to_retry() {
     assert_eq!(wire::read_frame(&mut first).unwrap(), Frame::PlanEnd);
     let src = dir.path().join("src.bin");
     write_file(&src, 100_000, 4);
-    let err = send(
-        &send_cfg(srv.addr(), &src, "second.bin"),
-        Arc::new(Progress::default()),
-    )
-    .unwrap_err();
+    let err = send(&send_cfg(srv.addr(), &src, "second.bin")).unwrap_err();
     assert!(
         matches!(&err, Error::Remote { retryable: true, message } if message.contains("--max-memory")),
         "{err}"
@@ -478,7 +461,7 @@ fn sessions_over_the_memory_cap_are_told_to_retry() {
     drop(first);
     let mut cfg = send_cfg(srv.addr(), &src, "second.bin");
     cfg.retry_for = Duration::from_secs(10);
-    let s = send(&cfg, Arc::new(Progress::default())).unwrap();
+    let s = send(&cfg).unwrap();
     assert!(s.ok, "{}", s.render());
 }
 

@@ -55,7 +55,7 @@ fn wait_for_checkpoint(root: &Path, name: &str) {
     loop {
         if let Some(c) = std::fs::read(&ckpt)
             .ok()
-            .and_then(|b| wirerate_agent::receiver::Checkpoint::decode(&b))
+            .and_then(|b| wirerate_engine::receiver::Checkpoint::decode(&b))
         {
             if c.durable.count() >= 4 {
                 return;
@@ -316,6 +316,57 @@ fn serve_exposes_prometheus_metrics() {
     );
     assert_eq!(value("wirerate_receiver_files_completed_total"), 1.0);
     assert_eq!(value("wirerate_receiver_sessions_total"), 1.0);
+}
+
+#[test]
+fn serve_prints_each_sessions_summary_as_json() {
+    use std::io::Read;
+    // The receiver's summary reaches stdout through the engine's observer:
+    // the engine itself prints nothing.
+    let s = setup("summaries", 3 << 20);
+    let port = free_port();
+    let mut rx = Command::new(BIN)
+        .args(["serve", "--json", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--root")
+        .arg(&s.root)
+        .arg("--token-file")
+        .arg(&s.token)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "receiver did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = send_cmd(port, &s.token, &s.src, "s.bin", &[])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    rx.kill().unwrap();
+    rx.wait().unwrap();
+    let mut printed = String::new();
+    rx.stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut printed)
+        .unwrap();
+    let line = printed
+        .lines()
+        .next()
+        .unwrap_or_else(|| panic!("no summary printed"));
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(v["outcome"], "complete", "{line}");
+    assert_eq!(v["bytes_written"], s.size, "{line}");
+    assert_eq!(v["files_ok"], 1, "{line}");
 }
 
 #[test]

@@ -13,26 +13,29 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::*;
-use wirerate_agent::io::IoMode;
+use wirerate_agent::observer::Shown;
 use wirerate_agent::progress::Progress;
-use wirerate_agent::receiver::{ServeConfig, Server};
-use wirerate_agent::sender::{SendConfig, send};
-use wirerate_agent::summary::SendSummary;
+use wirerate_engine::io::IoMode;
+use wirerate_engine::receiver::{ServeConfig, Server};
+use wirerate_engine::sender::{SendConfig, send};
+use wirerate_engine::summary::SendSummary;
 
 const BS: u64 = 256 << 10;
 
 /// A send of `cfg` running on its own thread, with its progress.
 struct Running {
     progress: Arc<Progress>,
-    thread: std::thread::JoinHandle<wirerate_agent::Result<SendSummary>>,
+    thread: std::thread::JoinHandle<wirerate_engine::Result<SendSummary>>,
 }
 
-fn start(cfg: SendConfig) -> Running {
+fn start(mut cfg: SendConfig) -> Running {
     let progress = Arc::new(Progress::default());
-    let p = Arc::clone(&progress);
+    cfg.observer = Shown::metrics()
+        .with_progress(Arc::clone(&progress))
+        .observe();
     Running {
         progress,
-        thread: std::thread::spawn(move || send(&cfg, p)),
+        thread: std::thread::spawn(move || send(&cfg)),
     }
 }
 
@@ -128,7 +131,7 @@ fn source_appended_while_sent_is_not_published() {
     // Once the file is stable, the same command sends it whole.
     let mut cfg = paced(srv.addr(), &src, "out.bin");
     cfg.max_rate = None;
-    let s = send(&cfg, Arc::new(Progress::default())).unwrap();
+    let s = send(&cfg).unwrap();
     assert!(s.ok, "{}", s.render());
     assert_same(&src, &root.join("out.bin"));
 }
@@ -221,11 +224,7 @@ fn permission_bits_are_carried_and_masked_by_the_receivers_umask() {
         cfg.buffer = 8 << 20;
         cfg.umask = umask;
         let srv = Server::bind("127.0.0.1:0", cfg).unwrap().spawn();
-        let s = send(
-            &send_cfg(srv.addr(), &tree, "t/"),
-            Arc::new(Progress::default()),
-        )
-        .unwrap();
+        let s = send(&send_cfg(srv.addr(), &tree, "t/")).unwrap();
         assert!(s.ok, "{}", s.render());
         let got = [
             mode(&root.join("t/private.bin")),
@@ -255,11 +254,7 @@ fn names_of_241_to_255_bytes_land_with_the_rest_of_the_tree() {
     let root = dir.path().join("dst");
     std::fs::create_dir_all(&root).unwrap();
     let srv = server(&root, IoMode::Async);
-    let s = send(
-        &send_cfg(srv.addr(), &tree, "t/"),
-        Arc::new(Progress::default()),
-    )
-    .unwrap();
+    let s = send(&send_cfg(srv.addr(), &tree, "t/")).unwrap();
     assert!(s.ok, "{}", s.render());
     for n in &names {
         assert_same(&tree.join(n), &root.join("t").join(n));

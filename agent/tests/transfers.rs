@@ -4,13 +4,10 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::*;
-use wirerate_agent::io::IoMode;
-use wirerate_agent::progress::Progress;
-use wirerate_agent::sender::send;
-use wirerate_agent::wire::Verification;
+use wirerate_engine::io::IoMode;
+use wirerate_engine::sender::send;
+use wirerate_engine::wire::Verification;
 
 const BS: usize = 64 << 10;
 const MODES: [IoMode; 3] = [IoMode::Buffered, IoMode::Direct, IoMode::Async];
@@ -40,7 +37,7 @@ fn every_size_every_mode_pair_one_and_eight_streams() {
                     let mut cfg = send_cfg(srv.addr(), src, &dest);
                     cfg.io_mode = tx_mode;
                     cfg.streams = streams;
-                    let s = send(&cfg, Arc::new(Progress::default())).unwrap_or_else(|e| {
+                    let s = send(&cfg).unwrap_or_else(|e| {
                         panic!("{tx_mode}->{rx_mode} x{streams} size {size}: {e}")
                     });
                     assert!(
@@ -95,7 +92,7 @@ fn directory_of_small_files_and_two_large_ones() {
     let srv = server(&root, IoMode::Async);
     let mut cfg = send_cfg(srv.addr(), &src, "ingest/run42/");
     cfg.streams = 8;
-    let s = send(&cfg, Arc::new(Progress::default())).unwrap();
+    let s = send(&cfg).unwrap();
     assert!(s.ok, "{}", s.render());
     assert_eq!(s.bytes_total, expected);
     // 2002 files + the directories (top, 17 subdirs, big, empty).
@@ -138,7 +135,7 @@ fn verify_levels_none_and_reread() {
     ] {
         let mut cfg = send_cfg(srv.addr(), &src, dest);
         cfg.verify = v;
-        let s = send(&cfg, Arc::new(Progress::default())).unwrap();
+        let s = send(&cfg).unwrap();
         assert!(s.ok, "{}", s.render());
         assert_same(&src, &root.join(dest));
         assert_eq!(s.digest.starts_with("xxh3-128:"), v != Verification::None);
@@ -154,19 +151,11 @@ fn same_file_twice_gives_same_digest_and_overwrites() {
     std::fs::create_dir_all(&root).unwrap();
     write_file(&root.join("x.bin"), 10, 1);
     let srv = server(&root, IoMode::Async);
-    let a = send(
-        &send_cfg(srv.addr(), &src, "x.bin"),
-        Arc::new(Progress::default()),
-    )
-    .unwrap();
+    let a = send(&send_cfg(srv.addr(), &src, "x.bin")).unwrap();
     // `send` returns only once the receiver has closed the session, so the
     // destination is free for the next one at once.
     assert_eq!(srv.summaries().len(), 1);
-    let b = send(
-        &send_cfg(srv.addr(), &src, "x.bin"),
-        Arc::new(Progress::default()),
-    )
-    .unwrap();
+    let b = send(&send_cfg(srv.addr(), &src, "x.bin")).unwrap();
     assert!(a.ok && b.ok);
     assert_eq!(a.digest, b.digest);
     assert_same(&src, &root.join("x.bin"));

@@ -1,24 +1,42 @@
-//! wirerate's transfer core, with no kube, tokio, prometheus or CLI.
+//! wirerate's data path, with no kube, tokio, prometheus or CLI.
 //!
-//! Decision logic with no I/O: what to read, which stream sends what, what
-//! to resend, when to checkpoint, when to retry. The shells in the agent's
-//! `sender/` and `receiver/` feed these state machines events and act on
-//! what they poll, so tests drive them with no disk, socket or clock.
+//! **The core** decides with no I/O: what to read, which stream sends what,
+//! what to resend, when to checkpoint, when to retry (`scheduler`,
+//! `tracker`, `bitmap`, `retry`), and the session protocol of a control
+//! connection (`session`). Tests drive it with no disk, socket or clock.
+//! `tuning` is the one definition of every setting, bound and default that
+//! the CRDs, the operator, the CLI and the engine share.
 //!
-//! `session` holds the session protocol's decisions for a control
-//! connection, `wire` the frames and their checked codec (the agent reads
-//! and writes them on sockets), and `tuning` the one definition of every
-//! setting, bound and default that the CRDs, the operator, the CLI and the
-//! engine share.
-#![forbid(unsafe_code)]
+//! **The shells** only move bytes and events: `sender` and `receiver` are
+//! the threads that feed the core and carry out what it polls; `wire` is
+//! the frames, their checked codec and their socket I/O; `io` the buffer
+//! pool and the I/O modes (io_uring, O_DIRECT); `net` sockets and
+//! authentication; `fsroot` path confinement. They report to the outside
+//! through `observe::Observer`, which the binary implements with metrics,
+//! a progress bar and printed summaries.
+//!
+//! Unsafe code is allowed only in `io` (io_uring, aligned buffers, the few
+//! raw system calls with no safe wrapper), each block with its SAFETY
+//! comment.
+#![deny(unsafe_code)]
 
 pub mod bitmap;
 pub mod digest;
+pub mod error;
+pub mod fsroot;
+#[allow(unsafe_code)]
+pub mod io;
 pub mod layout;
 pub mod liveness;
+pub mod net;
+pub mod observe;
+pub mod receiver;
 pub mod retry;
 pub mod scheduler;
+pub mod sender;
 pub mod session;
+pub mod spans;
+pub mod summary;
 pub mod throttle;
 pub mod tracker;
 pub mod tuning;
@@ -26,6 +44,7 @@ pub mod units;
 pub mod wire;
 
 pub use bitmap::Bitmap;
+pub use error::{AuthError, Disposition, Error, Result};
 pub use layout::Layout;
 pub use liveness::{Due, Liveness};
 pub use retry::Backoff;

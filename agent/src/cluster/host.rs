@@ -1,43 +1,13 @@
 //! The host as the agent sees it: the address of a NIC, preflight checks of
 //! the pool's expectations, and the filesystem under a destination.
 
-use std::net::Ipv4Addr;
 use std::path::Path;
 
-use crate::io::caps::{sysctl_number, sysctl_words};
 use wirerate_crds::pool::Preflight;
 use wirerate_engine::IoMode;
+use wirerate_engine::io::caps::{sysctl_number, sysctl_words};
 
-/// First IPv4 address of `interface`.
-pub fn interface_address(interface: &str) -> Option<Ipv4Addr> {
-    let mut ifaddrs: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills a list it allocates; we free it below.
-    if unsafe { libc::getifaddrs(&mut ifaddrs) } != 0 {
-        return None;
-    }
-    let mut found = None;
-    let mut cur = ifaddrs;
-    while !cur.is_null() {
-        // SAFETY: `cur` is a node of the list getifaddrs returned, not yet freed.
-        let ifa = unsafe { &*cur };
-        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
-        if name.to_bytes() == interface.as_bytes() && !ifa.ifa_addr.is_null() {
-            // SAFETY: ifa_addr is non-null and points to a sockaddr of the list.
-            let family = unsafe { (*ifa.ifa_addr).sa_family };
-            if i32::from(family) == libc::AF_INET {
-                // SAFETY: AF_INET addresses are sockaddr_in.
-                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-                found = Some(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
-                break;
-            }
-        }
-        cur = ifa.ifa_next;
-    }
-    // SAFETY: frees the list getifaddrs allocated, once.
-    unsafe { libc::freeifaddrs(ifaddrs) };
-    found
-}
+pub use wirerate_engine::io::sys::interface_address;
 
 /// What the host reads as, for the checks.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -164,11 +134,5 @@ mod tests {
         assert_eq!(checks, ["rmem_max", "congestion", "mtu"]);
         assert!(f[0].1.contains("sysctl -w net.core.rmem_max="));
         assert!(preflight(&Preflight::default(), None, &r).is_empty());
-    }
-
-    #[test]
-    fn loopback_has_127_0_0_1() {
-        assert_eq!(interface_address("lo"), Some(Ipv4Addr::LOCALHOST));
-        assert_eq!(interface_address("no-such-nic0"), None);
     }
 }

@@ -9,13 +9,14 @@ use std::time::Duration;
 
 use wirerate_crds::Tuning;
 
-use crate::error::{Disposition, Error, Result};
-use crate::fsroot::{is_temporary, temp_names};
+use crate::observer::Shown;
 use crate::progress::Progress;
-use crate::receiver::{Landed, ServeConfig, Server, ServerHandle};
-use crate::sender::{SendConfig, send};
-use crate::summary::{ReceiverSummary, SendSummary};
-use crate::wire::Verification;
+use wirerate_engine::error::{Disposition, Error, Result};
+use wirerate_engine::fsroot::{is_temporary, temp_names};
+use wirerate_engine::receiver::{Landed, ServeConfig, Server, ServerHandle};
+use wirerate_engine::sender::{SendConfig, send};
+use wirerate_engine::summary::{ReceiverSummary, SendSummary};
+use wirerate_engine::wire::Verification;
 
 /// `path` resolved, if it lies under one of `roots`; symlinks cannot lead out.
 pub fn under_roots(path: &Path, roots: &[String]) -> Result<PathBuf> {
@@ -93,12 +94,13 @@ impl SenderJob {
         cfg.cancel = Some(cancel.clone());
         cfg.validate()?;
         let progress = Arc::new(Progress::default());
+        cfg.observer = Shown::metrics().with_progress(progress.clone()).observe();
         let result = Arc::new(Mutex::new(None));
-        let (p, r) = (progress.clone(), result.clone());
+        let r = result.clone();
         let thread = std::thread::Builder::new()
             .name("k8s-send".into())
-            .spawn(crate::spans::carry(move || {
-                let out = send(&cfg, p);
+            .spawn(wirerate_engine::spans::carry(move || {
+                let out = send(&cfg);
                 *r.lock().expect("result lock") = Some(out);
             }))
             .map_err(|e| Error::io("starting a sender thread".to_string(), e))?;
@@ -173,6 +175,7 @@ impl ReceiverJob {
         ports: std::ops::Range<u16>,
     ) -> Result<Self> {
         let mut cfg = ServeConfig::new(root, token);
+        cfg.observer = Shown::metrics().observe();
         cfg.tune(&tuning.settings()?);
         cfg.max_sessions = 4;
         let mut last = None;

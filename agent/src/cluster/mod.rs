@@ -31,10 +31,10 @@ use wirerate_crds::transfer::{
 };
 use wirerate_crds::{AgentLease, DtnPool, Transfer, contract};
 
-use crate::error::{Error, Result};
 use crate::units::{self, fmt_bytes};
 use jobs::{ReceiverJob, SenderJob, SenderOutcome};
 use plan::{Cadence, JobKey, Me, Want};
+use wirerate_engine::error::{Error, Result};
 
 /// Who this agent is and where it listens.
 #[derive(Clone, Debug)]
@@ -842,10 +842,10 @@ async fn heartbeat(client: &Client, cfg: &RunConfig, pool: &DtnPool, active: usi
     findings.extend(storage::probe_cached(&roots(pool), &cfg.agent));
     // The pool asked for huge pages: say if a default-sized buffer pool
     // would not get them (the transfer still runs, on normal pages).
-    if std::env::var_os(crate::io::hugepages::ENV).is_some()
-        && let crate::io::hugepages::Backing::Normal { why: Some(why) } =
-            crate::io::hugepages::decide(
-                &crate::io::hugepages::offer(),
+    if std::env::var_os(wirerate_engine::io::hugepages::ENV).is_some()
+        && let wirerate_engine::io::hugepages::Backing::Normal { why: Some(why) } =
+            wirerate_engine::io::hugepages::decide(
+                &wirerate_engine::io::hugepages::offer(),
                 wirerate_engine::Settings::default().buffer as usize,
             )
     {
@@ -853,7 +853,7 @@ async fn heartbeat(client: &Client, cfg: &RunConfig, pool: &DtnPool, active: usi
     }
     let (io_mode, io_why) = host::io_mode(
         pool.spec.tuning.io_mode.unwrap_or_default(),
-        &crate::io::caps::capabilities().io_uring,
+        &wirerate_engine::io::caps::capabilities().io_uring,
     );
     if let Some(why) = &io_why {
         findings.push((contract::PREFLIGHT_IO_URING.to_owned(), why.clone()));

@@ -19,12 +19,11 @@ use wirerate_crds::contract;
 pub fn identity() -> String {
     let uid = rustix::process::getuid().as_raw();
     let gid = rustix::process::getgid().as_raw();
-    let mut groups = vec![0 as libc::gid_t; 256];
-    // SAFETY: getgroups writes at most `len` gids into the buffer we own and
-    // returns how many it wrote, or -1.
-    let n = unsafe { libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr()) };
-    groups.truncate(usize::try_from(n).unwrap_or(0));
-    let groups: Vec<String> = groups.iter().map(u32::to_string).collect();
+    let groups: Vec<String> = rustix::process::getgroups()
+        .unwrap_or_default()
+        .iter()
+        .map(|g| g.as_raw().to_string())
+        .collect();
     format!("uid {uid}, gid {gid}, groups [{}]", groups.join(","))
 }
 
@@ -95,9 +94,11 @@ pub fn probe_cached(roots: &[(String, bool)], agent: &str) -> Vec<(String, Strin
 }
 
 /// Adds who the agent is to an error caused by file permissions.
-pub fn explain(e: &crate::Error) -> String {
+pub fn explain(e: &wirerate_engine::Error) -> String {
     let denied = match e {
-        crate::Error::Io { cause, .. } => cause.kind() == std::io::ErrorKind::PermissionDenied,
+        wirerate_engine::Error::Io { cause, .. } => {
+            cause.kind() == std::io::ErrorKind::PermissionDenied
+        }
         _ => false,
     };
     if denied {
@@ -164,13 +165,13 @@ mod tests {
 
     #[test]
     fn permission_errors_say_who_the_agent_is() {
-        let e = crate::Error::io(
+        let e = wirerate_engine::Error::io(
             "opening /data/x",
             std::io::Error::from(std::io::ErrorKind::PermissionDenied),
         );
         let m = explain(&e);
         assert!(m.contains("uid ") && m.contains("DAC_READ_SEARCH"), "{m}");
-        let other = crate::Error::Config("x".into());
+        let other = wirerate_engine::Error::Config("x".into());
         assert_eq!(explain(&other), other.to_string());
     }
 }

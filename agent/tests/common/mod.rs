@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use wirerate_agent::io::IoMode;
-use wirerate_agent::receiver::{ServeConfig, Server, ServerHandle};
-use wirerate_agent::sender::SendConfig;
+use wirerate_engine::io::IoMode;
+use wirerate_engine::receiver::{ServeConfig, Server, ServerHandle};
+use wirerate_engine::sender::SendConfig;
 
 pub const TOKEN: &[u8] = b"test-token-0123456789abcdef";
 
@@ -109,7 +109,7 @@ pub fn server(root: &Path, mode: IoMode) -> ServerHandle {
 pub fn wait_summaries(
     srv: &ServerHandle,
     n: usize,
-) -> Vec<wirerate_agent::summary::ReceiverSummary> {
+) -> Vec<wirerate_engine::summary::ReceiverSummary> {
     // Patient: a loaded machine may take seconds to end a session.
     for _ in 0..2000 {
         let s = srv.summaries();

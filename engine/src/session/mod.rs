@@ -1,5 +1,5 @@
 //! The session protocol's decisions, one state machine per side of a
-//! control connection. The agent's sender and receiver threads read and
+//! control connection. The shells in `sender` and `receiver` read and
 //! write the sockets and carry out what these decide.
 
 pub mod receiver;

@@ -10,14 +10,18 @@
 //! the remaining length before every read and the caller checks the frame
 //! cap before allocating, so a peer cannot make us panic or allocate much.
 //!
-//! Only the encoding lives here; the agent's `wire` module reads and
-//! writes frames on sockets.
+//! `codec` is the encoding, with no I/O; `stream` reads and writes frames
+//! on sockets for the shells.
 
 mod codec;
+mod stream;
 
 #[cfg(test)]
 pub(crate) use codec::tests::arb_frame;
 pub use codec::{DecodeError, decode, decode_body, encode};
+pub use stream::{
+    FrameReader, read_frame, read_frame_capped, write_frame, write_frame_with_payload,
+};
 
 use std::time::Duration;
 

@@ -5,8 +5,8 @@
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, mpsc};
 
+pub(crate) use crate::session::Verdict;
 use rustix::event::{EventfdFlags, eventfd};
-pub(crate) use wirerate_engine::session::Verdict;
 
 /// The writer's end.
 pub(crate) struct VerdictTx {

@@ -11,18 +11,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use wirerate_engine::session::FileVerdict;
+use crate::session::FileVerdict;
 
+use crate::Backoff;
+use crate::Settings;
+use crate::digest::{fmt_digest, tree_digest};
 use crate::error::{Error, Result};
 use crate::io::{IoMode, Pools, caps::capabilities};
 use crate::net::{SocketOpts, buffer_warning};
-use crate::progress::Progress;
+use crate::observe::{Observe, SessionEnd, unobserved};
 use crate::summary::{FileFailure, FileOutcome, SendSummary};
 use crate::units::gbps;
 use crate::wire::{EntryKind, Verification};
-use wirerate_engine::Backoff;
-use wirerate_engine::Settings;
-use wirerate_engine::digest::{fmt_digest, tree_digest};
 
 /// What to send where, and how.
 #[derive(Debug, Clone)]
@@ -57,6 +57,8 @@ pub struct SendConfig {
     pub connect_timeout: Duration,
     /// Set to stop reconnecting (the in-cluster agent's assignment moved away).
     pub cancel: Option<Arc<AtomicBool>>,
+    /// Told of progress, blocks sent and sessions ended.
+    pub observer: Observe,
 }
 
 impl SendConfig {
@@ -83,6 +85,7 @@ impl SendConfig {
             retry_for: Duration::from_secs(120),
             connect_timeout: Duration::from_secs(10),
             cancel: None,
+            observer: unobserved(),
         }
     }
 
@@ -151,12 +154,12 @@ pub(crate) struct RunState {
 
 /// Sends `cfg.source`, reconnecting and resuming on failures for up to
 /// `cfg.retry_for`. Returns the summary; `ok` is false when any file
-/// failed. `progress` is updated as blocks are acknowledged.
-pub fn send(cfg: &SendConfig, progress: Arc<Progress>) -> Result<SendSummary> {
+/// failed. `cfg.observer` is told of progress as blocks are acknowledged.
+pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
     cfg.validate()?;
     let list = source::scan(&cfg.source, &cfg.dest)?;
     let total: u64 = list.files.iter().map(|f| f.size).sum();
-    progress.total.store(total, Ordering::Relaxed);
+    cfg.observer.sized(total);
     let count = ((cfg.buffer / cfg.block_size) as usize).max(2 * cfg.streams as usize + 2);
     let pool = Pools::new(cfg.block_size as usize, count)?;
     let mut st = RunState {
@@ -174,17 +177,14 @@ pub fn send(cfg: &SendConfig, progress: Arc<Progress>) -> Result<SendSummary> {
         st.sessions += 1;
         let before = (st.bytes_sent, st.verdicts.len());
         let outcome = tracing::info_span!("session", n = st.sessions)
-            .in_scope(|| session::run(cfg, &list.files, &list.base, &mut st, &pool, &progress));
+            .in_scope(|| session::run(cfg, &list.files, &list.base, &mut st, &pool));
         let retried = matches!(&outcome, Err(e) if e.is_retryable()
             || (st.connected && matches!(e, Error::Unresolvable { .. })));
-        crate::metrics::sender_metrics()
-            .sessions
-            .with_label_values(&[match (&outcome, retried) {
-                (Ok(()), _) => "complete",
-                (Err(_), true) => "retried",
-                (Err(_), false) => "failed",
-            }])
-            .inc();
+        cfg.observer.send_session_ended(match (&outcome, retried) {
+            (Ok(()), _) => SessionEnd::Complete,
+            (Err(_), true) => SessionEnd::Retried,
+            (Err(_), false) => SessionEnd::Failed,
+        });
         match outcome {
             Ok(()) => break,
             Err(e)

@@ -33,11 +33,11 @@ pub use checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::fsroot::Root;
 use crate::io::IoMode;
-use crate::metrics::metrics;
 use crate::net::{self, SocketOpts, auth};
+use crate::observe::{Observe, unobserved};
 use crate::summary::ReceiverSummary;
 use crate::wire::{Frame, Purpose, write_frame};
-use wirerate_engine::{Settings, Throttle, tuning};
+use crate::{Settings, Throttle, tuning};
 
 /// How often a repeated failure is logged.
 const LOG_EVERY: Duration = Duration::from_secs(10);
@@ -77,10 +77,6 @@ pub struct ServeConfig {
     /// How long a data stream waits for the session it joins to be
     /// announced on its control connection (senders open both at once).
     pub join_wait: Duration,
-    /// Print a summary line per session on stdout (JSON when `json`).
-    pub print_summaries: bool,
-    /// Print summaries as JSON.
-    pub json: bool,
     /// Connections served at once.
     pub max_connections: usize,
     /// Connections in their handshake at once from one address.
@@ -95,6 +91,9 @@ pub struct ServeConfig {
     pub max_memory: Option<u64>,
     /// Permission bits cleared from what the sender's files carry.
     pub umask: u32,
+    /// Told of blocks written, files and sessions done, refusals, and each
+    /// session's summary.
+    pub observer: Observe,
 }
 
 impl ServeConfig {
@@ -110,14 +109,13 @@ impl ServeConfig {
             checkpoint_interval: Duration::from_secs(1),
             socket: SocketOpts::default(),
             join_wait: net::HANDSHAKE_TIMEOUT,
-            print_summaries: false,
-            json: false,
             max_connections: MAX_CONNECTIONS,
             max_handshakes_per_address: MAX_HANDSHAKES_PER_ADDRESS,
             handshake_timeout: net::HANDSHAKE_TIMEOUT,
             idle_timeout: crate::wire::IDLE_TIMEOUT,
             max_memory: None,
             umask: 0o022,
+            observer: unobserved(),
         }
     }
 
@@ -144,7 +142,7 @@ impl ServeConfig {
         if let Some(cc) = &self.socket.congestion
             && !tuning::congestion_name_ok(cc)
         {
-            return Err(wirerate_engine::TuningError::Congestion { name: cc.clone() }.into());
+            return Err(crate::TuningError::Congestion { name: cc.clone() }.into());
         }
         if self.max_sessions == 0 {
             return Err(Error::Config("--max-sessions must be at least 1".into()));
@@ -397,19 +395,6 @@ impl Shared {
     }
 }
 
-/// Gives the memory freed by a finished session back to the system. glibc
-/// keeps freed small allocations (a large manifest's paths, say) in its
-/// arenas, so without this a receiver that once served a big manifest
-/// would hold that memory until it exits.
-pub(crate) fn release_freed_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only walks glibc's own free lists; it takes no
-    // pointer from us and is safe to call from any thread at any time.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 /// Tells a connection over a limit why, without waiting on it: the frame
 /// fits a fresh socket's buffer, so a non-blocking write takes it whole.
 fn refuse_at_once(stream: &TcpStream, message: &str) {
@@ -447,10 +432,7 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
         let ticket = match shared.admission.admit(peer.ip()) {
             Ok(t) => t,
             Err(refusal) => {
-                metrics()
-                    .rejected
-                    .with_label_values(&[refusal.metric_label()])
-                    .inc();
+                shared.cfg.observer.refused(refusal.metric_label());
                 let message = refusal.message();
                 refuse_at_once(&stream, &message);
                 shared.log_refusal(&message);
@@ -497,7 +479,7 @@ fn handle_connection(
                 Error::Protocol(_) | Error::Violation(_) => "protocol",
                 _ => "handshake",
             };
-            metrics().rejected.with_label_values(&[reason]).inc();
+            shared.cfg.observer.refused(reason);
             if matches!(e, Error::Protocol(_)) {
                 let _ = write_frame(
                     &mut stream,

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use super::shared::Shared;
 use super::source::{SourceFile, Stamp};
+use crate::digest::block_checksum;
 use crate::error::{Error, Result};
 use crate::io::{ALIGN, DirectStatus, IoMode, IoOp, OpKind, Pools, backend, open_source};
-use wirerate_engine::digest::block_checksum;
 
 /// What the reader found out about the I/O path.
 #[derive(Debug, Default, Clone)]

@@ -13,22 +13,22 @@ use super::stats::Stats;
 use super::verdicts::{self, Verdict, VerdictRx};
 use super::writer::{Writer, WriterMsg};
 use super::{Shared, lock};
+use crate::Layout;
+use crate::digest::{BlockHasher, HASH_PIECE};
 use crate::error::{Error, Result};
 use crate::fsroot::validate;
 use crate::io::Pools;
-use crate::metrics::metrics;
 use crate::net;
+use crate::observe::Observer;
+use crate::session::receiver::{
+    Action, End, Limits, ReceiverControl, Refusal, RefusalReason, Report,
+};
 use crate::spans::carry;
 use crate::summary::ReceiverSummary;
 use crate::units::{fmt_bytes, gbps};
 use crate::wire::{
     EntryKind, Frame, FrameReader, KEEPALIVE_INTERVAL, MAX_BLOCKS_PER_SESSION, MAX_SMALL_FRAME,
     PlanOutcome, SessionId, Verification, write_frame,
-};
-use wirerate_engine::Layout;
-use wirerate_engine::digest::{BlockHasher, HASH_PIECE};
-use wirerate_engine::session::receiver::{
-    Action, End, Limits, ReceiverControl, Refusal, RefusalReason, Report,
 };
 
 /// Acknowledgements queued per data stream before its reader waits.
@@ -43,6 +43,7 @@ pub(crate) struct Session {
     data_streams: Mutex<Vec<TcpStream>>,
     aborted: AtomicBool,
     stats: Arc<Stats>,
+    observer: crate::observe::Observe,
 }
 
 fn hex(id: &SessionId) -> String {
@@ -80,7 +81,7 @@ impl Drop for Registration<'_> {
             for st in lock(&s.data_streams).iter() {
                 let _ = st.shutdown(how);
             }
-            metrics().sessions_active.dec();
+            self.shared.cfg.observer.session_closed();
         }
         self.shared.claims.release(&self.life);
     }
@@ -134,16 +135,10 @@ fn flush(
 fn ended(end: End) -> Result<()> {
     match end {
         End::Finished | End::Answered => Ok(()),
-        End::Refused(r) => {
-            metrics()
-                .rejected
-                .with_label_values(&[r.reason.metric_label()])
-                .inc();
-            Err(Error::Remote {
-                message: r.message,
-                retryable: r.retryable,
-            })
-        }
+        End::Refused(r) => Err(Error::Remote {
+            message: r.message,
+            retryable: r.retryable,
+        }),
         End::WriterFailed { message, .. } => Err(Error::Transfer(message)),
         End::Violation(v) => Err(Error::Violation(v)),
         End::Silent(silent) => Err(Error::silent(
@@ -156,7 +151,13 @@ fn ended(end: End) -> Result<()> {
 }
 
 /// Tells the sender why the session cannot go on, and returns the error.
-fn refuse(core: &mut ReceiverControl, stream: &mut TcpStream, refusal: Refusal) -> Result<()> {
+fn refuse(
+    observer: &dyn Observer,
+    core: &mut ReceiverControl,
+    stream: &mut TcpStream,
+    refusal: Refusal,
+) -> Result<()> {
+    observer.refused(refusal.reason.metric_label());
     core.handle_refused(refusal);
     match flush(core, stream, &mut Vec::new())? {
         Some(Action::Close(end)) => ended(end),
@@ -189,7 +190,7 @@ fn read_until_action(
 
 pub(crate) fn run_control(shared: &Arc<Shared>, stream: TcpStream) -> Result<()> {
     let result = control(shared, stream);
-    super::release_freed_memory();
+    crate::io::sys::release_freed_memory();
     result
 }
 
@@ -227,6 +228,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     let _session = tracing::info_span!("session", id = %short(&id)).entered();
     if shared.sessions.len() >= shared.cfg.max_sessions {
         return refuse(
+            &*shared.cfg.observer,
             &mut core,
             &mut stream,
             Refusal {
@@ -252,6 +254,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
             Ok(r) => (None, r),
             Err(used) => {
                 return refuse(
+                    &*shared.cfg.observer,
                     &mut core,
                     &mut stream,
                     Refusal {
@@ -276,6 +279,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     ));
     if !shared.sessions.announce(id) {
         return refuse(
+            &*shared.cfg.observer,
             &mut core,
             &mut stream,
             Refusal {
@@ -319,6 +323,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     life.heard(Instant::now());
     if let Err(busy) = claimed {
         return refuse(
+            &*shared.cfg.observer,
             &mut core,
             &mut stream,
             Refusal {
@@ -375,7 +380,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
                 }
             }
             Prepared::Refuse(message) => {
-                metrics().files_failed.inc();
+                shared.cfg.observer.file_done(false);
                 stats.refused.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(path = %e.path, "refused: {message}");
                 PlanOutcome::Refuse { message }
@@ -421,10 +426,10 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         data_streams: Mutex::default(),
         aborted: AtomicBool::new(false),
         stats: Arc::clone(&stats),
+        observer: Arc::clone(&shared.cfg.observer),
     });
     shared.sessions.publish(id, Arc::clone(&session));
-    metrics().sessions.inc();
-    metrics().sessions_active.inc();
+    shared.cfg.observer.session_opened();
     let writer = std::thread::Builder::new()
         .name("writer".into())
         .spawn(carry(move || writer.run()))
@@ -486,9 +491,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         warnings: report.warnings.into_iter().chain(huge_note).collect(),
     };
     tracing::info!(session = %summary.session, outcome = %summary.outcome, bytes, "session ended");
-    if shared.cfg.print_summaries {
-        summary.print(shared.cfg.json);
-    }
+    shared.cfg.observer.summarized(&summary);
     shared.record(summary);
     // Closed last: a sender waiting for this close knows the session is
     // over, its destinations released and its summary recorded.
@@ -683,7 +686,7 @@ fn receive_blocks(
                 let c = hasher.finish();
                 if c != u64::from_le_bytes(trailer) {
                     session.stats.rejected.fetch_add(1, Ordering::Relaxed);
-                    metrics().checksum_failures.inc();
+                    session.observer.damaged();
                     tracing::warn!(
                         file = h.file_id,
                         block = h.block,

@@ -14,23 +14,21 @@ use super::reader::{self, ReadReport};
 use super::shared::{Inner, Shared, end_error};
 use super::source::SourceFile;
 use super::{RunState, SendConfig};
+use crate::Scheduler;
+use crate::digest::{BlockHasher, HASH_PIECE};
 use crate::error::{Error, Result};
 use crate::io::Pools;
-use crate::metrics::sender_metrics;
 use crate::net::{self, SocketOpts, auth};
-use crate::progress::Progress;
+use crate::scheduler::PlannedFile;
+use crate::session::FileVerdict;
+use crate::session::SenderControl;
+use crate::session::sender::Action;
 use crate::spans::carry;
 use crate::wire::{
     BlockHeader, EntryKind, FileEntry, Frame, FrameReader, IDLE_TIMEOUT, KEEPALIVE_INTERVAL,
     MAX_SMALL_FRAME, Purpose, SessionId, Verification, encode, write_frame,
     write_frame_with_payload,
 };
-use wirerate_engine::Scheduler;
-use wirerate_engine::digest::{BlockHasher, HASH_PIECE};
-use wirerate_engine::scheduler::PlannedFile;
-use wirerate_engine::session::FileVerdict;
-use wirerate_engine::session::SenderControl;
-use wirerate_engine::session::sender::Action;
 
 /// A data stream the receiver turns away as busy (too many handshakes
 /// from this address at once) is tried again this many times.
@@ -208,7 +206,6 @@ pub(crate) fn run(
     base: &Arc<OwnedFd>,
     st: &mut RunState,
     pool: &Pools,
-    progress: &Arc<Progress>,
 ) -> Result<()> {
     let pending: Vec<(u32, &SourceFile)> = all
         .iter()
@@ -260,9 +257,7 @@ pub(crate) fn run(
         .filter(|(_, v)| matches!(v, FileVerdict::Ok(_)))
         .map(|(id, _)| all[*id as usize].size)
         .sum();
-    progress
-        .done
-        .store(verified_bytes + held_bytes, Ordering::Relaxed);
+    cfg.observer.held(verified_bytes + held_bytes);
 
     let empty: Vec<u32> = planned
         .iter()
@@ -295,7 +290,7 @@ pub(crate) fn run(
         read_bytes: AtomicU64::new(0),
         sent_bytes: AtomicU64::new(0),
         per_stream: (0..cfg.streams).map(|_| AtomicU64::new(0)).collect(),
-        progress: Arc::clone(progress),
+        observer: Arc::clone(&cfg.observer),
         verify: cfg.verify,
         in_flight: std::sync::atomic::AtomicI64::new(0),
     };
@@ -390,11 +385,11 @@ pub(crate) fn run(
 
     let mut g = shared.lock();
     st.blocks_retried += g.sched.resends();
-    sender_metrics().blocks_resent.inc_by(g.sched.resends());
+    shared.observer.resent(g.sched.resends());
     // What this session still counts as in flight is not any more.
-    sender_metrics()
-        .bytes_in_flight
-        .sub(shared.in_flight.swap(0, Ordering::Relaxed));
+    shared
+        .observer
+        .in_flight(-shared.in_flight.swap(0, Ordering::Relaxed));
     st.bytes_sent += shared.sent_bytes.load(Ordering::Relaxed);
     for (i, b) in shared.per_stream.iter().enumerate() {
         st.per_stream_bytes[i] += b.load(Ordering::Relaxed);
@@ -493,11 +488,7 @@ fn send_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
             Ok(()) => {
                 shared.sent_bytes.fetch_add(order.len, Ordering::Relaxed);
                 shared.per_stream[i as usize].fetch_add(order.len, Ordering::Relaxed);
-                let m = sender_metrics();
-                m.bytes_sent.inc_by(order.len);
-                m.stream_bytes
-                    .with_label_values(&[&i.to_string()])
-                    .inc_by(order.len);
+                shared.observer.sent(i, order.len);
                 shared.in_flight(order.len as i64);
             }
             Err(e) => {
@@ -556,10 +547,7 @@ fn ack_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
                 Ok(None) => {}
                 Ok(Some(gid)) => {
                     if let Some(b) = g.bufs.remove(&gid) {
-                        shared
-                            .progress
-                            .done
-                            .fetch_add(b.len() as u64, Ordering::Relaxed);
+                        shared.observer.acknowledged(b.len() as u64);
                         shared.in_flight(-(b.len() as i64));
                     }
                 }

@@ -10,8 +10,8 @@ use std::thread::JoinHandle;
 
 use super::Shared;
 use super::checkpoint::Checkpoint;
+use crate::Bitmap;
 use crate::error::{Error, Result};
-use wirerate_engine::Bitmap;
 
 /// One file to make durable up to `covered`, then checkpoint.
 pub(crate) struct Job {

@@ -6,18 +6,17 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use wirerate_engine::Scheduler;
-use wirerate_engine::session::SenderControl;
-use wirerate_engine::session::sender::{Action, End};
+use crate::Scheduler;
+use crate::session::SenderControl;
+use crate::session::sender::{Action, End};
 
 use super::source::SourceFile;
 use crate::error::Error;
 use crate::io::PoolBuf;
-use crate::metrics::sender_metrics;
-use crate::progress::Progress;
+use crate::observe::Observe;
 use crate::wire::{Verification, encode};
 
-use wirerate_engine::session::FileVerdict;
+use crate::session::FileVerdict;
 
 pub(crate) struct Inner {
     pub(crate) sched: Scheduler,
@@ -59,7 +58,7 @@ pub(crate) struct Shared {
     pub(crate) read_bytes: AtomicU64,
     pub(super) sent_bytes: AtomicU64,
     pub(super) per_stream: Vec<AtomicU64>,
-    pub(super) progress: Arc<Progress>,
+    pub(super) observer: Observe,
     pub(super) verify: Verification,
     /// This session's share of the `bytes_in_flight` gauge: sent, not yet
     /// acknowledged (a resent block counts once more, until the session ends).
@@ -113,14 +112,14 @@ impl Shared {
     /// Moves this session's bytes in flight (and the agent's gauge) by `delta`.
     pub(super) fn in_flight(&self, delta: i64) {
         self.in_flight.fetch_add(delta, Ordering::Relaxed);
-        sender_metrics().bytes_in_flight.add(delta);
+        self.observer.in_flight(delta);
     }
 
     pub(super) fn stream_failed(&self, stream: u16, why: &str) {
         let mut g = self.lock();
         if !self.stopped() && g.sched.stream_alive(stream) {
             let n = g.sched.handle_stream_failed(stream);
-            sender_metrics().stream_failures.inc();
+            self.observer.stream_failed();
             tracing::warn!(
                 "stream {stream} failed ({why}); {n} unacknowledged blocks go to the other streams"
             );

@@ -9,9 +9,9 @@ use std::os::fd::OwnedFd;
 use rustix::fs::OFlags;
 use xxhash_rust::xxh3::xxh3_64;
 
+use crate::Bitmap;
 use crate::error::{Error, Result};
 use crate::fsroot::Root;
-use wirerate_engine::Bitmap;
 
 const MAGIC: &[u8; 4] = b"WRCK";
 const VERSION: u32 = 1;

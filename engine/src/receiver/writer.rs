@@ -14,12 +14,11 @@ use super::dest::{DestFile, Staged, discard_unresumable};
 use super::kept::Kept;
 use super::stats::Stats;
 use super::verdicts::{Verdict, VerdictTx};
+use crate::CheckpointPolicy;
+use crate::digest::{block_checksum, file_digest, fmt_digest};
 use crate::error::{Error, Result};
 use crate::io::{ALIGN, BlockIo, IoDone, IoMode, IoOp, OpKind, Pool, backend};
-use crate::metrics::metrics;
 use crate::wire::{EntryKind, Frame, Verification};
-use wirerate_engine::CheckpointPolicy;
-use wirerate_engine::digest::{block_checksum, file_digest, fmt_digest};
 
 /// Work for the writer.
 pub(crate) enum WriterMsg {
@@ -342,8 +341,7 @@ impl Writer {
             .job
             .written
             .fetch_add(len as u64, Ordering::Relaxed);
-        metrics().bytes_written.inc_by(len as u64);
-        metrics().blocks_written.inc();
+        self.shared.cfg.observer.written(len as u64);
         let _ = p.ack.send(Frame::Ack {
             file_id: p.file_id,
             block: p.block,
@@ -506,11 +504,7 @@ impl Writer {
             &self.stats.files_failed
         };
         stat.fetch_add(1, Ordering::SeqCst);
-        if ok {
-            metrics().files_completed.inc();
-        } else {
-            metrics().files_failed.inc();
-        }
+        self.shared.cfg.observer.file_done(ok);
         // The control thread ends the session once every accepted file has
         // its verdict, rather than a round trip later at the sender's Finish.
         self.verdicts.send(Verdict::File {

@@ -5,6 +5,7 @@ pub mod hugepages;
 pub mod open;
 pub mod pool;
 mod sync;
+pub mod sys;
 mod uring;
 
 use std::fs::File;
@@ -17,9 +18,9 @@ pub(crate) use sync::read_full;
 pub use uring::Uring;
 
 /// O_DIRECT needs offsets, lengths and buffers aligned to this.
-pub const ALIGN: usize = wirerate_engine::tuning::ALIGN as usize;
+pub const ALIGN: usize = crate::tuning::ALIGN as usize;
 
-pub use wirerate_engine::IoMode;
+pub use crate::IoMode;
 
 /// Read into or write from a pool buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

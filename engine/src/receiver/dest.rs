@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::fsroot::{DestPath, Root, validate};
 use crate::io::open::on_tmpfs;
 use crate::wire::{EntryKind, FileEntry, MAX_BLOCKS_PER_FILE};
-use wirerate_engine::{Bitmap, FileTracker, Layout};
+use crate::{Bitmap, FileTracker, Layout};
 
 /// A destination file of a session.
 pub(crate) struct DestFile {

@@ -5,7 +5,6 @@ pub mod auth;
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
@@ -22,26 +21,6 @@ pub struct SocketOpts {
     pub pacing: Option<u64>,
     /// Explicit SO_SNDBUF/SO_RCVBUF; `None` leaves autotuning on.
     pub buffer: Option<usize>,
-}
-
-fn set_pacing(sock: &SockRef<'_>, bytes_per_sec: u64) -> io::Result<()> {
-    let v: u64 = bytes_per_sec;
-    // SAFETY: setsockopt reads exactly `size_of::<u64>()` bytes from a valid
-    // pointer to a local; the fd is borrowed from a live socket.
-    let r = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_MAX_PACING_RATE,
-            (&raw const v).cast(),
-            size_of::<u64>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
 }
 
 /// Data written to a peer that stays unacknowledged this long means the
@@ -78,7 +57,8 @@ pub fn apply(stream: &TcpStream, opts: &SocketOpts) -> Result<()> {
             .map_err(|e| Error::Config(congestion_refused(cc, &e)))?;
     }
     if let Some(rate) = opts.pacing {
-        set_pacing(&sock, rate).map_err(|e| Error::net("setting SO_MAX_PACING_RATE", e))?;
+        crate::io::sys::set_max_pacing_rate(stream, rate)
+            .map_err(|e| Error::net("setting SO_MAX_PACING_RATE", e))?;
     }
     if let Some(b) = opts.buffer {
         sock.set_send_buffer_size(b)

@@ -3,7 +3,7 @@
 //! lines name the Transfer they belong to.
 
 /// `f`, to run on another thread under the span current here.
-pub(crate) fn carry<T>(f: impl FnOnce() -> T) -> impl FnOnce() -> T {
+pub fn carry<T>(f: impl FnOnce() -> T) -> impl FnOnce() -> T {
     let span = tracing::Span::current();
     move || span.in_scope(f)
 }

@@ -1,8 +1,8 @@
-//! The crate's one error type: every message says what went wrong and what to do.
+//! The data path's one error type: every message says what went wrong and what to do.
 
 use crate::wire::DecodeError;
 
-/// Result alias used throughout the agent.
+/// Result alias used throughout the engine and the agent.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can stop a transfer or a server.
@@ -54,7 +54,7 @@ pub enum Error {
     Config(String),
     /// A tuning value out of its bounds; the message names the field.
     #[error("invalid setting: {0}")]
-    Tuning(#[from] wirerate_engine::TuningError),
+    Tuning(#[from] crate::TuningError),
     /// A filesystem is full, or a quota reached: freeing space and trying
     /// again can get past it.
     #[error("no space left on the receiver's filesystem: {context}")]

@@ -1,0 +1,151 @@
+//! The agent's observer of the engine: every event into the Prometheus
+//! metrics, a sender's position into the progress shown, and a receiver's
+//! session summaries printed when the command line asks for them.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use wirerate_engine::observe::{Observe, Observer, SessionEnd};
+use wirerate_engine::summary::ReceiverSummary;
+
+use crate::metrics::{metrics, sender_metrics};
+use crate::progress::Progress;
+
+/// What the agent shows of a transfer. Metrics always; the rest on request.
+#[derive(Debug, Default)]
+pub struct Shown {
+    progress: Option<Arc<Progress>>,
+    /// Print each receiver session's summary; `Some(true)`: as JSON.
+    print_json: Option<bool>,
+}
+
+impl Shown {
+    /// Counts into the metrics and nothing else.
+    pub fn metrics() -> Self {
+        Self::default()
+    }
+
+    /// Also moves `progress` as the sender's position moves.
+    pub fn with_progress(mut self, progress: Arc<Progress>) -> Self {
+        self.progress = Some(progress);
+        self
+    }
+
+    /// Also prints each receiver session's summary on stdout.
+    pub fn printing_summaries(mut self, json: bool) -> Self {
+        self.print_json = Some(json);
+        self
+    }
+
+    /// The handle a configuration carries.
+    pub fn observe(self) -> Observe {
+        Arc::new(self)
+    }
+}
+
+impl Observer for Shown {
+    fn sized(&self, total: u64) {
+        if let Some(p) = &self.progress {
+            p.total.store(total, Ordering::Relaxed);
+        }
+    }
+
+    fn held(&self, held: u64) {
+        if let Some(p) = &self.progress {
+            p.done.store(held, Ordering::Relaxed);
+        }
+    }
+
+    fn acknowledged(&self, bytes: u64) {
+        if let Some(p) = &self.progress {
+            p.done.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    fn sent(&self, stream: u16, bytes: u64) {
+        let m = sender_metrics();
+        m.bytes_sent.inc_by(bytes);
+        m.stream_bytes
+            .with_label_values(&[&stream.to_string()])
+            .inc_by(bytes);
+    }
+
+    fn in_flight(&self, delta: i64) {
+        sender_metrics().bytes_in_flight.add(delta);
+    }
+
+    fn stream_failed(&self) {
+        sender_metrics().stream_failures.inc();
+    }
+
+    fn resent(&self, blocks: u64) {
+        sender_metrics().blocks_resent.inc_by(blocks);
+    }
+
+    fn send_session_ended(&self, end: SessionEnd) {
+        sender_metrics()
+            .sessions
+            .with_label_values(&[end.metric_label()])
+            .inc();
+    }
+
+    fn refused(&self, reason: &'static str) {
+        metrics().rejected.with_label_values(&[reason]).inc();
+    }
+
+    fn session_opened(&self) {
+        metrics().sessions.inc();
+        metrics().sessions_active.inc();
+    }
+
+    fn session_closed(&self) {
+        metrics().sessions_active.dec();
+    }
+
+    fn summarized(&self, summary: &ReceiverSummary) {
+        if let Some(json) = self.print_json {
+            crate::summary::print(summary, ReceiverSummary::render, json);
+        }
+    }
+
+    fn written(&self, bytes: u64) {
+        metrics().bytes_written.inc_by(bytes);
+        metrics().blocks_written.inc();
+    }
+
+    fn damaged(&self) {
+        metrics().checksum_failures.inc();
+    }
+
+    fn file_done(&self, published: bool) {
+        if published {
+            metrics().files_completed.inc();
+        } else {
+            metrics().files_failed.inc();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_follows_the_sender_and_summaries_print_only_when_asked() {
+        let p = Arc::new(Progress::default());
+        let shown = Shown::metrics().with_progress(Arc::clone(&p));
+        shown.sized(100);
+        shown.held(40);
+        shown.acknowledged(10);
+        assert_eq!(p.total.load(Ordering::Relaxed), 100);
+        assert_eq!(p.done.load(Ordering::Relaxed), 50);
+        // A new session's plan restarts the position where the receiver is.
+        shown.held(45);
+        assert_eq!(p.done.load(Ordering::Relaxed), 45);
+        assert_eq!(shown.print_json, None);
+        assert_eq!(
+            Shown::metrics().printing_summaries(true).print_json,
+            Some(true)
+        );
+    }
+}

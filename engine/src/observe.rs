@@ -1,0 +1,119 @@
+//! What the shells tell the outside as they run: the one way out of the
+//! engine for metrics, a progress bar and printed summaries.
+//!
+//! The engine knows nothing of prometheus, terminals or Kubernetes; the
+//! binary implements [`Observer`] with whatever it shows. Every method does
+//! nothing by default, so an observer picks what it wants.
+//!
+//! The methods are called from the data path's threads, some once per
+//! block: an implementation must be cheap and must never block.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use crate::summary::ReceiverSummary;
+
+/// How one sender session ended, as the retry loop judged it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// Every file answered.
+    Complete,
+    /// Failed with an error worth reconnecting for (counted also for the
+    /// session after which the sender gives up, when its time is out).
+    Retried,
+    /// Failed for good.
+    Failed,
+}
+
+impl SessionEnd {
+    /// Every way a session ends.
+    pub const ALL: [Self; 3] = [Self::Complete, Self::Retried, Self::Failed];
+
+    /// The label a metric counts it under.
+    pub fn metric_label(self) -> &'static str {
+        match self {
+            Self::Complete => "complete",
+            Self::Retried => "retried",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// Receives the shells' events. `Debug` so that the configurations that
+/// carry one stay printable.
+pub trait Observer: Send + Sync + Debug {
+    // The sending side.
+
+    /// The transfer holds `total` bytes.
+    fn sized(&self, total: u64) {
+        let _ = total;
+    }
+    /// A session's plan is in: `held` bytes are at the receiver already
+    /// (verified files and resumed blocks), so progress restarts there.
+    fn held(&self, held: u64) {
+        let _ = held;
+    }
+    /// The receiver acknowledged a block of `bytes`.
+    fn acknowledged(&self, bytes: u64) {
+        let _ = bytes;
+    }
+    /// A block of `bytes` went out on data stream `stream`.
+    fn sent(&self, stream: u16, bytes: u64) {
+        let _ = (stream, bytes);
+    }
+    /// Bytes sent and not yet acknowledged moved by `delta`.
+    fn in_flight(&self, delta: i64) {
+        let _ = delta;
+    }
+    /// A data stream broke; its blocks go to the others.
+    fn stream_failed(&self) {}
+    /// A session sent `blocks` again (damaged, or on a broken stream).
+    fn resent(&self, blocks: u64) {
+        let _ = blocks;
+    }
+    /// A sender session ended.
+    fn send_session_ended(&self, end: SessionEnd) {
+        let _ = end;
+    }
+
+    // The receiving side.
+
+    /// A connection was refused before it joined a session; `reason` is a
+    /// metric label (`RefusalReason::metric_label`, `auth`, `protocol`,
+    /// `handshake`).
+    fn refused(&self, reason: &'static str) {
+        let _ = reason;
+    }
+    /// A session opened.
+    fn session_opened(&self) {}
+    /// A session that opened closed (however it ended).
+    fn session_closed(&self) {}
+    /// A session's summary, once it ended with one.
+    fn summarized(&self, summary: &ReceiverSummary) {
+        let _ = summary;
+    }
+    /// A block of `bytes` was written to disk.
+    fn written(&self, bytes: u64) {
+        let _ = bytes;
+    }
+    /// A block arrived damaged and was asked again.
+    fn damaged(&self) {}
+    /// A file was verified and published (`true`) or failed (`false`).
+    fn file_done(&self, published: bool) {
+        let _ = published;
+    }
+}
+
+/// An observer that shows nothing: the default of every configuration.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Unobserved;
+
+impl Observer for Unobserved {}
+
+/// The shared handle the configurations carry.
+pub type Observe = Arc<dyn Observer>;
+
+/// The default handle: nothing observed.
+pub fn unobserved() -> Observe {
+    Arc::new(Unobserved)
+}

@@ -1,0 +1,255 @@
+//! End-of-transfer summaries: what the shells hand back, serializable as
+//! JSON; the sender's also rendered for people (the binary prints them).
+
+use serde::Serialize;
+
+use crate::io::IoMode;
+use crate::units::fmt_bytes;
+use crate::wire::Verification;
+
+/// A file that did not make it, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileFailure {
+    /// Destination path.
+    pub path: String,
+    /// Why.
+    pub message: String,
+}
+
+/// One manifest entry's outcome.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileOutcome {
+    /// Destination path.
+    pub path: String,
+    /// Size in bytes (0 for directories).
+    pub bytes: u64,
+    /// Landed and verified.
+    pub ok: bool,
+    /// The file digest, when verified.
+    pub digest: Option<String>,
+    /// Why not, when not ok.
+    pub message: Option<String>,
+}
+
+/// A source entry that was not sent (symlink, device, socket, ...).
+#[derive(Debug, Clone, Serialize)]
+pub struct Skipped {
+    /// Source path.
+    pub path: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// The sender's summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct SendSummary {
+    /// Everything landed and verified.
+    pub ok: bool,
+    /// Bytes in all files of the transfer.
+    pub bytes_total: u64,
+    /// Payload bytes this run put on the wire (resends included).
+    pub bytes_sent: u64,
+    /// Bytes the receiver already held when this run started.
+    pub bytes_skipped_resume: u64,
+    /// Blocks sent again (damaged in flight, or on a broken stream).
+    pub blocks_retried: u64,
+    /// Wall time from first connect to the last verified file.
+    pub seconds: f64,
+    /// `bytes_sent` over `seconds`, in Gbit/s.
+    pub gbps: f64,
+    /// I/O mode in effect on the source.
+    #[serde(serialize_with = "spelled")]
+    pub io_mode: IoMode,
+    /// Why the requested I/O mode was not fully in effect, if not.
+    pub io_fallback: Option<String>,
+    /// Buffers on hugepages.
+    pub hugepages: bool,
+    /// What the buffers sit on: `normal-page`, `2 MiB huge-page`, `1 GiB huge-page`.
+    pub buffer_pages: String,
+    /// Streams requested.
+    pub streams: u16,
+    /// Gbit/s each stream carried, by stream index.
+    pub per_stream_gbps: Vec<f64>,
+    /// Whole-transfer digest (file digest for one file).
+    pub digest: String,
+    /// Entries in the manifest.
+    pub files: usize,
+    /// Entries verified and published.
+    pub files_ok: usize,
+    /// Entries that failed, with reasons.
+    pub failures: Vec<FileFailure>,
+    /// Every entry's outcome, in manifest order (JSON only; the text
+    /// summary lists failures).
+    pub results: Vec<FileOutcome>,
+    /// Source entries not sent.
+    pub skipped: Vec<Skipped>,
+    /// Block size in bytes.
+    pub block_size: u64,
+    /// Requests in flight.
+    pub queue_depth: usize,
+    /// Verification level.
+    #[serde(serialize_with = "spelled")]
+    pub verify: Verification,
+    /// Congestion control in use.
+    pub congestion: String,
+    /// Sessions it took (1 unless the sender reconnected).
+    pub sessions: u32,
+    /// Round-trip time measured by the handshake, in milliseconds.
+    pub rtt_ms: f64,
+    /// Things the user should know (small TCP buffers, fallbacks).
+    pub warnings: Vec<String>,
+}
+
+impl SendSummary {
+    /// The human-readable summary.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let status = if self.ok {
+            "complete and verified"
+        } else {
+            "FAILED"
+        };
+        s.push_str(&format!("transfer {status}\n"));
+        s.push_str(&format!(
+            "  bytes      {} total, {} sent, {} already at the receiver\n",
+            fmt_bytes(self.bytes_total),
+            fmt_bytes(self.bytes_sent),
+            fmt_bytes(self.bytes_skipped_resume)
+        ));
+        s.push_str(&format!("  time       {:.2} s\n", self.seconds));
+        s.push_str(&format!(
+            "  rate       {:.2} Gbit/s ({:.2} GB/s)\n",
+            self.gbps,
+            self.gbps / 8.0
+        ));
+        s.push_str(&format!(
+            "  io         {}{}, block {}, queue depth {}, {} buffers\n",
+            self.io_mode,
+            if self.io_mode.wants_direct() {
+                " (O_DIRECT)"
+            } else {
+                ""
+            },
+            fmt_bytes(self.block_size),
+            self.queue_depth,
+            self.buffer_pages
+        ));
+        if let Some(f) = &self.io_fallback {
+            s.push_str(&format!("  fallback   {f}\n"));
+        }
+        let per: Vec<String> = self
+            .per_stream_gbps
+            .iter()
+            .map(|g| format!("{g:.2}"))
+            .collect();
+        s.push_str(&format!(
+            "  streams    {} ({}), Gbit/s each: {}\n",
+            self.streams,
+            self.congestion,
+            per.join(" ")
+        ));
+        s.push_str(&format!(
+            "  retried    {} blocks; sessions {}; rtt {:.2} ms\n",
+            self.blocks_retried, self.sessions, self.rtt_ms
+        ));
+        s.push_str(&format!(
+            "  files      {} of {} ok; verify {}; digest {}\n",
+            self.files_ok, self.files, self.verify, self.digest
+        ));
+        for f in &self.failures {
+            s.push_str(&format!("  failed     {}: {}\n", f.path, f.message));
+        }
+        for k in self.skipped.iter().take(20) {
+            s.push_str(&format!("  skipped    {}: {}\n", k.path, k.reason));
+        }
+        if self.skipped.len() > 20 {
+            s.push_str(&format!(
+                "  skipped    ... and {} more\n",
+                self.skipped.len() - 20
+            ));
+        }
+        for w in &self.warnings {
+            s.push_str(&format!("  warning    {w}\n"));
+        }
+        s
+    }
+}
+
+pub use crate::session::SessionOutcome;
+
+/// The receiver's summary of one session.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReceiverSummary {
+    /// Session id (hex).
+    pub session: String,
+    /// How it ended (`complete`, `interrupted: ...` or `failed: ...` in JSON).
+    #[serde(serialize_with = "spelled")]
+    pub outcome: SessionOutcome,
+    /// Payload bytes written.
+    pub bytes_written: u64,
+    /// Bytes already durable from an earlier session.
+    pub bytes_skipped_resume: u64,
+    /// Session duration.
+    pub seconds: f64,
+    /// `bytes_written` over `seconds`, in Gbit/s.
+    pub gbps: f64,
+    /// I/O mode in effect for writes.
+    #[serde(serialize_with = "spelled")]
+    pub io_mode: IoMode,
+    /// Why the configured mode was not fully in effect, if not.
+    pub io_fallback: Option<String>,
+    /// Buffers on hugepages.
+    pub hugepages: bool,
+    /// What the buffers sit on: `normal-page`, `2 MiB huge-page`, `1 GiB huge-page`.
+    pub buffer_pages: String,
+    /// Data streams that joined.
+    pub streams: u64,
+    /// Data streams the sender announced.
+    pub requested_streams: u16,
+    /// Blocks that arrived damaged and were asked again.
+    pub blocks_rejected: u64,
+    /// Files verified and published.
+    pub files_ok: u64,
+    /// Files that failed, refused ones included.
+    pub files_failed: u64,
+    /// Things the receiver's operator should know (checkpoints that could
+    /// not be stored, for one).
+    pub warnings: Vec<String>,
+}
+
+impl ReceiverSummary {
+    /// The human-readable summary: one line, then one per warning.
+    pub fn render(&self) -> String {
+        let mut s = format!(
+            "session {} {}: {} written in {:.2} s = {:.2} Gbit/s, io {}{}, {} buffers, {} of {} streams, {} damaged blocks refetched, {} resumed, files {} ok / {} failed\n",
+            &self.session[..8.min(self.session.len())],
+            self.outcome,
+            fmt_bytes(self.bytes_written),
+            self.seconds,
+            self.gbps,
+            self.io_mode,
+            self.io_fallback
+                .as_deref()
+                .map(|f| format!(" ({f})"))
+                .unwrap_or_default(),
+            self.buffer_pages,
+            self.streams,
+            self.requested_streams,
+            self.blocks_rejected,
+            fmt_bytes(self.bytes_skipped_resume),
+            self.files_ok,
+            self.files_failed
+        );
+        for w in &self.warnings {
+            s.push_str(&format!("  warning: {w}\n"));
+        }
+        s
+    }
+}
+
+/// Settings as the command line spells them (`async`, `checksums`): the
+/// I/O mode as `--json` always showed it; the verification level as
+/// `checksums` since it has one name everywhere (it was `blocks`).
+fn spelled<S: serde::Serializer>(v: &impl std::fmt::Display, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
