@@ -1,4 +1,5 @@
 //! `wirerate-agent`: serve, send, demo.
+#![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -7,7 +7,7 @@
 //! so a person learns of a mistake at `kubectl apply`, not from a failed
 //! transfer an hour later. `contract` holds the names the operator and the
 //! agents agree on (labels, Lease annotations, environment variables).
-
+#![forbid(unsafe_code)]
 // KubeSchema re-declares each type inside a private module, which trips this lint.
 #![allow(unreachable_pub)]
 

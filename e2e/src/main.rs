@@ -8,6 +8,7 @@
 //! Transfers and pools lets their finalizers go. Along the way, the
 //! security model: the escalation rule at admission, namespace consent, and
 //! tokens granted by name (`security`).
+#![forbid(unsafe_code)]
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

@@ -5,6 +5,7 @@
 //! `render`, `token_grant`, `pool_status`, `agents`), tested without a cluster; the
 //! controllers only read the watch caches, call them, and server-side apply
 //! what they return.
+#![forbid(unsafe_code)]
 
 pub mod admission;
 pub mod agents;

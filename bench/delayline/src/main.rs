@@ -3,6 +3,7 @@
 //! fixed one-way delay without reordering. `--loss` drops that fraction of
 //! packets at random (seeded). Run one instance per network namespace and
 //! direction; it exits cleanly on SIGINT/SIGTERM.
+#![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
 use std::sync::Arc;

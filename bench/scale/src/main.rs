@@ -7,6 +7,7 @@
 //!
 //! Exit status: 0 when every correctness check held (timings are reported,
 //! never asserted), 1 when one failed, 2 for a setup error.
+#![forbid(unsafe_code)]
 
 mod agents;
 mod apiserver;

@@ -1,4 +1,5 @@
 //! Prints wirerate's CRDs as YAML (charts/wirerate/crds/ holds the output).
+#![forbid(unsafe_code)]
 
 fn main() {
     match wirerate_crds::crds_yaml() {

@@ -6,6 +6,7 @@
 //! `manifestgen --render-examples DIR` instead writes, for each example
 //! DtnPool, the objects the operator renders for it (ServiceAccount, Roles,
 //! Service, StatefulSet) to DIR/<pool>.yaml, for offline schema checks.
+#![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 

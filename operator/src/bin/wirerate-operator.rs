@@ -1,5 +1,6 @@
 //! `wirerate-operator`: runs the DtnPool and Transfer controllers while it
 //! holds the leader Lease.
+#![forbid(unsafe_code)]
 
 use std::sync::Arc;
 use std::time::Duration;
