@@ -317,8 +317,9 @@ impl DemoReport {
                 s.push_str(&format!(
                     "  receiver   {} written, io {}{}, {} streams joined\n",
                     fmt_bytes(rx.bytes_written),
-                    rx.io_mode,
-                    rx.io_fallback
+                    rx.io.io_mode,
+                    rx.io
+                        .io_fallback
                         .as_deref()
                         .map(|f| format!(" ({f})"))
                         .unwrap_or_default(),
@@ -336,7 +337,7 @@ impl DemoReport {
             let gbs = r.sender.gbps / 8.0;
             s.push_str(&format!(
                 "{:<9} {:>7.2} {:>6.2}   {:>5.0}%\n",
-                r.sender.io_mode.to_string(),
+                r.sender.io.io_mode.to_string(),
                 r.sender.gbps,
                 gbs,
                 gbs / self.disk_copy_gbs * 100.0

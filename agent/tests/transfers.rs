@@ -47,7 +47,7 @@ fn every_size_every_mode_pair_one_and_eight_streams() {
                     );
                     assert_eq!(s.bytes_total, *size as u64);
                     assert_eq!(s.bytes_sent, *size as u64, "nothing resent on a clean path");
-                    assert_eq!(s.io_mode, tx_mode);
+                    assert_eq!(s.io.io_mode, tx_mode);
                     assert_same(src, &root.join(&dest));
                 }
             }
@@ -57,7 +57,7 @@ fn every_size_every_mode_pair_one_and_eight_streams() {
         assert!(
             summaries
                 .iter()
-                .all(|r| r.outcome.is_complete() && r.io_mode == rx_mode)
+                .all(|r| r.outcome.is_complete() && r.io.io_mode == rx_mode)
         );
         assert_no_leftovers(&root);
     }

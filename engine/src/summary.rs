@@ -40,6 +40,20 @@ pub struct Skipped {
     pub reason: String,
 }
 
+/// The I/O one side ran with, as both summaries report it.
+#[derive(Debug, Clone, Serialize)]
+pub struct IoInEffect {
+    /// I/O mode in effect: reads on the sender, writes on the receiver.
+    #[serde(serialize_with = "spelled")]
+    pub io_mode: IoMode,
+    /// Why the configured mode was not fully in effect, if not.
+    pub io_fallback: Option<String>,
+    /// Buffers on hugepages.
+    pub hugepages: bool,
+    /// What the buffers sit on: `normal-page`, `2 MiB huge-page`, `1 GiB huge-page`.
+    pub buffer_pages: String,
+}
+
 /// The sender's summary.
 #[derive(Debug, Clone, Serialize)]
 pub struct SendSummary {
@@ -57,15 +71,9 @@ pub struct SendSummary {
     pub seconds: f64,
     /// `bytes_sent` over `seconds`, in Gbit/s.
     pub gbps: f64,
-    /// I/O mode in effect on the source.
-    #[serde(serialize_with = "spelled")]
-    pub io_mode: IoMode,
-    /// Why the requested I/O mode was not fully in effect, if not.
-    pub io_fallback: Option<String>,
-    /// Buffers on hugepages.
-    pub hugepages: bool,
-    /// What the buffers sit on: `normal-page`, `2 MiB huge-page`, `1 GiB huge-page`.
-    pub buffer_pages: String,
+    /// The source's I/O.
+    #[serde(flatten)]
+    pub io: IoInEffect,
     /// Streams requested.
     pub streams: u16,
     /// Gbit/s each stream carried, by stream index.
@@ -124,17 +132,17 @@ impl SendSummary {
         ));
         s.push_str(&format!(
             "  io         {}{}, block {}, queue depth {}, {} buffers\n",
-            self.io_mode,
-            if self.io_mode.wants_direct() {
+            self.io.io_mode,
+            if self.io.io_mode.wants_direct() {
                 " (O_DIRECT)"
             } else {
                 ""
             },
             fmt_bytes(self.block_size),
             self.queue_depth,
-            self.buffer_pages
+            self.io.buffer_pages
         ));
-        if let Some(f) = &self.io_fallback {
+        if let Some(f) = &self.io.io_fallback {
             s.push_str(&format!("  fallback   {f}\n"));
         }
         let per: Vec<String> = self
@@ -193,15 +201,9 @@ pub struct ReceiverSummary {
     pub seconds: f64,
     /// `bytes_written` over `seconds`, in Gbit/s.
     pub gbps: f64,
-    /// I/O mode in effect for writes.
-    #[serde(serialize_with = "spelled")]
-    pub io_mode: IoMode,
-    /// Why the configured mode was not fully in effect, if not.
-    pub io_fallback: Option<String>,
-    /// Buffers on hugepages.
-    pub hugepages: bool,
-    /// What the buffers sit on: `normal-page`, `2 MiB huge-page`, `1 GiB huge-page`.
-    pub buffer_pages: String,
+    /// The destination's I/O.
+    #[serde(flatten)]
+    pub io: IoInEffect,
     /// Data streams that joined.
     pub streams: u64,
     /// Data streams the sender announced.
@@ -227,12 +229,13 @@ impl ReceiverSummary {
             fmt_bytes(self.bytes_written),
             self.seconds,
             self.gbps,
-            self.io_mode,
-            self.io_fallback
+            self.io.io_mode,
+            self.io
+                .io_fallback
                 .as_deref()
                 .map(|f| format!(" ({f})"))
                 .unwrap_or_default(),
-            self.buffer_pages,
+            self.io.buffer_pages,
             self.streams,
             self.requested_streams,
             self.blocks_rejected,

@@ -46,6 +46,17 @@ pub struct Step {
     pub needs: Option<Needs>,
 }
 
+impl Step {
+    /// A step that needs no agents from the scheduler.
+    fn settled(status: TransferStatus, notes: Vec<Note>) -> Self {
+        Self {
+            status,
+            notes,
+            needs: None,
+        }
+    }
+}
+
 /// Computes the next status of `t`. `agents` holds every known agent.
 pub fn step(
     t: &Transfer,
@@ -68,11 +79,7 @@ pub fn step(
             let end = s.completion_time.clone();
             average_rate(&mut s, old.progress.as_ref(), end);
         }
-        return Step {
-            status: s,
-            notes,
-            needs: None,
-        };
+        return Step::settled(s, notes);
     }
 
     let resolved = match validity {
@@ -107,11 +114,7 @@ pub fn step(
                     });
                 }
             }
-            return Step {
-                status: s,
-                notes,
-                needs: None,
-            };
+            return Step::settled(s, notes);
         }
     };
     let external = resolved.receiver_pool.is_none();
@@ -192,11 +195,7 @@ pub fn step(
             reason: "Succeeded",
             message: msg,
         });
-        return Step {
-            status: s,
-            notes,
-            needs: None,
-        };
+        return Step::settled(s, notes);
     }
 
     // Lost agents first: a failure report from the surviving side is usually a consequence.
@@ -251,11 +250,7 @@ pub fn step(
                     generation,
                     &mut notes,
                 );
-                return Step {
-                    status: s,
-                    notes,
-                    needs: None,
-                };
+                return Step::settled(s, notes);
             }
             s.failovers.push(Failover {
                 attempt: s.attempt,
@@ -323,11 +318,7 @@ pub fn step(
             generation,
             &mut notes,
         );
-        return Step {
-            status: s,
-            notes,
-            needs: None,
-        };
+        return Step::settled(s, notes);
     }
 
     let verifying = [Role::Sender, Role::Receiver]
@@ -339,11 +330,7 @@ pub fn step(
     } else {
         TransferPhase::Running
     });
-    Step {
-        status: s,
-        notes,
-        needs: None,
-    }
+    Step::settled(s, notes)
 }
 
 /// Keeps `s.last_moved`, the operator's note of when the transfer last

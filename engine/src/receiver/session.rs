@@ -19,12 +19,11 @@ use crate::error::{Error, Result};
 use crate::fsroot::validate;
 use crate::io::Pools;
 use crate::net;
-use crate::observe::Observer;
 use crate::session::receiver::{
     Action, End, Limits, ReceiverControl, Refusal, RefusalReason, Report,
 };
 use crate::spans::carry;
-use crate::summary::ReceiverSummary;
+use crate::summary::{IoInEffect, ReceiverSummary};
 use crate::units::{fmt_bytes, gbps};
 use crate::wire::{
     EntryKind, Frame, FrameReader, KEEPALIVE_INTERVAL, MAX_BLOCKS_PER_SESSION, MAX_SMALL_FRAME,
@@ -152,12 +151,12 @@ fn ended(end: End) -> Result<()> {
 
 /// Tells the sender why the session cannot go on, and returns the error.
 fn refuse(
-    observer: &dyn Observer,
+    shared: &Shared,
     core: &mut ReceiverControl,
     stream: &mut TcpStream,
     refusal: Refusal,
 ) -> Result<()> {
-    observer.refused(refusal.reason.metric_label());
+    shared.cfg.observer.refused(refusal.reason.metric_label());
     core.handle_refused(refusal);
     match flush(core, stream, &mut Vec::new())? {
         Some(Action::Close(end)) => ended(end),
@@ -186,6 +185,79 @@ fn read_until_action(
             return Ok(action);
         }
     }
+}
+
+/// What an admitted session holds: its buffers (a spare pool, or their
+/// share of the memory budget) and its liveness.
+struct Admitted {
+    spare: Option<Pools>,
+    /// Buffers of the session's pool.
+    count: usize,
+    reservation: super::budget::Reservation,
+    life: Arc<Life>,
+}
+
+/// Admits session `id`, or says why not: as many sessions as the receiver
+/// takes, its buffer memory taken, or the id already open. The buffers are
+/// held before anything is written for the session.
+fn admit(
+    shared: &Shared,
+    id: SessionId,
+    block_size: u64,
+    stream: &TcpStream,
+    started: Instant,
+) -> Result<std::result::Result<Admitted, Refusal>> {
+    if shared.sessions.len() >= shared.cfg.max_sessions {
+        return Ok(Err(Refusal {
+            retryable: true,
+            message: format!(
+                "receiver busy: {} sessions already open (--max-sessions); retry later",
+                shared.cfg.max_sessions
+            ),
+            reason: RefusalReason::Busy,
+        }));
+    }
+    let count = (shared.cfg.buffer / block_size).clamp(2, 4096) as usize;
+    let spare = lock(&shared.spare_pool).take_if(|(p, _)| p.is_shaped(block_size as usize, count));
+    let (spare, reservation) = match spare {
+        Some((pool, r)) => (Some(pool), r),
+        None => match shared
+            .memory
+            .reserve(Pools::bytes_for(block_size as usize, count))
+        {
+            Ok(r) => (None, r),
+            Err(used) => {
+                return Ok(Err(Refusal {
+                    retryable: true,
+                    message: format!(
+                        "receiver busy: {} of its {} of buffer memory (--max-memory) is in use; retry later",
+                        fmt_bytes(used),
+                        fmt_bytes(shared.memory.max())
+                    ),
+                    reason: RefusalReason::Memory,
+                }));
+            }
+        },
+    };
+    let life = Arc::new(Life::new(
+        stream
+            .try_clone()
+            .map_err(|e| Error::net("cloning the control connection", e))?,
+        started,
+    ));
+    if !shared.sessions.announce(id) {
+        return Ok(Err(Refusal {
+            retryable: false,
+            message: format!("session {} is already open; pick a fresh id", hex(&id)),
+            reason: RefusalReason::SessionOpen,
+        }));
+    }
+    Ok(Ok(Admitted {
+        spare,
+        count,
+        reservation,
+        life,
+    }))
 }
 
 pub(crate) fn run_control(shared: &Arc<Shared>, stream: TcpStream) -> Result<()> {
@@ -226,69 +298,15 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         };
     // Everything this session and its writer log carries its id.
     let _session = tracing::info_span!("session", id = %short(&id)).entered();
-    if shared.sessions.len() >= shared.cfg.max_sessions {
-        return refuse(
-            &*shared.cfg.observer,
-            &mut core,
-            &mut stream,
-            Refusal {
-                retryable: true,
-                message: format!(
-                    "receiver busy: {} sessions already open (--max-sessions); retry later",
-                    shared.cfg.max_sessions
-                ),
-                reason: RefusalReason::Busy,
-            },
-        );
-    }
-    // The buffers, or their share of --max-memory, before anything is
-    // written for the session.
-    let count = (shared.cfg.buffer / block_size).clamp(2, 4096) as usize;
-    let spare = lock(&shared.spare_pool).take_if(|(p, _)| p.is_shaped(block_size as usize, count));
-    let (spare, reservation) = match spare {
-        Some((pool, r)) => (Some(pool), r),
-        None => match shared
-            .memory
-            .reserve(Pools::bytes_for(block_size as usize, count))
-        {
-            Ok(r) => (None, r),
-            Err(used) => {
-                return refuse(
-                    &*shared.cfg.observer,
-                    &mut core,
-                    &mut stream,
-                    Refusal {
-                        retryable: true,
-                        message: format!(
-                            "receiver busy: {} of its {} of buffer memory (--max-memory) is in use; retry later",
-                            fmt_bytes(used),
-                            fmt_bytes(shared.memory.max())
-                        ),
-                        reason: RefusalReason::Memory,
-                    },
-                );
-            }
-        },
+    let Admitted {
+        spare,
+        count,
+        reservation,
+        life,
+    } = match admit(shared, id, block_size, &stream, started)? {
+        Ok(a) => a,
+        Err(refusal) => return refuse(shared, &mut core, &mut stream, refusal),
     };
-
-    let life = Arc::new(Life::new(
-        stream
-            .try_clone()
-            .map_err(|e| Error::net("cloning the control connection", e))?,
-        started,
-    ));
-    if !shared.sessions.announce(id) {
-        return refuse(
-            &*shared.cfg.observer,
-            &mut core,
-            &mut stream,
-            Refusal {
-                retryable: false,
-                message: format!("session {} is already open; pick a fresh id", hex(&id)),
-                reason: RefusalReason::SessionOpen,
-            },
-        );
-    }
     core.handle_admitted(Ok(()));
     // From here on, dropping this releases the id and any claimed paths.
     let mut reg = Registration {
@@ -322,16 +340,12 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     let claimed = shared.claims.claim(&paths, &life, takeover_after);
     life.heard(Instant::now());
     if let Err(busy) = claimed {
-        return refuse(
-            &*shared.cfg.observer,
-            &mut core,
-            &mut stream,
-            Refusal {
-                retryable: true,
-                message: busy.message(),
-                reason: RefusalReason::DestinationBusy,
-            },
-        );
+        let refusal = Refusal {
+            retryable: true,
+            message: busy.message(),
+            reason: RefusalReason::DestinationBusy,
+        };
+        return refuse(shared, &mut core, &mut stream, refusal);
     }
     drop(paths);
 
@@ -478,10 +492,12 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         bytes_skipped_resume: resumed_bytes,
         seconds: secs,
         gbps: gbps(bytes, secs),
-        io_mode: report.io_mode,
-        io_fallback: report.fallback,
-        hugepages,
-        buffer_pages,
+        io: IoInEffect {
+            io_mode: report.io_mode,
+            io_fallback: report.fallback,
+            hugepages,
+            buffer_pages,
+        },
         streams: stats.streams.load(Ordering::Relaxed),
         requested_streams: streams,
         blocks_rejected: stats.rejected.load(Ordering::Relaxed),

@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::io::{IoMode, Pools, caps::capabilities};
 use crate::net::{SocketOpts, buffer_warning};
 use crate::observe::{Observe, SessionEnd, unobserved};
-use crate::summary::{FileFailure, FileOutcome, SendSummary};
+use crate::summary::{FileFailure, FileOutcome, IoInEffect, SendSummary};
 use crate::units::gbps;
 use crate::wire::{EntryKind, Verification};
 
@@ -297,10 +297,12 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
         blocks_retried: st.blocks_retried,
         seconds,
         gbps: gbps(st.bytes_sent, seconds),
-        io_mode: st.io_mode.unwrap_or(cfg.io_mode),
-        io_fallback: st.io_fallback.clone(),
-        hugepages: pool.hugepages(),
-        buffer_pages: pool.pages(),
+        io: IoInEffect {
+            io_mode: st.io_mode.unwrap_or(cfg.io_mode),
+            io_fallback: st.io_fallback.clone(),
+            hugepages: pool.hugepages(),
+            buffer_pages: pool.pages(),
+        },
         streams: cfg.streams,
         per_stream_gbps: st
             .per_stream_bytes

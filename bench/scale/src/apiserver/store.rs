@@ -210,6 +210,22 @@ impl Store {
         Ok(ty.clone())
     }
 
+    /// The type, name and key of a request on one object; `unnamed` is why
+    /// the same request without a name is refused.
+    fn one(
+        &self,
+        t: &Target,
+        unnamed: &'static str,
+    ) -> Result<(ResourceType, String, Key), ApiError> {
+        let ty = self.resolve(t)?;
+        let name = t
+            .name
+            .clone()
+            .ok_or_else(|| ApiError::method_not_allowed(unnamed))?;
+        let key = Self::key(t, &name);
+        Ok((ty, name, key))
+    }
+
     fn key(t: &Target, name: &str) -> Key {
         Key {
             group: t.group.clone(),
@@ -371,12 +387,7 @@ impl Store {
 
     /// PUT.
     pub(crate) fn replace(&mut self, t: &Target, body: Value) -> Result<Obj, ApiError> {
-        let ty = self.resolve(t)?;
-        let name = t
-            .name
-            .clone()
-            .ok_or_else(|| ApiError::method_not_allowed("update needs an object path"))?;
-        let key = Self::key(t, &name);
+        let (ty, name, key) = self.one(t, "update needs an object path")?;
         let old = self
             .objects
             .get(&key)
@@ -428,12 +439,7 @@ impl Store {
 
     /// PATCH (and server-side apply, which may create).
     pub(crate) fn patch(&mut self, t: &Target, patch: Patch) -> Result<Obj, ApiError> {
-        let ty = self.resolve(t)?;
-        let name = t
-            .name
-            .clone()
-            .ok_or_else(|| ApiError::method_not_allowed("patch needs an object path"))?;
-        let key = Self::key(t, &name);
+        let (ty, name, key) = self.one(t, "patch needs an object path")?;
         let old = self.objects.get(&key).map(|e| e.obj.clone());
         let status_sub = t.sub.is_some();
         let (new, applied) = match patch {
@@ -518,15 +524,10 @@ impl Store {
 
     /// DELETE: an object with finalizers only gets its deletionTimestamp.
     pub(crate) fn delete(&mut self, t: &Target) -> Result<Obj, ApiError> {
-        let ty = self.resolve(t)?;
-        let name = t
-            .name
-            .clone()
-            .ok_or_else(|| ApiError::method_not_allowed("deletecollection is not served"))?;
+        let (ty, name, key) = self.one(t, "deletecollection is not served")?;
         if t.sub.is_some() {
             return Err(ApiError::method_not_allowed("a subresource is not deleted"));
         }
-        let key = Self::key(t, &name);
         let old = self
             .objects
             .get(&key)
