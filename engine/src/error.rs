@@ -37,7 +37,7 @@ pub enum Error {
     Protocol(#[from] DecodeError),
     /// The peer broke the protocol's rules in a well-formed frame.
     #[error("peer violated the protocol: {0}; closing the connection")]
-    Violation(String),
+    Violation(#[from] crate::Violation),
     /// The two sides do not hold the same token.
     #[error("authentication failed: {0}")]
     Auth(#[from] AuthError),

@@ -41,6 +41,7 @@ pub mod throttle;
 pub mod tracker;
 pub mod tuning;
 pub mod units;
+pub mod violation;
 pub mod wire;
 
 pub use bitmap::Bitmap;
@@ -52,3 +53,4 @@ pub use scheduler::{ReadOrder, Scheduler, SendOrder};
 pub use throttle::Throttle;
 pub use tracker::{CheckpointPolicy, FileTracker};
 pub use tuning::{IoMode, Settings, TuningError, Verification};
+pub use violation::{Violation, ViolationKind};

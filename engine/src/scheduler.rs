@@ -15,6 +15,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::{Bitmap, Layout, digest::file_digest};
+use crate::violation::{Violation, ViolationKind};
 
 /// A block damaged this many times in a row is not a transient fault.
 pub const MAX_RESENDS_PER_BLOCK: u32 = 8;
@@ -352,22 +353,23 @@ impl Scheduler {
         st.in_flight_bytes -= len;
     }
 
-    fn lookup(&self, stream: u16, file_id: u32, block: u64) -> Result<usize, String> {
+    fn lookup(&self, stream: u16, file_id: u32, block: u64) -> Result<usize, Violation> {
+        let unknown = |what: String| Violation::new(ViolationKind::Unknown, what);
         let file = *self
             .by_id
             .get(&file_id)
-            .ok_or_else(|| format!("acknowledgement for unknown file {file_id}"))?;
+            .ok_or_else(|| unknown(format!("acknowledgement for unknown file {file_id}")))?;
         let f = &self.files[file];
         if block >= f.layout.blocks() {
-            return Err(format!(
+            return Err(unknown(format!(
                 "acknowledgement for block {block} beyond the end of file {file_id}"
-            ));
+            )));
         }
         let gid = f.first + block as usize;
         if self.slots[gid].state != State::InFlight(stream) {
-            return Err(format!(
+            return Err(unknown(format!(
                 "acknowledgement for block {block} of file {file_id}, which stream {stream} did not send"
-            ));
+            )));
         }
         Ok(gid)
     }
@@ -386,7 +388,7 @@ impl Scheduler {
         stream: u16,
         file_id: u32,
         block: u64,
-    ) -> Result<Option<usize>, String> {
+    ) -> Result<Option<usize>, Violation> {
         if self.is_late(stream) {
             return Ok(None);
         }
@@ -403,7 +405,7 @@ impl Scheduler {
     }
 
     /// The receiver found a block damaged: queue it first for resending.
-    pub fn handle_nack(&mut self, stream: u16, file_id: u32, block: u64) -> Result<(), String> {
+    pub fn handle_nack(&mut self, stream: u16, file_id: u32, block: u64) -> Result<(), Violation> {
         if self.is_late(stream) {
             return Ok(());
         }

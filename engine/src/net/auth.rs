@@ -18,6 +18,8 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::error::{AuthError, Error, Result};
+use crate::session::describe;
+use crate::violation::{Violation, ViolationKind};
 use crate::wire::{
     Frame, MAC_LEN, MAX_PREAUTH_FRAME, MAX_SMALL_FRAME, NONCE_LEN, Purpose, VERSION, encode,
     read_frame_capped, write_frame,
@@ -56,7 +58,7 @@ fn peer_error(frame: Frame, expected: &str) -> Error {
                 Error::Remote { message, retryable }
             }
         }
-        other => Error::Violation(format!("expected {expected}, got {other:?}")),
+        other => Violation::unexpected(expected, describe(&other)).into(),
     }
 }
 
@@ -76,9 +78,13 @@ pub fn client<S: Read + Write>(s: &mut S, token: &[u8], purpose: Purpose) -> Res
     let nonce_s = match read_frame_capped(s, MAX_SMALL_FRAME)? {
         Frame::Challenge { version, nonce } if version == VERSION => nonce,
         Frame::Challenge { version, .. } => {
-            return Err(Error::Violation(format!(
-                "receiver speaks protocol version {version}, this sender {VERSION}; upgrade one side"
-            )));
+            return Err(Violation::new(
+                ViolationKind::Version,
+                format!(
+                    "receiver speaks protocol version {version}, this sender {VERSION}; upgrade one side"
+                ),
+            )
+            .into());
         }
         other => return Err(peer_error(other, "a challenge")),
     };
@@ -117,9 +123,9 @@ pub fn server<S: Read + Write>(s: &mut S, token: &[u8]) -> Result<Purpose> {
                     message: msg.clone(),
                 },
             );
-            return Err(Error::Violation(msg));
+            return Err(Violation::new(ViolationKind::Version, msg).into());
         }
-        other => return Err(Error::Violation(format!("expected a hello, got {other:?}"))),
+        other => return Err(Violation::unexpected("a hello", describe(&other)).into()),
     };
     let nonce_s = random::<NONCE_LEN>();
     let ours: [u8; MAC_LEN] = mac(token, SERVER_LABEL, &nonce_c, &nonce_s)
@@ -141,9 +147,7 @@ pub fn server<S: Read + Write>(s: &mut S, token: &[u8]) -> Result<Purpose> {
     let (tag, purpose) = match read_frame_capped(s, MAX_PREAUTH_FRAME)? {
         Frame::Auth { mac, purpose } => (mac, purpose),
         other => {
-            return Err(Error::Violation(format!(
-                "expected authentication, got {other:?}"
-            )));
+            return Err(Violation::unexpected("authentication", describe(&other)).into());
         }
     };
     if mac(token, CLIENT_LABEL, &nonce_s, &nonce_c)

@@ -19,12 +19,14 @@ use crate::error::{Error, Result};
 use crate::fsroot::validate;
 use crate::io::Pools;
 use crate::net;
+use crate::session::describe;
 use crate::session::receiver::{
     Action, End, Limits, ReceiverControl, Refusal, RefusalReason, Report,
 };
 use crate::spans::carry;
 use crate::summary::{IoInEffect, ReceiverSummary};
 use crate::units::{fmt_bytes, gbps};
+use crate::violation::{Violation, ViolationKind};
 use crate::wire::{
     EntryKind, Frame, FrameReader, KEEPALIVE_INTERVAL, MAX_BLOCKS_PER_SESSION, MAX_SMALL_FRAME,
     PlanOutcome, SessionId, Verification, write_frame,
@@ -586,7 +588,7 @@ pub(crate) fn run_stream(
                 message: message.clone(),
             },
         );
-        return Err(Error::Violation(message));
+        return Err(Violation::new(ViolationKind::Unknown, message).into());
     };
     lock(&session.data_streams).push(
         stream
@@ -646,28 +648,34 @@ fn receive_blocks(
             Ok(Frame::Block(h)) => h,
             Ok(Frame::Finish) => return Ok(()),
             Ok(other) => {
-                return Err(Error::Violation(format!(
-                    "unexpected {other:?} on a data stream"
-                )));
+                return Err(Violation::new(
+                    ViolationKind::Unexpected,
+                    format!("unexpected {} on a data stream", describe(&other)),
+                )
+                .into());
             }
             // The sender closing a stream at the end (or a cut) is not our error.
             Err(Error::Net { .. }) => return Ok(()),
             Err(e) => return Err(e),
         };
         let layout = session.layouts.get(&h.file_id).ok_or_else(|| {
-            Error::Violation(format!(
-                "block for file {} that is not in the plan",
-                h.file_id
+            Error::from(Violation::new(
+                ViolationKind::Unknown,
+                format!("block for file {} that is not in the plan", h.file_id),
             ))
         })?;
         if h.block >= layout.blocks()
             || h.offset != layout.offset(h.block)
             || u64::from(h.len) != layout.len(h.block)
         {
-            return Err(Error::Violation(format!(
-                "block {} of file {} has offset {} and length {}, which do not match the file's layout",
-                h.block, h.file_id, h.offset, h.len
-            )));
+            return Err(Violation::new(
+                ViolationKind::Inconsistent,
+                format!(
+                    "block {} of file {} has offset {} and length {}, which do not match the file's layout",
+                    h.block, h.file_id, h.offset, h.len
+                ),
+            )
+            .into());
         }
         let mut buf = loop {
             if session.aborted.load(Ordering::SeqCst) {

@@ -18,6 +18,7 @@ use crate::CheckpointPolicy;
 use crate::digest::{block_checksum, file_digest, fmt_digest};
 use crate::error::{Error, Result};
 use crate::io::{ALIGN, BlockIo, IoDone, IoMode, IoOp, OpKind, Pool, backend};
+use crate::violation::{Violation, ViolationKind};
 use crate::wire::{EntryKind, Frame, Verification};
 
 /// Work for the writer.
@@ -283,7 +284,10 @@ impl Writer {
         }
         let want_direct = self.mode.wants_direct();
         let f = self.files.get_mut(&file_id).ok_or_else(|| {
-            Error::Violation(format!("block for finished or unknown file {file_id}"))
+            Error::from(Violation::new(
+                ViolationKind::Unknown,
+                format!("block for finished or unknown file {file_id}"),
+            ))
         })?;
         if let Some(note) = f.open(&self.shared.root, want_direct)? {
             if self.fallback.is_none() {
@@ -479,8 +483,9 @@ impl Writer {
         self.settle()?;
         self.awaiting.retain(|(id, _)| *id != file_id);
         let mut f = self.files.remove(&file_id).ok_or_else(|| {
-            Error::Violation(format!(
-                "file {file_id} given up after its result, or never planned"
+            Error::from(Violation::new(
+                ViolationKind::Unknown,
+                format!("file {file_id} given up after its result, or never planned"),
             ))
         })?;
         self.finished.insert(file_id);
@@ -527,8 +532,9 @@ impl Writer {
         let mut ready = Vec::with_capacity(batch.len());
         for (file_id, sender_digest) in batch {
             let mut f = self.files.remove(&file_id).ok_or_else(|| {
-                Error::Violation(format!(
-                    "file {file_id} reported done twice or never planned"
+                Error::from(Violation::new(
+                    ViolationKind::Unknown,
+                    format!("file {file_id} reported done twice or never planned"),
                 ))
             })?;
             self.finished.insert(file_id);

@@ -22,8 +22,10 @@ use crate::net::{self, SocketOpts, auth};
 use crate::scheduler::PlannedFile;
 use crate::session::FileVerdict;
 use crate::session::SenderControl;
+use crate::session::describe;
 use crate::session::sender::Action;
 use crate::spans::carry;
+use crate::violation::{Violation, ViolationKind};
 use crate::wire::{
     BlockHeader, EntryKind, FileEntry, Frame, FrameReader, IDLE_TIMEOUT, KEEPALIVE_INTERVAL,
     MAX_SMALL_FRAME, Purpose, SessionId, Verification, encode, write_frame,
@@ -576,9 +578,13 @@ fn ack_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
             }
             Ok(other) => {
                 drop(g);
-                shared.fail(Error::Violation(format!(
-                    "unexpected {other:?} on data stream {i}"
-                )));
+                shared.fail(
+                    Violation::new(
+                        ViolationKind::Unexpected,
+                        format!("unexpected {} on data stream {i}", describe(&other)),
+                    )
+                    .into(),
+                );
                 return;
             }
             Err(e) => {

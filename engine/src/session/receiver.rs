@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::describe;
 use crate::liveness::{Due, Liveness};
+use crate::violation::{Violation, ViolationKind};
 use crate::wire::{
     FileEntry, Frame, MAX_ENTRIES, MAX_MANIFEST_BYTES, PlanOutcome, SessionId, Verification,
 };
@@ -147,7 +148,7 @@ pub enum End {
         message: String,
     },
     /// The sender broke the protocol.
-    Violation(String),
+    Violation(Violation),
     /// The sender was silent this long, past the idle timeout.
     Silent(Duration),
     /// The connection failed under the shell (a read, a write, the writer
@@ -197,6 +198,30 @@ enum FileState {
     Reported,
     /// Its result went out.
     Answered,
+}
+
+/// Marks `file_id` reported by a `frame` (FileDone or FileAbort), or says
+/// how that breaks the protocol: a file is reported once, and only one the
+/// plan accepted.
+fn reported(
+    files: &mut HashMap<u32, FileState>,
+    file_id: u32,
+    frame: &str,
+) -> Result<(), Violation> {
+    match files.get_mut(&file_id) {
+        Some(s @ FileState::Sending) => {
+            *s = FileState::Reported;
+            Ok(())
+        }
+        Some(FileState::Reported | FileState::Answered) => Err(Violation::new(
+            ViolationKind::Repeated,
+            format!("{frame} for file {file_id}, which was already reported"),
+        )),
+        None => Err(Violation::new(
+            ViolationKind::Unknown,
+            format!("{frame} for file {file_id}, which the plan did not accept"),
+        )),
+    }
 }
 
 #[derive(Debug)]
@@ -356,27 +381,19 @@ impl ReceiverControl {
                 self.actions.push_back(Action::Prepare(entries));
             }
             (State::Results { files, .. }, Frame::FileDone { file_id, digest }) => {
-                match files.get_mut(&file_id) {
-                    Some(s @ FileState::Sending) => {
-                        *s = FileState::Reported;
-                        self.actions
-                            .push_back(Action::Report(Report::Done { file_id, digest }));
-                    }
-                    _ => self.violation(format!(
-                        "FileDone for file {file_id}, which the plan did not accept or which was already reported"
-                    )),
+                match reported(files, file_id, "FileDone") {
+                    Ok(()) => self
+                        .actions
+                        .push_back(Action::Report(Report::Done { file_id, digest })),
+                    Err(v) => self.violation(v),
                 }
             }
             (State::Results { files, .. }, Frame::FileAbort { file_id, message }) => {
-                match files.get_mut(&file_id) {
-                    Some(s @ FileState::Sending) => {
-                        *s = FileState::Reported;
-                        self.actions
-                            .push_back(Action::Report(Report::Abort { file_id, message }));
-                    }
-                    _ => self.violation(format!(
-                        "FileAbort for file {file_id}, which the plan did not accept or which was already reported"
-                    )),
+                match reported(files, file_id, "FileAbort") {
+                    Ok(()) => self
+                        .actions
+                        .push_back(Action::Report(Report::Abort { file_id, message })),
+                    Err(v) => self.violation(v),
                 }
             }
             (State::Results { .. }, Frame::Keepalive) => {}
@@ -388,7 +405,7 @@ impl ReceiverControl {
                     State::Results { .. } => "results or keepalives",
                     State::Admitting | State::Preparing | State::Ended => "nothing",
                 };
-                self.violation(format!("expected {expected}, got {}", describe(&other)));
+                self.violation(Violation::unexpected(expected, describe(&other)));
             }
         }
     }
@@ -574,7 +591,7 @@ impl ReceiverControl {
         self.close(End::Refused(r));
     }
 
-    fn violation(&mut self, what: String) {
+    fn violation(&mut self, what: Violation) {
         // The sender hears why, and that trying again will not help.
         self.actions.push_back(Action::Send(Frame::Error {
             retryable: false,
@@ -869,26 +886,24 @@ mod tests {
     #[test]
     fn reports_for_files_not_accepted_or_reported_twice_are_violations() {
         let now = Instant::now();
-        for frames in [
-            vec![Frame::FileDone {
-                file_id: 3,
-                digest: 0,
-            }],
-            vec![Frame::FileDone {
-                file_id: 99,
-                digest: 0,
-            }],
-            vec![
-                Frame::FileDone {
-                    file_id: 1,
-                    digest: 0,
-                },
-                Frame::FileAbort {
-                    file_id: 1,
-                    message: String::new(),
-                },
-            ],
-            vec![Frame::PlanEnd],
+        let done = |file_id| Frame::FileDone { file_id, digest: 0 };
+        let abort = Frame::FileAbort {
+            file_id: 1,
+            message: String::new(),
+        };
+        for (frames, kind, says) in [
+            (vec![done(3)], ViolationKind::Unknown, "did not accept"),
+            (vec![done(99)], ViolationKind::Unknown, "did not accept"),
+            (
+                vec![done(1), abort],
+                ViolationKind::Repeated,
+                "already reported",
+            ),
+            (
+                vec![Frame::PlanEnd],
+                ViolationKind::Unexpected,
+                "got PlanEnd",
+            ),
         ] {
             let mut core = planned(now);
             for f in frames {
@@ -900,10 +915,12 @@ mod tests {
                     &actions[actions.len().saturating_sub(2)..],
                     [
                         Action::Send(Frame::Error { retryable: false, message }),
-                        Action::Close(End::Violation(_))
+                        Action::Close(End::Violation(v))
                     ] if message.starts_with("protocol violation")
+                        && v.kind == kind
+                        && v.detail.contains(says)
                 ),
-                "the sender hears why, then the close: {actions:?}"
+                "the sender hears why ({kind:?}: {says}), then the close: {actions:?}"
             );
         }
     }
@@ -923,8 +940,10 @@ mod tests {
         let Some(End::Violation(v)) = core.end() else {
             panic!("{:?}", core.end());
         };
+        assert_eq!(v.kind, ViolationKind::Unexpected);
         assert!(
-            v.starts_with("expected a session to open, got FileAbort"),
+            v.detail
+                .starts_with("expected a session to open, got FileAbort"),
             "{v}"
         );
     }

@@ -18,6 +18,7 @@ use crate::digest::fmt_digest;
 use crate::layout::Layout;
 use crate::liveness::{Due, Liveness};
 use crate::scheduler::PlannedFile;
+use crate::violation::{Violation, ViolationKind};
 use crate::wire::{Frame, PlanOutcome, Verification};
 
 /// What the receiver decided, once the whole plan is in.
@@ -51,7 +52,7 @@ pub enum End {
         message: String,
     },
     /// The receiver broke the protocol.
-    Violation(String),
+    Violation(Violation),
     /// Nothing heard this long, past the idle timeout.
     Silent(Duration),
     /// The connection failed under the shell before every result came.
@@ -197,9 +198,9 @@ impl SenderControl {
             (State::Planning, Frame::PlanEnd) => {
                 let offered = self.files.len();
                 if self.planned != offered {
-                    self.violation(format!(
-                        "the plan answered {} of {offered} files",
-                        self.planned
+                    self.violation(Violation::new(
+                        ViolationKind::Inconsistent,
+                        format!("the plan answered {} of {offered} files", self.planned),
                     ));
                     return;
                 }
@@ -227,23 +228,26 @@ impl SenderControl {
                 },
             ) => self.handle_result(file_id, ok, digest, message),
             (State::Planning, other) => {
-                self.violation(format!("expected the plan, got {}", describe(&other)));
+                self.violation(Violation::unexpected("the plan", describe(&other)));
             }
-            (_, other) => self.violation(format!(
-                "unexpected {} on the control connection",
-                describe(&other)
+            (_, other) => self.violation(Violation::new(
+                ViolationKind::Unexpected,
+                format!("unexpected {} on the control connection", describe(&other)),
             )),
         }
     }
 
     fn handle_plan_entry(&mut self, file_id: u32, outcome: PlanOutcome) {
         let Some(File::Offered { size }) = self.files.get(&file_id).copied() else {
-            let why = if self.files.contains_key(&file_id) {
-                "which it had already answered"
+            let (kind, why) = if self.files.contains_key(&file_id) {
+                (ViolationKind::Repeated, "which it had already answered")
             } else {
-                "which was not offered"
+                (ViolationKind::Unknown, "which was not offered")
             };
-            self.violation(format!("plan for file {file_id}, {why}"));
+            self.violation(Violation::new(
+                kind,
+                format!("plan for file {file_id}, {why}"),
+            ));
             return;
         };
         self.planned += 1;
@@ -251,8 +255,9 @@ impl SenderControl {
             PlanOutcome::Accept { have } => {
                 let layout = Layout::new(size, self.block_size);
                 let Some(have) = Bitmap::from_bytes(layout.blocks(), &have) else {
-                    self.violation(format!(
-                        "resume bitmap for file {file_id} has the wrong length"
+                    self.violation(Violation::new(
+                        ViolationKind::Inconsistent,
+                        format!("resume bitmap for file {file_id} has the wrong length"),
                     ));
                     return;
                 };
@@ -286,24 +291,30 @@ impl SenderControl {
             // A receiver answers a file once it is reported done or given
             // up, never before: its last blocks may still be on the way.
             (Some(File::Sending), _) => {
-                self.violation(format!(
-                    "result for file {file_id} before it was reported done or given up"
+                self.violation(Violation::new(
+                    ViolationKind::Early,
+                    format!("result for file {file_id} before it was reported done or given up"),
                 ));
                 return;
             }
             (Some(File::Aborted), true) => {
-                self.violation(format!(
-                    "result for file {file_id} says it is published, but it was given up"
+                self.violation(Violation::new(
+                    ViolationKind::Inconsistent,
+                    format!("result for file {file_id} says it is published, but it was given up"),
                 ));
                 return;
             }
             (Some(File::Answered), _) => {
-                self.violation(format!("a second result for file {file_id}"));
+                self.violation(Violation::new(
+                    ViolationKind::Repeated,
+                    format!("a second result for file {file_id}"),
+                ));
                 return;
             }
             (Some(File::Refused | File::Offered { .. }) | None, _) => {
-                self.violation(format!(
-                    "result for file {file_id}, which the plan did not accept"
+                self.violation(Violation::new(
+                    ViolationKind::Unknown,
+                    format!("result for file {file_id}, which the plan did not accept"),
                 ));
                 return;
             }
@@ -392,7 +403,7 @@ impl SenderControl {
         self.actions.push_back(Action::Send(frame));
     }
 
-    fn violation(&mut self, what: String) {
+    fn violation(&mut self, what: Violation) {
         // The receiver hears why, and that trying again will not help.
         self.actions.push_back(Action::Send(Frame::Error {
             retryable: false,
@@ -483,7 +494,7 @@ mod tests {
     }
 
     /// The violation the core closed with, after telling the receiver.
-    fn violation(c: &mut SenderControl) -> String {
+    fn violation(c: &mut SenderControl) -> Violation {
         let actions = drain(c);
         match &actions[actions.len().saturating_sub(2)..] {
             [
@@ -492,7 +503,7 @@ mod tests {
                     message,
                 }),
                 Action::Close(End::Violation(v)),
-            ] if message.ends_with(v.as_str()) => v.clone(),
+            ] if message.ends_with(v.detail.as_str()) => v.clone(),
             other => panic!("expected an Error frame and a violation, got {other:?}"),
         }
     }
@@ -570,21 +581,33 @@ mod tests {
         for f in [accept(1, &[0]), accept(1, &[0]), refuse(3)] {
             c.handle_frame(f, now);
         }
-        assert!(violation(&mut c).contains("already answered"));
+        let v = violation(&mut c);
+        assert_eq!(v.kind, ViolationKind::Repeated);
+        assert!(v.detail.contains("already answered"));
 
         let mut c = core();
         c.handle_frame(accept(9, &[]), now);
-        assert!(violation(&mut c).contains("not offered"));
+        let v = violation(&mut c);
+        assert_eq!(v.kind, ViolationKind::Unknown);
+        assert!(v.detail.contains("not offered"));
 
         let mut c = core();
         for f in [accept(1, &[0]), refuse(3), Frame::PlanEnd] {
             c.handle_frame(f, now);
         }
-        assert_eq!(violation(&mut c), "the plan answered 2 of 3 files");
+        assert_eq!(
+            violation(&mut c),
+            Violation::new(
+                ViolationKind::Inconsistent,
+                "the plan answered 2 of 3 files"
+            )
+        );
 
         let mut c = core();
         c.handle_frame(accept(1, &[0, 0]), now);
-        assert!(violation(&mut c).contains("wrong length"));
+        let v = violation(&mut c);
+        assert_eq!(v.kind, ViolationKind::Inconsistent);
+        assert!(v.detail.contains("wrong length"));
 
         let mut c = core();
         c.handle_frame(
@@ -594,22 +617,26 @@ mod tests {
             },
             now,
         );
-        assert!(violation(&mut c).starts_with("expected the plan"));
+        let v = violation(&mut c);
+        assert_eq!(v.kind, ViolationKind::Unexpected);
+        assert!(v.detail.starts_with("expected the plan"));
     }
 
     #[test]
     fn results_are_believed_once_and_only_for_reported_files() {
         let now = Instant::now();
-        for (frames, want) in [
-            (vec![result(3, false, 0)], "did not accept"),
-            (vec![result(7, true, 0)], "did not accept"),
-            (vec![result(2, true, 0)], "before it was reported"),
-            (vec![result(2, false, 0)], "before it was reported"),
+        use ViolationKind::{Early, Repeated, Unexpected, Unknown};
+        for (frames, kind, want) in [
+            (vec![result(3, false, 0)], Unknown, "did not accept"),
+            (vec![result(7, true, 0)], Unknown, "did not accept"),
+            (vec![result(2, true, 0)], Early, "before it was reported"),
+            (vec![result(2, false, 0)], Early, "before it was reported"),
             (
                 vec![result(1, true, 77), result(1, true, 77)],
+                Repeated,
                 "second result",
             ),
-            (vec![accept(1, &[0])], "unexpected a plan entry"),
+            (vec![accept(1, &[0])], Unexpected, "unexpected a plan entry"),
         ] {
             let mut c = planned(now);
             c.handle_file_done(1, 77, now);
@@ -617,7 +644,8 @@ mod tests {
                 c.handle_frame(f, now);
             }
             let v = violation(&mut c);
-            assert!(v.contains(want), "{v}");
+            assert_eq!(v.kind, kind, "{v}");
+            assert!(v.detail.contains(want), "{v}");
             assert!(c.poll_timeout().is_none());
         }
     }
