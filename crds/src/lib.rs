@@ -15,6 +15,8 @@ pub mod apply;
 pub mod binding;
 pub mod conditions;
 pub mod contract;
+#[cfg(any(test, feature = "test-fixtures"))]
+pub mod fixtures;
 pub mod lease;
 pub mod pool;
 pub mod transfer;

@@ -22,7 +22,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, CustomResourceExt};
 use serde_json::json;
 use tokio::process::{Child, Command};
-use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer, TransferPhase};
+use wirerate_crds::fixtures::{PoolBuilder, TransferBuilder};
+use wirerate_crds::{DtnPool, DtnPoolBinding, IoMode, Transfer, TransferPhase, Tuning};
 
 mod owned;
 mod security;
@@ -187,31 +188,28 @@ async fn wait_for<F: Fn(&Transfer) -> bool>(
     }
 }
 
-fn pool(name: &str, root: &Path) -> Result<DtnPool> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "wirerate.io/v1alpha1", "kind": "DtnPool", "metadata": {"name": name},
-        "spec": {
-            // The agents run as local processes; the StatefulSet is rendered with no pods.
-            "replicas": 0,
-            "image": "wirerate-agent:e2e",
-            "volumes": [{"name": "data", "mountPath": root, "hostPath": root}],
-            "allowedRoots": [root],
-            "maxTransfersPerAgent": 1,
-            "tuning": {"streams": 4, "blockSize": 4194304, "ioMode": "Async"},
-        }
-    }))?)
+fn pool(name: &str, root: &Path) -> DtnPool {
+    let root = root.to_string_lossy();
+    // The agents run as local processes; the StatefulSet is rendered with no pods.
+    PoolBuilder::new(name, &root)
+        .replicas(0)
+        .image("wirerate-agent:e2e")
+        .max_transfers_per_agent(1)
+        .tuning(Tuning {
+            streams: Some(4),
+            block_size: Some(4 << 20),
+            io_mode: Some(IoMode::Async),
+            ..Default::default()
+        })
+        .build()
 }
 
-fn transfer(name: &str, from: &Path, to: &Path, rate_mbps: Option<i64>) -> Result<Transfer> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "wirerate.io/v1alpha1", "kind": "Transfer", "metadata": {"name": name},
-        "spec": {
-            "source": {"pool": "senders", "path": from},
-            "destination": {"pool": "receivers", "path": to},
-            "maxRateMbps": rate_mbps,
-            "maxFailovers": 2,
-        }
-    }))?)
+fn transfer(name: &str, from: &Path, to: &Path, rate_mbps: Option<i64>) -> Transfer {
+    TransferBuilder::new(name, &from.to_string_lossy(), &to.to_string_lossy())
+        .pools("senders", "receivers")
+        .max_rate_mbps(rate_mbps)
+        .max_failovers(2)
+        .build()
 }
 
 #[tokio::main]
@@ -287,7 +285,7 @@ async fn path_spellings_are_refused(transfers: &Api<Transfer>, file: &Path) -> R
     .iter()
     .enumerate()
     {
-        let mut t = transfer(&format!("self-{i}"), file, Path::new(spelling), None)?;
+        let mut t = transfer(&format!("self-{i}"), file, Path::new(spelling), None);
         t.spec.destination.pool = Some("senders".into());
         match transfers.create(&PostParams::default(), &t).await {
             Err(kube::Error::Api(e)) if e.code == 422 && e.message.contains("spelled plainly") => {
@@ -314,7 +312,7 @@ async fn run(
     // The pools first, as in a cluster, where an agent's pod exists only
     // because its pool does (an agent started earlier would wait for it).
     let pools: Api<DtnPool> = Api::namespaced(client.clone(), ns);
-    for p in [pool("senders", src)?, pool("receivers", dst)?] {
+    for p in [pool("senders", src), pool("receivers", dst)] {
         pools.create(&PostParams::default(), &p).await?;
     }
     println!("== operator and agents (local processes)");
@@ -358,7 +356,7 @@ async fn run(
     println!("== transfer 1: straight through");
     let out = dst.join("run-1.dat");
     transfers
-        .create(&PostParams::default(), &transfer("one", &file, &out, None)?)
+        .create(&PostParams::default(), &transfer("one", &file, &out, None))
         .await?;
     let t = wait_for(
         &transfers,
@@ -391,7 +389,7 @@ async fn run(
     transfers
         .create(
             &PostParams::default(),
-            &transfer("two", &file, &out2, Some(1500))?,
+            &transfer("two", &file, &out2, Some(1500)),
         )
         .await?;
     let t = wait_for(

@@ -61,7 +61,7 @@ pub async fn uid_owned_data(
 
     let pools: Api<DtnPool> = Api::namespaced(client.clone(), ns);
     pools
-        .create(&PostParams::default(), &pool("owned", &owned)?)
+        .create(&PostParams::default(), &pool("owned", &owned))
         .await?;
     let setpriv = Path::new("/usr/bin/setpriv");
     spawn(
@@ -101,7 +101,7 @@ pub async fn uid_owned_data(
     println!("  pool Degraded, StorageNotReadable: {}", degraded.message);
 
     let transfers: Api<Transfer> = Api::namespaced(client.clone(), ns);
-    let mut t = transfer("owned-1", &file, &dst.join("owned-1.dat"), None)?;
+    let mut t = transfer("owned-1", &file, &dst.join("owned-1.dat"), None);
     t.spec.source.pool = "owned".into();
     transfers.create(&PostParams::default(), &t).await?;
     let start = Instant::now();
@@ -144,7 +144,7 @@ pub async fn uid_owned_data(
         logs,
     )?;
     let out = dst.join("owned-2.dat");
-    let mut t = transfer("owned-2", &file, &out, None)?;
+    let mut t = transfer("owned-2", &file, &out, None);
     t.spec.source.pool = "owned".into();
     transfers.create(&PostParams::default(), &t).await?;
     // The stranger's Lease may still be current: then the Transfer fails

@@ -152,7 +152,7 @@ pub async fn escalation_is_refused(client: &Client, kubeconfig: &str, ns: &str) 
     let intruder = as_user(kubeconfig, user).await?;
     let pp = PostParams::default();
 
-    let mut p = crate::pool("stolen", std::path::Path::new("/etc"))?;
+    let mut p = crate::pool("stolen", std::path::Path::new("/etc"));
     p.metadata.namespace = Some(ns.into());
     refused(
         Api::<DtnPool>::namespaced(intruder.clone(), ns)

@@ -89,7 +89,7 @@ pub async fn stuck_receiver_is_replaced(
         )?;
     }
     let out = dst.join("run-1-stalled.dat");
-    let mut t = transfer("three", file, &out, Some(1500))?;
+    let mut t = transfer("three", file, &out, Some(1500));
     t.spec.stall_timeout_seconds = 30;
     transfers.create(&PostParams::default(), &t).await?;
     let t = wait_for(

@@ -217,24 +217,19 @@ fn under_roots(p: &DtnPool, key: &Key, path: &str, writes: bool) -> Result<(), I
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use kube::api::ObjectMeta;
-    use wirerate_crds::transfer::{Destination, Source};
-    use wirerate_crds::{DtnPoolSpec, TransferSpec};
+    use wirerate_crds::Tuning;
+    use wirerate_crds::fixtures::{PoolBuilder, TransferBuilder};
 
     pub(crate) fn pool(name: &str, root: &str) -> DtnPool {
-        let mut p = DtnPool::new(
-            name,
-            serde_json::from_value::<DtnPoolSpec>(serde_json::json!({
-                "image": "wirerate-agent:test",
-                "volumes": [{"name": "data", "mountPath": root, "hostPath": root}],
-                "allowedRoots": [root],
-                "tuning": {"blockSize": 16777216, "streams": 4},
-            }))
-            .unwrap(),
-        );
-        p.metadata.namespace = Some("data".into());
-        p.metadata.uid = Some(format!("uid-{name}"));
-        p
+        PoolBuilder::new(name, root)
+            .namespace("data")
+            .uid(format!("uid-{name}"))
+            .tuning(Tuning {
+                block_size: Some(16 << 20),
+                streams: Some(4),
+                ..Default::default()
+            })
+            .build()
     }
 
     pub(crate) fn pools() -> BTreeMap<Key, DtnPool> {
@@ -256,37 +251,10 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn transfer(name: &str, from: &str, to: &str) -> Transfer {
-        let mut t = Transfer::new(
-            name,
-            TransferSpec {
-                source: Source {
-                    pool: "src".into(),
-                    pool_namespace: None,
-                    path: from.into(),
-                },
-                destination: Destination {
-                    pool: Some("dst".into()),
-                    pool_namespace: None,
-                    external: None,
-                    path: to.into(),
-                },
-                tuning: None,
-                striping: None,
-                priority: 0,
-                verification: Default::default(),
-                max_rate_mbps: None,
-                max_failovers: 2,
-                stall_timeout_seconds: wirerate_crds::transfer::STALL_TIMEOUT_SECONDS,
-            },
-        );
-        t.metadata = ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("data".into()),
-            uid: Some(format!("uid-{name}")),
-            generation: Some(1),
-            ..Default::default()
-        };
-        t
+        TransferBuilder::new(name, from, to)
+            .stored_in("data")
+            .max_failovers(2)
+            .build()
     }
 
     #[test]

@@ -207,31 +207,28 @@ mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use wirerate_crds::TransferStatus;
+    use wirerate_crds::fixtures::TransferBuilder;
     use wirerate_crds::transfer::{AgentRef, AgentReport};
 
     fn xfer(sender: &str, receiver: &str, attempt: i32) -> Transfer {
-        let spec = serde_json::from_value(serde_json::json!({
-            "source": {"pool": "a", "path": "/in/f"},
-            "destination": {"pool": "b", "path": "/out/f"},
-        }))
-        .unwrap();
-        let mut t = Transfer::new("t", spec);
-        t.metadata.namespace = Some("ns".into());
-        t.metadata.uid = Some("u1".into());
+        let t = TransferBuilder::new("t", "/in/f", "/out/f")
+            .pools("a", "b")
+            .namespace("ns")
+            .uid("u1");
         let r = |n: &str| AgentRef {
             name: n.into(),
             pool: "p".into(),
             address: None,
             node: None,
         };
-        t.status = Some(TransferStatus {
+        t.status(TransferStatus {
             phase: Some(TransferPhase::Running),
             attempt,
             sender: Some(r(sender)),
             receiver: Some(r(receiver)),
             ..Default::default()
-        });
-        t
+        })
+        .build()
     }
 
     fn me(name: &str) -> Me {
