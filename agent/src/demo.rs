@@ -283,10 +283,11 @@ pub fn run(cfg: &DemoConfig) -> Result<DemoReport> {
         let receiver = server.summaries().pop();
         server.stop();
         if !sender.ok {
-            return Err(Error::Transfer(format!(
-                "demo transfer failed:\n{}",
-                sender.render()
-            )));
+            return Err(Error::Incomplete {
+                failed: sender.files - sender.files_ok,
+                files: sender.files,
+                summary: sender.render(),
+            });
         }
         let _ = std::fs::remove_file(dst_dir.join("demo.bin"));
         drop_cache(&src);

@@ -87,9 +87,67 @@ pub enum Error {
         /// What did not match.
         detail: String,
     },
-    /// The transfer cannot continue and retrying will not help.
+    /// The sender was told to stop (the in-cluster agent's assignment
+    /// moved away) while it was trying again after `last`.
+    #[error("cancelled ({last})")]
+    Cancelled {
+        /// The error it was trying to get past.
+        last: Box<Self>,
+    },
+    /// Reconnecting for `--retry-for` did not get past `last`.
+    #[error(
+        "{last}; gave up after --retry-for {} s{}",
+        retry_for.as_secs(),
+        if *resumable {
+            ". What reached the receiver is checkpointed: run the same command again to resume"
+        } else {
+            ""
+        }
+    )]
+    GaveUp {
+        /// The last session's error.
+        last: Box<Self>,
+        /// How long it kept trying.
+        retry_for: std::time::Duration,
+        /// Some bytes reached the receiver, so a new run resumes.
+        resumable: bool,
+    },
+    /// A block kept arriving damaged: the path is faulty.
+    #[error(transparent)]
+    Damaged(#[from] crate::scheduler::Damaged),
+    /// Another session took over or published a file this one was writing.
+    #[error(
+        "{path}: the partial file is no longer this session's (another session took it over or published it); stopping"
+    )]
+    TakenOver {
+        /// The destination, relative to the root.
+        path: String,
+    },
+    /// The receiver's writer failed; the sender was told.
+    #[error("{message}")]
+    Writer {
+        /// The writer's error.
+        message: String,
+        /// Whether a new session can get past it.
+        retryable: bool,
+    },
+    /// A control connection failed under the shell before the session
+    /// ended.
     #[error("{0}")]
-    Transfer(String),
+    ConnectionLost(String),
+    /// Some files did not land: the summary says which and why.
+    #[error("{failed} of {files} files failed:\n{summary}")]
+    Incomplete {
+        /// Files that failed.
+        failed: usize,
+        /// Files in the transfer.
+        files: usize,
+        /// The sender's summary.
+        summary: String,
+    },
+    /// Something that cannot happen did: a bug.
+    #[error("internal error: {0} (a bug: please report it)")]
+    Internal(String),
 }
 
 /// Why a handshake failed authentication; each says what to do.
@@ -153,8 +211,8 @@ impl Error {
     pub fn disposition(&self) -> Disposition {
         match self {
             // The path or the peer may come back; space may be freed.
-            Self::Net { .. } | Self::NoSpace { .. } => Disposition::Retry,
-            Self::Remote { retryable, .. } => {
+            Self::Net { .. } | Self::NoSpace { .. } | Self::ConnectionLost(_) => Disposition::Retry,
+            Self::Remote { retryable, .. } | Self::Writer { retryable, .. } => {
                 if *retryable {
                     Disposition::Retry
                 } else {
@@ -172,7 +230,12 @@ impl Error {
             | Self::Auth(_)
             | Self::Config(_)
             | Self::Tuning(_)
-            | Self::Transfer(_) => Disposition::FailSession,
+            | Self::Cancelled { .. }
+            | Self::GaveUp { .. }
+            | Self::Damaged(_)
+            | Self::TakenOver { .. }
+            | Self::Incomplete { .. }
+            | Self::Internal(_) => Disposition::FailSession,
         }
     }
 
@@ -198,7 +261,14 @@ impl Error {
             Self::Remote { .. } => "remote",
             Self::SourceChanged { .. } => "source_changed",
             Self::Verify { .. } => "verify",
-            Self::Transfer(_) => "transfer",
+            Self::Cancelled { .. } => "cancelled",
+            Self::GaveUp { .. } => "gave_up",
+            Self::Damaged(_) => "damaged",
+            Self::TakenOver { .. } => "taken_over",
+            Self::Writer { .. } => "writer",
+            Self::ConnectionLost(_) => "connection_lost",
+            Self::Incomplete { .. } => "incomplete",
+            Self::Internal(_) => "internal",
         }
     }
 }
@@ -241,5 +311,47 @@ mod tests {
         };
         assert!(remote.is_retryable());
         assert_eq!(remote.metric_label(), "remote");
+    }
+
+    // The failures that were all `Transfer(String)`, and so all final: a
+    // writer's retryable failure and a lost connection were not retried.
+    #[test]
+    fn what_was_a_string_keeps_its_disposition() {
+        let writer = |retryable| Error::Writer {
+            message: "disk full".into(),
+            retryable,
+        };
+        assert!(writer(true).is_retryable());
+        assert!(!writer(false).is_retryable());
+        assert!(Error::ConnectionLost("reset".into()).is_retryable());
+        let last = || Box::new(Error::ConnectionLost("refused".into()));
+        let gave_up = |resumable| Error::GaveUp {
+            last: last(),
+            retry_for: std::time::Duration::from_secs(120),
+            resumable,
+        };
+        assert_eq!(
+            gave_up(false).to_string(),
+            "refused; gave up after --retry-for 120 s"
+        );
+        assert!(
+            gave_up(true)
+                .to_string()
+                .ends_with("run the same command again to resume")
+        );
+        assert!(!gave_up(true).is_retryable());
+        assert_eq!(gave_up(true).metric_label(), "gave_up");
+        let damaged = Error::from(crate::scheduler::Damaged {
+            file_id: 1,
+            block: 2,
+            times: 9,
+        });
+        assert!(damaged.to_string().contains("faulty hardware"));
+        assert_eq!(damaged.disposition(), Disposition::FailSession);
+        assert!(
+            Error::Internal("x".into())
+                .to_string()
+                .contains("a bug: please report it")
+        );
     }
 }

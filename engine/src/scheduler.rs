@@ -20,6 +20,20 @@ use crate::violation::{Violation, ViolationKind};
 /// A block damaged this many times in a row is not a transient fault.
 pub const MAX_RESENDS_PER_BLOCK: u32 = 8;
 
+/// A block that kept arriving damaged: the transfer cannot go on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "block {block} of file {file_id} arrived damaged {times} times in a row; check the path for faulty hardware (NIC, cable, memory)"
+)]
+pub struct Damaged {
+    /// The file.
+    pub file_id: u32,
+    /// The block.
+    pub block: u64,
+    /// How many times in a row.
+    pub times: u32,
+}
+
 /// One file as the scheduler sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannedFile {
@@ -131,7 +145,7 @@ pub struct Scheduler {
     /// Blocks to send that the receiver has not acknowledged yet.
     unacked: usize,
     resends: u64,
-    fatal: Option<String>,
+    fatal: Option<Damaged>,
 }
 
 impl Scheduler {
@@ -419,11 +433,11 @@ impl Scheduler {
         slot.resends += 1;
         slot.state = State::Ready;
         if slot.resends > MAX_RESENDS_PER_BLOCK {
-            self.fatal = Some(format!(
-                "block {block} of file {file_id} arrived damaged {} times in a row; \
-                 check the path for faulty hardware (NIC, cable, memory)",
-                slot.resends
-            ));
+            self.fatal = Some(Damaged {
+                file_id,
+                block,
+                times: slot.resends,
+            });
         }
         self.ready.push_front(gid);
         Ok(())
@@ -543,8 +557,8 @@ impl Scheduler {
 
     /// A reason the transfer cannot go on, if one arose.
     #[must_use]
-    pub fn poll_fatal(&self) -> Option<&str> {
-        self.fatal.as_deref()
+    pub fn poll_fatal(&self) -> Option<&Damaged> {
+        self.fatal.as_ref()
     }
 
     /// Every file reported done.

@@ -392,7 +392,7 @@ impl Sim {
                 }
             }
             if let Some(why) = sched.poll_fatal() {
-                return SessionEnd::Fatal(why.to_owned());
+                return SessionEnd::Fatal(why.to_string());
             }
 
             // Faults: a stream cut, or the receiving host crashes.

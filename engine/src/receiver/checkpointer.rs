@@ -83,7 +83,7 @@ impl Checkpointer {
         self.jobs
             .as_ref()
             .and_then(|j| j.send(batch).ok())
-            .ok_or_else(|| Error::Transfer("the checkpoint thread stopped".into()))?;
+            .ok_or_else(|| Error::Internal("the checkpoint thread stopped".into()))?;
         self.busy = true;
         Ok(())
     }
@@ -106,7 +106,7 @@ impl Checkpointer {
             }
             Err(()) if wait => {
                 self.busy = false;
-                Some(Err(Error::Transfer("the checkpoint thread stopped".into())))
+                Some(Err(Error::Internal("the checkpoint thread stopped".into())))
             }
             Err(()) => None,
         }
@@ -136,10 +136,9 @@ fn run(shared: &Shared, batch: Vec<Job>) -> Done {
         if let Ok(dir) = &dir
             && !still_ours(dir, &j.part_name, &j.file)
         {
-            return Err(Error::Transfer(format!(
-                "{}: the partial file is no longer this session's (another session took it over or published it); stopping",
-                j.rel
-            )));
+            return Err(Error::TakenOver {
+                path: j.rel.clone(),
+            });
         }
         let stored = dir.and_then(|dir| j.checkpoint.store(&dir, &j.ckpt_name));
         if let Err(e) = &stored {

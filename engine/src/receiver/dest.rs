@@ -260,10 +260,9 @@ impl DestFile {
         if let Some(f) = &self.plain
             && !super::checkpointer::still_ours(&dir, &self.dest.part_name(), f)
         {
-            return Err(Error::Transfer(format!(
-                "{}: the partial file is no longer this session's",
-                self.dest.rel
-            )));
+            return Err(Error::TakenOver {
+                path: self.dest.rel.clone(),
+            });
         }
         self.record(
             self.tracker.durable().clone(),

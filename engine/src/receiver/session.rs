@@ -140,14 +140,14 @@ fn ended(end: End) -> Result<()> {
             message: r.message,
             retryable: r.retryable,
         }),
-        End::WriterFailed { message, .. } => Err(Error::Transfer(message)),
+        End::WriterFailed { message, retryable } => Err(Error::Writer { message, retryable }),
         End::Violation(v) => Err(Error::Violation(v)),
         End::Silent(silent) => Err(Error::silent(
             "sender",
             silent,
             " (--idle-timeout), so it is presumed gone; what it wrote is checkpointed",
         )),
-        End::Lost(reason) => Err(Error::Transfer(reason)),
+        End::Lost(reason) => Err(Error::ConnectionLost(reason)),
     }
 }
 
@@ -168,8 +168,8 @@ fn refuse(
 
 /// What the shell did not expect the core to ask for at this point.
 fn out_of_order(action: Option<Action>) -> Error {
-    Error::Transfer(format!(
-        "internal error: the session core asked for {action:?} out of order"
+    Error::Internal(format!(
+        "the session core asked for {action:?} out of order"
     ))
 }
 
@@ -542,9 +542,10 @@ fn results(
                     Report::Done { file_id, digest } => WriterMsg::FileDone { file_id, digest },
                     Report::Abort { file_id, message } => WriterMsg::Abort { file_id, message },
                 };
-                writer_tx
-                    .send(msg)
-                    .map_err(|_| Error::Transfer("the writer stopped".into()))?;
+                writer_tx.send(msg).map_err(|_| Error::Writer {
+                    message: "the writer stopped".into(),
+                    retryable: false,
+                })?;
                 continue;
             }
             Some(Action::Close(end)) => return ended(end),

@@ -154,11 +154,7 @@ impl Writer {
         // A bug must not leave the sender waiting forever on a dead writer:
         // a panic becomes an error the sender is told about.
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.work()))
-            .unwrap_or_else(|_| {
-                Err(Error::Transfer(
-                    "internal error in the writer (a bug: please report it)".into(),
-                ))
-            });
+            .unwrap_or_else(|_| Err(Error::Internal("the writer panicked".into())));
         if let Err(e) = &result {
             tracing::error!("writer failed: {e}");
             self.verdicts.send(Verdict::Failed {

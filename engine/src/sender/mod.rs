@@ -193,7 +193,7 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
                     .as_ref()
                     .is_some_and(|c| c.load(Ordering::Relaxed)) =>
             {
-                return Err(Error::Transfer(format!("cancelled ({e})")));
+                return Err(Error::Cancelled { last: Box::new(e) });
             }
             // A name that never resolved is a typo, not an outage; once the
             // receiver was reached, a failed lookup is a passing DNS fault.
@@ -215,18 +215,13 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
                         std::thread::sleep(d);
                     }
                     None if cfg.retry_for.is_zero() => return Err(e),
-                    // Nothing was sent: there is nothing to resume.
-                    None if st.bytes_sent == 0 => {
-                        return Err(Error::Transfer(format!(
-                            "{e}; gave up after --retry-for {} s",
-                            cfg.retry_for.as_secs()
-                        )));
-                    }
                     None => {
-                        return Err(Error::Transfer(format!(
-                            "{e}; gave up after --retry-for {} s. What reached the receiver is checkpointed: run the same command again to resume",
-                            cfg.retry_for.as_secs()
-                        )));
+                        return Err(Error::GaveUp {
+                            last: Box::new(e),
+                            retry_for: cfg.retry_for,
+                            // Nothing was sent: there is nothing to resume.
+                            resumable: st.bytes_sent > 0,
+                        });
                     }
                 }
             }

@@ -159,8 +159,8 @@ fn open_session(
                 }
                 Action::Close(end) => return Err(end_error(end)),
                 other @ Action::Verdict { .. } => {
-                    return Err(Error::Transfer(format!(
-                        "internal error: the session core asked for {other:?} before the plan"
+                    return Err(Error::Internal(format!(
+                        "the session core asked for {other:?} before the plan"
                     )));
                 }
             }
@@ -236,7 +236,7 @@ pub(crate) fn run(
             .into_iter()
             .map(|h| {
                 h.join()
-                    .unwrap_or_else(|_| Err(Error::Transfer("a connect thread panicked".into())))
+                    .unwrap_or_else(|_| Err(Error::Internal("a connect thread panicked".into())))
             })
             .collect();
         (opened, connected)
@@ -336,10 +336,8 @@ pub(crate) fn run(
                 cfg.queue_depth,
                 cfg.verify != Verification::None,
             );
-            if let Err(e) = &r {
-                shared.fail(Error::Transfer(e.to_string()));
-            }
-            r
+            // The reader's own error, with its disposition, fails the session.
+            r.map_err(|e| shared.fail(e)).ok()
         }));
         for (i, st) in streams.iter().enumerate() {
             let Some(st) = st else { continue };
@@ -379,7 +377,7 @@ pub(crate) fn run(
         } else {
             let _ = control.shutdown(Shutdown::Both);
         }
-        if let Ok(Ok(r)) = reader_handle.join() {
+        if let Ok(Some(r)) = reader_handle.join() {
             report = r;
         }
         result
@@ -438,8 +436,8 @@ fn coordinate(shared: &Shared, control: &mut TcpStream) -> Result<()> {
         if let Some(e) = g.error.take() {
             return Err(e);
         }
-        if let Some(msg) = g.sched.poll_fatal() {
-            return Err(Error::Transfer(msg.to_string()));
+        if let Some(damaged) = g.sched.poll_fatal() {
+            return Err(damaged.clone().into());
         }
         // The receiver answers a file after writing its last block, but the
         // acknowledgements travel on the data streams: wait for them too,
