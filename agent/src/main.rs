@@ -160,7 +160,7 @@ fn raise_fd_limit() {
     if l.current < l.maximum {
         l.current = l.maximum;
         if let Err(e) = setrlimit(Resource::Nofile, l) {
-            tracing::warn!("cannot raise the open-file limit: {e}");
+            tracing::warn!(error = %e, "cannot raise the open-file limit");
         }
     }
 }
@@ -369,7 +369,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let endpoints = metrics::endpoints().with_log_level(log.clone());
             if let Some(m) = &a.metrics_addr {
                 let addr = metrics::serve_endpoints(m, endpoints.clone())?;
-                tracing::info!("metrics on http://{addr}/metrics");
+                tracing::info!(%addr, "serving metrics on /metrics");
             }
             let server = Server::bind(&a.listen, cfg)?;
             endpoints.set_ready(true);
@@ -415,7 +415,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 endpoints.set_ready(true);
                 let addr =
                     metrics::serve_endpoints(&format!("0.0.0.0:{}", a.metrics_port), endpoints)?;
-                tracing::info!("metrics on http://{addr}/metrics");
+                tracing::info!(%addr, "serving metrics on /metrics");
             }
             let node = a
                 .node

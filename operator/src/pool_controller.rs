@@ -178,7 +178,7 @@ async fn create_failure(ctx: &Context, ns: &str, sts: &str) -> Option<String> {
     let events = match api.list(&lp).await {
         Ok(l) => l.items,
         Err(e) => {
-            tracing::debug!("cannot list the StatefulSet's events: {e}");
+            tracing::debug!(error = %e, "cannot list the StatefulSet's events");
             return None;
         }
     };
@@ -225,7 +225,7 @@ async fn announce(ctx: &Context, pool: &DtnPool, status: &DtnPoolStatus) {
         secondary: None,
     };
     if let Err(e) = ctx.recorder.publish(&ev, &pool.object_ref(&())).await {
-        tracing::warn!("cannot publish event {}: {e}", ev.reason);
+        tracing::warn!(reason = ev.reason, error = %e, "cannot publish an event");
     }
 }
 

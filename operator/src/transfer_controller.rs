@@ -548,7 +548,7 @@ async fn publish(ctx: &Context, t: &Transfer, n: &Note) {
         secondary: None,
     };
     if let Err(e) = ctx.recorder.publish(&ev, &t.object_ref(&())).await {
-        tracing::warn!("cannot publish event {}: {e}", n.reason);
+        tracing::warn!(reason = n.reason, error = %e, "cannot publish an event");
     }
 }
 

@@ -126,10 +126,11 @@ async fn read_pool(pools: &Api<DtnPool>, cfg: &RunConfig) -> Result<DtnPool> {
             )));
         }
         tracing::warn!(
-            "cannot read DtnPool {}/{} yet ({e}); retrying in {:?}",
-            cfg.namespace,
-            cfg.pool,
-            pause
+            namespace = %cfg.namespace,
+            pool = %cfg.pool,
+            error = %e,
+            retry_in_s = pause.as_secs_f64(),
+            "cannot read the DtnPool yet"
         );
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_secs(10));
@@ -197,7 +198,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
             }
             match heartbeat(&client, &cfg, &pool, jobs.len()).await {
                 Ok(()) => last_beat = Some(Instant::now()),
-                Err(e) => tracing::warn!("cannot renew the Lease: {e}"),
+                Err(e) => tracing::warn!(error = %e, "cannot renew the Lease"),
             }
         }
         let mut seen: BTreeMap<String, Transfer> = BTreeMap::new();

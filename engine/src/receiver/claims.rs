@@ -148,8 +148,9 @@ impl Claims {
             }
             if !holder.was_taken_over() {
                 tracing::warn!(
-                    "taking over {path} from a session whose sender has been silent for {:.0} s",
-                    silent.as_secs_f64()
+                    path,
+                    silent_s = silent.as_secs_f64().round(),
+                    "taking the destination over from a session whose sender is silent"
                 );
                 holder.take_over();
             }

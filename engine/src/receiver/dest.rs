@@ -83,7 +83,7 @@ pub(crate) fn discard_unresumable<'f>(root: &Root, files: impl Iterator<Item = &
     for f in files {
         if f.kind == EntryKind::File && !f.has_checkpoint {
             if let Err(e) = f.discard(root) {
-                tracing::warn!("cannot remove the temporary file of {}: {e}", f.dest.rel);
+                tracing::warn!(path = %f.dest.rel, error = %e, "cannot remove the temporary file");
             }
         }
     }

@@ -286,7 +286,7 @@ impl Server {
             .name("spare-pool".into())
             .spawn(move || release_idle_pool(&shared));
         if let Err(e) = janitor {
-            tracing::warn!("cannot start the thread that frees idle buffers: {e}");
+            tracing::warn!(error = %e, "cannot start the thread that frees idle buffers");
         }
         accept_loop(&self.listener, &self.shared);
     }
@@ -448,7 +448,7 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
                 }
             }));
         if let Err(e) = spawned {
-            tracing::error!("cannot start a connection thread: {e}");
+            tracing::error!(error = %e, "cannot start a connection thread");
         }
     }
 }

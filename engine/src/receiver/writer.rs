@@ -156,7 +156,7 @@ impl Writer {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.work()))
             .unwrap_or_else(|_| Err(Error::Internal("the writer panicked".into())));
         if let Err(e) = &result {
-            tracing::error!("writer failed: {e}");
+            tracing::error!(error = %e, kind = e.metric_label(), "writer failed");
             self.verdicts.send(Verdict::Failed {
                 retryable: e.is_retryable(),
                 message: format!("receiver: {e}"),
@@ -489,7 +489,7 @@ impl Writer {
             self.kept.set(file_id, 0);
             f.discard(&self.shared.root)?;
         }
-        tracing::warn!("{}: the sender gave it up: {message}", f.dest.rel);
+        tracing::warn!(path = %f.dest.rel, reason = %message, "the sender gave the file up");
         self.result(
             file_id,
             false,

@@ -209,8 +209,10 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
                         tracing::warn!(
                             session = st.sessions,
                             retry_in_s = d.as_secs_f64(),
-                            "session failed: {e}; reconnecting{}",
-                            if st.bytes_sent > 0 { " to resume" } else { "" }
+                            error = %e,
+                            sent = st.bytes_sent,
+                            "session failed; reconnecting"
+
                         );
                         std::thread::sleep(d);
                     }

@@ -303,7 +303,7 @@ pub(crate) fn run(
         match c {
             Ok(s) => streams.push(Some(s)),
             Err(e) => {
-                tracing::warn!("data stream {i} could not connect: {e}");
+                tracing::warn!(stream = i, error = %e, "a data stream could not connect");
                 shared.lock().sched.handle_stream_failed(i as u16);
                 streams.push(None);
             }

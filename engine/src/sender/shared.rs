@@ -121,7 +121,10 @@ impl Shared {
             let n = g.sched.handle_stream_failed(stream);
             self.observer.stream_failed();
             tracing::warn!(
-                "stream {stream} failed ({why}); {n} unacknowledged blocks go to the other streams"
+                stream,
+                reason = why,
+                resent = n,
+                "a data stream failed; its unacknowledged blocks go to the other streams"
             );
         }
         drop(g);

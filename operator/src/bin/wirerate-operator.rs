@@ -235,7 +235,7 @@ async fn run() -> anyhow::Result<()> {
             match leader::release(&client, &args.namespace, &identity).await {
                 Ok(true) => tracing::info!("leader Lease released"),
                 Ok(false) => {}
-                Err(e) => tracing::warn!("cannot release the leader Lease: {e}"),
+                Err(e) => tracing::warn!(error = %e, "cannot release the leader Lease"),
             }
         }
         // They run for ever: one that ended panicked, and without it nothing
