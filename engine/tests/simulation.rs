@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 use wirerate_engine::digest::{block_checksum, file_digest};
 use wirerate_engine::scheduler::PlannedFile;
 use wirerate_engine::session::receiver::{Action, End, Limits, Report};
+use wirerate_engine::session::reports::{Reports, digest_agrees};
 use wirerate_engine::session::sender::Action as SendAction;
 use wirerate_engine::session::{FileVerdict, ReceiverControl, SenderControl, Verdict};
 use wirerate_engine::wire::{EntryKind, FileEntry, Frame, PlanOutcome};
@@ -318,10 +319,10 @@ impl Sim {
         // stream u16::MAX.
         let mut wire: Vec<(u64, Msg)> = Vec::new();
         let mut writes: Vec<Write> = Vec::new();
-        // Ordered: the order of answering draws random numbers, and a seed
-        // must replay the same run.
-        let mut awaiting: BTreeMap<u32, u128> = BTreeMap::new();
-        let mut finished: HashSet<u32> = HashSet::new();
+        // The writer's own bookkeeping of reports. Its answers keep the
+        // order of the reports: the order of answering draws random
+        // numbers, and a seed must replay the same run.
+        let mut reports = Reports::default();
         let mut cut: HashSet<u16> = HashSet::new();
         let mut answered = 0;
         // A sync started in the background, and when it completes.
@@ -408,7 +409,7 @@ impl Sim {
                             &mut trackers,
                             writes,
                             syncing,
-                            &finished,
+                            &reports,
                             &wrote,
                             expect_have,
                         );
@@ -437,7 +438,7 @@ impl Sim {
                             &mut trackers,
                             writes,
                             syncing,
-                            &finished,
+                            &reports,
                             &wrote,
                             expect_have,
                         );
@@ -467,12 +468,12 @@ impl Sim {
             // Checkpoints: begin a background sync when due, complete it
             // later; what it covered becomes durable, then is recorded.
             if let Some((_, covered)) = syncing.take_if(|(at, _)| *at <= now) {
-                self.complete_sync(covered, &mut trackers, &finished);
+                self.complete_sync(covered, &mut trackers, &reports);
             }
             // As the writer counts: one-block files are never checkpointed.
             let unsynced: u64 = trackers
                 .iter()
-                .filter(|(f, t)| !finished.contains(f) && t.durable().len() > 1)
+                .filter(|(f, t)| !reports.is_answered(**f) && t.durable().len() > 1)
                 .map(|(_, t)| t.unsynced())
                 .sum();
             if syncing.is_none() && policy.poll_due(self.now(), unsynced) {
@@ -480,7 +481,7 @@ impl Sim {
                 let covered: Vec<_> = trackers
                     .iter_mut()
                     .filter(|(f, t)| {
-                        !finished.contains(f) && t.unsynced() > 0 && t.durable().len() > 1
+                        !reports.is_answered(**f) && t.unsynced() > 0 && t.durable().len() > 1
                     })
                     .map(|(f, t)| (*f, t.begin_sync(), self.disk.written[*f as usize].clone()))
                     .collect();
@@ -519,7 +520,7 @@ impl Sim {
                                 file,
                                 block,
                             }));
-                        } else if finished.contains(&file) {
+                        } else if reports.is_answered(file) {
                             // A resent copy of an answered file's block.
                             wire.push(reply(Msg::Ack {
                                 stream,
@@ -575,7 +576,7 @@ impl Sim {
                         while let Some(a) = rx.poll_action() {
                             match a {
                                 Action::Report(Report::Done { file_id, digest }) => {
-                                    awaiting.insert(file_id, digest);
+                                    reports.handle_reported(file_id, digest);
                                 }
                                 other => self.fail(&format!(
                                     "the receiver core answered a report of file {file} with {other:?}"
@@ -621,19 +622,16 @@ impl Sim {
 
             // Answer reported files whose blocks are all written (the
             // writer drains its writes of a file first).
-            let ready: Vec<(u32, u128)> = awaiting
-                .iter()
-                .filter(|(f, _)| trackers[f].is_complete() && !writes.iter().any(|w| w.file == **f))
-                .map(|(f, d)| (*f, *d))
-                .collect();
+            let ready = reports
+                .poll_ready(|f| trackers[&f].is_complete() && !writes.iter().any(|w| w.file == f));
             for (f, digest) in ready {
-                awaiting.remove(&f);
                 let fi = f as usize;
                 // Made durable before the rename, then verified.
                 self.disk.durable[fi] = self.disk.written[fi].clone();
                 let t = trackers.get_mut(&f).expect("planned");
                 t.handle_synced();
-                let ok = t.digest() == digest;
+                let ok =
+                    digest_agrees(wirerate_engine::Verification::Checksums, t.digest(), digest);
                 if ok {
                     let right = self.durable_right(fi);
                     if !right.is_full() {
@@ -644,7 +642,7 @@ impl Sim {
                     self.disk.published[fi] = Some(self.disk.durable[fi].clone());
                     self.disk.checkpoints[fi] = None;
                 }
-                finished.insert(f);
+                reports.handle_answered(f);
                 self.log(format!("publish file {f}: ok={ok}"));
                 rx.handle_verdict(
                     Verdict::File {
@@ -787,7 +785,7 @@ impl Sim {
         &mut self,
         covered: Vec<Covered>,
         trackers: &mut BTreeMap<u32, FileTracker>,
-        finished: &HashSet<u32>,
+        reports: &Reports,
     ) {
         for (f, cov, then) in covered {
             let fi = f as usize;
@@ -798,7 +796,7 @@ impl Sim {
                     self.disk.durable[fi][b] = self.disk.written[fi][b];
                 }
             }
-            if finished.contains(&f) {
+            if reports.is_answered(f) {
                 continue;
             }
             let Some(t) = trackers.get_mut(&f) else {
@@ -822,7 +820,7 @@ impl Sim {
         trackers: &mut BTreeMap<u32, FileTracker>,
         writes: Vec<Write>,
         syncing: Option<(u64, Vec<Covered>)>,
-        finished: &HashSet<u32>,
+        reports: &Reports,
         wrote: &HashMap<u32, Bitmap>,
         expect_have: &mut HashMap<u32, Bitmap>,
     ) {
@@ -837,11 +835,11 @@ impl Sim {
             }
         }
         if let Some((_, covered)) = syncing {
-            self.complete_sync(covered, trackers, finished);
+            self.complete_sync(covered, trackers, reports);
         }
         expect_have.clear();
         for (&f, t) in trackers.iter_mut() {
-            if finished.contains(&f) || t.durable().len() <= 1 {
+            if reports.is_answered(f) || t.durable().len() <= 1 {
                 continue;
             }
             if t.unsynced() > 0 {

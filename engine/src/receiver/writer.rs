@@ -18,6 +18,7 @@ use crate::CheckpointPolicy;
 use crate::digest::{block_checksum, file_digest, fmt_digest};
 use crate::error::{Error, Result};
 use crate::io::{ALIGN, BlockIo, IoDone, IoMode, IoOp, OpKind, Pool, backend};
+use crate::session::reports::{Reports, digest_agrees};
 use crate::violation::{Violation, ViolationKind};
 use crate::wire::{EntryKind, Frame, Verification};
 
@@ -88,14 +89,9 @@ pub(crate) struct Writer {
     checkpointer: Checkpointer,
     /// A message taken while gathering finished files, handled next.
     lookahead: Option<WriterMsg>,
-    /// Reports of files whose last blocks are still on their way: the
-    /// sender reports a file once every block has gone out, and the report
-    /// travels on the control connection, so it can overtake them.
-    awaiting: Vec<(u32, u128)>,
-    /// Files answered in this session. A copy of one of their blocks that
-    /// the sender resent after a stream broke can still arrive; it is
-    /// acknowledged and dropped.
-    finished: HashSet<u32>,
+    /// Which reports can be answered, and which files were (see
+    /// `session::reports`).
+    reports: Reports,
     warnings: Vec<String>,
     /// What a new session would keep, shown as the transfer's progress.
     kept: Kept,
@@ -136,8 +132,7 @@ impl Writer {
             policy,
             checkpointer,
             lookahead: None,
-            awaiting: Vec::new(),
-            finished: HashSet::new(),
+            reports: Reports::default(),
             warnings: Vec::new(),
             kept,
         })
@@ -227,7 +222,9 @@ impl Writer {
                         }
                     }
                     // Answered below, once their blocks are all written.
-                    self.awaiting.extend(batch);
+                    for (file_id, digest) in batch {
+                        self.reports.handle_reported(file_id, digest);
+                    }
                 }
                 Some(WriterMsg::Abort { file_id, message }) => self.abort(file_id, message)?,
                 Some(WriterMsg::Stop) => return Ok(()),
@@ -240,25 +237,10 @@ impl Writer {
         }
     }
 
-    /// Whether a reported file can be answered now: it has all its blocks
-    /// (or is a directory). An unknown or already answered file also goes
-    /// to `finish`, which refuses it.
-    fn can_finish(&self, file_id: u32) -> bool {
-        self.files
-            .get(&file_id)
-            .is_none_or(|f| f.kind == EntryKind::Dir || f.tracker.is_complete())
-    }
-
     /// Answers the reported files whose blocks have all been written.
     fn finish_awaited(&mut self) -> Result<()> {
-        if self.awaiting.is_empty() {
-            return Ok(());
-        }
-        let awaiting = std::mem::take(&mut self.awaiting);
-        let (ready, waiting): (Vec<_>, Vec<_>) = awaiting
-            .into_iter()
-            .partition(|(id, _)| self.can_finish(*id));
-        self.awaiting = waiting;
+        let files = &self.files;
+        let ready = self.reports.poll_ready(|id| can_finish(files, id));
         if ready.is_empty() {
             return Ok(());
         }
@@ -274,7 +256,7 @@ impl Writer {
         checksum: u64,
         ack: mpsc::SyncSender<Frame>,
     ) -> Result<()> {
-        if self.finished.contains(&file_id) {
+        if self.reports.is_answered(file_id) {
             let _ = ack.send(Frame::Ack { file_id, block });
             return Ok(());
         }
@@ -477,14 +459,13 @@ impl Writer {
         // Its writes in flight complete first: they refer to the file.
         self.drain()?;
         self.settle()?;
-        self.awaiting.retain(|(id, _)| *id != file_id);
+        self.reports.handle_given_up(file_id);
         let mut f = self.files.remove(&file_id).ok_or_else(|| {
             Error::from(Violation::new(
                 ViolationKind::Unknown,
                 format!("file {file_id} given up after its result, or never planned"),
             ))
         })?;
-        self.finished.insert(file_id);
         if f.kind == EntryKind::File {
             self.kept.set(file_id, 0);
             f.discard(&self.shared.root)?;
@@ -533,7 +514,7 @@ impl Writer {
                     format!("file {file_id} reported done twice or never planned"),
                 ))
             })?;
-            self.finished.insert(file_id);
+            self.reports.handle_answered(file_id);
             if f.kind == EntryKind::Dir {
                 let digest = if self.verify == Verification::None {
                     0
@@ -586,7 +567,7 @@ impl Writer {
                 Verification::Checksums => f.tracker.digest(),
                 Verification::Reread => reread(&f)?,
             };
-            if self.verify != Verification::None && digest != sender_digest {
+            if !digest_agrees(self.verify, digest, sender_digest) {
                 self.kept.set(file_id, 0);
                 f.discard(root)?;
                 let msg = format!(
@@ -619,6 +600,15 @@ impl Writer {
         }
         Ok(())
     }
+}
+
+/// Whether a reported file can be answered now: it has all its blocks
+/// (or is a directory). An unknown or already answered file also goes to
+/// `finish`, which refuses it.
+fn can_finish(files: &HashMap<u32, DestFile>, file_id: u32) -> bool {
+    files
+        .get(&file_id)
+        .is_none_or(|f| f.kind == EntryKind::Dir || f.tracker.is_complete())
 }
 
 impl Drop for Writer {

@@ -3,6 +3,7 @@
 //! write the sockets and carry out what these decide.
 
 pub mod receiver;
+pub mod reports;
 pub mod sender;
 
 pub use receiver::{ReceiverControl, SessionOutcome, Verdict};
