@@ -3,9 +3,10 @@
 //!
 //! The data path (the core and the shells that drive it) is the
 //! `wirerate-engine` crate. Here: `cluster` is the in-cluster mode,
-//! `demo` the README's one-command transfer, `metrics` and `progress` the
-//! engine's observer (Prometheus counters, a progress bar), `summary` how
-//! summaries are printed, and `token`/`units` the command line's parsers.
+//! `demo` the README's one-command transfer, `observer` the engine's
+//! observer (into the Prometheus counters of `metrics`, the counters
+//! `progress` renders, and the printed summaries of `summary`), and
+//! `token`/`units` the command line's parsers.
 #![forbid(unsafe_code)]
 
 pub mod cluster;

@@ -29,6 +29,8 @@ pub struct Metrics {
     pub files_failed: IntCounter,
     /// Connections refused, by reason.
     pub rejected: IntCounterVec,
+    /// Connections closed because the sender broke the protocol, by kind.
+    pub violations: IntCounterVec,
 }
 
 /// `c`, registered in `registry` (names are static and registered once).
@@ -63,6 +65,17 @@ pub fn metrics() -> &'static Metrics {
             )
             .expect("valid"),
         );
+        let violations = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "violations_total",
+                    "Connections closed because the sender broke the protocol, by kind",
+                ),
+                &["kind"],
+            )
+            .expect("valid"),
+        );
         Metrics {
             bytes_written: counter("bytes_written_total", "Payload bytes written to disk"),
             blocks_written: counter("blocks_written_total", "Blocks written to disk"),
@@ -72,6 +85,7 @@ pub fn metrics() -> &'static Metrics {
             files_failed: counter("files_failed_total", "Files that failed"),
             sessions_active,
             rejected,
+            violations,
             registry,
         }
     })

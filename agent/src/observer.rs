@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 
 use wirerate_engine::observe::{Observe, Observer, SessionEnd};
 use wirerate_engine::summary::ReceiverSummary;
+use wirerate_engine::violation::ViolationKind;
 
 use crate::metrics::{metrics, sender_metrics};
 use crate::progress::Progress;
@@ -115,6 +116,13 @@ impl Observer for Shown {
 
     fn damaged(&self) {
         metrics().checksum_failures.inc();
+    }
+
+    fn violation(&self, kind: ViolationKind) {
+        metrics()
+            .violations
+            .with_label_values(&[kind.metric_label()])
+            .inc();
     }
 
     fn file_done(&self, published: bool) {

@@ -1,5 +1,6 @@
-//! Progress: counters the engine bumps, and a renderer that shows a bar on
-//! a terminal and plain periodic lines otherwise.
+//! Progress: counters the agent's observer (`observer::Shown`) moves as the
+//! engine reports, and a renderer that shows a bar on a terminal and plain
+//! periodic lines otherwise.
 
 use std::io::IsTerminal;
 use std::sync::Arc;

@@ -16,8 +16,11 @@ use wirerate_agent::progress::Progress;
 use wirerate_engine::Error;
 use wirerate_engine::io::IoMode;
 use wirerate_engine::net::auth;
+use wirerate_engine::observe::Observer;
+use wirerate_engine::receiver::{ServeConfig, Server};
 use wirerate_engine::sender::send;
 use wirerate_engine::summary::SessionOutcome;
+use wirerate_engine::violation::ViolationKind;
 use wirerate_engine::wire::{
     self, BlockHeader, EntryKind, FileEntry, Frame, Purpose, Verification,
 };
@@ -352,6 +355,83 @@ fn block_size_over_the_receivers_budget_is_refused() {
     let s = send(&cfg).unwrap();
     assert!(s.ok, "{}", s.render());
     assert_same(&src, &root.join("big.bin"));
+}
+
+/// Records the refusals and violations a receiver reports.
+#[derive(Debug, Default)]
+struct Seen(std::sync::Mutex<Vec<String>>);
+
+impl Observer for Seen {
+    fn refused(&self, reason: &'static str) {
+        self.0.lock().unwrap().push(format!("refused {reason}"));
+    }
+    fn violation(&self, kind: ViolationKind) {
+        self.0.lock().unwrap().push(format!("violation {kind:?}"));
+    }
+}
+
+impl Seen {
+    fn wait_for(&self, what: &str) {
+        let t0 = std::time::Instant::now();
+        while !self.0.lock().unwrap().iter().any(|s| s == what) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "never saw {what:?}: {:?}",
+                self.0.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+// The move behind the observer counted only the refusals the shell makes:
+// a block size or manifest the receiver's core refuses went uncounted, and
+// no violation was counted at all.
+#[test]
+fn refusals_and_violations_reach_the_observer_with_their_reason() {
+    let dir = scratch("observed");
+    let src = dir.path().join("src.bin");
+    write_file(&src, 3 * BS, 8);
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let seen = Arc::new(Seen::default());
+    let serve = |max_sessions| {
+        let mut cfg = ServeConfig::new(root.clone(), TOKEN.to_vec());
+        cfg.buffer = 8 << 20;
+        cfg.max_sessions = max_sessions;
+        cfg.join_wait = Duration::from_secs(1);
+        cfg.observer = seen.clone();
+        Server::bind("127.0.0.1:0", cfg).unwrap().spawn()
+    };
+
+    // Refused by the core: a block over half the receiver's buffer.
+    let srv = serve(16);
+    let mut cfg = send_cfg(srv.addr(), &src, "big.bin");
+    cfg.block_size = 8 << 20;
+    cfg.buffer = 16 << 20;
+    assert!(send(&cfg).is_err());
+    seen.wait_for("refused block_size");
+
+    // A data stream that lies about a block's layout.
+    let (ctl, mut data) = open_raw_session(&srv, [21; 16], 100, "lie.bin");
+    let lie = Frame::Block(BlockHeader {
+        file_id: 0,
+        block: 0,
+        offset: 0,
+        len: 1 << 30,
+    });
+    wire::write_frame(&mut data, &lie).unwrap();
+    assert_closed(&mut data);
+    drop(ctl);
+    seen.wait_for("violation Inconsistent");
+
+    // Refused by the shell: as many sessions open as it takes.
+    let tight = serve(1);
+    let (_ctl, _data) = open_raw_session(&tight, [22; 16], 100, "held.bin");
+    let mut cfg = send_cfg(tight.addr(), &src, "m.bin");
+    cfg.retry_for = Duration::ZERO;
+    assert!(send(&cfg).is_err());
+    seen.wait_for("refused busy");
 }
 
 /// Opens a one-file, one-stream session by hand, as a sender would:
@@ -695,9 +775,9 @@ fn bytes_skipped_resume_is_what_the_receiver_held_when_the_run_began() {
     cfg.retry_for = Duration::from_secs(20);
     let run = std::thread::spawn(move || send(&cfg));
     std::thread::sleep(Duration::from_millis(400));
-    let mut scfg = wirerate_engine::receiver::ServeConfig::new(root.clone(), TOKEN.to_vec());
+    let mut scfg = ServeConfig::new(root.clone(), TOKEN.to_vec());
     scfg.buffer = 8 << 20;
-    let _srv = wirerate_engine::receiver::Server::bind(&format!("127.0.0.1:{port}"), scfg)
+    let _srv = Server::bind(&format!("127.0.0.1:{port}"), scfg)
         .unwrap()
         .spawn();
     let s = run.join().unwrap().unwrap();

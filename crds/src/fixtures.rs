@@ -6,8 +6,6 @@
 //! defaults, because the builders start from such a manifest. A default
 //! that changes in the types changes here with it.
 
-use kube::api::ObjectMeta;
-
 use crate::transfer::{Destination, Source};
 use crate::{DtnPool, DtnPoolSpec, Transfer, TransferSpec, TransferStatus, Tuning};
 
@@ -106,14 +104,10 @@ impl TransferBuilder {
     /// In namespace `ns`, with uid `uid-<name>` and generation 1, as the
     /// API server would have stored it.
     pub fn stored_in(mut self, ns: &str) -> Self {
-        let name = self.0.metadata.name.clone();
-        self.0.metadata = ObjectMeta {
-            uid: name.as_ref().map(|n| format!("uid-{n}")),
-            name,
-            namespace: Some(ns.into()),
-            generation: Some(1),
-            ..Default::default()
-        };
+        let m = &mut self.0.metadata;
+        m.uid = m.name.as_ref().map(|n| format!("uid-{n}"));
+        m.namespace = Some(ns.into());
+        m.generation = Some(1);
         self
     }
 

@@ -313,8 +313,10 @@ mod tests {
         assert_eq!(remote.metric_label(), "remote");
     }
 
-    // The failures that were all `Transfer(String)`, and so all final: a
-    // writer's retryable failure and a lost connection were not retried.
+    // The failures that were all `Transfer(String)`, and so all final,
+    // keep the disposition their cause has. (On the receiver, where these
+    // two arise, nothing retries yet: the sender reconnects on its own
+    // errors.)
     #[test]
     fn what_was_a_string_keeps_its_disposition() {
         let writer = |retryable| Error::Writer {

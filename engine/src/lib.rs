@@ -15,27 +15,39 @@
 //! through `observe::Observer`, which the binary implements with metrics,
 //! a progress bar and printed summaries.
 //!
-//! Unsafe code is allowed only in `io` (io_uring, aligned buffers, the few
-//! raw system calls with no safe wrapper), each block with its SAFETY
-//! comment.
+//! Unsafe code is allowed only in three modules of `io` (`pool`: aligned
+//! buffers, `uring`: io_uring, `sys`: the few raw system calls with no safe
+//! wrapper), each block with its SAFETY comment.
+//!
+//! The shells, and their dependencies, are the default feature `shells`;
+//! without it the crate is the core and the settings alone, which is what
+//! the CRDs and the operator build.
 #![deny(unsafe_code)]
 
 pub mod bitmap;
 pub mod digest;
+#[cfg(feature = "shells")]
 pub mod error;
+#[cfg(feature = "shells")]
 pub mod fsroot;
-#[allow(unsafe_code)]
+#[cfg(feature = "shells")]
 pub mod io;
 pub mod layout;
 pub mod liveness;
+#[cfg(feature = "shells")]
 pub mod net;
+#[cfg(feature = "shells")]
 pub mod observe;
+#[cfg(feature = "shells")]
 pub mod receiver;
 pub mod retry;
 pub mod scheduler;
+#[cfg(feature = "shells")]
 pub mod sender;
 pub mod session;
+#[cfg(feature = "shells")]
 pub mod spans;
+#[cfg(feature = "shells")]
 pub mod summary;
 pub mod throttle;
 pub mod tracker;
@@ -45,6 +57,7 @@ pub mod violation;
 pub mod wire;
 
 pub use bitmap::Bitmap;
+#[cfg(feature = "shells")]
 pub use error::{AuthError, Disposition, Error, Result};
 pub use layout::Layout;
 pub use liveness::{Due, Liveness};

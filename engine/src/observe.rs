@@ -6,12 +6,16 @@
 //! nothing by default, so an observer picks what it wants.
 //!
 //! The methods are called from the data path's threads, some once per
-//! block: an implementation must be cheap and must never block.
+//! block and some under the sender's session lock: an implementation must
+//! be cheap. `summarized` alone may take its time (the agent prints the
+//! summary there): it runs on the session's control thread before the
+//! connection closes, so it holds only that session's sender.
 
 use std::fmt::Debug;
 use std::sync::Arc;
 
 use crate::summary::ReceiverSummary;
+use crate::violation::ViolationKind;
 
 /// How one sender session ended, as the retry loop judged it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,9 +82,11 @@ pub trait Observer: Send + Sync + Debug {
 
     // The receiving side.
 
-    /// A connection was refused before it joined a session; `reason` is a
-    /// metric label (`RefusalReason::metric_label`, `auth`, `protocol`,
-    /// `handshake`).
+    /// A connection or session was refused: in its handshake, at the
+    /// connection limits, or when it asked to open (too big a block or
+    /// manifest, no room, its destination busy). `reason` is a metric
+    /// label (`RefusalReason::metric_label`, `Refusal::metric_label` of
+    /// the connection limits, `auth`, `protocol`, `handshake`).
     fn refused(&self, reason: &'static str) {
         let _ = reason;
     }
@@ -98,6 +104,10 @@ pub trait Observer: Send + Sync + Debug {
     }
     /// A block arrived damaged and was asked again.
     fn damaged(&self) {}
+    /// A sender broke the protocol; the connection was closed.
+    fn violation(&self, kind: ViolationKind) {
+        let _ = kind;
+    }
     /// A file was verified and published (`true`) or failed (`false`).
     fn file_done(&self, published: bool) {
         let _ = published;

@@ -1,5 +1,5 @@
 //! End-of-transfer summaries: what the shells hand back, serializable as
-//! JSON; the sender's also rendered for people (the binary prints them).
+//! JSON and rendered for people (the binary prints them).
 
 use serde::Serialize;
 

@@ -3,9 +3,12 @@
 pub mod caps;
 pub mod hugepages;
 pub mod open;
+#[allow(unsafe_code)]
 pub mod pool;
 mod sync;
+#[allow(unsafe_code)]
 pub mod sys;
+#[allow(unsafe_code)]
 mod uring;
 
 use std::fs::File;

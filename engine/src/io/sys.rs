@@ -1,6 +1,7 @@
 //! The few raw system calls that no safe wrapper in our dependencies
-//! covers. They live here, in the one module allowed unsafe code, so that
-//! every other module of every crate forbids it.
+//! covers. They live here, beside the buffer pool and the io_uring backend
+//! (the only other modules allowed unsafe code), so that the rest of every
+//! crate denies it.
 
 use std::io;
 use std::net::Ipv4Addr;

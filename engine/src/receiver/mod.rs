@@ -1,4 +1,5 @@
-//! The receiving side: `wirerate-agent serve`.
+//! The receiving side: `wirerate-agent serve`, the in-cluster receiver
+//! job and the demo's receiver.
 //!
 //! One thread per connection. A control connection opens a session, gets
 //! the manifest, answers with a plan (what to send, what it already has)

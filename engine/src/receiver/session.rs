@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::fsroot::validate;
 use crate::io::Pools;
 use crate::net;
+use crate::observe::Observer;
 use crate::session::describe;
 use crate::session::receiver::{
     Action, End, Limits, ReceiverControl, Refusal, RefusalReason, Report,
@@ -133,7 +134,14 @@ fn flush(
 }
 
 /// The error a session that ended with `end` returns, if any.
-fn ended(end: End) -> Result<()> {
+fn ended(observer: &dyn Observer, end: End) -> Result<()> {
+    // Counted here, where every refusal ends: the core's own (block size,
+    // manifest) and the shell's (busy, memory, destination).
+    match &end {
+        End::Refused(r) => observer.refused(r.reason.metric_label()),
+        End::Violation(v) => observer.violation(v.kind),
+        _ => {}
+    }
     match end {
         End::Finished | End::Answered => Ok(()),
         End::Refused(r) => Err(Error::Remote {
@@ -158,10 +166,9 @@ fn refuse(
     stream: &mut TcpStream,
     refusal: Refusal,
 ) -> Result<()> {
-    shared.cfg.observer.refused(refusal.reason.metric_label());
     core.handle_refused(refusal);
     match flush(core, stream, &mut Vec::new())? {
-        Some(Action::Close(end)) => ended(end),
+        Some(Action::Close(end)) => ended(&*shared.cfg.observer, end),
         other => Err(out_of_order(other)),
     }
 }
@@ -295,7 +302,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
                 streams,
                 verify,
             } => (session, block_size, streams, verify),
-            Action::Close(end) => return ended(end),
+            Action::Close(end) => return ended(&*shared.cfg.observer, end),
             other => return Err(out_of_order(Some(other))),
         };
     // Everything this session and its writer log carries its id.
@@ -320,7 +327,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
 
     let mut entries = match read_until_action(&mut core, &mut reader, &mut stream, &mut out)? {
         Action::Prepare(entries) => entries,
-        Action::Close(end) => return ended(end),
+        Action::Close(end) => return ended(&*shared.cfg.observer, end),
         other => return Err(out_of_order(Some(other))),
     };
     // One spelling per destination (`f`, `f/` and `f//` are one file), so
@@ -461,7 +468,8 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         &writer_tx,
         &life,
         &mut out,
-    );
+    )
+    .and_then(|end| ended(&*shared.cfg.observer, end));
     let _ = writer_tx.send(WriterMsg::Stop);
     let report = writer
         .join()
@@ -531,7 +539,7 @@ fn results(
     writer_tx: &mpsc::Sender<WriterMsg>,
     life: &Life,
     out: &mut Vec<u8>,
-) -> Result<()> {
+) -> Result<End> {
     loop {
         let now = Instant::now();
         core.handle_timeout(now);
@@ -548,7 +556,7 @@ fn results(
                 })?;
                 continue;
             }
-            Some(Action::Close(end)) => return ended(end),
+            Some(Action::Close(end)) => return Ok(end),
             Some(other) => return Err(out_of_order(Some(other))),
         }
         let wake = core.poll_timeout().unwrap_or(now + KEEPALIVE_INTERVAL);
@@ -622,6 +630,9 @@ pub(crate) fn run_stream(
         .map_err(|e| Error::io("starting an ack thread", e))?;
     let result = receive_blocks(&session, &mut stream, &ack_tx);
     if let Err(e @ (Error::Protocol(_) | Error::Violation(_))) = &result {
+        if let Error::Violation(v) = e {
+            session.observer.violation(v.kind);
+        }
         // Written directly: the ack thread may be gone, and the peer must
         // hear why before the close.
         let _ = write_frame(

@@ -1,4 +1,5 @@
-//! The sending side: `wirerate-agent send`.
+//! The sending side: `wirerate-agent send`, the in-cluster sender job and
+//! the demo's sender.
 
 mod reader;
 mod session;

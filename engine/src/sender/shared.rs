@@ -60,8 +60,9 @@ pub(crate) struct Shared {
     pub(super) per_stream: Vec<AtomicU64>,
     pub(super) observer: Observe,
     pub(super) verify: Verification,
-    /// This session's share of the `bytes_in_flight` gauge: sent, not yet
-    /// acknowledged (a resent block counts once more, until the session ends).
+    /// This session's bytes in flight as told to the observer: sent, not
+    /// yet acknowledged (a resent block counts once more, until the session
+    /// ends, when what is left is taken back).
     pub(super) in_flight: std::sync::atomic::AtomicI64,
 }
 
@@ -109,7 +110,7 @@ impl Shared {
         self.cv.notify_all();
     }
 
-    /// Moves this session's bytes in flight (and the agent's gauge) by `delta`.
+    /// Moves this session's bytes in flight (and tells the observer) by `delta`.
     pub(super) fn in_flight(&self, delta: i64) {
         self.in_flight.fetch_add(delta, Ordering::Relaxed);
         self.observer.in_flight(delta);

@@ -14,11 +14,13 @@
 //! on sockets for the shells.
 
 mod codec;
+#[cfg(feature = "shells")]
 mod stream;
 
 #[cfg(test)]
 pub(crate) use codec::tests::arb_frame;
 pub use codec::{DecodeError, decode, decode_body, encode};
+#[cfg(feature = "shells")]
 pub use stream::{
     FrameReader, read_frame, read_frame_capped, write_frame, write_frame_with_payload,
 };
