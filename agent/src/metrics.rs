@@ -5,7 +5,10 @@
 use std::net::SocketAddr;
 use std::sync::OnceLock;
 
-use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
 use wirerate_engine::observe::SessionEnd;
 use wirerate_telemetry::Endpoints;
 
@@ -108,6 +111,14 @@ pub struct SenderMetrics {
     pub bytes_in_flight: IntGauge,
     /// Payload bytes by data stream index, for per-stream throughput.
     pub stream_bytes: IntCounterVec,
+    /// Each data stream's smoothed round trip, as its last session ended.
+    pub stream_rtt_seconds: GaugeVec,
+    /// Segments each data stream's connection sent again, as its last
+    /// session ended.
+    pub stream_retransmits: IntGaugeVec,
+    /// The kernel's delivery-rate estimate of each data stream, bytes per
+    /// second, as its last session ended.
+    pub stream_delivery_rate: IntGaugeVec,
 }
 
 /// The process-wide sender metrics.
@@ -129,6 +140,23 @@ pub fn sender_metrics() -> &'static SenderMetrics {
             &registry,
             IntGauge::new("bytes_in_flight", "Bytes sent and not yet acknowledged").expect("valid"),
         );
+        let by_stream = |name: &str, help: &str| {
+            registered(
+                &registry,
+                IntGaugeVec::new(Opts::new(name, help), &["stream"]).expect("valid"),
+            )
+        };
+        let stream_rtt_seconds = registered(
+            &registry,
+            GaugeVec::new(
+                Opts::new(
+                    "stream_rtt_seconds",
+                    "Smoothed round trip of each data stream (TCP_INFO), as its session ended",
+                ),
+                &["stream"],
+            )
+            .expect("valid"),
+        );
         let sessions = vec("sessions_total", "Sessions by how they ended", "outcome");
         for o in SessionEnd::ALL {
             sessions.with_label_values(&[o.metric_label()]);
@@ -141,6 +169,15 @@ pub fn sender_metrics() -> &'static SenderMetrics {
                 "stream_bytes_total",
                 "Payload bytes by data stream index",
                 "stream",
+            ),
+            stream_rtt_seconds,
+            stream_retransmits: by_stream(
+                "stream_retransmits",
+                "Segments each data stream sent again (TCP_INFO), as its session ended",
+            ),
+            stream_delivery_rate: by_stream(
+                "stream_delivery_rate_bytes",
+                "The kernel's delivery-rate estimate of each data stream, bytes/s, as its session ended",
             ),
             sessions,
             bytes_in_flight,

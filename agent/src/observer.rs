@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use wirerate_engine::net::TcpStats;
 use wirerate_engine::observe::{Observe, Observer, SessionEnd};
 use wirerate_engine::summary::ReceiverSummary;
 use wirerate_engine::violation::ViolationKind;
@@ -77,6 +78,20 @@ impl Observer for Shown {
 
     fn stream_failed(&self) {
         sender_metrics().stream_failures.inc();
+    }
+
+    fn tcp_sampled(&self, stream: u16, stats: &TcpStats) {
+        let m = sender_metrics();
+        let s = stream.to_string();
+        m.stream_rtt_seconds
+            .with_label_values(&[&s])
+            .set(stats.rtt_ms / 1000.0);
+        m.stream_retransmits
+            .with_label_values(&[&s])
+            .set(i64::from(stats.retransmits));
+        m.stream_delivery_rate
+            .with_label_values(&[&s])
+            .set(i64::try_from(stats.delivery_rate).unwrap_or(i64::MAX));
     }
 
     fn resent(&self, blocks: u64) {

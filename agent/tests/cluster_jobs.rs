@@ -280,6 +280,11 @@ fn the_agents_metrics_endpoint_serves_every_metric_the_dashboard_queries() {
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| l.split(['{', ' ']).next())
         .collect();
+    // Each data stream's TCP_INFO, sampled as the session ended.
+    assert!(
+        served.contains(&"wirerate_sender_stream_rtt_seconds"),
+        "{body}"
+    );
     let wanted = dashboard_names();
     assert!(wanted.len() >= 6, "{wanted:?}");
     let missing: Vec<&String> = wanted

@@ -160,3 +160,29 @@ fn same_file_twice_gives_same_digest_and_overwrites() {
     assert_eq!(a.digest, b.digest);
     assert_same(&src, &root.join("x.bin"));
 }
+
+#[test]
+fn each_data_streams_tcp_info_is_in_the_summary() {
+    let dir = scratch("tcp-info");
+    let src = dir.path().join("src.bin");
+    write_file(&src, 12 << 20, 3);
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = server(&root, IoMode::Async);
+    let mut cfg = send_cfg(srv.addr(), &src, "t.bin");
+    cfg.streams = 4;
+    let s = send(&cfg).unwrap();
+    assert!(s.ok, "{}", s.render());
+    assert_eq!(s.tcp.len(), 4, "{:?}", s.tcp);
+    for (i, t) in s.tcp.iter().enumerate() {
+        let t = t.unwrap_or_else(|| panic!("stream {i} has no TCP_INFO"));
+        assert!(
+            t.rtt_ms > 0.0 && t.mss > 0 && t.pmtu > 0,
+            "stream {i}: {t:?}"
+        );
+    }
+    let text = s.render();
+    assert!(text.contains("  tcp        rtt "), "{text}");
+    let json = serde_json::to_value(&s).unwrap();
+    assert!(json["tcp"][3]["rtt_ms"].as_f64().unwrap() > 0.0, "{json}");
+}

@@ -14,6 +14,7 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
+use crate::net::TcpStats;
 use crate::summary::ReceiverSummary;
 use crate::violation::ViolationKind;
 
@@ -71,6 +72,10 @@ pub trait Observer: Send + Sync + Debug {
     }
     /// A data stream broke; its blocks go to the others.
     fn stream_failed(&self) {}
+    /// Data stream `stream`'s TCP_INFO, as a session ends.
+    fn tcp_sampled(&self, stream: u16, stats: &TcpStats) {
+        let _ = (stream, stats);
+    }
     /// A session sent `blocks` again (damaged, or on a broken stream).
     fn resent(&self, blocks: u64) {
         let _ = blocks;

@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use crate::io::IoMode;
+use crate::net::TcpStats;
 use crate::units::fmt_bytes;
 use crate::wire::Verification;
 
@@ -78,6 +79,9 @@ pub struct SendSummary {
     pub streams: u16,
     /// Gbit/s each stream carried, by stream index.
     pub per_stream_gbps: Vec<f64>,
+    /// Each stream's TCP_INFO at the end of the last session, by stream
+    /// index (`null` for a stream that did not connect).
+    pub tcp: Vec<Option<TcpStats>>,
     /// Whole-transfer digest (file digest for one file).
     pub digest: String,
     /// Entries in the manifest.
@@ -156,6 +160,9 @@ impl SendSummary {
             self.congestion,
             per.join(" ")
         ));
+        if let Some(line) = tcp_line(&self.tcp) {
+            s.push_str(&line);
+        }
         s.push_str(&format!(
             "  retried    {} blocks; sessions {}; rtt {:.2} ms\n",
             self.blocks_retried, self.sessions, self.rtt_ms
@@ -248,6 +255,26 @@ impl ReceiverSummary {
         }
         s
     }
+}
+
+/// One line over the streams' TCP_INFO: the spread of their round trips
+/// and windows, and their retransmits together.
+fn tcp_line(tcp: &[Option<TcpStats>]) -> Option<String> {
+    let seen: Vec<&TcpStats> = tcp.iter().flatten().collect();
+    let first = seen.first()?;
+    let spread = |f: &dyn Fn(&TcpStats) -> f64| {
+        seen.iter()
+            .map(|t| f(t))
+            .fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)))
+    };
+    let (rtt_lo, rtt_hi) = spread(&|t| t.rtt_ms);
+    let (cwnd_lo, cwnd_hi) = spread(&|t| f64::from(t.cwnd));
+    let min_rtt = spread(&|t| t.min_rtt_ms).0;
+    let retransmits: u64 = seen.iter().map(|t| u64::from(t.retransmits)).sum();
+    Some(format!(
+        "  tcp        rtt {rtt_lo:.2}-{rtt_hi:.2} ms (lowest {min_rtt:.2}), cwnd {cwnd_lo:.0}-{cwnd_hi:.0} segments of {} B, path MTU {} B, {retransmits} retransmitted\n",
+        first.mss, first.pmtu
+    ))
 }
 
 /// Settings as the command line spells them (`async`, `checksums`): the

@@ -29,6 +29,31 @@ pub fn set_max_pacing_rate(socket: impl AsFd, bytes_per_sec: u64) -> io::Result<
     }
 }
 
+/// The kernel's TCP_INFO for `socket` (neither socket2 nor rustix reads
+/// it). An older kernel fills a prefix of the struct; the rest stays zero.
+pub fn tcp_info(socket: impl AsFd) -> io::Result<libc::tcp_info> {
+    // SAFETY: tcp_info is plain old data (integers only), so all zeroes is
+    // a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `info`, which we
+    // own and which is that large; the fd is borrowed from a live socket.
+    let r = unsafe {
+        libc::getsockopt(
+            socket.as_fd().as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut info).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 {
+        Ok(info)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Gives the memory freed by a finished session back to the system. glibc
 /// keeps freed small allocations (a large manifest's paths, say) in its
 /// arenas, so without this a receiver that once served a big manifest
@@ -81,6 +106,17 @@ mod tests {
     fn finds_the_loopback_address_and_no_other() {
         assert_eq!(interface_address("lo"), Some(Ipv4Addr::LOCALHOST));
         assert_eq!(interface_address("no-such-nic0"), None);
+    }
+
+    #[test]
+    fn tcp_info_reads_a_connection_and_refuses_a_file() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let info = tcp_info(&c).unwrap();
+        assert_eq!(info.tcpi_state, 1, "TCP_ESTABLISHED");
+        assert!(info.tcpi_snd_mss > 0 && info.tcpi_pmtu > 0, "{info:?}");
+        let f = std::fs::File::open("/proc/self/status").unwrap();
+        assert!(tcp_info(&f).is_err());
     }
 
     #[test]

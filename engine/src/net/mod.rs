@@ -2,6 +2,9 @@
 //! buffer sizes, and the authentication handshake.
 
 pub mod auth;
+mod stats;
+
+pub use stats::{Lagging, TcpStats, lagging, tcp_stats};
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};

@@ -19,7 +19,7 @@ use crate::Settings;
 use crate::digest::{fmt_digest, tree_digest};
 use crate::error::{Error, Result};
 use crate::io::{IoMode, Pools, caps::capabilities};
-use crate::net::{SocketOpts, buffer_warning};
+use crate::net::{SocketOpts, TcpStats, buffer_warning, lagging};
 use crate::observe::{Observe, SessionEnd, unobserved};
 use crate::summary::{FileFailure, FileOutcome, IoInEffect, SendSummary};
 use crate::units::gbps;
@@ -150,6 +150,8 @@ pub(crate) struct RunState {
     pub(crate) io_mode: Option<IoMode>,
     pub(crate) io_fallback: Option<String>,
     pub(crate) rtt: Option<Duration>,
+    /// Each data stream's TCP_INFO at the end of the last session.
+    pub(crate) tcp: Vec<Option<TcpStats>>,
     pub(crate) congestion: String,
 }
 
@@ -287,6 +289,13 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
     if let Some(n) = pool.huge_note() {
         warnings.push(n.to_owned());
     }
+    for l in lagging(&st.per_stream_bytes, cfg.block_size) {
+        warnings.push(format!(
+            "data stream {} carried {:.0}% of what the median stream did: its path may be slower (see `tcp` in --json for its round trip and retransmits)",
+            l.stream,
+            l.share * 100.0
+        ));
+    }
     Ok(SendSummary {
         ok: failures.is_empty(),
         bytes_total: total,
@@ -307,6 +316,7 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
             .iter()
             .map(|b| gbps(*b, seconds))
             .collect(),
+        tcp: st.tcp.clone(),
         digest,
         files: list.files.len(),
         files_ok,

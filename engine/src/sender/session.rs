@@ -320,6 +320,7 @@ pub(crate) fn run(
     // spent connecting the data streams was no one's silence.
     shared.lock().control.handle_started(Instant::now());
     let mut report = ReadReport::default();
+    let mut tcp = Vec::new();
     let outcome = std::thread::scope(|s| -> Result<()> {
         let shared = &shared;
         let reader_handle = s.spawn(carry(|| {
@@ -355,6 +356,11 @@ pub(crate) fn run(
         s.spawn(carry(move || control_loop(shared, &mut ctl_r)));
 
         let result = coordinate(shared, &mut control);
+        // What the kernel learned of each path, before the streams close.
+        tcp = streams
+            .iter()
+            .map(|s| s.as_ref().and_then(net::tcp_stats))
+            .collect();
 
         shared.stop.store(true, Ordering::SeqCst);
         shared.cv.notify_all();
@@ -383,6 +389,12 @@ pub(crate) fn run(
         result
     });
 
+    for (i, t) in tcp.iter().enumerate() {
+        if let Some(t) = t {
+            shared.observer.tcp_sampled(i as u16, t);
+        }
+    }
+    st.tcp = tcp;
     let mut g = shared.lock();
     st.blocks_retried += g.sched.resends();
     shared.observer.resent(g.sched.resends());
