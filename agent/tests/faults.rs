@@ -218,14 +218,7 @@ fn garbage_and_oversized_frames_are_refused_without_harm() {
 
     // A well-formed session whose data stream lies about a block's layout.
     let (ctl, mut data) = open_raw_session(&srv, [3; 16], 100, "lie.bin");
-    let lie = Frame::Block(BlockHeader {
-        file_id: 0,
-        block: 0,
-        offset: 0,
-        len: 1 << 30,
-    });
-    wire::write_frame(&mut data, &lie).unwrap();
-    let reply = assert_closed(&mut data);
+    let reply = lie_about_a_layout(&mut data);
     let (frame, _) = wire::decode(&reply).unwrap().expect("an error frame");
     assert!(
         matches!(frame, Frame::Error { ref message, .. } if message.contains("layout")),
@@ -357,6 +350,19 @@ fn block_size_over_the_receivers_budget_is_refused() {
     assert_same(&src, &root.join("big.bin"));
 }
 
+/// Sends, on a raw session's data stream, a block whose length is not its
+/// file's, and returns what the receiver said before it closed.
+fn lie_about_a_layout(data: &mut TcpStream) -> Vec<u8> {
+    let lie = Frame::Block(BlockHeader {
+        file_id: 0,
+        block: 0,
+        offset: 0,
+        len: 1 << 30,
+    });
+    wire::write_frame(data, &lie).unwrap();
+    assert_closed(data)
+}
+
 /// Records the refusals and violations a receiver reports.
 #[derive(Debug, Default)]
 struct Seen(std::sync::Mutex<Vec<String>>);
@@ -414,14 +420,7 @@ fn refusals_and_violations_reach_the_observer_with_their_reason() {
 
     // A data stream that lies about a block's layout.
     let (ctl, mut data) = open_raw_session(&srv, [21; 16], 100, "lie.bin");
-    let lie = Frame::Block(BlockHeader {
-        file_id: 0,
-        block: 0,
-        offset: 0,
-        len: 1 << 30,
-    });
-    wire::write_frame(&mut data, &lie).unwrap();
-    assert_closed(&mut data);
+    lie_about_a_layout(&mut data);
     drop(ctl);
     seen.wait_for("violation Inconsistent");
 

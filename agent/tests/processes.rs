@@ -14,6 +14,31 @@ fn serve(root: &Path, token: &Path, port: u16) -> Proc {
     serve_bin(root, token, port, &[])
 }
 
+/// `serve` on `port` for `s`, with `extra` flags, logging at info, its
+/// output where the test wants it; returns once it listens.
+fn serve_piped(
+    s: &Setup,
+    port: u16,
+    extra: &[&str],
+    stdout: Stdio,
+    stderr: Stdio,
+) -> std::process::Child {
+    let rx = Command::new(BIN)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(extra)
+        .arg("--root")
+        .arg(&s.root)
+        .arg("--token-file")
+        .arg(&s.token)
+        .env("RUST_LOG", "info")
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    wait_listening(port);
+    rx
+}
+
 fn send_cmd(port: u16, token: &Path, src: &Path, dest: &str, extra: &[&str]) -> Command {
     let mut c = Command::new(BIN);
     c.args([
@@ -254,25 +279,7 @@ fn logs_carry_no_colour_codes_when_not_at_a_terminal() {
     use std::io::Read;
     let s = setup("nocolour", 1 << 20);
     let port = free_port();
-    let mut rx = Command::new(BIN)
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .arg("--root")
-        .arg(&s.root)
-        .arg("--token-file")
-        .arg(&s.token)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "receiver did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut rx = serve_piped(&s, port, &[], Stdio::null(), Stdio::piped());
     rx.kill().unwrap();
     rx.wait().unwrap();
     let mut err = String::new();
@@ -325,24 +332,7 @@ fn serve_prints_each_sessions_summary_as_json() {
     // the engine itself prints nothing.
     let s = setup("summaries", 3 << 20);
     let port = free_port();
-    let mut rx = Command::new(BIN)
-        .args(["serve", "--json", "--listen", &format!("127.0.0.1:{port}")])
-        .arg("--root")
-        .arg(&s.root)
-        .arg("--token-file")
-        .arg(&s.token)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "receiver did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut rx = serve_piped(&s, port, &["--json"], Stdio::piped(), Stdio::null());
     let out = send_cmd(port, &s.token, &s.src, "s.bin", &[])
         .output()
         .unwrap();

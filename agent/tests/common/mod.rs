@@ -374,6 +374,12 @@ pub fn serve_bin(root: &Path, token: &Path, port: u16, extra: &[&str]) -> Proc {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    wait_listening(port);
+    Proc(child)
+}
+
+/// Waits until a receiver listens on `port` (10 s at most).
+pub fn wait_listening(port: u16) {
     let t0 = std::time::Instant::now();
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(
@@ -382,5 +388,4 @@ pub fn serve_bin(root: &Path, token: &Path, port: u16, extra: &[&str]) -> Proc {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    Proc(child)
 }

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::fsroot::validate;
 use crate::io::Pools;
 use crate::net;
-use crate::observe::Observer;
+use crate::observe::{Observe, Observer};
 use crate::session::describe;
 use crate::session::receiver::{
     Action, End, Limits, ReceiverControl, Refusal, RefusalReason, Report,
@@ -45,7 +45,7 @@ pub(crate) struct Session {
     data_streams: Mutex<Vec<TcpStream>>,
     aborted: AtomicBool,
     stats: Arc<Stats>,
-    observer: crate::observe::Observe,
+    observer: Observe,
 }
 
 fn hex(id: &SessionId) -> String {
