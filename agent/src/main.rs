@@ -203,6 +203,10 @@ struct ServeArgs {
     /// Print session summaries as JSON.
     #[arg(long)]
     json: bool,
+    /// Take memory-to-memory tests (send --synthetic): their data is
+    /// verified and dropped, nothing is written. Off by default.
+    #[arg(long)]
+    allow_discard: bool,
 }
 
 #[derive(Args)]
@@ -213,9 +217,17 @@ struct SendArgs {
     #[command(flatten)]
     token: TokenArgs,
     /// File or directory to send.
-    source: PathBuf,
+    #[arg(required_unless_present = "synthetic")]
+    source: Option<PathBuf>,
     /// Destination relative to the receiver's root (end with / to keep the file name).
-    dest: String,
+    #[arg(required_unless_present = "synthetic")]
+    dest: Option<String>,
+    /// Send this much generated data instead of a file, e.g. 20GiB: a
+    /// memory-to-memory test of the path and the engine, with no disk read
+    /// or written. The receiver verifies the data and drops it; it must run
+    /// with --allow-discard.
+    #[arg(long, value_parser = size, conflicts_with = "source")]
+    synthetic: Option<u64>,
     #[command(flatten)]
     tuning: SendTuning,
     /// Print the summary as one JSON object.
@@ -366,6 +378,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             cfg.max_connections = a.max_connections;
             cfg.idle_timeout = Duration::from_secs_f64(a.idle_timeout);
             cfg.umask = a.umask;
+            cfg.allow_discard = a.allow_discard;
             let endpoints = metrics::endpoints().with_log_level(log.clone());
             if let Some(m) = &a.metrics_addr {
                 let addr = metrics::serve_endpoints(m, endpoints.clone())?;
@@ -374,13 +387,25 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let server = Server::bind(&a.listen, cfg)?;
             endpoints.set_ready(true);
             tracing::info!(addr = %server.local_addr(), "serving");
+            if a.allow_discard {
+                tracing::warn!(
+                    "--allow-discard: senders may run memory-to-memory tests here; their data is verified and dropped, never written"
+                );
+            }
             server.run();
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Send(a) => {
             let _ = init_logs("warn");
             let token = a.token.load()?;
-            let mut cfg = send_config(&a.tuning, a.to, token, a.source, a.dest)?;
+            let mut cfg = send_config(
+                &a.tuning,
+                a.to,
+                token,
+                a.source.unwrap_or_default(),
+                a.dest.unwrap_or_default(),
+            )?;
+            cfg.synthetic = a.synthetic;
             let progress = Arc::new(Progress::default());
             cfg.observer = Shown::metrics()
                 .with_progress(Arc::clone(&progress))

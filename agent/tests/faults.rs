@@ -196,6 +196,7 @@ fn garbage_and_oversized_frames_are_refused_without_harm() {
             block_size: BS as u32,
             streams: 1,
             verify: Verification::Checksums,
+            discard: false,
         },
         &mut open,
     );
@@ -469,6 +470,7 @@ fn raw_control(
             block_size: BS as u32,
             streams: 1,
             verify: Verification::Checksums,
+            discard: false,
         },
         &mut out,
     );

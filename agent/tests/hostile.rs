@@ -245,6 +245,7 @@ fn open_control(srv: &ServerHandle, session: [u8; 16]) -> TcpStream {
             block_size: BS,
             streams: 1,
             verify: Verification::Checksums,
+            discard: false,
         },
     )
     .unwrap();
@@ -270,6 +271,7 @@ fn manifest_over_its_byte_cap_is_refused_and_memory_stays_bounded() {
             block_size: BS,
             streams: 1,
             verify: Verification::Checksums,
+            discard: false,
         },
     )
     .unwrap();
@@ -549,12 +551,15 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
             version: wire::VERSION,
             nonce
         }),
-        (any::<[u8; 16]>(), 1u32..64, 1u16..4).prop_map(|(session, b, streams)| Frame::Open {
-            session,
-            block_size: b * 4096,
-            streams,
-            verify: Verification::Checksums,
-        }),
+        (any::<[u8; 16]>(), 1u32..64, 1u16..4, any::<bool>()).prop_map(
+            |(session, b, streams, discard)| Frame::Open {
+                session,
+                block_size: b * 4096,
+                streams,
+                verify: Verification::Checksums,
+                discard,
+            }
+        ),
         proptest::collection::vec(entry, 0..4).prop_map(|entries| Frame::Files { entries }),
         Just(Frame::FilesEnd),
         (0u32..4, 0u64..4, 0u64..1 << 20, 1u32..1 << 16).prop_map(

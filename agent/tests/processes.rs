@@ -326,6 +326,88 @@ fn serve_exposes_prometheus_metrics() {
 }
 
 #[test]
+fn memory_to_memory_needs_the_receivers_consent_and_writes_nothing() {
+    use std::io::Read;
+    let s = setup("m2m", 1000);
+    let synthetic = |port: u16, extra: &[&str]| {
+        Command::new(BIN)
+            .args(["send", "--to", &format!("127.0.0.1:{port}"), "--quiet"])
+            .args([
+                "--block-size",
+                "1MiB",
+                "--streams",
+                "3",
+                "--synthetic",
+                "24MiB",
+            ])
+            .arg("--token-file")
+            .arg(&s.token)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    // Refused by default, for good (not retried), saying how to allow it.
+    let port = free_port();
+    let rx = serve(&s.root, &s.token, port);
+    let out = synthetic(port, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("serve --allow-discard"), "{err}");
+    drop(rx);
+
+    let port = free_port();
+    let mut rx = serve_piped(
+        &s,
+        port,
+        &["--allow-discard", "--json"],
+        Stdio::piped(),
+        Stdio::null(),
+    );
+    let out = synthetic(port, &[]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{shown}");
+    assert!(
+        shown.starts_with("memory-to-memory test complete"),
+        "{shown}"
+    );
+    assert!(shown.contains("MEMORY TO MEMORY"), "{shown}");
+    let j = json(&synthetic(port, &["--json"]));
+    assert_eq!(j["memory_to_memory"], true, "{j}");
+    assert_eq!(j["bytes_sent"], 24 << 20, "{j}");
+    assert_eq!(j["results"][0]["ok"], true, "{j}");
+    assert!(
+        j["digest"].as_str().unwrap().starts_with("xxh3-128:"),
+        "{j}"
+    );
+    // Nothing to re-read, so refused before connecting.
+    let out = synthetic(port, &["--verify", "reread"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--verify checksums"));
+
+    rx.kill().unwrap();
+    rx.wait().unwrap();
+    let mut printed = String::new();
+    rx.stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut printed)
+        .unwrap();
+    let sessions: Vec<serde_json::Value> = printed
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(sessions.len(), 2, "{printed}");
+    for v in &sessions {
+        assert_eq!(v["outcome"], "complete", "{v}");
+        assert_eq!(v["memory_to_memory"], true, "{v}");
+        assert_eq!(v["bytes_written"], 24 << 20, "{v}");
+    }
+    // Dropped, not written: not a file, a temporary or a checkpoint.
+    let left: Vec<_> = std::fs::read_dir(&s.root).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
 fn serve_prints_each_sessions_summary_as_json() {
     use std::io::Read;
     // The receiver's summary reaches stdout through the engine's observer:

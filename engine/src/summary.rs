@@ -108,9 +108,16 @@ pub struct SendSummary {
     pub sessions: u32,
     /// Round-trip time measured by the handshake, in milliseconds.
     pub rtt_ms: f64,
+    /// A memory-to-memory test (`--synthetic`): generated data, dropped
+    /// by the receiver once verified; no disk was read or written.
+    pub memory_to_memory: bool,
     /// Things the user should know (small TCP buffers, fallbacks).
     pub warnings: Vec<String>,
 }
+
+/// What the summaries of a memory-to-memory test say first, so that
+/// nobody takes its rate for a transfer's.
+pub const MEMORY_TO_MEMORY: &str = "MEMORY TO MEMORY: generated data, verified by the receiver and dropped; no disk was read or written";
 
 impl SendSummary {
     /// The human-readable summary.
@@ -121,7 +128,12 @@ impl SendSummary {
         } else {
             "FAILED"
         };
-        s.push_str(&format!("transfer {status}\n"));
+        if self.memory_to_memory {
+            s.push_str(&format!("memory-to-memory test {status}\n"));
+            s.push_str(&format!("  {MEMORY_TO_MEMORY}\n"));
+        } else {
+            s.push_str(&format!("transfer {status}\n"));
+        }
         s.push_str(&format!(
             "  bytes      {} total, {} sent, {} already at the receiver\n",
             fmt_bytes(self.bytes_total),
@@ -134,18 +146,26 @@ impl SendSummary {
             self.gbps,
             self.gbps / 8.0
         ));
-        s.push_str(&format!(
-            "  io         {}{}, block {}, queue depth {}, {} buffers\n",
-            self.io.io_mode,
-            if self.io.io_mode.wants_direct() {
-                " (O_DIRECT)"
-            } else {
-                ""
-            },
-            fmt_bytes(self.block_size),
-            self.queue_depth,
-            self.io.buffer_pages
-        ));
+        if self.memory_to_memory {
+            s.push_str(&format!(
+                "  io         none (generated), block {}, {} buffers\n",
+                fmt_bytes(self.block_size),
+                self.io.buffer_pages
+            ));
+        } else {
+            s.push_str(&format!(
+                "  io         {}{}, block {}, queue depth {}, {} buffers\n",
+                self.io.io_mode,
+                if self.io.io_mode.wants_direct() {
+                    " (O_DIRECT)"
+                } else {
+                    ""
+                },
+                fmt_bytes(self.block_size),
+                self.queue_depth,
+                self.io.buffer_pages
+            ));
+        }
         if let Some(f) = &self.io.io_fallback {
             s.push_str(&format!("  fallback   {f}\n"));
         }
@@ -221,6 +241,9 @@ pub struct ReceiverSummary {
     pub files_ok: u64,
     /// Files that failed, refused ones included.
     pub files_failed: u64,
+    /// A memory-to-memory test: `bytes_written` were received, verified
+    /// and dropped, and nothing was written.
+    pub memory_to_memory: bool,
     /// Things the receiver's operator should know (checkpoints that could
     /// not be stored, for one).
     pub warnings: Vec<String>,
@@ -236,7 +259,11 @@ impl ReceiverSummary {
             fmt_bytes(self.bytes_written),
             self.seconds,
             self.gbps,
-            self.io.io_mode,
+            if self.memory_to_memory {
+                "none".to_string()
+            } else {
+                self.io.io_mode.to_string()
+            },
             self.io
                 .io_fallback
                 .as_deref()
@@ -250,6 +277,10 @@ impl ReceiverSummary {
             self.files_ok,
             self.files_failed
         );
+        if self.memory_to_memory {
+            s = s.replacen(" written in ", " received in ", 1);
+            s.push_str(&format!("  {MEMORY_TO_MEMORY}\n"));
+        }
         for w in &self.warnings {
             s.push_str(&format!("  warning: {w}\n"));
         }

@@ -702,6 +702,7 @@ impl Sim {
                 block_size: BLOCK as u32,
                 streams: 1,
                 verify: wirerate_engine::Verification::Checksums,
+                discard: false,
             },
             now,
         );

@@ -41,6 +41,9 @@ pub(crate) enum Prepared {
     Accept(Box<DestFile>, Bitmap),
     /// Refused, with the reason for the sender.
     Refuse(String),
+    /// Send it, to be verified and dropped: a memory-to-memory session,
+    /// for which nothing is created (see `discard`).
+    Discard,
 }
 
 /// Files prepared for a session that no writer owns yet. If the session

@@ -13,6 +13,7 @@ mod checkpoint;
 mod checkpointer;
 mod claims;
 mod dest;
+mod discard;
 mod kept;
 mod registry;
 mod session;
@@ -92,6 +93,10 @@ pub struct ServeConfig {
     pub max_memory: Option<u64>,
     /// Permission bits cleared from what the sender's files carry.
     pub umask: u32,
+    /// Takes memory-to-memory tests (`send --synthetic`): their blocks are
+    /// verified and dropped, and nothing is written. Off by default, so
+    /// that no sender can make a receiver look like it stored data.
+    pub allow_discard: bool,
     /// Told of blocks written, files and sessions done, refusals, and each
     /// session's summary.
     pub observer: Observe,
@@ -116,6 +121,7 @@ impl ServeConfig {
             idle_timeout: crate::wire::IDLE_TIMEOUT,
             max_memory: None,
             umask: 0o022,
+            allow_discard: false,
             observer: unobserved(),
         }
     }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::claims::Life;
 use super::dest::{Prepared, Staged, prepare};
+use super::discard::Discard;
 use super::stats::Stats;
 use super::verdicts::{self, Verdict, VerdictRx};
 use super::writer::{Writer, WriterMsg};
@@ -289,19 +290,19 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     let mut out = Vec::new();
     // The sender picks the block size, but the receiver's memory is its
     // own: a session needs at least two buffers within --buffer.
-    let mut core = ReceiverControl::new(Limits::new(
-        shared.cfg.buffer / 2,
-        KEEPALIVE_INTERVAL,
-        idle_timeout,
-    ));
-    let (id, block_size, streams, verify) =
+    let mut core = ReceiverControl::new(Limits {
+        allow_discard: shared.cfg.allow_discard,
+        ..Limits::new(shared.cfg.buffer / 2, KEEPALIVE_INTERVAL, idle_timeout)
+    });
+    let (id, block_size, streams, verify, discard) =
         match read_until_action(&mut core, &mut reader, &mut stream, &mut out)? {
             Action::Admit {
                 session,
                 block_size,
                 streams,
                 verify,
-            } => (session, block_size, streams, verify),
+                discard,
+            } => (session, block_size, streams, verify, discard),
             Action::Close(end) => return ended(&*shared.cfg.observer, end),
             other => return Err(out_of_order(Some(other))),
         };
@@ -339,9 +340,14 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     }
 
     // Claim the destinations so that two sessions never write one file,
-    // taking them over from a session whose sender has gone silent.
+    // taking them over from a session whose sender has gone silent. A
+    // memory-to-memory session writes none.
     let takeover_after = (3 * KEEPALIVE_INTERVAL).min(idle_timeout);
-    let paths: Vec<&str> = entries.iter().map(|e| e.path.as_str()).collect();
+    let paths: Vec<&str> = if discard {
+        Vec::new()
+    } else {
+        entries.iter().map(|e| e.path.as_str()).collect()
+    };
     // The sender waits quietly for the plan; the receiver's own work on
     // the session (claiming, then preparing) counts as hearing from it, or
     // a long claim wait or plan would look like a vanished sender.
@@ -388,6 +394,8 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
                 "the session already tracks {tracked} blocks and {} needs {blocks} more, past the {MAX_BLOCKS_PER_SESSION} one session may track; send it with a larger --block-size or in a transfer of its own",
                 e.path
             ))
+        } else if discard {
+            super::discard::plan(e)
         } else {
             prepare(&shared.root, e, block_size, shared.cfg.umask)
         };
@@ -400,6 +408,14 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
                 files.insert(e.file_id, *file);
                 PlanOutcome::Accept {
                     have: have.to_bytes(),
+                }
+            }
+            Prepared::Discard => {
+                tracked += blocks;
+                stats.total.fetch_add(e.size, Ordering::Relaxed);
+                layouts.insert(e.file_id, Layout::new(e.size, block_size));
+                PlanOutcome::Accept {
+                    have: crate::Bitmap::new(blocks).to_bytes(),
                 }
             }
             Prepared::Refuse(message) => {
@@ -423,14 +439,29 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     // on the control connection.
     let (verdicts_tx, verdicts) =
         verdicts::channel().map_err(|e| Error::io("creating the writer's eventfd", e))?;
-    let writer = Writer::new(
-        Arc::clone(shared),
-        files,
-        writer_rx,
-        verdicts_tx,
-        verify,
-        Arc::clone(&stats),
-    )?;
+    // A memory-to-memory session's blocks go to a writer that drops them.
+    let writer: Box<dyn FnOnce() -> super::writer::Report + Send> = if discard {
+        let sink = Discard::new(
+            &layouts,
+            writer_rx,
+            verdicts_tx,
+            verify,
+            Arc::clone(&stats),
+            Arc::clone(&shared.cfg.observer),
+            shared.cfg.io_mode,
+        );
+        Box::new(move || sink.run())
+    } else {
+        let writer = Writer::new(
+            Arc::clone(shared),
+            files,
+            writer_rx,
+            verdicts_tx,
+            verify,
+            Arc::clone(&stats),
+        )?;
+        Box::new(move || writer.run())
+    };
     // The writer counted what the files keep from earlier sessions.
     stats.published_before.store(
         shared.job.published.load(Ordering::Relaxed),
@@ -455,7 +486,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     shared.cfg.observer.session_opened();
     let writer = std::thread::Builder::new()
         .name("writer".into())
-        .spawn(carry(move || writer.run()))
+        .spawn(carry(writer))
         .map_err(|e| Error::io("starting the writer thread", e))?;
 
     core.handle_plan(plan, Instant::now());
@@ -514,6 +545,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         files_ok: stats.files_ok.load(Ordering::Relaxed),
         files_failed: stats.files_failed.load(Ordering::Relaxed)
             + stats.refused.load(Ordering::Relaxed),
+        memory_to_memory: discard,
         warnings: report.warnings.into_iter().chain(huge_note).collect(),
     };
     tracing::info!(session = %summary.session, outcome = %summary.outcome, bytes, "session ended");

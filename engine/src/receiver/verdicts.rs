@@ -3,8 +3,11 @@
 //! so a verdict goes out at once rather than at its next keepalive.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 
+use super::stats::Stats;
+use crate::observe::Observer;
 pub(crate) use crate::session::Verdict;
 use rustix::event::{EventfdFlags, eventfd};
 
@@ -42,6 +45,34 @@ impl VerdictTx {
             // every wake; a missed wake would only delay to the next poll.
             let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
         }
+    }
+
+    /// Answers a file: counts it, tells the observer, and sends its
+    /// verdict. The control thread ends the session once every accepted
+    /// file has its verdict, rather than a round trip later at the
+    /// sender's Finish.
+    pub(crate) fn answer(
+        &self,
+        stats: &Stats,
+        observer: &dyn Observer,
+        file_id: u32,
+        ok: bool,
+        digest: u128,
+        message: String,
+    ) {
+        let count = if ok {
+            &stats.files_ok
+        } else {
+            &stats.files_failed
+        };
+        count.fetch_add(1, Ordering::SeqCst);
+        observer.file_done(ok);
+        self.send(Verdict::File {
+            file_id,
+            ok,
+            digest,
+            message,
+        });
     }
 }
 

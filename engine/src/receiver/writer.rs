@@ -480,21 +480,14 @@ impl Writer {
     }
 
     fn result(&mut self, file_id: u32, ok: bool, digest: u128, message: String) -> Result<()> {
-        let stat = if ok {
-            &self.stats.files_ok
-        } else {
-            &self.stats.files_failed
-        };
-        stat.fetch_add(1, Ordering::SeqCst);
-        self.shared.cfg.observer.file_done(ok);
-        // The control thread ends the session once every accepted file has
-        // its verdict, rather than a round trip later at the sender's Finish.
-        self.verdicts.send(Verdict::File {
+        self.verdicts.answer(
+            &self.stats,
+            &*self.shared.cfg.observer,
             file_id,
             ok,
             digest,
             message,
-        });
+        );
         Ok(())
     }
 

@@ -1,6 +1,7 @@
 //! The sending side: `wirerate-agent send`, the in-cluster sender job and
 //! the demo's sender.
 
+mod generate;
 mod reader;
 mod session;
 mod shared;
@@ -32,8 +33,12 @@ pub struct SendConfig {
     pub to: String,
     /// The shared secret.
     pub token: Vec<u8>,
-    /// File or directory to send.
+    /// File or directory to send (unused when `synthetic` is set).
     pub source: PathBuf,
+    /// A memory-to-memory test: send this many bytes of generated data,
+    /// which the receiver verifies and drops (it must allow that), instead
+    /// of reading `source`.
+    pub synthetic: Option<u64>,
     /// Destination relative to the receiver's root.
     pub dest: String,
     /// Parallel TCP streams.
@@ -74,6 +79,7 @@ impl SendConfig {
             to: to.into(),
             token,
             source: source.into(),
+            synthetic: None,
             dest: dest.into(),
             streams: Settings::default().streams,
             block_size: Settings::default().block_size,
@@ -121,6 +127,19 @@ impl SendConfig {
             ));
         }
         self.settings().check()?;
+        match self.synthetic {
+            Some(0) => {
+                return Err(Error::Config(
+                    "--synthetic needs a size of at least one byte, e.g. 10GiB".into(),
+                ));
+            }
+            Some(_) if self.verify == Verification::Reread => {
+                return Err(Error::Config(
+                    "--verify reread re-reads the written file, and a memory-to-memory test writes none: use --verify checksums or none".into(),
+                ));
+            }
+            _ => {}
+        }
         if let Some(cc) = &self.socket.congestion {
             let caps = capabilities();
             if !caps.congestion.is_empty() && !caps.congestion.iter().any(|c| c == cc) {
@@ -160,7 +179,10 @@ pub(crate) struct RunState {
 /// failed. `cfg.observer` is told of progress as blocks are acknowledged.
 pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
     cfg.validate()?;
-    let list = source::scan(&cfg.source, &cfg.dest)?;
+    let list = match cfg.synthetic {
+        Some(size) => source::synthetic(size, &cfg.dest)?,
+        None => source::scan(&cfg.source, &cfg.dest)?,
+    };
     let total: u64 = list.files.iter().map(|f| f.size).sum();
     cfg.observer.sized(total);
     let count = ((cfg.buffer / cfg.block_size) as usize).max(2 * cfg.streams as usize + 2);
@@ -333,6 +355,7 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
         congestion: st.congestion.clone(),
         sessions: st.sessions,
         rtt_ms: rtt.as_secs_f64() * 1e3,
+        memory_to_memory: cfg.synthetic.is_some(),
         warnings,
     })
 }

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use super::generate;
 use super::reader::{self, ReadReport};
 use super::shared::{Inner, Shared, end_error};
 use super::source::SourceFile;
@@ -122,6 +123,7 @@ fn open_session(
             block_size: cfg.block_size as u32,
             streams: cfg.streams,
             verify: cfg.verify,
+            discard: cfg.synthetic.is_some(),
         },
     )?;
     let entries: Vec<FileEntry> = pending
@@ -330,13 +332,12 @@ pub(crate) fn run(
             reader::check_empty(shared, &empty);
             shared.empties_checked.store(true, Ordering::SeqCst);
             shared.cv.notify_all();
-            let r = reader::run(
-                shared,
-                pool,
-                cfg.io_mode,
-                cfg.queue_depth,
-                cfg.verify != Verification::None,
-            );
+            let need_digest = cfg.verify != Verification::None;
+            let r = if cfg.synthetic.is_some() {
+                generate::run(shared, pool, need_digest)
+            } else {
+                reader::run(shared, pool, cfg.io_mode, cfg.queue_depth, need_digest)
+            };
             // The reader's own error, with its disposition, fails the session.
             r.map_err(|e| shared.fail(e)).ok()
         }));

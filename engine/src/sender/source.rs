@@ -302,6 +302,45 @@ pub fn scan(source: &Path, dest: &str) -> Result<SourceList> {
     Ok(list)
 }
 
+/// The name a memory-to-memory test's data goes by when no destination
+/// is given: the receiver creates nothing under it.
+pub const SYNTHETIC_NAME: &str = "synthetic";
+
+/// The manifest of a memory-to-memory test: one file of `size` generated
+/// bytes, named `dest` (or [`SYNTHETIC_NAME`]) in the receiver's logs.
+pub fn synthetic(size: u64, dest: &str) -> Result<SourceList> {
+    let dest = match dest.trim_end_matches('/') {
+        "" => SYNTHETIC_NAME.to_string(),
+        d => d.to_string(),
+    };
+    if dest.len() > MAX_PATH {
+        return Err(Error::Config(format!(
+            "destination path {dest:?} is longer than {MAX_PATH} bytes"
+        )));
+    }
+    Ok(SourceList {
+        files: vec![SourceFile {
+            path: PathBuf::from(format!("(generated: {})", crate::units::fmt_bytes(size))),
+            rel: PathBuf::from("."),
+            dest,
+            kind: EntryKind::File,
+            size,
+            mode: 0o644,
+            // No file stands behind it: nothing is opened, or compared.
+            stamp: Stamp {
+                dev: 0,
+                ino: 0,
+                size,
+                mtime: (0, 0),
+                ctime: (0, 0),
+            },
+        }],
+        skipped: Vec::new(),
+        // Never opened beneath: the generator reads nothing.
+        base: Arc::new(open_dir(Path::new("/"))?),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,6 +30,9 @@ pub struct Limits {
     pub keepalive: Duration,
     /// How long a silent sender is waited for.
     pub idle_timeout: Duration,
+    /// Whether memory-to-memory sessions, whose data is verified and
+    /// dropped, are accepted (`serve --allow-discard`).
+    pub allow_discard: bool,
 }
 
 impl Limits {
@@ -42,6 +45,7 @@ impl Limits {
             max_manifest_bytes: MAX_MANIFEST_BYTES,
             keepalive,
             idle_timeout,
+            allow_discard: false,
         }
     }
 }
@@ -73,6 +77,9 @@ pub enum RefusalReason {
     SessionOpen,
     /// Another session holds one of its destinations.
     DestinationBusy,
+    /// A memory-to-memory session that this receiver does not allow, or
+    /// that asks to re-read a disk it does not write.
+    Discard,
 }
 
 impl RefusalReason {
@@ -85,6 +92,7 @@ impl RefusalReason {
             Self::Memory => "memory",
             Self::SessionOpen => "protocol",
             Self::DestinationBusy => "destination_busy",
+            Self::Discard => "discard",
         }
     }
 }
@@ -179,6 +187,9 @@ pub enum Action {
         streams: u16,
         /// Verification level.
         verify: Verification,
+        /// A memory-to-memory session (allowed by [`Limits::allow_discard`]):
+        /// verify the blocks, then drop them.
+        discard: bool,
     },
     /// The manifest is complete and within bounds (unique ids): claim and
     /// prepare the destinations, then call [`ReceiverControl::handle_plan`].
@@ -309,9 +320,31 @@ impl ReceiverControl {
                     block_size,
                     streams,
                     verify,
+                    discard,
                 },
             ) => {
                 let block_size = u64::from(block_size);
+                if discard && !self.limits.allow_discard {
+                    self.refuse(Refusal {
+                        retryable: false,
+                        message: "this receiver does not take memory-to-memory tests \
+                                  (--synthetic): its operator can allow them with \
+                                  `serve --allow-discard`"
+                            .into(),
+                        reason: RefusalReason::Discard,
+                    });
+                    return;
+                }
+                if discard && verify == Verification::Reread {
+                    self.refuse(Refusal {
+                        retryable: false,
+                        message: "a memory-to-memory test writes nothing to re-read: \
+                                  use --verify checksums"
+                            .into(),
+                        reason: RefusalReason::Discard,
+                    });
+                    return;
+                }
                 if block_size > self.limits.max_block {
                     let message = format!(
                         "block size {} is more than this receiver allows ({}, half its buffer); \
@@ -333,6 +366,7 @@ impl ReceiverControl {
                     block_size,
                     streams,
                     verify,
+                    discard,
                 });
             }
             (
@@ -670,6 +704,7 @@ mod tests {
             max_manifest_bytes: 1024,
             keepalive: KEEPALIVE,
             idle_timeout: IDLE,
+            allow_discard: false,
         }
     }
 
@@ -690,6 +725,7 @@ mod tests {
             block_size,
             streams: 4,
             verify: Verification::Checksums,
+            discard: false,
         }
     }
 
@@ -832,6 +868,46 @@ mod tests {
         assert!(!retryable);
         assert!(message.contains("--block-size"), "{message}");
         assert_eq!(r.reason, RefusalReason::BlockSize);
+    }
+
+    #[test]
+    fn a_memory_to_memory_session_needs_the_receivers_consent() {
+        let synthetic = |verify| Frame::Open {
+            session: [2; 16],
+            block_size: 1 << 20,
+            streams: 2,
+            verify,
+            discard: true,
+        };
+        let refusal = |limits: Limits, verify| {
+            let mut core = ReceiverControl::new(limits);
+            core.handle_frame(synthetic(verify), Instant::now());
+            match &drain(&mut core)[..] {
+                [
+                    Action::Send(Frame::Error { retryable, message }),
+                    Action::Close(End::Refused(r)),
+                ] => {
+                    assert!(!retryable);
+                    assert_eq!(r.reason, RefusalReason::Discard);
+                    Some(message.clone())
+                }
+                [Action::Admit { discard, .. }] => {
+                    assert!(discard);
+                    None
+                }
+                other => panic!("{other:?}"),
+            }
+        };
+        let allowing = Limits {
+            allow_discard: true,
+            ..limits()
+        };
+        let message = refusal(limits(), Verification::Checksums).expect("refused by default");
+        assert!(message.contains("--allow-discard"), "{message}");
+        assert_eq!(refusal(allowing.clone(), Verification::Checksums), None);
+        assert_eq!(refusal(allowing.clone(), Verification::None), None);
+        let message = refusal(allowing, Verification::Reread).expect("nothing to re-read");
+        assert!(message.contains("--verify checksums"), "{message}");
     }
 
     #[test]

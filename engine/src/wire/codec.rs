@@ -94,6 +94,7 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             block_size,
             streams,
             verify,
+            discard,
         } => {
             w.u8(T_OPEN);
             w.bytes(session);
@@ -104,6 +105,7 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
                 Verification::Checksums => 1,
                 Verification::Reread => 2,
             });
+            w.u8(u8::from(*discard));
         }
         Frame::Files { entries } => {
             w.u8(T_FILES);
@@ -258,11 +260,17 @@ pub fn decode_body(body: &[u8]) -> Result<Frame, DecodeError> {
                 2 => Verification::Reread,
                 _ => return Err(DecodeError::Invalid("verify level")),
             };
+            let discard = match r.u8()? {
+                0 => false,
+                1 => true,
+                _ => return Err(DecodeError::Invalid("discard flag")),
+            };
             Frame::Open {
                 session,
                 block_size,
                 streams,
                 verify,
+                discard,
             }
         }
         T_FILES => {
@@ -468,8 +476,14 @@ pub(crate) mod tests {
                 }
             }),
             any::<[u8; 32]>().prop_map(|mac| Frame::ServerProof { mac }),
-            (any::<[u8; 16]>(), 1u32..=(MAX_BLOCK / 4096), 1u16.., 0u8..3).prop_map(
-                |(session, b, streams, v)| Frame::Open {
+            (
+                any::<[u8; 16]>(),
+                1u32..=(MAX_BLOCK / 4096),
+                1u16..,
+                0u8..3,
+                any::<bool>()
+            )
+                .prop_map(|(session, b, streams, v, discard)| Frame::Open {
                     session,
                     block_size: b * 4096,
                     streams,
@@ -478,8 +492,8 @@ pub(crate) mod tests {
                         Verification::Checksums,
                         Verification::Reread
                     ][v as usize],
-                }
-            ),
+                    discard,
+                }),
             proptest::collection::vec(
                 (
                     any::<u32>(),
@@ -612,6 +626,26 @@ pub(crate) mod tests {
         encode(&Frame::Finish, &mut buf);
         buf.push(0);
         assert_eq!(decode_body(&buf[4..]), Err(DecodeError::Trailing(1)));
+    }
+
+    #[test]
+    fn a_discard_flag_other_than_0_or_1_is_refused() {
+        let mut buf = Vec::new();
+        encode(
+            &Frame::Open {
+                session: [0; 16],
+                block_size: 1 << 20,
+                streams: 1,
+                verify: Verification::Checksums,
+                discard: true,
+            },
+            &mut buf,
+        );
+        *buf.last_mut().unwrap() = 2;
+        assert_eq!(
+            decode_body(&buf[4..]),
+            Err(DecodeError::Invalid("discard flag"))
+        );
     }
 
     #[test]

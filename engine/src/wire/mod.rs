@@ -32,8 +32,9 @@ pub const MAGIC: [u8; 4] = *b"WRRT";
 /// The protocol version this build speaks (2: the one-round-trip handshake,
 /// block checksums after the payload; 3: `FileDone` once every block has
 /// gone out, held by the receiver until the file is written; 4: keepalives
-/// on the control connection, `FileAbort`, permission bits in the manifest).
-pub const VERSION: u16 = 4;
+/// on the control connection, `FileAbort`, permission bits in the manifest;
+/// 5: `Open` says whether the session is memory to memory).
+pub const VERSION: u16 = 5;
 /// Largest control frame (manifest chunk, plan bitmap) we accept, once
 /// the peer has authenticated.
 pub const MAX_FRAME: usize = (4 << 20) + 4096;
@@ -189,6 +190,10 @@ pub enum Frame {
         streams: u16,
         /// Verification level.
         verify: Verification,
+        /// A memory-to-memory test: the data is generated, and the
+        /// receiver verifies and drops it instead of writing it, if it
+        /// allows that at all (`serve --allow-discard`).
+        discard: bool,
     },
     /// A chunk of the manifest.
     Files {

@@ -1,0 +1,179 @@
+//! The writer of a memory-to-memory session (`send --synthetic` to a
+//! receiver started with `--allow-discard`): it takes the blocks the data
+//! streams verified, acknowledges each at once and drops it, and answers
+//! every reported file from the checksums of its blocks, as the writer
+//! does, without a disk. Nothing is created beneath the root.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, mpsc};
+
+use super::dest::Prepared;
+use super::stats::Stats;
+use super::verdicts::{Verdict, VerdictTx};
+use super::writer::{Report, WriterMsg};
+use crate::Layout;
+use crate::digest::fmt_digest;
+use crate::error::{Error, Result};
+use crate::fsroot::validate;
+use crate::io::IoMode;
+use crate::observe::Observe;
+use crate::session::reports::{Reports, digest_agrees};
+use crate::tracker::FileTracker;
+use crate::violation::{Violation, ViolationKind};
+use crate::wire::{EntryKind, FileEntry, Frame, Verification};
+
+/// Whether a memory-to-memory session may send `e`: a file with a
+/// well-formed name (which is only logged; nothing is created under it).
+pub(crate) fn plan(e: &FileEntry) -> Prepared {
+    if e.kind != EntryKind::File {
+        return Prepared::Refuse(format!(
+            "{}: a memory-to-memory test sends files only",
+            e.path
+        ));
+    }
+    match validate(&e.path) {
+        Ok(_) => Prepared::Discard,
+        Err(err) => Prepared::Refuse(err.to_string()),
+    }
+}
+
+pub(crate) struct Discard {
+    files: HashMap<u32, FileTracker>,
+    rx: mpsc::Receiver<WriterMsg>,
+    verdicts: VerdictTx,
+    verify: Verification,
+    stats: Arc<Stats>,
+    observer: Observe,
+    reports: Reports,
+    /// The receiver's I/O mode, which the summary shows (nothing used it).
+    io_mode: IoMode,
+}
+
+impl Discard {
+    pub(crate) fn new(
+        layouts: &HashMap<u32, Layout>,
+        rx: mpsc::Receiver<WriterMsg>,
+        verdicts: VerdictTx,
+        verify: Verification,
+        stats: Arc<Stats>,
+        observer: Observe,
+        io_mode: IoMode,
+    ) -> Self {
+        Self {
+            files: layouts
+                .iter()
+                .map(|(&id, l)| (id, FileTracker::new(l.blocks(), None)))
+                .collect(),
+            rx,
+            verdicts,
+            verify,
+            stats,
+            observer,
+            reports: Reports::default(),
+            io_mode,
+        }
+    }
+
+    pub(crate) fn run(mut self) -> Report {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.work()))
+            .unwrap_or_else(|_| Err(Error::Internal("the discarding writer panicked".into())));
+        if let Err(e) = &result {
+            tracing::error!(error = %e, kind = e.metric_label(), "writer failed");
+            self.verdicts.send(Verdict::Failed {
+                retryable: e.is_retryable(),
+                message: format!("receiver: {e}"),
+            });
+        }
+        Report {
+            io_mode: self.io_mode,
+            fallback: None,
+            error: result.err().map(|e| e.to_string()),
+            warnings: Vec::new(),
+        }
+    }
+
+    fn work(&mut self) -> Result<()> {
+        // A closed channel is the session's end, as `Stop` is.
+        while let Ok(msg) = self.rx.recv() {
+            match msg {
+                WriterMsg::Block {
+                    file_id,
+                    block,
+                    buf,
+                    checksum,
+                    ack,
+                } => {
+                    let len = buf.len() as u64;
+                    drop(buf);
+                    // A late copy of a block of an answered file is acked
+                    // and dropped, as the writer does.
+                    if !self.reports.is_answered(file_id) {
+                        let t = self.files.get_mut(&file_id).ok_or_else(|| {
+                            Error::from(Violation::new(
+                                ViolationKind::Unknown,
+                                format!("block for finished or unknown file {file_id}"),
+                            ))
+                        })?;
+                        t.handle_written(block, checksum);
+                        self.stats.bytes.fetch_add(len, Ordering::Relaxed);
+                    }
+                    let _ = ack.send(Frame::Ack { file_id, block });
+                }
+                WriterMsg::FileDone { file_id, digest } => {
+                    self.reports.handle_reported(file_id, digest);
+                }
+                WriterMsg::Abort { file_id, message } => {
+                    self.reports.handle_given_up(file_id);
+                    self.files.remove(&file_id).ok_or_else(|| {
+                        Error::from(Violation::new(
+                            ViolationKind::Unknown,
+                            format!("file {file_id} given up after its result, or never planned"),
+                        ))
+                    })?;
+                    self.verdicts
+                        .answer(&self.stats, &*self.observer, file_id, false, 0, message);
+                }
+                WriterMsg::Stop => return Ok(()),
+            }
+            self.answer_ready()?;
+        }
+        Ok(())
+    }
+
+    /// Answers the reported files whose blocks have all arrived.
+    fn answer_ready(&mut self) -> Result<()> {
+        let files = &self.files;
+        let ready = self
+            .reports
+            .poll_ready(|id| files.get(&id).is_none_or(FileTracker::is_complete));
+        for (file_id, theirs) in ready {
+            let t = self.files.remove(&file_id).ok_or_else(|| {
+                Error::from(Violation::new(
+                    ViolationKind::Unknown,
+                    format!("file {file_id} reported done twice or never planned"),
+                ))
+            })?;
+            self.reports.handle_answered(file_id);
+            let ours = if self.verify == Verification::None {
+                0
+            } else {
+                t.digest()
+            };
+            let (ok, message) = if digest_agrees(self.verify, ours, theirs) {
+                (true, String::new())
+            } else {
+                let m = format!(
+                    "digest mismatch (received {}, sent {}): the memory-to-memory test's data was damaged on the way",
+                    fmt_digest(ours),
+                    fmt_digest(theirs)
+                );
+                tracing::error!("{m}");
+                (false, m)
+            };
+            self.verdicts
+                .answer(&self.stats, &*self.observer, file_id, ok, ours, message);
+        }
+        Ok(())
+    }
+}
