@@ -120,13 +120,25 @@ impl Shared {
         let mut g = self.lock();
         if !self.stopped() && g.sched.stream_alive(stream) {
             let n = g.sched.handle_stream_failed(stream);
-            self.observer.stream_failed();
-            tracing::warn!(
-                stream,
-                reason = why,
-                resent = n,
-                "a data stream failed; its unacknowledged blocks go to the other streams"
-            );
+            // A stream that owed nothing (every block it carried is
+            // acknowledged, and none is left for any stream) lost nothing:
+            // its close is the receiver ending the session, which can
+            // reach this side before the last result does.
+            if n == 0 && g.sched.nothing_left_to_send() {
+                tracing::debug!(
+                    stream,
+                    reason = why,
+                    "a data stream closed with nothing owed"
+                );
+            } else {
+                self.observer.stream_failed();
+                tracing::warn!(
+                    stream,
+                    reason = why,
+                    resent = n,
+                    "a data stream failed; its unacknowledged blocks go to the other streams"
+                );
+            }
         }
         drop(g);
         self.cv.notify_all();
