@@ -20,6 +20,8 @@ pub struct Metrics {
     pub bytes_written: IntCounter,
     /// Blocks written to disk.
     pub blocks_written: IntCounter,
+    /// Payload bytes of memory-to-memory tests, verified and dropped.
+    pub bytes_discarded: IntCounter,
     /// Blocks whose checksum did not match (and were asked again).
     pub checksum_failures: IntCounter,
     /// Sessions opened.
@@ -82,6 +84,10 @@ pub fn metrics() -> &'static Metrics {
         Metrics {
             bytes_written: counter("bytes_written_total", "Payload bytes written to disk"),
             blocks_written: counter("blocks_written_total", "Blocks written to disk"),
+            bytes_discarded: counter(
+                "bytes_discarded_total",
+                "Payload bytes of memory-to-memory tests, verified and dropped",
+            ),
             checksum_failures: counter("checksum_failures_total", "Blocks that arrived damaged"),
             sessions: counter("sessions_total", "Sessions opened"),
             files_completed: counter("files_completed_total", "Files verified and published"),

@@ -129,6 +129,10 @@ impl Observer for Shown {
         metrics().blocks_written.inc();
     }
 
+    fn discarded(&self, bytes: u64) {
+        metrics().bytes_discarded.inc_by(bytes);
+    }
+
     fn damaged(&self) {
         metrics().checksum_failures.inc();
     }

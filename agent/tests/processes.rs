@@ -288,9 +288,29 @@ fn logs_carry_no_colour_codes_when_not_at_a_terminal() {
     assert!(!err.contains('\x1b'), "colour codes in a pipe: {err:?}");
 }
 
+/// The receiver's /metrics page on `mport`.
+fn scrape(mport: u16) -> String {
+    use std::io::{Read, Write};
+    let mut c = TcpStream::connect(("127.0.0.1", mport)).unwrap();
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut body = String::new();
+    c.read_to_string(&mut body).unwrap();
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    body
+}
+
+/// The value of the sample `name` on a metrics page.
+fn metric(body: &str, name: &str) -> f64 {
+    body.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing in {body}"))
+}
+
 #[test]
 fn serve_exposes_prometheus_metrics() {
-    use std::io::{Read, Write};
     let s = setup("metrics", 2 << 20);
     let port = free_port();
     let mport = free_port();
@@ -304,19 +324,8 @@ fn serve_exposes_prometheus_metrics() {
         .output()
         .unwrap();
     assert!(out.status.success());
-    let mut c = TcpStream::connect(("127.0.0.1", mport)).unwrap();
-    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut body = String::new();
-    c.read_to_string(&mut body).unwrap();
-    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
-    let value = |name: &str| -> f64 {
-        body.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().last())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{name} missing in {body}"))
-    };
+    let body = scrape(mport);
+    let value = |name: &str| metric(&body, name);
     assert_eq!(
         value("wirerate_receiver_bytes_written_total"),
         s.size as f64
@@ -356,10 +365,16 @@ fn memory_to_memory_needs_the_receivers_consent_and_writes_nothing() {
     drop(rx);
 
     let port = free_port();
+    let mport = free_port();
     let mut rx = serve_piped(
         &s,
         port,
-        &["--allow-discard", "--json"],
+        &[
+            "--allow-discard",
+            "--json",
+            "--metrics-addr",
+            &format!("127.0.0.1:{mport}"),
+        ],
         Stdio::piped(),
         Stdio::null(),
     );
@@ -379,6 +394,13 @@ fn memory_to_memory_needs_the_receivers_consent_and_writes_nothing() {
         j["digest"].as_str().unwrap().starts_with("xxh3-128:"),
         "{j}"
     );
+    // Counted apart from what is written to disk.
+    let body = scrape(mport);
+    assert_eq!(
+        metric(&body, "wirerate_receiver_bytes_discarded_total"),
+        f64::from(2 * (24 << 20))
+    );
+    assert_eq!(metric(&body, "wirerate_receiver_bytes_written_total"), 0.0);
     // Nothing to re-read, so refused before connecting.
     let out = synthetic(port, &["--verify", "reread"]);
     assert_eq!(out.status.code(), Some(2));

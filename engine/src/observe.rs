@@ -107,6 +107,11 @@ pub trait Observer: Send + Sync + Debug {
     fn written(&self, bytes: u64) {
         let _ = bytes;
     }
+    /// A memory-to-memory session's block of `bytes` arrived intact and
+    /// was dropped (never counted as written).
+    fn discarded(&self, bytes: u64) {
+        let _ = bytes;
+    }
     /// A block arrived damaged and was asked again.
     fn damaged(&self) {}
     /// A sender broke the protocol; the connection was closed.

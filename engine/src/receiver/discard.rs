@@ -117,6 +117,7 @@ impl Discard {
                         })?;
                         t.handle_written(block, checksum);
                         self.stats.bytes.fetch_add(len, Ordering::Relaxed);
+                        self.observer.discarded(len);
                     }
                     let _ = ack.send(Frame::Ack { file_id, block });
                 }
