@@ -41,6 +41,10 @@ enum Cmd {
     Send(SendArgs),
     /// A real transfer on this machine with a generated file (the README's first command).
     Demo(DemoArgs),
+    /// A short memory-to-memory test of the path to a receiver (which must
+    /// run with --allow-discard): one stream, then several; what the kernel
+    /// measured of each; and what to use.
+    Probe(ProbeArgs),
     /// In-cluster mode: renew this agent's Lease and run the Transfers assigned to it.
     Run(RunArgs),
 }
@@ -260,6 +264,34 @@ struct SendTuning {
 }
 
 #[derive(Args)]
+struct ProbeArgs {
+    /// Receiver address, host:port.
+    #[arg(long)]
+    to: String,
+    #[command(flatten)]
+    token: TokenArgs,
+    /// Streams of the second phase.
+    #[arg(long, default_value_t = 8,
+          value_parser = clap::value_parser!(u16).range(2..=i64::try_from(tuning::STREAMS.max).unwrap_or(i64::MAX)))]
+    streams: u16,
+    /// About how long each phase lasts, seconds (0.5 to 60).
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Content block size, e.g. 4MiB.
+    #[arg(long, default_value = "4MiB", value_parser = size)]
+    block_size: u64,
+    /// TCP congestion control to test with; default: the kernel's.
+    #[arg(long)]
+    congestion: Option<String>,
+    /// Explicit socket buffer size to test with (disables autotuning).
+    #[arg(long, value_parser = size)]
+    socket_buffer: Option<u64>,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
 struct DemoArgs {
     /// Size of the generated test file.
     #[arg(long, default_value = "2GiB", value_parser = size)]
@@ -457,6 +489,32 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 in_pod: std::env::var_os("KUBERNETES_SERVICE_HOST").is_some(),
             };
             tokio::runtime::Runtime::new()?.block_on(wirerate_agent::cluster::run(cfg))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Probe(a) => {
+            let _ = init_logs("warn");
+            if !(a.seconds.is_finite() && (0.5..=60.0).contains(&a.seconds)) {
+                bail!("--seconds must be between 0.5 and 60");
+            }
+            tuning::BLOCK_SIZE.check(a.block_size.into())?;
+            let cfg = wirerate_engine::probe::ProbeConfig {
+                to: a.to,
+                token: a.token.load()?,
+                streams: a.streams,
+                seconds: a.seconds,
+                block_size: a.block_size,
+                socket: SocketOpts {
+                    congestion: a.congestion,
+                    pacing: None,
+                    buffer: a.socket_buffer.map(|b| b as usize),
+                },
+            };
+            let report = wirerate_engine::probe::probe(&cfg)?;
+            wirerate_agent::summary::print(
+                &report,
+                wirerate_engine::probe::ProbeReport::render,
+                a.json,
+            );
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Demo(a) => {

@@ -145,7 +145,7 @@ impl Drop for Hosts {
     }
 }
 
-fn serve_in(ns: &str, root: &Path, token: &Path) -> Proc {
+fn serve_in(ns: &str, root: &Path, token: &Path, extra: &[&str]) -> Proc {
     Proc(
         Command::new("ip")
             .args([
@@ -161,6 +161,7 @@ fn serve_in(ns: &str, root: &Path, token: &Path) -> Proc {
             .arg(root)
             .arg("--token-file")
             .arg(token)
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -203,7 +204,7 @@ fn across_hosts_with_packet_loss_both_ways() {
     let h = Hosts::up("l");
     h.loss(&h.b, "0.01");
     h.loss(&h.a, "0.01");
-    let _rx = serve_in(&h.b, &root, &token);
+    let _rx = serve_in(&h.b, &root, &token, &[]);
     let out = send_from(
         &h.a,
         &token,
@@ -230,7 +231,7 @@ fn across_hosts_surviving_a_link_outage() {
     let s = setup("netns-outage", 24 << 20);
     let (src, root, token) = (s.src.clone(), s.root.clone(), s.token.clone());
     let h = Hosts::up("o");
-    let _rx = serve_in(&h.b, &root, &token);
+    let _rx = serve_in(&h.b, &root, &token, &[]);
     // Paced to about 3 s, so the outage lands mid-transfer.
     let sender = send_from(
         &h.a,
@@ -273,7 +274,7 @@ fn a_vanished_sender_is_let_go_and_its_file_taken_over() {
     let (src, root, token) = (s.src.clone(), s.root.clone(), s.token.clone());
     let h = Hosts::up("v");
     // The receiver runs with its default idle timeout (30 s).
-    let _rx = serve_in(&h.b, &root, &token);
+    let _rx = serve_in(&h.b, &root, &token, &[]);
     let mut first = send_from(
         &h.a,
         &token,
@@ -355,4 +356,75 @@ fn a_vanished_sender_is_let_go_and_its_file_taken_over() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Waits until `addr:port` accepts connections from inside `ns`.
+fn wait_in(ns: &str, addr: &str, port: u16) {
+    let t0 = Instant::now();
+    let probe = format!("exec 3<>/dev/tcp/{addr}/{port}");
+    while !Command::new("ip")
+        .args(["netns", "exec", ns, "bash", "-c", &probe])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{addr}:{port} never listened"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+// The path test between two hosts with their own addresses, over a link
+// that loses packets: every stream's TCP_INFO is the veth's (its MTU, a
+// real loss), and the report ends with advice.
+#[test]
+fn probe_across_hosts_reads_every_streams_path() {
+    if !available("the network-namespace probe test") {
+        return;
+    }
+    let s = setup("netns-probe", 1000);
+    let h = Hosts::up("p");
+    h.loss(&h.b, "0.005");
+    let _rx = serve_in(&h.b, &s.root, &s.token, &["--allow-discard"]);
+    wait_in(&h.a, "10.203.0.2", 7470);
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &h.a,
+            BIN,
+            "probe",
+            "--to",
+            "10.203.0.2:7470",
+        ])
+        .args(["--json", "--streams", "4", "--seconds", "0.5"])
+        .args(["--block-size", "1MiB", "--token-file"])
+        .arg(&s.token)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for (phase, streams) in [("one", 1), ("many", 4)] {
+        let tcp = j[phase]["tcp"].as_array().unwrap();
+        assert_eq!(tcp.len(), streams, "{j}");
+        for t in tcp {
+            assert_eq!(t["pmtu"], 1500, "{t}");
+            assert!(t["mss"].as_u64().unwrap() <= 1460, "{t}");
+            assert!(t["rtt_ms"].as_f64().unwrap() > 0.0, "{t}");
+        }
+    }
+    // Half a percent of the packets into the receiver are dropped.
+    assert!(j["many"]["retransmits"].as_u64().unwrap() > 0, "{j}");
+    assert!(
+        !j["advice"]["reasons"].as_array().unwrap().is_empty(),
+        "{j}"
+    );
+    assert_eq!(std::fs::read_dir(&s.root).unwrap().count(), 0);
 }

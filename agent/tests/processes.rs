@@ -430,6 +430,58 @@ fn memory_to_memory_needs_the_receivers_consent_and_writes_nothing() {
 }
 
 #[test]
+fn probe_reports_each_stream_and_what_to_use() {
+    let s = setup("probe", 1000);
+    let probe = |port: u16| {
+        Command::new(BIN)
+            .args(["probe", "--to", &format!("127.0.0.1:{port}"), "--json"])
+            .args(["--streams", "3", "--seconds", "0.5", "--block-size", "1MiB"])
+            .arg("--token-file")
+            .arg(&s.token)
+            .output()
+            .unwrap()
+    };
+    // A receiver that does not take memory-to-memory tests says so.
+    let port = free_port();
+    let rx = serve(&s.root, &s.token, port);
+    let out = probe(port);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--allow-discard"));
+    drop(rx);
+
+    let port = free_port();
+    let _rx = Proc(serve_piped(
+        &s,
+        port,
+        &["--allow-discard"],
+        Stdio::null(),
+        Stdio::null(),
+    ));
+    let j = json(&probe(port));
+    for (phase, streams) in [("one", 1), ("many", 3)] {
+        let p = &j[phase];
+        assert_eq!(p["streams"], streams, "{j}");
+        assert!(p["gbps"].as_f64().unwrap() > 0.0, "{j}");
+        let tcp = p["tcp"].as_array().unwrap();
+        assert_eq!(tcp.len(), streams, "{j}");
+        for t in tcp {
+            assert!(t["rtt_ms"].as_f64().unwrap() > 0.0, "{t}");
+            assert!(t["pmtu"].as_u64().unwrap() >= 1280, "{t}");
+            assert!(t["send_buffer"].as_u64().unwrap() > 0, "{t}");
+        }
+    }
+    let advice = &j["advice"];
+    assert!(
+        (1..=6).contains(&advice["streams"].as_u64().unwrap()),
+        "{j}"
+    );
+    assert!(!advice["reasons"].as_array().unwrap().is_empty(), "{j}");
+    assert!(advice["socket_buffer"].as_u64().is_some(), "{j}");
+    // Dropped, not written.
+    assert_eq!(std::fs::read_dir(&s.root).unwrap().count(), 0);
+}
+
+#[test]
 fn serve_prints_each_sessions_summary_as_json() {
     use std::io::Read;
     // The receiver's summary reaches stdout through the engine's observer:

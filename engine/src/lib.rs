@@ -24,6 +24,7 @@
 //! the CRDs and the operator build.
 #![deny(unsafe_code)]
 
+pub mod advice;
 pub mod bitmap;
 pub mod digest;
 #[cfg(feature = "shells")]
@@ -38,6 +39,8 @@ pub mod liveness;
 pub mod net;
 #[cfg(feature = "shells")]
 pub mod observe;
+#[cfg(feature = "shells")]
+pub mod probe;
 #[cfg(feature = "shells")]
 pub mod receiver;
 pub mod retry;

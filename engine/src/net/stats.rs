@@ -26,6 +26,9 @@ pub struct TcpStats {
     pub delivery_rate: u64,
     /// The rate the kernel paces at, bytes per second.
     pub pacing_rate: u64,
+    /// The send buffer the kernel granted (SO_SNDBUF: autotuned, or what
+    /// --socket-buffer asked for), bytes.
+    pub send_buffer: u64,
 }
 
 /// `stream`'s TCP_INFO; `None` when the kernel will not say (not a TCP
@@ -48,6 +51,9 @@ pub fn tcp_stats(stream: &TcpStream) -> Option<TcpStats> {
         } else {
             i.tcpi_pacing_rate
         },
+        send_buffer: socket2::SockRef::from(stream)
+            .send_buffer_size()
+            .map_or(0, |b| b as u64),
     })
 }
 

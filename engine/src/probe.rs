@@ -1,0 +1,212 @@
+//! A short test of the path to a receiver (`wirerate-agent probe`): memory
+//! to memory through the engine itself, first with one stream and then
+//! with several, reading what the kernel measured of every stream, and
+//! ending with `advice`. The receiver must take memory-to-memory tests
+//! (`serve --allow-discard`); nothing is written there.
+
+use serde::Serialize;
+
+use crate::advice::{Advice, HostLimits, PhaseFigures, advise};
+use crate::error::Result;
+use crate::io::caps::capabilities;
+use crate::net::{SocketOpts, TcpStats};
+use crate::sender::{SendConfig, send};
+use crate::summary::SendSummary;
+use crate::units::fmt_bytes;
+
+/// Where to probe, and how hard.
+#[derive(Debug, Clone)]
+pub struct ProbeConfig {
+    /// Receiver address, host:port.
+    pub to: String,
+    /// The shared secret.
+    pub token: Vec<u8>,
+    /// Streams of the second phase.
+    pub streams: u16,
+    /// About how long each phase should last, seconds.
+    pub seconds: f64,
+    /// Block size.
+    pub block_size: u64,
+    /// Congestion control and socket buffers to test with.
+    pub socket: SocketOpts,
+}
+
+/// The smallest phase: enough blocks to spread over the streams.
+const MIN_PHASE: u64 = 16 << 20;
+/// The largest phase, whatever the path: a probe stays short.
+const MAX_PHASE: u64 = 64 << 30;
+/// The first, sizing run.
+const SIZING: u64 = 16 << 20;
+
+/// One phase: what it moved and what each stream's TCP_INFO said at its end.
+#[derive(Debug, Clone, Serialize)]
+pub struct Phase {
+    /// The figures `advice` works from.
+    #[serde(flatten)]
+    pub figures: PhaseFigures,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Seconds it took, connection included.
+    pub seconds: f64,
+    /// Each stream's rate, Gbit/s.
+    pub per_stream_gbps: Vec<f64>,
+    /// Each stream's TCP_INFO (`null` for one that did not connect).
+    pub tcp: Vec<Option<TcpStats>>,
+}
+
+impl Phase {
+    fn of(s: &SendSummary) -> Self {
+        let seen = || s.tcp.iter().flatten();
+        Self {
+            figures: PhaseFigures {
+                streams: s.streams,
+                gbps: s.gbps,
+                rtt_ms: seen().map(|t| t.rtt_ms).fold(f64::INFINITY, f64::min),
+                retransmits: seen().map(|t| u64::from(t.retransmits)).sum(),
+                send_buffer: seen().map(|t| t.send_buffer).max().unwrap_or(0),
+            },
+            bytes: s.bytes_sent,
+            seconds: s.seconds,
+            per_stream_gbps: s.per_stream_gbps.clone(),
+            tcp: s.tcp.clone(),
+        }
+    }
+}
+
+/// What a probe found.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProbeReport {
+    /// The receiver probed.
+    pub to: String,
+    /// The round trip the handshake measured, milliseconds.
+    pub handshake_rtt_ms: f64,
+    /// One stream.
+    pub one: Phase,
+    /// `ProbeConfig::streams` streams.
+    pub many: Phase,
+    /// This host's limits.
+    pub host: HostLimits,
+    /// What to use.
+    pub advice: Advice,
+}
+
+/// Bytes for a phase that should last `seconds` at `gbps`.
+fn phase_bytes(gbps: f64, seconds: f64, block_size: u64) -> u64 {
+    let want = (gbps * 1e9 / 8.0 * seconds) as u64;
+    want.clamp(MIN_PHASE.max(block_size), MAX_PHASE)
+        .next_multiple_of(block_size)
+}
+
+fn run(cfg: &ProbeConfig, streams: u16, bytes: u64) -> Result<SendSummary> {
+    let mut c = SendConfig::new(cfg.to.clone(), cfg.token.clone(), "", "probe");
+    c.synthetic = Some(bytes);
+    c.streams = streams;
+    c.block_size = cfg.block_size;
+    c.socket = cfg.socket.clone();
+    // A failed probe is reported, not retried.
+    c.retry_for = std::time::Duration::ZERO;
+    send(&c)
+}
+
+/// Probes `cfg.to`: a sizing run, one stream, then `cfg.streams`.
+pub fn probe(cfg: &ProbeConfig) -> Result<ProbeReport> {
+    let sizing = run(cfg, 1, SIZING.next_multiple_of(cfg.block_size))?;
+    let one = run(
+        cfg,
+        1,
+        phase_bytes(sizing.gbps, cfg.seconds, cfg.block_size),
+    )?;
+    // Sized for streams that scale up to four times one: a path where they
+    // do not takes at most four times as long.
+    let scale = f64::from(cfg.streams.min(4));
+    let many = run(
+        cfg,
+        cfg.streams,
+        phase_bytes(one.gbps * scale, cfg.seconds, cfg.block_size),
+    )?;
+    let caps = capabilities();
+    let host = HostLimits {
+        tcp_wmem_max: caps.tcp_wmem_max,
+        tcp_rmem_max: caps.tcp_rmem_max,
+        congestion: many.congestion.clone(),
+        available: caps.congestion.clone(),
+    };
+    let (one, many) = (Phase::of(&one), Phase::of(&many));
+    let advice = advise(&one.figures, &many.figures, &host);
+    Ok(ProbeReport {
+        to: cfg.to.clone(),
+        handshake_rtt_ms: sizing.rtt_ms,
+        one,
+        many,
+        host,
+        advice,
+    })
+}
+
+impl ProbeReport {
+    /// The human-readable report.
+    pub fn render(&self) -> String {
+        let mut s = format!(
+            "probe of {}: memory to memory, nothing written\n  round trip {:.2} ms (handshake); congestion control {}\n",
+            self.to, self.handshake_rtt_ms, self.host.congestion
+        );
+        for p in [&self.one, &self.many] {
+            s.push_str(&format!(
+                "  {} stream{}  {:.2} Gbit/s ({} in {:.2} s), {} retransmitted\n",
+                p.figures.streams,
+                if p.figures.streams == 1 { " " } else { "s" },
+                p.figures.gbps,
+                fmt_bytes(p.bytes),
+                p.seconds,
+                p.figures.retransmits
+            ));
+            s.push_str(
+                "    stream  Gbit/s  rtt ms  rttvar  cwnd    MTU  retrans  delivery Gbit/s  pacing Gbit/s  send buffer\n",
+            );
+            for (i, (g, t)) in p.per_stream_gbps.iter().zip(&p.tcp).enumerate() {
+                match t {
+                    Some(t) => s.push_str(&format!(
+                        "    {i:>6}  {g:>6.2}  {:>6.2}  {:>6.2}  {:>4}  {:>5}  {:>7}  {:>15.2}  {:>13.2}  {:>11}\n",
+                        t.rtt_ms,
+                        t.rttvar_ms,
+                        t.cwnd,
+                        t.pmtu,
+                        t.retransmits,
+                        t.delivery_rate as f64 * 8.0 / 1e9,
+                        t.pacing_rate as f64 * 8.0 / 1e9,
+                        fmt_bytes(t.send_buffer)
+                    )),
+                    None => s.push_str(&format!("    {i:>6}  did not connect\n")),
+                }
+            }
+        }
+        let a = &self.advice;
+        s.push_str(&format!(
+            "recommendation: --streams {} --congestion {}; TCP buffers of at least {} per stream\n",
+            a.streams,
+            a.congestion,
+            fmt_bytes(a.socket_buffer)
+        ));
+        for r in &a.reasons {
+            s.push_str(&format!("  because {r}\n"));
+        }
+        for c in &a.sysctl {
+            s.push_str(&format!("  on both hosts: {c}\n"));
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_last_about_the_asked_time_within_bounds() {
+        // 8 Gbit/s for 2 s is 2 GB, a whole number of blocks.
+        assert_eq!(phase_bytes(8.0, 2.0, 1 << 20), 2_000_683_008);
+        assert_eq!(phase_bytes(0.0, 2.0, 1 << 20), MIN_PHASE);
+        assert_eq!(phase_bytes(0.0, 2.0, 64 << 20), 64 << 20);
+        assert_eq!(phase_bytes(1e6, 2.0, 1 << 20), MAX_PHASE);
+    }
+}
