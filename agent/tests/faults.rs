@@ -378,6 +378,9 @@ impl Observer for Seen {
     fn stream_failed(&self) {
         self.0.lock().unwrap().push("stream failed".into());
     }
+    fn tcp_sampled(&self, stream: u16, _: &wirerate_engine::net::TcpStats) {
+        self.0.lock().unwrap().push(format!("tcp {stream}"));
+    }
 }
 
 impl Seen {
@@ -508,6 +511,32 @@ fn a_stream_that_closes_owing_nothing_has_not_failed() {
     assert!(summary.ok, "{}", summary.render());
     let seen = seen.0.lock().unwrap();
     assert!(!seen.iter().any(|s| s == "stream failed"), "{seen:?}");
+}
+
+// The streams' TCP_INFO reached the metrics only as a session ended, so a
+// dashboard showed nothing of a long transfer's paths while it ran.
+#[test]
+fn tcp_info_reaches_the_observer_while_a_transfer_runs() {
+    let dir = scratch("sampled");
+    let src = dir.path().join("src.bin");
+    write_file(&src, 3 << 20, 9);
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = server(&root, IoMode::Buffered);
+    let seen = Arc::new(Seen::default());
+    let mut cfg = send_cfg(srv.addr(), &src, "paced.bin");
+    cfg.streams = 2;
+    // About 2.5 s at 1.25 MB/s.
+    cfg.max_rate = Some(1_250_000);
+    cfg.observer = seen.clone();
+    let summary = send(&cfg).unwrap();
+    assert!(summary.ok, "{}", summary.render());
+    let seen = seen.0.lock().unwrap();
+    for stream in 0..2 {
+        let samples = seen.iter().filter(|s| **s == format!("tcp {stream}")).count();
+        // Once a second while it ran, and once as it ended.
+        assert!(samples >= 3, "stream {stream} sampled {samples} times: {seen:?}");
+    }
 }
 
 /// Opens a one-file, one-stream session by hand, as a sender would:

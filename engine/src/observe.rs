@@ -72,7 +72,8 @@ pub trait Observer: Send + Sync + Debug {
     }
     /// A data stream broke; its blocks go to the others.
     fn stream_failed(&self) {}
-    /// Data stream `stream`'s TCP_INFO, as a session ends.
+    /// Data stream `stream`'s TCP_INFO: every second while a session runs,
+    /// and once more as it ends.
     fn tcp_sampled(&self, stream: u16, stats: &TcpStats) {
         let _ = (stream, stats);
     }

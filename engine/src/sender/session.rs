@@ -7,7 +7,7 @@ use std::io::Write;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use super::generate;
@@ -40,6 +40,9 @@ const STREAM_CONNECT_ATTEMPTS: u32 = 4;
 /// How long a receiver has to close the control connection after
 /// `Finish` (it does once it has released the session's destinations).
 const FINISH_GRACE: Duration = Duration::from_secs(30);
+/// How often the data streams' TCP_INFO reaches the observer while a
+/// session runs.
+const TCP_SAMPLE_EVERY: Duration = Duration::from_secs(1);
 
 /// Manifest frames stay well under the frame cap.
 const MANIFEST_CHUNK_BYTES: usize = 1 << 20;
@@ -355,8 +358,13 @@ pub(crate) fn run(
             .try_clone()
             .map_err(|e| Error::net("cloning the control connection", e))?;
         s.spawn(carry(move || control_loop(shared, &mut ctl_r)));
+        // Dropped when the session stops, which ends the sampling at once.
+        let (sampling, stop_sampling) = mpsc::channel::<()>();
+        let sampled = &streams;
+        s.spawn(move || sample_loop(shared, sampled, &stop_sampling));
 
         let result = coordinate(shared, &mut control);
+        drop(sampling);
         // What the kernel learned of each path, before the streams close.
         tcp = streams
             .iter()
@@ -548,6 +556,20 @@ fn send_block(
     stream
         .write_all(&sum.to_le_bytes())
         .map_err(|e| Error::net("sending a block", e))
+}
+
+/// Tells the observer each data stream's TCP_INFO every
+/// `TCP_SAMPLE_EVERY` until `stop` closes (and the session samples them
+/// once more as it ends), so that a transfer's metrics show its paths
+/// while it runs.
+fn sample_loop(shared: &Shared, streams: &[Option<TcpStream>], stop: &mpsc::Receiver<()>) {
+    while let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(TCP_SAMPLE_EVERY) {
+        for (i, st) in streams.iter().enumerate() {
+            if let Some(t) = st.as_ref().and_then(net::tcp_stats) {
+                shared.observer.tcp_sampled(i as u16, &t);
+            }
+        }
+    }
 }
 
 fn ack_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
