@@ -13,10 +13,14 @@ pub struct PhaseFigures {
     pub streams: u16,
     /// Its rate over the whole phase, Gbit/s.
     pub gbps: f64,
-    /// The lowest smoothed round trip among its streams, milliseconds.
+    /// The path's round trip: the lowest any of its streams saw,
+    /// milliseconds (the smoothed one includes the queues a bulk phase
+    /// fills).
     pub rtt_ms: f64,
     /// Segments its streams sent again, together.
     pub retransmits: u64,
+    /// `retransmits` as a share of the segments the phase sent.
+    pub loss: f64,
     /// The largest send buffer the kernel granted one of its streams, bytes.
     pub send_buffer: u64,
 }
@@ -39,8 +43,8 @@ pub struct HostLimits {
 pub struct Advice {
     /// Streams to use.
     pub streams: u16,
-    /// The window each stream needs for the rate seen, with the kernel's
-    /// overhead: what the buffer maximums should allow, bytes.
+    /// The buffer each stream needs for the rate seen, with the kernel's
+    /// overhead: what the buffer maximums should allow at least, bytes.
     pub socket_buffer: u64,
     /// Congestion control to use.
     pub congestion: String,
@@ -56,6 +60,34 @@ const BUFFER_OVERHEAD: f64 = 2.0;
 
 /// More streams are worth it when they raise the rate by at least this.
 const WORTH_IT: f64 = 1.1;
+
+/// A stream running at this share of what its window allows is held by
+/// the window.
+const AT_THE_WINDOW: f64 = 0.8;
+
+/// Loss above this share of segments is worth a congestion control that
+/// does not halve its rate on every loss.
+const LOSSY: f64 = 1e-4;
+
+/// The largest buffer maximum advised: the kernel's limits are 32-bit.
+const MAX_BUFFER: u64 = 1 << 30;
+
+/// Whether `p`'s streams each ran at what their granted buffer allows
+/// over `rtt_s`.
+fn window_limited(p: &PhaseFigures, rtt_s: f64) -> bool {
+    if p.send_buffer == 0 || rtt_s <= 0.0 || p.streams == 0 {
+        return false;
+    }
+    let window_gbps = p.send_buffer as f64 / BUFFER_OVERHEAD * 8.0 / rtt_s / 1e9;
+    p.gbps / f64::from(p.streams) >= AT_THE_WINDOW * window_gbps
+}
+
+fn raise_to(want: u64) -> String {
+    format!(
+        "sysctl -w net.ipv4.tcp_rmem='4096 131072 {want}' net.ipv4.tcp_wmem='4096 16384 {want}' \
+         net.core.rmem_max={want} net.core.wmem_max={want}"
+    )
+}
 
 /// The advice for a path that gave `one` with one stream and `many` with
 /// more, on a host with `host`'s limits.
@@ -90,46 +122,70 @@ pub fn advise(one: &PhaseFigures, many: &PhaseFigures, host: &HostLimits) -> Adv
         1
     };
     let best = one.gbps.max(many.gbps);
-    let rtt_s = one.rtt_ms.min(many.rtt_ms).max(0.0) / 1e3;
+    let rtt_ms = [one.rtt_ms, many.rtt_ms]
+        .into_iter()
+        .filter(|r| r.is_finite() && *r > 0.0)
+        .fold(f64::INFINITY, f64::min);
+    let rtt_s = if rtt_ms.is_finite() {
+        rtt_ms / 1e3
+    } else {
+        0.0
+    };
     let bdp = best * 1e9 / 8.0 * rtt_s;
-    let socket_buffer = (bdp / f64::from(streams) * BUFFER_OVERHEAD).ceil() as u64;
+    let socket_buffer = (bdp / f64::from(streams) * BUFFER_OVERHEAD)
+        .ceil()
+        .min(MAX_BUFFER as f64) as u64;
     let cap = match (host.tcp_wmem_max, host.tcp_rmem_max) {
         (0, r) => r,
         (w, 0) => w,
         (w, r) => w.min(r),
     };
+    let fmt = crate::units::fmt_bytes;
+    let held = [one, many].into_iter().find(|p| window_limited(p, rtt_s));
     if cap > 0 && socket_buffer > cap {
         reasons.push(format!(
             "at {best:.2} Gbit/s over {:.1} ms each of {streams} streams needs a {} buffer, more than \
              this host's TCP buffer maximum ({})",
             rtt_s * 1e3,
-            crate::units::fmt_bytes(socket_buffer),
-            crate::units::fmt_bytes(cap)
+            fmt(socket_buffer),
+            fmt(cap)
         ));
-        let want = socket_buffer.next_power_of_two();
-        sysctl.push(format!(
-            "sysctl -w net.ipv4.tcp_rmem='4096 131072 {want}' net.ipv4.tcp_wmem='4096 16384 {want}' \
-             net.core.rmem_max={want} net.core.wmem_max={want}"
-        ));
-    } else if one.send_buffer > 0
-        && one.rtt_ms > 0.0
-        && one.send_buffer as f64 / BUFFER_OVERHEAD * 8.0 / rtt_s / 1e9 < one.gbps * WORTH_IT
-    {
-        reasons.push(format!(
-            "one stream ran as fast as the {} send buffer the kernel had granted it allows over {:.1} ms: \
-             its window, not the path, held it back",
-            crate::units::fmt_bytes(one.send_buffer),
-            rtt_s * 1e3
-        ));
+        sysctl.push(raise_to(socket_buffer.next_power_of_two().min(MAX_BUFFER)));
+    } else if let Some(p) = held {
+        let each = p.gbps / f64::from(p.streams);
+        if cap > 0 && p.send_buffer * 2 < cap {
+            reasons.push(format!(
+                "{} stream(s) ran at {each:.2} Gbit/s each, what the {} buffer the kernel had granted \
+                 allows over {:.1} ms, and it may grow to {}: a longer probe (--seconds) lets it",
+                p.streams,
+                fmt(p.send_buffer),
+                rtt_s * 1e3,
+                fmt(cap)
+            ));
+        } else {
+            let want = (p.send_buffer.max(cap) * 4)
+                .next_power_of_two()
+                .min(MAX_BUFFER);
+            reasons.push(format!(
+                "{} stream(s) ran at {each:.2} Gbit/s each, what a {} buffer allows over {:.1} ms: the \
+                 window, not the path, held them back; raise the buffer maximums and probe again",
+                p.streams,
+                fmt(p.send_buffer),
+                rtt_s * 1e3
+            ));
+            sysctl.push(raise_to(want));
+        }
     }
-    let congestion = if many.retransmits > 0
+    let congestion = if many.loss > LOSSY
         && host.congestion != "bbr"
         && host.available.iter().any(|c| c == "bbr")
     {
         reasons.push(format!(
-            "the streams lost segments ({} sent again) and {} backs off on every loss; bbr paces to the \
-             path's rate instead",
-            many.retransmits, host.congestion
+            "the streams lost {:.3}% of their segments ({} sent again) and {} backs off on every loss; \
+             bbr paces to the path's rate instead",
+            many.loss * 100.0,
+            many.retransmits,
+            host.congestion
         ));
         "bbr".to_string()
     } else {
@@ -154,7 +210,8 @@ mod tests {
             gbps,
             rtt_ms: 150.0,
             retransmits: 0,
-            send_buffer: 64 << 20,
+            loss: 0.0,
+            send_buffer: 256 << 20,
         }
     }
 
@@ -207,20 +264,48 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_held_by_its_granted_buffer_is_named() {
-        // 4 MiB granted, half usable, over 150 ms: 0.11 Gbit/s at most.
-        let held = PhaseFigures {
-            send_buffer: 4 << 20,
-            ..phase(1, 0.11)
+    fn streams_held_by_their_window_are_named_and_the_cap_raised() {
+        // A 4 MiB maximum over 150 ms: 2 MiB usable, 0.11 Gbit/s a stream,
+        // whatever the path could carry. The rate seen fits the cap, so
+        // only the window rule can tell.
+        let capped = HostLimits {
+            tcp_wmem_max: 4 << 20,
+            tcp_rmem_max: 4 << 20,
+            ..host()
         };
-        let a = advise(&held, &phase(8, 0.85), &host());
-        assert!(a.reasons.iter().any(|r| r.contains("its window")), "{a:?}");
+        let at = |streams, gbps| PhaseFigures {
+            send_buffer: 4 << 20,
+            ..phase(streams, gbps)
+        };
+        let a = advise(&at(1, 0.11), &at(8, 0.88), &capped);
+        assert!(
+            a.reasons.iter().any(|r| r.contains("held them back")),
+            "{a:?}"
+        );
+        assert_eq!(a.sysctl, [raise_to(16 << 20)]);
+        // Granted far below what the host allows: autotuning had not grown
+        // the buffer yet, so a longer probe, not a sysctl.
+        let a = advise(&at(1, 0.11), &at(8, 0.88), &host());
+        assert!(a.reasons.iter().any(|r| r.contains("--seconds")), "{a:?}");
+        assert!(a.sysctl.is_empty(), "{a:?}");
+    }
+
+    #[test]
+    fn no_round_trip_measured_advises_no_buffer_and_no_panic() {
+        let blind = PhaseFigures {
+            rtt_ms: f64::INFINITY,
+            ..phase(1, 1.0)
+        };
+        let a = advise(&blind, &blind, &host());
+        assert_eq!(a.socket_buffer, 0);
+        assert!(a.sysctl.is_empty());
     }
 
     #[test]
     fn loss_suggests_bbr_only_where_it_is_offered_and_not_in_use() {
         let lossy = PhaseFigures {
-            retransmits: 40,
+            retransmits: 400,
+            loss: 1e-3,
             ..phase(4, 2.0)
         };
         assert_eq!(advise(&phase(1, 1.0), &lossy, &host()).congestion, "bbr");
@@ -229,9 +314,14 @@ mod tests {
             ..host()
         };
         assert_eq!(advise(&phase(1, 1.0), &lossy, &no_bbr).congestion, "cubic");
-        // Without loss the congestion control in use stays.
+        // A few retransmits of slow start's overshoot are not loss.
+        let overshoot = PhaseFigures {
+            retransmits: 3,
+            loss: 1e-5,
+            ..phase(4, 2.0)
+        };
         assert_eq!(
-            advise(&phase(1, 1.0), &phase(4, 2.0), &host()).congestion,
+            advise(&phase(1, 1.0), &overshoot, &host()).congestion,
             "cubic"
         );
     }

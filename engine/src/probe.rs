@@ -31,12 +31,17 @@ pub struct ProbeConfig {
     pub socket: SocketOpts,
 }
 
-/// The smallest phase: enough blocks to spread over the streams.
+/// The smallest phase.
 const MIN_PHASE: u64 = 16 << 20;
+/// Blocks each stream gets at least, so that every stream carries some.
+const MIN_BLOCKS_PER_STREAM: u64 = 4;
 /// The largest phase, whatever the path: a probe stays short.
 const MAX_PHASE: u64 = 64 << 30;
 /// The first, sizing run.
 const SIZING: u64 = 16 << 20;
+/// A phase that ends before half its time is run again, larger (TCP's
+/// ramp dominates a short one), at most this many times.
+const MAX_TRIES: u32 = 3;
 
 /// One phase: what it moved and what each stream's TCP_INFO said at its end.
 #[derive(Debug, Clone, Serialize)]
@@ -57,12 +62,22 @@ pub struct Phase {
 impl Phase {
     fn of(s: &SendSummary) -> Self {
         let seen = || s.tcp.iter().flatten();
+        // The lowest round trip the kernel saw; the handshake's when no
+        // stream could say.
+        let rtt_ms = seen()
+            .map(|t| t.min_rtt_ms)
+            .filter(|r| *r > 0.0)
+            .fold(f64::INFINITY, f64::min);
+        let retransmits: u64 = seen().map(|t| u64::from(t.retransmits)).sum();
+        let mss = seen().map(|t| t.mss).max().unwrap_or(0).max(536);
+        let segments = (s.bytes_sent / u64::from(mss)).max(1);
         Self {
             figures: PhaseFigures {
                 streams: s.streams,
                 gbps: s.gbps,
-                rtt_ms: seen().map(|t| t.rtt_ms).fold(f64::INFINITY, f64::min),
-                retransmits: seen().map(|t| u64::from(t.retransmits)).sum(),
+                rtt_ms: if rtt_ms.is_finite() { rtt_ms } else { s.rtt_ms },
+                retransmits,
+                loss: retransmits as f64 / segments as f64,
                 send_buffer: seen().map(|t| t.send_buffer).max().unwrap_or(0),
             },
             bytes: s.bytes_sent,
@@ -90,10 +105,11 @@ pub struct ProbeReport {
     pub advice: Advice,
 }
 
-/// Bytes for a phase that should last `seconds` at `gbps`.
-fn phase_bytes(gbps: f64, seconds: f64, block_size: u64) -> u64 {
+/// Bytes for a phase of `streams` that should last `seconds` at `gbps`.
+fn phase_bytes(gbps: f64, seconds: f64, streams: u16, block_size: u64) -> u64 {
+    let least = MIN_PHASE.max(u64::from(streams) * MIN_BLOCKS_PER_STREAM * block_size);
     let want = (gbps * 1e9 / 8.0 * seconds) as u64;
-    want.clamp(MIN_PHASE.max(block_size), MAX_PHASE)
+    want.clamp(least.min(MAX_PHASE), MAX_PHASE)
         .next_multiple_of(block_size)
 }
 
@@ -108,22 +124,31 @@ fn run(cfg: &ProbeConfig, streams: u16, bytes: u64) -> Result<SendSummary> {
     send(&c)
 }
 
+/// A phase of `streams` lasting about `cfg.seconds`: started at the
+/// size `gbps` calls for, and run again larger while it ends in less than
+/// half that (on a long path the first runs are mostly TCP's ramp).
+fn phase(cfg: &ProbeConfig, streams: u16, gbps: f64) -> Result<SendSummary> {
+    let mut bytes = phase_bytes(gbps, cfg.seconds, streams, cfg.block_size);
+    let mut tries = 1;
+    loop {
+        let s = run(cfg, streams, bytes)?;
+        if s.seconds >= cfg.seconds / 2.0 || bytes >= MAX_PHASE || tries >= MAX_TRIES {
+            return Ok(s);
+        }
+        // At least twice as large, for what the run that ended showed.
+        let rate = (s.gbps).max(gbps);
+        bytes = phase_bytes(rate, cfg.seconds, streams, cfg.block_size).max(bytes * 2);
+        tries += 1;
+    }
+}
+
 /// Probes `cfg.to`: a sizing run, one stream, then `cfg.streams`.
 pub fn probe(cfg: &ProbeConfig) -> Result<ProbeReport> {
     let sizing = run(cfg, 1, SIZING.next_multiple_of(cfg.block_size))?;
-    let one = run(
-        cfg,
-        1,
-        phase_bytes(sizing.gbps, cfg.seconds, cfg.block_size),
-    )?;
-    // Sized for streams that scale up to four times one: a path where they
-    // do not takes at most four times as long.
-    let scale = f64::from(cfg.streams.min(4));
-    let many = run(
-        cfg,
-        cfg.streams,
-        phase_bytes(one.gbps * scale, cfg.seconds, cfg.block_size),
-    )?;
+    let one = phase(cfg, 1, sizing.gbps)?;
+    // Sized for streams that scale up to four times one: where they do
+    // not, the phase takes up to four times as long.
+    let many = phase(cfg, cfg.streams, one.gbps * f64::from(cfg.streams.min(4)))?;
     let caps = capabilities();
     let host = HostLimits {
         tcp_wmem_max: caps.tcp_wmem_max,
@@ -204,9 +229,11 @@ mod tests {
     #[test]
     fn phases_last_about_the_asked_time_within_bounds() {
         // 8 Gbit/s for 2 s is 2 GB, a whole number of blocks.
-        assert_eq!(phase_bytes(8.0, 2.0, 1 << 20), 2_000_683_008);
-        assert_eq!(phase_bytes(0.0, 2.0, 1 << 20), MIN_PHASE);
-        assert_eq!(phase_bytes(0.0, 2.0, 64 << 20), 64 << 20);
-        assert_eq!(phase_bytes(1e6, 2.0, 1 << 20), MAX_PHASE);
+        assert_eq!(phase_bytes(8.0, 2.0, 1, 1 << 20), 2_000_683_008);
+        assert_eq!(phase_bytes(0.0, 2.0, 1, 1 << 20), MIN_PHASE);
+        // Every stream gets blocks to carry.
+        assert_eq!(phase_bytes(0.0, 2.0, 8, 4 << 20), 8 * 4 * (4 << 20));
+        assert_eq!(phase_bytes(0.0, 2.0, 1, 64 << 20), 4 * (64 << 20));
+        assert_eq!(phase_bytes(1e6, 2.0, 1, 1 << 20), MAX_PHASE);
     }
 }

@@ -117,16 +117,17 @@ pub struct SendSummary {
 
 /// What the summaries of a memory-to-memory test say first, so that
 /// nobody takes its rate for a transfer's.
-pub const MEMORY_TO_MEMORY: &str = "MEMORY TO MEMORY: generated data, verified by the receiver and dropped; no disk was read or written";
+pub const MEMORY_TO_MEMORY: &str =
+    "MEMORY TO MEMORY: generated data, dropped by the receiver; no disk was read or written";
 
 impl SendSummary {
     /// The human-readable summary.
     pub fn render(&self) -> String {
         let mut s = String::new();
-        let status = if self.ok {
-            "complete and verified"
-        } else {
-            "FAILED"
+        let status = match (self.ok, self.verify) {
+            (false, _) => "FAILED",
+            (true, Verification::None) => "complete, unverified (--verify none)",
+            (true, _) => "complete and verified",
         };
         if self.memory_to_memory {
             s.push_str(&format!("memory-to-memory test {status}\n"));

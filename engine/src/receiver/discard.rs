@@ -23,12 +23,26 @@ use crate::tracker::FileTracker;
 use crate::violation::{Violation, ViolationKind};
 use crate::wire::{EntryKind, FileEntry, Frame, Verification};
 
-/// Whether a memory-to-memory session may send `e`: a file with a
-/// well-formed name (which is only logged; nothing is created under it).
-pub(crate) fn plan(e: &FileEntry) -> Prepared {
+/// Most blocks a memory-to-memory session may carry. The receiver keeps
+/// a checksum and two bits for each; a file to write bounds that by the
+/// space it must reserve on disk, and nothing bounds a test's but this
+/// (8 MiB of checksums at this cap: 16 TiB in 16 MiB blocks).
+pub(crate) const MAX_DISCARD_BLOCKS: u64 = 1 << 20;
+
+/// Whether a memory-to-memory session may send `e`, which brings the
+/// session's blocks to `blocks_after`: a file with a well-formed name
+/// (only logged; nothing is created under it), within the block cap.
+pub(crate) fn plan(e: &FileEntry, blocks_after: u64) -> Prepared {
     if e.kind != EntryKind::File {
         return Prepared::Refuse(format!(
             "{}: a memory-to-memory test sends files only",
+            e.path
+        ));
+    }
+    if blocks_after > MAX_DISCARD_BLOCKS {
+        return Prepared::Refuse(format!(
+            "{}: a memory-to-memory test carries at most {MAX_DISCARD_BLOCKS} blocks; send less \
+             (--synthetic) or in larger blocks (--block-size)",
             e.path
         ));
     }
@@ -133,7 +147,7 @@ impl Discard {
                         ))
                     })?;
                     self.verdicts
-                        .answer(&self.stats, &*self.observer, file_id, false, 0, message);
+                        .answer(&self.stats, None, file_id, false, 0, message);
                 }
                 WriterMsg::Stop => return Ok(()),
             }
@@ -173,8 +187,41 @@ impl Discard {
                 (false, m)
             };
             self.verdicts
-                .answer(&self.stats, &*self.observer, file_id, ok, ours, message);
+                .answer(&self.stats, None, file_id, ok, ours, message);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(kind: EntryKind, path: &str) -> FileEntry {
+        FileEntry {
+            file_id: 1,
+            kind,
+            size: 1 << 30,
+            fingerprint: 0,
+            mode: 0o644,
+            path: path.into(),
+        }
+    }
+
+    #[test]
+    fn a_test_may_send_well_named_files_within_the_block_cap_only() {
+        let file = entry(EntryKind::File, "synthetic");
+        assert!(matches!(plan(&file, 1024), Prepared::Discard));
+        assert!(matches!(plan(&file, MAX_DISCARD_BLOCKS), Prepared::Discard));
+        let refused = |p: Prepared| match p {
+            Prepared::Refuse(m) => m,
+            _ => panic!("accepted"),
+        };
+        assert!(refused(plan(&file, MAX_DISCARD_BLOCKS + 1)).contains("--block-size"));
+        assert!(refused(plan(&entry(EntryKind::Dir, "d"), 0)).contains("files only"));
+        // Never created, but a name no real session could use is refused
+        // the same way.
+        refused(plan(&entry(EntryKind::File, "../escape"), 1));
+        refused(plan(&entry(EntryKind::File, "/abs"), 1));
     }
 }

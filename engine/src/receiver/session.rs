@@ -395,7 +395,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
                 e.path
             ))
         } else if discard {
-            super::discard::plan(e)
+            super::discard::plan(e, tracked + blocks)
         } else {
             prepare(&shared.root, e, block_size, shared.cfg.umask)
         };

@@ -47,14 +47,15 @@ impl VerdictTx {
         }
     }
 
-    /// Answers a file: counts it, tells the observer, and sends its
-    /// verdict. The control thread ends the session once every accepted
-    /// file has its verdict, rather than a round trip later at the
-    /// sender's Finish.
+    /// Answers a file: counts it in the session's stats, tells `observer`
+    /// (none for a memory-to-memory test's file, which is no file
+    /// published or failed), and sends its verdict. The control thread
+    /// ends the session once every accepted file has its verdict, rather
+    /// than a round trip later at the sender's Finish.
     pub(crate) fn answer(
         &self,
         stats: &Stats,
-        observer: &dyn Observer,
+        observer: Option<&dyn Observer>,
         file_id: u32,
         ok: bool,
         digest: u128,
@@ -66,7 +67,9 @@ impl VerdictTx {
             &stats.files_failed
         };
         count.fetch_add(1, Ordering::SeqCst);
-        observer.file_done(ok);
+        if let Some(o) = observer {
+            o.file_done(ok);
+        }
         self.send(Verdict::File {
             file_id,
             ok,

@@ -482,7 +482,7 @@ impl Writer {
     fn result(&mut self, file_id: u32, ok: bool, digest: u128, message: String) -> Result<()> {
         self.verdicts.answer(
             &self.stats,
-            &*self.shared.cfg.observer,
+            Some(&*self.shared.cfg.observer),
             file_id,
             ok,
             digest,
