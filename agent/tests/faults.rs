@@ -533,9 +533,15 @@ fn tcp_info_reaches_the_observer_while_a_transfer_runs() {
     assert!(summary.ok, "{}", summary.render());
     let seen = seen.0.lock().unwrap();
     for stream in 0..2 {
-        let samples = seen.iter().filter(|s| **s == format!("tcp {stream}")).count();
+        let samples = seen
+            .iter()
+            .filter(|s| **s == format!("tcp {stream}"))
+            .count();
         // Once a second while it ran, and once as it ended.
-        assert!(samples >= 3, "stream {stream} sampled {samples} times: {seen:?}");
+        assert!(
+            samples >= 3,
+            "stream {stream} sampled {samples} times: {seen:?}"
+        );
     }
 }
 
