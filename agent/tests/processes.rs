@@ -39,6 +39,20 @@ fn serve_piped(
     rx
 }
 
+/// Stops a receiver started with a piped stdout and returns what it printed.
+fn stop_and_read(mut rx: std::process::Child) -> String {
+    use std::io::Read;
+    rx.kill().unwrap();
+    rx.wait().unwrap();
+    let mut printed = String::new();
+    rx.stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut printed)
+        .unwrap();
+    printed
+}
+
 fn send_cmd(port: u16, token: &Path, src: &Path, dest: &str, extra: &[&str]) -> Command {
     let mut c = Command::new(BIN);
     c.args([
@@ -336,7 +350,6 @@ fn serve_exposes_prometheus_metrics() {
 
 #[test]
 fn memory_to_memory_needs_the_receivers_consent_and_writes_nothing() {
-    use std::io::Read;
     let s = setup("m2m", 1000);
     let synthetic = |port: u16, extra: &[&str]| {
         Command::new(BIN)
@@ -366,7 +379,7 @@ fn memory_to_memory_needs_the_receivers_consent_and_writes_nothing() {
 
     let port = free_port();
     let mport = free_port();
-    let mut rx = serve_piped(
+    let rx = serve_piped(
         &s,
         port,
         &[
@@ -406,14 +419,7 @@ fn memory_to_memory_needs_the_receivers_consent_and_writes_nothing() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--verify checksums"));
 
-    rx.kill().unwrap();
-    rx.wait().unwrap();
-    let mut printed = String::new();
-    rx.stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut printed)
-        .unwrap();
+    let printed = stop_and_read(rx);
     let sessions: Vec<serde_json::Value> = printed
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -483,12 +489,11 @@ fn probe_reports_each_stream_and_what_to_use() {
 
 #[test]
 fn serve_prints_each_sessions_summary_as_json() {
-    use std::io::Read;
     // The receiver's summary reaches stdout through the engine's observer:
     // the engine itself prints nothing.
     let s = setup("summaries", 3 << 20);
     let port = free_port();
-    let mut rx = serve_piped(&s, port, &["--json"], Stdio::piped(), Stdio::null());
+    let rx = serve_piped(&s, port, &["--json"], Stdio::piped(), Stdio::null());
     let out = send_cmd(port, &s.token, &s.src, "s.bin", &[])
         .output()
         .unwrap();
@@ -497,14 +502,7 @@ fn serve_prints_each_sessions_summary_as_json() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    rx.kill().unwrap();
-    rx.wait().unwrap();
-    let mut printed = String::new();
-    rx.stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut printed)
-        .unwrap();
+    let printed = stop_and_read(rx);
     let line = printed
         .lines()
         .next()

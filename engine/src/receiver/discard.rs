@@ -10,7 +10,7 @@ use std::sync::{Arc, mpsc};
 
 use super::dest::Prepared;
 use super::stats::Stats;
-use super::verdicts::{Verdict, VerdictTx};
+use super::verdicts::VerdictTx;
 use super::writer::{Report, WriterMsg};
 use crate::Layout;
 use crate::digest::fmt_digest;
@@ -90,15 +90,8 @@ impl Discard {
     }
 
     pub(crate) fn run(mut self) -> Report {
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.work()))
-            .unwrap_or_else(|_| Err(Error::Internal("the discarding writer panicked".into())));
-        if let Err(e) = &result {
-            tracing::error!(error = %e, kind = e.metric_label(), "writer failed");
-            self.verdicts.send(Verdict::Failed {
-                retryable: e.is_retryable(),
-                message: format!("receiver: {e}"),
-            });
-        }
+        let result = super::verdicts::unwound(|| self.work());
+        self.verdicts.send_failure(&result);
         Report {
             io_mode: self.io_mode,
             fallback: None,

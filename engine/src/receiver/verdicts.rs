@@ -7,9 +7,18 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 
 use super::stats::Stats;
+use crate::error::{Error, Result};
 use crate::observe::Observer;
 pub(crate) use crate::session::Verdict;
 use rustix::event::{EventfdFlags, eventfd};
+
+/// Runs a writer's `work` to its end, a panic included: a bug must not
+/// leave the sender waiting forever on a dead writer, so a panic becomes
+/// an error the sender is told about (see `VerdictTx::send_failure`).
+pub(crate) fn unwound(work: impl FnOnce() -> Result<()>) -> Result<()> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
+        .unwrap_or_else(|_| Err(Error::Internal("the writer panicked".into())))
+}
 
 /// The writer's end.
 pub(crate) struct VerdictTx {
@@ -44,6 +53,19 @@ impl VerdictTx {
             // Cannot fail but by overflowing a counter that is reset on
             // every wake; a missed wake would only delay to the next poll.
             let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
+        }
+    }
+
+    /// Tells the control thread that its writer failed, when `result` says
+    /// so: the session ends with that error, and the sender hears whether
+    /// retrying can help.
+    pub(crate) fn send_failure(&self, result: &Result<()>) {
+        if let Err(e) = result {
+            tracing::error!(error = %e, kind = e.metric_label(), "writer failed");
+            self.send(Verdict::Failed {
+                retryable: e.is_retryable(),
+                message: format!("receiver: {e}"),
+            });
         }
     }
 

@@ -13,7 +13,7 @@ use super::checkpointer::{Checkpointer, Done, Job};
 use super::dest::{DestFile, Staged, discard_unresumable};
 use super::kept::Kept;
 use super::stats::Stats;
-use super::verdicts::{Verdict, VerdictTx};
+use super::verdicts::VerdictTx;
 use crate::CheckpointPolicy;
 use crate::digest::{block_checksum, file_digest, fmt_digest};
 use crate::error::{Error, Result};
@@ -146,17 +146,8 @@ impl Writer {
     }
 
     pub(crate) fn run(mut self) -> Report {
-        // A bug must not leave the sender waiting forever on a dead writer:
-        // a panic becomes an error the sender is told about.
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.work()))
-            .unwrap_or_else(|_| Err(Error::Internal("the writer panicked".into())));
-        if let Err(e) = &result {
-            tracing::error!(error = %e, kind = e.metric_label(), "writer failed");
-            self.verdicts.send(Verdict::Failed {
-                retryable: e.is_retryable(),
-                message: format!("receiver: {e}"),
-            });
-        }
+        let result = super::verdicts::unwound(|| self.work());
+        self.verdicts.send_failure(&result);
         // Whatever happened, make what is on disk resumable, and remove
         // what cannot be resumed.
         let _ = self.drain();
