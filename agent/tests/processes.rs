@@ -433,6 +433,39 @@ fn memory_to_memory_needs_the_receivers_consent_and_writes_nothing() {
     // Dropped, not written: not a file, a temporary or a checkpoint.
     let left: Vec<_> = std::fs::read_dir(&s.root).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");
+    // A test the plan refuses (past the block cap: 5 GiB in 4 KiB blocks)
+    // fails at the sender, but is no file failed at the receiver.
+    let (port, mport) = (free_port(), free_port());
+    let _rx = Proc(serve_piped(
+        &s,
+        port,
+        &[
+            "--allow-discard",
+            "--metrics-addr",
+            &format!("127.0.0.1:{mport}"),
+        ],
+        Stdio::null(),
+        Stdio::null(),
+    ));
+    let out = Command::new(BIN)
+        .args(["send", "--to", &format!("127.0.0.1:{port}"), "--quiet"])
+        .args([
+            "--block-size",
+            "4KiB",
+            "--synthetic",
+            "5GiB",
+            "--token-file",
+        ])
+        .arg(&s.token)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let body = scrape(mport);
+    assert_eq!(metric(&body, "wirerate_receiver_files_failed_total"), 0.0);
+    assert_eq!(
+        metric(&body, "wirerate_receiver_files_completed_total"),
+        0.0
+    );
 }
 
 #[test]

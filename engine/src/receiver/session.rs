@@ -419,7 +419,10 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
                 }
             }
             Prepared::Refuse(message) => {
-                shared.cfg.observer.file_done(false);
+                // A memory-to-memory test's file is no file failed here.
+                if !discard {
+                    shared.cfg.observer.file_done(false);
+                }
                 stats.refused.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(path = %e.path, "refused: {message}");
                 PlanOutcome::Refuse { message }
