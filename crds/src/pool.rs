@@ -329,6 +329,13 @@ pub struct Preflight {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 16))]
     pub congestion: Option<String>,
+    /// What net.ipv4.tcp_slow_start_after_idle must be. `false` is what
+    /// long paths want: with it on (Linux's default), a stream that pauses
+    /// for one retransmission timeout (the next file, a checkpoint's sync)
+    /// loses its window and takes about a dozen round trips to regain it.
+    /// Unset: not checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slow_start_after_idle: Option<bool>,
 }
 
 /// What the operator and the agents observed of a pool.

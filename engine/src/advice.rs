@@ -36,6 +36,9 @@ pub struct HostLimits {
     pub congestion: String,
     /// Those the kernel offers.
     pub available: Vec<String>,
+    /// Whether an idle connection falls back to slow start
+    /// (net.ipv4.tcp_slow_start_after_idle); `None`: unknown.
+    pub slow_start_after_idle: Option<bool>,
 }
 
 /// What to use on this path, and why.
@@ -68,6 +71,14 @@ const AT_THE_WINDOW: f64 = 0.8;
 /// Loss above this share of segments is worth a congestion control that
 /// does not halve its rate on every loss.
 const LOSSY: f64 = 1e-4;
+
+/// The sysctl that sends a TCP connection back to slow start after it has
+/// been idle for one retransmission timeout (on by default in Linux).
+pub const SLOW_START_AFTER_IDLE: &str = "net.ipv4.tcp_slow_start_after_idle";
+
+/// Round trips from which slow start after a pause costs more than a
+/// moment: ramping back to full rate takes a dozen of them.
+const LONG_PATH_MS: f64 = 10.0;
 
 /// The largest buffer maximum advised: the kernel's limits are 32-bit.
 const MAX_BUFFER: u64 = 1 << 30;
@@ -191,6 +202,14 @@ pub fn advise(one: &PhaseFigures, many: &PhaseFigures, host: &HostLimits) -> Adv
     } else {
         host.congestion.clone()
     };
+    if host.slow_start_after_idle == Some(true) && rtt_ms.is_finite() && rtt_ms >= LONG_PATH_MS {
+        reasons.push(format!(
+            "{SLOW_START_AFTER_IDLE} is on: a stream that pauses for one retransmission timeout (the next \
+             file, a checkpoint's sync, a slow read) starts over from slow start, about a dozen round trips \
+             of {rtt_ms:.1} ms before it is back at full rate"
+        ));
+        sysctl.push(format!("sysctl -w {SLOW_START_AFTER_IDLE}=0"));
+    }
     Advice {
         streams,
         socket_buffer,
@@ -221,6 +240,7 @@ mod tests {
             tcp_rmem_max: 256 << 20,
             congestion: "cubic".into(),
             available: vec!["reno".into(), "cubic".into(), "bbr".into()],
+            slow_start_after_idle: Some(false),
         }
     }
 
@@ -299,6 +319,38 @@ mod tests {
         let a = advise(&blind, &blind, &host());
         assert_eq!(a.socket_buffer, 0);
         assert!(a.sysctl.is_empty());
+    }
+
+    #[test]
+    fn slow_start_after_idle_is_named_on_a_long_path_only() {
+        let on = HostLimits {
+            slow_start_after_idle: Some(true),
+            ..host()
+        };
+        let a = advise(&phase(1, 5.0), &phase(4, 10.0), &on);
+        assert_eq!(a.sysctl, ["sysctl -w net.ipv4.tcp_slow_start_after_idle=0"]);
+        assert!(a.reasons.iter().any(|r| r.contains("slow start")), "{a:?}");
+        // Off, or unknown: nothing to say.
+        assert!(
+            advise(&phase(1, 5.0), &phase(4, 10.0), &host())
+                .sysctl
+                .is_empty()
+        );
+        let unknown = HostLimits {
+            slow_start_after_idle: None,
+            ..host()
+        };
+        assert!(
+            advise(&phase(1, 5.0), &phase(4, 10.0), &unknown)
+                .sysctl
+                .is_empty()
+        );
+        // Within a rack a ramp is over in a millisecond.
+        let near = |streams, gbps| PhaseFigures {
+            rtt_ms: 0.2,
+            ..phase(streams, gbps)
+        };
+        assert!(advise(&near(1, 5.0), &near(4, 10.0), &on).sysctl.is_empty());
     }
 
     #[test]

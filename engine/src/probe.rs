@@ -155,6 +155,7 @@ pub fn probe(cfg: &ProbeConfig) -> Result<ProbeReport> {
         tcp_rmem_max: caps.tcp_rmem_max,
         congestion: many.congestion.clone(),
         available: caps.congestion.clone(),
+        slow_start_after_idle: crate::io::caps::slow_start_after_idle(),
     };
     let (one, many) = (Phase::of(&one), Phase::of(&many));
     let advice = advise(&one.figures, &many.figures, &host);

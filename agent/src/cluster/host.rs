@@ -5,7 +5,8 @@ use std::path::Path;
 
 use wirerate_crds::pool::Preflight;
 use wirerate_engine::IoMode;
-use wirerate_engine::io::caps::{sysctl_number, sysctl_words};
+use wirerate_engine::advice::SLOW_START_AFTER_IDLE;
+use wirerate_engine::io::caps::{slow_start_after_idle, sysctl_number, sysctl_words};
 
 pub use wirerate_engine::io::sys::interface_address;
 
@@ -20,6 +21,8 @@ pub struct Readings {
     pub congestion: Vec<String>,
     /// MTU of the data NIC.
     pub mtu: Option<i32>,
+    /// net.ipv4.tcp_slow_start_after_idle, on or off.
+    pub slow_start_after_idle: Option<bool>,
 }
 
 impl Readings {
@@ -36,6 +39,7 @@ impl Readings {
             congestion: sysctl_words("net.ipv4.tcp_available_congestion_control"),
             mtu: interface
                 .and_then(|i| num(&format!("/sys/class/net/{i}/mtu")).map(|v: i64| v as i32)),
+            slow_start_after_idle: slow_start_after_idle(),
         }
     }
 }
@@ -70,6 +74,23 @@ pub fn preflight(expect: &Preflight, mtu: Option<i32>, r: &Readings) -> Vec<(Str
         out.push((
             "mtu".to_owned(),
             format!("the data NIC's MTU is {have}, the pool expects {want}"),
+        ));
+    }
+    if let (Some(want), Some(have)) = (expect.slow_start_after_idle, r.slow_start_after_idle)
+        && want != have
+    {
+        let (is, fix) = if have { ("on", 0) } else { ("off", 1) };
+        let why = if have {
+            ": a data stream that pauses for one retransmission timeout starts over from slow start"
+        } else {
+            ""
+        };
+        out.push((
+            "slow_start_after_idle".to_owned(),
+            format!(
+                "{SLOW_START_AFTER_IDLE} is {is}, the pool expects it {}{why}: sysctl -w {SLOW_START_AFTER_IDLE}={fix}",
+                if want { "on" } else { "off" }
+            ),
         ));
     }
     out
@@ -122,17 +143,47 @@ mod tests {
         let expect = Preflight {
             min_socket_buffer: Some(1 << 30),
             congestion: Some("bbr".into()),
+            slow_start_after_idle: Some(false),
         };
         let r = Readings {
             rmem_max: Some(212992),
             wmem_max: Some(1 << 30),
             congestion: vec!["reno".into(), "cubic".into()],
             mtu: Some(1500),
+            slow_start_after_idle: Some(true),
         };
         let f = preflight(&expect, Some(9000), &r);
         let checks: Vec<&str> = f.iter().map(|(c, _)| c.as_str()).collect();
-        assert_eq!(checks, ["rmem_max", "congestion", "mtu"]);
+        assert_eq!(
+            checks,
+            ["rmem_max", "congestion", "mtu", "slow_start_after_idle"]
+        );
         assert!(f[0].1.contains("sysctl -w net.core.rmem_max="));
+        assert!(
+            f[3].1
+                .ends_with("sysctl -w net.ipv4.tcp_slow_start_after_idle=0"),
+            "{}",
+            f[3].1
+        );
         assert!(preflight(&Preflight::default(), None, &r).is_empty());
+        // As the pool expects, or unreadable: nothing to report.
+        let off = Readings {
+            slow_start_after_idle: Some(false),
+            ..r.clone()
+        };
+        assert!(
+            !preflight(&expect, None, &off)
+                .iter()
+                .any(|(c, _)| c == "slow_start_after_idle")
+        );
+        let unknown = Readings {
+            slow_start_after_idle: None,
+            ..r.clone()
+        };
+        assert!(
+            !preflight(&expect, None, &unknown)
+                .iter()
+                .any(|(c, _)| c == "slow_start_after_idle")
+        );
     }
 }

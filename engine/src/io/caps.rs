@@ -52,6 +52,14 @@ fn third_field(name: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Whether a connection that pauses (between files, while a checkpoint
+/// syncs, a reused warm connection) loses its window and ramps again:
+/// about a dozen round trips at 150 ms before it is back at full rate.
+/// Read now, per network namespace; `None` when it cannot be read.
+pub fn slow_start_after_idle() -> Option<bool> {
+    sysctl_number(crate::advice::SLOW_START_AFTER_IDLE).map(|v| v != 0)
+}
+
 /// The probed capabilities of this host (probed on first use).
 pub fn capabilities() -> &'static Capabilities {
     static CAPS: OnceLock<Capabilities> = OnceLock::new();
