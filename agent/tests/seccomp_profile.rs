@@ -83,7 +83,7 @@ fn the_profile_is_the_runtime_default_plus_io_uring_and_nothing_else() {
     let mut text = String::new();
     canonical(&p, &mut text);
     assert_eq!(
-        format!("{:016x}", xxhash_rust::xxh3::xxh3_64(text.as_bytes())),
+        format!("{:016x}", wirerate_engine::digest::xxh3_64(text.as_bytes())),
         RUNTIME_DEFAULT_DIGEST,
         "the rest of the profile is no longer the runtime default"
     );

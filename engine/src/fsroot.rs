@@ -45,7 +45,7 @@ fn temp_stem(name: &str) -> std::borrow::Cow<'_, str> {
     if name.len() <= room - 4 {
         return name.into();
     }
-    let hash = format!("~{:016x}", xxhash_rust::xxh3::xxh3_64(name.as_bytes()));
+    let hash = format!("~{:016x}", crate::digest::xxh3_64(name.as_bytes()));
     let mut end = room - hash.len();
     while !name.is_char_boundary(end) {
         end -= 1;

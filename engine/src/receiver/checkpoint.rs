@@ -6,8 +6,8 @@
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 
+use crate::digest::xxh3_64;
 use rustix::fs::OFlags;
-use xxhash_rust::xxh3::xxh3_64;
 
 use crate::Bitmap;
 use crate::error::{Error, Result};

@@ -22,8 +22,8 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::digest::xxh3_64;
 use rustix::fs::{Mode, OFlags};
-use xxhash_rust::xxh3::xxh3_64;
 
 use crate::error::{Error, Result};
 use crate::summary::Skipped;
