@@ -244,9 +244,11 @@ struct SendArgs {
 
 #[derive(Args, Clone)]
 struct SendTuning {
-    /// Parallel TCP streams.
-    #[arg(long, default_value_t = tuning::STREAMS.default)]
-    streams: u64,
+    /// Parallel TCP streams [default: 4, or more when the path's round trip
+    /// and the hosts' TCP buffer maximums need more to carry 10 Gbit/s (or
+    /// --max-rate); the summary says why].
+    #[arg(long)]
+    streams: Option<u64>,
     /// Content block size, a multiple of 4 KiB, e.g. 64MiB [default: 16MiB, or half of --buffer when that is smaller].
     #[arg(long, value_parser = size)]
     block_size: Option<u64>,
@@ -364,12 +366,13 @@ fn send_config(
     c.socket = t.io.socket();
     c.tune(
         &Overrides {
-            streams: Some(t.streams.into()),
+            streams: t.streams.map(i128::from),
             block_size: t.block_size.map(i128::from),
             ..t.io.overrides()
         }
         .resolve()?,
     );
+    c.per_link = t.streams.is_none();
     c.max_rate = t.max_rate;
     c.verify = t.verify;
     c.retry_for = Duration::from_secs_f64(t.retry_for);

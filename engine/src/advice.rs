@@ -59,7 +59,7 @@ pub struct Advice {
 
 /// The kernel keeps about half of a socket buffer for its own bookkeeping
 /// (net.ipv4.tcp_adv_win_scale), so a window of W needs a buffer of 2W.
-const BUFFER_OVERHEAD: f64 = 2.0;
+pub(crate) const BUFFER_OVERHEAD: f64 = 2.0;
 
 /// More streams are worth it when they raise the rate by at least this.
 const WORTH_IT: f64 = 1.1;

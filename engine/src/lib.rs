@@ -5,7 +5,9 @@
 //! `tracker`, `bitmap`, `retry`), and the session protocol of a control
 //! connection (`session`). Tests drive it with no disk, socket or clock.
 //! `tuning` is the one definition of every setting, bound and default that
-//! the CRDs, the operator, the CLI and the engine share.
+//! the CRDs, the operator, the CLI and the engine share; `advice` (what a
+//! path test says to change) and `tuner` (how many streams a link needs)
+//! decide from measurements the shells take.
 //!
 //! **The shells** only move bytes and events: `sender` and `receiver` are
 //! the threads that feed the core and carry out what it polls; `wire` is
@@ -54,6 +56,7 @@ pub mod spans;
 pub mod summary;
 pub mod throttle;
 pub mod tracker;
+pub mod tuner;
 pub mod tuning;
 pub mod units;
 pub mod violation;

@@ -75,8 +75,11 @@ pub struct SendSummary {
     /// The source's I/O.
     #[serde(flatten)]
     pub io: IoInEffect,
-    /// Streams requested.
+    /// Data streams opened.
     pub streams: u16,
+    /// Why that many, when the per-link tuner chose them (`null` when the
+    /// count was fixed).
+    pub streams_chosen: Option<String>,
     /// Gbit/s each stream carried, by stream index.
     pub per_stream_gbps: Vec<f64>,
     /// Each stream's TCP_INFO at the end of the last session, by stream
@@ -181,6 +184,9 @@ impl SendSummary {
             self.congestion,
             per.join(" ")
         ));
+        if let Some(why) = &self.streams_chosen {
+            s.push_str(&format!("  tuned      streams {why}\n"));
+        }
         if let Some(line) = tcp_line(&self.tcp) {
             s.push_str(&line);
         }

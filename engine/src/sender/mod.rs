@@ -41,8 +41,13 @@ pub struct SendConfig {
     pub synthetic: Option<u64>,
     /// Destination relative to the receiver's root.
     pub dest: String,
-    /// Parallel TCP streams.
+    /// Parallel TCP streams (with `per_link`, the fewest to open).
     pub streams: u16,
+    /// Open more streams than `streams` when the link needs them: the
+    /// windows that the TCP buffer maximums allow over the control
+    /// connection's round trip cannot carry the aimed rate (`tuner`). The
+    /// choice is made once per run and kept by its retries.
+    pub per_link: bool,
     /// Content block size in bytes.
     pub block_size: u64,
     /// I/O mode for reads.
@@ -82,6 +87,7 @@ impl SendConfig {
             synthetic: None,
             dest: dest.into(),
             streams: Settings::default().streams,
+            per_link: false,
             block_size: Settings::default().block_size,
             io_mode: IoMode::Async,
             queue_depth: Settings::default().queue_depth,
@@ -169,6 +175,10 @@ pub(crate) struct RunState {
     pub(crate) io_mode: Option<IoMode>,
     pub(crate) io_fallback: Option<String>,
     pub(crate) rtt: Option<Duration>,
+    /// The data streams of this run: chosen by the first session.
+    pub(crate) streams: Option<u16>,
+    /// Why, when the tuner chose them.
+    pub(crate) streams_chosen: Option<String>,
     /// Each data stream's TCP_INFO at the end of the last session.
     pub(crate) tcp: Vec<Option<TcpStats>>,
     pub(crate) congestion: String,
@@ -187,10 +197,7 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
     cfg.observer.sized(total);
     let count = ((cfg.buffer / cfg.block_size) as usize).max(2 * cfg.streams as usize + 2);
     let pool = Pools::new(cfg.block_size as usize, count)?;
-    let mut st = RunState {
-        per_stream_bytes: vec![0; cfg.streams as usize],
-        ..RunState::default()
-    };
+    let mut st = RunState::default();
     let start = Instant::now();
     let mut backoff = Backoff::new(
         start,
@@ -302,7 +309,8 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
     };
     let mut warnings = Vec::new();
     let rtt = st.rtt.unwrap_or_default();
-    if let Some(w) = buffer_warning(rtt, cfg.streams, cfg.max_rate) {
+    let streams = st.streams.unwrap_or(cfg.streams);
+    if let Some(w) = buffer_warning(rtt, streams, cfg.max_rate) {
         warnings.push(w);
     }
     if let Some(f) = &st.io_fallback {
@@ -332,7 +340,8 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
             hugepages: pool.hugepages(),
             buffer_pages: pool.pages(),
         },
-        streams: cfg.streams,
+        streams,
+        streams_chosen: st.streams_chosen.clone(),
         per_stream_gbps: st
             .per_stream_bytes
             .iter()

@@ -19,6 +19,7 @@ use crate::Scheduler;
 use crate::digest::{BlockHasher, HASH_PIECE};
 use crate::error::{Error, Result};
 use crate::io::Pools;
+use crate::io::caps::{capabilities, sysctl_number};
 use crate::net::{self, SocketOpts, auth};
 use crate::scheduler::PlannedFile;
 use crate::session::FileVerdict;
@@ -26,6 +27,7 @@ use crate::session::SenderControl;
 use crate::session::describe;
 use crate::session::sender::Action;
 use crate::spans::carry;
+use crate::tuner::{self, AIM_BPS, Link, StreamChoice};
 use crate::violation::{Violation, ViolationKind};
 use crate::wire::{
     BlockHeader, EntryKind, FileEntry, Frame, FrameReader, IDLE_TIMEOUT, KEEPALIVE_INTERVAL,
@@ -76,11 +78,57 @@ fn send_manifest(control: &mut TcpStream, entries: &[FileEntry]) -> Result<()> {
 /// Connects to the receiver and authenticates for `purpose`, the handshake
 /// bounded in time as a whole; returns the stream and the round trip.
 fn connect(cfg: &SendConfig, opts: &SocketOpts, purpose: Purpose) -> Result<(TcpStream, Duration)> {
-    let stream = net::connect(&cfg.to, opts, cfg.connect_timeout)?;
+    authenticate(
+        cfg,
+        net::connect(&cfg.to, opts, cfg.connect_timeout)?,
+        purpose,
+    )
+}
+
+/// Authenticates a connected `stream` for `purpose`, the handshake
+/// bounded in time as a whole; returns it and the round trip.
+fn authenticate(
+    cfg: &SendConfig,
+    stream: TcpStream,
+    purpose: Purpose,
+) -> Result<(TcpStream, Duration)> {
     let rtt = net::within(&stream, net::HANDSHAKE_TIMEOUT, |d| {
         auth::client(d, &cfg.token, purpose)
     })?;
     Ok((stream, rtt))
+}
+
+/// The data streams of this run: `cfg.streams`, or with `cfg.per_link`
+/// what the tuner makes of the control connection's handshake round trip
+/// and this host's TCP buffer limits.
+fn choose_streams(cfg: &SendConfig, control: &TcpStream, pool: &Pools) -> StreamChoice {
+    let rtt_ms = net::tcp_stats(control).map_or(0.0, |t| {
+        if t.min_rtt_ms > 0.0 {
+            t.min_rtt_ms
+        } else {
+            t.rtt_ms
+        }
+    });
+    let caps = capabilities();
+    let buffer = match cfg.socket.buffer {
+        // The kernel grants twice what is asked for (socket(7)), up to
+        // twice net.core.wmem_max.
+        Some(b) => {
+            let core = sysctl_number("net.core.wmem_max").map_or(u64::MAX, |m| m.max(0) as u64);
+            (b as u64).min(core).saturating_mul(2)
+        }
+        None => caps.tcp_wmem_max.min(caps.tcp_rmem_max),
+    };
+    tuner::choose_streams(
+        &Link {
+            rtt: Duration::from_secs_f64(rtt_ms.clamp(0.0, 1e7) / 1e3),
+            buffer,
+            aim_bps: cfg.max_rate.map_or(AIM_BPS, |r| r as f64 * 8.0),
+            most: (pool.large_bytes() / (2 * cfg.block_size).max(1)).min(u64::from(u16::MAX))
+                as u16,
+        },
+        cfg.streams,
+    )
 }
 
 /// What opening a session settled: the control connection and the files
@@ -92,18 +140,17 @@ struct Opened {
     held_bytes: u64,
 }
 
-/// Connects the control connection, opens the session and reads the plan.
+/// Authenticates the control connection, opens the session for `streams`
+/// data streams and reads the plan.
 fn open_session(
     cfg: &SendConfig,
+    control: TcpStream,
+    streams: u16,
     pending: &[(u32, &SourceFile)],
     st: &mut RunState,
     session: SessionId,
 ) -> Result<Opened> {
-    let control_opts = SocketOpts {
-        pacing: None,
-        ..cfg.socket.clone()
-    };
-    let (mut control, rtt) = connect(cfg, &control_opts, Purpose::Control)?;
+    let (mut control, rtt) = authenticate(cfg, control, Purpose::Control)?;
     st.connected = true;
     // A receiver that stops reading, or stops mid-frame, cannot hold this
     // side longer than a silent one would be waited for (between frames,
@@ -113,7 +160,7 @@ fn open_session(
         .and_then(|()| control.set_read_timeout(Some(IDLE_TIMEOUT)))
         .map_err(|e| Error::net("setting the control connection's timeouts", e))?;
     if st.rtt.is_none() {
-        if let Some(w) = net::buffer_warning(rtt, cfg.streams, cfg.max_rate) {
+        if let Some(w) = net::buffer_warning(rtt, streams, cfg.max_rate) {
             tracing::warn!("{w}");
         }
     }
@@ -124,7 +171,7 @@ fn open_session(
         &Frame::Open {
             session,
             block_size: cfg.block_size as u32,
-            streams: cfg.streams,
+            streams,
             verify: cfg.verify,
             discard: cfg.synthetic.is_some(),
         },
@@ -221,22 +268,45 @@ pub(crate) fn run(
         .filter(|(i, _)| !st.verdicts.contains_key(i))
         .collect();
     let session: SessionId = auth::random();
-    let data_opts = SocketOpts {
-        pacing: cfg.max_rate.map(|r| (r / u64::from(cfg.streams)).max(1)),
+    let control_opts = SocketOpts {
+        pacing: None,
         ..cfg.socket.clone()
     };
-    // The data streams connect while the control connection opens the
-    // session (the receiver holds their joins until it is open): each
-    // costs a TCP handshake and a round trip of authentication, which on
-    // a 150 ms path would otherwise come on top of the plan's.
+    let control = net::connect(&cfg.to, &control_opts, cfg.connect_timeout)?;
+    let streams = match st.streams {
+        Some(n) => n,
+        None => {
+            let n = if cfg.per_link {
+                let c = choose_streams(cfg, &control, pool);
+                tracing::info!(streams = c.streams, "data streams: {}", c.reason);
+                st.streams_chosen = Some(c.reason);
+                c.streams
+            } else {
+                cfg.streams
+            };
+            st.streams = Some(n);
+            st.per_stream_bytes = vec![0; usize::from(n)];
+            n
+        }
+    };
+    let data_opts = SocketOpts {
+        pacing: cfg.max_rate.map(|r| (r / u64::from(streams)).max(1)),
+        ..cfg.socket.clone()
+    };
+    // The data streams connect while the control connection authenticates
+    // and opens the session (the receiver holds their joins until it is
+    // open): each costs a TCP handshake and a round trip of
+    // authentication, which end about when the plan arrives instead of
+    // coming on top of it. They start once the control connection's TCP
+    // handshake has measured the round trip that decides how many.
     let (opened, connected) = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..cfg.streams)
+        let handles: Vec<_> = (0..streams)
             .map(|i| {
                 let opts = &data_opts;
                 s.spawn(carry(move || connect_stream(cfg, opts, session, i)))
             })
             .collect();
-        let opened = open_session(cfg, &pending, st, session);
+        let opened = open_session(cfg, control, streams, &pending, st, session);
         let connected: Vec<Result<TcpStream>> = handles
             .into_iter()
             .map(|h| {
@@ -272,11 +342,11 @@ pub(crate) fn run(
         .map(|p| p.file_id)
         .filter(|id| all[*id as usize].kind == EntryKind::File)
         .collect();
-    let per_stream_bytes = (pool.large_bytes() / u64::from(cfg.streams)).max(2 * cfg.block_size);
+    let per_stream_bytes = (pool.large_bytes() / u64::from(streams)).max(2 * cfg.block_size);
     let sched = Scheduler::new(
         planned,
         cfg.block_size,
-        cfg.streams,
+        streams,
         per_stream_bytes,
         cfg.verify != Verification::None,
     );
@@ -296,7 +366,7 @@ pub(crate) fn run(
         stop: AtomicBool::new(false),
         read_bytes: AtomicU64::new(0),
         sent_bytes: AtomicU64::new(0),
-        per_stream: (0..cfg.streams).map(|_| AtomicU64::new(0)).collect(),
+        per_stream: (0..streams).map(|_| AtomicU64::new(0)).collect(),
         observer: Arc::clone(&cfg.observer),
         verify: cfg.verify,
         in_flight: std::sync::atomic::AtomicI64::new(0),

@@ -1,0 +1,199 @@
+//! The per-link tuner: how many data streams a transfer opens when the
+//! user does not fix the number. One stream carries at most its window
+//! per round trip, and the window is capped by the TCP buffer maximums
+//! (net.ipv4.tcp_wmem / tcp_rmem) or an explicit socket buffer; so on a
+//! long path of an untuned host (Debian's 4 MiB over 150 ms: about 0.1
+//! Gbit/s a stream) the default streams carry a fraction of the link,
+//! and more of them carry more. No I/O: the sender measures the round
+//! trip of its control connection's TCP handshake and the host's limits,
+//! and this decides.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::advice::BUFFER_OVERHEAD;
+use crate::tuning::STREAMS;
+use crate::units::fmt_bytes;
+
+/// The rate aimed at when the transfer has no --max-rate: a 10 Gbit/s
+/// link, the smallest a DTN is given today.
+pub const AIM_BPS: f64 = 10e9;
+
+/// What the sender knows of the link when it chooses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Link {
+    /// Round trip of the control connection's TCP handshake.
+    pub rtt: Duration,
+    /// The buffer one stream may use, bytes: the explicit socket buffer,
+    /// else the smaller TCP buffer maximum (0: unknown).
+    pub buffer: u64,
+    /// The rate to aim for, bits per second.
+    pub aim_bps: f64,
+    /// The streams the sender's buffer can feed, two blocks each.
+    pub most: u16,
+}
+
+/// The streams chosen, and why, in words for the summary.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StreamChoice {
+    /// Streams to open.
+    pub streams: u16,
+    /// Why that many.
+    pub reason: String,
+}
+
+/// The most one stream carries over `rtt` with a `buffer`-byte socket
+/// buffer, bits per second: its window (half the buffer, the rest is the
+/// kernel's bookkeeping) once per round trip.
+pub fn stream_ceiling_bps(buffer: u64, rtt: Duration) -> Option<f64> {
+    (buffer > 0 && !rtt.is_zero())
+        .then(|| buffer as f64 / BUFFER_OVERHEAD * 8.0 / rtt.as_secs_f64())
+}
+
+/// Streams for `link`: at least `floor` (the default), more when the
+/// windows of `floor` streams cannot carry the aimed rate, and never more
+/// than the buffer can feed or the bound allows.
+pub fn choose_streams(link: &Link, floor: u16) -> StreamChoice {
+    let floor = floor.max(1);
+    let ms = link.rtt.as_secs_f64() * 1e3;
+    let Some(per) = stream_ceiling_bps(link.buffer, link.rtt) else {
+        return StreamChoice {
+            streams: floor,
+            reason: format!(
+                "{floor}, the default: the round trip or the TCP buffer maximum is unknown"
+            ),
+        };
+    };
+    let gbps = |bps: f64| bps / 1e9;
+    let carries = format!(
+        "over {ms:.1} ms one stream's {} buffer carries {:.2} Gbit/s",
+        fmt_bytes(link.buffer),
+        gbps(per)
+    );
+    let need = (link.aim_bps / per).ceil().min(f64::from(u16::MAX)) as u16;
+    if need <= floor {
+        return StreamChoice {
+            streams: floor,
+            reason: format!(
+                "{floor}, the default: {carries}, so {floor} carry the {:.1} Gbit/s aimed at",
+                gbps(link.aim_bps)
+            ),
+        };
+    }
+    let fed = link.most.max(floor);
+    let bound = fed.min(STREAMS.max as u16);
+    let streams = need.min(bound);
+    let mut reason = format!(
+        "{streams}: {carries}, and the {:.1} Gbit/s aimed at needs {need}",
+        gbps(link.aim_bps)
+    );
+    if streams < need {
+        let limit = if fed < STREAMS.max as u16 {
+            "the sender's buffer feeds no more (--buffer)"
+        } else {
+            "no more are allowed"
+        };
+        reason.push_str(&format!(
+            "; {limit}, so the transfer runs at up to {:.2} Gbit/s: raise the TCP buffer maximums \
+             (net.ipv4.tcp_wmem, tcp_rmem) on both hosts",
+            gbps(per * f64::from(streams))
+        ));
+    }
+    StreamChoice { streams, reason }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(rtt_ms: u64, buffer: u64) -> Link {
+        Link {
+            rtt: Duration::from_millis(rtt_ms),
+            buffer,
+            aim_bps: AIM_BPS,
+            most: 31,
+        }
+    }
+
+    #[test]
+    fn a_short_path_keeps_the_default() {
+        let c = choose_streams(&link(1, 4 << 20), 4);
+        assert_eq!(c.streams, 4);
+        assert!(c.reason.contains("the default"), "{c:?}");
+        // Unknown limits: the default, said so.
+        let c = choose_streams(&link(150, 0), 4);
+        assert_eq!(c.streams, 4);
+        assert!(c.reason.contains("unknown"), "{c:?}");
+        let c = choose_streams(
+            &Link {
+                rtt: Duration::ZERO,
+                ..link(0, 4 << 20)
+            },
+            4,
+        );
+        assert_eq!(c.streams, 4);
+    }
+
+    #[test]
+    fn a_window_too_small_for_the_path_gets_more_streams() {
+        // 64 MiB over 50 ms: 5.4 Gbit/s a stream, two for 10 Gbit/s, but
+        // never below the default.
+        assert_eq!(choose_streams(&link(50, 64 << 20), 4).streams, 4);
+        // 16 MiB over 50 ms: 1.34 Gbit/s a stream, 8 for 10 Gbit/s.
+        let c = choose_streams(&link(50, 16 << 20), 4);
+        assert_eq!(c.streams, 8, "{c:?}");
+        assert!(c.reason.contains("needs 8"), "{c:?}");
+        // A capped transfer aims at its cap: 2 Gbit/s needs 2 of them.
+        let capped = Link {
+            aim_bps: 2e9,
+            ..link(50, 16 << 20)
+        };
+        assert_eq!(choose_streams(&capped, 1).streams, 2);
+    }
+
+    #[test]
+    fn the_buffer_and_the_bound_cap_the_choice_and_say_what_to_raise() {
+        // Debian's 4 MiB over 150 ms: 0.11 Gbit/s a stream, 90 for
+        // 10 Gbit/s; a 1 GiB buffer of 16 MiB blocks feeds 31.
+        let c = choose_streams(&link(150, 4 << 20), 4);
+        assert_eq!(c.streams, 31, "{c:?}");
+        assert!(c.reason.contains("--buffer"), "{c:?}");
+        assert!(c.reason.contains("tcp_wmem"), "{c:?}");
+        // A big buffer: the streams' bound.
+        let big = Link {
+            most: 4096,
+            ..link(150, 1 << 20)
+        };
+        let c = choose_streams(&big, 4);
+        assert_eq!(c.streams, STREAMS.max as u16);
+        assert!(c.reason.contains("no more are allowed"), "{c:?}");
+        // A buffer that feeds fewer than the default: the default stands
+        // (the sender's pool holds two blocks for each).
+        let small = Link {
+            most: 2,
+            ..link(150, 4 << 20)
+        };
+        assert_eq!(choose_streams(&small, 4).streams, 4);
+    }
+
+    #[test]
+    fn no_input_panics() {
+        for rtt in [0, 1, 150, u64::MAX / 2] {
+            for buffer in [0, 1, u64::MAX] {
+                for aim in [0.0, 1.0, AIM_BPS, f64::MAX, f64::INFINITY, f64::NAN] {
+                    let c = choose_streams(
+                        &Link {
+                            rtt: Duration::from_millis(rtt),
+                            buffer,
+                            aim_bps: aim,
+                            most: 0,
+                        },
+                        0,
+                    );
+                    assert!((1..=STREAMS.max as u16).contains(&c.streams), "{c:?}");
+                }
+            }
+        }
+    }
+}
