@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use wirerate_engine::net::TcpStats;
 use wirerate_engine::observe::{Observe, Observer, SessionEnd};
 use wirerate_engine::summary::ReceiverSummary;
+use wirerate_engine::tuner::StreamChoice;
 use wirerate_engine::violation::ViolationKind;
 
 use crate::metrics::{metrics, sender_metrics};
@@ -61,6 +62,13 @@ impl Observer for Shown {
     fn acknowledged(&self, bytes: u64) {
         if let Some(p) = &self.progress {
             p.done.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    fn streams_chosen(&self, choice: &StreamChoice) {
+        if let Some(p) = &self.progress {
+            // Once per run: retries keep the first choice.
+            let _ = p.streams_chosen.set(choice.clone());
         }
     }
 

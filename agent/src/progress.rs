@@ -3,12 +3,13 @@
 //! periodic lines otherwise.
 
 use std::io::IsTerminal;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
+use wirerate_engine::tuner::StreamChoice;
 
 use crate::units::{self, fmt_bytes};
 
@@ -19,6 +20,8 @@ pub struct Progress {
     pub total: AtomicU64,
     /// Bytes at the receiver (acknowledged, or held from before).
     pub done: AtomicU64,
+    /// The data streams the per-link tuner chose, and why, once it has.
+    pub streams_chosen: OnceLock<StreamChoice>,
 }
 
 /// A running renderer; stop it to print the final state.

@@ -73,12 +73,39 @@ fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
         panic!("not verified");
     };
     assert!(sum.ok, "{sum:?}");
+    // Fixed by the tuning: as given, and nothing for status.tuning.
     assert_eq!(sum.streams, 4);
+    assert_eq!(sum.streams_chosen, None);
+    assert!(tx.progress.streams_chosen.get().is_none());
     assert_eq!(
         tx.progress.done.load(std::sync::atomic::Ordering::Relaxed),
         sum.bytes_total
     );
     assert_same(&file, &dst.join("frames.h5"));
+
+    // Set by neither the Transfer nor its pool: the tuner chooses, and
+    // the choice reaches what the agent reports (status.tuning, an Event).
+    let untuned = Tuning {
+        streams: None,
+        ..tuning()
+    };
+    let tx = SenderJob::start(
+        &endpoint,
+        TOKEN.to_vec(),
+        file.clone(),
+        "again.h5".into(),
+        &untuned,
+        Verification::Checksums,
+        None,
+    )
+    .unwrap();
+    let SenderOutcome::Verified(sum) = wait_outcome(&tx, Duration::from_secs(60)) else {
+        panic!("not verified");
+    };
+    let chosen = tx.progress.streams_chosen.get().expect("a choice reported");
+    assert_eq!(chosen.streams, sum.streams);
+    assert_eq!(sum.streams_chosen.as_deref(), Some(chosen.reason.as_str()));
+    assert_same(&file, &dst.join("again.h5"));
     let start = Instant::now();
     while !rx
         .summaries()

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use kube::Resource;
 use serde::Serialize;
 
-use crate::transfer::{AgentReport, Progress, StripingReport};
+use crate::transfer::{AgentReport, Progress, StripingReport, TuningReport};
 
 /// `{apiVersion, kind, status}`: applied to the status subresource.
 #[derive(Debug, Serialize)]
@@ -75,6 +75,9 @@ pub struct AgentStatus {
     /// The layout the receiver gave the file, if it striped it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub striping: Option<StripingReport>,
+    /// The streams the sender's tuner chose, once it has.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tuning: Option<TuningReport>,
 }
 
 #[cfg(test)]
@@ -123,6 +126,7 @@ mod tests {
             }],
             progress: None,
             striping: None,
+            tuning: None,
         };
         let v = serde_json::to_value(StatusApply::new::<Transfer>(&body)).unwrap();
         assert_eq!(
@@ -131,5 +135,21 @@ mod tests {
                    "state": "Running", "message": "writing", "endpoint": "10.0.0.2:7701",
                    "updatedAt": at}]})
         );
+        // A sender whose tuner chose its streams says so in status.tuning,
+        // which a Transfer reads back.
+        let body = AgentStatus {
+            tuning: Some(TuningReport {
+                streams: 15,
+                reason: "15: over 150.0 ms ...".into(),
+            }),
+            ..body
+        };
+        let v = serde_json::to_value(StatusApply::new::<Transfer>(&body)).unwrap();
+        assert_eq!(
+            v["status"]["tuning"],
+            json!({"streams": 15, "reason": "15: over 150.0 ms ..."})
+        );
+        let back: TransferStatus = serde_json::from_value(v["status"].clone()).unwrap();
+        assert_eq!(back.tuning.unwrap().streams, 15);
     }
 }

@@ -329,11 +329,12 @@ pub struct Preflight {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 16))]
     pub congestion: Option<String>,
-    /// What net.ipv4.tcp_slow_start_after_idle must be. `false` is what
-    /// long paths want: with it on (Linux's default), a stream that pauses
-    /// for one retransmission timeout (the next file, a checkpoint's sync)
-    /// loses its window and takes about a dozen round trips to regain it.
-    /// Unset: not checked.
+    /// What net.ipv4.tcp_slow_start_after_idle must be (`false`: 0). Off
+    /// is what long paths want: with it on (Linux's default), a stream that
+    /// pauses (the next file, a checkpoint's sync) has its window halved
+    /// for every retransmission timeout the pause lasts, down to 10
+    /// segments, and regains it one round trip at a time. Unset: not
+    /// checked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slow_start_after_idle: Option<bool>,
 }

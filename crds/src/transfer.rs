@@ -286,6 +286,10 @@ pub struct TransferStatus {
     /// The Lustre layout the receiver applied, or why none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub striping: Option<StripingReport>,
+    /// What the sender's per-link tuner chose for this attempt, when
+    /// neither the Transfer nor its pool fixed the streams.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tuning: Option<TuningReport>,
     /// One entry per role, each written by the agent in that role.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["role".into()]))]
@@ -400,6 +404,18 @@ pub struct StripingReport {
     pub stripe_size: Option<i64>,
     /// Why none was set, or how.
     pub message: String,
+}
+
+/// The data streams the sender's per-link tuner opened, and why: the
+/// round trip it measured, the buffer one stream may use, the rate aimed
+/// at, and what held the count down.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TuningReport {
+    /// Data streams opened.
+    pub streams: i32,
+    /// Why that many.
+    pub reason: String,
 }
 
 /// The two sides of a transfer.

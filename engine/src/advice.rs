@@ -72,8 +72,9 @@ const AT_THE_WINDOW: f64 = 0.8;
 /// does not halve its rate on every loss.
 const LOSSY: f64 = 1e-4;
 
-/// The sysctl that sends a TCP connection back to slow start after it has
-/// been idle for one retransmission timeout (on by default in Linux).
+/// The sysctl that shrinks an idle TCP connection's window: halved for
+/// each retransmission timeout it stays idle, down to the initial window
+/// (on by default in Linux; `tcp_cwnd_restart`).
 pub const SLOW_START_AFTER_IDLE: &str = "net.ipv4.tcp_slow_start_after_idle";
 
 /// Round trips from which slow start after a pause costs more than a
@@ -204,9 +205,9 @@ pub fn advise(one: &PhaseFigures, many: &PhaseFigures, host: &HostLimits) -> Adv
     };
     if host.slow_start_after_idle == Some(true) && rtt_ms.is_finite() && rtt_ms >= LONG_PATH_MS {
         reasons.push(format!(
-            "{SLOW_START_AFTER_IDLE} is on: a stream that pauses for one retransmission timeout (the next \
-             file, a checkpoint's sync, a slow read) starts over from slow start, about a dozen round trips \
-             of {rtt_ms:.1} ms before it is back at full rate"
+            "{SLOW_START_AFTER_IDLE} is on: a stream that pauses (the next file, a checkpoint's sync, a slow \
+             read) has its window halved for every retransmission timeout the pause lasts, down to 10 \
+             segments, and grows it back one round trip of {rtt_ms:.1} ms at a time"
         ));
         sysctl.push(format!("sysctl -w {SLOW_START_AFTER_IDLE}=0"));
     }
@@ -329,7 +330,7 @@ mod tests {
         };
         let a = advise(&phase(1, 5.0), &phase(4, 10.0), &on);
         assert_eq!(a.sysctl, ["sysctl -w net.ipv4.tcp_slow_start_after_idle=0"]);
-        assert!(a.reasons.iter().any(|r| r.contains("slow start")), "{a:?}");
+        assert!(a.reasons.iter().any(|r| r.contains("window halved")), "{a:?}");
         // Off, or unknown: nothing to say.
         assert!(
             advise(&phase(1, 5.0), &phase(4, 10.0), &host())

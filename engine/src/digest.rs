@@ -118,12 +118,31 @@ mod tests {
             let d = &data[..len];
             assert_eq!(block_checksum(d), h64, "64 of {len}");
             assert_eq!(whole(d), h128, "128 of {len}");
-            let mut pieces = BlockHasher::default();
-            for p in d.chunks(HASH_PIECE / 3) {
-                pieces.update(p);
+            // Pieces that end on either side of the internal 64-byte
+            // stripes and 1 KiB blocks, and the size the shells use.
+            for piece in [63, 64, 65, 1023, 1024, 1025, HASH_PIECE / 3] {
+                let mut pieces = BlockHasher::default();
+                for p in d.chunks(piece) {
+                    pieces.update(p);
+                }
+                assert_eq!(pieces.finish(), h64, "64 of {len} in pieces of {piece}");
             }
-            assert_eq!(pieces.finish(), h64, "64 of {len} in pieces");
         }
+        // The digests a `FileDone` and a summary carry, fed 8 bytes and a
+        // path at a time.
+        let sums: Vec<u64> = (0..1000u64)
+            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect();
+        assert_eq!(file_digest(&sums), 0x7c456e25aa67981d59812fa6b9250d72);
+        let paths: Vec<String> = (0..50).map(|i| format!("dir/file-{i}.bin")).collect();
+        let tree = tree_digest(
+            paths
+                .iter()
+                .zip(&sums)
+                .enumerate()
+                .map(|(i, (p, c))| (p.as_str(), u128::from(*c) << 64 | i as u128)),
+        );
+        assert_eq!(tree, 0x183d16fc893fc99649493071b6eb2290);
     }
 
     #[test]

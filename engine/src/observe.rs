@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use crate::net::TcpStats;
 use crate::summary::ReceiverSummary;
+use crate::tuner::StreamChoice;
 use crate::violation::ViolationKind;
 
 /// How one sender session ended, as the retry loop judged it.
@@ -69,6 +70,10 @@ pub trait Observer: Send + Sync + Debug {
     /// Bytes sent and not yet acknowledged moved by `delta`.
     fn in_flight(&self, delta: i64) {
         let _ = delta;
+    }
+    /// The per-link tuner chose how many data streams this run opens.
+    fn streams_chosen(&self, choice: &StreamChoice) {
+        let _ = choice;
     }
     /// A data stream broke; its blocks go to the others.
     fn stream_failed(&self) {}

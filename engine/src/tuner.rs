@@ -20,6 +20,11 @@ use crate::units::fmt_bytes;
 /// link, the smallest a DTN is given today.
 pub const AIM_BPS: f64 = 10e9;
 
+/// The most streams the tuner opens by itself: each is a connection and
+/// threads on both hosts, and a receiver takes only so many handshakes
+/// from one address at once. More can be asked for with --streams.
+pub const MOST_CHOSEN: u16 = 64;
+
 /// What the sender knows of the link when it chooses.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Link {
@@ -28,6 +33,8 @@ pub struct Link {
     /// The buffer one stream may use, bytes: the explicit socket buffer,
     /// else the smaller TCP buffer maximum (0: unknown).
     pub buffer: u64,
+    /// Whether `buffer` is an explicit socket buffer (autotuning off).
+    pub explicit: bool,
     /// The rate to aim for, bits per second.
     pub aim_bps: f64,
     /// The streams the sender's buffer can feed, two blocks each.
@@ -53,7 +60,7 @@ pub fn stream_ceiling_bps(buffer: u64, rtt: Duration) -> Option<f64> {
 
 /// Streams for `link`: at least `floor` (the default), more when the
 /// windows of `floor` streams cannot carry the aimed rate, and never more
-/// than the buffer can feed or the bound allows.
+/// than the buffer can feed or `MOST_CHOSEN`.
 pub fn choose_streams(link: &Link, floor: u16) -> StreamChoice {
     let floor = floor.max(1);
     let ms = link.rtt.as_secs_f64() * 1e3;
@@ -67,7 +74,7 @@ pub fn choose_streams(link: &Link, floor: u16) -> StreamChoice {
     };
     let gbps = |bps: f64| bps / 1e9;
     let carries = format!(
-        "over {ms:.1} ms one stream's {} buffer carries {:.2} Gbit/s",
+        "over {ms:.1} ms one stream's {} buffer carries about {:.2} Gbit/s",
         fmt_bytes(link.buffer),
         gbps(per)
     );
@@ -82,21 +89,26 @@ pub fn choose_streams(link: &Link, floor: u16) -> StreamChoice {
         };
     }
     let fed = link.most.max(floor);
-    let bound = fed.min(STREAMS.max as u16);
+    let bound = fed.min(MOST_CHOSEN.min(STREAMS.max as u16));
     let streams = need.min(bound);
     let mut reason = format!(
         "{streams}: {carries}, and the {:.1} Gbit/s aimed at needs {need}",
         gbps(link.aim_bps)
     );
     if streams < need {
-        let limit = if fed < STREAMS.max as u16 {
-            "the sender's buffer feeds no more (--buffer)"
+        let limit = if fed == bound {
+            "the sender's buffer feeds no more at two blocks a stream (a larger --buffer or a smaller \
+             --block-size feeds more)"
         } else {
-            "no more are allowed"
+            "the tuner opens no more by itself (--streams sets up to 256)"
+        };
+        let raise = if link.explicit {
+            "raise --socket-buffer (and net.core.wmem_max, rmem_max)"
+        } else {
+            "raise the TCP buffer maximums (net.ipv4.tcp_wmem, tcp_rmem) on both hosts"
         };
         reason.push_str(&format!(
-            "; {limit}, so the transfer runs at up to {:.2} Gbit/s: raise the TCP buffer maximums \
-             (net.ipv4.tcp_wmem, tcp_rmem) on both hosts",
+            "; {limit}, so the transfer runs at up to {:.2} Gbit/s: {raise}",
             gbps(per * f64::from(streams))
         ));
     }
@@ -111,8 +123,10 @@ mod tests {
         Link {
             rtt: Duration::from_millis(rtt_ms),
             buffer,
+            explicit: false,
             aim_bps: AIM_BPS,
-            most: 31,
+            // 512 MiB of 16 MiB blocks, two kept for the reader.
+            most: 15,
         }
     }
 
@@ -155,19 +169,27 @@ mod tests {
     #[test]
     fn the_buffer_and_the_bound_cap_the_choice_and_say_what_to_raise() {
         // Debian's 4 MiB over 150 ms: 0.11 Gbit/s a stream, 90 for
-        // 10 Gbit/s; a 1 GiB buffer of 16 MiB blocks feeds 31.
+        // 10 Gbit/s; the default buffer feeds 15.
         let c = choose_streams(&link(150, 4 << 20), 4);
-        assert_eq!(c.streams, 31, "{c:?}");
+        assert_eq!(c.streams, 15, "{c:?}");
         assert!(c.reason.contains("--buffer"), "{c:?}");
         assert!(c.reason.contains("tcp_wmem"), "{c:?}");
-        // A big buffer: the streams' bound.
+        // An explicit socket buffer: that is what to raise.
+        let explicit = Link {
+            explicit: true,
+            ..link(150, 4 << 20)
+        };
+        let c = choose_streams(&explicit, 4);
+        assert!(c.reason.contains("--socket-buffer"), "{c:?}");
+        assert!(!c.reason.contains("tcp_wmem"), "{c:?}");
+        // A big buffer: the tuner's own bound.
         let big = Link {
             most: 4096,
             ..link(150, 1 << 20)
         };
         let c = choose_streams(&big, 4);
-        assert_eq!(c.streams, STREAMS.max as u16);
-        assert!(c.reason.contains("no more are allowed"), "{c:?}");
+        assert_eq!(c.streams, MOST_CHOSEN);
+        assert!(c.reason.contains("--streams sets up to 256"), "{c:?}");
         // A buffer that feeds fewer than the default: the default stands
         // (the sender's pool holds two blocks for each).
         let small = Link {
@@ -186,6 +208,7 @@ mod tests {
                         &Link {
                             rtt: Duration::from_millis(rtt),
                             buffer,
+                            explicit: false,
                             aim_bps: aim,
                             most: 0,
                         },

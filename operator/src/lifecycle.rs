@@ -461,6 +461,7 @@ pub fn operator_fields(old: &TransferStatus) -> TransferStatus {
     TransferStatus {
         progress: None,
         striping: None,
+        tuning: None,
         reports: Vec::new(),
         ..old.clone()
     }

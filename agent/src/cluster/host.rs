@@ -81,7 +81,7 @@ pub fn preflight(expect: &Preflight, mtu: Option<i32>, r: &Readings) -> Vec<(Str
     {
         let (is, fix) = if have { ("on", 0) } else { ("off", 1) };
         let why = if have {
-            ": a data stream that pauses for one retransmission timeout starts over from slow start"
+            " (a data stream that pauses has its window halved for every retransmission timeout the pause lasts)"
         } else {
             ""
         };

@@ -86,6 +86,9 @@ impl SenderJob {
         // Out-of-range values are refused, never clamped: the Transfer
         // fails naming the field rather than running with other settings.
         cfg.tune(&tuning.settings()?);
+        // Neither the Transfer nor its pool fixed the streams: the link
+        // decides (reported in status.tuning and an Event).
+        cfg.per_link = tuning.streams.is_none();
         cfg.verify = verify;
         cfg.max_rate = max_rate_mbps.map(|m| m as u64 * 1_000_000 / 8);
         // Longer than a Lease: a lost receiver is replaced before the sender gives up.

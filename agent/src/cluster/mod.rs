@@ -18,16 +18,18 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
 use wirerate_crds::apply::{AgentStatus, StatusApply};
 use wirerate_crds::transfer::{
-    AgentReport, Progress as ProgressStatus, ReportState, Role, StripingReport,
+    AgentReport, Progress as ProgressStatus, ReportState, Role, StripingReport, TuningReport,
 };
 use wirerate_crds::{AgentLease, DtnPool, Transfer, contract};
 
@@ -70,6 +72,8 @@ enum Side {
         /// progress writes only when its state moves (or every
         /// `Cadence::MAX`).
         last_state: Option<ReportState>,
+        /// The tuner's choice has been told in an Event.
+        announced: bool,
     },
     Receiver {
         job: ReceiverJob,
@@ -184,6 +188,15 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         }
     }
 
+    // Events on Transfers, as this agent (its Role in each watched
+    // namespace allows creating them).
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "wirerate-agent".into(),
+            instance: Some(cfg.agent.clone()),
+        },
+    );
     let start = Instant::now();
     let mut jobs: HashMap<JobKey, Job> = HashMap::new();
     let mut finished: HashSet<JobKey> = HashSet::new();
@@ -300,7 +313,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         let now = start.elapsed();
         let mut done = Vec::new();
         for (key, job) in jobs.iter_mut() {
-            if let Some(finish) = observe(&client, &cfg, key, job, now).await {
+            if let Some(finish) = observe(&client, &recorder, &cfg, key, job, now).await {
                 done.push((key.clone(), finish));
             }
         }
@@ -375,6 +388,7 @@ async fn start_job(
                 })?,
                 shows_progress: t.spec.destination.external.is_some(),
                 last_state: None,
+                announced: false,
             }
         }
         Role::Receiver => {
@@ -528,6 +542,7 @@ async fn read_token(client: &Client, ns: &str, name: &str) -> Result<Vec<u8>> {
 /// Looks at a running job; reports what changed. Some(()) when it is over.
 async fn observe(
     client: &Client,
+    recorder: &Recorder,
     cfg: &RunConfig,
     key: &JobKey,
     job: &mut Job,
@@ -538,7 +553,16 @@ async fn observe(
             job: s,
             shows_progress,
             last_state,
+            announced,
         } => {
+            let tuning = s.progress.streams_chosen.get().map(|c| TuningReport {
+                streams: c.streams.into(),
+                reason: c.reason.chars().take(1000).collect(),
+            });
+            if let Some(t) = tuning.as_ref().filter(|_| !*announced) {
+                *announced = true;
+                announce(recorder, &job.transfer, &key.uid, t).await;
+            }
             let (total, done) = shown(
                 s.progress.total.load(Ordering::Relaxed),
                 s.progress.done.load(Ordering::Relaxed),
@@ -611,6 +635,7 @@ async fn observe(
                 key,
                 Report {
                     progress: shows_progress.then_some(&p),
+                    tuning: tuning.as_ref(),
                     ..Report::new(state, &msg)
                 },
             )
@@ -759,6 +784,7 @@ struct Report<'a> {
     message: &'a str,
     progress: Option<&'a ProgressStatus>,
     striping: Option<&'a StripingReport>,
+    tuning: Option<&'a TuningReport>,
     endpoint: Option<&'a str>,
 }
 
@@ -770,6 +796,7 @@ impl<'a> Report<'a> {
             message,
             progress: None,
             striping: None,
+            tuning: None,
             endpoint: None,
         }
     }
@@ -788,6 +815,7 @@ async fn report(
         message,
         progress,
         striping,
+        tuning,
         endpoint,
     } = r;
     let api: Api<Transfer> = Api::namespaced(client.clone(), ns);
@@ -803,6 +831,7 @@ async fn report(
         }],
         progress: progress.cloned(),
         striping: striping.cloned(),
+        tuning: tuning.cloned(),
     };
     let patch = StatusApply::new::<Transfer>(&status);
     let pp = PatchParams::apply(&contract::agent_manager(&cfg.agent)).force();
@@ -812,6 +841,34 @@ async fn report(
             tracing::warn!(transfer = name, "cannot report: {e}");
             false
         }
+    }
+}
+
+/// Tells the Transfer's watchers, once per attempt, how many streams the
+/// sender's tuner opened and why (also in `status.tuning`).
+async fn announce(recorder: &Recorder, (ns, name): &(String, String), uid: &str, t: &TuningReport) {
+    let transfer = ObjectReference {
+        api_version: Some(Transfer::api_version(&()).into_owned()),
+        kind: Some(Transfer::kind(&()).into_owned()),
+        namespace: Some(ns.clone()),
+        name: Some(name.clone()),
+        uid: Some(uid.to_owned()),
+        ..ObjectReference::default()
+    };
+    let ev = Event {
+        type_: EventType::Normal,
+        reason: "StreamsChosen".into(),
+        note: Some(
+            format!("{} data streams: {}", t.streams, t.reason)
+                .chars()
+                .take(1000)
+                .collect(),
+        ),
+        action: "Tune".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, &transfer).await {
+        tracing::warn!(transfer = name, error = %e, "cannot publish an event");
     }
 }
 

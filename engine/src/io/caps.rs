@@ -53,8 +53,7 @@ fn third_field(name: &str) -> u64 {
 }
 
 /// Whether a connection that pauses (between files, while a checkpoint
-/// syncs, a reused warm connection) loses its window and ramps again:
-/// about a dozen round trips at 150 ms before it is back at full rate.
+/// syncs, a reused warm connection) has its window cut and ramps again.
 /// Read now, per network namespace; `None` when it cannot be read.
 pub fn slow_start_after_idle() -> Option<bool> {
     sysctl_number(crate::advice::SLOW_START_AFTER_IDLE).map(|v| v != 0)

@@ -285,11 +285,11 @@ pub fn listen(addr: &str) -> Result<TcpListener> {
 }
 
 /// The most one stream can carry over `rtt` given the host's TCP buffer
-/// maximums, in bits per second; `None` when unknown.
+/// maximums, in bits per second (the tuner's arithmetic); `None` when
+/// unknown.
 pub fn buffer_ceiling_bps(rtt: Duration) -> Option<f64> {
     let caps = capabilities();
-    let buf = caps.tcp_wmem_max.min(caps.tcp_rmem_max);
-    (buf > 0 && !rtt.is_zero()).then(|| buf as f64 * 8.0 / rtt.as_secs_f64())
+    crate::tuner::stream_ceiling_bps(caps.tcp_wmem_max.min(caps.tcp_rmem_max), rtt)
 }
 
 /// A warning when the host's TCP buffer maximums keep `streams` streams
@@ -298,7 +298,7 @@ pub fn buffer_ceiling_bps(rtt: Duration) -> Option<f64> {
 pub fn buffer_warning(rtt: Duration, streams: u16, max_rate: Option<u64>) -> Option<String> {
     let per_stream = buffer_ceiling_bps(rtt)?;
     let ceiling = per_stream * f64::from(streams);
-    let want = max_rate.map_or(10e9, |r| r as f64 * 8.0);
+    let want = max_rate.map_or(crate::tuner::AIM_BPS, |r| r as f64 * 8.0);
     if rtt <= Duration::from_millis(1) || ceiling >= want {
         return None;
     }

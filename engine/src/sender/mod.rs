@@ -310,7 +310,9 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
     let mut warnings = Vec::new();
     let rtt = st.rtt.unwrap_or_default();
     let streams = st.streams.unwrap_or(cfg.streams);
-    if let Some(w) = buffer_warning(rtt, streams, cfg.max_rate) {
+    if let Some(w) = buffer_warning(rtt, streams, cfg.max_rate)
+        && st.streams_chosen.is_none()
+    {
         warnings.push(w);
     }
     if let Some(f) = &st.io_fallback {

@@ -98,17 +98,23 @@ fn authenticate(
     Ok((stream, rtt))
 }
 
-/// The data streams of this run: `cfg.streams`, or with `cfg.per_link`
-/// what the tuner makes of the control connection's handshake round trip
-/// and this host's TCP buffer limits.
-fn choose_streams(cfg: &SendConfig, control: &TcpStream, pool: &Pools) -> StreamChoice {
-    let rtt_ms = net::tcp_stats(control).map_or(0.0, |t| {
-        if t.min_rtt_ms > 0.0 {
-            t.min_rtt_ms
-        } else {
-            t.rtt_ms
-        }
-    });
+/// Round trips past this are not a measurement (the kernel's "no sample"
+/// reads as 4294967 ms).
+const MAX_RTT_MS: f64 = 10_000.0;
+
+/// What the tuner makes of the control connection's handshake round trip
+/// and this host's TCP buffer limits, for a run with `cfg.per_link`.
+fn streams_for_link(cfg: &SendConfig, control: &TcpStream, pool: &Pools) -> StreamChoice {
+    let sample = |ms: f64| (ms > 0.0 && ms < MAX_RTT_MS).then_some(ms);
+    // The lowest round trip seen, unless the kernel has none (a SYN sent
+    // again without timestamps): then the smoothed one, else unknown.
+    let rtt_ms = net::tcp_stats(control)
+        .and_then(|t| {
+            sample(t.min_rtt_ms)
+                .filter(|m| *m <= t.rtt_ms)
+                .or(sample(t.rtt_ms))
+        })
+        .unwrap_or(0.0);
     let caps = capabilities();
     let buffer = match cfg.socket.buffer {
         // The kernel grants twice what is asked for (socket(7)), up to
@@ -119,13 +125,15 @@ fn choose_streams(cfg: &SendConfig, control: &TcpStream, pool: &Pools) -> Stream
         }
         None => caps.tcp_wmem_max.min(caps.tcp_rmem_max),
     };
+    // Two blocks a stream, and the two the pool keeps for the reader.
+    let blocks = pool.large_bytes() / cfg.block_size.max(1);
     tuner::choose_streams(
         &Link {
-            rtt: Duration::from_secs_f64(rtt_ms.clamp(0.0, 1e7) / 1e3),
+            rtt: Duration::from_secs_f64(rtt_ms / 1e3),
             buffer,
+            explicit: cfg.socket.buffer.is_some(),
             aim_bps: cfg.max_rate.map_or(AIM_BPS, |r| r as f64 * 8.0),
-            most: (pool.large_bytes() / (2 * cfg.block_size).max(1)).min(u64::from(u16::MAX))
-                as u16,
+            most: (blocks.saturating_sub(2) / 2).min(u64::from(u16::MAX)) as u16,
         },
         cfg.streams,
     )
@@ -159,7 +167,8 @@ fn open_session(
         .set_write_timeout(Some(IDLE_TIMEOUT))
         .and_then(|()| control.set_read_timeout(Some(IDLE_TIMEOUT)))
         .map_err(|e| Error::net("setting the control connection's timeouts", e))?;
-    if st.rtt.is_none() {
+    // A count the tuner chose has its own reason, with what held it down.
+    if st.rtt.is_none() && st.streams_chosen.is_none() {
         if let Some(w) = net::buffer_warning(rtt, streams, cfg.max_rate) {
             tracing::warn!("{w}");
         }
@@ -277,8 +286,9 @@ pub(crate) fn run(
         Some(n) => n,
         None => {
             let n = if cfg.per_link {
-                let c = choose_streams(cfg, &control, pool);
+                let c = streams_for_link(cfg, &control, pool);
                 tracing::info!(streams = c.streams, "data streams: {}", c.reason);
+                cfg.observer.streams_chosen(&c);
                 st.streams_chosen = Some(c.reason);
                 c.streams
             } else {
