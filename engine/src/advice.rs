@@ -330,7 +330,10 @@ mod tests {
         };
         let a = advise(&phase(1, 5.0), &phase(4, 10.0), &on);
         assert_eq!(a.sysctl, ["sysctl -w net.ipv4.tcp_slow_start_after_idle=0"]);
-        assert!(a.reasons.iter().any(|r| r.contains("window halved")), "{a:?}");
+        assert!(
+            a.reasons.iter().any(|r| r.contains("window halved")),
+            "{a:?}"
+        );
         // Off, or unknown: nothing to say.
         assert!(
             advise(&phase(1, 5.0), &phase(4, 10.0), &host())
