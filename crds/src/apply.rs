@@ -139,6 +139,7 @@ mod tests {
         // which a Transfer reads back.
         let body = AgentStatus {
             tuning: Some(TuningReport {
+                attempt: 2,
                 streams: 15,
                 reason: "15: over 150.0 ms ...".into(),
             }),
@@ -147,7 +148,7 @@ mod tests {
         let v = serde_json::to_value(StatusApply::new::<Transfer>(&body)).unwrap();
         assert_eq!(
             v["status"]["tuning"],
-            json!({"streams": 15, "reason": "15: over 150.0 ms ..."})
+            json!({"attempt": 2, "streams": 15, "reason": "15: over 150.0 ms ..."})
         );
         let back: TransferStatus = serde_json::from_value(v["status"].clone()).unwrap();
         assert_eq!(back.tuning.unwrap().streams, 15);

@@ -412,6 +412,9 @@ pub struct StripingReport {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TuningReport {
+    /// The attempt whose sender chose (an earlier attempt's may stand
+    /// until the new sender has chosen).
+    pub attempt: i32,
     /// Data streams opened.
     pub streams: i32,
     /// Why that many.

@@ -72,8 +72,9 @@ enum Side {
         /// progress writes only when its state moves (or every
         /// `Cadence::MAX`).
         last_state: Option<ReportState>,
-        /// The tuner's choice has been told in an Event.
-        announced: bool,
+        /// Tries left to tell the tuner's choice in an Event (0: told, or
+        /// given up).
+        announce_tries: u8,
     },
     Receiver {
         job: ReceiverJob,
@@ -188,15 +189,6 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         }
     }
 
-    // Events on Transfers, as this agent (its Role in each watched
-    // namespace allows creating them).
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "wirerate-agent".into(),
-            instance: Some(cfg.agent.clone()),
-        },
-    );
     let start = Instant::now();
     let mut jobs: HashMap<JobKey, Job> = HashMap::new();
     let mut finished: HashSet<JobKey> = HashSet::new();
@@ -313,7 +305,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
         let now = start.elapsed();
         let mut done = Vec::new();
         for (key, job) in jobs.iter_mut() {
-            if let Some(finish) = observe(&client, &recorder, &cfg, key, job, now).await {
+            if let Some(finish) = observe(&client, &cfg, key, job, now).await {
                 done.push((key.clone(), finish));
             }
         }
@@ -388,7 +380,7 @@ async fn start_job(
                 })?,
                 shows_progress: t.spec.destination.external.is_some(),
                 last_state: None,
-                announced: false,
+                announce_tries: ANNOUNCE_TRIES,
             }
         }
         Role::Receiver => {
@@ -542,7 +534,6 @@ async fn read_token(client: &Client, ns: &str, name: &str) -> Result<Vec<u8>> {
 /// Looks at a running job; reports what changed. Some(()) when it is over.
 async fn observe(
     client: &Client,
-    recorder: &Recorder,
     cfg: &RunConfig,
     key: &JobKey,
     job: &mut Job,
@@ -553,15 +544,21 @@ async fn observe(
             job: s,
             shows_progress,
             last_state,
-            announced,
+            announce_tries,
         } => {
             let tuning = s.progress.streams_chosen.get().map(|c| TuningReport {
+                attempt: key.attempt,
                 streams: c.streams.into(),
                 reason: c.reason.chars().take(1000).collect(),
             });
-            if let Some(t) = tuning.as_ref().filter(|_| !*announced) {
-                *announced = true;
-                announce(recorder, &job.transfer, &key.uid, t).await;
+            // Just chosen: reported now, not at the next cadence.
+            let fresh = tuning.is_some() && *announce_tries == ANNOUNCE_TRIES;
+            if let Some(t) = tuning.as_ref().filter(|_| *announce_tries > 0) {
+                *announce_tries = if announce(client, cfg, &job.transfer, &key.uid, t).await {
+                    0
+                } else {
+                    *announce_tries - 1
+                };
             }
             let (total, done) = shown(
                 s.progress.total.load(Ordering::Relaxed),
@@ -607,11 +604,12 @@ async fn observe(
                 } else {
                     ReportState::Running
                 };
-                let changed = if *shows_progress {
-                    done != job.last_done.1
-                } else {
-                    *last_state != Some(state)
-                };
+                let changed = fresh
+                    || if *shows_progress {
+                        done != job.last_done.1
+                    } else {
+                        *last_state != Some(state)
+                    };
                 if !job.cadence.due(now, changed) {
                     return None;
                 }
@@ -844,9 +842,30 @@ async fn report(
     }
 }
 
+/// Tries to publish the tuner's choice before the agent gives up on it (an
+/// agent without the right to record Events says so this many times).
+const ANNOUNCE_TRIES: u8 = 3;
+
 /// Tells the Transfer's watchers, once per attempt, how many streams the
-/// sender's tuner opened and why (also in `status.tuning`).
-async fn announce(recorder: &Recorder, (ns, name): &(String, String), uid: &str, t: &TuningReport) {
+/// sender's tuner opened and why (also in `status.tuning`). True once
+/// published.
+async fn announce(
+    client: &Client,
+    cfg: &RunConfig,
+    (ns, name): &(String, String),
+    uid: &str,
+    t: &TuningReport,
+) -> bool {
+    // A recorder of its own: one kept across attempts would fold a new
+    // attempt's Event into the last one's (same reason, action and
+    // object) and keep that one's note, the old choice.
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "wirerate-agent".into(),
+            instance: Some(cfg.agent.clone()),
+        },
+    );
     let transfer = ObjectReference {
         api_version: Some(Transfer::api_version(&()).into_owned()),
         kind: Some(Transfer::kind(&()).into_owned()),
@@ -859,16 +878,23 @@ async fn announce(recorder: &Recorder, (ns, name): &(String, String), uid: &str,
         type_: EventType::Normal,
         reason: "StreamsChosen".into(),
         note: Some(
-            format!("{} data streams: {}", t.streams, t.reason)
-                .chars()
-                .take(1000)
-                .collect(),
+            format!(
+                "attempt {}: {} data streams: {}",
+                t.attempt, t.streams, t.reason
+            )
+            .chars()
+            .take(1000)
+            .collect(),
         ),
         action: "Tune".into(),
         secondary: None,
     };
-    if let Err(e) = recorder.publish(&ev, &transfer).await {
-        tracing::warn!(transfer = name, error = %e, "cannot publish an event");
+    match recorder.publish(&ev, &transfer).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(transfer = name, error = %e, "cannot publish an event");
+            false
+        }
     }
 }
 
