@@ -50,6 +50,22 @@ pub struct StreamChoice {
     pub reason: String,
 }
 
+/// Round trips past this are not a measurement: the kernel's "no sample"
+/// (`~0U` microseconds) reads as 4294967 ms.
+const MAX_RTT_MS: f64 = 10_000.0;
+
+/// The round trip to tune for, from what TCP_INFO said of a connection
+/// just made: the lowest it saw, unless the kernel has no sample (a SYN
+/// sent again without timestamps) or it is above the smoothed one; then
+/// the smoothed one; else none (zero: unknown).
+pub fn round_trip(min_rtt_ms: f64, rtt_ms: f64) -> Duration {
+    let sample = |ms: f64| (ms > 0.0 && ms < MAX_RTT_MS).then_some(ms);
+    sample(min_rtt_ms)
+        .filter(|m| *m <= rtt_ms)
+        .or(sample(rtt_ms))
+        .map_or(Duration::ZERO, |ms| Duration::from_secs_f64(ms / 1e3))
+}
+
 /// The most one stream carries over `rtt` with a `buffer`-byte socket
 /// buffer, bits per second: its window (half the buffer, the rest is the
 /// kernel's bookkeeping) once per round trip.
@@ -197,6 +213,27 @@ mod tests {
             ..link(150, 4 << 20)
         };
         assert_eq!(choose_streams(&small, 4).streams, 4);
+    }
+
+    #[test]
+    fn a_round_trip_the_kernel_did_not_measure_is_not_tuned_for() {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        assert_eq!(ms(round_trip(150.0, 151.0)), 150.0);
+        // No sample: TCP_INFO's min_rtt is ~0U microseconds.
+        assert_eq!(ms(round_trip(4_294_967.295, 150.0)), 150.0);
+        assert_eq!(round_trip(4_294_967.295, 4_294_967.295), Duration::ZERO);
+        assert_eq!(round_trip(0.0, 0.0), Duration::ZERO);
+        assert_eq!(ms(round_trip(0.0, 12.0)), 12.0);
+        assert_eq!(round_trip(f64::NAN, f64::NAN), Duration::ZERO);
+        // Unknown: the default streams, not the most allowed.
+        let c = choose_streams(
+            &Link {
+                rtt: round_trip(4_294_967.295, 4_294_967.295),
+                ..link(0, 4 << 20)
+            },
+            4,
+        );
+        assert_eq!(c.streams, 4, "{c:?}");
     }
 
     #[test]

@@ -98,23 +98,12 @@ fn authenticate(
     Ok((stream, rtt))
 }
 
-/// Round trips past this are not a measurement (the kernel's "no sample"
-/// reads as 4294967 ms).
-const MAX_RTT_MS: f64 = 10_000.0;
-
 /// What the tuner makes of the control connection's handshake round trip
 /// and this host's TCP buffer limits, for a run with `cfg.per_link`.
 fn streams_for_link(cfg: &SendConfig, control: &TcpStream, pool: &Pools) -> StreamChoice {
-    let sample = |ms: f64| (ms > 0.0 && ms < MAX_RTT_MS).then_some(ms);
-    // The lowest round trip seen, unless the kernel has none (a SYN sent
-    // again without timestamps): then the smoothed one, else unknown.
-    let rtt_ms = net::tcp_stats(control)
-        .and_then(|t| {
-            sample(t.min_rtt_ms)
-                .filter(|m| *m <= t.rtt_ms)
-                .or(sample(t.rtt_ms))
-        })
-        .unwrap_or(0.0);
+    let rtt = net::tcp_stats(control).map_or(Duration::ZERO, |t| {
+        tuner::round_trip(t.min_rtt_ms, t.rtt_ms)
+    });
     let caps = capabilities();
     let buffer = match cfg.socket.buffer {
         // The kernel grants twice what is asked for (socket(7)), up to
@@ -129,7 +118,7 @@ fn streams_for_link(cfg: &SendConfig, control: &TcpStream, pool: &Pools) -> Stre
     let blocks = pool.large_bytes() / cfg.block_size.max(1);
     tuner::choose_streams(
         &Link {
-            rtt: Duration::from_secs_f64(rtt_ms / 1e3),
+            rtt,
             buffer,
             explicit: cfg.socket.buffer.is_some(),
             aim_bps: cfg.max_rate.map_or(AIM_BPS, |r| r as f64 * 8.0),
