@@ -6,7 +6,8 @@
 //! connection (`session`). Tests drive it with no disk, socket or clock.
 //! `tuning` is the one definition of every setting, bound and default that
 //! the CRDs, the operator, the CLI and the engine share; `advice` (what a
-//! path test says to change) and `tuner` (how many streams a link needs)
+//! path test says to change), `tuner` (how many streams a link needs) and
+//! `optimizer` (whether more streams raise a running transfer's rate)
 //! decide from measurements the shells take.
 //!
 //! **The shells** only move bytes and events: `sender` and `receiver` are
@@ -41,6 +42,7 @@ pub mod liveness;
 pub mod net;
 #[cfg(feature = "shells")]
 pub mod observe;
+pub mod optimizer;
 #[cfg(feature = "shells")]
 pub mod probe;
 #[cfg(feature = "shells")]

@@ -571,6 +571,26 @@ impl Scheduler {
         self.unacked == 0
     }
 
+    /// A stream joins the session (the optimizer asked for more); its
+    /// index is returned. Each stream then holds at most
+    /// `per_stream_bytes`: the sender's buffer shared by more streams. A
+    /// stream above its new share sends nothing more until acknowledgements
+    /// bring it below.
+    pub fn add_stream(&mut self, per_stream_bytes: u64) -> u16 {
+        self.streams.push(StreamState {
+            alive: true,
+            in_flight: 0,
+            in_flight_bytes: 0,
+        });
+        self.per_stream_bytes = per_stream_bytes;
+        (self.streams.len() - 1) as u16
+    }
+
+    /// Streams, alive or not.
+    pub fn streams(&self) -> usize {
+        self.streams.len()
+    }
+
     /// Streams still alive.
     pub fn alive_streams(&self) -> usize {
         self.streams.iter().filter(|s| s.alive).count()
@@ -781,6 +801,35 @@ mod tests {
         assert!(s.poll_send(1).is_some() && s.poll_send(1).is_some());
         s.handle_ack(1, 7, 2).unwrap();
         assert_eq!(s.poll_send(1).unwrap().block, 4);
+    }
+
+    #[test]
+    fn a_stream_added_mid_transfer_shares_the_buffer_and_takes_blocks() {
+        let mut s = Scheduler::new(one(40, None), 4, 1, 16, false);
+        read_all(&mut s);
+        for _ in 0..4 {
+            s.poll_send(0).unwrap();
+        }
+        assert!(s.poll_send(0).is_none(), "stream 0 holds its 16 bytes");
+        assert!(s.poll_send(1).is_none(), "no stream 1 yet");
+        assert_eq!(s.add_stream(8), 1);
+        assert_eq!((s.streams(), s.alive_streams()), (2, 2));
+        // The new stream takes the blocks the old one cannot; the old
+        // one, above its new share, waits for two acknowledgements.
+        let a = s.poll_send(1).unwrap();
+        assert_eq!(a.block, 4);
+        s.poll_send(1).unwrap();
+        assert!(s.poll_send(1).is_none(), "8 bytes each now");
+        s.handle_ack(0, 7, 0).unwrap();
+        assert!(s.poll_send(0).is_none(), "12 bytes in flight, above 8");
+        s.handle_ack(0, 7, 1).unwrap();
+        s.handle_ack(0, 7, 2).unwrap();
+        assert!(s.poll_send(0).is_some());
+        // Its acknowledgements and failures are its own.
+        s.handle_ack(1, 7, a.block).unwrap();
+        assert!(s.handle_ack(1, 7, 0).is_err(), "block 0 was stream 0's");
+        assert_eq!(s.handle_stream_failed(1), 1);
+        assert_eq!(s.alive_streams(), 1);
     }
 
     #[test]

@@ -74,6 +74,12 @@ pub fn stream_ceiling_bps(buffer: u64, rtt: Duration) -> Option<f64> {
         .then(|| buffer as f64 / BUFFER_OVERHEAD * 8.0 / rtt.as_secs_f64())
 }
 
+/// The most streams the tuner (and then the optimizer) opens by itself
+/// when the sender's buffer feeds `fed` and the default is `floor`.
+pub fn most_opened(fed: u16, floor: u16) -> u16 {
+    fed.max(floor).min(MOST_CHOSEN.min(STREAMS.max as u16))
+}
+
 /// Streams for `link`: at least `floor` (the default), more when the
 /// windows of `floor` streams cannot carry the aimed rate, and never more
 /// than the buffer can feed or `MOST_CHOSEN`.
@@ -105,7 +111,7 @@ pub fn choose_streams(link: &Link, floor: u16) -> StreamChoice {
         };
     }
     let fed = link.most.max(floor);
-    let bound = fed.min(MOST_CHOSEN.min(STREAMS.max as u16));
+    let bound = most_opened(link.most, floor);
     let streams = need.min(bound);
     let mut reason = format!(
         "{streams}: {carries}, and the {:.1} Gbit/s aimed at needs {need}",
