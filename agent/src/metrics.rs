@@ -110,6 +110,8 @@ pub struct SenderMetrics {
     pub blocks_resent: IntCounter,
     /// Data streams that broke.
     pub stream_failures: IntCounter,
+    /// Data streams the optimizer added to running transfers.
+    pub streams_added: IntCounter,
     /// Sessions by how they ended: `complete`, `retried` (failed with an
     /// error worth reconnecting for), `failed`.
     pub sessions: IntCounterVec,
@@ -171,6 +173,10 @@ pub fn sender_metrics() -> &'static SenderMetrics {
             bytes_sent: counter("bytes_sent_total", "Payload bytes put on the wire"),
             blocks_resent: counter("blocks_resent_total", "Blocks sent again"),
             stream_failures: counter("stream_failures_total", "Data streams that broke"),
+            streams_added: counter(
+                "streams_added_total",
+                "Data streams the optimizer added to running transfers",
+            ),
             stream_bytes: vec(
                 "stream_bytes_total",
                 "Payload bytes by data stream index",

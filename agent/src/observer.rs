@@ -7,12 +7,13 @@ use std::sync::atomic::Ordering;
 
 use wirerate_engine::net::TcpStats;
 use wirerate_engine::observe::{Observe, Observer, SessionEnd};
+use wirerate_engine::optimizer::StreamChange;
 use wirerate_engine::summary::ReceiverSummary;
 use wirerate_engine::tuner::StreamChoice;
 use wirerate_engine::violation::ViolationKind;
 
 use crate::metrics::{metrics, sender_metrics};
-use crate::progress::Progress;
+use crate::progress::{MOST_CHANGES, Progress};
 
 /// What the agent shows of a transfer. Metrics always; the rest on request.
 #[derive(Debug, Default)]
@@ -69,6 +70,18 @@ impl Observer for Shown {
         if let Some(p) = &self.progress {
             // Once per run: retries keep the first choice.
             let _ = p.streams_chosen.set(choice.clone());
+        }
+    }
+
+    fn streams_changed(&self, change: &StreamChange) {
+        sender_metrics()
+            .streams_added
+            .inc_by(u64::from(change.to.saturating_sub(change.from)));
+        if let Some(p) = &self.progress {
+            let mut c = p.stream_changes.lock().unwrap_or_else(|e| e.into_inner());
+            if c.len() < MOST_CHANGES {
+                c.push(change.clone());
+            }
         }
     }
 
@@ -182,5 +195,26 @@ mod tests {
             Shown::metrics().printing_summaries(true).print_json,
             Some(true)
         );
+    }
+
+    #[test]
+    fn the_optimizers_changes_reach_the_progress_bounded_and_the_metric() {
+        let p = Arc::new(Progress::default());
+        let shown = Shown::metrics().with_progress(Arc::clone(&p));
+        let added = || sender_metrics().streams_added.get();
+        let before = added();
+        let change = |from, to| StreamChange {
+            after_secs: 2.0,
+            from,
+            to,
+            reason: "short".into(),
+        };
+        shown.streams_changed(&change(4, 6));
+        assert!(added() >= before + 2);
+        assert_eq!(*p.stream_changes.lock().unwrap(), [change(4, 6)]);
+        for _ in 0..100 {
+            shown.streams_changed(&change(6, 6));
+        }
+        assert_eq!(p.stream_changes.lock().unwrap().len(), MOST_CHANGES);
     }
 }

@@ -4,11 +4,12 @@
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
+use wirerate_engine::optimizer::StreamChange;
 use wirerate_engine::tuner::StreamChoice;
 
 use crate::units::{self, fmt_bytes};
@@ -22,7 +23,13 @@ pub struct Progress {
     pub done: AtomicU64,
     /// The data streams the per-link tuner chose, and why, once it has.
     pub streams_chosen: OnceLock<StreamChoice>,
+    /// The streams the optimizer added since, in order (at most
+    /// `MOST_CHANGES`: a run's retries each start a new optimizer).
+    pub stream_changes: Mutex<Vec<StreamChange>>,
 }
+
+/// The most stream changes a run's progress keeps.
+pub const MOST_CHANGES: usize = 32;
 
 /// A running renderer; stop it to print the final state.
 pub struct Renderer {

@@ -15,6 +15,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 use crate::net::TcpStats;
+use crate::optimizer::StreamChange;
 use crate::summary::ReceiverSummary;
 use crate::tuner::StreamChoice;
 use crate::violation::ViolationKind;
@@ -74,6 +75,10 @@ pub trait Observer: Send + Sync + Debug {
     /// The per-link tuner chose how many data streams this run opens.
     fn streams_chosen(&self, choice: &StreamChoice) {
         let _ = choice;
+    }
+    /// The optimizer asked for more data streams while the transfer runs.
+    fn streams_changed(&self, change: &StreamChange) {
+        let _ = change;
     }
     /// A data stream broke; its blocks go to the others.
     fn stream_failed(&self) {}

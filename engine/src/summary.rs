@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use crate::io::IoMode;
 use crate::net::TcpStats;
+use crate::optimizer::StreamChange;
 use crate::units::fmt_bytes;
 use crate::wire::Verification;
 
@@ -80,6 +81,11 @@ pub struct SendSummary {
     /// Why that many, when the per-link tuner chose them (`null` when the
     /// count was fixed).
     pub streams_chosen: Option<String>,
+    /// Streams the optimizer added while the transfer ran, in order.
+    pub stream_changes: Vec<StreamChange>,
+    /// Why the optimizer stopped adding (`null` when it did not run, or
+    /// the transfer ended first).
+    pub streams_held: Option<String>,
     /// Gbit/s each stream carried, by stream index.
     pub per_stream_gbps: Vec<f64>,
     /// Each stream's TCP_INFO at the end of the last session, by stream
@@ -186,6 +192,15 @@ impl SendSummary {
         ));
         if let Some(why) = &self.streams_chosen {
             s.push_str(&format!("  tuned      streams {why}\n"));
+        }
+        for c in &self.stream_changes {
+            s.push_str(&format!(
+                "  added      {} -> {} streams after {:.1} s: {}\n",
+                c.from, c.to, c.after_secs, c.reason
+            ));
+        }
+        if let Some(why) = &self.streams_held {
+            s.push_str(&format!("  held       {why}\n"));
         }
         if let Some(line) = tcp_line(&self.tcp) {
             s.push_str(&line);

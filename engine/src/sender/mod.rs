@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::io::{IoMode, Pools, caps::capabilities};
 use crate::net::{SocketOpts, TcpStats, buffer_warning, lagging};
 use crate::observe::{Observe, SessionEnd, unobserved};
+use crate::optimizer::StreamChange;
 use crate::summary::{FileFailure, FileOutcome, IoInEffect, SendSummary};
 use crate::units::gbps;
 use crate::wire::{EntryKind, Verification};
@@ -179,6 +180,10 @@ pub(crate) struct RunState {
     pub(crate) streams: Option<u16>,
     /// Why, when the tuner chose them.
     pub(crate) streams_chosen: Option<String>,
+    /// The streams the optimizer added, in order.
+    pub(crate) stream_changes: Vec<StreamChange>,
+    /// Why the optimizer stopped adding.
+    pub(crate) streams_held: Option<String>,
     /// Each data stream's TCP_INFO at the end of the last session.
     pub(crate) tcp: Vec<Option<TcpStats>>,
     pub(crate) congestion: String,
@@ -344,6 +349,8 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
         },
         streams,
         streams_chosen: st.streams_chosen.clone(),
+        stream_changes: st.stream_changes.clone(),
+        streams_held: st.streams_held.clone(),
         per_stream_gbps: st
             .per_stream_bytes
             .iter()

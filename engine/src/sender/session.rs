@@ -7,7 +7,8 @@ use std::io::Write;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, mpsc};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
+use std::thread::Scope;
 use std::time::{Duration, Instant};
 
 use super::generate;
@@ -20,7 +21,9 @@ use crate::digest::{BlockHasher, HASH_PIECE};
 use crate::error::{Error, Result};
 use crate::io::Pools;
 use crate::io::caps::{capabilities, sysctl_number};
+use crate::io::sys::set_max_pacing_rate;
 use crate::net::{self, SocketOpts, auth};
+use crate::optimizer::{Decision, Optimizer, StreamChange};
 use crate::scheduler::PlannedFile;
 use crate::session::FileVerdict;
 use crate::session::SenderControl;
@@ -114,18 +117,40 @@ fn streams_for_link(cfg: &SendConfig, control: &TcpStream, pool: &Pools) -> Stre
         }
         None => caps.tcp_wmem_max.min(caps.tcp_rmem_max),
     };
-    // Two blocks a stream, and the two the pool keeps for the reader.
-    let blocks = pool.large_bytes() / cfg.block_size.max(1);
     tuner::choose_streams(
         &Link {
             rtt,
             buffer,
             explicit: cfg.socket.buffer.is_some(),
-            aim_bps: cfg.max_rate.map_or(AIM_BPS, |r| r as f64 * 8.0),
-            most: (blocks.saturating_sub(2) / 2).min(u64::from(u16::MAX)) as u16,
+            aim_bps: aim_bps(cfg),
+            most: most_fed(cfg, pool),
         },
         cfg.streams,
     )
+}
+
+/// The rate the tuner and the optimizer aim at: the cap, else `AIM_BPS`.
+fn aim_bps(cfg: &SendConfig) -> f64 {
+    cfg.max_rate.map_or(AIM_BPS, |r| r as f64 * 8.0)
+}
+
+/// The streams the sender's buffer feeds: two blocks each, and the two
+/// the pool keeps for the reader.
+fn most_fed(cfg: &SendConfig, pool: &Pools) -> u16 {
+    let blocks = pool.large_bytes() / cfg.block_size.max(1);
+    (blocks.saturating_sub(2) / 2).min(u64::from(u16::MAX)) as u16
+}
+
+/// Each stream's share of the sender's `buffer` bytes when there are
+/// `streams`.
+fn per_stream_bytes(cfg: &SendConfig, buffer: u64, streams: u16) -> u64 {
+    (buffer / u64::from(streams.max(1))).max(2 * cfg.block_size)
+}
+
+/// A mutex's guard, also after a thread panicked holding it (the data
+/// under it is sockets, which stay valid).
+fn hold<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// What opening a session settled: the control connection and the files
@@ -341,14 +366,19 @@ pub(crate) fn run(
         .map(|p| p.file_id)
         .filter(|id| all[*id as usize].kind == EntryKind::File)
         .collect();
-    let per_stream_bytes = (pool.large_bytes() / u64::from(streams)).max(2 * cfg.block_size);
     let sched = Scheduler::new(
         planned,
         cfg.block_size,
         streams,
-        per_stream_bytes,
+        per_stream_bytes(cfg, pool.large_bytes(), streams),
         cfg.verify != Verification::None,
     );
+    // Where the tuner chose, the optimizer may add streams up to its bound.
+    let most = if cfg.per_link {
+        tuner::most_opened(most_fed(cfg, pool), streams).max(streams)
+    } else {
+        streams
+    };
     let shared = Shared {
         inner: Mutex::new(Inner {
             sched,
@@ -365,7 +395,8 @@ pub(crate) fn run(
         stop: AtomicBool::new(false),
         read_bytes: AtomicU64::new(0),
         sent_bytes: AtomicU64::new(0),
-        per_stream: (0..streams).map(|_| AtomicU64::new(0)).collect(),
+        acked_bytes: AtomicU64::new(0),
+        per_stream: (0..most).map(|_| AtomicU64::new(0)).collect(),
         observer: Arc::clone(&cfg.observer),
         verify: cfg.verify,
         in_flight: std::sync::atomic::AtomicI64::new(0),
@@ -392,9 +423,33 @@ pub(crate) fn run(
 
     // The control connection is read and written from here on; the time
     // spent connecting the data streams was no one's silence.
-    shared.lock().control.handle_started(Instant::now());
+    let started = Instant::now();
+    shared.lock().control.handle_started(started);
+    let grow = cfg.per_link.then(|| Grow {
+        cfg,
+        opts: &data_opts,
+        session,
+        buffer: pool.large_bytes(),
+        optimizer: Optimizer::new(
+            started,
+            streams.len() as u16,
+            most,
+            aim_bps(cfg),
+            st.rtt.unwrap_or_default(),
+        ),
+    });
     let mut report = ReadReport::default();
     let mut tcp = Vec::new();
+    let mut tuned = Tuned::default();
+    let spawned: Vec<(u16, Option<(TcpStream, TcpStream)>)> = streams
+        .iter()
+        .enumerate()
+        .filter_map(|(i, st)| Some((i as u16, st.as_ref()?)))
+        .map(|(i, st)| (i, st.try_clone().ok().zip(st.try_clone().ok())))
+        .collect();
+    // Every data stream's socket, for sampling and for the close at the
+    // end; the optimizer's streams join them.
+    let open = Mutex::new(streams);
     let outcome = std::thread::scope(|s| -> Result<()> {
         let shared = &shared;
         let reader_handle = s.spawn(carry(|| {
@@ -413,10 +468,8 @@ pub(crate) fn run(
             // The reader's own error, with its disposition, fails the session.
             r.map_err(|e| shared.fail(e)).ok()
         }));
-        for (i, st) in streams.iter().enumerate() {
-            let Some(st) = st else { continue };
-            let i = i as u16;
-            let (Ok(w), Ok(r)) = (st.try_clone(), st.try_clone()) else {
+        for (i, clones) in spawned {
+            let Some((w, r)) = clones else {
                 shared.stream_failed(i, "cannot clone the socket");
                 continue;
             };
@@ -429,22 +482,25 @@ pub(crate) fn run(
         s.spawn(carry(move || control_loop(shared, &mut ctl_r)));
         // Dropped when the session stops, which ends the sampling at once.
         let (sampling, stop_sampling) = mpsc::channel::<()>();
-        let sampled = &streams;
-        s.spawn(move || sample_loop(shared, sampled, &stop_sampling));
+        let open = &open;
+        let tuning = s.spawn(move || sample_loop(s, shared, open, grow, &stop_sampling));
 
         let result = coordinate(shared, &mut control);
         drop(sampling);
         // What the kernel learned of each path, before the streams close.
-        tcp = streams
+        tcp = hold(open)
             .iter()
             .map(|s| s.as_ref().and_then(net::tcp_stats))
             .collect();
 
         shared.stop.store(true, Ordering::SeqCst);
         shared.cv.notify_all();
-        for st in streams.iter().flatten() {
+        // A stream the optimizer adds after this finds the session
+        // stopped, under this lock, and closes itself.
+        for st in hold(open).iter().flatten() {
             let _ = st.shutdown(Shutdown::Both);
         }
+        tuned = tuning.join().unwrap_or_default();
         if result.is_ok() {
             let _ = write_frame(&mut control, &Frame::Finish);
             shared
@@ -474,6 +530,18 @@ pub(crate) fn run(
     }
     st.tcp = tcp;
     let mut g = shared.lock();
+    let opened = g.sched.streams();
+    if !tuned.changes.is_empty() {
+        // Later sessions of this run start where this one got to.
+        st.streams = Some(opened as u16);
+    }
+    st.stream_changes.append(&mut tuned.changes);
+    if tuned.held.is_some() {
+        st.streams_held = tuned.held;
+    }
+    if st.per_stream_bytes.len() < opened {
+        st.per_stream_bytes.resize(opened, 0);
+    }
     st.blocks_retried += g.sched.resends();
     shared.observer.resent(g.sched.resends());
     // What this session still counts as in flight is not any more.
@@ -481,7 +549,7 @@ pub(crate) fn run(
         .observer
         .in_flight(-shared.in_flight.swap(0, Ordering::Relaxed));
     st.bytes_sent += shared.sent_bytes.load(Ordering::Relaxed);
-    for (i, b) in shared.per_stream.iter().enumerate() {
+    for (i, b) in shared.per_stream.iter().take(opened).enumerate() {
         st.per_stream_bytes[i] += b.load(Ordering::Relaxed);
     }
     if report.mode.is_some() {
@@ -577,7 +645,9 @@ fn send_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
         match send_block(shared, &mut stream, &frame, order.gid, buf.as_slice()) {
             Ok(()) => {
                 shared.sent_bytes.fetch_add(order.len, Ordering::Relaxed);
-                shared.per_stream[i as usize].fetch_add(order.len, Ordering::Relaxed);
+                if let Some(c) = shared.per_stream.get(usize::from(i)) {
+                    c.fetch_add(order.len, Ordering::Relaxed);
+                }
                 shared.observer.sent(i, order.len);
                 shared.in_flight(order.len as i64);
             }
@@ -627,18 +697,157 @@ fn send_block(
         .map_err(|e| Error::net("sending a block", e))
 }
 
+/// What the optimizer did in a session.
+#[derive(Debug, Default)]
+struct Tuned {
+    changes: Vec<StreamChange>,
+    /// Why it stopped adding, if it did before the session ended.
+    held: Option<String>,
+}
+
+/// What a session whose streams the tuner chose needs to add more.
+struct Grow<'a> {
+    cfg: &'a SendConfig,
+    opts: &'a SocketOpts,
+    session: SessionId,
+    /// The sender's buffer, which the streams share.
+    buffer: u64,
+    optimizer: Optimizer,
+}
+
+impl Grow<'_> {
+    /// Connects streams up to `to`, all at once, and starts each that
+    /// connected as the scheduler's next stream; returns how many streams
+    /// the session has then.
+    fn add<'scope>(
+        &self,
+        s: &'scope Scope<'scope, '_>,
+        shared: &'scope Shared,
+        open: &Mutex<Vec<Option<TcpStream>>>,
+        to: u16,
+    ) -> u16 {
+        let from = hold(open).len() as u16;
+        // A capped transfer's rate is shared by more streams now.
+        let pacing = self.cfg.max_rate.map(|r| (r / u64::from(to.max(1))).max(1));
+        let opts = SocketOpts {
+            pacing,
+            ..self.opts.clone()
+        };
+        let connected: Vec<Result<TcpStream>> = std::thread::scope(|c| {
+            let handles: Vec<_> = (from..to)
+                .map(|i| {
+                    let opts = &opts;
+                    c.spawn(carry(move || {
+                        connect_stream(self.cfg, opts, self.session, i)
+                    }))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::Internal("a connect thread panicked".into()))
+                    })
+                })
+                .collect()
+        });
+        let mut open = hold(open);
+        if shared.stopped() {
+            for st in connected.iter().flatten() {
+                let _ = st.shutdown(Shutdown::Both);
+            }
+            return from;
+        }
+        if let Some(rate) = pacing {
+            for st in open.iter().flatten() {
+                let _ = set_max_pacing_rate(st, rate);
+            }
+        }
+        let per = per_stream_bytes(self.cfg, self.buffer, to);
+        let mut added = 0;
+        for c in connected {
+            let clones = c.and_then(|st| {
+                let w = st.try_clone();
+                let r = st.try_clone();
+                match (w, r) {
+                    (Ok(w), Ok(r)) => Ok((st, w, r)),
+                    (Err(e), _) | (_, Err(e)) => Err(Error::net("cloning a data stream", e)),
+                }
+            });
+            let i = shared.lock().sched.add_stream(per);
+            match clones {
+                Ok((st, w, r)) => {
+                    s.spawn(carry(move || send_loop(shared, i, w)));
+                    s.spawn(carry(move || ack_loop(shared, i, r)));
+                    open.push(Some(st));
+                    added += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(stream = i, error = %e, "an added data stream could not connect");
+                    shared.lock().sched.handle_stream_failed(i);
+                    open.push(None);
+                }
+            }
+        }
+        shared.cv.notify_all();
+        from + added
+    }
+}
+
 /// Tells the observer each data stream's TCP_INFO every
 /// `TCP_SAMPLE_EVERY` until `stop` closes (and the session samples them
 /// once more as it ends), so that a transfer's metrics show its paths
-/// while it runs.
-fn sample_loop(shared: &Shared, streams: &[Option<TcpStream>], stop: &mpsc::Receiver<()>) {
+/// while it runs; and, where the tuner chose the streams, lets the
+/// optimizer add more while that raises the rate.
+fn sample_loop<'scope>(
+    s: &'scope Scope<'scope, '_>,
+    shared: &'scope Shared,
+    open: &Mutex<Vec<Option<TcpStream>>>,
+    mut grow: Option<Grow<'_>>,
+    stop: &mpsc::Receiver<()>,
+) -> Tuned {
+    let mut tuned = Tuned::default();
     while let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(TCP_SAMPLE_EVERY) {
-        for (i, st) in streams.iter().enumerate() {
+        for (i, st) in hold(open).iter().enumerate() {
             if let Some(t) = st.as_ref().and_then(net::tcp_stats) {
                 shared.observer.tcp_sampled(i as u16, &t);
             }
         }
+        let Some(g) = grow.as_mut() else { continue };
+        // Once every block is out, the rate falls for want of data, not
+        // of streams.
+        if shared.lock().sched.nothing_left_to_send() {
+            grow = None;
+            continue;
+        }
+        let now = Instant::now();
+        g.optimizer
+            .handle_progress(now, shared.acked_bytes.load(Ordering::Relaxed));
+        while let Some(d) = g.optimizer.poll() {
+            match d {
+                Decision::Add(change) => {
+                    tracing::info!(
+                        from = change.from,
+                        to = change.to,
+                        "adding data streams: {}",
+                        change.reason
+                    );
+                    shared.observer.streams_changed(&change);
+                    let n = g.add(s, shared, open, change.to);
+                    g.optimizer.handle_added(Instant::now(), n);
+                    tuned.changes.push(change);
+                }
+                Decision::Hold(why) => {
+                    tracing::info!("data streams held: {why}");
+                    tuned.held = Some(why);
+                }
+            }
+        }
+        if g.optimizer.is_done() {
+            grow = None;
+        }
     }
+    tuned
 }
 
 fn ack_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
@@ -651,6 +860,9 @@ fn ack_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
                 Ok(None) => {}
                 Ok(Some(gid)) => {
                     if let Some(b) = g.bufs.remove(&gid) {
+                        shared
+                            .acked_bytes
+                            .fetch_add(b.len() as u64, Ordering::Relaxed);
                         shared.observer.acknowledged(b.len() as u64);
                         shared.in_flight(-(b.len() as i64));
                     }

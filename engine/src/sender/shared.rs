@@ -57,6 +57,8 @@ pub(crate) struct Shared {
     pub(super) stop: AtomicBool,
     pub(crate) read_bytes: AtomicU64,
     pub(super) sent_bytes: AtomicU64,
+    /// Bytes the receiver acknowledged: what the optimizer measures.
+    pub(super) acked_bytes: AtomicU64,
     pub(super) per_stream: Vec<AtomicU64>,
     pub(super) observer: Observe,
     pub(super) verify: Verification,
