@@ -142,6 +142,7 @@ mod tests {
                 attempt: 2,
                 streams: 15,
                 reason: "15: over 150.0 ms ...".into(),
+                changes: Vec::new(),
             }),
             ..body
         };
@@ -152,5 +153,20 @@ mod tests {
         );
         let back: TransferStatus = serde_json::from_value(v["status"].clone()).unwrap();
         assert_eq!(back.tuning.unwrap().streams, 15);
+        // With the optimizer's additions listed.
+        let mut t = body.tuning.clone().unwrap();
+        t.streams = 22;
+        t.changes = vec!["after 3.0 s: 15 -> 22 ...".into()];
+        let body = AgentStatus {
+            tuning: Some(t),
+            ..body
+        };
+        let v = serde_json::to_value(StatusApply::new::<Transfer>(&body)).unwrap();
+        assert_eq!(
+            v["status"]["tuning"]["changes"],
+            json!(["after 3.0 s: 15 -> 22 ..."])
+        );
+        let back: TransferStatus = serde_json::from_value(v["status"].clone()).unwrap();
+        assert_eq!(back.tuning, body.tuning);
     }
 }

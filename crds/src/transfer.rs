@@ -415,11 +415,21 @@ pub struct TuningReport {
     /// The attempt whose sender chose (an earlier attempt's may stand
     /// until the new sender has chosen).
     pub attempt: i32,
-    /// Data streams opened.
+    /// Data streams open: the tuner's choice and what the optimizer
+    /// added since.
     pub streams: i32,
-    /// Why that many.
+    /// Why the tuner chose the count it started with.
     pub reason: String,
+    /// The streams the optimizer added while the attempt ran, oldest
+    /// first (at most `MAX_TUNING_CHANGES`): when, from how many to how
+    /// many, and what it measured.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<String>,
 }
+
+/// The most changes `status.tuning` lists (the optimizer makes a few at
+/// most: it adds half as many streams again each time, up to 64).
+pub const MAX_TUNING_CHANGES: usize = 8;
 
 /// The two sides of a transfer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]

@@ -10,6 +10,7 @@ pub mod host;
 pub mod jobs;
 pub mod plan;
 pub mod storage;
+pub mod tuning;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -75,6 +76,8 @@ enum Side {
         /// Tries left to tell the tuner's choice in an Event (0: told, or
         /// given up).
         announce_tries: u8,
+        /// The optimizer's changes told in Events so far.
+        changes_told: usize,
     },
     Receiver {
         job: ReceiverJob,
@@ -381,6 +384,7 @@ async fn start_job(
                 shows_progress: t.spec.destination.external.is_some(),
                 last_state: None,
                 announce_tries: ANNOUNCE_TRIES,
+                changes_told: 0,
             }
         }
         Role::Receiver => {
@@ -545,21 +549,43 @@ async fn observe(
             shows_progress,
             last_state,
             announce_tries,
+            changes_told,
         } => {
-            let tuning = s.progress.streams_chosen.get().map(|c| TuningReport {
-                attempt: key.attempt,
-                streams: c.streams.into(),
-                reason: c.reason.chars().take(1000).collect(),
-            });
-            // Just chosen: reported now, not at the next cadence.
-            let fresh = tuning.is_some() && *announce_tries == ANNOUNCE_TRIES;
-            if let Some(t) = tuning.as_ref().filter(|_| *announce_tries > 0) {
-                *announce_tries = if announce(client, cfg, &job.transfer, &key.uid, t).await {
+            let choice = s.progress.streams_chosen.get();
+            let changes = s
+                .progress
+                .stream_changes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            let tuning = choice.map(|c| tuning::report(key.attempt, c, &changes));
+            // Just chosen or changed: reported now, not at the next cadence.
+            let fresh = (choice.is_some() && *announce_tries == ANNOUNCE_TRIES)
+                || changes.len() > *changes_told;
+            if let Some(c) = choice.filter(|_| *announce_tries > 0) {
+                let note = tuning::chosen_note(key.attempt, c);
+                *announce_tries = if announce(
+                    client,
+                    cfg,
+                    &job.transfer,
+                    &key.uid,
+                    "StreamsChosen",
+                    note,
+                )
+                .await
+                {
                     0
                 } else {
                     *announce_tries - 1
                 };
             }
+            // Each addition once, told or not: a missed one is still in
+            // status.tuning.changes.
+            for c in changes.iter().skip(*changes_told) {
+                let note = tuning::added_note(key.attempt, c);
+                announce(client, cfg, &job.transfer, &key.uid, "StreamsAdded", note).await;
+            }
+            *changes_told = changes.len();
             let (total, done) = shown(
                 s.progress.total.load(Ordering::Relaxed),
                 s.progress.done.load(Ordering::Relaxed),
@@ -846,15 +872,17 @@ async fn report(
 /// agent without the right to record Events says so this many times).
 const ANNOUNCE_TRIES: u8 = 3;
 
-/// Tells the Transfer's watchers, once per attempt, how many streams the
-/// sender's tuner opened and why (also in `status.tuning`). True once
+/// Tells the Transfer's watchers how many streams the sender's tuner
+/// opened (once per attempt) or the optimizer added, and why (also in
+/// `status.tuning`): an Event with `reason` and `note`. True once
 /// published.
 async fn announce(
     client: &Client,
     cfg: &RunConfig,
     (ns, name): &(String, String),
     uid: &str,
-    t: &TuningReport,
+    reason: &str,
+    note: String,
 ) -> bool {
     // A recorder of its own: one kept across attempts would fold a new
     // attempt's Event into the last one's (same reason, action and
@@ -876,16 +904,8 @@ async fn announce(
     };
     let ev = Event {
         type_: EventType::Normal,
-        reason: "StreamsChosen".into(),
-        note: Some(
-            format!(
-                "attempt {}: {} data streams: {}",
-                t.attempt, t.streams, t.reason
-            )
-            .chars()
-            .take(1000)
-            .collect(),
-        ),
+        reason: reason.into(),
+        note: Some(note),
         action: "Tune".into(),
         secondary: None,
     };
