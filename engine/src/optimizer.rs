@@ -16,12 +16,17 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::tuner::MOST_CHOSEN;
+
 /// The shortest settling time and measuring window: a rate over less
 /// than a second is mostly noise of bursts and acknowledgement timing.
 pub const SHORTEST: Duration = Duration::from_secs(1);
-/// Settling and measuring each last this many round trips when that is
-/// longer: new streams need about a dozen to leave slow start.
-pub const ROUND_TRIPS: u32 = 10;
+/// Settling lasts this many round trips when that is longer: slow start
+/// doubles a stream's window each round trip from 10 segments, and a
+/// window of 10 Gbit/s over 150 ms (190 MB, 130,000 segments) takes 14.
+pub const SETTLE_ROUND_TRIPS: u32 = 16;
+/// Measuring lasts this many round trips when that is longer.
+pub const MEASURE_ROUND_TRIPS: u32 = 10;
 /// The longest: a decision a minute apart is no longer about this path.
 pub const LONGEST: Duration = Duration::from_secs(30);
 /// A step must raise the rate by this share for another to follow.
@@ -70,7 +75,8 @@ pub struct Optimizer {
     streams: u16,
     most: u16,
     aim_bps: f64,
-    period: Duration,
+    settle: Duration,
+    window: Duration,
     phase: Phase,
     /// The rate measured before the last addition, and with how many.
     before: Option<(u16, f64)>,
@@ -91,15 +97,17 @@ impl Optimizer {
     /// `now`, over a path of round trip `rtt` (zero: unknown), aiming at
     /// `aim_bps`, with at most `most` streams.
     pub fn new(now: Instant, streams: u16, most: u16, aim_bps: f64, rtt: Duration) -> Self {
-        let period = rtt.saturating_mul(ROUND_TRIPS).clamp(SHORTEST, LONGEST);
+        let rtts = |n: u32| rtt.saturating_mul(n).clamp(SHORTEST, LONGEST);
+        let settle = rtts(SETTLE_ROUND_TRIPS);
         Self {
             started: now,
             streams,
             most: most.max(streams),
             aim_bps,
-            period,
+            settle,
+            window: rtts(MEASURE_ROUND_TRIPS),
             phase: Phase::Settling {
-                until: later(now, period),
+                until: later(now, settle),
             },
             before: None,
             out: None,
@@ -108,8 +116,8 @@ impl Optimizer {
 
     /// How long the streams settle, and then how long the rate is
     /// measured, before each decision.
-    pub fn period(&self) -> Duration {
-        self.period
+    pub fn period(&self) -> (Duration, Duration) {
+        (self.settle, self.window)
     }
 
     /// Whether the optimizer has stopped deciding.
@@ -128,7 +136,7 @@ impl Optimizer {
             }
             Phase::Measuring { from, bytes } => {
                 let secs = now.saturating_duration_since(from);
-                if secs >= self.period {
+                if secs >= self.window {
                     let bps = acked.saturating_sub(bytes) as f64 * 8.0 / secs.as_secs_f64();
                     self.decide(now, bps);
                 }
@@ -151,7 +159,7 @@ impl Optimizer {
         }
         self.streams = streams;
         self.phase = Phase::Settling {
-            until: later(now, self.period),
+            until: later(now, self.settle),
         };
     }
 
@@ -200,8 +208,9 @@ impl Optimizer {
         }
         if n >= self.most {
             return self.hold(format!(
-                "{carry}{versus}, short of the {aim}, but {n} is the most this sender opens (its \
-                 buffer feeds two blocks a stream; --streams sets more)"
+                "{carry}{versus}, short of the {aim}, but {n} is the most the tuner opens (at most \
+                 {MOST_CHOSEN}, and two blocks of the sender's buffer each; --streams sets more, --buffer \
+                 feeds more)"
             ));
         }
         let to = n.saturating_add((n / 2).max(1)).min(self.most);
@@ -247,7 +256,10 @@ mod tests {
         let start = now;
         let mut acked = 0;
         let mut o = Optimizer::new(now, 4, 64, 10e9, Duration::from_millis(150));
-        assert_eq!(o.period(), Duration::from_millis(1500));
+        assert_eq!(
+            o.period(),
+            (Duration::from_millis(2400), Duration::from_millis(1500))
+        );
         // A window-limited path: each stream carries 0.25 Gbit/s.
         let Decision::Add(c) = run_until_decided(&mut o, &mut now, &mut acked, 4 * GBIT / 4) else {
             panic!()
@@ -255,8 +267,8 @@ mod tests {
         assert_eq!((c.from, c.to), (4, 6), "{c:?}");
         assert!(c.reason.contains("4 streams carry 1.00 Gbit/s"), "{c:?}");
         // Not before the streams settled and a window was measured.
-        assert!(c.after_secs >= 3.0, "{c:?}");
-        assert!(now - start >= Duration::from_secs(3));
+        assert!(c.after_secs >= 3.9, "{c:?}");
+        assert!(now - start >= Duration::from_millis(3900));
         // Nothing more is decided while the shell connects.
         for _ in 0..10 {
             now += Duration::from_secs(1);
@@ -293,7 +305,7 @@ mod tests {
         // 9.5 of 10 Gbit/s: reached.
         let (mut now, mut acked) = (Instant::now(), 0);
         let mut o = Optimizer::new(now, 4, 64, 10e9, rtt);
-        assert_eq!(o.period(), SHORTEST);
+        assert_eq!(o.period(), (SHORTEST, SHORTEST));
         let d = run_until_decided(&mut o, &mut now, &mut acked, 95 * GBIT / 10);
         assert!(
             matches!(&d, Decision::Hold(w) if w.contains("95% of the 10.0 Gbit/s")),

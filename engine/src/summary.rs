@@ -86,7 +86,8 @@ pub struct SendSummary {
     /// Why the optimizer stopped adding (`null` when it did not run, or
     /// the transfer ended first).
     pub streams_held: Option<String>,
-    /// Gbit/s each stream carried, by stream index.
+    /// Gbit/s each stream carried over the whole run, by stream index (a
+    /// stream the optimizer added carried for less of it).
     pub per_stream_gbps: Vec<f64>,
     /// Each stream's TCP_INFO at the end of the last session, by stream
     /// index (`null` for a stream that did not connect).

@@ -180,6 +180,9 @@ pub(crate) struct RunState {
     pub(crate) streams: Option<u16>,
     /// Why, when the tuner chose them.
     pub(crate) streams_chosen: Option<String>,
+    /// The streams the run started with (those after them were added by
+    /// the optimizer, and carried for less of the run).
+    pub(crate) first_streams: usize,
     /// The streams the optimizer added, in order.
     pub(crate) stream_changes: Vec<StreamChange>,
     /// Why the optimizer stopped adding.
@@ -326,7 +329,8 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
     if let Some(n) = pool.huge_note() {
         warnings.push(n.to_owned());
     }
-    for l in lagging(&st.per_stream_bytes, cfg.block_size) {
+    let first = st.first_streams.min(st.per_stream_bytes.len());
+    for l in lagging(&st.per_stream_bytes[..first], cfg.block_size) {
         warnings.push(format!(
             "data stream {} carried {:.0}% of what the median stream did: its path may be slower (see `tcp` in --json for its round trip and retransmits)",
             l.stream,

@@ -42,6 +42,10 @@ use crate::wire::{
 /// from this address at once) is tried again this many times.
 const STREAM_CONNECT_ATTEMPTS: u32 = 4;
 
+/// How long a stream the optimizer adds may take to connect (its TCP
+/// handshake): the session waits for it as it ends.
+const ADDED_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// How long a receiver has to close the control connection after
 /// `Finish` (it does once it has released the session's destinations).
 const FINISH_GRACE: Duration = Duration::from_secs(30);
@@ -78,14 +82,16 @@ fn send_manifest(control: &mut TcpStream, entries: &[FileEntry]) -> Result<()> {
         .map_err(|e| Error::net("sending the manifest", e))
 }
 
-/// Connects to the receiver and authenticates for `purpose`, the handshake
-/// bounded in time as a whole; returns the stream and the round trip.
-fn connect(cfg: &SendConfig, opts: &SocketOpts, purpose: Purpose) -> Result<(TcpStream, Duration)> {
-    authenticate(
-        cfg,
-        net::connect(&cfg.to, opts, cfg.connect_timeout)?,
-        purpose,
-    )
+/// Connects to the receiver within `timeout` and authenticates for
+/// `purpose`, the handshake bounded in time as a whole; returns the stream
+/// and the round trip.
+fn connect(
+    cfg: &SendConfig,
+    opts: &SocketOpts,
+    purpose: Purpose,
+    timeout: Duration,
+) -> Result<(TcpStream, Duration)> {
+    authenticate(cfg, net::connect(&cfg.to, opts, timeout)?, purpose)
 }
 
 /// Authenticates a connected `stream` for `purpose`, the handshake
@@ -252,22 +258,26 @@ fn open_session(
     })
 }
 
-/// Connects and authenticates data stream `i` of `session`. A receiver
-/// that turns it away as busy (more handshakes from this address at once
-/// than it takes) is tried again shortly, as the others finish theirs.
+/// Connects and authenticates data stream `i` of `session`, each TCP
+/// handshake within `timeout`. A receiver that turns it away as busy (more
+/// handshakes from this address at once than it takes) is tried again
+/// shortly, as the others finish theirs, unless `stop` says the session
+/// is over.
 fn connect_stream(
     cfg: &SendConfig,
     opts: &SocketOpts,
     session: SessionId,
     i: u16,
+    timeout: Duration,
+    stop: &AtomicBool,
 ) -> Result<TcpStream> {
     let mut attempt = 1;
     loop {
-        match connect(cfg, opts, Purpose::Join { session, stream: i }) {
+        match connect(cfg, opts, Purpose::Join { session, stream: i }, timeout) {
             Ok((st, _)) => return Ok(st),
             Err(Error::Remote {
                 retryable: true, ..
-            }) if attempt < STREAM_CONNECT_ATTEMPTS => {
+            }) if attempt < STREAM_CONNECT_ATTEMPTS && !stop.load(Ordering::SeqCst) => {
                 std::thread::sleep(Duration::from_millis(100) * attempt);
                 attempt += 1;
             }
@@ -296,6 +306,8 @@ pub(crate) fn run(
         ..cfg.socket.clone()
     };
     let control = net::connect(&cfg.to, &control_opts, cfg.connect_timeout)?;
+    // Never set: the session's first streams are all waited for.
+    let connecting = AtomicBool::new(false);
     let streams = match st.streams {
         Some(n) => n,
         None => {
@@ -310,6 +322,7 @@ pub(crate) fn run(
             };
             st.streams = Some(n);
             st.per_stream_bytes = vec![0; usize::from(n)];
+            st.first_streams = usize::from(n);
             n
         }
     };
@@ -327,7 +340,10 @@ pub(crate) fn run(
         let handles: Vec<_> = (0..streams)
             .map(|i| {
                 let opts = &data_opts;
-                s.spawn(carry(move || connect_stream(cfg, opts, session, i)))
+                let connecting = &connecting;
+                s.spawn(carry(move || {
+                    connect_stream(cfg, opts, session, i, cfg.connect_timeout, connecting)
+                }))
             })
             .collect();
         let opened = open_session(cfg, control, streams, &pending, st, session);
@@ -425,15 +441,19 @@ pub(crate) fn run(
     // spent connecting the data streams was no one's silence.
     let started = Instant::now();
     shared.lock().control.handle_started(started);
-    let grow = cfg.per_link.then(|| Grow {
+    // Once it held in this run, it is not asked again: a retried session
+    // would otherwise grow the streams it found no gain in.
+    let alive = shared.lock().sched.alive_streams() as u16;
+    let grow = (cfg.per_link && st.streams_held.is_none()).then(|| Grow {
         cfg,
         opts: &data_opts,
         session,
         buffer: pool.large_bytes(),
         optimizer: Optimizer::new(
             started,
-            streams.len() as u16,
-            most,
+            alive,
+            // The counters end at `most`, and dead streams hold theirs.
+            alive.saturating_add(most.saturating_sub(streams.len() as u16)),
             aim_bps(cfg),
             st.rtt.unwrap_or_default(),
         ),
@@ -487,20 +507,21 @@ pub(crate) fn run(
 
         let result = coordinate(shared, &mut control);
         drop(sampling);
-        // What the kernel learned of each path, before the streams close.
-        tcp = hold(open)
-            .iter()
-            .map(|s| s.as_ref().and_then(net::tcp_stats))
-            .collect();
-
         shared.stop.store(true, Ordering::SeqCst);
         shared.cv.notify_all();
-        // A stream the optimizer adds after this finds the session
-        // stopped, under this lock, and closes itself.
-        for st in hold(open).iter().flatten() {
-            let _ = st.shutdown(Shutdown::Both);
+        {
+            // A stream the optimizer adds after this finds the session
+            // stopped, under this lock, and closes itself.
+            let open = hold(open);
+            // What the kernel learned of each path, before the streams close.
+            tcp = open
+                .iter()
+                .map(|s| s.as_ref().and_then(net::tcp_stats))
+                .collect();
+            for st in open.iter().flatten() {
+                let _ = st.shutdown(Shutdown::Both);
+            }
         }
-        tuned = tuning.join().unwrap_or_default();
         if result.is_ok() {
             let _ = write_frame(&mut control, &Frame::Finish);
             shared
@@ -520,6 +541,9 @@ pub(crate) fn run(
         if let Ok(Some(r)) = reader_handle.join() {
             report = r;
         }
+        // After `Finish`: an addition still connecting gives up at its
+        // next attempt.
+        tuned = tuning.join().unwrap_or_default();
         result
     });
 
@@ -716,29 +740,33 @@ struct Grow<'a> {
 }
 
 impl Grow<'_> {
-    /// Connects streams up to `to`, all at once, and starts each that
-    /// connected as the scheduler's next stream; returns how many streams
-    /// the session has then.
+    /// Connects `more` streams, all at once (fewer where the session's
+    /// stream counters run out), and starts each that connected as the
+    /// scheduler's next stream; returns the streams alive then. The
+    /// buffer's share and a cap's pacing are spread over those alive.
     fn add<'scope>(
         &self,
         s: &'scope Scope<'scope, '_>,
         shared: &'scope Shared,
         open: &Mutex<Vec<Option<TcpStream>>>,
-        to: u16,
+        more: u16,
     ) -> u16 {
         let from = hold(open).len() as u16;
-        // A capped transfer's rate is shared by more streams now.
-        let pacing = self.cfg.max_rate.map(|r| (r / u64::from(to.max(1))).max(1));
-        let opts = SocketOpts {
-            pacing,
-            ..self.opts.clone()
-        };
+        let to = from
+            .saturating_add(more)
+            .min(shared.per_stream.len() as u16);
         let connected: Vec<Result<TcpStream>> = std::thread::scope(|c| {
             let handles: Vec<_> = (from..to)
                 .map(|i| {
-                    let opts = &opts;
                     c.spawn(carry(move || {
-                        connect_stream(self.cfg, opts, self.session, i)
+                        connect_stream(
+                            self.cfg,
+                            self.opts,
+                            self.session,
+                            i,
+                            ADDED_CONNECT_TIMEOUT,
+                            &shared.stop,
+                        )
                     }))
                 })
                 .collect();
@@ -752,45 +780,48 @@ impl Grow<'_> {
                 .collect()
         });
         let mut open = hold(open);
+        let mut g = shared.lock();
         if shared.stopped() {
             for st in connected.iter().flatten() {
                 let _ = st.shutdown(Shutdown::Both);
             }
-            return from;
+            return g.sched.alive_streams() as u16;
         }
-        if let Some(rate) = pacing {
-            for st in open.iter().flatten() {
-                let _ = set_max_pacing_rate(st, rate);
-            }
-        }
-        let per = per_stream_bytes(self.cfg, self.buffer, to);
-        let mut added = 0;
+        let joining = connected.iter().filter(|c| c.is_ok()).count();
+        let alive = (g.sched.alive_streams() + joining).max(1) as u16;
+        let per = per_stream_bytes(self.cfg, self.buffer, alive);
         for c in connected {
-            let clones = c.and_then(|st| {
-                let w = st.try_clone();
-                let r = st.try_clone();
-                match (w, r) {
-                    (Ok(w), Ok(r)) => Ok((st, w, r)),
-                    (Err(e), _) | (_, Err(e)) => Err(Error::net("cloning a data stream", e)),
-                }
+            // Failed ones too: the scheduler's indices stay those the
+            // streams joined with, and the counters' and sockets'.
+            let i = g.sched.add_stream(per);
+            let clones = c.and_then(|st| match (st.try_clone(), st.try_clone()) {
+                (Ok(w), Ok(r)) => Ok((st, w, r)),
+                (Err(e), _) | (_, Err(e)) => Err(Error::net("cloning a data stream", e)),
             });
-            let i = shared.lock().sched.add_stream(per);
             match clones {
                 Ok((st, w, r)) => {
                     s.spawn(carry(move || send_loop(shared, i, w)));
                     s.spawn(carry(move || ack_loop(shared, i, r)));
                     open.push(Some(st));
-                    added += 1;
                 }
                 Err(e) => {
                     tracing::warn!(stream = i, error = %e, "an added data stream could not connect");
-                    shared.lock().sched.handle_stream_failed(i);
+                    g.sched.handle_stream_failed(i);
                     open.push(None);
                 }
             }
         }
+        let alive = g.sched.alive_streams() as u16;
+        drop(g);
+        // A capped transfer's rate is shared by those alive now.
+        if let Some(rate) = self.cfg.max_rate {
+            let each = (rate / u64::from(alive.max(1))).max(1);
+            for st in open.iter().flatten() {
+                let _ = set_max_pacing_rate(st, each);
+            }
+        }
         shared.cv.notify_all();
-        from + added
+        alive
     }
 }
 
@@ -820,22 +851,29 @@ fn sample_loop<'scope>(
             grow = None;
             continue;
         }
-        let now = Instant::now();
         g.optimizer
-            .handle_progress(now, shared.acked_bytes.load(Ordering::Relaxed));
+            .handle_progress(Instant::now(), shared.acked_bytes.load(Ordering::Relaxed));
         while let Some(d) = g.optimizer.poll() {
             match d {
-                Decision::Add(change) => {
-                    tracing::info!(
-                        from = change.from,
-                        to = change.to,
-                        "adding data streams: {}",
-                        change.reason
-                    );
-                    shared.observer.streams_changed(&change);
-                    let n = g.add(s, shared, open, change.to);
-                    g.optimizer.handle_added(Instant::now(), n);
-                    tuned.changes.push(change);
+                Decision::Add(mut change) => {
+                    let alive = g.add(s, shared, open, change.to - change.from);
+                    if shared.stopped() {
+                        return tuned;
+                    }
+                    g.optimizer.handle_added(Instant::now(), alive);
+                    if alive > change.from {
+                        // What opened, which the reason's "trying" may
+                        // exceed when some could not connect.
+                        change.to = alive;
+                        tracing::info!(
+                            from = change.from,
+                            to = change.to,
+                            "added data streams: {}",
+                            change.reason
+                        );
+                        shared.observer.streams_changed(&change);
+                        tuned.changes.push(change);
+                    }
                 }
                 Decision::Hold(why) => {
                     tracing::info!("data streams held: {why}");
