@@ -3,7 +3,7 @@
 # one-way delay (and loss) on each side applied by wirerate-delayline on
 # NFQUEUE, because this kernel has no netem.
 #
-#   bench/netns.sh up [--delay-ms 75] [--loss 0.0001] [--mtu 1500] [--buf 268435456]
+#   bench/netns.sh up [--delay-ms 75] [--loss 0.0001] [--mtu 1500] [--buf 268435456] [--rx-buf 4194304]
 #   bench/netns.sh down
 #
 # Hosts: wr-a 10.201.0.1 and wr-b 10.201.0.2 (addresses exist only inside
@@ -16,13 +16,14 @@ A=wr-a B=wr-b
 delayline=${DELAYLINE:-$here/../target/release/wirerate-delayline}
 
 up() {
-  local delay=0 loss=0 mtu=1500 buf=$((256 << 20))
+  local delay=0 loss=0 mtu=1500 buf=$((256 << 20)) rxbuf=""
   while [ $# -gt 0 ]; do
     case $1 in
       --delay-ms) delay=$2; shift 2 ;;
       --loss) loss=$2; shift 2 ;;
       --mtu) mtu=$2; shift 2 ;;
       --buf) buf=$2; shift 2 ;;
+      --rx-buf) rxbuf=$2; shift 2 ;;
       *) echo "unknown option $1" >&2; exit 2 ;;
     esac
   done
@@ -43,6 +44,10 @@ up() {
     ip -n $ns link set $dev mtu "$mtu" up
     ip netns exec $ns sysctl -qw net.ipv4.tcp_rmem="4096 131072 $buf" net.ipv4.tcp_wmem="4096 131072 $buf"
   done
+  # The receiving host alone (B), where the sender cannot see it.
+  if [ -n "$rxbuf" ]; then
+    ip netns exec $B sysctl -qw net.ipv4.tcp_rmem="4096 131072 $rxbuf" net.ipv4.tcp_wmem="4096 131072 $rxbuf"
+  fi
   # Global on this kernel (EINVAL inside a namespace); restored by `down`.
   sysctl -qw net.core.rmem_max="$buf" net.core.wmem_max="$buf"
   if [ "$delay" != 0 ] || [ "$loss" != 0 ]; then
@@ -72,7 +77,7 @@ up() {
     done
     sysctl -qw net.core.rmem_default="$(cat "$state/rmem_default")"
   fi
-  echo "up: $A 10.201.0.1 <-> $B 10.201.0.2, one-way delay ${delay} ms, loss $loss, mtu $mtu, tcp buffers up to $buf"
+  echo "up: $A 10.201.0.1 <-> $B 10.201.0.2, one-way delay ${delay} ms, loss $loss, mtu $mtu, tcp buffers up to $buf${rxbuf:+ ($B: $rxbuf)}"
 }
 
 down() {
@@ -104,5 +109,5 @@ down() {
 case ${1:-} in
   up) shift; up "$@" ;;
   down) down ;;
-  *) echo "usage: $0 up [--delay-ms MS] [--loss P] [--mtu N] [--buf BYTES] | down" >&2; exit 2 ;;
+  *) echo "usage: $0 up [--delay-ms MS] [--loss P] [--mtu N] [--buf BYTES] [--rx-buf BYTES] | down" >&2; exit 2 ;;
 esac

@@ -235,6 +235,16 @@ impl SendSummary {
 
 pub use crate::session::SessionOutcome;
 
+/// The streams that joined a session against those announced: more where
+/// the sender's optimizer added some.
+fn joined(streams: u64, announced: u16) -> String {
+    if streams > u64::from(announced) {
+        format!("{streams} streams ({announced} at the start, the rest added)")
+    } else {
+        format!("{streams} of {announced} streams")
+    }
+}
+
 /// The receiver's summary of one session.
 #[derive(Debug, Clone, Serialize)]
 pub struct ReceiverSummary {
@@ -254,7 +264,8 @@ pub struct ReceiverSummary {
     /// The destination's I/O.
     #[serde(flatten)]
     pub io: IoInEffect,
-    /// Data streams that joined.
+    /// Data streams that joined (more than announced where the sender's
+    /// optimizer added some).
     pub streams: u64,
     /// Data streams the sender announced.
     pub requested_streams: u16,
@@ -276,7 +287,7 @@ impl ReceiverSummary {
     /// The human-readable summary: one line, then one per warning.
     pub fn render(&self) -> String {
         let mut s = format!(
-            "session {} {}: {} written in {:.2} s = {:.2} Gbit/s, io {}{}, {} buffers, {} of {} streams, {} damaged blocks refetched, {} resumed, files {} ok / {} failed\n",
+            "session {} {}: {} written in {:.2} s = {:.2} Gbit/s, io {}{}, {} buffers, {}, {} damaged blocks refetched, {} resumed, files {} ok / {} failed\n",
             &self.session[..8.min(self.session.len())],
             self.outcome,
             fmt_bytes(self.bytes_written),
@@ -293,8 +304,7 @@ impl ReceiverSummary {
                 .map(|f| format!(" ({f})"))
                 .unwrap_or_default(),
             self.io.buffer_pages,
-            self.streams,
-            self.requested_streams,
+            joined(self.streams, self.requested_streams),
             self.blocks_rejected,
             fmt_bytes(self.bytes_skipped_resume),
             self.files_ok,
@@ -336,4 +346,16 @@ fn tcp_line(tcp: &[Option<TcpStats>]) -> Option<String> {
 /// `checksums` since it has one name everywhere (it was `blocks`).
 fn spelled<S: serde::Serializer>(v: &impl std::fmt::Display, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::joined;
+
+    #[test]
+    fn streams_added_during_a_session_are_not_read_as_more_than_announced() {
+        assert_eq!(joined(3, 4), "3 of 4 streams");
+        assert_eq!(joined(4, 4), "4 of 4 streams");
+        assert_eq!(joined(6, 4), "6 streams (4 at the start, the rest added)");
+    }
 }
