@@ -24,7 +24,8 @@ pub struct Progress {
     /// The data streams the per-link tuner chose, and why, once it has.
     pub streams_chosen: OnceLock<StreamChoice>,
     /// The streams the optimizer added since, in order (at most
-    /// `MOST_CHANGES`: a run's retries each start a new optimizer).
+    /// `MOST_CHANGES`, the first ones: a retry before it held starts it
+    /// again).
     pub stream_changes: Mutex<Vec<StreamChange>>,
 }
 

@@ -428,7 +428,7 @@ pub struct TuningReport {
 }
 
 /// The most changes `status.tuning` lists (the optimizer makes a few at
-/// most: it adds half as many streams again each time, up to 64).
+/// most: it doubles the streams, or adds half as many again, up to 64).
 pub const MAX_TUNING_CHANGES: usize = 8;
 
 /// The two sides of a transfer.

@@ -125,6 +125,17 @@ impl Optimizer {
         self.phase == Phase::Done
     }
 
+    /// When it next wants `handle_progress`: as settling ends, then as
+    /// the measuring window closes (none while the shell adds streams or
+    /// once held).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Settling { until } => Some(until),
+            Phase::Measuring { from, .. } => Some(later(from, self.window)),
+            Phase::Adding { .. } | Phase::Done => None,
+        }
+    }
+
     /// `acked` bytes are acknowledged so far, at `now`.
     pub fn handle_progress(&mut self, now: Instant, acked: u64) {
         match self.phase {
@@ -235,7 +246,7 @@ mod tests {
 
     const GBIT: u64 = 1_000_000_000 / 8;
 
-    /// Feeds one second at a time at `rate` bytes a second until the
+    /// Feeds half a second at a time at `rate` bytes a second until the
     /// optimizer decides.
     fn run_until_decided(
         o: &mut Optimizer,
@@ -263,6 +274,16 @@ mod tests {
         assert_eq!(
             o.period(),
             (Duration::from_millis(2400), Duration::from_millis(1500))
+        );
+        // It says when it next needs to be asked: settling ends, then the
+        // window closes.
+        assert_eq!(o.poll_timeout(), Some(start + Duration::from_millis(2400)));
+        let settled = start + Duration::from_millis(2400);
+        let mut probe = o.clone();
+        probe.handle_progress(settled, 0);
+        assert_eq!(
+            probe.poll_timeout(),
+            Some(settled + Duration::from_millis(1500))
         );
         // A window-limited path: each stream carries 0.25 Gbit/s.
         let Decision::Add(c) = run_until_decided(&mut o, &mut now, &mut acked, 4 * GBIT / 4) else {
@@ -321,6 +342,14 @@ mod tests {
         let d = run_until_decided(&mut o, &mut now, &mut acked, GBIT);
         assert!(
             matches!(&d, Decision::Hold(w) if w.contains("--streams")),
+            "{d:?}"
+        );
+        // Exactly half the aim: half as many again.
+        let (mut now, mut acked) = (Instant::now(), 0);
+        let mut o = Optimizer::new(now, 4, 64, 10e9, rtt);
+        let d = run_until_decided(&mut o, &mut now, &mut acked, 5 * GBIT);
+        assert!(
+            matches!(&d, Decision::Add(c) if (c.from, c.to) == (4, 6)),
             "{d:?}"
         );
         // Past half the aim, half as many again.

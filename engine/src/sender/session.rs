@@ -555,9 +555,11 @@ pub(crate) fn run(
     st.tcp = tcp;
     let mut g = shared.lock();
     let opened = g.sched.streams();
-    if !tuned.changes.is_empty() {
-        // Later sessions of this run start where this one got to.
-        st.streams = Some(opened as u16);
+    if let Some(last) = tuned.changes.last() {
+        // Later sessions of this run start where this one got to: the
+        // streams that opened (an added one that could not connect holds
+        // an index, and a `null` in `tcp`, but is not counted).
+        st.streams = Some(last.to);
     }
     st.stream_changes.append(&mut tuned.changes);
     if tuned.held.is_some() {
@@ -838,10 +840,25 @@ fn sample_loop<'scope>(
     stop: &mpsc::Receiver<()>,
 ) -> Tuned {
     let mut tuned = Tuned::default();
-    while let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(TCP_SAMPLE_EVERY) {
-        for (i, st) in hold(open).iter().enumerate() {
-            if let Some(t) = st.as_ref().and_then(net::tcp_stats) {
-                shared.observer.tcp_sampled(i as u16, &t);
+    let mut next_sample = Instant::now() + TCP_SAMPLE_EVERY;
+    loop {
+        // Woken for the next sample, or sooner when the optimizer's
+        // settling or window ends (a second's granularity would add up
+        // to a second to each of its steps).
+        let wake = grow
+            .as_ref()
+            .and_then(|g| g.optimizer.poll_timeout())
+            .map_or(next_sample, |t| t.min(next_sample));
+        let wait = wake.saturating_duration_since(Instant::now());
+        if let Err(mpsc::RecvTimeoutError::Disconnected) | Ok(()) = stop.recv_timeout(wait) {
+            return tuned;
+        }
+        if Instant::now() >= next_sample {
+            next_sample += TCP_SAMPLE_EVERY;
+            for (i, st) in hold(open).iter().enumerate() {
+                if let Some(t) = st.as_ref().and_then(net::tcp_stats) {
+                    shared.observer.tcp_sampled(i as u16, &t);
+                }
             }
         }
         let Some(g) = grow.as_mut() else { continue };
@@ -857,10 +874,6 @@ fn sample_loop<'scope>(
             match d {
                 Decision::Add(mut change) => {
                     let alive = g.add(s, shared, open, change.to - change.from);
-                    if shared.stopped() {
-                        return tuned;
-                    }
-                    g.optimizer.handle_added(Instant::now(), alive);
                     if alive > change.from {
                         // What opened, which the reason's "trying" may
                         // exceed when some could not connect.
@@ -874,6 +887,10 @@ fn sample_loop<'scope>(
                         shared.observer.streams_changed(&change);
                         tuned.changes.push(change);
                     }
+                    if shared.stopped() {
+                        return tuned;
+                    }
+                    g.optimizer.handle_added(Instant::now(), alive);
                 }
                 Decision::Hold(why) => {
                     tracing::info!("data streams held: {why}");
@@ -885,7 +902,6 @@ fn sample_loop<'scope>(
             grow = None;
         }
     }
-    tuned
 }
 
 fn ack_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
