@@ -1,7 +1,7 @@
 //! The receiver against hostile or broken peers, each test with its bound:
 //! trickled handshakes, floods of unauthenticated connections (memory
-//! measured on the real binary), the connection caps, huge manifests, a
-//! sender that hangs, a slow sender beside a fast one, the metrics
+//! measured on the real binary), the connection caps, huge manifests, the
+//! data streams one session takes, a sender that hangs, a slow sender beside a fast one, the metrics
 //! endpoint under abuse, and random frame sequences before and after
 //! authentication.
 
@@ -17,6 +17,7 @@ use wirerate_engine::Error;
 use wirerate_engine::net::auth;
 use wirerate_engine::receiver::{ServeConfig, Server, ServerHandle};
 use wirerate_engine::sender::send;
+use wirerate_engine::tuning::STREAMS;
 use wirerate_engine::wire::{self, EntryKind, FileEntry, Frame, Purpose, Verification};
 
 const BS: u32 = 64 << 10;
@@ -440,6 +441,64 @@ fn a_slow_sender_does_not_hold_up_another() {
     assert!(slow.ok, "{}", slow.render());
     assert_same(&slow_src, &root.join("slow.bin"));
     assert_same(&fast_src, &root.join("fast.bin"));
+}
+
+#[test]
+fn one_session_cannot_take_more_data_streams_than_the_protocol_bound() {
+    // Bound: an authenticated sender gets at most STREAMS.max (256) data
+    // streams into one session, not every connection the receiver takes;
+    // the one over is told why and closed, the others stay, and other
+    // senders still get through.
+    let dir = scratch("joins");
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = serve_cfg(&root, |_| {});
+    let session = [9; 16];
+    // Open with an empty manifest: the session is open once its plan is in.
+    let mut ctl = open_control(&srv, session);
+    wire::write_frame(&mut ctl, &Frame::FilesEnd).unwrap();
+    assert_eq!(wire::read_frame(&mut ctl).unwrap(), Frame::PlanEnd);
+    let most = STREAMS.max as u16;
+    let mut joins: Vec<TcpStream> = (0..=most)
+        .map(|i| {
+            let mut c = TcpStream::connect(srv.addr()).unwrap();
+            auth::client(&mut c, TOKEN, Purpose::Join { session, stream: i }).unwrap();
+            c
+        })
+        .collect();
+    // Whichever the receiver took last is the one over the bound; its
+    // refusal is written as soon as it is taken.
+    std::thread::sleep(Duration::from_millis(500));
+    let mut refused = Vec::new();
+    for (i, c) in joins.iter_mut().enumerate() {
+        c.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+        let mut b = [0u8; 4096];
+        match c.read(&mut b) {
+            Ok(n) => refused.push((i, first_frame(&b[..n]))),
+            Err(e) => assert!(
+                matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+                "join {i}: {e}"
+            ),
+        }
+    }
+    assert_eq!(
+        refused.len(),
+        1,
+        "exactly one join is over the bound: {refused:?}"
+    );
+    match &refused[0].1 {
+        Some(Frame::Error {
+            retryable: false,
+            message,
+        }) => assert!(message.contains("256 data streams"), "{message}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    drop(joins);
+    drop(ctl);
+    clean_send_works(&srv, dir.path(), "after-joins.bin");
 }
 
 #[test]

@@ -18,6 +18,8 @@ pub enum ViolationKind {
     /// of the wrong length, a block off its file's layout, a file given
     /// up and then said published.
     Inconsistent,
+    /// More than the protocol's bound allows: data streams of one session.
+    Excess,
 }
 
 impl ViolationKind {
@@ -30,6 +32,7 @@ impl ViolationKind {
             Self::Repeated => "repeated",
             Self::Early => "early",
             Self::Inconsistent => "inconsistent",
+            Self::Excess => "excess",
         }
     }
 }

@@ -27,6 +27,7 @@ use crate::session::receiver::{
 };
 use crate::spans::carry;
 use crate::summary::{IoInEffect, ReceiverSummary};
+use crate::tuning::STREAMS;
 use crate::units::{fmt_bytes, gbps};
 use crate::violation::{Violation, ViolationKind};
 use crate::wire::{
@@ -89,6 +90,9 @@ impl Drop for Registration<'_> {
         self.shared.claims.release(&self.life);
     }
 }
+
+/// The data streams one session takes: the most a sender opens.
+const MOST_STREAMS: usize = STREAMS.max as usize;
 
 /// Writes the frames the core wants sent, batched into one write, and
 /// returns the first thing it wants done that is not a frame. A session
@@ -634,11 +638,35 @@ pub(crate) fn run_stream(
         );
         return Err(Violation::new(ViolationKind::Unknown, message).into());
     };
-    lock(&session.data_streams).push(
-        stream
-            .try_clone()
-            .map_err(|e| Error::net("cloning a stream", e))?,
-    );
+    {
+        // Each join is a connection and two threads here. Our senders open
+        // at most STREAMS.max, added ones included; more would let one
+        // sender hold the connections every other session needs.
+        let mut joined = lock(&session.data_streams);
+        if joined.len() >= MOST_STREAMS {
+            drop(joined);
+            let v = Violation::new(
+                ViolationKind::Excess,
+                format!(
+                    "this session already has {MOST_STREAMS} data streams, the most one session takes"
+                ),
+            );
+            session.observer.violation(v.kind);
+            let _ = write_frame(
+                &mut stream,
+                &Frame::Error {
+                    retryable: false,
+                    message: v.to_string(),
+                },
+            );
+            return Err(v.into());
+        }
+        joined.push(
+            stream
+                .try_clone()
+                .map_err(|e| Error::net("cloning a stream", e))?,
+        );
+    }
     if session.aborted.load(Ordering::SeqCst) {
         return Ok(());
     }
