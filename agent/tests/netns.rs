@@ -169,6 +169,25 @@ fn serve_in(ns: &str, root: &Path, token: &Path, extra: &[&str]) -> Proc {
     )
 }
 
+/// Runs the agent's `cmd` (`send`, `probe`) in `ns` against the receiver
+/// `serve_in` started, `--json` with the token and then `args`; its report,
+/// once it succeeded.
+fn json_in(ns: &str, token: &Path, cmd: &str, args: &[&str]) -> serde_json::Value {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, BIN, cmd])
+        .args(["--to", "10.203.0.2:7470", "--json", "--token-file"])
+        .arg(token)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn send_from(ns: &str, token: &Path, src: &Path, extra: &[&str]) -> Command {
     let mut c = Command::new("ip");
     c.args([
@@ -390,27 +409,12 @@ fn probe_across_hosts_reads_every_streams_path() {
     h.loss(&h.b, "0.005");
     let _rx = serve_in(&h.b, &s.root, &s.token, &["--allow-discard"]);
     wait_in(&h.a, "10.203.0.2", 7470);
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &h.a,
-            BIN,
-            "probe",
-            "--to",
-            "10.203.0.2:7470",
-        ])
-        .args(["--json", "--streams", "4", "--seconds", "0.5"])
-        .args(["--block-size", "1MiB", "--token-file"])
-        .arg(&s.token)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let j = json_in(
+        &h.a,
+        &s.token,
+        "probe",
+        &["--streams", "4", "--seconds", "0.5", "--block-size", "1MiB"],
     );
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for (phase, streams) in [("one", 1), ("many", 4)] {
         let tcp = j[phase]["tcp"].as_array().unwrap();
         assert_eq!(tcp.len(), streams, "{j}");
@@ -461,19 +465,7 @@ fn a_transfer_short_of_its_aim_adds_streams_while_it_runs() {
     wait_in(&h.a, "10.203.0.2", 7470);
     // 3 GiB at 2 Gbit/s: about 13 s, and the optimizer decides after 2
     // (a second to settle, a second to measure) and again after 4.
-    let out = Command::new("ip")
-        .args(["netns", "exec", &h.a, BIN, "send"])
-        .args(["--to", "10.203.0.2:7470", "--json", "--quiet"])
-        .args(["--synthetic", "3GiB", "--token-file"])
-        .arg(&s.token)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let j = json_in(&h.a, &s.token, "send", &["--quiet", "--synthetic", "3GiB"]);
     assert_eq!(j["ok"], true, "{j}");
     assert!(
         j["streams_chosen"]
@@ -545,22 +537,10 @@ fn a_window_too_small_for_the_link_gets_the_streams_it_needs() {
     }
     let _rx = serve_in(&h.b, &s.root, &s.token, &["--allow-discard"]);
     wait_in(&h.a, "10.203.0.2", 7470);
-    let send = |extra: &[&str]| -> serde_json::Value {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &h.a, BIN, "send"])
-            .args(["--to", "10.203.0.2:7470", "--json", "--quiet"])
-            .args(["--synthetic", "16MiB", "--max-rate", "400Gbps"])
-            .args(["--block-size", "1MiB", "--buffer", "32MiB", "--token-file"])
-            .arg(&s.token)
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+    let send = |extra: &[&str]| {
+        let args = ["--quiet", "--synthetic", "16MiB", "--max-rate", "400Gbps"];
+        let more = ["--block-size", "1MiB", "--buffer", "32MiB"];
+        json_in(&h.a, &s.token, "send", &[&args[..], &more, extra].concat())
     };
     let j = send(&[]);
     assert_eq!(j["ok"], true, "{j}");

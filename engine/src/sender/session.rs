@@ -5,10 +5,11 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::{Shutdown, TcpStream};
+use std::ops::Range;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
-use std::thread::Scope;
+use std::thread::{Scope, ScopedJoinHandle};
 use std::time::{Duration, Instant};
 
 use super::generate;
@@ -286,6 +287,37 @@ fn connect_stream(
     }
 }
 
+/// Starts connecting data streams `ids` of a session, all at once, each on
+/// a thread of `scope`, while the caller goes on; `connected` waits for
+/// them.
+fn start_connecting<'scope>(
+    scope: &'scope Scope<'scope, '_>,
+    cfg: &'scope SendConfig,
+    opts: &'scope SocketOpts,
+    session: SessionId,
+    ids: Range<u16>,
+    timeout: Duration,
+    stop: &'scope AtomicBool,
+) -> Vec<ScopedJoinHandle<'scope, Result<TcpStream>>> {
+    ids.map(|i| {
+        scope.spawn(carry(move || {
+            connect_stream(cfg, opts, session, i, timeout, stop)
+        }))
+    })
+    .collect()
+}
+
+/// Each stream `start_connecting` started, connected or why not, in order.
+fn connected(handles: Vec<ScopedJoinHandle<'_, Result<TcpStream>>>) -> Vec<Result<TcpStream>> {
+    handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(Error::Internal("a connect thread panicked".into())))
+        })
+        .collect()
+}
+
 /// Runs one session over the files that have no verdict yet.
 pub(crate) fn run(
     cfg: &SendConfig,
@@ -337,24 +369,17 @@ pub(crate) fn run(
     // coming on top of it. They start once the control connection's TCP
     // handshake has measured the round trip that decides how many.
     let (opened, connected) = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..streams)
-            .map(|i| {
-                let opts = &data_opts;
-                let connecting = &connecting;
-                s.spawn(carry(move || {
-                    connect_stream(cfg, opts, session, i, cfg.connect_timeout, connecting)
-                }))
-            })
-            .collect();
+        let handles = start_connecting(
+            s,
+            cfg,
+            &data_opts,
+            session,
+            0..streams,
+            cfg.connect_timeout,
+            &connecting,
+        );
         let opened = open_session(cfg, control, streams, &pending, st, session);
-        let connected: Vec<Result<TcpStream>> = handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(Error::Internal("a connect thread panicked".into())))
-            })
-            .collect();
-        (opened, connected)
+        (opened, connected(handles))
     });
     let Opened {
         mut control,
@@ -757,29 +782,16 @@ impl Grow<'_> {
         let to = from
             .saturating_add(more)
             .min(shared.per_stream.len() as u16);
-        let connected: Vec<Result<TcpStream>> = std::thread::scope(|c| {
-            let handles: Vec<_> = (from..to)
-                .map(|i| {
-                    c.spawn(carry(move || {
-                        connect_stream(
-                            self.cfg,
-                            self.opts,
-                            self.session,
-                            i,
-                            ADDED_CONNECT_TIMEOUT,
-                            &shared.stop,
-                        )
-                    }))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(Error::Internal("a connect thread panicked".into()))
-                    })
-                })
-                .collect()
+        let connected = std::thread::scope(|c| {
+            connected(start_connecting(
+                c,
+                self.cfg,
+                self.opts,
+                self.session,
+                from..to,
+                ADDED_CONNECT_TIMEOUT,
+                &shared.stop,
+            ))
         });
         let mut open = hold(open);
         let mut g = shared.lock();
