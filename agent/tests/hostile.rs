@@ -16,7 +16,7 @@ use proptest::prelude::*;
 use wirerate_engine::Error;
 use wirerate_engine::net::auth;
 use wirerate_engine::receiver::{ServeConfig, Server, ServerHandle};
-use wirerate_engine::sender::send;
+use wirerate_engine::sender::{SendConfig, send};
 use wirerate_engine::tuning::STREAMS;
 use wirerate_engine::wire::{self, EntryKind, FileEntry, Frame, Purpose, Verification};
 
@@ -446,43 +446,68 @@ fn a_slow_sender_does_not_hold_up_another() {
 #[test]
 fn one_session_cannot_take_more_data_streams_than_the_protocol_bound() {
     // Bound: an authenticated sender gets at most STREAMS.max (256) data
-    // streams into one session, not every connection the receiver takes;
-    // the one over is told why and closed, the others stay, and other
-    // senders still get through.
-    let dir = scratch("joins");
-    let root = dir.path().join("dst");
-    std::fs::create_dir_all(&root).unwrap();
-    let srv = serve_cfg(&root, |_| {});
+    // streams into one session; the one over is told why and closed, the
+    // others stay, and other senders still get through. The receiver is
+    // the real binary, which raises its own open-file limit: this test
+    // process holds only the client sockets.
+    let s = setup("joins", 1000);
+    let port = free_port();
+    let _rx = serve_bin(&s.root, &s.token, port, &[]);
+    let token = std::fs::read_to_string(&s.token).unwrap();
+    let token = token.trim().as_bytes();
     let session = [9; 16];
-    // Open with an empty manifest: the session is open once its plan is in.
-    let mut ctl = open_control(&srv, session);
-    wire::write_frame(&mut ctl, &Frame::FilesEnd).unwrap();
+    let mut ctl = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    auth::client(&mut ctl, token, Purpose::Control).unwrap();
+    // An empty manifest: the session is open once its plan is in.
+    let mut out = Vec::new();
+    wire::encode(
+        &Frame::Open {
+            session,
+            block_size: BS,
+            streams: 1,
+            verify: Verification::Checksums,
+            discard: false,
+        },
+        &mut out,
+    );
+    wire::encode(&Frame::FilesEnd, &mut out);
+    ctl.write_all(&out).unwrap();
     assert_eq!(wire::read_frame(&mut ctl).unwrap(), Frame::PlanEnd);
     let most = STREAMS.max as u16;
     let mut joins: Vec<TcpStream> = (0..=most)
         .map(|i| {
-            let mut c = TcpStream::connect(srv.addr()).unwrap();
-            auth::client(&mut c, TOKEN, Purpose::Join { session, stream: i }).unwrap();
+            let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            auth::client(&mut c, token, Purpose::Join { session, stream: i }).unwrap();
+            c.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
             c
         })
         .collect();
-    // Whichever the receiver took last is the one over the bound; its
-    // refusal is written as soon as it is taken.
-    std::thread::sleep(Duration::from_millis(500));
+    // Whichever the receiver took last is the one over the bound: look
+    // until one has been told, then once more over all of them.
     let mut refused = Vec::new();
-    for (i, c) in joins.iter_mut().enumerate() {
-        c.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
-        let mut b = [0u8; 4096];
-        match c.read(&mut b) {
-            Ok(n) => refused.push((i, first_frame(&b[..n]))),
-            Err(e) => assert!(
-                matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    let t0 = Instant::now();
+    let mut last_look = false;
+    loop {
+        for (i, c) in joins.iter_mut().enumerate() {
+            if refused.iter().any(|(r, _)| *r == i) {
+                continue;
+            }
+            let mut b = [0u8; 4096];
+            match c.read(&mut b) {
+                Ok(n) => refused.push((i, first_frame(&b[..n]))),
+                Err(e) => assert!(
+                    matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ),
+                    "join {i}: {e}"
                 ),
-                "join {i}: {e}"
-            ),
+            }
         }
+        if last_look || t0.elapsed() > Duration::from_secs(20) {
+            break;
+        }
+        last_look = !refused.is_empty();
     }
     assert_eq!(
         refused.len(),
@@ -498,7 +523,16 @@ fn one_session_cannot_take_more_data_streams_than_the_protocol_bound() {
     }
     drop(joins);
     drop(ctl);
-    clean_send_works(&srv, dir.path(), "after-joins.bin");
+    let mut cfg = SendConfig::new(
+        format!("127.0.0.1:{port}"),
+        token.to_vec(),
+        &s.src,
+        "after.bin",
+    );
+    cfg.retry_for = Duration::from_secs(10);
+    let r = send(&cfg).unwrap();
+    assert!(r.ok, "{}", r.render());
+    assert_same(&s.src, &s.root.join("after.bin"));
 }
 
 #[test]

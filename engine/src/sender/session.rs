@@ -288,8 +288,8 @@ fn connect_stream(
 }
 
 /// Starts connecting data streams `ids` of a session, all at once, each on
-/// a thread of `scope`, while the caller goes on; `connected` waits for
-/// them.
+/// a thread of `scope`, while the caller goes on; `finish_connecting`
+/// waits for them.
 fn start_connecting<'scope>(
     scope: &'scope Scope<'scope, '_>,
     cfg: &'scope SendConfig,
@@ -308,7 +308,9 @@ fn start_connecting<'scope>(
 }
 
 /// Each stream `start_connecting` started, connected or why not, in order.
-fn connected(handles: Vec<ScopedJoinHandle<'_, Result<TcpStream>>>) -> Vec<Result<TcpStream>> {
+fn finish_connecting(
+    handles: Vec<ScopedJoinHandle<'_, Result<TcpStream>>>,
+) -> Vec<Result<TcpStream>> {
     handles
         .into_iter()
         .map(|h| {
@@ -379,7 +381,7 @@ pub(crate) fn run(
             &connecting,
         );
         let opened = open_session(cfg, control, streams, &pending, st, session);
-        (opened, connected(handles))
+        (opened, finish_connecting(handles))
     });
     let Opened {
         mut control,
@@ -783,7 +785,7 @@ impl Grow<'_> {
             .saturating_add(more)
             .min(shared.per_stream.len() as u16);
         let connected = std::thread::scope(|c| {
-            connected(start_connecting(
+            finish_connecting(start_connecting(
                 c,
                 self.cfg,
                 self.opts,
