@@ -4,6 +4,7 @@
 # NFQUEUE, because this kernel has no netem.
 #
 #   bench/netns.sh up [--delay-ms 75] [--loss 0.0001] [--mtu 1500] [--buf 268435456] [--rx-buf 4194304]
+#                     [--initcwnd 100]
 #   bench/netns.sh down
 #
 # Hosts: wr-a 10.201.0.1 and wr-b 10.201.0.2 (addresses exist only inside
@@ -16,7 +17,7 @@ A=wr-a B=wr-b
 delayline=${DELAYLINE:-$here/../target/release/wirerate-delayline}
 
 up() {
-  local delay=0 loss=0 mtu=1500 buf=$((256 << 20)) rxbuf=""
+  local delay=0 loss=0 mtu=1500 buf=$((256 << 20)) rxbuf="" initcwnd=""
   while [ $# -gt 0 ]; do
     case $1 in
       --delay-ms) delay=$2; shift 2 ;;
@@ -24,6 +25,7 @@ up() {
       --mtu) mtu=$2; shift 2 ;;
       --buf) buf=$2; shift 2 ;;
       --rx-buf) rxbuf=$2; shift 2 ;;
+      --initcwnd) initcwnd=$2; shift 2 ;;
       *) echo "unknown option $1" >&2; exit 2 ;;
     esac
   done
@@ -44,6 +46,15 @@ up() {
     ip -n $ns link set $dev mtu "$mtu" up
     ip netns exec $ns sysctl -qw net.ipv4.tcp_rmem="4096 131072 $buf" net.ipv4.tcp_wmem="4096 131072 $buf"
   done
+  # A host setting, the route's initial congestion and receive windows
+  # (segments; the kernel's default is 10): what a DTN's admin can set
+  # for the routes to its peers to shorten TCP's ramp on long paths.
+  if [ -n "$initcwnd" ]; then
+    ip -n $A route change 10.201.0.0/24 dev wra0 proto kernel scope link src 10.201.0.1 \
+      initcwnd "$initcwnd" initrwnd "$initcwnd"
+    ip -n $B route change 10.201.0.0/24 dev wrb0 proto kernel scope link src 10.201.0.2 \
+      initcwnd "$initcwnd" initrwnd "$initcwnd"
+  fi
   # The receiving host alone (B), where the sender cannot see it.
   if [ -n "$rxbuf" ]; then
     ip netns exec $B sysctl -qw net.ipv4.tcp_rmem="4096 131072 $rxbuf" net.ipv4.tcp_wmem="4096 131072 $rxbuf"
