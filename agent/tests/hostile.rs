@@ -536,6 +536,57 @@ fn one_session_cannot_take_more_data_streams_than_the_protocol_bound() {
 }
 
 #[test]
+fn a_flood_of_failed_handshakes_does_not_flood_the_log() {
+    // Bound: 300 connections that fail before authenticating (an HTTP
+    // request, as a scanner sends) are each refused and counted, but the
+    // receiver's log says so a few times with a count, not 300 times: no
+    // one without the token can fill the disk the logs go to.
+    let s = setup("logflood", 1000);
+    let port = free_port();
+    let log = s.src.with_file_name("serve.log");
+    let _rx = Proc(
+        std::process::Command::new(BIN)
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--root")
+            .arg(&s.root)
+            .arg("--token-file")
+            .arg(&s.token)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    wait_listening(port);
+    for i in 0..300 {
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let (reply, _) = read_to_close(&mut c, Duration::from_secs(10));
+        assert!(
+            matches!(first_frame(&reply), Some(Frame::Error { .. })),
+            "connection {i} was not told why"
+        );
+    }
+    // Still served, and what it logged is there to read.
+    let token = std::fs::read_to_string(&s.token).unwrap();
+    let cfg = SendConfig::new(
+        format!("127.0.0.1:{port}"),
+        token.trim().as_bytes().to_vec(),
+        &s.src,
+        "after.bin",
+    );
+    let r = send(&cfg).unwrap();
+    assert!(r.ok, "{}", r.render());
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines = text.lines().filter(|l| l.contains("invalid frame")).count();
+    assert!(
+        (1..=3).contains(&lines),
+        "{lines} log lines for 300 failed handshakes:\n{}",
+        &text[..text.len().min(2000)]
+    );
+}
+
+#[test]
 fn sessions_over_the_memory_cap_are_told_to_retry() {
     let dir = scratch("memcap");
     let root = dir.path().join("dst");

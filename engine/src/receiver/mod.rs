@@ -204,6 +204,9 @@ pub(crate) struct Shared {
     /// 10 s, with how many (a flood must not flood the log too).
     refusals: Mutex<Throttle>,
     accept_failures: Mutex<Throttle>,
+    /// Connections that fail before authenticating, likewise: anyone can
+    /// open them, without the token.
+    failed_handshakes: Mutex<Throttle>,
 }
 
 /// What a server's sessions hold and did, as progress to show: the
@@ -275,6 +278,7 @@ impl Server {
                 job: JobCounters::default(),
                 refusals: Mutex::new(Throttle::new(LOG_EVERY)),
                 accept_failures: Mutex::new(Throttle::new(LOG_EVERY)),
+                failed_handshakes: Mutex::new(Throttle::new(LOG_EVERY)),
             }),
         })
     }
@@ -400,6 +404,19 @@ impl Shared {
             tracing::warn!(refused = held + 1, "refusing connections: {message}");
         }
     }
+
+    /// Logs connections that failed their handshake at most every 10 s,
+    /// with how many, and the latest's peer and reason.
+    fn log_failed_handshake(&self, peer: Option<SocketAddr>, e: &Error) {
+        if let Some(held) = lock(&self.failed_handshakes).poll(Instant::now()) {
+            let peer = peer.map_or_else(|| "?".to_owned(), |p| p.to_string());
+            tracing::warn!(
+                failed = held + 1,
+                %peer,
+                "connections closed before authenticating: {e}"
+            );
+        }
+    }
 }
 
 /// Tells a connection over a limit why, without waiting on it: the frame
@@ -496,7 +513,10 @@ fn handle_connection(
                     },
                 );
             }
-            return Err(e);
+            // Counted in the metrics above; logged sparingly here, not by
+            // the caller per connection.
+            shared.log_failed_handshake(stream.peer_addr().ok(), &e);
+            return Ok(());
         }
     };
     ticket.authenticated();
