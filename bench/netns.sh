@@ -120,5 +120,5 @@ down() {
 case ${1:-} in
   up) shift; up "$@" ;;
   down) down ;;
-  *) echo "usage: $0 up [--delay-ms MS] [--loss P] [--mtu N] [--buf BYTES] [--rx-buf BYTES] | down" >&2; exit 2 ;;
+  *) echo "usage: $0 up [--delay-ms MS] [--loss P] [--mtu N] [--buf BYTES] [--rx-buf BYTES] [--initcwnd N] | down" >&2; exit 2 ;;
 esac

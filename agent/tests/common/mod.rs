@@ -378,6 +378,17 @@ pub fn serve_bin(root: &Path, token: &Path, port: u16, extra: &[&str]) -> Proc {
     Proc(child)
 }
 
+/// Lets this test process hold thousands of sockets: tests that open
+/// floods of connections run side by side, and a default soft limit of
+/// 1,024 descriptors would fail them for the wrong reason. The soft limit
+/// goes to the hard one, as the agent's own `serve` does.
+pub fn raise_fd_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut l = getrlimit(Resource::Nofile);
+    l.current = l.maximum;
+    setrlimit(Resource::Nofile, l).expect("raising the open-file soft limit to the hard one");
+}
+
 /// Waits until a receiver listens on `port` (10 s at most).
 pub fn wait_listening(port: u16) {
     let t0 = std::time::Instant::now();

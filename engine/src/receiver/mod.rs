@@ -22,6 +22,7 @@ mod stats;
 mod verdicts;
 mod writer;
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -204,9 +205,11 @@ pub(crate) struct Shared {
     /// 10 s, with how many (a flood must not flood the log too).
     refusals: Mutex<Throttle>,
     accept_failures: Mutex<Throttle>,
-    /// Connections that fail before authenticating, likewise: anyone can
-    /// open them, without the token.
-    failed_handshakes: Mutex<Throttle>,
+    /// Connections that fail before authenticating, likewise, one
+    /// throttle per reason (`auth`, `protocol`, `handshake`): anyone can
+    /// open them, token or not, and a scanner's flood must not hide a
+    /// real sender's wrong token.
+    failed_handshakes: Mutex<HashMap<&'static str, Throttle>>,
 }
 
 /// What a server's sessions hold and did, as progress to show: the
@@ -278,7 +281,7 @@ impl Server {
                 job: JobCounters::default(),
                 refusals: Mutex::new(Throttle::new(LOG_EVERY)),
                 accept_failures: Mutex::new(Throttle::new(LOG_EVERY)),
-                failed_handshakes: Mutex::new(Throttle::new(LOG_EVERY)),
+                failed_handshakes: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -405,10 +408,15 @@ impl Shared {
         }
     }
 
-    /// Logs connections that failed their handshake at most every 10 s,
-    /// with how many, and the latest's peer and reason.
-    fn log_failed_handshake(&self, peer: Option<SocketAddr>, e: &Error) {
-        if let Some(held) = lock(&self.failed_handshakes).poll(Instant::now()) {
+    /// Logs connections that failed their handshake for `reason` at most
+    /// every 10 s: the first of each interval, with its peer, and how many
+    /// were held back since the last one logged.
+    fn log_failed_handshake(&self, reason: &'static str, peer: Option<SocketAddr>, e: &Error) {
+        let told = lock(&self.failed_handshakes)
+            .entry(reason)
+            .or_insert_with(|| Throttle::new(LOG_EVERY))
+            .poll(Instant::now());
+        if let Some(held) = told {
             let peer = peer.map_or_else(|| "?".to_owned(), |p| p.to_string());
             tracing::warn!(
                 failed = held + 1,
@@ -515,7 +523,7 @@ fn handle_connection(
             }
             // Counted in the metrics above; logged sparingly here, not by
             // the caller per connection.
-            shared.log_failed_handshake(stream.peer_addr().ok(), &e);
+            shared.log_failed_handshake(reason, stream.peer_addr().ok(), &e);
             return Ok(());
         }
     };
