@@ -238,8 +238,13 @@ fn flood_of_unauthenticated_connections_stays_within_its_memory_bound() {
 
 /// A raw authenticated control connection that has sent `Open`.
 fn open_control(srv: &ServerHandle, session: [u8; 16]) -> TcpStream {
-    let mut ctl = TcpStream::connect(srv.addr()).unwrap();
-    auth::client(&mut ctl, TOKEN, Purpose::Control).unwrap();
+    open_control_at(srv.addr(), TOKEN, session)
+}
+
+/// The same to any receiver at `addr` that takes `token`.
+fn open_control_at(addr: SocketAddr, token: &[u8], session: [u8; 16]) -> TcpStream {
+    let mut ctl = TcpStream::connect(addr).unwrap();
+    auth::client(&mut ctl, token, Purpose::Control).unwrap();
     wire::write_frame(
         &mut ctl,
         &Frame::Open {
@@ -458,22 +463,9 @@ fn one_session_cannot_take_more_data_streams_than_the_protocol_bound() {
     let token = std::fs::read_to_string(&s.token).unwrap();
     let token = token.trim().as_bytes();
     let session = [9; 16];
-    let mut ctl = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    auth::client(&mut ctl, token, Purpose::Control).unwrap();
     // An empty manifest: the session is open once its plan is in.
-    let mut out = Vec::new();
-    wire::encode(
-        &Frame::Open {
-            session,
-            block_size: BS,
-            streams: 1,
-            verify: Verification::Checksums,
-            discard: false,
-        },
-        &mut out,
-    );
-    wire::encode(&Frame::FilesEnd, &mut out);
-    ctl.write_all(&out).unwrap();
+    let mut ctl = open_control_at(([127, 0, 0, 1], port).into(), token, session);
+    wire::write_frame(&mut ctl, &Frame::FilesEnd).unwrap();
     assert_eq!(wire::read_frame(&mut ctl).unwrap(), Frame::PlanEnd);
     let most = STREAMS.max as u16;
     let mut joins: Vec<TcpStream> = (0..=most)

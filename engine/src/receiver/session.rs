@@ -641,7 +641,7 @@ pub(crate) fn run_stream(
     {
         // Each join is a connection and two threads here. Our senders open
         // at most STREAMS.max, added ones included; more would let one
-        // sender hold the connections every other session needs.
+        // session hold the connections every other session needs.
         let mut joined = lock(&session.data_streams);
         if joined.len() >= MOST_STREAMS {
             drop(joined);
