@@ -15,7 +15,7 @@ use wirerate_agent::{demo, metrics};
 use wirerate_crds::contract;
 use wirerate_engine::io::IoMode;
 use wirerate_engine::net::SocketOpts;
-use wirerate_engine::receiver::{ServeConfig, Server};
+use wirerate_engine::receiver::{DiscardPolicy, ServeConfig, Server};
 use wirerate_engine::sender::{SendConfig, send};
 use wirerate_engine::summary::SendSummary;
 use wirerate_engine::tuning::{self, Overrides};
@@ -211,6 +211,11 @@ struct ServeArgs {
     /// verified and dropped, nothing is written. Off by default.
     #[arg(long)]
     allow_discard: bool,
+    /// Take memory-to-memory tests and nothing else: a standing
+    /// path-test listener (for `probe`), whose token lets its holders
+    /// measure the path but never write a file under the root.
+    #[arg(long, conflicts_with = "allow_discard")]
+    discard_only: bool,
 }
 
 #[derive(Args)]
@@ -413,19 +418,28 @@ fn run(cli: Cli) -> Result<ExitCode> {
             cfg.max_connections = a.max_connections;
             cfg.idle_timeout = Duration::from_secs_f64(a.idle_timeout);
             cfg.umask = a.umask;
-            cfg.allow_discard = a.allow_discard;
+            cfg.discard = match (a.allow_discard, a.discard_only) {
+                (_, true) => DiscardPolicy::Only,
+                (true, false) => DiscardPolicy::Allow,
+                (false, false) => DiscardPolicy::Refuse,
+            };
             let endpoints = metrics::endpoints().with_log_level(log.clone());
             if let Some(m) = &a.metrics_addr {
                 let addr = metrics::serve_endpoints(m, endpoints.clone())?;
                 tracing::info!(%addr, "serving metrics on /metrics");
             }
+            let discard = cfg.discard;
             let server = Server::bind(&a.listen, cfg)?;
             endpoints.set_ready(true);
             tracing::info!(addr = %server.local_addr(), "serving");
-            if a.allow_discard {
-                tracing::warn!(
+            match discard {
+                DiscardPolicy::Allow => tracing::warn!(
                     "--allow-discard: senders may run memory-to-memory tests here; their data is verified and dropped, never written"
-                );
+                ),
+                DiscardPolicy::Only => tracing::info!(
+                    "--discard-only: this receiver takes memory-to-memory tests only and writes nothing"
+                ),
+                DiscardPolicy::Refuse => {}
             }
             server.run();
             Ok(ExitCode::SUCCESS)
@@ -496,8 +510,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Probe(a) => {
             let _ = init_logs("warn");
-            if !(a.seconds.is_finite() && (0.5..=60.0).contains(&a.seconds)) {
-                bail!("--seconds must be between 0.5 and 60");
+            let bounds = wirerate_engine::probe::PHASE_SECONDS;
+            if !(a.seconds.is_finite() && bounds.contains(&a.seconds)) {
+                bail!(
+                    "--seconds must be between {} and {}",
+                    bounds.start(),
+                    bounds.end()
+                );
             }
             tuning::BLOCK_SIZE.check(a.block_size.into())?;
             let cfg = wirerate_engine::probe::ProbeConfig {
@@ -511,6 +530,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     pacing: None,
                     buffer: a.socket_buffer.map(|b| b as usize),
                 },
+                max_rate: None,
             };
             let report = wirerate_engine::probe::probe(&cfg)?;
             wirerate_agent::summary::print(

@@ -469,6 +469,42 @@ fn memory_to_memory_needs_the_receivers_consent_and_writes_nothing() {
 }
 
 #[test]
+fn a_discard_only_receiver_is_probed_but_never_written_to() {
+    // A path-test listener's token goes to whoever measures the path; with
+    // it they may send generated data to be dropped, and never a file.
+    let s = setup("discard-only", 1000);
+    let port = free_port();
+    let _rx = serve_bin(&s.root, &s.token, port, &["--discard-only"]);
+    let out = send_cmd(port, &s.token, &s.src, "kept.bin", &[])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("only memory-to-memory tests"), "{err}");
+    let out = Command::new(BIN)
+        .args(["probe", "--to", &format!("127.0.0.1:{port}"), "--json"])
+        .args(["--streams", "2", "--seconds", "0.5", "--block-size", "1MiB"])
+        .arg("--token-file")
+        .arg(&s.token)
+        .output()
+        .unwrap();
+    let j = json(&out);
+    assert!(j["many"]["bytes"].as_u64().unwrap() > 0, "{j}");
+    let left: Vec<_> = std::fs::read_dir(&s.root).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+    // The two consents exclude each other rather than one silently winning.
+    let out = Command::new(BIN)
+        .args(["serve", "--discard-only", "--allow-discard", "--token-file"])
+        .arg(&s.token)
+        .arg("--root")
+        .arg(&s.root)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
+}
+
+#[test]
 fn probe_reports_each_stream_and_what_to_use() {
     let s = setup("probe", 1000);
     let probe = |port: u16| {

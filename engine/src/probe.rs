@@ -29,7 +29,14 @@ pub struct ProbeConfig {
     pub block_size: u64,
     /// Congestion control and socket buffers to test with.
     pub socket: SocketOpts,
+    /// Cap on the rate, bytes per second: what the test may take from a
+    /// path others use.
+    pub max_rate: Option<u64>,
 }
+
+/// How long a phase may be asked to last, seconds: long enough to say
+/// something, short enough to stay a probe.
+pub const PHASE_SECONDS: std::ops::RangeInclusive<f64> = 0.5..=60.0;
 
 /// The smallest phase.
 const MIN_PHASE: u64 = 16 << 20;
@@ -119,6 +126,7 @@ fn run(cfg: &ProbeConfig, streams: u16, bytes: u64) -> Result<SendSummary> {
     c.streams = streams;
     c.block_size = cfg.block_size;
     c.socket = cfg.socket.clone();
+    c.max_rate = cfg.max_rate;
     // A failed probe is reported, not retried.
     c.retry_for = std::time::Duration::ZERO;
     send(&c)

@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+pub use crate::session::DiscardPolicy;
 pub use checkpoint::Checkpoint;
 
 use crate::error::{Error, Result};
@@ -94,10 +95,9 @@ pub struct ServeConfig {
     pub max_memory: Option<u64>,
     /// Permission bits cleared from what the sender's files carry.
     pub umask: u32,
-    /// Takes memory-to-memory tests (`send --synthetic`): their blocks are
-    /// verified and dropped, and nothing is written. Off by default, so
-    /// that no sender can make a receiver look like it stored data.
-    pub allow_discard: bool,
+    /// Whether it takes memory-to-memory tests (`send --synthetic`),
+    /// whose blocks are verified and dropped. Refused by default.
+    pub discard: DiscardPolicy,
     /// Told of blocks written, files and sessions done, refusals, and each
     /// session's summary.
     pub observer: Observe,
@@ -122,7 +122,7 @@ impl ServeConfig {
             idle_timeout: crate::wire::IDLE_TIMEOUT,
             max_memory: None,
             umask: 0o022,
-            allow_discard: false,
+            discard: DiscardPolicy::Refuse,
             observer: unobserved(),
         }
     }

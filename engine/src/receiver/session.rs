@@ -295,7 +295,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     // The sender picks the block size, but the receiver's memory is its
     // own: a session needs at least two buffers within --buffer.
     let mut core = ReceiverControl::new(Limits {
-        allow_discard: shared.cfg.allow_discard,
+        discard: shared.cfg.discard,
         ..Limits::new(shared.cfg.buffer / 2, KEEPALIVE_INTERVAL, idle_timeout)
     });
     let (id, block_size, streams, verify, discard) =

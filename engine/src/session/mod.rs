@@ -6,7 +6,7 @@ pub mod receiver;
 pub mod reports;
 pub mod sender;
 
-pub use receiver::{ReceiverControl, SessionOutcome, Verdict};
+pub use receiver::{DiscardPolicy, ReceiverControl, SessionOutcome, Verdict};
 pub use sender::{FileVerdict, SenderControl};
 
 use crate::wire::Frame;

@@ -30,9 +30,25 @@ pub struct Limits {
     pub keepalive: Duration,
     /// How long a silent sender is waited for.
     pub idle_timeout: Duration,
-    /// Whether memory-to-memory sessions, whose data is verified and
-    /// dropped, are accepted (`serve --allow-discard`).
-    pub allow_discard: bool,
+    /// Which sessions it takes: written ones, memory-to-memory tests
+    /// (verified and dropped), or both.
+    pub discard: DiscardPolicy,
+}
+
+/// Whether a receiver takes memory-to-memory sessions, whose blocks are
+/// verified and dropped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DiscardPolicy {
+    /// Only sessions that write (the default), so that no sender can make
+    /// a receiver look like it stored data.
+    #[default]
+    Refuse,
+    /// Both kinds (`serve --allow-discard`).
+    Allow,
+    /// Memory-to-memory tests only (`serve --discard-only`): a standing
+    /// path-test listener, whose token lets its holders measure the path
+    /// and write nothing.
+    Only,
 }
 
 impl Limits {
@@ -45,7 +61,7 @@ impl Limits {
             max_manifest_bytes: MAX_MANIFEST_BYTES,
             keepalive,
             idle_timeout,
-            allow_discard: false,
+            discard: DiscardPolicy::Refuse,
         }
     }
 }
@@ -187,7 +203,7 @@ pub enum Action {
         streams: u16,
         /// Verification level.
         verify: Verification,
-        /// A memory-to-memory session (allowed by [`Limits::allow_discard`]):
+        /// A memory-to-memory session (allowed by [`Limits::discard`]):
         /// verify the blocks, then drop them.
         discard: bool,
     },
@@ -324,7 +340,18 @@ impl ReceiverControl {
                 },
             ) => {
                 let block_size = u64::from(block_size);
-                if discard && !self.limits.allow_discard {
+                if !discard && self.limits.discard == DiscardPolicy::Only {
+                    self.refuse(Refusal {
+                        retryable: false,
+                        message: "this receiver takes only memory-to-memory tests \
+                                  (send --synthetic, probe) and writes nothing: \
+                                  send files to a receiver that stores them"
+                            .into(),
+                        reason: RefusalReason::Discard,
+                    });
+                    return;
+                }
+                if discard && self.limits.discard == DiscardPolicy::Refuse {
                     self.refuse(Refusal {
                         retryable: false,
                         message: "this receiver does not take memory-to-memory tests \
@@ -704,7 +731,7 @@ mod tests {
             max_manifest_bytes: 1024,
             keepalive: KEEPALIVE,
             idle_timeout: IDLE,
-            allow_discard: false,
+            discard: DiscardPolicy::Refuse,
         }
     }
 
@@ -898,16 +925,61 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         };
-        let allowing = Limits {
-            allow_discard: true,
+        let allowing = |discard| Limits {
+            discard,
             ..limits()
         };
         let message = refusal(limits(), Verification::Checksums).expect("refused by default");
         assert!(message.contains("--allow-discard"), "{message}");
-        assert_eq!(refusal(allowing.clone(), Verification::Checksums), None);
-        assert_eq!(refusal(allowing.clone(), Verification::None), None);
-        let message = refusal(allowing, Verification::Reread).expect("nothing to re-read");
-        assert!(message.contains("--verify checksums"), "{message}");
+        for policy in [DiscardPolicy::Allow, DiscardPolicy::Only] {
+            assert_eq!(refusal(allowing(policy), Verification::Checksums), None);
+            assert_eq!(refusal(allowing(policy), Verification::None), None);
+            let message =
+                refusal(allowing(policy), Verification::Reread).expect("nothing to re-read");
+            assert!(message.contains("--verify checksums"), "{message}");
+        }
+    }
+
+    #[test]
+    fn a_discard_only_receiver_refuses_every_session_that_would_write() {
+        // A path-test listener's token is handed to other pools' agents:
+        // it must buy them a measurement of the path and never a write.
+        let only = Limits {
+            discard: DiscardPolicy::Only,
+            ..limits()
+        };
+        for verify in [
+            Verification::Checksums,
+            Verification::None,
+            Verification::Reread,
+        ] {
+            let mut core = ReceiverControl::new(only.clone());
+            core.handle_frame(
+                Frame::Open {
+                    session: [3; 16],
+                    block_size: 1 << 20,
+                    streams: 2,
+                    verify,
+                    discard: false,
+                },
+                Instant::now(),
+            );
+            match &drain(&mut core)[..] {
+                [
+                    Action::Send(Frame::Error { retryable, message }),
+                    Action::Close(End::Refused(r)),
+                ] => {
+                    assert!(!retryable);
+                    assert_eq!(r.reason, RefusalReason::Discard);
+                    assert!(message.contains("only memory-to-memory"), "{message}");
+                }
+                other => panic!("{verify:?}: {other:?}"),
+            }
+        }
+        // The same session is admitted where writing is allowed.
+        let mut core = ReceiverControl::new(limits());
+        core.handle_frame(open(1 << 20), Instant::now());
+        assert!(matches!(&drain(&mut core)[..], [Action::Admit { .. }]));
     }
 
     #[test]
