@@ -60,6 +60,13 @@ pub fn lease_name(pool: &str, agent: &str) -> String {
     }
 }
 
+/// Name of the Secret holding the token of `pool`'s path-test listeners,
+/// and of the Role that lets the pools that test it read it. The dot keeps
+/// it apart from names people give Secrets of their own.
+pub fn path_test_secret(pool: &str) -> String {
+    format!("wirerate-path-test.{pool}")
+}
+
 /// Field manager an agent writes Transfer status under.
 pub fn agent_manager(agent: &str) -> String {
     format!("wirerate-agent/{agent}")

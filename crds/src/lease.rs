@@ -14,7 +14,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use wirerate_engine::IoMode;
 
+use serde::{Deserialize, Serialize};
+
 use crate::contract;
+use crate::pool::{MAX_PATH_TEST_TARGETS, PathTestResult};
 
 /// `host:port` where the agent accepts data connections.
 const ADDRESS: &str = "wirerate.io/address";
@@ -32,6 +35,10 @@ const PREFLIGHT: &str = "wirerate.io/preflight";
 const IO_MODE: &str = "wirerate.io/io-mode";
 /// Why that mode is not the one the pool asks for.
 const IO_MODE_REASON: &str = "wirerate.io/io-mode-reason";
+/// `host:port` of the agent's path-test listener, when its pool listens.
+const PATH_TEST_ADDRESS: &str = "wirerate.io/path-test-address";
+/// JSON list of the agent's last path test to each target.
+const PATH_TESTS: &str = "wirerate.io/path-tests";
 
 /// Longest annotation value the operator reads; an agent has no reason to
 /// write more, and the operator keeps every agent's Lease in memory.
@@ -39,11 +46,24 @@ pub const MAX_VALUE_LEN: usize = 16 * 1024;
 /// The most preflight findings read from one Lease.
 pub const MAX_FINDINGS: usize = 64;
 
+/// Longest path-test error read from a Lease, in characters.
+pub const MAX_PATH_TEST_ERROR: usize = 512;
+
 /// One host preflight finding: the check's name and what it found.
 pub type Finding = (String, String);
 
+/// The last path test an agent ran to one target.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PathTestRecord {
+    /// The target pool.
+    pub target: String,
+    /// What the test found.
+    #[serde(flatten)]
+    pub result: PathTestResult,
+}
+
 /// What an agent says about itself in its Lease's annotations.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct AgentLease {
     /// `host:port` for data connections.
     pub address: Option<String>,
@@ -61,6 +81,10 @@ pub struct AgentLease {
     pub io_mode: Option<IoMode>,
     /// Why that is not the mode the pool asks for.
     pub io_mode_reason: Option<String>,
+    /// Its path-test listener, host:port.
+    pub path_test_address: Option<String>,
+    /// Its last path test to each target it tests.
+    pub path_tests: Vec<PathTestRecord>,
 }
 
 impl AgentLease {
@@ -80,6 +104,10 @@ impl AgentLease {
         put(PREFLIGHT, serde_json::to_string(&self.preflight).ok());
         put(IO_MODE, self.io_mode.map(|m| m.as_str().to_owned()));
         put(IO_MODE_REASON, self.io_mode_reason.clone());
+        put(PATH_TEST_ADDRESS, self.path_test_address.clone());
+        if !self.path_tests.is_empty() {
+            put(PATH_TESTS, serde_json::to_string(&self.path_tests).ok());
+        }
         out
     }
 
@@ -94,6 +122,15 @@ impl AgentLease {
             .and_then(|s| serde_json::from_str(s).ok())
             .unwrap_or_default();
         preflight.truncate(MAX_FINDINGS);
+        let mut path_tests: Vec<PathTestRecord> = get(PATH_TESTS)
+            .and_then(|s| serde_json::from_str(s).ok())
+            .unwrap_or_default();
+        path_tests.truncate(MAX_PATH_TEST_TARGETS);
+        for r in &mut path_tests {
+            if let Some(e) = &mut r.result.error {
+                *e = e.chars().take(MAX_PATH_TEST_ERROR).collect();
+            }
+        }
         Self {
             address: get(ADDRESS).map(str::to_owned),
             node: get(NODE).map(str::to_owned),
@@ -103,6 +140,8 @@ impl AgentLease {
             preflight,
             io_mode: get(IO_MODE).and_then(|s| s.parse().ok()),
             io_mode_reason: get(IO_MODE_REASON).map(str::to_owned),
+            path_test_address: get(PATH_TEST_ADDRESS).map(str::to_owned),
+            path_tests,
         }
     }
 
@@ -159,6 +198,29 @@ mod tests {
             )],
             io_mode: Some(IoMode::Direct),
             io_mode_reason: Some("io_uring is blocked by seccomp".into()),
+            path_test_address: Some("10.0.0.7:7690".into()),
+            path_tests: vec![record("far", None)],
+        }
+    }
+
+    fn record(target: &str, error: Option<String>) -> PathTestRecord {
+        PathTestRecord {
+            target: target.into(),
+            result: PathTestResult {
+                at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    Timestamp::from_second(1_700_000_000).unwrap(),
+                ),
+                agent: "lab-agent-0".into(),
+                endpoint: "10.0.9.1:7690".into(),
+                ok: error.is_none(),
+                error,
+                single_stream_gbps: 3.5,
+                gbps: 9.25,
+                streams: 4,
+                rtt_ms: 150.5,
+                retransmits: 12,
+                advised_streams: 8,
+            },
         }
     }
 
@@ -190,6 +252,34 @@ mod tests {
             ann["wirerate.io/preflight"],
             r#"[["mtu","eth1 has MTU 1500, the pool asks for 9000"]]"#
         );
+        assert_eq!(ann["wirerate.io/path-test-address"], "10.0.0.7:7690");
+        let tests: serde_json::Value =
+            serde_json::from_str(&ann["wirerate.io/path-tests"]).unwrap();
+        assert_eq!(tests[0]["target"], "far");
+        assert_eq!(tests[0]["gbps"], 9.25);
+        assert_eq!(tests[0]["at"], "2023-11-14T22:13:20Z");
+    }
+
+    #[test]
+    fn path_tests_read_from_a_lease_are_bounded() {
+        let many = AgentLease {
+            path_tests: (0..=MAX_PATH_TEST_TARGETS)
+                .map(|i| record(&format!("t{i}"), Some("e".repeat(600))))
+                .collect(),
+            ..AgentLease::default()
+        };
+        assert!(many.to_annotations()[PATH_TESTS].len() < MAX_VALUE_LEN);
+        let back = AgentLease::from_annotations(&many.to_annotations());
+        assert_eq!(back.path_tests.len(), MAX_PATH_TEST_TARGETS);
+        for r in &back.path_tests {
+            assert_eq!(
+                r.result.error.as_ref().unwrap().chars().count(),
+                MAX_PATH_TEST_ERROR
+            );
+        }
+        // Not a list of records: none, rather than a failed agent.
+        let ann = BTreeMap::from([(PATH_TESTS.to_owned(), r#"{"target":1}"#.to_owned())]);
+        assert!(AgentLease::from_annotations(&ann).path_tests.is_empty());
     }
 
     #[test]

@@ -54,6 +54,7 @@ use crate::tuning::{Striping, Tuning};
     )
 )]
 #[x_kube(validation = Rule::new("self.allowedRoots.all(r, self.volumes.exists(v, r == v.mountPath || r.startsWith(v.mountPath.endsWith('/') ? v.mountPath : v.mountPath + '/')))").message("every allowedRoots entry must lie under one of the volumes' mountPath: add a volume or change the root"))]
+#[x_kube(validation = Rule::new("!has(self.pathTests) || !self.pathTests.listen || ((self.pathTests.port < self.dataPort || self.pathTests.port >= self.dataPort + 2 * self.maxTransfersPerAgent) && self.pathTests.port != self.metricsPort)").message("pathTests.port must be neither the metrics port nor one of the data ports (dataPort up to dataPort + 2 x maxTransfersPerAgent)"))]
 #[x_kube(validation = Rule::new("!has(self.striping) || !has(self.tuning.blockSize) || self.tuning.blockSize % self.striping.stripeSize == 0").message("striping.stripeSize must divide tuning.blockSize"))]
 #[serde(rename_all = "camelCase")]
 pub struct DtnPoolSpec {
@@ -145,6 +146,64 @@ pub struct DtnPoolSpec {
     /// runtime's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seccomp_profile: Option<AgentSeccompProfile>,
+    /// Periodic tests of the path to other pools of this namespace (a
+    /// perfSONAR-style mesh): short memory-to-memory probes, rate-capped
+    /// and put off while the tester runs transfers. Each target's last
+    /// result is in status.pathTests and in the agents' metrics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_tests: Option<PathTests>,
+}
+
+/// The most pools one pool tests the path to.
+pub const MAX_PATH_TEST_TARGETS: usize = 16;
+
+/// What a pool tests and whether it can be tested.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PathTests {
+    /// Be a target of other pools' tests: every agent keeps a listener on
+    /// `port` that takes memory-to-memory tests only and writes nothing.
+    #[serde(default)]
+    pub listen: bool,
+    /// Port of that listener (host network); not one of the data ports.
+    #[serde(default = "path_test_port")]
+    #[schemars(range(min = 1024, max = 65535))]
+    pub port: i32,
+    /// Pools of this namespace to test the path to; each must listen.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_PATH_TEST_TARGETS))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["pool".into()]))]
+    pub targets: Vec<PathTestTarget>,
+    /// Seconds between two tests of one target.
+    #[serde(default = "path_test_interval")]
+    #[schemars(range(min = 300, max = 86400))]
+    pub interval_seconds: i32,
+    /// About how long each of a test's two phases (one stream, then
+    /// `streams`) lasts, seconds.
+    #[serde(default = "path_test_seconds")]
+    #[schemars(range(min = 1, max = 10))]
+    pub phase_seconds: i32,
+    /// Streams of the second phase.
+    #[serde(default = "path_test_streams")]
+    #[schemars(range(min = 2, max = 64))]
+    pub streams: i32,
+    /// Cap on a test's rate, Mbit/s: what a test may take from the link.
+    /// A path faster than the cap shows the cap.
+    #[serde(default = "path_test_rate")]
+    #[schemars(range(min = 10, max = 10000000))]
+    pub max_rate_mbps: i64,
+}
+
+/// A pool to test the path to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PathTestTarget {
+    /// A DtnPool in this namespace whose pathTests.listen is true.
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    )]
+    pub pool: String,
 }
 
 /// Which seccomp profile the agent container runs under.
@@ -261,6 +320,21 @@ fn data_port() -> i32 {
 fn metrics_port() -> i32 {
     9700
 }
+fn path_test_port() -> i32 {
+    7690
+}
+fn path_test_interval() -> i32 {
+    3600
+}
+fn path_test_seconds() -> i32 {
+    2
+}
+fn path_test_streams() -> i32 {
+    4
+}
+fn path_test_rate() -> i64 {
+    10_000
+}
 
 /// The address agents give senders: a fixed address, a NIC's address, or the node's.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
@@ -374,9 +448,68 @@ pub struct DtnPoolStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub awaiting_binding: Vec<String>,
     /// Ready and Degraded.
+    /// The last test of each pathTests target.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["target".into()]))]
+    pub path_tests: Vec<PathTestStatus>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
+}
+
+/// One pathTests target: who tests it, where, and what the last test found.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PathTestStatus {
+    /// The target pool.
+    pub target: String,
+    /// The agent of this pool that tests it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tester: Option<String>,
+    /// The target agent's listener, host:port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Why the target is not tested now, when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
+    /// The last test.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<PathTestResult>,
+}
+
+/// What one path test found.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PathTestResult {
+    /// When it ended.
+    pub at: Time,
+    /// The agent that ran it.
+    pub agent: String,
+    /// The listener it measured, host:port.
+    pub endpoint: String,
+    /// Whether it completed; `error` says why not.
+    pub ok: bool,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Gbit/s of one stream.
+    #[serde(default)]
+    pub single_stream_gbps: f64,
+    /// Gbit/s of `streams` streams.
+    #[serde(default)]
+    pub gbps: f64,
+    /// Streams of that phase.
+    #[serde(default)]
+    pub streams: i32,
+    /// Lowest round trip seen, milliseconds.
+    #[serde(default)]
+    pub rtt_ms: f64,
+    /// Segments retransmitted in the second phase.
+    #[serde(default)]
+    pub retransmits: i64,
+    /// Streams the probe recommends for this path.
+    #[serde(default)]
+    pub advised_streams: i32,
 }
 
 /// One agent as the operator sees it.

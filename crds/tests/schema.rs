@@ -375,6 +375,30 @@ fn pool_rules_refuse_mistakes() {
         validate_cel(&p).unwrap_or_else(|e| panic!("{amount} of {page}: {e}"));
     }
 
+    // A path-test listener on a data port would take it from a transfer's
+    // receiver, or the metrics from Prometheus.
+    let tests = |port: i32, listen: bool| wirerate_crds::pool::PathTests {
+        listen,
+        port,
+        targets: vec![],
+        interval_seconds: 3600,
+        phase_seconds: 2,
+        streams: 4,
+        max_rate_mbps: 10_000,
+    };
+    let data = good.spec.data_port;
+    let last_data = data + 2 * good.spec.max_transfers_per_agent - 1;
+    for bad in [data, last_data, good.spec.metrics_port] {
+        let mut p = good.clone();
+        p.spec.path_tests = Some(tests(bad, true));
+        rejected_with(&p, "pathTests.port must be neither");
+    }
+    for (ok, listen) in [(data - 1, true), (last_data + 1, true), (data, false)] {
+        let mut p = good.clone();
+        p.spec.path_tests = Some(tests(ok, listen));
+        validate_cel(&p).unwrap_or_else(|e| panic!("{ok}: {e}"));
+    }
+
     // Found against a real API server: a mountPath written with a trailing
     // slash made a root beneath it fail.
     let mut p = good;
