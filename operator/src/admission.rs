@@ -8,7 +8,8 @@
 //! apply the same rule to what the operator will create on the user's
 //! behalf, with the requesting user's own authorizer:
 //! - a DtnPool: its author must hold every permission the pool's agents get
-//!   in that namespace, and may create StatefulSets there;
+//!   in that namespace, may create StatefulSets there, and may read the
+//!   path-test token of every pool it tests;
 //! - a DtnPoolBinding: its author must hold, in that namespace, every
 //!   permission the pool's agents get there;
 //! - a Transfer to an external receiver: its author must be able to read the
@@ -118,6 +119,14 @@ pub fn policies() -> Vec<Value> {
         "reason": "Forbidden",
     })];
     pool_checks.extend(held(&pool_rules(), "the pool's agents"));
+    // The operator grants a pool's agents the path-test token of each pool
+    // it tests: its author must be able to read those Secrets.
+    let prefix = wirerate_crds::contract::path_test_secret("");
+    pool_checks.push(json!({
+        "expression": format!("!has(object.spec.pathTests) || !has(object.spec.pathTests.targets) || object.spec.pathTests.targets.all(t, variables.escalate || authorizer.group('').resource('secrets').namespace(object.metadata.namespace).name('{prefix}' + t.pool).check('get').allowed())"),
+        "message": format!("the pool's agents would read the path-test token of each pool in pathTests.targets (Secret {prefix}<pool>), and you may not read one of them yourself: ask someone who may"),
+        "reason": "Forbidden",
+    }));
     let pool = policy("dtnpools", "dtnpools", pool_checks);
     let binding = policy(
         "dtnpoolbindings",
@@ -200,6 +209,11 @@ mod tests {
             }
         }
         assert!(text("transfers").contains("tokenSecret"));
+        assert!(
+            text("dtnpools").contains("name('wirerate-path-test.' + t.pool).check('get')"),
+            "{}",
+            text("dtnpools")
+        );
         // Updates that leave the spec alone (the garbage collector taking a
         // finalizer off) are not checked: found in review, they were refused.
         for p in ps

@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use wirerate_crds::contract;
+use wirerate_crds::lease::PathTestRecord;
 use wirerate_crds::transfer::{AgentRef, Role};
 use wirerate_crds::{AgentLease, Transfer};
 
@@ -72,6 +73,10 @@ pub struct Agent {
     pub io_mode: Option<String>,
     /// Why that mode is not the one the pool asks for.
     pub io_mode_reason: Option<String>,
+    /// Its path-test listener, host:port.
+    pub path_test_address: Option<String>,
+    /// Its last path test to each target.
+    pub path_tests: Vec<PathTestRecord>,
 }
 
 impl Agent {
@@ -100,12 +105,14 @@ impl Agent {
             pod: self.pod.clone(),
             preflight: self.preflight.clone(),
             io_mode: self.io_mode.clone(),
+            path_test_address: self.path_test_address.clone(),
+            path_tests: self.path_tests.clone(),
         }
     }
 }
 
 /// An agent as far as anyone who reads it cares, without its heartbeat.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Summary {
     live: bool,
     capacity: i32,
@@ -114,6 +121,8 @@ pub struct Summary {
     pod: Option<String>,
     preflight: Vec<(String, String)>,
     io_mode: Option<String>,
+    path_test_address: Option<String>,
+    path_tests: Vec<PathTestRecord>,
 }
 
 /// The agents whose summary differs between `before` and `after` (new and gone ones too).
@@ -195,6 +204,8 @@ pub fn from_lease(lease: &Lease, pods: &BTreeMap<String, &Pod>, now: Timestamp) 
         preflight: said.preflight,
         io_mode: said.io_mode.map(|m| m.as_str().to_owned()),
         io_mode_reason: said.io_mode_reason,
+        path_test_address: said.path_test_address,
+        path_tests: said.path_tests,
     })
 }
 

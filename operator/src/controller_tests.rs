@@ -1016,3 +1016,169 @@ async fn nothing_is_decided_before_every_cache_is_listed() {
         d.calls()
     );
 }
+
+/// `pool` of `data` with path tests: listening or not, testing `targets`.
+fn path_testing(name: &str, root: &str, listen: bool, targets: &[&str]) -> DtnPool {
+    let mut p = finalized(pool(name, root), pool_controller::POOL_FINALIZER);
+    p.spec.path_tests = Some(wirerate_crds::pool::PathTests {
+        listen,
+        port: 7690,
+        targets: targets
+            .iter()
+            .map(|t| wirerate_crds::pool::PathTestTarget { pool: (*t).into() })
+            .collect(),
+        interval_seconds: 3600,
+        phase_seconds: 2,
+        streams: 4,
+        max_rate_mbps: 1000,
+    });
+    p
+}
+
+#[tokio::test]
+async fn a_listening_pool_shares_its_test_token_with_its_testers_and_shows_their_results() {
+    let mut d = Double::new();
+    let far = path_testing("far", "/out", true, &[]);
+    let near = path_testing("near", "/in", false, &["far"]);
+    d.pool(&far);
+    d.pool(&near);
+    let mut l = wirerate_crds::AgentLease {
+        address: Some("far-0.example:7700".into()),
+        capacity: Some(2),
+        path_test_address: Some("far-0.example:7690".into()),
+        ..Default::default()
+    }
+    .to_lease("far", "far-0", Timestamp::now());
+    l.metadata.namespace = Some("data".into());
+    d.lease(&l);
+    let record = wirerate_crds::lease::PathTestRecord {
+        target: "far".into(),
+        result: wirerate_crds::pool::PathTestResult {
+            at: Time(Timestamp::now()),
+            agent: "someone-else".into(),
+            endpoint: "far-0.example:7690".into(),
+            ok: true,
+            error: None,
+            single_stream_gbps: 2.5,
+            gbps: 8.75,
+            streams: 4,
+            rtt_ms: 150.25,
+            retransmits: 7,
+            advised_streams: 8,
+        },
+    };
+    let mut l = wirerate_crds::AgentLease {
+        address: Some("near-0.example:7700".into()),
+        capacity: Some(2),
+        path_tests: vec![record],
+        ..Default::default()
+    }
+    .to_lease("near", "near-0", Timestamp::now());
+    l.metadata.namespace = Some("data".into());
+    d.lease(&l);
+
+    pool_controller::reconcile(Arc::new(far.clone()), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    let calls = d.calls();
+    let created = calls
+        .iter()
+        .find(|c| c.method == "POST" && c.path.ends_with("/namespaces/data/secrets"))
+        .expect("the token Secret is created");
+    assert_eq!(created.body["metadata"]["name"], "wirerate-path-test.far");
+    assert_eq!(
+        created.body["metadata"]["ownerReferences"][0]["uid"],
+        "uid-far"
+    );
+    let rb = calls
+        .iter()
+        .find(|c| {
+            c.is(
+                "PATCH",
+                "/namespaces/data/rolebindings/wirerate-path-test.far",
+            )
+        })
+        .expect("its readers are bound");
+    assert_eq!(
+        rb.body["subjects"],
+        serde_json::json!([
+            {"kind": "ServiceAccount", "name": "far-agent", "namespace": "data"},
+            {"kind": "ServiceAccount", "name": "near-agent", "namespace": "data"}
+        ])
+    );
+    let role = calls
+        .iter()
+        .find(|c| c.is("PATCH", "/namespaces/data/roles/wirerate-path-test.far"))
+        .unwrap();
+    assert_eq!(
+        role.body["rules"],
+        serde_json::json!([{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["wirerate-path-test.far"], "verbs": ["get"]}])
+    );
+
+    pool_controller::reconcile(Arc::new(near.clone()), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    let s = d.last_status("/dtnpools/near");
+    let t = &s["pathTests"][0];
+    assert_eq!(t["target"], "far");
+    assert_eq!(t["tester"], "near-0");
+    assert_eq!(t["endpoint"], "far-0.example:7690");
+    assert_eq!(t["last"]["gbps"], 8.75);
+    // Credited to the agent whose Lease says it, not to whom it claims.
+    assert_eq!(t["last"]["agent"], "near-0");
+    // A tester is not a listener: it gets no token of its own.
+    assert!(
+        !d.calls()
+            .iter()
+            .any(|c| c.method != "GET" && c.path.contains("wirerate-path-test.near")),
+        "{:#?}",
+        d.calls()
+    );
+}
+
+#[tokio::test]
+async fn a_path_test_secret_someone_else_owns_is_not_handed_out() {
+    let mut d = Double::new();
+    let far = path_testing("far", "/out", true, &[]);
+    d.pool(&far);
+    let mut theirs = k8s_openapi::api::core::v1::Secret::default();
+    theirs.metadata.name = Some("wirerate-path-test.far".into());
+    theirs.metadata.namespace = Some("data".into());
+    d.put(
+        "/api/v1/namespaces/data/secrets/wirerate-path-test.far",
+        &theirs,
+    );
+    pool_controller::reconcile(Arc::new(far), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    assert!(
+        !d.calls()
+            .iter()
+            .any(|c| c.method == "PATCH" && c.path.ends_with("wirerate-path-test.far")),
+        "{:#?}",
+        d.calls()
+    );
+}
+
+#[tokio::test]
+async fn a_pool_that_stops_listening_takes_its_grant_back() {
+    let mut d = Double::new();
+    let mut far = path_testing("far", "/out", true, &[]);
+    far.metadata.generation = Some(1);
+    d.pool(&far);
+    pool_controller::reconcile(Arc::new(far.clone()), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    let path = "/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles/wirerate-path-test.far";
+    assert!(d.has(path));
+    far.spec.path_tests.as_mut().unwrap().listen = false;
+    far.metadata.generation = Some(2);
+    d.pool(&far);
+    pool_controller::reconcile(Arc::new(far), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    assert!(!d.has(path), "{:#?}", d.calls());
+    assert!(!d.has(
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings/wirerate-path-test.far"
+    ));
+}

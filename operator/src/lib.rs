@@ -2,7 +2,7 @@
 //! Transfers, and fails them over when an agent is lost.
 //!
 //! The decisions are pure modules (`planner`, `scheduler`, `lifecycle`, `validate`,
-//! `render`, `token_grant`, `pool_status`, `agents`), tested without a cluster; the
+//! `render`, `token_grant`, `pool_status`, `path_tests`, `agents`), tested without a cluster; the
 //! controllers only read the watch caches, call them, and server-side apply
 //! what they return.
 #![forbid(unsafe_code)]
@@ -15,6 +15,7 @@ pub mod install;
 pub mod leader;
 pub mod lifecycle;
 pub mod metrics;
+pub mod path_tests;
 pub mod planner;
 pub mod pool_controller;
 pub mod pool_status;

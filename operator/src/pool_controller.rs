@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Event as CoreEvent;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -17,7 +17,7 @@ use wirerate_crds::conditions::{self, types};
 use wirerate_crds::{DtnPool, contract};
 
 use crate::context::Context;
-use crate::{Error, Result, pool_status, render, validate};
+use crate::{Error, Result, path_tests, pool_status, render, token_grant, validate};
 
 /// Finalizer that removes the pool's Roles in other namespaces (owner
 /// references cannot reach across namespaces).
@@ -97,10 +97,8 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
     // it up. Only when what the pool serves may have changed: it lists Roles
     // across the cluster.
     let old = pool.status.clone().unwrap_or_default();
-    if pool.status.is_none()
-        || old.observed_generation != pool.metadata.generation
-        || old.serving_namespaces != serving
-    {
+    let spec_moved = pool.status.is_none() || old.observed_generation != pool.metadata.generation;
+    if spec_moved || old.serving_namespaces != serving {
         revoke_remote(pool, ctx, &r.remote).await?;
     }
     ctx.apply(&r.service_account).await?;
@@ -122,6 +120,11 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
     }
     ctx.apply(&r.service).await?;
     ctx.apply(&r.stateful_set).await?;
+    if path_tests::listens(pool) {
+        grant_path_tests(pool, ctx, &view.pools).await?;
+    } else if spec_moved {
+        revoke_path_tests(pool, ctx).await?;
+    }
 
     let agents: Vec<_> = view
         .agents
@@ -145,7 +148,7 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
     } else {
         None
     };
-    let status = pool_status::status(
+    let mut status = pool_status::status(
         pool,
         &agents,
         &pods,
@@ -154,6 +157,8 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
         create_failure.as_deref(),
         now,
     );
+    let neighbours: Vec<_> = view.agents.values().filter(|a| a.namespace == ns).collect();
+    status.path_tests = path_tests::status(pool, &view.pools, &neighbours, now);
     announce(ctx, pool, &status).await;
     if pool.status.as_ref() != Some(&status) {
         let patch = wirerate_crds::apply::StatusApply::new::<DtnPool>(&status);
@@ -166,6 +171,70 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
     }
     // Heartbeats are not watched events; look again on their beat.
     Ok(Action::requeue(Duration::from_secs(10)))
+}
+
+/// Gives a listening pool its listeners' token, readable by its own agents
+/// and by those of the pools of its namespace that test it. A Secret of
+/// that name the pool does not own is someone else's: it is neither
+/// handed out nor taken over, and the pool says so in an Event.
+async fn grant_path_tests(
+    pool: &DtnPool,
+    ctx: &Context,
+    pools: &std::collections::BTreeMap<crate::scheduler::Key, DtnPool>,
+) -> Result<()> {
+    let testers = path_tests::testers_of(pool, pools.values());
+    let (secret, role, binding) = path_tests::grant(pool, &testers);
+    let ns = pool.namespace().unwrap_or_default();
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let uid = pool.metadata.uid.clone().unwrap_or_default();
+    if !token_grant::ensure_secret(&api, &secret, "DtnPool", &uid).await? {
+        let name = secret.metadata.name.unwrap_or_default();
+        tracing::warn!(
+            secret = name,
+            "the path-test Secret belongs to another owner; not granting it"
+        );
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: "PathTestSecretTaken".into(),
+            note: Some(format!(
+                "Secret {ns}/{name} exists and does not belong to this pool; wirerate will not hand it to agents or take it over: delete or rename it for path tests to run"
+            )),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&ev, &pool.object_ref(&())).await {
+            tracing::warn!(error = %e, "cannot publish an event");
+        }
+        return Ok(());
+    }
+    ctx.apply(&role).await?;
+    ctx.apply(&binding).await?;
+    Ok(())
+}
+
+/// Takes the path-test grant away from a pool that no longer listens. The
+/// token Secret stays, readable by no agent, for when it listens again;
+/// the pool's deletion takes it by its owner reference (and the operator
+/// needs no right to delete Secrets).
+async fn revoke_path_tests(pool: &DtnPool, ctx: &Context) -> Result<()> {
+    let ns = pool.namespace().unwrap_or_default();
+    let name = contract::path_test_secret(&pool.name_any());
+    let uid = pool.metadata.uid.clone().unwrap_or_default();
+    let dp = DeleteParams::default();
+    let binding: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), &ns);
+    let role: Api<Role> = Api::namespaced(ctx.client.clone(), &ns);
+    // Only what this pool owns: a Role of the same name is someone else's.
+    if let Some(m) = binding.get_metadata_opt(&name).await?
+        && token_grant::owned_by(&m.metadata, "DtnPool", &uid)
+    {
+        gone(binding.delete(&name, &dp).await.map(|_| ()))?;
+    }
+    if let Some(m) = role.get_metadata_opt(&name).await?
+        && token_grant::owned_by(&m.metadata, "DtnPool", &uid)
+    {
+        gone(role.delete(&name, &dp).await.map(|_| ()))?;
+    }
+    Ok(())
 }
 
 /// The latest reason the StatefulSet `sts` gave for not creating a pod, from

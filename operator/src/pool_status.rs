@@ -250,6 +250,8 @@ pub fn status(
             .cloned()
             .collect(),
         awaiting_binding: namespaces.awaiting.to_vec(),
+        // `path_tests::status` fills these: they need the other pools.
+        path_tests: Vec::new(),
         conditions: conds,
     }
 }

@@ -10,8 +10,10 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, PostParams};
 use kube::{Resource, ResourceExt};
 use wirerate_crds::{Transfer, contract};
 
@@ -25,13 +27,85 @@ pub fn grant_name(transfer: &str) -> String {
     format!("wirerate-token.{transfer}")
 }
 
-/// Whether an object with `meta` is the operator's own for Transfer `uid`
-/// (its controller owner), so applying over it takes nothing from anyone.
-pub fn owned_by(meta: &ObjectMeta, uid: &str) -> bool {
+/// Whether an object with `meta` is the operator's own for the `kind`
+/// object `uid` (its controller owner), so applying over it takes nothing
+/// from anyone.
+pub fn owned_by(meta: &ObjectMeta, kind: &str, uid: &str) -> bool {
     meta.owner_references
         .iter()
         .flatten()
-        .any(|o| o.controller == Some(true) && o.uid == uid && o.kind == "Transfer")
+        .any(|o| o.controller == Some(true) && o.uid == uid && o.kind == kind)
+}
+
+/// A fresh token: 32 random bytes, in hex.
+pub fn fresh_token() -> String {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).expect("the kernel's random source is available");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Creates `secret` (owned by the `kind` object `uid`) unless it exists;
+/// never rewrites it, so a token in use never changes. False when a Secret
+/// of its name exists that another owns: it is not ours to hand out.
+pub async fn ensure_secret(
+    api: &Api<Secret>,
+    secret: &Secret,
+    kind: &str,
+    uid: &str,
+) -> kube::Result<bool> {
+    match api.create(&PostParams::default(), secret).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            let name = secret.metadata.name.clone().unwrap_or_default();
+            let meta = api.get_metadata(&name).await?.metadata;
+            Ok(owned_by(&meta, kind, uid))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// A Role named as `meta` says that allows `get` on the one Secret
+/// `secret`, and its binding to the ServiceAccounts `accounts`
+/// (namespace, name).
+pub fn reader(
+    meta: ObjectMeta,
+    secret: &str,
+    accounts: &[(String, String)],
+) -> (Role, RoleBinding) {
+    let name = meta.name.clone().unwrap_or_default();
+    let role = Role {
+        metadata: meta.clone(),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["secrets".into()]),
+            // Never empty: an empty list would mean every Secret.
+            resource_names: Some(vec![secret.to_owned()]),
+            verbs: vec!["get".into()],
+            ..Default::default()
+        }]),
+    };
+    let mut subjects: Vec<Subject> = accounts
+        .iter()
+        .map(|(ns, sa)| Subject {
+            kind: "ServiceAccount".into(),
+            name: sa.clone(),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        })
+        .collect();
+    // Each once, in the order given.
+    let mut seen = std::collections::HashSet::new();
+    subjects.retain(|s| seen.insert((s.namespace.clone(), s.name.clone())));
+    let binding = RoleBinding {
+        metadata: meta,
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name,
+        },
+        subjects: Some(subjects),
+    };
+    (role, binding)
 }
 
 /// The Role and RoleBinding that let the agents of `pools` read `secret`.
@@ -50,37 +124,11 @@ pub fn render(t: &Transfer, secret: &str, pools: &[&Key]) -> (Role, RoleBinding)
         owner_references: t.controller_owner_ref(&()).map(|o| vec![o]),
         ..Default::default()
     };
-    let role = Role {
-        metadata: meta.clone(),
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec![String::new()]),
-            resources: Some(vec!["secrets".into()]),
-            // Never empty: an empty list would mean every Secret.
-            resource_names: Some(vec![secret.to_owned()]),
-            verbs: vec!["get".into()],
-            ..Default::default()
-        }]),
-    };
-    let mut subjects: Vec<Subject> = pools
+    let accounts: Vec<(String, String)> = pools
         .iter()
-        .map(|(ns, pool)| Subject {
-            kind: "ServiceAccount".into(),
-            name: agent_account(pool),
-            namespace: Some(ns.clone()),
-            ..Default::default()
-        })
+        .map(|(ns, pool)| (ns.clone(), agent_account(pool)))
         .collect();
-    subjects.dedup();
-    let binding = RoleBinding {
-        metadata: meta,
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name,
-        },
-        subjects: Some(subjects),
-    };
-    (role, binding)
+    reader(meta, secret, &accounts)
 }
 
 #[cfg(test)]

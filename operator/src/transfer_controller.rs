@@ -7,7 +7,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::{Role as RbacRole, RoleBinding};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -310,7 +310,7 @@ async fn names_taken(t: &Transfer, ctx: &Context) -> Result<Option<Invalid>> {
     ));
     for (kind, name, meta) in found {
         if let Some(meta) = meta
-            && !token_grant::owned_by(&meta, &uid)
+            && !token_grant::owned_by(&meta, "Transfer", &uid)
         {
             return Ok(Some(Invalid {
                 reason: reason::TOKEN_SECRET_NOT_USABLE,
@@ -345,9 +345,7 @@ async fn ensure_token(t: &Transfer, ctx: &Context) -> Result<()> {
     let ns = t.namespace().ok_or(Error::Malformed("a namespace"))?;
     let name = token_name(t);
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).expect("the kernel's random source is available");
-    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let token = token_grant::fresh_token();
     let secret = Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(name.clone()),
@@ -363,19 +361,13 @@ async fn ensure_token(t: &Transfer, ctx: &Context) -> Result<()> {
         type_: Some("Opaque".into()),
         ..Default::default()
     };
-    match api.create(&PostParams::default(), &secret).await {
-        Ok(_) => Ok(()),
-        // Ours from an earlier pass (names_taken checked the owner), kept:
-        // a running transfer's token never changes.
-        Err(kube::Error::Api(e)) if e.code == 409 => {
-            let meta = api.get_metadata(&name).await?.metadata;
-            if token_grant::owned_by(&meta, t.metadata.uid.as_deref().unwrap_or_default()) {
-                Ok(())
-            } else {
-                Err(Error::Malformed("a token Secret this Transfer owns"))
-            }
-        }
-        Err(e) => Err(e.into()),
+    // One from an earlier pass (names_taken checked the owner) is kept: a
+    // running transfer's token never changes.
+    let uid = t.metadata.uid.as_deref().unwrap_or_default();
+    if token_grant::ensure_secret(&api, &secret, "Transfer", uid).await? {
+        Ok(())
+    } else {
+        Err(Error::Malformed("a token Secret this Transfer owns"))
     }
 }
 

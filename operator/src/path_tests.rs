@@ -1,0 +1,435 @@
+//! A pool's path tests (`spec.pathTests`): which of its agents tests which
+//! target pool, at which of the target's listeners, and what the last test
+//! found; and, for a pool that listens, the token its listeners take and
+//! who may read it.
+//!
+//! The namespace is the unit of trust: a pool tests only pools of its own
+//! namespace that listen, and a listener's token buys a memory-to-memory
+//! test and nothing else (the agents' listeners are discard-only).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::{Resource, ResourceExt};
+use wirerate_crds::pool::{PathTestResult, PathTestStatus};
+use wirerate_crds::{DtnPool, contract};
+
+use crate::agents::Agent;
+use crate::render::agent_account;
+use crate::scheduler::Key;
+use crate::token_grant;
+
+/// How far in the future an agent's clock may put a result before it is
+/// not believed (a record dated years ahead would otherwise stay "last").
+const CLOCK_SKEW: SignedDuration = SignedDuration::from_mins(5);
+
+/// Whether `pool` takes path tests.
+pub fn listens(pool: &DtnPool) -> bool {
+    pool.spec.path_tests.as_ref().is_some_and(|p| p.listen)
+}
+
+/// The pools of `listener`'s namespace among `pools` that test it.
+pub fn testers_of<'a>(
+    listener: &DtnPool,
+    pools: impl IntoIterator<Item = &'a DtnPool>,
+) -> Vec<&'a DtnPool> {
+    let ns = listener.namespace();
+    let name = listener.name_any();
+    pools
+        .into_iter()
+        .filter(|p| p.namespace() == ns)
+        .filter(|p| {
+            p.spec
+                .path_tests
+                .iter()
+                .flat_map(|t| &t.targets)
+                .any(|t| t.pool == name)
+        })
+        .collect()
+}
+
+/// What a listening pool needs: the Secret with its listeners' token
+/// (created once, never rewritten), and a Role and RoleBinding letting its
+/// own agents and those of `testers` read that one Secret. All three are
+/// owned by the pool and go with it.
+pub fn grant(listener: &DtnPool, testers: &[&DtnPool]) -> (Secret, Role, RoleBinding) {
+    let name = contract::path_test_secret(&listener.name_any());
+    let ns = listener.namespace().unwrap_or_default();
+    let meta = ObjectMeta {
+        name: Some(name.clone()),
+        namespace: Some(ns.clone()),
+        labels: Some(BTreeMap::from([
+            (contract::POOL_LABEL.to_owned(), listener.name_any()),
+            (
+                "app.kubernetes.io/managed-by".to_owned(),
+                contract::OPERATOR_MANAGER.to_owned(),
+            ),
+        ])),
+        owner_references: listener.controller_owner_ref(&()).map(|o| vec![o]),
+        ..Default::default()
+    };
+    let secret = Secret {
+        metadata: meta.clone(),
+        string_data: Some(BTreeMap::from([(
+            contract::TOKEN_KEY.to_owned(),
+            token_grant::fresh_token(),
+        )])),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    };
+    let accounts: Vec<(String, String)> = std::iter::once(listener)
+        .chain(testers.iter().copied())
+        .map(|p| (ns.clone(), agent_account(&p.name_any())))
+        .collect();
+    let (role, binding) = token_grant::reader(meta, &name, &accounts);
+    (secret, role, binding)
+}
+
+/// A small stable hash, so that the same tester and listener are chosen
+/// on every pass (and by every replica of the operator).
+fn fnv(s: &str) -> usize {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    }) as usize
+}
+
+/// The live agents of pool `key` among `agents`, by name.
+fn live<'a>(agents: &[&'a Agent], key: &Key) -> Vec<&'a Agent> {
+    let mut out: Vec<&Agent> = agents
+        .iter()
+        .copied()
+        .filter(|a| a.live() && a.namespace == key.0 && a.pool == key.1)
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// The most recent of `pool`'s results for `target`: its agents' Leases
+/// (each result credited to the agent whose Lease carries it) and what
+/// the status already held, which outlives a restarted agent.
+fn last(pool: &DtnPool, target: &str, agents: &[&Agent], now: Timestamp) -> Option<PathTestResult> {
+    let ns = pool.namespace().unwrap_or_default();
+    let name = pool.name_any();
+    let latest = now.checked_add(CLOCK_SKEW).unwrap_or(Timestamp::MAX);
+    let believable = |r: &PathTestResult| r.at.0 <= latest;
+    let held = pool
+        .status
+        .iter()
+        .flat_map(|s| &s.path_tests)
+        .filter(|s| s.target == target)
+        .filter_map(|s| s.last.clone());
+    let said = agents
+        .iter()
+        .filter(|a| a.namespace == ns && a.pool == name)
+        .flat_map(|a| {
+            a.path_tests
+                .iter()
+                .filter(|r| r.target == target)
+                .map(|r| PathTestResult {
+                    agent: a.name.clone(),
+                    ..sane(r.result.clone())
+                })
+        });
+    held.chain(said).filter(believable).max_by_key(|r| r.at.0)
+}
+
+/// An agent's figures, with what no path can show taken out.
+fn sane(mut r: PathTestResult) -> PathTestResult {
+    for v in [&mut r.gbps, &mut r.single_stream_gbps, &mut r.rtt_ms] {
+        *v = v.max(0.0);
+    }
+    r.streams = r.streams.max(0);
+    r.retransmits = r.retransmits.max(0);
+    r.advised_streams = r.advised_streams.max(0);
+    r
+}
+
+/// The status of each of `pool`'s targets, from the pools of its namespace
+/// (`pools`) and every agent known (`agents`), seen at `now`.
+pub fn status(
+    pool: &DtnPool,
+    pools: &BTreeMap<Key, DtnPool>,
+    agents: &[&Agent],
+    now: Timestamp,
+) -> Vec<PathTestStatus> {
+    let Some(spec) = &pool.spec.path_tests else {
+        return Vec::new();
+    };
+    let ns = pool.namespace().unwrap_or_default();
+    let testers = live(agents, &(ns.clone(), pool.name_any()));
+    spec.targets
+        .iter()
+        .map(|t| {
+            let key = (ns.clone(), t.pool.clone());
+            let tester = (!testers.is_empty()).then(|| testers[fnv(&t.pool) % testers.len()]);
+            let listeners: Vec<&Agent> = live(agents, &key)
+                .into_iter()
+                .filter(|a| a.path_test_address.is_some())
+                .collect();
+            let listener = match (tester, listeners.len()) {
+                (Some(me), n) if n > 0 => Some(listeners[fnv(&me.name) % n]),
+                _ => None,
+            };
+            let waiting = match pools.get(&key) {
+                None => Some(format!("no DtnPool {} in this namespace", t.pool)),
+                Some(p) if !listens(p) => Some(format!(
+                    "pool {} does not take path tests: set its spec.pathTests.listen",
+                    t.pool
+                )),
+                Some(_) if tester.is_none() => {
+                    Some("no agent of this pool is ready to test from".to_owned())
+                }
+                Some(_) if listener.is_none() => Some(format!(
+                    "no ready agent of pool {} has its path-test listener up yet",
+                    t.pool
+                )),
+                Some(_) => None,
+            };
+            let chosen = waiting.is_none();
+            PathTestStatus {
+                target: t.pool.clone(),
+                tester: tester.filter(|_| chosen).map(|a| a.name.clone()),
+                endpoint: listener
+                    .filter(|_| chosen)
+                    .and_then(|a| a.path_test_address.clone()),
+                waiting,
+                last: last(pool, &t.pool, agents, now),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agents::from_lease;
+    use crate::render::tests::lustre_pool;
+    use wirerate_crds::AgentLease;
+    use wirerate_crds::lease::PathTestRecord;
+    use wirerate_crds::pool::{PathTestTarget, PathTests};
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_second(s).unwrap()
+    }
+
+    /// A pool named `name` in `data` that listens or not and tests `targets`.
+    fn pool(name: &str, listen: bool, targets: &[&str]) -> DtnPool {
+        let mut p = lustre_pool();
+        p.metadata.name = Some(name.into());
+        p.metadata.namespace = Some("data".into());
+        p.metadata.uid = Some(format!("uid-{name}"));
+        p.spec.path_tests = Some(PathTests {
+            listen,
+            port: 7690,
+            targets: targets
+                .iter()
+                .map(|t| PathTestTarget { pool: (*t).into() })
+                .collect(),
+            interval_seconds: 3600,
+            phase_seconds: 2,
+            streams: 4,
+            max_rate_mbps: 10_000,
+        });
+        p
+    }
+
+    fn result(agent: &str, at_s: i64, gbps: f64) -> PathTestResult {
+        PathTestResult {
+            at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(at_s)),
+            agent: agent.into(),
+            endpoint: "10.0.0.9:7690".into(),
+            ok: true,
+            error: None,
+            single_stream_gbps: gbps / 2.0,
+            gbps,
+            streams: 4,
+            rtt_ms: 150.0,
+            retransmits: 3,
+            advised_streams: 8,
+        }
+    }
+
+    /// A live agent of `pool` (renewed at 100, seen at 101).
+    fn agent(pool: &str, name: &str, listener: bool, tests: Vec<PathTestRecord>) -> Agent {
+        let mut lease = AgentLease {
+            address: Some(format!("{name}.example:7700")),
+            capacity: Some(2),
+            path_test_address: listener.then(|| format!("{name}.example:7690")),
+            path_tests: tests,
+            ..AgentLease::default()
+        }
+        .to_lease(pool, name, at(100));
+        lease.metadata.namespace = Some("data".into());
+        from_lease(&lease, &Default::default(), at(101)).unwrap()
+    }
+
+    fn pools(list: &[&DtnPool]) -> BTreeMap<Key, DtnPool> {
+        list.iter()
+            .map(|p| ((p.namespace().unwrap(), p.name_any()), (*p).clone()))
+            .collect()
+    }
+
+    #[test]
+    fn each_target_gets_a_tester_and_a_listener_or_says_why_not() {
+        let near = pool("near", false, &["far", "quiet", "gone", "empty"]);
+        let far = pool("far", true, &[]);
+        let quiet = pool("quiet", false, &[]);
+        let empty = pool("empty", true, &[]);
+        let all = pools(&[&near, &far, &quiet, &empty]);
+        let agents = [
+            agent("near", "near-0", false, vec![]),
+            agent("near", "near-1", false, vec![]),
+            agent("far", "far-0", true, vec![]),
+            // Live, but its listener is not up.
+            agent("empty", "empty-0", false, vec![]),
+        ];
+        let refs: Vec<&Agent> = agents.iter().collect();
+        let s = status(&near, &all, &refs, at(101));
+        let by: BTreeMap<&str, &PathTestStatus> =
+            s.iter().map(|s| (s.target.as_str(), s)).collect();
+        let far_s = by["far"];
+        assert_eq!(far_s.waiting, None);
+        assert!(far_s.tester.as_deref().unwrap().starts_with("near-"));
+        assert_eq!(far_s.endpoint.as_deref(), Some("far-0.example:7690"));
+        assert!(
+            by["quiet"]
+                .waiting
+                .as_deref()
+                .unwrap()
+                .contains("pathTests.listen"),
+            "{s:?}"
+        );
+        assert!(
+            by["gone"]
+                .waiting
+                .as_deref()
+                .unwrap()
+                .contains("no DtnPool gone")
+        );
+        assert!(
+            by["empty"]
+                .waiting
+                .as_deref()
+                .unwrap()
+                .contains("listener up"),
+            "{s:?}"
+        );
+        for w in ["quiet", "gone", "empty"] {
+            assert_eq!((&by[w].tester, &by[w].endpoint), (&None, &None), "{w}");
+        }
+        // With no live agent of its own, nothing is tested.
+        let s = status(&near, &all, &refs[2..], at(101));
+        assert!(
+            s[0].waiting
+                .as_deref()
+                .unwrap()
+                .contains("ready to test from"),
+            "{s:?}"
+        );
+        // Stable from pass to pass.
+        assert_eq!(
+            status(&near, &all, &refs, at(101)),
+            status(&near, &all, &refs, at(101))
+        );
+    }
+
+    #[test]
+    fn the_last_result_is_the_newest_credited_to_the_lease_that_carries_it() {
+        let mut near = pool("near", false, &["far"]);
+        let far = pool("far", true, &[]);
+        let all = pools(&[&near, &far]);
+        // near-1 claims its result came from near-0, and another dates its
+        // own a year ahead: neither is taken at its word.
+        let agents = [
+            agent(
+                "near",
+                "near-0",
+                false,
+                vec![PathTestRecord {
+                    target: "far".into(),
+                    result: result("near-0", 50, 9.0),
+                }],
+            ),
+            agent(
+                "near",
+                "near-1",
+                false,
+                vec![PathTestRecord {
+                    target: "far".into(),
+                    result: result("near-0", 60, 7.0),
+                }],
+            ),
+            agent(
+                "near",
+                "near-2",
+                false,
+                vec![PathTestRecord {
+                    target: "far".into(),
+                    result: result("near-2", 101 + 365 * 86400, 99.0),
+                }],
+            ),
+            agent("far", "far-0", true, vec![]),
+        ];
+        let refs: Vec<&Agent> = agents.iter().collect();
+        let s = status(&near, &all, &refs, at(101));
+        let last = s[0].last.as_ref().unwrap();
+        assert_eq!((last.agent.as_str(), last.gbps), ("near-1", 7.0));
+        // A restarted agent forgets its result; the status keeps it.
+        near.status = Some(wirerate_crds::DtnPoolStatus {
+            path_tests: s.clone(),
+            ..Default::default()
+        });
+        let s = status(&near, &all, &refs[3..], at(200));
+        assert_eq!(s[0].last.as_ref().unwrap().gbps, 7.0);
+    }
+
+    #[test]
+    fn a_listeners_token_is_readable_by_it_and_its_testers_only() {
+        let far = pool("far", true, &[]);
+        let near = pool("near", false, &["far"]);
+        let other = pool("other", false, &["elsewhere"]);
+        let mut abroad = pool("near", false, &["far"]);
+        abroad.metadata.namespace = Some("lab".into());
+        let testers = testers_of(&far, [&near, &other, &abroad, &far]);
+        assert_eq!(
+            testers.iter().map(|p| p.name_any()).collect::<Vec<_>>(),
+            ["near"]
+        );
+        let (secret, role, rb) = grant(&far, &testers);
+        assert_eq!(
+            secret.metadata.name.as_deref(),
+            Some("wirerate-path-test.far")
+        );
+        let token = &secret.string_data.as_ref().unwrap()[contract::TOKEN_KEY];
+        assert_eq!(token.len(), 64);
+        let rule = &role.rules.as_ref().unwrap()[0];
+        assert_eq!(
+            rule.resource_names.as_deref(),
+            Some(&["wirerate-path-test.far".to_owned()][..])
+        );
+        assert_eq!(rule.verbs, ["get"]);
+        let who: Vec<(String, String)> = rb
+            .subjects
+            .unwrap()
+            .into_iter()
+            .map(|s| (s.namespace.unwrap(), s.name))
+            .collect();
+        assert_eq!(
+            who,
+            [
+                ("data".to_owned(), "far-agent".to_owned()),
+                ("data".to_owned(), "near-agent".to_owned())
+            ]
+        );
+        for owners in [
+            &secret.metadata.owner_references,
+            &role.metadata.owner_references,
+        ] {
+            let o = &owners.as_ref().unwrap()[0];
+            assert_eq!((o.kind.as_str(), o.uid.as_str()), ("DtnPool", "uid-far"));
+        }
+    }
+}
