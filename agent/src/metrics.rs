@@ -198,10 +198,83 @@ pub fn sender_metrics() -> &'static SenderMetrics {
     })
 }
 
+/// Metrics of the in-cluster agent's path tests (`wirerate_path_test_*`),
+/// one series per target pool (at most `MAX_PATH_TEST_TARGETS`).
+pub struct PathTestMetrics {
+    /// Registry holding everything below.
+    pub registry: Registry,
+    /// Tests by target and outcome (`ok`, `failed`).
+    pub tests: IntCounterVec,
+    /// The last good test's rate with several streams, Gbit/s.
+    pub gbps: GaugeVec,
+    /// The last good test's rate with one stream, Gbit/s.
+    pub single_stream_gbps: GaugeVec,
+    /// The lowest round trip the last good test saw, seconds.
+    pub rtt_seconds: GaugeVec,
+    /// Segments the last good test's streams sent again.
+    pub retransmits: IntGaugeVec,
+    /// When the last test ended, failed or not (Unix seconds).
+    pub last_timestamp_seconds: GaugeVec,
+}
+
+/// The process-wide path-test metrics.
+pub fn path_test_metrics() -> &'static PathTestMetrics {
+    static M: OnceLock<PathTestMetrics> = OnceLock::new();
+    M.get_or_init(|| {
+        let registry = Registry::new_custom(Some("wirerate_path_test".into()), None)
+            .expect("static registry prefix is valid");
+        let gauge = |name: &str, help: &str| {
+            registered(
+                &registry,
+                GaugeVec::new(Opts::new(name, help), &["target"]).expect("valid"),
+            )
+        };
+        PathTestMetrics {
+            tests: registered(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new("tests_total", "Path tests by target pool and outcome"),
+                    &["target", "outcome"],
+                )
+                .expect("valid"),
+            ),
+            gbps: gauge(
+                "gbps",
+                "The last good test's rate with several streams, Gbit/s",
+            ),
+            single_stream_gbps: gauge(
+                "single_stream_gbps",
+                "The last good test's rate with one stream, Gbit/s",
+            ),
+            rtt_seconds: gauge(
+                "rtt_seconds",
+                "The lowest round trip the last good test saw",
+            ),
+            retransmits: registered(
+                &registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "retransmits",
+                        "Segments the last good test's streams sent again",
+                    ),
+                    &["target"],
+                )
+                .expect("valid"),
+            ),
+            last_timestamp_seconds: gauge(
+                "last_timestamp_seconds",
+                "When the last test ended, failed or not (Unix seconds)",
+            ),
+            registry,
+        }
+    })
+}
+
 /// Everything the agent serves on /metrics, in Prometheus' text format.
 pub fn render() -> Vec<u8> {
     let mut families = metrics().registry.gather();
     families.extend(sender_metrics().registry.gather());
+    families.extend(path_test_metrics().registry.gather());
     let mut buf = Vec::new();
     let _ = TextEncoder::new().encode(&families, &mut buf);
     buf

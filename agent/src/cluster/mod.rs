@@ -4,10 +4,12 @@
 //!
 //! `plan` decides what should run and when to report, `jobs` runs the
 //! engine, `host` reads the machine, `storage` checks the agent may use the
-//! pool's storage; this module talks to the API server.
+//! pool's storage, `path_tests` tests the paths to other pools; this module
+//! talks to the API server.
 
 pub mod host;
 pub mod jobs;
+pub mod path_tests;
 pub mod plan;
 pub mod storage;
 pub mod tuning;
@@ -197,6 +199,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
     let mut finished: HashSet<JobKey> = HashSet::new();
     let mut last_beat: Option<Instant> = None;
     let mut pool = pool;
+    let mut tester = path_tests::PathTester::default();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
@@ -204,7 +207,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
             if let Ok(p) = pools.get(&cfg.pool).await {
                 pool = p;
             }
-            match heartbeat(&client, &cfg, &pool, jobs.len()).await {
+            match heartbeat(&client, &cfg, &pool, jobs.len(), &tester).await {
                 Ok(()) => last_beat = Some(Instant::now()),
                 Err(e) => tracing::warn!(error = %e, "cannot renew the Lease"),
             }
@@ -318,6 +321,9 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
             }
             finished.insert(key);
         }
+        tester
+            .step(&client, &cfg, &pool, !jobs.is_empty(), start.elapsed())
+            .await;
     }
 }
 
@@ -360,7 +366,7 @@ async fn start_job(
     if t.spec.destination.external.is_none() {
         jobs::refuse_same_file(&t.spec.source.path, &t.spec.destination.path)?;
     }
-    let token = read_token(client, &w.transfer.0, &secret_name).await?;
+    let token = read_token(client, &w.transfer.0, &secret_name, TOKEN_ACCESS_GRACE).await?;
     let side = match w.key.role {
         Role::Sender => {
             let source =
@@ -505,14 +511,16 @@ fn stripe(dir: &Path, want: Option<&wirerate_crds::Striping>) -> StripingReport 
 /// learns of new RoleBindings a moment later.
 const TOKEN_ACCESS_GRACE: Duration = Duration::from_secs(10);
 
-async fn read_token(client: &Client, ns: &str, name: &str) -> Result<Vec<u8>> {
+/// Reads the token in Secret `ns/name`, asking again for `grace` while
+/// the API says it is not there or not allowed.
+async fn read_token(client: &Client, ns: &str, name: &str, grace: Duration) -> Result<Vec<u8>> {
     let api: Api<Secret> = Api::namespaced(client.clone(), ns);
     let started = tokio::time::Instant::now();
     let s = loop {
         match api.get(name).await {
             Ok(s) => break s,
             Err(kube::Error::Api(e))
-                if (e.code == 403 || e.code == 404) && started.elapsed() < TOKEN_ACCESS_GRACE =>
+                if (e.code == 403 || e.code == 404) && started.elapsed() < grace =>
             {
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
@@ -934,7 +942,13 @@ fn roots(pool: &DtnPool) -> Vec<(String, bool)> {
         .collect()
 }
 
-async fn heartbeat(client: &Client, cfg: &RunConfig, pool: &DtnPool, active: usize) -> Result<()> {
+async fn heartbeat(
+    client: &Client,
+    cfg: &RunConfig,
+    pool: &DtnPool,
+    active: usize,
+    tester: &path_tests::PathTester,
+) -> Result<()> {
     let api: Api<Lease> = Api::namespaced(client.clone(), &cfg.namespace);
     let name = contract::lease_name(&cfg.pool, &cfg.agent);
     let interface = std::env::var(contract::ENV_INTERFACE).ok();
@@ -971,6 +985,8 @@ async fn heartbeat(client: &Client, cfg: &RunConfig, pool: &DtnPool, active: usi
         preflight: findings,
         io_mode: Some(io_mode),
         io_mode_reason: io_why,
+        path_test_address: tester.listener_address(&cfg.advertise),
+        path_tests: tester.records(),
     }
     .to_lease(&cfg.pool, &cfg.agent, Timestamp::now());
     let pp = PatchParams::apply(&contract::agent_manager(&cfg.agent)).force();
