@@ -2,12 +2,15 @@
 //! to memory through the engine itself, first with one stream and then
 //! with several, reading what the kernel measured of every stream, and
 //! ending with `advice`. The receiver must take memory-to-memory tests
-//! (`serve --allow-discard`); nothing is written there.
+//! (`serve --allow-discard` or `--discard-only`); nothing is written there.
 
 use serde::Serialize;
 
 use crate::advice::{Advice, HostLimits, PhaseFigures, advise};
-use crate::error::Result;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::error::{Error, Result};
 use crate::io::caps::capabilities;
 use crate::net::{SocketOpts, TcpStats};
 use crate::sender::{SendConfig, send};
@@ -32,6 +35,9 @@ pub struct ProbeConfig {
     /// Cap on the rate, bytes per second: what the test may take from a
     /// path others use.
     pub max_rate: Option<u64>,
+    /// Set to stop the probe at the end of the run in progress (a transfer
+    /// wants the path).
+    pub cancel: Option<Arc<AtomicBool>>,
 }
 
 /// How long a phase may be asked to last, seconds: long enough to say
@@ -121,6 +127,17 @@ fn phase_bytes(gbps: f64, seconds: f64, streams: u16, block_size: u64) -> u64 {
 }
 
 fn run(cfg: &ProbeConfig, streams: u16, bytes: u64) -> Result<SendSummary> {
+    if cfg
+        .cancel
+        .as_ref()
+        .is_some_and(|c| c.load(Ordering::Relaxed))
+    {
+        return Err(Error::Cancelled {
+            last: Box::new(Error::ConnectionLost(
+                "the probe was stopped between runs".into(),
+            )),
+        });
+    }
     let mut c = SendConfig::new(cfg.to.clone(), cfg.token.clone(), "", "probe");
     c.synthetic = Some(bytes);
     c.streams = streams;
