@@ -48,6 +48,15 @@ pub const MAX_FINDINGS: usize = 64;
 
 /// Longest path-test error read from a Lease, in characters.
 pub const MAX_PATH_TEST_ERROR: usize = 512;
+/// Longest `host:port` read from a Lease's path-test fields.
+pub const MAX_ENDPOINT: usize = 255;
+
+/// Whether `s` reads as `host:port`, short enough to be one.
+fn endpoint(s: &str) -> bool {
+    s.len() <= MAX_ENDPOINT
+        && s.rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0))
+}
 
 /// One host preflight finding: the check's name and what it found.
 pub type Finding = (String, String);
@@ -122,15 +131,23 @@ impl AgentLease {
             .and_then(|s| serde_json::from_str(s).ok())
             .unwrap_or_default();
         preflight.truncate(MAX_FINDINGS);
-        let mut path_tests: Vec<PathTestRecord> = get(PATH_TESTS)
+        // One record at a time: one that does not read is dropped, not
+        // the agent's every result.
+        let records: Vec<serde_json::Value> = get(PATH_TESTS)
             .and_then(|s| serde_json::from_str(s).ok())
             .unwrap_or_default();
-        path_tests.truncate(MAX_PATH_TEST_TARGETS);
-        for r in &mut path_tests {
-            if let Some(e) = &mut r.result.error {
-                *e = e.chars().take(MAX_PATH_TEST_ERROR).collect();
-            }
-        }
+        let path_tests: Vec<PathTestRecord> = records
+            .into_iter()
+            .take(MAX_PATH_TEST_TARGETS)
+            .filter_map(|v| serde_json::from_value::<PathTestRecord>(v).ok())
+            .filter(|r| endpoint(&r.result.endpoint) && r.target.len() <= 63)
+            .map(|mut r| {
+                if let Some(e) = &mut r.result.error {
+                    *e = e.chars().take(MAX_PATH_TEST_ERROR).collect();
+                }
+                r
+            })
+            .collect();
         Self {
             address: get(ADDRESS).map(str::to_owned),
             node: get(NODE).map(str::to_owned),
@@ -140,7 +157,9 @@ impl AgentLease {
             preflight,
             io_mode: get(IO_MODE).and_then(|s| s.parse().ok()),
             io_mode_reason: get(IO_MODE_REASON).map(str::to_owned),
-            path_test_address: get(PATH_TEST_ADDRESS).map(str::to_owned),
+            path_test_address: get(PATH_TEST_ADDRESS)
+                .filter(|a| endpoint(a))
+                .map(str::to_owned),
             path_tests,
         }
     }
@@ -280,6 +299,23 @@ mod tests {
         // Not a list of records: none, rather than a failed agent.
         let ann = BTreeMap::from([(PATH_TESTS.to_owned(), r#"{"target":1}"#.to_owned())]);
         assert!(AgentLease::from_annotations(&ann).path_tests.is_empty());
+        // One record that does not read, or names no listener, costs only
+        // itself; an address that is not host:port is no address.
+        let good = serde_json::to_value(record("far", None)).unwrap();
+        let mut odd = good.clone();
+        odd["gbps"] = serde_json::Value::Null;
+        let mut far_off = good.clone();
+        far_off["endpoint"] = "h".repeat(300).into();
+        let ann = BTreeMap::from([
+            (
+                PATH_TESTS.to_owned(),
+                serde_json::to_string(&[odd, good, far_off]).unwrap(),
+            ),
+            (PATH_TEST_ADDRESS.to_owned(), "not an address".to_owned()),
+        ]);
+        let back = AgentLease::from_annotations(&ann);
+        assert_eq!(back.path_tests, [record("far", None)]);
+        assert_eq!(back.path_test_address, None);
     }
 
     #[test]

@@ -147,15 +147,18 @@ pub struct DtnPoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seccomp_profile: Option<AgentSeccompProfile>,
     /// Periodic tests of the path to other pools of this namespace (a
-    /// perfSONAR-style mesh): short memory-to-memory probes, rate-capped
-    /// and put off while the tester runs transfers. Each target's last
-    /// result is in status.pathTests and in the agents' metrics.
+    /// perfSONAR-style mesh): memory-to-memory probes, rate-capped, put off
+    /// while the tester runs transfers and stopped at the end of their
+    /// current run when one starts. Each target's last result is in
+    /// status.pathTests and in the agents' metrics.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path_tests: Option<PathTests>,
 }
 
 /// The most pools one pool tests the path to.
 pub const MAX_PATH_TEST_TARGETS: usize = 16;
+/// The most streams a path test's second phase opens.
+pub const MAX_PATH_TEST_STREAMS: i32 = 64;
 
 /// What a pool tests and whether it can be tested.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
@@ -185,12 +188,12 @@ pub struct PathTests {
     pub phase_seconds: i32,
     /// Streams of the second phase.
     #[serde(default = "path_test_streams")]
-    #[schemars(range(min = 2, max = 64))]
+    #[schemars(range(min = 2, max = MAX_PATH_TEST_STREAMS))]
     pub streams: i32,
     /// Cap on a test's rate, Mbit/s: what a test may take from the link.
     /// A path faster than the cap shows the cap.
     #[serde(default = "path_test_rate")]
-    #[schemars(range(min = 10, max = 10000000))]
+    #[schemars(range(min = 100, max = 10000000))]
     pub max_rate_mbps: i64,
 }
 
@@ -447,11 +450,11 @@ pub struct DtnPoolStatus {
     /// naming this pool: the agents get no access there until one is made.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub awaiting_binding: Vec<String>,
-    /// Ready and Degraded.
     /// The last test of each pathTests target.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["target".into()]))]
     pub path_tests: Vec<PathTestStatus>,
+    /// Ready and Degraded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
