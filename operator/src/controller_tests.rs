@@ -1095,7 +1095,7 @@ async fn a_listening_pool_shares_its_test_token_with_its_testers_and_shows_their
         .find(|c| {
             c.is(
                 "PATCH",
-                "/namespaces/data/rolebindings/wirerate-path-test.far",
+                "/namespaces/data/rolebindings/wirerate-path-test.far.readers",
             )
         })
         .expect("its readers are bound");
@@ -1108,7 +1108,12 @@ async fn a_listening_pool_shares_its_test_token_with_its_testers_and_shows_their
     );
     let role = calls
         .iter()
-        .find(|c| c.is("PATCH", "/namespaces/data/roles/wirerate-path-test.far"))
+        .find(|c| {
+            c.is(
+                "PATCH",
+                "/namespaces/data/roles/wirerate-path-test.far.readers",
+            )
+        })
         .unwrap();
     assert_eq!(
         role.body["rules"],
@@ -1154,7 +1159,7 @@ async fn a_path_test_secret_someone_else_owns_is_not_handed_out() {
     assert!(
         !d.calls()
             .iter()
-            .any(|c| c.method == "PATCH" && c.path.ends_with("wirerate-path-test.far")),
+            .any(|c| c.method == "PATCH" && c.path.ends_with("wirerate-path-test.far.readers")),
         "{:#?}",
         d.calls()
     );
@@ -1169,9 +1174,15 @@ async fn a_pool_that_stops_listening_takes_its_grant_back() {
     pool_controller::reconcile(Arc::new(far.clone()), d.ctx.clone())
         .await
         .expect("reconcile");
-    let path = "/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles/wirerate-path-test.far";
+    let path =
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles/wirerate-path-test.far.readers";
     assert!(d.has(path));
     far.spec.path_tests.as_mut().unwrap().listen = false;
+    // As the API holds it: the status of generation 1 written.
+    far.status = Some(wirerate_crds::DtnPoolStatus {
+        observed_generation: Some(1),
+        ..Default::default()
+    });
     far.metadata.generation = Some(2);
     d.pool(&far);
     pool_controller::reconcile(Arc::new(far), d.ctx.clone())
@@ -1179,6 +1190,73 @@ async fn a_pool_that_stops_listening_takes_its_grant_back() {
         .expect("reconcile");
     assert!(!d.has(path), "{:#?}", d.calls());
     assert!(!d.has(
-        "/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings/wirerate-path-test.far"
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings/wirerate-path-test.far.readers"
     ));
+}
+
+// Found in review: a listening pool whose name is too long for its token
+// Secret's failed every reconcile, so its status was never written.
+#[tokio::test]
+async fn path_test_trouble_does_not_keep_a_pools_status_from_being_written() {
+    let mut d = Double::new();
+    let long = "p".repeat(240);
+    let mut p = path_testing(&long, "/out", true, &[]);
+    p.metadata.name = Some(long.clone());
+    d.pool(&p);
+    pool_controller::reconcile(Arc::new(p), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    d.last_status(&format!("/dtnpools/{long}"));
+}
+
+// Found in review: a grant made earlier stayed when the pool's Secret was
+// later replaced by someone else's, so the agents could read that one.
+#[tokio::test]
+async fn a_grant_goes_when_its_secret_is_no_longer_the_pools() {
+    let mut d = Double::new();
+    let far = path_testing("far", "/out", true, &[]);
+    d.pool(&far);
+    pool_controller::reconcile(Arc::new(far.clone()), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    let role =
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles/wirerate-path-test.far.readers";
+    assert!(d.has(role));
+    let mut theirs = k8s_openapi::api::core::v1::Secret::default();
+    theirs.metadata.name = Some("wirerate-path-test.far".into());
+    theirs.metadata.namespace = Some("data".into());
+    d.put(
+        "/api/v1/namespaces/data/secrets/wirerate-path-test.far",
+        &theirs,
+    );
+    pool_controller::reconcile(Arc::new(far), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    assert!(!d.has(role), "{:#?}", d.calls());
+}
+
+// Found in review: the grant's Role was applied over one of the same name
+// that the pool did not own.
+#[tokio::test]
+async fn a_role_of_the_grants_name_someone_else_owns_is_left_alone() {
+    let mut d = Double::new();
+    let far = path_testing("far", "/out", true, &[]);
+    d.pool(&far);
+    let mut theirs = k8s_openapi::api::rbac::v1::Role::default();
+    theirs.metadata.name = Some("wirerate-path-test.far.readers".into());
+    theirs.metadata.namespace = Some("data".into());
+    let role =
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles/wirerate-path-test.far.readers";
+    d.put(role, &theirs);
+    pool_controller::reconcile(Arc::new(far), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    assert!(
+        !d.calls()
+            .iter()
+            .any(|c| c.method != "GET" && c.path.contains("wirerate-path-test.far")),
+        "{:#?}",
+        d.calls()
+    );
+    assert!(d.has(role), "someone else's Role stays");
 }

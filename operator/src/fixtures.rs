@@ -176,13 +176,24 @@ impl Double {
                                 .unwrap_or("generated")
                                 .to_owned();
                             let k = format!("{key}/{name}");
-                            match objs.entry(k) {
-                                std::collections::btree_map::Entry::Occupied(_) => {
-                                    (409, status(409, "AlreadyExists"))
-                                }
-                                std::collections::btree_map::Entry::Vacant(v) => {
-                                    v.insert(body.clone());
-                                    (201, body.clone())
+                            // As the API server: a name is a DNS subdomain.
+                            if name.len() > 253 {
+                                (
+                                    422,
+                                    status(
+                                        422,
+                                        "Invalid: metadata.name: must be no more than 253 characters",
+                                    ),
+                                )
+                            } else {
+                                match objs.entry(k) {
+                                    std::collections::btree_map::Entry::Occupied(_) => {
+                                        (409, status(409, "AlreadyExists"))
+                                    }
+                                    std::collections::btree_map::Entry::Vacant(v) => {
+                                        v.insert(body.clone());
+                                        (201, body.clone())
+                                    }
                                 }
                             }
                         }

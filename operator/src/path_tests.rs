@@ -26,6 +26,15 @@ use crate::token_grant;
 /// not believed (a record dated years ahead would otherwise stay "last").
 const CLOCK_SKEW: SignedDuration = SignedDuration::from_mins(5);
 
+/// Name of the Role and RoleBinding that let agents read `pool`'s
+/// path-test token. No name the operator gives a pool's own objects
+/// (`<pool>-agent`), a Transfer's grant (`wirerate-token.<t>`) or a remote
+/// Role (`wirerate-agent.<ns>.<pool>`) can end this way, so no pool's
+/// objects can land on another's.
+pub fn grant_name(pool: &str) -> String {
+    format!("{}.readers", contract::path_test_secret(pool))
+}
+
 /// Whether `pool` takes path tests.
 pub fn listens(pool: &DtnPool) -> bool {
     pool.spec.path_tests.as_ref().is_some_and(|p| p.listen)
@@ -59,7 +68,7 @@ pub fn grant(listener: &DtnPool, testers: &[&DtnPool]) -> (Secret, Role, RoleBin
     let name = contract::path_test_secret(&listener.name_any());
     let ns = listener.namespace().unwrap_or_default();
     let meta = ObjectMeta {
-        name: Some(name.clone()),
+        name: Some(grant_name(&listener.name_any())),
         namespace: Some(ns.clone()),
         labels: Some(BTreeMap::from([
             (contract::POOL_LABEL.to_owned(), listener.name_any()),
@@ -72,7 +81,10 @@ pub fn grant(listener: &DtnPool, testers: &[&DtnPool]) -> (Secret, Role, RoleBin
         ..Default::default()
     };
     let secret = Secret {
-        metadata: meta.clone(),
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            ..meta.clone()
+        },
         string_data: Some(BTreeMap::from([(
             contract::TOKEN_KEY.to_owned(),
             token_grant::fresh_token(),
@@ -133,7 +145,11 @@ fn last(pool: &DtnPool, target: &str, agents: &[&Agent], now: Timestamp) -> Opti
                     ..sane(r.result.clone())
                 })
         });
-    held.chain(said).filter(believable).max_by_key(|r| r.at.0)
+    // Ties broken by agent name: the agents come in no fixed order, and a
+    // status that changed with it would be written on every pass.
+    held.chain(said)
+        .filter(believable)
+        .max_by(|a, b| (a.at.0, &a.agent).cmp(&(b.at.0, &b.agent)))
 }
 
 /// An agent's figures, with what no path can show taken out.
@@ -403,6 +419,11 @@ mod tests {
             secret.metadata.name.as_deref(),
             Some("wirerate-path-test.far")
         );
+        assert_eq!(
+            role.metadata.name.as_deref(),
+            Some("wirerate-path-test.far.readers")
+        );
+        assert_eq!(rb.role_ref.name, "wirerate-path-test.far.readers");
         let token = &secret.string_data.as_ref().unwrap()[contract::TOKEN_KEY];
         assert_eq!(token.len(), 64);
         let rule = &role.rules.as_ref().unwrap()[0];

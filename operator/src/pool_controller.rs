@@ -101,6 +101,18 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
     if spec_moved || old.serving_namespaces != serving {
         revoke_remote(pool, ctx, &r.remote).await?;
     }
+    // The path-test grant before the applies below, for the same reason. A
+    // failed revocation fails the pass, so the status is not written and
+    // the next pass tries again; trouble granting (a pool name too long for
+    // the Secret's, say) is only logged: path tests must not keep the
+    // pool's own status from being written.
+    if path_tests::listens(pool) {
+        if let Err(e) = grant_path_tests(pool, ctx, &view.pools).await {
+            tracing::warn!(error = %e, "cannot grant the pool's path-test token");
+        }
+    } else if spec_moved {
+        revoke_path_tests(pool, ctx).await?;
+    }
     ctx.apply(&r.service_account).await?;
     ctx.apply(&r.role).await?;
     ctx.apply(&r.role_binding).await?;
@@ -120,11 +132,6 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
     }
     ctx.apply(&r.service).await?;
     ctx.apply(&r.stateful_set).await?;
-    if path_tests::listens(pool) {
-        grant_path_tests(pool, ctx, &view.pools).await?;
-    } else if spec_moved {
-        revoke_path_tests(pool, ctx).await?;
-    }
 
     let agents: Vec<_> = view
         .agents
@@ -174,9 +181,10 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
 }
 
 /// Gives a listening pool its listeners' token, readable by its own agents
-/// and by those of the pools of its namespace that test it. A Secret of
-/// that name the pool does not own is someone else's: it is neither
-/// handed out nor taken over, and the pool says so in an Event.
+/// and by those of the pools of its namespace that test it. A Secret, Role
+/// or RoleBinding of those names the pool does not own is someone else's:
+/// it is neither handed out nor taken over, the pool's own grant goes, and
+/// an Event says why.
 async fn grant_path_tests(
     pool: &DtnPool,
     ctx: &Context,
@@ -185,19 +193,38 @@ async fn grant_path_tests(
     let testers = path_tests::testers_of(pool, pools.values());
     let (secret, role, binding) = path_tests::grant(pool, &testers);
     let ns = pool.namespace().unwrap_or_default();
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let uid = pool.metadata.uid.clone().unwrap_or_default();
-    if !token_grant::ensure_secret(&api, &secret, "DtnPool", &uid).await? {
-        let name = secret.metadata.name.unwrap_or_default();
+    let grant = path_tests::grant_name(&pool.name_any());
+    let roles: Api<Role> = Api::namespaced(ctx.client.clone(), &ns);
+    let bindings: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), &ns);
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let foreign = |m: Option<kube::api::ObjectMeta>| {
+        m.is_some_and(|m| !token_grant::owned_by(&m, "DtnPool", &uid))
+    };
+    let name = secret.metadata.name.clone().unwrap_or_default();
+    let taken = if foreign(roles.get_metadata_opt(&grant).await?.map(|m| m.metadata)) {
+        Some(format!("Role {ns}/{grant}"))
+    } else if foreign(bindings.get_metadata_opt(&grant).await?.map(|m| m.metadata)) {
+        Some(format!("RoleBinding {ns}/{grant}"))
+    } else {
+        // Asked before created, so that an existing token costs a read and
+        // no fresh one travels to the API server on every pass.
+        let ours = match secrets.get_metadata_opt(&name).await? {
+            Some(m) => token_grant::owned_by(&m.metadata, "DtnPool", &uid),
+            None => token_grant::ensure_secret(&secrets, &secret, "DtnPool", &uid).await?,
+        };
+        (!ours).then(|| format!("Secret {ns}/{name}"))
+    };
+    if let Some(what) = taken {
         tracing::warn!(
-            secret = name,
-            "the path-test Secret belongs to another owner; not granting it"
+            object = what,
+            "a path-test object belongs to another owner; not granting it"
         );
         let ev = Event {
             type_: EventType::Warning,
             reason: "PathTestSecretTaken".into(),
             note: Some(format!(
-                "Secret {ns}/{name} exists and does not belong to this pool; wirerate will not hand it to agents or take it over: delete or rename it for path tests to run"
+                "{what} exists and does not belong to this pool; wirerate will not hand it to agents or take it over: delete or rename it for path tests to run"
             )),
             action: "Reconcile".into(),
             secondary: None,
@@ -205,20 +232,24 @@ async fn grant_path_tests(
         if let Err(e) = ctx.recorder.publish(&ev, &pool.object_ref(&())).await {
             tracing::warn!(error = %e, "cannot publish an event");
         }
-        return Ok(());
+        return revoke_path_tests(pool, ctx).await;
     }
     ctx.apply(&role).await?;
     ctx.apply(&binding).await?;
     Ok(())
 }
 
-/// Takes the path-test grant away from a pool that no longer listens. The
-/// token Secret stays, readable by no agent, for when it listens again;
-/// the pool's deletion takes it by its owner reference (and the operator
-/// needs no right to delete Secrets).
+/// Takes the path-test grant away from a pool (one that no longer listens,
+/// or whose Secret is someone else's). The token Secret stays, readable by
+/// no agent, for when it listens again; the pool's deletion takes it by its
+/// owner reference (and the operator needs no right to delete Secrets).
 async fn revoke_path_tests(pool: &DtnPool, ctx: &Context) -> Result<()> {
     let ns = pool.namespace().unwrap_or_default();
-    let name = contract::path_test_secret(&pool.name_any());
+    let name = path_tests::grant_name(&pool.name_any());
+    if name.len() > 253 {
+        // Never created: no object can have that name.
+        return Ok(());
+    }
     let uid = pool.metadata.uid.clone().unwrap_or_default();
     let dp = DeleteParams::default();
     let binding: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), &ns);
