@@ -531,6 +531,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     buffer: a.socket_buffer.map(|b| b as usize),
                 },
                 max_rate: None,
+                cancel: None,
             };
             let report = wirerate_engine::probe::probe(&cfg)?;
             wirerate_agent::summary::print(

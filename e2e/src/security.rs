@@ -52,7 +52,7 @@ pub async fn apply_policies(client: &Client) -> Result<()> {
 }
 
 /// Whether `user` may `verb` `resource` (optionally one `name`) in `ns`.
-async fn may(
+pub(crate) async fn may(
     client: &Client,
     user: &str,
     verb: &str,
@@ -83,7 +83,7 @@ async fn may(
 }
 
 /// Waits until `f` holds, polling the authorizer.
-async fn until<F, Fut>(what: &str, f: F) -> Result<()>
+pub(crate) async fn until<F, Fut>(what: &str, f: F) -> Result<()>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<bool>>,
@@ -105,7 +105,7 @@ fn agent(ns: &str, pool: &str) -> String {
 }
 
 /// A client acting as `user`, through impersonation by the admin's kubeconfig.
-async fn as_user(kubeconfig: &str, user: &str) -> Result<Client> {
+pub(crate) async fn as_user(kubeconfig: &str, user: &str) -> Result<Client> {
     let opts = kube::config::KubeConfigOptions::default();
     let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
     let mut cfg = kube::Config::from_custom_kubeconfig(kc, &opts).await?;
@@ -114,7 +114,7 @@ async fn as_user(kubeconfig: &str, user: &str) -> Result<Client> {
 }
 
 /// Expects `result` to be refused by admission with a message containing `needle`.
-fn refused<T>(result: kube::Result<T>, needle: &str, what: &str) -> Result<()> {
+pub(crate) fn refused<T>(result: kube::Result<T>, needle: &str, what: &str) -> Result<()> {
     match result {
         Ok(_) => bail!("{what}: accepted, but the escalation rule should refuse it"),
         Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains(needle) => {

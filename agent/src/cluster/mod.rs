@@ -976,6 +976,7 @@ async fn heartbeat(
     if let Some(why) = &io_why {
         findings.push((contract::PREFLIGHT_IO_URING.to_owned(), why.clone()));
     }
+    findings.extend(tester.finding());
     let lease = AgentLease {
         address: Some(format!("{}:{}", cfg.advertise, cfg.data_port)),
         node: Some(cfg.node.clone()),

@@ -4,21 +4,24 @@
 //! `pathTests.port`; the token is the pool's path-test Secret. A pool that
 //! tests has the operator pick, per target, one of its agents and one of
 //! the target's listeners (`status.pathTests`); that agent probes the
-//! listener every `intervalSeconds`, rate-capped, never while it runs a
-//! transfer, and says what it found in its Lease and its metrics.
+//! listener every `intervalSeconds`, rate-capped, never starting one while
+//! it runs a transfer and stopping one (at the end of its current run) when
+//! a transfer starts, and says what it found in its Lease and its metrics.
 //!
 //! [`Schedule`] decides when (no I/O, time passed in); [`PathTester`]
 //! reads the API, runs the probes and the listener.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use wirerate_crds::lease::{MAX_PATH_TEST_ERROR, PathTestRecord};
-use wirerate_crds::pool::{PathTestResult, PathTests};
+use wirerate_crds::pool::{MAX_PATH_TEST_STREAMS, PathTestResult, PathTests};
 use wirerate_crds::{DtnPool, contract};
 use wirerate_engine::error::{Error, Result};
 use wirerate_engine::probe::{ProbeConfig, ProbeReport, probe};
@@ -32,13 +35,26 @@ use crate::observer::Shown;
 /// least: long enough for a restarted agent to have picked up its
 /// transfers, which come first.
 const FIRST_DELAY: Duration = Duration::from_secs(30);
-/// The most a target's first test is put off beyond that, so that the
-/// agents of a mesh that start together do not all test at once.
+/// The most a target's first test is put off beyond that, by tester and
+/// target, so that the agents of a mesh that start together do not all
+/// test one listener at once.
 const FIRST_SPREAD_S: u64 = 60;
 /// How soon a failed test is tried again (or the interval, if shorter).
 const RETRY_AFTER: Duration = Duration::from_secs(300);
 /// How soon a listener that could not start is tried again.
-const LISTEN_RETRY: Duration = Duration::from_secs(30);
+const LISTEN_RETRY: Duration = Duration::from_secs(10);
+/// Block size of a test: small, so that a test of many streams over a
+/// capped or slow path stays short (each stream carries four blocks at
+/// least).
+const TEST_BLOCK: u64 = 1 << 20;
+/// Buffer memory of the listener's sessions: enough for 1 MiB blocks in
+/// flight, little beside the agent's transfers.
+const LISTEN_BUFFER: u64 = 64 << 20;
+/// Sessions and connections the listener takes at once: a few testers, not
+/// a flood.
+const LISTEN_SESSIONS: usize = 2;
+/// Each session's control and data connections, and a few handshakes.
+const LISTEN_CONNECTIONS: usize = LISTEN_SESSIONS * (MAX_PATH_TEST_STREAMS as usize + 1) + 8;
 
 /// When each target this agent tests is due.
 #[derive(Debug, Default)]
@@ -55,13 +71,25 @@ fn spread(s: &str, n: u64) -> u64 {
 }
 
 impl Schedule {
-    /// The targets this agent is to test, as of `now`: new ones become due
-    /// after [`FIRST_DELAY`] and a spread, dropped ones are forgotten.
-    pub fn assign<'a>(&mut self, targets: impl IntoIterator<Item = &'a str>, now: Duration) {
+    /// The targets agent `me` is to test, as of `now`, each with how long
+    /// ago its last test ended if the pool's status knows. A new one is due
+    /// an `interval` after that last test (so a restart or a move to
+    /// another tester does not test again early), and never sooner than
+    /// [`FIRST_DELAY`] and a spread; dropped ones are forgotten.
+    pub fn assign<'a>(
+        &mut self,
+        targets: impl IntoIterator<Item = (&'a str, Option<Duration>)>,
+        me: &str,
+        interval: Duration,
+        now: Duration,
+    ) {
         let mut kept = BTreeMap::new();
-        for t in targets {
+        for (t, ago) in targets {
             let due = self.due.get(t).copied().unwrap_or_else(|| {
-                now + FIRST_DELAY + Duration::from_secs(spread(t, FIRST_SPREAD_S))
+                let first =
+                    FIRST_DELAY + Duration::from_secs(spread(&format!("{me}/{t}"), FIRST_SPREAD_S));
+                let after_last = ago.map_or(Duration::ZERO, |a| interval.saturating_sub(a));
+                now + first.max(after_last)
             });
             kept.insert(t.to_owned(), due);
         }
@@ -137,6 +165,12 @@ pub fn result(
         }
         Err(e) => r.error = Some(e.to_string().chars().take(MAX_PATH_TEST_ERROR).collect()),
     }
+    // JSON has no NaN: one would make the whole Lease field unreadable.
+    for v in [&mut r.single_stream_gbps, &mut r.gbps, &mut r.rtt_ms] {
+        if !v.is_finite() {
+            *v = 0.0;
+        }
+    }
     r
 }
 
@@ -145,6 +179,8 @@ struct Running {
     target: String,
     endpoint: String,
     task: tokio::task::JoinHandle<Result<ProbeReport>>,
+    /// Set when a transfer starts: the probe ends with its current run.
+    cancel: Arc<AtomicBool>,
 }
 
 /// The discard-only listener, and the port it was started for.
@@ -163,6 +199,10 @@ pub struct PathTester {
     listener: Option<Listener>,
     /// When to try starting the listener again after it could not be.
     listen_retry: Option<Duration>,
+    /// Why the listener is not up, while the pool asks for it.
+    listen_problem: Option<String>,
+    /// A listener being started on a blocking thread, and its port.
+    starting: Option<(u16, tokio::task::JoinHandle<Result<ServerHandle>>)>,
 }
 
 impl PathTester {
@@ -178,6 +218,14 @@ impl PathTester {
         self.results.values().cloned().collect()
     }
 
+    /// Why the listener the pool asks for is not up, as a preflight
+    /// finding (so the pool's status says it, not only this agent's log).
+    pub fn finding(&self) -> Option<(String, String)> {
+        self.listen_problem
+            .clone()
+            .map(|p| ("path-test-listener".to_owned(), p))
+    }
+
     /// One step, once a second: keeps the listener as the pool asks,
     /// collects a finished test, and starts a due one unless `busy`.
     pub async fn step(
@@ -191,21 +239,36 @@ impl PathTester {
         let spec = pool.spec.path_tests.as_ref();
         self.keep_listener(client, cfg, pool, spec, now).await;
         let Some(spec) = spec else {
-            self.schedule.assign([], now);
-            self.results.clear();
+            self.schedule.assign([], &cfg.agent, Duration::ZERO, now);
+            self.forget(|_| false);
             return;
         };
-        // What the operator assigned this agent: a target and a listener.
-        let mine: BTreeMap<&str, &str> = pool
+        let interval = Duration::from_secs(u64::try_from(spec.interval_seconds).unwrap_or(3600));
+        // What the operator assigned this agent: a target and a listener,
+        // and how long ago the target's last test ended.
+        let wall = Timestamp::now();
+        let mine: BTreeMap<&str, (&str, Option<Duration>)> = pool
             .status
             .iter()
             .flat_map(|s| &s.path_tests)
             .filter(|s| s.tester.as_deref() == Some(cfg.agent.as_str()))
-            .filter_map(|s| Some((s.target.as_str(), s.endpoint.as_deref()?)))
+            .filter_map(|s| {
+                let ago = s.last.as_ref().map(|l| {
+                    Duration::try_from(wall.duration_since(l.at.0)).unwrap_or(Duration::ZERO)
+                });
+                Some((s.target.as_str(), (s.endpoint.as_deref()?, ago)))
+            })
             .collect();
-        self.schedule.assign(mine.keys().copied(), now);
-        self.results.retain(|t, _| mine.contains_key(t.as_str()));
-        let interval = Duration::from_secs(u64::try_from(spec.interval_seconds).unwrap_or(3600));
+        self.schedule.assign(
+            mine.iter().map(|(t, (_, ago))| (*t, *ago)),
+            &cfg.agent,
+            interval,
+            now,
+        );
+        self.forget(|t| mine.contains_key(t));
+        if busy && let Some(r) = &self.running {
+            r.cancel.store(true, Ordering::Relaxed);
+        }
         if self.running.as_ref().is_some_and(|r| r.task.is_finished()) {
             let r = self.running.take().expect("checked above");
             let outcome = r
@@ -218,7 +281,7 @@ impl PathTester {
         let Some(target) = self.schedule.poll(now, busy) else {
             return;
         };
-        let Some(endpoint) = mine.get(target.as_str()).map(|e| (*e).to_owned()) else {
+        let Some(endpoint) = mine.get(target.as_str()).map(|(e, _)| (*e).to_owned()) else {
             self.schedule.finished(false, interval, now);
             return;
         };
@@ -234,12 +297,38 @@ impl PathTester {
                 return;
             }
         };
-        let probe_cfg = probe_config(&endpoint, token, spec);
+        let mut probe_cfg = probe_config(&endpoint, token, spec);
+        let cancel = Arc::new(AtomicBool::new(false));
+        probe_cfg.cancel = Some(cancel.clone());
         tracing::info!(target, endpoint, "testing the path");
         self.running = Some(Running {
             target,
             endpoint,
             task: tokio::task::spawn_blocking(move || probe(&probe_cfg)),
+            cancel,
+        });
+    }
+
+    /// Drops the results and metric series of targets `keep` says no to.
+    fn forget(&mut self, keep: impl Fn(&str) -> bool) {
+        let m = path_test_metrics();
+        self.results.retain(|t, _| {
+            if keep(t) {
+                return true;
+            }
+            for g in [
+                &m.gbps,
+                &m.single_stream_gbps,
+                &m.rtt_seconds,
+                &m.last_timestamp_seconds,
+            ] {
+                let _ = g.remove_label_values(&[t]);
+            }
+            let _ = m.retransmits.remove_label_values(&[t]);
+            for o in ["ok", "failed"] {
+                let _ = m.tests.remove_label_values(&[t, o]);
+            }
+            false
         });
     }
 
@@ -291,30 +380,66 @@ impl PathTester {
         let want = spec
             .filter(|s| s.listen)
             .and_then(|s| u16::try_from(s.port).ok());
+        // A start in progress is looked at, never waited for: it opens the
+        // pool's root, which a hung mount could hold for as long as it likes.
+        if let Some((port, task)) = self.starting.take() {
+            if !task.is_finished() {
+                self.starting = Some((port, task));
+                return;
+            }
+            let started = task
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()));
+            match started {
+                Ok(handle) => {
+                    tracing::info!(port, "path-test listener up (memory-to-memory tests only)");
+                    self.listener = Some(Listener { port, handle });
+                    self.listen_retry = None;
+                    self.listen_problem = None;
+                }
+                Err(e) => self.failed_to_listen(port, &e, now),
+            }
+        }
         if self.listener.as_ref().map(|l| l.port) == want {
             return;
         }
         if let Some(l) = self.listener.take() {
-            l.handle.stop();
+            // Stopping joins its threads: not on the agent's loop.
+            tokio::task::spawn_blocking(move || l.handle.stop());
             tracing::info!(port = l.port, "path-test listener stopped");
         }
         let Some(port) = want else {
+            self.listen_problem = None;
             return;
         };
         if self.listen_retry.is_some_and(|t| now < t) {
             return;
         }
-        match start_listener(client, cfg, pool, port).await {
-            Ok(handle) => {
-                tracing::info!(port, "path-test listener up (memory-to-memory tests only)");
-                self.listener = Some(Listener { port, handle });
-                self.listen_retry = None;
-            }
-            Err(e) => {
-                tracing::warn!(port, error = %e, "cannot start the path-test listener; trying again in {}s", LISTEN_RETRY.as_secs());
-                self.listen_retry = Some(now + LISTEN_RETRY);
-            }
+        let secret = contract::path_test_secret(&cfg.pool);
+        // Asked once, as for a test.
+        match super::read_token(client, &cfg.namespace, &secret, Duration::ZERO).await {
+            Ok(token) => match listener_config(pool, token) {
+                Ok(serve) => {
+                    let bind =
+                        move || Server::bind(&format!("0.0.0.0:{port}"), serve).map(Server::spawn);
+                    self.starting = Some((port, tokio::task::spawn_blocking(bind)));
+                }
+                Err(e) => self.failed_to_listen(port, &e.to_string(), now),
+            },
+            Err(e) => self.failed_to_listen(port, &e.to_string(), now),
         }
+    }
+
+    fn failed_to_listen(&mut self, port: u16, e: &str, now: Duration) {
+        tracing::warn!(
+            port,
+            error = e,
+            "cannot start the path-test listener; trying again in {}s",
+            LISTEN_RETRY.as_secs()
+        );
+        self.listen_retry = Some(now + LISTEN_RETRY);
+        self.listen_problem = Some(format!("cannot listen for path tests on port {port}: {e}"));
     }
 }
 
@@ -325,37 +450,35 @@ fn probe_config(endpoint: &str, token: Vec<u8>, spec: &PathTests) -> ProbeConfig
         token,
         streams: u16::try_from(spec.streams).unwrap_or(4).max(2),
         seconds: f64::from(spec.phase_seconds),
-        block_size: wirerate_engine::Settings::default().block_size,
+        block_size: TEST_BLOCK,
         socket: Default::default(),
         max_rate: u64::try_from(spec.max_rate_mbps)
             .ok()
             .map(|m| m.saturating_mul(1_000_000) / 8),
+        cancel: None,
     }
 }
 
-/// Starts the discard-only listener on `port`, with the pool's path-test
-/// token. Its root is the pool's first allowed root: a discard-only
-/// receiver writes nothing, and were that ever to change it would stay
-/// where the pool's agents may write anyway.
-async fn start_listener(
-    client: &Client,
-    cfg: &RunConfig,
-    pool: &DtnPool,
-    port: u16,
-) -> Result<ServerHandle> {
+/// The discard-only listener's settings, with the pool's path-test token.
+/// Its root is the pool's first allowed root: a discard-only receiver
+/// writes nothing, and were that ever to change it would stay where the
+/// pool's agents may write anyway. Small: a few testers' sessions of 1 MiB
+/// blocks, beside the agent's transfers.
+fn listener_config(pool: &DtnPool, token: Vec<u8>) -> Result<ServeConfig> {
     let root = pool
         .spec
         .allowed_roots
         .first()
         .map(PathBuf::from)
         .ok_or_else(|| Error::Config("the pool has no allowedRoots".into()))?;
-    let secret = contract::path_test_secret(&cfg.pool);
-    let token = super::read_token(client, &cfg.namespace, &secret, Duration::ZERO).await?;
     let mut serve = ServeConfig::new(root, token);
     serve.discard = DiscardPolicy::Only;
-    serve.max_sessions = 2;
+    serve.buffer = LISTEN_BUFFER;
+    serve.max_sessions = LISTEN_SESSIONS;
+    serve.max_memory = Some(LISTEN_BUFFER * LISTEN_SESSIONS as u64);
+    serve.max_connections = LISTEN_CONNECTIONS;
     serve.observer = Shown::metrics().observe();
-    Ok(Server::bind(&format!("0.0.0.0:{port}"), serve)?.spawn())
+    Ok(serve)
 }
 
 #[cfg(test)]
@@ -364,50 +487,96 @@ mod tests {
 
     const S: Duration = Duration::from_secs(1);
 
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    fn fresh<'a>(targets: &[&'a str]) -> Vec<(&'a str, Option<Duration>)> {
+        targets.iter().map(|t| (*t, None)).collect()
+    }
+
     #[test]
     fn a_new_target_waits_then_runs_once_at_a_time_and_never_beside_a_transfer() {
         let mut s = Schedule::default();
-        s.assign(["far", "near"], Duration::ZERO);
+        s.assign(fresh(&["far", "near"]), "a-0", HOUR, Duration::ZERO);
         assert_eq!(s.poll(FIRST_DELAY - S, false), None, "too early");
         let late = FIRST_DELAY + Duration::from_secs(FIRST_SPREAD_S);
         assert_eq!(s.poll(late, true), None, "a transfer runs");
         let first = s.poll(late, false).expect("due");
         assert_eq!(s.running(), Some(first.as_str()));
         assert_eq!(s.poll(late, false), None, "one test at a time");
-        s.finished(true, 3600 * S, late);
+        s.finished(true, HOUR, late);
         let second = s.poll(late, false).expect("the other is due too");
         assert_ne!(first, second);
-        s.finished(true, 3600 * S, late);
-        assert_eq!(s.poll(late + 3599 * S, false), None);
-        assert!(s.poll(late + 3600 * S, false).is_some());
+        s.finished(true, HOUR, late);
+        assert_eq!(s.poll(late + HOUR - S, false), None);
+        assert!(s.poll(late + HOUR, false).is_some());
     }
 
     #[test]
     fn a_failed_test_is_tried_again_sooner_and_a_dropped_target_forgotten() {
         let mut s = Schedule::default();
-        s.assign(["far"], Duration::ZERO);
+        s.assign(fresh(&["far"]), "a-0", HOUR, Duration::ZERO);
         let late = FIRST_DELAY + Duration::from_secs(FIRST_SPREAD_S);
         assert_eq!(s.poll(late, false).as_deref(), Some("far"));
-        s.finished(false, 3600 * S, late);
+        s.finished(false, HOUR, late);
         assert_eq!(s.poll(late + RETRY_AFTER - S, false), None);
         assert_eq!(s.poll(late + RETRY_AFTER, false).as_deref(), Some("far"));
-        s.finished(true, 3600 * S, late + RETRY_AFTER);
-        // Re-assigning keeps when it is due; dropping forgets it.
-        s.assign(["far"], late + RETRY_AFTER + S);
-        assert_eq!(s.poll(late + RETRY_AFTER + S, false), None);
-        s.assign([], late);
-        assert_eq!(s.poll(late + 10 * 3600 * S, false), None);
+        let done = late + RETRY_AFTER;
+        s.finished(true, HOUR, done);
         // Ending a test that is not running changes nothing.
-        s.finished(true, S, late);
+        s.finished(false, HOUR, done);
+        // Re-assigning keeps when it is due (an hour on, not the first
+        // delay a new target gets); dropping forgets it.
+        s.assign(fresh(&["far"]), "a-0", HOUR, done + S);
+        let first = FIRST_DELAY + Duration::from_secs(FIRST_SPREAD_S);
+        assert_eq!(s.poll(done + S + first, false), None);
+        assert_eq!(s.poll(done + HOUR - S, false), None);
+        assert_eq!(s.poll(done + HOUR, false).as_deref(), Some("far"));
+        s.finished(true, HOUR, done + HOUR);
+        s.assign([], "a-0", HOUR, done);
+        assert_eq!(s.poll(done + 10 * HOUR, false), None);
     }
 
+    // Found in review: a restarted agent, or a target moved to another
+    // tester, tested again within a minute whatever the interval.
     #[test]
-    fn first_tests_of_a_mesh_are_spread() {
-        let firsts: std::collections::BTreeSet<u64> = (0..20)
-            .map(|i| spread(&format!("pool-{i}"), FIRST_SPREAD_S))
+    fn a_target_tested_lately_waits_for_its_interval_from_that_test() {
+        let mut s = Schedule::default();
+        let now = 1000 * S;
+        s.assign([("far", Some(600 * S))], "a-1", HOUR, now);
+        assert_eq!(s.poll(now + 3000 * S - S, false), None);
+        assert_eq!(s.poll(now + 3000 * S, false).as_deref(), Some("far"));
+        // One overdue is tested after the first delay, not at once.
+        let mut s = Schedule::default();
+        s.assign([("far", Some(10 * HOUR))], "a-1", HOUR, now);
+        assert_eq!(s.poll(now + FIRST_DELAY - S, false), None);
+        assert!(
+            s.poll(
+                now + FIRST_DELAY + Duration::from_secs(FIRST_SPREAD_S),
+                false
+            )
+            .is_some()
+        );
+    }
+
+    // Found in review: the spread was by target alone, so every tester of
+    // one listener came at the same second.
+    #[test]
+    fn the_testers_of_one_listener_do_not_all_come_at_once() {
+        let firsts: std::collections::BTreeSet<Duration> = (0..20)
+            .map(|i| {
+                let mut s = Schedule::default();
+                s.assign(
+                    fresh(&["far"]),
+                    &format!("pool-{i}-agent-0"),
+                    HOUR,
+                    Duration::ZERO,
+                );
+                s.due["far"]
+            })
             .collect();
         assert!(firsts.len() > 10, "{firsts:?}");
-        assert!(firsts.iter().all(|s| *s < FIRST_SPREAD_S));
+        let last = FIRST_DELAY + Duration::from_secs(FIRST_SPREAD_S);
+        assert!(firsts.iter().all(|d| *d >= FIRST_DELAY && *d < last));
     }
 
     #[test]
