@@ -71,6 +71,25 @@ pub struct PathTestRecord {
     pub result: PathTestResult,
 }
 
+/// `records` as JSON within [`MAX_VALUE_LEN`], which the reader insists on:
+/// long errors (escaped, or not ASCII) are cut shorter, then dropped,
+/// rather than losing every result to one value too long.
+fn fitted(records: &[PathTestRecord]) -> Option<String> {
+    let mut records = records.to_vec();
+    for cut in [MAX_PATH_TEST_ERROR, 128, 0] {
+        for r in &mut records {
+            if let Some(e) = &mut r.result.error {
+                *e = e.chars().take(cut).collect();
+            }
+        }
+        let json = serde_json::to_string(&records).ok()?;
+        if json.len() <= MAX_VALUE_LEN {
+            return Some(json);
+        }
+    }
+    None
+}
+
 /// What an agent says about itself in its Lease's annotations.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AgentLease {
@@ -115,7 +134,7 @@ impl AgentLease {
         put(IO_MODE_REASON, self.io_mode_reason.clone());
         put(PATH_TEST_ADDRESS, self.path_test_address.clone());
         if !self.path_tests.is_empty() {
-            put(PATH_TESTS, serde_json::to_string(&self.path_tests).ok());
+            put(PATH_TESTS, fitted(&self.path_tests));
         }
         out
     }
@@ -296,6 +315,21 @@ mod tests {
                 MAX_PATH_TEST_ERROR
             );
         }
+        // Errors that escape long (quotes, not ASCII) are cut to fit,
+        // rather than the whole value dropped by the reader.
+        let escaped = AgentLease {
+            path_tests: (0..MAX_PATH_TEST_TARGETS)
+                .map(|i| record(&format!("t{i}"), Some("\"é".repeat(400))))
+                .collect(),
+            ..AgentLease::default()
+        };
+        let back = AgentLease::from_annotations(&escaped.to_annotations());
+        assert_eq!(back.path_tests.len(), MAX_PATH_TEST_TARGETS);
+        assert!(
+            back.path_tests
+                .iter()
+                .all(|r| r.result.error.as_ref().is_some_and(|e| !e.is_empty()))
+        );
         // Not a list of records: none, rather than a failed agent.
         let ann = BTreeMap::from([(PATH_TESTS.to_owned(), r#"{"target":1}"#.to_owned())]);
         assert!(AgentLease::from_annotations(&ann).path_tests.is_empty());

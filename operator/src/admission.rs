@@ -156,7 +156,7 @@ fn path_test_checks() -> Vec<Value> {
         .map(|i| {
             let target = format!("object.spec.pathTests.targets[{i}].pool");
             json!({
-                "expression": format!("!has(object.spec.pathTests) || !has(object.spec.pathTests.targets) || size(object.spec.pathTests.targets) <= {i} || authorizer.group('').resource('secrets').namespace(object.metadata.namespace).name('{prefix}' + {target}).check('get').allowed()"),
+                "expression": format!("!has(object.spec.pathTests) || object.spec.pathTests == null || !has(object.spec.pathTests.targets) || size(object.spec.pathTests.targets) <= {i} || authorizer.group('').resource('secrets').namespace(object.metadata.namespace).name('{prefix}' + {target}).check('get').allowed()"),
                 "messageExpression": format!("'the agents of this pool would read the path-test token of pool ' + {target} + ' (Secret {prefix}' + {target} + '), which you may not read yourself: ask someone who may'"),
                 "reason": "Forbidden",
             })

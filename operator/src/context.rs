@@ -54,6 +54,9 @@ pub struct Context {
     /// Assignments taken (being written, or written but maybe not yet back
     /// through the watch), by Transfer uid.
     pub ledger: Mutex<HashMap<String, Assignment>>,
+    /// Pools (by uid) whose path-test grant could not be taken back: tried
+    /// again on every pass until it is, whatever else changed.
+    pub revokes_pending: Mutex<std::collections::HashSet<String>>,
     /// The index, the last plan, and who was woken for it.
     scheduling: Mutex<Scheduling>,
     /// Bumped by every change a plan depends on.
@@ -152,6 +155,7 @@ impl Context {
             metrics,
             stores,
             ledger: Mutex::default(),
+            revokes_pending: Mutex::default(),
             scheduling: Mutex::new(Scheduling {
                 planner: Planner::default(),
                 plan: Arc::default(),

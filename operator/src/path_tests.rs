@@ -345,10 +345,11 @@ mod tests {
                 .contains("ready to test from"),
             "{s:?}"
         );
-        // Stable from pass to pass.
+        // Stable from pass to pass, whatever order the agents come in.
+        let reversed: Vec<&Agent> = refs.iter().rev().copied().collect();
         assert_eq!(
             status(&near, &all, &refs, at(101)),
-            status(&near, &all, &refs, at(101))
+            status(&near, &all, &reversed, at(101))
         );
     }
 
@@ -393,6 +394,34 @@ mod tests {
         let s = status(&near, &all, &refs, at(101));
         let last = s[0].last.as_ref().unwrap();
         assert_eq!((last.agent.as_str(), last.gbps), ("near-1", 7.0));
+        // Two results of the same second: the same one, in either order
+        // (found in review: the status flapped between them).
+        let tied = [
+            agent(
+                "near",
+                "near-0",
+                false,
+                vec![PathTestRecord {
+                    target: "far".into(),
+                    result: result("near-0", 60, 1.0),
+                }],
+            ),
+            agent(
+                "near",
+                "near-1",
+                false,
+                vec![PathTestRecord {
+                    target: "far".into(),
+                    result: result("near-1", 60, 2.0),
+                }],
+            ),
+        ];
+        let one: Vec<&Agent> = tied.iter().collect();
+        let other: Vec<&Agent> = tied.iter().rev().collect();
+        assert_eq!(
+            status(&near, &all, &one, at(101)),
+            status(&near, &all, &other, at(101))
+        );
         // A restarted agent forgets its result; the status keeps it.
         near.status = Some(wirerate_crds::DtnPoolStatus {
             path_tests: s.clone(),

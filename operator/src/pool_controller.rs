@@ -101,17 +101,31 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
     if spec_moved || old.serving_namespaces != serving {
         revoke_remote(pool, ctx, &r.remote).await?;
     }
-    // The path-test grant before the applies below, for the same reason. A
-    // failed revocation fails the pass, so the status is not written and
-    // the next pass tries again; trouble granting (a pool name too long for
-    // the Secret's, say) is only logged: path tests must not keep the
-    // pool's own status from being written.
+    // The path-test grant before the applies below, for the same reason,
+    // and never in their way: its trouble is logged, and a revocation that
+    // failed is tried again on every pass until it goes through.
+    let uid = pool.metadata.uid.clone().unwrap_or_default();
+    let pending = ctx
+        .revokes_pending
+        .lock()
+        .map(|p| p.contains(&uid))
+        .unwrap_or(true);
     if path_tests::listens(pool) {
         if let Err(e) = grant_path_tests(pool, ctx, &view.pools).await {
             tracing::warn!(error = %e, "cannot grant the pool's path-test token");
         }
-    } else if spec_moved {
-        revoke_path_tests(pool, ctx).await?;
+    } else if spec_moved || pending {
+        let revoked = revoke_path_tests(pool, ctx).await;
+        if let Err(e) = &revoked {
+            tracing::warn!(error = %e, "cannot take the pool's path-test grant back; trying again");
+        }
+        if let Ok(mut p) = ctx.revokes_pending.lock() {
+            if revoked.is_ok() {
+                p.remove(&uid);
+            } else {
+                p.insert(uid);
+            }
+        }
     }
     ctx.apply(&r.service_account).await?;
     ctx.apply(&r.role).await?;
@@ -396,5 +410,9 @@ fn gone(result: kube::Result<()>) -> Result<()> {
 
 async fn cleanup(pool: &DtnPool, ctx: &Context) -> Result<Action> {
     revoke_remote(pool, ctx, &[]).await?;
+    // Its path-test grant goes with it, by owner reference.
+    if let (Ok(mut p), Some(uid)) = (ctx.revokes_pending.lock(), &pool.metadata.uid) {
+        p.remove(uid);
+    }
     Ok(Action::await_change())
 }
