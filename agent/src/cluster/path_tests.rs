@@ -43,6 +43,8 @@ const FIRST_SPREAD_S: u64 = 60;
 const RETRY_AFTER: Duration = Duration::from_secs(300);
 /// How soon a listener that could not start is tried again.
 const LISTEN_RETRY: Duration = Duration::from_secs(10);
+/// How often a listener compares its token with the Secret's.
+const TOKEN_RECHECK: Duration = Duration::from_secs(60);
 /// Block size of a test: small, so that a test of many streams over a
 /// capped or slow path stays short (each stream carries four blocks at
 /// least).
@@ -60,6 +62,8 @@ const LISTEN_CONNECTIONS: usize = LISTEN_SESSIONS * (MAX_PATH_TEST_STREAMS as us
 #[derive(Debug, Default)]
 pub struct Schedule {
     due: BTreeMap<String, Duration>,
+    /// When each target's last good test here ended.
+    ended: BTreeMap<String, Duration>,
     running: Option<String>,
 }
 
@@ -85,14 +89,20 @@ impl Schedule {
     ) {
         let mut kept = BTreeMap::new();
         for (t, ago) in targets {
-            let due = self.due.get(t).copied().unwrap_or_else(|| {
-                let first =
-                    FIRST_DELAY + Duration::from_secs(spread(&format!("{me}/{t}"), FIRST_SPREAD_S));
-                let after_last = ago.map_or(Duration::ZERO, |a| interval.saturating_sub(a));
-                now + first.max(after_last)
-            });
+            let due = match (self.due.get(t), self.ended.get(t)) {
+                // A shorter interval counts from the last test at once.
+                (Some(due), Some(ended)) => (*due).min(*ended + interval),
+                (Some(due), None) => *due,
+                (None, _) => {
+                    let first = FIRST_DELAY
+                        + Duration::from_secs(spread(&format!("{me}/{t}"), FIRST_SPREAD_S));
+                    let after_last = ago.map_or(Duration::ZERO, |a| interval.saturating_sub(a));
+                    now + first.max(after_last)
+                }
+            };
             kept.insert(t.to_owned(), due);
         }
+        self.ended.retain(|t, _| kept.contains_key(t));
         self.due = kept;
     }
 
@@ -125,6 +135,9 @@ impl Schedule {
         };
         if let Some(due) = self.due.get_mut(&target) {
             *due = now + after;
+        }
+        if ok {
+            self.ended.insert(target, now);
         }
     }
 
@@ -186,7 +199,11 @@ struct Running {
 /// The discard-only listener, and the port it was started for.
 struct Listener {
     port: u16,
+    /// The token it takes.
+    token: Vec<u8>,
     handle: ServerHandle,
+    /// When its token was last compared with the Secret's.
+    checked: Duration,
 }
 
 /// This agent's path tests and listener.
@@ -201,8 +218,9 @@ pub struct PathTester {
     listen_retry: Option<Duration>,
     /// Why the listener is not up, while the pool asks for it.
     listen_problem: Option<String>,
-    /// A listener being started on a blocking thread, and its port.
-    starting: Option<(u16, tokio::task::JoinHandle<Result<ServerHandle>>)>,
+    /// A listener being started on a blocking thread, with its port and
+    /// token.
+    starting: Option<(u16, Vec<u8>, tokio::task::JoinHandle<Result<ServerHandle>>)>,
 }
 
 impl PathTester {
@@ -238,18 +256,16 @@ impl PathTester {
     ) {
         let spec = pool.spec.path_tests.as_ref();
         self.keep_listener(client, cfg, pool, spec, now).await;
-        let Some(spec) = spec else {
-            self.schedule.assign([], &cfg.agent, Duration::ZERO, now);
-            self.forget(|_| false);
-            return;
-        };
-        let interval = Duration::from_secs(u64::try_from(spec.interval_seconds).unwrap_or(3600));
+        let interval = spec.map_or(Duration::from_secs(3600), |s| {
+            Duration::from_secs(u64::try_from(s.interval_seconds).unwrap_or(3600))
+        });
         // What the operator assigned this agent: a target and a listener,
         // and how long ago the target's last test ended.
         let wall = Timestamp::now();
         let mine: BTreeMap<&str, (&str, Option<Duration>)> = pool
             .status
             .iter()
+            .filter(|_| spec.is_some())
             .flat_map(|s| &s.path_tests)
             .filter(|s| s.tester.as_deref() == Some(cfg.agent.as_str()))
             .filter_map(|s| {
@@ -259,14 +275,11 @@ impl PathTester {
                 Some((s.target.as_str(), (s.endpoint.as_deref()?, ago)))
             })
             .collect();
-        self.schedule.assign(
-            mine.iter().map(|(t, (_, ago))| (*t, *ago)),
-            &cfg.agent,
-            interval,
-            now,
-        );
-        self.forget(|t| mine.contains_key(t));
-        if busy && let Some(r) = &self.running {
+        // A test beside a transfer, or no longer this agent's to run, stops
+        // with its current run.
+        if let Some(r) = &self.running
+            && (busy || !mine.contains_key(r.target.as_str()))
+        {
             r.cancel.store(true, Ordering::Relaxed);
         }
         if self.running.as_ref().is_some_and(|r| r.task.is_finished()) {
@@ -275,9 +288,23 @@ impl PathTester {
                 .task
                 .await
                 .unwrap_or_else(|e| Err(Error::Config(format!("the path test stopped: {e}"))));
-            self.record(&cfg.agent, &r.target, &r.endpoint, &outcome);
+            // Stopped for a transfer says nothing of the path: the last
+            // result stands, and the test comes again as a failed one would.
+            if !matches!(outcome, Err(Error::Cancelled { .. })) {
+                self.record(&cfg.agent, &r.target, &r.endpoint, &outcome);
+            }
             self.schedule.finished(outcome.is_ok(), interval, now);
         }
+        self.schedule.assign(
+            mine.iter().map(|(t, (_, ago))| (*t, *ago)),
+            &cfg.agent,
+            interval,
+            now,
+        );
+        self.forget(|t| mine.contains_key(t));
+        let Some(spec) = spec else {
+            return;
+        };
         let Some(target) = self.schedule.poll(now, busy) else {
             return;
         };
@@ -382,9 +409,9 @@ impl PathTester {
             .and_then(|s| u16::try_from(s.port).ok());
         // A start in progress is looked at, never waited for: it opens the
         // pool's root, which a hung mount could hold for as long as it likes.
-        if let Some((port, task)) = self.starting.take() {
+        if let Some((port, token, task)) = self.starting.take() {
             if !task.is_finished() {
-                self.starting = Some((port, task));
+                self.starting = Some((port, token, task));
                 return;
             }
             let started = task
@@ -394,40 +421,70 @@ impl PathTester {
             match started {
                 Ok(handle) => {
                     tracing::info!(port, "path-test listener up (memory-to-memory tests only)");
-                    self.listener = Some(Listener { port, handle });
+                    self.listener = Some(Listener {
+                        port,
+                        token,
+                        handle,
+                        checked: now,
+                    });
                     self.listen_retry = None;
                     self.listen_problem = None;
                 }
                 Err(e) => self.failed_to_listen(port, &e, now),
             }
         }
-        if self.listener.as_ref().map(|l| l.port) == want {
-            return;
-        }
-        if let Some(l) = self.listener.take() {
-            // Stopping joins its threads: not on the agent's loop.
-            tokio::task::spawn_blocking(move || l.handle.stop());
-            tracing::info!(port = l.port, "path-test listener stopped");
-        }
         let Some(port) = want else {
+            self.stop_listener();
             self.listen_problem = None;
+            self.listen_retry = None;
             return;
         };
+        // The token Secret is read again now and then: one deleted and made
+        // again holds a new token, which the testers read at once.
+        let token_due = self
+            .listener
+            .as_ref()
+            .is_some_and(|l| l.port == port && now >= l.checked + TOKEN_RECHECK);
+        if token_due {
+            let secret = contract::path_test_secret(&cfg.pool);
+            if let (Ok(token), Some(l)) = (
+                super::read_token(client, &cfg.namespace, &secret, Duration::ZERO).await,
+                self.listener.as_mut(),
+            ) {
+                l.checked = now;
+                if token != l.token {
+                    tracing::info!(port, "the path-test token changed; restarting the listener");
+                    self.stop_listener();
+                }
+            }
+        }
+        if self.listener.as_ref().is_some_and(|l| l.port == port) {
+            return;
+        }
+        self.stop_listener();
         if self.listen_retry.is_some_and(|t| now < t) {
             return;
         }
         let secret = contract::path_test_secret(&cfg.pool);
         // Asked once, as for a test.
         match super::read_token(client, &cfg.namespace, &secret, Duration::ZERO).await {
-            Ok(token) => match listener_config(pool, token) {
+            Ok(token) => match listener_config(pool, token.clone()) {
                 Ok(serve) => {
                     let bind =
                         move || Server::bind(&format!("0.0.0.0:{port}"), serve).map(Server::spawn);
-                    self.starting = Some((port, tokio::task::spawn_blocking(bind)));
+                    self.starting = Some((port, token, tokio::task::spawn_blocking(bind)));
                 }
                 Err(e) => self.failed_to_listen(port, &e.to_string(), now),
             },
             Err(e) => self.failed_to_listen(port, &e.to_string(), now),
+        }
+    }
+
+    fn stop_listener(&mut self) {
+        if let Some(l) = self.listener.take() {
+            // Stopping joins its threads: not on the agent's loop.
+            tokio::task::spawn_blocking(move || l.handle.stop());
+            tracing::info!(port = l.port, "path-test listener stopped");
         }
     }
 
@@ -536,6 +593,19 @@ mod tests {
         assert_eq!(s.poll(done + 10 * HOUR, false), None);
     }
 
+    // Found in review: lowering the interval waited out the old one.
+    #[test]
+    fn a_shorter_interval_counts_from_the_last_test_at_once() {
+        let mut s = Schedule::default();
+        s.assign(fresh(&["far"]), "a-0", 24 * HOUR, Duration::ZERO);
+        let late = FIRST_DELAY + Duration::from_secs(FIRST_SPREAD_S);
+        assert!(s.poll(late, false).is_some());
+        s.finished(true, 24 * HOUR, late);
+        s.assign(fresh(&["far"]), "a-0", HOUR, late + S);
+        assert_eq!(s.poll(late + HOUR - S, false), None);
+        assert_eq!(s.poll(late + HOUR, false).as_deref(), Some("far"));
+    }
+
     // Found in review: a restarted agent, or a target moved to another
     // tester, tested again within a minute whatever the interval.
     #[test]
@@ -580,7 +650,7 @@ mod tests {
     }
 
     #[test]
-    fn a_failure_is_recorded_bounded_and_a_success_with_its_figures() {
+    fn a_failure_is_recorded_with_its_error_bounded() {
         let long = Error::Config("x".repeat(5000));
         let r = result("a-0", "10.0.0.1:7690", &Err(long), Timestamp::UNIX_EPOCH);
         assert!(!r.ok);
