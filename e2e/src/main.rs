@@ -5,7 +5,8 @@
 //! agent killed mid-transfer: the failover is counted, the new receiver
 //! resumes from the checkpoint, and the file is identical; then a receiver
 //! whose storage hangs while its Lease stays current (`stall`); last, deleting the
-//! Transfers and pools lets their finalizers go. Along the way, the
+//! Transfers and pools lets their finalizers go; before that, the sending
+//! pool tests the path to the receiving one (`path_tests`). Along the way, the
 //! security model: the escalation rule at admission, namespace consent, and
 //! tokens granted by name (`security`).
 #![forbid(unsafe_code)]
@@ -26,6 +27,7 @@ use wirerate_crds::fixtures::{PoolBuilder, TransferBuilder};
 use wirerate_crds::{DtnPool, DtnPoolBinding, IoMode, Transfer, TransferPhase, Tuning};
 
 mod owned;
+mod path_tests;
 mod security;
 mod stall;
 
@@ -476,6 +478,7 @@ async fn run(
 
     stall::stuck_receiver_is_replaced(&transfers, ns, kubeconfig, &mut procs, &file, dst, logs)
         .await?;
+    path_tests::pools_test_the_path_between_them(client, kubeconfig, ns, dst).await?;
 
     // While the operator still runs: its finalizers must let both kinds go,
     // or the namespace could never be deleted.
