@@ -1017,6 +1017,17 @@ async fn nothing_is_decided_before_every_cache_is_listed() {
     );
 }
 
+/// A Secret named as pool `far`'s path-test token, owned by nobody.
+fn someone_elses_secret(d: &Double) {
+    let mut theirs = k8s_openapi::api::core::v1::Secret::default();
+    theirs.metadata.name = Some("wirerate-path-test.far".into());
+    theirs.metadata.namespace = Some("data".into());
+    d.put(
+        "/api/v1/namespaces/data/secrets/wirerate-path-test.far",
+        &theirs,
+    );
+}
+
 /// `pool` of `data` with path tests: listening or not, testing `targets`.
 fn path_testing(name: &str, root: &str, listen: bool, targets: &[&str]) -> DtnPool {
     let mut p = finalized(pool(name, root), pool_controller::POOL_FINALIZER);
@@ -1146,13 +1157,7 @@ async fn a_path_test_secret_someone_else_owns_is_not_handed_out() {
     let mut d = Double::new();
     let far = path_testing("far", "/out", true, &[]);
     d.pool(&far);
-    let mut theirs = k8s_openapi::api::core::v1::Secret::default();
-    theirs.metadata.name = Some("wirerate-path-test.far".into());
-    theirs.metadata.namespace = Some("data".into());
-    d.put(
-        "/api/v1/namespaces/data/secrets/wirerate-path-test.far",
-        &theirs,
-    );
+    someone_elses_secret(&d);
     pool_controller::reconcile(Arc::new(far), d.ctx.clone())
         .await
         .expect("reconcile");
@@ -1207,13 +1212,7 @@ async fn a_grant_goes_when_its_secret_is_no_longer_the_pools() {
     let role =
         "/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles/wirerate-path-test.far.readers";
     assert!(d.has(role));
-    let mut theirs = k8s_openapi::api::core::v1::Secret::default();
-    theirs.metadata.name = Some("wirerate-path-test.far".into());
-    theirs.metadata.namespace = Some("data".into());
-    d.put(
-        "/api/v1/namespaces/data/secrets/wirerate-path-test.far",
-        &theirs,
-    );
+    someone_elses_secret(&d);
     pool_controller::reconcile(Arc::new(far), d.ctx.clone())
         .await
         .expect("reconcile");

@@ -282,6 +282,15 @@ mod tests {
         from_lease(&lease, &Default::default(), at(101)).unwrap()
     }
 
+    /// A live agent of `near` whose Lease carries `r` for target `far`.
+    fn tested(name: &str, r: PathTestResult) -> Agent {
+        let record = PathTestRecord {
+            target: "far".into(),
+            result: r,
+        };
+        agent("near", name, false, vec![record])
+    }
+
     fn pools(list: &[&DtnPool]) -> BTreeMap<Key, DtnPool> {
         list.iter()
             .map(|p| ((p.namespace().unwrap(), p.name_any()), (*p).clone()))
@@ -361,33 +370,9 @@ mod tests {
         // near-1 claims its result came from near-0, and another dates its
         // own a year ahead: neither is taken at its word.
         let agents = [
-            agent(
-                "near",
-                "near-0",
-                false,
-                vec![PathTestRecord {
-                    target: "far".into(),
-                    result: result("near-0", 50, 9.0),
-                }],
-            ),
-            agent(
-                "near",
-                "near-1",
-                false,
-                vec![PathTestRecord {
-                    target: "far".into(),
-                    result: result("near-0", 60, 7.0),
-                }],
-            ),
-            agent(
-                "near",
-                "near-2",
-                false,
-                vec![PathTestRecord {
-                    target: "far".into(),
-                    result: result("near-2", 101 + 365 * 86400, 99.0),
-                }],
-            ),
+            tested("near-0", result("near-0", 50, 9.0)),
+            tested("near-1", result("near-0", 60, 7.0)),
+            tested("near-2", result("near-2", 101 + 365 * 86400, 99.0)),
             agent("far", "far-0", true, vec![]),
         ];
         let refs: Vec<&Agent> = agents.iter().collect();
@@ -397,24 +382,8 @@ mod tests {
         // Two results of the same second: the same one, in either order
         // (found in review: the status flapped between them).
         let tied = [
-            agent(
-                "near",
-                "near-0",
-                false,
-                vec![PathTestRecord {
-                    target: "far".into(),
-                    result: result("near-0", 60, 1.0),
-                }],
-            ),
-            agent(
-                "near",
-                "near-1",
-                false,
-                vec![PathTestRecord {
-                    target: "far".into(),
-                    result: result("near-1", 60, 2.0),
-                }],
-            ),
+            tested("near-0", result("near-0", 60, 1.0)),
+            tested("near-1", result("near-1", 60, 2.0)),
         ];
         let one: Vec<&Agent> = tied.iter().collect();
         let other: Vec<&Agent> = tied.iter().rev().collect();
