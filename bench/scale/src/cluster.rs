@@ -14,8 +14,8 @@ use kube::{Client, CustomResourceExt};
 use serde_json::{Value, json};
 use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer};
 
-use crate::apiserver::DRIVER_AGENT;
 use crate::scenario::{POOL_NAMESPACE, Scenario};
+use wirerate_scale::apiserver::DRIVER_AGENT;
 
 /// Field manager of everything the driver applies itself.
 pub(crate) const DRIVER_MANAGER: &str = "wirerate-scale";

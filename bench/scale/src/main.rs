@@ -10,7 +10,6 @@
 #![forbid(unsafe_code)]
 
 mod agents;
-mod apiserver;
 mod cluster;
 mod observer;
 mod operator;
@@ -22,6 +21,7 @@ mod scenario;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use wirerate_scale::apiserver;
 
 /// Scale bench for wirerate's operator.
 #[derive(Parser)]

@@ -29,13 +29,13 @@ use kube::api::{Api, PostParams};
 use wirerate_crds::{DtnPool, Transfer, TransferPhase};
 
 use crate::agents::{self, Renewals};
-use crate::apiserver::{Actor, ApiServer, Tally};
 use crate::cluster;
 use crate::observer::{self, Observer};
 use crate::operator::{self, Launch, Operator};
 use crate::promtext;
 use crate::report::{Latency, Reconcile, Refill, Report, Rest, Schedule, Setup};
 use crate::scenario::{POOL_NAMESPACE, SYSTEM_NAMESPACE, Scenario};
+use wirerate_scale::apiserver::{Actor, ApiServer, Tally};
 
 /// `wirerate-scale run`.
 #[derive(clap::Args, Debug)]

@@ -7,11 +7,11 @@ use std::sync::Mutex;
 
 /// The User-Agent prefix the driver's requests carry; kube-rs sends none
 /// of its own, so anything else is the operator.
-pub(crate) const DRIVER_AGENT: &str = "wirerate-scale";
+pub const DRIVER_AGENT: &str = "wirerate-scale";
 
 /// Who made a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) enum Actor {
+pub enum Actor {
     /// The operator under test.
     Operator,
     /// The bench's driver (agents, creators, observer).
@@ -30,7 +30,7 @@ impl Actor {
 }
 
 /// (actor, verb, resource) -> requests.
-pub(crate) type Tally = BTreeMap<(Actor, &'static str, String), u64>;
+pub type Tally = BTreeMap<(Actor, &'static str, String), u64>;
 
 /// The running tally.
 #[derive(Debug, Default)]

@@ -1,6 +1,6 @@
 //! An in-memory Kubernetes API server double, served over plain HTTP on
-//! 127.0.0.1, so the real operator binary can run against it with nothing
-//! but a kubeconfig. It implements what the operator and the bench driver
+//! 127.0.0.1 (or an address the caller picks), so the real operator and
+//! agent binaries can run against it with nothing but a kubeconfig. It implements what the operator and the bench driver
 //! use, answering as kube-apiserver does: objects of any group and version,
 //! get, list and watch (selectors, resourceVersions, bookmarks, 410 for a
 //! watch older than the history), create, update with optimistic
@@ -32,13 +32,13 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub(crate) use counts::{Actor, DRIVER_AGENT, Tally};
+pub use counts::{Actor, DRIVER_AGENT, Tally};
 
 /// Changes kept for watches that resume from an older resourceVersion.
-const HISTORY: usize = 20_000;
+pub const HISTORY: usize = 20_000;
 
 /// A running double.
-pub(crate) struct ApiServer {
+pub struct ApiServer {
     addr: SocketAddr,
     shared: Arc<serve::Shared>,
     task: tokio::task::JoinHandle<()>,
@@ -47,13 +47,23 @@ pub(crate) struct ApiServer {
 impl ApiServer {
     /// Starts an empty cluster on a free port of 127.0.0.1, answering each
     /// request (but for watch events) after `latency`.
-    pub(crate) async fn start(latency: Duration) -> std::io::Result<Self> {
+    pub async fn start(latency: Duration) -> std::io::Result<Self> {
         Self::start_with(HISTORY, latency).await
     }
 
     /// As `start`, keeping `history` changes for watches.
-    pub(crate) async fn start_with(history: usize, latency: Duration) -> std::io::Result<Self> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    pub async fn start_with(history: usize, latency: Duration) -> std::io::Result<Self> {
+        Self::start_on(([127, 0, 0, 1], 0).into(), history, latency).await
+    }
+
+    /// As `start_with`, listening on `addr`: an address the caller chose,
+    /// such as one that agents in network namespaces can reach.
+    pub async fn start_on(
+        addr: SocketAddr,
+        history: usize,
+        latency: Duration,
+    ) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(serve::Shared {
             store: Mutex::new(store::Store::new(history)),
@@ -80,13 +90,13 @@ impl ApiServer {
         }
     }
 
-    /// `http://127.0.0.1:PORT`.
-    pub(crate) fn url(&self) -> String {
+    /// `http://ADDR:PORT`.
+    pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
     /// Writes a kubeconfig pointing at the double (JSON, which is YAML).
-    pub(crate) fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
+    pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
         let config = serde_json::json!({
             "apiVersion": "v1",
             "kind": "Config",
@@ -99,7 +109,7 @@ impl ApiServer {
     }
 
     /// Requests so far.
-    pub(crate) fn counts(&self) -> Tally {
+    pub fn counts(&self) -> Tally {
         self.shared.counts.snapshot()
     }
 }
