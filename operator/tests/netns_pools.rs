@@ -1,0 +1,632 @@
+//! Two DtnPools on two hosts: the real operator and two real agents in
+//! cluster mode, each agent in a network namespace of its own, against the
+//! HTTP API double of `bench/scale`. Data crosses a veth pair between the
+//! namespaces; each namespace reaches the double over a veth pair of its
+//! own to an address of the root namespace. One test has the sending pool
+//! test the path to the receiving pool (`spec.pathTests`), the other moves
+//! a file with a Transfer.
+//!
+//! CI has no API server, so the double stands in for one. It enforces no
+//! RBAC and no admission: these tests show the wiring (grant, listener,
+//! assignment, probe, result, revocation; scheduling, the agents' jobs,
+//! their reports) and the data path; `e2e/run` shows the authorization
+//! against a real API server.
+//!
+//! Needs root and iproute2 (`.ci/run` installs it); skips loudly without
+//! them and fails under CI. It runs the agent binary that `cargo test
+//! --workspace` builds beside it (`target/debug/wirerate-agent`): after
+//! changing the agent, `cargo test -p wirerate-operator` alone runs the
+//! old one.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, CustomResourceExt};
+use serde_json::json;
+use wirerate_crds::fixtures::{PoolBuilder, TransferBuilder};
+use wirerate_crds::pool::{PathTestResult, PathTestStatus};
+use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer, TransferPhase};
+use wirerate_scale::apiserver::{ApiServer, HISTORY};
+
+const NS: &str = "wirerate-path-tests";
+/// The receivers' listener port, inside their namespace.
+const PORT: u16 = 17690;
+/// The test's rate cap, Mbit/s: well below what a veth pair carries, so a
+/// result above it means the cap was not applied.
+const CAP_MBPS: i64 = 400;
+/// The first test of a target comes 30 to 90 s after the tester learns of
+/// it; the listener may take a retry (10 s) while its token is created.
+const RESULT_WITHIN: Duration = Duration::from_secs(240);
+/// The tester's first test comes 30 s plus a spread of 0 to 59 s after it
+/// is assigned, the spread drawn from its name and the target's: this name
+/// draws 4 s (FNV-1a of `pt-send-6/receivers`, modulo 60). Any other name
+/// works, only slower.
+const SENDER: &str = "pt-send-6";
+const RECEIVER: &str = "pt-recv-0";
+const SENDER_DATA: &str = "10.207.0.1";
+const RECEIVER_DATA: &str = "10.207.0.2";
+
+fn sh(args: &[&str]) {
+    let st = Command::new(args[0]).args(&args[1..]).status().unwrap();
+    assert!(st.success(), "{args:?} failed");
+}
+
+/// Root and `ip`, or a loud skip (a failure under CI).
+fn available() -> bool {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    let ip = Command::new("ip")
+        .arg("-V")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if root && ip {
+        return true;
+    }
+    let why = if root {
+        "`ip` (apt-get install iproute2)"
+    } else {
+        "root"
+    };
+    if std::env::var_os("CI").is_some() {
+        panic!("the two-namespace path test needs {why}; CI runs as root and .ci/run installs it");
+    }
+    eprintln!("SKIPPED: the two-namespace path test needs {why}");
+    false
+}
+
+/// Two namespaces joined by a data link (10.207.0.1 and .2), each with a
+/// link of its own to the root namespace, where `api` is; removed on drop
+/// (a veth pair goes with the namespace that holds one end).
+struct Hosts {
+    sender: String,
+    receiver: String,
+    api: Ipv4Addr,
+}
+
+impl Hosts {
+    /// The `i`th pair of this process (tests run in parallel).
+    fn up(i: u8) -> Self {
+        let pid = std::process::id();
+        // Root-namespace addresses are shared by every process here: the
+        // pid keeps two runs apart, `i` two tests of one run.
+        let k = (pid % 250) as u8;
+        let tag = format!("wpt{pid}{i}");
+        let h = Self {
+            sender: format!("{tag}s"),
+            receiver: format!("{tag}r"),
+            api: Ipv4Addr::new(10, 208, k, 8 * i + 1),
+        };
+        for ns in [&h.sender, &h.receiver] {
+            sh(&["ip", "netns", "add", ns]);
+            sh(&["ip", "-n", ns, "link", "set", "lo", "up"]);
+        }
+        // The data link.
+        let (ds, dr) = (format!("{tag}sd"), format!("{tag}rd"));
+        sh(&[
+            "ip", "link", "add", &ds, "type", "veth", "peer", "name", &dr,
+        ]);
+        for (ns, dev, addr) in [
+            (&h.sender, &ds, SENDER_DATA),
+            (&h.receiver, &dr, RECEIVER_DATA),
+        ] {
+            sh(&["ip", "link", "set", dev, "netns", ns]);
+            sh(&[
+                "ip",
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{addr}/24"),
+                "dev",
+                dev,
+            ]);
+            sh(&["ip", "-n", ns, "link", "set", dev, "up"]);
+        }
+        // The links to the API double: 10.208.k.(8i+1)/30 (where it
+        // listens) to the sender, 10.208.k.(8i+5)/30 to the receiver, which
+        // reaches the first through the second.
+        for (ns, end, base) in [(&h.sender, "s", 8 * i), (&h.receiver, "r", 8 * i + 4)] {
+            let (root_end, ns_end) = (format!("{tag}{end}a"), format!("{tag}{end}c"));
+            sh(&[
+                "ip", "link", "add", &root_end, "type", "veth", "peer", "name", &ns_end,
+            ]);
+            sh(&["ip", "link", "set", &ns_end, "netns", ns]);
+            let addr = |n: u8| format!("10.208.{k}.{}", base + n);
+            sh(&[
+                "ip",
+                "addr",
+                "add",
+                &format!("{}/30", addr(1)),
+                "dev",
+                &root_end,
+            ]);
+            sh(&["ip", "link", "set", &root_end, "up"]);
+            sh(&[
+                "ip",
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{}/30", addr(2)),
+                "dev",
+                &ns_end,
+            ]);
+            sh(&["ip", "-n", ns, "link", "set", &ns_end, "up"]);
+            if base % 8 != 0 {
+                sh(&[
+                    "ip",
+                    "-n",
+                    ns,
+                    "route",
+                    "add",
+                    &format!("{}/32", h.api),
+                    "via",
+                    &addr(1),
+                ]);
+            }
+        }
+        h
+    }
+
+    /// Whether something in `ns` listens on TCP `port`.
+    fn listening(&self, ns: &str, port: u16) -> bool {
+        let out = Command::new("ip")
+            .args(["netns", "exec", ns, "ss", "-Htln"])
+            .arg(format!("sport = :{port}"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ss: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        !out.stdout.is_empty()
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for ns in [&self.sender, &self.receiver] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+/// A child process killed on drop, its output in `log`.
+struct Proc {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(name: &'static str, cmd: &mut Command, dir: &Path) -> Self {
+        let log = dir.join(format!("{name}.log"));
+        let out = std::fs::File::create(&log).unwrap();
+        let child = cmd
+            .stdout(Stdio::from(out.try_clone().unwrap()))
+            .stderr(Stdio::from(out))
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        Self { name, child, log }
+    }
+
+    /// The last lines it wrote, for a failure's message.
+    fn tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let from = lines.len().saturating_sub(30);
+        format!("--- {} ---\n{}", self.name, lines[from..].join("\n"))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The agent binary `cargo test` built for the agent's own tests.
+fn agent_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/debug/deps/<this test> -> target/debug/wirerate-agent
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("wirerate-agent"))
+        .unwrap();
+    assert!(
+        bin.is_file(),
+        "no agent binary at {}: run `cargo test --workspace` (or `cargo build -p wirerate-agent` first)",
+        bin.display()
+    );
+    bin
+}
+
+fn agent(hosts_ns: &str, name: &str, pool: &str, advertise: &str, kubeconfig: &Path) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", hosts_ns])
+        .arg(agent_binary())
+        .args([
+            "run",
+            "--agent-name",
+            name,
+            "--namespace",
+            NS,
+            "--pool",
+            pool,
+        ])
+        .args(["--advertise", advertise, "--data-port", "17900"])
+        .args(["--metrics-port", "0", "--max-transfers", "1"])
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "info,kube=warn");
+    c
+}
+
+async fn client(kubeconfig: &Path) -> Client {
+    let kc = Kubeconfig::read_from(kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    Client::try_from(config).unwrap()
+}
+
+fn pool(name: &str, root: &Path, path_tests: Option<serde_json::Value>) -> DtnPool {
+    let mut p = PoolBuilder::new(name, &root.to_string_lossy())
+        .namespace(NS)
+        // The agents run as processes here; the StatefulSet has no pods.
+        .replicas(0)
+        .image("wirerate-agent:test")
+        .max_transfers_per_agent(1)
+        .build();
+    p.spec.path_tests = path_tests.map(|v| serde_json::from_value(v).unwrap());
+    p
+}
+
+/// Two pools, `senders` and `receivers`, each with one agent on a host of
+/// its own, and the operator, against an API double of their own.
+struct Cluster {
+    // Dropped in this order: the processes, then the double, the files
+    // and the namespaces.
+    procs: Vec<Proc>,
+    client: Client,
+    _api: ApiServer,
+    src: PathBuf,
+    dst: PathBuf,
+    _work: tempfile::TempDir,
+    hosts: Hosts,
+    started: Instant,
+}
+
+impl Cluster {
+    /// The `i`th cluster of this process, the pools' `spec.pathTests` as
+    /// given.
+    async fn up(
+        i: u8,
+        receivers: Option<serde_json::Value>,
+        senders: Option<serde_json::Value>,
+    ) -> Self {
+        let hosts = Hosts::up(i);
+        let work = tempfile::Builder::new()
+            .prefix("wirerate-netns-pools-")
+            .tempdir()
+            .unwrap();
+        let (src, dst) = (work.path().join("src"), work.path().join("dst"));
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::create_dir_all(&dst).unwrap();
+
+        let api = ApiServer::start_on((hosts.api, 0).into(), HISTORY, Duration::ZERO)
+            .await
+            .unwrap();
+        let kubeconfig = work.path().join("kubeconfig.json");
+        api.write_kubeconfig(&kubeconfig).unwrap();
+        let client = client(&kubeconfig).await;
+
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for crd in [DtnPool::crd(), Transfer::crd(), DtnPoolBinding::crd()] {
+            crds.create(&PostParams::default(), &crd).await.unwrap();
+        }
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap(),
+            )
+            .await
+            .unwrap();
+        let pools: Api<DtnPool> = Api::namespaced(client.clone(), NS);
+        for p in [
+            pool("receivers", &dst, receivers),
+            pool("senders", &src, senders),
+        ] {
+            pools.create(&PostParams::default(), &p).await.unwrap();
+        }
+
+        let procs = vec![
+            Proc::spawn(
+                "operator",
+                Command::new(env!("CARGO_BIN_EXE_wirerate-operator"))
+                    .args(["--namespace", NS, "--identity", "netns-pools"])
+                    .args(["--metrics-addr", "127.0.0.1:0"])
+                    .env("KUBECONFIG", &kubeconfig)
+                    .env("RUST_LOG", "info,kube=warn")
+                    .env_remove("KUBERNETES_SERVICE_HOST"),
+                work.path(),
+            ),
+            Proc::spawn(
+                "receiver agent",
+                &mut agent(
+                    &hosts.receiver,
+                    RECEIVER,
+                    "receivers",
+                    RECEIVER_DATA,
+                    &kubeconfig,
+                ),
+                work.path(),
+            ),
+            Proc::spawn(
+                "sender agent",
+                &mut agent(&hosts.sender, SENDER, "senders", SENDER_DATA, &kubeconfig),
+                work.path(),
+            ),
+        ];
+        Self {
+            procs,
+            client,
+            _api: api,
+            src,
+            dst,
+            _work: work,
+            hosts,
+            started: Instant::now(),
+        }
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    /// The processes' last lines.
+    fn logs(&self) -> String {
+        let tails: Vec<String> = self.procs.iter().map(Proc::tail).collect();
+        tails.join("\n")
+    }
+
+    /// Polls `check` every 250 ms until it gives a value, or fails with
+    /// `what` and the processes' last lines once `limit` passes.
+    async fn wait_for<T, F, Fut>(&self, limit: Duration, what: &str, mut check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Option<T>>,
+    {
+        let start = Instant::now();
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            if start.elapsed() > limit {
+                panic!("{what} within {limit:?}\n{}", self.logs());
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+fn result_for(status: Option<&Vec<PathTestStatus>>) -> Option<(PathTestStatus, PathTestResult)> {
+    let t = status?.iter().find(|t| t.target == "receivers")?;
+    Some((t.clone(), t.last.clone()?))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_tests_the_path_to_another_pools_host_and_the_grant_goes_when_listening_stops() {
+    if !available() {
+        return;
+    }
+    let c = Cluster::up(
+        0,
+        Some(json!({"listen": true, "port": PORT})),
+        Some(json!({
+            "targets": [{"pool": "receivers"}],
+            "intervalSeconds": 300,
+            "phaseSeconds": 1,
+            "streams": 2,
+            "maxRateMbps": CAP_MBPS,
+        })),
+    )
+    .await;
+    let (hosts, pools) = (&c.hosts, c.api::<DtnPool>());
+
+    // The receiver listens in its own namespace, on the token the operator
+    // created for its pool.
+    c.wait_for(Duration::from_secs(60), "no path-test listener", || async {
+        hosts.listening(&hosts.receiver, PORT).then_some(())
+    })
+    .await;
+    eprintln!(
+        "listener up after {:.1} s",
+        c.started.elapsed().as_secs_f64()
+    );
+    let token = c
+        .api::<Secret>()
+        .get("wirerate-path-test.receivers")
+        .await
+        .unwrap();
+    let owner = token.metadata.owner_references.unwrap_or_default();
+    assert!(
+        owner
+            .iter()
+            .any(|o| o.kind == "DtnPool" && o.name == "receivers"),
+        "the token is the listening pool's: {owner:?}"
+    );
+    // Granted by name to the two pools' agents, and to nobody else.
+    let bindings = c.api::<RoleBinding>();
+    c.wait_for(
+        Duration::from_secs(30),
+        "the token is not granted to exactly the two pools' agents",
+        || {
+            let bindings = bindings.clone();
+            async move {
+                let rb = bindings
+                    .get_opt("wirerate-path-test.receivers.readers")
+                    .await
+                    .ok()??;
+                let mut who: Vec<String> = rb
+                    .subjects
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|s| s.name)
+                    .collect();
+                who.sort();
+                (who == ["receivers-agent", "senders-agent"]).then_some(())
+            }
+        },
+    )
+    .await;
+
+    // The sender's agent is assigned the test, runs it across the data
+    // link and its result reaches the sending pool's status.
+    let (t, last) = c
+        .wait_for(RESULT_WITHIN, "no path-test result", || {
+            let pools = pools.clone();
+            async move {
+                let p = pools.get("senders").await.ok()?;
+                result_for(p.status.as_ref().map(|s| &s.path_tests))
+            }
+        })
+        .await;
+    eprintln!(
+        "result after {:.1} s: {last:#?}",
+        c.started.elapsed().as_secs_f64()
+    );
+    assert!(last.ok, "the test failed: {:?}\n{}", last.error, c.logs());
+    assert_eq!(t.tester.as_deref(), Some(SENDER), "{t:#?}");
+    assert_eq!(last.agent, SENDER);
+    assert_eq!(
+        last.endpoint,
+        format!("{RECEIVER_DATA}:{PORT}"),
+        "the test went to the receivers' listener in the other namespace"
+    );
+    assert_eq!(last.streams, 2, "{last:#?}");
+    assert!(
+        last.gbps > 0.0 && last.single_stream_gbps > 0.0,
+        "{last:#?}"
+    );
+    assert!(last.rtt_ms > 0.0, "{last:#?}");
+    let cap_gbps = CAP_MBPS as f64 / 1000.0;
+    assert!(
+        last.gbps <= cap_gbps * 1.25 && last.single_stream_gbps <= cap_gbps * 1.25,
+        "the test took more than its {CAP_MBPS} Mbit/s cap: {last:#?}"
+    );
+    // The listener takes memory-to-memory tests only: nothing landed.
+    let landed: Vec<_> = std::fs::read_dir(&c.dst).unwrap().collect();
+    assert!(landed.is_empty(), "the listener wrote {landed:?}");
+
+    // Listening off: the listener closes and the grant goes.
+    pools
+        .patch(
+            "receivers",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"pathTests": {"listen": false}}})),
+        )
+        .await
+        .unwrap();
+    c.wait_for(
+        Duration::from_secs(60),
+        "the listener still listens or its grant is still there",
+        || {
+            let bindings = bindings.clone();
+            async move {
+                let granted = bindings
+                    .get_opt("wirerate-path-test.receivers.readers")
+                    .await
+                    .ok()?
+                    .is_some();
+                (!granted && !hosts.listening(&hosts.receiver, PORT)).then_some(())
+            }
+        },
+    )
+    .await;
+}
+
+/// `len` bytes of xorshift noise from `seed`.
+fn noise(len: usize, mut seed: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        out.extend_from_slice(&seed.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// The agents' cluster mode between two hosts in CI: the operator assigns
+/// a Transfer to an agent of each pool and the file crosses the data link.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_between_pools_on_two_hosts_lands_identical() {
+    if !available() {
+        return;
+    }
+    let c = Cluster::up(1, None, None).await;
+    let data = noise(24 << 20 | 4321, 0x5eed);
+    let from = c.src.join("frames.h5");
+    std::fs::write(&from, &data).unwrap();
+    let to = c.dst.join("frames.h5");
+    let transfers = c.api::<Transfer>();
+    let t = TransferBuilder::new("frames", &from.to_string_lossy(), &to.to_string_lossy())
+        .namespace(NS)
+        .pools("senders", "receivers")
+        .build();
+    transfers.create(&PostParams::default(), &t).await.unwrap();
+
+    let status = c
+        .wait_for(Duration::from_secs(120), "the Transfer did not end", || {
+            let transfers = transfers.clone();
+            async move {
+                let s = transfers.get("frames").await.ok()?.status?;
+                matches!(
+                    s.phase,
+                    Some(TransferPhase::Succeeded | TransferPhase::Failed)
+                )
+                .then_some(s)
+            }
+        })
+        .await;
+    assert_eq!(
+        status.phase,
+        Some(TransferPhase::Succeeded),
+        "{status:#?}\n{}",
+        c.logs()
+    );
+    let (sender, receiver) = (status.sender.unwrap(), status.receiver.unwrap());
+    assert_eq!(
+        (sender.name.as_str(), receiver.name.as_str()),
+        (SENDER, RECEIVER)
+    );
+    let address = receiver.address.unwrap_or_default();
+    assert!(
+        address.starts_with(&format!("{RECEIVER_DATA}:")),
+        "the receiver's data address {address} is not in its own namespace"
+    );
+    let landed = std::fs::read(&to).unwrap();
+    assert!(
+        landed == data,
+        "the file landed different ({} bytes)",
+        landed.len()
+    );
+}
