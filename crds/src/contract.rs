@@ -47,6 +47,20 @@ pub const ENV_INTERFACE: &str = "WIRERATE_INTERFACE";
 /// capacity the operator counts an agent's Lease for.
 pub const MAX_TRANSFERS_PER_AGENT: i32 = 64;
 
+/// Data ports per transfer an agent may run: receiver jobs bind the first
+/// free port of [`data_ports`], and twice as many ports as transfers let a
+/// job start while others still close theirs. The CRD's rule that keeps
+/// `pathTests.port` off these ports spells the same `2 *` (a CEL string
+/// cannot read this constant); `crds/tests/schema.rs` holds the two
+/// together.
+pub const DATA_PORTS_PER_TRANSFER: u16 = 2;
+
+/// The ports an agent whose first data port is `first` and which runs up
+/// to `max_transfers` at once binds for the transfers it receives.
+pub fn data_ports(first: u16, max_transfers: u16) -> std::ops::Range<u16> {
+    first..first.saturating_add(max_transfers.saturating_mul(DATA_PORTS_PER_TRANSFER))
+}
+
 /// How long an agent's Lease stays valid without renewal, in seconds.
 pub const LEASE_SECONDS: i32 = 15;
 

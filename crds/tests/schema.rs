@@ -386,8 +386,12 @@ fn pool_rules_refuse_mistakes() {
         streams: 4,
         max_rate_mbps: 10_000,
     };
-    let data = good.spec.data_port;
-    let last_data = data + 2 * good.spec.max_transfers_per_agent - 1;
+    // The agent's range, from the one definition the rule must agree with.
+    let ports = wirerate_crds::contract::data_ports(
+        u16::try_from(good.spec.data_port).unwrap(),
+        u16::try_from(good.spec.max_transfers_per_agent).unwrap(),
+    );
+    let (data, last_data) = (i32::from(ports.start), i32::from(ports.end) - 1);
     for bad in [data, last_data, good.spec.metrics_port] {
         let mut p = good.clone();
         p.spec.path_tests = Some(tests(bad, true));

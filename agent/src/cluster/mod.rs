@@ -415,10 +415,7 @@ async fn start_job(
                 .map_err(|e| Error::io(format!("creating {}", parent.display()), e))?;
             let parent = jobs::under_roots(parent, std::slice::from_ref(root))?;
             let striping = stripe(&parent, s.effective_striping.as_ref());
-            let ports = cfg.data_port
-                ..cfg
-                    .data_port
-                    .saturating_add(cfg.max_transfers.saturating_mul(2));
+            let ports = contract::data_ports(cfg.data_port, cfg.max_transfers);
             // Its threads log under the Transfer's span.
             let job = span.in_scope(|| ReceiverJob::start(parent, token, &tuning, ports))?;
             Side::Receiver {
