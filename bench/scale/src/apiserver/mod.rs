@@ -1,8 +1,9 @@
 //! An in-memory Kubernetes API server double, served over plain HTTP on
 //! 127.0.0.1 (or an address the caller picks), so the real operator and
-//! agent binaries can run against it with nothing but a kubeconfig. It implements what the operator and the bench driver
-//! use, answering as kube-apiserver does: objects of any group and version,
-//! get, list and watch (selectors, resourceVersions, bookmarks, 410 for a
+//! agent binaries can run against it with nothing but a kubeconfig. It
+//! implements what the operator, the agents and the bench driver use,
+//! answering as kube-apiserver does: objects of any group and version, get,
+//! list and watch (selectors, resourceVersions, bookmarks, 410 for a
 //! watch older than the history), create, update with optimistic
 //! concurrency, merge, JSON and server-side-apply patches, status
 //! subresources, finalizers, and `Status` errors. It counts every request by
@@ -35,7 +36,7 @@ use std::time::Duration;
 pub use counts::{Actor, DRIVER_AGENT, Tally};
 
 /// Changes kept for watches that resume from an older resourceVersion.
-pub const HISTORY: usize = 20_000;
+const HISTORY: usize = 20_000;
 
 /// A running double.
 pub struct ApiServer {
@@ -53,16 +54,16 @@ impl ApiServer {
 
     /// As `start`, keeping `history` changes for watches.
     pub async fn start_with(history: usize, latency: Duration) -> std::io::Result<Self> {
-        Self::start_on(([127, 0, 0, 1], 0).into(), history, latency).await
+        Self::bind(([127, 0, 0, 1], 0).into(), history, latency).await
     }
 
-    /// As `start_with`, listening on `addr`: an address the caller chose,
-    /// such as one that agents in network namespaces can reach.
-    pub async fn start_on(
-        addr: SocketAddr,
-        history: usize,
-        latency: Duration,
-    ) -> std::io::Result<Self> {
+    /// As `start`, listening on `addr`: an address the caller chose, such
+    /// as one that agents in network namespaces can reach.
+    pub async fn start_on(addr: SocketAddr, latency: Duration) -> std::io::Result<Self> {
+        Self::bind(addr, HISTORY, latency).await
+    }
+
+    async fn bind(addr: SocketAddr, history: usize, latency: Duration) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(serve::Shared {
@@ -88,6 +89,11 @@ impl ApiServer {
                 )
                 .expect("a fresh store takes its namespaces");
         }
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// `http://ADDR:PORT`.
