@@ -2,9 +2,10 @@
 //! cluster mode, each agent in a network namespace of its own, against the
 //! HTTP API double of `bench/scale`. Data crosses a veth pair between the
 //! namespaces; each namespace reaches the double over a veth pair of its
-//! own to an address of the root namespace. One test has the sending pool
-//! test the path to the receiving pool (`spec.pathTests`), the other moves
-//! a file with a Transfer.
+//! own to an address of the root namespace. The sending pool tests the
+//! path to the receiving pool (`spec.pathTests`); a listener whose port is
+//! taken says so in its pool's status until the port is free; and a
+//! Transfer moves a file between the pools.
 //!
 //! CI has no API server, so the double stands in for one. It enforces no
 //! RBAC and no admission: these tests show the wiring (grant, listener,
@@ -126,11 +127,12 @@ impl Hosts {
         let pid = std::process::id();
         let tag = format!("wpt{pid}-{i}");
         // Root-namespace addresses are shared by every process here: from
-        // 198.18.0.0/15 (set aside for benchmarks, RFC 2544), sixteen per
+        // 198.18.0.0/15 (set aside for benchmarks, RFC 2544), 32 per
         // process, eight per test: .1/30 to the sender, .5/30 to the
         // receiver. The double listens on .1; the receiver reaches it
         // through .5.
-        let base = u32::from(Ipv4Addr::new(198, 18, 0, 0)) + (pid % 8192) * 16 + 8 * u32::from(i);
+        assert!(i < 4, "eight addresses per test, four tests");
+        let base = u32::from(Ipv4Addr::new(198, 18, 0, 0)) + (pid % 4096) * 32 + 8 * u32::from(i);
         let at = |n: u32| Ipv4Addr::from(base + n);
         let h = Self {
             sender: format!("{tag}s"),
@@ -401,6 +403,8 @@ struct Cluster {
     _api: ApiServer,
     src: PathBuf,
     dst: PathBuf,
+    kubeconfig: PathBuf,
+    agent_bin: PathBuf,
     /// Files and logs, kept when a test fails.
     work: Option<tempfile::TempDir>,
     hosts: Hosts,
@@ -409,8 +413,19 @@ struct Cluster {
 
 impl Cluster {
     /// The `i`th cluster of this process, the pools' `spec.pathTests` as
-    /// given.
+    /// given, with the operator and agents running.
     async fn up(
+        i: u8,
+        receivers: Option<serde_json::Value>,
+        senders: Option<serde_json::Value>,
+    ) -> Self {
+        let mut c = Self::prepare(i, receivers, senders).await;
+        c.start();
+        c
+    }
+
+    /// As `up`, without the operator and agents.
+    async fn prepare(
         i: u8,
         receivers: Option<serde_json::Value>,
         senders: Option<serde_json::Value>,
@@ -453,52 +468,66 @@ impl Cluster {
             pools.create(&PostParams::default(), &p).await.unwrap();
         }
 
-        let procs = vec![
-            Proc::spawn(
-                "operator",
-                Command::new(env!("CARGO_BIN_EXE_wirerate-operator"))
-                    .args(["--namespace", NS, "--identity", "netns-pools"])
-                    .args(["--metrics-addr", "127.0.0.1:0"])
-                    .env("KUBECONFIG", &kubeconfig)
-                    .env("RUST_LOG", "info,kube=warn")
-                    .env_remove("KUBERNETES_SERVICE_HOST"),
-                work.path(),
-            ),
-            Proc::spawn(
-                "receiver agent",
-                &mut agent(
-                    &agent_bin,
-                    &hosts.receiver,
-                    RECEIVER,
-                    "receivers",
-                    RECEIVER_DATA,
-                    &kubeconfig,
-                ),
-                work.path(),
-            ),
-            Proc::spawn(
-                "sender agent",
-                &mut agent(
-                    &agent_bin,
-                    &hosts.sender,
-                    SENDER,
-                    "senders",
-                    SENDER_DATA,
-                    &kubeconfig,
-                ),
-                work.path(),
-            ),
-        ];
         Self {
-            procs,
+            procs: Vec::new(),
             client,
             _api: api,
             src,
             dst,
+            kubeconfig,
+            agent_bin,
             work: Some(work),
             hosts,
             started: Instant::now(),
         }
+    }
+
+    /// Runs `cmd` as `name` until the cluster goes.
+    fn spawn(&mut self, name: &'static str, cmd: &mut Command) {
+        let dir = self.work.as_ref().expect("the work directory").path();
+        let p = Proc::spawn(name, cmd, dir);
+        self.procs.push(p);
+    }
+
+    /// Stops the process `name` (killed, and waited for).
+    fn stop(&mut self, name: &str) {
+        let before = self.procs.len();
+        self.procs.retain(|p| p.name != name);
+        assert!(self.procs.len() < before, "no process {name}");
+    }
+
+    /// Starts the operator and one agent per pool.
+    fn start(&mut self) {
+        let operator = env!("CARGO_BIN_EXE_wirerate-operator");
+        let mut cmd = Command::new(operator);
+        cmd.args(["--namespace", NS, "--identity", "netns-pools"])
+            .args(["--metrics-addr", "127.0.0.1:0"])
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("RUST_LOG", "info,kube=warn")
+            .env_remove("KUBERNETES_SERVICE_HOST");
+        self.spawn("operator", &mut cmd);
+        let h = &self.hosts;
+        let agents = [
+            (
+                "receiver agent",
+                &h.receiver,
+                RECEIVER,
+                "receivers",
+                RECEIVER_DATA,
+            ),
+            ("sender agent", &h.sender, SENDER, "senders", SENDER_DATA),
+        ];
+        let mut cmds: Vec<_> = agents
+            .iter()
+            .map(|(what, ns, name, pool, addr)| {
+                let cmd = agent(&self.agent_bin, ns, name, pool, addr, &self.kubeconfig);
+                (*what, cmd)
+            })
+            .collect();
+        for (what, cmd) in &mut cmds {
+            self.spawn(what, cmd);
+        }
+        self.started = Instant::now();
     }
 
     fn api<K>(&self) -> Api<K>
@@ -781,4 +810,97 @@ async fn a_transfer_between_pools_on_two_hosts_lands_identical() {
         "the file landed different ({} bytes)",
         landed.len()
     );
+}
+
+/// The path-test port already taken on the receiver's host, as by another
+/// pool's listener there: the receiving pool's status says why its
+/// listener is not up, and once the port is free the listener comes up
+/// and the finding goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_whose_port_is_taken_says_so_in_the_pool_status_until_it_is_free() {
+    if !available() {
+        return;
+    }
+    let mut c = Cluster::prepare(2, Some(json!({"listen": true, "port": PORT})), None).await;
+    // Another discard-only wirerate receiver holds the port.
+    let work = c
+        .work
+        .as_ref()
+        .expect("the work directory")
+        .path()
+        .to_owned();
+    let (other_root, token) = (work.join("other"), work.join("other.token"));
+    std::fs::create_dir_all(&other_root).unwrap();
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .mode(0o600)
+            .open(&token)
+            .unwrap();
+        f.write_all(b"another-pools-token-0123456789abcdef")
+            .unwrap();
+    }
+    let mut holder = Command::new("ip");
+    holder
+        .args(["netns", "exec", &c.hosts.receiver])
+        .arg(&c.agent_bin)
+        .args(["serve", "--discard-only", "--listen"])
+        .arg(format!("0.0.0.0:{PORT}"))
+        .arg("--root")
+        .arg(&other_root)
+        .arg("--token-file")
+        .arg(&token)
+        .env("RUST_LOG", "warn");
+    c.spawn("port holder", &mut holder);
+    c.wait_for(
+        Duration::from_secs(30),
+        "the port holder is not listening",
+        || async { c.hosts.listening(&c.hosts.receiver, PORT).then_some(()) },
+    )
+    .await;
+
+    c.start();
+    let pools = c.api::<DtnPool>();
+    let finding = c
+        .wait_for(
+            Duration::from_secs(120),
+            "no path-test-listener finding in the pool's status",
+            || {
+                let pools = pools.clone();
+                async move {
+                    let s = pools.get("receivers").await.ok()?.status?;
+                    // The first may say the token is not there yet.
+                    s.preflight.into_iter().find(|f| {
+                        f.check == "path-test-listener"
+                            && f.message.to_lowercase().contains("in use")
+                    })
+                }
+            },
+        )
+        .await;
+    assert_eq!(finding.agent, RECEIVER, "{finding:?}");
+    assert!(
+        finding.message.contains(&format!("port {PORT}")),
+        "the finding names the port: {finding:?}"
+    );
+
+    // The port freed, the agent's listener takes it and the finding goes.
+    c.stop("port holder");
+    c.wait_for(
+        Duration::from_secs(90),
+        "the listener did not come up, or the finding stayed",
+        || {
+            let pools = pools.clone();
+            let hosts = &c.hosts;
+            async move {
+                let s = pools.get("receivers").await.ok()?.status?;
+                let found = s.preflight.iter().any(|f| f.check == "path-test-listener");
+                (!found && hosts.listening(&hosts.receiver, PORT)).then_some(())
+            }
+        },
+    )
+    .await;
 }
