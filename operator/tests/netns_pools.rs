@@ -61,6 +61,15 @@ fn sh(args: &[&str]) {
     assert!(st.success(), "{args:?} failed");
 }
 
+/// Gives `dev` in namespace `ns` (the root namespace if none) the address
+/// `cidr` and brings it up.
+fn address(ns: Option<&str>, dev: &str, cidr: &str) {
+    let mut ip = vec!["ip"];
+    ip.extend(ns.map(|ns| ["-n", ns]).into_iter().flatten());
+    sh(&[&ip[..], &["addr", "add", cidr, "dev", dev]].concat());
+    sh(&[&ip[..], &["link", "set", dev, "up"]].concat());
+}
+
 /// Root and `ip`, or a loud skip (a failure under CI).
 fn available() -> bool {
     let root = Command::new("id")
@@ -154,17 +163,7 @@ impl Hosts {
             (&h.receiver, &dr, RECEIVER_DATA),
         ] {
             sh(&["ip", "link", "set", dev, "netns", ns]);
-            sh(&[
-                "ip",
-                "-n",
-                ns,
-                "addr",
-                "add",
-                &format!("{addr}/24"),
-                "dev",
-                dev,
-            ]);
-            sh(&["ip", "-n", ns, "link", "set", dev, "up"]);
+            address(Some(ns), dev, &format!("{addr}/24"));
         }
         // The links to the double.
         for (ns, root_end, first) in [
@@ -176,26 +175,8 @@ impl Hosts {
                 "ip", "link", "add", root_end, "type", "veth", "peer", "name", &ns_end,
             ]);
             sh(&["ip", "link", "set", &ns_end, "netns", ns]);
-            sh(&[
-                "ip",
-                "addr",
-                "add",
-                &format!("{}/30", at(first)),
-                "dev",
-                root_end,
-            ]);
-            sh(&["ip", "link", "set", root_end, "up"]);
-            sh(&[
-                "ip",
-                "-n",
-                ns,
-                "addr",
-                "add",
-                &format!("{}/30", at(first + 1)),
-                "dev",
-                &ns_end,
-            ]);
-            sh(&["ip", "-n", ns, "link", "set", &ns_end, "up"]);
+            address(None, root_end, &format!("{}/30", at(first)));
+            address(Some(ns), &ns_end, &format!("{}/30", at(first + 1)));
             if first != 1 {
                 sh(&[
                     "ip",
