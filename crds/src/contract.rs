@@ -47,13 +47,17 @@ pub const ENV_INTERFACE: &str = "WIRERATE_INTERFACE";
 /// capacity the operator counts an agent's Lease for.
 pub const MAX_TRANSFERS_PER_AGENT: i32 = 64;
 
-/// Data ports per transfer an agent may run: receiver jobs bind the first
-/// free port of [`data_ports`], and twice as many ports as transfers let a
-/// job start while others still close theirs. The CRD's rule that keeps
-/// `pathTests.port` off these ports spells the same `2 *` (a CEL string
-/// cannot read this constant); `crds/tests/schema.rs` holds the two
-/// together.
-pub const DATA_PORTS_PER_TRANSFER: u16 = 2;
+/// Ports in an agent's data range for each transfer it may run: receiver
+/// jobs bind the first free port of [`data_ports`], and twice as many
+/// ports as transfers let a job start while others still close theirs.
+/// The CRD's rule that keeps `pathTests.port` off these ports spells the
+/// same `2 *` (a CEL string cannot read this constant);
+/// `crds/tests/schema.rs` holds the two together.
+const DATA_PORTS_PER_TRANSFER: u16 = 2;
+
+/// Start of the name of the file an agent writes and removes in each root
+/// to check its storage (followed by the agent's name).
+pub const STORAGE_PROBE_PREFIX: &str = ".wirerate-probe-";
 
 /// The ports an agent whose first data port is `first` and which runs up
 /// to `max_transfers` at once binds for the transfers it receives.

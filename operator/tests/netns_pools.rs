@@ -7,17 +7,17 @@
 //! taken says so in its pool's status until the port is free; and a
 //! Transfer moves a file between the pools.
 //!
-//! CI has no API server, so the double stands in for one. It enforces no
-//! RBAC and no admission: these tests show the wiring (grant, listener,
-//! assignment, probe, result, revocation; scheduling, the agents' jobs,
-//! their reports) and the data path; `e2e/run` shows the authorization
-//! against a real API server.
+//! CI has no API server, so the double stands in for one. It has no RBAC,
+//! no admission, no schema validation or defaulting and no garbage
+//! collection: these tests show the wiring (grant, listener, assignment,
+//! probe, result, revocation; scheduling, the agents' jobs, their reports)
+//! and the data path; `e2e/run` shows the rest against a real API server.
 //!
-//! Needs root, iproute2 (`ip`, `ss`; `.ci/run` installs it) and bash;
-//! skips loudly without root or `ip` and fails under CI. It runs the agent binary that `cargo test
-//! --workspace` builds beside it (`target/debug/wirerate-agent`): after
-//! changing the agent, `cargo test -p wirerate-operator` alone runs the
-//! old one.
+//! Needs root, iproute2 (`ip`, `ss`; `.ci/run` installs it), bash and
+//! `timeout`; skips loudly without root or `ip` and fails under CI. It
+//! runs the agent binary that `cargo test --workspace` builds beside it
+//! (`target/debug/wirerate-agent`): after a change to the agent, `cargo
+//! test -p wirerate-operator` alone fails, naming the stale binary.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -33,14 +33,15 @@ use kube::{Client, CustomResourceExt};
 use serde_json::json;
 use wirerate_crds::fixtures::{PoolBuilder, TransferBuilder};
 use wirerate_crds::pool::{PathTestResult, PathTestStatus};
-use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer, TransferPhase};
+use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer, TransferPhase, contract};
 use wirerate_scale::apiserver::ApiServer;
 
 const NS: &str = "wirerate-path-tests";
 /// The receivers' listener port, inside their namespace.
 const PORT: u16 = 17690;
 /// The test's rate cap, Mbit/s: well below what a veth pair carries, so a
-/// result above it means the cap was not applied.
+/// result well above it (more than 25%, for pacing's bursts) means the cap
+/// was not applied.
 const CAP_MBPS: i64 = 400;
 /// The first test of a target comes 30 to 90 s after the tester learns of
 /// it; the listener may take a retry (10 s) while its token is created. A
@@ -53,6 +54,10 @@ const RESULT_WITHIN: Duration = Duration::from_secs(240);
 /// works, only slower.
 const SENDER: &str = "pt-send-6";
 const RECEIVER: &str = "pt-recv-0";
+/// The pools' `dataPort`, which the pod template would pass the agents.
+const DATA_PORT: u16 = 17900;
+/// The pools' `maxTransfersPerAgent`, likewise.
+const MAX_TRANSFERS: u16 = 1;
 const SENDER_DATA: &str = "10.207.0.1";
 const RECEIVER_DATA: &str = "10.207.0.2";
 
@@ -166,18 +171,18 @@ impl Hosts {
             address(Some(ns), dev, &format!("{addr}/24"));
         }
         // The links to the double.
-        for (ns, root_end, first) in [
-            (&h.sender, &h.root_links[1], 1),
-            (&h.receiver, &h.root_links[2], 5),
+        for (ns, root_end, ns_end, first) in [
+            (&h.sender, &h.root_links[1], format!("{tag}sc"), 1),
+            (&h.receiver, &h.root_links[2], format!("{tag}rc"), 5),
         ] {
-            let ns_end = format!("{}c", &root_end[..root_end.len() - 1]);
             sh(&[
                 "ip", "link", "add", root_end, "type", "veth", "peer", "name", &ns_end,
             ]);
             sh(&["ip", "link", "set", &ns_end, "netns", ns]);
             address(None, root_end, &format!("{}/30", at(first)));
             address(Some(ns), &ns_end, &format!("{}/30", at(first + 1)));
-            if first != 1 {
+            // The sender's link already holds the double's address.
+            if at(first) != h.api {
                 sh(&[
                     "ip",
                     "-n",
@@ -204,8 +209,9 @@ impl Hosts {
                 .is_ok_and(|s| s.success());
             assert!(
                 ok,
-                "namespace {ns} cannot reach the API double at {}:{port}: does a host \
-                 firewall (ufw, firewalld, nftables) drop input from new interfaces?",
+                "namespace {ns} cannot reach the API double at {}:{port} (checked with \
+                 bash and timeout): does a host firewall (ufw, firewalld, nftables) drop \
+                 input from new interfaces?",
                 self.api
             );
         }
@@ -344,8 +350,10 @@ fn agent(
             "--pool",
             pool,
         ])
-        .args(["--advertise", advertise, "--data-port", "17900"])
-        .args(["--metrics-port", "0", "--max-transfers", "1"])
+        .args(["--advertise", advertise])
+        .args(["--data-port", &DATA_PORT.to_string()])
+        .args(["--max-transfers", &MAX_TRANSFERS.to_string()])
+        .args(["--metrics-port", "0"])
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info,kube=warn")
         // On a runner that is itself a pod, the agent would think it runs
@@ -368,8 +376,9 @@ fn pool(name: &str, root: &Path, path_tests: Option<serde_json::Value>) -> DtnPo
         // The agents run as processes here; the StatefulSet has no pods.
         .replicas(0)
         .image("wirerate-agent:test")
-        .max_transfers_per_agent(1)
+        .max_transfers_per_agent(MAX_TRANSFERS.into())
         .build();
+    p.spec.data_port = DATA_PORT.into();
     p.spec.path_tests = path_tests.map(|v| serde_json::from_value(v).unwrap());
     p
 }
@@ -580,7 +589,7 @@ async fn a_pool_tests_the_path_to_another_pools_host_and_the_grant_goes_when_lis
 
     // The receiver listens in its own namespace, on the token the operator
     // created for its pool.
-    // Up to 120 s: the first start fails while the token is not yet there,
+    // Up to 120 s: the first start may come before the token and fail, and
     // and is retried 10 s later.
     c.wait_for(
         Duration::from_secs(120),
@@ -690,12 +699,13 @@ async fn a_pool_tests_the_path_to_another_pools_host_and_the_grant_goes_when_lis
     let landed: Vec<String> = std::fs::read_dir(&c.dst)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| !n.starts_with(".wirerate-probe-"))
+        .filter(|n| !n.starts_with(contract::STORAGE_PROBE_PREFIX))
         .collect();
     assert!(landed.is_empty(), "the listener wrote {landed:?}");
 
     // Listening off: the listener closes and the grant, Role and binding,
-    // goes; the token stays (it goes with its pool, as its owner).
+    // goes; the token stays (the pool owns it; a real API server's garbage
+    // collector deletes it with the pool, which the double does not do).
     pools
         .patch(
             "receivers",

@@ -54,7 +54,7 @@ pub fn probe(roots: &[(String, bool)], agent: &str) -> Vec<(String, String)> {
 }
 
 fn write_and_read_back(dir: &Path, agent: &str) -> std::io::Result<()> {
-    let name = dir.join(format!(".wirerate-probe-{agent}"));
+    let name = dir.join(format!("{}{agent}", contract::STORAGE_PROBE_PREFIX));
     let payload = format!("wirerate storage probe by {agent}\n");
     let result = (|| {
         let mut f = std::fs::OpenOptions::new()
