@@ -146,8 +146,9 @@ pub struct DtnPoolSpec {
     /// runtime's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seccomp_profile: Option<AgentSeccompProfile>,
-    /// Periodic tests of the path to other pools of this namespace (a
-    /// perfSONAR-style mesh): memory-to-memory probes, rate-capped, put off
+    /// Periodic tests of the path to other pools of this namespace and to
+    /// endpoints outside the cluster (a perfSONAR-style mesh):
+    /// memory-to-memory probes, rate-capped, put off
     /// while the tester runs transfers and stopped at the end of their
     /// current run when one starts. Each target's last result is in
     /// status.pathTests and in the agents' metrics.
@@ -157,11 +158,14 @@ pub struct DtnPoolSpec {
 
 /// The most pools one pool tests the path to.
 pub const MAX_PATH_TEST_TARGETS: usize = 16;
+/// The most endpoints outside the cluster one pool tests the path to.
+pub const MAX_PATH_TEST_EXTERNAL: usize = 8;
 /// The most streams a path test's second phase opens.
 pub const MAX_PATH_TEST_STREAMS: i32 = 64;
 
 /// What a pool tests and whether it can be tested.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[x_kube(validation = Rule::new("!has(self.external) || !has(self.targets) || self.external.all(e, self.targets.all(t, t.pool != e.name))").message("pathTests.external names must differ from the pools in pathTests.targets: both name a target in status.pathTests"))]
 #[serde(rename_all = "camelCase")]
 pub struct PathTests {
     /// Be a target of other pools' tests: every agent keeps a listener on
@@ -177,6 +181,13 @@ pub struct PathTests {
     #[schemars(length(max = MAX_PATH_TEST_TARGETS))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["pool".into()]))]
     pub targets: Vec<PathTestTarget>,
+    /// Listeners outside the cluster to test the path to: a
+    /// `wirerate-agent serve --discard-only` (or `--allow-discard`) at a
+    /// partner site, with a token of its own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_PATH_TEST_EXTERNAL))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub external: Vec<ExternalPathTestTarget>,
     /// Seconds between two tests of one target.
     #[serde(default = "path_test_interval")]
     #[schemars(range(min = 300, max = 86400))]
@@ -207,6 +218,27 @@ pub struct PathTestTarget {
         regex(pattern = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
     )]
     pub pool: String,
+}
+
+/// A listener outside the cluster to test the path to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExternalPathTestTarget {
+    /// The target's name in status.pathTests and in the agents' metrics.
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    )]
+    pub name: String,
+    /// `host:port` of its listener.
+    #[schemars(length(min = 3, max = 260))]
+    #[x_kube(validation = Rule::new(crate::transfer::ADDRESS_RULE).message(crate::transfer::ADDRESS_MESSAGE))]
+    pub address: String,
+    /// Secret in the pool's namespace whose `token` key holds the
+    /// listener's token. The pool's agents get `get` on it, so whoever
+    /// writes the pool must be able to read it.
+    #[schemars(length(min = 1, max = 253))]
+    pub token_secret: String,
 }
 
 /// Which seccomp profile the agent container runs under.

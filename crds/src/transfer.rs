@@ -179,12 +179,20 @@ pub struct Destination {
 pub struct External {
     /// `host:port` of its data listener.
     #[schemars(length(min = 3, max = 260))]
-    #[x_kube(validation = Rule::new("self.matches('^[^ /]+:[0-9]{1,5}$')").message("address must be host:port, for example dtn1.partner.example.org:7700 or [2001:db8::1]:7700"))]
+    #[x_kube(validation = Rule::new(ADDRESS_RULE).message(ADDRESS_MESSAGE))]
     pub address: String,
     /// Secret in the Transfer's namespace whose `token` key holds its shared secret.
     #[schemars(length(min = 1, max = 253))]
     pub token_secret: String,
 }
+
+/// What the API server checks of an address outside the cluster (a
+/// Transfer's external receiver, a pool's external path-test target): the
+/// agent resolves and checks it again when it connects.
+pub const ADDRESS_RULE: &str = "self.matches('^[^ /]+:[0-9]{1,5}$')";
+/// Why an address was refused.
+pub const ADDRESS_MESSAGE: &str =
+    "address must be host:port, for example dtn1.partner.example.org:7700 or [2001:db8::1]:7700";
 
 /// Where a Transfer is in its life.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]

@@ -381,6 +381,7 @@ fn pool_rules_refuse_mistakes() {
         listen,
         port,
         targets: vec![],
+        external: vec![],
         interval_seconds: 3600,
         phase_seconds: 2,
         streams: 4,
@@ -402,6 +403,31 @@ fn pool_rules_refuse_mistakes() {
         p.spec.path_tests = Some(tests(ok, listen));
         validate_cel(&p).unwrap_or_else(|e| panic!("{ok}: {e}"));
     }
+
+    // An external target named like a pool target would share its line in
+    // status.pathTests, its metrics and its token Secret's lookup.
+    let external = |name: &str, address: &str| wirerate_crds::pool::ExternalPathTestTarget {
+        name: name.into(),
+        address: address.into(),
+        token_secret: "partner-token".into(),
+    };
+    let with = |name: &str, address: &str| {
+        let mut p = good.clone();
+        let mut t = tests(7690, false);
+        t.targets = vec![wirerate_crds::pool::PathTestTarget { pool: "far".into() }];
+        t.external = vec![external(name, address)];
+        p.spec.path_tests = Some(t);
+        p
+    };
+    rejected_with(
+        &with("far", "dtn.partner.example:7690"),
+        "pathTests.external names must differ",
+    );
+    rejected_with(
+        &with("partner", "dtn.partner.example"),
+        "address must be host:port",
+    );
+    validate_cel(&with("partner", "[2001:db8::1]:7690")).expect("a distinct name and host:port");
 
     // Found against a real API server: a mountPath written with a trailing
     // slash made a root beneath it fail.

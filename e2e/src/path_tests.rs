@@ -212,6 +212,7 @@ async fn author_must_read_the_token(client: &Client, kubeconfig: &str, ns: &str)
         targets: vec![wirerate_crds::pool::PathTestTarget {
             pool: "receivers".into(),
         }],
+        external: vec![],
         interval_seconds: 3600,
         phase_seconds: 2,
         streams: 4,
@@ -222,12 +223,27 @@ async fn author_must_read_the_token(client: &Client, kubeconfig: &str, ns: &str)
         "path-test token of pool receivers",
         "a pool testing one whose token its author may not read",
     )?;
-    // The same pool without the target is this author's to make.
+    // Likewise an endpoint outside the cluster, whose token Secret the
+    // pool's agents would get to read.
+    if let Some(t) = p.spec.path_tests.as_mut() {
+        t.targets.clear();
+        t.external = vec![wirerate_crds::pool::ExternalPathTestTarget {
+            name: "partner".into(),
+            address: "dtn1.partner.example.org:7690".into(),
+            token_secret: "partner-token".into(),
+        }];
+    }
+    security::refused(
+        pools.create(&PostParams::default(), &p).await,
+        "token of external path-test target partner",
+        "a pool testing an external endpoint whose token its author may not read",
+    )?;
+    // The same pool without the targets is this author's to make.
     p.spec.path_tests = None;
     pools
         .create(&PostParams::default(), &p)
         .await
-        .context("the same pool without pathTests.targets")?;
+        .context("the same pool without path-test targets")?;
     pools.delete("prober", &Default::default()).await?;
     println!("  a pool without the target was accepted from the same author");
     Ok(())

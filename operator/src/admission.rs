@@ -9,7 +9,8 @@
 //! behalf, with the requesting user's own authorizer:
 //! - a DtnPool: its author must hold every permission the pool's agents get
 //!   in that namespace, may create StatefulSets there, and may read the
-//!   path-test token of every pool it tests;
+//!   path-test token of every pool it tests and the token Secret of every
+//!   external endpoint it tests;
 //! - a DtnPoolBinding: its author must hold, in that namespace, every
 //!   permission the pool's agents get there;
 //! - a Transfer to an external receiver: its author must be able to read the
@@ -121,6 +122,11 @@ pub fn policies() -> Vec<Value> {
     pool_checks.extend(held(&pool_rules(), "the pool's agents"));
     let pool = policy("dtnpools", "dtnpools", pool_checks);
     let tests = policy("dtnpool-path-tests", "dtnpools", path_test_checks());
+    let externals = policy(
+        "dtnpool-path-test-externals",
+        "dtnpools",
+        external_path_test_checks(),
+    );
     let binding = policy(
         "dtnpoolbindings",
         "dtnpoolbindings",
@@ -137,6 +143,7 @@ pub fn policies() -> Vec<Value> {
     );
     pool.into_iter()
         .chain(tests)
+        .chain(externals)
         .chain(binding)
         .chain(transfer)
         .collect()
@@ -158,6 +165,22 @@ fn path_test_checks() -> Vec<Value> {
             json!({
                 "expression": format!("!has(object.spec.pathTests) || object.spec.pathTests == null || !has(object.spec.pathTests.targets) || size(object.spec.pathTests.targets) <= {i} || authorizer.group('').resource('secrets').namespace(object.metadata.namespace).name('{prefix}' + {target}).check('get').allowed()"),
                 "messageExpression": format!("'the agents of this pool would read the path-test token of pool ' + {target} + ' (Secret {prefix}' + {target} + '), which you may not read yourself: ask someone who may'"),
+                "reason": "Forbidden",
+            })
+        })
+        .collect()
+}
+
+/// The same for the token Secret of each external target
+/// (`pathTests.external[].tokenSecret`), which the pool's own agents get to
+/// read; in a policy of its own, for the same budget.
+fn external_path_test_checks() -> Vec<Value> {
+    (0..wirerate_crds::pool::MAX_PATH_TEST_EXTERNAL)
+        .map(|i| {
+            let e = format!("object.spec.pathTests.external[{i}]");
+            json!({
+                "expression": format!("!has(object.spec.pathTests) || object.spec.pathTests == null || !has(object.spec.pathTests.external) || size(object.spec.pathTests.external) <= {i} || authorizer.group('').resource('secrets').namespace(object.metadata.namespace).name({e}.tokenSecret).check('get').allowed()"),
+                "messageExpression": format!("'the agents of this pool would read Secret ' + {e}.tokenSecret + ' (the token of external path-test target ' + {e}.name + '), which you may not read yourself: ask someone who may'"),
                 "reason": "Forbidden",
             })
         })
@@ -235,6 +258,15 @@ mod tests {
                     "name('wirerate-path-test.' + object.spec.pathTests.targets[{i}].pool).check('get')"
                 )),
                 "target {i} unchecked: {tests}"
+            );
+        }
+        let externals = text("dtnpool-path-test-externals");
+        for i in 0..wirerate_crds::pool::MAX_PATH_TEST_EXTERNAL {
+            assert!(
+                externals.contains(&format!(
+                    "name(object.spec.pathTests.external[{i}].tokenSecret).check('get')"
+                )),
+                "external target {i} unchecked: {externals}"
             );
         }
         // Updates that leave the spec alone (the garbage collector taking a

@@ -1038,6 +1038,7 @@ fn path_testing(name: &str, root: &str, listen: bool, targets: &[&str]) -> DtnPo
             .iter()
             .map(|t| wirerate_crds::pool::PathTestTarget { pool: (*t).into() })
             .collect(),
+        external: vec![],
         interval_seconds: 3600,
         phase_seconds: 2,
         streams: 4,
@@ -1247,4 +1248,73 @@ async fn a_role_of_the_grants_name_someone_else_owns_is_left_alone() {
         d.calls()
     );
     assert!(d.has(role), "someone else's Role stays");
+}
+
+#[tokio::test]
+async fn external_targets_tokens_are_granted_to_the_pools_agents_and_taken_back() {
+    let mut d = Double::new();
+    let mut near = path_testing("near", "/in", false, &[]);
+    near.spec.path_tests.as_mut().unwrap().external =
+        vec![wirerate_crds::pool::ExternalPathTestTarget {
+            name: "partner".into(),
+            address: "dtn.partner.example:7690".into(),
+            token_secret: "partner-token".into(),
+        }];
+    near.metadata.generation = Some(1);
+    d.pool(&near);
+    pool_controller::reconcile(Arc::new(near.clone()), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    let role =
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles/wirerate-path-test.near.external";
+    let binding = "/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings/wirerate-path-test.near.external";
+    let r: k8s_openapi::api::rbac::v1::Role =
+        serde_json::from_value(d.object_at(role)).expect("the Role");
+    assert_eq!(
+        r.rules.unwrap()[0].resource_names.as_deref(),
+        Some(&["partner-token".to_owned()][..])
+    );
+    assert!(d.has(binding));
+    // No external target left: the grant goes.
+    near.spec.path_tests.as_mut().unwrap().external.clear();
+    near.status = Some(wirerate_crds::DtnPoolStatus {
+        observed_generation: Some(1),
+        ..Default::default()
+    });
+    near.metadata.generation = Some(2);
+    d.pool(&near);
+    pool_controller::reconcile(Arc::new(near), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    assert!(!d.has(role), "{:#?}", d.calls());
+    assert!(!d.has(binding));
+}
+
+#[tokio::test]
+async fn an_external_grants_name_someone_else_owns_is_left_alone() {
+    let mut d = Double::new();
+    let mut near = path_testing("near", "/in", false, &[]);
+    near.spec.path_tests.as_mut().unwrap().external =
+        vec![wirerate_crds::pool::ExternalPathTestTarget {
+            name: "partner".into(),
+            address: "dtn.partner.example:7690".into(),
+            token_secret: "partner-token".into(),
+        }];
+    d.pool(&near);
+    let mut theirs = k8s_openapi::api::rbac::v1::RoleBinding::default();
+    theirs.metadata.name = Some("wirerate-path-test.near.external".into());
+    theirs.metadata.namespace = Some("data".into());
+    let binding = "/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings/wirerate-path-test.near.external";
+    d.put(binding, &theirs);
+    pool_controller::reconcile(Arc::new(near), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    assert!(
+        !d.calls().iter().any(|c| c.method != "GET"
+            && !c.path.contains("/events")
+            && c.path.contains("wirerate-path-test.near.external")),
+        "{:#?}",
+        d.calls()
+    );
+    assert!(d.has(binding), "someone else's RoleBinding stays");
 }

@@ -35,6 +35,57 @@ pub fn grant_name(pool: &str) -> String {
     format!("{}.readers", contract::path_test_secret(pool))
 }
 
+/// Name of the Role and RoleBinding that let `pool`'s own agents read the
+/// tokens of its external targets. It ends unlike [`grant_name`]'s, and
+/// no pool's Secret (`wirerate-path-test.<pool>`) is a Role, so no two
+/// pools' grants share a name.
+pub fn external_grant_name(pool: &str) -> String {
+    format!("{}.external", contract::path_test_secret(pool))
+}
+
+/// The token Secrets of `pool`'s external targets, each once, sorted.
+fn external_secrets(pool: &DtnPool) -> Vec<String> {
+    let mut names: Vec<String> = pool
+        .spec
+        .path_tests
+        .iter()
+        .flat_map(|t| &t.external)
+        .map(|e| e.token_secret.clone())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// What a pool with external targets needs: a Role and RoleBinding letting
+/// its own agents, and nobody else, `get` its targets' token Secrets;
+/// owned by the pool. None when it has no external target.
+pub fn external_grant(pool: &DtnPool) -> Option<(Role, RoleBinding)> {
+    let secrets = external_secrets(pool);
+    if secrets.is_empty() {
+        return None;
+    }
+    let ns = pool.namespace().unwrap_or_default();
+    let meta = ObjectMeta {
+        name: Some(external_grant_name(&pool.name_any())),
+        namespace: Some(ns.clone()),
+        labels: Some(BTreeMap::from([
+            (contract::POOL_LABEL.to_owned(), pool.name_any()),
+            (
+                "app.kubernetes.io/managed-by".to_owned(),
+                contract::OPERATOR_MANAGER.to_owned(),
+            ),
+        ])),
+        owner_references: pool.controller_owner_ref(&()).map(|o| vec![o]),
+        ..Default::default()
+    };
+    Some(token_grant::reader(
+        meta,
+        &secrets,
+        &[(ns, agent_account(&pool.name_any()))],
+    ))
+}
+
 /// Whether `pool` takes path tests.
 pub fn listens(pool: &DtnPool) -> bool {
     pool.spec.path_tests.as_ref().is_some_and(|p| p.listen)
@@ -96,7 +147,7 @@ pub fn grant(listener: &DtnPool, testers: &[&DtnPool]) -> (Secret, Role, RoleBin
         .chain(testers.iter().copied())
         .map(|p| (ns.clone(), agent_account(&p.name_any())))
         .collect();
-    let (role, binding) = token_grant::reader(meta, &name, &accounts);
+    let (role, binding) = token_grant::reader(meta, std::slice::from_ref(&name), &accounts);
     (secret, role, binding)
 }
 
@@ -176,46 +227,58 @@ pub fn status(
     };
     let ns = pool.namespace().unwrap_or_default();
     let testers = live(agents, &(ns.clone(), pool.name_any()));
-    spec.targets
-        .iter()
-        .map(|t| {
-            let key = (ns.clone(), t.pool.clone());
-            let tester = (!testers.is_empty()).then(|| testers[fnv(&t.pool) % testers.len()]);
-            let listeners: Vec<&Agent> = live(agents, &key)
-                .into_iter()
-                .filter(|a| a.path_test_address.is_some())
-                .collect();
-            let listener = match (tester, listeners.len()) {
-                (Some(me), n) if n > 0 => Some(listeners[fnv(&me.name) % n]),
-                _ => None,
-            };
-            let waiting = match pools.get(&key) {
-                None => Some(format!("no DtnPool {} in this namespace", t.pool)),
-                Some(p) if !listens(p) => Some(format!(
-                    "pool {} does not take path tests: set its spec.pathTests.listen",
-                    t.pool
-                )),
-                Some(_) if tester.is_none() => {
-                    Some("no agent of this pool is ready to test from".to_owned())
-                }
-                Some(_) if listener.is_none() => Some(format!(
-                    "no ready agent of pool {} has its path-test listener up yet",
-                    t.pool
-                )),
-                Some(_) => None,
-            };
-            let chosen = waiting.is_none();
-            PathTestStatus {
-                target: t.pool.clone(),
-                tester: tester.filter(|_| chosen).map(|a| a.name.clone()),
-                endpoint: listener
-                    .filter(|_| chosen)
-                    .and_then(|a| a.path_test_address.clone()),
-                waiting,
-                last: last(pool, &t.pool, agents, now),
+    let pools_ = spec.targets.iter().map(|t| {
+        let key = (ns.clone(), t.pool.clone());
+        let tester = (!testers.is_empty()).then(|| testers[fnv(&t.pool) % testers.len()]);
+        let listeners: Vec<&Agent> = live(agents, &key)
+            .into_iter()
+            .filter(|a| a.path_test_address.is_some())
+            .collect();
+        let listener = match (tester, listeners.len()) {
+            (Some(me), n) if n > 0 => Some(listeners[fnv(&me.name) % n]),
+            _ => None,
+        };
+        let waiting = match pools.get(&key) {
+            None => Some(format!("no DtnPool {} in this namespace", t.pool)),
+            Some(p) if !listens(p) => Some(format!(
+                "pool {} does not take path tests: set its spec.pathTests.listen",
+                t.pool
+            )),
+            Some(_) if tester.is_none() => {
+                Some("no agent of this pool is ready to test from".to_owned())
             }
-        })
-        .collect()
+            Some(_) if listener.is_none() => Some(format!(
+                "no ready agent of pool {} has its path-test listener up yet",
+                t.pool
+            )),
+            Some(_) => None,
+        };
+        let chosen = waiting.is_none();
+        PathTestStatus {
+            target: t.pool.clone(),
+            tester: tester.filter(|_| chosen).map(|a| a.name.clone()),
+            endpoint: listener
+                .filter(|_| chosen)
+                .and_then(|a| a.path_test_address.clone()),
+            waiting,
+            last: last(pool, &t.pool, agents, now),
+        }
+    });
+    // An external target is at its address: it has no agents and no Lease
+    // to say whether it is up; a test that finds it down says so.
+    let external = spec.external.iter().map(|e| {
+        let tester = (!testers.is_empty()).then(|| testers[fnv(&e.name) % testers.len()]);
+        PathTestStatus {
+            target: e.name.clone(),
+            tester: tester.map(|a| a.name.clone()),
+            endpoint: tester.map(|_| e.address.clone()),
+            waiting: tester
+                .is_none()
+                .then(|| "no agent of this pool is ready to test from".to_owned()),
+            last: last(pool, &e.name, agents, now),
+        }
+    });
+    pools_.chain(external).collect()
 }
 
 #[cfg(test)]
@@ -244,6 +307,7 @@ mod tests {
                 .iter()
                 .map(|t| PathTestTarget { pool: (*t).into() })
                 .collect(),
+            external: vec![],
             interval_seconds: 3600,
             phase_seconds: 2,
             streams: 4,
@@ -450,5 +514,84 @@ mod tests {
             let o = &owners.as_ref().unwrap()[0];
             assert_eq!((o.kind.as_str(), o.uid.as_str()), ("DtnPool", "uid-far"));
         }
+    }
+
+    fn external(name: &str, secret: &str) -> wirerate_crds::pool::ExternalPathTestTarget {
+        wirerate_crds::pool::ExternalPathTestTarget {
+            name: name.into(),
+            address: format!("{name}.partner.example:7690"),
+            token_secret: secret.into(),
+        }
+    }
+
+    #[test]
+    fn an_external_target_is_tested_at_its_address_by_one_agent_of_the_pool() {
+        let mut near = pool("near", false, &["far"]);
+        near.spec.path_tests.as_mut().unwrap().external =
+            vec![external("partner", "partner-token")];
+        let far = pool("far", true, &[]);
+        let all = pools(&[&near, &far]);
+        let agents = [
+            agent("near", "near-0", false, vec![]),
+            agent("near", "near-1", false, vec![]),
+            agent("far", "far-0", true, vec![]),
+        ];
+        let refs: Vec<&Agent> = agents.iter().collect();
+        let s = status(&near, &all, &refs, at(101));
+        assert_eq!(s.len(), 2, "{s:#?}");
+        let p = s.iter().find(|t| t.target == "partner").unwrap();
+        assert_eq!(p.waiting, None);
+        assert!(p.tester.as_deref().unwrap().starts_with("near-"), "{p:?}");
+        assert_eq!(p.endpoint.as_deref(), Some("partner.partner.example:7690"));
+        // Its result is read like a pool target's, by its name.
+        let record = PathTestRecord {
+            target: "partner".into(),
+            result: result("near-0", 90, 3.0),
+        };
+        let mut with = agents.to_vec();
+        with[0] = agent("near", "near-0", false, vec![record]);
+        let refs: Vec<&Agent> = with.iter().collect();
+        let s = status(&near, &all, &refs, at(101));
+        let p = s.iter().find(|t| t.target == "partner").unwrap();
+        assert_eq!(p.last.as_ref().map(|l| l.gbps), Some(3.0));
+        // No live agent of its own: it waits, and says why.
+        let s = status(&near, &all, &refs[2..], at(101));
+        let p = s.iter().find(|t| t.target == "partner").unwrap();
+        assert_eq!((&p.tester, &p.endpoint), (&None, &None));
+        assert!(p.waiting.as_deref().unwrap().contains("ready to test from"));
+    }
+
+    #[test]
+    fn external_tokens_are_readable_by_the_testing_pools_agents_only() {
+        let mut near = pool("near", false, &[]);
+        assert!(external_grant(&near).is_none(), "nothing to grant");
+        near.spec.path_tests.as_mut().unwrap().external = vec![
+            external("b", "token-b"),
+            external("a", "token-a"),
+            external("c", "token-a"),
+        ];
+        let (role, rb) = external_grant(&near).unwrap();
+        assert_eq!(
+            role.metadata.name.as_deref(),
+            Some("wirerate-path-test.near.external")
+        );
+        assert_ne!(external_grant_name("near"), grant_name("near"));
+        let rules = role.rules.unwrap();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(
+            rules[0].resource_names.as_deref(),
+            Some(&["token-a".to_owned(), "token-b".to_owned()][..])
+        );
+        assert_eq!(rules[0].verbs, ["get"]);
+        let who: Vec<(Option<String>, String)> = rb
+            .subjects
+            .unwrap()
+            .into_iter()
+            .map(|s| (s.namespace, s.name))
+            .collect();
+        assert_eq!(who, [(Some("data".to_owned()), "near-agent".to_owned())]);
+        assert_eq!(rb.role_ref.name, "wirerate-path-test.near.external");
+        let o = &role.metadata.owner_references.unwrap()[0];
+        assert_eq!((o.kind.as_str(), o.uid.as_str()), ("DtnPool", "uid-near"));
     }
 }

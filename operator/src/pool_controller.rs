@@ -110,12 +110,24 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
         .lock()
         .map(|p| p.contains(&uid))
         .unwrap_or(true);
+    let mut revoked = None;
     if path_tests::listens(pool) {
         if let Err(e) = grant_path_tests(pool, ctx, &view.pools).await {
             tracing::warn!(error = %e, "cannot grant the pool's path-test token");
         }
     } else if spec_moved || pending {
-        let revoked = revoke_path_tests(pool, ctx).await;
+        revoked = Some(revoke_path_tests(pool, ctx).await);
+    }
+    if let Some((role, binding)) = path_tests::external_grant(pool) {
+        if let Err(e) = grant_external(pool, ctx, &role, &binding).await {
+            tracing::warn!(error = %e, "cannot grant the external path-test targets' tokens");
+        }
+    } else if spec_moved || pending {
+        let name = path_tests::external_grant_name(&pool.name_any());
+        let gone = revoke_grant(pool, ctx, &name).await;
+        revoked = Some(revoked.unwrap_or(Ok(())).and(gone));
+    }
+    if let Some(revoked) = revoked {
         if let Err(e) = &revoked {
             tracing::warn!(error = %e, "cannot take the pool's path-test grant back; trying again");
         }
@@ -209,17 +221,10 @@ async fn grant_path_tests(
     let ns = pool.namespace().unwrap_or_default();
     let uid = pool.metadata.uid.clone().unwrap_or_default();
     let grant = path_tests::grant_name(&pool.name_any());
-    let roles: Api<Role> = Api::namespaced(ctx.client.clone(), &ns);
-    let bindings: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), &ns);
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    let foreign = |m: Option<kube::api::ObjectMeta>| {
-        m.is_some_and(|m| !token_grant::owned_by(&m, "DtnPool", &uid))
-    };
     let name = secret.metadata.name.clone().unwrap_or_default();
-    let taken = if foreign(roles.get_metadata_opt(&grant).await?.map(|m| m.metadata)) {
-        Some(format!("Role {ns}/{grant}"))
-    } else if foreign(bindings.get_metadata_opt(&grant).await?.map(|m| m.metadata)) {
-        Some(format!("RoleBinding {ns}/{grant}"))
+    let taken = if let Some(what) = taken_grant(ctx, &ns, &grant, &uid).await? {
+        Some(what)
     } else {
         // Asked before created, so that an existing token costs a read and
         // no fresh one travels to the API server on every pass.
@@ -230,22 +235,7 @@ async fn grant_path_tests(
         (!ours).then(|| format!("Secret {ns}/{name}"))
     };
     if let Some(what) = taken {
-        tracing::warn!(
-            object = what,
-            "a path-test object belongs to another owner; not granting it"
-        );
-        let ev = Event {
-            type_: EventType::Warning,
-            reason: "PathTestSecretTaken".into(),
-            note: Some(format!(
-                "{what} exists and does not belong to this pool; wirerate will not hand it to agents or take it over: delete or rename it for path tests to run"
-            )),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&ev, &pool.object_ref(&())).await {
-            tracing::warn!(error = %e, "cannot publish an event");
-        }
+        taken_event(pool, ctx, &what).await;
         return revoke_path_tests(pool, ctx).await;
     }
     ctx.apply(&role).await?;
@@ -253,13 +243,79 @@ async fn grant_path_tests(
     Ok(())
 }
 
+/// Lets a pool's own agents read the token Secrets of its external
+/// targets, unless a Role or RoleBinding of the grant's name is someone
+/// else's (then an Event says so, and nothing is applied).
+async fn grant_external(
+    pool: &DtnPool,
+    ctx: &Context,
+    role: &Role,
+    binding: &RoleBinding,
+) -> Result<()> {
+    let ns = pool.namespace().unwrap_or_default();
+    let uid = pool.metadata.uid.clone().unwrap_or_default();
+    let grant = path_tests::external_grant_name(&pool.name_any());
+    if let Some(what) = taken_grant(ctx, &ns, &grant, &uid).await? {
+        taken_event(pool, ctx, &what).await;
+        return Ok(());
+    }
+    ctx.apply(role).await?;
+    ctx.apply(binding).await?;
+    Ok(())
+}
+
+/// The Role or RoleBinding named `grant` in `ns`, if one exists that the
+/// pool of `uid` does not own.
+async fn taken_grant(ctx: &Context, ns: &str, grant: &str, uid: &str) -> Result<Option<String>> {
+    let roles: Api<Role> = Api::namespaced(ctx.client.clone(), ns);
+    let bindings: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), ns);
+    let foreign = |m: Option<kube::api::ObjectMeta>| {
+        m.is_some_and(|m| !token_grant::owned_by(&m, "DtnPool", uid))
+    };
+    Ok(
+        if foreign(roles.get_metadata_opt(grant).await?.map(|m| m.metadata)) {
+            Some(format!("Role {ns}/{grant}"))
+        } else if foreign(bindings.get_metadata_opt(grant).await?.map(|m| m.metadata)) {
+            Some(format!("RoleBinding {ns}/{grant}"))
+        } else {
+            None
+        },
+    )
+}
+
+/// Says, in the log and as an Event on the pool, that `what` is another
+/// owner's and is neither handed out nor taken over.
+async fn taken_event(pool: &DtnPool, ctx: &Context, what: &str) {
+    tracing::warn!(
+        object = what,
+        "a path-test object belongs to another owner; not granting it"
+    );
+    let ev = Event {
+        type_: EventType::Warning,
+        reason: "PathTestSecretTaken".into(),
+        note: Some(format!(
+            "{what} exists and does not belong to this pool; wirerate will not hand it to agents or take it over: delete or rename it for path tests to run"
+        )),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &pool.object_ref(&())).await {
+        tracing::warn!(error = %e, "cannot publish an event");
+    }
+}
+
 /// Takes the path-test grant away from a pool (one that no longer listens,
 /// or whose Secret is someone else's). The token Secret stays, readable by
 /// no agent, for when it listens again; the pool's deletion takes it by its
 /// owner reference (and the operator needs no right to delete Secrets).
 async fn revoke_path_tests(pool: &DtnPool, ctx: &Context) -> Result<()> {
+    revoke_grant(pool, ctx, &path_tests::grant_name(&pool.name_any())).await
+}
+
+/// Deletes the Role and RoleBinding `name` of the pool's namespace, where
+/// the pool owns them.
+async fn revoke_grant(pool: &DtnPool, ctx: &Context, name: &str) -> Result<()> {
     let ns = pool.namespace().unwrap_or_default();
-    let name = path_tests::grant_name(&pool.name_any());
     if name.len() > 253 {
         // Never created: no object can have that name.
         return Ok(());
@@ -269,15 +325,15 @@ async fn revoke_path_tests(pool: &DtnPool, ctx: &Context) -> Result<()> {
     let binding: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), &ns);
     let role: Api<Role> = Api::namespaced(ctx.client.clone(), &ns);
     // Only what this pool owns: a Role of the same name is someone else's.
-    if let Some(m) = binding.get_metadata_opt(&name).await?
+    if let Some(m) = binding.get_metadata_opt(name).await?
         && token_grant::owned_by(&m.metadata, "DtnPool", &uid)
     {
-        gone(binding.delete(&name, &dp).await.map(|_| ()))?;
+        gone(binding.delete(name, &dp).await.map(|_| ()))?;
     }
-    if let Some(m) = role.get_metadata_opt(&name).await?
+    if let Some(m) = role.get_metadata_opt(name).await?
         && token_grant::owned_by(&m.metadata, "DtnPool", &uid)
     {
-        gone(role.delete(&name, &dp).await.map(|_| ()))?;
+        gone(role.delete(name, &dp).await.map(|_| ()))?;
     }
     Ok(())
 }

@@ -64,25 +64,30 @@ pub async fn ensure_secret(
     }
 }
 
-/// A Role named as `meta` says that allows `get` on the one Secret
-/// `secret`, and its binding to the ServiceAccounts `accounts`
-/// (namespace, name).
+/// A Role named as `meta` says that allows `get` on the Secrets `secrets`
+/// (no rule at all when there are none), and its binding to the
+/// ServiceAccounts `accounts` (namespace, name).
 pub fn reader(
     meta: ObjectMeta,
-    secret: &str,
+    secrets: &[String],
     accounts: &[(String, String)],
 ) -> (Role, RoleBinding) {
     let name = meta.name.clone().unwrap_or_default();
     let role = Role {
         metadata: meta.clone(),
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec![String::new()]),
-            resources: Some(vec!["secrets".into()]),
-            // Never empty: an empty list would mean every Secret.
-            resource_names: Some(vec![secret.to_owned()]),
-            verbs: vec!["get".into()],
-            ..Default::default()
-        }]),
+        // Never a rule with no names: that would mean every Secret.
+        rules: Some(
+            (!secrets.is_empty())
+                .then(|| PolicyRule {
+                    api_groups: Some(vec![String::new()]),
+                    resources: Some(vec!["secrets".into()]),
+                    resource_names: Some(secrets.to_vec()),
+                    verbs: vec!["get".into()],
+                    ..Default::default()
+                })
+                .into_iter()
+                .collect(),
+        ),
     };
     let mut subjects: Vec<Subject> = accounts
         .iter()
@@ -128,7 +133,7 @@ pub fn render(t: &Transfer, secret: &str, pools: &[&Key]) -> (Role, RoleBinding)
         .iter()
         .map(|(ns, pool)| (ns.clone(), agent_account(pool)))
         .collect();
-    reader(meta, secret, &accounts)
+    reader(meta, &[secret.to_owned()], &accounts)
 }
 
 #[cfg(test)]
@@ -173,5 +178,11 @@ mod tests {
             ]
         );
         assert_eq!(rb.role_ref.name, "wirerate-token.t");
+    }
+
+    #[test]
+    fn no_secret_named_grants_no_secret() {
+        let (role, _) = reader(ObjectMeta::default(), &[], &[]);
+        assert_eq!(role.rules, Some(vec![]), "a rule without names reads all");
     }
 }

@@ -3,9 +3,10 @@
 //! HTTP API double of `bench/scale`. Data crosses a veth pair between the
 //! namespaces; each namespace reaches the double over a veth pair of its
 //! own to an address of the root namespace. The sending pool tests the
-//! path to the receiving pool (`spec.pathTests`); a listener whose port is
-//! taken says so in its pool's status until the port is free; and a
-//! Transfer moves a file between the pools.
+//! path to the receiving pool (`spec.pathTests`) and to an external
+//! listener on the receiver's host; a listener whose port is taken says so
+//! in its pool's status until the port is free; and a Transfer moves a
+//! file between the pools.
 //!
 //! CI has no API server, so the double stands in for one. It has no RBAC,
 //! no admission, no schema validation or defaulting and no garbage
@@ -890,6 +891,167 @@ async fn a_listener_whose_port_is_taken_says_so_in_the_pool_status_until_it_is_f
                 let s = pools.get("receivers").await.ok()?.status?;
                 let found = s.preflight.iter().any(|f| f.check == "path-test-listener");
                 (!found && hosts.listening(&hosts.receiver, PORT)).then_some(())
+            }
+        },
+    )
+    .await;
+}
+
+/// An external target's name: FNV-1a of `pt-send-6/site-b`, modulo 60,
+/// draws 2 s of spread (see [`SENDER`]).
+const EXTERNAL: &str = "site-b";
+
+/// A pool tests the path to a listener outside the cluster: a discard-only
+/// `serve` on the receivers' host, with a token of its own in a Secret the
+/// pool names. Only the testing pool's agents get to read that Secret, and
+/// the grant goes with the target.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_tests_the_path_to_an_external_listener_with_the_token_its_spec_names() {
+    if !available() {
+        return;
+    }
+    let port = PORT + 1;
+    let address = format!("{RECEIVER_DATA}:{port}");
+    let mut c = Cluster::prepare(
+        3,
+        None,
+        Some(json!({
+            "external": [{"name": EXTERNAL, "address": address, "tokenSecret": "site-b-token"}],
+            "intervalSeconds": 300,
+            "phaseSeconds": 1,
+            "streams": 2,
+            "maxRateMbps": CAP_MBPS,
+        })),
+    )
+    .await;
+    let token = b"site-b-token-0123456789abcdef0123456789";
+    let work = c
+        .work
+        .as_ref()
+        .expect("the work directory")
+        .path()
+        .to_owned();
+    let (root, token_file) = (work.join("site-b"), work.join("site-b.token"));
+    std::fs::create_dir_all(&root).unwrap();
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .mode(0o600)
+            .open(&token_file)
+            .unwrap();
+        f.write_all(token).unwrap();
+    }
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("site-b-token".into()),
+            ..Default::default()
+        },
+        data: Some(std::collections::BTreeMap::from([(
+            contract::TOKEN_KEY.to_owned(),
+            k8s_openapi::ByteString(token.to_vec()),
+        )])),
+        ..Default::default()
+    };
+    c.api::<Secret>()
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let mut listener = Command::new("ip");
+    listener
+        .args(["netns", "exec", &c.hosts.receiver])
+        .arg(&c.agent_bin)
+        .args(["serve", "--discard-only", "--listen"])
+        .arg(format!("0.0.0.0:{port}"))
+        .arg("--root")
+        .arg(&root)
+        .arg("--token-file")
+        .arg(&token_file)
+        .env("RUST_LOG", "warn");
+    c.spawn("external listener", &mut listener);
+    c.wait_for(
+        Duration::from_secs(30),
+        "the external listener is not listening",
+        || async { c.hosts.listening(&c.hosts.receiver, port).then_some(()) },
+    )
+    .await;
+    c.start();
+
+    // The testing pool's agents, and nobody else, may read that one Secret.
+    let grant = "wirerate-path-test.senders.external";
+    let (roles, bindings) = (c.api::<Role>(), c.api::<RoleBinding>());
+    let (role, binding) = c
+        .wait_for(Duration::from_secs(30), "no grant of the token", || {
+            let (roles, bindings) = (roles.clone(), bindings.clone());
+            async move {
+                let role = roles.get_opt(grant).await.ok()??;
+                Some((role, bindings.get_opt(grant).await.ok()??))
+            }
+        })
+        .await;
+    let rules = role.rules.unwrap_or_default();
+    assert_eq!(rules.len(), 1, "{rules:#?}");
+    assert_eq!(
+        rules[0].resource_names.as_deref(),
+        Some(&["site-b-token".to_owned()][..])
+    );
+    assert_eq!(rules[0].verbs, ["get"]);
+    let who: Vec<(String, Option<String>)> = binding
+        .subjects
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| (s.name, s.namespace))
+        .collect();
+    assert_eq!(who, [("senders-agent".to_owned(), Some(NS.to_owned()))]);
+
+    // The sender's agent tests the listener with the Secret's token (any
+    // other token, or none, fails the test) and says so in its status.
+    let pools = c.api::<DtnPool>();
+    let (t, last) = c
+        .wait_for(RESULT_WITHIN, "no path-test result", || {
+            let pools = pools.clone();
+            async move {
+                let p = pools.get("senders").await.ok()?;
+                let t = p
+                    .status?
+                    .path_tests
+                    .into_iter()
+                    .find(|t| t.target == EXTERNAL)?;
+                let last = t.last.clone()?;
+                Some((t, last))
+            }
+        })
+        .await;
+    assert!(last.ok, "the test failed: {:?}\n{}", last.error, c.logs());
+    assert_eq!(t.tester.as_deref(), Some(SENDER), "{t:#?}");
+    assert_eq!(
+        (t.endpoint.as_deref(), last.endpoint.as_str()),
+        (Some(address.as_str()), address.as_str())
+    );
+    assert_eq!(last.streams, 2, "{last:#?}");
+    let cap_gbps = CAP_MBPS as f64 / 1000.0;
+    assert!(last.gbps > 0.0 && last.gbps <= cap_gbps * 1.25, "{last:#?}");
+
+    // The target gone, its grant goes with it.
+    pools
+        .patch(
+            "senders",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"pathTests": {"external": []}}})),
+        )
+        .await
+        .unwrap();
+    c.wait_for(
+        Duration::from_secs(60),
+        "the external grant is still there",
+        || {
+            let (bindings, roles) = (bindings.clone(), roles.clone());
+            async move {
+                let bound = bindings.get_opt(grant).await.ok()?.is_some();
+                let role = roles.get_opt(grant).await.ok()?.is_some();
+                (!bound && !role).then_some(())
             }
         },
     )

@@ -3,7 +3,8 @@
 //! A pool that listens has every agent keep a discard-only receiver on
 //! `pathTests.port`; the token is the pool's path-test Secret. A pool that
 //! tests has the operator pick, per target, one of its agents and one of
-//! the target's listeners (`status.pathTests`); that agent probes the
+//! the target's listeners, or an external target's address
+//! (`status.pathTests`); that agent probes the
 //! listener every `intervalSeconds`, rate-capped, never starting one while
 //! it runs a transfer and stopping one (at the end of its current run) when
 //! a transfer starts, and says what it found in its Lease and its metrics.
@@ -187,6 +188,16 @@ pub fn result(
     r
 }
 
+/// The Secret holding `target`'s token: the one an external target names,
+/// else the target pool's path-test Secret. The CRD keeps the two kinds'
+/// names apart.
+pub fn token_secret(spec: &PathTests, target: &str) -> String {
+    spec.external.iter().find(|e| e.name == target).map_or_else(
+        || contract::path_test_secret(target),
+        |e| e.token_secret.clone(),
+    )
+}
+
 /// The probe of one target, running on a blocking thread.
 struct Running {
     target: String,
@@ -312,7 +323,7 @@ impl PathTester {
             self.schedule.finished(false, interval, now);
             return;
         };
-        let secret = contract::path_test_secret(&target);
+        let secret = token_secret(spec, &target);
         // Asked once: a test can wait for its next turn, the agent's loop
         // (and its Lease) cannot.
         let token = match super::read_token(client, &cfg.namespace, &secret, Duration::ZERO).await {
@@ -664,6 +675,7 @@ mod tests {
             listen: false,
             port: 7690,
             targets: vec![],
+            external: vec![],
             interval_seconds: 3600,
             phase_seconds: 2,
             streams: 4,
@@ -672,5 +684,25 @@ mod tests {
         let c = probe_config("h:1", vec![1], &spec);
         assert_eq!(c.max_rate, Some(100_000_000));
         assert_eq!((c.streams, c.seconds), (4, 2.0));
+    }
+
+    #[test]
+    fn an_external_target_takes_the_token_its_spec_names() {
+        let spec = PathTests {
+            listen: false,
+            port: 7690,
+            targets: vec![wirerate_crds::pool::PathTestTarget { pool: "far".into() }],
+            external: vec![wirerate_crds::pool::ExternalPathTestTarget {
+                name: "partner".into(),
+                address: "dtn.partner.example:7690".into(),
+                token_secret: "partner-token".into(),
+            }],
+            interval_seconds: 3600,
+            phase_seconds: 2,
+            streams: 4,
+            max_rate_mbps: 800,
+        };
+        assert_eq!(token_secret(&spec, "partner"), "partner-token");
+        assert_eq!(token_secret(&spec, "far"), "wirerate-path-test.far");
     }
 }
