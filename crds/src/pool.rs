@@ -182,8 +182,8 @@ pub struct PathTests {
     #[x_kube(merge_strategy = ListMerge::Map(vec!["pool".into()]))]
     pub targets: Vec<PathTestTarget>,
     /// Listeners outside the cluster to test the path to: a
-    /// `wirerate-agent serve --discard-only` (or `--allow-discard`) at a
-    /// partner site, with a token of its own.
+    /// `wirerate-agent serve --discard-only` at a partner site, with a
+    /// token of its own.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = MAX_PATH_TEST_EXTERNAL))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
@@ -235,9 +235,13 @@ pub struct ExternalPathTestTarget {
     #[x_kube(validation = Rule::new(crate::transfer::ADDRESS_RULE).message(crate::transfer::ADDRESS_MESSAGE))]
     pub address: String,
     /// Secret in the pool's namespace whose `token` key holds the
-    /// listener's token. The pool's agents get `get` on it, so whoever
-    /// writes the pool must be able to read it.
-    #[schemars(length(min = 1, max = 253))]
+    /// listener's token, labelled wirerate.io/external-token=true. The
+    /// pool's agents get `get` on it, so whoever writes the pool must be
+    /// able to read it.
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
     pub token_secret: String,
 }
 

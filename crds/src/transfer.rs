@@ -187,8 +187,9 @@ pub struct External {
 }
 
 /// What the API server checks of an address outside the cluster (a
-/// Transfer's external receiver, a pool's external path-test target): the
-/// agent resolves and checks it again when it connects.
+/// Transfer's external receiver, a pool's external path-test target): its
+/// shape only; the agent resolves it when it connects, and a name that
+/// does not resolve or answer fails that transfer or test.
 pub const ADDRESS_RULE: &str = "self.matches('^[^ /]+:[0-9]{1,5}$')";
 /// Why an address was refused.
 pub const ADDRESS_MESSAGE: &str =

@@ -28,23 +28,29 @@ const CLOCK_SKEW: SignedDuration = SignedDuration::from_mins(5);
 
 /// Name of the Role and RoleBinding that let agents read `pool`'s
 /// path-test token. No name the operator gives a pool's own objects
-/// (`<pool>-agent`), a Transfer's grant (`wirerate-token.<t>`) or a remote
-/// Role (`wirerate-agent.<ns>.<pool>`) can end this way, so no pool's
+/// (`<pool>-agent`), a Transfer's grant (`wirerate-token.<t>`), a remote
+/// Role (`wirerate-agent.<ns>.<pool>`) or a pool's external grant
+/// (`wirerate-path-test.<pool>.external`) can end this way, so no pool's
 /// objects can land on another's.
 pub fn grant_name(pool: &str) -> String {
     format!("{}.readers", contract::path_test_secret(pool))
 }
 
 /// Name of the Role and RoleBinding that let `pool`'s own agents read the
-/// tokens of its external targets. It ends unlike [`grant_name`]'s, and
-/// no pool's Secret (`wirerate-path-test.<pool>`) is a Role, so no two
-/// pools' grants share a name.
+/// tokens of its external targets. Like [`grant_name`]'s it starts with
+/// the path-test prefix, which no other name the operator gives starts
+/// with, and its suffix differs from that one's, so no two pools' grants,
+/// of either kind, share a name.
 pub fn external_grant_name(pool: &str) -> String {
     format!("{}.external", contract::path_test_secret(pool))
 }
 
+/// Why a token Secret an external target names cannot be handed to the
+/// pool's agents, by Secret name (see [`token_grant::unmarked_token`]).
+pub type Unusable = BTreeMap<String, String>;
+
 /// The token Secrets of `pool`'s external targets, each once, sorted.
-fn external_secrets(pool: &DtnPool) -> Vec<String> {
+pub fn external_secrets(pool: &DtnPool) -> Vec<String> {
     let mut names: Vec<String> = pool
         .spec
         .path_tests
@@ -57,18 +63,12 @@ fn external_secrets(pool: &DtnPool) -> Vec<String> {
     names
 }
 
-/// What a pool with external targets needs: a Role and RoleBinding letting
-/// its own agents, and nobody else, `get` its targets' token Secrets;
-/// owned by the pool. None when it has no external target.
-pub fn external_grant(pool: &DtnPool) -> Option<(Role, RoleBinding)> {
-    let secrets = external_secrets(pool);
-    if secrets.is_empty() {
-        return None;
-    }
-    let ns = pool.namespace().unwrap_or_default();
-    let meta = ObjectMeta {
-        name: Some(external_grant_name(&pool.name_any())),
-        namespace: Some(ns.clone()),
+/// The metadata of a grant of `pool`'s named `name`: labelled as the
+/// pool's, owned by it, so it goes with the pool.
+fn grant_meta(pool: &DtnPool, name: String) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: pool.namespace(),
         labels: Some(BTreeMap::from([
             (contract::POOL_LABEL.to_owned(), pool.name_any()),
             (
@@ -78,7 +78,22 @@ pub fn external_grant(pool: &DtnPool) -> Option<(Role, RoleBinding)> {
         ])),
         owner_references: pool.controller_owner_ref(&()).map(|o| vec![o]),
         ..Default::default()
-    };
+    }
+}
+
+/// What a pool with external targets needs: a Role and RoleBinding letting
+/// its own agents, and nobody else, `get` the token Secrets of its targets
+/// but those `unusable`. None when no Secret is left to grant.
+pub fn external_grant(pool: &DtnPool, unusable: &Unusable) -> Option<(Role, RoleBinding)> {
+    let secrets: Vec<String> = external_secrets(pool)
+        .into_iter()
+        .filter(|s| !unusable.contains_key(s))
+        .collect();
+    if secrets.is_empty() {
+        return None;
+    }
+    let meta = grant_meta(pool, external_grant_name(&pool.name_any()));
+    let ns = pool.namespace().unwrap_or_default();
     Some(token_grant::reader(
         meta,
         &secrets,
@@ -118,19 +133,7 @@ pub fn testers_of<'a>(
 pub fn grant(listener: &DtnPool, testers: &[&DtnPool]) -> (Secret, Role, RoleBinding) {
     let name = contract::path_test_secret(&listener.name_any());
     let ns = listener.namespace().unwrap_or_default();
-    let meta = ObjectMeta {
-        name: Some(grant_name(&listener.name_any())),
-        namespace: Some(ns.clone()),
-        labels: Some(BTreeMap::from([
-            (contract::POOL_LABEL.to_owned(), listener.name_any()),
-            (
-                "app.kubernetes.io/managed-by".to_owned(),
-                contract::OPERATOR_MANAGER.to_owned(),
-            ),
-        ])),
-        owner_references: listener.controller_owner_ref(&()).map(|o| vec![o]),
-        ..Default::default()
-    };
+    let meta = grant_meta(listener, grant_name(&listener.name_any()));
     let secret = Secret {
         metadata: ObjectMeta {
             name: Some(name.clone()),
@@ -214,12 +217,22 @@ fn sane(mut r: PathTestResult) -> PathTestResult {
     r
 }
 
+/// Why a target has no tester.
+const NO_TESTER: &str = "no agent of this pool is ready to test from";
+
+/// The agent of `testers` that tests `target`: the same on every pass.
+fn tester_of<'a>(testers: &[&'a Agent], target: &str) -> Option<&'a Agent> {
+    (!testers.is_empty()).then(|| testers[fnv(target) % testers.len()])
+}
+
 /// The status of each of `pool`'s targets, from the pools of its namespace
-/// (`pools`) and every agent known (`agents`), seen at `now`.
+/// (`pools`), every agent known (`agents`) and the external targets' token
+/// Secrets that cannot be granted (`unusable`), seen at `now`.
 pub fn status(
     pool: &DtnPool,
     pools: &BTreeMap<Key, DtnPool>,
     agents: &[&Agent],
+    unusable: &Unusable,
     now: Timestamp,
 ) -> Vec<PathTestStatus> {
     let Some(spec) = &pool.spec.path_tests else {
@@ -229,7 +242,7 @@ pub fn status(
     let testers = live(agents, &(ns.clone(), pool.name_any()));
     let pools_ = spec.targets.iter().map(|t| {
         let key = (ns.clone(), t.pool.clone());
-        let tester = (!testers.is_empty()).then(|| testers[fnv(&t.pool) % testers.len()]);
+        let tester = tester_of(&testers, &t.pool);
         let listeners: Vec<&Agent> = live(agents, &key)
             .into_iter()
             .filter(|a| a.path_test_address.is_some())
@@ -244,9 +257,7 @@ pub fn status(
                 "pool {} does not take path tests: set its spec.pathTests.listen",
                 t.pool
             )),
-            Some(_) if tester.is_none() => {
-                Some("no agent of this pool is ready to test from".to_owned())
-            }
+            Some(_) if tester.is_none() => Some(NO_TESTER.to_owned()),
             Some(_) if listener.is_none() => Some(format!(
                 "no ready agent of pool {} has its path-test listener up yet",
                 t.pool
@@ -265,19 +276,29 @@ pub fn status(
         }
     });
     // An external target is at its address: it has no agents and no Lease
-    // to say whether it is up; a test that finds it down says so.
-    let external = spec.external.iter().map(|e| {
-        let tester = (!testers.is_empty()).then(|| testers[fnv(&e.name) % testers.len()]);
-        PathTestStatus {
-            target: e.name.clone(),
-            tester: tester.map(|a| a.name.clone()),
-            endpoint: tester.map(|_| e.address.clone()),
-            waiting: tester
-                .is_none()
-                .then(|| "no agent of this pool is ready to test from".to_owned()),
-            last: last(pool, &e.name, agents, now),
-        }
-    });
+    // to say whether it is up; a test that finds it down says so. One named
+    // like a pool target (which the CRD refuses) is left out: the status
+    // list is keyed by name, and a duplicate would fail its whole write.
+    let external = spec
+        .external
+        .iter()
+        .filter(|e| spec.targets.iter().all(|t| t.pool != e.name))
+        .map(|e| {
+            let tester = tester_of(&testers, &e.name);
+            let waiting = match (unusable.get(&e.token_secret), tester) {
+                (Some(why), _) => Some(why.clone()),
+                (None, None) => Some(NO_TESTER.to_owned()),
+                (None, Some(_)) => None,
+            };
+            let tester = tester.filter(|_| waiting.is_none());
+            PathTestStatus {
+                target: e.name.clone(),
+                tester: tester.map(|a| a.name.clone()),
+                endpoint: tester.map(|_| e.address.clone()),
+                waiting,
+                last: last(pool, &e.name, agents, now),
+            }
+        });
     pools_.chain(external).collect()
 }
 
@@ -376,7 +397,7 @@ mod tests {
             agent("empty", "empty-0", false, vec![]),
         ];
         let refs: Vec<&Agent> = agents.iter().collect();
-        let s = status(&near, &all, &refs, at(101));
+        let s = status(&near, &all, &refs, &Unusable::new(), at(101));
         let by: BTreeMap<&str, &PathTestStatus> =
             s.iter().map(|s| (s.target.as_str(), s)).collect();
         let far_s = by["far"];
@@ -410,7 +431,7 @@ mod tests {
             assert_eq!((&by[w].tester, &by[w].endpoint), (&None, &None), "{w}");
         }
         // With no live agent of its own, nothing is tested.
-        let s = status(&near, &all, &refs[2..], at(101));
+        let s = status(&near, &all, &refs[2..], &Unusable::new(), at(101));
         assert!(
             s[0].waiting
                 .as_deref()
@@ -421,8 +442,8 @@ mod tests {
         // Stable from pass to pass, whatever order the agents come in.
         let reversed: Vec<&Agent> = refs.iter().rev().copied().collect();
         assert_eq!(
-            status(&near, &all, &refs, at(101)),
-            status(&near, &all, &reversed, at(101))
+            status(&near, &all, &refs, &Unusable::new(), at(101)),
+            status(&near, &all, &reversed, &Unusable::new(), at(101))
         );
     }
 
@@ -440,7 +461,7 @@ mod tests {
             agent("far", "far-0", true, vec![]),
         ];
         let refs: Vec<&Agent> = agents.iter().collect();
-        let s = status(&near, &all, &refs, at(101));
+        let s = status(&near, &all, &refs, &Unusable::new(), at(101));
         let last = s[0].last.as_ref().unwrap();
         assert_eq!((last.agent.as_str(), last.gbps), ("near-1", 7.0));
         // Two results of the same second: the same one, in either order
@@ -452,15 +473,15 @@ mod tests {
         let one: Vec<&Agent> = tied.iter().collect();
         let other: Vec<&Agent> = tied.iter().rev().collect();
         assert_eq!(
-            status(&near, &all, &one, at(101)),
-            status(&near, &all, &other, at(101))
+            status(&near, &all, &one, &Unusable::new(), at(101)),
+            status(&near, &all, &other, &Unusable::new(), at(101))
         );
         // A restarted agent forgets its result; the status keeps it.
         near.status = Some(wirerate_crds::DtnPoolStatus {
             path_tests: s.clone(),
             ..Default::default()
         });
-        let s = status(&near, &all, &refs[3..], at(200));
+        let s = status(&near, &all, &refs[3..], &Unusable::new(), at(200));
         assert_eq!(s[0].last.as_ref().unwrap().gbps, 7.0);
     }
 
@@ -537,7 +558,7 @@ mod tests {
             agent("far", "far-0", true, vec![]),
         ];
         let refs: Vec<&Agent> = agents.iter().collect();
-        let s = status(&near, &all, &refs, at(101));
+        let s = status(&near, &all, &refs, &Unusable::new(), at(101));
         assert_eq!(s.len(), 2, "{s:#?}");
         let p = s.iter().find(|t| t.target == "partner").unwrap();
         assert_eq!(p.waiting, None);
@@ -551,26 +572,40 @@ mod tests {
         let mut with = agents.to_vec();
         with[0] = agent("near", "near-0", false, vec![record]);
         let refs: Vec<&Agent> = with.iter().collect();
-        let s = status(&near, &all, &refs, at(101));
+        let s = status(&near, &all, &refs, &Unusable::new(), at(101));
         let p = s.iter().find(|t| t.target == "partner").unwrap();
         assert_eq!(p.last.as_ref().map(|l| l.gbps), Some(3.0));
         // No live agent of its own: it waits, and says why.
-        let s = status(&near, &all, &refs[2..], at(101));
+        let s = status(&near, &all, &refs[2..], &Unusable::new(), at(101));
         let p = s.iter().find(|t| t.target == "partner").unwrap();
         assert_eq!((&p.tester, &p.endpoint), (&None, &None));
         assert!(p.waiting.as_deref().unwrap().contains("ready to test from"));
+        // A token Secret that cannot be granted: not tested, and it says why.
+        let unusable = Unusable::from([("partner-token".to_owned(), "not marked".to_owned())]);
+        let s = status(&near, &all, &refs, &unusable, at(101));
+        let p = s.iter().find(|t| t.target == "partner").unwrap();
+        assert_eq!((&p.tester, &p.endpoint), (&None, &None));
+        assert_eq!(p.waiting.as_deref(), Some("not marked"));
+        // Named like a pool target (the CRD refuses it): left out, since the
+        // status list takes one line per name.
+        near.spec.path_tests.as_mut().unwrap().external = vec![external("far", "far-token")];
+        let s = status(&near, &all, &refs, &Unusable::new(), at(101));
+        assert_eq!(s.len(), 1, "{s:#?}");
     }
 
     #[test]
     fn external_tokens_are_readable_by_the_testing_pools_agents_only() {
         let mut near = pool("near", false, &[]);
-        assert!(external_grant(&near).is_none(), "nothing to grant");
+        assert!(
+            external_grant(&near, &Unusable::new()).is_none(),
+            "nothing to grant"
+        );
         near.spec.path_tests.as_mut().unwrap().external = vec![
             external("b", "token-b"),
             external("a", "token-a"),
             external("c", "token-a"),
         ];
-        let (role, rb) = external_grant(&near).unwrap();
+        let (role, rb) = external_grant(&near, &Unusable::new()).unwrap();
         assert_eq!(
             role.metadata.name.as_deref(),
             Some("wirerate-path-test.near.external")
@@ -593,5 +628,17 @@ mod tests {
         assert_eq!(rb.role_ref.name, "wirerate-path-test.near.external");
         let o = &role.metadata.owner_references.unwrap()[0];
         assert_eq!((o.kind.as_str(), o.uid.as_str()), ("DtnPool", "uid-near"));
+        // A Secret that is not marked for wirerate is not granted.
+        let unusable = Unusable::from([("token-a".to_owned(), "not marked".to_owned())]);
+        let (role, _) = external_grant(&near, &unusable).unwrap();
+        assert_eq!(
+            role.rules.unwrap()[0].resource_names.as_deref(),
+            Some(&["token-b".to_owned()][..])
+        );
+        let unusable = Unusable::from([
+            ("token-a".to_owned(), String::new()),
+            ("token-b".to_owned(), String::new()),
+        ]);
+        assert!(external_grant(&near, &unusable).is_none());
     }
 }

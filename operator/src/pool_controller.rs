@@ -118,7 +118,8 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
     } else if spec_moved || pending {
         revoked = Some(revoke_path_tests(pool, ctx).await);
     }
-    if let Some((role, binding)) = path_tests::external_grant(pool) {
+    let unusable = unusable_tokens(pool, ctx).await?;
+    if let Some((role, binding)) = path_tests::external_grant(pool, &unusable) {
         if let Err(e) = grant_external(pool, ctx, &role, &binding).await {
             tracing::warn!(error = %e, "cannot grant the external path-test targets' tokens");
         }
@@ -191,7 +192,7 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
         now,
     );
     let neighbours: Vec<_> = view.agents.values().filter(|a| a.namespace == ns).collect();
-    status.path_tests = path_tests::status(pool, &view.pools, &neighbours, now);
+    status.path_tests = path_tests::status(pool, &view.pools, &neighbours, &unusable, now);
     announce(ctx, pool, &status).await;
     if pool.status.as_ref() != Some(&status) {
         let patch = wirerate_crds::apply::StatusApply::new::<DtnPool>(&status);
@@ -257,11 +258,29 @@ async fn grant_external(
     let grant = path_tests::external_grant_name(&pool.name_any());
     if let Some(what) = taken_grant(ctx, &ns, &grant, &uid).await? {
         taken_event(pool, ctx, &what).await;
-        return Ok(());
+        // The pool's own half goes too: a binding of ours to someone
+        // else's Role would give the agents whatever that Role allows.
+        return revoke_grant(pool, ctx, &grant).await;
     }
     ctx.apply(role).await?;
     ctx.apply(binding).await?;
     Ok(())
+}
+
+/// Why each token Secret `pool`'s external targets name cannot be granted,
+/// if it cannot: it must exist and be marked for wirerate, as an external
+/// receiver's token must (the pool's author chose it).
+async fn unusable_tokens(pool: &DtnPool, ctx: &Context) -> Result<path_tests::Unusable> {
+    let ns = pool.namespace().unwrap_or_default();
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut out = path_tests::Unusable::new();
+    for name in path_tests::external_secrets(pool) {
+        let field = "pathTests.external[].tokenSecret";
+        if let Some(why) = token_grant::unmarked_token(&api, &ns, &name, field).await? {
+            out.insert(name, why);
+        }
+    }
+    Ok(out)
 }
 
 /// The Role or RoleBinding named `grant` in `ns`, if one exists that the

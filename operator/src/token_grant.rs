@@ -44,6 +44,30 @@ pub fn fresh_token() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Why the Secret `name` of `api`'s namespace `ns`, named in `field` of a
+/// user's object, cannot be handed to agents, if it cannot. Whoever wrote
+/// the object chose the Secret, so it must say itself that it is meant for
+/// wirerate: whoever labelled it could read it, so the agents get nothing
+/// its owners did not give.
+pub async fn unmarked_token(
+    api: &Api<Secret>,
+    ns: &str,
+    name: &str,
+    field: &str,
+) -> kube::Result<Option<String>> {
+    let label = contract::EXTERNAL_TOKEN_LABEL;
+    Ok(match api.get_metadata_opt(name).await? {
+        None => Some(format!(
+            "Secret {ns}/{name} ({field}) does not exist: create it with the token under the key '{}' and the label {label}=true",
+            contract::TOKEN_KEY
+        )),
+        Some(s) if s.labels().get(label).map(String::as_str) != Some("true") => Some(format!(
+            "Secret {ns}/{name} ({field}) is not marked for wirerate: label it {label}=true (kubectl label secret -n {ns} {name} {label}=true) to let the pool's agents read it"
+        )),
+        Some(_) => None,
+    })
+}
+
 /// Creates `secret` (owned by the `kind` object `uid`) unless it exists;
 /// never rewrites it, so a token in use never changes. False when a Secret
 /// of its name exists that another owns: it is not ours to hand out.

@@ -428,30 +428,23 @@ fn finalizer_patch(t: &Transfer, keep: bool) -> Option<json_patch::Patch> {
 }
 
 /// Why an external receiver's token Secret cannot be handed to the sending
-/// agents, if it cannot. The Secret is the Transfer author's choice, so it
-/// must say itself that it is meant for wirerate: whoever labelled it could
-/// read it, so the agents get nothing its owners did not give.
+/// agents, if it cannot (see [`token_grant::unmarked_token`]).
 async fn external_token_unusable(t: &Transfer, ctx: &Context) -> Result<Option<Invalid>> {
     let Some(ext) = &t.spec.destination.external else {
         return Ok(None);
     };
     let ns = t.namespace().ok_or(Error::Malformed("a namespace"))?;
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    let name = &ext.token_secret;
-    let label = contract::EXTERNAL_TOKEN_LABEL;
-    let problem = match api.get_metadata_opt(name).await? {
-        None => format!(
-            "Secret {ns}/{name} (destination.external.tokenSecret) does not exist: create it with the receiver's token under the key '{}' and the label {label}=true",
-            contract::TOKEN_KEY
-        ),
-        Some(s) if s.labels().get(label).map(String::as_str) != Some("true") => format!(
-            "Secret {ns}/{name} is not marked for wirerate: label it {label}=true (kubectl label secret -n {ns} {name} {label}=true) to let the sending pool's agents read it"
-        ),
-        Some(_) => return Ok(None),
-    };
-    Ok(Some(Invalid {
+    let problem = token_grant::unmarked_token(
+        &api,
+        &ns,
+        &ext.token_secret,
+        "destination.external.tokenSecret",
+    )
+    .await?;
+    Ok(problem.map(|message| Invalid {
         reason: reason::TOKEN_SECRET_NOT_USABLE,
-        message: problem,
+        message,
     }))
 }
 

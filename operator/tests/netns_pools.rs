@@ -947,6 +947,10 @@ async fn a_pool_tests_the_path_to_an_external_listener_with_the_token_its_spec_n
     let secret = Secret {
         metadata: kube::api::ObjectMeta {
             name: Some("site-b-token".into()),
+            labels: Some(std::collections::BTreeMap::from([(
+                contract::EXTERNAL_TOKEN_LABEL.to_owned(),
+                "true".to_owned(),
+            )])),
             ..Default::default()
         },
         data: Some(std::collections::BTreeMap::from([(

@@ -188,6 +188,18 @@ pub fn result(
     r
 }
 
+/// Where to test `target`, which the status says is at `listed`: an
+/// external target at the address its spec gives, beside the token Secret
+/// that spec names (a status that lags the spec, or was written by someone
+/// else, must not send one target's proof to another's address); a pool's
+/// at its listener the operator chose.
+pub fn endpoint<'a>(spec: &'a PathTests, target: &str, listed: &'a str) -> &'a str {
+    spec.external
+        .iter()
+        .find(|e| e.name == target)
+        .map_or(listed, |e| e.address.as_str())
+}
+
 /// The Secret holding `target`'s token: the one an external target names,
 /// else the target pool's path-test Secret. The CRD keeps the two kinds'
 /// names apart.
@@ -283,7 +295,10 @@ impl PathTester {
                 let ago = s.last.as_ref().map(|l| {
                     Duration::try_from(wall.duration_since(l.at.0)).unwrap_or(Duration::ZERO)
                 });
-                Some((s.target.as_str(), (s.endpoint.as_deref()?, ago)))
+                Some((
+                    s.target.as_str(),
+                    (endpoint(spec?, &s.target, s.endpoint.as_deref()?), ago),
+                ))
             })
             .collect();
         // A test beside a transfer, or no longer this agent's to run, stops
@@ -704,5 +719,11 @@ mod tests {
         };
         assert_eq!(token_secret(&spec, "partner"), "partner-token");
         assert_eq!(token_secret(&spec, "far"), "wirerate-path-test.far");
+        // The spec's address, whatever the status lists.
+        assert_eq!(
+            endpoint(&spec, "partner", "elsewhere:1"),
+            "dtn.partner.example:7690"
+        );
+        assert_eq!(endpoint(&spec, "far", "far-0:7690"), "far-0:7690");
     }
 }
