@@ -54,9 +54,11 @@ pub struct Context {
     /// Assignments taken (being written, or written but maybe not yet back
     /// through the watch), by Transfer uid.
     pub ledger: Mutex<HashMap<String, Assignment>>,
-    /// Pools (by uid) whose path-test grant could not be taken back: tried
-    /// again on every pass until it is, whatever else changed.
-    pub revokes_pending: Mutex<std::collections::HashSet<String>>,
+    /// Pools (by uid) whose unwanted path-test grants this operator has
+    /// seen gone. Any other pool's are taken back on every pass until they
+    /// are, whatever else changed: after a failed revocation, and after a
+    /// start, which cannot know of a failure before it.
+    pub revokes_settled: Mutex<std::collections::HashSet<String>>,
     /// The index, the last plan, and who was woken for it.
     scheduling: Mutex<Scheduling>,
     /// Bumped by every change a plan depends on.
@@ -155,7 +157,7 @@ impl Context {
             metrics,
             stores,
             ledger: Mutex::default(),
-            revokes_pending: Mutex::default(),
+            revokes_settled: Mutex::default(),
             scheduling: Mutex::new(Scheduling {
                 planner: Planner::default(),
                 plan: Arc::default(),

@@ -1296,7 +1296,13 @@ fn partner_status(d: &Double) -> serde_json::Value {
 #[tokio::test]
 async fn an_external_targets_token_is_granted_only_once_marked_for_wirerate() {
     let mut d = Double::new();
-    let near = testing_partner();
+    let mut near = testing_partner();
+    // As the API holds it after a first pass: no spec change to see.
+    near.metadata.generation = Some(1);
+    near.status = Some(wirerate_crds::DtnPoolStatus {
+        observed_generation: Some(1),
+        ..Default::default()
+    });
     d.pool(&near);
     pool_controller::reconcile(Arc::new(near.clone()), d.ctx.clone())
         .await
@@ -1321,10 +1327,18 @@ async fn an_external_targets_token_is_granted_only_once_marked_for_wirerate() {
         "{p}"
     );
     partner_token(&d, true);
-    pool_controller::reconcile(Arc::new(near), d.ctx.clone())
+    pool_controller::reconcile(Arc::new(near.clone()), d.ctx.clone())
         .await
         .expect("reconcile");
     assert!(d.has(EXTERNAL_ROLE), "{:#?}", d.calls());
+    // Found in review: the label taken off again, on a pass that moved no
+    // spec, left the grant in place.
+    partner_token(&d, false);
+    pool_controller::reconcile(Arc::new(near), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    assert!(!d.has(EXTERNAL_ROLE), "the grant outlived the label");
+    assert!(!d.has(EXTERNAL_BINDING));
 }
 
 #[tokio::test]
@@ -1393,4 +1407,37 @@ async fn an_external_grants_name_someone_else_owns_is_left_alone_and_ours_goes()
         .find(|c| c.method == "POST" && c.path.ends_with("/events"))
         .expect("an Event");
     assert_eq!(event.body["reason"], "PathTestSecretTaken");
+}
+
+// Found in review: a revocation that failed was remembered in memory only,
+// so an operator started after it, with the spec unchanged since, left the
+// grant for good. A start takes back whatever the pool no longer wants.
+#[tokio::test]
+async fn a_started_operator_takes_back_a_grant_the_pool_no_longer_wants() {
+    let mut d = Double::new();
+    let mut near = testing_partner();
+    partner_token(&d, true);
+    d.pool(&near);
+    pool_controller::reconcile(Arc::new(near.clone()), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    assert!(d.has(EXTERNAL_ROLE));
+    // The target gone, and that spec seen, while the revocation failed.
+    near.spec.path_tests.as_mut().unwrap().external.clear();
+    near.metadata.generation = Some(2);
+    near.status = Some(wirerate_crds::DtnPoolStatus {
+        observed_generation: Some(2),
+        ..Default::default()
+    });
+    // A new operator: the same objects, nothing remembered.
+    let mut fresh = Double::new();
+    for path in [EXTERNAL_ROLE, EXTERNAL_BINDING] {
+        fresh.put(path, &d.object_at(path));
+    }
+    fresh.pool(&near);
+    pool_controller::reconcile(Arc::new(near), fresh.ctx.clone())
+        .await
+        .expect("reconcile");
+    assert!(!fresh.has(EXTERNAL_ROLE), "{:#?}", fresh.calls());
+    assert!(!fresh.has(EXTERNAL_BINDING));
 }

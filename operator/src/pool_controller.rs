@@ -101,14 +101,15 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
     if spec_moved || old.serving_namespaces != serving {
         revoke_remote(pool, ctx, &r.remote).await?;
     }
-    // The path-test grant before the applies below, for the same reason,
-    // and never in their way: its trouble is logged, and a revocation that
-    // failed is tried again on every pass until it goes through.
+    // The path-test grants before the applies below, for the same reason,
+    // and never in their way: their trouble is logged, and a revocation
+    // that failed, or that a start cannot know of, is tried again on every
+    // pass until it goes through.
     let uid = pool.metadata.uid.clone().unwrap_or_default();
     let pending = ctx
-        .revokes_pending
+        .revokes_settled
         .lock()
-        .map(|p| p.contains(&uid))
+        .map(|p| !p.contains(&uid))
         .unwrap_or(true);
     let mut revoked = None;
     if path_tests::listens(pool) {
@@ -118,12 +119,14 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
     } else if spec_moved || pending {
         revoked = Some(revoke_path_tests(pool, ctx).await);
     }
-    let unusable = unusable_tokens(pool, ctx).await?;
+    let unusable = unusable_tokens(pool, ctx).await;
     if let Some((role, binding)) = path_tests::external_grant(pool, &unusable) {
         if let Err(e) = grant_external(pool, ctx, &role, &binding).await {
             tracing::warn!(error = %e, "cannot grant the external path-test targets' tokens");
         }
-    } else if spec_moved || pending {
+    } else if spec_moved || pending || !unusable.is_empty() {
+        // Also while every Secret is unusable: a label taken off one is
+        // seen on a pass that moved no spec.
         let name = path_tests::external_grant_name(&pool.name_any());
         let gone = revoke_grant(pool, ctx, &name).await;
         revoked = Some(revoked.unwrap_or(Ok(())).and(gone));
@@ -132,11 +135,11 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
         if let Err(e) = &revoked {
             tracing::warn!(error = %e, "cannot take the pool's path-test grant back; trying again");
         }
-        if let Ok(mut p) = ctx.revokes_pending.lock() {
+        if let Ok(mut p) = ctx.revokes_settled.lock() {
             if revoked.is_ok() {
-                p.remove(&uid);
-            } else {
                 p.insert(uid);
+            } else {
+                p.remove(&uid);
             }
         }
     }
@@ -269,18 +272,23 @@ async fn grant_external(
 
 /// Why each token Secret `pool`'s external targets name cannot be granted,
 /// if it cannot: it must exist and be marked for wirerate, as an external
-/// receiver's token must (the pool's author chose it).
-async fn unusable_tokens(pool: &DtnPool, ctx: &Context) -> Result<path_tests::Unusable> {
+/// receiver's token must (the pool's author chose it). One that cannot be
+/// looked at is not granted either, and the rest of the pool goes on.
+async fn unusable_tokens(pool: &DtnPool, ctx: &Context) -> path_tests::Unusable {
     let ns = pool.namespace().unwrap_or_default();
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let mut out = path_tests::Unusable::new();
     for name in path_tests::external_secrets(pool) {
         let field = "pathTests.external[].tokenSecret";
-        if let Some(why) = token_grant::unmarked_token(&api, &ns, &name, field).await? {
+        let why = match token_grant::unmarked_token(&api, &ns, &name, field).await {
+            Ok(why) => why,
+            Err(e) => Some(format!("cannot look at Secret {ns}/{name}: {e}")),
+        };
+        if let Some(why) = why {
             out.insert(name, why);
         }
     }
-    Ok(out)
+    out
 }
 
 /// The Role or RoleBinding named `grant` in `ns`, if one exists that the
@@ -486,7 +494,7 @@ fn gone(result: kube::Result<()>) -> Result<()> {
 async fn cleanup(pool: &DtnPool, ctx: &Context) -> Result<Action> {
     revoke_remote(pool, ctx, &[]).await?;
     // Its path-test grant goes with it, by owner reference.
-    if let (Ok(mut p), Some(uid)) = (ctx.revokes_pending.lock(), &pool.metadata.uid) {
+    if let (Ok(mut p), Some(uid)) = (ctx.revokes_settled.lock(), &pool.metadata.uid) {
         p.remove(uid);
     }
     Ok(Action::await_change())

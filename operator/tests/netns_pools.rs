@@ -487,6 +487,44 @@ impl Cluster {
         assert!(self.procs.len() < before, "no process {name}");
     }
 
+    /// Runs a discard-only `serve` as `name` on the receivers' host, on
+    /// `port` and `token`, and waits until it listens.
+    async fn discard_listener(&mut self, name: &'static str, port: u16, token: &[u8]) {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let work = self.work.as_ref().expect("the work directory").path();
+        let (root, token_file) = (work.join(name), work.join(format!("{name}.token")));
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .mode(0o600)
+            .open(&token_file)
+            .and_then(|mut f| f.write_all(token))
+            .unwrap();
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.hosts.receiver])
+            .arg(&self.agent_bin)
+            .args(["serve", "--discard-only", "--listen"])
+            .arg(format!("0.0.0.0:{port}"))
+            .arg("--root")
+            .arg(&root)
+            .arg("--token-file")
+            .arg(&token_file)
+            .env("RUST_LOG", "warn");
+        self.spawn(name, &mut cmd);
+        self.wait_for(
+            Duration::from_secs(30),
+            &format!("the {name} is not listening"),
+            || async {
+                self.hosts
+                    .listening(&self.hosts.receiver, port)
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+
     /// Starts the operator and one agent per pool.
     fn start(&mut self) {
         let operator = env!("CARGO_BIN_EXE_wirerate-operator");
@@ -815,44 +853,8 @@ async fn a_listener_whose_port_is_taken_says_so_in_the_pool_status_until_it_is_f
     }
     let mut c = Cluster::prepare(2, Some(json!({"listen": true, "port": PORT})), None).await;
     // Another discard-only wirerate receiver holds the port.
-    let work = c
-        .work
-        .as_ref()
-        .expect("the work directory")
-        .path()
-        .to_owned();
-    let (other_root, token) = (work.join("other"), work.join("other.token"));
-    std::fs::create_dir_all(&other_root).unwrap();
-    {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .create_new(true)
-            .write(true)
-            .mode(0o600)
-            .open(&token)
-            .unwrap();
-        f.write_all(b"another-pools-token-0123456789abcdef")
-            .unwrap();
-    }
-    let mut holder = Command::new("ip");
-    holder
-        .args(["netns", "exec", &c.hosts.receiver])
-        .arg(&c.agent_bin)
-        .args(["serve", "--discard-only", "--listen"])
-        .arg(format!("0.0.0.0:{PORT}"))
-        .arg("--root")
-        .arg(&other_root)
-        .arg("--token-file")
-        .arg(&token)
-        .env("RUST_LOG", "warn");
-    c.spawn("port holder", &mut holder);
-    c.wait_for(
-        Duration::from_secs(30),
-        "the port holder is not listening",
-        || async { c.hosts.listening(&c.hosts.receiver, PORT).then_some(()) },
-    )
-    .await;
+    c.discard_listener("port holder", PORT, b"another-pools-token-0123456789abcdef")
+        .await;
 
     c.start();
     let pools = c.api::<DtnPool>();
@@ -925,25 +927,6 @@ async fn a_pool_tests_the_path_to_an_external_listener_with_the_token_its_spec_n
     )
     .await;
     let token = b"site-b-token-0123456789abcdef0123456789";
-    let work = c
-        .work
-        .as_ref()
-        .expect("the work directory")
-        .path()
-        .to_owned();
-    let (root, token_file) = (work.join("site-b"), work.join("site-b.token"));
-    std::fs::create_dir_all(&root).unwrap();
-    {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .create_new(true)
-            .write(true)
-            .mode(0o600)
-            .open(&token_file)
-            .unwrap();
-        f.write_all(token).unwrap();
-    }
     let secret = Secret {
         metadata: kube::api::ObjectMeta {
             name: Some("site-b-token".into()),
@@ -963,24 +946,7 @@ async fn a_pool_tests_the_path_to_an_external_listener_with_the_token_its_spec_n
         .create(&PostParams::default(), &secret)
         .await
         .unwrap();
-    let mut listener = Command::new("ip");
-    listener
-        .args(["netns", "exec", &c.hosts.receiver])
-        .arg(&c.agent_bin)
-        .args(["serve", "--discard-only", "--listen"])
-        .arg(format!("0.0.0.0:{port}"))
-        .arg("--root")
-        .arg(&root)
-        .arg("--token-file")
-        .arg(&token_file)
-        .env("RUST_LOG", "warn");
-    c.spawn("external listener", &mut listener);
-    c.wait_for(
-        Duration::from_secs(30),
-        "the external listener is not listening",
-        || async { c.hosts.listening(&c.hosts.receiver, port).then_some(()) },
-    )
-    .await;
+    c.discard_listener("external listener", port, token).await;
     c.start();
 
     // The testing pool's agents, and nobody else, may read that one Secret.
