@@ -1,11 +1,14 @@
 //! A pool's path tests (`spec.pathTests`): which of its agents tests which
 //! target pool, at which of the target's listeners, and what the last test
-//! found; and, for a pool that listens, the token its listeners take and
-//! who may read it.
+//! found; for a pool that listens, the token its listeners take and who
+//! may read it; and for external targets, which token Secrets the pool's
+//! agents may read.
 //!
 //! The namespace is the unit of trust: a pool tests only pools of its own
 //! namespace that listen, and a listener's token buys a memory-to-memory
-//! test and nothing else (the agents' listeners are discard-only).
+//! test and nothing else (the agents' listeners are discard-only). An
+//! external target's token is a Secret of the namespace that its owners
+//! marked for wirerate and the pool's author may read.
 
 use std::collections::BTreeMap;
 
@@ -240,7 +243,7 @@ pub fn status(
     };
     let ns = pool.namespace().unwrap_or_default();
     let testers = live(agents, &(ns.clone(), pool.name_any()));
-    let pools_ = spec.targets.iter().map(|t| {
+    let of_pools = spec.targets.iter().map(|t| {
         let key = (ns.clone(), t.pool.clone());
         let tester = tester_of(&testers, &t.pool);
         let listeners: Vec<&Agent> = live(agents, &key)
@@ -299,7 +302,7 @@ pub fn status(
                 last: last(pool, &e.name, agents, now),
             }
         });
-    pools_.chain(external).collect()
+    of_pools.chain(external).collect()
 }
 
 #[cfg(test)]
