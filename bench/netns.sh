@@ -45,6 +45,9 @@ up() {
     dev=$([ $ns = $A ] && echo wra0 || echo wrb0)
     ip -n $ns link set $dev mtu "$mtu" up
     ip netns exec $ns sysctl -qw net.ipv4.tcp_rmem="4096 131072 $buf" net.ipv4.tcp_wmem="4096 131072 $buf"
+    # As on a DTN (the agent's preflight checks it): a connection idle
+    # between transfers keeps its window instead of starting slow again.
+    ip netns exec $ns sysctl -qw net.ipv4.tcp_slow_start_after_idle=0
   done
   # A host setting, the route's initial congestion and receive windows
   # (segments; the kernel's default is 10): what a DTN's admin can set

@@ -16,6 +16,7 @@ use wirerate_crds::contract;
 use wirerate_engine::io::IoMode;
 use wirerate_engine::net::SocketOpts;
 use wirerate_engine::receiver::{DiscardPolicy, ServeConfig, Server};
+use wirerate_engine::sender::warm::Warm;
 use wirerate_engine::sender::{SendConfig, send};
 use wirerate_engine::summary::SendSummary;
 use wirerate_engine::tuning::{self, Overrides};
@@ -239,12 +240,47 @@ struct SendArgs {
     synthetic: Option<u64>,
     #[command(flatten)]
     tuning: SendTuning,
-    /// Print the summary as one JSON object.
+    /// Send it this many times, one after another, in this process: each
+    /// run after the first joins over the data connections the last one
+    /// parked (as a long-running sender's next transfer to the same
+    /// receiver does), skipping TCP's handshake and, where
+    /// net.ipv4.tcp_slow_start_after_idle is 0, its slow start. For
+    /// measuring the warm start; bench/run does.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    repeat: u32,
+    /// Seconds to wait between the runs of --repeat: a warm connection
+    /// idle longer than its retransmission timeout starts TCP's slow start
+    /// again, unless net.ipv4.tcp_slow_start_after_idle is 0.
+    #[arg(long, default_value_t = 0.0, requires = "repeat", value_parser = repeat_pause)]
+    repeat_pause: f64,
+    /// Print the summary as one JSON object (one per line with --repeat,
+    /// each with its run's number and start).
     #[arg(long)]
     json: bool,
     /// No progress output.
     #[arg(long, short)]
     quiet: bool,
+}
+
+/// One run of `send --repeat`.
+#[derive(serde::Serialize)]
+struct Repeated {
+    run: u32,
+    /// Seconds from the command's start to this run's.
+    began_secs: f64,
+    #[serde(flatten)]
+    summary: SendSummary,
+}
+
+impl Repeated {
+    fn render(&self) -> String {
+        format!(
+            "run {}, begun {:.2} s after the first:\n{}",
+            self.run,
+            self.began_secs,
+            self.summary.render()
+        )
+    }
 }
 
 #[derive(Args, Clone)]
@@ -324,6 +360,12 @@ fn size(s: &str) -> Result<u64, String> {
 }
 fn rate(s: &str) -> Result<u64, String> {
     parse_rate(s).map_err(|e| e.to_string())
+}
+fn repeat_pause(s: &str) -> Result<f64, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|p| (0.0..=3600.0).contains(p))
+        .ok_or_else(|| format!("{s:?} is not a number of seconds from 0 to 3600"))
 }
 fn umask(s: &str) -> Result<u32, String> {
     u32::from_str_radix(s, 8)
@@ -455,16 +497,35 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 a.dest.unwrap_or_default(),
             )?;
             cfg.synthetic = a.synthetic;
-            let progress = Arc::new(Progress::default());
-            cfg.observer = Shown::metrics()
-                .with_progress(Arc::clone(&progress))
-                .observe();
-            let renderer = Renderer::start(Arc::clone(&progress), "send", a.quiet);
-            let result = send(&cfg);
-            renderer.finish();
-            let summary = result?;
-            wirerate_agent::summary::print(&summary, SendSummary::render, a.json);
-            Ok(if summary.ok {
+            cfg.warm = (a.repeat > 1).then(|| Arc::new(Warm::default()));
+            let start = std::time::Instant::now();
+            let mut all_ok = true;
+            for run in 1..=a.repeat {
+                if run > 1 {
+                    std::thread::sleep(Duration::from_secs_f64(a.repeat_pause));
+                }
+                let progress = Arc::new(Progress::default());
+                cfg.observer = Shown::metrics()
+                    .with_progress(Arc::clone(&progress))
+                    .observe();
+                let began = start.elapsed().as_secs_f64();
+                let renderer = Renderer::start(Arc::clone(&progress), "send", a.quiet);
+                let result = send(&cfg);
+                renderer.finish();
+                let summary = result?;
+                all_ok &= summary.ok;
+                if a.repeat == 1 {
+                    wirerate_agent::summary::print(&summary, SendSummary::render, a.json);
+                } else {
+                    let r = Repeated {
+                        run,
+                        began_secs: began,
+                        summary,
+                    };
+                    wirerate_agent::summary::print(&r, Repeated::render, a.json);
+                }
+            }
+            Ok(if all_ok {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(1)

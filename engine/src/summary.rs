@@ -78,6 +78,10 @@ pub struct SendSummary {
     pub io: IoInEffect,
     /// Data streams opened.
     pub streams: u16,
+    /// Data streams that joined over a connection an earlier session to
+    /// the same receiver had parked (`SendConfig::warm`), skipping the TCP
+    /// handshake and, where the host allows, slow start.
+    pub streams_warm: u64,
     /// Why that many, when the per-link tuner chose them (`null` when the
     /// count was fixed).
     pub streams_chosen: Option<String>,
@@ -191,6 +195,12 @@ impl SendSummary {
             self.congestion,
             per.join(" ")
         ));
+        if self.streams_warm > 0 {
+            s.push_str(&format!(
+                "  warm       {} data stream joins over parked connections\n",
+                self.streams_warm
+            ));
+        }
         if let Some(why) = &self.streams_chosen {
             s.push_str(&format!("  tuned      streams {why}\n"));
         }

@@ -95,13 +95,22 @@ pub fn walk(dir: &Path) -> Vec<PathBuf> {
 }
 
 pub fn server(root: &Path, mode: IoMode) -> ServerHandle {
+    bind_server(root, mode, "127.0.0.1:0")
+}
+
+/// A receiver at `addr` (a stopped one's, say), in async mode.
+pub fn server_at(root: &Path, addr: SocketAddr) -> ServerHandle {
+    bind_server(root, IoMode::Async, &addr.to_string())
+}
+
+fn bind_server(root: &Path, mode: IoMode, addr: &str) -> ServerHandle {
     let mut cfg = ServeConfig::new(root.to_path_buf(), TOKEN.to_vec());
     cfg.io_mode = mode;
     cfg.buffer = 8 << 20;
     cfg.checkpoint_interval = Duration::from_millis(100);
     // A join for a session nobody opens is refused after this.
     cfg.join_wait = Duration::from_secs(1);
-    Server::bind("127.0.0.1:0", cfg).expect("bind").spawn()
+    Server::bind(addr, cfg).expect("bind").spawn()
 }
 
 /// The receiver's session summaries once `n` have been recorded (the last

@@ -40,7 +40,7 @@ use crate::io::IoMode;
 use crate::net::{self, SocketOpts, auth};
 use crate::observe::{Observe, unobserved};
 use crate::summary::ReceiverSummary;
-use crate::wire::{Frame, Purpose, write_frame};
+use crate::wire::{Frame, PARK_IDLE, Purpose, write_frame};
 use crate::{Settings, Throttle, tuning};
 
 /// How often a repeated failure is logged.
@@ -193,6 +193,10 @@ pub(crate) struct Shared {
     claims: claims::Claims,
     admission: Arc<admission::Admission>,
     stop: AtomicBool,
+    /// Parked data connections, by peer, cut the moment the server stops:
+    /// a sender's next session must not join over one to a server that no
+    /// longer has its sessions while another took its address.
+    parked: Mutex<HashMap<SocketAddr, TcpStream>>,
     summaries: Mutex<std::collections::VecDeque<ReceiverSummary>>,
     /// The counters of the session planned last, for `ServerHandle::landed`.
     latest: Mutex<Option<Arc<stats::Stats>>>,
@@ -276,6 +280,7 @@ impl Server {
                 claims: claims::Claims::default(),
                 admission: Arc::new(admission),
                 stop: AtomicBool::new(false),
+                parked: Mutex::default(),
                 summaries: Mutex::default(),
                 latest: Mutex::default(),
                 job: JobCounters::default(),
@@ -361,6 +366,9 @@ impl ServerHandle {
 
     fn shutdown(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
+        for st in lock(&self.shared.parked).values() {
+            let _ = st.shutdown(std::net::Shutdown::Both);
+        }
         // Wake the blocking accept.
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
         if let Some(t) = self.thread.take() {
@@ -491,7 +499,30 @@ fn handle_connection(
     mut ticket: admission::Ticket,
 ) -> Result<()> {
     net::apply(&stream, &shared.cfg.socket)?;
-    let handshake = net::within(&stream, shared.cfg.handshake_timeout, |d| {
+    // A data stream its sender parks comes back here for its next
+    // session's handshake.
+    loop {
+        let Some(purpose) = handshake(shared, &mut stream) else {
+            return Ok(());
+        };
+        ticket.authenticated();
+        match purpose {
+            Purpose::Control => return session::run_control(shared, stream),
+            Purpose::Join {
+                session,
+                stream: idx,
+            } => match session::run_stream(shared, stream, session, idx)? {
+                Some(parked) if wait_parked(shared, &parked) => stream = parked,
+                _ => return Ok(()),
+            },
+        }
+    }
+}
+
+/// Authenticates a connection within the handshake timeout; `None` (with
+/// the refusal counted and logged) when it does not.
+fn handshake(shared: &Shared, stream: &mut TcpStream) -> Option<Purpose> {
+    let handshake = net::within(stream, shared.cfg.handshake_timeout, |d| {
         // TCP readiness probes and port waits connect and close without a
         // byte; that is not worth a warning on every probe.
         if matches!(d.peek(&mut [0u8; 1]), Ok(0)) {
@@ -499,11 +530,11 @@ fn handle_connection(
         }
         auth::server(d, &shared.cfg.token).map(Some)
     });
-    let purpose = match handshake {
-        Ok(Some(p)) => p,
+    match handshake {
+        Ok(Some(p)) => Some(p),
         Ok(None) => {
-            tracing::debug!("connection closed before its hello (a probe?)");
-            return Ok(());
+            tracing::debug!("connection closed before its hello (a probe, or a parked stream)");
+            None
         }
         Err(e) => {
             let reason = match &e {
@@ -514,7 +545,7 @@ fn handle_connection(
             shared.cfg.observer.refused(reason);
             if matches!(e, Error::Protocol(_)) {
                 let _ = write_frame(
-                    &mut stream,
+                    stream,
                     &Frame::Error {
                         retryable: false,
                         message: e.to_string(),
@@ -524,15 +555,41 @@ fn handle_connection(
             // Counted in the metrics above; logged sparingly here, not by
             // the caller per connection.
             shared.log_failed_handshake(reason, stream.peer_addr().ok(), &e);
-            return Ok(());
+            None
         }
-    };
-    ticket.authenticated();
-    match purpose {
-        Purpose::Control => session::run_control(shared, stream),
-        Purpose::Join {
-            session,
-            stream: idx,
-        } => session::run_stream(shared, stream, session, idx),
     }
+}
+
+/// Holds a parked data connection until its sender starts the next
+/// handshake on it (true), or for at most `PARK_IDLE`, or until the
+/// receiver stops (false: it closes).
+fn wait_parked(shared: &Shared, stream: &TcpStream) -> bool {
+    let Some(peer) = stream.peer_addr().ok() else {
+        return false;
+    };
+    let Ok(clone) = stream.try_clone() else {
+        return false;
+    };
+    lock(&shared.parked).insert(peer, clone);
+    let woken = wait_parked_until(shared, stream, Instant::now() + PARK_IDLE);
+    lock(&shared.parked).remove(&peer);
+    woken
+}
+
+fn wait_parked_until(shared: &Shared, stream: &TcpStream, until: Instant) -> bool {
+    // Registered before this first look at `stop`: `shutdown` sets it and
+    // then cuts what is registered, so either this sees it or it is cut.
+    while !shared.stop.load(Ordering::SeqCst) {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            tracing::debug!("a parked data stream went unused; closing it");
+            return false;
+        }
+        match net::wait_readable(stream, left.min(Duration::from_secs(1))) {
+            Ok(true) => return true,
+            Ok(false) => {}
+            Err(_) => return false,
+        }
+    }
+    false
 }

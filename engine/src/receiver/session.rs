@@ -38,6 +38,22 @@ use crate::wire::{
 /// Acknowledgements queued per data stream before its reader waits.
 const ACK_QUEUE: usize = 1024;
 
+/// Once its session has ended, a data stream's sender has this long to
+/// park it (`Frame::Park`) or close it.
+const PARK_GRACE: Duration = Duration::from_secs(10);
+
+/// How often a data stream waiting for its next block looks whether its
+/// session has ended.
+const END_POLL: Duration = Duration::from_secs(1);
+
+/// How a data stream's part in its session ended.
+enum StreamEnd {
+    /// Closed, cut, or done.
+    Closed,
+    /// The sender parked it for its next session.
+    Park,
+}
+
 /// What data streams need to know about their session.
 pub(crate) struct Session {
     verify: Verification,
@@ -75,15 +91,13 @@ impl Drop for Registration<'_> {
             s.aborted.store(true, Ordering::SeqCst);
             // A file's result can overtake the acknowledgements of its last
             // blocks, which wait in the ack threads' queues; the sender
-            // counts on them. Shutting down only the read side stops the
-            // stream threads and lets the ack threads drain and close.
-            let how = if self.graceful {
-                Shutdown::Read
-            } else {
-                Shutdown::Both
-            };
-            for st in lock(&s.data_streams).iter() {
-                let _ = st.shutdown(how);
+            // counts on them, and then parks or closes each stream (its
+            // thread gives it `PARK_GRACE` for that). A session that ended
+            // badly cuts them.
+            if !self.graceful {
+                for st in lock(&s.data_streams).iter() {
+                    let _ = st.shutdown(Shutdown::Both);
+                }
             }
             self.shared.cfg.observer.session_closed();
         }
@@ -619,12 +633,14 @@ fn results(
     }
 }
 
+/// Runs data stream `idx` of session `id`; returns the connection when
+/// the sender parked it, clean, for its next session.
 pub(crate) fn run_stream(
     shared: &Arc<Shared>,
     mut stream: TcpStream,
     id: SessionId,
     idx: u16,
-) -> Result<()> {
+) -> Result<Option<TcpStream>> {
     let _stream = tracing::info_span!("stream", session = %short(&id), idx).entered();
     let stopping = || shared.stop.load(Ordering::SeqCst);
     let Some(session) = shared.sessions.wait(&id, shared.cfg.join_wait, stopping) else {
@@ -638,6 +654,7 @@ pub(crate) fn run_stream(
         );
         return Err(Violation::new(ViolationKind::Unknown, message).into());
     };
+    let peer = stream.peer_addr().ok();
     {
         // Each join is a connection and two threads here. Our senders open
         // at most STREAMS.max, added ones included; more would let one
@@ -668,30 +685,55 @@ pub(crate) fn run_stream(
         );
     }
     if session.aborted.load(Ordering::SeqCst) {
-        return Ok(());
+        return Ok(None);
     }
     session.stats.streams.fetch_add(1, Ordering::Relaxed);
     // Bounded, and the socket's writes too: a sender that stops reading
     // its acknowledgements stops this stream (and, after the idle timeout,
     // loses it) instead of queueing them in the receiver's memory.
     let (ack_tx, ack_rx) = mpsc::sync_channel::<Frame>(ACK_QUEUE);
+    // Reads too: between frames the stream waits in `next_frame_due`, but
+    // a sender that stops in the middle of one is gone.
     stream
         .set_write_timeout(Some(shared.cfg.idle_timeout))
-        .map_err(|e| Error::net("setting a stream's write timeout", e))?;
+        .and_then(|()| stream.set_read_timeout(Some(shared.cfg.idle_timeout)))
+        .map_err(|e| Error::net("setting a stream's timeouts", e))?;
     let mut ack_stream = stream
         .try_clone()
         .map_err(|e| Error::net("cloning a stream", e))?;
-    std::thread::Builder::new()
+    // Says whether it wrote `Parked`, the last frame it writes.
+    let acks = std::thread::Builder::new()
         .name(format!("acks-{idx}"))
         .spawn(move || {
             for f in ack_rx {
+                let last = f == Frame::Parked;
                 if write_frame(&mut ack_stream, &f).is_err() {
-                    break;
+                    return false;
+                }
+                if last {
+                    return true;
                 }
             }
+            false
         })
         .map_err(|e| Error::io("starting an ack thread", e))?;
     let result = receive_blocks(&session, &mut stream, &ack_tx);
+    if let Ok(StreamEnd::Park) = result {
+        // The session's end must not cut it any more.
+        lock(&session.data_streams).retain(|s| s.peer_addr().ok() != peer);
+        // After every acknowledgement already queued; one the writer
+        // sends later (for a block the sender did not wait for) is lost
+        // with the session, not written into the next.
+        let queued = ack_tx.send(Frame::Parked).is_ok();
+        drop(ack_tx);
+        if queued && acks.join().unwrap_or(false) {
+            tracing::debug!("data stream parked for the sender's next session");
+            return Ok(Some(stream));
+        }
+        let _ = stream.shutdown(Shutdown::Both);
+        return Ok(None);
+    }
+    let result = result.map(|_| None);
     if let Err(e @ (Error::Protocol(_) | Error::Violation(_))) = &result {
         if let Error::Violation(v) = e {
             session.observer.violation(v.kind);
@@ -711,17 +753,41 @@ pub(crate) fn run_stream(
     result
 }
 
+/// Waits for data stream `stream`'s next frame: as long as it takes
+/// while the session runs (a stream may idle while its siblings carry the
+/// blocks), at most `PARK_GRACE` once the session has ended. False when
+/// that ran out.
+fn next_frame_due(session: &Session, stream: &TcpStream) -> Result<bool> {
+    let mut ended = None;
+    loop {
+        if net::wait_readable(stream, END_POLL)
+            .map_err(|e| Error::net("waiting on a data stream", e))?
+        {
+            return Ok(true);
+        }
+        if session.aborted.load(Ordering::SeqCst)
+            && ended.get_or_insert_with(Instant::now).elapsed() >= PARK_GRACE
+        {
+            return Ok(false);
+        }
+    }
+}
+
 fn receive_blocks(
     session: &Session,
     stream: &mut TcpStream,
     ack_tx: &mpsc::SyncSender<Frame>,
-) -> Result<()> {
+) -> Result<StreamEnd> {
     use std::io::Read;
     let mut reader = FrameReader::default();
     loop {
+        if !next_frame_due(session, stream)? {
+            return Ok(StreamEnd::Closed);
+        }
         let h = match reader.read_capped(stream, MAX_SMALL_FRAME) {
             Ok(Frame::Block(h)) => h,
-            Ok(Frame::Finish) => return Ok(()),
+            Ok(Frame::Finish) => return Ok(StreamEnd::Closed),
+            Ok(Frame::Park) => return Ok(StreamEnd::Park),
             Ok(other) => {
                 return Err(Violation::new(
                     ViolationKind::Unexpected,
@@ -730,7 +796,7 @@ fn receive_blocks(
                 .into());
             }
             // The sender closing a stream at the end (or a cut) is not our error.
-            Err(Error::Net { .. }) => return Ok(()),
+            Err(Error::Net { .. }) => return Ok(StreamEnd::Closed),
             Err(e) => return Err(e),
         };
         let layout = session.layouts.get(&h.file_id).ok_or_else(|| {
@@ -754,7 +820,7 @@ fn receive_blocks(
         }
         let mut buf = loop {
             if session.aborted.load(Ordering::SeqCst) {
-                return Ok(());
+                return Ok(StreamEnd::Closed);
             }
             if let Some(b) = session
                 .pool
@@ -808,7 +874,7 @@ fn receive_blocks(
             ack: ack_tx.clone(),
         };
         if session.writer_tx.send(msg).is_err() {
-            return Ok(());
+            return Ok(StreamEnd::Closed);
         }
     }
 }

@@ -6,6 +6,7 @@ mod reader;
 mod session;
 mod shared;
 pub mod source;
+pub mod warm;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -71,6 +72,9 @@ pub struct SendConfig {
     pub cancel: Option<Arc<AtomicBool>>,
     /// Told of progress, blocks sent and sessions ended.
     pub observer: Observe,
+    /// Where data streams and buffers are kept between sends to the same
+    /// receiver, and taken from; `None` closes and frees them at the end.
+    pub warm: Option<Arc<warm::Warm>>,
 }
 
 impl SendConfig {
@@ -100,6 +104,7 @@ impl SendConfig {
             connect_timeout: Duration::from_secs(10),
             cancel: None,
             observer: unobserved(),
+            warm: None,
         }
     }
 
@@ -183,6 +188,8 @@ pub(crate) struct RunState {
     /// The streams the run started with (those after them were added by
     /// the optimizer, and carried for less of the run).
     pub(crate) first_streams: usize,
+    /// Data stream joins over parked connections (`SendConfig::warm`).
+    pub(crate) streams_warm: u64,
     /// The streams the optimizer added, in order.
     pub(crate) stream_changes: Vec<StreamChange>,
     /// Why the optimizer stopped adding.
@@ -204,7 +211,10 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
     let total: u64 = list.files.iter().map(|f| f.size).sum();
     cfg.observer.sized(total);
     let count = ((cfg.buffer / cfg.block_size) as usize).max(2 * cfg.streams as usize + 2);
-    let pool = Pools::new(cfg.block_size as usize, count)?;
+    let pool = match &cfg.warm {
+        Some(w) => w.take_pools(cfg.block_size as usize, count)?,
+        None => Pools::new(cfg.block_size as usize, count)?,
+    };
     let mut st = RunState::default();
     let start = Instant::now();
     let mut backoff = Backoff::new(
@@ -271,6 +281,10 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
         }
     }
     let seconds = start.elapsed().as_secs_f64();
+    if let Some(w) = &cfg.warm {
+        // Every session's threads are done with it.
+        w.keep_pools(pool.clone());
+    }
 
     let mut failures = Vec::new();
     let mut digests = Vec::new();
@@ -352,6 +366,7 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
             buffer_pages: pool.pages(),
         },
         streams,
+        streams_warm: st.streams_warm,
         streams_chosen: st.streams_chosen.clone(),
         stream_changes: st.stream_changes.clone(),
         streams_held: st.streams_held.clone(),

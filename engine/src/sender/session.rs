@@ -16,6 +16,7 @@ use super::generate;
 use super::reader::{self, ReadReport};
 use super::shared::{Inner, Shared, end_error};
 use super::source::SourceFile;
+use super::warm::WarmKey;
 use super::{RunState, SendConfig};
 use crate::Scheduler;
 use crate::digest::{BlockHasher, HASH_PIECE};
@@ -53,6 +54,11 @@ const FINISH_GRACE: Duration = Duration::from_secs(30);
 /// How often the data streams' TCP_INFO reaches the observer while a
 /// session runs.
 const TCP_SAMPLE_EVERY: Duration = Duration::from_secs(1);
+
+/// How long the receiver has to answer a data stream's `Park`: a round
+/// trip, normally. One that does not (an older receiver, which does not
+/// know the frame) has its streams closed as before.
+const PARK_WAIT: Duration = Duration::from_secs(5);
 
 /// Manifest frames stay well under the frame cap.
 const MANIFEST_CHUNK_BYTES: usize = 1 << 20;
@@ -259,30 +265,74 @@ fn open_session(
     })
 }
 
-/// Connects and authenticates data stream `i` of `session`, each TCP
-/// handshake within `timeout`. A receiver that turns it away as busy (more
-/// handshakes from this address at once than it takes) is tried again
-/// shortly, as the others finish theirs, unless `stop` says the session
-/// is over.
-fn connect_stream(
-    cfg: &SendConfig,
-    opts: &SocketOpts,
+/// What connecting a session's data streams takes.
+struct Joining<'a> {
+    cfg: &'a SendConfig,
+    opts: &'a SocketOpts,
     session: SessionId,
-    i: u16,
+    /// For each TCP handshake.
     timeout: Duration,
-    stop: &AtomicBool,
-) -> Result<TcpStream> {
+    /// Set once the session is over: a busy receiver is not tried again.
+    stop: &'a AtomicBool,
+    /// Counts the streams that joined over parked connections.
+    reused: &'a AtomicU64,
+}
+
+/// Connects and authenticates data stream `i`, over a connection an
+/// earlier session parked where there is one. A receiver that turns a new
+/// one away as busy (more handshakes from this address at once than it
+/// takes) is tried again shortly, as the others finish theirs, unless the
+/// session is over.
+fn connect_stream(j: &Joining<'_>, i: u16) -> Result<TcpStream> {
+    let Joining { cfg, opts, .. } = *j;
+    let purpose = Purpose::Join {
+        session: j.session,
+        stream: i,
+    };
+    if let Some(st) = reuse(cfg, opts, purpose) {
+        j.reused.fetch_add(1, Ordering::Relaxed);
+        return Ok(st);
+    }
     let mut attempt = 1;
     loop {
-        match connect(cfg, opts, Purpose::Join { session, stream: i }, timeout) {
+        match connect(cfg, opts, purpose, j.timeout) {
             Ok((st, _)) => return Ok(st),
             Err(Error::Remote {
                 retryable: true, ..
-            }) if attempt < STREAM_CONNECT_ATTEMPTS && !stop.load(Ordering::SeqCst) => {
+            }) if attempt < STREAM_CONNECT_ATTEMPTS && !j.stop.load(Ordering::SeqCst) => {
                 std::thread::sleep(Duration::from_millis(100) * attempt);
                 attempt += 1;
             }
             Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Which parked connections a data stream with `opts` may reuse.
+fn warm_key(cfg: &SendConfig, opts: &SocketOpts) -> WarmKey {
+    WarmKey {
+        to: cfg.to.clone(),
+        buffer: opts.buffer,
+        congestion: opts.congestion.clone(),
+    }
+}
+
+/// A connection an earlier session to this receiver parked, set up for
+/// `opts` and authenticated afresh for `purpose`; `None` when none is kept
+/// or the one taken fails, and the stream connects as a new one.
+fn reuse(cfg: &SendConfig, opts: &SocketOpts, purpose: Purpose) -> Option<TcpStream> {
+    let warm = cfg.warm.as_ref()?;
+    let st = warm.take(&warm_key(cfg, opts), Instant::now())?;
+    // This session's pacing, or none: the last one's may differ.
+    let rearmed = net::apply(&st, opts).and_then(|()| {
+        set_max_pacing_rate(&st, opts.pacing.unwrap_or(u64::MAX))
+            .map_err(|e| Error::net("setting SO_MAX_PACING_RATE", e))
+    });
+    match rearmed.and_then(|()| authenticate(cfg, st, purpose)) {
+        Ok((st, _)) => Some(st),
+        Err(e) => {
+            tracing::debug!(error = %e, "a parked connection could not be reused; connecting afresh");
+            None
         }
     }
 }
@@ -292,19 +342,11 @@ fn connect_stream(
 /// waits for them.
 fn start_connecting<'scope>(
     scope: &'scope Scope<'scope, '_>,
-    cfg: &'scope SendConfig,
-    opts: &'scope SocketOpts,
-    session: SessionId,
+    j: &'scope Joining<'scope>,
     ids: Range<u16>,
-    timeout: Duration,
-    stop: &'scope AtomicBool,
 ) -> Vec<ScopedJoinHandle<'scope, Result<TcpStream>>> {
-    ids.map(|i| {
-        scope.spawn(carry(move || {
-            connect_stream(cfg, opts, session, i, timeout, stop)
-        }))
-    })
-    .collect()
+    ids.map(|i| scope.spawn(carry(move || connect_stream(j, i))))
+        .collect()
 }
 
 /// Each stream `start_connecting` started, connected or why not, in order.
@@ -342,6 +384,7 @@ pub(crate) fn run(
     let control = net::connect(&cfg.to, &control_opts, cfg.connect_timeout)?;
     // Never set: the session's first streams are all waited for.
     let connecting = AtomicBool::new(false);
+    let reused = AtomicU64::new(0);
     let streams = match st.streams {
         Some(n) => n,
         None => {
@@ -370,16 +413,16 @@ pub(crate) fn run(
     // authentication, which end about when the plan arrives instead of
     // coming on top of it. They start once the control connection's TCP
     // handshake has measured the round trip that decides how many.
+    let joining = Joining {
+        cfg,
+        opts: &data_opts,
+        session,
+        timeout: cfg.connect_timeout,
+        stop: &connecting,
+        reused: &reused,
+    };
     let (opened, connected) = std::thread::scope(|s| {
-        let handles = start_connecting(
-            s,
-            cfg,
-            &data_opts,
-            session,
-            0..streams,
-            cfg.connect_timeout,
-            &connecting,
-        );
+        let handles = start_connecting(s, &joining, 0..streams);
         let opened = open_session(cfg, control, streams, &pending, st, session);
         (opened, finish_connecting(handles))
     });
@@ -430,12 +473,15 @@ pub(crate) fn run(
             control: core,
             outbox: Vec::new(),
             error: None,
+            parked: Vec::new(),
+            acks_running: 0,
         }),
         cv: Condvar::new(),
         files: pending.iter().map(|(id, f)| (*id, (*f).clone())).collect(),
         base: Arc::clone(base),
         empties_checked: AtomicBool::new(false),
         stop: AtomicBool::new(false),
+        park: AtomicBool::new(false),
         read_bytes: AtomicU64::new(0),
         sent_bytes: AtomicU64::new(0),
         acked_bytes: AtomicU64::new(0),
@@ -475,6 +521,7 @@ pub(crate) fn run(
         cfg,
         opts: &data_opts,
         session,
+        reused: &reused,
         buffer: pool.large_bytes(),
         optimizer: Optimizer::new(
             started,
@@ -521,6 +568,7 @@ pub(crate) fn run(
                 continue;
             };
             s.spawn(carry(move || send_loop(shared, i, w)));
+            shared.lock().acks_running += 1;
             s.spawn(carry(move || ack_loop(shared, i, r)));
         }
         let mut ctl_r = control
@@ -533,6 +581,9 @@ pub(crate) fn run(
         let tuning = s.spawn(move || sample_loop(s, shared, open, grow, &stop_sampling));
 
         let result = coordinate(shared, &mut control);
+        // A session that ended well leaves its data streams to the next.
+        let park = result.is_ok() && cfg.warm.is_some();
+        shared.park.store(park, Ordering::SeqCst);
         drop(sampling);
         shared.stop.store(true, Ordering::SeqCst);
         shared.cv.notify_all();
@@ -545,8 +596,10 @@ pub(crate) fn run(
                 .iter()
                 .map(|s| s.as_ref().and_then(net::tcp_stats))
                 .collect();
-            for st in open.iter().flatten() {
-                let _ = st.shutdown(Shutdown::Both);
+            if !park {
+                for st in open.iter().flatten() {
+                    let _ = st.shutdown(Shutdown::Both);
+                }
             }
         }
         if result.is_ok() {
@@ -565,6 +618,9 @@ pub(crate) fn run(
         } else {
             let _ = control.shutdown(Shutdown::Both);
         }
+        if park {
+            settle_parking(shared, open);
+        }
         if let Ok(Some(r)) = reader_handle.join() {
             report = r;
         }
@@ -580,7 +636,14 @@ pub(crate) fn run(
         }
     }
     st.tcp = tcp;
+    st.streams_warm += reused.load(Ordering::Relaxed);
     let mut g = shared.lock();
+    if let Some(warm) = &cfg.warm {
+        let key = warm_key(cfg, &data_opts);
+        for (_, parked) in std::mem::take(&mut g.parked) {
+            warm.put(key.clone(), parked, Instant::now());
+        }
+    }
     let opened = g.sched.streams();
     if let Some(last) = tuned.changes.last() {
         // Later sessions of this run start where this one got to: the
@@ -680,6 +743,13 @@ fn send_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
             let mut g = shared.lock();
             loop {
                 if shared.stopped() || !g.sched.stream_alive(i) {
+                    // Written by this thread, the stream's one writer, so
+                    // that it follows the last block whole.
+                    let park = shared.park.load(Ordering::SeqCst) && g.sched.stream_alive(i);
+                    drop(g);
+                    if park {
+                        let _ = write_frame(&mut stream, &Frame::Park);
+                    }
                     return;
                 }
                 if let Some(o) = g.sched.poll_send(i) {
@@ -763,6 +833,8 @@ struct Grow<'a> {
     cfg: &'a SendConfig,
     opts: &'a SocketOpts,
     session: SessionId,
+    /// Counts the streams that joined over parked connections.
+    reused: &'a AtomicU64,
     /// The sender's buffer, which the streams share.
     buffer: u64,
     optimizer: Optimizer,
@@ -784,17 +856,16 @@ impl Grow<'_> {
         let to = from
             .saturating_add(more)
             .min(shared.per_stream.len() as u16);
-        let connected = std::thread::scope(|c| {
-            finish_connecting(start_connecting(
-                c,
-                self.cfg,
-                self.opts,
-                self.session,
-                from..to,
-                ADDED_CONNECT_TIMEOUT,
-                &shared.stop,
-            ))
-        });
+        let joining = Joining {
+            cfg: self.cfg,
+            opts: self.opts,
+            session: self.session,
+            timeout: ADDED_CONNECT_TIMEOUT,
+            stop: &shared.stop,
+            reused: self.reused,
+        };
+        let connected =
+            std::thread::scope(|c| finish_connecting(start_connecting(c, &joining, from..to)));
         let mut open = hold(open);
         let mut g = shared.lock();
         if shared.stopped() {
@@ -817,6 +888,7 @@ impl Grow<'_> {
             match clones {
                 Ok((st, w, r)) => {
                     s.spawn(carry(move || send_loop(shared, i, w)));
+                    g.acks_running += 1;
                     s.spawn(carry(move || ack_loop(shared, i, r)));
                     open.push(Some(st));
                 }
@@ -918,7 +990,15 @@ fn sample_loop<'scope>(
     }
 }
 
-fn ack_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
+/// Reads data stream `i`'s acknowledgements until the session stops and
+/// the stream closes or is parked; tells `settle_parking` it has ended.
+fn ack_loop(shared: &Shared, i: u16, stream: TcpStream) {
+    read_acks(shared, i, stream);
+    shared.lock().acks_running -= 1;
+    shared.cv.notify_all();
+}
+
+fn read_acks(shared: &Shared, i: u16, mut stream: TcpStream) {
     let mut reader = FrameReader::default();
     loop {
         let frame = reader.read_capped(&mut stream, MAX_SMALL_FRAME);
@@ -953,6 +1033,12 @@ fn ack_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
                     return;
                 }
             }
+            // Every acknowledgement came before it: the stream is clean
+            // for the next session.
+            Ok(Frame::Parked) if shared.park.load(Ordering::SeqCst) => {
+                g.parked.push((i, stream));
+                return;
+            }
             Ok(Frame::Error { message, retryable }) => {
                 drop(g);
                 shared.fail(Error::Remote { message, retryable });
@@ -978,6 +1064,33 @@ fn ack_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
         }
         drop(g);
         shared.cv.notify_all();
+    }
+}
+
+/// Waits up to `PARK_WAIT` for every data stream's acknowledgement reader
+/// to end (on the receiver's `Parked`, or on anything else), then closes
+/// the streams that were not parked.
+fn settle_parking(shared: &Shared, open: &Mutex<Vec<Option<TcpStream>>>) {
+    let deadline = Instant::now() + PARK_WAIT;
+    let mut g = shared.lock();
+    while g.acks_running > 0 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        g = shared
+            .cv
+            .wait_timeout(g, left)
+            .map_or_else(|p| p.into_inner().0, |(g, _)| g);
+    }
+    let parked: Vec<u16> = g.parked.iter().map(|(i, _)| *i).collect();
+    drop(g);
+    for (i, st) in hold(open).iter().enumerate() {
+        if let Some(st) = st
+            && !parked.contains(&(i as u16))
+        {
+            let _ = st.shutdown(Shutdown::Both);
+        }
     }
 }
 

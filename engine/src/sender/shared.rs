@@ -28,6 +28,11 @@ pub(crate) struct Inner {
     pub(super) control: SenderControl,
     pub(super) outbox: Vec<u8>,
     pub(super) error: Option<Error>,
+    /// Data streams the receiver parked at the session's end (see
+    /// `Shared::park`), by index, for the sender's next session.
+    pub(super) parked: Vec<(u16, std::net::TcpStream)>,
+    /// Acknowledgement readers not yet ended.
+    pub(super) acks_running: usize,
 }
 
 /// The error a control connection that ended with `end` fails its
@@ -55,6 +60,9 @@ pub(crate) struct Shared {
     /// The empty files have been checked (see `reader::check_empty`).
     pub(super) empties_checked: AtomicBool,
     pub(super) stop: AtomicBool,
+    /// Set, before `stop`, when the session ended well and its data streams
+    /// are to be parked (`sender::warm`) rather than closed.
+    pub(super) park: AtomicBool,
     pub(crate) read_bytes: AtomicU64,
     pub(super) sent_bytes: AtomicU64,
     /// Bytes the receiver acknowledged: what the optimizer measures.

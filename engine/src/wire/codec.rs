@@ -54,6 +54,8 @@ const T_FINISH: u8 = 15;
 const T_ERROR: u8 = 16;
 const T_FILE_ABORT: u8 = 17;
 const T_KEEPALIVE: u8 = 18;
+const T_PARK: u8 = 19;
+const T_PARKED: u8 = 20;
 
 /// Appends the encoding of `frame` (length prefix included) to `out`.
 pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
@@ -180,6 +182,8 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
         }
         Frame::Keepalive => w.u8(T_KEEPALIVE),
         Frame::Finish => w.u8(T_FINISH),
+        Frame::Park => w.u8(T_PARK),
+        Frame::Parked => w.u8(T_PARKED),
         Frame::Error { retryable, message } => {
             w.u8(T_ERROR);
             w.u8(u8::from(*retryable));
@@ -358,6 +362,8 @@ pub fn decode_body(body: &[u8]) -> Result<Frame, DecodeError> {
         },
         T_KEEPALIVE => Frame::Keepalive,
         T_FINISH => Frame::Finish,
+        T_PARK => Frame::Park,
+        T_PARKED => Frame::Parked,
         T_ERROR => Frame::Error {
             retryable: r.bool()?,
             message: r.str(MAX_MESSAGE)?,
@@ -557,6 +563,8 @@ pub(crate) mod tests {
                 .prop_map(|(file_id, message)| Frame::FileAbort { file_id, message }),
             Just(Frame::Keepalive),
             Just(Frame::Finish),
+            Just(Frame::Park),
+            Just(Frame::Parked),
             (any::<bool>(), arb_str(300))
                 .prop_map(|(retryable, message)| Frame::Error { retryable, message }),
         ]

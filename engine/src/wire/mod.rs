@@ -53,6 +53,10 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 /// A peer silent this long on the control connection (no frame, not even
 /// a keepalive) is presumed gone, by default: six keepalive intervals.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a receiver keeps a parked data connection waiting for its
+/// next handshake; a sender reuses one for at most half of this, so that
+/// it does not pick one the receiver is about to close.
+pub const PARK_IDLE: Duration = Duration::from_secs(60);
 /// Largest block payload any peer may announce.
 pub const MAX_BLOCK: u32 = crate::tuning::BLOCK_SIZE.max as u32;
 const _: () = assert!(crate::tuning::BLOCK_SIZE.max <= u32::MAX as u64);
@@ -260,6 +264,13 @@ pub enum Frame {
     Keepalive,
     /// The sender is done with the session.
     Finish,
+    /// On a data stream, once every block it carried is acknowledged: no
+    /// more blocks; keep the connection for this sender's next session
+    /// (see `sender::warm`).
+    Park,
+    /// The receiver's answer to `Park`: every acknowledgement is before
+    /// it, and the connection now waits for a new handshake.
+    Parked,
     /// A fatal error; the connection closes after it.
     Error {
         /// Whether reconnecting could help.

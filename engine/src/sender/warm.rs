@@ -1,0 +1,210 @@
+//! What a sending process keeps between its sessions to a receiver: the
+//! data connections they parked, and the last one's buffers.
+//!
+//! A data stream whose session ended well is parked (`Frame::Park`) rather
+//! than closed, and the next session to the same receiver joins over it
+//! after a fresh handshake. That skips the TCP handshake and, where
+//! net.ipv4.tcp_slow_start_after_idle is 0, TCP's slow start: on a 150 ms
+//! path, about two seconds of every cold session. The receiver closes a
+//! parked connection after `PARK_IDLE`; a sender reuses one for half of
+//! that, and never one the receiver has already closed. The buffers are
+//! kept because faulting in a fresh 512 MiB pool costs this machine about
+//! 0.3 s of CPU, which at the start of a warm session halves its rate.
+
+use std::net::TcpStream;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::io::Pools;
+use crate::wire::PARK_IDLE;
+
+/// How long a parked connection is reused.
+pub const KEEP_WARM: Duration = Duration::from_secs(PARK_IDLE.as_secs() / 2);
+
+/// The most connections kept, over all receivers: as many as the
+/// optimizer opens for one session, which bounds the descriptors and the
+/// receivers' slots an idle sender holds.
+pub const MOST_WARM: usize = crate::tuning::STREAMS.max as usize;
+
+/// Which connections a session may reuse: the same receiver, and the same
+/// fixed socket buffer (a buffer once set turns the kernel's autotuning
+/// off for good, so a connection cannot change between the two).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WarmKey {
+    /// The receiver's address as the sender was given it.
+    pub to: String,
+    /// `SocketOpts::buffer`.
+    pub buffer: Option<usize>,
+    /// `SocketOpts::congestion`: set on a connection, it can be set again,
+    /// but left unset it could not go back to the host's default.
+    pub congestion: Option<String>,
+}
+
+struct Parked {
+    key: WarmKey,
+    stream: TcpStream,
+    since: Instant,
+}
+
+/// What one sending process keeps for its next session, shared by its
+/// sends (`SendConfig::warm`).
+#[derive(Default)]
+pub struct Warm {
+    parked: Mutex<Vec<Parked>>,
+    /// The last send's buffers, for the next one of the same shape.
+    spare: Mutex<Option<Pools>>,
+}
+
+impl std::fmt::Debug for Warm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Warm({} parked)", self.len())
+    }
+}
+
+impl Warm {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Parked>> {
+        self.parked.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The buffers for a send of `count` blocks of `block_size`: the last
+    /// send's when they have that shape (already faulted in), new ones
+    /// otherwise. A send running at the same time gets its own.
+    pub(crate) fn take_pools(
+        &self,
+        block_size: usize,
+        count: usize,
+    ) -> crate::error::Result<Pools> {
+        match self.spare().take() {
+            Some(p) if p.is_shaped(block_size, count) => Ok(p),
+            _ => Pools::new(block_size, count),
+        }
+    }
+
+    /// Keeps a finished send's buffers for the next.
+    pub(crate) fn keep_pools(&self, pools: Pools) {
+        *self.spare() = Some(pools);
+    }
+
+    fn spare(&self) -> std::sync::MutexGuard<'_, Option<Pools>> {
+        self.spare.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps `stream`, parked at `now`, for a session to `key`; the oldest
+    /// goes when `MOST_WARM` are kept.
+    pub fn put(&self, key: WarmKey, stream: TcpStream, now: Instant) {
+        let mut g = self.lock();
+        expire(&mut g, now);
+        if g.len() >= MOST_WARM {
+            g.remove(0);
+        }
+        g.push(Parked {
+            key,
+            stream,
+            since: now,
+        });
+    }
+
+    /// The most recently parked connection for `key` the receiver has not
+    /// closed, if any.
+    pub fn take(&self, key: &WarmKey, now: Instant) -> Option<TcpStream> {
+        let mut g = self.lock();
+        expire(&mut g, now);
+        while let Some(i) = g.iter().rposition(|p| &p.key == key) {
+            let p = g.remove(i);
+            // A parked connection has nothing to read: readable means the
+            // receiver closed it (its idle limit, a restart) or broke the
+            // protocol; either way it is dropped.
+            if matches!(
+                crate::net::wait_readable(&p.stream, Duration::ZERO),
+                Ok(false)
+            ) {
+                return Some(p.stream);
+            }
+        }
+        None
+    }
+
+    /// Connections kept now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether none are kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn expire(parked: &mut Vec<Parked>, now: Instant) {
+    parked.retain(|p| now.saturating_duration_since(p.since) < KEEP_WARM);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn pair(l: &TcpListener) -> (TcpStream, TcpStream) {
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        (c, l.accept().unwrap().0)
+    }
+
+    fn key(to: &str) -> WarmKey {
+        WarmKey {
+            to: to.into(),
+            buffer: None,
+            congestion: None,
+        }
+    }
+
+    #[test]
+    fn takes_the_newest_of_its_key_and_none_expired_or_closed() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let w = Warm::default();
+        let t0 = Instant::now();
+        let (old, _old_peer) = pair(&l);
+        let (closed, closed_peer) = pair(&l);
+        let (new, _new_peer) = pair(&l);
+        let (other, _other_peer) = pair(&l);
+        let old_addr = old.local_addr().unwrap();
+        let new_addr = new.local_addr().unwrap();
+        w.put(key("a"), old, t0);
+        w.put(key("a"), new, t0);
+        w.put(key("a"), closed, t0);
+        w.put(key("b"), other, t0);
+        drop(closed_peer);
+        std::thread::sleep(Duration::from_millis(50));
+        let now = t0 + Duration::from_secs(1);
+        // The closed one is newest, but its receiver has gone.
+        assert_eq!(
+            w.take(&key("a"), now).unwrap().local_addr().unwrap(),
+            new_addr
+        );
+        assert_eq!(
+            w.take(&key("a"), now).unwrap().local_addr().unwrap(),
+            old_addr
+        );
+        assert!(w.take(&key("a"), now).is_none());
+        let other_buffer = WarmKey {
+            buffer: Some(1 << 20),
+            ..key("b")
+        };
+        assert!(w.take(&other_buffer, now).is_none());
+        assert!(w.take(&key("b"), t0 + KEEP_WARM).is_none(), "expired");
+        assert!(w.is_empty());
+    }
+
+    #[test]
+    fn keeps_at_most_most_warm() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let w = Warm::default();
+        let now = Instant::now();
+        let mut peers = Vec::new();
+        for _ in 0..=MOST_WARM {
+            let (c, p) = pair(&l);
+            peers.push(p);
+            w.put(key("a"), c, now);
+        }
+        assert_eq!(w.len(), MOST_WARM);
+    }
+}
