@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use wirerate_engine::io::IoMode;
-use wirerate_engine::receiver::ServerHandle;
+use wirerate_engine::receiver::{ServeConfig, Server, ServerHandle};
 use wirerate_engine::sender::send;
 use wirerate_engine::sender::warm::{Warm, WarmKey};
 use wirerate_engine::wire::{BlockHeader, Frame, read_frame_capped, write_frame};
@@ -169,4 +169,33 @@ fn a_parked_connection_must_authenticate_again() {
     );
     wait_connections(&srv, 0);
     assert_eq!(wait_summaries(&srv, 1).len(), 1, "no second session");
+}
+
+/// Idle warm senders must not hold the slots a cold one needs: a
+/// receiver parks at most a quarter of its connections, and closes the
+/// rest as before.
+#[test]
+fn a_receiver_parks_at_most_a_quarter_of_its_connections() {
+    let dir = scratch("quarter");
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let a = dir.path().join("a.dat");
+    write_file(&a, 2 << 20, 7);
+    let mut cfg = ServeConfig::new(root.clone(), TOKEN.to_vec());
+    cfg.buffer = 8 << 20;
+    // A control connection and four streams, and two parked.
+    cfg.max_connections = 8;
+    let srv = Server::bind("127.0.0.1:0", cfg).unwrap().spawn();
+    let warm = Arc::new(Warm::default());
+    assert!(
+        send(&warm_cfg(srv.addr(), &a, "a.dat", 4, &warm))
+            .unwrap()
+            .ok
+    );
+    assert_eq!(warm.len(), 2, "the receiver parked two of four");
+    wait_connections(&srv, 2);
+    let s = send(&warm_cfg(srv.addr(), &a, "b.dat", 4, &warm)).unwrap();
+    assert!(s.ok, "{}", s.render());
+    assert_eq!(s.streams_warm, 2);
+    assert_same(&a, &root.join("b.dat"));
 }

@@ -400,6 +400,13 @@ fn release_idle_pool(shared: &Shared) {
 }
 
 impl Shared {
+    /// The most data connections parked at once: a quarter of
+    /// `max_connections`, so that idle warm senders never hold the slots
+    /// a sender starting cold needs.
+    pub(crate) fn most_parked(&self) -> usize {
+        self.cfg.max_connections / 4
+    }
+
     /// Records a finished session's summary, keeping the last thousand.
     fn record(&self, summary: ReceiverSummary) {
         let mut s = lock(&self.summaries);
@@ -560,19 +567,15 @@ fn handshake(shared: &Shared, stream: &mut TcpStream) -> Option<Purpose> {
     }
 }
 
-/// Holds a parked data connection until its sender starts the next
-/// handshake on it (true), or for at most `PARK_IDLE`, or until the
-/// receiver stops (false: it closes).
+/// Holds a data connection `session::run_stream` parked (and registered
+/// in `Shared::parked`) until its sender starts the next handshake on it
+/// (true), or for at most `PARK_IDLE`, or until the receiver stops
+/// (false: it closes); then takes it off the register.
 fn wait_parked(shared: &Shared, stream: &TcpStream) -> bool {
-    let Some(peer) = stream.peer_addr().ok() else {
-        return false;
-    };
-    let Ok(clone) = stream.try_clone() else {
-        return false;
-    };
-    lock(&shared.parked).insert(peer, clone);
     let woken = wait_parked_until(shared, stream, Instant::now() + PARK_IDLE);
-    lock(&shared.parked).remove(&peer);
+    if let Ok(peer) = stream.peer_addr() {
+        lock(&shared.parked).remove(&peer);
+    }
     woken
 }
 

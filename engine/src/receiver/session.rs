@@ -718,9 +718,23 @@ pub(crate) fn run_stream(
         })
         .map_err(|e| Error::io("starting an ack thread", e))?;
     let result = receive_blocks(&session, &mut stream, &ack_tx);
-    if let Ok(StreamEnd::Park) = result {
+    if let (Ok(StreamEnd::Park), Some(peer)) = (&result, peer) {
+        // Parked only while the receiver holds fewer than its share: the
+        // rest of its connections stay for senders starting cold. The
+        // place is taken here, under the lock, and `wait_parked` gives it
+        // back.
+        let placed = {
+            let mut parked = lock(&shared.parked);
+            parked.len() < shared.most_parked()
+                && stream.try_clone().map(|c| parked.insert(peer, c)).is_ok()
+        };
+        if !placed {
+            tracing::debug!("too many parked connections; closing this one instead");
+            let _ = stream.shutdown(Shutdown::Both);
+            return Ok(None);
+        }
         // The session's end must not cut it any more.
-        lock(&session.data_streams).retain(|s| s.peer_addr().ok() != peer);
+        lock(&session.data_streams).retain(|s| s.peer_addr().ok() != Some(peer));
         // After every acknowledgement already queued; one the writer
         // sends later (for a block the sender did not wait for) is lost
         // with the session, not written into the next.
@@ -730,8 +744,13 @@ pub(crate) fn run_stream(
             tracing::debug!("data stream parked for the sender's next session");
             return Ok(Some(stream));
         }
+        lock(&shared.parked).remove(&peer);
         let _ = stream.shutdown(Shutdown::Both);
         return Ok(None);
+    }
+    if let Ok(StreamEnd::Park) = result {
+        // Its peer unknown, it could not be told from its siblings.
+        let _ = stream.shutdown(Shutdown::Both);
     }
     let result = result.map(|_| None);
     if let Err(e @ (Error::Protocol(_) | Error::Violation(_))) = &result {

@@ -56,9 +56,13 @@ const FINISH_GRACE: Duration = Duration::from_secs(30);
 const TCP_SAMPLE_EVERY: Duration = Duration::from_secs(1);
 
 /// How long the receiver has to answer a data stream's `Park`: a round
-/// trip, normally. One that does not (an older receiver, which does not
-/// know the frame) has its streams closed as before.
+/// trip, normally. A stream it does not answer on is closed.
 const PARK_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a parked connection's handshake may take before the stream
+/// connects afresh instead: a receiver that vanished without a word would
+/// otherwise hold the stream for the whole `net::HANDSHAKE_TIMEOUT`.
+const REUSE_HANDSHAKE: Duration = Duration::from_secs(3);
 
 /// Manifest frames stay well under the frame cap.
 const MANIFEST_CHUNK_BYTES: usize = 1 << 20;
@@ -98,7 +102,12 @@ fn connect(
     purpose: Purpose,
     timeout: Duration,
 ) -> Result<(TcpStream, Duration)> {
-    authenticate(cfg, net::connect(&cfg.to, opts, timeout)?, purpose)
+    authenticate(
+        cfg,
+        net::connect(&cfg.to, opts, timeout)?,
+        purpose,
+        net::HANDSHAKE_TIMEOUT,
+    )
 }
 
 /// Authenticates a connected `stream` for `purpose`, the handshake
@@ -107,10 +116,9 @@ fn authenticate(
     cfg: &SendConfig,
     stream: TcpStream,
     purpose: Purpose,
+    within: Duration,
 ) -> Result<(TcpStream, Duration)> {
-    let rtt = net::within(&stream, net::HANDSHAKE_TIMEOUT, |d| {
-        auth::client(d, &cfg.token, purpose)
-    })?;
+    let rtt = net::within(&stream, within, |d| auth::client(d, &cfg.token, purpose))?;
     Ok((stream, rtt))
 }
 
@@ -185,7 +193,7 @@ fn open_session(
     st: &mut RunState,
     session: SessionId,
 ) -> Result<Opened> {
-    let (mut control, rtt) = authenticate(cfg, control, Purpose::Control)?;
+    let (mut control, rtt) = authenticate(cfg, control, Purpose::Control, net::HANDSHAKE_TIMEOUT)?;
     st.connected = true;
     // A receiver that stops reading, or stops mid-frame, cannot hold this
     // side longer than a silent one would be waited for (between frames,
@@ -328,7 +336,7 @@ fn reuse(cfg: &SendConfig, opts: &SocketOpts, purpose: Purpose) -> Option<TcpStr
         set_max_pacing_rate(&st, opts.pacing.unwrap_or(u64::MAX))
             .map_err(|e| Error::net("setting SO_MAX_PACING_RATE", e))
     });
-    match rearmed.and_then(|()| authenticate(cfg, st, purpose)) {
+    match rearmed.and_then(|()| authenticate(cfg, st, purpose, REUSE_HANDSHAKE)) {
         Ok((st, _)) => Some(st),
         Err(e) => {
             tracing::debug!(error = %e, "a parked connection could not be reused; connecting afresh");
@@ -640,8 +648,8 @@ pub(crate) fn run(
     let mut g = shared.lock();
     if let Some(warm) = &cfg.warm {
         let key = warm_key(cfg, &data_opts);
-        for (_, parked) in std::mem::take(&mut g.parked) {
-            warm.put(key.clone(), parked, Instant::now());
+        for (_, parked, since) in std::mem::take(&mut g.parked) {
+            warm.put(key.clone(), parked, since);
         }
     }
     let opened = g.sched.streams();
@@ -1036,7 +1044,7 @@ fn read_acks(shared: &Shared, i: u16, mut stream: TcpStream) {
             // Every acknowledgement came before it: the stream is clean
             // for the next session.
             Ok(Frame::Parked) if shared.park.load(Ordering::SeqCst) => {
-                g.parked.push((i, stream));
+                g.parked.push((i, stream, Instant::now()));
                 return;
             }
             Ok(Frame::Error { message, retryable }) => {
@@ -1083,7 +1091,7 @@ fn settle_parking(shared: &Shared, open: &Mutex<Vec<Option<TcpStream>>>) {
             .wait_timeout(g, left)
             .map_or_else(|p| p.into_inner().0, |(g, _)| g);
     }
-    let parked: Vec<u16> = g.parked.iter().map(|(i, _)| *i).collect();
+    let parked: Vec<u16> = g.parked.iter().map(|(i, ..)| *i).collect();
     drop(g);
     for (i, st) in hold(open).iter().enumerate() {
         if let Some(st) = st

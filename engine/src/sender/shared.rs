@@ -29,8 +29,9 @@ pub(crate) struct Inner {
     pub(super) outbox: Vec<u8>,
     pub(super) error: Option<Error>,
     /// Data streams the receiver parked at the session's end (see
-    /// `Shared::park`), by index, for the sender's next session.
-    pub(super) parked: Vec<(u16, std::net::TcpStream)>,
+    /// `Shared::park`), by index, with when its `Parked` arrived, for the
+    /// sender's next session.
+    pub(super) parked: Vec<(u16, std::net::TcpStream, std::time::Instant)>,
     /// Acknowledgement readers not yet ended.
     pub(super) acks_running: usize,
 }

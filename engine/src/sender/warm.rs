@@ -6,8 +6,8 @@
 //! after a fresh handshake. That skips the TCP handshake and, where
 //! net.ipv4.tcp_slow_start_after_idle is 0, TCP's slow start: on a 150 ms
 //! path, about two seconds of every cold session. The receiver closes a
-//! parked connection after `PARK_IDLE`; a sender reuses one for half of
-//! that, and never one the receiver has already closed. The buffers are
+//! parked connection after `PARK_IDLE`; a sender reuses one for a little
+//! less, and not once it sees the receiver has closed it. The buffers are
 //! kept because faulting in a fresh 512 MiB pool costs this machine about
 //! 0.3 s of CPU, which at the start of a warm session halves its rate.
 
@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 use crate::io::Pools;
 use crate::wire::PARK_IDLE;
 
-/// How long a parked connection is reused.
-pub const KEEP_WARM: Duration = Duration::from_secs(PARK_IDLE.as_secs() / 2);
+/// How long a parked connection is reused, from its `Parked`: the
+/// receiver's timer started half a round trip earlier.
+pub const KEEP_WARM: Duration = Duration::from_secs(PARK_IDLE.as_secs() - 5);
 
 /// The most connections kept, over all receivers: as many as the
 /// optimizer opens for one session, which bounds the descriptors and the
@@ -124,9 +125,17 @@ impl Warm {
         None
     }
 
+    /// Connections kept now and still reusable at `now`; the others are
+    /// closed.
+    pub fn len_at(&self, now: Instant) -> usize {
+        let mut g = self.lock();
+        expire(&mut g, now);
+        g.len()
+    }
+
     /// Connections kept now.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.len_at(Instant::now())
     }
 
     /// Whether none are kept.

@@ -33,8 +33,9 @@ pub const MAGIC: [u8; 4] = *b"WRRT";
 /// block checksums after the payload; 3: `FileDone` once every block has
 /// gone out, held by the receiver until the file is written; 4: keepalives
 /// on the control connection, `FileAbort`, permission bits in the manifest;
-/// 5: `Open` says whether the session is memory to memory).
-pub const VERSION: u16 = 5;
+/// 5: `Open` says whether the session is memory to memory; 6: `Park` and
+/// `Parked`, which an older receiver would take for garbage).
+pub const VERSION: u16 = 6;
 /// Largest control frame (manifest chunk, plan bitmap) we accept, once
 /// the peer has authenticated.
 pub const MAX_FRAME: usize = (4 << 20) + 4096;
@@ -54,9 +55,10 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 /// a keepalive) is presumed gone, by default: six keepalive intervals.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a receiver keeps a parked data connection waiting for its
-/// next handshake; a sender reuses one for at most half of this, so that
-/// it does not pick one the receiver is about to close.
-pub const PARK_IDLE: Duration = Duration::from_secs(60);
+/// next handshake; a sender reuses one for a little less, from the moment
+/// the receiver's `Parked` arrived, so that it does not pick one the
+/// receiver is about to close.
+pub const PARK_IDLE: Duration = Duration::from_secs(30);
 /// Largest block payload any peer may announce.
 pub const MAX_BLOCK: u32 = crate::tuning::BLOCK_SIZE.max as u32;
 const _: () = assert!(crate::tuning::BLOCK_SIZE.max <= u32::MAX as u64);
