@@ -6,6 +6,7 @@
 mod common;
 
 use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,9 @@ use wirerate_engine::io::IoMode;
 use wirerate_engine::receiver::{ServeConfig, Server, ServerHandle};
 use wirerate_engine::sender::send;
 use wirerate_engine::sender::warm::{Warm, WarmKey};
-use wirerate_engine::wire::{BlockHeader, Frame, read_frame_capped, write_frame};
+use wirerate_engine::wire::{
+    BlockHeader, Frame, NONCE_LEN, VERSION, read_frame_capped, write_frame,
+};
 
 fn warm_cfg(
     to: SocketAddr,
@@ -27,6 +30,17 @@ fn warm_cfg(
     cfg.streams = streams;
     cfg.warm = Some(Arc::clone(warm));
     cfg
+}
+
+/// A scratch directory with a receiver's root `dst` and a file `a.dat` of
+/// `len` bytes.
+fn setup(name: &str, len: usize, seed: u64) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = scratch(name);
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let a = dir.path().join("a.dat");
+    write_file(&a, len, seed);
+    (dir, root, a)
 }
 
 /// Waits until the receiver holds `n` connections (a control connection
@@ -85,11 +99,7 @@ fn the_next_send_joins_over_the_streams_the_last_one_parked() {
 
 #[test]
 fn a_sender_without_a_warm_pool_closes_its_streams() {
-    let dir = scratch("cold");
-    let root = dir.path().join("dst");
-    std::fs::create_dir_all(&root).unwrap();
-    let a = dir.path().join("a.dat");
-    write_file(&a, 1 << 20, 4);
+    let (_dir, root, a) = setup("cold", 1 << 20, 4);
     let srv = server(&root, IoMode::Async);
     let s = send(&send_cfg(srv.addr(), &a, "a.dat")).unwrap();
     assert!(s.ok);
@@ -98,11 +108,7 @@ fn a_sender_without_a_warm_pool_closes_its_streams() {
 
 #[test]
 fn a_parked_connection_is_not_reused_once_its_receiver_has_gone() {
-    let dir = scratch("gone");
-    let root = dir.path().join("dst");
-    std::fs::create_dir_all(&root).unwrap();
-    let a = dir.path().join("a.dat");
-    write_file(&a, 2 << 20, 5);
+    let (_dir, root, a) = setup("gone", 2 << 20, 5);
     let first_srv = server(&root, IoMode::Async);
     let addr = first_srv.addr();
     let warm = Arc::new(Warm::default());
@@ -122,20 +128,17 @@ fn a_parked_connection_is_not_reused_once_its_receiver_has_gone() {
     assert!(wait_summaries(&srv, 1)[0].outcome.is_complete());
 }
 
-/// A parked connection carries no authentication into what follows: a
-/// block sent on it without a new handshake is refused, and the
-/// connection closed.
+/// A parked connection carries no authentication into what follows: it
+/// is back in the handshake (a hello of another version is answered as
+/// at a new connection's start), and a block sent on one without a new
+/// handshake is refused and the connection closed.
 #[test]
 fn a_parked_connection_must_authenticate_again() {
-    let dir = scratch("reauth");
-    let root = dir.path().join("dst");
-    std::fs::create_dir_all(&root).unwrap();
-    let a = dir.path().join("a.dat");
-    write_file(&a, 1 << 20, 6);
+    let (_dir, root, a) = setup("reauth", 1 << 20, 6);
     let srv = server(&root, IoMode::Async);
     let warm = Arc::new(Warm::default());
     assert!(
-        send(&warm_cfg(srv.addr(), &a, "a.dat", 1, &warm))
+        send(&warm_cfg(srv.addr(), &a, "a.dat", 2, &warm))
             .unwrap()
             .ok
     );
@@ -144,12 +147,32 @@ fn a_parked_connection_must_authenticate_again() {
         buffer: None,
         congestion: None,
     };
-    let mut parked: TcpStream = warm.take(&key, Instant::now()).expect("a parked stream");
-    parked
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
+    let take = || {
+        let st: TcpStream = warm.take(&key, Instant::now()).expect("a parked stream");
+        st.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        st
+    };
+    let mut hello = take();
     write_frame(
-        &mut parked,
+        &mut hello,
+        &Frame::Hello {
+            version: VERSION + 1,
+            nonce: [7; NONCE_LEN],
+        },
+    )
+    .unwrap();
+    match read_frame_capped(&mut hello, 1 << 16) {
+        Ok(Frame::Error { message, .. }) => {
+            assert!(
+                message.contains("unsupported protocol version"),
+                "{message}"
+            );
+        }
+        other => panic!("a parked stream's hello answered with {other:?}"),
+    }
+    let mut block = take();
+    write_frame(
+        &mut block,
         &Frame::Block(BlockHeader {
             file_id: 0,
             block: 0,
@@ -158,9 +181,9 @@ fn a_parked_connection_must_authenticate_again() {
         }),
     )
     .unwrap();
-    // Refused as a broken handshake: an error, then the close.
+    // Refused as a broken handshake, then closed.
     let mut said = Vec::new();
-    while let Ok(f) = read_frame_capped(&mut parked, 1 << 16) {
+    while let Ok(f) = read_frame_capped(&mut block, 1 << 16) {
         said.push(f);
     }
     assert!(
@@ -176,11 +199,7 @@ fn a_parked_connection_must_authenticate_again() {
 /// rest as before.
 #[test]
 fn a_receiver_parks_at_most_a_quarter_of_its_connections() {
-    let dir = scratch("quarter");
-    let root = dir.path().join("dst");
-    std::fs::create_dir_all(&root).unwrap();
-    let a = dir.path().join("a.dat");
-    write_file(&a, 2 << 20, 7);
+    let (_dir, root, a) = setup("quarter", 2 << 20, 7);
     let mut cfg = ServeConfig::new(root.clone(), TOKEN.to_vec());
     cfg.buffer = 8 << 20;
     // A control connection and four streams, and two parked.
@@ -198,4 +217,7 @@ fn a_receiver_parks_at_most_a_quarter_of_its_connections() {
     assert!(s.ok, "{}", s.render());
     assert_eq!(s.streams_warm, 2);
     assert_same(&a, &root.join("b.dat"));
+    // The first two gave their places back: two park again.
+    assert_eq!(warm.len(), 2);
+    wait_connections(&srv, 2);
 }

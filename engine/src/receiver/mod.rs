@@ -193,10 +193,11 @@ pub(crate) struct Shared {
     claims: claims::Claims,
     admission: Arc<admission::Admission>,
     stop: AtomicBool,
-    /// Parked data connections, by peer, cut the moment the server stops:
-    /// a sender's next session must not join over one to a server that no
-    /// longer has its sessions while another took its address.
-    parked: Mutex<HashMap<SocketAddr, TcpStream>>,
+    /// Parked data connections, by their two ends, cut the moment the
+    /// server stops: a sender's next session must not join over one to a
+    /// server that no longer has its sessions while another took its
+    /// address.
+    parked: Mutex<HashMap<ParkKey, TcpStream>>,
     summaries: Mutex<std::collections::VecDeque<ReceiverSummary>>,
     /// The counters of the session planned last, for `ServerHandle::landed`.
     latest: Mutex<Option<Arc<stats::Stats>>>,
@@ -383,6 +384,10 @@ impl Drop for ServerHandle {
     }
 }
 
+/// A parked connection's two ends, local and peer: a receiver on several
+/// addresses may hold two connections from one sender port.
+pub(crate) type ParkKey = (SocketAddr, SocketAddr);
+
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -519,7 +524,7 @@ fn handle_connection(
                 session,
                 stream: idx,
             } => match session::run_stream(shared, stream, session, idx)? {
-                Some(parked) if wait_parked(shared, &parked) => stream = parked,
+                Some((parked, key)) if wait_parked(shared, &parked, key) => stream = parked,
                 _ => return Ok(()),
             },
         }
@@ -570,12 +575,11 @@ fn handshake(shared: &Shared, stream: &mut TcpStream) -> Option<Purpose> {
 /// Holds a data connection `session::run_stream` parked (and registered
 /// in `Shared::parked`) until its sender starts the next handshake on it
 /// (true), or for at most `PARK_IDLE`, or until the receiver stops
-/// (false: it closes); then takes it off the register.
-fn wait_parked(shared: &Shared, stream: &TcpStream) -> bool {
+/// (false: it closes); then takes it off the register by `key`, known
+/// from before (a socket reset meanwhile no longer has a peer address).
+fn wait_parked(shared: &Shared, stream: &TcpStream, key: ParkKey) -> bool {
     let woken = wait_parked_until(shared, stream, Instant::now() + PARK_IDLE);
-    if let Ok(peer) = stream.peer_addr() {
-        lock(&shared.parked).remove(&peer);
-    }
+    lock(&shared.parked).remove(&key);
     woken
 }
 

@@ -13,7 +13,7 @@ use super::discard::Discard;
 use super::stats::Stats;
 use super::verdicts::{self, Verdict, VerdictRx};
 use super::writer::{Writer, WriterMsg};
-use super::{Shared, lock};
+use super::{ParkKey, Shared, lock};
 use crate::Layout;
 use crate::digest::{BlockHasher, HASH_PIECE};
 use crate::error::{Error, Result};
@@ -633,14 +633,15 @@ fn results(
     }
 }
 
-/// Runs data stream `idx` of session `id`; returns the connection when
-/// the sender parked it, clean, for its next session.
+/// Runs data stream `idx` of session `id`; returns the connection, and
+/// its key in `Shared::parked`, when the sender parked it, clean, for its
+/// next session.
 pub(crate) fn run_stream(
     shared: &Arc<Shared>,
     mut stream: TcpStream,
     id: SessionId,
     idx: u16,
-) -> Result<Option<TcpStream>> {
+) -> Result<Option<(TcpStream, ParkKey)>> {
     let _stream = tracing::info_span!("stream", session = %short(&id), idx).entered();
     let stopping = || shared.stop.load(Ordering::SeqCst);
     let Some(session) = shared.sessions.wait(&id, shared.cfg.join_wait, stopping) else {
@@ -654,7 +655,7 @@ pub(crate) fn run_stream(
         );
         return Err(Violation::new(ViolationKind::Unknown, message).into());
     };
-    let peer = stream.peer_addr().ok();
+    let ends = stream.local_addr().ok().zip(stream.peer_addr().ok());
     {
         // Each join is a connection and two threads here. Our senders open
         // at most STREAMS.max, added ones included; more would let one
@@ -718,7 +719,7 @@ pub(crate) fn run_stream(
         })
         .map_err(|e| Error::io("starting an ack thread", e))?;
     let result = receive_blocks(&session, &mut stream, &ack_tx);
-    if let (Ok(StreamEnd::Park), Some(peer)) = (&result, peer) {
+    if let (Ok(StreamEnd::Park), Some(key)) = (&result, ends) {
         // Parked only while the receiver holds fewer than its share: the
         // rest of its connections stay for senders starting cold. The
         // place is taken here, under the lock, and `wait_parked` gives it
@@ -726,7 +727,7 @@ pub(crate) fn run_stream(
         let placed = {
             let mut parked = lock(&shared.parked);
             parked.len() < shared.most_parked()
-                && stream.try_clone().map(|c| parked.insert(peer, c)).is_ok()
+                && stream.try_clone().map(|c| parked.insert(key, c)).is_ok()
         };
         if !placed {
             tracing::debug!("too many parked connections; closing this one instead");
@@ -734,7 +735,8 @@ pub(crate) fn run_stream(
             return Ok(None);
         }
         // The session's end must not cut it any more.
-        lock(&session.data_streams).retain(|s| s.peer_addr().ok() != Some(peer));
+        lock(&session.data_streams)
+            .retain(|s| s.local_addr().ok().zip(s.peer_addr().ok()) != Some(key));
         // After every acknowledgement already queued; one the writer
         // sends later (for a block the sender did not wait for) is lost
         // with the session, not written into the next.
@@ -742,14 +744,14 @@ pub(crate) fn run_stream(
         drop(ack_tx);
         if queued && acks.join().unwrap_or(false) {
             tracing::debug!("data stream parked for the sender's next session");
-            return Ok(Some(stream));
+            return Ok(Some((stream, key)));
         }
-        lock(&shared.parked).remove(&peer);
+        lock(&shared.parked).remove(&key);
         let _ = stream.shutdown(Shutdown::Both);
         return Ok(None);
     }
     if let Ok(StreamEnd::Park) = result {
-        // Its peer unknown, it could not be told from its siblings.
+        // Its ends unknown, it could not be told from its siblings.
         let _ = stream.shutdown(Shutdown::Both);
     }
     let result = result.map(|_| None);

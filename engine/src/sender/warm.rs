@@ -90,19 +90,16 @@ impl Warm {
         self.spare.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Keeps `stream`, parked at `now`, for a session to `key`; the oldest
-    /// goes when `MOST_WARM` are kept.
-    pub fn put(&self, key: WarmKey, stream: TcpStream, now: Instant) {
+    /// Keeps `stream`, whose `Parked` arrived at `since` (its reuse is
+    /// timed from then), for a session to `key`; the oldest goes when
+    /// `MOST_WARM` are kept.
+    pub fn put(&self, key: WarmKey, stream: TcpStream, since: Instant) {
         let mut g = self.lock();
-        expire(&mut g, now);
+        expire(&mut g, since);
         if g.len() >= MOST_WARM {
             g.remove(0);
         }
-        g.push(Parked {
-            key,
-            stream,
-            since: now,
-        });
+        g.push(Parked { key, stream, since });
     }
 
     /// The most recently parked connection for `key` the receiver has not
