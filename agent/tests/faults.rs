@@ -188,7 +188,7 @@ fn garbage_and_oversized_frames_are_refused_without_harm() {
 
     // Authenticated, then an oversized manifest frame.
     let mut s = TcpStream::connect(srv.addr()).unwrap();
-    auth::client(&mut s, TOKEN, Purpose::Control).unwrap();
+    auth::client(&mut s, TOKEN, Purpose::Control, 0).unwrap();
     let mut open = Vec::new();
     wire::encode(
         &Frame::Open {
@@ -213,6 +213,7 @@ fn garbage_and_oversized_frames_are_refused_without_harm() {
             session: [9; 16],
             stream: 0,
         },
+        0,
     )
     .unwrap();
     assert_closed(&mut s);
@@ -560,7 +561,7 @@ fn open_raw_session(
     ));
     assert_eq!(wire::read_frame(&mut ctl).unwrap(), Frame::PlanEnd);
     let mut data = TcpStream::connect(srv.addr()).unwrap();
-    auth::client(&mut data, TOKEN, Purpose::Join { session, stream: 0 }).unwrap();
+    auth::client(&mut data, TOKEN, Purpose::Join { session, stream: 0 }, 0).unwrap();
     (ctl, data)
 }
 
@@ -573,7 +574,7 @@ fn raw_control(
     path: &str,
 ) -> TcpStream {
     let mut ctl = TcpStream::connect(srv.addr()).unwrap();
-    auth::client(&mut ctl, TOKEN, Purpose::Control).unwrap();
+    auth::client(&mut ctl, TOKEN, Purpose::Control, 0).unwrap();
     let mut out = Vec::new();
     wire::encode(
         &Frame::Open {

@@ -63,6 +63,7 @@ fn hello() -> Vec<u8> {
         &Frame::Hello {
             version: wire::VERSION,
             nonce: [1; 32],
+            port: 0,
         },
         &mut out,
     );
@@ -244,7 +245,7 @@ fn open_control(srv: &ServerHandle, session: [u8; 16]) -> TcpStream {
 /// The same to any receiver at `addr` that takes `token`.
 fn open_control_at(addr: SocketAddr, token: &[u8], session: [u8; 16]) -> TcpStream {
     let mut ctl = TcpStream::connect(addr).unwrap();
-    auth::client(&mut ctl, token, Purpose::Control).unwrap();
+    auth::client(&mut ctl, token, Purpose::Control, 0).unwrap();
     wire::write_frame(
         &mut ctl,
         &Frame::Open {
@@ -270,7 +271,7 @@ fn manifest_over_its_byte_cap_is_refused_and_memory_stays_bounded() {
     let pid = rx.0.id();
     let mut ctl = TcpStream::connect(("127.0.0.1", port)).unwrap();
     let token = std::fs::read_to_string(&s.token).unwrap();
-    auth::client(&mut ctl, token.trim().as_bytes(), Purpose::Control).unwrap();
+    auth::client(&mut ctl, token.trim().as_bytes(), Purpose::Control, 0).unwrap();
     wire::write_frame(
         &mut ctl,
         &Frame::Open {
@@ -471,7 +472,7 @@ fn one_session_cannot_take_more_data_streams_than_the_protocol_bound() {
     let mut joins: Vec<TcpStream> = (0..=most)
         .map(|i| {
             let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
-            auth::client(&mut c, token, Purpose::Join { session, stream: i }).unwrap();
+            auth::client(&mut c, token, Purpose::Join { session, stream: i }, 0).unwrap();
             c.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
             c
         })
@@ -565,7 +566,7 @@ fn a_flood_of_failed_handshakes_does_not_flood_the_log() {
         );
     }
     let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let _ = auth::client(&mut c, b"not-the-token", Purpose::Control);
+    let _ = auth::client(&mut c, b"not-the-token", Purpose::Control, 0);
     let (reply, _) = read_to_close(&mut c, Duration::from_secs(10));
     assert!(matches!(first_frame(&reply), Some(Frame::Error { .. })));
     // Still served, and what it logged is there to read.
@@ -697,9 +698,10 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
         },
     );
     prop_oneof![
-        any::<[u8; 32]>().prop_map(|nonce| Frame::Hello {
+        (any::<[u8; 32]>(), any::<u16>()).prop_map(|(nonce, port)| Frame::Hello {
             version: wire::VERSION,
-            nonce
+            nonce,
+            port
         }),
         (any::<[u8; 16]>(), 1u32..64, 1u16..4, any::<bool>()).prop_map(
             |(session, b, streams, discard)| Frame::Open {
@@ -782,8 +784,8 @@ proptest! {
             let mut c = TcpStream::connect(srv.addr()).unwrap();
             let authed = match opening {
                 Opening::Anonymous => Ok(Duration::ZERO),
-                Opening::Control => auth::client(&mut c, TOKEN, Purpose::Control),
-                Opening::Join(session) => auth::client(&mut c, TOKEN, Purpose::Join { session, stream: 0 }),
+                Opening::Control => auth::client(&mut c, TOKEN, Purpose::Control, 0),
+                Opening::Join(session) => auth::client(&mut c, TOKEN, Purpose::Join { session, stream: 0 }, 0),
             };
             prop_assert!(authed.is_ok(), "{:?}", authed);
             let mut out = Vec::new();

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use wirerate_engine::io::IoMode;
-use wirerate_engine::receiver::{ServeConfig, Server, ServerHandle};
+use wirerate_engine::receiver::{Lobby, ServeConfig, Server, ServerHandle};
 use wirerate_engine::sender::send;
 use wirerate_engine::sender::warm::{Warm, WarmKey};
 use wirerate_engine::wire::{
@@ -158,6 +158,7 @@ fn a_parked_connection_must_authenticate_again() {
         &Frame::Hello {
             version: VERSION + 1,
             nonce: [7; NONCE_LEN],
+            port: 0,
         },
     )
     .unwrap();
@@ -220,4 +221,112 @@ fn a_receiver_parks_at_most_a_quarter_of_its_connections() {
     // The first two gave their places back: two park again.
     assert_eq!(warm.len(), 2);
     wait_connections(&srv, 2);
+}
+
+/// A receiver with `token`, in `lobby` if given, as the agent runs one
+/// per transfer.
+fn receiver_with(root: &std::path::Path, token: &[u8], lobby: Option<&Arc<Lobby>>) -> ServerHandle {
+    receiver_at("127.0.0.1:0", root, token, lobby)
+}
+
+fn receiver_at(
+    addr: &str,
+    root: &std::path::Path,
+    token: &[u8],
+    lobby: Option<&Arc<Lobby>>,
+) -> ServerHandle {
+    let mut cfg = ServeConfig::new(root.to_path_buf(), token.to_vec());
+    cfg.buffer = 8 << 20;
+    cfg.lobby = lobby.cloned();
+    Server::bind(addr, cfg).unwrap().spawn()
+}
+
+/// Two transfers between the same agents, each with a receiver, port and
+/// token of its own: the second joins over the connections the first
+/// parked, though its receiver stopped, and authenticates them with the
+/// second's token.
+#[test]
+fn the_next_transfer_joins_over_connections_parked_at_another_receiver_of_the_lobby() {
+    let (dir, root_a, a) = setup("lobby", 3 << 20, 8);
+    let root_b = dir.path().join("dst-b");
+    std::fs::create_dir_all(&root_b).unwrap();
+    let b = dir.path().join("b.dat");
+    write_file(&b, (4 << 20) + 99, 9);
+    let lobby = Arc::new(Lobby::default());
+    let srv_a = receiver_with(&root_a, b"token-of-the-first-transfer", Some(&lobby));
+    let srv_b = receiver_with(&root_b, b"token-of-the-second-transfer", Some(&lobby));
+    let warm = Arc::new(Warm::across_ports());
+
+    let mut cfg = warm_cfg(srv_a.addr(), &a, "a.dat", 4, &warm);
+    cfg.token = b"token-of-the-first-transfer".to_vec();
+    let first = send(&cfg).unwrap();
+    assert!(first.ok, "{}", first.render());
+    assert_eq!(warm.len(), 4);
+    // The first transfer is over: its receiver goes, its parked ones stay.
+    srv_a.stop();
+
+    let mut cfg = warm_cfg(srv_b.addr(), &b, "b.dat", 4, &warm);
+    cfg.token = b"token-of-the-second-transfer".to_vec();
+    let second = send(&cfg).unwrap();
+    assert!(second.ok, "{}", second.render());
+    assert_eq!(second.streams_warm, 4, "{}", second.render());
+    assert_same(&b, &root_b.join("b.dat"));
+    assert!(!root_a.join("b.dat").exists());
+    assert!(wait_summaries(&srv_b, 1)[0].outcome.is_complete());
+    // Parked again, now at the second receiver, whose slots they hold.
+    assert_eq!(warm.len(), 4);
+    wait_connections(&srv_b, 4);
+}
+
+/// A parked connection's hello that names another receiver's port is
+/// never served by the receiver it was parked at, even with the same
+/// token: its stream would join a session that receiver does not have.
+/// Without a lobby it is refused, and the stream connects afresh.
+#[test]
+fn a_parked_connection_serves_no_receiver_it_was_not_meant_for() {
+    let (dir, root_a, a) = setup("not-meant", 2 << 20, 10);
+    let root_b = dir.path().join("dst-b");
+    std::fs::create_dir_all(&root_b).unwrap();
+    let srv_a = receiver_with(&root_a, TOKEN, None);
+    let srv_b = receiver_with(&root_b, TOKEN, None);
+    let warm = Arc::new(Warm::across_ports());
+    assert!(
+        send(&warm_cfg(srv_a.addr(), &a, "a.dat", 2, &warm))
+            .unwrap()
+            .ok
+    );
+    assert_eq!(warm.len(), 2);
+    let s = send(&warm_cfg(srv_b.addr(), &a, "a.dat", 2, &warm)).unwrap();
+    assert!(s.ok, "{}", s.render());
+    assert_eq!(s.streams_warm, 0, "{}", s.render());
+    assert_same(&a, &root_b.join("a.dat"));
+    assert_eq!(s.blocks_retried, 0, "{}", s.render());
+    // The refused ones were closed; the first receiver kept its session's file.
+    wait_connections(&srv_a, 0);
+    assert_eq!(wait_summaries(&srv_a, 1).len(), 1);
+}
+
+/// The agent gives a new transfer's receiver the first free data port,
+/// often the one the last transfer's receiver had: its parked connections
+/// go to the new receiver there, not to the stopped one.
+#[test]
+fn a_later_receiver_on_a_stopped_ones_port_takes_over_its_parked_connections() {
+    let (_dir, root, a) = setup("same-port", 2 << 20, 11);
+    let lobby = Arc::new(Lobby::default());
+    let first = receiver_with(&root, b"first-token", Some(&lobby));
+    let addr = first.addr();
+    let warm = Arc::new(Warm::across_ports());
+    let mut cfg = warm_cfg(addr, &a, "a.dat", 2, &warm);
+    cfg.token = b"first-token".to_vec();
+    assert!(send(&cfg).unwrap().ok);
+    assert_eq!(warm.len(), 2);
+    first.stop();
+    let next = receiver_at(&addr.to_string(), &root, b"next-token", Some(&lobby));
+    let mut cfg = warm_cfg(addr, &a, "again.dat", 2, &warm);
+    cfg.token = b"next-token".to_vec();
+    let s = send(&cfg).unwrap();
+    assert!(s.ok, "{}", s.render());
+    assert_eq!(s.streams_warm, 2, "{}", s.render());
+    assert_same(&a, &root.join("again.dat"));
+    assert!(wait_summaries(&next, 1)[0].outcome.is_complete());
 }

@@ -788,6 +788,45 @@ fn noise(len: usize, mut seed: u64) -> Vec<u8> {
 
 /// The agents' cluster mode between two hosts in CI: the operator assigns
 /// a Transfer to an agent of each pool and the file crosses the data link.
+/// Creates Transfer `name` from `from` to `to` between the two pools and
+/// waits for it to end.
+async fn transfer(
+    c: &Cluster,
+    name: &str,
+    from: &Path,
+    to: &Path,
+) -> wirerate_crds::TransferStatus {
+    let transfers = c.api::<Transfer>();
+    let t = TransferBuilder::new(name, &from.to_string_lossy(), &to.to_string_lossy())
+        .namespace(NS)
+        .pools("senders", "receivers")
+        .build();
+    transfers.create(&PostParams::default(), &t).await.unwrap();
+    c.wait_for(Duration::from_secs(120), "the Transfer did not end", || {
+        let transfers = transfers.clone();
+        async move {
+            let s = transfers.get(name).await.ok()?.status?;
+            matches!(
+                s.phase,
+                Some(TransferPhase::Succeeded | TransferPhase::Failed)
+            )
+            .then_some(s)
+        }
+    })
+    .await
+}
+
+/// What the sender agent reported when it finished.
+fn sender_said(status: &wirerate_crds::TransferStatus) -> String {
+    status
+        .reports
+        .iter()
+        .filter(|r| r.role == wirerate_crds::transfer::Role::Sender)
+        .map(|r| r.message.clone())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transfer_between_pools_on_two_hosts_lands_identical() {
     if !available() {
@@ -798,33 +837,17 @@ async fn a_transfer_between_pools_on_two_hosts_lands_identical() {
     let from = c.src.join("frames.h5");
     std::fs::write(&from, &data).unwrap();
     let to = c.dst.join("frames.h5");
-    let transfers = c.api::<Transfer>();
-    let t = TransferBuilder::new("frames", &from.to_string_lossy(), &to.to_string_lossy())
-        .namespace(NS)
-        .pools("senders", "receivers")
-        .build();
-    transfers.create(&PostParams::default(), &t).await.unwrap();
-
-    let status = c
-        .wait_for(Duration::from_secs(120), "the Transfer did not end", || {
-            let transfers = transfers.clone();
-            async move {
-                let s = transfers.get("frames").await.ok()?.status?;
-                matches!(
-                    s.phase,
-                    Some(TransferPhase::Succeeded | TransferPhase::Failed)
-                )
-                .then_some(s)
-            }
-        })
-        .await;
+    let status = transfer(&c, "frames", &from, &to).await;
     assert_eq!(
         status.phase,
         Some(TransferPhase::Succeeded),
         "{status:#?}\n{}",
         c.logs()
     );
-    let (sender, receiver) = (status.sender.unwrap(), status.receiver.unwrap());
+    let (sender, receiver) = (
+        status.sender.clone().unwrap(),
+        status.receiver.clone().unwrap(),
+    );
     assert_eq!(
         (sender.name.as_str(), receiver.name.as_str()),
         (SENDER, RECEIVER)
@@ -839,6 +862,35 @@ async fn a_transfer_between_pools_on_two_hosts_lands_identical() {
         landed == data,
         "the file landed different ({} bytes)",
         landed.len()
+    );
+    assert!(
+        !sender_said(&status).contains("warm"),
+        "{}",
+        sender_said(&status)
+    );
+
+    // The next transfer between the same agents, with a receiver, port and
+    // token of its own, joins over the data connections the first parked.
+    let more = noise(9 << 20, 0xface);
+    let from = c.src.join("more.h5");
+    std::fs::write(&from, &more).unwrap();
+    let to = c.dst.join("more.h5");
+    let status = transfer(&c, "more", &from, &to).await;
+    assert_eq!(
+        status.phase,
+        Some(TransferPhase::Succeeded),
+        "{status:#?}\n{}",
+        c.logs()
+    );
+    assert!(
+        std::fs::read(&to).unwrap() == more,
+        "the second file landed different"
+    );
+    assert!(
+        sender_said(&status).contains("data streams joined warm"),
+        "{}\n{}",
+        sender_said(&status),
+        c.logs()
     );
 }
 

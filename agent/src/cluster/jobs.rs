@@ -1,9 +1,17 @@
 //! The engine, run for one side of one attempt: a sender thread, or a
 //! receiver bound for this transfer alone (its own port, token and root).
+//!
+//! The transfers of one agent share what keeps connections warm between
+//! them: its senders park their data connections in one `Warm`, keyed by
+//! the receiving host, and its receivers hand parked connections to each
+//! other through one `Lobby`. So the next transfer between two agents
+//! joins over the last one's connections (their TCP windows grown) even
+//! though it has a receiver, port and token of its own, and authenticates
+//! them afresh with that token.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -13,10 +21,24 @@ use crate::observer::Shown;
 use crate::progress::Progress;
 use wirerate_engine::error::{Disposition, Error, Result};
 use wirerate_engine::fsroot::{is_temporary, temp_names};
-use wirerate_engine::receiver::{Landed, ServeConfig, Server, ServerHandle};
+use wirerate_engine::receiver::{Landed, Lobby, ServeConfig, Server, ServerHandle};
+use wirerate_engine::sender::warm::Warm;
 use wirerate_engine::sender::{SendConfig, send};
 use wirerate_engine::summary::{ReceiverSummary, SendSummary};
 use wirerate_engine::wire::Verification;
+
+/// The agent's parked data connections and last send buffers, shared by
+/// its senders.
+fn warm() -> Arc<Warm> {
+    static WARM: OnceLock<Arc<Warm>> = OnceLock::new();
+    Arc::clone(WARM.get_or_init(|| Arc::new(Warm::across_ports())))
+}
+
+/// The lobby of the agent's receivers.
+fn lobby() -> Arc<Lobby> {
+    static LOBBY: OnceLock<Arc<Lobby>> = OnceLock::new();
+    Arc::clone(LOBBY.get_or_init(Arc::default))
+}
 
 /// `path` resolved, if it lies under one of `roots`; symlinks cannot lead out.
 pub fn under_roots(path: &Path, roots: &[String]) -> Result<PathBuf> {
@@ -95,6 +117,7 @@ impl SenderJob {
         cfg.retry_for = Duration::from_secs(90);
         let cancel = Arc::new(AtomicBool::new(false));
         cfg.cancel = Some(cancel.clone());
+        cfg.warm = Some(warm());
         cfg.validate()?;
         let progress = Arc::new(Progress::default());
         cfg.observer = Shown::metrics().with_progress(progress.clone()).observe();
@@ -181,6 +204,7 @@ impl ReceiverJob {
         cfg.observer = Shown::metrics().observe();
         cfg.tune(&tuning.settings()?);
         cfg.max_sessions = 4;
+        cfg.lobby = Some(lobby());
         let mut last = None;
         for port in ports.clone() {
             match Server::bind(&format!("0.0.0.0:{port}"), cfg.clone()) {

@@ -454,6 +454,15 @@ async fn start_job(
 }
 
 /// The receiver's root is the destination's parent; the sender names the last component.
+/// What a sender's report adds when data streams joined over connections
+/// an earlier transfer parked (see `jobs`).
+fn warm_note(streams_warm: u64) -> String {
+    match streams_warm {
+        0 => String::new(),
+        n => format!(", {n} data streams joined warm"),
+    }
+}
+
 fn dest_name(path: &str) -> Result<String> {
     Path::new(path)
         .file_name()
@@ -606,11 +615,12 @@ async fn observe(
                     SenderOutcome::Verified(sum) => (
                         ReportState::Succeeded,
                         format!(
-                            "{} in {:.1} s at {:.2} Gbit/s, digest {}",
+                            "{} in {:.1} s at {:.2} Gbit/s, digest {}{}",
                             fmt_bytes(sum.bytes_total),
                             sum.seconds,
                             sum.gbps,
-                            sum.digest
+                            sum.digest,
+                            warm_note(sum.streams_warm)
                         ),
                     ),
                     SenderOutcome::FilesFailed(sum) => (

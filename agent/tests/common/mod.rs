@@ -218,15 +218,24 @@ impl Drop for Relay {
 
 /// Which connection a client's first bytes open: 0 for control, n for data
 /// stream n - 1; `None` until the handshake's purpose has arrived. The
-/// hello frame is 43 bytes; the auth frame's purpose byte follows its
-/// 4-byte length, type byte and 32-byte MAC, then the 16-byte session id
-/// and the little-endian stream index.
+/// auth frame follows the hello; its purpose byte follows its 4-byte
+/// length, type byte and 32-byte MAC, then the 16-byte session id and the
+/// little-endian stream index.
 fn conn_of(head: &[u8]) -> Option<usize> {
-    const PURPOSE: usize = 43 + 4 + 1 + 32;
-    match head.get(PURPOSE)? {
+    let mut hello = Vec::new();
+    wirerate_engine::wire::encode(
+        &wirerate_engine::wire::Frame::Hello {
+            version: wirerate_engine::wire::VERSION,
+            nonce: [0; 32],
+            port: 0,
+        },
+        &mut hello,
+    );
+    let purpose = hello.len() + 4 + 1 + 32;
+    match head.get(purpose)? {
         0 => Some(0),
         _ => {
-            let i = head.get(PURPOSE + 17..PURPOSE + 19)?;
+            let i = head.get(purpose + 17..purpose + 19)?;
             Some(usize::from(u16::from_le_bytes([i[0], i[1]])) + 1)
         }
     }

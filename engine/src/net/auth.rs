@@ -62,10 +62,16 @@ fn peer_error(frame: Frame, expected: &str) -> Error {
     }
 }
 
-/// Client side; returns the round-trip time the handshake measured. It
-/// does not wait for the receiver to accept its proof: a receiver that
-/// refuses says so in its reply to the client's next frame.
-pub fn client<S: Read + Write>(s: &mut S, token: &[u8], purpose: Purpose) -> Result<Duration> {
+/// Client side, for the receiver the client dialled at `port`; returns
+/// the round-trip time the handshake measured. It does not wait for the
+/// receiver to accept its proof: a receiver that refuses says so in its
+/// reply to the client's next frame.
+pub fn client<S: Read + Write>(
+    s: &mut S,
+    token: &[u8],
+    purpose: Purpose,
+    port: u16,
+) -> Result<Duration> {
     let nonce_c = random::<NONCE_LEN>();
     let t0 = Instant::now();
     write_frame(
@@ -73,6 +79,7 @@ pub fn client<S: Read + Write>(s: &mut S, token: &[u8], purpose: Purpose) -> Res
         &Frame::Hello {
             version: VERSION,
             nonce: nonce_c,
+            port,
         },
     )?;
     let nonce_s = match read_frame_capped(s, MAX_SMALL_FRAME)? {
@@ -107,12 +114,31 @@ pub fn client<S: Read + Write>(s: &mut S, token: &[u8], purpose: Purpose) -> Res
     Ok(rtt)
 }
 
+/// A client's first frame, read: what the rest of the handshake needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    nonce: [u8; NONCE_LEN],
+    /// The port the client dialled for the receiver it means.
+    pub port: u16,
+}
+
 /// Server side; returns what the client wants the connection for. On a bad
 /// token it tells the client and fails. It allocates nothing for frames
 /// over `MAX_PREAUTH_FRAME`; the caller bounds its time (`net::within`).
 pub fn server<S: Read + Write>(s: &mut S, token: &[u8]) -> Result<Purpose> {
-    let nonce_c = match read_frame_capped(s, MAX_PREAUTH_FRAME)? {
-        Frame::Hello { version, nonce } if version == VERSION => nonce,
+    let hello = read_hello(s)?;
+    answer(s, &hello, token)
+}
+
+/// The server's first step: the client's hello, of this version. An
+/// older or newer one is told which version this side speaks.
+pub fn read_hello<S: Read + Write>(s: &mut S) -> Result<Hello> {
+    match read_frame_capped(s, MAX_PREAUTH_FRAME)? {
+        Frame::Hello {
+            version,
+            nonce,
+            port,
+        } if version == VERSION => Ok(Hello { nonce, port }),
         Frame::Hello { version, .. } => {
             let msg =
                 format!("unsupported protocol version {version}; this receiver speaks {VERSION}");
@@ -123,10 +149,15 @@ pub fn server<S: Read + Write>(s: &mut S, token: &[u8]) -> Result<Purpose> {
                     message: msg.clone(),
                 },
             );
-            return Err(Violation::new(ViolationKind::Version, msg).into());
+            Err(Violation::new(ViolationKind::Version, msg).into())
         }
-        other => return Err(Violation::unexpected("a hello", describe(&other)).into()),
-    };
+        other => Err(Violation::unexpected("a hello", describe(&other)).into()),
+    }
+}
+
+/// The rest of the server's side, after `hello`, with `token`.
+pub fn answer<S: Read + Write>(s: &mut S, hello: &Hello, token: &[u8]) -> Result<Purpose> {
+    let nonce_c = hello.nonce;
     let nonce_s = random::<NONCE_LEN>();
     let ours: [u8; MAC_LEN] = mac(token, SERVER_LABEL, &nonce_c, &nonce_s)
         .finalize()
@@ -177,7 +208,7 @@ mod tests {
     ) -> (Result<Duration>, Result<Purpose>) {
         let (mut a, mut b) = UnixStream::pair().unwrap();
         let srv = std::thread::spawn(move || server(&mut b, server_token));
-        let c = client(&mut a, client_token, Purpose::Control);
+        let c = client(&mut a, client_token, Purpose::Control, 7470);
         (c, srv.join().unwrap())
     }
 

@@ -100,6 +100,13 @@ pub fn congestion_of(stream: &TcpStream) -> String {
         .unwrap_or_default()
 }
 
+/// The port of `addr` (host:port), as dialled; 0 when it has none.
+pub fn port_of(addr: &str) -> u16 {
+    addr.rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Connects to `addr` (host:port), trying each resolved address.
 pub fn connect(addr: &str, opts: &SocketOpts, timeout: Duration) -> Result<TcpStream> {
     let addrs: Vec<SocketAddr> = addr
@@ -148,6 +155,11 @@ impl<'a> Deadline<'a> {
             at: Instant::now() + within,
             within,
         }
+    }
+
+    /// The connection itself.
+    pub fn stream(&self) -> &'a TcpStream {
+        self.stream
     }
 
     fn expired(&self) -> io::Error {

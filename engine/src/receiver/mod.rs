@@ -15,6 +15,7 @@ mod claims;
 mod dest;
 mod discard;
 mod kept;
+mod lobby;
 mod registry;
 mod session;
 mod spare;
@@ -33,6 +34,7 @@ use std::time::{Duration, Instant};
 
 pub use crate::session::DiscardPolicy;
 pub use checkpoint::Checkpoint;
+pub use lobby::Lobby;
 
 use crate::error::{Error, Result};
 use crate::fsroot::Root;
@@ -101,6 +103,10 @@ pub struct ServeConfig {
     /// Told of blocks written, files and sessions done, refusals, and each
     /// session's summary.
     pub observer: Observe,
+    /// Receivers of this process that take over each other's parked
+    /// connections (`Lobby`); with one, a receiver that stops keeps what
+    /// it parked for them. `None`: its own alone, cut when it stops.
+    pub lobby: Option<Arc<Lobby>>,
 }
 
 impl ServeConfig {
@@ -124,6 +130,7 @@ impl ServeConfig {
             umask: 0o022,
             discard: DiscardPolicy::Refuse,
             observer: unobserved(),
+            lobby: None,
         }
     }
 
@@ -192,11 +199,15 @@ pub(crate) struct Shared {
     /// Destinations being written, and by which session.
     claims: claims::Claims,
     admission: Arc<admission::Admission>,
+    /// The port it listens on: a parked connection whose next hello names
+    /// another goes to the `Lobby`.
+    port: u16,
     stop: AtomicBool,
     /// Parked data connections, by their two ends, cut the moment the
-    /// server stops: a sender's next session must not join over one to a
-    /// server that no longer has its sessions while another took its
-    /// address.
+    /// server stops unless it is in a `Lobby`: a sender's next session
+    /// must not join over one to a server that no longer has its sessions
+    /// while another took its address. In a lobby, a hello naming a
+    /// stopped receiver's port is refused instead (`handshake`).
     parked: Mutex<HashMap<ParkKey, TcpStream>>,
     summaries: Mutex<std::collections::VecDeque<ReceiverSummary>>,
     /// The counters of the session planned last, for `ServerHandle::landed`.
@@ -267,29 +278,35 @@ impl Server {
         cfg.validate()?;
         let root = Root::open(&cfg.root)?;
         let listener = net::listen(addr)?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| Error::net("reading the bound address", e))?
+            .port();
         let max_memory = cfg.max_memory.unwrap_or(u64::MAX);
         let admission =
             admission::Admission::new(cfg.max_connections, cfg.max_handshakes_per_address);
-        Ok(Self {
-            listener,
-            shared: Arc::new(Shared {
-                cfg,
-                root,
-                sessions: registry::Registry::default(),
-                spare_pool: Mutex::new(spare::Spare::new(spare::KEEP_IDLE)),
-                memory: Arc::new(budget::Budget::new(max_memory)),
-                claims: claims::Claims::default(),
-                admission: Arc::new(admission),
-                stop: AtomicBool::new(false),
-                parked: Mutex::default(),
-                summaries: Mutex::default(),
-                latest: Mutex::default(),
-                job: JobCounters::default(),
-                refusals: Mutex::new(Throttle::new(LOG_EVERY)),
-                accept_failures: Mutex::new(Throttle::new(LOG_EVERY)),
-                failed_handshakes: Mutex::new(HashMap::new()),
-            }),
-        })
+        let shared = Arc::new(Shared {
+            cfg,
+            root,
+            sessions: registry::Registry::default(),
+            spare_pool: Mutex::new(spare::Spare::new(spare::KEEP_IDLE)),
+            memory: Arc::new(budget::Budget::new(max_memory)),
+            claims: claims::Claims::default(),
+            admission: Arc::new(admission),
+            port,
+            stop: AtomicBool::new(false),
+            parked: Mutex::default(),
+            summaries: Mutex::default(),
+            latest: Mutex::default(),
+            job: JobCounters::default(),
+            refusals: Mutex::new(Throttle::new(LOG_EVERY)),
+            accept_failures: Mutex::new(Throttle::new(LOG_EVERY)),
+            failed_handshakes: Mutex::new(HashMap::new()),
+        });
+        if let Some(lobby) = &shared.cfg.lobby {
+            lobby.join(&shared);
+        }
+        Ok(Self { listener, shared })
     }
 
     /// The bound address.
@@ -367,8 +384,10 @@ impl ServerHandle {
 
     fn shutdown(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
-        for st in lock(&self.shared.parked).values() {
-            let _ = st.shutdown(std::net::Shutdown::Both);
+        if self.shared.cfg.lobby.is_none() {
+            for st in lock(&self.shared.parked).values() {
+                let _ = st.shutdown(std::net::Shutdown::Both);
+            }
         }
         // Wake the blocking accept.
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
@@ -405,6 +424,17 @@ fn release_idle_pool(shared: &Shared) {
 }
 
 impl Shared {
+    /// Whether it has stopped serving.
+    pub(crate) fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Whether its parked connections wait for a next hello: until it
+    /// stops, or for as long as they may in a `Lobby`.
+    fn keeps_parked(&self) -> bool {
+        !self.stopped() || self.cfg.lobby.is_some()
+    }
+
     /// The most data connections parked at once: a quarter of
     /// `max_connections`, so that idle warm senders never hold the slots
     /// a sender starting cold needs.
@@ -508,44 +538,144 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
 fn handle_connection(
     shared: &Arc<Shared>,
     mut stream: TcpStream,
-    mut ticket: admission::Ticket,
+    ticket: admission::Ticket,
 ) -> Result<()> {
     net::apply(&stream, &shared.cfg.socket)?;
+    // Whose the connection is: a parked one may be handed to another
+    // receiver of the lobby, its slot with it.
+    let mut at = At {
+        shared: Arc::clone(shared),
+        ticket,
+        parked: false,
+        dialled: 0,
+    };
     // A data stream its sender parks comes back here for its next
     // session's handshake.
     loop {
-        let Some(purpose) = handshake(shared, &mut stream) else {
+        let Some(purpose) = handshake(&mut at, &mut stream) else {
             return Ok(());
         };
-        ticket.authenticated();
+        at.ticket.authenticated();
+        let shared = &at.shared;
         match purpose {
             Purpose::Control => return session::run_control(shared, stream),
             Purpose::Join {
                 session,
                 stream: idx,
             } => match session::run_stream(shared, stream, session, idx)? {
-                Some((parked, key)) if wait_parked(shared, &parked, key) => stream = parked,
+                Some((parked, key)) if wait_parked(shared, &parked, key) => {
+                    stream = parked;
+                    at.parked = true;
+                }
                 _ => return Ok(()),
             },
         }
     }
 }
 
+/// The receiver a connection is served by, and its slot there.
+struct At {
+    shared: Arc<Shared>,
+    ticket: admission::Ticket,
+    /// Whether it was parked: only then may its hello name another port.
+    parked: bool,
+    /// The port its sender dialled to reach this receiver, as its first
+    /// hello named it (a port-forward on the way may have changed it).
+    dialled: u16,
+}
+
+/// Serves a parked connection's next hello, which names `port`, where
+/// it belongs: at the receiver it was parked at when it names the port
+/// the sender dialled to reach that one and that one still runs,
+/// otherwise at the lobby's receiver on `port` (a later transfer's may
+/// have bound the stopped one's port). `Err` says why neither can (it is
+/// told, and closed, and its sender connects afresh). A receiver never
+/// serves a hello meant for another: with the same token it would
+/// authenticate, and the stream would then join a session it does not
+/// have.
+fn route(at: &mut At, stream: &TcpStream, port: u16) -> std::result::Result<(), String> {
+    if port == at.dialled && !at.shared.stopped() {
+        return Ok(());
+    }
+    hand_over(at, stream, port)
+}
+
+/// Hands a parked connection whose hello names `port` to the lobby's
+/// receiver there, taking a slot of its own there first.
+fn hand_over(at: &mut At, stream: &TcpStream, port: u16) -> std::result::Result<(), String> {
+    let Some(lobby) = &at.shared.cfg.lobby else {
+        return Err(if port == at.dialled {
+            "the receiver this connection was parked at has stopped".into()
+        } else {
+            format!(
+                "this connection reached the receiver on port {}, not {port}",
+                at.dialled
+            )
+        });
+    };
+    let Some(next) = lobby.running_on(port) else {
+        return Err(format!("no receiver on port {port} here"));
+    };
+    let peer = stream
+        .peer_addr()
+        .map_err(|e| format!("the connection is gone: {e}"))?;
+    let ticket = next.admission.admit(peer.ip()).map_err(|r| r.message())?;
+    net::apply(stream, &next.cfg.socket).map_err(|e| e.to_string())?;
+    tracing::debug!(
+        from = at.shared.port,
+        to = port,
+        "a parked connection changes receivers"
+    );
+    at.shared = next;
+    at.ticket = ticket;
+    at.dialled = port;
+    Ok(())
+}
+
+/// How a handshake ended, short of failing.
+enum Step {
+    /// Closed before its first byte.
+    Probe,
+    /// A parked connection's hello that no receiver here can take.
+    NotHere(String),
+    Authenticated(Purpose),
+}
+
 /// Authenticates a connection within the handshake timeout; `None` (with
 /// the refusal counted and logged) when it does not.
-fn handshake(shared: &Shared, stream: &mut TcpStream) -> Option<Purpose> {
-    let handshake = net::within(stream, shared.cfg.handshake_timeout, |d| {
+fn handshake(at: &mut At, stream: &mut TcpStream) -> Option<Purpose> {
+    let timeout = at.shared.cfg.handshake_timeout;
+    let handshake = net::within(stream, timeout, |d| {
         // TCP readiness probes and port waits connect and close without a
         // byte; that is not worth a warning on every probe.
         if matches!(d.peek(&mut [0u8; 1]), Ok(0)) {
-            return Ok(None);
+            return Ok(Step::Probe);
         }
-        auth::server(d, &shared.cfg.token).map(Some)
+        let hello = auth::read_hello(d)?;
+        if !at.parked {
+            at.dialled = hello.port;
+        } else if let Err(message) = route(at, d.stream(), hello.port) {
+            let _ = write_frame(
+                d,
+                &Frame::Error {
+                    retryable: true,
+                    message: message.clone(),
+                },
+            );
+            return Ok(Step::NotHere(message));
+        }
+        auth::answer(d, &hello, &at.shared.cfg.token).map(Step::Authenticated)
     });
+    let shared = &at.shared;
     match handshake {
-        Ok(Some(p)) => Some(p),
-        Ok(None) => {
+        Ok(Step::Authenticated(p)) => Some(p),
+        Ok(Step::Probe) => {
             tracing::debug!("connection closed before its hello (a probe, or a parked stream)");
+            None
+        }
+        // Not a failure: its sender connects afresh.
+        Ok(Step::NotHere(why)) => {
+            tracing::debug!("a parked connection's next hello cannot be served: {why}");
             None
         }
         Err(e) => {
@@ -586,7 +716,7 @@ fn wait_parked(shared: &Shared, stream: &TcpStream, key: ParkKey) -> bool {
 fn wait_parked_until(shared: &Shared, stream: &TcpStream, until: Instant) -> bool {
     // Registered before this first look at `stop`: `shutdown` sets it and
     // then cuts what is registered, so either this sees it or it is cut.
-    while !shared.stop.load(Ordering::SeqCst) {
+    while shared.keeps_parked() {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             tracing::debug!("a parked data stream went unused; closing it");

@@ -16,7 +16,7 @@ use super::generate;
 use super::reader::{self, ReadReport};
 use super::shared::{Inner, Shared, end_error};
 use super::source::SourceFile;
-use super::warm::WarmKey;
+use super::warm::{Warm, WarmKey};
 use super::{RunState, SendConfig};
 use crate::Scheduler;
 use crate::digest::{BlockHasher, HASH_PIECE};
@@ -118,7 +118,10 @@ fn authenticate(
     purpose: Purpose,
     within: Duration,
 ) -> Result<(TcpStream, Duration)> {
-    let rtt = net::within(&stream, within, |d| auth::client(d, &cfg.token, purpose))?;
+    let port = net::port_of(&cfg.to);
+    let rtt = net::within(&stream, within, |d| {
+        auth::client(d, &cfg.token, purpose, port)
+    })?;
     Ok((stream, rtt))
 }
 
@@ -316,13 +319,9 @@ fn connect_stream(j: &Joining<'_>, i: u16) -> Result<TcpStream> {
     }
 }
 
-/// Which parked connections a data stream with `opts` may reuse.
-fn warm_key(cfg: &SendConfig, opts: &SocketOpts) -> WarmKey {
-    WarmKey {
-        to: cfg.to.clone(),
-        buffer: opts.buffer,
-        congestion: opts.congestion.clone(),
-    }
+/// Which parked connections of `warm` a data stream with `opts` may reuse.
+fn warm_key(cfg: &SendConfig, warm: &Warm, opts: &SocketOpts) -> WarmKey {
+    warm.key(&cfg.to, opts.buffer, opts.congestion.clone())
 }
 
 /// A connection an earlier session to this receiver parked, set up for
@@ -330,7 +329,7 @@ fn warm_key(cfg: &SendConfig, opts: &SocketOpts) -> WarmKey {
 /// or the one taken fails, and the stream connects as a new one.
 fn reuse(cfg: &SendConfig, opts: &SocketOpts, purpose: Purpose) -> Option<TcpStream> {
     let warm = cfg.warm.as_ref()?;
-    let st = warm.take(&warm_key(cfg, opts), Instant::now())?;
+    let st = warm.take(&warm_key(cfg, warm, opts), Instant::now())?;
     // This session's pacing, or none: the last one's may differ.
     let rearmed = net::apply(&st, opts).and_then(|()| {
         set_max_pacing_rate(&st, opts.pacing.unwrap_or(u64::MAX))
@@ -647,7 +646,7 @@ pub(crate) fn run(
     st.streams_warm += reused.load(Ordering::Relaxed);
     let mut g = shared.lock();
     if let Some(warm) = &cfg.warm {
-        let key = warm_key(cfg, &data_opts);
+        let key = warm_key(cfg, warm, &data_opts);
         for (_, parked, since) in std::mem::take(&mut g.parked) {
             warm.put(key.clone(), parked, since);
         }

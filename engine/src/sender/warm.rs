@@ -27,12 +27,14 @@ pub const KEEP_WARM: Duration = Duration::from_secs(PARK_IDLE.as_secs() - 5);
 /// receivers' slots an idle sender holds.
 pub const MOST_WARM: usize = crate::tuning::STREAMS.max as usize;
 
-/// Which connections a session may reuse: the same receiver, and the same
-/// fixed socket buffer (a buffer once set turns the kernel's autotuning
-/// off for good, so a connection cannot change between the two).
+/// Which connections a session may reuse: the same receiver (or the same
+/// host, `Warm::across_ports`), and the same fixed socket buffer (a buffer
+/// once set turns the kernel's autotuning off for good, so a connection
+/// cannot change between the two).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WarmKey {
-    /// The receiver's address as the sender was given it.
+    /// The receiver's address as the sender was given it, or its host part
+    /// alone.
     pub to: String,
     /// `SocketOpts::buffer`.
     pub buffer: Option<usize>,
@@ -54,6 +56,7 @@ pub struct Warm {
     parked: Mutex<Vec<Parked>>,
     /// The last send's buffers, for the next one of the same shape.
     spare: Mutex<Option<Pools>>,
+    across_ports: bool,
 }
 
 impl std::fmt::Debug for Warm {
@@ -63,6 +66,33 @@ impl std::fmt::Debug for Warm {
 }
 
 impl Warm {
+    /// Keeps connections for any port of a receiving host, for senders
+    /// whose receivers share a `receiver::Lobby` (an agent's, one receiver
+    /// per transfer): a connection parked at one receiver carries the
+    /// next session to another, whose handshake names its port. A port
+    /// whose process has no such receiver refuses the hello, and the
+    /// stream connects afresh, one round trip later.
+    pub fn across_ports() -> Self {
+        Self {
+            across_ports: true,
+            ..Self::default()
+        }
+    }
+
+    /// The key of connections to `to` (host:port) with `buffer` and
+    /// `congestion`.
+    pub fn key(&self, to: &str, buffer: Option<usize>, congestion: Option<String>) -> WarmKey {
+        let to = match to.rsplit_once(':') {
+            Some((host, _)) if self.across_ports => host,
+            _ => to,
+        };
+        WarmKey {
+            to: to.to_owned(),
+            buffer,
+            congestion,
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Parked>> {
         self.parked.lock().unwrap_or_else(|p| p.into_inner())
     }

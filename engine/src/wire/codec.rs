@@ -1,8 +1,9 @@
 //! Encoding and checked decoding of frames, with no I/O.
 
 use super::{
-    BlockHeader, EntryKind, FileEntry, Frame, MAC_LEN, MAGIC, MAX_BLOCK, MAX_FRAME, MAX_MESSAGE,
-    MAX_PATH, NONCE_LEN, PlanOutcome, Purpose, SESSION_ID_LEN, Verification,
+    BlockHeader, EntryKind, FileEntry, Frame, HELLO_PORT_SINCE, MAC_LEN, MAGIC, MAX_BLOCK,
+    MAX_FRAME, MAX_MESSAGE, MAX_PATH, NONCE_LEN, PlanOutcome, Purpose, SESSION_ID_LEN,
+    Verification,
 };
 
 /// Why a frame could not be decoded.
@@ -63,11 +64,18 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
     out.extend_from_slice(&[0; 4]);
     let mut w = Writer(out);
     match frame {
-        Frame::Hello { version, nonce } => {
+        Frame::Hello {
+            version,
+            nonce,
+            port,
+        } => {
             w.u8(T_HELLO);
             w.bytes(&MAGIC);
             w.u16(*version);
             w.bytes(nonce);
+            if *version >= HELLO_PORT_SINCE {
+                w.u16(*port);
+            }
         }
         Frame::Challenge { version, nonce } => {
             w.u8(T_CHALLENGE);
@@ -225,7 +233,16 @@ pub fn decode_body(body: &[u8]) -> Result<Frame, DecodeError> {
             let version = r.u16()?;
             let nonce = r.array::<NONCE_LEN>()?;
             if ty == T_HELLO {
-                Frame::Hello { version, nonce }
+                let port = if version >= HELLO_PORT_SINCE {
+                    r.u16()?
+                } else {
+                    0
+                };
+                Frame::Hello {
+                    version,
+                    nonce,
+                    port,
+                }
             } else {
                 Frame::Challenge { version, nonce }
             }
@@ -468,8 +485,14 @@ pub(crate) mod tests {
     /// Any frame the codec can carry, for decoders and state machines.
     pub(crate) fn arb_frame() -> impl Strategy<Value = Frame> {
         prop_oneof![
-            (any::<u16>(), any::<[u8; 32]>())
-                .prop_map(|(version, nonce)| Frame::Hello { version, nonce }),
+            (any::<u16>(), any::<[u8; 32]>(), any::<u16>()).prop_map(|(version, nonce, port)| {
+                Frame::Hello {
+                    version,
+                    nonce,
+                    // An older hello has no port to carry.
+                    port: if version >= HELLO_PORT_SINCE { port } else { 0 },
+                }
+            }),
             (any::<u16>(), any::<[u8; 32]>())
                 .prop_map(|(version, nonce)| Frame::Challenge { version, nonce }),
             (any::<[u8; 32]>(), any::<Option<([u8; 16], u16)>>()).prop_map(|(mac, p)| {
@@ -619,6 +642,7 @@ pub(crate) mod tests {
             &Frame::Hello {
                 version: 1,
                 nonce: [0; 32],
+                port: 0,
             },
             &mut buf,
         );

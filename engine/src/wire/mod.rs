@@ -34,8 +34,13 @@ pub const MAGIC: [u8; 4] = *b"WRRT";
 /// gone out, held by the receiver until the file is written; 4: keepalives
 /// on the control connection, `FileAbort`, permission bits in the manifest;
 /// 5: `Open` says whether the session is memory to memory; 6: `Park` and
-/// `Parked`, which an older receiver would take for garbage).
-pub const VERSION: u16 = 6;
+/// `Parked`, which an older receiver would take for garbage; 7: `Hello`
+/// names the port it was meant for, so that a parked connection can be
+/// handed to another receiver of the same process).
+pub const VERSION: u16 = 7;
+/// The first version whose `Hello` carries a port: an older one still
+/// decodes, so that its sender hears which version this receiver speaks.
+pub const HELLO_PORT_SINCE: u16 = 7;
 /// Largest control frame (manifest chunk, plan bitmap) we accept, once
 /// the peer has authenticated.
 pub const MAX_FRAME: usize = (4 << 20) + 4096;
@@ -166,6 +171,10 @@ pub enum Frame {
         version: u16,
         /// Client nonce.
         nonce: [u8; NONCE_LEN],
+        /// The port the client dialled for the receiver it means (0 before
+        /// `HELLO_PORT_SINCE`). Only a parked connection heeds it: its
+        /// process hands it to its receiver on that port (`Lobby`).
+        port: u16,
     },
     /// Server's challenge.
     Challenge {

@@ -1,0 +1,49 @@
+//! Receivers of one process that hand each other parked connections.
+//!
+//! The in-cluster agent runs a receiver per transfer, each on its own port
+//! with its own token and root, stopped when the transfer ends. A data
+//! connection a sender parked at one of them would die with it, and the
+//! next transfer between the same two agents would start cold. Receivers
+//! that share a `Lobby` keep what they parked when they stop, and a parked
+//! connection whose next `Hello` names another port is handed to the
+//! receiver on that port, which authenticates it with its own token as if
+//! it had just connected. A parked connection carries no authority of its
+//! own, so handing it over grants nothing.
+
+use std::sync::{Arc, Mutex, Weak};
+
+use super::{Shared, lock};
+
+/// What a parked connection is handed to (see the module comment). Share
+/// one through `ServeConfig::lobby`.
+#[derive(Default)]
+pub struct Lobby {
+    /// Every receiver that joined and is still referenced: a stopped one
+    /// stays while threads of its parked connections hold it.
+    receivers: Mutex<Vec<Weak<Shared>>>,
+}
+
+impl std::fmt::Debug for Lobby {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Lobby({} receivers)", lock(&self.receivers).len())
+    }
+}
+
+impl Lobby {
+    /// Adds a receiver just bound; drops the entries of those gone.
+    pub(crate) fn join(&self, shared: &Arc<Shared>) {
+        let mut r = lock(&self.receivers);
+        r.retain(|w| w.strong_count() > 0);
+        r.push(Arc::downgrade(shared));
+    }
+
+    /// The running receiver on `port`, if any. Ports are unique among a
+    /// process's running receivers when they listen on every address (the
+    /// agent's do); otherwise the first that joined is taken.
+    pub(crate) fn running_on(&self, port: u16) -> Option<Arc<Shared>> {
+        lock(&self.receivers)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|s| s.port == port && !s.stopped())
+    }
+}
