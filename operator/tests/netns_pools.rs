@@ -786,8 +786,6 @@ fn noise(len: usize, mut seed: u64) -> Vec<u8> {
     out
 }
 
-/// The agents' cluster mode between two hosts in CI: the operator assigns
-/// a Transfer to an agent of each pool and the file crosses the data link.
 /// Creates Transfer `name` from `from` to `to` between the two pools and
 /// waits for it to end.
 async fn transfer(
@@ -827,6 +825,9 @@ fn sender_said(status: &wirerate_crds::TransferStatus) -> String {
         .join("; ")
 }
 
+/// The agents' cluster mode between two hosts in CI: the operator assigns
+/// a Transfer to an agent of each pool and the file crosses the data link;
+/// the next Transfer between the two agents starts warm.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transfer_between_pools_on_two_hosts_lands_identical() {
     if !available() {

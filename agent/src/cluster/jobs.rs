@@ -34,6 +34,11 @@ fn warm() -> Arc<Warm> {
     Arc::clone(WARM.get_or_init(|| Arc::new(Warm::across_ports())))
 }
 
+/// Lets go of what the agent's senders kept longer than it is of use.
+pub fn expire_warm() {
+    warm().expire(std::time::Instant::now());
+}
+
 /// The lobby of the agent's receivers.
 fn lobby() -> Arc<Lobby> {
     static LOBBY: OnceLock<Arc<Lobby>> = OnceLock::new();

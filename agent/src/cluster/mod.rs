@@ -203,6 +203,7 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
+        jobs::expire_warm();
         if last_beat.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
             if let Ok(p) = pools.get(&cfg.pool).await {
                 pool = p;
@@ -453,7 +454,6 @@ async fn start_job(
     })
 }
 
-/// The receiver's root is the destination's parent; the sender names the last component.
 /// What a sender's report adds when data streams joined over connections
 /// an earlier transfer parked (see `jobs`).
 fn warm_note(streams_warm: u64) -> String {
@@ -463,6 +463,7 @@ fn warm_note(streams_warm: u64) -> String {
     }
 }
 
+/// The receiver's root is the destination's parent; the sender names the last component.
 fn dest_name(path: &str) -> Result<String> {
     Path::new(path)
         .file_name()

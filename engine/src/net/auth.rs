@@ -93,6 +93,16 @@ pub fn client<S: Read + Write>(
             )
             .into());
         }
+        // Receivers before version 7 took the hello's port for garbage.
+        Frame::Error { message, .. } if message.contains("unexpected bytes after the frame") => {
+            return Err(Violation::new(
+                ViolationKind::Version,
+                format!(
+                    "the receiver refused this sender's hello ({message}): it speaks a protocol version older than {VERSION}, this sender's; upgrade one side"
+                ),
+            )
+            .into());
+        }
         other => return Err(peer_error(other, "a challenge")),
     };
     let theirs = match read_frame_capped(s, MAX_SMALL_FRAME)? {
@@ -234,6 +244,31 @@ mod tests {
             1,
             "said once: {msg}"
         );
+    }
+
+    /// A receiver of version 6 refuses a hello with a port as two bytes
+    /// too many; the sender says which versions are at odds.
+    #[test]
+    fn an_older_receivers_refusal_of_the_hello_names_the_versions() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let old = std::thread::spawn(move || {
+            let _ = read_frame_capped(&mut b, MAX_PREAUTH_FRAME);
+            write_frame(
+                &mut b,
+                &Frame::Error {
+                    retryable: false,
+                    message: "protocol error: 2 unexpected bytes after the frame's fields".into(),
+                },
+            )
+            .unwrap();
+        });
+        let e = client(&mut a, b"secret-token-123", Purpose::Control, 7470).unwrap_err();
+        old.join().unwrap();
+        assert!(
+            matches!(&e, Error::Violation(v) if v.kind == ViolationKind::Version),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("older than 7"), "{e}");
     }
 
     #[test]

@@ -8,8 +8,12 @@
 //! connection whose next `Hello` names another port is handed to the
 //! receiver on that port, which authenticates it with its own token as if
 //! it had just connected. A parked connection carries no authority of its
-//! own, so handing it over grants nothing.
+//! own: what it reaches it reaches with the token of the receiver it goes
+//! to. What it costs is time: a stopped receiver's parked connections hold
+//! a thread each (and a connection slot of the receiver they wait at) for
+//! up to `PARK_IDLE` after their transfer ended.
 
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, Weak};
 
 use super::{Shared, lock};
@@ -19,7 +23,8 @@ use super::{Shared, lock};
 #[derive(Default)]
 pub struct Lobby {
     /// Every receiver that joined and is still referenced: a stopped one
-    /// stays while threads of its parked connections hold it.
+    /// stays while its parked connections' threads hold it (those it
+    /// accepted, until they are handed over).
     receivers: Mutex<Vec<Weak<Shared>>>,
 }
 
@@ -37,13 +42,16 @@ impl Lobby {
         r.push(Arc::downgrade(shared));
     }
 
-    /// The running receiver on `port`, if any. Ports are unique among a
-    /// process's running receivers when they listen on every address (the
-    /// agent's do); otherwise the first that joined is taken.
-    pub(crate) fn running_on(&self, port: u16) -> Option<Arc<Shared>> {
+    /// The running receiver on `port` that takes connections to `local`
+    /// (the address the parked connection arrived at), if any.
+    pub(crate) fn running_on(&self, local: IpAddr, port: u16) -> Option<Arc<Shared>> {
         lock(&self.receivers)
             .iter()
             .filter_map(Weak::upgrade)
-            .find(|s| s.port == port && !s.stopped())
+            .find(|s| {
+                s.addr.port() == port
+                    && (s.addr.ip().is_unspecified() || s.addr.ip() == local)
+                    && !s.stopped()
+            })
     }
 }

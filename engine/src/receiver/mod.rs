@@ -18,7 +18,6 @@ mod kept;
 mod lobby;
 mod registry;
 mod session;
-mod spare;
 mod stats;
 mod verdicts;
 mod writer;
@@ -41,6 +40,7 @@ use crate::fsroot::Root;
 use crate::io::IoMode;
 use crate::net::{self, SocketOpts, auth};
 use crate::observe::{Observe, unobserved};
+use crate::spare;
 use crate::summary::ReceiverSummary;
 use crate::wire::{Frame, PARK_IDLE, Purpose, write_frame};
 use crate::{Settings, Throttle, tuning};
@@ -199,15 +199,16 @@ pub(crate) struct Shared {
     /// Destinations being written, and by which session.
     claims: claims::Claims,
     admission: Arc<admission::Admission>,
-    /// The port it listens on: a parked connection whose next hello names
-    /// another goes to the `Lobby`.
-    port: u16,
+    /// The address it listens on: a parked connection whose next hello
+    /// names another port goes to the `Lobby`.
+    addr: SocketAddr,
     stop: AtomicBool,
     /// Parked data connections, by their two ends, cut the moment the
     /// server stops unless it is in a `Lobby`: a sender's next session
     /// must not join over one to a server that no longer has its sessions
-    /// while another took its address. In a lobby, a hello naming a
-    /// stopped receiver's port is refused instead (`handshake`).
+    /// while another took its address. In a lobby they outlive it, and
+    /// their next hello goes to the lobby's running receiver on the port
+    /// it names, or is refused (`route`).
     parked: Mutex<HashMap<ParkKey, TcpStream>>,
     summaries: Mutex<std::collections::VecDeque<ReceiverSummary>>,
     /// The counters of the session planned last, for `ServerHandle::landed`.
@@ -278,10 +279,9 @@ impl Server {
         cfg.validate()?;
         let root = Root::open(&cfg.root)?;
         let listener = net::listen(addr)?;
-        let port = listener
+        let bound = listener
             .local_addr()
-            .map_err(|e| Error::net("reading the bound address", e))?
-            .port();
+            .map_err(|e| Error::net("reading the bound address", e))?;
         let max_memory = cfg.max_memory.unwrap_or(u64::MAX);
         let admission =
             admission::Admission::new(cfg.max_connections, cfg.max_handshakes_per_address);
@@ -293,7 +293,7 @@ impl Server {
             memory: Arc::new(budget::Budget::new(max_memory)),
             claims: claims::Claims::default(),
             admission: Arc::new(admission),
-            port,
+            addr: bound,
             stop: AtomicBool::new(false),
             parked: Mutex::default(),
             summaries: Mutex::default(),
@@ -384,6 +384,9 @@ impl ServerHandle {
 
     fn shutdown(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
+        // No session will take them; in a lobby its parked connections'
+        // threads keep this receiver's state a while longer.
+        lock(&self.shared.spare_pool).clear();
         if self.shared.cfg.lobby.is_none() {
             for st in lock(&self.shared.parked).values() {
                 let _ = st.shutdown(std::net::Shutdown::Both);
@@ -525,7 +528,7 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
         let spawned = std::thread::Builder::new()
             .name("conn".into())
             .spawn(crate::spans::carry(move || {
-                if let Err(e) = handle_connection(&shared, stream, ticket) {
+                if let Err(e) = handle_connection(shared, stream, ticket) {
                     tracing::warn!(%peer, "connection closed: {e}");
                 }
             }));
@@ -536,15 +539,16 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
 }
 
 fn handle_connection(
-    shared: &Arc<Shared>,
+    shared: Arc<Shared>,
     mut stream: TcpStream,
     ticket: admission::Ticket,
 ) -> Result<()> {
     net::apply(&stream, &shared.cfg.socket)?;
     // Whose the connection is: a parked one may be handed to another
-    // receiver of the lobby, its slot with it.
+    // receiver of the lobby, its slot with it, and nothing here keeps the
+    // one it leaves (its buffers and root) alive.
     let mut at = At {
-        shared: Arc::clone(shared),
+        shared,
         ticket,
         parked: false,
         dialled: 0,
@@ -613,16 +617,21 @@ fn hand_over(at: &mut At, stream: &TcpStream, port: u16) -> std::result::Result<
             )
         });
     };
-    let Some(next) = lobby.running_on(port) else {
+    let (Ok(local), Ok(peer)) = (stream.local_addr(), stream.peer_addr()) else {
+        return Err("the connection is gone".into());
+    };
+    let Some(next) = lobby.running_on(local.ip(), port) else {
         return Err(format!("no receiver on port {port} here"));
     };
-    let peer = stream
-        .peer_addr()
-        .map_err(|e| format!("the connection is gone: {e}"))?;
-    let ticket = next.admission.admit(peer.ip()).map_err(|r| r.message())?;
+    let ticket = next.admission.admit(peer.ip()).map_err(|refusal| {
+        let message = refusal.message();
+        next.cfg.observer.refused(refusal.metric_label());
+        next.log_refusal(&message);
+        message
+    })?;
     net::apply(stream, &next.cfg.socket).map_err(|e| e.to_string())?;
     tracing::debug!(
-        from = at.shared.port,
+        from = %at.shared.addr,
         to = port,
         "a parked connection changes receivers"
     );
@@ -704,8 +713,8 @@ fn handshake(at: &mut At, stream: &mut TcpStream) -> Option<Purpose> {
 
 /// Holds a data connection `session::run_stream` parked (and registered
 /// in `Shared::parked`) until its sender starts the next handshake on it
-/// (true), or for at most `PARK_IDLE`, or until the receiver stops
-/// (false: it closes); then takes it off the register by `key`, known
+/// (true), or for at most `PARK_IDLE`, or until the receiver stops when
+/// it is in no lobby (false: it closes); then takes it off the register by `key`, known
 /// from before (a socket reset meanwhile no longer has a peer address).
 fn wait_parked(shared: &Shared, stream: &TcpStream, key: ParkKey) -> bool {
     let woken = wait_parked_until(shared, stream, Instant::now() + PARK_IDLE);

@@ -2,20 +2,24 @@
 //! data connections they parked, and the last one's buffers.
 //!
 //! A data stream whose session ended well is parked (`Frame::Park`) rather
-//! than closed, and the next session to the same receiver joins over it
+//! than closed, and the next session to the same receiver (or, with
+//! `Warm::across_ports`, to another receiver of its host) joins over it
 //! after a fresh handshake. That skips the TCP handshake and, where
 //! net.ipv4.tcp_slow_start_after_idle is 0, TCP's slow start: on a 150 ms
 //! path, about two seconds of every cold session. The receiver closes a
 //! parked connection after `PARK_IDLE`; a sender reuses one for a little
 //! less, and not once it sees the receiver has closed it. The buffers are
 //! kept because faulting in a fresh 512 MiB pool costs this machine about
-//! 0.3 s of CPU, which at the start of a warm session halves its rate.
+//! 0.3 s of CPU, which at the start of a warm session halves its rate;
+//! they go after `KEEP_WARM` unused too, or a process that stops sending
+//! would hold them for good (`expire`).
 
 use std::net::TcpStream;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::io::Pools;
+use crate::spare::Spare;
 use crate::wire::PARK_IDLE;
 
 /// How long a parked connection is reused, from its `Parked`: the
@@ -51,12 +55,21 @@ struct Parked {
 
 /// What one sending process keeps for its next session, shared by its
 /// sends (`SendConfig::warm`).
-#[derive(Default)]
 pub struct Warm {
     parked: Mutex<Vec<Parked>>,
     /// The last send's buffers, for the next one of the same shape.
-    spare: Mutex<Option<Pools>>,
+    spare: Mutex<Spare<Pools>>,
     across_ports: bool,
+}
+
+impl Default for Warm {
+    fn default() -> Self {
+        Self {
+            parked: Mutex::default(),
+            spare: Mutex::new(Spare::new(KEEP_WARM)),
+            across_ports: false,
+        }
+    }
 }
 
 impl std::fmt::Debug for Warm {
@@ -105,19 +118,30 @@ impl Warm {
         block_size: usize,
         count: usize,
     ) -> crate::error::Result<Pools> {
-        match self.spare().take() {
-            Some(p) if p.is_shaped(block_size, count) => Ok(p),
-            _ => Pools::new(block_size, count),
+        let mut spare = self.spare();
+        spare.expire(Instant::now());
+        match spare.take_if(|p| p.is_shaped(block_size, count)) {
+            Some(p) => Ok(p),
+            None => Pools::new(block_size, count),
         }
     }
 
-    /// Keeps a finished send's buffers for the next.
+    /// Keeps a finished send's buffers for the next, for `KEEP_WARM`.
     pub(crate) fn keep_pools(&self, pools: Pools) {
-        *self.spare() = Some(pools);
+        self.spare().put(pools, Instant::now());
     }
 
-    fn spare(&self) -> std::sync::MutexGuard<'_, Option<Pools>> {
+    fn spare(&self) -> std::sync::MutexGuard<'_, Spare<Pools>> {
         self.spare.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Closes the connections, and lets go of the buffers, kept longer
+    /// than `KEEP_WARM` at `now`. A long-running process calls it now
+    /// and then (the agent does every second): nothing else would, once
+    /// it stops sending.
+    pub fn expire(&self, now: Instant) {
+        expire_parked(&mut self.lock(), now);
+        drop(self.spare().expire(now));
     }
 
     /// Keeps `stream`, whose `Parked` arrived at `since` (its reuse is
@@ -125,7 +149,7 @@ impl Warm {
     /// `MOST_WARM` are kept.
     pub fn put(&self, key: WarmKey, stream: TcpStream, since: Instant) {
         let mut g = self.lock();
-        expire(&mut g, since);
+        expire_parked(&mut g, since);
         if g.len() >= MOST_WARM {
             g.remove(0);
         }
@@ -136,7 +160,7 @@ impl Warm {
     /// closed, if any.
     pub fn take(&self, key: &WarmKey, now: Instant) -> Option<TcpStream> {
         let mut g = self.lock();
-        expire(&mut g, now);
+        expire_parked(&mut g, now);
         while let Some(i) = g.iter().rposition(|p| &p.key == key) {
             let p = g.remove(i);
             // A parked connection has nothing to read: readable means the
@@ -155,9 +179,8 @@ impl Warm {
     /// Connections kept now and still reusable at `now`; the others are
     /// closed.
     pub fn len_at(&self, now: Instant) -> usize {
-        let mut g = self.lock();
-        expire(&mut g, now);
-        g.len()
+        self.expire(now);
+        self.lock().len()
     }
 
     /// Connections kept now.
@@ -171,7 +194,7 @@ impl Warm {
     }
 }
 
-fn expire(parked: &mut Vec<Parked>, now: Instant) {
+fn expire_parked(parked: &mut Vec<Parked>, now: Instant) {
     parked.retain(|p| now.saturating_duration_since(p.since) < KEEP_WARM);
 }
 
@@ -228,6 +251,17 @@ mod tests {
         assert!(w.take(&other_buffer, now).is_none());
         assert!(w.take(&key("b"), t0 + KEEP_WARM).is_none(), "expired");
         assert!(w.is_empty());
+    }
+
+    #[test]
+    fn the_buffers_go_after_keep_warm_unused() {
+        let w = Warm::default();
+        w.keep_pools(Pools::new(4096, 2).unwrap());
+        w.expire(Instant::now() + KEEP_WARM / 2);
+        assert!(w.spare().take_if(|_| true).is_some(), "kept a while");
+        w.keep_pools(Pools::new(4096, 2).unwrap());
+        w.expire(Instant::now() + KEEP_WARM);
+        assert!(w.spare().take_if(|_| true).is_none(), "let go");
     }
 
     #[test]

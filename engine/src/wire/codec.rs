@@ -2,7 +2,7 @@
 
 use super::{
     BlockHeader, EntryKind, FileEntry, Frame, HELLO_PORT_SINCE, MAC_LEN, MAGIC, MAX_BLOCK,
-    MAX_FRAME, MAX_MESSAGE, MAX_PATH, NONCE_LEN, PlanOutcome, Purpose, SESSION_ID_LEN,
+    MAX_FRAME, MAX_MESSAGE, MAX_PATH, NONCE_LEN, PlanOutcome, Purpose, SESSION_ID_LEN, VERSION,
     Verification,
 };
 
@@ -238,6 +238,12 @@ pub fn decode_body(body: &[u8]) -> Result<Frame, DecodeError> {
                 } else {
                     0
                 };
+                // A later version's hello may carry more: it still decodes,
+                // so that its sender is told which version this side
+                // speaks rather than that its frame was malformed.
+                if version > VERSION {
+                    r.0 = &[];
+                }
                 Frame::Hello {
                     version,
                     nonce,
@@ -650,6 +656,37 @@ pub(crate) mod tests {
         assert_eq!(decode(&buf), Err(DecodeError::BadMagic));
         assert_eq!(decode_body(&[200]), Err(DecodeError::UnknownType(200)));
         assert_eq!(decode_body(&[]), Err(DecodeError::Empty));
+    }
+
+    #[test]
+    fn a_later_versions_longer_hello_still_decodes() {
+        let mut buf = Vec::new();
+        encode(
+            &Frame::Hello {
+                version: VERSION + 1,
+                nonce: [3; 32],
+                port: 7470,
+            },
+            &mut buf,
+        );
+        buf.extend_from_slice(&[9, 9, 9]);
+        let body = &buf[4..];
+        assert!(matches!(
+            decode_body(body),
+            Ok(Frame::Hello { version, port: 7470, .. }) if version == VERSION + 1
+        ));
+        // This version's own hello gets no such leeway.
+        let mut own = Vec::new();
+        encode(
+            &Frame::Hello {
+                version: VERSION,
+                nonce: [3; 32],
+                port: 7470,
+            },
+            &mut own,
+        );
+        own.push(9);
+        assert_eq!(decode_body(&own[4..]), Err(DecodeError::Trailing(1)));
     }
 
     #[test]

@@ -42,6 +42,11 @@ impl<P> Spare<P> {
         }
     }
 
+    /// Lets go of the kept pool, if any.
+    pub(crate) fn clear(&mut self) {
+        self.kept = None;
+    }
+
     /// The pool to let go of at `now`, if it has been idle too long.
     pub(crate) fn expire(&mut self, now: Instant) -> Option<P> {
         match &self.kept {
