@@ -276,6 +276,13 @@ fn the_next_transfer_joins_over_connections_parked_at_another_receiver_of_the_lo
     // Parked again, now at the second receiver, whose slots they hold.
     assert_eq!(warm.len(), 4);
     wait_connections(&srv_b, 4);
+    // Nothing holds the first receiver (its buffers, its root) any more:
+    // its connections went over to the second.
+    let until = Instant::now() + Duration::from_secs(10);
+    while lobby.len() > 1 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(lobby.len(), 1, "receivers the lobby still holds");
 }
 
 /// A parked connection's hello that names another receiver's port is

@@ -42,6 +42,20 @@ impl Lobby {
         r.push(Arc::downgrade(shared));
     }
 
+    /// Receivers still held: running, or stopped with connections parked
+    /// at them still waiting (for metrics and tests).
+    pub fn len(&self) -> usize {
+        lock(&self.receivers)
+            .iter()
+            .filter(|w| w.strong_count() > 0)
+            .count()
+    }
+
+    /// Whether no receiver is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// The running receiver on `port` that takes connections to `local`
     /// (the address the parked connection arrived at), if any.
     pub(crate) fn running_on(&self, local: IpAddr, port: u16) -> Option<Arc<Shared>> {
