@@ -54,9 +54,6 @@ pub mod sender;
 pub mod session;
 #[cfg(feature = "shells")]
 pub mod spans;
-/// A pool of buffers kept between sessions (the receiver's, the sender's).
-#[cfg(feature = "shells")]
-pub(crate) mod spare;
 #[cfg(feature = "shells")]
 pub mod summary;
 pub mod throttle;

@@ -5,6 +5,7 @@ pub mod hugepages;
 pub mod open;
 #[allow(unsafe_code)]
 pub mod pool;
+pub(crate) mod spare;
 mod sync;
 #[allow(unsafe_code)]
 pub mod sys;

@@ -31,6 +31,10 @@ const AUTH_FAILED: &str = "authentication failed: ";
 
 type HmacSha256 = Hmac<Sha256>;
 
+/// How a receiver before version 7 refused this version's longer hello,
+/// word for word (its `DecodeError::Trailing`, frozen in those releases).
+const OLD_RECEIVER_REFUSAL: &str = "peer sent an invalid frame: 2 unexpected bytes after the frame's fields; closing the connection";
+
 const CLIENT_LABEL: &[u8] = b"wirerate/1 client";
 const SERVER_LABEL: &[u8] = b"wirerate/1 server";
 
@@ -94,7 +98,7 @@ pub fn client<S: Read + Write>(
             .into());
         }
         // Receivers before version 7 took the hello's port for garbage.
-        Frame::Error { message, .. } if message.contains("unexpected bytes after the frame") => {
+        Frame::Error { message, .. } if message == OLD_RECEIVER_REFUSAL => {
             return Err(Violation::new(
                 ViolationKind::Version,
                 format!(
@@ -257,7 +261,7 @@ mod tests {
                 &mut b,
                 &Frame::Error {
                     retryable: false,
-                    message: "protocol error: 2 unexpected bytes after the frame's fields".into(),
+                    message: OLD_RECEIVER_REFUSAL.into(),
                 },
             )
             .unwrap();
@@ -269,6 +273,11 @@ mod tests {
             "{e:?}"
         );
         assert!(e.to_string().contains("older than 7"), "{e}");
+        // What that receiver's code, the same as this one's, said.
+        assert_eq!(
+            Error::Protocol(crate::wire::DecodeError::Trailing(2)).to_string(),
+            OLD_RECEIVER_REFUSAL
+        );
     }
 
     #[test]

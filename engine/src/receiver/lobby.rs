@@ -22,15 +22,15 @@ use super::{Shared, lock};
 /// one through `ServeConfig::lobby`.
 #[derive(Default)]
 pub struct Lobby {
-    /// Every receiver that joined and is still referenced: a stopped one
-    /// stays while its parked connections' threads hold it (those it
-    /// accepted, until they are handed over).
+    /// Every receiver that joined, the gone ones until the next joins: a
+    /// stopped one is held while its parked connections' threads wait
+    /// there (until they are handed over).
     receivers: Mutex<Vec<Weak<Shared>>>,
 }
 
 impl std::fmt::Debug for Lobby {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Lobby({} receivers)", lock(&self.receivers).len())
+        write!(f, "Lobby({} receivers held)", self.held())
     }
 }
 
@@ -43,17 +43,12 @@ impl Lobby {
     }
 
     /// Receivers still held: running, or stopped with connections parked
-    /// at them still waiting (for metrics and tests).
-    pub fn len(&self) -> usize {
+    /// at them still waiting (and so their state, buffers included).
+    pub fn held(&self) -> usize {
         lock(&self.receivers)
             .iter()
             .filter(|w| w.strong_count() > 0)
             .count()
-    }
-
-    /// Whether no receiver is held.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// The running receiver on `port` that takes connections to `local`

@@ -38,9 +38,9 @@ pub use lobby::Lobby;
 use crate::error::{Error, Result};
 use crate::fsroot::Root;
 use crate::io::IoMode;
+use crate::io::spare;
 use crate::net::{self, SocketOpts, auth};
 use crate::observe::{Observe, unobserved};
-use crate::spare;
 use crate::summary::ReceiverSummary;
 use crate::wire::{Frame, PARK_IDLE, Purpose, write_frame};
 use crate::{Settings, Throttle, tuning};
@@ -57,6 +57,8 @@ pub const MAX_HANDSHAKES_PER_ADDRESS: usize = 129;
 /// The shortest idle timeout allowed: a live sender writes every
 /// `KEEPALIVE_INTERVAL`, so anything shorter would drop live ones.
 pub const MIN_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an idle receiver keeps the last session's buffers.
+pub(crate) const KEEP_IDLE: Duration = Duration::from_secs(300);
 /// Summaries kept for `ServerHandle::summaries`: a receiver that runs for
 /// months must not keep one per session it ever served.
 const KEEP_SUMMARIES: usize = 1000;
@@ -289,7 +291,7 @@ impl Server {
             cfg,
             root,
             sessions: registry::Registry::default(),
-            spare_pool: Mutex::new(spare::Spare::new(spare::KEEP_IDLE)),
+            spare_pool: Mutex::new(spare::Spare::new(KEEP_IDLE)),
             memory: Arc::new(budget::Budget::new(max_memory)),
             claims: claims::Claims::default(),
             admission: Arc::new(admission),
@@ -311,9 +313,7 @@ impl Server {
 
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener
-            .local_addr()
-            .expect("a bound listener has an address")
+        self.shared.addr
     }
 
     /// Accepts connections until stopped.
@@ -415,7 +415,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Lets go of the last session's buffers once the receiver has been idle
-/// for `spare::KEEP_IDLE`.
+/// for `KEEP_IDLE`.
 fn release_idle_pool(shared: &Shared) {
     while !shared.stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_secs(1));
@@ -597,39 +597,55 @@ struct At {
 /// serves a hello meant for another: with the same token it would
 /// authenticate, and the stream would then join a session it does not
 /// have.
-fn route(at: &mut At, stream: &TcpStream, port: u16) -> std::result::Result<(), String> {
+fn route(at: &mut At, stream: &TcpStream, port: u16) -> std::result::Result<(), NotHere> {
     if port == at.dialled && !at.shared.stopped() {
         return Ok(());
     }
     hand_over(at, stream, port)
 }
 
+/// Why a parked connection's next hello is served by no receiver here.
+#[derive(Debug, thiserror::Error)]
+enum NotHere {
+    #[error("the receiver this connection was parked at has stopped")]
+    Stopped,
+    #[error("this connection reached the receiver on port {reached}, not {named}")]
+    OtherPort { reached: u16, named: u16 },
+    #[error("no receiver on port {0} here")]
+    NoReceiver(u16),
+    #[error("{0}")]
+    Busy(String),
+    #[error("the connection is gone: {0}")]
+    Gone(String),
+}
+
 /// Hands a parked connection whose hello names `port` to the lobby's
 /// receiver there, taking a slot of its own there first.
-fn hand_over(at: &mut At, stream: &TcpStream, port: u16) -> std::result::Result<(), String> {
+fn hand_over(at: &mut At, stream: &TcpStream, port: u16) -> std::result::Result<(), NotHere> {
     let Some(lobby) = &at.shared.cfg.lobby else {
         return Err(if port == at.dialled {
-            "the receiver this connection was parked at has stopped".into()
+            NotHere::Stopped
         } else {
-            format!(
-                "this connection reached the receiver on port {}, not {port}",
-                at.dialled
-            )
+            NotHere::OtherPort {
+                reached: at.dialled,
+                named: port,
+            }
         });
     };
-    let (Ok(local), Ok(peer)) = (stream.local_addr(), stream.peer_addr()) else {
-        return Err("the connection is gone".into());
-    };
-    let Some(next) = lobby.running_on(local.ip(), port) else {
-        return Err(format!("no receiver on port {port} here"));
-    };
+    let (local, peer) = stream
+        .local_addr()
+        .and_then(|l| Ok((l, stream.peer_addr()?)))
+        .map_err(|e| NotHere::Gone(e.to_string()))?;
+    let next = lobby
+        .running_on(local.ip(), port)
+        .ok_or(NotHere::NoReceiver(port))?;
     let ticket = next.admission.admit(peer.ip()).map_err(|refusal| {
         let message = refusal.message();
         next.cfg.observer.refused(refusal.metric_label());
         next.log_refusal(&message);
-        message
+        NotHere::Busy(message)
     })?;
-    net::apply(stream, &next.cfg.socket).map_err(|e| e.to_string())?;
+    net::apply(stream, &next.cfg.socket).map_err(|e| NotHere::Gone(e.to_string()))?;
     tracing::debug!(
         from = %at.shared.addr,
         to = port,
@@ -646,7 +662,7 @@ enum Step {
     /// Closed before its first byte.
     Probe,
     /// A parked connection's hello that no receiver here can take.
-    NotHere(String),
+    NotHere(NotHere),
     Authenticated(Purpose),
 }
 
@@ -663,15 +679,15 @@ fn handshake(at: &mut At, stream: &mut TcpStream) -> Option<Purpose> {
         let hello = auth::read_hello(d)?;
         if !at.parked {
             at.dialled = hello.port;
-        } else if let Err(message) = route(at, d.stream(), hello.port) {
+        } else if let Err(why) = route(at, d.stream(), hello.port) {
             let _ = write_frame(
                 d,
                 &Frame::Error {
                     retryable: true,
-                    message: message.clone(),
+                    message: why.to_string(),
                 },
             );
-            return Ok(Step::NotHere(message));
+            return Ok(Step::NotHere(why));
         }
         auth::answer(d, &hello, &at.shared.cfg.token).map(Step::Authenticated)
     });

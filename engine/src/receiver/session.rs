@@ -542,8 +542,15 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     drop(reg);
     // Buffers still held by a stream thread that has not noticed the end
     // go back to the free list when it lets go, so the next session can
-    // take the pool now.
-    lock(&shared.spare_pool).put((session.pool.clone(), reservation), Instant::now());
+    // take the pool now. A stopped receiver takes no more sessions: it
+    // keeps none (its stop cleared the slot, under this lock, after
+    // setting the flag looked at here).
+    {
+        let mut spare = lock(&shared.spare_pool);
+        if !shared.stopped() {
+            spare.put((session.pool.clone(), reservation), Instant::now());
+        }
+    }
 
     let secs = started.elapsed().as_secs_f64();
     let bytes = stats.bytes.load(Ordering::Relaxed);

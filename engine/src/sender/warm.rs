@@ -19,11 +19,12 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::io::Pools;
-use crate::spare::Spare;
+use crate::io::spare::Spare;
 use crate::wire::PARK_IDLE;
 
 /// How long a parked connection is reused, from its `Parked`: the
-/// receiver's timer started half a round trip earlier.
+/// receiver's timer started half a round trip earlier. The last send's
+/// buffers are kept as long, from its end.
 pub const KEEP_WARM: Duration = Duration::from_secs(PARK_IDLE.as_secs() - 5);
 
 /// The most connections kept, over all receivers: as many as the
@@ -118,9 +119,15 @@ impl Warm {
         block_size: usize,
         count: usize,
     ) -> crate::error::Result<Pools> {
-        let mut spare = self.spare();
-        spare.expire(Instant::now());
-        match spare.take_if(|p| p.is_shaped(block_size, count)) {
+        // Freed and allocated outside the lock: another send, or the
+        // agent's expiry tick, must not wait on 512 MiB being touched.
+        let (expired, kept) = {
+            let mut spare = self.spare();
+            let expired = spare.expire(Instant::now());
+            (expired, spare.take_if(|p| p.is_shaped(block_size, count)))
+        };
+        drop(expired);
+        match kept {
             Some(p) => Ok(p),
             None => Pools::new(block_size, count),
         }
@@ -141,7 +148,8 @@ impl Warm {
     /// it stops sending.
     pub fn expire(&self, now: Instant) {
         expire_parked(&mut self.lock(), now);
-        drop(self.spare().expire(now));
+        let expired = self.spare().expire(now);
+        drop(expired);
     }
 
     /// Keeps `stream`, whose `Parked` arrived at `since` (its reuse is
@@ -179,8 +187,9 @@ impl Warm {
     /// Connections kept now and still reusable at `now`; the others are
     /// closed.
     pub fn len_at(&self, now: Instant) -> usize {
-        self.expire(now);
-        self.lock().len()
+        let mut g = self.lock();
+        expire_parked(&mut g, now);
+        g.len()
     }
 
     /// Connections kept now.

@@ -1,5 +1,6 @@
 //! The last session's buffers, kept for the next session and let go when
-//! the receiver has been idle for a while.
+//! they have been idle for a while: the receiver's (`receiver::KEEP_IDLE`)
+//! and a long-running sender's (`sender::warm::KEEP_WARM`).
 //!
 //! Keeping them saves the next session the first-touch cost of its pages
 //! (about 0.3 s of CPU per 512 MiB on the reference VM); letting them go
@@ -7,9 +8,6 @@
 //! in, so the policy is tested without a clock.
 
 use std::time::{Duration, Instant};
-
-/// How long an idle receiver keeps the last session's buffers.
-pub(crate) const KEEP_IDLE: Duration = Duration::from_secs(300);
 
 /// At most one spare pool and when it was put back.
 #[derive(Debug)]
