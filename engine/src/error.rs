@@ -161,6 +161,12 @@ pub enum AuthError {
     /// Seen by a receiver: a peer's proof does not match our token.
     #[error("a peer presented a wrong token; if it is one of yours, give it this receiver's token")]
     PeerTokenWrong,
+    /// Seen by a receiver: a sender found our proof wrong, so the two
+    /// hold different tokens (or it dialled the wrong receiver).
+    #[error(
+        "a sender refused this receiver's proof: it holds a different token; if it is one of yours, give it this receiver's token"
+    )]
+    SenderTokenDiffers,
     /// Seen by a sender: the receiver refused our proof, in its words.
     #[error("{0}")]
     RefusedByReceiver(String),

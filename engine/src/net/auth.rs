@@ -35,6 +35,9 @@ type HmacSha256 = Hmac<Sha256>;
 /// word for word (its `DecodeError::Trailing`, frozen in those releases).
 const OLD_RECEIVER_REFUSAL: &str = "peer sent an invalid frame: 2 unexpected bytes after the frame's fields; closing the connection";
 
+/// What a sender tells a receiver whose proof did not verify.
+const SENDER_REFUSAL: &str = "the receiver's proof does not match this sender's token";
+
 const CLIENT_LABEL: &[u8] = b"wirerate/1 client";
 const SERVER_LABEL: &[u8] = b"wirerate/1 server";
 
@@ -114,17 +117,28 @@ pub fn client<S: Read + Write>(
         other => return Err(peer_error(other, "the receiver's proof")),
     };
     let rtt = t0.elapsed();
+    // Our proof goes only to a receiver that proved the token: a MAC over
+    // a nonce the listener chose would let whoever sits at that address
+    // (an impostor, or a listener of another token) guess a weak token
+    // offline. The receiver is told instead, so it records the mismatch.
+    if mac(token, SERVER_LABEL, &nonce_c, &nonce_s)
+        .verify_slice(&theirs)
+        .is_err()
+    {
+        let _ = write_frame(
+            s,
+            &Frame::Error {
+                retryable: false,
+                message: format!("{AUTH_FAILED}{SENDER_REFUSAL}"),
+            },
+        );
+        return Err(AuthError::ReceiverTokenDiffers.into());
+    }
     let tag: [u8; MAC_LEN] = mac(token, CLIENT_LABEL, &nonce_s, &nonce_c)
         .finalize()
         .into_bytes()
         .into();
-    // Sent even when the receiver's proof is wrong, so that the receiver
-    // records the mismatch too; a proof over fresh nonces reveals nothing.
-    let sent = write_frame(s, &Frame::Auth { mac: tag, purpose });
-    mac(token, SERVER_LABEL, &nonce_c, &nonce_s)
-        .verify_slice(&theirs)
-        .map_err(|_| AuthError::ReceiverTokenDiffers)?;
-    sent?;
+    write_frame(s, &Frame::Auth { mac: tag, purpose })?;
     Ok(rtt)
 }
 
@@ -191,6 +205,13 @@ pub fn answer<S: Read + Write>(s: &mut S, hello: &Hello, token: &[u8]) -> Result
         .map_err(|e| Error::net("answering a handshake", e))?;
     let (tag, purpose) = match read_frame_capped(s, MAX_PREAUTH_FRAME)? {
         Frame::Auth { mac, purpose } => (mac, purpose),
+        // Only what this version's senders say; any other error frame is
+        // a violation like any other frame out of place.
+        Frame::Error { message, .. }
+            if message.strip_prefix(AUTH_FAILED) == Some(SENDER_REFUSAL) =>
+        {
+            return Err(AuthError::SenderTokenDiffers.into());
+        }
         other => {
             return Err(Violation::unexpected("authentication", describe(&other)).into());
         }
@@ -236,7 +257,7 @@ mod tests {
     #[test]
     fn wrong_token_is_refused_with_a_clear_message() {
         let (c, s) = run(b"wrong", b"secret-token-123");
-        assert!(matches!(s, Err(Error::Auth(AuthError::PeerTokenWrong))));
+        assert!(matches!(s, Err(Error::Auth(AuthError::SenderTokenDiffers))));
         let c = c.unwrap_err();
         assert!(
             matches!(c, Error::Auth(AuthError::ReceiverTokenDiffers)),
@@ -278,6 +299,85 @@ mod tests {
             Error::Protocol(crate::wire::DecodeError::Trailing(2)).to_string(),
             OLD_RECEIVER_REFUSAL
         );
+    }
+
+    /// A listener that cannot prove the token (an impostor at the
+    /// receiver's address, or one holding another token) gets no MAC of
+    /// the sender's over nonces it chose: that would let it guess a weak
+    /// token offline. It is told why instead, and records the mismatch.
+    #[test]
+    fn a_receiver_whose_proof_fails_gets_no_proof_back() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let impostor = std::thread::spawn(move || {
+            let hello = read_hello(&mut b).unwrap();
+            let mut out = Vec::new();
+            encode(
+                &Frame::Challenge {
+                    version: VERSION,
+                    nonce: [7; NONCE_LEN],
+                },
+                &mut out,
+            );
+            let guess: [u8; MAC_LEN] = mac(b"guess", SERVER_LABEL, &hello.nonce, &[7; NONCE_LEN])
+                .finalize()
+                .into_bytes()
+                .into();
+            encode(&Frame::ServerProof { mac: guess }, &mut out);
+            b.write_all(&out).unwrap();
+            read_frame_capped(&mut b, MAX_PREAUTH_FRAME).unwrap()
+        });
+        let e = client(&mut a, b"secret-token-123", Purpose::Control, 7470).unwrap_err();
+        assert!(
+            matches!(e, Error::Auth(AuthError::ReceiverTokenDiffers)),
+            "{e:?}"
+        );
+        match impostor.join().unwrap() {
+            Frame::Error { message, retryable } => {
+                assert!(!retryable);
+                assert!(message.starts_with(AUTH_FAILED), "{message}");
+            }
+            other => panic!("the sender answered a failed proof with {other:?}"),
+        }
+    }
+
+    /// A client that sends a proof without the token (not this version's
+    /// sender, which stops at the receiver's proof) is refused and told.
+    #[test]
+    fn a_wrong_proof_is_refused_and_the_client_told() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let srv = std::thread::spawn(move || server(&mut b, b"secret-token-123"));
+        write_frame(
+            &mut a,
+            &Frame::Hello {
+                version: VERSION,
+                nonce: [1; NONCE_LEN],
+                port: 7470,
+            },
+        )
+        .unwrap();
+        assert!(matches!(
+            read_frame_capped(&mut a, MAX_SMALL_FRAME).unwrap(),
+            Frame::Challenge { .. }
+        ));
+        assert!(matches!(
+            read_frame_capped(&mut a, MAX_SMALL_FRAME).unwrap(),
+            Frame::ServerProof { .. }
+        ));
+        write_frame(
+            &mut a,
+            &Frame::Auth {
+                mac: [9; MAC_LEN],
+                purpose: Purpose::Control,
+            },
+        )
+        .unwrap();
+        let told = read_frame_capped(&mut a, MAX_SMALL_FRAME).unwrap();
+        assert!(
+            matches!(&told, Frame::Error { message, .. } if message.starts_with(AUTH_FAILED)),
+            "{told:?}"
+        );
+        let e = srv.join().unwrap().unwrap_err();
+        assert!(matches!(e, Error::Auth(AuthError::PeerTokenWrong)), "{e:?}");
     }
 
     #[test]
