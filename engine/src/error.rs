@@ -24,6 +24,15 @@ pub enum Error {
         /// The operating system's error (in the message, so not chained again).
         cause: std::io::Error,
     },
+    /// This host cannot listen where asked: the port is taken, or the
+    /// address is not one of this host's.
+    #[error("cannot listen on {addr}: {cause}{}", listen_hint(cause))]
+    Listen {
+        /// The address, resolved.
+        addr: std::net::SocketAddr,
+        /// The operating system's error.
+        cause: std::io::Error,
+    },
     /// The receiver's name does not resolve.
     #[error("cannot resolve {addr}: {cause}; check the address")]
     Unresolvable {
@@ -231,6 +240,7 @@ impl Error {
             }
             Self::Io { .. }
             | Self::Unresolvable { .. }
+            | Self::Listen { .. }
             | Self::Protocol(_)
             | Self::Violation(_)
             | Self::Auth(_)
@@ -257,6 +267,7 @@ impl Error {
             Self::Io { .. } => "io",
             Self::Net { .. } => "net",
             Self::Unresolvable { .. } => "unresolvable",
+            Self::Listen { .. } => "listen",
             Self::Protocol(_) => "protocol",
             Self::Violation(_) => "violation",
             Self::Auth(_) => "auth",
@@ -276,6 +287,20 @@ impl Error {
             Self::Incomplete { .. } => "incomplete",
             Self::Internal(_) => "internal",
         }
+    }
+}
+
+/// What to do about a failed bind, where the cause says.
+fn listen_hint(cause: &std::io::Error) -> &'static str {
+    match cause.raw_os_error() {
+        Some(libc::EADDRINUSE) => {
+            "; another process listens on this port: stop it, or choose another port"
+        }
+        Some(libc::EADDRNOTAVAIL) => {
+            "; this host has no such address: listen on one of its own, or on 0.0.0.0"
+        }
+        Some(libc::EACCES) => "; ports below 1024 need CAP_NET_BIND_SERVICE: choose a higher one",
+        _ => "",
     }
 }
 

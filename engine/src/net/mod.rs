@@ -290,7 +290,7 @@ pub fn listen(addr: &str) -> Result<TcpListener> {
     sock.set_reuse_address(true)
         .map_err(|e| Error::net("setting SO_REUSEADDR", e))?;
     sock.bind(&a.into())
-        .map_err(|e| Error::Config(format!("cannot listen on {a}: {e}")))?;
+        .map_err(|cause| Error::Listen { addr: a, cause })?;
     sock.listen(1024)
         .map_err(|e| Error::net(format!("listening on {a}"), e))?;
     Ok(sock.into())
@@ -342,6 +342,30 @@ mod tests {
         assert!(why.contains("tcp_allowed_congestion_control"), "{why}");
         let why = congestion_refused("nosuch", &io::Error::from_raw_os_error(libc::ENOENT));
         assert!(why.contains("not available here"), "{why}");
+    }
+
+    /// A port in use is not a bad setting: it used to read "invalid
+    /// setting: cannot listen on ...".
+    #[test]
+    fn a_port_in_use_is_said_as_such() {
+        let first = listen("127.0.0.1:0").unwrap();
+        let addr = first.local_addr().unwrap();
+        let e = listen(&addr.to_string()).unwrap_err();
+        assert!(
+            matches!(&e, Error::Listen { addr: a, .. } if *a == addr),
+            "{e:?}"
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with(&format!("cannot listen on {addr}: ")),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("another process listens on this port"),
+            "{msg}"
+        );
+        assert!(!msg.contains("invalid setting"), "{msg}");
+        assert_eq!(e.metric_label(), "listen");
     }
 
     #[test]
