@@ -644,6 +644,32 @@ async fn an_external_token_secret_must_be_marked_for_wirerate_by_its_owner() {
         role.body["rules"][0]["resourceNames"],
         serde_json::json!(["db-password"])
     );
+
+    // The label taken off while it runs: the consent is gone, and so are
+    // the grant and the Transfer. It used to be checked only before the
+    // Transfer was assigned, and the agents kept reading the Secret.
+    d.put(
+        secret,
+        &serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db-password", "namespace": "data"}}),
+    );
+    let mut running = x.clone();
+    running.status = Some(serde_json::from_value(d.last_status("/transfers/x")).unwrap());
+    d.transfer(&running);
+    reconcile(&d, &running).await;
+    let s = d.last_status("/transfers/x");
+    assert_eq!(s["phase"], "Failed", "{s}");
+    assert!(s.to_string().contains("is not marked for wirerate"), "{s}");
+    let gone: Vec<String> = d
+        .calls()
+        .into_iter()
+        .filter(|c| c.method == "DELETE")
+        .map(|c| c.path)
+        .collect();
+    assert!(
+        gone.iter()
+            .any(|p| p.ends_with("/namespaces/data/roles/wirerate-token.x")),
+        "{gone:?}"
+    );
 }
 
 // Found against a real API server: every Transfer got the finalizer, even

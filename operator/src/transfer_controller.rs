@@ -93,7 +93,14 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
     let current = &ctx.current(t);
     let view = ctx.view(now);
     let mut validity = validate(current, view.catalog());
-    if validity.is_ok() && Assignment::of(current).sender.is_none() {
+    let over = current
+        .status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .is_some_and(|p| p.is_final());
+    // Asked again while it runs: the label is its owner's consent, and a
+    // label taken off (or a Secret deleted) ends the grant and the Transfer.
+    if validity.is_ok() && !over {
         if let Some(why) = external_token_unusable(current, ctx).await? {
             validity = Err(why);
         }
