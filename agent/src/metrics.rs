@@ -215,6 +215,11 @@ pub struct PathTestMetrics {
     pub retransmits: IntGaugeVec,
     /// When the last test ended, failed or not (Unix seconds).
     pub last_timestamp_seconds: GaugeVec,
+    /// Sessions the pool's path-test listener served, which the
+    /// receiver's `sessions_total` does not count.
+    pub listener_sessions: IntCounter,
+    /// Sessions the path-test listener serves now.
+    pub listener_sessions_active: IntGauge,
 }
 
 /// The process-wide path-test metrics.
@@ -264,6 +269,22 @@ pub fn path_test_metrics() -> &'static PathTestMetrics {
             last_timestamp_seconds: gauge(
                 "last_timestamp_seconds",
                 "When the last test ended, failed or not (Unix seconds)",
+            ),
+            listener_sessions: registered(
+                &registry,
+                IntCounter::new(
+                    "listener_sessions_total",
+                    "Test sessions this agent's path-test listener served",
+                )
+                .expect("valid"),
+            ),
+            listener_sessions_active: registered(
+                &registry,
+                IntGauge::new(
+                    "listener_sessions_active",
+                    "Test sessions this agent's path-test listener serves now",
+                )
+                .expect("valid"),
             ),
             registry,
         }

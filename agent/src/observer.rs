@@ -12,7 +12,7 @@ use wirerate_engine::summary::ReceiverSummary;
 use wirerate_engine::tuner::StreamChoice;
 use wirerate_engine::violation::ViolationKind;
 
-use crate::metrics::{metrics, sender_metrics};
+use crate::metrics::{metrics, path_test_metrics, sender_metrics};
 use crate::progress::{MOST_CHANGES, Progress};
 
 /// What the agent shows of a transfer. Metrics always; the rest on request.
@@ -21,12 +21,23 @@ pub struct Shown {
     progress: Option<Arc<Progress>>,
     /// Print each receiver session's summary; `Some(true)`: as JSON.
     print_json: Option<bool>,
+    /// The pool's path-test listener: its sessions are tests, counted
+    /// apart from the transfers a receiver's session metrics count.
+    path_test_listener: bool,
 }
 
 impl Shown {
     /// Counts into the metrics and nothing else.
     pub fn metrics() -> Self {
         Self::default()
+    }
+
+    /// Counts into the metrics, its sessions as the path-test listener's.
+    pub fn path_test_listener() -> Self {
+        Self {
+            path_test_listener: true,
+            ..Self::default()
+        }
     }
 
     /// Also moves `progress` as the sender's position moves.
@@ -131,12 +142,21 @@ impl Observer for Shown {
     }
 
     fn session_opened(&self) {
-        metrics().sessions.inc();
-        metrics().sessions_active.inc();
+        if self.path_test_listener {
+            path_test_metrics().listener_sessions.inc();
+            path_test_metrics().listener_sessions_active.inc();
+        } else {
+            metrics().sessions.inc();
+            metrics().sessions_active.inc();
+        }
     }
 
     fn session_closed(&self) {
-        metrics().sessions_active.dec();
+        if self.path_test_listener {
+            path_test_metrics().listener_sessions_active.dec();
+        } else {
+            metrics().sessions_active.dec();
+        }
     }
 
     fn summarized(&self, summary: &ReceiverSummary) {

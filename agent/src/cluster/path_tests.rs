@@ -560,7 +560,7 @@ fn listener_config(pool: &DtnPool, token: Vec<u8>) -> Result<ServeConfig> {
     serve.max_sessions = LISTEN_SESSIONS;
     serve.max_memory = Some(LISTEN_BUFFER * LISTEN_SESSIONS as u64);
     serve.max_connections = LISTEN_CONNECTIONS;
-    serve.observer = Shown::metrics().observe();
+    serve.observer = Shown::path_test_listener().observe();
     Ok(serve)
 }
 
@@ -571,6 +571,22 @@ mod tests {
     const S: Duration = Duration::from_secs(1);
 
     const HOUR: Duration = Duration::from_secs(3600);
+
+    /// Tests sessions used to count as the receiver's sessions: an agent
+    /// that only listened for path tests showed transfers in its
+    /// `wirerate_receiver_sessions_*`.
+    #[test]
+    fn the_listeners_sessions_are_counted_as_path_tests() {
+        let pool = wirerate_crds::fixtures::PoolBuilder::new("p", "/data").build();
+        let serve = listener_config(&pool, b"token".to_vec()).unwrap();
+        let tests = &path_test_metrics().listener_sessions;
+        let receiver = &crate::metrics::metrics().sessions;
+        let (tests_before, receiver_before) = (tests.get(), receiver.get());
+        serve.observer.session_opened();
+        serve.observer.session_closed();
+        assert_eq!(tests.get(), tests_before + 1);
+        assert_eq!(receiver.get(), receiver_before);
+    }
 
     fn fresh<'a>(targets: &[&'a str]) -> Vec<(&'a str, Option<Duration>)> {
         targets.iter().map(|t| (*t, None)).collect()
