@@ -645,15 +645,36 @@ async fn an_external_token_secret_must_be_marked_for_wirerate_by_its_owner() {
         serde_json::json!(["db-password"])
     );
 
+    let mut running = x.clone();
+    running.status = Some(serde_json::from_value(d.last_status("/transfers/x")).unwrap());
+    d.transfer(&running);
+
+    // The API server cannot say for a moment: the running Transfer goes on.
+    d.unavailable(secret);
+    reconcile(&d, &running).await;
+    assert_eq!(d.last_status("/transfers/x")["phase"], "Running");
+
     // The label taken off while it runs: the consent is gone, and so are
     // the grant and the Transfer. It used to be checked only before the
     // Transfer was assigned, and the agents kept reading the Secret.
-    d.put(
-        secret,
-        &serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db-password", "namespace": "data"}}),
-    );
-    let mut running = x.clone();
-    running.status = Some(serde_json::from_value(d.last_status("/transfers/x")).unwrap());
+    let unmarked = serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db-password", "namespace": "data"}});
+    d.put(secret, &unmarked);
+    // Not once its data has landed: a Secret cleaned up as the transfer
+    // ends does not fail what succeeded.
+    let mut landing = running.clone();
+    landing.status.as_mut().unwrap().reports = vec![AgentReport {
+        role: Role::Sender,
+        agent: "s0".into(),
+        attempt: 1,
+        state: ReportState::Verifying,
+        message: String::new(),
+        endpoint: None,
+        updated_at: Time(Timestamp::now()),
+    }];
+    d.transfer(&landing);
+    reconcile(&d, &landing).await;
+    assert_ne!(d.last_status("/transfers/x")["phase"], "Failed");
+
     d.transfer(&running);
     reconcile(&d, &running).await;
     let s = d.last_status("/transfers/x");
@@ -665,11 +686,13 @@ async fn an_external_token_secret_must_be_marked_for_wirerate_by_its_owner() {
         .filter(|c| c.method == "DELETE")
         .map(|c| c.path)
         .collect();
-    assert!(
-        gone.iter()
-            .any(|p| p.ends_with("/namespaces/data/roles/wirerate-token.x")),
-        "{gone:?}"
-    );
+    for grant in ["roles", "rolebindings"] {
+        assert!(
+            gone.iter()
+                .any(|p| p.ends_with(&format!("/namespaces/data/{grant}/wirerate-token.x"))),
+            "{gone:?}"
+        );
+    }
 }
 
 // Found against a real API server: every Transfer got the finalizer, even

@@ -154,6 +154,10 @@ impl Double {
                     let mut objs = store.lock().unwrap();
                     match method.as_str() {
                         "GET" => match (objs.get(&key), list_of(&key)) {
+                            // Put there by `unavailable`.
+                            (Some(o), _) if o["unavailable"] == true => {
+                                (503, status(503, "ServiceUnavailable"))
+                            }
                             (Some(o), _) => (200, o.clone()),
                             (None, Some((prefix, resource))) => {
                                 let items: Vec<Value> = objs
@@ -343,6 +347,11 @@ impl Double {
     }
 
     /// Whether the API holds an object at `path`.
+    /// Makes every GET of `path` fail with 503 until something is put there.
+    pub(crate) fn unavailable(&self, path: &str) {
+        self.put(path, &json!({"unavailable": true}));
+    }
+
     pub(crate) fn has(&self, path: &str) -> bool {
         self.objects.lock().unwrap().contains_key(path)
     }

@@ -93,16 +93,20 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
     let current = &ctx.current(t);
     let view = ctx.view(now);
     let mut validity = validate(current, view.catalog());
-    let over = current
-        .status
-        .as_ref()
-        .and_then(|s| s.phase)
-        .is_some_and(|p| p.is_final());
     // Asked again while it runs: the label is its owner's consent, and a
     // label taken off (or a Secret deleted) ends the grant and the Transfer.
-    if validity.is_ok() && !over {
-        if let Some(why) = external_token_unusable(current, ctx).await? {
-            validity = Err(why);
+    // Not once the data has landed: a Secret cleaned up as the transfer
+    // ends must not fail what succeeded (the grant goes as it ends anyway).
+    if validity.is_ok() && !landed(current) {
+        match external_token_unusable(current, ctx).await {
+            Ok(Some(why)) => validity = Err(why),
+            Ok(None) => {}
+            // A look that failed keeps the last answer for a Transfer that
+            // runs, so that its reports, failover and stall checks go on.
+            Err(e) if Assignment::of(current).sender.is_some() => {
+                tracing::warn!(error = %e, "cannot check the external token Secret's label; checking again at the next look");
+            }
+            Err(e) => return Err(e),
         }
     }
     let mut step = lifecycle::step(current, &validity, &view.agents, now);
@@ -231,6 +235,19 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
         TransferPhase::Running | TransferPhase::Verifying => {
             Action::requeue(stall_check(&step.status, current, now))
         }
+    })
+}
+
+/// Whether `t` is over, or its data has landed and is being (or was)
+/// verified.
+fn landed(t: &Transfer) -> bool {
+    t.status.as_ref().is_some_and(|s| {
+        s.phase
+            .is_some_and(|p| p.is_final() || p == TransferPhase::Verifying)
+            || s.reports.iter().any(|r| {
+                r.attempt == s.attempt
+                    && matches!(r.state, ReportState::Verifying | ReportState::Succeeded)
+            })
     })
 }
 
