@@ -464,6 +464,32 @@ fn out_of_range_tuning_is_refused_naming_the_field_not_clamped() {
     );
 }
 
+/// A taken port used to read "invalid setting: cannot listen on ...",
+/// the last port's error alone.
+#[test]
+fn a_receiver_job_with_every_port_taken_says_which_and_why() {
+    let dst = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let err = ReceiverJob::start(
+        dst.path().to_path_buf(),
+        TOKEN.to_vec(),
+        &tuning(),
+        port..port + 1,
+    )
+    .err()
+    .expect("refused");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!("no data port of {port}..{} is free", port + 1)),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("another process listens on this port"),
+        "{msg}"
+    );
+}
+
 /// Everything logged in this test process, for the test below.
 fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
     static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();

@@ -26,7 +26,7 @@ pub enum Error {
     },
     /// This host cannot listen where asked: the port is taken, or the
     /// address is not one of this host's.
-    #[error("cannot listen on {addr}: {cause}{}", listen_hint(cause))]
+    #[error("cannot listen on {addr}: {cause}{}", listen_hint(*addr, cause))]
     Listen {
         /// The address, resolved.
         addr: std::net::SocketAddr,
@@ -291,7 +291,7 @@ impl Error {
 }
 
 /// What to do about a failed bind, where the cause says.
-fn listen_hint(cause: &std::io::Error) -> &'static str {
+fn listen_hint(addr: std::net::SocketAddr, cause: &std::io::Error) -> &'static str {
     match cause.raw_os_error() {
         Some(libc::EADDRINUSE) => {
             "; another process listens on this port: stop it, or choose another port"
@@ -299,7 +299,9 @@ fn listen_hint(cause: &std::io::Error) -> &'static str {
         Some(libc::EADDRNOTAVAIL) => {
             "; this host has no such address: listen on one of its own, or on 0.0.0.0"
         }
-        Some(libc::EACCES) => "; ports below 1024 need CAP_NET_BIND_SERVICE: choose a higher one",
+        Some(libc::EACCES) if addr.port() < 1024 => {
+            "; ports below 1024 need CAP_NET_BIND_SERVICE: choose a higher one"
+        }
         _ => "",
     }
 }

@@ -219,10 +219,19 @@ impl ReceiverJob {
                         handle: Some(s.spawn()),
                     });
                 }
-                Err(e) => last = Some(e),
+                // The next port may be free; a root that cannot be opened
+                // or a setting refused is the same on every port.
+                Err(e @ Error::Listen { .. }) => last = Some(e),
+                Err(e) => return Err(e),
             }
         }
-        Err(last.unwrap_or_else(|| Error::Config(format!("no port in {ports:?} to listen on"))))
+        Err(Error::Config(match last {
+            Some(e) => format!(
+                "no data port of {}..{} is free to receive on (the last: {e}); the agent's receivers or other processes hold them",
+                ports.start, ports.end
+            ),
+            None => format!("no data port in {}..{}", ports.start, ports.end),
+        }))
     }
 
     /// Sessions that ended so far.

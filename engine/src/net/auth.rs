@@ -334,7 +334,7 @@ mod tests {
         match impostor.join().unwrap() {
             Frame::Error { message, retryable } => {
                 assert!(!retryable);
-                assert!(message.starts_with(AUTH_FAILED), "{message}");
+                assert_eq!(message, format!("{AUTH_FAILED}{SENDER_REFUSAL}"));
             }
             other => panic!("the sender answered a failed proof with {other:?}"),
         }
