@@ -84,6 +84,24 @@ async fn receiver_succeeded(d: &mut Double, mut x: Transfer) -> Transfer {
     x
 }
 
+/// Asserts that the grant of Transfer `name`'s token (namespace `data`),
+/// its Role and RoleBinding, was deleted.
+fn assert_token_revoked(d: &Double, name: &str) {
+    let gone: Vec<String> = d
+        .calls()
+        .into_iter()
+        .filter(|c| c.method == "DELETE")
+        .map(|c| c.path)
+        .collect();
+    for grant in ["roles", "rolebindings"] {
+        assert!(
+            gone.iter()
+                .any(|p| p.ends_with(&format!("/namespaces/data/{grant}/wirerate-token.{name}"))),
+            "{gone:?}"
+        );
+    }
+}
+
 async fn reconcile(d: &Double, t: &Transfer) {
     transfer_controller::reconcile(Arc::new(t.clone()), d.ctx.clone())
         .await
@@ -569,20 +587,7 @@ async fn each_token_is_readable_by_its_transfers_pools_alone_and_only_while_it_r
     // It succeeds: the grant goes.
     receiver_succeeded(&mut d, x).await;
     assert_eq!(d.last_status("/transfers/x")["phase"], "Succeeded");
-    let gone: Vec<String> = d
-        .calls()
-        .into_iter()
-        .filter(|c| c.method == "DELETE")
-        .map(|c| c.path)
-        .collect();
-    assert!(
-        gone.iter()
-            .any(|p| p.ends_with("/namespaces/data/rolebindings/wirerate-token.x"))
-            && gone
-                .iter()
-                .any(|p| p.ends_with("/namespaces/data/roles/wirerate-token.x")),
-        "{gone:?}"
-    );
+    assert_token_revoked(&d, "x");
 }
 
 // A Transfer author names the Secret an external receiver's token is in; the
@@ -680,19 +685,7 @@ async fn an_external_token_secret_must_be_marked_for_wirerate_by_its_owner() {
     let s = d.last_status("/transfers/x");
     assert_eq!(s["phase"], "Failed", "{s}");
     assert!(s.to_string().contains("is not marked for wirerate"), "{s}");
-    let gone: Vec<String> = d
-        .calls()
-        .into_iter()
-        .filter(|c| c.method == "DELETE")
-        .map(|c| c.path)
-        .collect();
-    for grant in ["roles", "rolebindings"] {
-        assert!(
-            gone.iter()
-                .any(|p| p.ends_with(&format!("/namespaces/data/{grant}/wirerate-token.x"))),
-            "{gone:?}"
-        );
-    }
+    assert_token_revoked(&d, "x");
 }
 
 // Found against a real API server: every Transfer got the finalizer, even
