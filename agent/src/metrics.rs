@@ -318,6 +318,32 @@ pub fn serve(addr: &str) -> wirerate_engine::Result<SocketAddr> {
 
 /// Serves `endpoints` on `addr` from a background thread.
 pub fn serve_endpoints(addr: &str, endpoints: Endpoints) -> wirerate_engine::Result<SocketAddr> {
-    wirerate_telemetry::serve_in_thread(addr, endpoints)
-        .map_err(|e| wirerate_engine::Error::Config(format!("cannot serve metrics on {addr}: {e}")))
+    wirerate_telemetry::serve_in_thread(addr, endpoints).map_err(|cause| {
+        // A port taken is not a bad setting; an address that does not
+        // parse is.
+        match (addr.parse(), cause.raw_os_error()) {
+            (Ok(addr), Some(libc::EADDRINUSE | libc::EADDRNOTAVAIL | libc::EACCES)) => {
+                wirerate_engine::Error::Listen { addr, cause }
+            }
+            _ => wirerate_engine::Error::Config(format!("cannot serve metrics on {addr}: {cause}")),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_metrics_port_in_use_is_not_called_an_invalid_setting() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let e = serve(&addr.to_string()).unwrap_err();
+        assert!(matches!(e, wirerate_engine::Error::Listen { .. }), "{e}");
+        assert!(
+            e.to_string()
+                .contains("another process listens on this port"),
+            "{e}"
+        );
+    }
 }
