@@ -485,9 +485,11 @@ fn a_receiver_job_with_every_port_taken_says_which_and_why() {
         "{msg}"
     );
     assert!(
-        msg.contains("another process listens on this port"),
+        msg.contains("the agent's own receivers or other processes"),
         "{msg}"
     );
+    assert!(!msg.contains("invalid setting"), "{msg}");
+    assert_eq!(err.metric_label(), "listen");
 }
 
 /// Everything logged in this test process, for the test below.

@@ -33,6 +33,24 @@ pub enum Error {
         /// The operating system's error.
         cause: std::io::Error,
     },
+    /// Every port of a receiving agent's data port range is taken, or
+    /// refused.
+    #[error(
+        "no data port of {first}..{end} is free to receive on (the last: {cause}){}",
+        if cause.raw_os_error() == Some(libc::EADDRINUSE) {
+            "; the agent's own receivers or other processes on the host hold them"
+        } else {
+            ""
+        }
+    )]
+    NoFreePort {
+        /// The range's first port.
+        first: u16,
+        /// The port after its last.
+        end: u16,
+        /// Why the last port could not be bound.
+        cause: std::io::Error,
+    },
     /// The receiver's name does not resolve.
     #[error("cannot resolve {addr}: {cause}; check the address")]
     Unresolvable {
@@ -226,7 +244,11 @@ impl Error {
     pub fn disposition(&self) -> Disposition {
         match self {
             // The path or the peer may come back; space may be freed.
-            Self::Net { .. } | Self::NoSpace { .. } | Self::ConnectionLost(_) => Disposition::Retry,
+            // A port may come free as another transfer ends.
+            Self::Net { .. }
+            | Self::NoSpace { .. }
+            | Self::ConnectionLost(_)
+            | Self::NoFreePort { .. } => Disposition::Retry,
             Self::Remote { retryable, .. } | Self::Writer { retryable, .. } => {
                 if *retryable {
                     Disposition::Retry
@@ -267,7 +289,7 @@ impl Error {
             Self::Io { .. } => "io",
             Self::Net { .. } => "net",
             Self::Unresolvable { .. } => "unresolvable",
-            Self::Listen { .. } => "listen",
+            Self::Listen { .. } | Self::NoFreePort { .. } => "listen",
             Self::Protocol(_) => "protocol",
             Self::Violation(_) => "violation",
             Self::Auth(_) => "auth",

@@ -680,8 +680,11 @@ async fn an_external_token_secret_must_be_marked_for_wirerate_by_its_owner() {
     reconcile(&d, &landing).await;
     assert_ne!(d.last_status("/transfers/x")["phase"], "Failed");
 
-    d.transfer(&running);
-    reconcile(&d, &running).await;
+    // Another agent's word that it landed does not count.
+    let mut forged = landing.clone();
+    forged.status.as_mut().unwrap().reports[0].agent = "s1".into();
+    d.transfer(&forged);
+    reconcile(&d, &forged).await;
     let s = d.last_status("/transfers/x");
     assert_eq!(s["phase"], "Failed", "{s}");
     assert!(s.to_string().contains("is not marked for wirerate"), "{s}");

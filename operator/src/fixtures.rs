@@ -4,7 +4,7 @@
 //! answers as an API server would: objects merged with the patch, 404 for
 //! unknown names, 409 for a second create.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use http::{Request, Response, StatusCode};
@@ -45,6 +45,8 @@ pub(crate) struct Double {
     leases: Writer<Lease>,
     bindings: Writer<DtnPoolBinding>,
     objects: Arc<Mutex<BTreeMap<String, Value>>>,
+    /// Paths whose GETs fail (`unavailable`).
+    unavailable: Arc<Mutex<BTreeSet<String>>>,
     server: tokio::task::JoinHandle<()>,
 }
 
@@ -141,7 +143,8 @@ impl Double {
         let client = Client::new(service, "default");
         let calls = Arc::new(Mutex::new(Vec::new()));
         let objects: Arc<Mutex<BTreeMap<String, Value>>> = Arc::default();
-        let (log, store) = (calls.clone(), objects.clone());
+        let unavailable: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+        let (log, store, down) = (calls.clone(), objects.clone(), unavailable.clone());
         let server = tokio::spawn(async move {
             while let Some((req, respond)) = handle.next_request().await {
                 let method = req.method().to_string();
@@ -153,11 +156,10 @@ impl Double {
                 let (code, reply) = {
                     let mut objs = store.lock().unwrap();
                     match method.as_str() {
+                        "GET" if down.lock().unwrap().contains(&key) => {
+                            (503, status(503, "ServiceUnavailable"))
+                        }
                         "GET" => match (objs.get(&key), list_of(&key)) {
-                            // Put there by `unavailable`.
-                            (Some(o), _) if o["unavailable"] == true => {
-                                (503, status(503, "ServiceUnavailable"))
-                            }
                             (Some(o), _) => (200, o.clone()),
                             (None, Some((prefix, resource))) => {
                                 let items: Vec<Value> = objs
@@ -262,6 +264,7 @@ impl Double {
             leases,
             bindings,
             objects,
+            unavailable,
             server,
         }
     }
@@ -346,12 +349,12 @@ impl Double {
         self.object(path, obj);
     }
 
-    /// Whether the API holds an object at `path`.
     /// Makes every GET of `path` fail with 503 until something is put there.
     pub(crate) fn unavailable(&self, path: &str) {
-        self.put(path, &json!({"unavailable": true}));
+        self.unavailable.lock().unwrap().insert(path.to_owned());
     }
 
+    /// Whether the API holds an object at `path`.
     pub(crate) fn has(&self, path: &str) -> bool {
         self.objects.lock().unwrap().contains_key(path)
     }
@@ -364,6 +367,7 @@ impl Double {
     }
 
     fn object<T: serde::Serialize>(&self, path: &str, obj: &T) {
+        self.unavailable.lock().unwrap().remove(path);
         self.objects
             .lock()
             .unwrap()

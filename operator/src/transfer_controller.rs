@@ -14,7 +14,7 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use wirerate_crds::apply::{LabelsApply, StatusApply};
-use wirerate_crds::transfer::ReportState;
+use wirerate_crds::transfer::{ReportState, Role};
 use wirerate_crds::{Transfer, TransferPhase, TransferStatus, contract};
 
 use crate::agents::AgentId;
@@ -101,9 +101,10 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
         match external_token_unusable(current, ctx).await {
             Ok(Some(why)) => validity = Err(why),
             Ok(None) => {}
-            // A look that failed keeps the last answer for a Transfer that
-            // runs, so that its reports, failover and stall checks go on.
-            Err(e) if Assignment::of(current).sender.is_some() => {
+            // A look that failed for a moment keeps the last answer for a
+            // Transfer that runs, so that its reports, failover and stall
+            // checks go on; a refusal (the operator's rights gone) does not.
+            Err(e) if Assignment::of(current).sender.is_some() && !refused(&e) => {
                 tracing::warn!(error = %e, "cannot check the external token Secret's label; checking again at the next look");
             }
             Err(e) => return Err(e),
@@ -238,14 +239,16 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
     })
 }
 
-/// Whether `t` is over, or its data has landed and is being (or was)
-/// verified.
+/// Whether `t` is over, or its assigned sender says the data has landed
+/// (an external receiver reports nothing; the sender hears its verdict).
+/// Its word alone: any agent of a consented pool may write reports.
 fn landed(t: &Transfer) -> bool {
     t.status.as_ref().is_some_and(|s| {
-        s.phase
-            .is_some_and(|p| p.is_final() || p == TransferPhase::Verifying)
+        s.phase.is_some_and(|p| p.is_final())
             || s.reports.iter().any(|r| {
-                r.attempt == s.attempt
+                r.role == Role::Sender
+                    && r.attempt == s.attempt
+                    && s.sender.as_ref().is_some_and(|a| a.name == r.agent)
                     && matches!(r.state, ReportState::Verifying | ReportState::Succeeded)
             })
     })

@@ -221,17 +221,15 @@ impl ReceiverJob {
                 }
                 // The next port may be free; a root that cannot be opened
                 // or a setting refused is the same on every port.
-                Err(e @ Error::Listen { .. }) => last = Some(e),
+                Err(Error::Listen { cause, .. }) => last = Some(cause),
                 Err(e) => return Err(e),
             }
         }
-        Err(Error::Config(match last {
-            Some(e) => format!(
-                "no data port of {}..{} is free to receive on (the last: {e}); the agent's receivers or other processes hold them",
-                ports.start, ports.end
-            ),
-            None => format!("no data port in {}..{}", ports.start, ports.end),
-        }))
+        Err(Error::NoFreePort {
+            first: ports.start,
+            end: ports.end,
+            cause: last.unwrap_or_else(|| std::io::Error::other("the range is empty")),
+        })
     }
 
     /// Sessions that ended so far.
