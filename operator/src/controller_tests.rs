@@ -12,7 +12,7 @@ use crate::agents::tests::lease;
 use crate::fixtures::Double;
 use crate::render::tests::lustre_pool;
 use crate::validate::tests::{pool, transfer};
-use crate::{pool_controller, transfer_controller};
+use crate::{pool_controller, token_grant, transfer_controller};
 
 fn now() -> i64 {
     Timestamp::now().as_second()
@@ -805,6 +805,11 @@ async fn a_finished_transfers_grant_is_revoked_on_every_look() {
         ..Default::default()
     });
     d.transfer(&x);
+    // Left from a look whose DELETE failed.
+    let (role, binding) = token_grant::render(&x, "x-token", &[&("data".into(), "src".into())]);
+    let rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/data";
+    d.put(&format!("{rbac}/roles/wirerate-token.x"), &role);
+    d.put(&format!("{rbac}/rolebindings/wirerate-token.x"), &binding);
     reconcile(&d, &x).await;
     let deleted: Vec<String> = d
         .calls()
@@ -1243,6 +1248,45 @@ async fn a_pool_that_stops_listening_takes_its_grant_back() {
     assert!(!d.has(
         "/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings/wirerate-path-test.far.readers"
     ));
+}
+
+// Found in review: the grant was deleted by name after a look at its
+// owner, so a Role of that name made by someone else in between went too.
+#[tokio::test]
+async fn a_grant_replaced_since_it_was_read_is_not_deleted() {
+    let mut d = Double::new();
+    let mut far = path_testing("far", "/out", true, &[]);
+    far.metadata.generation = Some(1);
+    d.pool(&far);
+    pool_controller::reconcile(Arc::new(far.clone()), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    let path =
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles/wirerate-path-test.far.readers";
+    let mut ours = d.object_at(path);
+    ours["metadata"]["uid"] = "ours".into();
+    d.put(path, &ours);
+    let mut theirs = k8s_openapi::api::rbac::v1::Role::default();
+    theirs.metadata.name = Some("wirerate-path-test.far.readers".into());
+    theirs.metadata.namespace = Some("data".into());
+    theirs.metadata.uid = Some("theirs".into());
+    d.replaced_after_get(path, &theirs);
+    far.spec.path_tests.as_mut().unwrap().listen = false;
+    far.status = Some(wirerate_crds::DtnPoolStatus {
+        observed_generation: Some(1),
+        ..Default::default()
+    });
+    far.metadata.generation = Some(2);
+    d.pool(&far);
+    pool_controller::reconcile(Arc::new(far), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    assert_eq!(
+        d.object_at(path)["metadata"]["uid"],
+        "theirs",
+        "{:#?}",
+        d.calls()
+    );
 }
 
 // Found in review: a grant made earlier stayed when the pool's Secret was

@@ -47,6 +47,9 @@ pub(crate) struct Double {
     objects: Arc<Mutex<BTreeMap<String, Value>>>,
     /// Paths whose GETs fail (`unavailable`).
     unavailable: Arc<Mutex<BTreeSet<String>>>,
+    /// Objects that take a path's place just after its next GET
+    /// (`replaced_after_get`).
+    swaps: Arc<Mutex<BTreeMap<String, Value>>>,
     server: tokio::task::JoinHandle<()>,
 }
 
@@ -144,7 +147,9 @@ impl Double {
         let calls = Arc::new(Mutex::new(Vec::new()));
         let objects: Arc<Mutex<BTreeMap<String, Value>>> = Arc::default();
         let unavailable: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+        let swaps: Arc<Mutex<BTreeMap<String, Value>>> = Arc::default();
         let (log, store, down) = (calls.clone(), objects.clone(), unavailable.clone());
+        let swapping = swaps.clone();
         let server = tokio::spawn(async move {
             while let Some((req, respond)) = handle.next_request().await {
                 let method = req.method().to_string();
@@ -160,7 +165,13 @@ impl Double {
                             (503, status(503, "ServiceUnavailable"))
                         }
                         "GET" => match (objs.get(&key), list_of(&key)) {
-                            (Some(o), _) => (200, o.clone()),
+                            (Some(o), _) => {
+                                let served = o.clone();
+                                if let Some(next) = swapping.lock().unwrap().remove(&key) {
+                                    objs.insert(key.clone(), next);
+                                }
+                                (200, served)
+                            }
                             (None, Some((prefix, resource))) => {
                                 let items: Vec<Value> = objs
                                     .iter()
@@ -215,6 +226,16 @@ impl Double {
                                 }
                             }
                         }
+                        // As the API server: a precondition on another
+                        // object's uid is a conflict.
+                        "DELETE"
+                            if body["preconditions"]["uid"].is_string()
+                                && objs.get(&key).is_some_and(|o| {
+                                    o["metadata"]["uid"] != body["preconditions"]["uid"]
+                                }) =>
+                        {
+                            (409, status(409, "Conflict"))
+                        }
                         "DELETE" => match objs.remove(&key) {
                             Some(_) => (200, status(200, "Success")),
                             None => (404, status(404, "NotFound")),
@@ -265,6 +286,7 @@ impl Double {
             bindings,
             objects,
             unavailable,
+            swaps,
             server,
         }
     }
@@ -352,6 +374,15 @@ impl Double {
     /// Makes every GET of `path` fail with 503 until something is put there.
     pub(crate) fn unavailable(&self, path: &str) {
         self.unavailable.lock().unwrap().insert(path.to_owned());
+    }
+
+    /// Puts `obj` at `path` just after the next GET of it has been
+    /// answered: another object taking its name between a read and a write.
+    pub(crate) fn replaced_after_get<T: serde::Serialize>(&self, path: &str, obj: &T) {
+        self.swaps
+            .lock()
+            .unwrap()
+            .insert(path.to_owned(), serde_json::to_value(obj).unwrap());
     }
 
     /// Whether the API holds an object at `path`.

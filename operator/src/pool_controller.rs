@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Event as CoreEvent;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -348,19 +348,19 @@ async fn revoke_grant(pool: &DtnPool, ctx: &Context, name: &str) -> Result<()> {
         return Ok(());
     }
     let uid = pool.metadata.uid.clone().unwrap_or_default();
-    let dp = DeleteParams::default();
     let binding: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), &ns);
     let role: Api<Role> = Api::namespaced(ctx.client.clone(), &ns);
-    // Only what this pool owns: a Role of the same name is someone else's.
+    // Only what this pool owns: a Role of the same name is someone else's,
+    // also when it took the place of ours since we looked.
     if let Some(m) = binding.get_metadata_opt(name).await?
         && token_grant::owned_by(&m.metadata, "DtnPool", &uid)
     {
-        gone(binding.delete(name, &dp).await.map(|_| ()))?;
+        token_grant::delete_exactly(&binding, &m.metadata).await?;
     }
     if let Some(m) = role.get_metadata_opt(name).await?
         && token_grant::owned_by(&m.metadata, "DtnPool", &uid)
     {
-        gone(role.delete(name, &dp).await.map(|_| ()))?;
+        token_grant::delete_exactly(&role, &m.metadata).await?;
     }
     Ok(())
 }
@@ -454,7 +454,6 @@ async fn revoke_remote(pool: &DtnPool, ctx: &Context, keep: &[(Role, RoleBinding
         render::POOL_NAMESPACE_LABEL
     );
     let lp = ListParams::default().labels(&selector);
-    let dp = DeleteParams::default();
     let bindings = Api::<RoleBinding>::all(ctx.client.clone())
         .list(&lp)
         .await?;
@@ -462,33 +461,22 @@ async fn revoke_remote(pool: &DtnPool, ctx: &Context, keep: &[(Role, RoleBinding
     let stale = |m: &kube::api::ObjectMeta| {
         let at = m.namespace.clone().unwrap_or_default();
         let name = m.name.clone().unwrap_or_default();
-        (at != ns && !keep.contains(&(at.clone(), name.clone()))).then_some((at, name))
+        (at != ns && !keep.contains(&(at.clone(), name))).then_some(at)
     };
-    for (at, name) in bindings.items.iter().filter_map(|b| stale(&b.metadata)) {
-        tracing::info!(namespace = at, "revoking the pool's access to {at}");
-        gone(
-            Api::<RoleBinding>::namespaced(ctx.client.clone(), &at)
-                .delete(&name, &dp)
-                .await
-                .map(|_| ()),
-        )?;
+    for b in &bindings.items {
+        if let Some(at) = stale(&b.metadata) {
+            tracing::info!(namespace = at, "revoking the pool's access to {at}");
+            let api = Api::<RoleBinding>::namespaced(ctx.client.clone(), &at);
+            token_grant::delete_exactly(&api, &b.metadata).await?;
+        }
     }
-    for (at, name) in roles.items.iter().filter_map(|r| stale(&r.metadata)) {
-        gone(
-            Api::<Role>::namespaced(ctx.client.clone(), &at)
-                .delete(&name, &dp)
-                .await
-                .map(|_| ()),
-        )?;
+    for r in &roles.items {
+        if let Some(at) = stale(&r.metadata) {
+            let api = Api::<Role>::namespaced(ctx.client.clone(), &at);
+            token_grant::delete_exactly(&api, &r.metadata).await?;
+        }
     }
     Ok(())
-}
-
-fn gone(result: kube::Result<()>) -> Result<()> {
-    match result {
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        other => Ok(other?),
-    }
 }
 
 async fn cleanup(pool: &DtnPool, ctx: &Context) -> Result<Action> {

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::{Resource, ResourceExt};
 use wirerate_crds::{Transfer, contract};
 
@@ -35,6 +35,28 @@ pub fn owned_by(meta: &ObjectMeta, kind: &str, uid: &str) -> bool {
         .iter()
         .flatten()
         .any(|o| o.controller == Some(true) && o.uid == uid && o.kind == kind)
+}
+
+/// Deletes what `meta` describes and nothing else: an object replaced
+/// since it was read (another of the same name, someone else's) stays,
+/// as one already gone does.
+pub async fn delete_exactly<K>(api: &Api<K>, meta: &ObjectMeta) -> kube::Result<()>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let name = meta.name.clone().unwrap_or_default();
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: meta.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&name, &dp).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// A fresh token: 32 random bytes, in hex.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::{Role as RbacRole, RoleBinding};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -475,26 +475,23 @@ async fn external_token_unusable(t: &Transfer, ctx: &Context) -> Result<Option<I
     }))
 }
 
-/// Takes back the agents' access to a finished Transfer's token.
+/// Takes back the agents' access to a finished Transfer's token: the
+/// Role and RoleBinding the Transfer owns, and no other of their names.
 async fn revoke_token(t: &Transfer, ctx: &Context) -> Result<()> {
     let ns = t.namespace().ok_or(Error::Malformed("a namespace"))?;
     let name = token_grant::grant_name(&t.name_any());
-    let dp = DeleteParams::default();
-    let results = [
-        Api::<RoleBinding>::namespaced(ctx.client.clone(), &ns)
-            .delete(&name, &dp)
-            .await
-            .map(|_| ()),
-        Api::<RbacRole>::namespaced(ctx.client.clone(), &ns)
-            .delete(&name, &dp)
-            .await
-            .map(|_| ()),
-    ];
-    for r in results {
-        match r {
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            other => other?,
-        }
+    let uid = t.metadata.uid.clone().unwrap_or_default();
+    let bindings = Api::<RoleBinding>::namespaced(ctx.client.clone(), &ns);
+    if let Some(m) = bindings.get_metadata_opt(&name).await?
+        && token_grant::owned_by(&m.metadata, "Transfer", &uid)
+    {
+        token_grant::delete_exactly(&bindings, &m.metadata).await?;
+    }
+    let roles = Api::<RbacRole>::namespaced(ctx.client.clone(), &ns);
+    if let Some(m) = roles.get_metadata_opt(&name).await?
+        && token_grant::owned_by(&m.metadata, "Transfer", &uid)
+    {
+        token_grant::delete_exactly(&roles, &m.metadata).await?;
     }
     Ok(())
 }
