@@ -1250,10 +1250,12 @@ async fn a_pool_that_stops_listening_takes_its_grant_back() {
     ));
 }
 
-// Found in review: the grant was deleted by name after a look at its
-// owner, so a Role of that name made by someone else in between went too.
-#[tokio::test]
-async fn a_grant_replaced_since_it_was_read_is_not_deleted() {
+const FAR_READERS: &str =
+    "/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles/wirerate-path-test.far.readers";
+
+/// A listening pool `far` that stops listening, its grant's Role replaced
+/// by `next` just after the operator reads it to revoke it.
+async fn revoke_with_a_swap(next: &serde_json::Value) -> Double {
     let mut d = Double::new();
     let mut far = path_testing("far", "/out", true, &[]);
     far.metadata.generation = Some(1);
@@ -1261,16 +1263,8 @@ async fn a_grant_replaced_since_it_was_read_is_not_deleted() {
     pool_controller::reconcile(Arc::new(far.clone()), d.ctx.clone())
         .await
         .expect("reconcile");
-    let path =
-        "/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles/wirerate-path-test.far.readers";
-    let mut ours = d.object_at(path);
-    ours["metadata"]["uid"] = "ours".into();
-    d.put(path, &ours);
-    let mut theirs = k8s_openapi::api::rbac::v1::Role::default();
-    theirs.metadata.name = Some("wirerate-path-test.far.readers".into());
-    theirs.metadata.namespace = Some("data".into());
-    theirs.metadata.uid = Some("theirs".into());
-    d.replaced_after_get(path, &theirs);
+    assert!(d.has(FAR_READERS));
+    d.replaced_after_get(FAR_READERS, next);
     far.spec.path_tests.as_mut().unwrap().listen = false;
     far.status = Some(wirerate_crds::DtnPoolStatus {
         observed_generation: Some(1),
@@ -1281,12 +1275,36 @@ async fn a_grant_replaced_since_it_was_read_is_not_deleted() {
     pool_controller::reconcile(Arc::new(far), d.ctx.clone())
         .await
         .expect("reconcile");
+    d
+}
+
+// Found in review: the grant was deleted by name after a look at its
+// owner, so a Role of that name made by someone else in between went too.
+#[tokio::test]
+async fn a_grant_replaced_since_it_was_read_is_not_deleted() {
+    let theirs = serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "wirerate-path-test.far.readers", "namespace": "data", "uid": "theirs"}});
+    let d = revoke_with_a_swap(&theirs).await;
     assert_eq!(
-        d.object_at(path)["metadata"]["uid"],
+        d.object_at(FAR_READERS)["metadata"]["uid"],
         "theirs",
         "{:#?}",
         d.calls()
     );
+}
+
+// The same name taken by a grant of the pool's own, made again meanwhile
+// (another replica of the operator): that one goes too.
+#[tokio::test]
+async fn a_grant_made_again_since_it_was_read_is_deleted() {
+    let mut again = serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "wirerate-path-test.far.readers", "namespace": "data", "uid": "again"}});
+    let far = path_testing("far", "/out", true, &[]);
+    again["metadata"]["ownerReferences"] =
+        serde_json::to_value(kube::Resource::controller_owner_ref(&far, &()).map(|o| vec![o]))
+            .unwrap();
+    let d = revoke_with_a_swap(&again).await;
+    assert!(!d.has(FAR_READERS), "{:#?}", d.calls());
 }
 
 // Found in review: a grant made earlier stayed when the pool's Secret was

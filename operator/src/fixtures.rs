@@ -129,6 +129,15 @@ fn json_patched(o: &mut Value, ops: &Value) -> Result<(), String> {
     json_patch::patch(o, &patch).map_err(|e| e.to_string())
 }
 
+/// Gives an object the API server creates a uid of its own, as it does.
+fn with_uid(o: &mut Value) {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    if o["metadata"].is_object() && o["metadata"]["uid"].is_null() {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        o["metadata"]["uid"] = format!("double-{n}").into();
+    }
+}
+
 fn status(code: u16, reason: &str) -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code, "message": reason})
 }
@@ -208,8 +217,9 @@ impl Double {
                                         (409, status(409, "AlreadyExists"))
                                     }
                                     std::collections::btree_map::Entry::Vacant(v) => {
-                                        v.insert(body.clone());
-                                        (201, body.clone())
+                                        let o = v.insert(body.clone());
+                                        with_uid(o);
+                                        (201, o.clone())
                                     }
                                 }
                             }
@@ -218,6 +228,7 @@ impl Double {
                             let o = objs.entry(key).or_insert_with(|| json!({}));
                             if body.is_object() {
                                 merge(o, &body);
+                                with_uid(o);
                                 (200, o.clone())
                             } else {
                                 match json_patched(o, &body) {

@@ -352,16 +352,8 @@ async fn revoke_grant(pool: &DtnPool, ctx: &Context, name: &str) -> Result<()> {
     let role: Api<Role> = Api::namespaced(ctx.client.clone(), &ns);
     // Only what this pool owns: a Role of the same name is someone else's,
     // also when it took the place of ours since we looked.
-    if let Some(m) = binding.get_metadata_opt(name).await?
-        && token_grant::owned_by(&m.metadata, "DtnPool", &uid)
-    {
-        token_grant::delete_exactly(&binding, &m.metadata).await?;
-    }
-    if let Some(m) = role.get_metadata_opt(name).await?
-        && token_grant::owned_by(&m.metadata, "DtnPool", &uid)
-    {
-        token_grant::delete_exactly(&role, &m.metadata).await?;
-    }
+    token_grant::delete_owned(&binding, name, "DtnPool", &uid).await?;
+    token_grant::delete_owned(&role, name, "DtnPool", &uid).await?;
     Ok(())
 }
 
@@ -467,6 +459,8 @@ async fn revoke_remote(pool: &DtnPool, ctx: &Context, keep: &[(Role, RoleBinding
         if let Some(at) = stale(&b.metadata) {
             tracing::info!(namespace = at, "revoking the pool's access to {at}");
             let api = Api::<RoleBinding>::namespaced(ctx.client.clone(), &at);
+            // One that took its place since the list is left for the
+            // next look, which lists again.
             token_grant::delete_exactly(&api, &b.metadata).await?;
         }
     }

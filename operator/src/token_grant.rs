@@ -37,10 +37,10 @@ pub fn owned_by(meta: &ObjectMeta, kind: &str, uid: &str) -> bool {
         .any(|o| o.controller == Some(true) && o.uid == uid && o.kind == kind)
 }
 
-/// Deletes what `meta` describes and nothing else: an object replaced
-/// since it was read (another of the same name, someone else's) stays,
-/// as one already gone does.
-pub async fn delete_exactly<K>(api: &Api<K>, meta: &ObjectMeta) -> kube::Result<()>
+/// Deletes what `meta` describes and nothing else: true when it is gone;
+/// false when another object has taken its name since it was read (the
+/// API server's 409 on the uid precondition), which stays.
+pub async fn delete_exactly<K>(api: &Api<K>, meta: &ObjectMeta) -> kube::Result<bool>
 where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -53,10 +53,32 @@ where
         ..DeleteParams::default()
     };
     match api.delete(&name, &dp).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// Deletes the object `name` of `api` if the `kind` object `uid` controls
+/// it, and no other of that name. One that took its place meanwhile is
+/// looked at again: it may be a grant of ours made again (by another
+/// replica of the operator, say).
+pub async fn delete_owned<K>(api: &Api<K>, name: &str, kind: &str, uid: &str) -> kube::Result<()>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    for _ in 0..3 {
+        match api.get_metadata_opt(name).await? {
+            Some(m) if owned_by(&m.metadata, kind, uid) => {
+                if delete_exactly(api, &m.metadata).await? {
+                    return Ok(());
+                }
+            }
+            _ => return Ok(()),
+        }
+    }
+    Ok(())
 }
 
 /// A fresh token: 32 random bytes, in hex.

@@ -482,17 +482,9 @@ async fn revoke_token(t: &Transfer, ctx: &Context) -> Result<()> {
     let name = token_grant::grant_name(&t.name_any());
     let uid = t.metadata.uid.clone().unwrap_or_default();
     let bindings = Api::<RoleBinding>::namespaced(ctx.client.clone(), &ns);
-    if let Some(m) = bindings.get_metadata_opt(&name).await?
-        && token_grant::owned_by(&m.metadata, "Transfer", &uid)
-    {
-        token_grant::delete_exactly(&bindings, &m.metadata).await?;
-    }
+    token_grant::delete_owned(&bindings, &name, "Transfer", &uid).await?;
     let roles = Api::<RbacRole>::namespaced(ctx.client.clone(), &ns);
-    if let Some(m) = roles.get_metadata_opt(&name).await?
-        && token_grant::owned_by(&m.metadata, "Transfer", &uid)
-    {
-        token_grant::delete_exactly(&roles, &m.metadata).await?;
-    }
+    token_grant::delete_owned(&roles, &name, "Transfer", &uid).await?;
     Ok(())
 }
 

@@ -13,7 +13,8 @@
 //! admission (CEL rules, webhooks), defaulting and schema validation,
 //! paging (`limit` is ignored: a list returns everything, with no continue
 //! token), garbage collection through owner references, strategic merge
-//! patches, and discovery. Deleting a namespace or a CRD removes its objects
+//! patches, delete preconditions (a DELETE's body is not read), and
+//! discovery. Deleting a namespace or a CRD removes its objects
 //! at once (the API server's controllers take a moment, and wait for
 //! finalizers).
 
