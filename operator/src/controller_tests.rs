@@ -1223,28 +1223,8 @@ async fn a_path_test_secret_someone_else_owns_is_not_handed_out() {
 
 #[tokio::test]
 async fn a_pool_that_stops_listening_takes_its_grant_back() {
-    let mut d = Double::new();
-    let mut far = path_testing("far", "/out", true, &[]);
-    far.metadata.generation = Some(1);
-    d.pool(&far);
-    pool_controller::reconcile(Arc::new(far.clone()), d.ctx.clone())
-        .await
-        .expect("reconcile");
-    let path =
-        "/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles/wirerate-path-test.far.readers";
-    assert!(d.has(path));
-    far.spec.path_tests.as_mut().unwrap().listen = false;
-    // As the API holds it: the status of generation 1 written.
-    far.status = Some(wirerate_crds::DtnPoolStatus {
-        observed_generation: Some(1),
-        ..Default::default()
-    });
-    far.metadata.generation = Some(2);
-    d.pool(&far);
-    pool_controller::reconcile(Arc::new(far), d.ctx.clone())
-        .await
-        .expect("reconcile");
-    assert!(!d.has(path), "{:#?}", d.calls());
+    let d = far_stops_listening(None).await;
+    assert!(!d.has(FAR_READERS), "{:#?}", d.calls());
     assert!(!d.has(
         "/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings/wirerate-path-test.far.readers"
     ));
@@ -1253,9 +1233,10 @@ async fn a_pool_that_stops_listening_takes_its_grant_back() {
 const FAR_READERS: &str =
     "/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles/wirerate-path-test.far.readers";
 
-/// A listening pool `far` that stops listening, its grant's Role replaced
-/// by `next` just after the operator reads it to revoke it.
-async fn revoke_with_a_swap(next: &serde_json::Value) -> Double {
+/// A listening pool `far` that stops listening; its grant's Role is
+/// replaced by `swap`, if given, just after the operator reads it to
+/// revoke it.
+async fn far_stops_listening(swap: Option<&serde_json::Value>) -> Double {
     let mut d = Double::new();
     let mut far = path_testing("far", "/out", true, &[]);
     far.metadata.generation = Some(1);
@@ -1264,8 +1245,11 @@ async fn revoke_with_a_swap(next: &serde_json::Value) -> Double {
         .await
         .expect("reconcile");
     assert!(d.has(FAR_READERS));
-    d.replaced_after_get(FAR_READERS, next);
+    if let Some(next) = swap {
+        d.replaced_after_get(FAR_READERS, next);
+    }
     far.spec.path_tests.as_mut().unwrap().listen = false;
+    // As the API holds it: the status of generation 1 written.
     far.status = Some(wirerate_crds::DtnPoolStatus {
         observed_generation: Some(1),
         ..Default::default()
@@ -1284,7 +1268,7 @@ async fn revoke_with_a_swap(next: &serde_json::Value) -> Double {
 async fn a_grant_replaced_since_it_was_read_is_not_deleted() {
     let theirs = serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
         "metadata": {"name": "wirerate-path-test.far.readers", "namespace": "data", "uid": "theirs"}});
-    let d = revoke_with_a_swap(&theirs).await;
+    let d = far_stops_listening(Some(&theirs)).await;
     assert_eq!(
         d.object_at(FAR_READERS)["metadata"]["uid"],
         "theirs",
@@ -1303,7 +1287,7 @@ async fn a_grant_made_again_since_it_was_read_is_deleted() {
     again["metadata"]["ownerReferences"] =
         serde_json::to_value(kube::Resource::controller_owner_ref(&far, &()).map(|o| vec![o]))
             .unwrap();
-    let d = revoke_with_a_swap(&again).await;
+    let d = far_stops_listening(Some(&again)).await;
     assert!(!d.has(FAR_READERS), "{:#?}", d.calls());
 }
 
