@@ -485,9 +485,11 @@ fn a_stream_that_closes_owing_nothing_has_not_failed() {
             };
             wire::write_frame(&mut data, &ack).unwrap();
         }
-        let digest = loop {
+        let (digest, identity) = loop {
             match wire::read_frame(&mut ctl).unwrap() {
-                Frame::FileDone { digest, .. } => break digest,
+                Frame::FileDone {
+                    digest, identity, ..
+                } => break (digest, identity),
                 Frame::Keepalive => {}
                 other => panic!("{other:?}"),
             }
@@ -498,6 +500,7 @@ fn a_stream_that_closes_owing_nothing_has_not_failed() {
             file_id: 0,
             ok: true,
             digest,
+            identity,
             message: String::new(),
         };
         wire::write_frame(&mut ctl, &result).unwrap();
@@ -563,6 +566,18 @@ fn open_raw_session(
     let mut data = TcpStream::connect(srv.addr()).unwrap();
     auth::client(&mut data, TOKEN, Purpose::Join { session, stream: 0 }, 0).unwrap();
     (ctl, data)
+}
+
+/// The identity of the one entry `raw_control` sends.
+fn raw_identity(size: u64, path: &str) -> u64 {
+    wirerate_engine::digest::entry_identity(&FileEntry {
+        file_id: 0,
+        kind: EntryKind::File,
+        size,
+        fingerprint: 1,
+        mode: 0o644,
+        path: path.into(),
+    })
 }
 
 /// An authenticated control connection that has opened `session` and sent
@@ -642,7 +657,12 @@ fn file_done_ahead_of_its_last_block_waits_for_it() {
     );
     let last_sum = wirerate_engine::digest::block_checksum(&content[BS..]);
     let digest = wirerate_engine::digest::file_digest(&[first, last_sum]);
-    wire::write_frame(&mut ctl, &Frame::FileDone { file_id: 0, digest }).unwrap();
+    let done = Frame::FileDone {
+        file_id: 0,
+        digest,
+        identity: raw_identity(content.len() as u64, "early.bin"),
+    };
+    wire::write_frame(&mut ctl, &done).unwrap();
 
     // No answer while block 1 is missing.
     ctl.set_read_timeout(Some(Duration::from_millis(300)))

@@ -738,7 +738,11 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
                 len,
             })
         ),
-        (0u32..4, any::<u128>()).prop_map(|(file_id, digest)| Frame::FileDone { file_id, digest }),
+        (0u32..4, any::<u128>()).prop_map(|(file_id, digest)| Frame::FileDone {
+            file_id,
+            digest,
+            identity: 0
+        }),
         (0u32..4, "[a-z ]{0,20}")
             .prop_map(|(file_id, message)| Frame::FileAbort { file_id, message }),
         Just(Frame::Keepalive),

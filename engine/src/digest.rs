@@ -67,6 +67,35 @@ pub fn tree_digest<'a>(files: impl IntoIterator<Item = (&'a str, u128)>) -> u128
     h.finish_128()
 }
 
+/// Seed of frame checksums: a frame's check never equals the checksum of
+/// a block payload with the same bytes.
+const FRAME_SEED: u64 = 0x7772_7274_6672_616d; // "wrrtfram"
+
+/// Checksum of a frame's type byte and fields (see `wire`).
+pub fn frame_checksum(content: &[u8]) -> u64 {
+    XxHash3_64::oneshot_with_seed(FRAME_SEED, content)
+}
+
+/// A file's identity: everything that says which file a manifest entry is
+/// (its destination path, kind, size, permission bits and source
+/// version). Both sides compute it from the entry they hold; a file is
+/// published, and believed published, only when the two agree, so a
+/// damaged entry can never be reported verified under a name, size or
+/// mode the sender did not mean.
+pub fn entry_identity(e: &crate::wire::FileEntry) -> u64 {
+    let mut h = XxHash3_64::with_seed(FRAME_SEED);
+    h.write_u8(match e.kind {
+        crate::wire::EntryKind::File => 0,
+        crate::wire::EntryKind::Dir => 1,
+    });
+    h.write(&e.size.to_le_bytes());
+    h.write(&e.fingerprint.to_le_bytes());
+    h.write(&e.mode.to_le_bytes());
+    h.write(&(e.path.len() as u64).to_le_bytes());
+    h.write(e.path.as_bytes());
+    h.finish()
+}
+
 /// Formats a digest the way summaries print it.
 pub fn fmt_digest(d: u128) -> String {
     format!("xxh3-128:{d:032x}")

@@ -158,6 +158,10 @@ pub enum Error {
         /// Whether a new session can get past it.
         retryable: bool,
     },
+    /// A session stopped making progress with work outstanding (see
+    /// `session::reports`): a new session resumes from what is durable.
+    #[error("no progress: {0}; the session is ended, to resume from what is durable")]
+    Stalled(String),
     /// A control connection failed under the shell before the session
     /// ended.
     #[error("{0}")]
@@ -248,7 +252,13 @@ impl Error {
             Self::Net { .. }
             | Self::NoSpace { .. }
             | Self::ConnectionLost(_)
+            | Self::Stalled(_)
             | Self::NoFreePort { .. } => Disposition::Retry,
+            // A frame damaged on the way, or a peer's mistake on one
+            // connection: a new connection resumes. Only a peer that is
+            // not a wirerate peer of this version is given up at once.
+            Self::Protocol(e) if !e.is_foreign() => Disposition::Retry,
+            Self::Violation(v) if v.kind != crate::ViolationKind::Version => Disposition::Retry,
             Self::Remote { retryable, .. } | Self::Writer { retryable, .. } => {
                 if *retryable {
                     Disposition::Retry
@@ -290,6 +300,7 @@ impl Error {
             Self::Net { .. } => "net",
             Self::Unresolvable { .. } => "unresolvable",
             Self::Listen { .. } | Self::NoFreePort { .. } => "listen",
+            Self::Protocol(DecodeError::Damaged(_)) => "damaged_frame",
             Self::Protocol(_) => "protocol",
             Self::Violation(_) => "violation",
             Self::Auth(_) => "auth",
@@ -305,6 +316,7 @@ impl Error {
             Self::Damaged(_) => "damaged",
             Self::TakenOver { .. } => "taken_over",
             Self::Writer { .. } => "writer",
+            Self::Stalled(_) => "stalled",
             Self::ConnectionLost(_) => "connection_lost",
             Self::Incomplete { .. } => "incomplete",
             Self::Internal(_) => "internal",

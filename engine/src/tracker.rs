@@ -90,6 +90,11 @@ impl FileTracker {
         &self.checksums
     }
 
+    /// Blocks not written yet.
+    pub fn missing(&self) -> u64 {
+        self.written.len() - self.written.count()
+    }
+
     /// Every block is written.
     pub fn is_complete(&self) -> bool {
         self.written.is_full()

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use wirerate_engine::digest::{block_checksum, file_digest};
 use wirerate_engine::scheduler::PlannedFile;
 use wirerate_engine::session::receiver::{Action, End, Limits, Report};
-use wirerate_engine::session::reports::{Reports, digest_agrees};
+use wirerate_engine::session::reports::{Reported, Reports, digest_agrees};
 use wirerate_engine::session::sender::Action as SendAction;
 use wirerate_engine::session::{FileVerdict, ReceiverControl, SenderControl, Verdict};
 use wirerate_engine::wire::{EntryKind, FileEntry, Frame, PlanOutcome};
@@ -322,7 +322,7 @@ impl Sim {
         // The writer's own bookkeeping of reports. Its answers keep the
         // order of the reports: the order of answering draws random
         // numbers, and a seed must replay the same run.
-        let mut reports = Reports::default();
+        let mut reports = Reports::new(Duration::MAX);
         let mut cut: HashSet<u16> = HashSet::new();
         let mut answered = 0;
         // A sync started in the background, and when it completes.
@@ -376,7 +376,9 @@ impl Sim {
                 tx.handle_file_done(file, digest, self.now());
                 while let Some(a) = tx.poll_action() {
                     match a {
-                        SendAction::Send(Frame::FileDone { file_id, digest }) => {
+                        SendAction::Send(Frame::FileDone {
+                            file_id, digest, ..
+                        }) => {
                             let at = now + 1 + self.rng.below(self.faults.max_delay);
                             wire.push((
                                 at,
@@ -570,13 +572,23 @@ impl Sim {
                             Frame::FileDone {
                                 file_id: file,
                                 digest,
+                                identity: 0,
                             },
                             self.now(),
                         );
                         while let Some(a) = rx.poll_action() {
                             match a {
-                                Action::Report(Report::Done { file_id, digest }) => {
-                                    reports.handle_reported(file_id, digest);
+                                Action::Report(Report::Done {
+                                    file_id,
+                                    digest,
+                                    identity,
+                                }) => {
+                                    let report = Reported {
+                                        file_id,
+                                        digest,
+                                        identity,
+                                    };
+                                    reports.handle_reported(report, self.now());
                                 }
                                 other => self.fail(&format!(
                                     "the receiver core answered a report of file {file} with {other:?}"
@@ -591,6 +603,7 @@ impl Sim {
                                 file_id: file,
                                 ok,
                                 digest,
+                                identity: 0,
                                 message: String::new(),
                             },
                             self.now(),
@@ -624,7 +637,10 @@ impl Sim {
             // writer drains its writes of a file first).
             let ready = reports
                 .poll_ready(|f| trackers[&f].is_complete() && !writes.iter().any(|w| w.file == f));
-            for (f, digest) in ready {
+            for Reported {
+                file_id: f, digest, ..
+            } in ready
+            {
                 let fi = f as usize;
                 // Made durable before the rename, then verified.
                 self.disk.durable[fi] = self.disk.written[fi].clone();
@@ -649,6 +665,7 @@ impl Sim {
                         file_id: f,
                         ok,
                         digest,
+                        identity: 0,
                         message: String::new(),
                     },
                     self.now(),

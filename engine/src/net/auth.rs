@@ -21,8 +21,9 @@ use crate::error::{AuthError, Error, Result};
 use crate::session::describe;
 use crate::violation::{Violation, ViolationKind};
 use crate::wire::{
-    Frame, MAC_LEN, MAX_PREAUTH_FRAME, MAX_SMALL_FRAME, NONCE_LEN, Purpose, VERSION, encode,
-    read_frame_capped, write_frame,
+    CHECKED_SINCE, DecodeError, Frame, MAC_LEN, MAX_PREAUTH_FRAME, MAX_SMALL_FRAME, NONCE_LEN,
+    Purpose, VERSION, decode_body, decode_unchecked, encode, encode_for, read_frame_capped,
+    write_frame,
 };
 
 /// How `Error::Auth` introduces itself; a peer's message that already
@@ -31,9 +32,40 @@ const AUTH_FAILED: &str = "authentication failed: ";
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// How a receiver before version 7 refused this version's longer hello,
-/// word for word (its `DecodeError::Trailing`, frozen in those releases).
-const OLD_RECEIVER_REFUSAL: &str = "peer sent an invalid frame: 2 unexpected bytes after the frame's fields; closing the connection";
+/// The receiver's first reply: a challenge, or a refusal. A receiver
+/// before `CHECKED_SINCE` writes its refusal without a checksum (before
+/// version 7 it took this hello's port for garbage): that is told as the
+/// version mismatch it is, not as a damaged frame.
+fn read_reply<S: Read>(s: &mut S) -> Result<Frame> {
+    let mut prefix = [0u8; 4];
+    s.read_exact(&mut prefix)
+        .map_err(|e| Error::net("reading the receiver's challenge", e))?;
+    let len = u32::from_le_bytes(prefix) as usize;
+    if len > MAX_SMALL_FRAME {
+        return Err(DecodeError::TooLarge {
+            len,
+            max: MAX_SMALL_FRAME,
+        }
+        .into());
+    }
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body)
+        .map_err(|e| Error::net("reading the receiver's challenge", e))?;
+    match decode_body(&body) {
+        Err(damaged @ DecodeError::Damaged(_)) => match decode_unchecked(&body) {
+            Ok(Frame::Error { message, .. }) => Err(Violation::new(
+                ViolationKind::Version,
+                format!(
+                    "the receiver refused this sender's hello ({message}): it speaks a protocol \
+                     version older than {CHECKED_SINCE}, this sender {VERSION}; upgrade one side"
+                ),
+            )
+            .into()),
+            _ => Err(damaged.into()),
+        },
+        other => Ok(other?),
+    }
+}
 
 /// What a sender tells a receiver whose proof did not verify.
 const SENDER_REFUSAL: &str = "the receiver's proof does not match this sender's token";
@@ -89,23 +121,13 @@ pub fn client<S: Read + Write>(
             port,
         },
     )?;
-    let nonce_s = match read_frame_capped(s, MAX_SMALL_FRAME)? {
+    let nonce_s = match read_reply(s)? {
         Frame::Challenge { version, nonce } if version == VERSION => nonce,
         Frame::Challenge { version, .. } => {
             return Err(Violation::new(
                 ViolationKind::Version,
                 format!(
                     "receiver speaks protocol version {version}, this sender {VERSION}; upgrade one side"
-                ),
-            )
-            .into());
-        }
-        // Receivers before version 7 took the hello's port for garbage.
-        Frame::Error { message, .. } if message == OLD_RECEIVER_REFUSAL => {
-            return Err(Violation::new(
-                ViolationKind::Version,
-                format!(
-                    "the receiver refused this sender's hello ({message}): it speaks a protocol version older than {VERSION}, this sender's; upgrade one side"
                 ),
             )
             .into());
@@ -170,13 +192,18 @@ pub fn read_hello<S: Read + Write>(s: &mut S) -> Result<Hello> {
         Frame::Hello { version, .. } => {
             let msg =
                 format!("unsupported protocol version {version}; this receiver speaks {VERSION}");
-            let _ = write_frame(
-                s,
+            // In the framing of the sender's version, so that it reads
+            // these words rather than a frame it cannot decode.
+            let mut out = Vec::with_capacity(128);
+            encode_for(
+                version,
                 &Frame::Error {
                     retryable: false,
                     message: msg.clone(),
                 },
+                &mut out,
             );
+            let _ = s.write_all(&out);
             Err(Violation::new(ViolationKind::Version, msg).into())
         }
         other => Err(Violation::unexpected("a hello", describe(&other)).into()),
@@ -271,21 +298,25 @@ mod tests {
         );
     }
 
-    /// A receiver of version 6 refuses a hello with a port as two bytes
-    /// too many; the sender says which versions are at odds.
+    /// A receiver of version 6 refuses a hello with a port as bytes too
+    /// many, in a frame without a checksum (as every receiver before
+    /// version 8 writes them); the sender says which versions are at odds
+    /// rather than that the frame came damaged.
     #[test]
     fn an_older_receivers_refusal_of_the_hello_names_the_versions() {
         let (mut a, mut b) = UnixStream::pair().unwrap();
         let old = std::thread::spawn(move || {
             let _ = read_frame_capped(&mut b, MAX_PREAUTH_FRAME);
-            write_frame(
-                &mut b,
+            let mut out = Vec::new();
+            encode_for(
+                6,
                 &Frame::Error {
                     retryable: false,
-                    message: OLD_RECEIVER_REFUSAL.into(),
+                    message: "peer sent an invalid frame: 10 unexpected bytes after the frame's fields; closing the connection".into(),
                 },
-            )
-            .unwrap();
+                &mut out,
+            );
+            b.write_all(&out).unwrap();
         });
         let e = client(&mut a, b"secret-token-123", Purpose::Control, 7470).unwrap_err();
         old.join().unwrap();
@@ -293,12 +324,62 @@ mod tests {
             matches!(&e, Error::Violation(v) if v.kind == ViolationKind::Version),
             "{e:?}"
         );
-        assert!(e.to_string().contains("older than 7"), "{e}");
-        // What that receiver's code, the same as this one's, said.
-        assert_eq!(
-            Error::Protocol(crate::wire::DecodeError::Trailing(2)).to_string(),
-            OLD_RECEIVER_REFUSAL
+        assert!(e.to_string().contains("older than 8"), "{e}");
+        assert!(!e.is_retryable(), "a version mismatch is final: {e}");
+    }
+
+    /// A receiver of version 7 answers this hello with its own challenge,
+    /// without a checksum; and an older sender's hello here is refused in
+    /// words its own decoder reads.
+    #[test]
+    fn versions_before_frame_checksums_are_told_apart_both_ways() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let old = std::thread::spawn(move || {
+            let _ = read_frame_capped(&mut b, MAX_PREAUTH_FRAME);
+            let mut out = Vec::new();
+            encode_for(
+                7,
+                &Frame::Challenge {
+                    version: 7,
+                    nonce: [1; NONCE_LEN],
+                },
+                &mut out,
+            );
+            b.write_all(&out).unwrap();
+        });
+        let e = client(&mut a, b"secret-token-123", Purpose::Control, 7470).unwrap_err();
+        old.join().unwrap();
+        assert!(
+            e.to_string().contains("receiver speaks protocol version 7"),
+            "{e}"
         );
+
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let mut out = Vec::new();
+        encode_for(
+            7,
+            &Frame::Hello {
+                version: 7,
+                nonce: [2; NONCE_LEN],
+                port: 7470,
+            },
+            &mut out,
+        );
+        a.write_all(&out).unwrap();
+        let e = read_hello(&mut b).unwrap_err();
+        assert!(
+            e.to_string().contains("unsupported protocol version 7"),
+            "{e}"
+        );
+        let mut len = [0u8; 4];
+        a.read_exact(&mut len).unwrap();
+        let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+        a.read_exact(&mut body).unwrap();
+        // The old sender's decoder: no checksum expected.
+        assert!(matches!(
+            decode_unchecked(&body),
+            Ok(Frame::Error { message, .. }) if message.contains("this receiver speaks 8")
+        ));
     }
 
     /// A listener that cannot prove the token (an impostor at the
@@ -407,7 +488,7 @@ mod tests {
         a.write_all(&(4u32 << 20).to_le_bytes()).unwrap();
         let e = srv.join().unwrap().unwrap_err();
         assert!(
-            matches!(e, Error::Protocol(crate::wire::DecodeError::TooLarge { max, .. }) if max == MAX_PREAUTH_FRAME),
+            matches!(e, Error::Protocol(DecodeError::TooLarge { max, .. }) if max == MAX_PREAUTH_FRAME),
             "{e:?}"
         );
     }

@@ -22,6 +22,9 @@ pub(crate) struct DestFile {
     pub(crate) dest: DestPath,
     pub(crate) layout: Layout,
     pub(crate) fingerprint: u64,
+    /// `digest::entry_identity` of the entry as it arrived: the file is
+    /// published only if the sender's report names the same.
+    pub(crate) identity: u64,
     /// Permission bits it is published with (the sender's, masked).
     pub(crate) mode: u32,
     /// A checkpoint of it is on disk (loaded or stored), so what was
@@ -146,6 +149,7 @@ fn prepare_entry(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Res
         dest,
         layout,
         fingerprint: e.fingerprint,
+        identity: crate::digest::entry_identity(e),
         mode: u32::from(e.mode) & 0o777 & !umask,
         has_checkpoint: false,
         tracker: FileTracker::new(layout.blocks(), None),

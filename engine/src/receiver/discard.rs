@@ -7,10 +7,11 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
 
 use super::dest::Prepared;
 use super::stats::Stats;
-use super::verdicts::VerdictTx;
+use super::verdicts::{Answer, VerdictTx};
 use super::writer::{Report, WriterMsg};
 use crate::Layout;
 use crate::digest::fmt_digest;
@@ -18,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::fsroot::validate;
 use crate::io::IoMode;
 use crate::observe::Observe;
-use crate::session::reports::{Reports, digest_agrees};
+use crate::session::reports::{Reported, Reports, digest_agrees};
 use crate::tracker::FileTracker;
 use crate::violation::{Violation, ViolationKind};
 use crate::wire::{EntryKind, FileEntry, Frame, Verification};
@@ -84,7 +85,9 @@ impl Discard {
             verify,
             stats,
             observer,
-            reports: Reports::default(),
+            // Its plan asks for every block, so no report can wait for
+            // one the sender believes is here: no stall to look for.
+            reports: Reports::new(Duration::MAX),
             io_mode,
         }
     }
@@ -128,8 +131,8 @@ impl Discard {
                     }
                     let _ = ack.send(Frame::Ack { file_id, block });
                 }
-                WriterMsg::FileDone { file_id, digest } => {
-                    self.reports.handle_reported(file_id, digest);
+                WriterMsg::FileDone(report) => {
+                    self.reports.handle_reported(report, Instant::now());
                 }
                 WriterMsg::Abort { file_id, message } => {
                     self.reports.handle_given_up(file_id);
@@ -139,8 +142,17 @@ impl Discard {
                             format!("file {file_id} given up after its result, or never planned"),
                         ))
                     })?;
-                    self.verdicts
-                        .answer(&self.stats, None, file_id, false, 0, message);
+                    self.verdicts.answer(
+                        &self.stats,
+                        None,
+                        Answer {
+                            file_id,
+                            ok: false,
+                            digest: 0,
+                            identity: 0,
+                            message,
+                        },
+                    );
                 }
                 WriterMsg::Stop => return Ok(()),
             }
@@ -155,7 +167,12 @@ impl Discard {
         let ready = self
             .reports
             .poll_ready(|id| files.get(&id).is_none_or(FileTracker::is_complete));
-        for (file_id, theirs) in ready {
+        for Reported {
+            file_id,
+            digest: theirs,
+            identity,
+        } in ready
+        {
             let t = self.files.remove(&file_id).ok_or_else(|| {
                 Error::from(Violation::new(
                     ViolationKind::Unknown,
@@ -179,8 +196,19 @@ impl Discard {
                 tracing::error!("{m}");
                 (false, m)
             };
-            self.verdicts
-                .answer(&self.stats, None, file_id, ok, ours, message);
+            // Nothing is published under any name: the sender's identity
+            // is echoed.
+            self.verdicts.answer(
+                &self.stats,
+                None,
+                Answer {
+                    file_id,
+                    ok,
+                    digest: ours,
+                    identity,
+                    message,
+                },
+            );
         }
         Ok(())
     }

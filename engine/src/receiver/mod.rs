@@ -714,7 +714,7 @@ fn handshake(at: &mut At, stream: &mut TcpStream) -> Option<Purpose> {
                 let _ = write_frame(
                     stream,
                     &Frame::Error {
-                        retryable: false,
+                        retryable: e.is_retryable(),
                         message: e.to_string(),
                     },
                 );

@@ -15,7 +15,7 @@ use super::verdicts::{self, Verdict, VerdictRx};
 use super::writer::{Writer, WriterMsg};
 use super::{ParkKey, Shared, lock};
 use crate::Layout;
-use crate::digest::{BlockHasher, HASH_PIECE};
+use crate::digest::{BlockHasher, HASH_PIECE, entry_identity};
 use crate::error::{Error, Result};
 use crate::fsroot::validate;
 use crate::io::Pools;
@@ -25,6 +25,7 @@ use crate::session::describe;
 use crate::session::receiver::{
     Action, End, Limits, ReceiverControl, Refusal, RefusalReason, Report,
 };
+use crate::session::reports::Reported;
 use crate::spans::carry;
 use crate::summary::{IoInEffect, ReceiverSummary};
 use crate::tuning::STREAMS;
@@ -349,6 +350,9 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         Action::Close(end) => return ended(&*shared.cfg.observer, end),
         other => return Err(out_of_order(Some(other))),
     };
+    // Each file's identity as it arrived, before the spelling below
+    // changes its path: the sender's report must name the same.
+    let identities: Vec<u64> = entries.iter().map(entry_identity).collect();
     // One spelling per destination (`f`, `f/` and `f//` are one file), so
     // that claims and duplicates are compared as the filesystem sees them.
     for e in &mut entries {
@@ -391,7 +395,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     // Blocks of the accepted files: the receiver holds state for each.
     let mut tracked = 0u64;
     let mut seen_paths = HashSet::new();
-    for e in &entries {
+    for (e, &identity) in entries.iter().zip(&identities) {
         // Preparing a large tree takes a while; the core says when the
         // sender must hear that we are still at it.
         let now = Instant::now();
@@ -418,7 +422,8 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
             prepare(&shared.root, e, block_size, shared.cfg.umask)
         };
         let outcome = match outcome {
-            Prepared::Accept(file, have) => {
+            Prepared::Accept(mut file, have) => {
+                file.identity = identity;
                 tracked += blocks;
                 resumed_bytes += file.layout.bytes_in(&have);
                 stats.total.fetch_add(file.layout.size, Ordering::Relaxed);
@@ -450,6 +455,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     }
     drop(seen_paths);
     drop(entries);
+    drop(identities);
 
     let pool = match spare {
         Some(p) => p,
@@ -607,7 +613,15 @@ fn results(
             None => {}
             Some(Action::Report(report)) => {
                 let msg = match report {
-                    Report::Done { file_id, digest } => WriterMsg::FileDone { file_id, digest },
+                    Report::Done {
+                        file_id,
+                        digest,
+                        identity,
+                    } => WriterMsg::FileDone(Reported {
+                        file_id,
+                        digest,
+                        identity,
+                    }),
                     Report::Abort { file_id, message } => WriterMsg::Abort { file_id, message },
                 };
                 writer_tx.send(msg).map_err(|_| Error::Writer {
@@ -767,11 +781,12 @@ pub(crate) fn run_stream(
             session.observer.violation(v.kind);
         }
         // Written directly: the ack thread may be gone, and the peer must
-        // hear why before the close.
+        // hear why before the close, and that a new connection can get
+        // past a damaged frame.
         let _ = write_frame(
             &mut stream,
             &Frame::Error {
-                retryable: false,
+                retryable: e.is_retryable(),
                 message: e.to_string(),
             },
         );
@@ -864,6 +879,7 @@ fn receive_blocks(
             stream
                 .read_exact(piece)
                 .map_err(|e| Error::net("reading a block", e))?;
+            session.stats.arriving.fetch_add(1, Ordering::Relaxed);
             if let Some(h) = &mut hasher {
                 h.update(piece);
             }

@@ -6,6 +6,9 @@ use std::sync::atomic::AtomicU64;
 #[derive(Default)]
 pub(crate) struct Stats {
     pub(crate) bytes: AtomicU64,
+    /// Pieces of blocks read from the data streams: the writer's sign
+    /// that blocks are still arriving (see `session::reports`).
+    pub(crate) arriving: AtomicU64,
     pub(crate) rejected: AtomicU64,
     pub(crate) streams: AtomicU64,
     pub(crate) files_ok: AtomicU64,

@@ -74,15 +74,14 @@ impl VerdictTx {
     /// published or failed), and sends its verdict. The control thread
     /// ends the session once every accepted file has its verdict, rather
     /// than a round trip later at the sender's Finish.
-    pub(crate) fn answer(
-        &self,
-        stats: &Stats,
-        observer: Option<&dyn Observer>,
-        file_id: u32,
-        ok: bool,
-        digest: u128,
-        message: String,
-    ) {
+    pub(crate) fn answer(&self, stats: &Stats, observer: Option<&dyn Observer>, answer: Answer) {
+        let Answer {
+            file_id,
+            ok,
+            digest,
+            identity,
+            message,
+        } = answer;
         let count = if ok {
             &stats.files_ok
         } else {
@@ -96,9 +95,20 @@ impl VerdictTx {
             file_id,
             ok,
             digest,
+            identity,
             message,
         });
     }
+}
+
+/// A file's answer (see `Verdict::File`).
+pub(crate) struct Answer {
+    pub(crate) file_id: u32,
+    pub(crate) ok: bool,
+    pub(crate) digest: u128,
+    /// The identity of the entry the receiver holds for it.
+    pub(crate) identity: u64,
+    pub(crate) message: String,
 }
 
 impl VerdictRx {
@@ -139,6 +149,7 @@ mod tests {
                     file_id,
                     ok: true,
                     digest: 0,
+                    identity: 0,
                     message: String::new(),
                 });
             }

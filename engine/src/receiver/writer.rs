@@ -13,12 +13,12 @@ use super::checkpointer::{Checkpointer, Done, Job};
 use super::dest::{DestFile, Staged, discard_unresumable};
 use super::kept::Kept;
 use super::stats::Stats;
-use super::verdicts::VerdictTx;
+use super::verdicts::{Answer, VerdictTx};
 use crate::CheckpointPolicy;
 use crate::digest::{block_checksum, file_digest, fmt_digest};
 use crate::error::{Error, Result};
 use crate::io::{ALIGN, BlockIo, IoDone, IoMode, IoOp, OpKind, Pool, backend};
-use crate::session::reports::{Reports, digest_agrees};
+use crate::session::reports::{Reported, Reports, Stall, digest_agrees};
 use crate::violation::{Violation, ViolationKind};
 use crate::wire::{EntryKind, Frame, Verification};
 
@@ -33,7 +33,7 @@ pub(crate) enum WriterMsg {
         ack: mpsc::SyncSender<Frame>,
     },
     /// The sender has every block acknowledged; verify and publish.
-    FileDone { file_id: u32, digest: u128 },
+    FileDone(Reported),
     /// The sender gave the file up (its source changed): discard it.
     Abort { file_id: u32, message: String },
     /// Sync what is written, checkpoint, and stop.
@@ -95,6 +95,8 @@ pub(crate) struct Writer {
     warnings: Vec<String>,
     /// What a new session would keep, shown as the transfer's progress.
     kept: Kept,
+    /// `Stats::arriving` when last looked at.
+    arrived: u64,
 }
 
 /// Files finished together are made durable together.
@@ -117,6 +119,7 @@ impl Writer {
         for (&id, f) in &files {
             kept.set(id, f.layout.bytes_in(f.tracker.durable()));
         }
+        let progress_timeout = shared.cfg.idle_timeout;
         Ok(Self {
             shared,
             files,
@@ -132,9 +135,10 @@ impl Writer {
             policy,
             checkpointer,
             lookahead: None,
-            reports: Reports::default(),
+            reports: Reports::new(progress_timeout),
             warnings: Vec::new(),
             kept,
+            arrived: 0,
         })
     }
 
@@ -166,9 +170,9 @@ impl Writer {
             let msg = if let Some(m) = self.lookahead.take() {
                 Some(m)
             } else if self.io.in_flight() == 0 {
-                let wait = self
-                    .policy
-                    .poll_timeout()
+                let due = self.policy.poll_timeout();
+                let due = self.reports.poll_timeout().map_or(due, |s| s.min(due));
+                let wait = due
                     .saturating_duration_since(Instant::now())
                     .max(Duration::from_millis(5));
                 match self.rx.recv_timeout(wait) {
@@ -196,15 +200,13 @@ impl Writer {
                     }
                     self.write(file_id, block, buf, checksum, ack)?;
                 }
-                Some(WriterMsg::FileDone { file_id, digest }) => {
+                Some(WriterMsg::FileDone(report)) => {
                     // Gather the files that finished together (a tree of
                     // small files finishes many at a time).
-                    let mut batch = vec![(file_id, digest)];
+                    let mut batch = vec![report];
                     while batch.len() < MAX_FINISH_BATCH {
                         match self.rx.try_recv() {
-                            Ok(WriterMsg::FileDone { file_id, digest }) => {
-                                batch.push((file_id, digest))
-                            }
+                            Ok(WriterMsg::FileDone(report)) => batch.push(report),
                             Ok(other) => {
                                 self.lookahead = Some(other);
                                 break;
@@ -213,8 +215,9 @@ impl Writer {
                         }
                     }
                     // Answered below, once their blocks are all written.
-                    for (file_id, digest) in batch {
-                        self.reports.handle_reported(file_id, digest);
+                    let now = Instant::now();
+                    for report in batch {
+                        self.reports.handle_reported(report, now);
                     }
                 }
                 Some(WriterMsg::Abort { file_id, message }) => self.abort(file_id, message)?,
@@ -224,8 +227,24 @@ impl Writer {
             }
             self.reap(false)?;
             self.finish_awaited()?;
+            self.check_progress()?;
             self.maybe_checkpoint()?;
         }
+    }
+
+    /// Ends the session when a reported file's blocks stopped coming (see
+    /// `session::reports`): a new one resumes from what is durable.
+    fn check_progress(&mut self) -> Result<()> {
+        let now = Instant::now();
+        let arrived = self.stats.arriving.load(Ordering::Relaxed);
+        if arrived != self.arrived {
+            self.arrived = arrived;
+            self.reports.handle_progress(now);
+        }
+        let Some(stall) = self.reports.poll_stalled(now) else {
+            return Ok(());
+        };
+        Err(stalled(&self.files, stall))
     }
 
     /// Answers the reported files whose blocks have all been written.
@@ -309,6 +328,7 @@ impl Writer {
             ));
         }
         f.tracker.handle_written(p.block, p.checksum);
+        self.reports.handle_progress(Instant::now());
         self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
         self.shared
             .job
@@ -463,21 +483,31 @@ impl Writer {
         }
         tracing::warn!(path = %f.dest.rel, reason = %message, "the sender gave the file up");
         self.result(
-            file_id,
+            (file_id, f.identity),
             false,
             0,
             format!("{message}; the receiver discarded what it had of it"),
         )
     }
 
-    fn result(&mut self, file_id: u32, ok: bool, digest: u128, message: String) -> Result<()> {
+    /// Answers file `file_id`, whose entry here has `identity`.
+    fn result(
+        &mut self,
+        (file_id, identity): (u32, u64),
+        ok: bool,
+        digest: u128,
+        message: String,
+    ) -> Result<()> {
         self.verdicts.answer(
             &self.stats,
             Some(&*self.shared.cfg.observer),
-            file_id,
-            ok,
-            digest,
-            message,
+            Answer {
+                file_id,
+                ok,
+                digest,
+                identity,
+                message,
+            },
         );
         Ok(())
     }
@@ -486,12 +516,14 @@ impl Writer {
     /// first (one fdatasync, or one syncfs per filesystem for many files),
     /// then they are renamed, then each directory is synced once, so a
     /// final name never points at data a crash could lose.
-    fn finish(&mut self, batch: Vec<(u32, u128)>) -> Result<()> {
+    fn finish(&mut self, batch: Vec<Reported>) -> Result<()> {
         self.settle()?;
         let shared = Arc::clone(&self.shared);
         let root = &shared.root;
         let mut ready = Vec::with_capacity(batch.len());
-        for (file_id, sender_digest) in batch {
+        for report in batch {
+            let file_id = report.file_id;
+            let sender_digest = report.digest;
             let mut f = self.files.remove(&file_id).ok_or_else(|| {
                 Error::from(Violation::new(
                     ViolationKind::Unknown,
@@ -499,14 +531,30 @@ impl Writer {
                 ))
             })?;
             self.reports.handle_answered(file_id);
-            if f.kind == EntryKind::Dir {
+            let id = (file_id, f.identity);
+            if report.identity != f.identity {
+                // The entry this receiver was given is not the one the
+                // sender meant (name, size or mode damaged on the way):
+                // whatever its data, it is not published under it.
+                if f.kind == EntryKind::File {
+                    self.kept.set(file_id, 0);
+                    f.discard(root)?;
+                }
+                let msg = format!(
+                    "{}: the file list entry this receiver holds (identity {:016x}) is not the one \
+                     the sender meant ({:016x}); nothing was published under it, send it again",
+                    f.dest.rel, f.identity, report.identity
+                );
+                tracing::error!("{msg}");
+                self.result(id, false, 0, msg)?;
+            } else if f.kind == EntryKind::Dir {
                 let digest = if self.verify == Verification::None {
                     0
                 } else {
                     f.tracker.digest()
                 };
                 f.set_dir_mode(root)?;
-                self.result(file_id, true, digest, String::new())?;
+                self.result(id, true, digest, String::new())?;
             } else if !f.tracker.is_complete() {
                 let msg = format!("{} is missing blocks; it stays resumable", f.dest.rel);
                 if f.checkpoint(root).is_ok() {
@@ -517,7 +565,7 @@ impl Writer {
                     let _ = f.discard(root);
                     self.kept.set(file_id, 0);
                 }
-                self.result(file_id, false, 0, msg)?;
+                self.result(id, false, 0, msg)?;
             } else {
                 f.open(root, false)?;
                 ready.push((file_id, sender_digest, f));
@@ -561,7 +609,7 @@ impl Writer {
                     fmt_digest(sender_digest)
                 );
                 tracing::error!("{msg}");
-                self.result(file_id, false, digest, msg)?;
+                self.result((file_id, f.identity), false, digest, msg)?;
                 continue;
             }
             f.rename_into_place(root)?;
@@ -579,11 +627,30 @@ impl Writer {
                 f.sync_dir(root)?;
             }
         }
-        for (file_id, digest, _) in published {
-            self.result(file_id, true, digest, String::new())?;
+        for (file_id, digest, f) in published {
+            self.result((file_id, f.identity), true, digest, String::new())?;
         }
         Ok(())
     }
+}
+
+/// The error that ends a session whose reported file's blocks stopped
+/// coming: the sender hears it, and resumes from what is durable.
+fn stalled(files: &HashMap<u32, DestFile>, stall: Stall) -> Error {
+    let what = match files.get(&stall.file_id) {
+        Some(f) => format!(
+            "{}, reported sent, lacks {} of its {} blocks",
+            f.dest.rel,
+            f.tracker.missing(),
+            f.layout.blocks()
+        ),
+        None => format!("file {} was reported sent, but lacks blocks", stall.file_id),
+    };
+    Error::Stalled(format!(
+        "{what}, and no block has arrived for {:.0} s: the two sides disagree on what this \
+         receiver holds",
+        stall.quiet.as_secs_f64()
+    ))
 }
 
 /// Whether a reported file can be answered now: it has all its blocks

@@ -19,7 +19,7 @@ use super::source::SourceFile;
 use super::warm::{Warm, WarmKey};
 use super::{RunState, SendConfig};
 use crate::Scheduler;
-use crate::digest::{BlockHasher, HASH_PIECE};
+use crate::digest::{BlockHasher, HASH_PIECE, entry_identity};
 use crate::error::{Error, Result};
 use crate::io::Pools;
 use crate::io::caps::{capabilities, sysctl_number};
@@ -244,7 +244,8 @@ fn open_session(
         cfg.verify,
         KEEPALIVE_INTERVAL,
         IDLE_TIMEOUT,
-    );
+    )
+    .with_identities(entries.iter().map(|e| (e.file_id, entry_identity(e))));
     let mut reader = FrameReader::default();
     let plan = 'plan: loop {
         let frame = reader.read(&mut control)?;

@@ -124,6 +124,8 @@ pub enum Verdict {
         ok: bool,
         /// The receiver's digest.
         digest: u128,
+        /// The identity of the entry the receiver holds.
+        identity: u64,
         /// Why not, when not ok.
         message: String,
     },
@@ -145,6 +147,8 @@ pub enum Report {
         file_id: u32,
         /// The sender's digest.
         digest: u128,
+        /// The sender's identity of the file.
+        identity: u64,
     },
     /// The sender gave the file up.
     Abort {
@@ -441,14 +445,21 @@ impl ReceiverControl {
                 self.live.arm_keepalive(now, self.limits.keepalive);
                 self.actions.push_back(Action::Prepare(entries));
             }
-            (State::Results { files, .. }, Frame::FileDone { file_id, digest }) => {
-                match reported(files, file_id, "FileDone") {
-                    Ok(()) => self
-                        .actions
-                        .push_back(Action::Report(Report::Done { file_id, digest })),
-                    Err(v) => self.violation(v),
-                }
-            }
+            (
+                State::Results { files, .. },
+                Frame::FileDone {
+                    file_id,
+                    digest,
+                    identity,
+                },
+            ) => match reported(files, file_id, "FileDone") {
+                Ok(()) => self.actions.push_back(Action::Report(Report::Done {
+                    file_id,
+                    digest,
+                    identity,
+                })),
+                Err(v) => self.violation(v),
+            },
             (State::Results { files, .. }, Frame::FileAbort { file_id, message }) => {
                 match reported(files, file_id, "FileAbort") {
                     Ok(()) => self
@@ -535,6 +546,7 @@ impl ReceiverControl {
                 file_id,
                 ok,
                 digest,
+                identity,
                 message,
             } => {
                 let State::Results { files } = &mut self.state else {
@@ -553,6 +565,7 @@ impl ReceiverControl {
                         file_id,
                         ok,
                         digest,
+                        identity,
                         message,
                     },
                     now,
@@ -805,6 +818,7 @@ mod tests {
             file_id,
             ok: true,
             digest: 9,
+            identity: 0,
             message: String::new(),
         }
     }
@@ -817,6 +831,7 @@ mod tests {
             Frame::FileDone {
                 file_id: 1,
                 digest: 9,
+                identity: 3,
             },
             now,
         );
@@ -824,7 +839,8 @@ mod tests {
             drain(&mut core),
             [Action::Report(Report::Done {
                 file_id: 1,
-                digest: 9
+                digest: 9,
+                identity: 3,
             })]
         );
         core.handle_verdict(verdict(1), now);
@@ -1034,7 +1050,11 @@ mod tests {
     #[test]
     fn reports_for_files_not_accepted_or_reported_twice_are_violations() {
         let now = Instant::now();
-        let done = |file_id| Frame::FileDone { file_id, digest: 0 };
+        let done = |file_id| Frame::FileDone {
+            file_id,
+            digest: 0,
+            identity: 0,
+        };
         let abort = Frame::FileAbort {
             file_id: 1,
             message: String::new(),
@@ -1196,7 +1216,7 @@ mod tests {
             })),
             2 => Just(Step::Frame(Frame::FilesEnd)),
             4 => (small_id(), any::<u128>())
-                .prop_map(|(file_id, digest)| Step::Frame(Frame::FileDone { file_id, digest })),
+                .prop_map(|(file_id, digest)| Step::Frame(Frame::FileDone { file_id, digest, identity: 0 })),
             1 => small_id().prop_map(|file_id| Step::Frame(Frame::FileAbort {
                 file_id,
                 message: String::new()
@@ -1207,6 +1227,7 @@ mod tests {
                 file_id,
                 ok,
                 digest: 0,
+                identity: 0,
                 message: String::new()
             })),
             1 => any::<bool>().prop_map(|retryable| Step::Verdict(Verdict::Failed {
@@ -1226,7 +1247,7 @@ mod tests {
         prop_oneof![
             1 => crate::wire::arb_frame().prop_map(Step::Frame),
             6 => (small_id(), any::<u128>())
-                .prop_map(|(file_id, digest)| Step::Frame(Frame::FileDone { file_id, digest })),
+                .prop_map(|(file_id, digest)| Step::Frame(Frame::FileDone { file_id, digest, identity: 0 })),
             2 => small_id().prop_map(|file_id| Step::Frame(Frame::FileAbort {
                 file_id,
                 message: "\u{e9}".repeat(150)
@@ -1237,6 +1258,7 @@ mod tests {
                 file_id,
                 ok,
                 digest: 0,
+                identity: 0,
                 message: String::new()
             })),
             1 => Just(Step::Verdict(Verdict::Failed {

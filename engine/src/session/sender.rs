@@ -105,6 +105,9 @@ enum State {
 pub struct SenderControl {
     state: State,
     files: HashMap<u32, File>,
+    /// Each offered file's identity (`digest::entry_identity`); 0 where
+    /// the shell gave none.
+    identities: HashMap<u32, u64>,
     block_size: u64,
     verify: Verification,
     plan: Plan,
@@ -137,6 +140,7 @@ impl SenderControl {
                 .into_iter()
                 .map(|(id, size)| (id, File::Offered { size }))
                 .collect(),
+            identities: HashMap::new(),
             block_size,
             verify,
             plan: Plan {
@@ -154,6 +158,16 @@ impl SenderControl {
             end: None,
             finishing: false,
         }
+    }
+
+    /// Each offered file's identity (file id and
+    /// `digest::entry_identity` of the entry the manifest carried): it
+    /// goes with the file's report, and a result that says the file is
+    /// published under another is not believed.
+    #[must_use]
+    pub fn with_identities(mut self, identities: impl IntoIterator<Item = (u32, u64)>) -> Self {
+        self.identities = identities.into_iter().collect();
+        self
     }
 
     /// The next thing to do, in order; call until it returns `None` after
@@ -224,9 +238,10 @@ impl SenderControl {
                     file_id,
                     ok,
                     digest,
+                    identity,
                     message,
                 },
-            ) => self.handle_result(file_id, ok, digest, message),
+            ) => self.handle_result(file_id, ok, digest, identity, message),
             (State::Planning, other) => {
                 self.violation(Violation::unexpected("the plan", describe(&other)));
             }
@@ -276,8 +291,23 @@ impl SenderControl {
         }
     }
 
-    fn handle_result(&mut self, file_id: u32, ok: bool, digest: u128, message: String) {
+    fn handle_result(
+        &mut self,
+        file_id: u32,
+        ok: bool,
+        digest: u128,
+        identity: u64,
+        message: String,
+    ) {
+        let ours = self.identity(file_id);
         let verdict = match (self.files.get(&file_id).copied(), ok) {
+            // Whatever its data, a file published under another name, size
+            // or mode than ours is not the file we sent.
+            (Some(File::Reported(_)), true) if identity != ours => FileVerdict::Failed(format!(
+                "the receiver published the file under an identity (name, size, mode) \
+                 {identity:016x} that differs from the sender's {ours:016x}: the file \
+                 list was damaged on the way; check the destination"
+            )),
             (Some(File::Reported(_)), true) if self.verify == Verification::None => {
                 FileVerdict::Ok(0)
             }
@@ -329,8 +359,20 @@ impl SenderControl {
     pub fn handle_file_done(&mut self, file_id: u32, digest: u128, now: Instant) {
         if self.end.is_none() && self.files.get(&file_id) == Some(&File::Sending) {
             self.files.insert(file_id, File::Reported(digest));
-            self.send(Frame::FileDone { file_id, digest }, now);
+            let identity = self.identity(file_id);
+            self.send(
+                Frame::FileDone {
+                    file_id,
+                    digest,
+                    identity,
+                },
+                now,
+            );
         }
+    }
+
+    fn identity(&self, file_id: u32) -> u64 {
+        self.identities.get(&file_id).copied().unwrap_or(0)
     }
 
     /// The scheduler gave `file_id` up (its source changed): the receiver
@@ -468,6 +510,7 @@ mod tests {
             file_id,
             ok,
             digest,
+            identity: 0,
             message: if ok { String::new() } else { "no".into() },
         }
     }
@@ -521,7 +564,8 @@ mod tests {
             [
                 Action::Send(Frame::FileDone {
                     file_id: 1,
-                    digest: 77
+                    digest: 77,
+                    identity: 0,
                 }),
                 Action::Send(Frame::FileAbort { file_id: 2, .. })
             ]
@@ -614,6 +658,7 @@ mod tests {
             Frame::FileDone {
                 file_id: 1,
                 digest: 0,
+                identity: 0,
             },
             now,
         );
@@ -862,7 +907,7 @@ mod tests {
                             prop_assert_eq!(&ids, &offered.keys().copied().collect());
                             accepted = plan.accepted.iter().map(|p| p.file_id).collect();
                         }
-                        Action::Send(Frame::FileDone { file_id, digest }) => {
+                        Action::Send(Frame::FileDone { file_id, digest, .. }) => {
                             prop_assert!(accepted.contains(&file_id));
                             prop_assert!(reported.insert(file_id, Some(digest)).is_none());
                         }

@@ -1,9 +1,9 @@
 //! Encoding and checked decoding of frames, with no I/O.
 
 use super::{
-    BlockHeader, EntryKind, FileEntry, Frame, HELLO_PORT_SINCE, MAC_LEN, MAGIC, MAX_BLOCK,
-    MAX_FRAME, MAX_MESSAGE, MAX_PATH, NONCE_LEN, PlanOutcome, Purpose, SESSION_ID_LEN, VERSION,
-    Verification,
+    BlockHeader, CHECKED_SINCE, EntryKind, FRAME_CHECK_LEN, FileEntry, Frame, HELLO_PORT_SINCE,
+    MAC_LEN, MAGIC, MAX_BLOCK, MAX_FRAME, MAX_MESSAGE, MAX_PATH, NONCE_LEN, PlanOutcome, Purpose,
+    SESSION_ID_LEN, VERSION, Verification,
 };
 
 /// Why a frame could not be decoded.
@@ -35,6 +35,19 @@ pub enum DecodeError {
     /// Bytes left over after the last field.
     #[error("{0} unexpected bytes after the frame's fields")]
     Trailing(usize),
+    /// The frame's checksum does not match its bytes: it was damaged on
+    /// the way (or its length prefix was), so none of it is acted on.
+    #[error("a damaged {0} frame (its checksum does not match)")]
+    Damaged(&'static str),
+}
+
+impl DecodeError {
+    /// Whether this shows that the peer is no wirerate peer at all, as
+    /// opposed to a frame damaged on the way or a peer's mistake, which a
+    /// new connection may get past.
+    pub fn is_foreign(&self) -> bool {
+        matches!(self, Self::BadMagic)
+    }
 }
 
 const T_HELLO: u8 = 1;
@@ -58,10 +71,46 @@ const T_KEEPALIVE: u8 = 18;
 const T_PARK: u8 = 19;
 const T_PARKED: u8 = 20;
 
-/// Appends the encoding of `frame` (length prefix included) to `out`.
+/// Appends the encoding of `frame` (length prefix and checksum included)
+/// to `out`.
 pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
+    encode_for(VERSION, frame, out);
+}
+
+/// Appends the encoding of `frame` as a peer of protocol `version` reads
+/// it: before `CHECKED_SINCE` frames carried no checksum, so a receiver
+/// can tell an older sender, in words it decodes, which version it speaks.
+pub fn encode_for(version: u16, frame: &Frame, out: &mut Vec<u8>) {
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
+    encode_fields(frame, out);
+    if checked(frame, version) {
+        let check = frame_check(&out[start + 4..]);
+        out.extend_from_slice(&check.to_le_bytes());
+    }
+    let len = (out.len() - start - 4) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+/// The checksum of a frame's type byte and fields. Its length prefix is
+/// covered by where the checksum sits: a damaged length moves it.
+fn frame_check(content: &[u8]) -> u64 {
+    crate::digest::frame_checksum(content)
+}
+
+/// Whether `frame`, written by a peer of `version`, carries a checksum:
+/// a hello or challenge says its own version, every other frame is of
+/// this version (the handshake refuses any other).
+fn checked(frame: &Frame, version: u16) -> bool {
+    match frame {
+        Frame::Hello { version, .. } | Frame::Challenge { version, .. } => {
+            *version >= CHECKED_SINCE
+        }
+        _ => version >= CHECKED_SINCE,
+    }
+}
+
+fn encode_fields(frame: &Frame, out: &mut Vec<u8>) {
     let mut w = Writer(out);
     match frame {
         Frame::Hello {
@@ -166,21 +215,28 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             w.u32(*file_id);
             w.u64(*block);
         }
-        Frame::FileDone { file_id, digest } => {
+        Frame::FileDone {
+            file_id,
+            digest,
+            identity,
+        } => {
             w.u8(T_FILE_DONE);
             w.u32(*file_id);
             w.bytes(&digest.to_le_bytes());
+            w.u64(*identity);
         }
         Frame::FileResult {
             file_id,
             ok,
             digest,
+            identity,
             message,
         } => {
             w.u8(T_FILE_RESULT);
             w.u32(*file_id);
             w.u8(u8::from(*ok));
             w.bytes(&digest.to_le_bytes());
+            w.u64(*identity);
             w.str(message);
         }
         Frame::FileAbort { file_id, message } => {
@@ -198,8 +254,6 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             w.str(message);
         }
     }
-    let len = (out.len() - start - 4) as u32;
-    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
 }
 
 /// Decodes one frame from the front of `buf`: `Ok(None)` when more bytes are
@@ -221,8 +275,74 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
     decode_body(body).map(|f| Some((f, 4 + len)))
 }
 
-/// Decodes a frame from its type byte and body (the length prefix removed).
+/// Decodes a frame from its type byte, body and checksum (the length
+/// prefix removed), checking the checksum before any field is looked at.
 pub fn decode_body(body: &[u8]) -> Result<Frame, DecodeError> {
+    let ty = *body.first().ok_or(DecodeError::Empty)?;
+    let fields = if carries_check(body) {
+        // Too short to hold a check: its length prefix is damaged, or it
+        // comes from a peer that writes none.
+        let Some(split) = body.len().checked_sub(FRAME_CHECK_LEN).filter(|&n| n > 0) else {
+            return Err(DecodeError::Damaged(type_name(ty)));
+        };
+        let (fields, check) = body.split_at(split);
+        let check = u64::from_le_bytes(check.try_into().expect("split at the check's length"));
+        if frame_check(fields) != check {
+            return Err(DecodeError::Damaged(type_name(ty)));
+        }
+        fields
+    } else {
+        body
+    };
+    decode_fields(fields)
+}
+
+/// Whether a received frame carries a checksum: all do, but a hello or a
+/// challenge of a version before `CHECKED_SINCE`, whose version field
+/// says so (it stands at the same place in every version).
+fn carries_check(body: &[u8]) -> bool {
+    match body {
+        [T_HELLO | T_CHALLENGE, _, _, _, _, v0, v1, ..] => {
+            u16::from_le_bytes([*v0, *v1]) >= CHECKED_SINCE
+        }
+        _ => true,
+    }
+}
+
+/// A frame type's name, for saying which frame came damaged.
+fn type_name(ty: u8) -> &'static str {
+    match ty {
+        T_HELLO => "hello",
+        T_CHALLENGE => "challenge",
+        T_AUTH => "auth",
+        T_SERVER_PROOF => "server proof",
+        T_OPEN => "open",
+        T_FILES => "file list",
+        T_FILES_END => "file list end",
+        T_PLAN => "plan",
+        T_PLAN_END => "plan end",
+        T_BLOCK => "block header",
+        T_ACK => "acknowledgement",
+        T_NACK => "negative acknowledgement",
+        T_FILE_DONE => "file done",
+        T_FILE_RESULT => "file result",
+        T_FINISH => "finish",
+        T_ERROR => "error",
+        T_FILE_ABORT => "file abort",
+        T_KEEPALIVE => "keepalive",
+        T_PARK => "park",
+        T_PARKED => "parked",
+        _ => "unknown",
+    }
+}
+
+/// Decodes a frame of a peer before `CHECKED_SINCE`, which carries no
+/// checksum: only to tell such a peer's refusal from a damaged frame.
+pub fn decode_unchecked(body: &[u8]) -> Result<Frame, DecodeError> {
+    decode_fields(body)
+}
+
+fn decode_fields(body: &[u8]) -> Result<Frame, DecodeError> {
     let mut r = Reader(body);
     let ty = r.u8().map_err(|_| DecodeError::Empty)?;
     let frame = match ty {
@@ -372,11 +492,13 @@ pub fn decode_body(body: &[u8]) -> Result<Frame, DecodeError> {
         T_FILE_DONE => Frame::FileDone {
             file_id: r.u32()?,
             digest: u128::from_le_bytes(r.array::<16>()?),
+            identity: r.u64()?,
         },
         T_FILE_RESULT => Frame::FileResult {
             file_id: r.u32()?,
             ok: r.bool()?,
             digest: u128::from_le_bytes(r.array::<16>()?),
+            identity: r.u64()?,
             message: r.str(MAX_MESSAGE)?,
         },
         T_FILE_ABORT => Frame::FileAbort {
@@ -576,18 +698,29 @@ pub(crate) mod tests {
             (any::<u32>(), any::<u64>()).prop_map(|(file_id, block)| Frame::Ack { file_id, block }),
             (any::<u32>(), any::<u64>())
                 .prop_map(|(file_id, block)| Frame::Nack { file_id, block }),
-            (any::<u32>(), any::<u128>())
-                .prop_map(|(file_id, digest)| Frame::FileDone { file_id, digest }),
-            (any::<u32>(), any::<bool>(), any::<u128>(), arb_str(300)).prop_map(
-                |(file_id, ok, digest, message)| {
+            (any::<u32>(), any::<u128>(), any::<u64>()).prop_map(|(file_id, digest, identity)| {
+                Frame::FileDone {
+                    file_id,
+                    digest,
+                    identity,
+                }
+            }),
+            (
+                any::<u32>(),
+                any::<bool>(),
+                any::<u128>(),
+                any::<u64>(),
+                arb_str(300)
+            )
+                .prop_map(|(file_id, ok, digest, identity, message)| {
                     Frame::FileResult {
                         file_id,
                         ok,
                         digest,
+                        identity,
                         message,
                     }
-                }
-            ),
+                }),
             (any::<u32>(), arb_str(300))
                 .prop_map(|(file_id, message)| Frame::FileAbort { file_id, message }),
             Just(Frame::Keepalive),
@@ -635,6 +768,61 @@ pub(crate) mod tests {
         }
     }
 
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        // The file list, the plan, acknowledgements and block headers were
+        // acted on as they came: one flipped bit in a path published the
+        // file under another name, one in a resume bitmap hung the session.
+        #[test]
+        fn every_flipped_bit_is_refused(frame in arb_frame()) {
+            let mut buf = Vec::new();
+            encode(&frame, &mut buf);
+            let body = buf[4..].to_vec();
+            for bit in 0..body.len() * 8 {
+                let mut damaged = body.clone();
+                damaged[bit / 8] ^= 1 << (bit % 8);
+                prop_assert!(
+                    decode_body(&damaged).is_err(),
+                    "bit {} of {:?} flipped went through", bit, frame
+                );
+            }
+            // A damaged length prefix: shorter moves where the check is
+            // read from, longer waits for bytes that belong to the next
+            // frame (and then fails the same way).
+            for cut in 1..body.len() {
+                prop_assert!(decode_body(&body[..cut]).is_err());
+            }
+        }
+    }
+
+    /// `fields` (type byte first) with this version's checksum after them.
+    fn sealed(fields: &[u8]) -> Vec<u8> {
+        let mut body = fields.to_vec();
+        body.extend_from_slice(&frame_check(fields).to_le_bytes());
+        body
+    }
+
+    #[test]
+    fn a_damaged_frame_says_which_frame_it_was() {
+        let mut buf = Vec::new();
+        encode(
+            &Frame::Ack {
+                file_id: 1,
+                block: 2,
+            },
+            &mut buf,
+        );
+        buf[5] ^= 0xff;
+        let e = decode(&buf).unwrap_err();
+        assert_eq!(e, DecodeError::Damaged("acknowledgement"));
+        assert!(!e.is_foreign());
+        assert_eq!(
+            e.to_string(),
+            "a damaged acknowledgement frame (its checksum does not match)"
+        );
+    }
+
     #[test]
     fn oversized_length_refused_before_allocation() {
         let buf = u32::MAX.to_le_bytes();
@@ -643,58 +831,73 @@ pub(crate) mod tests {
 
     #[test]
     fn bad_magic_and_unknown_type() {
-        let mut buf = Vec::new();
-        encode(
-            &Frame::Hello {
-                version: 1,
-                nonce: [0; 32],
-                port: 0,
-            },
-            &mut buf,
+        let mut fields = vec![T_HELLO];
+        fields.extend_from_slice(b"XRRT");
+        fields.extend_from_slice(&VERSION.to_le_bytes());
+        fields.extend_from_slice(&[0; NONCE_LEN + 2]);
+        let e = decode_body(&sealed(&fields)).unwrap_err();
+        assert_eq!(e, DecodeError::BadMagic);
+        assert!(e.is_foreign());
+        assert_eq!(
+            decode_body(&sealed(&[200])),
+            Err(DecodeError::UnknownType(200))
         );
-        buf[5] = b'X';
-        assert_eq!(decode(&buf), Err(DecodeError::BadMagic));
-        assert_eq!(decode_body(&[200]), Err(DecodeError::UnknownType(200)));
         assert_eq!(decode_body(&[]), Err(DecodeError::Empty));
     }
 
     #[test]
     fn a_later_versions_longer_hello_still_decodes() {
-        let mut buf = Vec::new();
-        encode(
-            &Frame::Hello {
-                version: VERSION + 1,
-                nonce: [3; 32],
-                port: 7470,
-            },
-            &mut buf,
-        );
-        buf.extend_from_slice(&[9, 9, 9]);
-        let body = &buf[4..];
+        let mut fields = vec![T_HELLO];
+        fields.extend_from_slice(&MAGIC);
+        fields.extend_from_slice(&(VERSION + 1).to_le_bytes());
+        fields.extend_from_slice(&[3; NONCE_LEN]);
+        fields.extend_from_slice(&7470u16.to_le_bytes());
+        fields.extend_from_slice(&[9, 9, 9]);
         assert!(matches!(
-            decode_body(body),
+            decode_body(&sealed(&fields)),
             Ok(Frame::Hello { version, port: 7470, .. }) if version == VERSION + 1
         ));
         // This version's own hello gets no such leeway.
-        let mut own = Vec::new();
-        encode(
-            &Frame::Hello {
-                version: VERSION,
-                nonce: [3; 32],
-                port: 7470,
-            },
-            &mut own,
-        );
+        let mut own = vec![T_HELLO];
+        own.extend_from_slice(&MAGIC);
+        own.extend_from_slice(&VERSION.to_le_bytes());
+        own.extend_from_slice(&[3; NONCE_LEN]);
+        own.extend_from_slice(&7470u16.to_le_bytes());
         own.push(9);
-        assert_eq!(decode_body(&own[4..]), Err(DecodeError::Trailing(1)));
+        assert_eq!(decode_body(&sealed(&own)), Err(DecodeError::Trailing(1)));
+    }
+
+    #[test]
+    fn an_older_versions_hello_carries_no_checksum() {
+        let mut buf = Vec::new();
+        let hello = Frame::Hello {
+            version: 7,
+            nonce: [5; NONCE_LEN],
+            port: 7470,
+        };
+        encode(&hello, &mut buf);
+        assert_eq!(buf.len(), 4 + 1 + 4 + 2 + NONCE_LEN + 2);
+        assert_eq!(decode(&buf).unwrap().unwrap().0, hello);
+        // Every other frame is this version's, and needs its checksum.
+        let mut error = Vec::new();
+        encode_for(
+            7,
+            &Frame::Error {
+                retryable: false,
+                message: "old".into(),
+            },
+            &mut error,
+        );
+        assert_eq!(decode_body(&error[4..]), Err(DecodeError::Damaged("error")));
+        assert!(decode_unchecked(&error[4..]).is_ok());
     }
 
     #[test]
     fn trailing_bytes_refused() {
-        let mut buf = Vec::new();
-        encode(&Frame::Finish, &mut buf);
-        buf.push(0);
-        assert_eq!(decode_body(&buf[4..]), Err(DecodeError::Trailing(1)));
+        assert_eq!(
+            decode_body(&sealed(&[T_FINISH, 0])),
+            Err(DecodeError::Trailing(1))
+        );
     }
 
     #[test]
@@ -710,17 +913,21 @@ pub(crate) mod tests {
             },
             &mut buf,
         );
-        *buf.last_mut().unwrap() = 2;
+        let mut fields = buf[4..buf.len() - FRAME_CHECK_LEN].to_vec();
+        *fields.last_mut().unwrap() = 2;
         assert_eq!(
-            decode_body(&buf[4..]),
+            decode_body(&sealed(&fields)),
             Err(DecodeError::Invalid("discard flag"))
         );
     }
 
     #[test]
     fn huge_entry_count_does_not_preallocate() {
-        let mut body = vec![T_FILES];
-        body.extend_from_slice(&u32::MAX.to_le_bytes());
-        assert_eq!(decode_body(&body), Err(DecodeError::UnexpectedEnd));
+        let mut fields = vec![T_FILES];
+        fields.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(
+            decode_body(&sealed(&fields)),
+            Err(DecodeError::UnexpectedEnd)
+        );
     }
 }

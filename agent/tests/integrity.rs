@@ -1,0 +1,290 @@
+//! Every frame checked: a proxy that understands the framing damages one
+//! frame of a chosen type on its way (a file list, a plan, an
+//! acknowledgement, a block header), and the transfer must still land
+//! byte-identical under the name and mode the sender meant, or fail, but
+//! never publish wrong and never hang.
+//!
+//! Before frames carried checksums, one flipped bit in the file list landed
+//! `xfile` as `yfile` and the sender printed "verified"; one in a resume
+//! plan hung the session for ever; one in an acknowledgement or a block
+//! header ended the transfer at once, ignoring `--retry-for`.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use common::{TOKEN, assert_same, scratch, write_file};
+use wirerate_engine::digest::frame_checksum;
+use wirerate_engine::receiver::{ServeConfig, Server, ServerHandle};
+use wirerate_engine::sender::{SendConfig, send};
+use wirerate_engine::summary::SendSummary;
+use wirerate_engine::wire::FRAME_CHECK_LEN;
+
+const T_FILES: u8 = 6;
+const T_PLAN: u8 = 8;
+const T_BLOCK: u8 = 10;
+const T_ACK: u8 = 11;
+const BS: usize = 64 << 10;
+
+/// One frame to damage, once in the whole run.
+#[derive(Debug, Clone, Copy)]
+struct Damage {
+    /// Sender to receiver (else the other way).
+    upstream: bool,
+    /// The frame's type byte.
+    ty: u8,
+    /// Which byte of its body (type byte at 0) to flip.
+    at: usize,
+    /// The bits flipped.
+    mask: u8,
+    /// Recompute the frame's checksum after the flip: a peer that means
+    /// what it says (a receiver whose plan is wrong), not a damaged path.
+    reseal: bool,
+}
+
+/// A TCP proxy that reads frames and damages the first one `Damage` names.
+struct FlipProxy {
+    addr: SocketAddr,
+    fired: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+}
+
+impl FlipProxy {
+    fn start(target: SocketAddr, damage: Damage) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let fired = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (f, s) = (fired.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if s.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(client) = client else { continue };
+                let Ok(upstream) = TcpStream::connect(target) else {
+                    continue;
+                };
+                let (c2, u2) = (client.try_clone().unwrap(), upstream.try_clone().unwrap());
+                let (f1, f2) = (f.clone(), f.clone());
+                std::thread::spawn(move || pump(client, upstream, true, damage, &f1));
+                std::thread::spawn(move || pump(u2, c2, false, damage, &f2));
+            }
+        });
+        Self { addr, fired, stop }
+    }
+
+    fn fired(&self) -> usize {
+        self.fired.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for FlipProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+/// Copies frames from `from` to `to`, damaging the one `damage` names if
+/// it goes this way and has not fired yet. A block header's payload and
+/// checksum follow it unframed, and are copied as they are.
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    upstream: bool,
+    damage: Damage,
+    fired: &AtomicUsize,
+) {
+    let mut relay = || -> std::io::Result<()> {
+        loop {
+            let mut prefix = [0u8; 4];
+            from.read_exact(&mut prefix)?;
+            let mut body = vec![0u8; u32::from_le_bytes(prefix) as usize];
+            from.read_exact(&mut body)?;
+            let ty = body.first().copied();
+            if damage.upstream == upstream
+                && ty == Some(damage.ty)
+                && damage.at < body.len()
+                && fired
+                    .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+            {
+                body[damage.at] ^= damage.mask;
+                if damage.reseal {
+                    let n = body.len() - FRAME_CHECK_LEN;
+                    let check = frame_checksum(&body[..n]);
+                    body[n..].copy_from_slice(&check.to_le_bytes());
+                }
+            }
+            to.write_all(&prefix)?;
+            to.write_all(&body)?;
+            if ty == Some(T_BLOCK) && upstream && body.len() >= 25 {
+                let len = u32::from_le_bytes(body[21..25].try_into().unwrap()) as u64;
+                let copied = std::io::copy(&mut (&mut from).take(len + 8), &mut to)?;
+                if copied < len + 8 {
+                    return Ok(());
+                }
+            }
+        }
+    };
+    let _ = relay();
+    let _ = from.shutdown(Shutdown::Both);
+    let _ = to.shutdown(Shutdown::Both);
+}
+
+fn receiver(root: &std::path::Path, idle_timeout: Duration) -> ServerHandle {
+    let mut cfg = ServeConfig::new(root.to_path_buf(), TOKEN.to_vec());
+    cfg.buffer = 8 << 20;
+    cfg.checkpoint_interval = Duration::from_millis(100);
+    cfg.idle_timeout = idle_timeout;
+    cfg.umask = 0o022;
+    Server::bind("127.0.0.1:0", cfg).unwrap().spawn()
+}
+
+/// Sends `cfg` on a thread and waits for it at most `limit`: a session
+/// that hangs fails the test instead of the test run.
+fn send_within(cfg: SendConfig, limit: Duration) -> SendSummary {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(send(&cfg));
+    });
+    match rx.recv_timeout(limit) {
+        Ok(r) => r.unwrap_or_else(|e| panic!("the send failed: {e}")),
+        Err(_) => panic!("the send hung for {limit:?}"),
+    }
+}
+
+/// One file `xfile` (mode 0644, 16 blocks) sent through a proxy that
+/// does `damage`; returns the summary and the destination root.
+fn run(name: &str, damage: Damage, idle_timeout: Duration) -> (SendSummary, usize) {
+    let dir = scratch(name);
+    let src = dir.path().join("src/xfile");
+    write_file(&src, 16 * BS, 41);
+    std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = receiver(&root, idle_timeout);
+    let proxy = FlipProxy::start(srv.addr(), damage);
+    let mut cfg = SendConfig::new(proxy.addr.to_string(), TOKEN.to_vec(), &src, "xfile");
+    cfg.block_size = BS as u64;
+    cfg.buffer = 4 << 20;
+    cfg.streams = 2;
+    cfg.retry_for = Duration::from_secs(60);
+    let summary = send_within(cfg, Duration::from_secs(90));
+    assert_eq!(proxy.fired(), 1, "the proxy never met a frame to damage");
+    assert!(summary.ok, "{}", summary.render());
+    assert_same(&src, &root.join("xfile"));
+    let names: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["xfile"], "published under another name too");
+    let mode = std::fs::metadata(root.join("xfile"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o7777;
+    assert_eq!(mode, 0o644, "published with another mode");
+    drop(srv);
+    (summary, proxy.fired())
+}
+
+// Body offsets in a `Files` frame: type, count, then the first entry's id,
+// kind, size, fingerprint, mode (u16) and path (u16 length, bytes).
+const FIRST_MODE: usize = 1 + 4 + 4 + 1 + 8 + 8;
+const FIRST_PATH: usize = FIRST_MODE + 2 + 2;
+
+#[test]
+fn a_damaged_file_name_is_never_published() {
+    let damage = Damage {
+        upstream: true,
+        ty: T_FILES,
+        at: FIRST_PATH,
+        mask: 0x01,
+        reseal: false,
+    };
+    let (summary, _) = run("flip-name", damage, Duration::from_secs(30));
+    assert!(summary.sessions >= 2, "the damaged session was not redone");
+}
+
+#[test]
+fn a_damaged_mode_is_never_published() {
+    let damage = Damage {
+        upstream: true,
+        ty: T_FILES,
+        at: FIRST_MODE,
+        mask: 0x01,
+        reseal: false,
+    };
+    run("flip-mode", damage, Duration::from_secs(30));
+}
+
+// The plan's first entry: type, file id, outcome, bitmap length, bitmap.
+// Bit 0 set says the receiver holds block 0.
+const FIRST_HAVE: usize = 1 + 4 + 1 + 4;
+
+#[test]
+fn a_damaged_resume_plan_is_redone_not_hung() {
+    let damage = Damage {
+        upstream: false,
+        ty: T_PLAN,
+        at: FIRST_HAVE,
+        mask: 0x01,
+        reseal: false,
+    };
+    run("flip-plan", damage, Duration::from_secs(30));
+}
+
+// The same wrong plan, with a valid checksum: what a receiver whose own
+// bookkeeping is wrong would send. The receiver notices that the file's
+// report came with block 0 missing and nothing more arriving, ends the
+// session after its progress timeout (here its idle timeout, 10 s), and
+// the sender resumes.
+#[test]
+fn a_wrong_plan_ends_in_a_retry_after_the_progress_timeout() {
+    let damage = Damage {
+        upstream: false,
+        ty: T_PLAN,
+        at: FIRST_HAVE,
+        mask: 0x01,
+        reseal: true,
+    };
+    let t0 = Instant::now();
+    let (summary, _) = run("wrong-plan", damage, Duration::from_secs(10));
+    let took = t0.elapsed();
+    assert!(summary.sessions >= 2, "{}", summary.render());
+    eprintln!("a wrong plan became a retry and landed in {took:?}");
+}
+
+#[test]
+fn a_damaged_acknowledgement_is_redone_not_fatal() {
+    let damage = Damage {
+        upstream: false,
+        ty: T_ACK,
+        // The file id's high byte: "acknowledgement for unknown file
+        // 4278190080" ended the transfer.
+        at: 4,
+        mask: 0xff,
+        reseal: false,
+    };
+    run("flip-ack", damage, Duration::from_secs(30));
+}
+
+#[test]
+fn a_damaged_block_header_is_redone_not_fatal() {
+    let damage = Damage {
+        upstream: true,
+        ty: T_BLOCK,
+        // The block index's low byte.
+        at: 1 + 4,
+        mask: 0x01,
+        reseal: false,
+    };
+    run("flip-header", damage, Duration::from_secs(30));
+}
