@@ -26,6 +26,29 @@ pub struct SocketOpts {
     pub buffer: Option<usize>,
 }
 
+impl SocketOpts {
+    /// Refuses, before any connection, what a socket would take badly: a
+    /// congestion control this kernel does not offer (`apply` would fail on
+    /// every connection, and a receiver would only log it per connection
+    /// while senders saw their connections dropped). The sender and the
+    /// receiver both check here, so the same flag is refused the same way
+    /// on either side.
+    pub fn check(&self) -> Result<()> {
+        if let Some(cc) = &self.congestion {
+            let caps = capabilities();
+            // An empty list means it could not be read: the connection
+            // itself will say.
+            if !caps.congestion.is_empty() && !caps.congestion.iter().any(|c| c == cc) {
+                return Err(Error::Config(format!(
+                    "congestion control {cc:?} is not available; available: {}",
+                    caps.congestion.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Data written to a peer that stays unacknowledged this long means the
 /// peer is gone: the kernel closes the connection (TCP_USER_TIMEOUT).
 /// Without it, a peer that vanished (no FIN, no RST) keeps a connection

@@ -161,6 +161,7 @@ impl ServeConfig {
         {
             return Err(crate::TuningError::Congestion { name: cc.clone() }.into());
         }
+        self.socket.check()?;
         if self.max_sessions == 0 {
             return Err(Error::Config("--max-sessions must be at least 1".into()));
         }

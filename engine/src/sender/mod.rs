@@ -20,7 +20,7 @@ use crate::Backoff;
 use crate::Settings;
 use crate::digest::{fmt_digest, tree_digest};
 use crate::error::{Error, Result};
-use crate::io::{IoMode, Pools, caps::capabilities};
+use crate::io::{IoMode, Pools};
 use crate::net::{SocketOpts, TcpStats, buffer_warning, lagging};
 use crate::observe::{Observe, SessionEnd, unobserved};
 use crate::optimizer::StreamChange;
@@ -152,16 +152,7 @@ impl SendConfig {
             }
             _ => {}
         }
-        if let Some(cc) = &self.socket.congestion {
-            let caps = capabilities();
-            if !caps.congestion.is_empty() && !caps.congestion.iter().any(|c| c == cc) {
-                return Err(Error::Config(format!(
-                    "congestion control {cc:?} is not available; available: {}",
-                    caps.congestion.join(", ")
-                )));
-            }
-        }
-        Ok(())
+        self.socket.check()
     }
 }
 

@@ -1,0 +1,61 @@
+//! Flags that cannot work are refused when the binary starts, with what to
+//! change, rather than accepted and failing (or crawling) later: each case
+//! was found by an adversarial probe of the release binary.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::*;
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `serve` on a free port with `extra`; it must exit on its own (a
+/// refusal), so a receiver that starts anyway is killed after 10 s and
+/// reported as such.
+fn serve_expecting_refusal(s: &Setup, extra: &[&str]) -> Output {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port())])
+        .args(extra)
+        .arg("--root")
+        .arg(&s.root)
+        .arg("--token-file")
+        .arg(&s.token)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > std::time::Duration::from_secs(10) {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "serve {extra:?} started instead of refusing: {}",
+                stderr(&out)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+// It used to log "serving", then drop every connection with a warning
+// (the sender saw "failed to fill whole buffer").
+#[test]
+fn serve_refuses_a_congestion_control_the_kernel_lacks_at_start() {
+    let available = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        .expect("this test needs the kernel's list of congestion controls");
+    assert!(!available.trim().is_empty(), "the kernel lists none");
+    let s = setup("cc-serve", 10);
+    let out = serve_expecting_refusal(&s, &["--congestion", "nosuch"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("congestion control \"nosuch\" is not available; available: "),
+        "{err}"
+    );
+    assert!(!err.contains("serving"), "{err}");
+}
