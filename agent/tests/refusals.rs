@@ -59,3 +59,42 @@ fn serve_refuses_a_congestion_control_the_kernel_lacks_at_start() {
     );
     assert!(!err.contains("serving"), "{err}");
 }
+
+// `--socket-buffer 0` or `1` was taken and ran at 0.01 Gbit/s.
+#[test]
+fn socket_buffers_below_the_least_are_refused_by_every_command() {
+    let want = "socketBuffer (--socket-buffer) must be from 64 KiB to 1 GiB; got ";
+    let s = setup("sockbuf", 10);
+    for b in ["0", "1", "4GiB"] {
+        let out = serve_expecting_refusal(&s, &["--socket-buffer", b]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "serve {b}: {err}");
+        assert!(err.contains(want), "serve {b}: {err}");
+    }
+    // Nothing listens on the port: the refusal comes before any connect.
+    let port = free_port().to_string();
+    let to = format!("127.0.0.1:{port}");
+    for args in [
+        vec![
+            "send",
+            "--to",
+            &to,
+            "--socket-buffer",
+            "1",
+            "--retry-for",
+            "0",
+        ],
+        vec!["probe", "--to", &to, "--socket-buffer", "1"],
+    ] {
+        let mut c = Command::new(BIN);
+        c.args(&args).arg("--token-file").arg(&s.token);
+        if args[0] == "send" {
+            c.arg(&s.src).arg("x");
+        }
+        let out = c.output().unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("connecting to"), "{args:?}: {err}");
+    }
+}

@@ -209,6 +209,24 @@ pub const BUFFER: Bound = Bound {
     unit: Unit::Bytes,
 };
 
+/// An explicit socket buffer (SO_SNDBUF and SO_RCVBUF; unset leaves the
+/// kernel's autotuning on, so there is no default size and `default` is 0).
+/// The least is TCP's largest window without window scaling: below it a
+/// stream stalls on every window (a buffer of 1 byte ran at 0.01 Gbit/s on
+/// loopback), and the kernel would silently raise anything under about
+/// 4.5 KiB anyway. The most is what the kernel's 32-bit limits take once it
+/// doubles the value (socket(7)); socket2 passes it on as a C int, so 4 GiB
+/// would wrap to 0.
+pub const SOCKET_BUFFER: Bound = Bound {
+    field: "socketBuffer",
+    flag: "--socket-buffer",
+    min: 64 << 10,
+    max: 1 << 30,
+    step: 1,
+    default: 0,
+    unit: Unit::Bytes,
+};
+
 /// Longest congestion-control name the kernel takes (`TCP_CA_NAME_MAX`, less
 /// the terminating NUL).
 pub const CONGESTION_MAX_LEN: usize = 15;

@@ -27,13 +27,17 @@ pub struct SocketOpts {
 }
 
 impl SocketOpts {
-    /// Refuses, before any connection, what a socket would take badly: a
-    /// congestion control this kernel does not offer (`apply` would fail on
-    /// every connection, and a receiver would only log it per connection
-    /// while senders saw their connections dropped). The sender and the
-    /// receiver both check here, so the same flag is refused the same way
-    /// on either side.
+    /// Refuses, before any connection, what a socket would take badly:
+    /// an explicit buffer out of `tuning::SOCKET_BUFFER` (one that small
+    /// is accepted by the kernel and crawls), or a congestion control this
+    /// kernel does not offer (`apply` would fail on every connection, and
+    /// a receiver would only log it per connection while senders saw their
+    /// connections dropped). The sender and the receiver both check here,
+    /// so the same flag is refused the same way on either side.
     pub fn check(&self) -> Result<()> {
+        if let Some(b) = self.buffer {
+            crate::tuning::SOCKET_BUFFER.check(b as i128)?;
+        }
         if let Some(cc) = &self.congestion {
             let caps = capabilities();
             // An empty list means it could not be read: the connection
@@ -365,6 +369,27 @@ mod tests {
         assert!(why.contains("tcp_allowed_congestion_control"), "{why}");
         let why = congestion_refused("nosuch", &io::Error::from_raw_os_error(libc::ENOENT));
         assert!(why.contains("not available here"), "{why}");
+    }
+
+    // Found by a probe: `--socket-buffer 1` ran at 0.01 Gbit/s, and 4 GiB
+    // would reach the kernel as 0 through a C int.
+    #[test]
+    fn socket_buffers_out_of_bounds_are_refused_before_any_connection() {
+        let with = |b: usize| SocketOpts {
+            buffer: Some(b),
+            ..SocketOpts::default()
+        };
+        for b in [0, 1, 4096, (64 << 10) - 1, (1 << 30) + 1, 4 << 30] {
+            let e = with(b).check().unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains("socketBuffer (--socket-buffer) must be from 64 KiB to 1 GiB"),
+                "{b}: {e}"
+            );
+        }
+        with(64 << 10).check().unwrap();
+        with(1 << 30).check().unwrap();
+        SocketOpts::default().check().unwrap();
     }
 
     /// A port in use is not a bad setting: it used to read "invalid
