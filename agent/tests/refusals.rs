@@ -70,6 +70,8 @@ fn socket_buffers_below_the_least_are_refused_by_every_command() {
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(2), "serve {b}: {err}");
         assert!(err.contains(want), "serve {b}: {err}");
+        // The message once, not again as its own cause.
+        assert_eq!(err.matches(want).count(), 1, "serve {b}: {err}");
     }
     // Nothing listens on the port: the refusal comes before any connect.
     let port = free_port().to_string();

@@ -80,8 +80,10 @@ pub enum Error {
     #[error("invalid setting: {0}")]
     Config(String),
     /// A tuning value out of its bounds; the message names the field.
+    /// Not its `source`: the message already holds it, and a chain
+    /// printed whole (`{:#}`) said it twice.
     #[error("invalid setting: {0}")]
-    Tuning(#[from] crate::TuningError),
+    Tuning(crate::TuningError),
     /// A filesystem is full, or a quota reached: freeing space and trying
     /// again can get past it.
     #[error("no space left on the receiver's filesystem: {context}")]
@@ -201,6 +203,12 @@ pub enum AuthError {
     /// Seen by a sender: the receiver refused our proof, in its words.
     #[error("{0}")]
     RefusedByReceiver(String),
+}
+
+impl From<crate::TuningError> for Error {
+    fn from(e: crate::TuningError) -> Self {
+        Self::Tuning(e)
+    }
 }
 
 impl Error {
