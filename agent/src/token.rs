@@ -12,6 +12,12 @@ use wirerate_engine::error::{Error, Result};
 /// Tokens shorter than this draw a warning.
 pub const MIN_TOKEN_LEN: usize = 16;
 
+/// The longest token taken: far more than any secret needs (the advised
+/// one is 44 characters), and small enough that `--token-file /dev/zero`
+/// or a mistyped path to a data file is refused at once instead of read
+/// until memory runs out.
+pub const MAX_TOKEN_LEN: usize = 4096;
+
 /// A loaded token and what is wrong with how it is kept.
 #[derive(Debug, Clone)]
 pub struct Token {
@@ -50,12 +56,32 @@ fn weaknesses(path: &str, mode: Option<u32>, len: usize) -> Vec<String> {
     w
 }
 
+/// `raw`, trimmed, as a token from `from`, or why it is none. The length
+/// is checked before trimming: a file read only up to the limit must not
+/// pass for one whose text went on after some whitespace.
+fn checked(from: &str, raw: &[u8]) -> Result<Vec<u8>> {
+    if raw.len() > MAX_TOKEN_LEN {
+        return Err(Error::Config(format!(
+            "{from} holds more than {MAX_TOKEN_LEN} bytes, too much for a token: is it the right file? \
+             A token is a short secret ({})",
+            how_to_make("PATH")
+        )));
+    }
+    Ok(raw.trim_ascii().to_vec())
+}
+
 /// Reads the token in `path`.
 pub fn from_file(path: &Path) -> Result<Token> {
+    use std::io::Read;
     let shown = path.display().to_string();
-    let raw =
-        std::fs::read(path).map_err(|e| Error::io(format!("reading the token file {shown}"), e))?;
-    let bytes = raw.trim_ascii().to_vec();
+    let reading = |e| Error::io(format!("reading the token file {shown}"), e);
+    // One byte past the limit tells a file that is too long from one
+    // that just fits, without reading the rest (/dev/zero has no end).
+    let mut raw = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_TOKEN_LEN as u64 + 1).read_to_end(&mut raw))
+        .map_err(reading)?;
+    let bytes = checked(&format!("the token file {shown}"), &raw)?;
     if bytes.is_empty() {
         return Err(Error::Config(format!(
             "the token file {shown} is empty; put a secret in it ({})",
@@ -71,7 +97,7 @@ pub fn from_file(path: &Path) -> Result<Token> {
 
 /// Takes the token from an environment variable's `value`.
 pub fn from_env(name: &str, value: &str) -> Result<Token> {
-    let bytes = value.trim().as_bytes().to_vec();
+    let bytes = checked(name, value.as_bytes())?;
     if bytes.is_empty() {
         return Err(Error::Config(format!(
             "{name} is empty; put a secret in it"
@@ -110,6 +136,35 @@ mod tests {
         let w = weaknesses("t", Some(0o600), 15);
         assert_eq!(w.len(), 1);
         assert!(w[0].contains("15 bytes"), "{w:?}");
+    }
+
+    // `--token-file /dev/zero` was read without end.
+    #[test]
+    fn a_token_file_longer_than_a_token_is_refused_without_reading_it_all() {
+        let dir = tempfile::tempdir_in(concat!(env!("CARGO_MANIFEST_DIR"), "/../target")).unwrap();
+        let p = dir.path().join("token");
+        std::fs::write(&p, vec![b'a'; MAX_TOKEN_LEN]).unwrap();
+        assert_eq!(from_file(&p).unwrap().bytes.len(), MAX_TOKEN_LEN);
+        std::fs::write(&p, vec![b'a'; 1 << 20]).unwrap();
+        // Not unwrap_err: it would print the whole token.
+        let refused = |p: &Path| match from_file(p) {
+            Ok(t) => panic!("took a token of {} bytes", t.bytes.len()),
+            Err(e) => e.to_string(),
+        };
+        let e = refused(&p);
+        assert!(e.contains("more than 4096 bytes"), "{e}");
+        assert!(e.contains("is it the right file?"), "{e}");
+        // Read only up to the limit: this would not end otherwise.
+        let e = refused(Path::new("/dev/zero"));
+        assert!(
+            e.contains("the token file /dev/zero holds more than"),
+            "{e}"
+        );
+        let long = "a".repeat(MAX_TOKEN_LEN + 1);
+        assert!(matches!(
+            from_env("WIRERATE_TOKEN", &long),
+            Err(Error::Config(_))
+        ));
     }
 
     #[test]
