@@ -31,7 +31,8 @@ fn how_to_make(path: &str) -> String {
     format!("head -c 32 /dev/urandom | base64 > {path} && chmod 600 {path}")
 }
 
-/// What is wrong with a token of `len` bytes kept in `path` with `mode`.
+/// What is wrong with a token of `len` bytes kept in `path` with `mode`
+/// (`None`: not in a file, but in the environment variable `path`).
 fn weaknesses(path: &str, mode: Option<u32>, len: usize) -> Vec<String> {
     let mut w = Vec::new();
     if let Some(mode) = mode
@@ -48,9 +49,16 @@ fn weaknesses(path: &str, mode: Option<u32>, len: usize) -> Vec<String> {
         ));
     }
     if len < MIN_TOKEN_LEN {
+        // A variable is no file to write the new token to.
+        let how = match mode {
+            Some(_) => how_to_make(path),
+            None => format!(
+                "put one in a file, {}, and pass --token-file PATH",
+                how_to_make("PATH")
+            ),
+        };
         w.push(format!(
-            "the token in {path} is {len} bytes, short enough to guess; use at least {MIN_TOKEN_LEN} random bytes ({})",
-            how_to_make(path)
+            "the token in {path} is {len} bytes, short enough to guess; use at least {MIN_TOKEN_LEN} random bytes ({how})"
         ));
     }
     w
@@ -136,6 +144,19 @@ mod tests {
         let w = weaknesses("t", Some(0o600), 15);
         assert_eq!(w.len(), 1);
         assert!(w[0].contains("15 bytes"), "{w:?}");
+    }
+
+    // The warning for a short WIRERATE_TOKEN said to write a new token to
+    // a file named WIRERATE_TOKEN.
+    #[test]
+    fn a_short_token_in_the_environment_is_told_to_move_to_a_file() {
+        let t = from_env("WIRERATE_TOKEN", "short").unwrap();
+        assert_eq!(t.warnings.len(), 1, "{:?}", t.warnings);
+        let w = &t.warnings[0];
+        assert!(w.contains("the token in WIRERATE_TOKEN is 5 bytes"), "{w}");
+        assert!(w.contains("--token-file PATH"), "{w}");
+        assert!(w.contains("> PATH"), "{w}");
+        assert!(!w.contains("> WIRERATE_TOKEN"), "{w}");
     }
 
     // `--token-file /dev/zero` was read without end.
