@@ -5,7 +5,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::observer::Shown;
 use crate::progress::{Progress, Renderer};
@@ -201,6 +201,54 @@ fn disk_pass(src: &Path, dst: Option<&Path>, block: usize, depth: usize) -> Resu
     Ok(size as f64 / secs / 1e9)
 }
 
+/// The most the demo has on disk at once: the generated file and one copy
+/// of it (first the local copy, removed before the transfers, then each
+/// transfer's destination, removed before the next), each rounded up to
+/// the O_DIRECT alignment it is written in, and a MiB for the receiver's
+/// checkpoints and the directories.
+fn space_needed(size: u64) -> u64 {
+    let one = size
+        .checked_next_multiple_of(ALIGN as u64)
+        .unwrap_or(u64::MAX);
+    one.saturating_mul(2).saturating_add(1 << 20)
+}
+
+/// Refuses a demo whose files would not fit in `dir` (or, when it does not
+/// exist yet, the nearest directory above it that does): `--size 1TiB`
+/// used to write until the disk was full.
+fn check_space(dir: &Path, size: u64) -> Result<()> {
+    let existing = dir
+        .ancestors()
+        .map(|a| {
+            if a.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                a
+            }
+        })
+        .find(|a| a.exists())
+        .unwrap_or(Path::new("/"));
+    let st = rustix::fs::statvfs(existing).map_err(|e| {
+        Error::io(
+            format!("reading the free space of {}", existing.display()),
+            e.into(),
+        )
+    })?;
+    let free = st.f_bavail.saturating_mul(st.f_frsize);
+    let need = space_needed(size);
+    if need > free {
+        return Err(Error::Config(format!(
+            "the demo needs {} free in {} (the {} file it generates and a copy of it), but only {} is free there: \
+             pass a smaller --size, or --dir a directory on a disk with room",
+            fmt_bytes(need),
+            existing.display(),
+            fmt_bytes(size),
+            fmt_bytes(free)
+        )));
+    }
+    Ok(())
+}
+
 /// Runs the demo.
 pub fn run(cfg: &DemoConfig) -> Result<DemoReport> {
     if cfg.size == 0 {
@@ -209,6 +257,7 @@ pub fn run(cfg: &DemoConfig) -> Result<DemoReport> {
         ));
     }
     cfg.send.validate()?;
+    check_space(&cfg.dir, cfg.size)?;
     std::fs::create_dir_all(&cfg.dir)
         .map_err(|e| Error::io(format!("creating {}", cfg.dir.display()), e))?;
     let tmp = tempfile::Builder::new()
@@ -269,7 +318,7 @@ pub fn run(cfg: &DemoConfig) -> Result<DemoReport> {
         send_cfg.source = src.clone();
         send_cfg.dest = "demo.bin".into();
         send_cfg.io_mode = mode;
-        send_cfg.retry_for = std::time::Duration::ZERO;
+        send_cfg.retry_for = Duration::ZERO;
         let progress = Arc::new(Progress::default());
         send_cfg.observer = Shown::metrics()
             .with_progress(Arc::clone(&progress))
