@@ -617,6 +617,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             } else {
                 vec![a.tuning.io.io_mode]
             };
+            demo::clean_up_on_signals()?;
             let report = demo::run(&demo::DemoConfig {
                 size: a.size,
                 dir: a.dir,

@@ -12,12 +12,18 @@ use common::*;
 /// Bytes in the regular files beneath `dir`, while a demo may be creating
 /// and removing them (so what vanished meanwhile counts as nothing).
 fn bytes_beneath(dir: &Path) -> u64 {
+    bytes_beneath_in(dir, |_| true)
+}
+
+/// Bytes in the regular files beneath `dir` whose directory `within` takes.
+fn bytes_beneath_in(dir: &Path, within: impl Fn(&Path) -> bool) -> u64 {
     let mut bytes = 0;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
             match e.metadata() {
                 Ok(m) if m.is_dir() => stack.push(e.path()),
+                Ok(_) if !within(&d) => {}
                 Ok(m) => bytes += m.len(),
                 Err(_) => {}
             }
@@ -79,5 +85,39 @@ fn a_demo_larger_than_the_free_space_is_refused_before_writing() {
         assert!(err.contains("--dir"), "--size {size}: {err}");
         assert!(!err.contains("generating"), "--size {size}: {err}");
         assert_eq!(walk(dir.path()), Vec::<std::path::PathBuf>::new());
+    }
+}
+
+// Ctrl-C or SIGTERM 3 s into a 2 GiB demo left 2.1 GB behind.
+#[test]
+fn an_interrupted_demo_removes_its_files_and_exits_as_the_signal_says() {
+    use rustix::process::{Pid, Signal, kill_process};
+    // SIGINT while it generates its file; SIGTERM once the transfer
+    // writes, when the receiver's threads create files there too.
+    for (signal, code, within) in [(Signal::INT, 130, None), (Signal::TERM, 143, Some("dst"))] {
+        let dir = scratch("demo-signal");
+        let mut child = demo(dir.path(), "512MiB");
+        let t0 = Instant::now();
+        while bytes_beneath_in(dir.path(), |d| within.is_none_or(|w| d.ends_with(w))) == 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "{signal:?}: the demo wrote nothing there in 60 s"
+            );
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "{signal:?}: the demo ended before it was signalled"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let pid = Pid::from_child(&child);
+        kill_process(pid, signal).unwrap();
+        let (got, err) = stderr_of(child);
+        assert_eq!(got, Some(code), "{signal:?}: {err}");
+        assert!(err.contains("interrupted: removing"), "{signal:?}: {err}");
+        assert_eq!(
+            walk(dir.path()),
+            Vec::<std::path::PathBuf>::new(),
+            "{signal:?} left files: {err}"
+        );
     }
 }
