@@ -61,13 +61,13 @@ pub enum Error {
     },
     /// The peer sent something that is not valid wirerate protocol.
     #[error("peer sent an invalid frame: {0}; closing the connection")]
-    Protocol(#[from] DecodeError),
+    Protocol(DecodeError),
     /// The peer broke the protocol's rules in a well-formed frame.
     #[error("peer violated the protocol: {0}; closing the connection")]
-    Violation(#[from] crate::Violation),
+    Violation(crate::Violation),
     /// The two sides do not hold the same token.
     #[error("authentication failed: {0}")]
-    Auth(#[from] AuthError),
+    Auth(AuthError),
     /// A destination path that would leave the receiver's root.
     #[error("refused destination path {path:?}: {reason}")]
     PathRefused {
@@ -80,8 +80,6 @@ pub enum Error {
     #[error("invalid setting: {0}")]
     Config(String),
     /// A tuning value out of its bounds; the message names the field.
-    /// Not its `source`: the message already holds it, and a chain
-    /// printed whole (`{:#}`) said it twice.
     #[error("invalid setting: {0}")]
     Tuning(crate::TuningError),
     /// A filesystem is full, or a quota reached: freeing space and trying
@@ -205,11 +203,27 @@ pub enum AuthError {
     RefusedByReceiver(String),
 }
 
-impl From<crate::TuningError> for Error {
-    fn from(e: crate::TuningError) -> Self {
-        Self::Tuning(e)
-    }
+/// `From` for the variants whose message holds the inner error: not with
+/// thiserror's `#[from]`, which makes it the `source` too, so that a chain
+/// printed whole (`{:#}`, as the binary prints errors) said it twice:
+/// "authentication failed: the receiver holds a different token ...: the
+/// receiver holds a different token ...".
+macro_rules! said_once {
+    ($($variant:ident($inner:ty)),* $(,)?) => {$(
+        impl From<$inner> for Error {
+            fn from(e: $inner) -> Self {
+                Self::$variant(e)
+            }
+        }
+    )*};
 }
+
+said_once!(
+    Protocol(DecodeError),
+    Violation(crate::Violation),
+    Auth(AuthError),
+    Tuning(crate::TuningError),
+);
 
 impl Error {
     /// Wraps a local I/O error with what we were doing.
@@ -362,6 +376,38 @@ pub enum Disposition {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `{:#}` prints: the error, then each cause.
+    fn chain(e: &dyn std::error::Error) -> String {
+        let mut s = e.to_string();
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            s.push_str(&format!(": {c}"));
+            cause = c.source();
+        }
+        s
+    }
+
+    // The binary printed "authentication failed: X: X".
+    #[test]
+    fn a_wrapped_error_is_said_once_in_the_whole_chain() {
+        let inner = [
+            AuthError::ReceiverTokenDiffers.to_string(),
+            DecodeError::UnexpectedEnd.to_string(),
+            "a detail".to_string(),
+            crate::TuningError::Congestion { name: "X".into() }.to_string(),
+        ];
+        let outer: [Error; 4] = [
+            AuthError::ReceiverTokenDiffers.into(),
+            DecodeError::UnexpectedEnd.into(),
+            crate::Violation::new(crate::ViolationKind::Unknown, "a detail").into(),
+            crate::TuningError::Congestion { name: "X".into() }.into(),
+        ];
+        for (inner, outer) in inner.iter().zip(&outer) {
+            let said = chain(outer);
+            assert_eq!(said.matches(inner.as_str()).count(), 1, "{said}");
+        }
+    }
 
     #[test]
     fn dispositions_and_labels() {
