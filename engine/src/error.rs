@@ -61,13 +61,13 @@ pub enum Error {
     },
     /// The peer sent something that is not valid wirerate protocol.
     #[error("peer sent an invalid frame: {0}; closing the connection")]
-    Protocol(#[from] DecodeError),
+    Protocol(DecodeError),
     /// The peer broke the protocol's rules in a well-formed frame.
     #[error("peer violated the protocol: {0}; closing the connection")]
-    Violation(#[from] crate::Violation),
+    Violation(crate::Violation),
     /// The two sides do not hold the same token.
     #[error("authentication failed: {0}")]
-    Auth(#[from] AuthError),
+    Auth(AuthError),
     /// A destination path that would leave the receiver's root.
     #[error("refused destination path {path:?}: {reason}")]
     PathRefused {
@@ -81,7 +81,7 @@ pub enum Error {
     Config(String),
     /// A tuning value out of its bounds; the message names the field.
     #[error("invalid setting: {0}")]
-    Tuning(#[from] crate::TuningError),
+    Tuning(crate::TuningError),
     /// A filesystem is full, or a quota reached: freeing space and trying
     /// again can get past it.
     #[error("no space left on the receiver's filesystem: {context}")]
@@ -179,6 +179,33 @@ pub enum Error {
     /// Something that cannot happen did: a bug.
     #[error("internal error: {0} (a bug: please report it)")]
     Internal(String),
+}
+
+// The four below say their cause in their own message, so the cause is
+// no `source()`: a reader that prints the chain (anyhow's `{:#}`) said it
+// twice ("authentication failed: X: X").
+impl From<DecodeError> for Error {
+    fn from(e: DecodeError) -> Self {
+        Self::Protocol(e)
+    }
+}
+
+impl From<crate::Violation> for Error {
+    fn from(v: crate::Violation) -> Self {
+        Self::Violation(v)
+    }
+}
+
+impl From<AuthError> for Error {
+    fn from(e: AuthError) -> Self {
+        Self::Auth(e)
+    }
+}
+
+impl From<crate::TuningError> for Error {
+    fn from(e: crate::TuningError) -> Self {
+        Self::Tuning(e)
+    }
 }
 
 /// Why a handshake failed authentication; each says what to do.
@@ -378,6 +405,47 @@ mod tests {
         };
         assert!(remote.is_retryable());
         assert_eq!(remote.metric_label(), "remote");
+    }
+
+    /// Every message and its causes, as anyhow's `{:#}` prints them.
+    fn chain(e: &dyn std::error::Error) -> String {
+        let mut s = e.to_string();
+        let mut next = e.source();
+        while let Some(c) = next {
+            s.push_str(&format!(": {c}"));
+            next = c.source();
+        }
+        s
+    }
+
+    // "authentication failed: the receiver holds a different token ...;
+    // give both sides the same token: the receiver holds a different
+    // token ...; give both sides the same token".
+    #[test]
+    fn a_cause_is_said_once() {
+        let errors = [
+            Error::from(AuthError::ReceiverTokenDiffers),
+            Error::from(DecodeError::Damaged("plan")),
+            Error::from(crate::Violation::new(
+                crate::ViolationKind::Unknown,
+                "acknowledgement for unknown file 7",
+            )),
+            Error::from(crate::scheduler::Damaged {
+                file_id: 1,
+                block: 2,
+                times: 9,
+            }),
+        ];
+        for e in errors {
+            let said = chain(&e);
+            let cause = match &e {
+                Error::Auth(a) => a.to_string(),
+                Error::Protocol(d) => d.to_string(),
+                Error::Violation(v) => v.to_string(),
+                other => other.to_string(),
+            };
+            assert_eq!(said.matches(&cause).count(), 1, "{said}");
+        }
     }
 
     // The failures that were all `Transfer(String)`, and so all final,
