@@ -368,18 +368,15 @@ mod tests {
         // address holds no more than theirs.
         let mut cuts = 0;
         for k in 0..40 {
-            match a.admit(ip(10 + k % 4), None) {
-                Ok(t) => {
-                    assert!(t.evicted, "every slot is taken");
-                    cuts += 1;
-                    flood.push((
-                        TcpStream::connect(addr).unwrap(),
-                        listener.accept().unwrap().0,
-                        t.ticket,
-                    ));
-                }
-                // Its address holds as many as any: it waits its turn.
-                Err(_) => {}
+            // An address that holds as many as any waits its turn.
+            if let Ok(t) = a.admit(ip(10 + k % 4), None) {
+                assert!(t.evicted, "every slot is taken");
+                cuts += 1;
+                flood.push((
+                    TcpStream::connect(addr).unwrap(),
+                    listener.accept().unwrap().0,
+                    t.ticket,
+                ));
             }
             assert_eq!(a.lock().handshaking.get(&sender), Some(&2));
             assert_eq!(a.connections(), 16);
