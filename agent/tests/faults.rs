@@ -85,6 +85,14 @@ fn cut_data_stream_blocks_go_to_the_other_streams() {
         s.sessions, 1,
         "no reconnect needed while other streams live"
     );
+    // Said in the summary (and so in --json), not only on stderr.
+    assert!(
+        s.warnings
+            .iter()
+            .any(|w| w.starts_with("data stream ") && w.contains("failed")),
+        "{:?}",
+        s.warnings
+    );
     assert_same(&src, &root.join("out.bin"));
     assert_no_leftovers(&root);
 }

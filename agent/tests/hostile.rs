@@ -113,8 +113,14 @@ fn trickled_handshake_is_cut_at_the_deadline() {
 fn at_the_connection_cap_a_sender_is_told_the_receiver_is_busy() {
     let dir = scratch("cap");
     let srv = serve_cfg(dir.path(), |c| c.max_connections = 4);
+    // Every slot held by a connection that authenticated: only those make
+    // a receiver busy (handshakes give way, see the flood test below).
     let held: Vec<TcpStream> = (0..4)
-        .map(|i| connect_from([127, 0, 0, 2 + i], srv.addr()))
+        .map(|i| {
+            let mut c = connect_from([127, 0, 0, 2 + i], srv.addr());
+            auth::client(&mut c, TOKEN, Purpose::Control, 0).unwrap();
+            c
+        })
         .collect();
     let t0 = Instant::now();
     while srv.connections() < 4 {
@@ -135,6 +141,78 @@ fn at_the_connection_cap_a_sender_is_told_the_receiver_is_busy() {
         std::thread::sleep(Duration::from_millis(5));
     }
     clean_send_works(&srv, dir.path(), "after-cap");
+}
+
+/// A flood from ten addresses, each under its own cap, that reopens a
+/// connection 0.2 s after the receiver cuts it and at once when it is
+/// refused, kept every slot full: a sender retrying for a minute heard
+/// "receiver busy" every time. A newcomer now cuts a handshake of the
+/// address holding the most instead of being refused, so the flood only
+/// takes slots from itself, and the sender gets in and finishes.
+#[test]
+fn a_flood_from_many_addresses_cannot_lock_a_sender_out() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    const ADDRESSES: u8 = 10;
+    const PER_ADDRESS: usize = 10;
+    let dir = scratch("flood-lockout");
+    let srv = serve_cfg(dir.path(), |c| {
+        c.max_connections = 64;
+        c.max_handshakes_per_address = 16;
+        c.handshake_timeout = Duration::from_secs(2);
+    });
+    let addr = srv.addr();
+    let stop = Arc::new(AtomicBool::new(false));
+    let opened = Arc::new(AtomicUsize::new(0));
+    let flooders: Vec<_> = (0..ADDRESSES)
+        .flat_map(|a| (0..PER_ADDRESS).map(move |_| a))
+        .map(|a| {
+            let (stop, opened) = (stop.clone(), opened.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    let mut c = connect_from([127, 0, 1, 10 + a], addr);
+                    opened.fetch_add(1, Ordering::SeqCst);
+                    let t0 = Instant::now();
+                    let _ = read_to_close(&mut c, Duration::from_secs(5));
+                    // Refused at once: straight back. Held, then cut: 0.2 s.
+                    let pause = if t0.elapsed() < Duration::from_millis(20) {
+                        Duration::from_millis(10)
+                    } else {
+                        Duration::from_millis(200)
+                    };
+                    std::thread::sleep(pause);
+                }
+            })
+        })
+        .collect();
+    // Let the flood fill every slot it can.
+    let t0 = Instant::now();
+    while srv.connections() < 8 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the flood never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let src = dir.path().join("src.bin");
+    write_file(&src, 1 << 20, 3);
+    let mut cfg = send_cfg(addr, &src, "x.bin");
+    cfg.streams = 2;
+    cfg.retry_for = Duration::from_secs(20);
+    let sent = send(&cfg);
+    stop.store(true, Ordering::SeqCst);
+    for f in flooders {
+        f.join().unwrap();
+    }
+    let summary = sent.unwrap_or_else(|e| panic!("locked out by the flood: {e}"));
+    assert!(summary.ok, "{}", summary.render());
+    assert_same(&src, &dir.path().join("x.bin"));
+    eprintln!(
+        "the flood opened {} connections; the sender got in within {} session(s)",
+        opened.load(Ordering::SeqCst),
+        summary.sessions
+    );
 }
 
 #[test]
@@ -313,6 +391,10 @@ fn manifest_over_its_byte_cap_is_refused_and_memory_stays_bounded() {
             id += 1;
             at += 4 + 1 + 8 + 8 + 2 + 2 + path.len();
         }
+        // And seal it again, as the sender would have.
+        let end = f.len() - wire::FRAME_CHECK_LEN;
+        let check = wirerate_engine::digest::frame_checksum(&f[4..end]);
+        f[end..].copy_from_slice(&check.to_le_bytes());
         if ctl.write_all(&f).is_err() {
             break;
         }

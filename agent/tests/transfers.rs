@@ -95,9 +95,17 @@ fn directory_of_small_files_and_two_large_ones() {
     let s = send(&cfg).unwrap();
     assert!(s.ok, "{}", s.render());
     assert_eq!(s.bytes_total, expected);
-    // 2002 files + the directories (top, 17 subdirs, big, empty).
-    assert_eq!(s.files, 2002 + 1 + 17 + 2);
+    // 2002 files, and the directories (top, 17 subdirs, big, empty) on
+    // their own: they were counted as files.
+    assert_eq!(s.files, 2002);
     assert_eq!(s.files_ok, s.files);
+    assert_eq!(s.dirs, 1 + 17 + 2);
+    assert!(
+        s.render()
+            .contains("files      2002 of 2002 ok (and 20 directories)"),
+        "{}",
+        s.render()
+    );
     let mut skipped: Vec<_> = s.skipped.iter().map(|k| k.reason.as_str()).collect();
     skipped.sort();
     assert_eq!(skipped, ["FIFO, not sent", "symlink, not followed"]);

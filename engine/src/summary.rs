@@ -98,10 +98,13 @@ pub struct SendSummary {
     pub tcp: Vec<Option<TcpStats>>,
     /// Whole-transfer digest (file digest for one file).
     pub digest: String,
-    /// Entries in the manifest.
+    /// Regular files in the manifest.
     pub files: usize,
-    /// Entries verified and published.
+    /// Regular files verified and published.
     pub files_ok: usize,
+    /// Directories in the manifest (created, with their modes; `failures`
+    /// names any that failed).
+    pub dirs: usize,
     /// Entries that failed, with reasons.
     pub failures: Vec<FileFailure>,
     /// Every entry's outcome, in manifest order (JSON only; the text
@@ -220,8 +223,13 @@ impl SendSummary {
             "  retried    {} blocks; sessions {}; rtt {:.2} ms\n",
             self.blocks_retried, self.sessions, self.rtt_ms
         ));
+        let dirs = match self.dirs {
+            0 => String::new(),
+            1 => " (and 1 directory)".to_string(),
+            n => format!(" (and {n} directories)"),
+        };
         s.push_str(&format!(
-            "  files      {} of {} ok; verify {}; digest {}\n",
+            "  files      {} of {} ok{dirs}; verify {}; digest {}\n",
             self.files_ok, self.files, self.verify, self.digest
         ));
         for f in &self.failures {

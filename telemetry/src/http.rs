@@ -4,14 +4,18 @@
 //!
 //! Every request is bounded in size and time and served concurrently, so
 //! one slow or hostile client cannot stall or bloat the scrapes of
-//! others. Changing the log level is taken only from loopback, that is
+//! others. When every slot is taken, the oldest client whose request has
+//! not yet arrived is cut to make room: a scrape sends its request at
+//! once and is answered, while clients that trickle their request (a
+//! byte a second, reopened when cut) would otherwise hold every slot. Changing the log level is taken only from loopback, that is
 //! from inside the pod (`kubectl port-forward`, `kubectl exec`): at
 //! `trace`, client libraries may log request headers, and whoever can
 //! reach a metrics port must not be able to turn that on.
 
+use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Full, Limited};
@@ -21,6 +25,7 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::Semaphore;
+use tokio::task::AbortHandle;
 
 use crate::logs::{LogLevel, MAX_FILTER};
 
@@ -30,6 +35,8 @@ const MAX_CLIENTS: usize = 64;
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// ...and the whole exchange be over within this.
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a new client waits for the slot of one cut for it.
+const CUT_WAIT: Duration = Duration::from_millis(200);
 /// Largest request head read (hyper's smallest buffer): a longer one is
 /// answered 431 and closed.
 const MAX_REQUEST: usize = 8192;
@@ -66,9 +73,47 @@ impl Endpoints {
     }
 }
 
+/// A client being served: cut it while its request has not arrived.
+struct Client {
+    abort: AbortHandle,
+    /// Its request head arrived: it is answered, never cut.
+    heard: Arc<AtomicBool>,
+}
+
+/// The clients in their order of arrival.
+#[derive(Default)]
+struct Clients(Mutex<VecDeque<Client>>);
+
+impl Clients {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Client>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn add(&self, client: Client) {
+        let mut g = self.lock();
+        g.retain(|c| !c.abort.is_finished());
+        g.push_back(client);
+    }
+
+    /// Cuts the oldest client still waiting for its request; false if
+    /// none is.
+    fn cut_oldest_waiting(&self) -> bool {
+        let mut g = self.lock();
+        g.retain(|c| !c.abort.is_finished());
+        let Some(i) = g.iter().position(|c| !c.heard.load(Ordering::SeqCst)) else {
+            return false;
+        };
+        if let Some(c) = g.remove(i) {
+            c.abort.abort();
+        }
+        true
+    }
+}
+
 /// Serves `endpoints` on `listener` until the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, endpoints: Endpoints) {
     let slots = Arc::new(Semaphore::new(MAX_CLIENTS));
+    let clients = Clients::default();
     loop {
         let (sock, peer) = match listener.accept().await {
             Ok(s) => s,
@@ -79,13 +124,18 @@ pub async fn serve(listener: tokio::net::TcpListener, endpoints: Endpoints) {
                 continue;
             }
         };
-        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+        let Some(permit) = slot(&slots, &clients).await else {
             continue;
         };
         let endpoints = endpoints.clone();
-        tokio::spawn(async move {
+        let heard = Arc::new(AtomicBool::new(false));
+        let heard_here = Arc::clone(&heard);
+        let task = tokio::spawn(async move {
             let _permit = permit;
-            let service = service_fn(move |req| respond(endpoints.clone(), peer, req));
+            let service = service_fn(move |req| {
+                heard_here.store(true, Ordering::SeqCst);
+                respond(endpoints.clone(), peer, req)
+            });
             let conn = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEAD_TIMEOUT)
@@ -94,7 +144,32 @@ pub async fn serve(listener: tokio::net::TcpListener, endpoints: Endpoints) {
                 .serve_connection(TokioIo::new(sock), service);
             let _ = tokio::time::timeout(EXCHANGE_TIMEOUT, conn).await;
         });
+        clients.add(Client {
+            abort: task.abort_handle(),
+            heard,
+        });
     }
+}
+
+/// A slot for a new client: a free one, or the one of the oldest client
+/// still waiting for its request, cut for it. `None` when every slot is
+/// answering a request.
+async fn slot(
+    slots: &Arc<Semaphore>,
+    clients: &Clients,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    if let Ok(p) = Arc::clone(slots).try_acquire_owned() {
+        return Some(p);
+    }
+    if !clients.cut_oldest_waiting() {
+        return None;
+    }
+    // The cut client gives its slot back once its task is dropped, at
+    // the runtime's next turn.
+    tokio::time::timeout(CUT_WAIT, Arc::clone(slots).acquire_owned())
+        .await
+        .ok()?
+        .ok()
 }
 
 /// Serves `endpoints` on `addr` from a thread of its own, for a process

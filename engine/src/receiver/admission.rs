@@ -1,20 +1,34 @@
 //! Which connections the receiver takes on before anyone has
-//! authenticated: at most `max_connections` in all, and at most
-//! `per_address` still in their handshake from any one source address, so
-//! that one host that opens connections and never authenticates cannot
-//! crowd out the senders that do. A connection over either limit is told
-//! why (an `Error` frame) and closed by the accept loop itself, without a
-//! thread of its own.
+//! authenticated.
+//!
+//! - At most `max_connections` in all.
+//! - At most `per_address` still in their handshake from any one source
+//!   address, so that one host cannot hold every handshake.
+//! - At most half the slots in their handshake in all (but always room
+//!   for one sender's control connection and every data stream it may
+//!   open), so that a flood from many addresses cannot fill the slots
+//!   authenticated sessions need.
+//! - When the handshakes' share or every slot is taken, a newcomer cuts a
+//!   handshake rather than being refused: the oldest one of the address
+//!   that holds the most handshakes, if that address holds more than the
+//!   newcomer's. So a flood from many addresses that reopens whatever is
+//!   cut only takes slots from itself, while a sender's few connections
+//!   get in, and are never cut for their own siblings. Only when no
+//!   address holds more than the newcomer's, or every slot holds an
+//!   authenticated connection, is a newcomer told the receiver is busy.
+//!
+//! A connection refused is told why (an `Error` frame) and closed by the
+//! accept loop itself, without a thread of its own.
 #![forbid(unsafe_code)]
 
-use std::collections::HashMap;
-use std::net::IpAddr;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::{IpAddr, Shutdown, TcpStream};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Why a connection was not taken on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Refusal {
-    /// Every connection slot is taken.
+    /// Every connection slot holds an authenticated connection.
     Connections(usize),
     /// Too many handshakes in progress from this address.
     Handshakes(IpAddr, usize),
@@ -42,6 +56,14 @@ impl Refusal {
     }
 }
 
+/// One sender's connections: its control connection and the most data
+/// streams a session may join, which it may open all at once.
+const ONE_SENDER: usize = crate::tuning::STREAMS.max as usize + 1;
+
+/// The `reason` label of `connections_rejected_total` for a handshake cut
+/// to make room for a newer connection.
+pub(crate) const EVICTED: &str = "handshake_evicted";
+
 /// The source a limit applies to: an IPv4 address, or an IPv6 /64 (one
 /// host is commonly given a whole /64, and could otherwise spread its
 /// connections over as many addresses as it likes).
@@ -55,10 +77,22 @@ fn source(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// A connection in its handshake: where from, and a handle to cut it.
+#[derive(Debug)]
+struct Handshake {
+    ip: IpAddr,
+    cut: Option<TcpStream>,
+}
+
 #[derive(Debug, Default)]
 struct State {
     connections: usize,
     handshaking: HashMap<IpAddr, usize>,
+    /// Handshakes in progress by ticket number: the first is the oldest.
+    queue: BTreeMap<u64, Handshake>,
+    /// Tickets whose handshake was cut: their slots are already given back.
+    evicted: HashSet<u64>,
+    next: u64,
 }
 
 /// The receiver's connection slots.
@@ -66,6 +100,7 @@ struct State {
 pub(crate) struct Admission {
     max_connections: usize,
     per_address: usize,
+    max_handshakes: usize,
     state: Mutex<State>,
 }
 
@@ -73,15 +108,25 @@ pub(crate) struct Admission {
 #[derive(Debug)]
 pub(crate) struct Ticket {
     admission: Arc<Admission>,
+    id: u64,
     ip: IpAddr,
     handshaking: bool,
 }
 
+/// An admitted connection, and whether an older handshake was cut for it.
+#[derive(Debug)]
+pub(crate) struct Admitted {
+    pub(crate) ticket: Ticket,
+    pub(crate) evicted: bool,
+}
+
 impl Admission {
     pub(crate) fn new(max_connections: usize, per_address: usize) -> Self {
+        let max_connections = max_connections.max(1);
         Self {
-            max_connections: max_connections.max(1),
+            max_connections,
             per_address: per_address.max(1),
+            max_handshakes: (max_connections / 2).max(ONE_SENDER).min(max_connections),
             state: Mutex::default(),
         }
     }
@@ -91,24 +136,74 @@ impl Admission {
     }
 
     /// Takes on a connection from `ip`, in its handshake until the ticket
-    /// says it authenticated.
-    pub(crate) fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Ticket, Refusal> {
+    /// says it authenticated; `stream` is how it is cut should a newer
+    /// connection need its place (none: it is never cut).
+    pub(crate) fn admit(
+        self: &Arc<Self>,
+        ip: IpAddr,
+        stream: Option<&TcpStream>,
+    ) -> Result<Admitted, Refusal> {
         let ip = source(ip);
         let mut g = self.lock();
-        if g.connections >= self.max_connections {
-            return Err(Refusal::Connections(self.max_connections));
-        }
-        let n = g.handshaking.entry(ip).or_default();
-        if *n >= self.per_address {
+        if g.handshaking.get(&ip).copied().unwrap_or(0) >= self.per_address {
             return Err(Refusal::Handshakes(ip, self.per_address));
         }
-        *n += 1;
+        let mut evicted = false;
+        if g.queue.len() >= self.max_handshakes || g.connections >= self.max_connections {
+            evicted = Self::evict_for(&mut g, ip);
+            if !evicted {
+                return Err(if g.connections >= self.max_connections {
+                    Refusal::Connections(self.max_connections)
+                } else {
+                    Refusal::Handshakes(ip, g.handshaking.get(&ip).copied().unwrap_or(0))
+                });
+            }
+        }
+        *g.handshaking.entry(ip).or_default() += 1;
         g.connections += 1;
-        Ok(Ticket {
-            admission: Arc::clone(self),
-            ip,
-            handshaking: true,
+        let id = g.next;
+        g.next += 1;
+        let cut = stream.and_then(|s| s.try_clone().ok());
+        g.queue.insert(id, Handshake { ip, cut });
+        Ok(Admitted {
+            ticket: Ticket {
+                admission: Arc::clone(self),
+                id,
+                ip,
+                handshaking: true,
+            },
+            evicted,
         })
+    }
+
+    /// Cuts a handshake for a newcomer from `ip` (see the module's
+    /// rules) and gives its slots back at once: its thread ends on the
+    /// cut, and its ticket then gives back nothing. False if none may be.
+    fn evict_for(g: &mut State, ip: IpAddr) -> bool {
+        let mine = g.handshaking.get(&ip).copied().unwrap_or(0);
+        let Some(most) = g.handshaking.values().copied().max() else {
+            return false;
+        };
+        if most <= mine {
+            return false;
+        }
+        // The oldest handshake of the addresses that hold the most.
+        let Some(id) = g
+            .queue
+            .iter()
+            .find(|(_, h)| g.handshaking.get(&h.ip) == Some(&most))
+            .map(|(id, _)| *id)
+        else {
+            return false;
+        };
+        let h = g.queue.remove(&id).expect("found above");
+        if let Some(s) = &h.cut {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        Self::end_handshake(g, h.ip);
+        g.connections -= 1;
+        g.evicted.insert(id);
+        true
     }
 
     /// Connections open now.
@@ -116,7 +211,13 @@ impl Admission {
         self.lock().connections
     }
 
-    fn end_handshake(&self, g: &mut State, ip: IpAddr) {
+    /// Connections in their handshake now.
+    #[cfg(test)]
+    fn handshakes(&self) -> usize {
+        self.lock().queue.len()
+    }
+
+    fn end_handshake(g: &mut State, ip: IpAddr) {
         if let Some(n) = g.handshaking.get_mut(&ip) {
             *n -= 1;
             if *n == 0 {
@@ -127,11 +228,14 @@ impl Admission {
 }
 
 impl Ticket {
-    /// The peer authenticated: its address may start another handshake.
+    /// The peer authenticated: its address may start another handshake,
+    /// and it is never cut for a newer connection.
     pub(crate) fn authenticated(&mut self) {
         if std::mem::replace(&mut self.handshaking, false) {
             let mut g = self.admission.lock();
-            self.admission.end_handshake(&mut g, self.ip);
+            if g.queue.remove(&self.id).is_some() {
+                Admission::end_handshake(&mut g, self.ip);
+            }
         }
     }
 }
@@ -139,9 +243,12 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         let mut g = self.admission.lock();
+        if g.evicted.remove(&self.id) {
+            return;
+        }
         g.connections -= 1;
-        if self.handshaking {
-            self.admission.end_handshake(&mut g, self.ip);
+        if self.handshaking && g.queue.remove(&self.id).is_some() {
+            Admission::end_handshake(&mut g, self.ip);
         }
     }
 }
@@ -157,23 +264,30 @@ mod tests {
     #[test]
     fn one_address_cannot_hold_more_than_its_share_of_handshakes() {
         let a = Arc::new(Admission::new(100, 2));
-        let t1 = a.admit(ip(1)).unwrap();
-        let _t2 = a.admit(ip(1)).unwrap();
-        assert_eq!(a.admit(ip(1)).unwrap_err(), Refusal::Handshakes(ip(1), 2));
-        let _other = a.admit(ip(2)).expect("another address is not affected");
+        let t1 = a.admit(ip(1), None).unwrap().ticket;
+        let _t2 = a.admit(ip(1), None).unwrap().ticket;
+        assert_eq!(
+            a.admit(ip(1), None).unwrap_err(),
+            Refusal::Handshakes(ip(1), 2)
+        );
+        let _other = a
+            .admit(ip(2), None)
+            .expect("another address is not affected");
         drop(t1);
         let _t3 = a
-            .admit(ip(1))
+            .admit(ip(1), None)
             .expect("a finished handshake frees its place");
     }
 
     #[test]
     fn an_authenticated_connection_no_longer_counts_as_a_handshake() {
         let a = Arc::new(Admission::new(100, 1));
-        let mut t = a.admit(ip(1)).unwrap();
+        let mut t = a.admit(ip(1), None).unwrap().ticket;
         t.authenticated();
         t.authenticated();
-        let _u = a.admit(ip(1)).expect("the address may handshake again");
+        let _u = a
+            .admit(ip(1), None)
+            .expect("the address may handshake again");
         assert_eq!(a.connections(), 2);
         drop(t);
         assert_eq!(a.connections(), 1);
@@ -183,21 +297,27 @@ mod tests {
     fn an_ipv6_host_counts_as_its_slash_64() {
         let a = Arc::new(Admission::new(100, 2));
         let v6 = |last: u16| IpAddr::from([0x2001, 0xdb8, 0, 1, 0, 0, 0, last]);
-        let _t1 = a.admit(v6(1)).unwrap();
-        let _t2 = a.admit(v6(2)).unwrap();
+        let _t1 = a.admit(v6(1), None).unwrap();
+        let _t2 = a.admit(v6(2), None).unwrap();
         assert!(
-            matches!(a.admit(v6(3)), Err(Refusal::Handshakes(..))),
+            matches!(a.admit(v6(3), None), Err(Refusal::Handshakes(..))),
             "another address of the same /64 is the same source"
         );
         let other = IpAddr::from([0x2001, 0xdb8, 0, 2, 0, 0, 0, 1]);
-        assert!(a.admit(other).is_ok(), "another /64 is not");
+        assert!(a.admit(other, None).is_ok(), "another /64 is not");
     }
 
     #[test]
-    fn the_connection_cap_holds_for_every_address() {
+    fn the_connection_cap_holds_for_authenticated_connections() {
         let a = Arc::new(Admission::new(3, 10));
-        let held: Vec<_> = (1..=3).map(|i| a.admit(ip(i)).unwrap()).collect();
-        let refusal = a.admit(ip(9)).unwrap_err();
+        let held: Vec<_> = (1..=3)
+            .map(|i| {
+                let mut t = a.admit(ip(i), None).unwrap().ticket;
+                t.authenticated();
+                t
+            })
+            .collect();
+        let refusal = a.admit(ip(9), None).unwrap_err();
         assert_eq!(refusal, Refusal::Connections(3));
         assert!(
             refusal.message().starts_with("receiver busy"),
@@ -207,5 +327,73 @@ mod tests {
         drop(held);
         assert_eq!(a.connections(), 0);
         assert!(a.lock().handshaking.is_empty(), "nothing is left behind");
+    }
+
+    // A flood from many addresses, each under its own cap, that reopens
+    // what the handshake deadline cuts, held every slot: a sender got
+    // "receiver busy" for its whole --retry-for.
+    #[test]
+    fn a_flood_of_handshakes_gives_way_to_a_newcomers_few() {
+        let a = Arc::new(Admission::new(16, 100));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut flood = Vec::new();
+        for i in 0..16 {
+            let client = TcpStream::connect(addr).unwrap();
+            let (server_side, _) = listener.accept().unwrap();
+            let t = a.admit(ip(10 + i / 4), Some(&server_side)).unwrap();
+            assert!(!t.evicted);
+            flood.push((client, server_side, t.ticket));
+        }
+        // Every slot is a handshake: a newcomer cuts the oldest one of an
+        // address that holds more than its own.
+        let sender = ip(50);
+        let control = a.admit(sender, None).unwrap();
+        assert!(control.evicted);
+        assert_eq!(a.connections(), 16);
+        let mut oldest = &flood[0].0;
+        let mut byte = [0u8; 1];
+        assert_eq!(
+            std::io::Read::read(&mut oldest, &mut byte).unwrap(),
+            0,
+            "the oldest handshake was cut"
+        );
+        // Its ticket, dropped when its thread ends, gives back nothing twice.
+        let (_, _, cut) = flood.remove(0);
+        drop(cut);
+        assert_eq!(a.connections(), 16);
+        let stream = a.admit(sender, None).unwrap();
+        assert!(stream.evicted);
+        // The flood's newcomers cut each other, never the sender's: its
+        // address holds no more than theirs.
+        let mut cuts = 0;
+        for k in 0..40 {
+            // An address that holds as many as any waits its turn.
+            if let Ok(t) = a.admit(ip(10 + k % 4), None) {
+                assert!(t.evicted, "every slot is taken");
+                cuts += 1;
+                flood.push((
+                    TcpStream::connect(addr).unwrap(),
+                    listener.accept().unwrap().0,
+                    t.ticket,
+                ));
+            }
+            assert_eq!(a.lock().handshaking.get(&sender), Some(&2));
+            assert_eq!(a.connections(), 16);
+        }
+        assert!(cuts >= 10, "the flood cut only {cuts} of its own");
+        // A newcomer whose own address holds the most is refused, never
+        // cut for its siblings.
+        let most = (10..14).max_by_key(|i| a.lock().handshaking.get(&ip(*i)).copied());
+        assert!(a.admit(ip(most.unwrap()), None).is_err());
+        // Authenticated, its connections are never cut.
+        let (mut control, mut stream) = (control.ticket, stream.ticket);
+        control.authenticated();
+        stream.authenticated();
+        assert_eq!(a.handshakes(), 14);
+        drop((control, stream));
+        drop(flood);
+        assert_eq!(a.connections(), 0);
+        assert!(a.lock().evicted.is_empty(), "every cut ticket was dropped");
     }
 }

@@ -515,8 +515,13 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
         let Ok(peer) = stream.peer_addr() else {
             continue;
         };
-        let ticket = match shared.admission.admit(peer.ip()) {
-            Ok(t) => t,
+        let ticket = match shared.admission.admit(peer.ip(), Some(&stream)) {
+            Ok(admitted) => {
+                if admitted.evicted {
+                    shared.cfg.observer.refused(admission::EVICTED);
+                }
+                admitted.ticket
+            }
             Err(refusal) => {
                 shared.cfg.observer.refused(refusal.metric_label());
                 let message = refusal.message();
@@ -640,12 +645,19 @@ fn hand_over(at: &mut At, stream: &TcpStream, port: u16) -> std::result::Result<
     let next = lobby
         .running_on(local.ip(), port)
         .ok_or(NotHere::NoReceiver(port))?;
-    let ticket = next.admission.admit(peer.ip()).map_err(|refusal| {
-        let message = refusal.message();
-        next.cfg.observer.refused(refusal.metric_label());
-        next.log_refusal(&message);
-        NotHere::Busy(message)
-    })?;
+    let admitted = next
+        .admission
+        .admit(peer.ip(), Some(stream))
+        .map_err(|refusal| {
+            let message = refusal.message();
+            next.cfg.observer.refused(refusal.metric_label());
+            next.log_refusal(&message);
+            NotHere::Busy(message)
+        })?;
+    if admitted.evicted {
+        next.cfg.observer.refused(admission::EVICTED);
+    }
+    let ticket = admitted.ticket;
     net::apply(stream, &next.cfg.socket).map_err(|e| NotHere::Gone(e.to_string()))?;
     tracing::debug!(
         from = %at.shared.addr,

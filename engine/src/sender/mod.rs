@@ -156,6 +156,9 @@ impl SendConfig {
     }
 }
 
+/// Data stream failures the summary names one by one; more are counted.
+const MAX_CUTS_SHOWN: usize = 8;
+
 /// State carried across the sessions of one run.
 #[derive(Debug, Default)]
 pub(crate) struct RunState {
@@ -168,6 +171,8 @@ pub(crate) struct RunState {
     pub(crate) bytes_sent: u64,
     pub(crate) bytes_skipped_resume: u64,
     pub(crate) blocks_retried: u64,
+    /// Data streams that failed, and why (see `shared::Inner::cuts`).
+    pub(crate) stream_cuts: Vec<String>,
     pub(crate) per_stream_bytes: Vec<u64>,
     pub(crate) io_mode: Option<IoMode>,
     pub(crate) io_fallback: Option<String>,
@@ -284,8 +289,8 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
     for (i, f) in list.files.iter().enumerate() {
         let (ok, digest, message) = match st.verdicts.get(&(i as u32)) {
             Some(FileVerdict::Ok(d)) => {
-                files_ok += 1;
                 if f.kind == EntryKind::File {
+                    files_ok += 1;
                     digests.push((f.dest.as_str(), *d));
                 }
                 (
@@ -334,6 +339,13 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
     if let Some(n) = pool.huge_note() {
         warnings.push(n.to_owned());
     }
+    warnings.extend(st.stream_cuts.iter().take(MAX_CUTS_SHOWN).cloned());
+    if st.stream_cuts.len() > MAX_CUTS_SHOWN {
+        warnings.push(format!(
+            "... and {} more data stream failures",
+            st.stream_cuts.len() - MAX_CUTS_SHOWN
+        ));
+    }
     let first = st.first_streams.min(st.per_stream_bytes.len());
     for l in lagging(&st.per_stream_bytes[..first], cfg.block_size) {
         warnings.push(format!(
@@ -368,8 +380,17 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
             .collect(),
         tcp: st.tcp.clone(),
         digest,
-        files: list.files.len(),
+        files: list
+            .files
+            .iter()
+            .filter(|f| f.kind == EntryKind::File)
+            .count(),
         files_ok,
+        dirs: list
+            .files
+            .iter()
+            .filter(|f| f.kind == EntryKind::Dir)
+            .count(),
         failures,
         results,
         skipped: list.skipped,

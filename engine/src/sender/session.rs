@@ -483,6 +483,7 @@ pub(crate) fn run(
             error: None,
             parked: Vec::new(),
             acks_running: 0,
+            cuts: Vec::new(),
         }),
         cv: Condvar::new(),
         files: pending.iter().map(|(id, f)| (*id, (*f).clone())).collect(),
@@ -667,6 +668,7 @@ pub(crate) fn run(
         st.per_stream_bytes.resize(opened, 0);
     }
     st.blocks_retried += g.sched.resends();
+    st.stream_cuts.append(&mut g.cuts);
     shared.observer.resent(g.sched.resends());
     // What this session still counts as in flight is not any more.
     shared

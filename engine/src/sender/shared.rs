@@ -34,6 +34,9 @@ pub(crate) struct Inner {
     pub(super) parked: Vec<(u16, std::net::TcpStream, std::time::Instant)>,
     /// Acknowledgement readers not yet ended.
     pub(super) acks_running: usize,
+    /// Data streams that failed and why, for the summary's warnings (the
+    /// log alone is gone by the time a `--json` reader looks).
+    pub(super) cuts: Vec<String>,
 }
 
 /// The error a control connection that ended with `end` fails its
@@ -149,6 +152,9 @@ impl Shared {
                     resent = n,
                     "a data stream failed; its unacknowledged blocks go to the other streams"
                 );
+                g.cuts.push(format!(
+                    "data stream {stream} failed ({why}); its {n} unacknowledged blocks went to the other streams"
+                ));
             }
         }
         drop(g);
