@@ -181,33 +181,6 @@ pub enum Error {
     Internal(String),
 }
 
-// The four below say their cause in their own message, so the cause is
-// no `source()`: a reader that prints the chain (anyhow's `{:#}`) said it
-// twice ("authentication failed: X: X").
-impl From<DecodeError> for Error {
-    fn from(e: DecodeError) -> Self {
-        Self::Protocol(e)
-    }
-}
-
-impl From<crate::Violation> for Error {
-    fn from(v: crate::Violation) -> Self {
-        Self::Violation(v)
-    }
-}
-
-impl From<AuthError> for Error {
-    fn from(e: AuthError) -> Self {
-        Self::Auth(e)
-    }
-}
-
-impl From<crate::TuningError> for Error {
-    fn from(e: crate::TuningError) -> Self {
-        Self::Tuning(e)
-    }
-}
-
 /// Why a handshake failed authentication; each says what to do.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
@@ -459,47 +432,6 @@ mod tests {
         };
         assert!(remote.is_retryable());
         assert_eq!(remote.metric_label(), "remote");
-    }
-
-    /// Every message and its causes, as anyhow's `{:#}` prints them.
-    fn chain(e: &dyn std::error::Error) -> String {
-        let mut s = e.to_string();
-        let mut next = e.source();
-        while let Some(c) = next {
-            s.push_str(&format!(": {c}"));
-            next = c.source();
-        }
-        s
-    }
-
-    // "authentication failed: the receiver holds a different token ...;
-    // give both sides the same token: the receiver holds a different
-    // token ...; give both sides the same token".
-    #[test]
-    fn a_cause_is_said_once() {
-        let errors = [
-            Error::from(AuthError::ReceiverTokenDiffers),
-            Error::from(DecodeError::Damaged("plan")),
-            Error::from(crate::Violation::new(
-                crate::ViolationKind::Unknown,
-                "acknowledgement for unknown file 7",
-            )),
-            Error::from(crate::scheduler::Damaged {
-                file_id: 1,
-                block: 2,
-                times: 9,
-            }),
-        ];
-        for e in errors {
-            let said = chain(&e);
-            let cause = match &e {
-                Error::Auth(a) => a.to_string(),
-                Error::Protocol(d) => d.to_string(),
-                Error::Violation(v) => v.to_string(),
-                other => other.to_string(),
-            };
-            assert_eq!(said.matches(&cause).count(), 1, "{said}");
-        }
     }
 
     // The failures that were all `Transfer(String)`, and so all final,
