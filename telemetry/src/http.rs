@@ -5,9 +5,11 @@
 //! Every request is bounded in size and time and served concurrently, so
 //! one slow or hostile client cannot stall or bloat the scrapes of
 //! others. When every slot is taken, the oldest client whose request has
-//! not yet arrived is cut to make room: a scrape sends its request at
-//! once and is answered, while clients that trickle their request (a
-//! byte a second, reopened when cut) would otherwise hold every slot. Changing the log level is taken only from loopback, that is
+//! not yet arrived is cut to make room, or else the oldest whose answer
+//! has taken over 2 s (one that asks and does not read): a scrape sends
+//! its request at once and reads its answer, while clients that trickle
+//! their request (a byte a second, reopened when cut) or never read
+//! would otherwise hold every slot. Changing the log level is taken only from loopback, that is
 //! from inside the pod (`kubectl port-forward`, `kubectl exec`): at
 //! `trace`, client libraries may log request headers, and whoever can
 //! reach a metrics port must not be able to turn that on.
@@ -16,7 +18,7 @@ use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
@@ -35,6 +37,9 @@ const MAX_CLIENTS: usize = 64;
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// ...and the whole exchange be over within this.
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longer than any scrape takes to read its answer: past it, a client
+/// whose answer is still going out may be cut for a newcomer.
+const ANSWER_GRACE: Duration = Duration::from_secs(2);
 /// How long a new client waits for the slot of one cut for it.
 const CUT_WAIT: Duration = Duration::from_millis(200);
 /// Largest request head read (hyper's smallest buffer): a longer one is
@@ -73,11 +78,13 @@ impl Endpoints {
     }
 }
 
-/// A client being served: cut it while its request has not arrived.
+/// A client being served: cut it while its request has not arrived, or
+/// once its answer has taken longer than any reader needs.
 struct Client {
     abort: AbortHandle,
-    /// Its request head arrived: it is answered, never cut.
+    /// Its request head arrived: it is being answered.
     heard: Arc<AtomicBool>,
+    since: Instant,
 }
 
 /// The clients in their order of arrival.
@@ -95,12 +102,18 @@ impl Clients {
         g.push_back(client);
     }
 
-    /// Cuts the oldest client still waiting for its request; false if
-    /// none is.
-    fn cut_oldest_waiting(&self) -> bool {
+    /// Cuts the oldest client still waiting for its request or, if none
+    /// is, the oldest one whose answer has taken over `ANSWER_GRACE` (a
+    /// client that asks and then does not read); false if none may be.
+    fn cut_oldest_waiting(&self, now: Instant) -> bool {
         let mut g = self.lock();
         g.retain(|c| !c.abort.is_finished());
-        let Some(i) = g.iter().position(|c| !c.heard.load(Ordering::SeqCst)) else {
+        let waiting = g.iter().position(|c| !c.heard.load(Ordering::SeqCst));
+        let slow = || {
+            g.iter()
+                .position(|c| now.saturating_duration_since(c.since) >= ANSWER_GRACE)
+        };
+        let Some(i) = waiting.or_else(slow) else {
             return false;
         };
         if let Some(c) = g.remove(i) {
@@ -147,6 +160,7 @@ pub async fn serve(listener: tokio::net::TcpListener, endpoints: Endpoints) {
         clients.add(Client {
             abort: task.abort_handle(),
             heard,
+            since: Instant::now(),
         });
     }
 }
@@ -161,7 +175,7 @@ async fn slot(
     if let Ok(p) = Arc::clone(slots).try_acquire_owned() {
         return Some(p);
     }
-    if !clients.cut_oldest_waiting() {
+    if !clients.cut_oldest_waiting(Instant::now()) {
         return None;
     }
     // The cut client gives its slot back once its task is dropped, at

@@ -87,3 +87,35 @@ fn trickling_clients_leave_scrapes_answered() {
         "{answered} of {SCRAPES} scrapes answered"
     );
 }
+
+/// Clients that ask and then never read a large answer held their slots
+/// for the whole 10 s exchange: past 2 s, one is cut for a newcomer.
+#[test]
+fn clients_that_never_read_leave_scrapes_answered() {
+    const BODY: usize = 16 << 20;
+    let endpoints = Endpoints::new(|| vec![b'x'; BODY]);
+    let addr = serve_in_thread("127.0.0.1:0", endpoints).unwrap();
+    let held: Vec<TcpStream> = (0..80)
+        .filter_map(|_| {
+            let mut c = TcpStream::connect(addr).ok()?;
+            c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                .ok()?;
+            Some(c)
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(2500));
+    let answered = (0..5)
+        .filter(|_| {
+            let Ok(mut c) = TcpStream::connect(addr) else {
+                return false;
+            };
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let _ = c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+            let mut reply = Vec::new();
+            let _ = c.read_to_end(&mut reply);
+            reply.starts_with(b"HTTP/1.1 200") && reply.len() > BODY
+        })
+        .count();
+    drop(held);
+    assert_eq!(answered, 5, "{answered} of 5 scrapes answered");
+}

@@ -42,29 +42,59 @@ fn read_reply<S: Read>(s: &mut S) -> Result<Frame> {
         .map_err(|e| Error::net("reading the receiver's challenge", e))?;
     let len = u32::from_le_bytes(prefix) as usize;
     if len > MAX_SMALL_FRAME {
-        return Err(DecodeError::TooLarge {
+        return Err(foreign(&DecodeError::TooLarge {
             len,
             max: MAX_SMALL_FRAME,
-        }
-        .into());
+        }));
     }
     let mut body = vec![0u8; len];
     s.read_exact(&mut body)
         .map_err(|e| Error::net("reading the receiver's challenge", e))?;
     match decode_body(&body) {
+        Ok(frame) => Ok(frame),
         Err(damaged @ DecodeError::Damaged(_)) => match decode_unchecked(&body) {
-            Ok(Frame::Error { message, .. }) => Err(Violation::new(
-                ViolationKind::Version,
-                format!(
-                    "the receiver refused this sender's hello ({message}): it speaks a protocol \
-                     version older than {CHECKED_SINCE}, this sender {VERSION}; upgrade one side"
-                ),
-            )
-            .into()),
+            // Only an older receiver's own words: a damaged length prefix
+            // can make a checked refusal ("busy") decode without its check
+            // too, and that must stay a damaged frame, retried.
+            Ok(Frame::Error { message, .. })
+                if OLD_REFUSALS.iter().any(|r| message.starts_with(r)) =>
+            {
+                Err(Violation::new(
+                    ViolationKind::Version,
+                    format!(
+                        "the receiver refused this sender's hello ({message}): it speaks a \
+                         protocol version older than {CHECKED_SINCE}, this sender {VERSION}; \
+                         upgrade one side"
+                    ),
+                )
+                .into())
+            }
             _ => Err(damaged.into()),
         },
-        other => Ok(other?),
+        // Whatever answers is not a wirerate receiver (an SSH banner, an
+        // HTTP server): trying again would not make it one.
+        Err(e) => Err(foreign(&e)),
     }
+}
+
+/// How receivers before `CHECKED_SINCE` refused a hello they could not
+/// take: a version they did not speak, or (before version 7) the port
+/// this hello carries, as bytes too many.
+const OLD_REFUSALS: [&str; 2] = [
+    "unsupported protocol version",
+    "peer sent an invalid frame: ",
+];
+
+/// The error for a first reply that is no wirerate frame at all: final.
+fn foreign(e: &DecodeError) -> Error {
+    Violation::new(
+        ViolationKind::Version,
+        format!(
+            "whatever listens there does not speak wirerate ({e}): check the receiver's \
+             address and port"
+        ),
+    )
+    .into()
 }
 
 /// What a sender tells a receiver whose proof did not verify.
@@ -326,6 +356,50 @@ mod tests {
         );
         assert!(e.to_string().contains("older than 8"), "{e}");
         assert!(!e.is_retryable(), "a version mismatch is final: {e}");
+    }
+
+    /// Whatever answers on a wrong port (an SSH banner here) is no
+    /// wirerate receiver: said so at once, not retried for --retry-for.
+    #[test]
+    fn a_peer_that_is_no_wirerate_receiver_is_final() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let ssh = std::thread::spawn(move || {
+            let _ = read_frame_capped(&mut b, MAX_PREAUTH_FRAME);
+            b.write_all(b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n").unwrap();
+        });
+        let e = client(&mut a, b"secret-token-123", Purpose::Control, 22).unwrap_err();
+        ssh.join().unwrap();
+        assert!(!e.is_retryable(), "{e}");
+        assert!(e.to_string().contains("does not speak wirerate"), "{e}");
+    }
+
+    /// A receiver's "busy" whose length prefix lost 8 on the way decodes
+    /// without its check, as an older receiver's refusal would: it is a
+    /// damaged frame, retried, not a version to upgrade.
+    #[test]
+    fn a_damaged_refusal_is_not_taken_for_an_older_receiver() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let busy = std::thread::spawn(move || {
+            let _ = read_frame_capped(&mut b, MAX_PREAUTH_FRAME);
+            let mut out = Vec::new();
+            encode(
+                &Frame::Error {
+                    retryable: true,
+                    message: "receiver busy: too many connections".into(),
+                },
+                &mut out,
+            );
+            let len = u32::from_le_bytes(out[..4].try_into().unwrap()) - 8;
+            out[..4].copy_from_slice(&len.to_le_bytes());
+            b.write_all(&out).unwrap();
+        });
+        let e = client(&mut a, b"secret-token-123", Purpose::Control, 7470).unwrap_err();
+        busy.join().unwrap();
+        assert!(e.is_retryable(), "{e}");
+        assert!(
+            matches!(e, Error::Protocol(DecodeError::Damaged(_))),
+            "{e:?}"
+        );
     }
 
     /// A receiver of version 7 answers this hello with its own challenge,

@@ -24,6 +24,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, Shutdown, TcpStream};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// Why a connection was not taken on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +33,9 @@ pub(crate) enum Refusal {
     Connections(usize),
     /// Too many handshakes in progress from this address.
     Handshakes(IpAddr, usize),
+    /// The handshakes' share is taken, by addresses that hold no more than
+    /// this one's, or that only just started.
+    Crowded(usize),
 }
 
 impl Refusal {
@@ -44,6 +48,9 @@ impl Refusal {
             Self::Handshakes(ip, max) => format!(
                 "receiver busy: too many unauthenticated connections from {ip} ({max} at most); retry later"
             ),
+            Self::Crowded(max) => format!(
+                "receiver busy: {max} connections are in their handshake, the most it takes at once; retry later"
+            ),
         }
     }
 
@@ -51,7 +58,7 @@ impl Refusal {
     pub(crate) fn metric_label(&self) -> &'static str {
         match self {
             Self::Connections(_) => "too_many_connections",
-            Self::Handshakes(..) => "too_many_handshakes",
+            Self::Handshakes(..) | Self::Crowded(_) => "too_many_handshakes",
         }
     }
 }
@@ -77,12 +84,20 @@ fn source(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// A connection in its handshake: where from, and a handle to cut it.
+/// A connection in its handshake: where from, since when, and a handle
+/// to cut it.
 #[derive(Debug)]
 struct Handshake {
     ip: IpAddr,
+    since: Instant,
     cut: Option<TcpStream>,
 }
+
+/// How long a handshake is spared when its address holds no other: when
+/// many addresses hold one each (a flood from many IPv6 /64s), counts
+/// cannot tell a sender from the flood, and a sender's handshake takes
+/// a round trip or two.
+const LONE_GRACE: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Default)]
 struct State {
@@ -135,27 +150,35 @@ impl Admission {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Takes on a connection from `ip`, in its handshake until the ticket
-    /// says it authenticated; `stream` is how it is cut should a newer
-    /// connection need its place (none: it is never cut).
+    /// Takes on a connection from `ip` at `now`, in its handshake until
+    /// the ticket says it authenticated; `stream` is how it is cut should
+    /// a newer connection need its place (none: it is never cut).
     pub(crate) fn admit(
         self: &Arc<Self>,
         ip: IpAddr,
         stream: Option<&TcpStream>,
+        now: Instant,
     ) -> Result<Admitted, Refusal> {
         let ip = source(ip);
+        // A connection that could not be cut would hold its place past
+        // the rules: out of descriptors, it is better refused.
+        let cut = match stream.map(TcpStream::try_clone) {
+            Some(Ok(s)) => Some(s),
+            Some(Err(_)) => return Err(Refusal::Connections(self.max_connections)),
+            None => None,
+        };
         let mut g = self.lock();
         if g.handshaking.get(&ip).copied().unwrap_or(0) >= self.per_address {
             return Err(Refusal::Handshakes(ip, self.per_address));
         }
         let mut evicted = false;
         if g.queue.len() >= self.max_handshakes || g.connections >= self.max_connections {
-            evicted = Self::evict_for(&mut g, ip);
+            evicted = Self::evict_for(&mut g, ip, now);
             if !evicted {
                 return Err(if g.connections >= self.max_connections {
                     Refusal::Connections(self.max_connections)
                 } else {
-                    Refusal::Handshakes(ip, g.handshaking.get(&ip).copied().unwrap_or(0))
+                    Refusal::Crowded(self.max_handshakes)
                 });
             }
         }
@@ -163,8 +186,14 @@ impl Admission {
         g.connections += 1;
         let id = g.next;
         g.next += 1;
-        let cut = stream.and_then(|s| s.try_clone().ok());
-        g.queue.insert(id, Handshake { ip, cut });
+        g.queue.insert(
+            id,
+            Handshake {
+                ip,
+                since: now,
+                cut,
+            },
+        );
         Ok(Admitted {
             ticket: Ticket {
                 admission: Arc::clone(self),
@@ -179,7 +208,7 @@ impl Admission {
     /// Cuts a handshake for a newcomer from `ip` (see the module's
     /// rules) and gives its slots back at once: its thread ends on the
     /// cut, and its ticket then gives back nothing. False if none may be.
-    fn evict_for(g: &mut State, ip: IpAddr) -> bool {
+    fn evict_for(g: &mut State, ip: IpAddr, now: Instant) -> bool {
         let mine = g.handshaking.get(&ip).copied().unwrap_or(0);
         let Some(most) = g.handshaking.values().copied().max() else {
             return false;
@@ -187,11 +216,15 @@ impl Admission {
         if most <= mine {
             return false;
         }
-        // The oldest handshake of the addresses that hold the most.
+        // The oldest handshake of the addresses that hold the most; one
+        // alone at its address only once it had its grace.
         let Some(id) = g
             .queue
             .iter()
-            .find(|(_, h)| g.handshaking.get(&h.ip) == Some(&most))
+            .find(|(_, h)| {
+                g.handshaking.get(&h.ip) == Some(&most)
+                    && (most > 1 || now.saturating_duration_since(h.since) >= LONE_GRACE)
+            })
             .map(|(id, _)| *id)
         else {
             return false;
@@ -264,29 +297,29 @@ mod tests {
     #[test]
     fn one_address_cannot_hold_more_than_its_share_of_handshakes() {
         let a = Arc::new(Admission::new(100, 2));
-        let t1 = a.admit(ip(1), None).unwrap().ticket;
-        let _t2 = a.admit(ip(1), None).unwrap().ticket;
+        let t1 = a.admit(ip(1), None, Instant::now()).unwrap().ticket;
+        let _t2 = a.admit(ip(1), None, Instant::now()).unwrap().ticket;
         assert_eq!(
-            a.admit(ip(1), None).unwrap_err(),
+            a.admit(ip(1), None, Instant::now()).unwrap_err(),
             Refusal::Handshakes(ip(1), 2)
         );
         let _other = a
-            .admit(ip(2), None)
+            .admit(ip(2), None, Instant::now())
             .expect("another address is not affected");
         drop(t1);
         let _t3 = a
-            .admit(ip(1), None)
+            .admit(ip(1), None, Instant::now())
             .expect("a finished handshake frees its place");
     }
 
     #[test]
     fn an_authenticated_connection_no_longer_counts_as_a_handshake() {
         let a = Arc::new(Admission::new(100, 1));
-        let mut t = a.admit(ip(1), None).unwrap().ticket;
+        let mut t = a.admit(ip(1), None, Instant::now()).unwrap().ticket;
         t.authenticated();
         t.authenticated();
         let _u = a
-            .admit(ip(1), None)
+            .admit(ip(1), None, Instant::now())
             .expect("the address may handshake again");
         assert_eq!(a.connections(), 2);
         drop(t);
@@ -297,14 +330,20 @@ mod tests {
     fn an_ipv6_host_counts_as_its_slash_64() {
         let a = Arc::new(Admission::new(100, 2));
         let v6 = |last: u16| IpAddr::from([0x2001, 0xdb8, 0, 1, 0, 0, 0, last]);
-        let _t1 = a.admit(v6(1), None).unwrap();
-        let _t2 = a.admit(v6(2), None).unwrap();
+        let _t1 = a.admit(v6(1), None, Instant::now()).unwrap();
+        let _t2 = a.admit(v6(2), None, Instant::now()).unwrap();
         assert!(
-            matches!(a.admit(v6(3), None), Err(Refusal::Handshakes(..))),
+            matches!(
+                a.admit(v6(3), None, Instant::now()),
+                Err(Refusal::Handshakes(..))
+            ),
             "another address of the same /64 is the same source"
         );
         let other = IpAddr::from([0x2001, 0xdb8, 0, 2, 0, 0, 0, 1]);
-        assert!(a.admit(other, None).is_ok(), "another /64 is not");
+        assert!(
+            a.admit(other, None, Instant::now()).is_ok(),
+            "another /64 is not"
+        );
     }
 
     #[test]
@@ -312,12 +351,12 @@ mod tests {
         let a = Arc::new(Admission::new(3, 10));
         let held: Vec<_> = (1..=3)
             .map(|i| {
-                let mut t = a.admit(ip(i), None).unwrap().ticket;
+                let mut t = a.admit(ip(i), None, Instant::now()).unwrap().ticket;
                 t.authenticated();
                 t
             })
             .collect();
-        let refusal = a.admit(ip(9), None).unwrap_err();
+        let refusal = a.admit(ip(9), None, Instant::now()).unwrap_err();
         assert_eq!(refusal, Refusal::Connections(3));
         assert!(
             refusal.message().starts_with("receiver busy"),
@@ -341,14 +380,16 @@ mod tests {
         for i in 0..16 {
             let client = TcpStream::connect(addr).unwrap();
             let (server_side, _) = listener.accept().unwrap();
-            let t = a.admit(ip(10 + i / 4), Some(&server_side)).unwrap();
+            let t = a
+                .admit(ip(10 + i / 4), Some(&server_side), Instant::now())
+                .unwrap();
             assert!(!t.evicted);
             flood.push((client, server_side, t.ticket));
         }
         // Every slot is a handshake: a newcomer cuts the oldest one of an
         // address that holds more than its own.
         let sender = ip(50);
-        let control = a.admit(sender, None).unwrap();
+        let control = a.admit(sender, None, Instant::now()).unwrap();
         assert!(control.evicted);
         assert_eq!(a.connections(), 16);
         let mut oldest = &flood[0].0;
@@ -362,14 +403,14 @@ mod tests {
         let (_, _, cut) = flood.remove(0);
         drop(cut);
         assert_eq!(a.connections(), 16);
-        let stream = a.admit(sender, None).unwrap();
+        let stream = a.admit(sender, None, Instant::now()).unwrap();
         assert!(stream.evicted);
         // The flood's newcomers cut each other, never the sender's: its
         // address holds no more than theirs.
         let mut cuts = 0;
         for k in 0..40 {
             // An address that holds as many as any waits its turn.
-            if let Ok(t) = a.admit(ip(10 + k % 4), None) {
+            if let Ok(t) = a.admit(ip(10 + k % 4), None, Instant::now()) {
                 assert!(t.evicted, "every slot is taken");
                 cuts += 1;
                 flood.push((
@@ -385,7 +426,7 @@ mod tests {
         // A newcomer whose own address holds the most is refused, never
         // cut for its siblings.
         let most = (10..14).max_by_key(|i| a.lock().handshaking.get(&ip(*i)).copied());
-        assert!(a.admit(ip(most.unwrap()), None).is_err());
+        assert!(a.admit(ip(most.unwrap()), None, Instant::now()).is_err());
         // Authenticated, its connections are never cut.
         let (mut control, mut stream) = (control.ticket, stream.ticket);
         control.authenticated();
@@ -395,5 +436,45 @@ mod tests {
         drop(flood);
         assert_eq!(a.connections(), 0);
         assert!(a.lock().evicted.is_empty(), "every cut ticket was dropped");
+    }
+
+    // A flood from as many addresses as there are handshake places (an
+    // IPv6 /48 holds 65,536 /64s), one handshake each: counts cannot tell
+    // the sender from the flood, so a handshake alone at its address is
+    // spared for its first second.
+    #[test]
+    fn a_lone_handshake_is_spared_its_first_second() {
+        let a = Arc::new(Admission::new(4, 100));
+        let t0 = Instant::now();
+        let flood: Vec<_> = (0..3)
+            .map(|i| a.admit(ip(10 + i), None, t0).unwrap().ticket)
+            .collect();
+        let sender = a.admit(ip(50), None, t0).unwrap().ticket;
+        // A fifth address, at once: nobody may be cut yet.
+        let early = a.admit(ip(60), None, t0 + Duration::from_millis(500));
+        assert_eq!(early.unwrap_err(), Refusal::Connections(4));
+        // A second on, the oldest (the flood's first) gives way; the
+        // sender, as young as it, would have been next.
+        let late = a.admit(ip(60), None, t0 + LONE_GRACE).unwrap();
+        assert!(late.evicted);
+        assert_eq!(a.lock().handshaking.get(&ip(10)), None);
+        assert_eq!(a.lock().handshaking.get(&ip(50)), Some(&1));
+        drop((flood, sender, late));
+        assert_eq!(a.connections(), 0);
+    }
+
+    #[test]
+    fn a_crowded_refusal_says_what_is_full() {
+        let a = Arc::new(Admission::new(1000, 100));
+        assert_eq!(a.max_handshakes, 500);
+        let r = Refusal::Crowded(500);
+        assert_eq!(
+            r.message(),
+            "receiver busy: 500 connections are in their handshake, the most it takes at once; retry later"
+        );
+        assert_eq!(r.metric_label(), "too_many_handshakes");
+        // Small caps leave room for one whole sender.
+        assert_eq!(Admission::new(16, 100).max_handshakes, 16);
+        assert_eq!(Admission::new(600, 100).max_handshakes, 300);
     }
 }

@@ -22,8 +22,10 @@ pub(crate) struct DestFile {
     pub(crate) dest: DestPath,
     pub(crate) layout: Layout,
     pub(crate) fingerprint: u64,
-    /// `digest::entry_identity` of the entry as it arrived: the file is
-    /// published only if the sender's report names the same.
+    /// `digest::entry_identity` of the entry as it arrived, before its
+    /// path was respelled (the session sets it; `prepare` sees the
+    /// respelled path): the file is published only if the sender's report
+    /// names the same.
     pub(crate) identity: u64,
     /// Permission bits it is published with (the sender's, masked).
     pub(crate) mode: u32,
@@ -149,7 +151,7 @@ fn prepare_entry(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Res
         dest,
         layout,
         fingerprint: e.fingerprint,
-        identity: crate::digest::entry_identity(e),
+        identity: 0,
         mode: u32::from(e.mode) & 0o777 & !umask,
         has_checkpoint: false,
         tracker: FileTracker::new(layout.blocks(), None),

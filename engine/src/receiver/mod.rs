@@ -515,7 +515,10 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
         let Ok(peer) = stream.peer_addr() else {
             continue;
         };
-        let ticket = match shared.admission.admit(peer.ip(), Some(&stream)) {
+        let ticket = match shared
+            .admission
+            .admit(peer.ip(), Some(&stream), Instant::now())
+        {
             Ok(admitted) => {
                 if admitted.evicted {
                     shared.cfg.observer.refused(admission::EVICTED);
@@ -647,7 +650,7 @@ fn hand_over(at: &mut At, stream: &TcpStream, port: u16) -> std::result::Result<
         .ok_or(NotHere::NoReceiver(port))?;
     let admitted = next
         .admission
-        .admit(peer.ip(), Some(stream))
+        .admit(peer.ip(), Some(stream), Instant::now())
         .map_err(|refusal| {
             let message = refusal.message();
             next.cfg.observer.refused(refusal.metric_label());

@@ -187,6 +187,9 @@ impl Writer {
                     Err(mpsc::TryRecvError::Disconnected) => Some(WriterMsg::Stop),
                 }
             };
+            // Nothing queued and nothing being written: only then can a
+            // report be waiting for blocks that are not coming.
+            let idle = msg.is_none() && self.io.in_flight() == 0;
             match msg {
                 Some(WriterMsg::Block {
                     file_id,
@@ -227,19 +230,24 @@ impl Writer {
             }
             self.reap(false)?;
             self.finish_awaited()?;
-            self.check_progress()?;
+            self.check_progress(idle)?;
             self.maybe_checkpoint()?;
         }
     }
 
     /// Ends the session when a reported file's blocks stopped coming (see
-    /// `session::reports`): a new one resumes from what is durable.
-    fn check_progress(&mut self) -> Result<()> {
+    /// `session::reports`): a new one resumes from what is durable. Judged
+    /// only when the writer is `idle`, so that blocks already read and
+    /// queued behind its own long work (a sync, a re-read) count.
+    fn check_progress(&mut self, idle: bool) -> Result<()> {
         let now = Instant::now();
         let arrived = self.stats.arriving.load(Ordering::Relaxed);
         if arrived != self.arrived {
             self.arrived = arrived;
             self.reports.handle_progress(now);
+        }
+        if !idle {
+            return Ok(());
         }
         let Some(stall) = self.reports.poll_stalled(now) else {
             return Ok(());
@@ -255,7 +263,10 @@ impl Writer {
             return Ok(());
         }
         self.drain()?;
-        self.finish(ready)
+        self.finish(ready)?;
+        // Its syncs and re-reads took the writer's time, not the sender's.
+        self.reports.handle_progress(Instant::now());
+        Ok(())
     }
 
     fn write(
@@ -512,6 +523,24 @@ impl Writer {
         Ok(())
     }
 
+    /// The entry this receiver was given for file `file_id`, `f`, is not the one the sender
+    /// meant, `theirs` (its name, size or mode damaged on the way):
+    /// whatever its data, it is not published under it. (A directory was
+    /// created when planned; it keeps the receiver's default mode.)
+    fn refuse_identity(&mut self, file_id: u32, mut f: DestFile, theirs: u64) -> Result<()> {
+        if f.kind == EntryKind::File {
+            self.kept.set(file_id, 0);
+            f.discard(&self.shared.root)?;
+        }
+        let msg = format!(
+            "{}: the file list entry this receiver holds (identity {:016x}) is not the one \
+             the sender meant ({theirs:016x}); nothing was published under it, send it again",
+            f.dest.rel, f.identity
+        );
+        tracing::error!("{msg}");
+        self.result((file_id, f.identity), false, 0, msg)
+    }
+
     /// Verifies and publishes finished files. Their data is made durable
     /// first (one fdatasync, or one syncfs per filesystem for many files),
     /// then they are renamed, then each directory is synced once, so a
@@ -533,20 +562,7 @@ impl Writer {
             self.reports.handle_answered(file_id);
             let id = (file_id, f.identity);
             if report.identity != f.identity {
-                // The entry this receiver was given is not the one the
-                // sender meant (name, size or mode damaged on the way):
-                // whatever its data, it is not published under it.
-                if f.kind == EntryKind::File {
-                    self.kept.set(file_id, 0);
-                    f.discard(root)?;
-                }
-                let msg = format!(
-                    "{}: the file list entry this receiver holds (identity {:016x}) is not the one \
-                     the sender meant ({:016x}); nothing was published under it, send it again",
-                    f.dest.rel, f.identity, report.identity
-                );
-                tracing::error!("{msg}");
-                self.result(id, false, 0, msg)?;
+                self.refuse_identity(file_id, f, report.identity)?;
             } else if f.kind == EntryKind::Dir {
                 let digest = if self.verify == Verification::None {
                     0

@@ -157,7 +157,7 @@ impl SendConfig {
 }
 
 /// Data stream failures the summary names one by one; more are counted.
-const MAX_CUTS_SHOWN: usize = 8;
+pub(crate) const MAX_CUTS_SHOWN: usize = 8;
 
 /// State carried across the sessions of one run.
 #[derive(Debug, Default)]
@@ -171,8 +171,10 @@ pub(crate) struct RunState {
     pub(crate) bytes_sent: u64,
     pub(crate) bytes_skipped_resume: u64,
     pub(crate) blocks_retried: u64,
-    /// Data streams that failed, and why (see `shared::Inner::cuts`).
+    /// Data streams that failed, and why (see `shared::Inner::cuts`):
+    /// the first `MAX_CUTS_SHOWN`, and how many more.
     pub(crate) stream_cuts: Vec<String>,
+    pub(crate) stream_cuts_more: usize,
     pub(crate) per_stream_bytes: Vec<u64>,
     pub(crate) io_mode: Option<IoMode>,
     pub(crate) io_fallback: Option<String>,
@@ -339,11 +341,11 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
     if let Some(n) = pool.huge_note() {
         warnings.push(n.to_owned());
     }
-    warnings.extend(st.stream_cuts.iter().take(MAX_CUTS_SHOWN).cloned());
-    if st.stream_cuts.len() > MAX_CUTS_SHOWN {
+    warnings.extend(st.stream_cuts.iter().cloned());
+    if st.stream_cuts_more > 0 {
         warnings.push(format!(
             "... and {} more data stream failures",
-            st.stream_cuts.len() - MAX_CUTS_SHOWN
+            st.stream_cuts_more
         ));
     }
     let first = st.first_streams.min(st.per_stream_bytes.len());

@@ -668,7 +668,13 @@ pub(crate) fn run(
         st.per_stream_bytes.resize(opened, 0);
     }
     st.blocks_retried += g.sched.resends();
-    st.stream_cuts.append(&mut g.cuts);
+    for cut in g.cuts.drain(..) {
+        if st.stream_cuts.len() < super::MAX_CUTS_SHOWN {
+            st.stream_cuts.push(cut);
+        } else {
+            st.stream_cuts_more += 1;
+        }
+    }
     shared.observer.resent(g.sched.resends());
     // What this session still counts as in flight is not any more.
     shared

@@ -666,9 +666,12 @@ impl ReceiverControl {
     }
 
     fn violation(&mut self, what: Violation) {
-        // The sender hears why, and that trying again will not help.
+        // The sender hears why. A well-formed frame that breaks a rule is
+        // a peer's bug or malice, not damage (frames carry checks), but
+        // like a broken connection it is resumed within --retry-for; only
+        // versions at odds are final (see `Error::disposition`).
         self.actions.push_back(Action::Send(Frame::Error {
-            retryable: false,
+            retryable: what.kind != ViolationKind::Version,
             message: format!("protocol violation: {what}"),
         }));
         self.close(End::Violation(what));
@@ -1082,7 +1085,7 @@ mod tests {
                 matches!(
                     &actions[actions.len().saturating_sub(2)..],
                     [
-                        Action::Send(Frame::Error { retryable: false, message }),
+                        Action::Send(Frame::Error { retryable: true, message }),
                         Action::Close(End::Violation(v))
                     ] if message.starts_with("protocol violation")
                         && v.kind == kind

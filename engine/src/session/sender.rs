@@ -446,9 +446,12 @@ impl SenderControl {
     }
 
     fn violation(&mut self, what: Violation) {
-        // The receiver hears why, and that trying again will not help.
+        // The receiver hears why. A well-formed frame that breaks a rule is
+        // a peer's bug or malice, not damage (frames carry checks), but
+        // like a broken connection it is resumed within --retry-for; only
+        // versions at odds are final (see `Error::disposition`).
         self.actions.push_back(Action::Send(Frame::Error {
-            retryable: false,
+            retryable: what.kind != ViolationKind::Version,
             message: format!("protocol violation: {what}"),
         }));
         self.close(End::Violation(what));
@@ -542,7 +545,7 @@ mod tests {
         match &actions[actions.len().saturating_sub(2)..] {
             [
                 Action::Send(Frame::Error {
-                    retryable: false,
+                    retryable: true,
                     message,
                 }),
                 Action::Close(End::Violation(v)),
@@ -917,7 +920,7 @@ mod tests {
                         }
                         Action::Send(Frame::Keepalive) => {}
                         // Only right before a close for a violation.
-                        Action::Send(Frame::Error { retryable: false, .. }) => {
+                        Action::Send(Frame::Error { retryable: true, .. }) => {
                             prop_assert!(matches!(c.end(), Some(End::Violation(_))));
                         }
                         Action::Send(other) => prop_assert!(false, "sent {:?}", other),
