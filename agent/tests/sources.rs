@@ -290,3 +290,118 @@ fn a_file_swapped_for_a_fifo_fails_without_hanging_the_sender() {
     assert_eq!(s.files_ok, s.files - 1, "{}", s.render());
     assert_no_leftovers(&root);
 }
+
+/// Makes the directory `name` in `dir` and opens it: one relative step,
+/// so a chain can go deeper than any absolute path the kernel takes.
+fn mkdir_in(dir: &std::os::fd::OwnedFd, name: &str) -> std::os::fd::OwnedFd {
+    use rustix::fs::{Mode, OFlags};
+    rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o755)).unwrap();
+    rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .unwrap()
+}
+
+/// Writes `data` to the new file `name` in `dir`.
+fn write_in(dir: &std::os::fd::OwnedFd, name: &str, data: &[u8]) {
+    use rustix::fs::{Mode, OFlags};
+    let fd = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o644),
+    )
+    .unwrap();
+    std::fs::File::from(fd).write_all(data).unwrap();
+}
+
+#[test]
+fn a_chain_deeper_than_path_max_is_skipped_and_the_rest_of_the_tree_is_sent() {
+    // One directory chain whose paths pass PATH_MAX stopped the whole scan
+    // ("File name too long"): the files beside it must still be sent, the
+    // part of the chain that can be opened too, and the summary must name
+    // what was left out and why.
+    let dir = scratch("deep");
+    let src = dir.path().join("src/tree");
+    write_file(&src.join("a.dat"), 70_000, 1);
+    write_file(&src.join("z/b.dat"), 3, 2);
+    let comp = "d".repeat(200);
+    let top = rustix::fs::open(
+        &src,
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
+        rustix::fs::Mode::empty(),
+    )
+    .unwrap();
+    // "deep" + k * "/ddd…": level 20 is 4024 bytes beneath the source, so
+    // a file there can still be opened; level 21 (4225) cannot.
+    let mut at = mkdir_in(&top, "deep");
+    let mut rel = String::from("deep");
+    let mut too_deep = None;
+    for level in 1..=24 {
+        at = mkdir_in(&at, &comp);
+        rel = format!("{rel}/{comp}");
+        if level == 20 {
+            write_in(&at, "last.dat", b"still reachable");
+        }
+        if level == 21 {
+            too_deep = Some(rel.clone());
+        }
+    }
+    write_in(&at, "lost.dat", b"too deep to open");
+    let too_deep = too_deep.unwrap();
+    assert!(too_deep.len() > 4095 && too_deep.len() - 201 <= 4095);
+
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = server(&root, IoMode::Buffered);
+    let s = send(&send_cfg(srv.addr(), &src, "t/")).unwrap_or_else(|e| panic!("send: {e}"));
+    assert!(s.ok, "{}", s.render());
+    assert_eq!(s.files, s.files_ok, "{}", s.render());
+    assert_same(&src.join("a.dat"), &root.join("t/a.dat"));
+    assert_same(&src.join("z/b.dat"), &root.join("t/z/b.dat"));
+
+    // Exactly one note, for the first directory too deep to open.
+    assert_eq!(s.skipped.len(), 1, "{:?}", s.skipped);
+    let k = &s.skipped[0];
+    assert!(k.path.ends_with(&too_deep), "{}", k.path);
+    assert!(k.reason.contains("too long"), "{}", k.reason);
+    assert!(k.reason.contains("beneath it"), "{}", k.reason);
+    assert!(s.render().contains("too long"), "{}", s.render());
+
+    // The reachable part of the chain landed, the rest did not.
+    let out = rustix::fs::open(
+        root.join("t/deep"),
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
+        rustix::fs::Mode::empty(),
+    )
+    .unwrap();
+    let mut out = out;
+    for _ in 1..=20 {
+        out = rustix::fs::openat(
+            &out,
+            comp.as_str(),
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+    }
+    let last = rustix::fs::openat(
+        &out,
+        "last.dat",
+        rustix::fs::OFlags::RDONLY,
+        rustix::fs::Mode::empty(),
+    )
+    .unwrap();
+    let mut got = String::new();
+    std::io::Read::read_to_string(&mut std::fs::File::from(last), &mut got).unwrap();
+    assert_eq!(got, "still reachable");
+    let names: Vec<_> = rustix::fs::Dir::read_from(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "." && n != "..")
+        .collect();
+    assert_eq!(names, ["last.dat"], "nothing beyond level 20 is created");
+}

@@ -51,12 +51,14 @@ pub(crate) enum Prepared {
     Discard,
 }
 
-/// Files prepared for a session that no writer owns yet. If the session
+/// Files prepared for a session that no writer owns yet, each boxed: a
+/// map's spare buckets then cost a pointer, not a whole `DestFile` (a
+/// manifest of a million files leaves up to half its buckets spare). If the session
 /// fails before its writer takes them, the temporary files no checkpoint
 /// can resume are removed rather than left fallocated at full size.
 pub(crate) struct Staged<'a> {
     root: &'a Root,
-    files: HashMap<u32, DestFile>,
+    files: HashMap<u32, Box<DestFile>>,
 }
 
 impl<'a> Staged<'a> {
@@ -67,19 +69,19 @@ impl<'a> Staged<'a> {
         }
     }
 
-    pub(crate) fn insert(&mut self, file_id: u32, file: DestFile) {
+    pub(crate) fn insert(&mut self, file_id: u32, file: Box<DestFile>) {
         self.files.insert(file_id, file);
     }
 
     /// Hands the files over to their writer.
-    pub(crate) fn into_files(mut self) -> HashMap<u32, DestFile> {
+    pub(crate) fn into_files(mut self) -> HashMap<u32, Box<DestFile>> {
         std::mem::take(&mut self.files)
     }
 }
 
 impl Drop for Staged<'_> {
     fn drop(&mut self) {
-        discard_unresumable(self.root, self.files.values_mut());
+        discard_unresumable(self.root, self.files.values_mut().map(|f| &mut **f));
     }
 }
 

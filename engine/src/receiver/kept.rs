@@ -12,7 +12,9 @@ use std::sync::atomic::Ordering;
 
 use super::stats::Stats;
 
-/// Kept bytes by file, summed into the session's counters.
+/// Kept bytes by file, summed into the session's counters. Only files
+/// that keep something have an entry: a manifest of a million new files
+/// would otherwise cost a million entries of zeros.
 pub(crate) struct Kept {
     by_file: HashMap<u32, u64>,
     sum: u64,
@@ -31,7 +33,12 @@ impl Kept {
     /// `file_id` now keeps `bytes`: a checkpoint of it was stored, or it
     /// was published or discarded (0).
     pub(crate) fn set(&mut self, file_id: u32, bytes: u64) {
-        let old = self.by_file.insert(file_id, bytes).unwrap_or(0);
+        let old = if bytes == 0 {
+            self.by_file.remove(&file_id)
+        } else {
+            self.by_file.insert(file_id, bytes)
+        }
+        .unwrap_or(0);
         self.sum = self.sum - old + bytes;
         self.stats.kept.store(self.sum, Ordering::Relaxed);
     }
@@ -54,6 +61,10 @@ mod tests {
         assert_eq!(kept(), 9 << 20);
         // A discarded file keeps nothing.
         k.set(2, 0);
+        assert_eq!(kept(), 8 << 20);
+        // Nothing kept, no entry held.
+        k.set(3, 0);
+        assert_eq!(k.by_file.len(), 1);
         assert_eq!(kept(), 8 << 20);
     }
 }

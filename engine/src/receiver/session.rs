@@ -138,8 +138,11 @@ fn flush(
             .map_err(|e| Error::net("writing to the sender", e))
     };
     if out.capacity() > 1 << 20 {
-        // The plan went out: do not hold its bytes all session.
+        // The plan went out: do not hold its bytes all session, nor what
+        // the manifest and plan took while they were built (freed by now,
+        // but kept by the allocator unless given back).
         *out = Vec::new();
+        crate::io::sys::release_freed_memory();
     }
     match (written, next) {
         // The sender missed its last results: not a clean end after all.
@@ -428,7 +431,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
                 resumed_bytes += file.layout.bytes_in(&have);
                 stats.total.fetch_add(file.layout.size, Ordering::Relaxed);
                 layouts.insert(e.file_id, file.layout);
-                files.insert(e.file_id, *file);
+                files.insert(e.file_id, file);
                 PlanOutcome::Accept {
                     have: have.to_bytes(),
                 }

@@ -72,7 +72,7 @@ struct Pending {
 
 pub(crate) struct Writer {
     shared: Arc<Shared>,
-    files: HashMap<u32, DestFile>,
+    files: HashMap<u32, Box<DestFile>>,
     rx: mpsc::Receiver<WriterMsg>,
     /// To the control thread, which owns the control connection.
     verdicts: VerdictTx,
@@ -652,7 +652,7 @@ impl Writer {
 
 /// The error that ends a session whose reported file's blocks stopped
 /// coming: the sender hears it, and resumes from what is durable.
-fn stalled(files: &HashMap<u32, DestFile>, stall: Stall) -> Error {
+fn stalled(files: &HashMap<u32, Box<DestFile>>, stall: Stall) -> Error {
     let what = match files.get(&stall.file_id) {
         Some(f) => format!(
             "{}, reported sent, lacks {} of its {} blocks",
@@ -672,7 +672,7 @@ fn stalled(files: &HashMap<u32, DestFile>, stall: Stall) -> Error {
 /// Whether a reported file can be answered now: it has all its blocks
 /// (or is a directory). An unknown or already answered file also goes to
 /// `finish`, which refuses it.
-fn can_finish(files: &HashMap<u32, DestFile>, file_id: u32) -> bool {
+fn can_finish(files: &HashMap<u32, Box<DestFile>>, file_id: u32) -> bool {
     files
         .get(&file_id)
         .is_none_or(|f| f.kind == EntryKind::Dir || f.tracker.is_complete())
@@ -682,7 +682,7 @@ impl Drop for Writer {
     /// However the writer ends (having run or not), the temporary files of
     /// its unfinished files that no checkpoint can resume go.
     fn drop(&mut self) {
-        discard_unresumable(&self.shared.root, self.files.values_mut());
+        discard_unresumable(&self.shared.root, self.files.values_mut().map(|f| &mut **f));
     }
 }
 

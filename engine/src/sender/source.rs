@@ -16,14 +16,16 @@
 //! under the reader.
 #![forbid(unsafe_code)]
 
+use std::ffi::OsString;
 use std::fmt;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::digest::xxh3_64;
-use rustix::fs::{Mode, OFlags};
+use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
 
 use crate::error::{Error, Result};
 use crate::summary::Skipped;
@@ -175,18 +177,14 @@ fn entry(path: PathBuf, rel: PathBuf, dest: String, m: &std::fs::Metadata) -> Re
     })
 }
 
-fn kind_name(ft: std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if ft.is_symlink() {
-        "symlink, not followed"
-    } else if ft.is_block_device() || ft.is_char_device() {
-        "device file, not sent"
-    } else if ft.is_fifo() {
-        "FIFO, not sent"
-    } else if ft.is_socket() {
-        "socket, not sent"
-    } else {
-        "special file, not sent"
+fn kind_name(ft: rustix::fs::FileType) -> &'static str {
+    use rustix::fs::FileType as T;
+    match ft {
+        T::Symlink => "symlink, not followed",
+        T::BlockDevice | T::CharacterDevice => "device file, not sent",
+        T::Fifo => "FIFO, not sent",
+        T::Socket => "socket, not sent",
+        _ => "special file, not sent",
     }
 }
 
@@ -197,6 +195,106 @@ fn open_dir(path: &Path) -> Result<OwnedFd> {
         Mode::empty(),
     )
     .map_err(|e| Error::io(format!("opening {}", path.display()), e.into()))
+}
+
+/// The longest path the kernel resolves (PATH_MAX, counting the NUL):
+/// every file is opened by its path beneath the source root, so one
+/// whose path there is longer cannot be read.
+const OPEN_PATH_MAX: usize = 4095;
+
+/// Why the entry at `rel` beneath the source root, bound for `dest`,
+/// cannot be sent by its path alone, if it cannot: the reader opens it by
+/// `rel`, and the protocol carries no destination path over `MAX_PATH`.
+/// Such an entry is skipped with this note rather than failing the scan,
+/// so one over-deep corner of a tree does not keep the rest from being
+/// sent.
+fn path_limit(rel: &Path, dest: &str, is_dir: bool) -> Option<String> {
+    let beneath = if is_dir {
+        ", nor anything beneath it"
+    } else {
+        ""
+    };
+    let rel_len = rel.as_os_str().len();
+    if rel_len > OPEN_PATH_MAX {
+        Some(format!(
+            "path too long: {rel_len} bytes beneath the source, more than the \
+             {OPEN_PATH_MAX} the system opens (PATH_MAX); not sent{beneath}"
+        ))
+    } else if dest.len() > MAX_PATH {
+        Some(format!(
+            "destination path too long: {} bytes, more than the protocol's \
+             {MAX_PATH}; not sent{beneath}",
+            dest.len()
+        ))
+    } else {
+        None
+    }
+}
+
+/// What a directory entry was when listed, from `fstatat`: the scan lists
+/// beneath the root's descriptor, never by absolute path, so it goes as
+/// deep as the reader can open and no deeper.
+struct Listed {
+    kind: rustix::fs::FileType,
+    size: u64,
+    mode: u16,
+    stamp: Stamp,
+}
+
+impl Listed {
+    fn of(st: &rustix::fs::Stat) -> Self {
+        // The field types differ by architecture: widen each to the stamp's.
+        #[allow(clippy::useless_conversion, clippy::unnecessary_cast)]
+        let stamp = Stamp {
+            dev: st.st_dev as u64,
+            ino: st.st_ino as u64,
+            size: st.st_size as u64,
+            mtime: (st.st_mtime as i64, st.st_mtime_nsec as i64),
+            ctime: (st.st_ctime as i64, st.st_ctime_nsec as i64),
+        };
+        Self {
+            kind: rustix::fs::FileType::from_raw_mode(st.st_mode),
+            size: stamp.size,
+            mode: (st.st_mode & 0o777) as u16,
+            stamp,
+        }
+    }
+}
+
+/// The names in the directory `rel_dir` beneath `base`, sorted, with the
+/// directory's descriptor to inspect them through. Opened like the reader
+/// opens files: beneath the root, following no symlink.
+fn list_dir(base: &OwnedFd, rel_dir: &Path) -> rustix::io::Result<(OwnedFd, Vec<OsString>)> {
+    let at = if rel_dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rel_dir
+    };
+    let fd = rustix::fs::openat2(
+        base,
+        at,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )?;
+    let mut names = Vec::new();
+    for e in rustix::fs::Dir::read_from(&fd)? {
+        let name = e?.file_name().to_bytes().to_vec();
+        if name != b"." && name != b".." {
+            names.push(OsString::from_vec(name));
+        }
+    }
+    names.sort();
+    Ok((fd, names))
+}
+
+fn too_many(source: &Path) -> Error {
+    Error::Config(format!(
+        "{} has more than {MAX_ENTRIES} entries or {} of destination paths, more than one \
+         transfer carries; send its subdirectories separately",
+        source.display(),
+        crate::units::fmt_bytes(MAX_MANIFEST_BYTES as u64)
+    ))
 }
 
 /// Lists `source` for the destination `dest`. A file goes to `dest` (or
@@ -232,7 +330,7 @@ pub fn scan(source: &Path, dest: &str) -> Result<SourceList> {
         return Err(Error::Config(format!(
             "{} is a {}; send a regular file or a directory",
             source.display(),
-            kind_name(m.file_type())
+            kind_name(rustix::fs::FileType::from_raw_mode(m.mode()))
         )));
     }
     let base = dest.trim_end_matches('/').to_string();
@@ -255,45 +353,62 @@ pub fn scan(source: &Path, dest: &str) -> Result<SourceList> {
     let mut path_bytes = base.len();
     let mut stack = vec![(PathBuf::new(), base)];
     while let Some((rel_dir, dest_dir)) = stack.pop() {
-        let dir = real.join(&rel_dir);
-        let mut children: Vec<_> = std::fs::read_dir(&dir)
-            .map_err(|e| Error::io(format!("listing {}", dir.display()), e))?
-            .collect::<std::io::Result<_>>()
-            .map_err(|e| Error::io(format!("listing {}", dir.display()), e))?;
-        children.sort_by_key(|c| c.file_name());
+        let shown_dir = source.join(&rel_dir);
+        let listing =
+            |e: rustix::io::Errno| Error::io(format!("listing {}", shown_dir.display()), e.into());
+        let (dir, names) = list_dir(&list.base, &rel_dir).map_err(listing)?;
         let mut subdirs = Vec::new();
-        for c in children {
-            let shown = source.join(&rel_dir).join(c.file_name());
-            let name = c.file_name();
+        for name in names {
+            let shown = shown_dir.join(&name);
+            let skip = |reason: String| Skipped {
+                path: shown.display().to_string(),
+                reason,
+            };
             let Some(name) = name.to_str() else {
-                list.skipped.push(Skipped {
-                    path: shown.display().to_string(),
-                    reason: "name is not UTF-8".into(),
-                });
+                list.skipped.push(skip("name is not UTF-8".into()));
                 continue;
             };
-            let cm = std::fs::symlink_metadata(c.path())
-                .map_err(|e| Error::io(format!("reading {}", shown.display()), e))?;
+            let st = match rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => Listed::of(&st),
+                Err(rustix::io::Errno::NAMETOOLONG) => {
+                    list.skipped
+                        .push(skip("name too long for this system; not sent".into()));
+                    continue;
+                }
+                Err(e) => {
+                    return Err(Error::io(format!("reading {}", shown.display()), e.into()));
+                }
+            };
+            let is_dir = st.kind == rustix::fs::FileType::Directory;
+            if !is_dir && st.kind != rustix::fs::FileType::RegularFile {
+                list.skipped.push(skip(kind_name(st.kind).into()));
+                continue;
+            }
             let d = format!("{dest_dir}/{name}");
             let rel = rel_dir.join(name);
-            if cm.is_file() || cm.is_dir() {
-                path_bytes += d.len();
-                list.files.push(entry(shown, rel.clone(), d.clone(), &cm)?);
-                if list.files.len() > MAX_ENTRIES || path_bytes > MAX_MANIFEST_BYTES {
-                    return Err(Error::Config(format!(
-                        "{} has more than {MAX_ENTRIES} entries or {} of destination paths, more than one transfer carries; send its subdirectories separately",
-                        source.display(),
-                        crate::units::fmt_bytes(MAX_MANIFEST_BYTES as u64)
-                    )));
-                }
-                if cm.is_dir() {
-                    subdirs.push((rel, d));
-                }
-            } else {
-                list.skipped.push(Skipped {
-                    path: shown.display().to_string(),
-                    reason: kind_name(cm.file_type()).into(),
-                });
+            if let Some(reason) = path_limit(&rel, &d, is_dir) {
+                list.skipped.push(skip(reason));
+                continue;
+            }
+            path_bytes += d.len();
+            list.files.push(SourceFile {
+                path: shown,
+                rel: rel.clone(),
+                dest: d.clone(),
+                kind: if is_dir {
+                    EntryKind::Dir
+                } else {
+                    EntryKind::File
+                },
+                size: if is_dir { 0 } else { st.size },
+                mode: st.mode,
+                stamp: st.stamp,
+            });
+            if list.files.len() > MAX_ENTRIES || path_bytes > MAX_MANIFEST_BYTES {
+                return Err(too_many(source));
+            }
+            if is_dir {
+                subdirs.push((rel, d));
             }
         }
         // Depth-first in name order: push in reverse so the first pops first.
@@ -392,6 +507,23 @@ mod tests {
             assert_eq!(s.change_to(&now), Some(want), "{now:?}");
             assert!(!want.to_string().is_empty());
         }
+    }
+
+    #[test]
+    fn paths_past_either_limit_are_named_and_the_rest_pass() {
+        let rel = |n: usize| PathBuf::from("a".repeat(n));
+        assert_eq!(
+            path_limit(&rel(OPEN_PATH_MAX), &"d".repeat(MAX_PATH), false),
+            None
+        );
+        let deep = path_limit(&rel(OPEN_PATH_MAX + 1), "d", true).unwrap();
+        assert!(
+            deep.contains("path too long") && deep.contains("beneath it"),
+            "{deep}"
+        );
+        let far = path_limit(&rel(1), &"d".repeat(MAX_PATH + 1), false).unwrap();
+        assert!(far.contains("destination path too long"), "{far}");
+        assert!(!far.contains("beneath it"), "{far}");
     }
 
     #[test]

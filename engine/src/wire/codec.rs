@@ -600,6 +600,33 @@ pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    #[test]
+    fn a_manifest_path_over_max_path_is_refused_not_truncated() {
+        // A hostile peer can write any length: the receiver must refuse a
+        // path one byte over the protocol's limit, and take one at it.
+        let at_limit = Frame::Files {
+            entries: vec![FileEntry {
+                file_id: 1,
+                kind: EntryKind::File,
+                size: 0,
+                fingerprint: 0,
+                mode: 0o644,
+                path: "a".repeat(MAX_PATH),
+            }],
+        };
+        let mut body = Vec::new();
+        encode_fields(&at_limit, &mut body);
+        assert!(decode_fields(&body).is_ok());
+        // The path's length is the u16 before its bytes, at the end.
+        let len_at = body.len() - MAX_PATH - 2;
+        body[len_at..len_at + 2].copy_from_slice(&((MAX_PATH + 1) as u16).to_le_bytes());
+        body.push(b'a');
+        assert!(matches!(
+            decode_fields(&body),
+            Err(DecodeError::Invalid("string length"))
+        ));
+    }
+
     fn arb_str(max: usize) -> impl Strategy<Value = String> {
         proptest::collection::vec(any::<char>(), 0..64).prop_map(move |v| {
             let mut s: String = v.into_iter().collect();
