@@ -942,7 +942,7 @@ fn a_large_manifest_costs_bounded_memory_and_a_failed_session_leaves_no_temporar
     // is under 300 during: what is left is mostly each file's
     // `DestFile` and tracker, its claim and its layout.
     const DURING_MAX: f64 = 700.0;
-    const N: u32 = 100_000;
+    const N: u32 = 60_000;
     const CHUNK: u32 = 10_000;
     let s = setup("big-manifest", 10);
     let port = free_port();
