@@ -527,7 +527,7 @@ impl Writer {
     /// meant, `theirs` (its name, size or mode damaged on the way):
     /// whatever its data, it is not published under it. (A directory was
     /// created when planned; it keeps the receiver's default mode.)
-    fn refuse_identity(&mut self, file_id: u32, mut f: Box<DestFile>, theirs: u64) -> Result<()> {
+    fn refuse_identity(&mut self, file_id: u32, mut f: DestFile, theirs: u64) -> Result<()> {
         if f.kind == EntryKind::File {
             self.kept.set(file_id, 0);
             f.discard(&self.shared.root)?;
@@ -562,7 +562,7 @@ impl Writer {
             self.reports.handle_answered(file_id);
             let id = (file_id, f.identity);
             if report.identity != f.identity {
-                self.refuse_identity(file_id, f, report.identity)?;
+                self.refuse_identity(file_id, *f, report.identity)?;
             } else if f.kind == EntryKind::Dir {
                 let digest = if self.verify == Verification::None {
                     0
