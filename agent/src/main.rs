@@ -197,13 +197,13 @@ struct ServeArgs {
     max_connections: usize,
     /// Seconds a sender may stay silent (not even a keepalive) before its
     /// session is ended and its files released; at least 10.
-    #[arg(long, default_value_t = wirerate_engine::wire::IDLE_TIMEOUT.as_secs_f64())]
+    #[arg(long, default_value_t = wirerate_engine::wire::IDLE_TIMEOUT.as_secs_f64(), value_parser = seconds)]
     idle_timeout: f64,
     /// Permission bits cleared from the modes senders' files carry (octal).
     #[arg(long, default_value = "022", value_parser = umask)]
     umask: u32,
     /// Seconds between checkpoints of durable blocks.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = seconds)]
     checkpoint_interval: f64,
     /// Print session summaries as JSON.
     #[arg(long)]
@@ -302,7 +302,7 @@ struct SendTuning {
     #[arg(long, default_value_t = Verification::default(), value_parser = names::<Verification>(Verification::ALL.map(Verification::as_str)))]
     verify: Verification,
     /// Keep reconnecting and resuming this long after a failure, e.g. 120 (seconds).
-    #[arg(long, default_value_t = 120.0)]
+    #[arg(long, default_value_t = 120.0, value_parser = seconds)]
     retry_for: f64,
 }
 
@@ -360,6 +360,18 @@ fn size(s: &str) -> Result<u64, String> {
 }
 fn rate(s: &str) -> Result<u64, String> {
     parse_rate(s).map_err(|e| e.to_string())
+}
+/// The longest duration a flag takes: a year. Past it, a deadline of
+/// `now` plus it could overflow, and `--retry-for 1e300` panicked.
+const MOST_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
+
+fn seconds(s: &str) -> Result<f64, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| (0.0..=MOST_SECONDS).contains(v))
+        .ok_or_else(|| {
+            format!("{s:?} is not a number of seconds from 0 to {MOST_SECONDS:.0} (a year)")
+        })
 }
 fn repeat_pause(s: &str) -> Result<f64, String> {
     s.parse::<f64>()

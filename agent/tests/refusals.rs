@@ -100,3 +100,29 @@ fn socket_buffers_below_the_least_are_refused_by_every_command() {
         assert!(!err.contains("connecting to"), "{args:?}: {err}");
     }
 }
+
+// A reviewer found: `--retry-for 1e300` and `--idle-timeout 1e300` passed
+// the "finite" check and panicked converting to a duration (exit 101).
+#[test]
+fn durations_past_a_year_are_refused_not_a_panic() {
+    let s = setup("huge-seconds", 10);
+    let out = serve_expecting_refusal(&s, &["--idle-timeout", "1e300"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("is not a number of seconds from 0 to"),
+        "{err}"
+    );
+    let out = Command::new(BIN)
+        .args(["send", "--to", "127.0.0.1:9", "--retry-for", "1e300"])
+        .arg("--token-file")
+        .arg(&s.token)
+        .arg(&s.src)
+        .arg("x.bin")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--retry-for"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
