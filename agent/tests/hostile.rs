@@ -291,25 +291,11 @@ fn flood_of_unauthenticated_connections_stays_within_its_memory_bound() {
         first_frame(&reply)
     );
     // A real sender still gets through while the rest of the flood is open.
-    let out = std::process::Command::new(BIN)
-        .args([
-            "send",
-            "--to",
-            &addr.to_string(),
-            "--quiet",
-            "--streams",
-            "2",
-        ])
-        .arg("--token-file")
-        .arg(&s.token)
-        .arg(&s.src)
-        .arg("during-flood.bin")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    send_bin_ok(
+        &addr.to_string(),
+        &s,
+        "during-flood.bin",
+        &["--streams", "2"],
     );
     assert_same(&s.src, &s.root.join("during-flood.bin"));
     drop(held);
@@ -950,19 +936,7 @@ fn a_large_manifest_costs_bounded_memory_and_a_failed_session_leaves_no_temporar
     let pid = rx.0.id();
     // Settle the idle receiver first: a clean send, so its baseline
     // includes what any session leaves (buffer pool, threads).
-    let out = std::process::Command::new(BIN)
-        .args(["send", "--to", &format!("127.0.0.1:{port}"), "--quiet"])
-        .arg("--token-file")
-        .arg(&s.token)
-        .arg(&s.src)
-        .arg("warm.bin")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    send_bin_ok(&format!("127.0.0.1:{port}"), &s, "warm.bin", &[]);
     std::thread::sleep(Duration::from_millis(300));
     let base = proc_kib(pid, "VmRSS");
 

@@ -50,6 +50,21 @@ struct Damage {
     reseal: bool,
 }
 
+impl Damage {
+    /// Flips `mask` in byte `at` of the first frame of type `ty` going
+    /// `upstream` (or the other way).
+    fn first(upstream: bool, ty: u8, at: usize, mask: u8) -> Self {
+        Self {
+            upstream,
+            ty: Some(ty),
+            skip: 0,
+            at,
+            mask,
+            reseal: false,
+        }
+    }
+}
+
 /// A TCP proxy that reads frames and damages the first one `Damage` names.
 struct FlipProxy {
     addr: SocketAddr,
@@ -150,36 +165,75 @@ fn receiver(root: &std::path::Path, idle_timeout: Duration) -> ServerHandle {
     Server::bind("127.0.0.1:0", cfg).unwrap().spawn()
 }
 
-/// Sends `cfg` on a thread and waits for it at most `limit`: a session
-/// that hangs fails the test instead of the test run.
-fn send_within(cfg: SendConfig, limit: Duration) -> SendSummary {
+/// Sends `cfg` on a thread and waits for it at most `limit`: `None` if
+/// it hung, so that a session that hangs fails the test instead of the
+/// test run.
+fn send_within(cfg: SendConfig, limit: Duration) -> Option<wirerate_engine::Result<SendSummary>> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let _ = tx.send(send(&cfg));
     });
-    match rx.recv_timeout(limit) {
-        Ok(r) => r.unwrap_or_else(|e| panic!("the send failed: {e}")),
-        Err(_) => panic!("the send hung for {limit:?}"),
+    rx.recv_timeout(limit).ok()
+}
+
+/// One file `xfile` (mode 0644, 16 blocks) of `seed`, a receiver with
+/// `idle_timeout`, and a sender retrying for `retry_for` through a proxy
+/// that does `damage`.
+struct Scene {
+    _dir: tempfile::TempDir,
+    src: std::path::PathBuf,
+    root: std::path::PathBuf,
+    srv: ServerHandle,
+    proxy: FlipProxy,
+    cfg: SendConfig,
+}
+
+impl Scene {
+    fn new(
+        name: &str,
+        seed: u64,
+        damage: Damage,
+        idle_timeout: Duration,
+        retry_for: Duration,
+    ) -> Self {
+        let dir = scratch(name);
+        let src = dir.path().join("src/xfile");
+        write_file(&src, 16 * BS, seed);
+        std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let root = dir.path().join("dst");
+        std::fs::create_dir_all(&root).unwrap();
+        let srv = receiver(&root, idle_timeout);
+        let proxy = FlipProxy::start(srv.addr(), damage);
+        let mut cfg = SendConfig::new(proxy.addr.to_string(), TOKEN.to_vec(), &src, "xfile");
+        cfg.block_size = BS as u64;
+        cfg.buffer = 4 << 20;
+        cfg.streams = 2;
+        cfg.retry_for = retry_for;
+        Self {
+            _dir: dir,
+            src,
+            root,
+            srv,
+            proxy,
+            cfg,
+        }
     }
 }
 
-/// One file `xfile` (mode 0644, 16 blocks) sent through a proxy that
-/// does `damage`; returns the summary and the destination root.
+/// `Scene` sent once: it must land right, after what retries it takes.
 fn run(name: &str, damage: Damage, idle_timeout: Duration) -> SendSummary {
-    let dir = scratch(name);
-    let src = dir.path().join("src/xfile");
-    write_file(&src, 16 * BS, 41);
-    std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let root = dir.path().join("dst");
-    std::fs::create_dir_all(&root).unwrap();
-    let srv = receiver(&root, idle_timeout);
-    let proxy = FlipProxy::start(srv.addr(), damage);
-    let mut cfg = SendConfig::new(proxy.addr.to_string(), TOKEN.to_vec(), &src, "xfile");
-    cfg.block_size = BS as u64;
-    cfg.buffer = 4 << 20;
-    cfg.streams = 2;
-    cfg.retry_for = Duration::from_secs(60);
-    let summary = send_within(cfg, Duration::from_secs(90));
+    let Scene {
+        _dir,
+        src,
+        root,
+        srv,
+        proxy,
+        cfg,
+    } = Scene::new(name, 41, damage, idle_timeout, Duration::from_secs(60));
+    let summary = match send_within(cfg, Duration::from_secs(90)) {
+        Some(r) => r.unwrap_or_else(|e| panic!("the send failed: {e}")),
+        None => panic!("the send hung for 90 s"),
+    };
     assert!(
         proxy.fired(&damage),
         "the proxy never met a frame to damage"
@@ -208,28 +262,14 @@ const FIRST_PATH: usize = FIRST_MODE + 2 + 2;
 
 #[test]
 fn a_damaged_file_name_is_never_published() {
-    let damage = Damage {
-        upstream: true,
-        ty: Some(T_FILES),
-        skip: 0,
-        at: FIRST_PATH,
-        mask: 0x01,
-        reseal: false,
-    };
+    let damage = Damage::first(true, T_FILES, FIRST_PATH, 0x01);
     let summary = run("flip-name", damage, Duration::from_secs(30));
     assert!(summary.sessions >= 2, "the damaged session was not redone");
 }
 
 #[test]
 fn a_damaged_mode_is_never_published() {
-    let damage = Damage {
-        upstream: true,
-        ty: Some(T_FILES),
-        skip: 0,
-        at: FIRST_MODE,
-        mask: 0x01,
-        reseal: false,
-    };
+    let damage = Damage::first(true, T_FILES, FIRST_MODE, 0x01);
     run("flip-mode", damage, Duration::from_secs(30));
 }
 
@@ -239,14 +279,7 @@ const FIRST_HAVE: usize = 1 + 4 + 1 + 4;
 
 #[test]
 fn a_damaged_resume_plan_is_redone_not_hung() {
-    let damage = Damage {
-        upstream: false,
-        ty: Some(T_PLAN),
-        skip: 0,
-        at: FIRST_HAVE,
-        mask: 0x01,
-        reseal: false,
-    };
+    let damage = Damage::first(false, T_PLAN, FIRST_HAVE, 0x01);
     run("flip-plan", damage, Duration::from_secs(30));
 }
 
@@ -258,12 +291,8 @@ fn a_damaged_resume_plan_is_redone_not_hung() {
 #[test]
 fn a_wrong_plan_ends_in_a_retry_after_the_progress_timeout() {
     let damage = Damage {
-        upstream: false,
-        ty: Some(T_PLAN),
-        skip: 0,
-        at: FIRST_HAVE,
-        mask: 0x01,
         reseal: true,
+        ..Damage::first(false, T_PLAN, FIRST_HAVE, 0x01)
     };
     let t0 = Instant::now();
     let summary = run("wrong-plan", damage, Duration::from_secs(10));
@@ -274,30 +303,16 @@ fn a_wrong_plan_ends_in_a_retry_after_the_progress_timeout() {
 
 #[test]
 fn a_damaged_acknowledgement_is_redone_not_fatal() {
-    let damage = Damage {
-        upstream: false,
-        ty: Some(T_ACK),
-        skip: 0,
-        // The file id's high byte: "acknowledgement for unknown file
-        // 4278190080" ended the transfer.
-        at: 4,
-        mask: 0xff,
-        reseal: false,
-    };
+    // The file id's high byte: "acknowledgement for unknown file
+    // 4278190080" ended the transfer.
+    let damage = Damage::first(false, T_ACK, 4, 0xff);
     run("flip-ack", damage, Duration::from_secs(30));
 }
 
 #[test]
 fn a_damaged_block_header_is_redone_not_fatal() {
-    let damage = Damage {
-        upstream: true,
-        ty: Some(T_BLOCK),
-        skip: 0,
-        // The block index's low byte.
-        at: 1 + 4,
-        mask: 0x01,
-        reseal: false,
-    };
+    // The block index's low byte.
+    let damage = Damage::first(true, T_BLOCK, 1 + 4, 0x01);
     run("flip-header", damage, Duration::from_secs(30));
 }
 
@@ -320,25 +335,10 @@ proptest! {
         bit in 0u8..8,
     ) {
         let damage = Damage { upstream, ty: None, skip, at, mask: 1 << bit, reseal: false };
-        let dir = scratch("flip-any");
-        let src = dir.path().join("src/xfile");
-        write_file(&src, 16 * BS, 43);
-        std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let root = dir.path().join("dst");
-        std::fs::create_dir_all(&root).unwrap();
-        let srv = receiver(&root, Duration::from_secs(30));
-        let proxy = FlipProxy::start(srv.addr(), damage);
-        let mut cfg = SendConfig::new(proxy.addr.to_string(), TOKEN.to_vec(), &src, "xfile");
-        cfg.block_size = BS as u64;
-        cfg.buffer = 4 << 20;
-        cfg.streams = 2;
-        cfg.retry_for = Duration::from_secs(20);
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(send(&cfg));
-        });
-        let outcome = rx.recv_timeout(Duration::from_secs(90));
-        prop_assert!(outcome.is_ok(), "hung with {:?}", damage);
+        let Scene { _dir, src, root, srv: _srv, proxy: _proxy, cfg } =
+            Scene::new("flip-any", 43, damage, Duration::from_secs(30), Duration::from_secs(20));
+        let outcome = send_within(cfg, Duration::from_secs(90));
+        prop_assert!(outcome.is_some(), "hung with {:?}", damage);
         let landed = root.join("xfile");
         match outcome.unwrap() {
             Ok(summary) if summary.ok => {

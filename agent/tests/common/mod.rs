@@ -319,6 +319,25 @@ pub struct Setup {
     pub size: u64,
 }
 
+/// Runs `wirerate-agent send --quiet` of `s.src` to `to` as `dest`, with
+/// `extra` flags, and asserts that it succeeded.
+pub fn send_bin_ok(to: &str, s: &Setup, dest: &str, extra: &[&str]) {
+    let out = std::process::Command::new(BIN)
+        .args(["send", "--to", to, "--quiet"])
+        .args(extra)
+        .arg("--token-file")
+        .arg(&s.token)
+        .arg(&s.src)
+        .arg(dest)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 pub fn setup(name: &str, size: usize) -> Setup {
     let dir = scratch(name);
     let src = dir.path().join("src.bin");

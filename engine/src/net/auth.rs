@@ -21,9 +21,9 @@ use crate::error::{AuthError, Error, Result};
 use crate::session::describe;
 use crate::violation::{Violation, ViolationKind};
 use crate::wire::{
-    CHECKED_SINCE, DecodeError, Frame, MAC_LEN, MAX_PREAUTH_FRAME, MAX_SMALL_FRAME, NONCE_LEN,
-    Purpose, VERSION, decode_body, decode_unchecked, encode, encode_for, read_frame_capped,
-    write_frame,
+    CHECKED_SINCE, DecodeError, Frame, FrameReader, MAC_LEN, MAX_PREAUTH_FRAME, MAX_SMALL_FRAME,
+    NONCE_LEN, Purpose, VERSION, decode_body, decode_unchecked, encode, encode_for,
+    read_frame_capped, write_frame,
 };
 
 /// How `Error::Auth` introduces itself; a peer's message that already
@@ -37,22 +37,14 @@ type HmacSha256 = Hmac<Sha256>;
 /// version 7 it took this hello's port for garbage): that is told as the
 /// version mismatch it is, not as a damaged frame.
 fn read_reply<S: Read>(s: &mut S) -> Result<Frame> {
-    let mut prefix = [0u8; 4];
-    s.read_exact(&mut prefix)
-        .map_err(|e| Error::net("reading the receiver's challenge", e))?;
-    let len = u32::from_le_bytes(prefix) as usize;
-    if len > MAX_SMALL_FRAME {
-        return Err(foreign(&DecodeError::TooLarge {
-            len,
-            max: MAX_SMALL_FRAME,
-        }));
-    }
-    let mut body = vec![0u8; len];
-    s.read_exact(&mut body)
-        .map_err(|e| Error::net("reading the receiver's challenge", e))?;
-    match decode_body(&body) {
+    let mut reader = FrameReader::default();
+    let body = match reader.read_body(s, MAX_SMALL_FRAME) {
+        Err(Error::Protocol(too_large)) => return Err(foreign(&too_large)),
+        other => other?,
+    };
+    match decode_body(body) {
         Ok(frame) => Ok(frame),
-        Err(damaged @ DecodeError::Damaged(_)) => match decode_unchecked(&body) {
+        Err(damaged @ DecodeError::Damaged(_)) => match decode_unchecked(body) {
             // Only an older receiver's own words: a damaged length prefix
             // can make a checked refusal ("busy") decode without its check
             // too, and that must stay a damaged frame, retried.

@@ -30,6 +30,13 @@ impl FrameReader {
 
     /// Reads the next frame from `r`, refusing one over `cap` bytes.
     pub fn read_capped(&mut self, r: &mut impl Read, cap: usize) -> Result<Frame> {
+        let body = self.read_body(r, cap)?;
+        Ok(decode_body(body)?)
+    }
+
+    /// Reads the next frame's body (its type, fields and check, not yet
+    /// checked) from `r`, refusing one over `cap` bytes before allocating.
+    pub fn read_body(&mut self, r: &mut impl Read, cap: usize) -> Result<&[u8]> {
         let mut prefix = [0u8; 4];
         r.read_exact(&mut prefix)
             .map_err(|e| Error::net("reading a frame", e))?;
@@ -42,7 +49,7 @@ impl FrameReader {
         self.buf.resize(len, 0);
         r.read_exact(&mut self.buf)
             .map_err(|e| Error::net("reading a frame", e))?;
-        Ok(decode_body(&self.buf)?)
+        Ok(&self.buf)
     }
 }
 
