@@ -1532,3 +1532,105 @@ async fn a_started_operator_takes_back_a_grant_the_pool_no_longer_wants() {
     assert!(!fresh.has(EXTERNAL_ROLE), "{:#?}", fresh.calls());
     assert!(!fresh.has(EXTERNAL_BINDING));
 }
+
+/// The Transfer `x`'s Role, RoleBinding and token Secret, as the operator
+/// makes them, in the API.
+fn x_grant(d: &Double, x: &Transfer) -> [String; 3] {
+    let (role, binding) = token_grant::render(x, "x-token", &[&("data".into(), "src".into())]);
+    let rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/data";
+    let paths = [
+        format!("{rbac}/roles/wirerate-token.x"),
+        format!("{rbac}/rolebindings/wirerate-token.x"),
+        "/api/v1/namespaces/data/secrets/x-token".to_owned(),
+    ];
+    d.put(&paths[0], &role);
+    d.put(&paths[1], &binding);
+    d.put(
+        &paths[2],
+        &serde_json::json!({"metadata": {"name": "x-token", "namespace": "data",
+            "ownerReferences": [{"apiVersion": "wirerate.io/v1alpha1", "kind": "Transfer", "name": "x",
+                                 "uid": "uid-x", "controller": true}]}}),
+    );
+    paths
+}
+
+// Found on a real API server (issue 39): `kubectl delete transfer orph
+// --cascade=orphan` left the Transfer's Role, RoleBinding and token Secret,
+// and the agents could still read the token; only garbage collection
+// through owner references removed them, and an orphaning deletion stops it.
+#[tokio::test]
+async fn a_deleted_transfers_finalizer_takes_back_its_grant_and_token() {
+    let mut d = Double::new();
+    pools(&mut d);
+    let mut x = t("x", 0, 1);
+    x.status = Some(wirerate_crds::TransferStatus {
+        phase: Some(wirerate_crds::TransferPhase::Running),
+        attempt: 1,
+        sender: Some(agent_ref("s0", "src")),
+        receiver: Some(agent_ref("r0", "dst")),
+        token_secret: Some("x-token".into()),
+        ..Default::default()
+    });
+    // Deleted; its agents are gone, so nobody has anything to clean up.
+    x.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
+    d.transfer(&x);
+    let paths = x_grant(&d, &x);
+    reconcile(&d, &x).await;
+    for p in &paths {
+        assert!(!d.has(p), "{p} left behind");
+    }
+    let t = d.object_at("/apis/wirerate.io/v1alpha1/namespaces/data/transfers/x");
+    let held = t["metadata"]["finalizers"]
+        .as_array()
+        .is_some_and(|f| !f.is_empty());
+    assert!(!held, "let go: {t}");
+}
+
+// A grant made just before the status write that would assign the agents:
+// when the API server refuses that write, no agent is assigned, and the
+// grant must not stay (only the verdict or a deletion took it back).
+#[tokio::test]
+async fn a_grant_whose_assignment_is_refused_is_taken_back() {
+    let mut d = Double::new();
+    pools(&mut d);
+    d.lease(&lease("src", "s0", now(), None));
+    d.lease(&lease("dst", "r0", now(), None));
+    let x = t("x", 0, 1);
+    d.transfer(&x);
+    d.refuse_patches("/apis/wirerate.io/v1alpha1/namespaces/data/transfers/x/status");
+    let e = transfer_controller::reconcile(Arc::new(x.clone()), d.ctx.clone()).await;
+    assert!(e.is_err(), "the status write was refused");
+    let calls = d.calls();
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.is("PATCH", "/roles/wirerate-token.x")),
+        "granted first"
+    );
+    assert_token_revoked(&d, "x");
+    let rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/data";
+    for grant in ["roles", "rolebindings"] {
+        assert!(!d.has(&format!("{rbac}/{grant}/wirerate-token.x")));
+    }
+}
+
+// A finished Transfer's token is deleted with its grant: a deletion that
+// orphans what the Transfer owns finds nothing left to orphan.
+#[tokio::test]
+async fn a_finished_transfers_token_goes_with_its_grant() {
+    let mut d = Double::new();
+    pools(&mut d);
+    let mut x = t("x", 0, 1);
+    x.status = Some(wirerate_crds::TransferStatus {
+        phase: Some(wirerate_crds::TransferPhase::Succeeded),
+        attempt: 1,
+        token_secret: Some("x-token".into()),
+        ..Default::default()
+    });
+    d.transfer(&x);
+    let paths = x_grant(&d, &x);
+    reconcile(&d, &x).await;
+    for p in &paths {
+        assert!(!d.has(p), "{p} left behind");
+    }
+}
