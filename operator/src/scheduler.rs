@@ -132,7 +132,10 @@ pub fn assign(order: &[Key], waiting: &[Waiting], slots: &[Slot]) -> BTreeMap<Ke
         let receiver = w.receiver_pool.as_ref().map(|pool| {
             // An agent may send and receive the same transfer only if it is
             // the pool's only choice; two agents spread the disk load.
-            pick(&free, pool, sender.flatten()).or_else(|| pick(&free, pool, None))
+            pick(&free, pool, sender.flatten())
+                .or_else(|| pick(&free, pool, None))
+                // Both roles on one agent take two of its slots.
+                .filter(|i| Some(*i) != sender.flatten() || free[*i].free >= 2)
         });
         let complete = sender.is_none_or(|s| s.is_some()) && receiver.is_none_or(|r| r.is_some());
         if !complete && !could_run(w, slots) {
@@ -299,6 +302,23 @@ mod tests {
             Placement {
                 sender: Some("b0".into()),
                 receiver: Some("r0".into())
+            }
+        );
+    }
+
+    #[test]
+    fn one_agent_sends_and_receives_only_with_two_free_slots() {
+        let mut within = w("a", "within", 0, 1);
+        within.receiver_pool = Some(pool("src"));
+        let q = [within.clone()];
+        let placed = assign(&[within.key.clone()], &q, &[slot("src", "s0", 1)]);
+        assert!(placed.is_empty(), "one slot is not two: {placed:?}");
+        let placed = assign(&[within.key.clone()], &q, &[slot("src", "s0", 2)]);
+        assert_eq!(
+            placed[&within.key],
+            Placement {
+                sender: Some("s0".into()),
+                receiver: Some("s0".into())
             }
         );
     }
