@@ -1634,3 +1634,35 @@ async fn a_finished_transfers_token_goes_with_its_grant() {
         assert!(!d.has(p), "{p} left behind");
     }
 }
+
+// Found on a real API server (issue 39): every queued Transfer's place in
+// line was rewritten whenever the queue moved, 76 status writes per
+// Transfer. A place behind the first ten shows as a coarse bound, and a
+// new one is written at most every ten seconds.
+#[tokio::test]
+async fn a_queue_that_moves_rewrites_few_places_in_line() {
+    let mut d = Double::new();
+    // No agents: nothing is placed, everything queues for the same pool.
+    pools(&mut d);
+    for i in 0..11 {
+        d.transfer(&t(&format!("q{i}"), 0, i));
+    }
+    let mut last = t("last", 0, 100);
+    d.transfer(&last);
+    reconcile(&d, &last).await;
+    let s = d.last_status("/transfers/last");
+    assert_eq!(s["queuePosition"], 20, "12th, shown as at most 20th: {s}");
+    last.status = Some(serde_json::from_value(s).unwrap());
+    d.transfer(&last);
+    // Higher priorities arrive one by one: it moves back to 25th.
+    for i in 0..13 {
+        d.transfer(&t(&format!("h{i}"), 10, 200 + i));
+        reconcile(&d, &last).await;
+    }
+    let writes = d
+        .calls()
+        .iter()
+        .filter(|c| c.is("PATCH", "/transfers/last/status"))
+        .count();
+    assert_eq!(writes, 1, "its place is written once, not 14 times");
+}
