@@ -1666,3 +1666,59 @@ async fn a_queue_that_moves_rewrites_few_places_in_line() {
         .count();
     assert_eq!(writes, 1, "its place is written once, not 14 times");
 }
+
+// Found on a real API server (issue 39): a priority-100 Transfer stayed
+// Queued through five rounds while priority-0 Transfers took the agent it
+// needed in the pool that was not full.
+#[tokio::test]
+async fn a_high_priority_waiting_for_a_full_pool_keeps_its_agent_in_the_other() {
+    let mut d = Double::new();
+    pools(&mut d);
+    d.pool(&finalized(
+        pool("dst2", "/out2"),
+        pool_controller::POOL_FINALIZER,
+    ));
+    for (p, a) in [("src", "s0"), ("src", "s1"), ("dst", "r0"), ("dst2", "q0")] {
+        d.lease(&lease(p, a, now(), None));
+    }
+    // r0 (the only agent of dst) and s1 are full; s0 and q0 have a slot each.
+    let running = |name: &str, from: (&str, &str), to: (&str, &str)| {
+        let mut x = t(name, 0, 1);
+        x.status = Some(wirerate_crds::TransferStatus {
+            phase: Some(wirerate_crds::TransferPhase::Running),
+            attempt: 1,
+            sender: Some(agent_ref(from.1, from.0)),
+            receiver: Some(agent_ref(to.1, to.0)),
+            ..Default::default()
+        });
+        x
+    };
+    let run0 = running("run0", ("src", "s1"), ("dst", "r0"));
+    d.transfer(&run0);
+    d.transfer(&running("run1", ("src", "s1"), ("dst", "r0")));
+    d.transfer(&running("run2", ("src", "s0"), ("dst2", "q0")));
+    let high = t("high", 100, 5);
+    let mut low = t("low", 0, 2);
+    low.spec.destination.pool = Some("dst2".into());
+    low.spec.destination.path = "/out2/low".into();
+    d.transfer(&high);
+    d.transfer(&low);
+
+    reconcile(&d, &low).await;
+    let s = d.last_status("/transfers/low");
+    assert_eq!(s["phase"], "Queued", "s0 is held for high: {s}");
+    reconcile(&d, &high).await;
+    assert_eq!(d.last_status("/transfers/high")["phase"], "Queued");
+
+    // r0 frees a slot: high gets it, and s0.
+    let mut done = run0.clone();
+    done.status.as_mut().unwrap().phase = Some(wirerate_crds::TransferPhase::Succeeded);
+    d.transfer(&done);
+    reconcile(&d, &high).await;
+    let s = d.last_status("/transfers/high");
+    assert_eq!(s["phase"], "Running", "{s}");
+    assert_eq!(
+        (s["sender"]["name"].as_str(), s["receiver"]["name"].as_str()),
+        (Some("s0"), Some("r0"))
+    );
+}
