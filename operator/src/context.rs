@@ -443,6 +443,8 @@ impl Context {
             .iter()
             .map(|(k, p)| (k.clone(), budget::shown_position(*p)))
             .collect();
+        // Out of the queue (placed, deleted): no place in line to refresh.
+        s.position_written.retain(|k, _| shown.contains_key(k));
         let moved: Vec<Key> = shown
             .iter()
             .filter(|(k, p)| s.announced.get(*k) != Some(*p))
