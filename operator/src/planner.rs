@@ -256,6 +256,7 @@ impl Planner {
                 pool: (a.namespace.clone(), a.pool.clone()),
                 agent: a.name.clone(),
                 free: a.capacity - load.get(&a.id()).copied().unwrap_or(0),
+                capacity: a.capacity,
             })
             .collect();
         let order = scheduler::order(&waiting, &running_per_ns);

@@ -43,6 +43,8 @@ pub struct Slot {
     pub agent: String,
     /// Transfers it can still take.
     pub free: i32,
+    /// Transfers it can take in all, busy or not.
+    pub capacity: i32,
 }
 
 /// The agents chosen for one transfer.
@@ -112,6 +114,14 @@ pub fn assign(order: &[Key], waiting: &[Waiting], slots: &[Slot]) -> BTreeMap<Ke
         pool.as_ref()
             .is_none_or(|p| room.get(p).copied().unwrap_or(0) <= 0)
     };
+    // Slots held for transfers that wait on a busy pool, by that pool. No
+    // more are held than the busy pool could ever start at once: a long
+    // queue blocked on one pool must not idle every agent of the other.
+    let mut capacity: HashMap<&Key, i32> = HashMap::new();
+    for s in slots {
+        *capacity.entry(&s.pool).or_default() += s.capacity.max(0);
+    }
+    let mut held_for: HashMap<&Key, i32> = HashMap::new();
     let mut placed = BTreeMap::new();
     for key in order {
         let Some(w) = by_key.get(key) else { continue };
@@ -138,8 +148,20 @@ pub fn assign(order: &[Key], waiting: &[Waiting], slots: &[Slot]) -> BTreeMap<Ke
                 .filter(|i| Some(*i) != sender.flatten() || free[*i].free >= 2)
         });
         let complete = sender.is_none_or(|s| s.is_some()) && receiver.is_none_or(|r| r.is_some());
-        if !complete && !could_run(w, slots) {
-            continue;
+        if !complete {
+            let blocked: Vec<&Key> = [(&w.sender_pool, sender), (&w.receiver_pool, receiver)]
+                .into_iter()
+                .filter_map(|(pool, found)| pool.as_ref().filter(|_| found == Some(None)))
+                .collect();
+            let room_to_hold = blocked.iter().all(|p| {
+                held_for.get(p).copied().unwrap_or(0) < capacity.get(p).copied().unwrap_or(0)
+            });
+            if !room_to_hold || !could_run(w, slots) {
+                continue;
+            }
+            for p in blocked {
+                *held_for.entry(p).or_default() += 1;
+            }
         }
         // Placed, or (incomplete) the slots it found held for it.
         for i in sender.iter().chain(receiver.iter()).flatten() {
@@ -230,16 +252,19 @@ mod tests {
                 pool: pool("src"),
                 agent: "s0".into(),
                 free: 2,
+                capacity: 2,
             },
             Slot {
                 pool: pool("dst"),
                 agent: "r0".into(),
                 free: 1,
+                capacity: 1,
             },
             Slot {
                 pool: pool("dst"),
                 agent: "r1".into(),
                 free: 1,
+                capacity: 1,
             },
         ];
         let placed = assign(&order(&q, &HashMap::new()), &q, &slots);
@@ -255,6 +280,7 @@ mod tests {
             pool: pool(pool_name),
             agent: agent.into(),
             free,
+            capacity: free.max(1),
         }
     }
 
@@ -306,6 +332,35 @@ mod tests {
         );
     }
 
+    // A queue blocked on a busy pool holds no more of the other pool than
+    // the busy pool could start at once; the rest is backfilled.
+    #[test]
+    fn a_long_queue_blocked_on_one_pool_does_not_idle_the_other() {
+        let highs = (0..3).map(|i| {
+            let mut h = w("a", &format!("high{i}"), 100, i);
+            h.sender_pool = Some(pool("busy"));
+            h.receiver_pool = Some(pool("dst"));
+            h
+        });
+        let lows = (0..3).map(|i| {
+            let mut l = w("a", &format!("low{i}"), 0, i);
+            l.sender_pool = Some(pool("dst"));
+            l.receiver_pool = None;
+            l
+        });
+        let q: Vec<Waiting> = highs.chain(lows).collect();
+        let ord = order(&q, &HashMap::new());
+        // The busy pool has one agent of capacity 1, all taken.
+        let busy = Slot {
+            pool: pool("busy"),
+            agent: "b0".into(),
+            free: 0,
+            capacity: 1,
+        };
+        let slots = [busy, slot("dst", "r0", 3)];
+        assert_eq!(placed_names(&assign(&ord, &q, &slots)), ["low0", "low1"]);
+    }
+
     #[test]
     fn one_agent_sends_and_receives_only_with_two_free_slots() {
         let mut within = w("a", "within", 0, 1);
@@ -355,11 +410,13 @@ mod tests {
                 pool: pool("dst"),
                 agent: "r0".into(),
                 free: 2,
+                capacity: 2,
             },
             Slot {
                 pool: pool("dst"),
                 agent: "r1".into(),
                 free: 1,
+                capacity: 1,
             },
         ];
         let placed = assign(&[f.key.clone()], &[f.clone()], &slots);
