@@ -14,11 +14,12 @@ use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::Notify;
-use wirerate_crds::transfer::AgentRef;
 use wirerate_crds::{Consent, DtnPool, DtnPoolBinding, Transfer};
 
 use crate::agents::{self, Agent, AgentId};
+use crate::budget::{self, Admit, Class, WriteBudget};
 use crate::metrics::Metrics;
+pub use crate::planner::Assignment;
 use crate::planner::{self, Inputs, Plan, Planner};
 use crate::scheduler::{Key, Placement};
 
@@ -74,6 +75,8 @@ pub struct Context {
     wake_transfers: UnboundedSender<ObjectRef<Transfer>>,
     wake_pools: UnboundedSender<ObjectRef<DtnPool>>,
     wakes: Mutex<Option<Wakes>>,
+    /// Every write the operator makes takes its turn here.
+    writes: Mutex<WriteBudget>,
 }
 
 /// Reconciles the controllers are asked for by the planner and the agent watcher.
@@ -89,9 +92,12 @@ struct Scheduling {
     plan: Arc<Plan>,
     /// The change count the plan was computed at.
     at: Option<u64>,
-    /// Places in line the queued Transfers show, or were last woken to show.
+    /// Places in line the queued Transfers show, or were last woken to show
+    /// (as shown: coarse behind the first few).
     announced: HashMap<Key, i32>,
     announced_at: Option<Instant>,
+    /// When each queued Transfer's place in line was last written.
+    position_written: HashMap<Key, Instant>,
 }
 
 /// The watch caches the controllers read.
@@ -107,29 +113,6 @@ pub struct Stores {
     pub pods: Store<Pod>,
     /// Namespaces' consents to pools elsewhere.
     pub bindings: Store<DtnPoolBinding>,
-}
-
-/// Who a Transfer's attempt is assigned to.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Assignment {
-    /// Attempt number.
-    pub attempt: i32,
-    /// Sender agent.
-    pub sender: Option<AgentRef>,
-    /// Receiver agent.
-    pub receiver: Option<AgentRef>,
-}
-
-impl Assignment {
-    /// The assignment a Transfer's status records.
-    pub fn of(t: &Transfer) -> Self {
-        let s = t.status.clone().unwrap_or_default();
-        Self {
-            attempt: s.attempt,
-            sender: s.sender,
-            receiver: s.receiver,
-        }
-    }
 }
 
 /// A consistent snapshot of the caches the decisions read, Transfers aside.
@@ -164,6 +147,7 @@ impl Context {
                 at: None,
                 announced: HashMap::new(),
                 announced_at: None,
+                position_written: HashMap::new(),
             }),
             changes: AtomicU64::new(0),
             changed: Notify::new(),
@@ -173,6 +157,35 @@ impl Context {
             wake_transfers,
             wake_pools,
             wakes: Mutex::new(Some(Wakes { transfers, pools })),
+            writes: Mutex::new(WriteBudget::new(budget::DEFAULT_WRITES_PER_SECOND)),
+        }
+    }
+
+    /// The same, writing at most `per_second` times a second.
+    pub fn with_write_rate(self, per_second: u32) -> Self {
+        *lock(&self.writes) = WriteBudget::new(per_second);
+        self
+    }
+
+    /// Waits for the turn of a write that changes something (see
+    /// [`budget`]): every such write gets one, in the order asked.
+    pub async fn change_permit(&self) {
+        let admit = lock(&self.writes).admit(Class::Change, Instant::now());
+        if let Admit::After(wait) = admit {
+            self.metrics.write_waits.inc();
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// Whether a refresh (a place in line, a stall mark) may be written
+    /// now; else how long to put it off, so that changes go first.
+    pub fn refresh_permit(&self) -> Result<(), Duration> {
+        match lock(&self.writes).admit(Class::Refresh, Instant::now()) {
+            Admit::Later(wait) => {
+                self.metrics.refreshes_put_off.inc();
+                Err(wait)
+            }
+            Admit::Now | Admit::After(_) => Ok(()),
         }
     }
 
@@ -220,6 +233,7 @@ impl Context {
             .ok_or(Error::Malformed("a namespace"))?;
         let name = obj.meta().name.clone().ok_or(Error::Malformed("a name"))?;
         let api: kube::Api<K> = kube::Api::namespaced(self.client.clone(), &ns);
+        self.change_permit().await;
         let dt = K::DynamicType::default();
         let mut body = serde_json::to_value(obj).expect("Kubernetes objects serialize");
         body["apiVersion"] = serde_json::json!(K::api_version(&dt));
@@ -423,8 +437,15 @@ impl Context {
     /// says when to call again.
     pub fn announce(&self, now: Instant) -> Option<Instant> {
         let mut s = lock(&self.scheduling);
-        let positions = &s.plan.positions;
-        let moved: Vec<Key> = positions
+        let shown: HashMap<Key, i32> = s
+            .plan
+            .positions
+            .iter()
+            .map(|(k, p)| (k.clone(), budget::shown_position(*p)))
+            .collect();
+        // Out of the queue (placed, deleted): no place in line to refresh.
+        s.position_written.retain(|k, _| shown.contains_key(k));
+        let moved: Vec<Key> = shown
             .iter()
             .filter(|(k, p)| s.announced.get(*k) != Some(*p))
             .map(|(k, _)| k.clone())
@@ -442,19 +463,39 @@ impl Context {
                 .wake_transfers
                 .unbounded_send(ObjectRef::new(&k.1).within(&k.0));
         }
-        s.announced = s.plan.positions.clone();
+        s.announced = shown;
         s.announced_at = Some(now);
         None
     }
 
     /// Notes the place in line `key`'s status now shows, so that it is
-    /// woken only when the plan moves it from there.
-    pub fn shown(&self, key: &Key, position: Option<i32>) {
+    /// woken only when the plan moves it from there; `written` when it was
+    /// written just now.
+    pub fn shown(&self, key: &Key, position: Option<i32>, written: Option<Instant>) {
         let mut s = lock(&self.scheduling);
         match position {
-            Some(p) => s.announced.insert(key.clone(), p),
-            None => s.announced.remove(key),
+            Some(p) => {
+                s.announced.insert(key.clone(), p);
+                if let Some(at) = written {
+                    s.position_written.insert(key.clone(), at);
+                }
+            }
+            None => {
+                s.announced.remove(key);
+                s.position_written.remove(key);
+            }
         };
+    }
+
+    /// Whether `key`'s new place in line may be written at `now`, else how
+    /// long until it may (see [`budget::position_due`]).
+    pub fn position_due(&self, key: &Key, now: Instant) -> Result<(), Duration> {
+        let s = lock(&self.scheduling);
+        let since = s
+            .position_written
+            .get(key)
+            .map(|at| now.saturating_duration_since(*at));
+        budget::position_due(since)
     }
 
     /// Plans after every change, debounced, and wakes who the plans concern.

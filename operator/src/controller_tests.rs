@@ -1533,6 +1533,196 @@ async fn a_started_operator_takes_back_a_grant_the_pool_no_longer_wants() {
     assert!(!fresh.has(EXTERNAL_BINDING));
 }
 
+/// The Transfer `x`'s Role, RoleBinding and token Secret, as the operator
+/// makes them, in the API.
+fn x_grant(d: &Double, x: &Transfer) -> [String; 3] {
+    let (role, binding) = token_grant::render(x, "x-token", &[&("data".into(), "src".into())]);
+    let rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/data";
+    let paths = [
+        format!("{rbac}/roles/wirerate-token.x"),
+        format!("{rbac}/rolebindings/wirerate-token.x"),
+        "/api/v1/namespaces/data/secrets/x-token".to_owned(),
+    ];
+    d.put(&paths[0], &role);
+    d.put(&paths[1], &binding);
+    d.put(
+        &paths[2],
+        &serde_json::json!({"metadata": {"name": "x-token", "namespace": "data",
+            "ownerReferences": [{"apiVersion": "wirerate.io/v1alpha1", "kind": "Transfer", "name": "x",
+                                 "uid": "uid-x", "controller": true}]}}),
+    );
+    paths
+}
+
+// Found on a real API server (issue 39): `kubectl delete transfer orph
+// --cascade=orphan` left the Transfer's Role, RoleBinding and token Secret,
+// and the agents could still read the token; only garbage collection
+// through owner references removed them, and an orphaning deletion stops it.
+#[tokio::test]
+async fn a_deleted_transfers_finalizer_takes_back_its_grant_and_token() {
+    let mut d = Double::new();
+    pools(&mut d);
+    let mut x = t("x", 0, 1);
+    x.status = Some(wirerate_crds::TransferStatus {
+        phase: Some(wirerate_crds::TransferPhase::Running),
+        attempt: 1,
+        sender: Some(agent_ref("s0", "src")),
+        receiver: Some(agent_ref("r0", "dst")),
+        token_secret: Some("x-token".into()),
+        ..Default::default()
+    });
+    // Deleted; its agents are gone, so nobody has anything to clean up.
+    x.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
+    d.transfer(&x);
+    let paths = x_grant(&d, &x);
+    reconcile(&d, &x).await;
+    for p in &paths {
+        assert!(!d.has(p), "{p} left behind");
+    }
+    let t = d.object_at("/apis/wirerate.io/v1alpha1/namespaces/data/transfers/x");
+    let held = t["metadata"]["finalizers"]
+        .as_array()
+        .is_some_and(|f| !f.is_empty());
+    assert!(!held, "let go: {t}");
+}
+
+// A grant made just before the status write that would assign the agents:
+// when the API server refuses that write, no agent is assigned, and the
+// grant must not stay (only the verdict or a deletion took it back).
+#[tokio::test]
+async fn a_grant_whose_assignment_is_refused_is_taken_back() {
+    let mut d = Double::new();
+    pools(&mut d);
+    d.lease(&lease("src", "s0", now(), None));
+    d.lease(&lease("dst", "r0", now(), None));
+    let x = t("x", 0, 1);
+    d.transfer(&x);
+    d.refuse_patches("/apis/wirerate.io/v1alpha1/namespaces/data/transfers/x/status");
+    let e = transfer_controller::reconcile(Arc::new(x.clone()), d.ctx.clone()).await;
+    assert!(e.is_err(), "the status write was refused");
+    let calls = d.calls();
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.is("PATCH", "/roles/wirerate-token.x")),
+        "granted first"
+    );
+    assert_token_revoked(&d, "x");
+    let rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/data";
+    for grant in ["roles", "rolebindings"] {
+        assert!(!d.has(&format!("{rbac}/{grant}/wirerate-token.x")));
+    }
+}
+
+// A finished Transfer's token is deleted with its grant: a deletion that
+// orphans what the Transfer owns finds nothing left to orphan.
+#[tokio::test]
+async fn a_finished_transfers_token_goes_with_its_grant() {
+    let mut d = Double::new();
+    pools(&mut d);
+    let mut x = t("x", 0, 1);
+    x.status = Some(wirerate_crds::TransferStatus {
+        phase: Some(wirerate_crds::TransferPhase::Succeeded),
+        attempt: 1,
+        token_secret: Some("x-token".into()),
+        ..Default::default()
+    });
+    d.transfer(&x);
+    let paths = x_grant(&d, &x);
+    reconcile(&d, &x).await;
+    for p in &paths {
+        assert!(!d.has(p), "{p} left behind");
+    }
+}
+
+// Found on a real API server (issue 39): every queued Transfer's place in
+// line was rewritten whenever the queue moved, 76 status writes per
+// Transfer. A place behind the first ten shows as a coarse bound, and a
+// new one is written at most every ten seconds.
+#[tokio::test]
+async fn a_queue_that_moves_rewrites_few_places_in_line() {
+    let mut d = Double::new();
+    // No agents: nothing is placed, everything queues for the same pool.
+    pools(&mut d);
+    for i in 0..11 {
+        d.transfer(&t(&format!("q{i}"), 0, i));
+    }
+    let mut last = t("last", 0, 100);
+    d.transfer(&last);
+    reconcile(&d, &last).await;
+    let s = d.last_status("/transfers/last");
+    assert_eq!(s["queuePosition"], 20, "12th, shown as at most 20th: {s}");
+    last.status = Some(serde_json::from_value(s).unwrap());
+    d.transfer(&last);
+    // Higher priorities arrive one by one: it moves back to 25th.
+    for i in 0..13 {
+        d.transfer(&t(&format!("h{i}"), 10, 200 + i));
+        reconcile(&d, &last).await;
+    }
+    let writes = d
+        .calls()
+        .iter()
+        .filter(|c| c.is("PATCH", "/transfers/last/status"))
+        .count();
+    assert_eq!(writes, 1, "its place is written once, not 14 times");
+}
+
+// Found on a real API server (issue 39): a priority-100 Transfer stayed
+// Queued through five rounds while priority-0 Transfers took the agent it
+// needed in the pool that was not full.
+#[tokio::test]
+async fn a_high_priority_waiting_for_a_full_pool_keeps_its_agent_in_the_other() {
+    let mut d = Double::new();
+    pools(&mut d);
+    d.pool(&finalized(
+        pool("dst2", "/out2"),
+        pool_controller::POOL_FINALIZER,
+    ));
+    for (p, a) in [("src", "s0"), ("src", "s1"), ("dst", "r0"), ("dst2", "q0")] {
+        d.lease(&lease(p, a, now(), None));
+    }
+    // r0 (the only agent of dst) and s1 are full; s0 and q0 have a slot each.
+    let running = |name: &str, from: (&str, &str), to: (&str, &str)| {
+        let mut x = t(name, 0, 1);
+        x.status = Some(wirerate_crds::TransferStatus {
+            phase: Some(wirerate_crds::TransferPhase::Running),
+            attempt: 1,
+            sender: Some(agent_ref(from.1, from.0)),
+            receiver: Some(agent_ref(to.1, to.0)),
+            ..Default::default()
+        });
+        x
+    };
+    let run0 = running("run0", ("src", "s1"), ("dst", "r0"));
+    d.transfer(&run0);
+    d.transfer(&running("run1", ("src", "s1"), ("dst", "r0")));
+    d.transfer(&running("run2", ("src", "s0"), ("dst2", "q0")));
+    let high = t("high", 100, 5);
+    let mut low = t("low", 0, 2);
+    low.spec.destination.pool = Some("dst2".into());
+    low.spec.destination.path = "/out2/low".into();
+    d.transfer(&high);
+    d.transfer(&low);
+
+    reconcile(&d, &low).await;
+    let s = d.last_status("/transfers/low");
+    assert_eq!(s["phase"], "Queued", "s0 is held for high: {s}");
+    reconcile(&d, &high).await;
+    assert_eq!(d.last_status("/transfers/high")["phase"], "Queued");
+
+    // r0 frees a slot: high gets it, and s0.
+    let mut done = run0.clone();
+    done.status.as_mut().unwrap().phase = Some(wirerate_crds::TransferPhase::Succeeded);
+    d.transfer(&done);
+    reconcile(&d, &high).await;
+    let s = d.last_status("/transfers/high");
+    assert_eq!(s["phase"], "Running", "{s}");
+    assert_eq!(
+        (s["sender"]["name"].as_str(), s["receiver"]["name"].as_str()),
+        (Some("s0"), Some("r0"))
+    );
+}
+
 // issue 39: in about 1 run in 36 a receiver saw its assignment without a
 // token Secret named in the status, and failed the Transfer; its grant was
 // never revoked. A look at the Transfer from a cache that had not yet seen

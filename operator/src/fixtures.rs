@@ -47,6 +47,8 @@ pub(crate) struct Double {
     objects: Arc<Mutex<BTreeMap<String, Value>>>,
     /// Paths whose GETs fail (`unavailable`).
     unavailable: Arc<Mutex<BTreeSet<String>>>,
+    /// Paths (a subresource's included) whose PATCHes are refused (`refuse_patches`).
+    refused: Arc<Mutex<BTreeSet<String>>>,
     /// Objects that take a path's place just after its next GET
     /// (`replaced_after_get`).
     swaps: Arc<Mutex<BTreeMap<String, Value>>>,
@@ -157,7 +159,9 @@ impl Double {
         let objects: Arc<Mutex<BTreeMap<String, Value>>> = Arc::default();
         let unavailable: Arc<Mutex<BTreeSet<String>>> = Arc::default();
         let swaps: Arc<Mutex<BTreeMap<String, Value>>> = Arc::default();
+        let refused: Arc<Mutex<BTreeSet<String>>> = Arc::default();
         let (log, store, down) = (calls.clone(), objects.clone(), unavailable.clone());
+        let no = refused.clone();
         let swapping = swaps.clone();
         let server = tokio::spawn(async move {
             while let Some((req, respond)) = handle.next_request().await {
@@ -172,6 +176,9 @@ impl Double {
                     match method.as_str() {
                         "GET" if down.lock().unwrap().contains(&key) => {
                             (503, status(503, "ServiceUnavailable"))
+                        }
+                        "PATCH" if no.lock().unwrap().contains(&path) => {
+                            (403, status(403, "Forbidden"))
                         }
                         "GET" => match (objs.get(&key), list_of(&key)) {
                             (Some(o), _) => {
@@ -297,9 +304,16 @@ impl Double {
             bindings,
             objects,
             unavailable,
+            refused,
             swaps,
             server,
         }
+    }
+
+    /// Makes every PATCH of `path` fail with 403: a write the API server
+    /// surely did not apply.
+    pub(crate) fn refuse_patches(&self, path: &str) {
+        self.refused.lock().unwrap().insert(path.to_owned());
     }
 
     /// Puts `obj` in the API and in the cache the reconcilers read.

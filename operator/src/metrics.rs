@@ -33,6 +33,10 @@ pub struct Metrics {
     pub transfer_done: IntGaugeVec,
     /// Agents by pool and state (`live`, `lost`).
     pub agents: IntGaugeVec,
+    /// Writes that waited for their turn in the write budget.
+    pub write_waits: IntCounter,
+    /// Refreshes (places in line, stall marks) put off so changes go first.
+    pub refreshes_put_off: IntCounter,
 }
 
 /// The controllers, as the `controller` label spells them.
@@ -107,6 +111,16 @@ impl Default for Metrics {
             &["namespace", "pool", "state"],
         )
         .unwrap();
+        let write_waits = IntCounter::new(
+            "write_waits_total",
+            "Writes that waited for their turn under --max-writes-per-second",
+        )
+        .unwrap();
+        let refreshes_put_off = IntCounter::new(
+            "refreshes_put_off_total",
+            "Status refreshes (places in line, stall marks) put off so that changes go first",
+        )
+        .unwrap();
         // Every controller's series exist from the start, at 0, so that
         // dashboards and rate() see the first reconcile and the first error.
         for p in wirerate_crds::TransferPhase::ALL {
@@ -132,6 +146,8 @@ impl Default for Metrics {
             Box::new(transfer_eta.clone()),
             Box::new(transfer_done.clone()),
             Box::new(agents.clone()),
+            Box::new(write_waits.clone()),
+            Box::new(refreshes_put_off.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -149,6 +165,8 @@ impl Default for Metrics {
             transfer_eta,
             transfer_done,
             agents,
+            write_waits,
+            refreshes_put_off,
         }
     }
 }

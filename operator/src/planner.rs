@@ -18,9 +18,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use wirerate_crds::Transfer;
 use wirerate_crds::conditions::{self, types};
+use wirerate_crds::transfer::AgentRef;
 
 use crate::agents::{Agent, AgentId};
-use crate::context::Assignment;
 use crate::lifecycle::{self, Needs};
 use crate::scheduler::{self, Key, Placement, Slot, Waiting};
 use crate::validate::{Catalog, reason, validate};
@@ -34,6 +34,29 @@ pub struct Plan {
     pub positions: HashMap<Key, i32>,
     /// Transfers in progress on each agent, the ledger's counted.
     pub load: HashMap<AgentId, i32>,
+}
+
+/// Who a Transfer's attempt is assigned to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Assignment {
+    /// Attempt number.
+    pub attempt: i32,
+    /// Sender agent.
+    pub sender: Option<AgentRef>,
+    /// Receiver agent.
+    pub receiver: Option<AgentRef>,
+}
+
+impl Assignment {
+    /// The assignment a Transfer's status records.
+    pub fn of(t: &Transfer) -> Self {
+        let s = t.status.clone().unwrap_or_default();
+        Self {
+            attempt: s.attempt,
+            sender: s.sender,
+            receiver: s.receiver,
+        }
+    }
 }
 
 /// What one Transfer means to the scheduler.
@@ -182,7 +205,7 @@ impl Planner {
                 hash_of(&(
                     rv,
                     inputs.ledger.get(&uid).map(|a| {
-                        let name = |r: &Option<wirerate_crds::transfer::AgentRef>| {
+                        let name = |r: &Option<AgentRef>| {
                             r.as_ref().map(|r| (r.pool.clone(), r.name.clone()))
                         };
                         (a.attempt, name(&a.sender), name(&a.receiver))
@@ -451,7 +474,7 @@ mod tests {
 
         // t0 took its placement; the cache does not show it yet.
         let who = |pool: &str, name: &str| {
-            Some(wirerate_crds::transfer::AgentRef {
+            Some(AgentRef {
                 name: name.into(),
                 pool: pool.into(),
                 address: None,
@@ -499,7 +522,7 @@ mod tests {
         t.status = Some(wirerate_crds::TransferStatus {
             phase: Some(TransferPhase::Queued),
             attempt: 2,
-            sender: Some(wirerate_crds::transfer::AgentRef {
+            sender: Some(AgentRef {
                 name: "s0".into(),
                 pool: "src".into(),
                 address: None,

@@ -5,8 +5,12 @@
 //! Order: higher priority first; within one priority, namespaces take turns
 //! (the namespace with the fewest transfers already running on the pool goes
 //! first, then the one waiting longest), and each namespace's own transfers
-//! run oldest first. A transfer that cannot be placed (its other pool is full)
-//! does not hold back the ones behind it.
+//! run oldest first. A transfer that cannot be placed because a pool it needs
+//! is busy reserves what it needs in its other pool, so that the ones behind
+//! it take only what does not delay it: otherwise a high priority needing
+//! two pools waits for ever while lower ones keep taking the free agent of
+//! the pool that is not full. A transfer that could not run even on idle
+//! agents (a pool it needs has no live agent it may use) reserves nothing.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -92,7 +96,8 @@ pub fn order(waiting: &[Waiting], running_per_namespace: &HashMap<String, usize>
     out
 }
 
-/// Places transfers in `order` on the agents with the most free slots.
+/// Places transfers in `order` on the agents with the most free slots;
+/// one that waits for a busy pool holds a slot in its other pool.
 pub fn assign(order: &[Key], waiting: &[Waiting], slots: &[Slot]) -> BTreeMap<Key, Placement> {
     let by_key: HashMap<&Key, &Waiting> = waiting.iter().map(|w| (&w.key, w)).collect();
     let mut free: Vec<Slot> = slots.to_vec();
@@ -102,14 +107,15 @@ pub fn assign(order: &[Key], waiting: &[Waiting], slots: &[Slot]) -> BTreeMap<Ke
     for s in slots {
         *room.entry(s.pool.clone()).or_default() += s.free.max(0);
     }
-    let full = |room: &HashMap<Key, i32>, pool: &Option<Key>| {
+    // Nothing left there for it: full, or not needed.
+    let spent = |room: &HashMap<Key, i32>, pool: &Option<Key>| {
         pool.as_ref()
-            .is_some_and(|p| room.get(p).copied().unwrap_or(0) <= 0)
+            .is_none_or(|p| room.get(p).copied().unwrap_or(0) <= 0)
     };
     let mut placed = BTreeMap::new();
     for key in order {
         let Some(w) = by_key.get(key) else { continue };
-        if full(&room, &w.sender_pool) || full(&room, &w.receiver_pool) {
+        if spent(&room, &w.sender_pool) && spent(&room, &w.receiver_pool) {
             continue;
         }
         let pick = |free: &[Slot], pool: &Key, not: Option<usize>| {
@@ -122,35 +128,48 @@ pub fn assign(order: &[Key], waiting: &[Waiting], slots: &[Slot]) -> BTreeMap<Ke
                 .max_by(|(_, a), (_, b)| a.free.cmp(&b.free).then_with(|| b.agent.cmp(&a.agent)))
                 .map(|(i, _)| i)
         };
-        let sender = match &w.sender_pool {
-            Some(pool) => match pick(&free, pool, None) {
-                Some(i) => Some(i),
-                None => continue,
-            },
-            None => None,
-        };
-        let receiver = match &w.receiver_pool {
+        let sender = w.sender_pool.as_ref().map(|pool| pick(&free, pool, None));
+        let receiver = w.receiver_pool.as_ref().map(|pool| {
             // An agent may send and receive the same transfer only if it is
             // the pool's only choice; two agents spread the disk load.
-            Some(pool) => match pick(&free, pool, sender).or_else(|| pick(&free, pool, None)) {
-                Some(i) => Some(i),
-                None => continue,
-            },
-            None => None,
-        };
-        for i in sender.iter().chain(receiver.iter()) {
+            pick(&free, pool, sender.flatten())
+                .or_else(|| pick(&free, pool, None))
+                // Both roles on one agent take two of its slots.
+                .filter(|i| Some(*i) != sender.flatten() || free[*i].free >= 2)
+        });
+        let complete = sender.is_none_or(|s| s.is_some()) && receiver.is_none_or(|r| r.is_some());
+        if !complete && !could_run(w, slots) {
+            continue;
+        }
+        // Placed, or (incomplete) the slots it found held for it.
+        for i in sender.iter().chain(receiver.iter()).flatten() {
             free[*i].free -= 1;
             *room.entry(free[*i].pool.clone()).or_default() -= 1;
         }
-        placed.insert(
-            key.clone(),
-            Placement {
-                sender: sender.map(|i| free[i].agent.clone()),
-                receiver: receiver.map(|i| free[i].agent.clone()),
-            },
-        );
+        if complete {
+            placed.insert(
+                key.clone(),
+                Placement {
+                    sender: sender.flatten().map(|i| free[i].agent.clone()),
+                    receiver: receiver.flatten().map(|i| free[i].agent.clone()),
+                },
+            );
+        }
     }
     placed
+}
+
+/// Whether `w` could be placed once agents finish what they run: every
+/// pool it needs has a live agent it may use.
+fn could_run(w: &Waiting, slots: &[Slot]) -> bool {
+    let usable = |pool: &Option<Key>| {
+        pool.as_ref().is_none_or(|p| {
+            slots
+                .iter()
+                .any(|s| &s.pool == p && !w.avoid.contains(&s.agent))
+        })
+    };
+    usable(&w.sender_pool) && usable(&w.receiver_pool)
 }
 
 #[cfg(test)]
@@ -231,33 +250,99 @@ mod tests {
         assert_ne!(t1.receiver, t2.receiver, "receivers are spread");
     }
 
+    fn slot(pool_name: &str, agent: &str, free: i32) -> Slot {
+        Slot {
+            pool: pool(pool_name),
+            agent: agent.into(),
+            free,
+        }
+    }
+
+    fn placed_names(placed: &BTreeMap<Key, Placement>) -> Vec<&str> {
+        placed.keys().map(|k| k.1.as_str()).collect()
+    }
+
+    // Found on a real API server (issue 39): a priority-100 Transfer
+    // needing agents of two pools stayed Queued through five rounds, while
+    // priority-0 Transfers took the free agent of the pool that was not
+    // full each time one freed up.
     #[test]
-    fn a_blocked_transfer_does_not_hold_back_others() {
-        let mut blocked = w("a", "to-full-pool", 5, 1);
-        blocked.receiver_pool = Some(pool("full"));
+    fn a_transfer_waiting_for_a_full_pool_holds_its_agent_in_the_other() {
+        let mut high = w("a", "high", 100, 5);
+        high.sender_pool = Some(pool("busy"));
+        high.receiver_pool = Some(pool("dst"));
+        // Low priorities that need only the pool with room (an external receiver).
+        let low: Vec<Waiting> = (0..3)
+            .map(|i| {
+                let mut l = w("a", &format!("low{i}"), 0, i);
+                l.sender_pool = Some(pool("dst"));
+                l.receiver_pool = None;
+                l
+            })
+            .collect();
+        let q: Vec<Waiting> = std::iter::once(high.clone()).chain(low).collect();
+        let ord = order(&q, &HashMap::new());
+        assert_eq!(ord[0], high.key);
+
+        // The busy pool's agent is full, the other has one free slot: it is
+        // held for high, and no low priority takes it.
+        let slots = [slot("busy", "b0", 0), slot("dst", "r0", 1)];
+        assert!(assign(&ord, &q, &slots).is_empty());
+
+        // A second free slot is backfilled: taking it delays nobody.
+        let slots = [slot("busy", "b0", 0), slot("dst", "r0", 2)];
+        assert_eq!(placed_names(&assign(&ord, &q, &slots)), ["low0"]);
+
+        // The busy agent frees a slot: high gets both.
+        let slots = [slot("busy", "b0", 1), slot("dst", "r0", 1)];
+        let placed = assign(&ord, &q, &slots);
+        assert_eq!(placed_names(&placed), ["high"]);
+        assert_eq!(
+            placed[&high.key],
+            Placement {
+                sender: Some("b0".into()),
+                receiver: Some("r0".into())
+            }
+        );
+    }
+
+    #[test]
+    fn one_agent_sends_and_receives_only_with_two_free_slots() {
+        let mut within = w("a", "within", 0, 1);
+        within.receiver_pool = Some(pool("src"));
+        let q = [within.clone()];
+        let placed = assign(&[within.key.clone()], &q, &[slot("src", "s0", 1)]);
+        assert!(placed.is_empty(), "one slot is not two: {placed:?}");
+        let placed = assign(&[within.key.clone()], &q, &[slot("src", "s0", 2)]);
+        assert_eq!(
+            placed[&within.key],
+            Placement {
+                sender: Some("s0".into()),
+                receiver: Some("s0".into())
+            }
+        );
+    }
+
+    #[test]
+    fn a_transfer_that_cannot_run_at_all_holds_nothing_back() {
+        // Its pool has no live agent (or only ones it lost): nothing frees
+        // up for it, so holding a slot would only waste it.
+        let mut blocked = w("a", "to-empty-pool", 5, 1);
+        blocked.receiver_pool = Some(pool("empty"));
+        let q = [blocked.clone(), w("a", "other", 0, 2)];
+        let slots = [slot("src", "s0", 1), slot("dst", "r0", 1)];
+        let placed = assign(&order(&q, &HashMap::new()), &q, &slots);
+        assert_eq!(placed_names(&placed), ["other"]);
+
+        blocked.avoid = vec!["e0".into()];
         let q = [blocked, w("a", "other", 0, 2)];
         let slots = [
-            Slot {
-                pool: pool("src"),
-                agent: "s0".into(),
-                free: 1,
-            },
-            Slot {
-                pool: pool("dst"),
-                agent: "r0".into(),
-                free: 1,
-            },
-            Slot {
-                pool: pool("full"),
-                agent: "f0".into(),
-                free: 0,
-            },
+            slot("src", "s0", 1),
+            slot("dst", "r0", 1),
+            slot("empty", "e0", 0),
         ];
         let placed = assign(&order(&q, &HashMap::new()), &q, &slots);
-        assert_eq!(
-            placed.keys().map(|k| k.1.as_str()).collect::<Vec<_>>(),
-            ["other"]
-        );
+        assert_eq!(placed_names(&placed), ["other"]);
     }
 
     #[test]

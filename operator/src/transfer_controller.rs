@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::{Role as RbacRole, RoleBinding};
@@ -18,6 +18,7 @@ use wirerate_crds::transfer::{ReportState, Role};
 use wirerate_crds::{Transfer, TransferPhase, TransferStatus, contract};
 
 use crate::agents::AgentId;
+use crate::budget::{self, Class};
 use crate::context::{Assignment, Context};
 use crate::lifecycle::{self, Note};
 use crate::scheduler::Key;
@@ -127,7 +128,11 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
             ctx.changed();
         }
         let plan = ctx.recent_plan(now).await;
-        step.status.queue_position = plan.positions.get(&key).copied();
+        step.status.queue_position = plan
+            .positions
+            .get(&key)
+            .copied()
+            .map(budget::shown_position);
         if let (Some(_), Ok(_)) = (plan.placements.get(&key), &validity)
             && let Some(why) = names_taken(current, ctx).await?
         {
@@ -175,11 +180,27 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
             });
             if let Some(((status, note), before)) = assigned {
                 taken = Some(Taken { ctx, uid, before });
-                grant(current, ctx, resolved, &token).await?;
+                let pools: Vec<&Key> = std::iter::once(&resolved.sender_pool)
+                    .chain(resolved.receiver_pool.as_ref())
+                    .collect();
+                if let Err(e) = grant(current, ctx, &token, &pools).await {
+                    // The placement goes back (Taken), and what was granted
+                    // for it with it, unless the agents already hold it.
+                    drop(taken.take());
+                    if unassigned(current) {
+                        revoke_quietly(current, ctx).await;
+                    }
+                    return Err(e);
+                }
                 step.status = status;
                 notes.push(note);
             } else {
-                step.status.queue_position = ctx.plan(now).positions.get(&key).copied();
+                step.status.queue_position = ctx
+                    .plan(now)
+                    .positions
+                    .get(&key)
+                    .copied()
+                    .map(budget::shown_position);
             }
         }
     }
@@ -197,7 +218,10 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
         && matches!(phase_now, TransferPhase::Running | TransferPhase::Verifying)
     {
         let token = token_secret_name(current);
-        grant(current, ctx, resolved, &token).await?;
+        let pools: Vec<&Key> = std::iter::once(&resolved.sender_pool)
+            .chain(resolved.receiver_pool.as_ref())
+            .collect();
+        grant(current, ctx, &token, &pools).await?;
         // What the assignment set, again; its Event went out with it.
         let (mut s, _) = lifecycle::assigned(
             current,
@@ -232,27 +256,45 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
         ctx.metrics.bytes.inc_by(bytes.max(0) as u64);
     }
 
+    let before = lifecycle::operator_fields(&t.status.clone().unwrap_or_default());
+    let put_off = put_off_refresh(ctx, &key, &before, &mut step.status);
+
     let written = write(t, ctx, api, &step.status).await;
-    if let Some(taken) = taken
-        && !written.as_ref().is_err_and(refused)
-    {
-        taken.keep();
+    match taken {
+        // Surely not assigned: the grant made for it goes too.
+        Some(taken) if written.as_ref().is_err_and(refused) => {
+            drop(taken);
+            if unassigned(current) {
+                revoke_quietly(current, ctx).await;
+            }
+        }
+        Some(taken) => taken.keep(),
+        None => {}
     }
     written?;
-    ctx.shown(&key, step.status.queue_position);
+    let moved = before.queue_position != step.status.queue_position;
+    ctx.shown(&key, step.status.queue_position, moved.then(Instant::now));
     // Over, or unable to run: the agents lose the token (idempotent, so a
     // failed revocation or a restart in between is made good next time).
     let granted = step.status.token_secret.is_some();
     if granted && (phase.is_final() || phase == TransferPhase::Pending) {
         revoke_token(current, ctx).await?;
     }
+    if phase.is_final() {
+        // Its own token is of no use any more; gone now, it cannot be left
+        // behind by a deletion that orphans what the Transfer owns.
+        delete_own_token(current, ctx).await?;
+    }
     let assigned = step.status.sender.is_some() || step.status.receiver.is_some();
     if phase.is_final() || (phase == TransferPhase::Pending && !assigned) {
         // Nothing left for the agents to clean up.
-        hold(t, api, false).await?;
+        hold(t, ctx, api, false).await?;
     }
     for n in notes {
         publish(ctx, t, &n).await;
+    }
+    if let Some(wait) = put_off {
+        return Ok(Action::requeue(wait));
     }
     // Agents' comings and goings, reports and the plan's placements wake a
     // Transfer; the clock only for what no event announces.
@@ -273,26 +315,27 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
     })
 }
 
-/// Gives the agents of `t`'s pools its token: the finalizer that takes the
-/// grant back, the Secret, then the Role and RoleBinding. Before any status
-/// that assigns agents is written: an agent that sees its assignment can
-/// read the token (the API server's authorizer may lag a moment; agents
-/// wait for it).
-async fn grant(
-    t: &Transfer,
+/// Puts off a status that only refreshes a figure (a place in line, a
+/// stall mark), keeping `before`, when it is not its turn: a place in line
+/// is written at most every [`budget::POSITION_INTERVAL`], and no refresh
+/// while changes wait for the write budget. Says when to look again.
+fn put_off_refresh(
     ctx: &Context,
-    resolved: &crate::validate::Resolved,
-    token: &str,
-) -> Result<()> {
-    hold(t, &api_for(t, ctx)?, true).await?;
-    ensure_token(t, ctx).await?;
-    let pools: Vec<&Key> = std::iter::once(&resolved.sender_pool)
-        .chain(resolved.receiver_pool.as_ref())
-        .collect();
-    let (role, binding) = token_grant::render(t, token, &pools);
-    ctx.apply(&role).await?;
-    ctx.apply(&binding).await?;
-    Ok(())
+    key: &Key,
+    before: &TransferStatus,
+    status: &mut TransferStatus,
+) -> Option<Duration> {
+    if budget::classify(before, status) != Some(Class::Refresh) {
+        return None;
+    }
+    let due = if before.queue_position == status.queue_position {
+        Ok(())
+    } else {
+        ctx.position_due(key, Instant::now())
+    };
+    let wait = due.and_then(|()| ctx.refresh_permit()).err()?;
+    *status = before.clone();
+    Some(wait)
 }
 
 /// Whether `t` is over, or its assigned sender says the data has landed
@@ -345,6 +388,36 @@ impl Drop for Taken<'_> {
         if !self.uid.is_empty() {
             self.ctx.release(&self.uid, self.before.take());
         }
+    }
+}
+
+/// Whether `t`'s agents hold nothing of it yet: a grant made for it now
+/// is the only one, and goes if its assignment cannot be written.
+fn unassigned(t: &Transfer) -> bool {
+    t.status
+        .as_ref()
+        .is_none_or(|s| s.sender.is_none() && s.receiver.is_none())
+}
+
+/// Makes what the agents of `pools` need before they see an assignment:
+/// the finalizer (from here on there is a grant to take back), the token,
+/// then access to it (the API server's authorizer may lag a moment; agents
+/// retry).
+async fn grant(t: &Transfer, ctx: &Context, token: &str, pools: &[&Key]) -> Result<()> {
+    hold(t, ctx, &api_for(t, ctx)?, true).await?;
+    ensure_token(t, ctx).await?;
+    let (role, binding) = token_grant::render(t, token, pools);
+    ctx.apply(&role).await?;
+    ctx.apply(&binding).await?;
+    Ok(())
+}
+
+/// Revokes `t`'s grant on a path that already fails: a failure here is
+/// logged, and the next look at `t` (or its verdict, or its finalizer)
+/// revokes it again.
+async fn revoke_quietly(t: &Transfer, ctx: &Context) {
+    if let Err(e) = revoke_token(t, ctx).await {
+        tracing::warn!(error = %e, "cannot revoke the grant of an assignment not made; trying again later");
     }
 }
 
@@ -447,6 +520,7 @@ async fn ensure_token(t: &Transfer, ctx: &Context) -> Result<()> {
     // One from an earlier pass (names_taken checked the owner) is kept: a
     // running transfer's token never changes.
     let uid = t.metadata.uid.as_deref().unwrap_or_default();
+    ctx.change_permit().await;
     if token_grant::ensure_secret(&api, &secret, "Transfer", uid).await? {
         Ok(())
     } else {
@@ -465,10 +539,11 @@ fn api_for(t: &Transfer, ctx: &Context) -> Result<Api<Transfer>> {
 /// be a stale copy (the cache lags the operator's own last write): when the
 /// test fails, the object is read afresh and, if it still needs it, patched
 /// once more.
-async fn hold(t: &Transfer, api: &Api<Transfer>, keep: bool) -> Result<()> {
+async fn hold(t: &Transfer, ctx: &Context, api: &Api<Transfer>, keep: bool) -> Result<()> {
     let Some(patch) = finalizer_patch(t, keep) else {
         return Ok(());
     };
+    ctx.change_permit().await;
     let pp = PatchParams::default();
     match api
         .patch::<Transfer>(&t.name_any(), &pp, &Patch::Json(patch))
@@ -538,9 +613,25 @@ async fn revoke_token(t: &Transfer, ctx: &Context) -> Result<()> {
     let name = token_grant::grant_name(&t.name_any());
     let uid = t.metadata.uid.clone().unwrap_or_default();
     let bindings = Api::<RoleBinding>::namespaced(ctx.client.clone(), &ns);
+    ctx.change_permit().await;
     token_grant::delete_owned(&bindings, &name, "Transfer", &uid).await?;
     let roles = Api::<RbacRole>::namespaced(ctx.client.clone(), &ns);
+    ctx.change_permit().await;
     token_grant::delete_owned(&roles, &name, "Transfer", &uid).await?;
+    Ok(())
+}
+
+/// Deletes the token Secret `t` owns, if it owns one (an external
+/// receiver's belongs to its owner).
+async fn delete_own_token(t: &Transfer, ctx: &Context) -> Result<()> {
+    if t.spec.destination.external.is_some() {
+        return Ok(());
+    }
+    let ns = t.namespace().ok_or(Error::Malformed("a namespace"))?;
+    let uid = t.metadata.uid.clone().unwrap_or_default();
+    let secrets = Api::<Secret>::namespaced(ctx.client.clone(), &ns);
+    ctx.change_permit().await;
+    token_grant::delete_owned(&secrets, &token_name(t), "Transfer", &uid).await?;
     Ok(())
 }
 
@@ -571,10 +662,15 @@ async fn write(t: &Transfer, ctx: &Context, api: &Api<Transfer>, s: &TransferSta
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     if current != wanted {
+        ctx.change_permit().await;
         let patch = LabelsApply::new::<Transfer>(&name, &wanted);
         api.patch(&name, &pp, &Patch::Apply(&patch)).await?;
     }
-    if lifecycle::operator_fields(&old) != *s {
+    if let Some(class) = budget::classify(&lifecycle::operator_fields(&old), s) {
+        // A refresh took its turn before (`refresh_permit`).
+        if class == Class::Change {
+            ctx.change_permit().await;
+        }
         let patch = StatusApply::new::<Transfer>(s);
         api.patch_status(&name, &pp, &Patch::Apply(&patch)).await?;
         // Until the cache shows it, the ledger stands in (a failover's new
@@ -604,16 +700,32 @@ async fn publish(ctx: &Context, t: &Transfer, n: &Note) {
         action: "Reconcile".into(),
         secondary: None,
     };
+    ctx.change_permit().await;
     if let Err(e) = ctx.recorder.publish(&ev, &t.object_ref(&())).await {
         tracing::warn!(reason = n.reason, error = %e, "cannot publish an event");
     }
 }
 
-/// Deleting: lets the agents stop and remove temporary files, then lets go.
+/// Deleting: lets the agents stop and remove temporary files, then takes
+/// back the grant and the token (by uid: only what this Transfer owns), so
+/// that a deletion orphaning what it owns (`--cascade=orphan`) leaves no
+/// access behind, and lets go.
 async fn cleanup(t: &Transfer, ctx: &Context) -> Result<Action> {
+    if let Some(pending) = cleanup_pending(t, ctx) {
+        // An error keeps the finalizer in place; error_policy requeues.
+        return Err(Error::CleanupPending(pending));
+    }
+    revoke_token(t, ctx).await?;
+    delete_own_token(t, ctx).await?;
+    Ok(Action::await_change())
+}
+
+/// The live agents still to confirm they stopped `t`, if any and if the
+/// grace for them has not run out.
+fn cleanup_pending(t: &Transfer, ctx: &Context) -> Option<String> {
     let s = t.status.clone().unwrap_or_default();
     if s.phase.is_some_and(|p| p.is_final()) || s.sender.is_none() {
-        return Ok(Action::await_change());
+        return None;
     }
     let view = ctx.view(Timestamp::now());
     let pending: Vec<&str> = s
@@ -638,14 +750,14 @@ async fn cleanup(t: &Transfer, ctx: &Context) -> Result<Action> {
         .map_or(Duration::ZERO, |d| {
             Timestamp::now().duration_since(d.0).unsigned_abs()
         });
-    if pending.is_empty() || since > CLEANUP_GRACE {
-        if !pending.is_empty() {
-            tracing::warn!(
-                "agents {pending:?} did not confirm cleanup within {CLEANUP_GRACE:?}; releasing the Transfer"
-            );
-        }
-        return Ok(Action::await_change());
+    if pending.is_empty() {
+        return None;
     }
-    // An error keeps the finalizer in place; error_policy requeues.
-    Err(Error::CleanupPending(pending.join(", ")))
+    if since > CLEANUP_GRACE {
+        tracing::warn!(
+            "agents {pending:?} did not confirm cleanup within {CLEANUP_GRACE:?}; releasing the Transfer"
+        );
+        return None;
+    }
+    Some(pending.join(", "))
 }

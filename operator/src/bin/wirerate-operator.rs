@@ -34,6 +34,12 @@ struct Args {
     /// Address of /metrics and /healthz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_addr: String,
+    /// Writes to the API server per second at most, all kinds together.
+    /// Changes (a phase, agents, a grant) wait their turn; refreshes (a
+    /// place in line, a stall mark) give way to them.
+    #[arg(long, default_value_t = wirerate_operator::budget::DEFAULT_WRITES_PER_SECOND,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_writes_per_second: u32,
 }
 
 #[tokio::main]
@@ -198,7 +204,10 @@ async fn run() -> anyhow::Result<()> {
         leases,
         pods,
     };
-    let ctx = Arc::new(Context::new(client.clone(), stores, metrics, &identity));
+    let ctx = Arc::new(
+        Context::new(client.clone(), stores, metrics, &identity)
+            .with_write_rate(args.max_writes_per_second),
+    );
     let _ = cell.set(ctx.clone());
     let wakes = ctx.wakes().expect("taken once, here");
     let pools = pools.reconcile_on(wakes.pools);

@@ -7,7 +7,7 @@
 //! watch older than the history), create, update with optimistic
 //! concurrency, merge, JSON and server-side-apply patches, status
 //! subresources, finalizers, and `Status` errors. It counts every request by
-//! who made it, verb and resource.
+//! who made it, verb and resource, and every write by object.
 //!
 //! Left out, because nothing here needs it: authentication and RBAC,
 //! admission (CEL rules, webhooks), defaulting and schema validation,
@@ -34,7 +34,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub use counts::{Actor, DRIVER_AGENT, Tally};
+pub use counts::{Actor, DRIVER_AGENT, ObjectWrites, Tally};
 
 /// Changes kept for watches that resume from an older resourceVersion.
 const HISTORY: usize = 20_000;
@@ -133,6 +133,11 @@ impl ApiServer {
     /// Requests so far.
     pub fn counts(&self) -> Tally {
         self.shared.counts.snapshot()
+    }
+
+    /// Writes so far, per object.
+    pub fn writes_by_object(&self) -> ObjectWrites {
+        self.shared.counts.objects()
     }
 }
 

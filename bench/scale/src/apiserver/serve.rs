@@ -158,6 +158,17 @@ async fn respond(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response
     let selector =
         || Selector::parse(q("labelSelector"), q("fieldSelector")).map_err(ApiError::bad_request);
     let bytes = read_body(body).await?;
+    if matches!(verb, "create" | "update" | "patch" | "delete") {
+        let name = t.name.clone().unwrap_or_else(|| {
+            // A create names its object in the body.
+            serde_json::from_slice::<Value>(&bytes)
+                .ok()
+                .and_then(|b| b["metadata"]["name"].as_str().map(str::to_owned))
+                .unwrap_or_default()
+        });
+        let object = format!("{}/{name}", t.namespace.as_deref().unwrap_or_default());
+        shared.counts.add_write(actor, t.counted_as(), object);
+    }
     let one = |code: u16, obj: Obj| Ok(json(code, Bytes::from(shaped(&obj, meta_only))));
     match verb {
         "get" => one(200, shared.store().get(&t)?),
