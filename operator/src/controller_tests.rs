@@ -1722,3 +1722,34 @@ async fn a_high_priority_waiting_for_a_full_pool_keeps_its_agent_in_the_other() 
         (Some("s0"), Some("r0"))
     );
 }
+
+// issue 39: in about 1 run in 36 a receiver saw its assignment without a
+// token Secret named in the status, and failed the Transfer; its grant was
+// never revoked. A look at the Transfer from a cache that had not yet seen
+// the operator's own assignment (the ledger standing in for it) wrote the
+// agents back without the token's name, and server-side apply dropped it.
+#[tokio::test]
+async fn a_look_from_a_stale_copy_keeps_the_token_beside_the_assignment() {
+    let mut d = Double::new();
+    pools(&mut d);
+    d.lease(&lease("src", "s0", now(), None));
+    d.lease(&lease("dst", "r0", now(), None));
+    let x = t("x", 0, 1);
+    d.transfer(&x);
+    reconcile(&d, &x).await;
+    let s = d.last_status("/transfers/x");
+    assert_eq!(s["receiver"]["name"], "r0");
+    assert_eq!(s["tokenSecret"], "x-token");
+    // Looked at again before the cache shows that write.
+    reconcile(&d, &x).await;
+    let s = d.last_status("/transfers/x");
+    assert_eq!(s["receiver"]["name"], "r0");
+    assert_eq!(
+        s["tokenSecret"], "x-token",
+        "every status that names agents names their token: {s}"
+    );
+    assert!(d.has("/api/v1/namespaces/data/secrets/x-token"));
+    assert!(
+        d.has("/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings/wirerate-token.x")
+    );
+}

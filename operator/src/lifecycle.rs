@@ -31,7 +31,8 @@ pub struct Needs {
     pub sender: bool,
     /// A receiver is needed.
     pub receiver: bool,
-    /// Agents lost by this transfer, not to be chosen again.
+    /// Agents lost by this transfer and still in their back-off (see
+    /// [`avoided`]), not to be chosen now.
     pub avoid: Vec<String>,
 }
 
@@ -137,8 +138,8 @@ pub fn step(
         let needs = Needs {
             sender: s.sender.is_none(),
             receiver: !external && s.receiver.is_none(),
-            // Agents lost before are not chosen again.
-            avoid: s.failovers.iter().map(|f| f.agent.clone()).collect(),
+            // Agents lost before are passed over for a while.
+            avoid: avoided(&s.failovers, now),
         };
         return Step {
             status: s,
@@ -229,10 +230,7 @@ pub fn step(
             attempts.dedup();
             attempts.len()
         };
-        let mut needs = Needs {
-            avoid: s.failovers.iter().map(|f| f.agent.clone()).collect(),
-            ..Needs::default()
-        };
+        let mut needs = Needs::default();
         let attempt = s.attempt;
         for (role, agent, why) in &lost {
             let counted =
@@ -268,7 +266,6 @@ pub fn step(
                     s.attempt + 1
                 ),
             });
-            needs.avoid.push(agent.clone());
             match role {
                 Role::Sender => {
                     s.sender = None;
@@ -280,6 +277,7 @@ pub fn step(
                 }
             }
         }
+        needs.avoid = avoided(&s.failovers, now);
         s.attempt += 1;
         s.phase = Some(TransferPhase::Queued);
         conditions::set(
@@ -454,6 +452,60 @@ fn fail(
         reason: "Failed",
         message: msg.to_owned(),
     });
+}
+
+/// How long a Transfer passes over an agent it lost once: long enough
+/// for a restarted agent to settle, short enough that a Transfer to a
+/// one-agent pool is not left Queued for ever (an agent lost was once
+/// avoided for good). Doubled with each further loss, up to [`BACK_OFF_MAX`].
+pub const BACK_OFF: i64 = 30;
+/// The longest an agent lost again and again is passed over.
+pub const BACK_OFF_MAX: i64 = 480;
+
+/// Each agent `failovers` lost, in the order first lost, with the second
+/// its back-off ends: [`BACK_OFF`] after its last loss, doubled for each
+/// loss before it, at most [`BACK_OFF_MAX`].
+pub fn back_off(failovers: &[Failover]) -> Vec<(String, i64)> {
+    let mut out: Vec<(String, i64, u32)> = Vec::new();
+    for f in failovers {
+        let at = f.at.0.as_second();
+        match out.iter_mut().find(|(a, _, _)| *a == f.agent) {
+            Some((_, last, n)) => {
+                *last = (*last).max(at);
+                *n += 1;
+            }
+            None => out.push((f.agent.clone(), at, 1)),
+        }
+    }
+    out.into_iter()
+        .map(|(a, last, n)| {
+            let wait = BACK_OFF
+                .saturating_mul(1 << (n - 1).min(16))
+                .min(BACK_OFF_MAX);
+            (a, last.saturating_add(wait))
+        })
+        .collect()
+}
+
+/// The agents lost by a Transfer that it still passes over at `now`. One
+/// whose back-off has ended may be chosen again once it is live (its
+/// Lease fresh): the scheduler offers only live agents.
+pub fn avoided(failovers: &[Failover], now: Timestamp) -> Vec<String> {
+    back_off(failovers)
+        .into_iter()
+        .filter(|(_, end)| now.as_second() < *end)
+        .map(|(a, _)| a)
+        .collect()
+}
+
+/// When the next back-off of `failovers` ends after `now`, if one does: a
+/// Transfer waiting on it is looked at again then.
+pub fn next_release(failovers: &[Failover], now: Timestamp) -> Option<i64> {
+    back_off(failovers)
+        .into_iter()
+        .map(|(_, end)| end)
+        .filter(|end| *end > now.as_second())
+        .min()
 }
 
 /// The fields the operator owns, copied from `old`; agents own the rest.
@@ -898,6 +950,46 @@ mod tests {
             })
         );
         assert_eq!(st.notes[0].reason, "Failover");
+    }
+
+    // issue 39: an agent lost once was never chosen again by that Transfer,
+    // even once back; a Transfer to a one-agent pool stayed Queued for ever.
+    #[test]
+    fn a_lost_agent_comes_back_after_a_back_off_that_grows_to_a_bound() {
+        let f = |agent: &str, when: i64| Failover {
+            attempt: 1,
+            role: Role::Receiver,
+            agent: agent.into(),
+            reason: String::new(),
+            at: Time(at(when)),
+        };
+        let once = [f("r0", 100)];
+        assert_eq!(avoided(&once, at(101)), ["r0"]);
+        assert_eq!(avoided(&once, at(129)), ["r0"]);
+        assert!(avoided(&once, at(130)).is_empty());
+        assert_eq!(next_release(&once, at(101)), Some(130));
+        assert_eq!(next_release(&once, at(130)), None);
+        // Lost again at 200 and 300: 60 s after the second, 120 s after the third.
+        let thrice = [f("r0", 100), f("s0", 150), f("r0", 200), f("r0", 300)];
+        assert_eq!(
+            back_off(&thrice),
+            [("r0".to_owned(), 420), ("s0".to_owned(), 180)]
+        );
+        assert_eq!(avoided(&thrice, at(200)), ["r0"]);
+        let many: Vec<Failover> = (0..40).map(|i| f("r0", i)).collect();
+        assert_eq!(back_off(&many), [("r0".to_owned(), 39 + BACK_OFF_MAX)]);
+
+        // The one-agent pool: r0 lost at 201, back (its Lease fresh) at 211;
+        // still passed over until 231, then asked for again.
+        let mut t = transfer("t", "/in/a", "/out/a");
+        running(&mut t, &agents(99, &[("src", "s0"), ("dst", "r0")]));
+        let st = step(&t, &check(&t), &agents(200, &[("src", "s0")]), at(201));
+        t.status = Some(st.status);
+        let back = agents(210, &[("src", "s0"), ("dst", "r0")]);
+        let n = step(&t, &check(&t), &back, at(211)).needs.unwrap();
+        assert_eq!((n.receiver, n.avoid), (true, vec!["r0".to_owned()]));
+        let n = step(&t, &check(&t), &back, at(231)).needs.unwrap();
+        assert!(n.receiver && n.avoid.is_empty(), "{n:?}");
     }
 
     #[test]

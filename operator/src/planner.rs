@@ -213,6 +213,10 @@ impl Planner {
                     t.metadata.deletion_timestamp.is_some(),
                     catalog_fp,
                     assigned.then_some((agents_fp, stalled(t, inputs.now))),
+                    // Time, not an event, ends a lost agent's back-off.
+                    t.status
+                        .as_ref()
+                        .map(|s| lifecycle::avoided(&s.failovers, inputs.now)),
                 ))
             });
             let entry = match self.entries.get(&uid) {
@@ -507,6 +511,63 @@ mod tests {
         });
         assert!(superseded(&t0, &ledger["uid-t0"]));
         assert!(overlaid(&t0, &ledger).is_none());
+    }
+
+    // issue 39: an agent a Transfer had lost was never chosen for it again,
+    // so a Transfer to a one-agent pool stayed Queued for ever.
+    #[test]
+    fn a_one_agent_pool_gets_its_lost_agent_back_after_the_back_off() {
+        let mut planner = Planner::default();
+        let ag = agents(&[lease("src", "s0", NOW, None), lease("dst", "r0", NOW, None)]);
+        let mut t = (*queued("t", 0, 1)).clone();
+        t.status = Some(wirerate_crds::TransferStatus {
+            phase: Some(TransferPhase::Queued),
+            attempt: 2,
+            sender: Some(AgentRef {
+                name: "s0".into(),
+                pool: "src".into(),
+                address: None,
+                node: None,
+            }),
+            failovers: vec![wirerate_crds::transfer::Failover {
+                attempt: 1,
+                role: wirerate_crds::transfer::Role::Receiver,
+                agent: "r0".into(),
+                reason: "its Lease expired".into(),
+                at: Time(at(NOW - 20)),
+            }],
+            ..Default::default()
+        });
+        let all = [Arc::new(t)];
+        let pools = pools();
+        let consents = BTreeSet::new();
+        let mut plan_at = |now: i64| {
+            planner.plan(&Inputs {
+                transfers: &all,
+                agents: &ag,
+                catalog: Catalog {
+                    pools: &pools,
+                    consents: &consents,
+                },
+                ledger: &HashMap::new(),
+                now: at(now),
+            })
+        };
+        let key: Key = ("data".into(), "t".into());
+        assert!(
+            !plan_at(NOW).placements.contains_key(&key),
+            "r0 is in its back-off, 10 s to go"
+        );
+        let later = plan_at(NOW + lifecycle::BACK_OFF - 20);
+        assert_eq!(
+            later
+                .placements
+                .get(&key)
+                .and_then(|p| p.receiver.as_deref()),
+            Some("r0"),
+            "the back-off over, r0 (live) is chosen again"
+        );
+        assert!(later.placements[&key].sender.is_none(), "s0 kept its side");
     }
 
     #[test]

@@ -117,6 +117,16 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
     let mut taken: Option<Taken<'_>> = None;
 
     if let Some(needs) = step.needs.clone() {
+        // A lost agent's back-off ending is no event the planner hears of:
+        // the Transfer is looked at then (see the requeue below), and asks
+        // for a plan that counts the agent in again.
+        let failovers = &step.status.failovers;
+        if lifecycle::back_off(failovers)
+            .iter()
+            .any(|(_, end)| (now.as_second() - 10..=now.as_second()).contains(end))
+        {
+            ctx.changed();
+        }
         let plan = ctx.recent_plan(now).await;
         step.status.queue_position = plan
             .positions
@@ -194,6 +204,37 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
             }
         }
     }
+    // Tokens before assignments: a status that names agents names their
+    // token, and the token and its grant exist before it is written. One
+    // computed from a copy the cache had before the operator's own
+    // assignment (the ledger standing in for it) names the agents but not
+    // the token; written as it was, server-side apply dropped the token's
+    // name, the agents failed the Transfer, and, with no token named, its
+    // grant was never revoked.
+    let phase_now = step.status.phase.unwrap_or_default();
+    if let Ok(resolved) = &validity
+        && step.status.token_secret.is_none()
+        && step.status.sender.is_some()
+        && matches!(phase_now, TransferPhase::Running | TransferPhase::Verifying)
+    {
+        let token = token_secret_name(current);
+        let pools: Vec<&Key> = std::iter::once(&resolved.sender_pool)
+            .chain(resolved.receiver_pool.as_ref())
+            .collect();
+        grant(current, ctx, &token, &pools).await?;
+        // What the assignment set, again; its Event went out with it.
+        let (mut s, _) = lifecycle::assigned(
+            current,
+            resolved,
+            step.status.clone(),
+            None,
+            None,
+            &token,
+            now,
+        );
+        s.phase = Some(phase_now);
+        step.status = s;
+    }
     if step.status.failovers.len() > current.status.as_ref().map_or(0, |s| s.failovers.len()) {
         ctx.metrics.failovers.inc();
     }
@@ -261,7 +302,13 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
         TransferPhase::Succeeded | TransferPhase::Failed => Action::await_change(),
         // A pool that appears, or a Secret that gets its label, sends no event here.
         TransferPhase::Pending => Action::requeue(Duration::from_secs(30)),
-        TransferPhase::Queued => Action::requeue(RESYNC),
+        TransferPhase::Queued => Action::requeue(
+            lifecycle::next_release(&step.status.failovers, now)
+                .map_or(RESYNC, |end| {
+                    Duration::from_secs((end - now.as_second() + 1).clamp(1, 300) as u64)
+                })
+                .min(RESYNC),
+        ),
         TransferPhase::Running | TransferPhase::Verifying => {
             Action::requeue(stall_check(&step.status, current, now))
         }

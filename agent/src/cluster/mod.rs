@@ -2,11 +2,14 @@
 //! run the sides of the Transfers assigned to it, and report on them under
 //! the agent's own field manager.
 //!
-//! `plan` decides what should run and when to report, `jobs` runs the
-//! engine, `host` reads the machine, `storage` checks the agent may use the
+//! `plan` decides what should run and when to report, `cadence` when to
+//! write, `api` makes the calls (each under a deadline) and keeps the Lease
+//! on a task of its own, `jobs` runs the engine, `host` reads the machine, `storage` checks the agent may use the
 //! pool's storage, `path_tests` tests the paths to other pools; this module
 //! talks to the API server.
 
+pub mod api;
+pub mod cadence;
 pub mod host;
 pub mod jobs;
 pub mod path_tests;
@@ -20,12 +23,11 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -121,9 +123,8 @@ async fn read_pool(pools: &Api<DtnPool>, cfg: &RunConfig) -> Result<DtnPool> {
     let mut pause = Duration::from_millis(500);
     loop {
         // The API's own message, not the whole Status it came in.
-        let e = match pools.get(&cfg.pool).await {
+        let e = match api::call(api::CALL_TIMEOUT, pools.get(&cfg.pool)).await {
             Ok(p) => return Ok(p),
-            Err(kube::Error::Api(s)) => format!("{} {}", s.code, s.message),
             Err(e) => e.to_string(),
         };
         if start.elapsed() + pause >= POOL_WAIT {
@@ -149,11 +150,16 @@ async fn read_pool(pools: &Api<DtnPool>, cfg: &RunConfig) -> Result<DtnPool> {
 
 /// Runs the agent until the process is stopped.
 pub async fn run(cfg: RunConfig) -> Result<()> {
-    let client = Client::try_default().await.map_err(|e| {
+    let client = api::client().await.map_err(|e| {
         Error::Config(format!(
             "no Kubernetes API to talk to ({e}): set KUBECONFIG or run in a pod"
         ))
     })?;
+    run_with(client, cfg).await
+}
+
+/// Runs the agent on `client` until the process is stopped.
+pub async fn run_with(client: Client, cfg: RunConfig) -> Result<()> {
     let me = Me {
         namespace: cfg.namespace.clone(),
         pool: cfg.pool.clone(),
@@ -197,21 +203,47 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
     let start = Instant::now();
     let mut jobs: HashMap<JobKey, Job> = HashMap::new();
     let mut finished: HashSet<JobKey> = HashSet::new();
-    let mut last_beat: Option<Instant> = None;
+    let mut no_token: cadence::NotYet<JobKey> = cadence::NotYet::default();
     let mut pool = pool;
     let mut tester = path_tests::PathTester::default();
+    // The Lease has a task of its own: nothing this loop waits for (a slow
+    // report, a token read, a pool read) can let it lapse.
+    let (lease, lease_rx) = tokio::sync::watch::channel(lease_info(&cfg, &pool, 0, &tester));
+    tokio::spawn(api::keep_lease(
+        client.clone(),
+        cfg.namespace.clone(),
+        cfg.pool.clone(),
+        cfg.agent.clone(),
+        lease_rx,
+    ));
+    let reports = api::Reports::start(client.clone(), &cfg.agent);
+    let mut last_look: Option<Instant> = None;
+    let mut shown_active = 0;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
         jobs::expire_warm();
-        if last_beat.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
-            if let Ok(p) = pools.get(&cfg.pool).await {
-                pool = p;
+        // The pool and the host are looked at every 5 s, and the Lease's
+        // content follows them (the Lease task writes it when it changed).
+        if last_look.is_none_or(|t| t.elapsed() >= Duration::from_secs(5))
+            || shown_active != jobs.len()
+        {
+            if last_look.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
+                last_look = Some(Instant::now());
+                match api::call(api::CALL_TIMEOUT, pools.get(&cfg.pool)).await {
+                    Ok(p) => pool = p,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read the DtnPool; keeping the last copy")
+                    }
+                }
             }
-            match heartbeat(&client, &cfg, &pool, jobs.len(), &tester).await {
-                Ok(()) => last_beat = Some(Instant::now()),
-                Err(e) => tracing::warn!(error = %e, "cannot renew the Lease"),
-            }
+            shown_active = jobs.len();
+            let info = lease_info(&cfg, &pool, jobs.len(), &tester);
+            lease.send_if_modified(|l| {
+                let changed = *l != info;
+                *l = info;
+                changed
+            });
         }
         let mut seen: BTreeMap<String, Transfer> = BTreeMap::new();
         for s in &stores {
@@ -237,16 +269,16 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
                 _ => "stopped".to_owned(),
             };
             report(
-                &client,
+                &reports,
                 &cfg,
                 &name,
                 &key,
                 Report::new(ReportState::Cancelled, &msg),
-            )
-            .await;
+            );
         }
 
         let wanted = plan::wanted(&transfers, &me);
+        let wanted_now: HashSet<JobKey> = wanted.iter().map(|w| w.key.clone()).collect();
         for key in plan::to_stop(jobs.keys(), &wanted, &finished) {
             let Some(j) = jobs.get_mut(&key) else {
                 continue;
@@ -289,30 +321,43 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
                 role = ?w.key.role,
                 attempt = w.key.attempt
             );
-            match start_job(&client, &cfg, &pool, t, &w, &span).await {
+            let started = start_job(&client, &cfg, &pool, t, &w, &span).await;
+            let failed = match started {
                 Ok(job) => {
                     tracing::info!(transfer = ?w.transfer, role = ?w.key.role, attempt = w.key.attempt, "started");
                     jobs.insert(w.key.clone(), job);
+                    no_token.forget(&w.key);
+                    None
                 }
-                Err(e) => {
-                    tracing::warn!(transfer = ?w.transfer, "cannot start: {e}");
-                    report(
-                        &client,
-                        &cfg,
-                        &w.transfer,
-                        &w.key,
-                        Report::new(ReportState::Failed, &storage::explain(&e)),
-                    )
-                    .await;
-                    finished.insert(w.key);
+                Err(Start::NotYet(why)) if no_token.waiting(&w.key, start.elapsed()) => {
+                    tracing::info!(transfer = ?w.transfer, "not starting yet: {why}");
+                    None
                 }
+                Err(Start::NotYet(why)) => Some(format!(
+                    "{why}, for {}s after the assignment",
+                    cadence::TOKEN_WAIT.as_secs()
+                )),
+                Err(Start::Failed(e)) => Some(storage::explain(&e)),
+            };
+            if let Some(msg) = failed {
+                tracing::warn!(transfer = ?w.transfer, "cannot start: {msg}");
+                report(
+                    &reports,
+                    &cfg,
+                    &w.transfer,
+                    &w.key,
+                    Report::new(ReportState::Failed, &msg),
+                );
+                no_token.forget(&w.key);
+                finished.insert(w.key);
             }
         }
+        no_token.retain(|k| wanted_now.contains(k) && !jobs.contains_key(k));
 
         let now = start.elapsed();
         let mut done = Vec::new();
         for (key, job) in jobs.iter_mut() {
-            if let Some(finish) = observe(&client, &cfg, key, job, now).await {
+            if let Some(finish) = observe(&client, &reports, &cfg, key, job, now) {
                 done.push((key.clone(), finish));
             }
         }
@@ -335,6 +380,20 @@ fn stop(j: &mut Job) {
     }
 }
 
+/// Why a job did not start.
+enum Start {
+    /// What it needs is not there yet (its token): asked again next round.
+    NotYet(String),
+    /// It cannot run.
+    Failed(Error),
+}
+
+impl From<Error> for Start {
+    fn from(e: Error) -> Self {
+        Self::Failed(e)
+    }
+}
+
 async fn start_job(
     client: &Client,
     cfg: &RunConfig,
@@ -342,7 +401,7 @@ async fn start_job(
     t: &Transfer,
     w: &Want,
     span: &tracing::Span,
-) -> Result<Job> {
+) -> std::result::Result<Job, Start> {
     let s = t.status.clone().unwrap_or_default();
     let tuning = s.effective_tuning.clone().unwrap_or_else(|| {
         t.spec
@@ -351,23 +410,27 @@ async fn start_job(
             .unwrap_or_default()
             .or(&pool.spec.tuning)
     });
-    let block_size = tuning.settings()?.block_size as i64;
-    let secret_name = s
-        .token_secret
-        .clone()
-        .ok_or_else(|| Error::Config("the Transfer has no token Secret yet".into()))?;
+    let block_size = tuning.settings().map_err(Error::from)?.block_size as i64;
+    // The assignment may be seen before its token: not yet, not a failure.
+    let Some(secret_name) = s.token_secret.clone() else {
+        return Err(Start::NotYet("the Transfer has no token Secret yet".into()));
+    };
     for path in [&t.spec.source.path, &t.spec.destination.path] {
         if !wirerate_crds::transfer::plain_path(path) {
-            return Err(Error::PathRefused {
+            return Err(Start::Failed(Error::PathRefused {
                 path: path.clone(),
                 reason: "it is not spelled plainly (no '//', '/./' or trailing '/')".into(),
-            });
+            }));
         }
     }
     if t.spec.destination.external.is_none() {
         jobs::refuse_same_file(&t.spec.source.path, &t.spec.destination.path)?;
     }
-    let token = read_token(client, &w.transfer.0, &secret_name, TOKEN_ACCESS_GRACE).await?;
+    let token = match fetch_token(client, &w.transfer.0, &secret_name).await {
+        Ok(t) => t,
+        Err(TokenRead::NotYet(why)) => return Err(Start::NotYet(why)),
+        Err(TokenRead::Unusable(e)) => return Err(Start::Failed(e)),
+    };
     let side = match w.key.role {
         Role::Sender => {
             let source =
@@ -513,29 +576,35 @@ fn stripe(dir: &Path, want: Option<&wirerate_crds::Striping>) -> StripingReport 
     }
 }
 
-/// How long an agent keeps asking for a token it was just given access to:
-/// the operator grants it before assigning, but the API server's authorizer
-/// learns of new RoleBindings a moment later.
-const TOKEN_ACCESS_GRACE: Duration = Duration::from_secs(10);
+/// Why a token could not be read.
+enum TokenRead {
+    /// Not there, not readable or not answered yet: the operator writes the
+    /// Secret and its grant before the assignment, but the API server's
+    /// authorizer learns of a new RoleBinding a moment late, and a loaded
+    /// API server answers late.
+    NotYet(String),
+    /// There, and not a token.
+    Unusable(Error),
+}
 
-/// Reads the token in Secret `ns/name`, asking again for `grace` while
-/// the API says it is not there or not allowed.
-async fn read_token(client: &Client, ns: &str, name: &str, grace: Duration) -> Result<Vec<u8>> {
+/// Reads the token in Secret `ns/name`, once.
+async fn fetch_token(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> std::result::Result<Vec<u8>, TokenRead> {
     let api: Api<Secret> = Api::namespaced(client.clone(), ns);
-    let started = tokio::time::Instant::now();
-    let s = loop {
-        match api.get(name).await {
-            Ok(s) => break s,
-            Err(kube::Error::Api(e))
-                if (e.code == 403 || e.code == 404) && started.elapsed() < grace =>
-            {
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-            Err(e) => {
-                return Err(Error::Config(format!(
-                    "cannot read token Secret {ns}/{name}: {e}"
-                )));
-            }
+    let s = match api::call(api::CALL_TIMEOUT, api.get(name)).await {
+        Ok(s) => s,
+        Err(e) if matches!(e.code(), Some(403 | 404)) || e.transient() => {
+            return Err(TokenRead::NotYet(format!(
+                "cannot read token Secret {ns}/{name} yet ({e})"
+            )));
+        }
+        Err(e) => {
+            return Err(TokenRead::Unusable(Error::Config(format!(
+                "cannot read token Secret {ns}/{name}: {e}"
+            ))));
         }
     };
     s.data
@@ -543,16 +612,25 @@ async fn read_token(client: &Client, ns: &str, name: &str, grace: Duration) -> R
         .map(|b| b.0)
         .filter(|b| !b.is_empty())
         .ok_or_else(|| {
-            Error::Config(format!(
+            TokenRead::Unusable(Error::Config(format!(
                 "Secret {ns}/{name} has no '{}' key",
                 contract::TOKEN_KEY
-            ))
+            )))
         })
 }
 
+/// Reads the token in Secret `ns/name`, once; any failure is an error.
+async fn read_token(client: &Client, ns: &str, name: &str) -> Result<Vec<u8>> {
+    fetch_token(client, ns, name).await.map_err(|e| match e {
+        TokenRead::NotYet(why) => Error::Config(why),
+        TokenRead::Unusable(e) => e,
+    })
+}
+
 /// Looks at a running job; reports what changed. Some(()) when it is over.
-async fn observe(
+fn observe(
     client: &Client,
+    reports: &api::Reports,
     cfg: &RunConfig,
     key: &JobKey,
     job: &mut Job,
@@ -579,26 +657,26 @@ async fn observe(
                 || changes.len() > *changes_told;
             if let Some(c) = choice.filter(|_| *announce_tries > 0) {
                 let note = tuning::chosen_note(key.attempt, c);
-                *announce_tries = if announce(
-                    client,
-                    cfg,
-                    &job.transfer,
-                    &key.uid,
-                    "StreamsChosen",
-                    note,
-                )
-                .await
-                {
-                    0
-                } else {
-                    *announce_tries - 1
-                };
+                tokio::spawn(announce(
+                    client.clone(),
+                    cfg.agent.clone(),
+                    (job.transfer.clone(), key.uid.clone()),
+                    ("StreamsChosen", note),
+                    ANNOUNCE_TRIES,
+                ));
+                *announce_tries = 0;
             }
             // Each addition once, told or not: a missed one is still in
             // status.tuning.changes.
             for c in changes.iter().skip(*changes_told) {
                 let note = tuning::added_note(key.attempt, c);
-                announce(client, cfg, &job.transfer, &key.uid, "StreamsAdded", note).await;
+                tokio::spawn(announce(
+                    client.clone(),
+                    cfg.agent.clone(),
+                    (job.transfer.clone(), key.uid.clone()),
+                    ("StreamsAdded", note),
+                    1,
+                ));
             }
             *changes_told = changes.len();
             let (total, done) = shown(
@@ -669,7 +747,7 @@ async fn observe(
             };
             *last_state = Some(state);
             report(
-                client,
+                reports,
                 cfg,
                 &job.transfer,
                 key,
@@ -678,8 +756,7 @@ async fn observe(
                     tuning: tuning.as_ref(),
                     ..Report::new(state, &msg)
                 },
-            )
-            .await;
+            );
             over.then_some(())
         }
         Side::Receiver {
@@ -752,8 +829,8 @@ async fn observe(
                     rate,
                     eta,
                 );
-                let sent = report(
-                    client,
+                report(
+                    reports,
                     cfg,
                     &job.transfer,
                     key,
@@ -763,12 +840,13 @@ async fn observe(
                         endpoint: Some(&endpoint),
                         ..Report::new(state, &msg)
                     },
-                )
-                .await;
+                );
+                // Posted is as good as sent: the outbox sends it again
+                // until the API server takes it.
                 if last {
                     return Some(());
                 }
-                *reported = sent;
+                *reported = true;
                 *shown_kept = kept;
             }
             None
@@ -842,14 +920,15 @@ impl<'a> Report<'a> {
     }
 }
 
-/// Applies this agent's report (and the fields its role owns). True if the API took it.
-async fn report(
-    client: &Client,
+/// Posts this agent's report (and the fields its role owns), to be
+/// applied under its field manager when the API server takes it.
+fn report(
+    reports: &api::Reports,
     cfg: &RunConfig,
-    (ns, name): &(String, String),
+    transfer: &(String, String),
     key: &JobKey,
     r: Report<'_>,
-) -> bool {
+) {
     let Report {
         state,
         message,
@@ -858,7 +937,6 @@ async fn report(
         tuning,
         endpoint,
     } = r;
-    let api: Api<Transfer> = Api::namespaced(client.clone(), ns);
     let status = AgentStatus {
         reports: [AgentReport {
             role: key.role,
@@ -873,14 +951,9 @@ async fn report(
         striping: striping.cloned(),
         tuning: tuning.cloned(),
     };
-    let patch = StatusApply::new::<Transfer>(&status);
-    let pp = PatchParams::apply(&contract::agent_manager(&cfg.agent)).force();
-    match api.patch_status(name, &pp, &Patch::Apply(&patch)).await {
-        Ok(_) => true,
-        Err(e) => {
-            tracing::warn!(transfer = name, "cannot report: {e}");
-            false
-        }
+    match serde_json::to_value(StatusApply::new::<Transfer>(&status)) {
+        Ok(body) => reports.post(api::ReportKey::new(transfer, key), body),
+        Err(e) => tracing::warn!(transfer = transfer.1, "cannot encode a report: {e}"),
     }
 }
 
@@ -893,21 +966,20 @@ const ANNOUNCE_TRIES: u8 = 3;
 /// `status.tuning`): an Event with `reason` and `note`. True once
 /// published.
 async fn announce(
-    client: &Client,
-    cfg: &RunConfig,
-    (ns, name): &(String, String),
-    uid: &str,
-    reason: &str,
-    note: String,
-) -> bool {
+    client: Client,
+    agent: String,
+    ((ns, name), uid): ((String, String), String),
+    (reason, note): (&'static str, String),
+    tries: u8,
+) {
     // A recorder of its own: one kept across attempts would fold a new
     // attempt's Event into the last one's (same reason, action and
     // object) and keep that one's note, the old choice.
     let recorder = Recorder::new(
-        client.clone(),
+        client,
         Reporter {
             controller: "wirerate-agent".into(),
-            instance: Some(cfg.agent.clone()),
+            instance: Some(agent),
         },
     );
     let transfer = ObjectReference {
@@ -915,7 +987,7 @@ async fn announce(
         kind: Some(Transfer::kind(&()).into_owned()),
         namespace: Some(ns.clone()),
         name: Some(name.clone()),
-        uid: Some(uid.to_owned()),
+        uid: Some(uid),
         ..ObjectReference::default()
     };
     let ev = Event {
@@ -925,12 +997,16 @@ async fn announce(
         action: "Tune".into(),
         secondary: None,
     };
-    match recorder.publish(&ev, &transfer).await {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::warn!(transfer = name, error = %e, "cannot publish an event");
-            false
+    for _ in 0..tries {
+        match tokio::time::timeout(api::CALL_TIMEOUT, recorder.publish(&ev, &transfer)).await {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => tracing::warn!(transfer = name, error = %e, "cannot publish an event"),
+            Err(_) => tracing::warn!(
+                transfer = name,
+                "cannot publish an event: no answer in time"
+            ),
         }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
@@ -950,15 +1026,14 @@ fn roots(pool: &DtnPool) -> Vec<(String, bool)> {
         .collect()
 }
 
-async fn heartbeat(
-    client: &Client,
+/// What this agent says of itself in its Lease (the Lease task stamps the
+/// renewal time).
+fn lease_info(
     cfg: &RunConfig,
     pool: &DtnPool,
     active: usize,
     tester: &path_tests::PathTester,
-) -> Result<()> {
-    let api: Api<Lease> = Api::namespaced(client.clone(), &cfg.namespace);
-    let name = contract::lease_name(&cfg.pool, &cfg.agent);
+) -> AgentLease {
     let interface = std::env::var(contract::ENV_INTERFACE).ok();
     let mut findings = host::preflight(
         &pool.spec.preflight,
@@ -985,7 +1060,7 @@ async fn heartbeat(
         findings.push((contract::PREFLIGHT_IO_URING.to_owned(), why.clone()));
     }
     findings.extend(tester.finding());
-    let lease = AgentLease {
+    AgentLease {
         address: Some(format!("{}:{}", cfg.advertise, cfg.data_port)),
         node: Some(cfg.node.clone()),
         capacity: Some(cfg.max_transfers.into()),
@@ -997,12 +1072,6 @@ async fn heartbeat(
         path_test_address: tester.listener_address(&cfg.advertise),
         path_tests: tester.records(),
     }
-    .to_lease(&cfg.pool, &cfg.agent, Timestamp::now());
-    let pp = PatchParams::apply(&contract::agent_manager(&cfg.agent)).force();
-    api.patch(&name, &pp, &Patch::Apply(&lease))
-        .await
-        .map_err(|e| Error::Config(format!("Lease {name}: {e}")))?;
-    Ok(())
 }
 
 #[cfg(test)]

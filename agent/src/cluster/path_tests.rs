@@ -341,7 +341,7 @@ impl PathTester {
         let secret = token_secret(spec, &target);
         // Asked once: a test can wait for its next turn, the agent's loop
         // (and its Lease) cannot.
-        let token = match super::read_token(client, &cfg.namespace, &secret, Duration::ZERO).await {
+        let token = match super::read_token(client, &cfg.namespace, &secret).await {
             Ok(t) => t,
             Err(e) => {
                 let outcome = Err(e);
@@ -474,7 +474,7 @@ impl PathTester {
         if token_due {
             let secret = contract::path_test_secret(&cfg.pool);
             if let (Ok(token), Some(l)) = (
-                super::read_token(client, &cfg.namespace, &secret, Duration::ZERO).await,
+                super::read_token(client, &cfg.namespace, &secret).await,
                 self.listener.as_mut(),
             ) {
                 l.checked = now;
@@ -493,7 +493,7 @@ impl PathTester {
         }
         let secret = contract::path_test_secret(&cfg.pool);
         // Asked once, as for a test.
-        match super::read_token(client, &cfg.namespace, &secret, Duration::ZERO).await {
+        match super::read_token(client, &cfg.namespace, &secret).await {
             Ok(token) => match listener_config(pool, token.clone()) {
                 Ok(serve) => {
                     let bind =

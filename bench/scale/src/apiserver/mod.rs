@@ -71,6 +71,7 @@ impl ApiServer {
             store: Mutex::new(store::Store::new(history)),
             counts: counts::Counts::default(),
             latency,
+            stalls: Mutex::new(Vec::new()),
         });
         let task = tokio::spawn(serve::serve(listener, shared.clone()));
         let server = Self { addr, shared, task };
@@ -113,6 +114,20 @@ impl ApiServer {
             "current-context": "double",
         });
         std::fs::write(path, serde_json::to_vec_pretty(&config)?)
+    }
+
+    /// Answers each later `verb` request on `resource` (as counted: `leases`,
+    /// `transfers/status`) `delay` late, on top of the latency, until
+    /// `unstall`. A stalled request is still applied, only late.
+    pub fn stall(&self, verb: &'static str, resource: &str, delay: Duration) {
+        let mut stalls = self.shared.stalls.lock().expect("stalls lock");
+        stalls.retain(|(v, r, _)| !(*v == verb && r == resource));
+        stalls.push((verb, resource.to_owned(), delay));
+    }
+
+    /// Ends every stall.
+    pub fn unstall(&self) {
+        self.shared.stalls.lock().expect("stalls lock").clear();
     }
 
     /// Requests so far.

@@ -45,6 +45,10 @@ pub(crate) struct Shared {
     /// and an operator that makes its round trips one after another is
     /// slowed by that where the double alone would hide it.
     pub(crate) latency: Duration,
+    /// Extra delays for some requests: (verb, resource as counted, delay).
+    /// A loaded API server is slow on some paths (status writes queued
+    /// behind etcd) while others answer at once.
+    pub(crate) stalls: Mutex<Vec<(&'static str, String, Duration)>>,
 }
 
 impl Shared {
@@ -139,6 +143,16 @@ async fn respond(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response
     shared.counts.add(actor, verb, t.counted_as());
     if !shared.latency.is_zero() && verb != "watch" {
         tokio::time::sleep(shared.latency).await;
+    }
+    let stall = shared
+        .stalls
+        .lock()
+        .expect("stalls lock")
+        .iter()
+        .find(|(v, r, _)| *v == verb && *r == t.counted_as())
+        .map(|(_, _, d)| *d);
+    if let Some(d) = stall {
+        tokio::time::sleep(d).await;
     }
     let meta_only = header(&parts, ACCEPT).is_some_and(|a| a.contains("as=PartialObjectMetadata"));
     let selector =
