@@ -148,9 +148,61 @@ pub fn changed(
 /// its Lease says: what a pool may ask of an agent.
 pub const MAX_CAPACITY: i32 = contract::MAX_TRANSFERS_PER_AGENT;
 
+/// When the operator heard each agent's Lease renewed, on its own clock.
+///
+/// An agent's `renewTime` is stamped by the agent's clock and reaches the
+/// operator as late as the API server lets it: judged against the
+/// operator's clock, a skewed agent clock or a slow API server looks like a
+/// lost agent, and a lost agent costs its Transfers an attempt. As the
+/// node lifecycle controller does, a Lease is judged from when its latest
+/// renewal was first seen. A renewal seen for the first time (an operator
+/// that just started) is trusted as stamped, but never from the future.
+#[derive(Debug, Default)]
+pub struct Heartbeats(HashMap<(String, String), (Timestamp, Timestamp)>);
+
+impl Heartbeats {
+    /// When the operator first saw `lease`'s current renewal (None when it
+    /// was never renewed), noting it at `now` if it is new.
+    pub fn hear(&mut self, lease: &Lease, now: Timestamp) -> Option<Timestamp> {
+        let renewed = lease.spec.as_ref()?.renew_time.as_ref()?.0;
+        let key = (
+            lease.metadata.namespace.clone().unwrap_or_default(),
+            lease.metadata.name.clone().unwrap_or_default(),
+        );
+        let heard = match self.0.get(&key) {
+            Some((r, heard)) if *r == renewed => return Some(*heard),
+            Some(_) => now,
+            None => renewed.min(now),
+        };
+        self.0.insert(key, (renewed, heard));
+        Some(heard)
+    }
+
+    /// Forgets the Leases not in `leases` (deleted ones).
+    pub fn keep_only<'a>(&mut self, leases: impl Iterator<Item = &'a Lease>) {
+        let keep: BTreeSet<(&str, &str)> = leases
+            .map(|l| {
+                (
+                    l.metadata.namespace.as_deref().unwrap_or_default(),
+                    l.metadata.name.as_deref().unwrap_or_default(),
+                )
+            })
+            .collect();
+        self.0
+            .retain(|(ns, name), _| keep.contains(&(ns.as_str(), name.as_str())));
+    }
+}
+
 /// Reads an agent from its Lease; `pods` maps pod names of the Lease's
-/// namespace to pods. None when the Lease is not an agent's.
-pub fn from_lease(lease: &Lease, pods: &BTreeMap<String, &Pod>, now: Timestamp) -> Option<Agent> {
+/// namespace to pods; `heard` is when the operator saw its current renewal
+/// (see [`Heartbeats`]; None judges by the agent's own `renewTime`). None
+/// when the Lease is not an agent's.
+pub fn from_lease(
+    lease: &Lease,
+    pods: &BTreeMap<String, &Pod>,
+    now: Timestamp,
+    heard: Option<Timestamp>,
+) -> Option<Agent> {
     let meta = &lease.metadata;
     let pool = meta.labels.as_ref()?.get(contract::POOL_LABEL)?.clone();
     let spec = lease.spec.as_ref()?;
@@ -162,18 +214,18 @@ pub fn from_lease(lease: &Lease, pods: &BTreeMap<String, &Pod>, now: Timestamp) 
     );
     let renewed = spec.renew_time.as_ref().map(|t| Time(t.0));
     let pod = said.pod.clone();
+    let since = heard.or(renewed.as_ref().map(|t| t.0));
 
-    let dead = match &renewed {
+    let dead = match since {
         None => Some("the agent has not renewed its Lease yet".to_owned()),
         // checked: a renewTime near the end of time must not panic the operator.
         Some(t)
-            if t.0
-                .checked_add(SignedDuration::from_secs(duration))
+            if t.checked_add(SignedDuration::from_secs(duration))
                 .is_ok_and(|end| end < now) =>
         {
             Some(format!(
-                "its Lease expired: last renewed {}s ago, valid for {duration}s",
-                now.duration_since(t.0).as_secs()
+                "its Lease expired: last renewal seen {}s ago, valid for {duration}s",
+                now.duration_since(t).as_secs()
             ))
         }
         Some(_) => match pod.as_deref().map(|p| (p, pods.get(p))) {
@@ -196,9 +248,7 @@ pub fn from_lease(lease: &Lease, pods: &BTreeMap<String, &Pod>, now: Timestamp) 
             .unwrap_or(1)
             // Sums of capacities must not overflow.
             .clamp(1, MAX_CAPACITY),
-        expires: renewed
-            .as_ref()
-            .and_then(|t| t.0.checked_add(SignedDuration::from_secs(duration)).ok()),
+        expires: since.and_then(|t| t.checked_add(SignedDuration::from_secs(duration)).ok()),
         renewed,
         dead,
         preflight: said.preflight,
@@ -233,28 +283,61 @@ pub(crate) mod tests {
     #[test]
     fn lease_freshness_decides_liveness() {
         let pods = BTreeMap::new();
-        let a = from_lease(&lease("p", "a", 100, None), &pods, at(110)).unwrap();
+        let a = from_lease(&lease("p", "a", 100, None), &pods, at(110), None).unwrap();
         assert!(a.live());
         assert_eq!(a.capacity, 2);
         assert_eq!(a.address.as_deref(), Some("a.example:7700"));
-        let a = from_lease(&lease("p", "a", 100, None), &pods, at(120)).unwrap();
+        let a = from_lease(&lease("p", "a", 100, None), &pods, at(120), None).unwrap();
         assert!(a.dead.unwrap().contains("Lease expired"));
+    }
+
+    // Found on a real, loaded API server (issue 39): an agent whose
+    // renewals reach the operator late, or whose clock runs behind, was
+    // judged lost by its own stamp and its Transfers failed over.
+    #[test]
+    fn a_lease_is_judged_by_when_its_renewal_was_heard() {
+        let pods = BTreeMap::new();
+        let mut beats = Heartbeats::default();
+        // First seen at 110, stamped 100: trusted as stamped.
+        let l = lease("p", "a", 100, None);
+        let heard = beats.hear(&l, at(110));
+        assert_eq!(heard, Some(at(100)));
+        assert!(from_lease(&l, &pods, at(110), heard).unwrap().live());
+        // Its clock runs 20 s behind: stamped 110, first seen at 130.
+        let l = lease("p", "a", 110, None);
+        let heard = beats.hear(&l, at(130));
+        assert_eq!(heard, Some(at(130)));
+        let a = from_lease(&l, &pods, at(140), heard).unwrap();
+        assert!(a.live(), "{:?}", a.dead);
+        // Judged by its stamp alone, it was lost.
+        assert!(!from_lease(&l, &pods, at(140), None).unwrap().live());
+        // The same renewal seen again does not refresh it; 15 s of silence does expire it.
+        assert_eq!(beats.hear(&l, at(146)), Some(at(130)));
+        let a = from_lease(&l, &pods, at(146), Some(at(130))).unwrap();
+        assert!(a.dead.unwrap().contains("Lease expired"));
+        // A stamp from the future is not believed ahead of the operator's clock.
+        let mut beats = Heartbeats::default();
+        let l = lease("p", "b", 1000, None);
+        assert_eq!(beats.hear(&l, at(200)), Some(at(200)));
+        // Deleted Leases are forgotten.
+        beats.keep_only(std::iter::empty());
+        assert!(beats.0.is_empty());
     }
 
     #[test]
     fn a_deleted_pod_kills_a_fresh_lease() {
         let l = lease("p", "p-agent-0", 100, Some("p-agent-0"));
         let none = BTreeMap::new();
-        let a = from_lease(&l, &none, at(101)).unwrap();
+        let a = from_lease(&l, &none, at(101), None).unwrap();
         assert!(a.dead.unwrap().contains("is gone"));
 
         let mut pod = Pod::default();
         let pods = BTreeMap::from([("p-agent-0".to_owned(), &pod)]);
-        assert!(from_lease(&l, &pods, at(101)).unwrap().live());
+        assert!(from_lease(&l, &pods, at(101), None).unwrap().live());
         pod.metadata.deletion_timestamp = Some(Time(at(100)));
         let pods = BTreeMap::from([("p-agent-0".to_owned(), &pod)]);
         assert!(
-            from_lease(&l, &pods, at(101))
+            from_lease(&l, &pods, at(101), None)
                 .unwrap()
                 .dead
                 .unwrap()
@@ -266,6 +349,6 @@ pub(crate) mod tests {
     fn leases_without_a_pool_label_are_not_agents() {
         let mut l = lease("p", "a", 100, None);
         l.metadata.labels = None;
-        assert!(from_lease(&l, &BTreeMap::new(), at(100)).is_none());
+        assert!(from_lease(&l, &BTreeMap::new(), at(100), None).is_none());
     }
 }

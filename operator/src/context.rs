@@ -77,6 +77,8 @@ pub struct Context {
     wakes: Mutex<Option<Wakes>>,
     /// Every write the operator makes takes its turn here.
     writes: Mutex<WriteBudget>,
+    /// When each agent's latest renewal was seen.
+    heartbeats: Mutex<agents::Heartbeats>,
 }
 
 /// Reconciles the controllers are asked for by the planner and the agent watcher.
@@ -158,6 +160,7 @@ impl Context {
             wake_pools,
             wakes: Mutex::new(Some(Wakes { transfers, pools })),
             writes: Mutex::new(WriteBudget::new(budget::DEFAULT_WRITES_PER_SECOND)),
+            heartbeats: Mutex::default(),
         }
     }
 
@@ -285,13 +288,15 @@ impl Context {
             }
         }
         let none = BTreeMap::new();
-        self.stores
-            .leases
-            .state()
+        let leases = self.stores.leases.state();
+        let mut beats = lock(&self.heartbeats);
+        beats.keep_only(leases.iter().map(|l| &**l));
+        leases
             .iter()
             .filter_map(|l| {
                 let ns = l.metadata.namespace.as_deref().unwrap_or_default();
-                agents::from_lease(l, by_ns.get(ns).unwrap_or(&none), now)
+                let heard = beats.hear(l, now);
+                agents::from_lease(l, by_ns.get(ns).unwrap_or(&none), now, heard)
             })
             .map(|a| (a.id(), a))
             .collect()

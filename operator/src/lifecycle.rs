@@ -578,6 +578,7 @@ mod tests {
                     &lease(pool, n, live_at, None),
                     &Default::default(),
                     at(live_at + 1),
+                    None,
                 )
                 .unwrap();
                 (a.id(), a)
@@ -928,7 +929,13 @@ mod tests {
         let v = check(&t);
         // r0 stops renewing; s0 and r1 keep going.
         let mut later = agents(200, &[("src", "s0"), ("dst", "r1")]);
-        let r0 = from_lease(&lease("dst", "r0", 100, None), &Default::default(), at(201)).unwrap();
+        let r0 = from_lease(
+            &lease("dst", "r0", 100, None),
+            &Default::default(),
+            at(201),
+            None,
+        )
+        .unwrap();
         later.insert(r0.id(), r0);
         let st = step(&t, &v, &later, at(201));
         assert_eq!(st.status.phase, Some(TransferPhase::Queued));

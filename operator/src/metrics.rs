@@ -402,8 +402,20 @@ mod tests {
         });
         let now = k8s_openapi::jiff::Timestamp::from_second(101).unwrap();
         let agents = [
-            from_lease(&lease("src", "s0", 100, None), &Default::default(), now).unwrap(),
-            from_lease(&lease("dst", "r0", 10, None), &Default::default(), now).unwrap(),
+            from_lease(
+                &lease("src", "s0", 100, None),
+                &Default::default(),
+                now,
+                None,
+            )
+            .unwrap(),
+            from_lease(
+                &lease("dst", "r0", 10, None),
+                &Default::default(),
+                now,
+                None,
+            )
+            .unwrap(),
         ];
         let m = std::sync::Arc::new(Metrics::default());
         m.observe([&run, &queued], agents.iter());

@@ -367,7 +367,7 @@ mod tests {
         }
         .to_lease(pool, name, at(100));
         lease.metadata.namespace = Some("data".into());
-        from_lease(&lease, &Default::default(), at(101)).unwrap()
+        from_lease(&lease, &Default::default(), at(101), None).unwrap()
     }
 
     /// A live agent of `near` whose Lease carries `r` for target `far`.

@@ -373,7 +373,7 @@ mod tests {
     fn agents(leases: &[Lease]) -> HashMap<AgentId, Agent> {
         leases
             .iter()
-            .filter_map(|l| agents::from_lease(l, &Default::default(), at(NOW)))
+            .filter_map(|l| agents::from_lease(l, &Default::default(), at(NOW), None))
             .map(|a| (a.id(), a))
             .collect()
     }

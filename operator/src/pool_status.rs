@@ -273,6 +273,7 @@ mod tests {
             &lease("lustre-dtn", name, 100, None),
             &Default::default(),
             at(101),
+            None,
         )
         .unwrap()
     }
@@ -305,7 +306,7 @@ mod tests {
         l.spec.as_mut().unwrap().renew_time = Some(
             k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(fine),
         );
-        let a0 = from_lease(&l, &Default::default(), at(101)).unwrap();
+        let a0 = from_lease(&l, &Default::default(), at(101), None).unwrap();
         let now = at(101) + std::time::Duration::from_millis(250);
         let first = status(
             &pool,
