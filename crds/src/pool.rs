@@ -107,6 +107,8 @@ pub struct DtnPoolSpec {
     // checks when the CRD is applied; without them it refuses the CRD.
     #[schemars(length(min = 1, max = 32), inner(length(min = 1, max = 1024)))]
     #[x_kube(validation = Rule::new("self.all(r, r.startsWith('/') && !r.contains('/../') && !r.endsWith('/..'))").message("allowedRoots must be absolute paths without '..'"))]
+    #[x_kube(validation = Rule::new("self.all(r, !r.contains('//') && !r.contains('/./') && !r.endsWith('/.') && (r == '/' || !r.endsWith('/')))").message("allowedRoots must be spelled plainly: no '//', no '/./' and no trailing '/' or '/.'"))]
+    #[x_kube(validation = Rule::new("self.all(r, !r.matches('[[:cntrl:]]'))").message("allowedRoots must not contain control characters (NUL, newline, any below 0x20, or DEL)"))]
     pub allowed_roots: Vec<String>,
     /// Transfers one agent runs at once.
     #[serde(default = "two")]
@@ -277,6 +279,22 @@ pub enum SeccompType {
     Unconfined,
 }
 
+/// Where Transfers of namespace `ns` may write on `pool`: its allowedRoots
+/// for its own namespace; for another that consented, a subtree of each
+/// root named after that namespace (`<root>/<ns>`), so tenants sharing a
+/// pool cannot overwrite one another's files. Namespace names hold no `/`
+/// and no `..`, so the subtree is a single plain segment.
+pub fn tenant_roots(pool: &DtnPool, ns: &str) -> Vec<String> {
+    if pool.metadata.namespace.as_deref() == Some(ns) {
+        return pool.spec.allowed_roots.clone();
+    }
+    pool.spec
+        .allowed_roots
+        .iter()
+        .map(|r| format!("{}/{ns}", r.trim_end_matches('/')))
+        .collect()
+}
+
 impl SeccompType {
     /// The name a pod's securityContext.seccompProfile.type takes.
     pub fn as_str(self) -> &'static str {
@@ -387,6 +405,7 @@ pub struct Advertise {
     /// Address to advertise as is (outside the cluster, for example).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("!self.matches('^[^:]*:[0-9]*$') && !self.matches('^\\\\[.*\\\\]:[0-9]*$') && !self.matches('[ /[:cntrl:]]')").message("advertise.address is an address without a port (for example 10.0.0.1 or 2001:db8::1): the agents' data port is spec.dataPort"))]
     pub address: Option<String>,
 }
 

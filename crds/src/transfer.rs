@@ -120,6 +120,16 @@ fn stall_timeout() -> i32 {
 /// the files: `/x/f/`, `/x//f` and `/x/./f` would otherwise pass the
 /// same-file rule as three files.
 const PLAIN_PATH: &str = "!self.contains('//') && !self.contains('/./') && !self.endsWith('/.') && (self == '/' || !self.endsWith('/'))";
+/// What the API server checks of a path: no control characters (a NUL
+/// cannot be a file name's, a newline breaks logs and the agents' lists).
+pub const NO_CONTROL: &str = "!self.matches('[[:cntrl:]]')";
+/// Why a path with a control character was refused.
+pub const NO_CONTROL_MESSAGE: &str =
+    "path must not contain control characters (NUL, newline, tab, any below 0x20, or DEL)";
+/// What the API server checks of a namespace name (a DNS-1123 label).
+pub const NAMESPACE_RULE: &str = "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')";
+/// Why a namespace name was refused.
+pub const NAMESPACE_MESSAGE: &str = "poolNamespace must be a namespace name: lower-case letters, digits and '-', starting and ending with a letter or digit";
 const PLAIN_PATH_MESSAGE: &str =
     "path must be spelled plainly: no '//', no '/./' and no trailing '/' or '/.'";
 
@@ -141,11 +151,13 @@ pub struct Source {
     /// Namespace of the pool, when not the Transfer's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new(NAMESPACE_RULE).message(NAMESPACE_MESSAGE))]
     pub pool_namespace: Option<String>,
     /// Absolute path of a file or directory under one of the pool's allowedRoots.
     #[schemars(length(min = 2, max = 4096))]
     #[x_kube(validation = Rule::new("self.startsWith('/') && !self.contains('/../') && !self.endsWith('/..')").message("path must be absolute and must not contain '..'"))]
     #[x_kube(validation = Rule::new(PLAIN_PATH).message(PLAIN_PATH_MESSAGE))]
+    #[x_kube(validation = Rule::new(NO_CONTROL).message(NO_CONTROL_MESSAGE))]
     pub path: String,
 }
 
@@ -161,6 +173,7 @@ pub struct Destination {
     /// Namespace of the pool, when not the Transfer's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new(NAMESPACE_RULE).message(NAMESPACE_MESSAGE))]
     pub pool_namespace: Option<String>,
     /// An agent outside the cluster (`wirerate-agent serve`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -170,6 +183,7 @@ pub struct Destination {
     #[schemars(length(min = 2, max = 4096))]
     #[x_kube(validation = Rule::new("self.startsWith('/') && !self.contains('/../') && !self.endsWith('/..')").message("path must be absolute and must not contain '..'"))]
     #[x_kube(validation = Rule::new(PLAIN_PATH).message(PLAIN_PATH_MESSAGE))]
+    #[x_kube(validation = Rule::new(NO_CONTROL).message(NO_CONTROL_MESSAGE))]
     pub path: String,
 }
 
@@ -190,10 +204,9 @@ pub struct External {
 /// Transfer's external receiver, a pool's external path-test target): its
 /// shape only; the agent resolves it when it connects, and a name that
 /// does not resolve or answer fails that transfer or test.
-pub const ADDRESS_RULE: &str = "self.matches('^[^ /]+:[0-9]{1,5}$')";
+pub const ADDRESS_RULE: &str = "self.matches('^[^ /[:cntrl:]]+:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])$')";
 /// Why an address was refused.
-pub const ADDRESS_MESSAGE: &str =
-    "address must be host:port, for example dtn1.partner.example.org:7700 or [2001:db8::1]:7700";
+pub const ADDRESS_MESSAGE: &str = "address must be host:port with a port from 1 to 65535, for example dtn1.partner.example.org:7700 or [2001:db8::1]:7700";
 
 /// Where a Transfer is in its life.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]

@@ -249,11 +249,27 @@ fn paths_are_spelled_one_way_so_the_same_file_is_seen() {
 fn an_external_address_needs_a_port() {
     let mut t: Transfer = example("transfer-external.yaml");
     validate_cel(&t).unwrap();
-    for bad in ["dtn1.partner.example.org", "dtn1:", "10.0.0.1", "a b:7700"] {
+    // Found against a real API server: ports 0 and 99999 got through.
+    for bad in [
+        "dtn1.partner.example.org",
+        "dtn1:",
+        "10.0.0.1",
+        "a b:7700",
+        "dtn1:0",
+        "dtn1:99999",
+        "dtn1:65536",
+        "dtn1:07700",
+        "dtn\n1:7700",
+    ] {
         t.spec.destination.external.as_mut().unwrap().address = bad.into();
         rejected_with(&t, "address must be host:port");
     }
-    for ok in ["10.0.0.1:7700", "[2001:db8::1]:7700", "dtn1:1"] {
+    for ok in [
+        "10.0.0.1:7700",
+        "[2001:db8::1]:7700",
+        "dtn1:1",
+        "dtn1:65535",
+    ] {
         t.spec.destination.external.as_mut().unwrap().address = ok.into();
         validate_cel(&t).unwrap_or_else(|e| panic!("{ok}: {e}"));
     }
@@ -508,4 +524,85 @@ fn tuning_the_engine_refuses_is_refused_at_admission() {
             .to_string()
             .starts_with("blockSize (--block-size) must be a multiple of 4 KiB"),
     );
+}
+
+// Found against a real API server: each of these passed admission.
+#[test]
+fn paths_namespaces_and_roots_the_api_server_let_through_are_refused() {
+    let good: Transfer = example("transfer.yaml");
+    for bad in [
+        "/in/a\0b",
+        "/in/a\nb",
+        "/in/a\u{1f}",
+        "/in/a\u{7f}",
+        "/in/\tb",
+    ] {
+        let mut t = good.clone();
+        t.spec.source.path = bad.into();
+        rejected_with(&t, "path must not contain control characters");
+        let mut t = good.clone();
+        t.spec.destination.path = bad.into();
+        rejected_with(&t, "path must not contain control characters");
+    }
+    for bad in ["Not_A_NS", "-a", "a-", "a.b", "A"] {
+        let mut t = good.clone();
+        t.spec.source.pool_namespace = Some(bad.into());
+        rejected_with(&t, "poolNamespace must be a namespace name");
+        let mut t = good.clone();
+        t.spec.destination.pool_namespace = Some(bad.into());
+        rejected_with(&t, "poolNamespace must be a namespace name");
+    }
+    let mut t = good.clone();
+    t.spec.source.pool_namespace = Some("research-data".into());
+    validate_cel(&t).expect("a namespace name");
+
+    let pool: DtnPool = example("dtnpool-lustre.yaml");
+    let root = pool.spec.allowed_roots[0].clone();
+    for (bad, needle) in [
+        (
+            format!("{root}/./in"),
+            "allowedRoots must be spelled plainly",
+        ),
+        (
+            format!("{root}//in"),
+            "allowedRoots must be spelled plainly",
+        ),
+        (
+            format!("{root}/in/"),
+            "allowedRoots must be spelled plainly",
+        ),
+        (
+            format!("{root}/in/."),
+            "allowedRoots must be spelled plainly",
+        ),
+        (format!("{root}/in/.."), "without '..'"),
+        (
+            format!("{root}/in\nx"),
+            "allowedRoots must not contain control",
+        ),
+        (
+            format!("{root}/in\0"),
+            "allowedRoots must not contain control",
+        ),
+    ] {
+        let mut p = pool.clone();
+        p.spec.allowed_roots = vec![bad.clone()];
+        rejected_with(&p, needle);
+    }
+    let mut p = pool.clone();
+    p.spec.advertise.interface = None;
+    for bad in [
+        "10.0.0.1:7700",
+        "dtn1:7700",
+        "[2001:db8::1]:7700",
+        "dtn1:",
+        "a b",
+    ] {
+        p.spec.advertise.address = Some(bad.into());
+        rejected_with(&p, "advertise.address is an address without a port");
+    }
+    for ok in ["10.0.0.1", "dtn1.example.org", "2001:db8::1", "::1"] {
+        p.spec.advertise.address = Some(ok.into());
+        validate_cel(&p).unwrap_or_else(|e| panic!("{ok}: {e}"));
+    }
 }

@@ -189,6 +189,45 @@ fn external_path_test_checks() -> Vec<Value> {
         .collect()
 }
 
+/// The Kubernetes version whose API server serves
+/// admissionregistration.k8s.io/v1 ValidatingAdmissionPolicies.
+pub const NEEDS: &str = "1.30";
+
+/// Each policy and binding the operator relies on, as `(kind, name)`.
+pub fn expected() -> Vec<(String, String)> {
+    policies()
+        .iter()
+        .map(|p| {
+            (
+                p["kind"].as_str().unwrap_or_default().to_owned(),
+                p["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// What to say when the policies `missing` ("Kind name") are not on the API
+/// server of version `server`; None when none is missing. Without them the
+/// operator renders whatever a pool asks for its author: host network, host
+/// paths, other people's Secrets.
+pub fn missing_message(server: &str, missing: &[String]) -> Option<String> {
+    if missing.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "wirerate's admission policies are missing on this API server (Kubernetes {server}; they need {NEEDS} or later, admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy): {}. Without them anyone who may create a DtnPool gets host-network agents with the host paths it names: apply manifests/install.yaml on a {NEEDS}+ cluster",
+        missing.join(", ")
+    ))
+}
+
+/// What the operator's last look at the API server found missing of the
+/// policies ([`missing_message`]), for every pool's status; None while all
+/// are there. Set by the binary's periodic look.
+pub static MISSING: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
 /// The policies as one multi-document YAML stream.
 pub fn policies_yaml() -> Result<String, serde_yaml::Error> {
     let mut out = String::from(
@@ -203,6 +242,31 @@ pub fn policies_yaml() -> Result<String, serde_yaml::Error> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_missing_policy_is_named_with_the_server_version_and_what_it_needs() {
+        let expected = expected();
+        assert_eq!(expected.len(), policies().len());
+        assert!(
+            expected
+                .iter()
+                .any(|(k, n)| k == "ValidatingAdmissionPolicyBinding"
+                    && n == "wirerate.io-no-escalation-dtnpools")
+        );
+        assert_eq!(missing_message("1.33", &[]), None);
+        let m = missing_message(
+            "1.29",
+            &["ValidatingAdmissionPolicy wirerate.io-no-escalation-dtnpools".into()],
+        )
+        .unwrap();
+        for needle in [
+            "Kubernetes 1.29",
+            "1.30 or later",
+            "wirerate.io-no-escalation-dtnpools",
+        ] {
+            assert!(m.contains(needle), "{needle}: {m}");
+        }
+    }
+
     use super::*;
     use k8s_openapi::api::admissionregistration::v1::{
         ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,

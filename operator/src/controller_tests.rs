@@ -119,6 +119,11 @@ async fn pool_renders_agents_and_reports_status() {
 
     // beamline-7, which the pool offers to serve, consents.
     d.binding(&binding("beamline-7", "research-data", "lustre-dtn"));
+    // The first pass creates, the second applies over what is the pool's.
+    pool_controller::reconcile(Arc::new(p.clone()), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    let first = d.calls().len();
     pool_controller::reconcile(Arc::new(p), d.ctx.clone())
         .await
         .expect("reconcile");
@@ -126,7 +131,8 @@ async fn pool_renders_agents_and_reports_status() {
     let calls: Vec<_> = d
         .calls()
         .into_iter()
-        .filter(|c| c.method != "GET")
+        .skip(first)
+        .filter(|c| c.method != "GET" && !c.path.ends_with("/events"))
         .collect();
     let order: Vec<&str> = calls
         .iter()
@@ -189,6 +195,140 @@ async fn pool_renders_agents_and_reports_status() {
         .find(|c| c["type"] == "Ready")
         .unwrap();
     assert_eq!(ready["status"], "False", "1 of 2 agents: {ready}");
+}
+
+/// The condition `type_` of the last status written at `path_end`.
+fn pool_condition(d: &Double, path_end: &str, type_: &str) -> serde_json::Value {
+    d.last_status(path_end)["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .cloned()
+        .unwrap_or_else(|| panic!("no {type_} condition"))
+}
+
+// Found against a real API server: a DtnPool `db` rewrote a user's
+// Postgres Service `db-agent`, failed on every pass over a user's
+// StatefulSet of that name, and took over (then, with its deletion,
+// deleted) another team's ServiceAccount, Role and RoleBinding.
+#[tokio::test]
+async fn names_another_owner_holds_are_neither_rewritten_nor_taken() {
+    let objects = [
+        ("Service", "/api/v1/namespaces/data/services/db-agent"),
+        (
+            "ServiceAccount",
+            "/api/v1/namespaces/data/serviceaccounts/db-agent",
+        ),
+        (
+            "Role",
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles/db-agent",
+        ),
+        (
+            "RoleBinding",
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings/db-agent",
+        ),
+        (
+            "StatefulSet",
+            "/apis/apps/v1/namespaces/data/statefulsets/db-agent",
+        ),
+    ];
+    for (kind, path) in objects {
+        let mut d = Double::new();
+        let p = finalized(pool("db", "/in"), pool_controller::POOL_FINALIZER);
+        d.pool(&p);
+        let theirs = serde_json::json!({
+            "kind": kind,
+            "metadata": {"name": "db-agent", "namespace": "data", "uid": "theirs",
+                         "labels": {"app": "db"}},
+            "spec": {"selector": {"app": "db"}, "ports": [{"port": 5432}]},
+        });
+        d.put(path, &theirs);
+        pool_controller::reconcile(Arc::new(p), d.ctx.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{kind}: {e}"));
+        assert_eq!(d.object_at(path), theirs, "{kind} left as it was");
+        assert!(
+            !d.calls()
+                .iter()
+                .any(|c| c.method != "GET" && c.path.ends_with(path)),
+            "{kind}: {:#?}",
+            d.calls()
+        );
+        let taken = pool_condition(&d, "/dtnpools/db", "NameTaken");
+        assert_eq!(taken["status"], "True", "{kind}");
+        let message = taken["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("{kind} data/db-agent ")),
+            "{message}"
+        );
+        let event = d
+            .calls()
+            .into_iter()
+            .find(|c| c.path.ends_with("/events") && c.body["reason"] == "NameTaken")
+            .unwrap_or_else(|| panic!("{kind}: a NameTaken Event"));
+        assert_eq!(event.body["type"], "Warning");
+        // Agents never run as, or bound to, someone else's identity.
+        if kind != "Service" && kind != "StatefulSet" {
+            assert!(
+                !d.has("/apis/apps/v1/namespaces/data/statefulsets/db-agent"),
+                "{kind}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_pools_own_objects_are_created_then_applied_over_by_uid() {
+    let mut d = Double::new();
+    let p = finalized(pool("db", "/in"), pool_controller::POOL_FINALIZER);
+    d.pool(&p);
+    let path = "/apis/apps/v1/namespaces/data/statefulsets/db-agent";
+    for _ in 0..2 {
+        pool_controller::reconcile(Arc::new(p.clone()), d.ctx.clone())
+            .await
+            .expect("reconcile");
+    }
+    let uid = d.object_at(path)["metadata"]["uid"].clone();
+    let writes: Vec<_> = d
+        .calls()
+        .into_iter()
+        .filter(|c| c.method != "GET" && c.path.contains("/statefulsets"))
+        .map(|c| (c.method, c.body["metadata"]["uid"].clone()))
+        .collect();
+    assert_eq!(
+        writes,
+        [
+            ("POST".to_owned(), serde_json::Value::Null),
+            ("PATCH".to_owned(), uid)
+        ]
+    );
+    let taken = pool_condition(&d, "/dtnpools/db", "NameTaken");
+    assert_eq!(taken["status"], "False");
+    assert_eq!(
+        pool_condition(&d, "/dtnpools/db", "Rendered")["status"],
+        "True"
+    );
+}
+
+#[tokio::test]
+async fn a_write_that_fails_partway_shows_in_the_pools_status() {
+    let mut d = Double::new();
+    let p = finalized(pool("db", "/in"), pool_controller::POOL_FINALIZER);
+    d.pool(&p);
+    d.unavailable("/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles/db-agent");
+    let failed = pool_controller::reconcile(Arc::new(p), d.ctx.clone()).await;
+    assert!(failed.is_err(), "retried");
+    let rendered = pool_condition(&d, "/dtnpools/db", "Rendered");
+    assert_eq!(rendered["status"], "False");
+    assert!(
+        rendered["message"]
+            .as_str()
+            .unwrap()
+            .contains("Role data/db-agent"),
+        "{rendered}"
+    );
+    assert!(!d.has("/apis/apps/v1/namespaces/data/statefulsets/db-agent"));
 }
 
 #[tokio::test]
@@ -470,7 +610,10 @@ async fn a_pool_gets_nothing_in_a_namespace_that_did_not_consent() {
     let own = d
         .calls()
         .into_iter()
-        .find(|c| c.is("PATCH", "/namespaces/research-data/roles/lustre-dtn-agent"))
+        .find(|c| {
+            c.is("POST", "/namespaces/research-data/roles")
+                && c.body["metadata"]["name"] == "lustre-dtn-agent"
+        })
         .unwrap();
     assert!(!own.body.to_string().contains("secrets"), "{}", own.body);
 
@@ -494,7 +637,14 @@ async fn a_pool_gets_nothing_in_a_namespace_that_did_not_consent() {
     let role = "/apis/rbac.authorization.k8s.io/v1/namespaces/beamline-7/roles/wirerate-agent.research-data.lustre-dtn";
     let rb = "/apis/rbac.authorization.k8s.io/v1/namespaces/beamline-7/rolebindings/wirerate-agent.research-data.lustre-dtn";
     assert!(d.has(role) && d.has(rb));
-    let applied = d.calls().into_iter().find(|c| c.is("PATCH", role)).unwrap();
+    let applied = d
+        .calls()
+        .into_iter()
+        .find(|c| {
+            c.path.ends_with("/namespaces/beamline-7/roles")
+                && c.body["metadata"]["name"] == "wirerate-agent.research-data.lustre-dtn"
+        })
+        .unwrap();
     assert!(
         !applied.body.to_string().contains("secrets"),
         "{}",
@@ -537,6 +687,8 @@ async fn a_transfer_of_an_unbound_namespace_waits_with_what_to_do() {
     x.metadata.namespace = Some("guest".into());
     x.spec.source.pool_namespace = Some("data".into());
     x.spec.destination.pool_namespace = Some("data".into());
+    // A guest writes in its own subtree of the shared pool.
+    x.spec.destination.path = "/out/guest/x".into();
     d.transfer(&x);
     reconcile(&d, &x).await;
     let s = d.last_status("/transfers/x");

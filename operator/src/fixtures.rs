@@ -231,6 +231,16 @@ impl Double {
                                 }
                             }
                         }
+                        // As the API server: a uid in the body that is not
+                        // the object's is a conflict.
+                        "PATCH" | "PUT"
+                            if body["metadata"]["uid"].is_string()
+                                && objs.get(&key).is_some_and(|o| {
+                                    o["metadata"]["uid"] != body["metadata"]["uid"]
+                                }) =>
+                        {
+                            (409, status(409, "Conflict"))
+                        }
                         "PATCH" | "PUT" => {
                             let o = objs.entry(key).or_insert_with(|| json!({}));
                             if body.is_object() {

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Event as CoreEvent;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -18,6 +18,11 @@ use wirerate_crds::{DtnPool, contract};
 
 use crate::context::Context;
 use crate::{Error, Result, path_tests, pool_status, render, token_grant, validate};
+
+/// The host paths the admin allows pools to mount (the operator's
+/// `--allowed-host-paths`); unset or empty: any but the host's root and
+/// system directories (see [`validate::host_path_refused`]).
+pub static ALLOWED_HOST_PATHS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
 
 /// Finalizer that removes the pool's Roles in other namespaces (owner
 /// references cannot reach across namespaces).
@@ -143,25 +148,42 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
             }
         }
     }
-    ctx.apply(&r.service_account).await?;
-    ctx.apply(&r.role).await?;
-    ctx.apply(&r.role_binding).await?;
+    // Nothing rendered is written over someone else's object of its name,
+    // nor taken (an owner reference added would have the pool's deletion
+    // delete it). A ServiceAccount or RBAC object that is not the pool's
+    // stops the agents and their other grants: they would run with, or
+    // hand out, someone else's rights.
+    let mut blocked = Blocked::default();
+    let account = ensure(ctx, pool, &r.service_account, &mut blocked).await;
+    let role = ensure(ctx, pool, &r.role, &mut blocked).await;
+    let bound = role && ensure(ctx, pool, &r.role_binding, &mut blocked).await;
+    let rbac = account && bound;
     // A consenting namespace that vanished, or refuses the Role, degrades
     // the pool; its own namespace and the others still work.
     let mut missing = Vec::new();
-    for (role, rb) in &r.remote {
+    for (role, rb) in r.remote.iter().filter(|_| rbac) {
         let at = role.metadata.namespace.clone().unwrap_or_default();
-        let applied = match ctx.apply(role).await {
-            Ok(()) => ctx.apply(rb).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = applied {
-            tracing::warn!(namespace = at, "cannot give the pool's agents access: {e}");
-            missing.push(at);
+        let mut here = Blocked::default();
+        if !(ensure(ctx, pool, role, &mut here).await && ensure(ctx, pool, rb, &mut here).await) {
+            tracing::warn!(
+                namespace = at,
+                "cannot give the pool's agents access: {here:?}"
+            );
+            if here.taken.is_empty() {
+                missing.push(at);
+            }
+            blocked.taken.append(&mut here.taken);
         }
     }
-    ctx.apply(&r.service).await?;
-    ctx.apply(&r.stateful_set).await?;
+    let service = ensure(ctx, pool, &r.service, &mut blocked).await;
+    let allowed = ALLOWED_HOST_PATHS
+        .get()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let refused = validate::host_path_refused(pool, allowed);
+    if rbac && service && refused.is_none() {
+        ensure(ctx, pool, &r.stateful_set, &mut blocked).await;
+    }
 
     let agents: Vec<_> = view
         .agents
@@ -196,7 +218,17 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
     );
     let neighbours: Vec<_> = view.agents.values().filter(|a| a.namespace == ns).collect();
     status.path_tests = path_tests::status(pool, &view.pools, &neighbours, &unusable, now);
+    pool_status::set_taken(&mut status, pool, &blocked.taken, &blocked.failed, now);
+    let policies = crate::admission::MISSING
+        .lock()
+        .ok()
+        .and_then(|m| m.clone());
+    pool_status::set_policies(&mut status, pool, policies.as_deref(), now);
+    pool_status::set_refused(&mut status, pool, refused.as_deref(), now);
     announce(ctx, pool, &status).await;
+    for c in [pool_status::NAME_TAKEN, pool_status::HOST_PATH_NOT_ALLOWED] {
+        announce_condition(ctx, pool, &status, c).await;
+    }
     if pool.status.as_ref() != Some(&status) {
         let patch = wirerate_crds::apply::StatusApply::new::<DtnPool>(&status);
         api.patch_status(
@@ -206,8 +238,102 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
         )
         .await?;
     }
+    if let Some(e) = blocked.error {
+        // After the status that says so; the error retries it sooner.
+        return Err(e);
+    }
     // Heartbeats are not watched events; look again on their beat.
     Ok(Action::requeue(Duration::from_secs(10)))
+}
+
+/// What kept the pool's rendered objects from being written: names someone
+/// else holds ("Kind namespace/name"), and writes that failed (with why).
+#[derive(Debug, Default)]
+struct Blocked {
+    taken: Vec<String>,
+    failed: Vec<String>,
+    /// The first failed write's error, for the retry.
+    error: Option<Error>,
+}
+
+/// Creates `obj` if its name is free, or applies it over the pool's own
+/// object of that name (see [`render::claim`]); true when it is the pool's
+/// and up to date. Someone else's object is left as it is and recorded as
+/// taken; a failed write is recorded too, so a takeover stopped halfway
+/// shows in the pool's status.
+async fn ensure<K>(ctx: &Context, pool: &DtnPool, obj: &K, blocked: &mut Blocked) -> bool
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + serde::Serialize
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+{
+    let ns = obj.meta().namespace.clone().unwrap_or_default();
+    let name = obj.meta().name.clone().unwrap_or_default();
+    let what = format!("{} {ns}/{name}", K::kind(&()));
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &ns);
+    let done = match api.get_metadata_opt(&name).await {
+        Err(e) => Err(Error::from(e)),
+        Ok(m) => match render::claim(pool, obj.meta(), m.as_ref().map(|m| &m.metadata)) {
+            render::Claim::Taken => {
+                blocked.taken.push(what);
+                return false;
+            }
+            render::Claim::Create => {
+                let pp = PostParams {
+                    field_manager: Some(contract::OPERATOR_MANAGER.into()),
+                    ..PostParams::default()
+                };
+                match api.create(&pp, obj).await {
+                    Ok(_) => Ok(()),
+                    // Made since the look: the next pass decides whose.
+                    Err(kube::Error::Api(e)) if e.code == 409 => return false,
+                    Err(e) => Err(e.into()),
+                }
+            }
+            render::Claim::Update { uid } => {
+                // The uid in the apply makes it a conflict if another object
+                // took the name since the look.
+                let mut o = obj.clone();
+                o.meta_mut().uid = Some(uid);
+                ctx.apply(&o).await
+            }
+        },
+    };
+    match done {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(object = what, "cannot write the pool's object: {e}");
+            blocked.failed.push(format!("{what}: {e}"));
+            blocked.error.get_or_insert(e);
+            false
+        }
+    }
+}
+
+/// A Warning Event when the pool's condition `type_` (one that is true
+/// when something is wrong) turns true or says something else.
+async fn announce_condition(ctx: &Context, pool: &DtnPool, status: &DtnPoolStatus, type_: &str) {
+    let find =
+        |s: Option<&DtnPoolStatus>| s.and_then(|s| conditions::find(&s.conditions, type_).cloned());
+    let Some(new) = find(Some(status)) else {
+        return;
+    };
+    let old = find(pool.status.as_ref());
+    if new.status != "True" || old.is_some_and(|o| o.status == "True" && o.message == new.message) {
+        return;
+    }
+    let ev = Event {
+        type_: EventType::Warning,
+        reason: new.reason.clone(),
+        note: Some(new.message.chars().take(1000).collect()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &pool.object_ref(&())).await {
+        tracing::warn!(reason = ev.reason, error = %e, "cannot publish an event");
+    }
 }
 
 /// Gives a listening pool its listeners' token, readable by its own agents

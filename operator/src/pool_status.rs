@@ -17,6 +17,8 @@ pub mod reason {
     pub const NO_SCHEDULABLE_NODE: &str = "NoSchedulableNode";
     /// Pods cannot be placed: no node has the huge pages asked for.
     pub const HUGEPAGES_UNAVAILABLE: &str = "HugepagesUnavailable";
+    /// A PersistentVolumeClaim the pool's volumes name does not exist.
+    pub const CLAIM_MISSING: &str = "PersistentVolumeClaimMissing";
     /// An agent's host checks failed.
     pub const PREFLIGHT_FAILED: &str = "PreflightFailed";
     /// Agents are known but their Leases are stale.
@@ -32,6 +34,132 @@ pub mod reason {
     /// The pool asks for async I/O and an agent cannot have io_uring
     /// (seccomp, a sysctl, the kernel): it uses direct I/O.
     pub const IO_URING_UNAVAILABLE: &str = "IoUringUnavailable";
+}
+
+/// Condition type: an object the pool renders has a name someone else's
+/// object holds (the message names kind, namespace and name).
+pub const NAME_TAKEN: &str = "NameTaken";
+/// Condition type: every object the pool renders was written.
+pub const RENDERED: &str = "Rendered";
+
+/// Puts the NameTaken and Rendered conditions into `status`: `taken` are
+/// other owners' objects holding names the pool renders ("Kind ns/name"),
+/// `failed` the writes that failed, with why.
+pub fn set_taken(
+    status: &mut DtnPoolStatus,
+    pool: &DtnPool,
+    taken: &[String],
+    failed: &[String],
+    now: Timestamp,
+) {
+    let generation = pool.metadata.generation;
+    let now = whole_seconds(now);
+    let c = if taken.is_empty() {
+        condition(
+            NAME_TAKEN,
+            false,
+            "NamesFree",
+            "no other owner's object holds a name this pool renders",
+        )
+    } else {
+        condition(
+            NAME_TAKEN,
+            true,
+            NAME_TAKEN,
+            format!(
+                "{} exists and is not this pool's (no controller owner reference to it): wirerate neither changes nor deletes it, and does not run the pool's agents while their ServiceAccount, RBAC, Service or StatefulSet is someone else's; rename the pool, or delete or rename that object",
+                taken.join(", ")
+            ),
+        )
+    };
+    conditions::set(&mut status.conditions, c, generation, &now);
+    let c = if failed.is_empty() {
+        condition(
+            RENDERED,
+            taken.is_empty(),
+            if taken.is_empty() {
+                "Applied"
+            } else {
+                NAME_TAKEN
+            },
+            if taken.is_empty() {
+                "every object the pool renders is written".to_owned()
+            } else {
+                "not every object the pool renders is written: see NameTaken".to_owned()
+            },
+        )
+    } else {
+        condition(
+            RENDERED,
+            false,
+            "WriteFailed",
+            format!("cannot write {}", failed.join("; ")),
+        )
+    };
+    conditions::set(&mut status.conditions, c, generation, &now);
+}
+
+/// Condition type: wirerate's admission policies are not on the API server,
+/// so nothing checks that a pool's author may grant what it renders.
+pub const POLICIES_MISSING: &str = "AdmissionPoliciesMissing";
+
+/// Puts the AdmissionPoliciesMissing condition into `status`: `missing` is
+/// what the operator's look at the API server found (None: all there).
+pub fn set_policies(
+    status: &mut DtnPoolStatus,
+    pool: &DtnPool,
+    missing: Option<&str>,
+    now: Timestamp,
+) {
+    let c = match missing {
+        Some(m) => condition(POLICIES_MISSING, true, POLICIES_MISSING, m),
+        None => condition(
+            POLICIES_MISSING,
+            false,
+            "PoliciesInstalled",
+            "wirerate's admission policies and their bindings are installed",
+        ),
+    };
+    conditions::set(
+        &mut status.conditions,
+        c,
+        pool.metadata.generation,
+        &whole_seconds(now),
+    );
+}
+
+/// Condition type: a volume's host path is outside what the admin allows;
+/// the agents are not rendered.
+pub const HOST_PATH_NOT_ALLOWED: &str = "HostPathNotAllowed";
+
+/// Puts the HostPathNotAllowed condition into `status`: `refused` says why
+/// (None: every host path is allowed).
+pub fn set_refused(
+    status: &mut DtnPoolStatus,
+    pool: &DtnPool,
+    refused: Option<&str>,
+    now: Timestamp,
+) {
+    let c = match refused {
+        Some(why) => condition(
+            HOST_PATH_NOT_ALLOWED,
+            true,
+            HOST_PATH_NOT_ALLOWED,
+            format!("{why}; the agents' StatefulSet is not written until it is"),
+        ),
+        None => condition(
+            HOST_PATH_NOT_ALLOWED,
+            false,
+            "HostPathsAllowed",
+            "every host path the pool mounts is allowed",
+        ),
+    };
+    conditions::set(
+        &mut status.conditions,
+        c,
+        pool.metadata.generation,
+        &whole_seconds(now),
+    );
 }
 
 /// The other namespaces a pool offers to serve, by how far they got.
@@ -153,6 +281,23 @@ pub fn status(
         Some((
             reason::PODS_NOT_CREATED,
             format!("the agents' StatefulSet cannot create pods: {why}"),
+        ))
+    } else if let Some((pod, why)) = stuck.iter().find(|(_, m)| {
+        let m = m.to_lowercase();
+        m.contains("persistentvolumeclaim") && m.contains("not found")
+    }) {
+        let claims: Vec<&str> = pool
+            .spec
+            .volumes
+            .iter()
+            .filter_map(|v| v.claim_name.as_deref())
+            .collect();
+        Some((
+            reason::CLAIM_MISSING,
+            format!(
+                "pod {pod} cannot be scheduled, a PersistentVolumeClaim it mounts does not exist ({why}): create it in this namespace, or change spec.volumes[].claimName (the pool names {})",
+                claims.join(", ")
+            ),
         ))
     } else if let Some((pod, why)) = stuck
         .iter()
@@ -438,6 +583,34 @@ mod tests {
             ("True", reason::PODS_NOT_CREATED)
         );
         assert!(d.message.contains("multiple of 2Mi"), "{}", d.message);
+    }
+
+    // Found in a first hour: a pool whose claim was never created said
+    // only that no node matched, and to label nodes.
+    #[test]
+    fn a_missing_claim_is_named_as_such() {
+        let mut pool = lustre_pool();
+        pool.spec.volumes[0].host_path = None;
+        pool.spec.volumes[0].claim_name = Some("lustre-pvc".into());
+        let p = pending_pod(
+            "lustre-dtn-agent-0",
+            "0/3 nodes are available: persistentvolumeclaim \"lustre-pvc\" not found. preemption: 0/3 nodes are available.",
+        );
+        let s = status(
+            &pool,
+            &[],
+            &[&p],
+            &HashMap::new(),
+            Namespaces::default(),
+            None,
+            at(1),
+        );
+        let c = conditions::find(&s.conditions, types::DEGRADED).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", reason::CLAIM_MISSING)
+        );
+        assert!(c.message.contains("lustre-pvc"), "{}", c.message);
     }
 
     #[test]

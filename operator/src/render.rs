@@ -101,6 +101,54 @@ fn meta(pool: &DtnPool, name: &str, namespace: Option<String>, owned: bool) -> O
     }
 }
 
+/// What the operator may do with an object it renders, given what already
+/// holds that name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// Nothing holds the name: create it (create only, so that one made
+    /// meanwhile is refused, not merged into).
+    Create,
+    /// The pool's own (its uid): apply over it, on condition that it is
+    /// still that object (the uid goes into the apply).
+    Update {
+        /// The uid of the object the apply may change.
+        uid: String,
+    },
+    /// Someone else's: neither written nor deleted.
+    Taken,
+}
+
+/// Decides [`Claim`] for the object `rendered` of `pool`, where `existing`
+/// is what holds its name now. An object the pool controls (owner
+/// reference by uid) is its own; one rendered without an owner (a Role in
+/// another namespace, which no owner reference can reach) is its own when
+/// it carries the pool's labels, pool namespace included, as only this
+/// pool's objects do there. Anything else is taken: applying over it would
+/// rewrite it, and the owner reference added would have the garbage
+/// collector delete it with the pool.
+pub fn claim(pool: &DtnPool, rendered: &ObjectMeta, existing: Option<&ObjectMeta>) -> Claim {
+    let Some(m) = existing else {
+        return Claim::Create;
+    };
+    let uid = pool.metadata.uid.as_deref().unwrap_or_default();
+    let owned = if rendered.owner_references.is_some() {
+        !uid.is_empty() && crate::token_grant::owned_by(m, "DtnPool", uid)
+    } else {
+        let has = m.labels.as_ref();
+        m.owner_references.as_ref().is_none_or(Vec::is_empty)
+            && rendered
+                .labels
+                .iter()
+                .flatten()
+                .filter(|(k, _)| *k == contract::POOL_LABEL || *k == POOL_NAMESPACE_LABEL)
+                .all(|(k, v)| has.and_then(|h| h.get(k)) == Some(v))
+    };
+    match (owned, m.uid.clone()) {
+        (true, Some(uid)) => Claim::Update { uid },
+        _ => Claim::Taken,
+    }
+}
+
 fn owner(pool: &DtnPool) -> Option<OwnerReference> {
     pool.controller_owner_ref(&())
 }
@@ -457,6 +505,83 @@ pub(crate) mod tests {
         let mut p: DtnPool = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         p.metadata.uid = Some("uid-lustre".into());
         p
+    }
+
+    /// The metadata of an object someone made: `owner` is the uid of its
+    /// controller (a DtnPool), if any.
+    fn existing(owner: Option<&str>, labels: &[(&str, &str)]) -> ObjectMeta {
+        ObjectMeta {
+            uid: Some("their-uid".into()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            owner_references: owner.map(|uid| {
+                vec![OwnerReference {
+                    api_version: "wirerate.io/v1alpha1".into(),
+                    kind: "DtnPool".into(),
+                    name: "lustre-dtn".into(),
+                    uid: uid.into(),
+                    controller: Some(true),
+                    ..Default::default()
+                }]
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_free_name_or_the_pools_own_object_is_written() {
+        let p = lustre_pool();
+        let r = render(&p, &["beamline-7".into()]);
+        let sa = &r.service_account.metadata;
+        assert_eq!(claim(&p, sa, None), Claim::Create);
+        let ours = existing(Some("uid-lustre"), &[]);
+        assert_eq!(
+            claim(&p, sa, Some(&ours)),
+            Claim::Update {
+                uid: "their-uid".into()
+            }
+        );
+        // Another team's, unowned or owned by another pool, even with the
+        // pool's labels copied onto it.
+        let labels = [
+            (contract::POOL_LABEL, "lustre-dtn"),
+            (POOL_NAMESPACE_LABEL, "research-data"),
+        ];
+        for theirs in [
+            existing(None, &[]),
+            existing(None, &labels),
+            existing(Some("uid-other"), &[]),
+        ] {
+            assert_eq!(claim(&p, sa, Some(&theirs)), Claim::Taken, "{theirs:?}");
+        }
+        // A Role in another namespace has no owner reference: it is the
+        // pool's by its labels alone.
+        let remote = &r.remote[0].0.metadata;
+        assert!(remote.owner_references.is_none());
+        assert_eq!(
+            claim(&p, remote, Some(&existing(None, &labels))),
+            Claim::Update {
+                uid: "their-uid".into()
+            }
+        );
+        let other_ns = [
+            (contract::POOL_LABEL, "lustre-dtn"),
+            (POOL_NAMESPACE_LABEL, "elsewhere"),
+        ];
+        for theirs in [existing(None, &[]), existing(None, &other_ns)] {
+            assert_eq!(claim(&p, remote, Some(&theirs)), Claim::Taken);
+        }
+        // A pool not yet given a uid owns nothing.
+        let mut fresh = p.clone();
+        fresh.metadata.uid = None;
+        assert_eq!(
+            claim(&fresh, sa, Some(&existing(Some(""), &[]))),
+            Claim::Taken
+        );
     }
 
     #[test]

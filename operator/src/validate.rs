@@ -79,6 +79,16 @@ pub fn validate(t: &Transfer, catalog: Catalog<'_>) -> Result<Resolved, Invalid>
             ),
         });
     }
+    for role in [Role::Sender, Role::Receiver] {
+        if let Some(bad) = t.pool_namespace(role).filter(|n| !namespace_name(n)) {
+            return Err(invalid(
+                reason::POOL_NOT_FOUND,
+                format!(
+                    "poolNamespace {bad:?} is not a namespace name: lower-case letters, digits and '-', starting and ending with a letter or digit"
+                ),
+            ));
+        }
+    }
     let src_key = (
         t.pool_namespace(Role::Sender)
             .unwrap_or_default()
@@ -86,7 +96,7 @@ pub fn validate(t: &Transfer, catalog: Catalog<'_>) -> Result<Resolved, Invalid>
         t.spec.source.pool.clone(),
     );
     let src = pool(catalog, &src_key, &ns)?;
-    under_roots(src, &src_key, &t.spec.source.path, false)?;
+    under_roots(src, &src_key, &ns, &t.spec.source.path, false)?;
 
     let (receiver_pool, dst) = match &t.spec.destination.pool {
         Some(name) => {
@@ -97,7 +107,7 @@ pub fn validate(t: &Transfer, catalog: Catalog<'_>) -> Result<Resolved, Invalid>
                 name.clone(),
             );
             let dst = pool(catalog, &key, &ns)?;
-            under_roots(dst, &key, &t.spec.destination.path, true)?;
+            under_roots(dst, &key, &ns, &t.spec.destination.path, true)?;
             (Some(key), Some(dst))
         }
         None => (None, None),
@@ -176,7 +186,85 @@ pub fn root_of<'a>(pool: &'a DtnPool, path: &str) -> Option<&'a str> {
         .max_by_key(|r| r.len())
 }
 
-fn under_roots(p: &DtnPool, key: &Key, path: &str, writes: bool) -> Result<(), Invalid> {
+/// The host's own directories, which no pool mounts unless the admin
+/// allows them by name (`--allowed-host-paths`): with them an agent could
+/// read the node's credentials or write its binaries.
+const SYSTEM_DIRS: &[&str] = &[
+    "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/proc", "/root", "/run",
+    "/sbin", "/sys", "/usr", "/var",
+];
+
+/// Why `pool` may not mount its host paths, if it may not: each must lie
+/// at or under one of `allowed` (the admin's list); with no list, it must
+/// not be `/` nor at or under one of the host's system directories. A
+/// path spelled with `..`, `.`, `//` or control characters is refused
+/// either way, so that no spelling reaches around the list. The admission
+/// policies check what the author may create; this holds where they are
+/// missing too.
+pub fn host_path_refused(pool: &DtnPool, allowed: &[String]) -> Option<String> {
+    let under = |p: &str, dir: &str| {
+        let dir = dir.trim_end_matches('/');
+        p == dir || dir.is_empty() || p.strip_prefix(dir).is_some_and(|r| r.starts_with('/'))
+    };
+    for v in &pool.spec.volumes {
+        let Some(p) = v.host_path.as_deref() else {
+            continue;
+        };
+        let plain = p.starts_with('/')
+            && !p.chars().any(char::is_control)
+            && !p
+                .split('/')
+                .skip(1)
+                .any(|s| s.is_empty() || s == "." || s == "..")
+            || p == "/";
+        let ok = plain
+            && if allowed.is_empty() {
+                p != "/" && !SYSTEM_DIRS.iter().any(|d| under(p, d))
+            } else {
+                allowed.iter().any(|a| under(p, a))
+            };
+        if !ok {
+            let rule = if allowed.is_empty() {
+                "the host's root and system directories are not allowed; an admin may allow host paths by name with the operator's --allowed-host-paths".to_owned()
+            } else {
+                format!(
+                    "the operator allows host paths under {} only",
+                    allowed.join(", ")
+                )
+            };
+            return Some(format!("volume {} mounts host path {p:?}: {rule}", v.name));
+        }
+    }
+    None
+}
+
+/// Whether `ns` is a namespace name (a DNS-1123 label), as admission
+/// requires of poolNamespace.
+pub fn namespace_name(ns: &str) -> bool {
+    let b = ns.as_bytes();
+    let inner = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    (1..=63).contains(&b.len())
+        && b.first().is_some_and(inner)
+        && b.last().is_some_and(inner)
+        && b.iter().all(|c| inner(c) || *c == b'-')
+}
+
+fn under_roots(
+    p: &DtnPool,
+    key: &Key,
+    tenant: &str,
+    path: &str,
+    writes: bool,
+) -> Result<(), Invalid> {
+    // As admission: a NUL is no file name's, a newline forges log lines.
+    if path.chars().any(char::is_control) {
+        return Err(invalid(
+            reason::PATH_NOT_ALLOWED,
+            format!(
+                "{path:?}: a path must not contain control characters (NUL, newline, any below 0x20, or DEL)"
+            ),
+        ));
+    }
     // Admission refuses these spellings too; a Transfer stored before that
     // rule, or written around it, is refused here.
     if !plain_path(path) {
@@ -202,6 +290,24 @@ fn under_roots(p: &DtnPool, key: &Key, path: &str, writes: bool) -> Result<(), I
         let mount = v.mount_path.trim_end_matches('/');
         v.read_only && (root == mount || root.starts_with(&format!("{mount}/")))
     });
+    // Tenants of a shared pool write each in their own subtree.
+    if writes && tenant != key.0 {
+        let mine = wirerate_crds::pool::tenant_roots(p, tenant);
+        if !mine
+            .iter()
+            .any(|r| path.starts_with(r.as_str()) && path.as_bytes().get(r.len()) == Some(&b'/'))
+        {
+            return Err(invalid(
+                reason::PATH_NOT_ALLOWED,
+                format!(
+                    "{path}: namespace {tenant} writes on DtnPool {}/{} only under its own subtree ({}), so tenants sharing the pool cannot overwrite one another's files",
+                    key.0,
+                    key.1,
+                    mine.join(", ")
+                ),
+            ));
+        }
+    }
     if writes && read_only {
         return Err(invalid(
             reason::PATH_NOT_ALLOWED,
@@ -344,7 +450,7 @@ pub(crate) mod tests {
 
     #[test]
     fn another_namespace_is_served_only_when_the_pool_offers_and_the_namespace_consents() {
-        let mut t = transfer("t", "/in/a", "/out/a");
+        let mut t = transfer("t", "/in/a", "/out/other/a");
         t.metadata.namespace = Some("other".into());
         t.spec.source.pool_namespace = Some("data".into());
         t.spec.destination.pool_namespace = Some("data".into());
@@ -388,5 +494,119 @@ pub(crate) mod tests {
         )
         .unwrap_err();
         assert_eq!(e.reason, reason::NAMESPACE_NOT_ALLOWED);
+    }
+
+    // Found against a real API server without the CRDs' newer rules:
+    // these got through, so the operator refuses them itself.
+    #[test]
+    fn control_characters_and_bad_namespace_names_are_refused() {
+        for bad in ["/in/a\0b", "/in/a\nb", "/in/\u{1f}", "/in/a\u{7f}"] {
+            let e = check(&transfer("t", bad, "/out/a")).unwrap_err();
+            assert_eq!(e.reason, reason::PATH_NOT_ALLOWED, "{bad:?}");
+            assert!(
+                e.message.contains("must not contain control characters"),
+                "{}",
+                e.message
+            );
+            let e = check(&transfer("t", "/in/a", bad)).unwrap_err();
+            assert_eq!(e.reason, reason::PATH_NOT_ALLOWED, "{bad:?}");
+        }
+        for bad in ["Not_A_NS", "-a", "a-", "a.b", ""] {
+            let mut t = transfer("t", "/in/a", "/out/a");
+            t.spec.destination.pool_namespace = Some(bad.into());
+            let e = check(&t).unwrap_err();
+            assert!(
+                e.message.contains("is not a namespace name"),
+                "{bad}: {}",
+                e.message
+            );
+        }
+        assert!(
+            namespace_name("data") && namespace_name("a-1") && !namespace_name(&"a".repeat(64))
+        );
+    }
+
+    // Found on an API server without the admission policies: a user who
+    // may create only DtnPools got agents mounting the host's `/`.
+    #[test]
+    fn host_paths_outside_what_the_admin_allowed_are_refused() {
+        let with = |path: &str| {
+            let mut p = pool("src", "/in");
+            p.spec.volumes[0].host_path = Some(path.into());
+            p.spec.volumes[0].claim_name = None;
+            p
+        };
+        for bad in [
+            "/",
+            "/etc",
+            "/etc/kubernetes",
+            "/var/lib/kubelet",
+            "/proc/1",
+            "/lustre/../etc",
+            "/lustre//x",
+            "/lustre/./x",
+        ] {
+            let why = host_path_refused(&with(bad), &[]).unwrap_or_else(|| panic!("{bad} allowed"));
+            assert!(why.contains("--allowed-host-paths"), "{why}");
+        }
+        for ok in ["/lustre", "/data/in", "/mnt/scratch", "/variety"] {
+            assert_eq!(host_path_refused(&with(ok), &[]), None, "{ok}");
+        }
+        let admin = ["/lustre".to_owned(), "/var/dtn/".to_owned()];
+        for ok in ["/lustre", "/lustre/a", "/var/dtn", "/var/dtn/x"] {
+            assert_eq!(host_path_refused(&with(ok), &admin), None, "{ok}");
+        }
+        for bad in ["/lustre2", "/data", "/var", "/"] {
+            let why =
+                host_path_refused(&with(bad), &admin).unwrap_or_else(|| panic!("{bad} allowed"));
+            assert!(why.contains("under /lustre, /var/dtn/ only"), "{why}");
+        }
+    }
+
+    // Found against a real API server: a namespace consenting to a shared
+    // pool could overwrite another namespace's landed files.
+    #[test]
+    fn a_tenant_of_a_shared_pool_writes_only_in_its_own_subtree() {
+        let mut offered = pools();
+        for p in offered.values_mut() {
+            p.spec.allowed_namespaces = vec!["a".into(), "b".into()];
+        }
+        let consents: BTreeSet<Consent> = ["a", "b"]
+            .iter()
+            .flat_map(|ns| {
+                ["src", "dst"].map(|pool| Consent {
+                    namespace: (*ns).into(),
+                    pool_namespace: "data".into(),
+                    pool: pool.into(),
+                })
+            })
+            .collect();
+        let from = |ns: &str, to: &str| {
+            let mut t = transfer("t", "/in/a", to);
+            t.metadata.namespace = Some(ns.into());
+            t.spec.source.pool_namespace = Some("data".into());
+            t.spec.destination.pool_namespace = Some("data".into());
+            validate(
+                &t,
+                Catalog {
+                    pools: &offered,
+                    consents: &consents,
+                },
+            )
+        };
+        assert!(from("a", "/out/a/x").is_ok());
+        assert!(from("b", "/out/b/x").is_ok());
+        for (ns, into) in [
+            ("a", "/out/b/x"),
+            ("a", "/out/x"),
+            ("b", "/out/a/x"),
+            ("a", "/out/ab/x"),
+        ] {
+            let e = from(ns, into).unwrap_err();
+            assert_eq!(e.reason, reason::PATH_NOT_ALLOWED, "{ns} into {into}");
+            assert!(e.message.contains("own subtree (/out/"), "{}", e.message);
+        }
+        // The pool's own namespace keeps the whole root.
+        assert!(check(&transfer("t", "/in/a", "/out/b/x")).is_ok());
     }
 }

@@ -462,17 +462,21 @@ async fn start_job(
             let parent = dest
                 .parent()
                 .ok_or_else(|| Error::Config("the destination has no parent directory".into()))?;
-            // The parent must be created beneath an allowed root, never above one.
-            let root = pool
-                .spec
-                .allowed_roots
+            // The parent must be created beneath an allowed root, never above
+            // one; for another namespace's Transfer, beneath its own subtree.
+            let roots = wirerate_crds::pool::tenant_roots(
+                pool,
+                t.metadata.namespace.as_deref().unwrap_or_default(),
+            );
+            let root = roots
                 .iter()
                 .find(|r| parent.starts_with(r))
                 .ok_or_else(|| Error::PathRefused {
                     path: dest.display().to_string(),
                     reason: format!(
-                        "it is not under this pool's allowedRoots ({})",
-                        pool.spec.allowed_roots.join(", ")
+                        "it is not under this pool's roots for namespace {} ({})",
+                        t.metadata.namespace.as_deref().unwrap_or_default(),
+                        roots.join(", ")
                     ),
                 })?;
             std::fs::create_dir_all(parent)

@@ -40,6 +40,11 @@ struct Args {
     #[arg(long, default_value_t = wirerate_operator::budget::DEFAULT_WRITES_PER_SECOND,
           value_parser = clap::value_parser!(u32).range(1..))]
     max_writes_per_second: u32,
+    /// Host directories pools may mount (comma-separated); a pool mounting
+    /// any other is refused. Unset: any but the host's root and system
+    /// directories.
+    #[arg(long, env = "WIRERATE_ALLOWED_HOST_PATHS", value_delimiter = ',')]
+    allowed_host_paths: Vec<String>,
 }
 
 #[tokio::main]
@@ -60,6 +65,7 @@ async fn run() -> anyhow::Result<()> {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
     });
+    let _ = pool_controller::ALLOWED_HOST_PATHS.set(args.allowed_host_paths.clone());
     let client = Client::try_default()
         .await
         .context("no Kubernetes API to talk to: set KUBECONFIG or run in a pod")?;
@@ -84,6 +90,23 @@ async fn run() -> anyhow::Result<()> {
             wirerate_operator::Error::CrdsMissing(format!("listing {kind}s failed: {e}"))
         })?;
     }
+
+    // Loud and repeated (once a look, not once a reconcile): without the
+    // policies, whoever may create a DtnPool gets what it renders.
+    let looker = client.clone();
+    tokio::spawn(async move {
+        loop {
+            let missing = policies_missing(&looker).await;
+            match &missing {
+                Some(m) => tracing::error!("{m}"),
+                None => tracing::info!("wirerate's admission policies are installed"),
+            }
+            if let Ok(mut slot) = wirerate_operator::admission::MISSING.lock() {
+                *slot = missing;
+            }
+            tokio::time::sleep(Duration::from_secs(300)).await;
+        }
+    });
 
     let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
         .await
@@ -287,4 +310,35 @@ async fn gauges(ctx: Arc<Context>) {
             .observe(transfers.iter().map(|t| &**t), agents.values());
         tokio::time::sleep(Duration::from_secs(10)).await;
     }
+}
+
+/// What of wirerate's admission policies the API server lacks, said with
+/// its version and what they need ([`admission::missing_message`]).
+async fn policies_missing(client: &Client) -> Option<String> {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    use wirerate_operator::admission;
+    let server = match client.apiserver_version().await {
+        Ok(v) => format!("{}.{}", v.major, v.minor),
+        Err(e) => format!("of unknown version ({e})"),
+    };
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
+    let mut missing = Vec::new();
+    for (kind, name) in admission::expected() {
+        let found = if kind == "ValidatingAdmissionPolicy" {
+            policies.get_metadata_opt(&name).await.map(|m| m.is_some())
+        } else {
+            bindings.get_metadata_opt(&name).await.map(|m| m.is_some())
+        };
+        match found {
+            Ok(true) => {}
+            Ok(false) => missing.push(format!("{kind} {name}")),
+            // An older server has no such resource: a 404, not an error.
+            Err(kube::Error::Api(e)) if e.code == 404 => missing.push(format!("{kind} {name}")),
+            Err(e) => missing.push(format!("{kind} {name} (cannot look: {e})")),
+        }
+    }
+    admission::missing_message(&server, &missing)
 }
