@@ -223,11 +223,6 @@ pub fn missing_message(server: &str, missing: &[String]) -> Option<String> {
     ))
 }
 
-/// What the operator's last look at the API server found missing of the
-/// policies ([`missing_message`]), for every pool's status; None while all
-/// are there. Set by the binary's periodic look.
-pub static MISSING: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
-
 /// The policies as one multi-document YAML stream.
 pub fn policies_yaml() -> Result<String, serde_yaml::Error> {
     let mut out = String::from(

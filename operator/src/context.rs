@@ -79,6 +79,14 @@ pub struct Context {
     writes: Mutex<WriteBudget>,
     /// When each agent's latest renewal was seen.
     heartbeats: Mutex<agents::Heartbeats>,
+    /// The host paths the admin allows pools to mount (the operator's
+    /// `--allowed-host-paths`); empty: any but the host's root and system
+    /// directories (see [`crate::validate::host_path_refused`]).
+    pub allowed_host_paths: Vec<String>,
+    /// What the last look at the API server found missing of wirerate's
+    /// admission policies ([`crate::admission::missing_message`]), for every
+    /// pool's status; None while all are there.
+    pub policies_missing: Mutex<Option<String>>,
 }
 
 /// Reconciles the controllers are asked for by the planner and the agent watcher.
@@ -161,7 +169,16 @@ impl Context {
             wakes: Mutex::new(Some(Wakes { transfers, pools })),
             writes: Mutex::new(WriteBudget::new(budget::DEFAULT_WRITES_PER_SECOND)),
             heartbeats: Mutex::default(),
+            allowed_host_paths: Vec::new(),
+            policies_missing: Mutex::default(),
         }
+    }
+
+    /// The same, letting pools mount only `paths` (empty: see
+    /// [`Context::allowed_host_paths`]).
+    pub fn with_allowed_host_paths(mut self, paths: Vec<String>) -> Self {
+        self.allowed_host_paths = paths;
+        self
     }
 
     /// The same, writing at most `per_second` times a second.

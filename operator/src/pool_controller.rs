@@ -19,11 +19,6 @@ use wirerate_crds::{DtnPool, contract};
 use crate::context::Context;
 use crate::{Error, Result, path_tests, pool_status, render, token_grant, validate};
 
-/// The host paths the admin allows pools to mount (the operator's
-/// `--allowed-host-paths`); unset or empty: any but the host's root and
-/// system directories (see [`validate::host_path_refused`]).
-pub static ALLOWED_HOST_PATHS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-
 /// Finalizer that removes the pool's Roles in other namespaces (owner
 /// references cannot reach across namespaces).
 pub const POOL_FINALIZER: &str = "wirerate.io/remote-rbac";
@@ -176,11 +171,7 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
         }
     }
     let service = ensure(ctx, pool, &r.service, &mut blocked).await;
-    let allowed = ALLOWED_HOST_PATHS
-        .get()
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    let refused = validate::host_path_refused(pool, allowed);
+    let refused = validate::host_path_refused(pool, &ctx.allowed_host_paths);
     if rbac && service && refused.is_none() {
         ensure(ctx, pool, &r.stateful_set, &mut blocked).await;
     }
@@ -219,10 +210,7 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
     let neighbours: Vec<_> = view.agents.values().filter(|a| a.namespace == ns).collect();
     status.path_tests = path_tests::status(pool, &view.pools, &neighbours, &unusable, now);
     pool_status::set_taken(&mut status, pool, &blocked.taken, &blocked.failed, now);
-    let policies = crate::admission::MISSING
-        .lock()
-        .ok()
-        .and_then(|m| m.clone());
+    let policies = crate::context::lock(&ctx.policies_missing).clone();
     pool_status::set_policies(&mut status, pool, policies.as_deref(), now);
     pool_status::set_refused(&mut status, pool, refused.as_deref(), now);
     announce(ctx, pool, &status).await;

@@ -65,7 +65,6 @@ async fn run() -> anyhow::Result<()> {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
     });
-    let _ = pool_controller::ALLOWED_HOST_PATHS.set(args.allowed_host_paths.clone());
     let client = Client::try_default()
         .await
         .context("no Kubernetes API to talk to: set KUBECONFIG or run in a pod")?;
@@ -90,23 +89,6 @@ async fn run() -> anyhow::Result<()> {
             wirerate_operator::Error::CrdsMissing(format!("listing {kind}s failed: {e}"))
         })?;
     }
-
-    // Loud and repeated (once a look, not once a reconcile): without the
-    // policies, whoever may create a DtnPool gets what it renders.
-    let looker = client.clone();
-    tokio::spawn(async move {
-        loop {
-            let missing = policies_missing(&looker).await;
-            match &missing {
-                Some(m) => tracing::error!("{m}"),
-                None => tracing::info!("wirerate's admission policies are installed"),
-            }
-            if let Ok(mut slot) = wirerate_operator::admission::MISSING.lock() {
-                *slot = missing;
-            }
-            tokio::time::sleep(Duration::from_secs(300)).await;
-        }
-    });
 
     let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
         .await
@@ -229,8 +211,24 @@ async fn run() -> anyhow::Result<()> {
     };
     let ctx = Arc::new(
         Context::new(client.clone(), stores, metrics, &identity)
-            .with_write_rate(args.max_writes_per_second),
+            .with_write_rate(args.max_writes_per_second)
+            .with_allowed_host_paths(args.allowed_host_paths.clone()),
     );
+    // Loud and repeated (once a look, not once a reconcile): without the
+    // policies, whoever may create a DtnPool gets what it renders.
+    let looker = ctx.clone();
+    tokio::spawn(async move {
+        loop {
+            let missing = policies_missing(&looker.client).await;
+            match &missing {
+                Some(m) => tracing::error!("{m}"),
+                None => tracing::info!("wirerate's admission policies are installed"),
+            }
+            *wirerate_operator::context::lock(&looker.policies_missing) = missing;
+            tokio::time::sleep(Duration::from_secs(300)).await;
+        }
+    });
+
     let _ = cell.set(ctx.clone());
     let wakes = ctx.wakes().expect("taken once, here");
     let pools = pools.reconcile_on(wakes.pools);
