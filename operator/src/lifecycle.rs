@@ -124,17 +124,15 @@ pub fn step(
     // (its pool was full), when the survivor keeps its slot and waits.
     if s.sender.is_none() || (!external && s.receiver.is_none()) {
         s.phase = Some(TransferPhase::Queued);
-        conditions::set(
-            &mut s.conditions,
-            condition(
-                types::SCHEDULED,
-                false,
-                "WaitingForAgents",
-                "waiting for free agents in the pools",
-            ),
-            generation,
-            &now_t,
-        );
+        // The controller says which pool and why once it has the plan
+        // (see `waiting_message`); a message it gave before stays until then.
+        let said = conditions::find(&old.conditions, types::SCHEDULED)
+            .filter(|c| c.status == "False" && c.reason == "WaitingForAgents")
+            .map_or("waiting for free agents in the pools", |c| {
+                c.message.as_str()
+            })
+            .to_owned();
+        waiting_for_agents(&mut s, &said, t, now);
         let needs = Needs {
             sender: s.sender.is_none(),
             receiver: !external && s.receiver.is_none(),
@@ -462,6 +460,63 @@ pub const BACK_OFF: i64 = 30;
 /// The longest an agent lost again and again is passed over.
 pub const BACK_OFF_MAX: i64 = 480;
 
+/// Marks `s` as waiting for agents, for the reason `message`.
+pub fn waiting_for_agents(s: &mut TransferStatus, message: &str, t: &Transfer, now: Timestamp) {
+    conditions::set(
+        &mut s.conditions,
+        condition(types::SCHEDULED, false, "WaitingForAgents", message),
+        t.metadata.generation,
+        &conditions::whole_seconds(now),
+    );
+}
+
+/// Why a Transfer that needs agents has none yet, pool by pool, for its
+/// `Scheduled` condition: which pool, and whether its agents are missing,
+/// not live, lost by this Transfer, or busy. Stable words and no counts,
+/// so that the message (and so the status) changes only when the reason
+/// does: busy and free slots come and go with every Transfer that ends,
+/// and a message that followed them would rewrite every queued Transfer's
+/// status each time (the write storm of issue 39).
+pub fn waiting_message(
+    resolved: &Resolved,
+    needs: &Needs,
+    agents: &HashMap<AgentId, Agent>,
+) -> String {
+    let wanted = [
+        needs.sender.then_some(&resolved.sender_pool),
+        resolved.receiver_pool.as_ref().filter(|_| needs.receiver),
+    ];
+    let mut why: Vec<String> = Vec::new();
+    for (ns, pool) in wanted.into_iter().flatten() {
+        let of_pool: Vec<&Agent> = agents
+            .values()
+            .filter(|a| &a.namespace == ns && &a.pool == pool)
+            .collect();
+        let live: Vec<&&Agent> = of_pool.iter().filter(|a| a.live()).collect();
+        let usable: Vec<&&&Agent> = live
+            .iter()
+            .filter(|a| !needs.avoid.contains(&a.name))
+            .collect();
+        let reason = if of_pool.is_empty() {
+            "has no agents yet (none has written its Lease)"
+        } else if live.is_empty() {
+            "has no live agent (Leases expired or pods gone)"
+        } else if usable.is_empty() {
+            "has only agents this Transfer lost before, passed over until their back-off ends"
+        } else {
+            "has its agents busy, or promised to Transfers ahead of this one"
+        };
+        let line = format!("pool {ns}/{pool} {reason}");
+        if !why.contains(&line) {
+            why.push(line);
+        }
+    }
+    if why.is_empty() {
+        return "waiting for free agents in the pools".to_owned();
+    }
+    format!("waiting for agents: {}", why.join("; "))
+}
+
 /// Each agent `failovers` lost, in the order first lost, with the second
 /// its back-off ends: [`BACK_OFF`] after its last loss, doubled for each
 /// loss before it, at most [`BACK_OFF_MAX`].
@@ -568,6 +623,62 @@ mod tests {
 
     fn at(s: i64) -> Timestamp {
         Timestamp::from_second(s).unwrap()
+    }
+
+    // Issue 39: "waiting for free agents" said neither which pool nor why.
+    #[test]
+    fn a_wait_names_the_pool_and_why() {
+        let resolved = Resolved {
+            sender_pool: ("data".into(), "src".into()),
+            receiver_pool: Some(("data".into(), "dst".into())),
+            tuning: Default::default(),
+            striping: None,
+        };
+        let both = Needs {
+            sender: true,
+            receiver: true,
+            avoid: vec![],
+        };
+        let none: HashMap<AgentId, Agent> = HashMap::new();
+        let say = |needs: &Needs, agents: &HashMap<AgentId, Agent>| {
+            waiting_message(&resolved, needs, agents)
+        };
+        let m = say(&both, &none);
+        assert!(m.contains("pool data/src has no agents yet"), "{m}");
+        assert!(m.contains("pool data/dst has no agents yet"), "{m}");
+
+        // Renewed at 100, judged at 200: expired.
+        let stale = agents(100, &[("src", "s0")]);
+        let stale: HashMap<AgentId, Agent> = stale
+            .into_values()
+            .map(|a| {
+                let a = from_lease(
+                    &lease("src", &a.name, 100, None),
+                    &Default::default(),
+                    at(200),
+                    None,
+                )
+                .unwrap();
+                (a.id(), a)
+            })
+            .collect();
+        let only_sender = Needs {
+            receiver: false,
+            ..both.clone()
+        };
+        let m = say(&only_sender, &stale);
+        assert_eq!(
+            m,
+            "waiting for agents: pool data/src has no live agent (Leases expired or pods gone)"
+        );
+
+        let live = agents(100, &[("src", "s0"), ("dst", "r0")]);
+        let lost = Needs {
+            avoid: vec!["s0".into()],
+            ..only_sender.clone()
+        };
+        assert!(say(&lost, &live).contains("only agents this Transfer lost before"));
+        assert!(say(&only_sender, &live).contains("pool data/src has its agents busy"));
     }
 
     fn agents(live_at: i64, names: &[(&str, &str)]) -> HashMap<AgentId, Agent> {

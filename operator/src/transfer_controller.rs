@@ -133,6 +133,10 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
             .get(&key)
             .copied()
             .map(budget::shown_position);
+        if let Ok(resolved) = &validity {
+            let message = lifecycle::waiting_message(resolved, &needs, &view.agents);
+            lifecycle::waiting_for_agents(&mut step.status, &message, current, now);
+        }
         if let (Some(_), Ok(_)) = (plan.placements.get(&key), &validity)
             && let Some(why) = names_taken(current, ctx).await?
         {

@@ -157,7 +157,8 @@ fn transfer(i: usize) -> (String, Value) {
         "metadata": {"name": name, "namespace": ns},
         "spec": {
             "source": {"pool": from, "poolNamespace": POOLS_NS, "path": format!("/data/{from}/x/{name}/a")},
-            "destination": {"pool": to, "poolNamespace": POOLS_NS, "path": format!("/data/{to}/x/{name}/b")},
+            // A tenant of a shared pool writes in its own subtree of the roots.
+            "destination": {"pool": to, "poolNamespace": POOLS_NS, "path": format!("/data/{to}/x/{ns}/{name}/b")},
             "priority": priority,
             "stallTimeoutSeconds": 86400,
         }
