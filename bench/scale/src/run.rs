@@ -656,24 +656,15 @@ async fn refill_slots(
     refill: usize,
     timeout: Duration,
 ) -> anyhow::Result<Refill> {
-    let (chosen, queued) = {
+    let (running, queued) = {
         let o = observer.lock().expect("observer lock");
-        let chosen: Vec<String> = o.running_keys().into_iter().take(refill).collect();
-        (chosen, o.queued())
+        (o.running_keys(), o.queued())
     };
-    let target = chosen.len().min(queued);
     let t0 = Instant::now();
-    futures::stream::iter(chosen.iter().cloned())
-        .map(|key| async move {
-            let (ns, name) = key.split_once('/').context("a namespaced key")?;
-            let api: Api<Transfer> = Api::namespaced(client.clone(), ns);
-            let t = api.get(name).await?;
-            agents::report_success(client, &t).await
-        })
-        .buffer_unordered(8)
-        .try_collect::<Vec<()>>()
+    let chosen = agents::finish_running(client, &running, refill)
         .await
         .context("cannot report Transfers finished")?;
+    let target = chosen.len().min(queued);
     let reports_seconds = t0.elapsed().as_secs_f64();
     let (mut refilled, mut succeeded) = (None, None);
     while t0.elapsed() < timeout {
