@@ -8,13 +8,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use anyhow::Context as _;
+use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
-use wirerate_crds::{Transfer, contract};
+use wirerate_crds::{Transfer, TransferPhase, contract};
 
 use crate::observer::Observer;
 use crate::scenario::{Agent, POOL_NAMESPACE, Scenario};
@@ -83,14 +85,53 @@ pub(crate) fn renew_all(
         .collect()
 }
 
+/// Reports up to `want` of `candidates` (`ns/name`, seen Running) landed
+/// and verified, in order, and returns the ones reported. A candidate that
+/// is no longer Running with both agents when fetched (a failover, or the
+/// operator's write not yet seen) is passed over for the next one: the bench
+/// finishes what is running now, and one moved Transfer is no reason to
+/// abandon the run.
+pub(crate) async fn finish_running(
+    client: &Client,
+    candidates: &[String],
+    want: usize,
+) -> anyhow::Result<Vec<String>> {
+    let mut reported = Vec::new();
+    let mut rest = candidates.iter();
+    while reported.len() < want {
+        let batch: Vec<&String> = rest.by_ref().take(want - reported.len()).collect();
+        if batch.is_empty() {
+            break;
+        }
+        let done: Vec<Option<String>> = futures::stream::iter(batch)
+            .map(|key| async move {
+                let (ns, name) = key
+                    .split_once('/')
+                    .with_context(|| format!("{key} is not a namespaced key"))?;
+                let api: Api<Transfer> = Api::namespaced(client.clone(), ns);
+                let t = api.get(name).await?;
+                let reported = report_success(client, &t).await?;
+                anyhow::Ok(reported.then(|| key.clone()))
+            })
+            .buffer_unordered(8)
+            .try_collect()
+            .await?;
+        reported.extend(done.into_iter().flatten());
+    }
+    Ok(reported)
+}
+
 /// Reports `t` landed and verified, as its two agents do: the sender's
-/// final report with its progress, then the receiver's Succeeded.
-pub(crate) async fn report_success(client: &Client, t: &Transfer) -> anyhow::Result<()> {
+/// final report with its progress, then the receiver's Succeeded. Returns
+/// false, writing nothing, when `t` is not Running with both agents.
+pub(crate) async fn report_success(client: &Client, t: &Transfer) -> anyhow::Result<bool> {
     let ns = t.metadata.namespace.clone().unwrap_or_default();
     let name = t.metadata.name.clone().unwrap_or_default();
     let s = t.status.clone().unwrap_or_default();
-    let (Some(sender), Some(receiver)) = (s.sender, s.receiver) else {
-        anyhow::bail!("{ns}/{name} has no agents to report");
+    let (Some(TransferPhase::Running), Some(sender), Some(receiver)) =
+        (s.phase, s.sender, s.receiver)
+    else {
+        return Ok(false);
     };
     let api: Api<Transfer> = Api::namespaced(client.clone(), &ns);
     let now = || serde_json::to_value(Time(Timestamp::now())).expect("times serialize");
@@ -121,5 +162,71 @@ pub(crate) async fn report_success(client: &Client, t: &Transfer) -> anyhow::Res
         )
         .await?;
     }
-    Ok(())
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Namespace;
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::CustomResourceExt;
+    use kube::api::PostParams;
+    use serde_json::Value;
+
+    use super::*;
+    use crate::apiserver::ApiServer;
+
+    /// A Transfer in `u1` with `status`, as the operator left it.
+    async fn transfer(api: &Api<Transfer>, name: &str, status: Value) {
+        let t: Transfer = serde_json::from_value(json!({
+            "apiVersion": "wirerate.io/v1alpha1", "kind": "Transfer",
+            "metadata": {"name": name},
+            "spec": {"source": {"pool": "a", "path": "/d/x"}, "destination": {"pool": "b", "path": "/d/y"}},
+        }))
+        .unwrap();
+        api.create(&PostParams::default(), &t).await.unwrap();
+        let patch =
+            json!({"apiVersion": "wirerate.io/v1alpha1", "kind": "Transfer", "status": status});
+        api.patch_status(
+            name,
+            &PatchParams::apply("op").force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .unwrap();
+    }
+
+    // The first scale run against a real API server aborted here: a
+    // Transfer seen Running had been failed over by the time it was fetched.
+    #[tokio::test]
+    async fn a_transfer_that_lost_its_agents_is_passed_over_not_fatal() {
+        let server = ApiServer::start_with(100, Duration::ZERO).await.unwrap();
+        let client = Client::try_from(kube::Config::new(server.url().parse().unwrap())).unwrap();
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        crds.create(&PostParams::default(), &Transfer::crd())
+            .await
+            .unwrap();
+        let ns: Api<Namespace> = Api::all(client.clone());
+        let u1: Namespace = serde_json::from_value(json!({"metadata": {"name": "u1"}})).unwrap();
+        ns.create(&PostParams::default(), &u1).await.unwrap();
+        let api: Api<Transfer> = Api::namespaced(client.clone(), "u1");
+        let running = |n: &str| {
+            json!({"phase": "Running", "attempt": 1,
+                   "sender": {"name": format!("s{n}"), "pool": "a"},
+                   "receiver": {"name": format!("r{n}"), "pool": "b"}})
+        };
+        transfer(&api, "t1", running("1")).await;
+        transfer(&api, "t2", json!({"phase": "Queued", "attempt": 1})).await;
+        transfer(&api, "t3", running("3")).await;
+        transfer(&api, "t4", running("4")).await;
+
+        let seen = ["u1/t2", "u1/t1", "u1/t3", "u1/t4"].map(String::from);
+        let reported = finish_running(&client, &seen, 2).await.unwrap();
+
+        assert_eq!(reported, ["u1/t1", "u1/t3"]);
+        for (name, finished) in [("t1", true), ("t2", false), ("t3", true), ("t4", false)] {
+            let s = api.get(name).await.unwrap().status.unwrap();
+            assert_eq!(s.reports.len(), if finished { 2 } else { 0 }, "{name}");
+        }
+    }
 }

@@ -72,6 +72,12 @@ pub(crate) struct Schedule {
     pub(crate) running: usize,
     pub(crate) first_status: Latency,
     pub(crate) operator_cpu_seconds: Option<f64>,
+    /// The operator's writes from the first create until every Transfer
+    /// had a phase and every slot was taken (double only).
+    pub(crate) operator_writes: Option<u64>,
+    pub(crate) writes_per_transfer: Option<f64>,
+    /// The same per second of that window.
+    pub(crate) writes_per_second: Option<f64>,
 }
 
 /// Phase 2: nothing changes but the Lease renewals.
@@ -87,6 +93,8 @@ pub(crate) struct Rest {
     pub(crate) operator_requests_by_resource: BTreeMap<String, f64>,
     /// Transfer status writes per second.
     pub(crate) status_writes_per_second: Option<f64>,
+    /// All the operator's writes per second (double only).
+    pub(crate) writes_per_second: Option<f64>,
     pub(crate) reconciles_per_second: Option<f64>,
     pub(crate) rss_mib: Option<f64>,
     pub(crate) peak_rss_mib: Option<f64>,
@@ -268,6 +276,15 @@ impl Report {
         );
         row(
             &mut o,
+            "operator writes per Transfer, creates until phased",
+            sc.writes_per_transfer
+                .map_or("not counted".into(), |v| format!("{v:.1}")),
+            "",
+            &sc.writes_per_second
+                .map_or(String::new(), |v| format!("{v:.1}/s")),
+        );
+        row(
+            &mut o,
             "every slot taken, after the last create",
             secs(sc.slots_filled_seconds),
             "",
@@ -290,6 +307,13 @@ impl Report {
                     .collect();
                 let _ = writeln!(o, "    by verb, /s: {}", by.join(", "));
             }
+            row(
+                &mut o,
+                "  operator writes at rest",
+                per_s(r.writes_per_second),
+                "",
+                "",
+            );
             row(
                 &mut o,
                 "  Transfer status writes at rest",

@@ -224,6 +224,16 @@ fn operator_requests(t: &Tally) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// The operator's writes (create, update, patch, delete) so far.
+fn operator_writes(t: &Tally) -> u64 {
+    t.iter()
+        .filter(|((actor, verb, _), _)| {
+            *actor == Actor::Operator && matches!(*verb, "create" | "update" | "patch" | "delete")
+        })
+        .map(|(_, n)| n)
+        .sum()
+}
+
 fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
     after
         .iter()
@@ -402,6 +412,11 @@ async fn bench(
         && c.failed.is_empty()
         && c.operator_crashed.is_none();
     drop(o);
+    if double.is_none() {
+        report.notes.push(
+            "a real API server: the bench cannot count the operator's writes (count them in the server's audit log)".into(),
+        );
+    }
     if double.is_some() {
         report.notes.push(
             "the API double runs in the bench process and shares the machine's cores with the operator".into(),
@@ -444,7 +459,16 @@ async fn phases(
 
     eprintln!("phase 1: creating {} Transfers", s.transfers);
     let cpu_start = op.cpu_seconds();
+    let writes0 = double.map(|d| operator_writes(&d.counts()));
+    let t0 = Instant::now();
     schedule(a, s, client, op, observer, report, timeout).await?;
+    if let (Some(w0), Some(d)) = (writes0, double) {
+        let w = operator_writes(&d.counts()) - w0;
+        let sc = &mut report.schedule;
+        sc.operator_writes = Some(w);
+        sc.writes_per_transfer = Some(w as f64 / sc.created.max(1) as f64);
+        sc.writes_per_second = Some(w as f64 / t0.elapsed().as_secs_f64());
+    }
     report.schedule.operator_cpu_seconds = match (cpu_start, op.cpu_seconds()) {
         (Some(a), Some(b)) if op.starts == 1 => Some(b - a),
         _ => None,
@@ -583,6 +607,7 @@ async fn schedule(
         running: o.running(),
         first_status: Latency::of(o.first_status().iter().map(Duration::as_secs_f64).collect()),
         operator_cpu_seconds: None,
+        ..Schedule::default()
     };
     report.correctness.create_errors = errors.lock().expect("errors lock").clone();
     if pending > 0 {
@@ -609,6 +634,7 @@ async fn rest(op: &mut Operator, double: Option<&ApiServer>, secs: u64) -> anyho
     let cpu0 = op.cpu_seconds();
     let bench0 = operator::cpu_seconds("/proc/self/stat");
     let req0 = double.map(|d| operator_requests(&d.counts()));
+    let writes0 = double.map(|d| operator_writes(&d.counts()));
     let rec0 = reconciles(op.metrics().await);
     let t0 = Instant::now();
     let end = t0 + Duration::from_secs(secs);
@@ -620,6 +646,7 @@ async fn rest(op: &mut Operator, double: Option<&ApiServer>, secs: u64) -> anyho
     let cpu1 = op.cpu_seconds();
     let bench1 = operator::cpu_seconds("/proc/self/stat");
     let req1 = double.map(|d| operator_requests(&d.counts()));
+    let writes1 = double.map(|d| operator_writes(&d.counts()));
     let rec1 = reconciles(op.metrics().await);
     let mem = op.memory_kib();
     let percent = |a: Option<f64>, b: Option<f64>| Some(100.0 * (b? - a?) / secs);
@@ -629,6 +656,10 @@ async fn rest(op: &mut Operator, double: Option<&ApiServer>, secs: u64) -> anyho
         bench_cpu_percent: percent(bench0, bench1),
         reconciles_per_second: match (rec0, rec1) {
             (Some(a), Some(b)) => Some((b - a) / secs),
+            _ => None,
+        },
+        writes_per_second: match (writes0, writes1) {
+            (Some(a), Some(b)) => Some((b - a) as f64 / secs),
             _ => None,
         },
         rss_mib: mem.map(|m| m.0 as f64 / 1024.0),
@@ -656,24 +687,15 @@ async fn refill_slots(
     refill: usize,
     timeout: Duration,
 ) -> anyhow::Result<Refill> {
-    let (chosen, queued) = {
+    let (running, queued) = {
         let o = observer.lock().expect("observer lock");
-        let chosen: Vec<String> = o.running_keys().into_iter().take(refill).collect();
-        (chosen, o.queued())
+        (o.running_keys(), o.queued())
     };
-    let target = chosen.len().min(queued);
     let t0 = Instant::now();
-    futures::stream::iter(chosen.iter().cloned())
-        .map(|key| async move {
-            let (ns, name) = key.split_once('/').context("a namespaced key")?;
-            let api: Api<Transfer> = Api::namespaced(client.clone(), ns);
-            let t = api.get(name).await?;
-            agents::report_success(client, &t).await
-        })
-        .buffer_unordered(8)
-        .try_collect::<Vec<()>>()
+    let chosen = agents::finish_running(client, &running, refill)
         .await
         .context("cannot report Transfers finished")?;
+    let target = chosen.len().min(queued);
     let reports_seconds = t0.elapsed().as_secs_f64();
     let (mut refilled, mut succeeded) = (None, None);
     while t0.elapsed() < timeout {

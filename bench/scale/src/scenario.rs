@@ -126,6 +126,8 @@ impl Scenario {
     /// Transfer `i`: namespaces in turn, priorities in turn within each
     /// namespace, and the direction between pools changing every block of
     /// namespace x priority, so every namespace and priority goes both ways.
+    /// Each namespace writes under its own subtree of the shared pool's
+    /// root, as the operator requires of tenants.
     pub(crate) fn transfer(&self, i: usize) -> TransferPlan {
         let users = self.user_namespaces();
         let namespace = users[i % users.len()].clone();
@@ -141,7 +143,7 @@ impl Scenario {
             "metadata": {"name": name, "namespace": namespace},
             "spec": {
                 "source": {"pool": pools[src], "poolNamespace": POOL_NAMESPACE, "path": format!("{}/{name}/src.h5", Self::root(&pools[src]))},
-                "destination": {"pool": pools[dst], "poolNamespace": POOL_NAMESPACE, "path": format!("{}/{name}/dst.h5", Self::root(&pools[dst]))},
+                "destination": {"pool": pools[dst], "poolNamespace": POOL_NAMESPACE, "path": format!("{}/{namespace}/{name}/dst.h5", Self::root(&pools[dst]))},
                 "priority": priority,
                 // The simulated agents move no bytes: keep the stall
                 // detector out of a long run.
@@ -221,5 +223,25 @@ mod tests {
         assert_eq!(s.agents().len(), 100);
         assert_eq!(s.agents()[1].name, "pool-1-agent-0");
         let _: DtnPool = serde_json::from_value(s.pool("pool-0")).unwrap();
+    }
+
+    // After tenant subtrees came in, every Transfer of the first run on
+    // main stayed Pending: PathNotAllowed.
+    #[test]
+    fn every_destination_is_in_its_namespace_s_subtree_of_the_pool() {
+        let s = full();
+        for i in 0..s.transfers {
+            let t: Transfer = serde_json::from_value(s.transfer(i).body).unwrap();
+            let ns = t.metadata.namespace.clone().unwrap();
+            let pool: DtnPool =
+                serde_json::from_value(s.pool(t.spec.destination.pool.as_deref().unwrap()))
+                    .unwrap();
+            let path = &t.spec.destination.path;
+            let roots = wirerate_crds::pool::tenant_roots(&pool, &ns);
+            assert!(
+                roots.iter().any(|r| path.starts_with(&format!("{r}/"))),
+                "{path} is outside {roots:?}"
+            );
+        }
     }
 }
