@@ -299,12 +299,27 @@ pub fn clean_up_on_signals() -> Result<()> {
         .name("demo-signals".into())
         .spawn(move || {
             if let Some(sig) = signals.forever().next() {
+                SIGNALLED.store(true, std::sync::atomic::Ordering::SeqCst);
                 remove_scratch();
                 std::process::exit(128 + sig);
             }
         })
         .map_err(|e| Error::io("starting the signal thread", e))?;
     Ok(())
+}
+
+/// Set once SIGINT or SIGTERM arrived: the signal thread is removing the
+/// directory and will exit with the signal's status.
+static SIGNALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Once a signal arrived, the demo's own work fails as its files vanish;
+/// its error must not end the process first, with its own status and the
+/// files half removed (seen as "1 of 1 files failed", exit 2, under
+/// SIGTERM). The signal thread ends the process.
+fn wait_if_signalled() {
+    while SIGNALLED.load(std::sync::atomic::Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 fn remove_scratch() {
@@ -330,6 +345,14 @@ fn remove_scratch() {
 
 /// Runs the demo.
 pub fn run(cfg: &DemoConfig) -> Result<DemoReport> {
+    let outcome = run_once(cfg);
+    if outcome.is_err() {
+        wait_if_signalled();
+    }
+    outcome
+}
+
+fn run_once(cfg: &DemoConfig) -> Result<DemoReport> {
     if cfg.size == 0 {
         return Err(Error::Config(
             "--size must be at least 1 byte (the demo moves a file of that size)".into(),
