@@ -8,17 +8,16 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::{Client, CustomResourceExt};
+use kube::Client;
 use serde_json::json;
 use wirerate_agent::cluster::{RunConfig, run_with};
 use wirerate_crds::fixtures::{PoolBuilder, TransferBuilder};
 use wirerate_crds::transfer::ReportState;
-use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer, contract};
-use wirerate_scale::apiserver::{ApiServer, Tally};
+use wirerate_crds::{DtnPool, Transfer, contract};
+use wirerate_scale::apiserver::{self, ApiServer, Tally};
 
 const NS: &str = "agents-api";
 const POOL: &str = "pool";
@@ -32,20 +31,8 @@ struct Cluster {
 
 async fn cluster() -> Cluster {
     let server = ApiServer::start(Duration::ZERO).await.unwrap();
-    let config = kube::Config::new(server.url().parse().unwrap());
-    let client = Client::try_from(config).unwrap();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in [DtnPool::crd(), Transfer::crd(), DtnPoolBinding::crd()] {
-        crds.create(&PostParams::default(), &crd).await.unwrap();
-    }
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap(),
-        )
-        .await
-        .unwrap();
+    let client = server.client().unwrap();
+    apiserver::install(&client, &[NS]).await.unwrap();
     let root = tempfile::tempdir().unwrap();
     let pools: Api<DtnPool> = Api::namespaced(client.clone(), NS);
     let pool = PoolBuilder::new(POOL, &root.path().to_string_lossy())

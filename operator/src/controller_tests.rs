@@ -943,19 +943,25 @@ async fn names_a_transfer_does_not_own_are_never_granted_or_taken_over() {
     }
 }
 
+/// Transfer `name`, succeeded at its first attempt with its own token.
+fn succeeded(name: &str) -> Transfer {
+    let mut x = t(name, 0, 1);
+    x.status = Some(wirerate_crds::TransferStatus {
+        phase: Some(wirerate_crds::TransferPhase::Succeeded),
+        attempt: 1,
+        token_secret: Some(format!("{name}-token")),
+        ..Default::default()
+    });
+    x
+}
+
 // Found in review: the grant was revoked only on the step into a final
 // phase, so a failed DELETE (or a restart) left it for the Transfer's life.
 #[tokio::test]
 async fn a_finished_transfers_grant_is_revoked_on_every_look() {
     let mut d = Double::new();
     pools(&mut d);
-    let mut x = t("x", 0, 1);
-    x.status = Some(wirerate_crds::TransferStatus {
-        phase: Some(wirerate_crds::TransferPhase::Succeeded),
-        attempt: 1,
-        token_secret: Some("x-token".into()),
-        ..Default::default()
-    });
+    let x = succeeded("x");
     d.transfer(&x);
     // Left from a look whose DELETE failed.
     let (role, binding) = token_grant::render(&x, "x-token", &[&("data".into(), "src".into())]);
@@ -1772,13 +1778,7 @@ async fn a_grant_whose_assignment_is_refused_is_taken_back() {
 async fn a_finished_transfers_token_goes_with_its_grant() {
     let mut d = Double::new();
     pools(&mut d);
-    let mut x = t("x", 0, 1);
-    x.status = Some(wirerate_crds::TransferStatus {
-        phase: Some(wirerate_crds::TransferPhase::Succeeded),
-        attempt: 1,
-        token_secret: Some("x-token".into()),
-        ..Default::default()
-    });
+    let x = succeeded("x");
     d.transfer(&x);
     let paths = x_grant(&d, &x);
     reconcile(&d, &x).await;

@@ -401,22 +401,15 @@ mod tests {
             ..Default::default()
         });
         let now = k8s_openapi::jiff::Timestamp::from_second(101).unwrap();
-        let agents = [
+        let agents = [("src", "s0", 100), ("dst", "r0", 10)].map(|(pool, name, renewed)| {
             from_lease(
-                &lease("src", "s0", 100, None),
+                &lease(pool, name, renewed, None),
                 &Default::default(),
                 now,
                 None,
             )
-            .unwrap(),
-            from_lease(
-                &lease("dst", "r0", 10, None),
-                &Default::default(),
-                now,
-                None,
-            )
-            .unwrap(),
-        ];
+            .unwrap()
+        });
         let m = std::sync::Arc::new(Metrics::default());
         m.observe([&run, &queued], agents.iter());
 

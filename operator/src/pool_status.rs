@@ -407,6 +407,7 @@ mod tests {
     use crate::agents::{from_lease, tests::lease};
     use crate::render::tests::lustre_pool;
     use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
     fn at(s: i64) -> Timestamp {
         Timestamp::from_second(s).unwrap()
@@ -587,17 +588,12 @@ mod tests {
 
     // Found in a first hour: a pool whose claim was never created said
     // only that no node matched, and to label nodes.
-    #[test]
-    fn a_missing_claim_is_named_as_such() {
-        let mut pool = lustre_pool();
-        pool.spec.volumes[0].host_path = None;
-        pool.spec.volumes[0].claim_name = Some("lustre-pvc".into());
-        let p = pending_pod(
-            "lustre-dtn-agent-0",
-            "0/3 nodes are available: persistentvolumeclaim \"lustre-pvc\" not found. preemption: 0/3 nodes are available.",
-        );
+    /// The Degraded condition of `pool` whose one pod is Pending, unscheduled
+    /// with `message`.
+    fn degraded_by_pending(pool: &DtnPool, message: &str) -> Condition {
+        let p = pending_pod("lustre-dtn-agent-0", message);
         let s = status(
-            &pool,
+            pool,
             &[],
             &[&p],
             &HashMap::new(),
@@ -605,7 +601,20 @@ mod tests {
             None,
             at(1),
         );
-        let c = conditions::find(&s.conditions, types::DEGRADED).unwrap();
+        conditions::find(&s.conditions, types::DEGRADED)
+            .unwrap()
+            .clone()
+    }
+
+    #[test]
+    fn a_missing_claim_is_named_as_such() {
+        let mut pool = lustre_pool();
+        pool.spec.volumes[0].host_path = None;
+        pool.spec.volumes[0].claim_name = Some("lustre-pvc".into());
+        let c = degraded_by_pending(
+            &pool,
+            "0/3 nodes are available: persistentvolumeclaim \"lustre-pvc\" not found. preemption: 0/3 nodes are available.",
+        );
         assert_eq!(
             (c.status.as_str(), c.reason.as_str()),
             ("True", reason::CLAIM_MISSING)
@@ -647,38 +656,18 @@ mod tests {
     #[test]
     fn degraded_says_why_pods_do_not_schedule() {
         let pool = lustre_pool();
-        let p = pending_pod(
-            "lustre-dtn-agent-0",
+        let c = degraded_by_pending(
+            &pool,
             "0/3 nodes are available: 3 Insufficient hugepages-2Mi.",
         );
-        let s = status(
-            &pool,
-            &[],
-            &[&p],
-            &HashMap::new(),
-            Namespaces::default(),
-            None,
-            at(1),
-        );
-        let c = conditions::find(&s.conditions, types::DEGRADED).unwrap();
         assert_eq!(
             (c.status.as_str(), c.reason.as_str()),
             ("True", reason::HUGEPAGES_UNAVAILABLE)
         );
-        let p = pending_pod(
-            "lustre-dtn-agent-0",
+        let c = degraded_by_pending(
+            &pool,
             "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector.",
         );
-        let s = status(
-            &pool,
-            &[],
-            &[&p],
-            &HashMap::new(),
-            Namespaces::default(),
-            None,
-            at(1),
-        );
-        let c = conditions::find(&s.conditions, types::DEGRADED).unwrap();
         assert_eq!(c.reason, reason::NO_SCHEDULABLE_NODE);
         assert!(c.message.contains("nodeSelector"));
     }

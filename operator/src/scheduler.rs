@@ -198,6 +198,16 @@ fn could_run(w: &Waiting, slots: &[Slot]) -> bool {
 mod tests {
     use super::*;
 
+    /// An agent with `free` slots, of capacity `free` (1 when it is full).
+    fn slot(pool_name: &str, agent: &str, free: i32) -> Slot {
+        Slot {
+            pool: pool(pool_name),
+            agent: agent.into(),
+            free,
+            capacity: free.max(1),
+        }
+    }
+
     fn pool(name: &str) -> Key {
         ("data".into(), name.into())
     }
@@ -248,24 +258,9 @@ mod tests {
     fn places_within_capacity_and_spreads_load() {
         let q = [w("a", "t1", 0, 1), w("a", "t2", 0, 2), w("a", "t3", 0, 3)];
         let slots = [
-            Slot {
-                pool: pool("src"),
-                agent: "s0".into(),
-                free: 2,
-                capacity: 2,
-            },
-            Slot {
-                pool: pool("dst"),
-                agent: "r0".into(),
-                free: 1,
-                capacity: 1,
-            },
-            Slot {
-                pool: pool("dst"),
-                agent: "r1".into(),
-                free: 1,
-                capacity: 1,
-            },
+            slot("src", "s0", 2),
+            slot("dst", "r0", 1),
+            slot("dst", "r1", 1),
         ];
         let placed = assign(&order(&q, &HashMap::new()), &q, &slots);
         assert_eq!(placed.len(), 2, "the sender has two slots");
@@ -273,15 +268,6 @@ mod tests {
         let t2 = &placed[&("a".to_owned(), "t2".to_owned())];
         assert_eq!(t1.sender.as_deref(), Some("s0"));
         assert_ne!(t1.receiver, t2.receiver, "receivers are spread");
-    }
-
-    fn slot(pool_name: &str, agent: &str, free: i32) -> Slot {
-        Slot {
-            pool: pool(pool_name),
-            agent: agent.into(),
-            free,
-            capacity: free.max(1),
-        }
     }
 
     fn placed_names(placed: &BTreeMap<Key, Placement>) -> Vec<&str> {
@@ -351,13 +337,7 @@ mod tests {
         let q: Vec<Waiting> = highs.chain(lows).collect();
         let ord = order(&q, &HashMap::new());
         // The busy pool has one agent of capacity 1, all taken.
-        let busy = Slot {
-            pool: pool("busy"),
-            agent: "b0".into(),
-            free: 0,
-            capacity: 1,
-        };
-        let slots = [busy, slot("dst", "r0", 3)];
+        let slots = [slot("busy", "b0", 0), slot("dst", "r0", 3)];
         assert_eq!(placed_names(&assign(&ord, &q, &slots)), ["low0", "low1"]);
     }
 
@@ -405,20 +385,7 @@ mod tests {
         let mut f = w("a", "t", 0, 1);
         f.sender_pool = None;
         f.avoid = vec!["r0".into()];
-        let slots = [
-            Slot {
-                pool: pool("dst"),
-                agent: "r0".into(),
-                free: 2,
-                capacity: 2,
-            },
-            Slot {
-                pool: pool("dst"),
-                agent: "r1".into(),
-                free: 1,
-                capacity: 1,
-            },
-        ];
+        let slots = [slot("dst", "r0", 2), slot("dst", "r1", 1)];
         let placed = assign(&[f.key.clone()], &[f.clone()], &slots);
         assert_eq!(
             placed[&f.key],

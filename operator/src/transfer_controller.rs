@@ -21,9 +21,10 @@ use crate::agents::AgentId;
 use crate::budget::{self, Class};
 use crate::context::{Assignment, Context};
 use crate::lifecycle::{self, Note};
+use crate::planner::Plan;
 use crate::scheduler::Key;
 use crate::token_grant;
-use crate::validate::{Invalid, reason, validate};
+use crate::validate::{Invalid, Resolved, reason, validate};
 use crate::{Error, Result};
 
 /// How long to wait for agents to clean up a deleted Transfer before letting it go.
@@ -128,11 +129,7 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
             ctx.changed();
         }
         let plan = ctx.recent_plan(now).await;
-        step.status.queue_position = plan
-            .positions
-            .get(&key)
-            .copied()
-            .map(budget::shown_position);
+        step.status.queue_position = shown_position(&plan, &key);
         if let Ok(resolved) = &validity {
             let message = lifecycle::waiting_message(resolved, &needs, &view.agents);
             lifecycle::waiting_for_agents(&mut step.status, &message, current, now);
@@ -184,10 +181,7 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
             });
             if let Some(((status, note), before)) = assigned {
                 taken = Some(Taken { ctx, uid, before });
-                let pools: Vec<&Key> = std::iter::once(&resolved.sender_pool)
-                    .chain(resolved.receiver_pool.as_ref())
-                    .collect();
-                if let Err(e) = grant(current, ctx, &token, &pools).await {
+                if let Err(e) = grant(current, ctx, &token, &resolved.pools()).await {
                     // The placement goes back (Taken), and what was granted
                     // for it with it, unless the agents already hold it.
                     drop(taken.take());
@@ -199,12 +193,7 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
                 step.status = status;
                 notes.push(note);
             } else {
-                step.status.queue_position = ctx
-                    .plan(now)
-                    .positions
-                    .get(&key)
-                    .copied()
-                    .map(budget::shown_position);
+                step.status.queue_position = shown_position(&ctx.plan(now), &key);
             }
         }
     }
@@ -215,29 +204,8 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
     // the token; written as it was, server-side apply dropped the token's
     // name, the agents failed the Transfer, and, with no token named, its
     // grant was never revoked.
-    let phase_now = step.status.phase.unwrap_or_default();
-    if let Ok(resolved) = &validity
-        && step.status.token_secret.is_none()
-        && step.status.sender.is_some()
-        && matches!(phase_now, TransferPhase::Running | TransferPhase::Verifying)
-    {
-        let token = token_secret_name(current);
-        let pools: Vec<&Key> = std::iter::once(&resolved.sender_pool)
-            .chain(resolved.receiver_pool.as_ref())
-            .collect();
-        grant(current, ctx, &token, &pools).await?;
-        // What the assignment set, again; its Event went out with it.
-        let (mut s, _) = lifecycle::assigned(
-            current,
-            resolved,
-            step.status.clone(),
-            None,
-            None,
-            &token,
-            now,
-        );
-        s.phase = Some(phase_now);
-        step.status = s;
+    if let Ok(resolved) = &validity {
+        keep_token_named(current, ctx, resolved, &mut step.status, now).await?;
     }
     if step.status.failovers.len() > current.status.as_ref().map_or(0, |s| s.failovers.len()) {
         ctx.metrics.failovers.inc();
@@ -342,6 +310,11 @@ fn put_off_refresh(
     Some(wait)
 }
 
+/// The place in line `key` shows in `plan` (coarse behind the first few).
+fn shown_position(plan: &Plan, key: &Key) -> Option<i32> {
+    plan.positions.get(key).copied().map(budget::shown_position)
+}
+
 /// Whether `t` is over, or its assigned sender says the data has landed
 /// (an external receiver reports nothing; the sender hears its verdict).
 /// Its word alone: any agent of a consented pool may write reports.
@@ -401,6 +374,32 @@ fn unassigned(t: &Transfer) -> bool {
     t.status
         .as_ref()
         .is_none_or(|s| s.sender.is_none() && s.receiver.is_none())
+}
+
+/// Restores what the assignment set (the token's name first) in a status
+/// that names agents but not their token, after making sure the token and
+/// its grant exist. Such a status comes from a copy the cache had before
+/// the operator's own assignment; its Event went out with the assignment.
+async fn keep_token_named(
+    t: &Transfer,
+    ctx: &Context,
+    resolved: &Resolved,
+    status: &mut TransferStatus,
+    now: Timestamp,
+) -> Result<()> {
+    let phase = status.phase.unwrap_or_default();
+    if status.token_secret.is_some()
+        || status.sender.is_none()
+        || !matches!(phase, TransferPhase::Running | TransferPhase::Verifying)
+    {
+        return Ok(());
+    }
+    let token = token_secret_name(t);
+    grant(t, ctx, &token, &resolved.pools()).await?;
+    let (mut s, _) = lifecycle::assigned(t, resolved, status.clone(), None, None, &token, now);
+    s.phase = Some(phase);
+    *status = s;
+    Ok(())
 }
 
 /// Makes what the agents of `pools` need before they see an assignment:

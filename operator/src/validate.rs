@@ -42,6 +42,16 @@ pub struct Resolved {
     pub striping: Option<Striping>,
 }
 
+impl Resolved {
+    /// The pools whose agents take part: the sender's, and the receiver's
+    /// unless it is external.
+    pub fn pools(&self) -> Vec<&Key> {
+        std::iter::once(&self.sender_pool)
+            .chain(self.receiver_pool.as_ref())
+            .collect()
+    }
+}
+
 /// Why a Transfer cannot run as written.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Invalid {

@@ -25,17 +25,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, CustomResourceExt};
+use kube::Client;
 use serde_json::json;
 use wirerate_crds::fixtures::{PoolBuilder, TransferBuilder};
 use wirerate_crds::pool::{PathTestResult, PathTestStatus};
-use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer, TransferPhase, contract};
-use wirerate_scale::apiserver::ApiServer;
+use wirerate_crds::{DtnPool, Transfer, TransferPhase, contract};
+use wirerate_scale::apiserver::{self, ApiServer};
 
 const NS: &str = "wirerate-path-tests";
 /// The receivers' listener port, inside their namespace.
@@ -439,18 +438,7 @@ impl Cluster {
         api.write_kubeconfig(&kubeconfig).unwrap();
         let client = client(&kubeconfig).await;
 
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        for crd in [DtnPool::crd(), Transfer::crd(), DtnPoolBinding::crd()] {
-            crds.create(&PostParams::default(), &crd).await.unwrap();
-        }
-        let namespaces: Api<Namespace> = Api::all(client.clone());
-        namespaces
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap(),
-            )
-            .await
-            .unwrap();
+        apiserver::install(&client, &[NS]).await.unwrap();
         let pools: Api<DtnPool> = Api::namespaced(client.clone(), NS);
         for p in [
             pool("receivers", &dst, receivers),

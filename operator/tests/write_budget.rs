@@ -16,16 +16,14 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, CustomResourceExt};
+use kube::Client;
 use serde_json::{Value, json};
 use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer, TransferPhase, contract};
-use wirerate_scale::apiserver::{Actor, ApiServer, DRIVER_AGENT, ObjectWrites};
+use wirerate_scale::apiserver::{self, Actor, ApiServer, DRIVER_AGENT, ObjectWrites};
 
 const POOLS_NS: &str = "wb-pools";
 const USERS: [&str; 3] = ["wb-u0", "wb-u1", "wb-u2"];
@@ -85,14 +83,8 @@ where
 }
 
 async fn setup(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in [DtnPool::crd(), Transfer::crd(), DtnPoolBinding::crd()] {
-        crds.create(&PostParams::default(), &crd).await.unwrap();
-    }
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    for ns in std::iter::once(POOLS_NS).chain(USERS) {
-        create(&namespaces, json!({"metadata": {"name": ns}})).await;
-    }
+    let namespaces: Vec<&str> = std::iter::once(POOLS_NS).chain(USERS).collect();
+    apiserver::install(client, &namespaces).await.unwrap();
     let pools: Api<DtnPool> = Api::namespaced(client.clone(), POOLS_NS);
     for p in POOLS {
         create(&pools, json!({

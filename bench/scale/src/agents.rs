@@ -167,9 +167,6 @@ pub(crate) async fn report_success(client: &Client, t: &Transfer) -> anyhow::Res
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::Namespace;
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    use kube::CustomResourceExt;
     use kube::api::PostParams;
     use serde_json::Value;
 
@@ -201,14 +198,10 @@ mod tests {
     #[tokio::test]
     async fn a_transfer_that_lost_its_agents_is_passed_over_not_fatal() {
         let server = ApiServer::start_with(100, Duration::ZERO).await.unwrap();
-        let client = Client::try_from(kube::Config::new(server.url().parse().unwrap())).unwrap();
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        crds.create(&PostParams::default(), &Transfer::crd())
+        let client = server.client().unwrap();
+        wirerate_scale::apiserver::install(&client, &["u1"])
             .await
             .unwrap();
-        let ns: Api<Namespace> = Api::all(client.clone());
-        let u1: Namespace = serde_json::from_value(json!({"metadata": {"name": "u1"}})).unwrap();
-        ns.create(&PostParams::default(), &u1).await.unwrap();
         let api: Api<Transfer> = Api::namespaced(client.clone(), "u1");
         let running = |n: &str| {
             json!({"phase": "Running", "attempt": 1,

@@ -103,6 +103,15 @@ impl ApiServer {
         format!("http://{}", self.addr)
     }
 
+    /// A client of the double.
+    pub fn client(&self) -> kube::Result<kube::Client> {
+        let url = self
+            .url()
+            .parse()
+            .expect("an http URL of an address parses");
+        kube::Client::try_from(kube::Config::new(url))
+    }
+
     /// Writes a kubeconfig pointing at the double (JSON, which is YAML).
     pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
         let config = serde_json::json!({
@@ -145,4 +154,26 @@ impl Drop for ApiServer {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// Creates wirerate's CRDs and `namespaces` through `client`: what a test
+/// against an empty API server starts with.
+pub async fn install(client: &kube::Client, namespaces: &[&str]) -> kube::Result<()> {
+    use k8s_openapi::api::core::v1::Namespace;
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::CustomResourceExt;
+    use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer};
+
+    let pp = kube::api::PostParams::default();
+    let crds: kube::Api<CustomResourceDefinition> = kube::Api::all(client.clone());
+    for crd in [DtnPool::crd(), Transfer::crd(), DtnPoolBinding::crd()] {
+        crds.create(&pp, &crd).await?;
+    }
+    let api: kube::Api<Namespace> = kube::Api::all(client.clone());
+    for ns in namespaces {
+        let mut obj = Namespace::default();
+        obj.metadata.name = Some((*ns).to_owned());
+        api.create(&pp, &obj).await?;
+    }
+    Ok(())
 }
