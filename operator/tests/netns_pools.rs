@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::Client;
 use serde_json::json;
 use wirerate_crds::fixtures::{PoolBuilder, TransferBuilder};
 use wirerate_crds::pool::{PathTestResult, PathTestStatus};
