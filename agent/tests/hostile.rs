@@ -923,11 +923,12 @@ fn a_large_manifest_costs_bounded_memory_and_a_failed_session_leaves_no_temporar
     // under 50 B an entry once it has ended, and the session that failed
     // (its sender vanished after the plan) leaves no temporary file
     // behind. Measured: 941 B/entry during and 260 after before the
-    // files were boxed, zero entries dropped from `Kept` and the
-    // allocator trimmed after the plan; about 590 and 0 since. The goal
-    // is under 300 during: what is left is mostly each file's
-    // `DestFile` and tracker, its claim and its layout.
-    const DURING_MAX: f64 = 700.0;
+    // files were boxed and the allocator trimmed after the plan; 586 and
+    // 0 since; 158 and 0 since the files' tables are sized exactly, claims
+    // are a keyed hash each, a file waiting for its first block holds no
+    // tracker state nor descriptors, and plan outcomes go out as they are
+    // decided. What is left is mostly each file's path and its `DestFile`.
+    const DURING_MAX: f64 = 200.0;
     const N: u32 = 60_000;
     const CHUNK: u32 = 10_000;
     let s = setup("big-manifest", 10);
@@ -983,7 +984,9 @@ fn a_large_manifest_costs_bounded_memory_and_a_failed_session_leaves_no_temporar
     drop(ctl);
     let t0 = Instant::now();
     let mut left = temp_files(&s.root);
-    while left > 0 && t0.elapsed() < Duration::from_secs(60) {
+    // Each removal waits on the disk (this machine's root is mounted with
+    // `discard`): generous, since what is asserted is that none is left.
+    while left > 0 && t0.elapsed() < Duration::from_secs(180) {
         std::thread::sleep(Duration::from_millis(200));
         left = temp_files(&s.root);
     }

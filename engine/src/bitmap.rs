@@ -1,19 +1,47 @@
 //! A fixed-size set of block indices: the resume bitmap.
 
 /// One bit per block, persisted and sent as bytes, least significant bit first.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Its words are allocated at the first bit set: until then it costs no
+/// heap. A receiver holds two per file of a manifest that may list a
+/// million files, most of which have nothing set while they wait.
+#[derive(Debug, Clone)]
 pub struct Bitmap {
     len: u64,
+    /// Empty while no bit is set; else `len.div_ceil(64)` words.
     words: Vec<u64>,
 }
+
+impl PartialEq for Bitmap {
+    fn eq(&self, other: &Self) -> bool {
+        let zero = |w: &[u64]| w.iter().all(|&x| x == 0);
+        self.len == other.len
+            && match (self.words.is_empty(), other.words.is_empty()) {
+                (true, true) => true,
+                (true, false) => zero(&other.words),
+                (false, true) => zero(&self.words),
+                (false, false) => self.words == other.words,
+            }
+    }
+}
+
+impl Eq for Bitmap {}
 
 impl Bitmap {
     /// An empty bitmap for `len` blocks.
     pub fn new(len: u64) -> Self {
         Self {
             len,
-            words: vec![0; len.div_ceil(64) as usize],
+            words: Vec::new(),
         }
+    }
+
+    /// The words, allocated now if they were not.
+    fn words_mut(&mut self) -> &mut [u64] {
+        if self.words.is_empty() {
+            self.words = vec![0; self.len.div_ceil(64) as usize];
+        }
+        &mut self.words
     }
 
     /// Number of blocks it covers.
@@ -28,7 +56,11 @@ impl Bitmap {
 
     /// Whether block `i` is set; false out of range.
     pub fn get(&self, i: u64) -> bool {
-        i < self.len && self.words[(i / 64) as usize] & (1 << (i % 64)) != 0
+        i < self.len
+            && self
+                .words
+                .get((i / 64) as usize)
+                .is_some_and(|w| w & (1 << (i % 64)) != 0)
     }
 
     /// Sets block `i`; returns false (and changes nothing) out of range.
@@ -36,21 +68,24 @@ impl Bitmap {
         if i >= self.len {
             return false;
         }
-        self.words[(i / 64) as usize] |= 1 << (i % 64);
+        self.words_mut()[(i / 64) as usize] |= 1 << (i % 64);
         true
     }
 
     /// Sets every block set in `other` (same length required).
     pub fn union_with(&mut self, other: &Self) {
         debug_assert_eq!(self.len, other.len);
-        for (a, b) in self.words.iter_mut().zip(&other.words) {
+        if other.words.is_empty() {
+            return;
+        }
+        for (a, b) in self.words_mut().iter_mut().zip(&other.words) {
             *a |= *b;
         }
     }
 
     /// Clears every block.
     pub fn clear(&mut self) {
-        self.words.iter_mut().for_each(|w| *w = 0);
+        self.words = Vec::new();
     }
 
     /// Number of blocks set.
@@ -67,7 +102,7 @@ impl Bitmap {
     pub fn to_bytes(&self) -> Vec<u8> {
         let n = self.len.div_ceil(8) as usize;
         let mut out: Vec<u8> = self.words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        out.truncate(n);
+        out.resize(n, 0);
         out
     }
 
@@ -78,10 +113,13 @@ impl Bitmap {
             return None;
         }
         let mut b = Self::new(len);
-        for (i, chunk) in bytes.chunks(8).enumerate() {
-            let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
-            b.words[i] = u64::from_le_bytes(w);
+        if bytes.iter().any(|&x| x != 0) {
+            let words = b.words_mut();
+            for (i, chunk) in bytes.chunks(8).enumerate() {
+                let mut w = [0u8; 8];
+                w[..chunk.len()].copy_from_slice(chunk);
+                words[i] = u64::from_le_bytes(w);
+            }
         }
         if len % 64 != 0 {
             if let Some(last) = b.words.last() {
@@ -113,6 +151,26 @@ mod tests {
         assert!(Bitmap::from_bytes(3, &[0b0000_1000]).is_none());
         assert!(Bitmap::from_bytes(3, &[0b0000_0111]).is_some());
         assert!(Bitmap::from_bytes(9, &[0]).is_none());
+    }
+
+    #[test]
+    fn an_empty_bitmap_holds_no_words_until_a_bit_is_set() {
+        let mut b = Bitmap::new(1000);
+        assert_eq!(b.words.capacity(), 0);
+        assert_eq!(
+            b.to_bytes(),
+            vec![0; 125],
+            "still its full length on the wire"
+        );
+        assert_eq!(b, Bitmap::from_bytes(1000, &[0; 125]).unwrap());
+        let mut other = Bitmap::new(1000);
+        other.set(999);
+        b.union_with(&other);
+        assert!(b.get(999) && b.count() == 1);
+        assert_ne!(b, Bitmap::new(1000));
+        b.clear();
+        assert_eq!(b, Bitmap::new(1000));
+        assert_eq!(b.count(), 0);
     }
 
     proptest! {

@@ -75,19 +75,20 @@ pub struct Root {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DestPath {
     /// Path relative to the root, as given (normalised).
-    pub rel: String,
-    /// Where the file name starts in `rel`.
-    name_at: usize,
+    pub rel: Box<str>,
+    /// Where the file name starts in `rel` (a frame, and so a path, is
+    /// far shorter than 4 GiB).
+    name_at: u32,
 }
 
 impl DestPath {
     /// Parent directory relative to the root ("" for the root itself).
     pub fn parent(&self) -> &str {
-        self.rel[..self.name_at].trim_end_matches('/')
+        self.rel[..self.name_at as usize].trim_end_matches('/')
     }
     /// Final file name.
     pub fn name(&self) -> &str {
-        &self.rel[self.name_at..]
+        &self.rel[self.name_at as usize..]
     }
     /// Name of the temporary file the data is written to.
     pub fn part_name(&self) -> String {
@@ -141,7 +142,11 @@ pub fn validate(path: &str) -> Result<DestPath> {
     }
     let rel = comps.join("/");
     let name_at = rel.rfind('/').map_or(0, |i| i + 1);
-    Ok(DestPath { rel, name_at })
+    let name_at = u32::try_from(name_at).map_err(|_| refused(path, "longer than 4 GiB"))?;
+    Ok(DestPath {
+        rel: rel.into_boxed_str(),
+        name_at,
+    })
 }
 
 fn map_resolve(path: &str, e: Errno) -> Error {

@@ -29,6 +29,7 @@
 
 pub mod advice;
 pub mod bitmap;
+pub mod by_id;
 pub mod digest;
 #[cfg(feature = "shells")]
 pub mod error;

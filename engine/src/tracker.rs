@@ -1,15 +1,28 @@
 //! The receiver's view of one file: which blocks are written, which are
 //! durable, and when to checkpoint.
 
+use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use super::{Bitmap, digest::file_digest};
 
 /// Written and durable blocks of one destination file.
+///
+/// A receiver holds one per file of a manifest that may list a million,
+/// most of them waiting for their first block: until then (and unless it
+/// resumed from a checkpoint) it is a block count and a null pointer.
 #[derive(Debug, Clone)]
 pub struct FileTracker {
+    blocks: u64,
+    progress: Option<Box<Progress>>,
+}
+
+/// What a tracker knows once a block is written or a checkpoint resumed.
+#[derive(Debug, Clone)]
+struct Progress {
     durable: Bitmap,
     written: Bitmap,
+    /// One per block.
     checksums: Vec<u64>,
     unsynced: u64,
 }
@@ -18,38 +31,55 @@ impl FileTracker {
     /// A tracker for `blocks` blocks, starting from a checkpoint's durable
     /// blocks and their checksums when resuming.
     pub fn new(blocks: u64, resumed: Option<(Bitmap, Vec<u64>)>) -> Self {
-        let (durable, checksums) = match resumed {
-            Some((b, c)) if b.len() == blocks && c.len() as u64 == blocks => (b, c),
-            _ => (Bitmap::new(blocks), vec![0; blocks as usize]),
+        let progress = match resumed {
+            Some((durable, checksums))
+                if durable.len() == blocks && checksums.len() as u64 == blocks =>
+            {
+                Some(Box::new(Progress {
+                    written: durable.clone(),
+                    durable,
+                    checksums,
+                    unsynced: 0,
+                }))
+            }
+            _ => None,
         };
-        Self {
-            written: durable.clone(),
-            durable,
-            checksums,
-            unsynced: 0,
-        }
+        Self { blocks, progress }
+    }
+
+    fn progress_mut(&mut self) -> &mut Progress {
+        let blocks = self.blocks;
+        self.progress.get_or_insert_with(|| {
+            Box::new(Progress {
+                durable: Bitmap::new(blocks),
+                written: Bitmap::new(blocks),
+                checksums: vec![0; blocks as usize],
+                unsynced: 0,
+            })
+        })
     }
 
     /// A block's write completed. Returns false for an index out of range.
     pub fn handle_written(&mut self, block: u64, checksum: u64) -> bool {
-        if block >= self.written.len() {
+        if block >= self.blocks {
             return false;
         }
-        self.checksums[block as usize] = checksum;
-        if self.durable.get(block) {
+        let p = self.progress_mut();
+        p.checksums[block as usize] = checksum;
+        if p.durable.get(block) {
             // A resend of a durable block rewrote the same bytes.
             return true;
         }
-        if !self.written.get(block) {
-            self.written.set(block);
+        if !p.written.get(block) {
+            p.written.set(block);
         }
-        self.unsynced += 1;
+        p.unsynced += 1;
         true
     }
 
     /// Blocks written since the last sync.
     pub fn unsynced(&self) -> u64 {
-        self.unsynced
+        self.progress.as_ref().map_or(0, |p| p.unsynced)
     }
 
     /// The file was fdatasync'ed: everything written so far is durable.
@@ -62,47 +92,60 @@ impl FileTracker {
     /// will cover (those written so far). Writes that complete while it
     /// runs count as unsynced again.
     pub fn begin_sync(&mut self) -> Bitmap {
-        self.unsynced = 0;
-        self.written.clone()
+        match &mut self.progress {
+            Some(p) => {
+                p.unsynced = 0;
+                p.written.clone()
+            }
+            None => Bitmap::new(self.blocks),
+        }
     }
 
     /// The sync started by `begin_sync` finished: what it covered is durable.
     pub fn handle_synced_upto(&mut self, covered: &Bitmap) {
-        self.durable.union_with(covered);
+        if covered.count() > 0 {
+            self.progress_mut().durable.union_with(covered);
+        }
     }
 
     /// What a checkpoint taken once `covered` is durable records: the
     /// durable blocks then, and the checksums now (a covered block's
     /// checksum cannot change, since its write already completed).
     pub fn checkpoint_after(&self, covered: &Bitmap) -> (Bitmap, Vec<u64>) {
-        let mut durable = self.durable.clone();
+        let mut durable = self.durable().into_owned();
         durable.union_with(covered);
-        (durable, self.checksums.clone())
+        (durable, self.checksums().into_owned())
     }
 
     /// Durable blocks (what a checkpoint records).
-    pub fn durable(&self) -> &Bitmap {
-        &self.durable
+    pub fn durable(&self) -> Cow<'_, Bitmap> {
+        match &self.progress {
+            Some(p) => Cow::Borrowed(&p.durable),
+            None => Cow::Owned(Bitmap::new(self.blocks)),
+        }
     }
 
-    /// Checksums by block (meaningful for written blocks).
-    pub fn checksums(&self) -> &[u64] {
-        &self.checksums
+    /// Checksums by block (meaningful for written blocks; 0 for the rest).
+    pub fn checksums(&self) -> Cow<'_, [u64]> {
+        match &self.progress {
+            Some(p) => Cow::Borrowed(&p.checksums),
+            None => Cow::Owned(vec![0; self.blocks as usize]),
+        }
     }
 
     /// Blocks not written yet.
     pub fn missing(&self) -> u64 {
-        self.written.len() - self.written.count()
+        self.blocks - self.progress.as_ref().map_or(0, |p| p.written.count())
     }
 
     /// Every block is written.
     pub fn is_complete(&self) -> bool {
-        self.written.is_full()
+        self.missing() == 0
     }
 
     /// The file digest from the checksums of the received blocks.
     pub fn digest(&self) -> u128 {
-        file_digest(&self.checksums)
+        file_digest(&self.checksums())
     }
 }
 
@@ -197,6 +240,23 @@ mod tests {
         t.handle_written(1, 6);
         assert!(t.is_complete());
         assert_eq!(t.digest(), file_digest(&[5, 6]));
+    }
+
+    #[test]
+    fn a_tracker_waiting_for_its_first_block_holds_nothing_on_the_heap() {
+        let mut t = FileTracker::new(1000, None);
+        assert!(t.progress.is_none());
+        assert_eq!((t.missing(), t.unsynced()), (1000, 0));
+        assert_eq!(t.durable().len(), 1000);
+        assert_eq!(t.checksums().len(), 1000);
+        t.handle_synced();
+        assert!(t.progress.is_none(), "a sync of nothing allocates nothing");
+        assert!(t.handle_written(999, 7));
+        assert_eq!((t.missing(), t.unsynced(), t.checksums()[999]), (999, 1, 7));
+        assert!(
+            size_of::<FileTracker>() <= 16,
+            "a waiting file's tracker is a count and a pointer"
+        );
     }
 
     #[test]

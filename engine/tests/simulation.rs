@@ -271,7 +271,7 @@ impl Sim {
             let blocks = self.source[f as usize].len() as u64;
             let resumed = self.disk.checkpoints[f as usize].clone();
             let t = FileTracker::new(blocks, resumed);
-            let have = t.durable().clone();
+            let have = t.durable().into_owned();
             // After a session that wound down (not a crash), everything
             // it wrote of a file it checkpoints is kept: nothing durable
             // is sent again.
@@ -863,7 +863,7 @@ impl Sim {
             if t.unsynced() > 0 {
                 self.disk.durable[f as usize] = self.disk.written[f as usize].clone();
                 t.handle_synced();
-                let (bits, sums) = (t.durable().clone(), t.checksums().to_vec());
+                let (bits, sums) = (t.durable().into_owned(), t.checksums().to_vec());
                 self.store_checkpoint(f, bits, sums);
             }
             expect_have.insert(f, wrote[&f].clone());

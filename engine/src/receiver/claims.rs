@@ -12,7 +12,7 @@
 //! claims them.
 #![forbid(unsafe_code)]
 
-use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -98,16 +98,51 @@ impl Busy {
     }
 }
 
+/// A destination as claims know it: its path hashed with this receiver's
+/// secret key. A claim per file of a million-file manifest then costs a
+/// word rather than a copy of its path. Equal paths always collide, so two
+/// sessions never write one file; unequal paths collide only by chance
+/// (an attacker cannot aim without the key), and then a session is
+/// refused as busy and retries: a cost, never a wrong write.
+type Key = u64;
+
+/// One session's claims: its keys, sorted, held exactly (a hash map
+/// would hold twice as many slots as keys).
+#[derive(Debug)]
+struct Holder {
+    life: Arc<Life>,
+    keys: Box<[Key]>,
+}
+
+impl Holder {
+    /// A key both this and `sorted` hold: the smaller side is looked up in
+    /// the larger, so a small session costs little against a huge one.
+    fn common(&self, sorted: &[Key]) -> Option<Key> {
+        let (few, many) = if self.keys.len() <= sorted.len() {
+            (&*self.keys, sorted)
+        } else {
+            (sorted, &*self.keys)
+        };
+        few.iter().copied().find(|k| many.binary_search(k).is_ok())
+    }
+}
+
 /// Destinations in use, by the session writing them.
 #[derive(Debug, Default)]
 pub(crate) struct Claims {
-    held: Mutex<HashMap<String, Arc<Life>>>,
+    key: RandomState,
+    /// At most one per session (`--max-sessions`).
+    held: Mutex<Vec<Holder>>,
     released: Condvar,
 }
 
 impl Claims {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<Life>>> {
+    fn lock(&self) -> MutexGuard<'_, Vec<Holder>> {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn key(&self, path: &str) -> Key {
+        self.key.hash_one(path)
     }
 
     /// Claims `paths` for `life`. A holder silent for `takeover_after` is
@@ -119,17 +154,28 @@ impl Claims {
         takeover_after: Duration,
     ) -> Result<(), Busy> {
         let deadline = Instant::now() + RELEASE_WAIT;
+        let mut keys: Vec<Key> = paths.iter().map(|p| self.key(p)).collect();
+        keys.sort_unstable();
+        keys.dedup();
         let mut held = self.lock();
         loop {
-            let holder = paths
+            let contended = held
                 .iter()
-                .find_map(|p| held.get(*p).map(|h| (*p, Arc::clone(h))));
-            let Some((path, holder)) = holder else {
-                for p in paths {
-                    held.insert((*p).to_string(), Arc::clone(life));
+                .find_map(|h| h.common(&keys).map(|k| (k, Arc::clone(&h.life))));
+            let Some((key, holder)) = contended else {
+                if !keys.is_empty() {
+                    held.push(Holder {
+                        life: Arc::clone(life),
+                        keys: keys.into_boxed_slice(),
+                    });
                 }
                 return Ok(());
             };
+            let path = paths
+                .iter()
+                .find(|p| self.key(p) == key)
+                .copied()
+                .unwrap_or_default();
             let now = Instant::now();
             let silent = holder.silent_for(now);
             if silent < takeover_after && !holder.was_taken_over() {
@@ -164,12 +210,7 @@ impl Claims {
 
     /// Lets go of whatever `life` holds.
     pub(crate) fn release(&self, life: &Arc<Life>) {
-        let mut held = self.lock();
-        held.retain(|_, h| !Arc::ptr_eq(h, life));
-        if held.is_empty() {
-            held.shrink_to_fit();
-        }
-        drop(held);
+        self.lock().retain(|h| !Arc::ptr_eq(&h.life, life));
         self.released.notify_all();
     }
 }

@@ -1,7 +1,6 @@
 //! One destination file: preparing its temporary file and checkpoint,
 //! opening it for the chosen I/O mode, and publishing it.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -10,6 +9,7 @@ use rustix::fs::{AtFlags, FallocateFlags, OFlags};
 use rustix::io::Errno;
 
 use super::checkpoint::Checkpoint;
+use crate::by_id::ById;
 use crate::error::{Error, Result};
 use crate::fsroot::{DestPath, Root, validate};
 use crate::io::open::on_tmpfs;
@@ -34,10 +34,17 @@ pub(crate) struct DestFile {
     /// once the session ends.
     pub(crate) has_checkpoint: bool,
     pub(crate) tracker: FileTracker,
-    /// O_DIRECT descriptor, when direct I/O is in effect.
-    pub(crate) direct: Option<Arc<File>>,
+    /// Its descriptors, once its first block is written: a file waiting
+    /// in a large manifest holds a null pointer, not two.
+    opened: Option<Box<Opened>>,
+}
+
+/// The descriptors of a destination file being written.
+struct Opened {
     /// Page-cache descriptor, for unaligned tails and syncs.
-    pub(crate) plain: Option<Arc<File>>,
+    plain: Arc<File>,
+    /// O_DIRECT descriptor, when direct I/O is in effect.
+    direct: Option<Arc<File>>,
 }
 
 /// What `prepare` decided for one manifest entry.
@@ -51,37 +58,43 @@ pub(crate) enum Prepared {
     Discard,
 }
 
-/// Files prepared for a session that no writer owns yet, each boxed: a
-/// map's spare buckets then cost a pointer, not a whole `DestFile` (a
-/// manifest of a million files leaves up to half its buckets spare). If the session
-/// fails before its writer takes them, the temporary files no checkpoint
-/// can resume are removed rather than left fallocated at full size.
+/// A session's files by id; a file is taken out when it is answered.
+pub(crate) type Files = ById<Option<Box<DestFile>>>;
+
+/// Files prepared for a session that no writer owns yet, each boxed: an
+/// answered file's slot then keeps a pointer, not a whole `DestFile`. If
+/// the session fails before its writer takes them, the temporary files no
+/// checkpoint can resume are removed rather than left fallocated at full
+/// size.
 pub(crate) struct Staged<'a> {
     root: &'a Root,
-    files: HashMap<u32, Box<DestFile>>,
+    files: Vec<(u32, Box<DestFile>)>,
 }
 
 impl<'a> Staged<'a> {
-    pub(crate) fn new(root: &'a Root) -> Self {
+    pub(crate) fn with_capacity(root: &'a Root, files: usize) -> Self {
         Self {
             root,
-            files: HashMap::new(),
+            files: Vec::with_capacity(files),
         }
     }
 
     pub(crate) fn insert(&mut self, file_id: u32, file: Box<DestFile>) {
-        self.files.insert(file_id, file);
+        self.files.push((file_id, file));
     }
 
     /// Hands the files over to their writer.
-    pub(crate) fn into_files(mut self) -> HashMap<u32, Box<DestFile>> {
+    pub(crate) fn into_files(mut self) -> Files {
         std::mem::take(&mut self.files)
+            .into_iter()
+            .map(|(id, f)| (id, Some(f)))
+            .collect()
     }
 }
 
 impl Drop for Staged<'_> {
     fn drop(&mut self) {
-        discard_unresumable(self.root, self.files.values_mut().map(|f| &mut **f));
+        discard_unresumable(self.root, self.files.iter_mut().map(|(_, f)| &mut **f));
     }
 }
 
@@ -157,8 +170,7 @@ fn prepare_entry(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Res
         mode: u32::from(e.mode) & 0o777 & !umask,
         has_checkpoint: false,
         tracker: FileTracker::new(layout.blocks(), None),
-        direct: None,
-        plain: None,
+        opened: None,
     };
     if e.kind == EntryKind::Dir {
         root.dir(&file.dest.rel)?;
@@ -224,7 +236,7 @@ impl DestFile {
     /// Opens the temporary file; returns a note when O_DIRECT was wanted
     /// but is not in effect.
     pub(crate) fn open(&mut self, root: &Root, want_direct: bool) -> Result<Option<String>> {
-        if self.plain.is_some() {
+        if self.opened.is_some() {
             return Ok(None);
         }
         let dir = self.dir(root)?;
@@ -233,12 +245,13 @@ impl DestFile {
         let plain =
             Root::open_in(&dir, &name, OFlags::RDWR).map_err(|e| Error::io(ctx(), e.into()))?;
         let mut note = None;
+        let mut direct = None;
         if want_direct {
             if on_tmpfs(&plain) {
                 note = Some("the destination is on tmpfs, which ignores O_DIRECT".to_string());
             } else {
                 match Root::open_in(&dir, &name, OFlags::RDWR | OFlags::DIRECT) {
-                    Ok(f) => self.direct = Some(Arc::new(f)),
+                    Ok(f) => direct = Some(Arc::new(f)),
                     Err(Errno::INVAL) => {
                         note = Some(format!(
                             "the filesystem under {} does not support O_DIRECT; writing through the page cache",
@@ -249,13 +262,26 @@ impl DestFile {
                 }
             }
         }
-        self.plain = Some(Arc::new(plain));
+        self.opened = Some(Box::new(Opened {
+            plain: Arc::new(plain),
+            direct,
+        }));
         Ok(note)
+    }
+
+    /// The page-cache descriptor, once opened.
+    pub(crate) fn plain(&self) -> Option<&Arc<File>> {
+        self.opened.as_ref().map(|o| &o.plain)
+    }
+
+    /// The O_DIRECT descriptor, when opened with direct I/O in effect.
+    pub(crate) fn direct(&self) -> Option<&Arc<File>> {
+        self.opened.as_ref().and_then(|o| o.direct.as_ref())
     }
 
     /// Flushes written blocks to stable storage and marks them durable.
     pub(crate) fn sync(&mut self) -> Result<()> {
-        if let Some(f) = &self.plain {
+        if let Some(f) = self.plain() {
             f.sync_data()
                 .map_err(|e| Error::io(format!("syncing {}", self.dest.rel), e))?;
         }
@@ -268,15 +294,15 @@ impl DestFile {
     /// checkpoint beside a published file would be a stale one.
     pub(crate) fn checkpoint(&self, root: &Root) -> Result<()> {
         let dir = self.dir(root)?;
-        if let Some(f) = &self.plain
+        if let Some(f) = self.plain()
             && !super::checkpointer::still_ours(&dir, &self.dest.part_name(), f)
         {
             return Err(Error::TakenOver {
-                path: self.dest.rel.clone(),
+                path: self.dest.rel.to_string(),
             });
         }
         self.record(
-            self.tracker.durable().clone(),
+            self.tracker.durable().into_owned(),
             self.tracker.checksums().to_vec(),
         )
         .store(&dir, &self.dest.ckpt_name())
@@ -296,13 +322,12 @@ impl DestFile {
     /// Gives the verified file its permission bits and final name, and
     /// drops the checkpoint; the rename is durable only after `sync_dir`.
     pub(crate) fn rename_into_place(&mut self, root: &Root) -> Result<()> {
-        if let Some(f) = &self.plain {
+        if let Some(f) = self.plain() {
             rustix::fs::fchmod(&**f, rustix::fs::Mode::from_raw_mode(self.mode)).map_err(|e| {
                 Error::io(format!("setting the mode of {}", self.dest.rel), e.into())
             })?;
         }
-        self.direct = None;
-        self.plain = None;
+        self.opened = None;
         let dir = self.dir(root)?;
         rustix::fs::renameat(&dir, self.dest.part_name().as_str(), &dir, self.dest.name())
             .map_err(|e| Error::io(format!("publishing {}", self.dest.rel), e.into()))?;
@@ -352,10 +377,25 @@ impl DestFile {
 
     /// Removes the temporary file and checkpoint (data that failed verification).
     pub(crate) fn discard(&mut self, root: &Root) -> Result<()> {
-        self.direct = None;
-        self.plain = None;
+        self.opened = None;
         let dir = self.dir(root)?;
         Root::remove_in(&dir, &self.dest.part_name())?;
         self.remove_checkpoint(&dir)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_file_waiting_in_a_large_manifest_is_small() {
+        // Boxed, it takes a 96-byte allocation (glibc rounds 88 plus its
+        // header up to 96); at 89 it would take 112. Its path, tracker
+        // progress and descriptors are allocated apart, the last two only
+        // once its first block is written.
+        assert!(
+            size_of::<super::DestFile>() <= 88,
+            "{}",
+            size_of::<super::DestFile>()
+        );
     }
 }

@@ -67,7 +67,7 @@ pub(crate) struct Discard {
 
 impl Discard {
     pub(crate) fn new(
-        layouts: &HashMap<u32, Layout>,
+        layouts: impl Iterator<Item = (u32, Layout)>,
         rx: mpsc::Receiver<WriterMsg>,
         verdicts: VerdictTx,
         verify: Verification,
@@ -77,8 +77,7 @@ impl Discard {
     ) -> Self {
         Self {
             files: layouts
-                .iter()
-                .map(|(&id, l)| (id, FileTracker::new(l.blocks(), None)))
+                .map(|(id, l)| (id, FileTracker::new(l.blocks(), None)))
                 .collect(),
             rx,
             verdicts,

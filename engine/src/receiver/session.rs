@@ -1,7 +1,7 @@
 //! A session: its control connection (manifest, plan, results) and the
 //! data streams that join it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -15,6 +15,7 @@ use super::verdicts::{self, Verdict, VerdictRx};
 use super::writer::{Writer, WriterMsg};
 use super::{ParkKey, Shared, lock};
 use crate::Layout;
+use crate::by_id::ById;
 use crate::digest::{BlockHasher, HASH_PIECE, entry_identity};
 use crate::error::{Error, Result};
 use crate::fsroot::validate;
@@ -58,7 +59,9 @@ enum StreamEnd {
 /// What data streams need to know about their session.
 pub(crate) struct Session {
     verify: Verification,
-    layouts: HashMap<u32, Layout>,
+    /// The planned files' sizes, which place their blocks.
+    sizes: ById<u64>,
+    block_size: u64,
     pool: Pools,
     writer_tx: mpsc::Sender<WriterMsg>,
     data_streams: Mutex<Vec<TcpStream>>,
@@ -105,6 +108,9 @@ impl Drop for Registration<'_> {
         self.shared.claims.release(&self.life);
     }
 }
+
+/// Plan outcomes written together while a manifest is prepared.
+const PLAN_BATCH: usize = 256;
 
 /// The data streams one session takes: the most a sender opens.
 const MOST_STREAMS: usize = STREAMS.max as usize;
@@ -360,7 +366,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     // that claims and duplicates are compared as the filesystem sees them.
     for e in &mut entries {
         if let Ok(d) = validate(&e.path) {
-            e.path = d.rel;
+            e.path = d.rel.into();
         }
     }
 
@@ -391,20 +397,24 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
 
     // The plan.
     let stats = Arc::new(Stats::default());
-    let mut files = Staged::new(&shared.root);
-    let mut layouts = HashMap::new();
-    let mut plan = Vec::with_capacity(entries.len());
+    // Sized for the whole manifest at once: a table grown by doubling
+    // would leave its outgrown copies as holes in the heap.
+    let mut files = Staged::with_capacity(&shared.root, entries.len());
+    let mut sizes = Vec::with_capacity(entries.len());
     let mut resumed_bytes = 0u64;
     // Blocks of the accepted files: the receiver holds state for each.
     let mut tracked = 0u64;
     let mut seen_paths = HashSet::new();
-    for (e, &identity) in entries.iter().zip(&identities) {
+    for (i, (e, &identity)) in entries.iter().zip(&identities).enumerate() {
         // Preparing a large tree takes a while; the core says when the
-        // sender must hear that we are still at it.
+        // sender must hear that we are still at it. The outcomes decided
+        // so far go out with it, in batches.
         let now = Instant::now();
         core.handle_timeout(now);
-        if let Some(action) = flush(&mut core, &mut stream, &mut out)? {
-            return Err(out_of_order(Some(action)));
+        if i % PLAN_BATCH == 0 {
+            if let Some(action) = flush(&mut core, &mut stream, &mut out)? {
+                return Err(out_of_order(Some(action)));
+            }
         }
         life.heard(now);
         let blocks = if e.kind == EntryKind::File {
@@ -430,7 +440,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
                 tracked += blocks;
                 resumed_bytes += file.layout.bytes_in(&have);
                 stats.total.fetch_add(file.layout.size, Ordering::Relaxed);
-                layouts.insert(e.file_id, file.layout);
+                sizes.push((e.file_id, file.layout.size));
                 files.insert(e.file_id, file);
                 PlanOutcome::Accept {
                     have: have.to_bytes(),
@@ -439,7 +449,7 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
             Prepared::Discard => {
                 tracked += blocks;
                 stats.total.fetch_add(e.size, Ordering::Relaxed);
-                layouts.insert(e.file_id, Layout::new(e.size, block_size));
+                sizes.push((e.file_id, e.size));
                 PlanOutcome::Accept {
                     have: crate::Bitmap::new(blocks).to_bytes(),
                 }
@@ -454,11 +464,12 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
                 PlanOutcome::Refuse { message }
             }
         };
-        plan.push((e.file_id, outcome));
+        core.handle_planned(e.file_id, outcome, now);
     }
     drop(seen_paths);
     drop(entries);
     drop(identities);
+    let sizes: ById<u64> = sizes.into_iter().collect();
 
     let pool = match spare {
         Some(p) => p,
@@ -472,7 +483,9 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     // A memory-to-memory session's blocks go to a writer that drops them.
     let writer: Box<dyn FnOnce() -> super::writer::Report + Send> = if discard {
         let sink = Discard::new(
-            &layouts,
+            sizes
+                .iter()
+                .map(|(id, &size)| (id, Layout::new(size, block_size))),
             writer_rx,
             verdicts_tx,
             verify,
@@ -504,7 +517,8 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     let huge_note = pool.huge_note().map(str::to_owned);
     let session = Arc::new(Session {
         verify,
-        layouts,
+        sizes,
+        block_size,
         pool,
         writer_tx: writer_tx.clone(),
         data_streams: Mutex::default(),
@@ -519,7 +533,10 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         .spawn(carry(writer))
         .map_err(|e| Error::io("starting the writer thread", e))?;
 
-    core.handle_plan(plan, Instant::now());
+    core.handle_plan_end(Instant::now());
+    // The manifest and what planning it took are freed by now: give them
+    // back rather than hold them all session.
+    crate::io::sys::release_freed_memory();
     // Results flow until the sender finishes or goes away.
     let outcome = results(
         &mut core,
@@ -845,7 +862,11 @@ fn receive_blocks(
             Err(Error::Net { .. }) => return Ok(StreamEnd::Closed),
             Err(e) => return Err(e),
         };
-        let layout = session.layouts.get(&h.file_id).ok_or_else(|| {
+        let layout = session
+            .sizes
+            .get(h.file_id)
+            .map(|&size| Layout::new(size, session.block_size));
+        let layout = layout.ok_or_else(|| {
             Error::from(Violation::new(
                 ViolationKind::Unknown,
                 format!("block for file {} that is not in the plan", h.file_id),

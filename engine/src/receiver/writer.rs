@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::Shared;
 use super::checkpointer::{Checkpointer, Done, Job};
-use super::dest::{DestFile, Staged, discard_unresumable};
+use super::dest::{DestFile, Files, Staged, discard_unresumable};
 use super::kept::Kept;
 use super::stats::Stats;
 use super::verdicts::{Answer, VerdictTx};
@@ -72,7 +72,7 @@ struct Pending {
 
 pub(crate) struct Writer {
     shared: Arc<Shared>,
-    files: HashMap<u32, Box<DestFile>>,
+    files: Files,
     rx: mpsc::Receiver<WriterMsg>,
     /// To the control thread, which owns the control connection.
     verdicts: VerdictTx,
@@ -116,8 +116,9 @@ impl Writer {
         let checkpointer = Checkpointer::start(Arc::clone(&shared))?;
         let files = files.into_files();
         let mut kept = Kept::new(Arc::clone(&stats));
-        for (&id, f) in &files {
-            kept.set(id, f.layout.bytes_in(f.tracker.durable()));
+        for (id, f) in files.iter() {
+            let Some(f) = f else { continue };
+            kept.set(id, f.layout.bytes_in(&f.tracker.durable()));
         }
         let progress_timeout = shared.cfg.idle_timeout;
         Ok(Self {
@@ -282,12 +283,16 @@ impl Writer {
             return Ok(());
         }
         let want_direct = self.mode.wants_direct();
-        let f = self.files.get_mut(&file_id).ok_or_else(|| {
-            Error::from(Violation::new(
-                ViolationKind::Unknown,
-                format!("block for finished or unknown file {file_id}"),
-            ))
-        })?;
+        let f = self
+            .files
+            .get_mut(file_id)
+            .and_then(Option::as_deref_mut)
+            .ok_or_else(|| {
+                Error::from(Violation::new(
+                    ViolationKind::Unknown,
+                    format!("block for finished or unknown file {file_id}"),
+                ))
+            })?;
         if let Some(note) = f.open(&self.shared.root, want_direct)? {
             if self.fallback.is_none() {
                 tracing::warn!("{note}");
@@ -298,9 +303,9 @@ impl Writer {
         let len = buf.len();
         // Aligned blocks go direct; the unaligned tail goes through the
         // page cache, since O_DIRECT refuses it.
-        let file = match &f.direct {
+        let file = match f.direct() {
             Some(d) if len % ALIGN == 0 => Arc::clone(d),
-            _ => Arc::clone(f.plain.as_ref().expect("opened above")),
+            _ => Arc::clone(f.plain().expect("opened above")),
         };
         let tag = self.next_tag;
         self.next_tag += 1;
@@ -327,7 +332,8 @@ impl Writer {
     fn complete(&mut self, p: Pending, len: usize, result: std::io::Result<usize>) -> Result<()> {
         let f = self
             .files
-            .get_mut(&p.file_id)
+            .get_mut(p.file_id)
+            .and_then(Option::as_deref_mut)
             .expect("pending writes belong to open files");
         if let Err(e) = result {
             return Err(Error::disk(
@@ -383,7 +389,8 @@ impl Writer {
         let now = Instant::now();
         let unsynced: u64 = self
             .files
-            .values()
+            .present_mut()
+            .map(|(_, f)| &*f)
             .filter(|f| f.layout.blocks() > 1)
             .map(|f| f.tracker.unsynced())
             .sum();
@@ -395,16 +402,16 @@ impl Writer {
         // those that follow keep the disk busy.
         let batch: Vec<Job> = self
             .files
-            .iter_mut()
+            .present_mut()
             .filter(|(_, f)| f.layout.blocks() > 1 && f.tracker.unsynced() > 0)
-            .filter_map(|(&file_id, f)| {
-                let file = Arc::clone(f.plain.as_ref()?);
+            .filter_map(|(file_id, f)| {
+                let file = Arc::clone(f.plain()?);
                 let covered = f.tracker.begin_sync();
                 let (durable, checksums) = f.tracker.checkpoint_after(&covered);
                 Some(Job {
                     file_id,
                     file,
-                    rel: f.dest.rel.clone(),
+                    rel: f.dest.rel.to_string(),
                     parent: f.dest.parent().to_string(),
                     ckpt_name: f.dest.ckpt_name(),
                     part_name: f.dest.part_name(),
@@ -424,12 +431,12 @@ impl Writer {
     fn apply(&mut self, done: Done) -> Result<()> {
         let batch = done?;
         for (file_id, covered, stored) in batch.synced {
-            if let Some(f) = self.files.get_mut(&file_id) {
+            if let Some(f) = self.files.get_mut(file_id).and_then(Option::as_deref_mut) {
                 f.tracker.handle_synced_upto(&covered);
                 f.has_checkpoint |= stored;
                 if stored {
                     self.kept
-                        .set(file_id, f.layout.bytes_in(f.tracker.durable()));
+                        .set(file_id, f.layout.bytes_in(&f.tracker.durable()));
                 }
             }
         }
@@ -454,13 +461,17 @@ impl Writer {
         // checkpointing each of thousands of small files would cost more
         // than it could save.
         let mut warnings = Vec::new();
-        for (&id, f) in self.files.iter_mut().filter(|(_, f)| f.layout.blocks() > 1) {
-            if f.tracker.unsynced() > 0 && f.plain.is_some() {
+        for (id, f) in self
+            .files
+            .present_mut()
+            .filter(|(_, f)| f.layout.blocks() > 1)
+        {
+            if f.tracker.unsynced() > 0 && f.plain().is_some() {
                 f.sync()?;
                 match f.checkpoint(&self.shared.root) {
                     Ok(()) => {
                         f.has_checkpoint = true;
-                        self.kept.set(id, f.layout.bytes_in(f.tracker.durable()));
+                        self.kept.set(id, f.layout.bytes_in(&f.tracker.durable()));
                     }
                     Err(e) => warnings.push(format!(
                         "checkpoint of {} not stored ({e}); a new session resumes it from its last stored checkpoint, or from the start",
@@ -482,7 +493,7 @@ impl Writer {
         self.drain()?;
         self.settle()?;
         self.reports.handle_given_up(file_id);
-        let mut f = self.files.remove(&file_id).ok_or_else(|| {
+        let mut f = self.files.take(file_id).ok_or_else(|| {
             Error::from(Violation::new(
                 ViolationKind::Unknown,
                 format!("file {file_id} given up after its result, or never planned"),
@@ -553,7 +564,7 @@ impl Writer {
         for report in batch {
             let file_id = report.file_id;
             let sender_digest = report.digest;
-            let mut f = self.files.remove(&file_id).ok_or_else(|| {
+            let mut f = self.files.take(file_id).ok_or_else(|| {
                 Error::from(Violation::new(
                     ViolationKind::Unknown,
                     format!("file {file_id} reported done twice or never planned"),
@@ -575,7 +586,7 @@ impl Writer {
                 let msg = format!("{} is missing blocks; it stays resumable", f.dest.rel);
                 if f.checkpoint(root).is_ok() {
                     self.kept
-                        .set(file_id, f.layout.bytes_in(f.tracker.durable()));
+                        .set(file_id, f.layout.bytes_in(&f.tracker.durable()));
                 } else if !f.has_checkpoint {
                     // Nothing could resume it: do not leave it behind.
                     let _ = f.discard(root);
@@ -592,7 +603,7 @@ impl Writer {
         } else if !ready.is_empty() {
             let mut synced = HashSet::new();
             for (_, _, f) in &mut ready {
-                let plain = f.plain.as_ref().expect("opened above");
+                let plain = f.plain().expect("opened above");
                 let dev = plain
                     .metadata()
                     .map_err(|e| Error::io(format!("inspecting {}", f.dest.rel), e))?
@@ -652,8 +663,8 @@ impl Writer {
 
 /// The error that ends a session whose reported file's blocks stopped
 /// coming: the sender hears it, and resumes from what is durable.
-fn stalled(files: &HashMap<u32, Box<DestFile>>, stall: Stall) -> Error {
-    let what = match files.get(&stall.file_id) {
+fn stalled(files: &Files, stall: Stall) -> Error {
+    let what = match files.get(stall.file_id).and_then(Option::as_deref) {
         Some(f) => format!(
             "{}, reported sent, lacks {} of its {} blocks",
             f.dest.rel,
@@ -672,9 +683,10 @@ fn stalled(files: &HashMap<u32, Box<DestFile>>, stall: Stall) -> Error {
 /// Whether a reported file can be answered now: it has all its blocks
 /// (or is a directory). An unknown or already answered file also goes to
 /// `finish`, which refuses it.
-fn can_finish(files: &HashMap<u32, Box<DestFile>>, file_id: u32) -> bool {
+fn can_finish(files: &Files, file_id: u32) -> bool {
     files
-        .get(&file_id)
+        .get(file_id)
+        .and_then(Option::as_deref)
         .is_none_or(|f| f.kind == EntryKind::Dir || f.tracker.is_complete())
 }
 
@@ -682,13 +694,16 @@ impl Drop for Writer {
     /// However the writer ends (having run or not), the temporary files of
     /// its unfinished files that no checkpoint can resume go.
     fn drop(&mut self) {
-        discard_unresumable(&self.shared.root, self.files.values_mut().map(|f| &mut **f));
+        discard_unresumable(
+            &self.shared.root,
+            self.files.present_mut().map(|(_, f)| &mut **f),
+        );
     }
 }
 
 /// Re-reads the written file from disk (not the page cache) and digests it.
 fn reread(f: &DestFile) -> Result<u128> {
-    let plain = f.plain.as_ref().expect("opened before reread");
+    let plain = f.plain().expect("opened before reread");
     // Written pages are clean after the sync: drop them so the reads
     // below come from the device.
     let _ = rustix::fs::fadvise(&**plain, 0, None, rustix::fs::Advice::DontNeed);
@@ -701,7 +716,7 @@ fn reread(f: &DestFile) -> Result<u128> {
             .map_err(|e| Error::io(format!("re-reading {}", f.dest.rel), e))?;
         if n != len {
             return Err(Error::Verify {
-                path: f.dest.rel.clone(),
+                path: f.dest.rel.to_string(),
                 detail: format!("block {b} is short on disk ({n} of {len} bytes)"),
             });
         }

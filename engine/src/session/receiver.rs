@@ -7,10 +7,11 @@
 //! answers to what it was asked to do (admit, plan), and carries out the
 //! actions it polls: write a frame, tell the writer, end the session.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::describe;
+use crate::by_id::ById;
 use crate::liveness::{Due, Liveness};
 use crate::violation::{Violation, ViolationKind};
 use crate::wire::{
@@ -234,12 +235,8 @@ enum FileState {
 /// Marks `file_id` reported by a `frame` (FileDone or FileAbort), or says
 /// how that breaks the protocol: a file is reported once, and only one the
 /// plan accepted.
-fn reported(
-    files: &mut HashMap<u32, FileState>,
-    file_id: u32,
-    frame: &str,
-) -> Result<(), Violation> {
-    match files.get_mut(&file_id) {
+fn reported(files: &mut ById<FileState>, file_id: u32, frame: &str) -> Result<(), Violation> {
+    match files.get_mut(file_id) {
         Some(s @ FileState::Sending) => {
             *s = FileState::Reported;
             Ok(())
@@ -264,9 +261,12 @@ enum State {
         ids: HashSet<u32>,
         path_bytes: usize,
     },
-    Preparing,
+    Preparing {
+        /// The files planned so far that the plan accepts.
+        accepted: Vec<(u32, FileState)>,
+    },
     Results {
-        files: HashMap<u32, FileState>,
+        files: ById<FileState>,
     },
     Ended,
 }
@@ -439,7 +439,9 @@ impl ReceiverControl {
             }
             (State::Manifest { entries, .. }, Frame::FilesEnd) => {
                 let entries = std::mem::take(entries);
-                self.state = State::Preparing;
+                self.state = State::Preparing {
+                    accepted: Vec::with_capacity(entries.len()),
+                };
                 // Preparing a large tree takes a while: the sender waiting
                 // for the plan hears now and then that we are at it.
                 self.live.arm_keepalive(now, self.limits.keepalive);
@@ -475,7 +477,7 @@ impl ReceiverControl {
                     State::AwaitOpen => "a session to open",
                     State::Manifest { .. } => "the manifest",
                     State::Results { .. } => "results or keepalives",
-                    State::Admitting | State::Preparing | State::Ended => "nothing",
+                    State::Admitting | State::Preparing { .. } | State::Ended => "nothing",
                 };
                 self.violation(Violation::unexpected(expected, describe(&other)));
             }
@@ -520,16 +522,33 @@ impl ReceiverControl {
     /// The shell's answer to [`Action::Prepare`]: each entry's outcome, in
     /// manifest order. The plan goes out and results are awaited.
     pub fn handle_plan(&mut self, plan: Vec<(u32, PlanOutcome)>, now: Instant) {
-        if !matches!(self.state, State::Preparing) {
-            return;
-        }
-        let mut files = HashMap::new();
         for (file_id, outcome) in plan {
-            if matches!(outcome, PlanOutcome::Accept { .. }) {
-                files.insert(file_id, FileState::Sending);
-            }
-            self.send(Frame::Plan { file_id, outcome }, now);
+            self.handle_planned(file_id, outcome, now);
         }
+        self.handle_plan_end(now);
+    }
+
+    /// One entry's outcome, as soon as the shell has decided it: it goes
+    /// out now, so that what the shell allocated for it (its resume
+    /// bitmap) is freed long before the last of a million entries is
+    /// prepared, rather than left between the session's lasting state.
+    pub fn handle_planned(&mut self, file_id: u32, outcome: PlanOutcome, now: Instant) {
+        let State::Preparing { accepted } = &mut self.state else {
+            return;
+        };
+        if matches!(outcome, PlanOutcome::Accept { .. }) {
+            accepted.push((file_id, FileState::Sending));
+        }
+        self.send(Frame::Plan { file_id, outcome }, now);
+    }
+
+    /// Every entry is planned and the shell is ready for blocks: the plan
+    /// ends and results are awaited.
+    pub fn handle_plan_end(&mut self, now: Instant) {
+        let State::Preparing { accepted } = &mut self.state else {
+            return;
+        };
+        let files: ById<FileState> = std::mem::take(accepted).into_iter().collect();
         self.send(Frame::PlanEnd, now);
         self.accepted = files.len() as u64;
         self.state = State::Results { files };
@@ -555,7 +574,7 @@ impl ReceiverControl {
                 // One result per file the sender reported: the writer
                 // answers nothing else, and a second one would confuse
                 // the sender's count.
-                let Some(s @ FileState::Reported) = files.get_mut(&file_id) else {
+                let Some(s @ FileState::Reported) = files.get_mut(file_id) else {
                     return;
                 };
                 *s = FileState::Answered;
@@ -1340,7 +1359,7 @@ mod tests {
                                 (id, if ok { accept() } else { PlanOutcome::Refuse { message: "no".into() } })
                             })
                             .collect();
-                        if matches!(core.state, State::Preparing) {
+                        if matches!(core.state, State::Preparing { .. }) {
                             for (id, o) in &plan {
                                 accepted.insert(*id, matches!(o, PlanOutcome::Accept { .. }));
                             }
