@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::sync::OnceLock;
 
+use prometheus::core::Collector;
 use prometheus::{
     Encoder, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
@@ -38,50 +39,47 @@ pub struct Metrics {
     pub violations: IntCounterVec,
 }
 
-/// `c`, registered in `registry` (names are static and registered once).
-fn registered<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: C) -> C {
-    registry
-        .register(Box::new(c.clone()))
-        .expect("metric registered once");
-    c
+/// A registry whose names all start with `prefix`.
+fn registry(prefix: &str) -> Registry {
+    Registry::new_custom(Some(prefix.into()), None).expect("static registry prefix is valid")
 }
 
-/// The process-wide metrics.
-pub fn metrics() -> &'static Metrics {
-    static M: OnceLock<Metrics> = OnceLock::new();
-    M.get_or_init(|| {
-        let registry = Registry::new_custom(Some("wirerate_receiver".into()), None)
-            .expect("static registry prefix is valid");
-        let counter = |name: &str, help: &str| {
-            registered(&registry, IntCounter::new(name, help).expect("valid"))
-        };
-        let sessions_active = registered(
-            &registry,
-            IntGauge::new("sessions_active", "Sessions open now").expect("valid"),
-        );
-        let rejected = registered(
-            &registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "connections_rejected_total",
-                    "Connections refused, by reason",
-                ),
-                &["reason"],
-            )
-            .expect("valid"),
-        );
-        let violations = registered(
-            &registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "violations_total",
-                    "Connections closed because the sender broke the protocol, by kind",
-                ),
-                &["kind"],
-            )
-            .expect("valid"),
-        );
-        Metrics {
+/// Registers `collectors` in `registry`: each set registers exactly what its
+/// `collectors()` lists, so what is served and what the reference documents
+/// are one list.
+fn register_all(registry: &Registry, collectors: Vec<Box<dyn Collector>>) {
+    for c in collectors {
+        registry.register(c).expect("metric registered once");
+    }
+}
+
+fn counter(name: &str, help: &str) -> IntCounter {
+    IntCounter::new(name, help).expect("valid")
+}
+
+fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), labels).expect("valid")
+}
+
+fn gauge_vec(name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    GaugeVec::new(Opts::new(name, help), labels).expect("valid")
+}
+
+fn int_gauge_vec(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    IntGaugeVec::new(Opts::new(name, help), labels).expect("valid")
+}
+
+/// Prefix of the receiver's metrics.
+pub const RECEIVER_PREFIX: &str = "wirerate_receiver";
+/// Prefix of the sender's metrics.
+pub const SENDER_PREFIX: &str = "wirerate_sender";
+/// Prefix of the path tests' metrics.
+pub const PATH_TEST_PREFIX: &str = "wirerate_path_test";
+
+impl Metrics {
+    fn new() -> Self {
+        let m = Self {
+            registry: registry(RECEIVER_PREFIX),
             bytes_written: counter("bytes_written_total", "Payload bytes written to disk"),
             blocks_written: counter("blocks_written_total", "Blocks written to disk"),
             bytes_discarded: counter(
@@ -90,14 +88,45 @@ pub fn metrics() -> &'static Metrics {
             ),
             checksum_failures: counter("checksum_failures_total", "Blocks that arrived damaged"),
             sessions: counter("sessions_total", "Sessions opened"),
+            sessions_active: IntGauge::new("sessions_active", "Sessions open now").expect("valid"),
             files_completed: counter("files_completed_total", "Files verified and published"),
             files_failed: counter("files_failed_total", "Files that failed"),
-            sessions_active,
-            rejected,
-            violations,
-            registry,
-        }
-    })
+            rejected: counter_vec(
+                "connections_rejected_total",
+                "Connections refused, by reason",
+                &["reason"],
+            ),
+            violations: counter_vec(
+                "violations_total",
+                "Connections closed because the sender broke the protocol, by kind",
+                &["kind"],
+            ),
+        };
+        register_all(&m.registry, m.collectors());
+        m
+    }
+
+    /// Everything this set registers, in the order it is served.
+    pub fn collectors(&self) -> Vec<Box<dyn Collector>> {
+        vec![
+            Box::new(self.sessions_active.clone()),
+            Box::new(self.rejected.clone()),
+            Box::new(self.violations.clone()),
+            Box::new(self.bytes_written.clone()),
+            Box::new(self.blocks_written.clone()),
+            Box::new(self.bytes_discarded.clone()),
+            Box::new(self.checksum_failures.clone()),
+            Box::new(self.sessions.clone()),
+            Box::new(self.files_completed.clone()),
+            Box::new(self.files_failed.clone()),
+        ]
+    }
+}
+
+/// The process-wide metrics.
+pub fn metrics() -> &'static Metrics {
+    static M: OnceLock<Metrics> = OnceLock::new();
+    M.get_or_init(Metrics::new)
 }
 
 /// The sending side's metrics.
@@ -129,47 +158,21 @@ pub struct SenderMetrics {
     pub stream_delivery_rate: IntGaugeVec,
 }
 
-/// The process-wide sender metrics.
-pub fn sender_metrics() -> &'static SenderMetrics {
-    static M: OnceLock<SenderMetrics> = OnceLock::new();
-    M.get_or_init(|| {
-        let registry = Registry::new_custom(Some("wirerate_sender".into()), None)
-            .expect("static registry prefix is valid");
-        let counter = |name: &str, help: &str| {
-            registered(&registry, IntCounter::new(name, help).expect("valid"))
-        };
-        let vec = |name: &str, help: &str, label: &str| {
-            registered(
-                &registry,
-                IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid"),
-            )
-        };
-        let bytes_in_flight = registered(
-            &registry,
-            IntGauge::new("bytes_in_flight", "Bytes sent and not yet acknowledged").expect("valid"),
-        );
-        let by_stream = |name: &str, help: &str| {
-            registered(
-                &registry,
-                IntGaugeVec::new(Opts::new(name, help), &["stream"]).expect("valid"),
-            )
-        };
-        let stream_rtt_seconds = registered(
-            &registry,
-            GaugeVec::new(
-                Opts::new(
-                    "stream_rtt_seconds",
-                    "Smoothed round trip of each data stream (TCP_INFO), as its session ended",
-                ),
-                &["stream"],
+impl SenderMetrics {
+    fn new() -> Self {
+        let m = Self {
+            registry: registry(SENDER_PREFIX),
+            bytes_in_flight: IntGauge::new(
+                "bytes_in_flight",
+                "Bytes sent and not yet acknowledged",
             )
             .expect("valid"),
-        );
-        let sessions = vec("sessions_total", "Sessions by how they ended", "outcome");
-        for o in SessionEnd::ALL {
-            sessions.with_label_values(&[o.metric_label()]);
-        }
-        SenderMetrics {
+            stream_rtt_seconds: gauge_vec(
+                "stream_rtt_seconds",
+                "Smoothed round trip of each data stream (TCP_INFO), as its session ended",
+                &["stream"],
+            ),
+            sessions: counter_vec("sessions_total", "Sessions by how they ended", &["outcome"]),
             bytes_sent: counter("bytes_sent_total", "Payload bytes put on the wire"),
             blocks_resent: counter("blocks_resent_total", "Blocks sent again"),
             stream_failures: counter("stream_failures_total", "Data streams that broke"),
@@ -177,25 +180,50 @@ pub fn sender_metrics() -> &'static SenderMetrics {
                 "streams_added_total",
                 "Data streams the optimizer added to running transfers",
             ),
-            stream_bytes: vec(
+            stream_bytes: counter_vec(
                 "stream_bytes_total",
                 "Payload bytes by data stream index",
-                "stream",
+                &["stream"],
             ),
-            stream_rtt_seconds,
-            stream_retransmits: by_stream(
+            stream_retransmits: int_gauge_vec(
                 "stream_retransmits",
                 "Segments each data stream sent again (TCP_INFO), as its session ended",
+                &["stream"],
             ),
-            stream_delivery_rate: by_stream(
+            stream_delivery_rate: int_gauge_vec(
                 "stream_delivery_rate_bytes",
                 "The kernel's delivery-rate estimate of each data stream, bytes/s, as its session ended",
+                &["stream"],
             ),
-            sessions,
-            bytes_in_flight,
-            registry,
+        };
+        for o in SessionEnd::ALL {
+            m.sessions.with_label_values(&[o.metric_label()]);
         }
-    })
+        register_all(&m.registry, m.collectors());
+        m
+    }
+
+    /// Everything this set registers, in the order it is served.
+    pub fn collectors(&self) -> Vec<Box<dyn Collector>> {
+        vec![
+            Box::new(self.bytes_in_flight.clone()),
+            Box::new(self.stream_rtt_seconds.clone()),
+            Box::new(self.sessions.clone()),
+            Box::new(self.bytes_sent.clone()),
+            Box::new(self.blocks_resent.clone()),
+            Box::new(self.stream_failures.clone()),
+            Box::new(self.streams_added.clone()),
+            Box::new(self.stream_bytes.clone()),
+            Box::new(self.stream_retransmits.clone()),
+            Box::new(self.stream_delivery_rate.clone()),
+        ]
+    }
+}
+
+/// The process-wide sender metrics.
+pub fn sender_metrics() -> &'static SenderMetrics {
+    static M: OnceLock<SenderMetrics> = OnceLock::new();
+    M.get_or_init(SenderMetrics::new)
 }
 
 /// Metrics of the in-cluster agent's path tests (`wirerate_path_test_*`),
@@ -222,73 +250,85 @@ pub struct PathTestMetrics {
     pub listener_sessions_active: IntGauge,
 }
 
+impl PathTestMetrics {
+    fn new() -> Self {
+        let m = Self {
+            registry: registry(PATH_TEST_PREFIX),
+            tests: counter_vec(
+                "tests_total",
+                "Path tests by target pool and outcome",
+                &["target", "outcome"],
+            ),
+            gbps: gauge_vec(
+                "gbps",
+                "The last good test's rate with several streams, Gbit/s",
+                &["target"],
+            ),
+            single_stream_gbps: gauge_vec(
+                "single_stream_gbps",
+                "The last good test's rate with one stream, Gbit/s",
+                &["target"],
+            ),
+            rtt_seconds: gauge_vec(
+                "rtt_seconds",
+                "The lowest round trip the last good test saw",
+                &["target"],
+            ),
+            retransmits: int_gauge_vec(
+                "retransmits",
+                "Segments the last good test's streams sent again",
+                &["target"],
+            ),
+            last_timestamp_seconds: gauge_vec(
+                "last_timestamp_seconds",
+                "When the last test ended, failed or not (Unix seconds)",
+                &["target"],
+            ),
+            listener_sessions: counter(
+                "listener_sessions_total",
+                "Test sessions this agent's path-test listener served",
+            ),
+            listener_sessions_active: IntGauge::new(
+                "listener_sessions_active",
+                "Test sessions this agent's path-test listener serves now",
+            )
+            .expect("valid"),
+        };
+        register_all(&m.registry, m.collectors());
+        m
+    }
+
+    /// Everything this set registers, in the order it is served.
+    pub fn collectors(&self) -> Vec<Box<dyn Collector>> {
+        vec![
+            Box::new(self.tests.clone()),
+            Box::new(self.gbps.clone()),
+            Box::new(self.single_stream_gbps.clone()),
+            Box::new(self.rtt_seconds.clone()),
+            Box::new(self.retransmits.clone()),
+            Box::new(self.last_timestamp_seconds.clone()),
+            Box::new(self.listener_sessions.clone()),
+            Box::new(self.listener_sessions_active.clone()),
+        ]
+    }
+}
+
 /// The process-wide path-test metrics.
 pub fn path_test_metrics() -> &'static PathTestMetrics {
     static M: OnceLock<PathTestMetrics> = OnceLock::new();
-    M.get_or_init(|| {
-        let registry = Registry::new_custom(Some("wirerate_path_test".into()), None)
-            .expect("static registry prefix is valid");
-        let gauge = |name: &str, help: &str| {
-            registered(
-                &registry,
-                GaugeVec::new(Opts::new(name, help), &["target"]).expect("valid"),
-            )
-        };
-        PathTestMetrics {
-            tests: registered(
-                &registry,
-                IntCounterVec::new(
-                    Opts::new("tests_total", "Path tests by target pool and outcome"),
-                    &["target", "outcome"],
-                )
-                .expect("valid"),
-            ),
-            gbps: gauge(
-                "gbps",
-                "The last good test's rate with several streams, Gbit/s",
-            ),
-            single_stream_gbps: gauge(
-                "single_stream_gbps",
-                "The last good test's rate with one stream, Gbit/s",
-            ),
-            rtt_seconds: gauge(
-                "rtt_seconds",
-                "The lowest round trip the last good test saw",
-            ),
-            retransmits: registered(
-                &registry,
-                IntGaugeVec::new(
-                    Opts::new(
-                        "retransmits",
-                        "Segments the last good test's streams sent again",
-                    ),
-                    &["target"],
-                )
-                .expect("valid"),
-            ),
-            last_timestamp_seconds: gauge(
-                "last_timestamp_seconds",
-                "When the last test ended, failed or not (Unix seconds)",
-            ),
-            listener_sessions: registered(
-                &registry,
-                IntCounter::new(
-                    "listener_sessions_total",
-                    "Test sessions this agent's path-test listener served",
-                )
-                .expect("valid"),
-            ),
-            listener_sessions_active: registered(
-                &registry,
-                IntGauge::new(
-                    "listener_sessions_active",
-                    "Test sessions this agent's path-test listener serves now",
-                )
-                .expect("valid"),
-            ),
-            registry,
-        }
-    })
+    M.get_or_init(PathTestMetrics::new)
+}
+
+/// What /metrics serves, set by set: each registry's name prefix and the
+/// collectors it was filled from (vectors included before they have a
+/// series, which a registry's `gather` leaves out). The metrics reference
+/// in docs/ is written from this.
+pub fn catalogue() -> Vec<(&'static str, Vec<Box<dyn Collector>>)> {
+    vec![
+        (RECEIVER_PREFIX, metrics().collectors()),
+        (SENDER_PREFIX, sender_metrics().collectors()),
+        (PATH_TEST_PREFIX, path_test_metrics().collectors()),
+    ]
 }
 
 /// Everything the agent serves on /metrics, in Prometheus' text format.

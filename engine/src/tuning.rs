@@ -156,7 +156,7 @@ pub struct Bound {
     /// Values must be multiples of this (1: any).
     pub step: u64,
     /// The value when nothing sets it, chosen from measurements on the
-    /// reference machine (the README's "Defaults" section).
+    /// reference machine (docs/src/admin/sizing.md, "Defaults").
     pub default: u64,
     /// What the number counts.
     pub unit: Unit,

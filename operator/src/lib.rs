@@ -10,6 +10,7 @@
 pub mod admission;
 pub mod agents;
 pub mod budget;
+pub mod cli;
 pub mod context;
 pub mod error;
 pub mod install;

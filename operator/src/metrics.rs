@@ -1,5 +1,6 @@
 //! Prometheus metrics of the operator.
 
+use prometheus::core::Collector;
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
@@ -39,6 +40,9 @@ pub struct Metrics {
     pub refreshes_put_off: IntCounter,
 }
 
+/// Prefix of every metric the operator serves.
+pub const PREFIX: &str = "wirerate_operator";
+
 /// The controllers, as the `controller` label spells them.
 pub const CONTROLLERS: [&str; 2] = ["transfer", "dtnpool"];
 /// Every value of the `error` label (`Error::metric_label`).
@@ -52,8 +56,7 @@ pub const ERROR_LABELS: [&str; 5] = [
 
 impl Default for Metrics {
     fn default() -> Self {
-        let registry =
-            Registry::new_custom(Some("wirerate_operator".into()), None).expect("a valid prefix");
+        let registry = Registry::new_custom(Some(PREFIX.into()), None).expect("a valid prefix");
         let reconciles =
             IntCounterVec::new(Opts::new("reconciles_total", "Reconciles"), &["controller"])
                 .unwrap();
@@ -133,25 +136,7 @@ impl Default for Metrics {
                 failures.with_label_values(&[c, e]);
             }
         }
-        for c in [
-            Box::new(reconciles.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(failures.clone()),
-            Box::new(duration.clone()),
-            Box::new(plan.clone()),
-            Box::new(phases.clone()),
-            Box::new(queue.clone()),
-            Box::new(bytes.clone()),
-            Box::new(failovers.clone()),
-            Box::new(transfer_rate.clone()),
-            Box::new(transfer_eta.clone()),
-            Box::new(transfer_done.clone()),
-            Box::new(agents.clone()),
-            Box::new(write_waits.clone()),
-            Box::new(refreshes_put_off.clone()),
-        ] {
-            registry.register(c).expect("metric names are unique");
-        }
-        Self {
+        let m = Self {
             registry,
             reconciles,
             failures,
@@ -167,11 +152,37 @@ impl Default for Metrics {
             agents,
             write_waits,
             refreshes_put_off,
+        };
+        for c in m.collectors() {
+            m.registry.register(c).expect("metric names are unique");
         }
+        m
     }
 }
 
 impl Metrics {
+    /// Everything the registry holds: it is filled from this list, and the
+    /// metrics reference in docs/ is written from it (vectors included
+    /// before they have a series, which `Registry::gather` leaves out).
+    pub fn collectors(&self) -> Vec<Box<dyn Collector>> {
+        vec![
+            Box::new(self.reconciles.clone()),
+            Box::new(self.failures.clone()),
+            Box::new(self.duration.clone()),
+            Box::new(self.plan.clone()),
+            Box::new(self.phases.clone()),
+            Box::new(self.queue.clone()),
+            Box::new(self.bytes.clone()),
+            Box::new(self.failovers.clone()),
+            Box::new(self.transfer_rate.clone()),
+            Box::new(self.transfer_eta.clone()),
+            Box::new(self.transfer_done.clone()),
+            Box::new(self.agents.clone()),
+            Box::new(self.write_waits.clone()),
+            Box::new(self.refreshes_put_off.clone()),
+        ]
+    }
+
     /// Sets the gauges from the cache: transfers by phase, the queues, each
     /// running transfer's rate, ETA and bytes, and agents by state.
     pub fn observe<'a>(

@@ -17,35 +17,10 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::utils::PredicateConfig;
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer, contract};
+use wirerate_operator::cli::Args;
 use wirerate_operator::context::{Context, Stores};
 use wirerate_operator::{leader, pool_controller, transfer_controller};
 use wirerate_telemetry::Endpoints;
-
-/// wirerate's Kubernetes operator.
-#[derive(Parser)]
-#[command(version, about)]
-struct Args {
-    /// Namespace of the leader-election Lease.
-    #[arg(long, env = "POD_NAMESPACE", default_value = "wirerate-system")]
-    namespace: String,
-    /// This replica's identity in the Lease (the pod name in the cluster).
-    #[arg(long, env = "POD_NAME")]
-    identity: Option<String>,
-    /// Address of /metrics and /healthz.
-    #[arg(long, default_value = "0.0.0.0:8080")]
-    metrics_addr: String,
-    /// Writes to the API server per second at most, all kinds together.
-    /// Changes (a phase, agents, a grant) wait their turn; refreshes (a
-    /// place in line, a stall mark) give way to them.
-    #[arg(long, default_value_t = wirerate_operator::budget::DEFAULT_WRITES_PER_SECOND,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    max_writes_per_second: u32,
-    /// Host directories pools may mount (comma-separated); a pool mounting
-    /// any other is refused. Unset: any but the host's root and system
-    /// directories.
-    #[arg(long, env = "WIRERATE_ALLOWED_HOST_PATHS", value_delimiter = ',')]
-    allowed_host_paths: Vec<String>,
-}
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
