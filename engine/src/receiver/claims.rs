@@ -101,9 +101,12 @@ impl Busy {
 /// A destination as claims know it: its path hashed with this receiver's
 /// secret key. A claim per file of a million-file manifest then costs a
 /// word rather than a copy of its path. Equal paths always collide, so two
-/// sessions never write one file; unequal paths collide only by chance
-/// (an attacker cannot aim without the key), and then a session is
-/// refused as busy and retries: a cost, never a wrong write.
+/// sessions never write one file. Unequal paths collide only by chance
+/// (about n*m/2^64 for sessions of n and m files; an attacker cannot aim
+/// without the key), and then they are treated as one: the new session is
+/// refused as busy and retries, or, if the holder's sender has been silent
+/// for the takeover time, the holder is ended as for a real takeover and
+/// resumes later. A cost, never a wrong write.
 type Key = u64;
 
 /// One session's claims: its keys, sorted, held exactly (a hash map

@@ -85,6 +85,14 @@ impl<'a> Staged<'a> {
 
     /// Hands the files over to their writer.
     pub(crate) fn into_files(mut self) -> Files {
+        // The core refuses a manifest that repeats an id; were one let
+        // through, the table would keep one file of the two and never
+        // remove the other's temporary file.
+        debug_assert!({
+            let mut ids: Vec<u32> = self.files.iter().map(|(id, _)| *id).collect();
+            ids.sort_unstable();
+            ids.windows(2).all(|w| w[0] != w[1])
+        });
         std::mem::take(&mut self.files)
             .into_iter()
             .map(|(id, f)| (id, Some(f)))
@@ -303,7 +311,7 @@ impl DestFile {
         }
         self.record(
             self.tracker.durable().into_owned(),
-            self.tracker.checksums().to_vec(),
+            self.tracker.checksums().into_owned(),
         )
         .store(&dir, &self.dest.ckpt_name())
     }

@@ -109,8 +109,11 @@ impl Drop for Registration<'_> {
     }
 }
 
-/// Plan outcomes written together while a manifest is prepared.
+/// Plan outcomes written together while a manifest is prepared...
 const PLAN_BATCH: usize = 256;
+/// ...or written after this long however few: well within the keepalive
+/// interval (`wire::KEEPALIVE_INTERVAL`, 5 s).
+const PLAN_FLUSH: Duration = Duration::from_secs(1);
 
 /// The data streams one session takes: the most a sender opens.
 const MOST_STREAMS: usize = STREAMS.max as usize;
@@ -405,13 +408,17 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
     // Blocks of the accepted files: the receiver holds state for each.
     let mut tracked = 0u64;
     let mut seen_paths = HashSet::new();
+    let mut written_at = Instant::now();
     for (i, (e, &identity)) in entries.iter().zip(&identities).enumerate() {
-        // Preparing a large tree takes a while; the core says when the
-        // sender must hear that we are still at it. The outcomes decided
-        // so far go out with it, in batches.
+        // Preparing a large tree takes a while. The outcomes decided so far
+        // go out in batches, and at least every PLAN_FLUSH: the core counts
+        // a queued outcome as heard by the sender, so it queues no
+        // keepalive while outcomes are queued, and a slow filesystem must
+        // not hold them back until the sender's idle deadline.
         let now = Instant::now();
         core.handle_timeout(now);
-        if i % PLAN_BATCH == 0 {
+        if i % PLAN_BATCH == 0 || now.saturating_duration_since(written_at) >= PLAN_FLUSH {
+            written_at = now;
             if let Some(action) = flush(&mut core, &mut stream, &mut out)? {
                 return Err(out_of_order(Some(action)));
             }

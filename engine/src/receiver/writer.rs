@@ -387,6 +387,14 @@ impl Writer {
             self.apply(done)?;
         }
         let now = Instant::now();
+        // This runs for every block, and a session may hold a million
+        // files: they are looked through only once a checkpoint could be
+        // due, and a look that finds nothing to checkpoint counts as one,
+        // so that a tree of one-block files (never checkpointed) is not
+        // looked through again at every block.
+        if self.checkpointer.busy() || now < self.policy.poll_timeout() {
+            return Ok(());
+        }
         let unsynced: u64 = self
             .files
             .present_mut()
@@ -394,7 +402,8 @@ impl Writer {
             .filter(|f| f.layout.blocks() > 1)
             .map(|f| f.tracker.unsynced())
             .sum();
-        if self.checkpointer.busy() || !self.policy.poll_due(now, unsynced) {
+        if !self.policy.poll_due(now, unsynced) {
+            self.policy.handle_checkpointed(now);
             return Ok(());
         }
         // No drain and no sync here: the checkpoint thread syncs what was

@@ -213,7 +213,9 @@ pub enum Action {
         discard: bool,
     },
     /// The manifest is complete and within bounds (unique ids): claim and
-    /// prepare the destinations, then call [`ReceiverControl::handle_plan`].
+    /// prepare the destinations, calling [`ReceiverControl::handle_planned`]
+    /// for each as it is decided, then [`ReceiverControl::handle_plan_end`]
+    /// (or [`ReceiverControl::handle_plan`] with the whole plan).
     Prepare(Vec<FileEntry>),
     /// Pass the sender's report on to the writer.
     Report(Report),
