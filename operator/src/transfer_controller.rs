@@ -23,9 +23,9 @@ use crate::context::{Assignment, Context};
 use crate::lifecycle::{self, Note};
 use crate::planner::Plan;
 use crate::scheduler::Key;
-use crate::token_grant;
 use crate::validate::{Invalid, Resolved, reason, validate};
 use crate::{Error, Result};
+use crate::{ownership, token_grant};
 
 /// How long to wait for agents to clean up a deleted Transfer before letting it go.
 const CLEANUP_GRACE: Duration = Duration::from_secs(60);
@@ -469,7 +469,7 @@ async fn names_taken(t: &Transfer, ctx: &Context) -> Result<Option<Invalid>> {
     ));
     for (kind, name, meta) in found {
         if let Some(meta) = meta
-            && !token_grant::owned_by(&meta, "Transfer", &uid)
+            && !ownership::owned_by(&meta, "Transfer", &uid)
         {
             return Ok(Some(Invalid {
                 reason: reason::TOKEN_SECRET_NOT_USABLE,
@@ -617,10 +617,10 @@ async fn revoke_token(t: &Transfer, ctx: &Context) -> Result<()> {
     let uid = t.metadata.uid.clone().unwrap_or_default();
     let bindings = Api::<RoleBinding>::namespaced(ctx.client.clone(), &ns);
     ctx.change_permit().await;
-    token_grant::delete_owned(&bindings, &name, "Transfer", &uid).await?;
+    ownership::delete_owned(&bindings, &name, "Transfer", &uid).await?;
     let roles = Api::<RbacRole>::namespaced(ctx.client.clone(), &ns);
     ctx.change_permit().await;
-    token_grant::delete_owned(&roles, &name, "Transfer", &uid).await?;
+    ownership::delete_owned(&roles, &name, "Transfer", &uid).await?;
     Ok(())
 }
 
@@ -634,7 +634,7 @@ async fn delete_own_token(t: &Transfer, ctx: &Context) -> Result<()> {
     let uid = t.metadata.uid.clone().unwrap_or_default();
     let secrets = Api::<Secret>::namespaced(ctx.client.clone(), &ns);
     ctx.change_permit().await;
-    token_grant::delete_owned(&secrets, &token_name(t), "Transfer", &uid).await?;
+    ownership::delete_owned(&secrets, &token_name(t), "Transfer", &uid).await?;
     Ok(())
 }
 
