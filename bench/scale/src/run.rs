@@ -35,7 +35,7 @@ use crate::operator::{self, Launch, Operator};
 use crate::promtext;
 use crate::report::{Latency, Reconcile, Refill, Report, Rest, Schedule, Setup};
 use crate::scenario::{POOL_NAMESPACE, SYSTEM_NAMESPACE, Scenario};
-use wirerate_scale::apiserver::{Actor, ApiServer, Tally};
+use wirerate_apiserver_double::{Actor, ApiServer, Tally};
 
 /// `wirerate-scale run`.
 #[derive(clap::Args, Debug)]
