@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 
 use super::counts::{Actor, Counts};
 use super::error::ApiError;
+use super::faults::{Call, Faults};
 use super::path::{self, Target};
 use super::select::Selector;
 use super::store::{Change, ChangeType, Obj, Patch, Store};
@@ -49,6 +50,8 @@ pub(crate) struct Shared {
     /// A loaded API server is slow on some paths (status writes queued
     /// behind etcd) while others answer at once.
     pub(crate) stalls: Mutex<Vec<(&'static str, String, Duration)>>,
+    /// The request log and the faults a test set.
+    pub(crate) faults: Faults,
 }
 
 impl Shared {
@@ -158,6 +161,24 @@ async fn respond(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response
     let selector =
         || Selector::parse(q("labelSelector"), q("fieldSelector")).map_err(ApiError::bad_request);
     let bytes = read_body(body).await?;
+    shared.faults.log(Call {
+        method: parts.method.to_string(),
+        path: parts.uri.path().to_owned(),
+        query: parts.uri.query().unwrap_or_default().to_owned(),
+        content_type: header(&parts, CONTENT_TYPE).unwrap_or_default().to_owned(),
+        body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    });
+    match verb {
+        "get" if shared.faults.is_unavailable(parts.uri.path()) => {
+            return Err(ApiError::internal("the double was told to fail this read"));
+        }
+        "patch" if shared.faults.is_refused(parts.uri.path()) => {
+            return Err(ApiError::forbidden(
+                "the double was told to refuse this patch",
+            ));
+        }
+        _ => {}
+    }
     if matches!(verb, "create" | "update" | "patch" | "delete") {
         let name = t.name.clone().unwrap_or_else(|| {
             // A create names its object in the body.
@@ -171,7 +192,15 @@ async fn respond(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response
     }
     let one = |code: u16, obj: Obj| Ok(json(code, Bytes::from(shaped(&obj, meta_only))));
     match verb {
-        "get" => one(200, shared.store().get(&t)?),
+        "get" => {
+            let mut store = shared.store();
+            let obj = store.get(&t)?;
+            if let Some(next) = shared.faults.take_swap(parts.uri.path()) {
+                // Another object takes the name just after this read.
+                store.put(&t, next)?;
+            }
+            one(200, obj)
+        }
         "list" => {
             let sel = selector()?;
             let (kind, items, rv) = {
@@ -236,7 +265,11 @@ async fn respond(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response
             };
             one(200, shared.store().patch(&t, patch)?)
         }
-        "delete" => one(200, shared.store().delete(&t)?),
+        "delete" => {
+            // DeleteOptions, when sent, may carry preconditions.
+            let options: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            one(200, shared.store().delete(&t, &options["preconditions"])?)
+        }
         _ => Err(ApiError::method_not_allowed(format!(
             "{} is not served",
             parts.method
