@@ -18,7 +18,7 @@ use wirerate_crds::transfer::{AgentReport, ReportState, Role};
 use wirerate_crds::{DtnPool, DtnPoolBinding, DtnPoolBindingSpec, Transfer, contract};
 
 use crate::agents::tests::lease;
-use crate::fixtures::Double;
+use crate::fixtures::Cluster;
 use crate::render::tests::lustre_pool;
 use crate::validate::tests::{pool, transfer};
 use crate::{pool_controller, token_grant, transfer_controller};
@@ -52,7 +52,7 @@ fn agent_ref(name: &str, pool: &str) -> wirerate_crds::transfer::AgentRef {
     }
 }
 
-fn pools(d: &mut Double) {
+fn pools(d: &mut Cluster) {
     for p in [pool("src", "/in"), pool("dst", "/out")] {
         d.pool(&finalized(p, pool_controller::POOL_FINALIZER));
     }
@@ -72,7 +72,7 @@ fn binding(ns: &str, pool_ns: &str, pool: &str) -> DtnPoolBinding {
 
 /// `x` with the status last applied to it and receiver r0's success on
 /// attempt 1, put in the API and reconciled.
-async fn receiver_succeeded(d: &mut Double, mut x: Transfer) -> Transfer {
+async fn receiver_succeeded(d: &mut Cluster, mut x: Transfer) -> Transfer {
     let mut s: wirerate_crds::TransferStatus = serde_json::from_value(d.last_status(&format!(
         "/transfers/{}",
         x.metadata.name.as_deref().unwrap_or_default()
@@ -95,7 +95,7 @@ async fn receiver_succeeded(d: &mut Double, mut x: Transfer) -> Transfer {
 
 /// Asserts that the grant of Transfer `name`'s token (namespace `data`),
 /// its Role and RoleBinding, was deleted.
-fn assert_token_revoked(d: &Double, name: &str) {
+fn assert_token_revoked(d: &Cluster, name: &str) {
     let gone: Vec<String> = d
         .calls()
         .into_iter()
@@ -111,7 +111,7 @@ fn assert_token_revoked(d: &Double, name: &str) {
     }
 }
 
-async fn reconcile(d: &Double, t: &Transfer) {
+async fn reconcile(d: &Cluster, t: &Transfer) {
     transfer_controller::reconcile(Arc::new(t.clone()), d.ctx.clone())
         .await
         .expect("reconcile");

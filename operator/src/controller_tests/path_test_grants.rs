@@ -6,7 +6,7 @@
 use super::*;
 
 /// A Secret named as pool `far`'s path-test token, owned by nobody.
-fn someone_elses_secret(d: &Double) {
+fn someone_elses_secret(d: &Cluster) {
     let mut theirs = k8s_openapi::api::core::v1::Secret::default();
     theirs.metadata.name = Some("wirerate-path-test.far".into());
     theirs.metadata.namespace = Some("data".into());
@@ -37,7 +37,7 @@ fn path_testing(name: &str, root: &str, listen: bool, targets: &[&str]) -> DtnPo
 
 #[tokio::test]
 async fn a_listening_pool_shares_its_test_token_with_its_testers_and_shows_their_results() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     let far = path_testing("far", "/out", true, &[]);
     let near = path_testing("near", "/in", false, &["far"]);
     d.pool(&far);
@@ -143,7 +143,7 @@ async fn a_listening_pool_shares_its_test_token_with_its_testers_and_shows_their
 
 #[tokio::test]
 async fn a_path_test_secret_someone_else_owns_is_not_handed_out() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     let far = path_testing("far", "/out", true, &[]);
     d.pool(&far);
     someone_elses_secret(&d);
@@ -174,8 +174,8 @@ const FAR_READERS: &str =
 /// A listening pool `far` that stops listening; its grant's Role is
 /// replaced by `swap`, if given, just after the operator reads it to
 /// revoke it.
-async fn far_stops_listening(swap: Option<&serde_json::Value>) -> Double {
-    let mut d = Double::new();
+async fn far_stops_listening(swap: Option<&serde_json::Value>) -> Cluster {
+    let mut d = Cluster::new().await;
     let mut far = path_testing("far", "/out", true, &[]);
     far.metadata.generation = Some(1);
     d.pool(&far);
@@ -233,7 +233,7 @@ async fn a_grant_made_again_since_it_was_read_is_deleted() {
 // later replaced by someone else's, so the agents could read that one.
 #[tokio::test]
 async fn a_grant_goes_when_its_secret_is_no_longer_the_pools() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     let far = path_testing("far", "/out", true, &[]);
     d.pool(&far);
     pool_controller::reconcile(Arc::new(far.clone()), d.ctx.clone())
@@ -256,7 +256,7 @@ async fn a_grant_goes_when_its_secret_is_no_longer_the_pools() {
 // that the pool did not own.
 #[tokio::test]
 async fn a_role_of_the_grants_name_someone_else_owns_is_left_alone() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     let far = path_testing("far", "/out", true, &[]);
     d.pool(&far);
     let mut theirs = k8s_openapi::api::rbac::v1::Role::default();
@@ -298,7 +298,7 @@ const EXTERNAL_ROLE: &str =
 const EXTERNAL_BINDING: &str = "/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings/wirerate-path-test.near.external";
 
 /// The partner's token Secret, marked for wirerate or not.
-fn partner_token(d: &Double, marked: bool) {
+fn partner_token(d: &Cluster, marked: bool) {
     let labels = if marked {
         serde_json::json!({contract::EXTERNAL_TOKEN_LABEL: "true"})
     } else {
@@ -311,7 +311,7 @@ fn partner_token(d: &Double, marked: bool) {
 }
 
 /// What `near`'s last status says of its target `partner`.
-fn partner_status(d: &Double) -> serde_json::Value {
+fn partner_status(d: &Cluster) -> serde_json::Value {
     let s = d.last_status("/dtnpools/near");
     s["pathTests"]
         .as_array()
@@ -324,7 +324,7 @@ fn partner_status(d: &Double) -> serde_json::Value {
 // reads it; a Transfer's external token must be marked, and so must this.
 #[tokio::test]
 async fn an_external_targets_token_is_granted_only_once_marked_for_wirerate() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     let mut near = testing_partner();
     // As the API holds it after a first pass: no spec change to see.
     near.metadata.generation = Some(1);
@@ -372,7 +372,7 @@ async fn an_external_targets_token_is_granted_only_once_marked_for_wirerate() {
 
 #[tokio::test]
 async fn external_targets_tokens_are_granted_to_the_pools_agents_and_taken_back() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     let mut near = testing_partner();
     near.metadata.generation = Some(1);
     d.pool(&near);
@@ -406,7 +406,7 @@ async fn external_targets_tokens_are_granted_to_the_pools_agents_and_taken_back(
 // the pool's own Role stayed, no longer kept to the spec.
 #[tokio::test]
 async fn an_external_grants_name_someone_else_owns_is_left_alone_and_ours_goes() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     let near = testing_partner();
     d.pool(&near);
     partner_token(&d, true);
@@ -443,7 +443,7 @@ async fn an_external_grants_name_someone_else_owns_is_left_alone_and_ours_goes()
 // grant for good. A start takes back whatever the pool no longer wants.
 #[tokio::test]
 async fn a_started_operator_takes_back_a_grant_the_pool_no_longer_wants() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     let mut near = testing_partner();
     partner_token(&d, true);
     d.pool(&near);
@@ -459,7 +459,7 @@ async fn a_started_operator_takes_back_a_grant_the_pool_no_longer_wants() {
         ..Default::default()
     });
     // A new operator: the same objects, nothing remembered.
-    let mut fresh = Double::new();
+    let mut fresh = Cluster::new().await;
     for path in [EXTERNAL_ROLE, EXTERNAL_BINDING] {
         fresh.put(path, &d.object_at(path));
     }

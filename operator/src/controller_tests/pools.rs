@@ -6,7 +6,7 @@ use super::*;
 
 #[tokio::test]
 async fn pool_renders_agents_and_reports_status() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     let p: DtnPool = finalized(lustre_pool(), pool_controller::POOL_FINALIZER);
     d.pool(&p);
     let mut l = lease("lustre-dtn", "lustre-dtn-agent-0", now(), None);
@@ -49,11 +49,11 @@ async fn pool_renders_agents_and_reports_status() {
         "{calls:#?}"
     );
     for c in &calls {
-        assert_eq!(c.method, "PATCH");
-        assert!(
-            c.query.contains("fieldManager=wirerate-operator") && c.query.contains("force=true"),
-            "server-side apply: {}",
-            c.query
+        assert!(c.is_apply() && c.forced(), "server-side apply: {c:?}");
+        assert_eq!(
+            c.field_manager().as_deref(),
+            Some("wirerate-operator"),
+            "{c:?}"
         );
     }
     let sts = &calls
@@ -94,7 +94,7 @@ async fn pool_renders_agents_and_reports_status() {
 }
 
 /// The condition `type_` of the last status written at `path_end`.
-fn pool_condition(d: &Double, path_end: &str, type_: &str) -> serde_json::Value {
+fn pool_condition(d: &Cluster, path_end: &str, type_: &str) -> serde_json::Value {
     d.last_status(path_end)["conditions"]
         .as_array()
         .unwrap()
@@ -130,7 +130,7 @@ async fn names_another_owner_holds_are_neither_rewritten_nor_taken() {
         ),
     ];
     for (kind, path) in objects {
-        let mut d = Double::new();
+        let mut d = Cluster::new().await;
         let p = finalized(pool("db", "/in"), pool_controller::POOL_FINALIZER);
         d.pool(&p);
         let theirs = serde_json::json!({
@@ -140,10 +140,13 @@ async fn names_another_owner_holds_are_neither_rewritten_nor_taken() {
             "spec": {"selector": {"app": "db"}, "ports": [{"port": 5432}]},
         });
         d.put(path, &theirs);
+        // As stored: the API server's fields (resourceVersion among them) too.
+        let stored = d.object_at(path);
+        assert_eq!(stored["metadata"]["uid"], "theirs");
         pool_controller::reconcile(Arc::new(p), d.ctx.clone())
             .await
             .unwrap_or_else(|e| panic!("{kind}: {e}"));
-        assert_eq!(d.object_at(path), theirs, "{kind} left as it was");
+        assert_eq!(d.object_at(path), stored, "{kind} left as it was");
         assert!(
             !d.calls()
                 .iter()
@@ -176,7 +179,7 @@ async fn names_another_owner_holds_are_neither_rewritten_nor_taken() {
 
 #[tokio::test]
 async fn the_pools_own_objects_are_created_then_applied_over_by_uid() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     let p = finalized(pool("db", "/in"), pool_controller::POOL_FINALIZER);
     d.pool(&p);
     let path = "/apis/apps/v1/namespaces/data/statefulsets/db-agent";
@@ -209,7 +212,7 @@ async fn the_pools_own_objects_are_created_then_applied_over_by_uid() {
 
 #[tokio::test]
 async fn a_write_that_fails_partway_shows_in_the_pools_status() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     let p = finalized(pool("db", "/in"), pool_controller::POOL_FINALIZER);
     d.pool(&p);
     d.unavailable("/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles/db-agent");
@@ -231,11 +234,11 @@ async fn a_write_that_fails_partway_shows_in_the_pools_status() {
 // allowedNamespaces and the operator gave the pool's agents Secrets there.
 #[tokio::test]
 async fn a_pool_gets_nothing_in_a_namespace_that_did_not_consent() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     let mut p: DtnPool = finalized(lustre_pool(), pool_controller::POOL_FINALIZER);
     p.spec.allowed_namespaces = vec!["kube-system".into(), "beamline-7".into()];
     d.pool(&p);
-    let touched = |d: &Double, ns: &str| {
+    let touched = |d: &Cluster, ns: &str| {
         d.calls()
             .into_iter()
             .filter(|c| c.method != "GET" && c.path.contains(&format!("/namespaces/{ns}/")))
@@ -324,14 +327,14 @@ async fn a_pool_gets_nothing_in_a_namespace_that_did_not_consent() {
 // dtnpool` showed nothing when one degraded.
 #[tokio::test]
 async fn a_pool_that_degrades_says_so_once_in_an_event() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     let mut p: DtnPool = finalized(lustre_pool(), pool_controller::POOL_FINALIZER);
     p.spec.allowed_namespaces.clear();
     d.pool(&p);
     let mut l = lease("lustre-dtn", "lustre-dtn-agent-0", now() - 600, None);
     l.metadata.namespace = Some("research-data".into());
     d.lease(&l);
-    let events = |d: &Double| -> Vec<String> {
+    let events = |d: &Cluster| -> Vec<String> {
         d.calls()
             .into_iter()
             .filter(|c| c.method == "POST" && c.path.ends_with("/events"))
@@ -354,7 +357,7 @@ async fn a_pool_that_degrades_says_so_once_in_an_event() {
 // label selector fail, and the finalizer kept the pool for ever.
 #[tokio::test]
 async fn a_pool_whose_name_is_no_label_value_can_still_be_deleted() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     let mut p: DtnPool = finalized(lustre_pool(), pool_controller::POOL_FINALIZER);
     p.metadata.name = Some("p".repeat(64));
     p.metadata.deletion_timestamp = Some(Time(Timestamp::now()));

@@ -9,7 +9,7 @@ use super::*;
 // are told of the assignment, and taken back when it ends.
 #[tokio::test]
 async fn each_token_is_readable_by_its_transfers_pools_alone_and_only_while_it_runs() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     pools(&mut d);
     d.lease(&lease("src", "s0", now(), None));
     d.lease(&lease("dst", "r0", now(), None));
@@ -47,7 +47,7 @@ async fn each_token_is_readable_by_its_transfers_pools_alone_and_only_while_it_r
 // Transfers could have agents read any Secret of the namespace.
 #[tokio::test]
 async fn an_external_token_secret_must_be_marked_for_wirerate_by_its_owner() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     pools(&mut d);
     d.lease(&lease("src", "s0", now(), None));
     let mut x = t("x", 0, 1);
@@ -160,7 +160,7 @@ async fn names_a_transfer_does_not_own_are_never_granted_or_taken_over() {
             "RoleBinding",
         ),
     ] {
-        let mut d = Double::new();
+        let mut d = Cluster::new().await;
         pools(&mut d);
         d.lease(&lease("src", "s0", now(), None));
         d.lease(&lease("dst", "r0", now(), None));
@@ -205,7 +205,7 @@ fn succeeded(name: &str) -> Transfer {
 // phase, so a failed DELETE (or a restart) left it for the Transfer's life.
 #[tokio::test]
 async fn a_finished_transfers_grant_is_revoked_on_every_look() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     pools(&mut d);
     let x = succeeded("x");
     d.transfer(&x);
@@ -231,7 +231,7 @@ async fn a_finished_transfers_grant_is_revoked_on_every_look() {
 
 /// The Transfer `x`'s Role, RoleBinding and token Secret, as the operator
 /// makes them, in the API.
-fn x_grant(d: &Double, x: &Transfer) -> [String; 3] {
+fn x_grant(d: &Cluster, x: &Transfer) -> [String; 3] {
     let (role, binding) = token_grant::render(x, "x-token", &[&("data".into(), "src".into())]);
     let rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/data";
     let paths = [
@@ -256,7 +256,7 @@ fn x_grant(d: &Double, x: &Transfer) -> [String; 3] {
 // through owner references removed them, and an orphaning deletion stops it.
 #[tokio::test]
 async fn a_deleted_transfers_finalizer_takes_back_its_grant_and_token() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     pools(&mut d);
     let mut x = t("x", 0, 1);
     x.status = Some(wirerate_crds::TransferStatus {
@@ -287,7 +287,7 @@ async fn a_deleted_transfers_finalizer_takes_back_its_grant_and_token() {
 // grant must not stay (only the verdict or a deletion took it back).
 #[tokio::test]
 async fn a_grant_whose_assignment_is_refused_is_taken_back() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     pools(&mut d);
     d.lease(&lease("src", "s0", now(), None));
     d.lease(&lease("dst", "r0", now(), None));
@@ -314,7 +314,7 @@ async fn a_grant_whose_assignment_is_refused_is_taken_back() {
 // orphans what the Transfer owns finds nothing left to orphan.
 #[tokio::test]
 async fn a_finished_transfers_token_goes_with_its_grant() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     pools(&mut d);
     let x = succeeded("x");
     d.transfer(&x);
@@ -332,7 +332,7 @@ async fn a_finished_transfers_token_goes_with_its_grant() {
 // agents back without the token's name, and server-side apply dropped it.
 #[tokio::test]
 async fn a_look_from_a_stale_copy_keeps_the_token_beside_the_assignment() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     pools(&mut d);
     d.lease(&lease("src", "s0", now(), None));
     d.lease(&lease("dst", "r0", now(), None));

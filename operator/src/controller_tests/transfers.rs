@@ -5,7 +5,7 @@ use super::*;
 
 #[tokio::test]
 async fn an_invalid_spec_becomes_a_condition_and_an_event() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     pools(&mut d);
     let mut bad = t("bad", 0, 1);
     bad.spec.destination.pool = Some("missing".into());
@@ -40,7 +40,7 @@ async fn an_invalid_spec_becomes_a_condition_and_an_event() {
 
 #[tokio::test]
 async fn higher_priority_gets_the_only_slot_and_the_other_queues() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     pools(&mut d);
     d.lease(&lease("src", "s0", now(), None));
     d.lease(&lease("dst", "r0", now(), None));
@@ -117,7 +117,7 @@ async fn higher_priority_gets_the_only_slot_and_the_other_queues() {
 // expired Leases of same-named agents in another namespace hid live ones.
 #[tokio::test]
 async fn same_named_agents_of_another_namespace_are_other_agents() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     pools(&mut d);
     for (pool, agent) in [("src", "s0"), ("dst", "r0")] {
         let mut old = lease(pool, agent, now() - 600, None);
@@ -153,7 +153,7 @@ async fn same_named_agents_of_another_namespace_are_other_agents() {
 
 #[tokio::test]
 async fn a_stale_receiver_lease_fails_over_to_another_agent() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     pools(&mut d);
     d.lease(&lease("src", "s0", now(), None));
     d.lease(&lease("dst", "r0", now() - 60, None));
@@ -194,7 +194,7 @@ async fn a_stale_receiver_lease_fails_over_to_another_agent() {
 
 #[tokio::test]
 async fn the_receivers_success_completes_the_transfer_and_drops_the_labels() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     pools(&mut d);
     d.lease(&lease("src", "s0", now(), None));
     d.lease(&lease("dst", "r0", now(), None));
@@ -255,7 +255,7 @@ async fn the_receivers_success_completes_the_transfer_and_drops_the_labels() {
 
 #[tokio::test]
 async fn a_transfer_of_an_unbound_namespace_waits_with_what_to_do() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     for mut p in [pool("src", "/in"), pool("dst", "/out")] {
         p.spec.allowed_namespaces = vec!["guest".into()];
         d.pool(&finalized(p, pool_controller::POOL_FINALIZER));
@@ -289,14 +289,14 @@ async fn a_transfer_of_an_unbound_namespace_waits_with_what_to_do() {
 // dropped when the Transfer is over.
 #[tokio::test]
 async fn the_finalizer_is_held_only_while_agents_have_something_to_clean_up() {
-    let finalizer_patches = |d: &Double, name: &str| -> Vec<serde_json::Value> {
+    let finalizer_patches = |d: &Cluster, name: &str| -> Vec<serde_json::Value> {
         d.calls()
             .into_iter()
             .filter(|c| c.is("PATCH", &format!("/transfers/{name}")) && c.body.is_array())
             .map(|c| c.body)
             .collect()
     };
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     pools(&mut d);
     d.lease(&lease("src", "s0", now(), None));
     d.lease(&lease("dst", "r0", now(), None));
@@ -343,7 +343,7 @@ async fn the_finalizer_is_held_only_while_agents_have_something_to_clean_up() {
 // 5 s later, after every Transfer that finished.
 #[tokio::test]
 async fn a_stale_copy_of_a_finalizer_already_removed_is_no_error() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     pools(&mut d);
     d.lease(&lease("src", "s0", now(), None));
     d.lease(&lease("dst", "r0", now(), None));
@@ -380,7 +380,7 @@ async fn a_stale_copy_of_a_finalizer_already_removed_is_no_error() {
 // listed saw its agents gone and failed it over.
 #[tokio::test]
 async fn nothing_is_decided_before_every_cache_is_listed() {
-    let mut d = Double::listed(false);
+    let mut d = Cluster::listed(false).await;
     pools(&mut d);
     let mut x = t("x", 0, 1);
     let ag = agent_ref;
@@ -412,7 +412,7 @@ async fn nothing_is_decided_before_every_cache_is_listed() {
 // new one is written at most every ten seconds.
 #[tokio::test]
 async fn a_queue_that_moves_rewrites_few_places_in_line() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     // No agents: nothing is placed, everything queues for the same pool.
     pools(&mut d);
     for i in 0..11 {
@@ -443,7 +443,7 @@ async fn a_queue_that_moves_rewrites_few_places_in_line() {
 // needed in the pool that was not full.
 #[tokio::test]
 async fn a_high_priority_waiting_for_a_full_pool_keeps_its_agent_in_the_other() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     pools(&mut d);
     d.pool(&finalized(
         pool("dst2", "/out2"),

@@ -20,7 +20,7 @@ fn woken(
 // cluster. Now the plan that frees a slot wakes the Transfer it gives it to.
 #[tokio::test]
 async fn a_freed_slot_wakes_the_transfer_it_goes_to() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     let mut wakes = d.ctx.wakes().unwrap();
     pools(&mut d);
     d.lease(&lease("src", "s0", now(), None));
@@ -61,7 +61,7 @@ async fn a_freed_slot_wakes_the_transfer_it_goes_to() {
 // agent watcher wakes them when a Lease runs out, which sends no event.
 #[tokio::test]
 async fn a_lease_running_out_wakes_the_transfers_of_its_agent() {
-    let mut d = Double::new();
+    let mut d = Cluster::new().await;
     let mut wakes = d.ctx.wakes().unwrap();
     pools(&mut d);
     d.lease(&lease("src", "s0", now(), None));
