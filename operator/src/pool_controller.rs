@@ -188,25 +188,23 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
         .filter(|p| p.labels().get(contract::POOL_LABEL) == Some(&name))
         .map(|p| &**p)
         .collect();
-    let namespaces = pool_status::Namespaces {
-        serving: &serving,
-        awaiting: &awaiting,
-        missing: &missing,
-    };
     let create_failure = if (pods.len() as i32) < pool.spec.replicas {
         create_failure(ctx, &ns, &render::agent_name(pool)).await
     } else {
         None
     };
-    let mut status = pool_status::status(
-        pool,
-        &agents,
-        &pods,
-        &ctx.load(now),
-        namespaces,
-        create_failure.as_deref(),
-        now,
-    );
+    let seen = pool_status::Observed {
+        agents: &agents,
+        pods: &pods,
+        active: ctx.load(now),
+        namespaces: pool_status::Namespaces {
+            serving: &serving,
+            awaiting: &awaiting,
+            missing: &missing,
+        },
+        create_failure: create_failure.as_deref(),
+    };
+    let mut status = pool_status::status(pool, &seen, now);
     let neighbours: Vec<_> = view.agents.values().filter(|a| a.namespace == ns).collect();
     status.path_tests = path_tests::status(pool, &view.pools, &neighbours, &unusable, now);
     pool_status::set_taken(&mut status, pool, &blocked.taken, &blocked.failed, now);

@@ -163,15 +163,13 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
                 };
                 let sender = live(Some(&resolved.sender_pool), &p.sender)?;
                 let receiver = live(resolved.receiver_pool.as_ref(), &p.receiver)?;
-                let (status, note) = lifecycle::assigned(
-                    current,
-                    resolved,
-                    step.status.clone(),
+                let placed = lifecycle::Placed {
                     sender,
                     receiver,
-                    &token,
-                    now,
-                );
+                    token_secret: &token,
+                };
+                let (status, note) =
+                    lifecycle::assigned(current, resolved, step.status.clone(), placed, now);
                 let a = Assignment {
                     attempt: status.attempt,
                     sender: status.sender.clone(),
@@ -396,7 +394,12 @@ async fn keep_token_named(
     }
     let token = token_secret_name(t);
     grant(t, ctx, &token, &resolved.pools()).await?;
-    let (mut s, _) = lifecycle::assigned(t, resolved, status.clone(), None, None, &token, now);
+    let placed = lifecycle::Placed {
+        sender: None,
+        receiver: None,
+        token_secret: &token,
+    };
+    let (mut s, _) = lifecycle::assigned(t, resolved, status.clone(), placed, now);
     s.phase = Some(phase);
     *status = s;
     Ok(())
