@@ -49,7 +49,7 @@ use crate::tuning::{Striping, Tuning, Verification};
         json_path = ".status.queuePosition",
         name = "Queue",
         type_ = "integer",
-        description = "Place in the sending pool's queue (1 = next)",
+        description = "Place in the sending pool's queue (1 = next): exact to 10, an upper bound beyond (20, 50, 100, ...)",
         priority = 1
     ),
     printcolumn(
@@ -294,7 +294,10 @@ pub struct TransferStatus {
     /// Secret holding this transfer's token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_secret: Option<String>,
-    /// Place in the pool's queue while Queued (1 = next).
+    /// Place in the pool's queue while Queued (1 = next). Exact for the
+    /// first 10; beyond them a coarse upper bound (20, 50, 100, 200, 500,
+    /// ...: 50 means somewhere from 21st to 50th). A change of place alone
+    /// is written at most every 10 s, so it may lag the queue by that much.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_position: Option<i32>,
     /// Progress, written by the sending agent from the receiver's acknowledgements

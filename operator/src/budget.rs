@@ -166,6 +166,31 @@ mod tests {
     use super::*;
     use wirerate_crds::TransferPhase;
 
+    // Issue 39 changed what queuePosition means; `kubectl explain` must say
+    // so, in the figures this module uses.
+    #[test]
+    fn the_crd_says_what_a_place_in_line_means() {
+        use kube::CustomResourceExt;
+        let crd = serde_json::to_value(wirerate_crds::Transfer::crd()).unwrap();
+        let about = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+            ["properties"]["queuePosition"]["description"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let coarse = shown_position(EXACT_POSITIONS + 1);
+        for says in [
+            format!("Exact for the first {EXACT_POSITIONS};"),
+            format!("coarse upper bound ({coarse},"),
+            format!("at most every {} s", POSITION_INTERVAL.as_secs()),
+        ] {
+            let flat = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+            assert!(
+                flat(&about).contains(&flat(&says)),
+                "{about:?} says no {says:?}"
+            );
+        }
+    }
+
     #[test]
     fn places_are_exact_at_the_front_and_coarse_behind() {
         let shown: Vec<i32> = [

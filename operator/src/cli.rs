@@ -30,6 +30,7 @@ pub struct Args {
     /// Host directories pools may mount (comma-separated); a pool mounting
     /// any other is refused. Unset: any but the host's root and system
     /// directories.
-    #[arg(long, env = "WIRERATE_ALLOWED_HOST_PATHS", value_delimiter = ',')]
+    #[arg(long = crate::install::ALLOWED_HOST_PATHS_FLAG,
+          env = "WIRERATE_ALLOWED_HOST_PATHS", value_delimiter = ',')]
     pub allowed_host_paths: Vec<String>,
 }

@@ -22,6 +22,10 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub const METRICS_PORT: i32 = 8080;
 /// Two replicas are safe: only the holder of the leader Lease reconciles.
 pub const REPLICAS: i32 = 2;
+/// The operator's flag (without `--`) for the host directories pools may
+/// mount; the binary's clap attribute names it through this, so the chart
+/// cannot pass a flag the operator does not take.
+pub const ALLOWED_HOST_PATHS_FLAG: &str = "allowed-host-paths";
 
 /// Which output is being built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +57,7 @@ pub fn values() -> Value {
         },
         "serviceMonitor": {"enabled": false, "interval": "30s", "labels": {}},
         "grafanaDashboard": {"enabled": true, "labels": {"grafana_dashboard": "1"}},
+        "allowedHostPaths": [],
     })
 }
 
@@ -149,6 +154,29 @@ fn user_roles(t: Target) -> Vec<Value> {
     ]
 }
 
+/// The operator's command line: the metrics address, and the host paths
+/// pools may mount when the values list any (the chart: a block Helm
+/// renders only then).
+fn args(t: Target, metrics_arg: Value, v: &Value) -> Value {
+    let mut args = vec![json!("--metrics-addr"), metrics_arg];
+    let flag = format!("--{ALLOWED_HOST_PATHS_FLAG}");
+    match t {
+        Target::Chart => args.push(json!(format!("@@flag:allowedHostPaths:{flag}@@"))),
+        Target::Install => {
+            let paths: Vec<&str> = v["allowedHostPaths"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            if !paths.is_empty() {
+                args.push(json!(format!("{flag}={}", paths.join(","))));
+            }
+        }
+    }
+    Value::Array(args)
+}
+
 /// The operator's own objects.
 pub fn operator(t: Target) -> Vec<Value> {
     let v = values();
@@ -205,7 +233,7 @@ pub fn operator(t: Target) -> Vec<Value> {
             "name": "operator",
             "image": image,
             "imagePullPolicy": knob(t, "pullPolicy", v["image"]["pullPolicy"].clone()),
-            "args": ["--metrics-addr", metrics_arg],
+            "args": args(t, metrics_arg, &v),
             "env": [
                 {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                 {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -308,14 +336,26 @@ fn expression(name: &str) -> Option<&'static str> {
 
 /// Turns YAML with placeholders into a Helm template. Placeholders are
 /// whole scalars (`'@@name@@'`), whole blocks (`key: '@@with:value:key@@'`,
-/// emitted only when the value is set) or lines of a map
-/// (`'@@include:template@@': ''`).
+/// emitted only when the value is set), lines of a map
+/// (`'@@include:template@@': ''`) or items of a command line
+/// (`- '@@flag:value:--flag@@'`: `--flag=a,b` from the list `value`,
+/// emitted only when it is not empty).
 pub fn helmify(yaml: &str) -> String {
     let mut out = String::new();
     for line in yaml.lines() {
         let indent = line.len() - line.trim_start().len();
         let pad = " ".repeat(indent);
         let body = line.trim_start();
+        if let Some(rest) = body.strip_prefix("- '@@flag:") {
+            let (value, flag) = rest
+                .trim_end_matches("@@'")
+                .split_once(':')
+                .unwrap_or_default();
+            out.push_str(&format!(
+                "{pad}{{{{- with .Values.{value} }}}}\n{pad}- {{{{ printf \"{flag}=%s\" (join \",\" .) | quote }}}}\n{pad}{{{{- end }}}}\n"
+            ));
+            continue;
+        }
         if let Some(rest) = body.strip_prefix("'@@include:") {
             let name = rest.split("@@").next().unwrap_or_default();
             out.push_str(&format!(
@@ -434,6 +474,9 @@ const VALUES_HEADER: &str = "# The operator's settings. DtnPools name their own 
 # holder of the leader Lease reconciles. serviceMonitor needs the Prometheus
 # Operator's CRDs. grafanaDashboard: a ConfigMap holding
 # dashboards/wirerate.json, with the label Grafana's dashboard sidecar looks for.
+# allowedHostPaths: the host directories DtnPools may mount (the operator's
+# --allowed-host-paths), e.g. [/lustre, /data]; a pool mounting any other is
+# refused. Empty: any but the host's root and system directories.
 ";
 
 /// The Grafana dashboard as a ConfigMap for Grafana's sidecar.
@@ -519,9 +562,29 @@ mod tests {
             "{{- with .Values.tolerations }}",
             "{{- toYaml . | nindent 10 }}",
             "namespace: {{ .Release.Namespace }}",
+            "        {{- with .Values.allowedHostPaths }}\n        - {{ printf \"--allowed-host-paths=%s\" (join \",\" .) | quote }}\n        {{- end }}\n",
         ] {
             assert!(operator.contains(expr), "no {expr:?} in\n{operator}");
         }
+    }
+
+    // The chart had no value for --allowed-host-paths: an admin had to
+    // patch the Deployment to confine the pools' host paths.
+    #[test]
+    fn allowed_host_paths_reach_the_operators_command_line() {
+        let args = |v: &Value| args(Target::Install, json!("0.0.0.0:8080"), v);
+        assert_eq!(
+            args(&values()),
+            json!(["--metrics-addr", "0.0.0.0:8080"]),
+            "none by default: the operator's own rule"
+        );
+        let mut v = values();
+        v["allowedHostPaths"] = json!(["/lustre", "/data"]);
+        assert_eq!(
+            args(&v)[2],
+            "--allowed-host-paths=/lustre,/data",
+            "as the operator parses it (comma-delimited)"
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod install;
 pub mod leader;
 pub mod lifecycle;
 pub mod metrics;
+pub mod ownership;
 pub mod path_tests;
 pub mod planner;
 pub mod pool_controller;

@@ -104,16 +104,19 @@ pub fn step(
             );
             if s.sender.is_some() {
                 // A pool vanished under a running transfer: nothing can finish it.
-                fail(&mut s, e.reason, &e.message, &now_t, generation, &mut notes);
-            } else {
-                s.phase = Some(TransferPhase::Pending);
-                if was_valid {
-                    notes.push(Note {
-                        warning: true,
-                        reason: e.reason,
-                        message: e.message.clone(),
-                    });
-                }
+                let why = Verdict {
+                    reason: e.reason,
+                    message: &e.message,
+                };
+                return failed(s, notes, why, &now_t);
+            }
+            s.phase = Some(TransferPhase::Pending);
+            if was_valid {
+                notes.push(Note {
+                    warning: true,
+                    reason: e.reason,
+                    message: e.message.clone(),
+                });
             }
             return Step::settled(s, notes);
         }
@@ -238,15 +241,11 @@ pub fn step(
                     "{} agent {agent} lost ({why}) after {counted} failovers, the most spec.maxFailovers allows",
                     role_name(*role),
                 );
-                fail(
-                    &mut s,
-                    "TooManyFailovers",
-                    &msg,
-                    &now_t,
-                    generation,
-                    &mut notes,
-                );
-                return Step::settled(s, notes);
+                let why = Verdict {
+                    reason: "TooManyFailovers",
+                    message: &msg,
+                };
+                return failed(s, notes, why, &now_t);
             }
             s.failovers.push(Failover {
                 attempt: s.attempt,
@@ -306,15 +305,11 @@ pub fn step(
         .find(|r| r.state == ReportState::Failed)
     {
         let msg = format!("{} agent {}: {}", role_name(r.role), r.agent, r.message);
-        fail(
-            &mut s,
-            "TransferFailed",
-            &msg,
-            &now_t,
-            generation,
-            &mut notes,
-        );
-        return Step::settled(s, notes);
+        let why = Verdict {
+            reason: "TransferFailed",
+            message: &msg,
+        };
+        return failed(s, notes, why, &now_t);
     }
 
     let verifying = [Role::Sender, Role::Receiver]
@@ -379,16 +374,32 @@ fn stall(
     })
 }
 
-/// The status after the scheduler placed agents; None fields keep the current agent.
+/// What an assignment gives a Transfer: its agents (None keeps the one it
+/// has) and the Secret its token is in.
+#[derive(Clone, Copy, Debug)]
+pub struct Placed<'a> {
+    /// The sending agent, or None to keep the current one.
+    pub sender: Option<&'a Agent>,
+    /// The receiving agent, or None to keep the current one (or none, for
+    /// an external receiver).
+    pub receiver: Option<&'a Agent>,
+    /// The token's Secret.
+    pub token_secret: &'a str,
+}
+
+/// The status `s` becomes once `placed` (at `now`).
 pub fn assigned(
     t: &Transfer,
     resolved: &Resolved,
     mut s: TransferStatus,
-    sender: Option<&Agent>,
-    receiver: Option<&Agent>,
-    token_secret: &str,
+    placed: Placed<'_>,
     now: Timestamp,
 ) -> (TransferStatus, Note) {
+    let Placed {
+        sender,
+        receiver,
+        token_secret,
+    } = placed;
     let now_t = conditions::whole_seconds(now);
     let agent_ref = |a: &Agent| AgentRef {
         name: a.name.clone(),
@@ -428,28 +439,32 @@ pub fn assigned(
     (s, note)
 }
 
-fn fail(
-    s: &mut TransferStatus,
-    reason: &str,
-    msg: &str,
-    now: &Time,
-    generation: Option<i64>,
-    notes: &mut Vec<Note>,
-) {
+/// Why a Transfer failed: the Failed condition's reason, and what its
+/// message and the Event say.
+struct Verdict<'a> {
+    reason: &'a str,
+    message: &'a str,
+}
+
+/// `s` (whose observed generation is set) failed at `now` for `why`: the
+/// step ends there, with a warning Event after `notes`.
+fn failed(mut s: TransferStatus, mut notes: Vec<Note>, why: Verdict<'_>, now: &Time) -> Step {
     s.phase = Some(TransferPhase::Failed);
     s.completion_time = Some(now.clone());
     s.queue_position = None;
+    let generation = s.observed_generation;
     conditions::set(
         &mut s.conditions,
-        condition(types::FAILED, true, reason, msg),
+        condition(types::FAILED, true, why.reason, why.message),
         generation,
         now,
     );
     notes.push(Note {
         warning: true,
         reason: "Failed",
-        message: msg.to_owned(),
+        message: why.message.to_owned(),
     });
+    Step::settled(s, notes)
 }
 
 /// How long a Transfer passes over an agent it lost once: long enough
@@ -701,7 +716,12 @@ mod tests {
         let s = t.status.clone().unwrap_or_default();
         let r = check(t).unwrap();
         let by_name = |n: &str| ag.values().find(|a| a.name == n);
-        let (s, _) = assigned(t, &r, s, by_name("s0"), by_name("r0"), "t-token", at(100));
+        let placed = Placed {
+            sender: by_name("s0"),
+            receiver: by_name("r0"),
+            token_secret: "t-token",
+        };
+        let (s, _) = assigned(t, &r, s, placed, at(100));
         t.status = Some(s);
     }
 

@@ -17,7 +17,7 @@ use wirerate_crds::conditions::{self, types};
 use wirerate_crds::{DtnPool, contract};
 
 use crate::context::Context;
-use crate::{Error, Result, path_tests, pool_status, render, token_grant, validate};
+use crate::{Error, Result, ownership, path_tests, pool_status, render, token_grant, validate};
 
 /// Finalizer that removes the pool's Roles in other namespaces (owner
 /// references cannot reach across namespaces).
@@ -188,25 +188,23 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
         .filter(|p| p.labels().get(contract::POOL_LABEL) == Some(&name))
         .map(|p| &**p)
         .collect();
-    let namespaces = pool_status::Namespaces {
-        serving: &serving,
-        awaiting: &awaiting,
-        missing: &missing,
-    };
     let create_failure = if (pods.len() as i32) < pool.spec.replicas {
         create_failure(ctx, &ns, &render::agent_name(pool)).await
     } else {
         None
     };
-    let mut status = pool_status::status(
-        pool,
-        &agents,
-        &pods,
-        &ctx.load(now),
-        namespaces,
-        create_failure.as_deref(),
-        now,
-    );
+    let seen = pool_status::Observed {
+        agents: &agents,
+        pods: &pods,
+        active: ctx.load(now),
+        namespaces: pool_status::Namespaces {
+            serving: &serving,
+            awaiting: &awaiting,
+            missing: &missing,
+        },
+        create_failure: create_failure.as_deref(),
+    };
+    let mut status = pool_status::status(pool, &seen, now);
     let neighbours: Vec<_> = view.agents.values().filter(|a| a.namespace == ns).collect();
     status.path_tests = path_tests::status(pool, &view.pools, &neighbours, &unusable, now);
     pool_status::set_taken(&mut status, pool, &blocked.taken, &blocked.failed, now);
@@ -347,7 +345,7 @@ async fn grant_path_tests(
         // Asked before created, so that an existing token costs a read and
         // no fresh one travels to the API server on every pass.
         let ours = match secrets.get_metadata_opt(&name).await? {
-            Some(m) => token_grant::owned_by(&m.metadata, "DtnPool", &uid),
+            Some(m) => ownership::owned_by(&m.metadata, "DtnPool", &uid),
             None => token_grant::ensure_secret(&secrets, &secret, "DtnPool", &uid).await?,
         };
         (!ours).then(|| format!("Secret {ns}/{name}"))
@@ -411,7 +409,7 @@ async fn taken_grant(ctx: &Context, ns: &str, grant: &str, uid: &str) -> Result<
     let roles: Api<Role> = Api::namespaced(ctx.client.clone(), ns);
     let bindings: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), ns);
     let foreign = |m: Option<kube::api::ObjectMeta>| {
-        m.is_some_and(|m| !token_grant::owned_by(&m, "DtnPool", uid))
+        m.is_some_and(|m| !ownership::owned_by(&m, "DtnPool", uid))
     };
     Ok(
         if foreign(roles.get_metadata_opt(grant).await?.map(|m| m.metadata)) {
@@ -466,8 +464,8 @@ async fn revoke_grant(pool: &DtnPool, ctx: &Context, name: &str) -> Result<()> {
     let role: Api<Role> = Api::namespaced(ctx.client.clone(), &ns);
     // Only what this pool owns: a Role of the same name is someone else's,
     // also when it took the place of ours since we looked.
-    token_grant::delete_owned(&binding, name, "DtnPool", &uid).await?;
-    token_grant::delete_owned(&role, name, "DtnPool", &uid).await?;
+    ownership::delete_owned(&binding, name, "DtnPool", &uid).await?;
+    ownership::delete_owned(&role, name, "DtnPool", &uid).await?;
     Ok(())
 }
 
@@ -575,13 +573,13 @@ async fn revoke_remote(pool: &DtnPool, ctx: &Context, keep: &[(Role, RoleBinding
             let api = Api::<RoleBinding>::namespaced(ctx.client.clone(), &at);
             // One that took its place since the list is left for the
             // next look, which lists again.
-            token_grant::delete_exactly(&api, &b.metadata).await?;
+            ownership::delete_exactly(&api, &b.metadata).await?;
         }
     }
     for r in &roles.items {
         if let Some(at) = stale(&r.metadata) {
             let api = Api::<Role>::namespaced(ctx.client.clone(), &at);
-            token_grant::delete_exactly(&api, &r.metadata).await?;
+            ownership::delete_exactly(&api, &r.metadata).await?;
         }
     }
     Ok(())

@@ -195,58 +195,31 @@ fn unschedulable(p: &Pod) -> Option<String> {
         })
 }
 
-/// Computes the status of `pool` from its agents, its pods, the number of
-/// transfers assigned to each agent, and the other namespaces it serves.
-pub fn status(
-    pool: &DtnPool,
-    agents: &[&Agent],
-    pods: &[&Pod],
-    active: &HashMap<AgentId, i32>,
-    namespaces: Namespaces<'_>,
-    create_failure: Option<&str>,
-    now: Timestamp,
-) -> DtnPoolStatus {
-    let missing_namespaces = namespaces.missing;
+/// What a pool's status is computed from, besides the pool and the time:
+/// what the controller observed of its agents and namespaces.
+#[derive(Clone, Debug, Default)]
+pub struct Observed<'a> {
+    /// The pool's agents, from their Leases.
+    pub agents: &'a [&'a Agent],
+    /// The agents' pods.
+    pub pods: &'a [&'a Pod],
+    /// The number of transfers assigned to each agent.
+    pub active: HashMap<AgentId, i32>,
+    /// The other namespaces the pool serves, or offers to.
+    pub namespaces: Namespaces<'a>,
+    /// Why the agents' StatefulSet cannot create pods, if it says so.
+    pub create_failure: Option<&'a str>,
+}
+
+/// Computes the status of `pool` from what was `seen` of it at `now`.
+pub fn status(pool: &DtnPool, seen: &Observed<'_>, now: Timestamp) -> DtnPoolStatus {
+    let missing_namespaces = seen.namespaces.missing;
     let old = pool.status.clone().unwrap_or_default();
     let now_t = whole_seconds(now);
     let generation = pool.metadata.generation;
-    let pods_by_name: HashMap<&str, &Pod> = pods
-        .iter()
-        .filter_map(|p| Some((p.metadata.name.as_deref()?, *p)))
-        .collect();
-
-    let mut list: Vec<AgentStatus> = agents
-        .iter()
-        .map(|a| {
-            let pod_ok = a
-                .pod
-                .as_deref()
-                .map(|p| pods_by_name.get(p).is_some_and(|p| pod_ready(p)));
-            AgentStatus {
-                name: a.name.clone(),
-                pod: a.pod.clone(),
-                node: a.node.clone(),
-                address: a.address.clone(),
-                ready: a.live() && pod_ok.unwrap_or(true),
-                active_transfers: active.get(&a.id()).copied().unwrap_or(0),
-                last_heartbeat: a.renewed.as_ref().map(|t| whole_seconds(t.0)),
-                io_mode: a.io_mode.clone(),
-                io_mode_reason: a.io_mode_reason.clone(),
-            }
-        })
-        .collect();
-    list.sort_by(|a, b| a.name.cmp(&b.name));
+    let list = agent_statuses(seen);
     let ready = list.iter().filter(|a| a.ready).count() as i32;
-    let preflight: Vec<PreflightFinding> = agents
-        .iter()
-        .flat_map(|a| {
-            a.preflight.iter().map(|(check, message)| PreflightFinding {
-                agent: a.name.clone(),
-                check: check.clone(),
-                message: message.clone(),
-            })
-        })
-        .collect();
+    let preflight = preflight_findings(seen.agents);
 
     let mut conds = old.conditions.clone();
     let desired = pool.spec.replicas;
@@ -256,120 +229,18 @@ pub fn status(
         ready > 0
     };
     let msg = format!("{ready} of {} agents live", desired.max(list.len() as i32));
+    let why = if ready_ok {
+        "AgentsReady"
+    } else {
+        "AgentsNotReady"
+    };
     conditions::set(
         &mut conds,
-        condition(
-            types::READY,
-            ready_ok,
-            if ready_ok {
-                "AgentsReady"
-            } else {
-                "AgentsNotReady"
-            },
-            msg,
-        ),
+        condition(types::READY, ready_ok, why, msg),
         generation,
         &now_t,
     );
-
-    let stuck: Vec<(String, String)> = pods
-        .iter()
-        .filter_map(|p| Some((p.metadata.name.clone()?, unschedulable(p)?)))
-        .collect();
-    let lost: Vec<&Agent> = agents.iter().copied().filter(|a| !a.live()).collect();
-    let degraded = if let Some(why) = create_failure {
-        Some((
-            reason::PODS_NOT_CREATED,
-            format!("the agents' StatefulSet cannot create pods: {why}"),
-        ))
-    } else if let Some((pod, why)) = stuck.iter().find(|(_, m)| {
-        let m = m.to_lowercase();
-        m.contains("persistentvolumeclaim") && m.contains("not found")
-    }) {
-        let claims: Vec<&str> = pool
-            .spec
-            .volumes
-            .iter()
-            .filter_map(|v| v.claim_name.as_deref())
-            .collect();
-        Some((
-            reason::CLAIM_MISSING,
-            format!(
-                "pod {pod} cannot be scheduled, a PersistentVolumeClaim it mounts does not exist ({why}): create it in this namespace, or change spec.volumes[].claimName (the pool names {})",
-                claims.join(", ")
-            ),
-        ))
-    } else if let Some((pod, why)) = stuck
-        .iter()
-        .find(|(_, m)| m.to_lowercase().contains("hugepages"))
-    {
-        Some((
-            reason::HUGEPAGES_UNAVAILABLE,
-            format!(
-                "pod {pod} cannot be scheduled, no DTN node has the huge pages asked for ({why}): reserve huge pages on the nodes (vm.nr_hugepages) or lower spec.hugepages.amount"
-            ),
-        ))
-    } else if let Some((pod, why)) = stuck.first() {
-        Some((
-            reason::NO_SCHEDULABLE_NODE,
-            format!(
-                "pod {pod} cannot be scheduled ({why}): label DTN nodes to match spec.nodeSelector, or add tolerations for their taints"
-            ),
-        ))
-    } else if !missing_namespaces.is_empty() {
-        Some((
-            reason::NAMESPACE_MISSING,
-            format!(
-                "spec.allowedNamespaces lists {}, which does not exist: create it or remove it from the list (Transfers there cannot use this pool until then)",
-                missing_namespaces.join(", ")
-            ),
-        ))
-    } else if let Some((r, f)) = [
-        (
-            reason::STORAGE_NOT_READABLE,
-            contract::PREFLIGHT_STORAGE_READABLE,
-        ),
-        (
-            reason::STORAGE_NOT_WRITABLE,
-            contract::PREFLIGHT_STORAGE_WRITABLE,
-        ),
-    ]
-    .into_iter()
-    .find_map(|(r, check)| Some((r, preflight.iter().find(|f| f.check == check)?)))
-    {
-        Some((r, format!("agent {}: {}", f.agent, f.message)))
-    } else if let Some(f) = preflight
-        .iter()
-        .find(|f| f.check == contract::PREFLIGHT_IO_URING)
-    {
-        Some((
-            reason::IO_URING_UNAVAILABLE,
-            format!(
-                "agent {} cannot use io_uring, which the pool's async I/O needs: {}. Give the agents a seccomp profile that allows it (spec.seccompProfile: type Localhost, localhostProfile profiles/wirerate-agent.json, from deploy/seccomp/), or set spec.tuning.ioMode to Direct to accept direct I/O",
-                f.agent, f.message
-            ),
-        ))
-    } else if let Some(f) = preflight.first() {
-        Some((
-            reason::PREFLIGHT_FAILED,
-            format!(
-                "agent {} failed the {} check: {}",
-                f.agent, f.check, f.message
-            ),
-        ))
-    } else {
-        lost.first().map(|a| {
-            (
-                reason::AGENTS_LOST,
-                format!(
-                    "agent {}: {}",
-                    a.name,
-                    a.dead.as_deref().unwrap_or_default()
-                ),
-            )
-        })
-    };
-    let (is_degraded, r, m) = match degraded {
+    let (is_degraded, r, m) = match degraded(pool, seen, &preflight) {
         Some((r, m)) => (true, r, m),
         None => (false, "AsExpected", "no problems seen".to_owned()),
     };
@@ -388,17 +259,192 @@ pub fn status(
         active_transfers: list.iter().map(|a| a.active_transfers).sum(),
         agents: list,
         preflight,
-        serving_namespaces: namespaces
+        serving_namespaces: seen
+            .namespaces
             .serving
             .iter()
             .filter(|n| !missing_namespaces.contains(n))
             .cloned()
             .collect(),
-        awaiting_binding: namespaces.awaiting.to_vec(),
+        awaiting_binding: seen.namespaces.awaiting.to_vec(),
         // `path_tests::status` fills these: they need the other pools.
         path_tests: Vec::new(),
         conditions: conds,
     }
+}
+
+/// Each agent as the status lists it, by name: live and its pod (if it
+/// has one) ready, and the transfers on it.
+fn agent_statuses(seen: &Observed<'_>) -> Vec<AgentStatus> {
+    let pods_by_name: HashMap<&str, &Pod> = seen
+        .pods
+        .iter()
+        .filter_map(|p| Some((p.metadata.name.as_deref()?, *p)))
+        .collect();
+    let mut list: Vec<AgentStatus> = seen
+        .agents
+        .iter()
+        .map(|a| {
+            let pod_ok = a
+                .pod
+                .as_deref()
+                .map(|p| pods_by_name.get(p).is_some_and(|p| pod_ready(p)));
+            AgentStatus {
+                name: a.name.clone(),
+                pod: a.pod.clone(),
+                node: a.node.clone(),
+                address: a.address.clone(),
+                ready: a.live() && pod_ok.unwrap_or(true),
+                active_transfers: seen.active.get(&a.id()).copied().unwrap_or(0),
+                last_heartbeat: a.renewed.as_ref().map(|t| whole_seconds(t.0)),
+                io_mode: a.io_mode.clone(),
+                io_mode_reason: a.io_mode_reason.clone(),
+            }
+        })
+        .collect();
+    list.sort_by(|a, b| a.name.cmp(&b.name));
+    list
+}
+
+/// The agents' failed host checks, agent by agent.
+fn preflight_findings(agents: &[&Agent]) -> Vec<PreflightFinding> {
+    agents
+        .iter()
+        .flat_map(|a| {
+            a.preflight.iter().map(|(check, message)| PreflightFinding {
+                agent: a.name.clone(),
+                check: check.clone(),
+                message: message.clone(),
+            })
+        })
+        .collect()
+}
+
+/// Why the pool is degraded (reason, message), the most pressing first:
+/// pods that cannot be made or placed, namespaces gone, then what the
+/// agents found, then agents lost. None when nothing is wrong.
+fn degraded(
+    pool: &DtnPool,
+    seen: &Observed<'_>,
+    preflight: &[PreflightFinding],
+) -> Option<(&'static str, String)> {
+    if let Some(why) = seen.create_failure {
+        return Some((
+            reason::PODS_NOT_CREATED,
+            format!("the agents' StatefulSet cannot create pods: {why}"),
+        ));
+    }
+    if let Some(found) = unschedulable_pods(pool, seen.pods) {
+        return Some(found);
+    }
+    let missing = seen.namespaces.missing;
+    if !missing.is_empty() {
+        return Some((
+            reason::NAMESPACE_MISSING,
+            format!(
+                "spec.allowedNamespaces lists {}, which does not exist: create it or remove it from the list (Transfers there cannot use this pool until then)",
+                missing.join(", ")
+            ),
+        ));
+    }
+    if let Some(found) = failed_checks(preflight) {
+        return Some(found);
+    }
+    let lost = seen.agents.iter().find(|a| !a.live())?;
+    Some((
+        reason::AGENTS_LOST,
+        format!(
+            "agent {}: {}",
+            lost.name,
+            lost.dead.as_deref().unwrap_or_default()
+        ),
+    ))
+}
+
+/// Why the pool's pods cannot be placed, if one cannot: a missing claim,
+/// huge pages no node has, or no node that matches.
+fn unschedulable_pods(pool: &DtnPool, pods: &[&Pod]) -> Option<(&'static str, String)> {
+    let stuck: Vec<(String, String)> = pods
+        .iter()
+        .filter_map(|p| Some((p.metadata.name.clone()?, unschedulable(p)?)))
+        .collect();
+    if let Some((pod, why)) = stuck.iter().find(|(_, m)| {
+        let m = m.to_lowercase();
+        m.contains("persistentvolumeclaim") && m.contains("not found")
+    }) {
+        let claims: Vec<&str> = pool
+            .spec
+            .volumes
+            .iter()
+            .filter_map(|v| v.claim_name.as_deref())
+            .collect();
+        return Some((
+            reason::CLAIM_MISSING,
+            format!(
+                "pod {pod} cannot be scheduled, a PersistentVolumeClaim it mounts does not exist ({why}): create it in this namespace, or change spec.volumes[].claimName (the pool names {})",
+                claims.join(", ")
+            ),
+        ));
+    }
+    if let Some((pod, why)) = stuck
+        .iter()
+        .find(|(_, m)| m.to_lowercase().contains("hugepages"))
+    {
+        return Some((
+            reason::HUGEPAGES_UNAVAILABLE,
+            format!(
+                "pod {pod} cannot be scheduled, no DTN node has the huge pages asked for ({why}): reserve huge pages on the nodes (vm.nr_hugepages) or lower spec.hugepages.amount"
+            ),
+        ));
+    }
+    let (pod, why) = stuck.first()?;
+    Some((
+        reason::NO_SCHEDULABLE_NODE,
+        format!(
+            "pod {pod} cannot be scheduled ({why}): label DTN nodes to match spec.nodeSelector, or add tolerations for their taints"
+        ),
+    ))
+}
+
+/// What the agents' host checks found that degrades the pool, storage
+/// first, then io_uring, then any other check.
+fn failed_checks(preflight: &[PreflightFinding]) -> Option<(&'static str, String)> {
+    let storage = [
+        (
+            reason::STORAGE_NOT_READABLE,
+            contract::PREFLIGHT_STORAGE_READABLE,
+        ),
+        (
+            reason::STORAGE_NOT_WRITABLE,
+            contract::PREFLIGHT_STORAGE_WRITABLE,
+        ),
+    ];
+    if let Some((r, f)) = storage
+        .into_iter()
+        .find_map(|(r, check)| Some((r, preflight.iter().find(|f| f.check == check)?)))
+    {
+        return Some((r, format!("agent {}: {}", f.agent, f.message)));
+    }
+    if let Some(f) = preflight
+        .iter()
+        .find(|f| f.check == contract::PREFLIGHT_IO_URING)
+    {
+        return Some((
+            reason::IO_URING_UNAVAILABLE,
+            format!(
+                "agent {} cannot use io_uring, which the pool's async I/O needs: {}. Give the agents a seccomp profile that allows it (spec.seccompProfile: type Localhost, localhostProfile profiles/wirerate-agent.json, from deploy/seccomp/), or set spec.tuning.ioMode to Direct to accept direct I/O",
+                f.agent, f.message
+            ),
+        ));
+    }
+    let f = preflight.first()?;
+    Some((
+        reason::PREFLIGHT_FAILED,
+        format!(
+            "agent {} failed the {} check: {}",
+            f.agent, f.check, f.message
+        ),
+    ))
 }
 
 #[cfg(test)]
@@ -456,11 +502,10 @@ mod tests {
         let now = at(101) + std::time::Duration::from_millis(250);
         let first = status(
             &pool,
-            &[&a0],
-            &[],
-            &HashMap::new(),
-            Namespaces::default(),
-            None,
+            &Observed {
+                agents: &[&a0],
+                ..Default::default()
+            },
             now,
         );
         // Through the API and back, as the next reconcile sees it.
@@ -470,11 +515,10 @@ mod tests {
         let later = now + std::time::Duration::from_millis(300);
         let second = status(
             &pool,
-            &[&a0],
-            &[],
-            &HashMap::new(),
-            Namespaces::default(),
-            None,
+            &Observed {
+                agents: &[&a0],
+                ..Default::default()
+            },
             later,
         );
         assert_eq!(second, stored, "nothing changed, so nothing to write");
@@ -503,11 +547,10 @@ mod tests {
             ];
             let s = status(
                 &pool,
-                &[&a0],
-                &[],
-                &HashMap::new(),
-                Namespaces::default(),
-                None,
+                &Observed {
+                    agents: &[&a0],
+                    ..Default::default()
+                },
                 at(101),
             );
             let d = conditions::find(&s.conditions, types::DEGRADED).unwrap();
@@ -531,11 +574,10 @@ mod tests {
         a1.io_mode = Some("async".to_owned());
         let s = status(
             &pool,
-            &[&a0, &a1],
-            &[],
-            &HashMap::new(),
-            Namespaces::default(),
-            None,
+            &Observed {
+                agents: &[&a0, &a1],
+                ..Default::default()
+            },
             at(101),
         );
         let d = conditions::find(&s.conditions, types::DEGRADED).unwrap();
@@ -571,11 +613,10 @@ mod tests {
             "pods \"lustre-dtn-agent-0\" is forbidden: hugepages-2Mi must be a multiple of 2Mi";
         let s = status(
             &pool,
-            &[],
-            &[],
-            &HashMap::new(),
-            Namespaces::default(),
-            Some(why),
+            &Observed {
+                create_failure: Some(why),
+                ..Default::default()
+            },
             at(1),
         );
         let d = conditions::find(&s.conditions, types::DEGRADED).unwrap();
@@ -594,11 +635,10 @@ mod tests {
         let p = pending_pod("lustre-dtn-agent-0", message);
         let s = status(
             pool,
-            &[],
-            &[&p],
-            &HashMap::new(),
-            Namespaces::default(),
-            None,
+            &Observed {
+                pods: &[&p],
+                ..Default::default()
+            },
             at(1),
         );
         conditions::find(&s.conditions, types::DEGRADED)
@@ -630,11 +670,11 @@ mod tests {
         let active = HashMap::from([(a0.id(), 2)]);
         let s = status(
             &pool,
-            &[&a0, &a1],
-            &[],
-            &active,
-            Namespaces::default(),
-            None,
+            &Observed {
+                agents: &[&a0, &a1],
+                active: active.clone(),
+                ..Default::default()
+            },
             at(101),
         );
         assert_eq!((s.ready_agents, s.active_transfers, s.replicas), (2, 2, 2));
@@ -643,11 +683,11 @@ mod tests {
         assert_eq!(s.agents[0].active_transfers, 2);
         let s = status(
             &pool,
-            &[&a0],
-            &[],
-            &active,
-            Namespaces::default(),
-            None,
+            &Observed {
+                agents: &[&a0],
+                active: active.clone(),
+                ..Default::default()
+            },
             at(101),
         );
         assert!(!conditions::is_true(&s.conditions, types::READY));
@@ -678,15 +718,15 @@ mod tests {
         let a0 = live_agent("a0");
         let s = status(
             &pool,
-            &[&a0],
-            &[],
-            &HashMap::new(),
-            Namespaces {
-                serving: &["beamline-7".to_owned()],
-                awaiting: &["beamline-9".to_owned()],
-                missing: &["beamline-7".to_owned()],
+            &Observed {
+                agents: &[&a0],
+                namespaces: Namespaces {
+                    serving: &["beamline-7".to_owned()],
+                    awaiting: &["beamline-9".to_owned()],
+                    missing: &["beamline-7".to_owned()],
+                },
+                ..Default::default()
             },
-            None,
             at(101),
         );
         let d = s

@@ -132,7 +132,7 @@ pub fn claim(pool: &DtnPool, rendered: &ObjectMeta, existing: Option<&ObjectMeta
     };
     let uid = pool.metadata.uid.as_deref().unwrap_or_default();
     let owned = if rendered.owner_references.is_some() {
-        !uid.is_empty() && crate::token_grant::owned_by(m, "DtnPool", uid)
+        !uid.is_empty() && crate::ownership::owned_by(m, "DtnPool", uid)
     } else {
         let has = m.labels.as_ref();
         m.owner_references.as_ref().is_none_or(Vec::is_empty)

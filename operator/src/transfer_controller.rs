@@ -19,13 +19,13 @@ use wirerate_crds::{Transfer, TransferPhase, TransferStatus, contract};
 
 use crate::agents::AgentId;
 use crate::budget::{self, Class};
-use crate::context::{Assignment, Context};
+use crate::context::{Assignment, Context, View};
 use crate::lifecycle::{self, Note};
 use crate::planner::Plan;
 use crate::scheduler::Key;
-use crate::token_grant;
 use crate::validate::{Invalid, Resolved, reason, validate};
 use crate::{Error, Result};
+use crate::{ownership, token_grant};
 
 /// How long to wait for agents to clean up a deleted Transfer before letting it go.
 const CLEANUP_GRACE: Duration = Duration::from_secs(60);
@@ -88,19 +88,81 @@ pub fn error_policy(t: Arc<Transfer>, error: &Error, ctx: Arc<Context>) -> Actio
     Action::requeue(Duration::from_secs(5))
 }
 
+/// One look at a Transfer: validity, the next status, agents if it needs
+/// them, the write, and what follows from the phase it is in now.
 async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Action> {
     let now = Timestamp::now();
-    let key = key(t)?;
     // The cache may lag our own last write; decide from the freshest copy.
     let current = &ctx.current(t);
-    let view = ctx.view(now);
-    let mut validity = validate(current, view.catalog());
+    let look = Look {
+        t: current,
+        ctx,
+        key: key(t)?,
+        view: ctx.view(now),
+        now,
+    };
+    let validity = check(&look).await?;
+    let mut step = lifecycle::step(current, &validity, &look.view.agents, now);
+    // A placement taken from the plan, given back unless its status is written.
+    let taken = match step.needs.clone() {
+        Some(needs) => schedule(&look, &validity, &needs, &mut step).await?,
+        None => None,
+    };
+    // Tokens before assignments: a status that names agents names their
+    // token, and the token and its grant exist before it is written. One
+    // computed from a copy the cache had before the operator's own
+    // assignment (the ledger standing in for it) names the agents but not
+    // the token; written as it was, server-side apply dropped the token's
+    // name, the agents failed the Transfer, and, with no token named, its
+    // grant was never revoked.
+    if let Ok(resolved) = &validity {
+        keep_token_named(current, ctx, resolved, &mut step.status, now).await?;
+    }
+    count(ctx, current, &step.status);
+
+    let before = lifecycle::operator_fields(&t.status.clone().unwrap_or_default());
+    let put_off = put_off_refresh(ctx, &look.key, &before, &mut step.status);
+    let written = write(t, ctx, api, &step.status).await;
+    settle(current, ctx, taken, &written).await;
+    written?;
+    let moved = before.queue_position != step.status.queue_position;
+    ctx.shown(
+        &look.key,
+        step.status.queue_position,
+        moved.then(Instant::now),
+    );
+    let_go(t, current, ctx, api, Next::of(&step.status)).await?;
+    for n in &step.notes {
+        publish(ctx, t, n).await;
+    }
+    if let Some(wait) = put_off {
+        return Ok(Action::requeue(wait));
+    }
+    Ok(next_look(&step.status, current, now))
+}
+
+/// What one look at a Transfer works from.
+struct Look<'a> {
+    /// The freshest copy of the Transfer.
+    t: &'a Transfer,
+    ctx: &'a Context,
+    key: Key,
+    /// Pools, agents and consents, as the caches show them.
+    view: View,
+    now: Timestamp,
+}
+
+/// Whether the Transfer can run: its spec checked against the pools and,
+/// while it may still need it, its external token Secret's label.
+async fn check(look: &Look<'_>) -> Result<std::result::Result<Resolved, Invalid>> {
+    let current = look.t;
+    let mut validity = validate(current, look.view.catalog());
     // Asked again while it runs: the label is its owner's consent, and a
     // label taken off (or a Secret deleted) ends the grant and the Transfer.
     // Not once the data has landed: a Secret cleaned up as the transfer
     // ends must not fail what succeeded (the grant goes as it ends anyway).
     if validity.is_ok() && !landed(current) {
-        match external_token_unusable(current, ctx).await {
+        match external_token_unusable(current, look.ctx).await {
             Ok(Some(why)) => validity = Err(why),
             Ok(None) => {}
             // A look that failed for a moment keeps the last answer for a
@@ -112,128 +174,133 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
             Err(e) => return Err(e),
         }
     }
-    let mut step = lifecycle::step(current, &validity, &view.agents, now);
-    let mut notes = std::mem::take(&mut step.notes);
-    // A placement taken from the plan, given back unless its status is written.
-    let mut taken: Option<Taken<'_>> = None;
+    Ok(validity)
+}
 
-    if let Some(needs) = step.needs.clone() {
-        // A lost agent's back-off ending is no event the planner hears of:
-        // the Transfer is looked at then (see the requeue below), and asks
-        // for a plan that counts the agent in again.
-        let failovers = &step.status.failovers;
-        if lifecycle::back_off(failovers)
-            .iter()
-            .any(|(_, end)| (now.as_second() - 10..=now.as_second()).contains(end))
-        {
-            ctx.changed();
-        }
-        let plan = ctx.recent_plan(now).await;
-        step.status.queue_position = shown_position(&plan, &key);
-        if let Ok(resolved) = &validity {
-            let message = lifecycle::waiting_message(resolved, &needs, &view.agents);
-            lifecycle::waiting_for_agents(&mut step.status, &message, current, now);
-        }
-        if let (Some(_), Ok(_)) = (plan.placements.get(&key), &validity)
-            && let Some(why) = names_taken(current, ctx).await?
-        {
-            // Someone else's Secret or Role holds a name this Transfer needs:
-            // applying over it would hand it to the agents, or take it over.
-            let s = lifecycle::step(current, &Err(why), &view.agents, now);
-            step = s;
-            notes.append(&mut step.notes);
-        } else if let (Some(_), Ok(resolved)) = (plan.placements.get(&key), &validity) {
-            let uid = current.metadata.uid.clone().unwrap_or_default();
-            let token = token_secret_name(current);
-            // The plan may have moved on since it was read: take what it
-            // holds for this Transfer now.
-            // Agents as they are now, not before the wait for the plan.
-            let agents = ctx.agents(Timestamp::now());
-            let assigned = ctx.take(&key, &uid, now, |p| {
-                // Exactly the roles needed, on agents live now; else stale.
-                if p.sender.is_some() != needs.sender || p.receiver.is_some() != needs.receiver {
-                    return None;
-                }
-                let live = |pool: Option<&Key>, name: &Option<String>| match name {
-                    None => Some(None),
-                    Some(n) => agents
-                        .get(&AgentId::new(pool?, n))
-                        .filter(|a| a.live())
-                        .map(Some),
-                };
-                let sender = live(Some(&resolved.sender_pool), &p.sender)?;
-                let receiver = live(resolved.receiver_pool.as_ref(), &p.receiver)?;
-                let (status, note) = lifecycle::assigned(
-                    current,
-                    resolved,
-                    step.status.clone(),
-                    sender,
-                    receiver,
-                    &token,
-                    now,
-                );
-                let a = Assignment {
-                    attempt: status.attempt,
-                    sender: status.sender.clone(),
-                    receiver: status.receiver.clone(),
-                };
-                Some((a, (status, note)))
-            });
-            if let Some(((status, note), before)) = assigned {
-                taken = Some(Taken { ctx, uid, before });
-                if let Err(e) = grant(current, ctx, &token, &resolved.pools()).await {
-                    // The placement goes back (Taken), and what was granted
-                    // for it with it, unless the agents already hold it.
-                    drop(taken.take());
-                    if unassigned(current) {
-                        revoke_quietly(current, ctx).await;
-                    }
-                    return Err(e);
-                }
-                step.status = status;
-                notes.push(note);
-            } else {
-                step.status.queue_position = shown_position(&ctx.plan(now), &key);
-            }
-        }
+/// For a Transfer that `needs` agents: its place in line and why it
+/// waits, or the agents the plan holds for it, taken from the plan and
+/// granted its token. The placement taken is given back when what is
+/// returned is dropped before its status is written.
+async fn schedule<'a>(
+    look: &Look<'a>,
+    validity: &std::result::Result<Resolved, Invalid>,
+    needs: &lifecycle::Needs,
+    step: &mut lifecycle::Step,
+) -> Result<Option<Taken<'a>>> {
+    let (current, ctx, key, now) = (look.t, look.ctx, &look.key, look.now);
+    // A lost agent's back-off ending is no event the planner hears of:
+    // the Transfer is looked at then (see the requeue in `next_look`), and
+    // asks for a plan that counts the agent in again.
+    if lifecycle::back_off(&step.status.failovers)
+        .iter()
+        .any(|(_, end)| (now.as_second() - 10..=now.as_second()).contains(end))
+    {
+        ctx.changed();
     }
-    // Tokens before assignments: a status that names agents names their
-    // token, and the token and its grant exist before it is written. One
-    // computed from a copy the cache had before the operator's own
-    // assignment (the ledger standing in for it) names the agents but not
-    // the token; written as it was, server-side apply dropped the token's
-    // name, the agents failed the Transfer, and, with no token named, its
-    // grant was never revoked.
-    if let Ok(resolved) = &validity {
-        keep_token_named(current, ctx, resolved, &mut step.status, now).await?;
+    let plan = ctx.recent_plan(now).await;
+    step.status.queue_position = shown_position(&plan, key);
+    let Ok(resolved) = validity else {
+        return Ok(None);
+    };
+    let message = lifecycle::waiting_message(resolved, needs, &look.view.agents);
+    lifecycle::waiting_for_agents(&mut step.status, &message, current, now);
+    if !plan.placements.contains_key(key) {
+        return Ok(None);
     }
-    if step.status.failovers.len() > current.status.as_ref().map_or(0, |s| s.failovers.len()) {
+    if let Some(why) = names_taken(current, ctx).await? {
+        // Someone else's Secret or Role holds a name this Transfer needs:
+        // applying over it would hand it to the agents, or take it over.
+        let mut refused = lifecycle::step(current, &Err(why), &look.view.agents, now);
+        let mut notes = std::mem::take(&mut step.notes);
+        notes.append(&mut refused.notes);
+        refused.notes = notes;
+        *step = refused;
+        return Ok(None);
+    }
+    let uid = current.metadata.uid.clone().unwrap_or_default();
+    let token = token_secret_name(current);
+    let Some(((status, note), before)) = take_placement(look, resolved, needs, step, &token) else {
+        step.status.queue_position = shown_position(&ctx.plan(now), key);
+        return Ok(None);
+    };
+    let taken = Taken { ctx, uid, before };
+    if let Err(e) = grant(current, ctx, &token, &resolved.pools()).await {
+        // The placement goes back (Taken), and what was granted for it
+        // with it, unless the agents already hold it.
+        drop(taken);
+        if unassigned(current) {
+            revoke_quietly(current, ctx).await;
+        }
+        return Err(e);
+    }
+    step.status = status;
+    step.notes.push(note);
+    Ok(Some(taken))
+}
+
+/// Takes what the plan holds for the Transfer now (it may have moved on
+/// since it was read): exactly the roles it needs, on agents live now.
+/// Gives the status and Event of that assignment, and the ledger's entry
+/// it replaced.
+fn take_placement(
+    look: &Look<'_>,
+    resolved: &Resolved,
+    needs: &lifecycle::Needs,
+    step: &lifecycle::Step,
+    token: &str,
+) -> Option<((TransferStatus, Note), Option<Assignment>)> {
+    let current = look.t;
+    let uid = current.metadata.uid.clone().unwrap_or_default();
+    // Agents as they are now, not before the wait for the plan.
+    let agents = look.ctx.agents(Timestamp::now());
+    look.ctx.take(&look.key, &uid, look.now, |p| {
+        if p.sender.is_some() != needs.sender || p.receiver.is_some() != needs.receiver {
+            return None;
+        }
+        let live = |pool: Option<&Key>, name: &Option<String>| match name {
+            None => Some(None),
+            Some(n) => agents
+                .get(&AgentId::new(pool?, n))
+                .filter(|a| a.live())
+                .map(Some),
+        };
+        let placed = lifecycle::Placed {
+            sender: live(Some(&resolved.sender_pool), &p.sender)?,
+            receiver: live(resolved.receiver_pool.as_ref(), &p.receiver)?,
+            token_secret: token,
+        };
+        let (status, note) =
+            lifecycle::assigned(current, resolved, step.status.clone(), placed, look.now);
+        let a = Assignment {
+            attempt: status.attempt,
+            sender: status.sender.clone(),
+            receiver: status.receiver.clone(),
+        };
+        Some((a, (status, note)))
+    })
+}
+
+/// Counts a new failover, and the bytes of a succeeded transfer once its
+/// size is first known (the sender's last report can land after the
+/// verdict).
+fn count(ctx: &Context, current: &Transfer, status: &TransferStatus) {
+    let old = current.status.as_ref();
+    if status.failovers.len() > old.map_or(0, |s| s.failovers.len()) {
         ctx.metrics.failovers.inc();
     }
-    let phase = step.status.phase.unwrap_or_default();
-    // Counted once, when the size of a succeeded transfer is first known (the
-    // sender's last report can land after the verdict).
-    if step.status.average_rate_bps.is_some()
-        && current
-            .status
-            .as_ref()
-            .and_then(|s| s.average_rate_bps)
-            .is_none()
-    {
-        let bytes = current
-            .status
-            .as_ref()
+    if status.average_rate_bps.is_some() && old.and_then(|s| s.average_rate_bps).is_none() {
+        let bytes = old
             .and_then(|s| s.progress.as_ref())
             .map_or(0, |p| p.bytes_total);
         ctx.metrics.bytes.inc_by(bytes.max(0) as u64);
     }
+}
 
-    let before = lifecycle::operator_fields(&t.status.clone().unwrap_or_default());
-    let put_off = put_off_refresh(ctx, &key, &before, &mut step.status);
-
-    let written = write(t, ctx, api, &step.status).await;
+/// After the status write: a placement taken for it is kept, unless the
+/// write was surely refused; then it goes back, and the grant made for it
+/// too.
+async fn settle(current: &Transfer, ctx: &Context, taken: Option<Taken<'_>>, written: &Result<()>) {
     match taken {
-        // Surely not assigned: the grant made for it goes too.
         Some(taken) if written.as_ref().is_err_and(refused) => {
             drop(taken);
             if unassigned(current) {
@@ -243,12 +310,45 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
         Some(taken) => taken.keep(),
         None => {}
     }
-    written?;
-    let moved = before.queue_position != step.status.queue_position;
-    ctx.shown(&key, step.status.queue_position, moved.then(Instant::now));
-    // Over, or unable to run: the agents lose the token (idempotent, so a
-    // failed revocation or a restart in between is made good next time).
-    let granted = step.status.token_secret.is_some();
+}
+
+/// Where a Transfer stands after its status was written.
+#[derive(Clone, Copy, Debug)]
+struct Next {
+    phase: TransferPhase,
+    /// Its status names a token.
+    granted: bool,
+    /// Its status names agents.
+    assigned: bool,
+}
+
+impl Next {
+    fn of(s: &TransferStatus) -> Self {
+        Self {
+            phase: s.phase.unwrap_or_default(),
+            granted: s.token_secret.is_some(),
+            assigned: s.sender.is_some() || s.receiver.is_some(),
+        }
+    }
+}
+
+/// Lets go of what the Transfer no longer needs in its phase now: the
+/// agents' access to its token (over, or unable to run), its own token
+/// (over), and the finalizer (nothing left for agents to clean up). Each
+/// is idempotent, so a failure or a restart in between is made good at the
+/// next look.
+async fn let_go(
+    t: &Transfer,
+    current: &Transfer,
+    ctx: &Context,
+    api: &Api<Transfer>,
+    next: Next,
+) -> Result<()> {
+    let Next {
+        phase,
+        granted,
+        assigned,
+    } = next;
     if granted && (phase.is_final() || phase == TransferPhase::Pending) {
         revoke_token(current, ctx).await?;
     }
@@ -257,34 +357,32 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
         // behind by a deletion that orphans what the Transfer owns.
         delete_own_token(current, ctx).await?;
     }
-    let assigned = step.status.sender.is_some() || step.status.receiver.is_some();
     if phase.is_final() || (phase == TransferPhase::Pending && !assigned) {
-        // Nothing left for the agents to clean up.
         hold(t, ctx, api, false).await?;
     }
-    for n in notes {
-        publish(ctx, t, &n).await;
-    }
-    if let Some(wait) = put_off {
-        return Ok(Action::requeue(wait));
-    }
-    // Agents' comings and goings, reports and the plan's placements wake a
-    // Transfer; the clock only for what no event announces.
-    Ok(match phase {
+    Ok(())
+}
+
+/// When to look at the Transfer again. Agents' comings and goings,
+/// reports and the plan's placements wake a Transfer; the clock only for
+/// what no event announces.
+fn next_look(status: &TransferStatus, current: &Transfer, now: Timestamp) -> Action {
+    match status.phase.unwrap_or_default() {
         TransferPhase::Succeeded | TransferPhase::Failed => Action::await_change(),
         // A pool that appears, or a Secret that gets its label, sends no event here.
         TransferPhase::Pending => Action::requeue(Duration::from_secs(30)),
+        // A lost agent's back-off ending, at the latest.
         TransferPhase::Queued => Action::requeue(
-            lifecycle::next_release(&step.status.failovers, now)
+            lifecycle::next_release(&status.failovers, now)
                 .map_or(RESYNC, |end| {
                     Duration::from_secs((end - now.as_second() + 1).clamp(1, 300) as u64)
                 })
                 .min(RESYNC),
         ),
         TransferPhase::Running | TransferPhase::Verifying => {
-            Action::requeue(stall_check(&step.status, current, now))
+            Action::requeue(stall_check(status, current, now))
         }
-    })
+    }
 }
 
 /// Puts off a status that only refreshes a figure (a place in line, a
@@ -396,7 +494,12 @@ async fn keep_token_named(
     }
     let token = token_secret_name(t);
     grant(t, ctx, &token, &resolved.pools()).await?;
-    let (mut s, _) = lifecycle::assigned(t, resolved, status.clone(), None, None, &token, now);
+    let placed = lifecycle::Placed {
+        sender: None,
+        receiver: None,
+        token_secret: &token,
+    };
+    let (mut s, _) = lifecycle::assigned(t, resolved, status.clone(), placed, now);
     s.phase = Some(phase);
     *status = s;
     Ok(())
@@ -469,7 +572,7 @@ async fn names_taken(t: &Transfer, ctx: &Context) -> Result<Option<Invalid>> {
     ));
     for (kind, name, meta) in found {
         if let Some(meta) = meta
-            && !token_grant::owned_by(&meta, "Transfer", &uid)
+            && !ownership::owned_by(&meta, "Transfer", &uid)
         {
             return Ok(Some(Invalid {
                 reason: reason::TOKEN_SECRET_NOT_USABLE,
@@ -617,10 +720,10 @@ async fn revoke_token(t: &Transfer, ctx: &Context) -> Result<()> {
     let uid = t.metadata.uid.clone().unwrap_or_default();
     let bindings = Api::<RoleBinding>::namespaced(ctx.client.clone(), &ns);
     ctx.change_permit().await;
-    token_grant::delete_owned(&bindings, &name, "Transfer", &uid).await?;
+    ownership::delete_owned(&bindings, &name, "Transfer", &uid).await?;
     let roles = Api::<RbacRole>::namespaced(ctx.client.clone(), &ns);
     ctx.change_permit().await;
-    token_grant::delete_owned(&roles, &name, "Transfer", &uid).await?;
+    ownership::delete_owned(&roles, &name, "Transfer", &uid).await?;
     Ok(())
 }
 
@@ -634,7 +737,7 @@ async fn delete_own_token(t: &Transfer, ctx: &Context) -> Result<()> {
     let uid = t.metadata.uid.clone().unwrap_or_default();
     let secrets = Api::<Secret>::namespaced(ctx.client.clone(), &ns);
     ctx.change_permit().await;
-    token_grant::delete_owned(&secrets, &token_name(t), "Transfer", &uid).await?;
+    ownership::delete_owned(&secrets, &token_name(t), "Transfer", &uid).await?;
     Ok(())
 }
 

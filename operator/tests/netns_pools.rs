@@ -1,6 +1,6 @@
 //! Two DtnPools on two hosts: the real operator and two real agents in
 //! cluster mode, each agent in a network namespace of its own, against the
-//! HTTP API double of `bench/scale`. Data crosses a veth pair between the
+//! HTTP API double (testsupport/apiserver). Data crosses a veth pair between the
 //! namespaces; each namespace reaches the double over a veth pair of its
 //! own to an address of the root namespace. The sending pool tests the
 //! path to the receiving pool (`spec.pathTests`) and to an external
@@ -31,10 +31,10 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::json;
+use wirerate_apiserver_double::{self as apiserver, ApiServer};
 use wirerate_crds::fixtures::{PoolBuilder, TransferBuilder};
 use wirerate_crds::pool::{PathTestResult, PathTestStatus};
 use wirerate_crds::{DtnPool, Transfer, TransferPhase, contract};
-use wirerate_scale::apiserver::{self, ApiServer};
 
 const NS: &str = "wirerate-path-tests";
 /// The receivers' listener port, inside their namespace.

@@ -1,5 +1,5 @@
 //! The write budget (issue 39): the real operator against the HTTP API
-//! double of `bench/scale`, 1,000 Transfers queued for 20 slots, three rounds
+//! double (testsupport/apiserver), 1,000 Transfers queued for 20 slots, three rounds
 //! of them finishing and the next taking their slots. The double counts
 //! every write by object; the test fails when one Transfer costs more
 //! writes than its budget. On a real API server, each Transfer's
@@ -22,8 +22,8 @@ use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::{Value, json};
+use wirerate_apiserver_double::{self as apiserver, Actor, ApiServer, DRIVER_AGENT, ObjectWrites};
 use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer, TransferPhase, contract};
-use wirerate_scale::apiserver::{self, Actor, ApiServer, DRIVER_AGENT, ObjectWrites};
 
 const POOLS_NS: &str = "wb-pools";
 const USERS: [&str; 3] = ["wb-u0", "wb-u1", "wb-u2"];

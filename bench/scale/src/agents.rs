@@ -199,7 +199,7 @@ mod tests {
     async fn a_transfer_that_lost_its_agents_is_passed_over_not_fatal() {
         let server = ApiServer::start_with(100, Duration::ZERO).await.unwrap();
         let client = server.client().unwrap();
-        wirerate_scale::apiserver::install(&client, &["u1"])
+        wirerate_apiserver_double::install(&client, &["u1"])
             .await
             .unwrap();
         let api: Api<Transfer> = Api::namespaced(client.clone(), "u1");

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer};
 
 use crate::scenario::{POOL_NAMESPACE, Scenario};
-use wirerate_scale::apiserver::DRIVER_AGENT;
+use wirerate_apiserver_double::DRIVER_AGENT;
 
 /// Field manager of everything the driver applies itself.
 pub(crate) const DRIVER_MANAGER: &str = "wirerate-scale";

@@ -1,6 +1,8 @@
-//! The scale bench's library half: the HTTP Kubernetes API double, which
-//! the bench drives the operator against and which other crates' tests
-//! (the operator's two-namespace path tests) run real binaries against.
+//! The scale bench's library half, kept for the crates whose tests still
+//! name the API double as `wirerate_scale::apiserver` (the agent's
+//! cluster tests): the double itself is the crate
+//! `wirerate-apiserver-double` (testsupport/apiserver), which new code
+//! names directly.
 #![forbid(unsafe_code)]
 
-pub mod apiserver;
+pub use wirerate_apiserver_double as apiserver;

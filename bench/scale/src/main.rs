@@ -21,7 +21,7 @@ mod scenario;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use wirerate_scale::apiserver;
+use wirerate_apiserver_double as apiserver;
 
 /// Scale bench for wirerate's operator.
 #[derive(Parser)]

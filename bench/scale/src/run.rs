@@ -35,7 +35,7 @@ use crate::operator::{self, Launch, Operator};
 use crate::promtext;
 use crate::report::{Latency, Reconcile, Refill, Report, Rest, Schedule, Setup};
 use crate::scenario::{POOL_NAMESPACE, SYSTEM_NAMESPACE, Scenario};
-use wirerate_scale::apiserver::{Actor, ApiServer, Tally};
+use wirerate_apiserver_double::{Actor, ApiServer, Tally};
 
 /// `wirerate-scale run`.
 #[derive(clap::Args, Debug)]
@@ -330,17 +330,17 @@ async fn bench(
     eprintln!("starting {}", launch.binary.display());
     let log = launch.log.clone();
     let mut op = Operator::start(launch)?;
-    let result = phases(
+    let run = Run {
         a,
         s,
         client,
         double,
-        &mut op,
-        &observer,
-        &mut report,
-        (rest_secs, refill, timeout),
-    )
-    .await;
+        observer: &observer,
+        rest_secs,
+        refill,
+        timeout,
+    };
+    let result = phases(&run, &mut op, &mut report).await;
     match result {
         Ok(()) => {}
         Err(e) if e.downcast_ref::<Crashed>().is_some() => {
@@ -426,17 +426,25 @@ async fn bench(
     Ok(report)
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn phases(
-    a: &Args,
-    s: &Scenario,
-    client: &Client,
-    double: Option<&ApiServer>,
-    op: &mut Operator,
-    observer: &Arc<Mutex<Observer>>,
-    report: &mut Report,
-    (rest_secs, refill, timeout): (u64, usize, Duration),
-) -> anyhow::Result<()> {
+/// What the phases of one run share: the settings, the scenario, the
+/// driver's client, the double (if the API server is one) and the
+/// driver's view of the Transfers.
+struct Run<'a> {
+    a: &'a Args,
+    s: &'a Scenario,
+    client: &'a Client,
+    double: Option<&'a ApiServer>,
+    observer: &'a Arc<Mutex<Observer>>,
+    /// Phase 2's length.
+    rest_secs: u64,
+    /// Phase 3's running Transfers to finish.
+    refill: usize,
+    /// How long a phase may wait for what it waits for.
+    timeout: Duration,
+}
+
+async fn phases(run: &Run<'_>, op: &mut Operator, report: &mut Report) -> anyhow::Result<()> {
+    let (s, client, double, timeout) = (run.s, run.client, run.double, run.timeout);
     // The operator is up once it reports every agent of every pool ready.
     let pools: Api<DtnPool> = Api::namespaced(client.clone(), POOL_NAMESPACE);
     let per_pool = s.agents / s.pools;
@@ -461,7 +469,7 @@ async fn phases(
     let cpu_start = op.cpu_seconds();
     let writes0 = double.map(|d| operator_writes(&d.counts()));
     let t0 = Instant::now();
-    schedule(a, s, client, op, observer, report, timeout).await?;
+    schedule(run, op, report).await?;
     if let (Some(w0), Some(d)) = (writes0, double) {
         let w = operator_writes(&d.counts()) - w0;
         let sc = &mut report.schedule;
@@ -483,24 +491,19 @@ async fn phases(
         return Ok(());
     }
 
-    eprintln!("phase 2: {rest_secs} s at rest");
-    report.rest = Some(rest(op, double, rest_secs).await?);
+    eprintln!("phase 2: {} s at rest", run.rest_secs);
+    report.rest = Some(rest(op, double, run.rest_secs).await?);
 
-    eprintln!("phase 3: finishing {refill} running Transfers");
-    report.refill = Some(refill_slots(client, op, observer, refill, timeout).await?);
+    eprintln!("phase 3: finishing {} running Transfers", run.refill);
+    report.refill = Some(refill_slots(client, op, run.observer, run.refill, timeout).await?);
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn schedule(
-    a: &Args,
-    s: &Scenario,
-    client: &Client,
-    op: &mut Operator,
-    observer: &Arc<Mutex<Observer>>,
-    report: &mut Report,
-    timeout: Duration,
-) -> anyhow::Result<()> {
+/// Phase 1: creates the Transfers and waits until each has a phase and
+/// the slots are filled (or the timeout), killing the operator on the way
+/// if asked.
+async fn schedule(run: &Run<'_>, op: &mut Operator, report: &mut Report) -> anyhow::Result<()> {
+    let (a, s, client, observer) = (run.a, run.s, run.client, run.observer);
     let next = Arc::new(AtomicUsize::new(0));
     let made = Arc::new(AtomicUsize::new(0));
     let errors = Arc::new(Mutex::new(Vec::<String>::new()));
@@ -587,7 +590,7 @@ async fn schedule(
         if all_phased.is_some() && filled.is_some() && kills == a.kills {
             break;
         }
-        if now - last > timeout {
+        if now - last > run.timeout {
             break;
         }
     }

@@ -16,6 +16,8 @@ use wirerate_crds::Transfer;
 
 use super::ApiServer;
 
+mod back_door;
+
 async fn cluster(history: usize) -> (ApiServer, Client, Api<DynamicObject>) {
     let server = ApiServer::start_with(history, Duration::ZERO)
         .await

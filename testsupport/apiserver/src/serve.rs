@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 
 use super::counts::{Actor, Counts};
 use super::error::ApiError;
+use super::faults::{Call, Faults};
 use super::path::{self, Target};
 use super::select::Selector;
 use super::store::{Change, ChangeType, Obj, Patch, Store};
@@ -49,6 +50,8 @@ pub(crate) struct Shared {
     /// A loaded API server is slow on some paths (status writes queued
     /// behind etcd) while others answer at once.
     pub(crate) stalls: Mutex<Vec<(&'static str, String, Duration)>>,
+    /// The request log and the faults a test set.
+    pub(crate) faults: Faults,
 }
 
 impl Shared {
@@ -141,6 +144,67 @@ async fn respond(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response
         _ => "other",
     };
     shared.counts.add(actor, verb, t.counted_as());
+    delay(&shared, verb, &t).await;
+    let meta_only = header(&parts, ACCEPT).is_some_and(|a| a.contains("as=PartialObjectMetadata"));
+    let selector =
+        || Selector::parse(q("labelSelector"), q("fieldSelector")).map_err(ApiError::bad_request);
+    let bytes = read_body(body).await?;
+    shared.faults.log(Call {
+        method: parts.method.to_string(),
+        path: parts.uri.path().to_owned(),
+        query: parts.uri.query().unwrap_or_default().to_owned(),
+        content_type: header(&parts, CONTENT_TYPE).unwrap_or_default().to_owned(),
+        body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    });
+    match verb {
+        "get" if shared.faults.is_unavailable(parts.uri.path()) => {
+            return Err(ApiError::internal("the double was told to fail this read"));
+        }
+        "patch" if shared.faults.is_refused(parts.uri.path()) => {
+            return Err(ApiError::forbidden(
+                "the double was told to refuse this patch",
+            ));
+        }
+        _ => {}
+    }
+    if matches!(verb, "create" | "update" | "patch" | "delete") {
+        count_write(&shared, actor, &t, &bytes);
+    }
+    let one = |code: u16, obj: Obj| Ok(json(code, Bytes::from(shaped(&obj, meta_only))));
+    match verb {
+        "get" => {
+            let mut store = shared.store();
+            let obj = store.get(&t)?;
+            if let Some(next) = shared.faults.take_swap(parts.uri.path()) {
+                // Another object takes the name just after this read.
+                store.put(&t, next)?;
+            }
+            one(200, obj)
+        }
+        "list" => list(&shared, &t, &selector()?, meta_only),
+        "watch" => watch(shared, t, selector()?, &query, meta_only),
+        "create" => one(201, shared.store().create(&t, body_json(&bytes)?)?),
+        "update" => one(200, shared.store().replace(&t, body_json(&bytes)?)?),
+        "patch" => {
+            let content_type = header(&parts, CONTENT_TYPE).unwrap_or_default();
+            let patch = patch_of(content_type, q("fieldManager"), &bytes)?;
+            one(200, shared.store().patch(&t, patch)?)
+        }
+        "delete" => {
+            // DeleteOptions, when sent, may carry preconditions.
+            let options: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            one(200, shared.store().delete(&t, &options["preconditions"])?)
+        }
+        _ => Err(ApiError::method_not_allowed(format!(
+            "{} is not served",
+            parts.method
+        ))),
+    }
+}
+
+/// Waits as the API server would before answering: the latency set for
+/// every request (watch events aside), and any stall set for this one.
+async fn delay(shared: &Shared, verb: &str, t: &Target) {
     if !shared.latency.is_zero() && verb != "watch" {
         tokio::time::sleep(shared.latency).await;
     }
@@ -154,94 +218,85 @@ async fn respond(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response
     if let Some(d) = stall {
         tokio::time::sleep(d).await;
     }
-    let meta_only = header(&parts, ACCEPT).is_some_and(|a| a.contains("as=PartialObjectMetadata"));
-    let selector =
-        || Selector::parse(q("labelSelector"), q("fieldSelector")).map_err(ApiError::bad_request);
-    let bytes = read_body(body).await?;
-    if matches!(verb, "create" | "update" | "patch" | "delete") {
-        let name = t.name.clone().unwrap_or_else(|| {
-            // A create names its object in the body.
-            serde_json::from_slice::<Value>(&bytes)
-                .ok()
-                .and_then(|b| b["metadata"]["name"].as_str().map(str::to_owned))
-                .unwrap_or_default()
-        });
-        let object = format!("{}/{name}", t.namespace.as_deref().unwrap_or_default());
-        shared.counts.add_write(actor, t.counted_as(), object);
-    }
-    let one = |code: u16, obj: Obj| Ok(json(code, Bytes::from(shaped(&obj, meta_only))));
-    match verb {
-        "get" => one(200, shared.store().get(&t)?),
-        "list" => {
-            let sel = selector()?;
-            let (kind, items, rv) = {
-                let store = shared.store();
-                let kind = store.resolve(&t)?.kind;
-                let (items, rv) = store.list(&t, &sel)?;
-                (kind, items, rv)
-            };
-            let (api_version, kind) = if meta_only {
-                (
-                    "meta.k8s.io/v1".to_owned(),
-                    "PartialObjectMetadataList".to_owned(),
-                )
-            } else {
-                (t.api_version(), format!("{kind}List"))
-            };
-            let mut out = serde_json::to_vec(&json!({
-                "apiVersion": api_version,
-                "kind": kind,
-                "metadata": {"resourceVersion": rv.to_string()},
-            }))
-            .expect("JSON values serialize");
-            // Items are written one by one rather than cloned into one Value.
-            out.pop();
-            out.extend_from_slice(b",\"items\":[");
-            for (i, o) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                out.extend(shaped(o, meta_only));
-            }
-            out.extend_from_slice(b"]}");
-            Ok(json(200, Bytes::from(out)))
+}
+
+/// Counts a write of the object `t` names (a create: the one its body names).
+fn count_write(shared: &Shared, actor: Actor, t: &Target, body: &[u8]) {
+    let name = t.name.clone().unwrap_or_else(|| {
+        serde_json::from_slice::<Value>(body)
+            .ok()
+            .and_then(|b| b["metadata"]["name"].as_str().map(str::to_owned))
+            .unwrap_or_default()
+    });
+    let object = format!("{}/{name}", t.namespace.as_deref().unwrap_or_default());
+    shared.counts.add_write(actor, t.counted_as(), object);
+}
+
+/// A LIST's answer: every object `sel` picks, whole or as metadata.
+fn list(
+    shared: &Shared,
+    t: &Target,
+    sel: &Selector,
+    meta_only: bool,
+) -> Result<Response<Body>, ApiError> {
+    let (kind, items, rv) = {
+        let store = shared.store();
+        let kind = store.resolve(t)?.kind;
+        let (items, rv) = store.list(t, sel)?;
+        (kind, items, rv)
+    };
+    let (api_version, kind) = if meta_only {
+        (
+            "meta.k8s.io/v1".to_owned(),
+            "PartialObjectMetadataList".to_owned(),
+        )
+    } else {
+        (t.api_version(), format!("{kind}List"))
+    };
+    let mut out = serde_json::to_vec(&json!({
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"resourceVersion": rv.to_string()},
+    }))
+    .expect("JSON values serialize");
+    // Items are written one by one rather than cloned into one Value.
+    out.pop();
+    out.extend_from_slice(b",\"items\":[");
+    for (i, o) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
         }
-        "watch" => watch(shared, t, selector()?, &query, meta_only),
-        "create" => one(201, shared.store().create(&t, body_json(&bytes)?)?),
-        "update" => one(200, shared.store().replace(&t, body_json(&bytes)?)?),
-        "patch" => {
-            let patch = match header(&parts, CONTENT_TYPE).unwrap_or_default() {
-                ct if ct.starts_with("application/apply-patch") => Patch::Apply {
-                    // kube-rs sends apply bodies as JSON, which is YAML too.
-                    body: body_json(&bytes)?,
-                    manager: q("fieldManager")
-                        .filter(|m| !m.is_empty())
-                        .ok_or_else(|| {
-                            ApiError::bad_request("fieldManager is required for apply requests")
-                        })?
-                        .to_owned(),
-                },
-                ct if ct.starts_with("application/merge-patch+json") => {
-                    Patch::Merge(body_json(&bytes)?)
-                }
-                ct if ct.starts_with("application/json-patch+json") => Patch::Json(
-                    serde_json::from_slice(&bytes)
-                        .map_err(|e| ApiError::bad_request(format!("not a JSON patch: {e}")))?,
-                ),
-                other => {
-                    return Err(ApiError::unsupported_media_type(format!(
-                        "the double does not take patches of type {other:?}"
-                    )));
-                }
-            };
-            one(200, shared.store().patch(&t, patch)?)
-        }
-        "delete" => one(200, shared.store().delete(&t)?),
-        _ => Err(ApiError::method_not_allowed(format!(
-            "{} is not served",
-            parts.method
-        ))),
+        out.extend(shaped(o, meta_only));
     }
+    out.extend_from_slice(b"]}");
+    Ok(json(200, Bytes::from(out)))
+}
+
+/// The patch a PATCH carries, by its content type; an apply names its
+/// field `manager`.
+fn patch_of(content_type: &str, manager: Option<&str>, bytes: &[u8]) -> Result<Patch, ApiError> {
+    Ok(match content_type {
+        ct if ct.starts_with("application/apply-patch") => Patch::Apply {
+            // kube-rs sends apply bodies as JSON, which is YAML too.
+            body: body_json(bytes)?,
+            manager: manager
+                .filter(|m| !m.is_empty())
+                .ok_or_else(|| {
+                    ApiError::bad_request("fieldManager is required for apply requests")
+                })?
+                .to_owned(),
+        },
+        ct if ct.starts_with("application/merge-patch+json") => Patch::Merge(body_json(bytes)?),
+        ct if ct.starts_with("application/json-patch+json") => Patch::Json(
+            serde_json::from_slice(bytes)
+                .map_err(|e| ApiError::bad_request(format!("not a JSON patch: {e}")))?,
+        ),
+        other => {
+            return Err(ApiError::unsupported_media_type(format!(
+                "the double does not take patches of type {other:?}"
+            )));
+        }
+    })
 }
 
 /// Reads a request body up to MAX_BODY.

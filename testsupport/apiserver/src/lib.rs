@@ -6,21 +6,29 @@
 //! list and watch (selectors, resourceVersions, bookmarks, 410 for a
 //! watch older than the history), create, update with optimistic
 //! concurrency, merge, JSON and server-side-apply patches, status
-//! subresources, finalizers, and `Status` errors. It counts every request by
-//! who made it, verb and resource, and every write by object.
+//! subresources, finalizers, uid and resourceVersion preconditions, and
+//! `Status` errors. It counts every request by who made it, verb and
+//! resource, and every write by object.
+//!
+//! For tests, it also logs every request when asked to ([`ApiServer::record`]),
+//! fails chosen requests ([`ApiServer::fail_gets`],
+//! [`ApiServer::refuse_patches`], [`ApiServer::replace_after_get`]), and has a
+//! back door that stores and reads objects without a client
+//! ([`ApiServer::put`], [`ApiServer::object`]).
 //!
 //! Left out, because nothing here needs it: authentication and RBAC,
 //! admission (CEL rules, webhooks), defaulting and schema validation,
 //! paging (`limit` is ignored: a list returns everything, with no continue
 //! token), garbage collection through owner references, strategic merge
-//! patches, delete preconditions (a DELETE's body is not read), and
-//! discovery. Deleting a namespace or a CRD removes its objects
+//! patches, and discovery. Deleting a namespace or a CRD removes its objects
 //! at once (the API server's controllers take a moment, and wait for
 //! finalizers).
+#![forbid(unsafe_code)]
 
 mod apply;
 mod counts;
 mod error;
+mod faults;
 mod path;
 mod select;
 mod serve;
@@ -35,6 +43,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use counts::{Actor, DRIVER_AGENT, ObjectWrites, Tally};
+pub use faults::Call;
 
 /// Changes kept for watches that resume from an older resourceVersion.
 const HISTORY: usize = 20_000;
@@ -72,6 +81,7 @@ impl ApiServer {
             counts: counts::Counts::default(),
             latency,
             stalls: Mutex::new(Vec::new()),
+            faults: faults::Faults::default(),
         });
         let task = tokio::spawn(serve::serve(listener, shared.clone()));
         let server = Self { addr, shared, task };
@@ -147,6 +157,75 @@ impl ApiServer {
     /// Writes so far, per object.
     pub fn writes_by_object(&self) -> ObjectWrites {
         self.shared.counts.objects()
+    }
+
+    /// Logs every request from now on (see [`calls`](Self::calls)).
+    pub fn record(&self) {
+        self.shared.faults.record();
+    }
+
+    /// The requests logged since [`record`](Self::record), in the order
+    /// they arrived.
+    pub fn calls(&self) -> Vec<Call> {
+        self.shared.faults.calls()
+    }
+
+    /// Makes every GET of the object at `path` (its `/status` too) answer
+    /// 500 until something is [`put`](Self::put) there: an error the client
+    /// sees at once (a 503 it would retry for minutes).
+    pub fn fail_gets(&self, path: &str) {
+        self.shared.faults.set_unavailable(path);
+    }
+
+    /// Makes every PATCH of `path` (exactly: `.../status` is a path of its
+    /// own) answer 403: a write the API server surely did not apply.
+    pub fn refuse_patches(&self, path: &str) {
+        self.shared.faults.refuse_patches(path);
+    }
+
+    /// Puts `obj` at `path` just after the next GET of it is answered:
+    /// another object taking the name between a read and a write.
+    pub fn replace_after_get<T: serde::Serialize>(&self, path: &str, obj: &T) {
+        let obj = serde_json::to_value(obj).expect("a test's object serializes");
+        self.shared.faults.swap_after_get(path, obj);
+    }
+
+    /// Stores `obj` at the object path `path` as it is, without a client:
+    /// its uid, owners and status kept, the server's fields filled in where
+    /// it lacks them. Another uid already there is replaced (deleted, then
+    /// this one created). The resource's type must be known (for a custom
+    /// resource: its CRD put or created first). Panics if it cannot be
+    /// stored: that is a test's own setup going wrong.
+    pub fn put<T: serde::Serialize>(&self, path: &str, obj: &T) {
+        let obj = serde_json::to_value(obj).expect("a test's object serializes");
+        let t = path::parse(path).unwrap_or_else(|| panic!("{path} is no resource path"));
+        self.shared.faults.available(path);
+        let mut store = self.shared.store.lock().expect("store lock");
+        if let Err(e) = store.put(&t, obj) {
+            panic!("cannot put {path}: {}", e.message);
+        }
+    }
+
+    /// The object at `path` as stored, if there is one.
+    pub fn object(&self, path: &str) -> Option<serde_json::Value> {
+        let t = path::parse(path)?;
+        let store = self.shared.store.lock().expect("store lock");
+        store.get(&t).ok().map(|o| (*o).clone())
+    }
+
+    /// Whether an object is stored at `path`.
+    pub fn has(&self, path: &str) -> bool {
+        self.object(path).is_some()
+    }
+
+    /// Deletes the object at `path` without a client, as a DELETE does
+    /// (an object with finalizers only gets its deletionTimestamp).
+    pub fn delete(&self, path: &str) {
+        let t = path::parse(path).unwrap_or_else(|| panic!("{path} is no resource path"));
+        let mut store = self.shared.store.lock().expect("store lock");
+        if let Err(e) = store.delete(&t, &serde_json::Value::Null) {
+            panic!("cannot delete {path}: {}", e.message);
+        }
     }
 }
 

@@ -54,6 +54,17 @@ impl ApiError {
         Self::new(410, "Expired", message)
     }
 
+    /// 403: refused (the double refuses what a test told it to).
+    pub(crate) fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(403, "Forbidden", message)
+    }
+
+    /// 500: the API server could not answer (a test's fault). Not 503,
+    /// which kube's client retries for minutes before it gives up.
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
+        Self::new(500, "InternalError", message)
+    }
+
     /// 415: a patch type the double does not speak.
     pub(crate) fn unsupported_media_type(message: impl Into<String>) -> Self {
         Self::new(415, "UnsupportedMediaType", message)

@@ -161,6 +161,21 @@ fn json_patch(doc: &mut Value, ops: &[PatchOperation]) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// 409 when `uid` is given and is not `current`'s, as the API server
+/// answers a write or a delete meant for an object since replaced.
+fn uid_precondition(uid: Option<&str>, current: &Value) -> Result<(), ApiError> {
+    let now = current["metadata"]["uid"].as_str().unwrap_or_default();
+    match uid {
+        Some(u) if u != now => Err(ApiError::conflict(format!(
+            "Precondition failed: UID in precondition: {u}, UID in object meta: {now}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The longest object name (a DNS subdomain).
+const MAX_NAME: usize = 253;
+
 /// The server-managed parts of metadata a client cannot write.
 const SERVER_FIELDS: &[&str] = &[
     "uid",
@@ -373,6 +388,11 @@ impl Store {
                 ));
             }
         };
+        if name.len() > MAX_NAME {
+            return Err(ApiError::invalid(format!(
+                "metadata.name: Invalid value: \"{name}\": must be no more than {MAX_NAME} characters"
+            )));
+        }
         self.namespace_exists(t, &ty)?;
         let key = Self::key(t, &name);
         if self.objects.contains_key(&key) {
@@ -403,8 +423,10 @@ impl Store {
         self.commit(&key, &ty, Some(old), new, false)
     }
 
-    /// 409 when `sent` names a resourceVersion other than `current`'s.
+    /// 409 when `sent` names a uid or a resourceVersion other than
+    /// `current`'s: the object written is not the one the client read.
     fn precondition(t: &Target, name: &str, sent: &Value, current: &Value) -> Result<(), ApiError> {
+        uid_precondition(sent["metadata"]["uid"].as_str(), current)?;
         match rv_of(sent) {
             Some(rv) if Some(rv) != rv_of(current) => Err(ApiError::conflict(format!(
                 "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
@@ -523,7 +545,9 @@ impl Store {
     }
 
     /// DELETE: an object with finalizers only gets its deletionTimestamp.
-    pub(crate) fn delete(&mut self, t: &Target) -> Result<Obj, ApiError> {
+    /// `pre` are the DeleteOptions' preconditions (uid, resourceVersion),
+    /// Null when none were sent.
+    pub(crate) fn delete(&mut self, t: &Target, pre: &Value) -> Result<Obj, ApiError> {
         let (ty, name, key) = self.one(t, "deletecollection is not served")?;
         if t.sub.is_some() {
             return Err(ApiError::method_not_allowed("a subresource is not deleted"));
@@ -533,6 +557,15 @@ impl Store {
             .get(&key)
             .map(|e| e.obj.clone())
             .ok_or_else(|| Self::not_found(t, &name))?;
+        uid_precondition(pre["uid"].as_str(), &old)?;
+        if let Some(rv) = pre["resourceVersion"].as_str()
+            && Some(rv) != rv_of(&old)
+        {
+            return Err(ApiError::conflict(format!(
+                "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                rv_of(&old).unwrap_or_default()
+            )));
+        }
         let finalizers = old["metadata"]["finalizers"]
             .as_array()
             .is_some_and(|f| !f.is_empty());
@@ -549,6 +582,43 @@ impl Store {
         let last = self.remove(&key, old);
         self.cascade(&key, &last);
         Ok(last)
+    }
+
+    /// A test's back door: stores `obj` at the object path `t` as it is
+    /// (its uid, labels, owners and status kept; what the server sets and
+    /// the object lacks filled in), with no namespace needed, as if some
+    /// other client had written it. An object of another uid already there
+    /// is deleted first: the new one takes its name.
+    pub(crate) fn put(&mut self, t: &Target, mut obj: Value) -> Result<Obj, ApiError> {
+        let (ty, _, key) = self.one(t, "put needs an object path")?;
+        if !obj.is_object() {
+            return Err(ApiError::bad_request("the object is not a JSON object"));
+        }
+        let mut old = self.objects.get(&key).map(|e| e.obj.clone());
+        if let Some(o) = old.clone()
+            && obj["metadata"]["uid"]
+                .as_str()
+                .is_some_and(|u| o["metadata"]["uid"].as_str() != Some(u))
+        {
+            self.remove(&key, o);
+            old = None;
+        }
+        if obj["apiVersion"].as_str().is_none_or(str::is_empty) {
+            obj["apiVersion"] = json!(t.api_version());
+        }
+        if obj["kind"].as_str().is_none_or(str::is_empty) {
+            obj["kind"] = json!(ty.kind);
+        }
+        if old.is_none() {
+            self.uids += 1;
+            let uid = format!("5ca1e000-0000-4000-8000-{:012x}", self.uids);
+            let m = meta(&mut obj);
+            m.entry("uid").or_insert_with(|| json!(uid));
+            m.entry("creationTimestamp").or_insert_with(|| json!(now()));
+            m.entry("generation").or_insert_with(|| json!(1));
+        }
+        meta(&mut obj).remove("resourceVersion");
+        self.commit(&key, &ty, old, obj, false)
     }
 
     /// Removes the object at `key` (whose current state is `old`), as a change.
