@@ -72,13 +72,22 @@ fn binding(ns: &str, pool_ns: &str, pool: &str) -> DtnPoolBinding {
 
 /// `x` with the status last applied to it and receiver r0's success on
 /// attempt 1, put in the API and reconciled.
-async fn receiver_succeeded(d: &mut Cluster, mut x: Transfer) -> Transfer {
-    let mut s: wirerate_crds::TransferStatus = serde_json::from_value(d.last_status(&format!(
-        "/transfers/{}",
-        x.metadata.name.as_deref().unwrap_or_default()
-    )))
-    .unwrap();
-    s.reports = vec![AgentReport {
+/// Pools `src` and `dst` with one agent each (`s0`, `r0`) and Transfer `x`,
+/// reconciled once: assigned to them.
+async fn one_transfer_assigned() -> (Cluster, Transfer) {
+    let mut d = Cluster::new().await;
+    pools(&mut d);
+    d.lease(&lease("src", "s0", now(), None));
+    d.lease(&lease("dst", "r0", now(), None));
+    let x = t("x", 0, 1);
+    d.transfer(&x);
+    reconcile(&d, &x).await;
+    (d, x)
+}
+
+/// `r0`'s report that its first attempt succeeded.
+fn receiver_success() -> AgentReport {
+    AgentReport {
         role: Role::Receiver,
         agent: "r0".into(),
         attempt: 1,
@@ -86,7 +95,16 @@ async fn receiver_succeeded(d: &mut Cluster, mut x: Transfer) -> Transfer {
         message: "digest 0123".into(),
         endpoint: None,
         updated_at: Time(Timestamp::now()),
-    }];
+    }
+}
+
+async fn receiver_succeeded(d: &mut Cluster, mut x: Transfer) -> Transfer {
+    let mut s: wirerate_crds::TransferStatus = serde_json::from_value(d.last_status(&format!(
+        "/transfers/{}",
+        x.metadata.name.as_deref().unwrap_or_default()
+    )))
+    .unwrap();
+    s.reports = vec![receiver_success()];
     x.status = Some(s);
     d.transfer(&x);
     reconcile(d, &x).await;

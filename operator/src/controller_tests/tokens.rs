@@ -9,13 +9,7 @@ use super::*;
 // are told of the assignment, and taken back when it ends.
 #[tokio::test]
 async fn each_token_is_readable_by_its_transfers_pools_alone_and_only_while_it_runs() {
-    let mut d = Cluster::new().await;
-    pools(&mut d);
-    d.lease(&lease("src", "s0", now(), None));
-    d.lease(&lease("dst", "r0", now(), None));
-    let x = t("x", 0, 1);
-    d.transfer(&x);
-    reconcile(&d, &x).await;
+    let (mut d, x) = one_transfer_assigned().await;
     let calls = d.calls();
     let at = |end: &str| calls.iter().position(|c| c.is("PATCH", end));
     let role = at("/namespaces/data/roles/wirerate-token.x").expect("token Role");
@@ -332,13 +326,7 @@ async fn a_finished_transfers_token_goes_with_its_grant() {
 // agents back without the token's name, and server-side apply dropped it.
 #[tokio::test]
 async fn a_look_from_a_stale_copy_keeps_the_token_beside_the_assignment() {
-    let mut d = Cluster::new().await;
-    pools(&mut d);
-    d.lease(&lease("src", "s0", now(), None));
-    d.lease(&lease("dst", "r0", now(), None));
-    let x = t("x", 0, 1);
-    d.transfer(&x);
-    reconcile(&d, &x).await;
+    let (d, x) = one_transfer_assigned().await;
     let s = d.last_status("/transfers/x");
     assert_eq!(s["receiver"]["name"], "r0");
     assert_eq!(s["tokenSecret"], "x-token");

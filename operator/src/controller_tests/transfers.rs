@@ -213,15 +213,7 @@ async fn the_receivers_success_completes_the_transfer_and_drops_the_labels() {
         sender: Some(ag("s0", "src")),
         receiver: Some(ag("r0", "dst")),
         start_time: Some(Time(Timestamp::from_second(now() - 10).unwrap())),
-        reports: vec![AgentReport {
-            role: Role::Receiver,
-            agent: "r0".into(),
-            attempt: 1,
-            state: ReportState::Succeeded,
-            message: "digest 0123".into(),
-            endpoint: None,
-            updated_at: Time(Timestamp::now()),
-        }],
+        reports: vec![receiver_success()],
         ..Default::default()
     });
     d.transfer(&x);
@@ -343,13 +335,7 @@ async fn the_finalizer_is_held_only_while_agents_have_something_to_clean_up() {
 // 5 s later, after every Transfer that finished.
 #[tokio::test]
 async fn a_stale_copy_of_a_finalizer_already_removed_is_no_error() {
-    let mut d = Cluster::new().await;
-    pools(&mut d);
-    d.lease(&lease("src", "s0", now(), None));
-    d.lease(&lease("dst", "r0", now(), None));
-    let x = t("x", 0, 1);
-    d.transfer(&x);
-    reconcile(&d, &x).await;
+    let (mut d, x) = one_transfer_assigned().await;
     let done = receiver_succeeded(&mut d, x).await;
     assert_eq!(d.last_status("/transfers/x")["phase"], "Succeeded");
     let path = "/apis/wirerate.io/v1alpha1/namespaces/data/transfers/x";
