@@ -12,6 +12,7 @@ use wirerate_engine::net::SocketOpts;
 use wirerate_engine::tuning::{self, Overrides};
 use wirerate_engine::wire::Verification;
 
+use crate::cluster::path_tests;
 use crate::units::{parse_rate, parse_size};
 
 /// The whole command line, as `--help` and the flags' reference show it.
@@ -85,6 +86,13 @@ pub struct RunArgs {
         value_delimiter = ','
     )]
     pub watch_namespaces: Vec<String>,
+    /// Seconds from learning of a path-test target to its first test, at
+    /// the least; each target's first test comes up to twice as much later
+    /// again, spread by tester and target.
+    #[arg(long, env = "WIRERATE_PATH_TEST_DELAY",
+          default_value_t = path_tests::FIRST_DELAY.as_secs(),
+          value_parser = clap::value_parser!(u64).range(path_tests::FIRST_DELAY_BOUNDS_S))]
+    pub path_test_delay: u64,
 }
 
 #[derive(Args, Clone)]

@@ -223,6 +223,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 max_transfers: a.max_transfers,
                 watch_namespaces: a.watch_namespaces,
                 in_pod: std::env::var_os("KUBERNETES_SERVICE_HOST").is_some(),
+                path_test_delay: Duration::from_secs(a.path_test_delay),
             };
             tokio::runtime::Runtime::new()?.block_on(wirerate_agent::cluster::run(cfg))?;
             Ok(ExitCode::SUCCESS)

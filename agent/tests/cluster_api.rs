@@ -58,6 +58,7 @@ fn agent(client: &Client, data_port: u16) {
         max_transfers: 2,
         watch_namespaces: vec![],
         in_pod: false,
+        path_test_delay: wirerate_agent::cluster::path_tests::FIRST_DELAY,
     };
     tokio::spawn(run_with(client.clone(), cfg));
 }

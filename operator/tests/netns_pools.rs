@@ -354,6 +354,11 @@ fn agent(
         .args(["--data-port", &DATA_PORT.to_string()])
         .args(["--max-transfers", &MAX_TRANSFERS.to_string()])
         .args(["--metrics-port", "0"])
+        // A path test first comes 1-3 s after the agent learns of its
+        // target, not the production 30-90 s: what these tests check is
+        // what the test finds and where it is shown, not when it starts
+        // (the agent's unit tests hold the schedule).
+        .args(["--path-test-delay", "1"])
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info,kube=warn")
         // On a runner that is itself a pod, the agent would think it runs

@@ -64,6 +64,9 @@ pub struct RunConfig {
     pub watch_namespaces: Vec<String>,
     /// Running in a pod (then the Lease names it).
     pub in_pod: bool,
+    /// The least time from learning of a path-test target to its first
+    /// test.
+    pub path_test_delay: Duration,
 }
 
 enum Side {
@@ -205,7 +208,7 @@ pub async fn run_with(client: Client, cfg: RunConfig) -> Result<()> {
     let mut finished: HashSet<JobKey> = HashSet::new();
     let mut no_token: cadence::NotYet<JobKey> = cadence::NotYet::default();
     let mut pool = pool;
-    let mut tester = path_tests::PathTester::default();
+    let mut tester = path_tests::PathTester::new(cfg.path_test_delay);
     // The Lease has a task of its own: nothing this loop waits for (a slow
     // report, a token read, a pool read) can let it lapse.
     let (lease, lease_rx) = tokio::sync::watch::channel(lease_info(&cfg, &pool, 0, &tester));

@@ -33,13 +33,15 @@ use crate::metrics::path_test_metrics;
 use crate::observer::Shown;
 
 /// How long after an agent learns of a target it first tests it, at the
-/// least: long enough for a restarted agent to have picked up its
-/// transfers, which come first.
-const FIRST_DELAY: Duration = Duration::from_secs(30);
-/// The most a target's first test is put off beyond that, by tester and
-/// target, so that the agents of a mesh that start together do not all
-/// test one listener at once.
-const FIRST_SPREAD_S: u64 = 60;
+/// least, unless `run --path-test-delay` says otherwise: long enough for a
+/// restarted agent to have picked up its transfers, which come first.
+pub const FIRST_DELAY: Duration = Duration::from_secs(30);
+/// The bounds of `run --path-test-delay`, in seconds.
+pub const FIRST_DELAY_BOUNDS_S: std::ops::RangeInclusive<u64> = 1..=3600;
+/// The most a target's first test is put off beyond the first delay, as a
+/// multiple of it, by tester and target, so that the agents of a mesh that
+/// start together do not all test one listener at once.
+const FIRST_SPREAD: u32 = 2;
 /// How soon a failed test is tried again (or the interval, if shorter).
 const RETRY_AFTER: Duration = Duration::from_secs(300);
 /// How soon a listener that could not start is tried again.
@@ -60,12 +62,20 @@ const LISTEN_SESSIONS: usize = 2;
 const LISTEN_CONNECTIONS: usize = LISTEN_SESSIONS * (MAX_PATH_TEST_STREAMS as usize + 1) + 8;
 
 /// When each target this agent tests is due.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Schedule {
     due: BTreeMap<String, Duration>,
     /// When each target's last good test here ended.
     ended: BTreeMap<String, Duration>,
     running: Option<String>,
+    /// The least time from learning of a target to its first test.
+    first_delay: Duration,
+}
+
+impl Default for Schedule {
+    fn default() -> Self {
+        Self::new(FIRST_DELAY)
+    }
 }
 
 /// A stable spread of `s` over `0..n` (the same on every start).
@@ -76,11 +86,22 @@ fn spread(s: &str, n: u64) -> u64 {
 }
 
 impl Schedule {
+    /// A schedule that first tests a target `first_delay` after learning of
+    /// it, plus a spread of up to twice that.
+    pub fn new(first_delay: Duration) -> Self {
+        Self {
+            due: BTreeMap::new(),
+            ended: BTreeMap::new(),
+            running: None,
+            first_delay,
+        }
+    }
+
     /// The targets agent `me` is to test, as of `now`, each with how long
     /// ago its last test ended if the pool's status knows. A new one is due
     /// an `interval` after that last test (so a restart or a move to
     /// another tester does not test again early), and never sooner than
-    /// [`FIRST_DELAY`] and a spread; dropped ones are forgotten.
+    /// the first delay and a spread; dropped ones are forgotten.
     pub fn assign<'a>(
         &mut self,
         targets: impl IntoIterator<Item = (&'a str, Option<Duration>)>,
@@ -95,8 +116,10 @@ impl Schedule {
                 (Some(due), Some(ended)) => (*due).min(*ended + interval),
                 (Some(due), None) => *due,
                 (None, _) => {
-                    let first = FIRST_DELAY
-                        + Duration::from_secs(spread(&format!("{me}/{t}"), FIRST_SPREAD_S));
+                    let most = (self.first_delay * FIRST_SPREAD).as_millis();
+                    let most = u64::try_from(most).unwrap_or(u64::MAX);
+                    let first = self.first_delay
+                        + Duration::from_millis(spread(&format!("{me}/{t}"), most));
                     let after_last = ago.map_or(Duration::ZERO, |a| interval.saturating_sub(a));
                     now + first.max(after_last)
                 }
@@ -247,6 +270,15 @@ pub struct PathTester {
 }
 
 impl PathTester {
+    /// A tester whose first test of a target comes `first_delay` after it
+    /// learns of it, at the least.
+    pub fn new(first_delay: Duration) -> Self {
+        Self {
+            schedule: Schedule::new(first_delay),
+            ..Self::default()
+        }
+    }
+
     /// The listener's address to advertise, if it is up.
     pub fn listener_address(&self, advertise: &str) -> Option<String> {
         self.listener
@@ -597,7 +629,7 @@ mod tests {
         let mut s = Schedule::default();
         s.assign(fresh(&["far", "near"]), "a-0", HOUR, Duration::ZERO);
         assert_eq!(s.poll(FIRST_DELAY - S, false), None, "too early");
-        let late = FIRST_DELAY + Duration::from_secs(FIRST_SPREAD_S);
+        let late = FIRST_DELAY + FIRST_DELAY * FIRST_SPREAD;
         assert_eq!(s.poll(late, true), None, "a transfer runs");
         let first = s.poll(late, false).expect("due");
         assert_eq!(s.running(), Some(first.as_str()));
@@ -614,7 +646,7 @@ mod tests {
     fn a_failed_test_is_tried_again_sooner_and_a_dropped_target_forgotten() {
         let mut s = Schedule::default();
         s.assign(fresh(&["far"]), "a-0", HOUR, Duration::ZERO);
-        let late = FIRST_DELAY + Duration::from_secs(FIRST_SPREAD_S);
+        let late = FIRST_DELAY + FIRST_DELAY * FIRST_SPREAD;
         assert_eq!(s.poll(late, false).as_deref(), Some("far"));
         s.finished(false, HOUR, late);
         assert_eq!(s.poll(late + RETRY_AFTER - S, false), None);
@@ -626,7 +658,7 @@ mod tests {
         // Re-assigning keeps when it is due (an hour on, not the first
         // delay a new target gets); dropping forgets it.
         s.assign(fresh(&["far"]), "a-0", HOUR, done + S);
-        let first = FIRST_DELAY + Duration::from_secs(FIRST_SPREAD_S);
+        let first = FIRST_DELAY + FIRST_DELAY * FIRST_SPREAD;
         assert_eq!(s.poll(done + S + first, false), None);
         assert_eq!(s.poll(done + HOUR - S, false), None);
         assert_eq!(s.poll(done + HOUR, false).as_deref(), Some("far"));
@@ -640,7 +672,7 @@ mod tests {
     fn a_shorter_interval_counts_from_the_last_test_at_once() {
         let mut s = Schedule::default();
         s.assign(fresh(&["far"]), "a-0", 24 * HOUR, Duration::ZERO);
-        let late = FIRST_DELAY + Duration::from_secs(FIRST_SPREAD_S);
+        let late = FIRST_DELAY + FIRST_DELAY * FIRST_SPREAD;
         assert!(s.poll(late, false).is_some());
         s.finished(true, 24 * HOUR, late);
         s.assign(fresh(&["far"]), "a-0", HOUR, late + S);
@@ -662,11 +694,8 @@ mod tests {
         s.assign([("far", Some(10 * HOUR))], "a-1", HOUR, now);
         assert_eq!(s.poll(now + FIRST_DELAY - S, false), None);
         assert!(
-            s.poll(
-                now + FIRST_DELAY + Duration::from_secs(FIRST_SPREAD_S),
-                false
-            )
-            .is_some()
+            s.poll(now + FIRST_DELAY + FIRST_DELAY * FIRST_SPREAD, false)
+                .is_some()
         );
     }
 
@@ -687,7 +716,7 @@ mod tests {
             })
             .collect();
         assert!(firsts.len() > 10, "{firsts:?}");
-        let last = FIRST_DELAY + Duration::from_secs(FIRST_SPREAD_S);
+        let last = FIRST_DELAY + FIRST_DELAY * FIRST_SPREAD;
         assert!(firsts.iter().all(|d| *d >= FIRST_DELAY && *d < last));
     }
 
