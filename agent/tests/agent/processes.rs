@@ -1,14 +1,12 @@
 //! The `wirerate-agent` binary as users run it: real processes, a receiver
 //! killed mid-transfer and restarted, JSON output, exit codes.
 
-mod common;
-
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 fn serve(root: &Path, token: &Path, port: u16) -> Proc {
     serve_bin(root, token, port, &[])

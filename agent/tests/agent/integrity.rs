@@ -9,8 +9,6 @@
 //! plan hung the session for ever; one in an acknowledgement or a block
 //! header ended the transfer at once, ignoring `--retry-for`.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
@@ -18,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use common::{TOKEN, assert_same, scratch, write_file};
+use crate::common::{TOKEN, assert_same, scratch, write_file};
 use proptest::prelude::*;
 use wirerate_engine::digest::frame_checksum;
 use wirerate_engine::receiver::{ServeConfig, Server, ServerHandle};

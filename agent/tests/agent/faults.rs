@@ -2,15 +2,13 @@
 //! wrong token, garbage and oversized frames, path escapes, a disk that is
 //! full or fills up mid-file, interrupted sessions and what they leave.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use wirerate_agent::observer::Shown;
 use wirerate_agent::progress::Progress;
 use wirerate_engine::Error;

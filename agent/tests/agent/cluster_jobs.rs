@@ -2,12 +2,10 @@
 //! bound for one transfer, a sender started from Transfer-style settings,
 //! cancellation, the cleanup of a cancelled transfer, and root checks.
 
-mod common;
-
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::{TOKEN, assert_same, scratch, write_file};
+use crate::common::{TOKEN, assert_same, scratch, write_file};
 use wirerate_agent::cluster::jobs::{
     ReceiverJob, SenderJob, SenderOutcome, remove_partials, under_roots,
 };

@@ -3,8 +3,6 @@
 //! permission bits, and file names near the filesystem's limit. Real
 //! files, real sockets, paced transfers so the change lands mid-way.
 
-mod common;
-
 use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -12,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use wirerate_agent::observer::Shown;
 use wirerate_agent::progress::Progress;
 use wirerate_engine::io::IoMode;

@@ -2,9 +2,7 @@
 //! real files: every size edge, every I/O mode on both sides, 1 and 8
 //! streams, and a directory tree. Each destination must be byte-identical.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use wirerate_engine::io::IoMode;
 use wirerate_engine::sender::send;
 use wirerate_engine::wire::Verification;

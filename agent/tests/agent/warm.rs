@@ -3,14 +3,12 @@
 //! handshake each time, and nothing a parked connection carried survives
 //! into the next session.
 
-mod common;
-
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use wirerate_engine::io::IoMode;
 use wirerate_engine::receiver::{Lobby, ServeConfig, Server, ServerHandle};
 use wirerate_engine::sender::send;

@@ -1,13 +1,11 @@
 //! `wirerate-agent demo`, the README's first command, as users run it: it
 //! must not fill the disk, nor leave its files behind when interrupted.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// Bytes in the regular files beneath `dir`, while a demo may be creating
 /// and removing them (so what vanished meanwhile counts as nothing).

@@ -4,13 +4,11 @@
 //! vanishes. Needs root, iproute2 and iptables; skips loudly without them
 //! and fails under CI.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 fn sh(args: &[&str]) {
     let st = Command::new(args[0]).args(&args[1..]).status().unwrap();

@@ -2,11 +2,9 @@
 //! change, rather than accepted and failing (or crawling) later: each case
 //! was found by an adversarial probe of the release binary.
 
-mod common;
-
 use std::process::{Command, Output};
 
-use common::*;
+use crate::common::*;
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()

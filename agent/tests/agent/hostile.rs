@@ -5,13 +5,11 @@
 //! endpoint under abuse, and random frame sequences before and after
 //! authentication.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use proptest::prelude::*;
 use wirerate_engine::Error;
 use wirerate_engine::net::auth;
