@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::fsroot::{DestPath, Root, validate};
 use crate::io::open::on_tmpfs;
 use crate::wire::{EntryKind, FileEntry, MAX_BLOCKS_PER_FILE};
-use crate::{Bitmap, FileTracker, Layout};
+use crate::{Bitmap, Layout};
 
 /// A destination file of a session.
 pub(crate) struct DestFile {
@@ -29,11 +29,11 @@ pub(crate) struct DestFile {
     pub(crate) identity: u64,
     /// Permission bits it is published with (the sender's, masked).
     pub(crate) mode: u32,
-    /// A checkpoint of it is on disk (loaded or stored), so what was
-    /// written can be resumed; without one, its temporary file is garbage
-    /// once the session ends.
-    pub(crate) has_checkpoint: bool,
-    pub(crate) tracker: FileTracker,
+    /// The durable blocks and checksums its stored checkpoint records,
+    /// until the writer takes them (`session::lifecycle` then holds what
+    /// is written and durable). Without one, its temporary file is
+    /// garbage once the session ends.
+    pub(crate) resumed: Option<Box<(Bitmap, Vec<u64>)>>,
     /// Its descriptors, once its first block is written: a file waiting
     /// in a large manifest holds a null pointer, not two.
     opened: Option<Box<Opened>>,
@@ -102,17 +102,27 @@ impl<'a> Staged<'a> {
 
 impl Drop for Staged<'_> {
     fn drop(&mut self) {
-        discard_unresumable(self.root, self.files.iter_mut().map(|(_, f)| &mut **f));
+        discard_unresumable(
+            self.root,
+            self.files.iter_mut().map(|(_, f)| {
+                let resumable = f.resumed.is_some();
+                (&mut **f, resumable)
+            }),
+        );
     }
 }
 
 /// Removes the temporary files of `files` that no checkpoint can resume
 /// (one-block files are never checkpointed, and a file may not have got
 /// its first one): a new session would start them over anyway, and
-/// nothing else would ever remove them.
-pub(crate) fn discard_unresumable<'f>(root: &Root, files: impl Iterator<Item = &'f mut DestFile>) {
-    for f in files {
-        if f.kind == EntryKind::File && !f.has_checkpoint {
+/// nothing else would ever remove them. Each comes with whether a
+/// checkpoint of it is stored.
+pub(crate) fn discard_unresumable<'f>(
+    root: &Root,
+    files: impl Iterator<Item = (&'f mut DestFile, bool)>,
+) {
+    for (f, has_checkpoint) in files {
+        if f.kind == EntryKind::File && !has_checkpoint {
             if let Err(e) = f.discard(root) {
                 tracing::warn!(path = %f.dest.rel, error = %e, "cannot remove the temporary file");
             }
@@ -176,8 +186,7 @@ fn prepare_entry(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Res
         fingerprint: e.fingerprint,
         identity: 0,
         mode: u32::from(e.mode) & 0o777 & !umask,
-        has_checkpoint: false,
-        tracker: FileTracker::new(layout.blocks(), None),
+        resumed: None,
         opened: None,
     };
     if e.kind == EntryKind::Dir {
@@ -213,9 +222,8 @@ fn prepare_entry(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Res
     });
     match resumed {
         Some(c) => {
-            file.has_checkpoint = true;
             let have = c.durable.clone();
-            file.tracker = FileTracker::new(layout.blocks(), Some((c.durable, c.checksums)));
+            file.resumed = Some(Box::new((c.durable, c.checksums)));
             Ok(Prepared::Accept(Box::new(file), have))
         }
         None => {
@@ -287,20 +295,25 @@ impl DestFile {
         self.opened.as_ref().and_then(|o| o.direct.as_ref())
     }
 
-    /// Flushes written blocks to stable storage and marks them durable.
-    pub(crate) fn sync(&mut self) -> Result<()> {
+    /// Flushes written blocks to stable storage (the caller marks them
+    /// durable).
+    pub(crate) fn sync(&self) -> Result<()> {
         if let Some(f) = self.plain() {
             f.sync_data()
                 .map_err(|e| Error::io(format!("syncing {}", self.dest.rel), e))?;
         }
-        self.tracker.handle_synced();
         Ok(())
     }
 
-    /// Records durable blocks for a later resume, unless another session
-    /// has taken the partial file over (or published it) meanwhile: a
-    /// checkpoint beside a published file would be a stale one.
-    pub(crate) fn checkpoint(&self, root: &Root) -> Result<()> {
+    /// Records `durable` blocks and their `checksums` for a later resume,
+    /// unless another session has taken the partial file over (or
+    /// published it) meanwhile: a checkpoint beside a published file would
+    /// be a stale one.
+    pub(crate) fn checkpoint(
+        &self,
+        root: &Root,
+        (durable, checksums): (Bitmap, Vec<u64>),
+    ) -> Result<()> {
         let dir = self.dir(root)?;
         if let Some(f) = self.plain()
             && !super::checkpointer::still_ours(&dir, &self.dest.part_name(), f)
@@ -309,11 +322,8 @@ impl DestFile {
                 path: self.dest.rel.to_string(),
             });
         }
-        self.record(
-            self.tracker.durable().into_owned(),
-            self.tracker.checksums().into_owned(),
-        )
-        .store(&dir, &self.dest.ckpt_name())
+        self.record(durable, checksums)
+            .store(&dir, &self.dest.ckpt_name())
     }
 
     /// The checkpoint of this file with `durable` blocks and `checksums`.
@@ -378,11 +388,6 @@ impl DestFile {
             .map_err(|e| Error::io(ctx(), e.into()))
     }
 
-    /// The written data was made durable by a filesystem-wide sync.
-    pub(crate) fn mark_synced(&mut self) {
-        self.tracker.handle_synced();
-    }
-
     /// Removes the temporary file and checkpoint (data that failed verification).
     pub(crate) fn discard(&mut self, root: &Root) -> Result<()> {
         self.opened = None;
@@ -397,9 +402,10 @@ mod tests {
     #[test]
     fn a_file_waiting_in_a_large_manifest_is_small() {
         // Boxed, it takes a 96-byte allocation (glibc rounds 88 plus its
-        // header up to 96); at 89 it would take 112. Its path, tracker
-        // progress and descriptors are allocated apart, the last two only
-        // once its first block is written.
+        // header up to 96); at 89 it would take 112. Its path, resumed
+        // checkpoint and descriptors are allocated apart, the last only
+        // once its first block is written (what is written and durable is
+        // `session::lifecycle`'s).
         assert!(
             size_of::<super::DestFile>() <= 88,
             "{}",
