@@ -1,18 +1,22 @@
 //! Seeded simulation of whole transfers through the engine's real core: the
-//! sender's `Scheduler`, the receiver's `FileTracker` and `CheckpointPolicy`,
-//! `Bitmap`, `Layout` and the digests, over streams that delay, reorder,
-//! damage and cut, and a disk that completes writes out of order, fails
-//! with ENOSPC or EIO, and on a crash loses whatever was not synced.
+//! sender's `Scheduler`, the receiver writer's `FileLifecycle` (with its
+//! `FileTracker`s and `CheckpointPolicy`), `Bitmap` and the digests, over
+//! streams that delay, reorder, damage and cut, and a disk that completes
+//! writes out of order, fails with ENOSPC or EIO, and on a crash loses
+//! whatever was not synced.
 //!
 //! Both ends of the control connection are the real cores: the sim opens
 //! each session through `ReceiverControl` (the manifest, its requests to
 //! admit and prepare), hands its plan frames to `SenderControl`, whose plan
 //! the scheduler sends by, and passes reports and results between them;
-//! the sender's verdicts come from its core's digest check. What the
-//! agent's threads do around the core (deliver blocks, write them,
-//! acknowledge, checkpoint, hold a file's report until its blocks are
-//! written, publish, resume from checkpoints) is modelled here step by
-//! step, as the shells do it.
+//! the sender's verdicts come from its core's digest check. The receiver's
+//! per-file decisions (write or drop a block, when a checkpoint is due and
+//! what it records, when a reported file is verified and whether it is
+//! published, what a session that winds down keeps) are the writer
+//! shell's own `FileLifecycle`; this carries them out as the shell does,
+//! on a simulated disk. What is still modelled here: the sender's reading
+//! and sending loop, the streams, the disk, and resuming from checkpoints
+//! at a session's start.
 //!
 //! Properties, checked on every run:
 //! - a run ends, within a bounded number of steps, with every file
@@ -34,12 +38,15 @@ use std::time::{Duration, Instant};
 
 use wirerate_engine::digest::{block_checksum, file_digest};
 use wirerate_engine::scheduler::PlannedFile;
+use wirerate_engine::session::lifecycle::{
+    BlockFate, CheckpointJob, FileLifecycle, Finish, Planned,
+};
 use wirerate_engine::session::receiver::{Action, End, Limits, Report};
-use wirerate_engine::session::reports::{Reported, Reports, digest_agrees};
+use wirerate_engine::session::reports::Reported;
 use wirerate_engine::session::sender::Action as SendAction;
 use wirerate_engine::session::{FileVerdict, ReceiverControl, SenderControl, Verdict};
 use wirerate_engine::wire::{EntryKind, FileEntry, Frame, PlanOutcome};
-use wirerate_engine::{Bitmap, CheckpointPolicy, FileTracker, Scheduler};
+use wirerate_engine::{Bitmap, Scheduler};
 
 /// SplitMix64: small, seedable, the same on every machine.
 struct Rng(u64);
@@ -122,9 +129,9 @@ enum Msg {
     },
 }
 
-/// A file a background sync covers: its id, the blocks the tracker counts
-/// as covered, and the page cache as it was when the sync began.
-type Covered = (u32, Bitmap, Vec<Option<u64>>);
+/// A file a background checkpoint covers: the core's job, and the page
+/// cache as it was when the sync began.
+type Covered = (CheckpointJob, Vec<Option<u64>>);
 
 struct Write {
     file: u32,
@@ -264,14 +271,27 @@ impl Sim {
         let todo: Vec<u32> = (0..self.source.len() as u32)
             .filter(|f| !verdicts.contains_key(f))
             .collect();
-        let mut trackers: BTreeMap<u32, FileTracker> = BTreeMap::new();
+        let mut core = FileLifecycle::new(
+            todo.iter().map(|&f| Planned {
+                file_id: f,
+                blocks: self.source[f as usize].len() as u64,
+                dir: false,
+                identity: 0,
+                resumed: self.disk.checkpoints[f as usize].clone(),
+            }),
+            wirerate_engine::Verification::Checksums,
+            Duration::from_millis(5),
+            Duration::MAX,
+            self.now(),
+        );
         let mut planned = Vec::new();
         let mut have_at_plan: HashMap<u32, Bitmap> = HashMap::new();
         for &f in &todo {
             let blocks = self.source[f as usize].len() as u64;
-            let resumed = self.disk.checkpoints[f as usize].clone();
-            let t = FileTracker::new(blocks, resumed);
-            let have = t.durable().into_owned();
+            let have = match core.durable(f) {
+                Some(have) => have.into_owned(),
+                None => self.fail(&format!("the writer's core does not hold file {f}")),
+            };
             // After a session that wound down (not a crash), everything
             // it wrote of a file it checkpoints is kept: nothing durable
             // is sent again.
@@ -304,7 +324,6 @@ impl Sim {
                 size: blocks * BLOCK,
                 have: Some(have),
             });
-            trackers.insert(f, t);
         }
         let (mut rx, mut tx, plan) = self.open_session(session, &planned);
         if plan != planned {
@@ -314,15 +333,10 @@ impl Sim {
         }
         let per_stream = BLOCK * (1 + self.rng.below(4));
         let mut sched = Scheduler::new(plan, BLOCK, streams, per_stream, true);
-        let mut policy = CheckpointPolicy::new(self.now(), Duration::from_millis(5));
         // Messages in flight: (deliver at, message); the control channel is
         // stream u16::MAX.
         let mut wire: Vec<(u64, Msg)> = Vec::new();
         let mut writes: Vec<Write> = Vec::new();
-        // The writer's own bookkeeping of reports. Its answers keep the
-        // order of the reports: the order of answering draws random
-        // numbers, and a seed must replay the same run.
-        let mut reports = Reports::new(Duration::MAX);
         let mut cut: HashSet<u16> = HashSet::new();
         let mut answered = 0;
         // A sync started in the background, and when it completes.
@@ -407,14 +421,7 @@ impl Sim {
                     wire.retain(|(_, m)| !on_stream(m, s));
                     *self.struck.entry("cut").or_default() += 1;
                     if cut.len() == streams as usize {
-                        self.wind_down(
-                            &mut trackers,
-                            writes,
-                            syncing,
-                            &reports,
-                            &wrote,
-                            expect_have,
-                        );
+                        self.wind_down(&mut core, writes, syncing, &wrote, expect_have);
                         return SessionEnd::Broken("every stream cut");
                     }
                 }
@@ -434,25 +441,17 @@ impl Sim {
                 let w = writes.swap_remove(i);
                 match w.fails {
                     Some("ENOSPC") => {
+                        core.handle_write_failed(w.file);
                         self.log(format!("write {}:{} ENOSPC", w.file, w.block));
                         *self.struck.entry("enospc").or_default() += 1;
-                        self.wind_down(
-                            &mut trackers,
-                            writes,
-                            syncing,
-                            &reports,
-                            &wrote,
-                            expect_have,
-                        );
+                        self.wind_down(&mut core, writes, syncing, &wrote, expect_have);
                         return SessionEnd::Broken("no space (retryable)");
                     }
                     Some(e) => return SessionEnd::Fatal(format!("receiver: {e} writing a block")),
                     None => {}
                 }
                 self.disk.written[w.file as usize][w.block as usize] = Some(w.token);
-                if let Some(t) = trackers.get_mut(&w.file) {
-                    t.handle_written(w.block, w.sum);
-                }
+                core.handle_written(w.file, w.block, w.sum, self.now());
                 if let Some(b) = wrote.get_mut(&w.file) {
                     b.set(w.block);
                 }
@@ -467,28 +466,24 @@ impl Sim {
                 ));
             }
 
-            // Checkpoints: begin a background sync when due, complete it
-            // later; what it covered becomes durable, then is recorded.
+            // Checkpoints: the core says when one is due and what it
+            // covers; the sync runs in the background and completes later,
+            // and what it covered becomes durable, then is recorded.
             if let Some((_, covered)) = syncing.take_if(|(at, _)| *at <= now) {
-                self.complete_sync(covered, &mut trackers, &reports);
+                self.complete_sync(covered, &mut core);
             }
-            // As the writer counts: one-block files are never checkpointed.
-            let unsynced: u64 = trackers
-                .iter()
-                .filter(|(f, t)| !reports.is_answered(**f) && t.durable().len() > 1)
-                .map(|(_, t)| t.unsynced())
-                .sum();
-            if syncing.is_none() && policy.poll_due(self.now(), unsynced) {
-                // One-block files are sent again rather than checkpointed.
-                let covered: Vec<_> = trackers
-                    .iter_mut()
-                    .filter(|(f, t)| {
-                        !reports.is_answered(**f) && t.unsynced() > 0 && t.durable().len() > 1
+            if syncing.is_none()
+                && let Some(batch) = core.poll_checkpoint(self.now())
+                && !batch.is_empty()
+            {
+                let covered = batch
+                    .into_iter()
+                    .map(|j| {
+                        let then = self.disk.written[j.file_id as usize].clone();
+                        (j, then)
                     })
-                    .map(|(f, t)| (*f, t.begin_sync(), self.disk.written[*f as usize].clone()))
                     .collect();
                 syncing = Some((now + 1 + self.rng.below(10), covered));
-                policy.handle_checkpointed(self.now());
             }
 
             // Deliver what is due, in a random order among them.
@@ -515,6 +510,7 @@ impl Sim {
                         sum,
                     } => {
                         let reply = |m| (now + 1, m);
+                        core.handle_arrived(self.now());
                         if checksum(token) != sum {
                             *self.struck.entry("damaged").or_default() += 1;
                             wire.push(reply(Msg::Nack {
@@ -522,14 +518,24 @@ impl Sim {
                                 file,
                                 block,
                             }));
-                        } else if reports.is_answered(file) {
+                            continue;
+                        }
+                        match core.handle_block(file) {
+                            BlockFate::Write => {}
                             // A resent copy of an answered file's block.
-                            wire.push(reply(Msg::Ack {
-                                stream,
-                                file,
-                                block,
-                            }));
-                        } else {
+                            BlockFate::Drop => {
+                                wire.push(reply(Msg::Ack {
+                                    stream,
+                                    file,
+                                    block,
+                                }));
+                                continue;
+                            }
+                            BlockFate::Unknown => {
+                                self.fail(&format!("block {block} of unplanned file {file}"))
+                            }
+                        }
+                        {
                             let fails = if self.rng.chance(self.faults.enospc) {
                                 Some("ENOSPC")
                             } else if self.rng.chance(self.faults.eio) {
@@ -588,7 +594,7 @@ impl Sim {
                                         digest,
                                         identity,
                                     };
-                                    reports.handle_reported(report, self.now());
+                                    core.handle_reported(report, self.now());
                                 }
                                 other => self.fail(&format!(
                                     "the receiver core answered a report of file {file} with {other:?}"
@@ -633,21 +639,30 @@ impl Sim {
                 }
             }
 
-            // Answer reported files whose blocks are all written (the
-            // writer drains its writes of a file first).
-            let ready = reports
-                .poll_ready(|f| trackers[&f].is_complete() && !writes.iter().any(|w| w.file == f));
-            for Reported {
-                file_id: f, digest, ..
-            } in ready
+            // Answer reported files whose blocks are all written, as the
+            // core decides; like the writer, first wait for the background
+            // checkpoint, so that none is stored behind a published file.
+            let ready = core.poll_finish();
+            if !ready.is_empty()
+                && let Some((_, covered)) = syncing.take()
             {
+                self.complete_sync(covered, &mut core);
+            }
+            for decision in ready {
+                let Finish::Verify {
+                    report:
+                        Reported {
+                            file_id: f, digest, ..
+                        },
+                    checksums_digest,
+                } = decision
+                else {
+                    self.fail(&format!("the writer's core decided {decision:?}"));
+                };
                 let fi = f as usize;
                 // Made durable before the rename, then verified.
                 self.disk.durable[fi] = self.disk.written[fi].clone();
-                let t = trackers.get_mut(&f).expect("planned");
-                t.handle_synced();
-                let ok =
-                    digest_agrees(wirerate_engine::Verification::Checksums, t.digest(), digest);
+                let ok = core.may_publish(checksums_digest, digest);
                 if ok {
                     let right = self.durable_right(fi);
                     if !right.is_full() {
@@ -658,7 +673,6 @@ impl Sim {
                     self.disk.published[fi] = Some(self.disk.durable[fi].clone());
                     self.disk.checkpoints[fi] = None;
                 }
-                reports.handle_answered(f);
                 self.log(format!("publish file {f}: ok={ok}"));
                 rx.handle_verdict(
                     Verdict::File {
@@ -798,15 +812,12 @@ impl Sim {
 
     /// A background sync finishes: fdatasync made durable what was written
     /// when it began (of what was written while it ran, some pages made it
-    /// and some not); what it covered is then recorded.
-    fn complete_sync(
-        &mut self,
-        covered: Vec<Covered>,
-        trackers: &mut BTreeMap<u32, FileTracker>,
-        reports: &Reports,
-    ) {
-        for (f, cov, then) in covered {
-            let fi = f as usize;
+    /// and some not); each checkpoint the core asked for is then stored,
+    /// and the core told.
+    fn complete_sync(&mut self, covered: Vec<Covered>, core: &mut FileLifecycle) {
+        let mut synced = Vec::with_capacity(covered.len());
+        for (job, then) in covered {
+            let fi = job.file_id as usize;
             for (b, page) in then.into_iter().enumerate() {
                 if page.is_some() {
                     self.disk.durable[fi][b] = page;
@@ -814,59 +825,56 @@ impl Sim {
                     self.disk.durable[fi][b] = self.disk.written[fi][b];
                 }
             }
-            if reports.is_answered(f) {
-                continue;
-            }
-            let Some(t) = trackers.get_mut(&f) else {
-                continue;
-            };
-            t.handle_synced_upto(&cov);
-            let (bits, sums) = t.checkpoint_after(&cov);
-            self.store_checkpoint(f, bits, sums);
+            self.store_checkpoint(job.file_id, job.durable, job.checksums);
+            synced.push((job.file_id, job.covered, true));
         }
+        core.handle_checkpointed(synced);
     }
 
     /// A session ends without a crash, as the agent's writer does on Stop:
     /// it finishes the writes it has (a failing one is lost), waits for the
-    /// checkpoint in progress, then syncs and checkpoints every unfinished
-    /// file of more than one block. The next session must then hold every
-    /// block this one held or wrote of those files (`wrote`, counted from
-    /// completed writes, apart from the trackers).
-    #[allow(clippy::too_many_arguments)]
+    /// checkpoint in progress, then syncs and checkpoints what the core
+    /// says to keep. The next session must then hold every block this one
+    /// held or wrote of the files of more than one block still unanswered
+    /// (`wrote`, counted from completed writes, apart from the core).
     fn wind_down(
         &mut self,
-        trackers: &mut BTreeMap<u32, FileTracker>,
+        core: &mut FileLifecycle,
         writes: Vec<Write>,
         syncing: Option<(u64, Vec<Covered>)>,
-        reports: &Reports,
         wrote: &HashMap<u32, Bitmap>,
         expect_have: &mut HashMap<u32, Bitmap>,
     ) {
         let mut wrote = wrote.clone();
-        for w in writes.into_iter().filter(|w| w.fails.is_none()) {
-            self.disk.written[w.file as usize][w.block as usize] = Some(w.token);
-            if let Some(t) = trackers.get_mut(&w.file) {
-                t.handle_written(w.block, w.sum);
+        for w in writes {
+            if w.fails.is_some() {
+                core.handle_write_failed(w.file);
+                continue;
             }
+            self.disk.written[w.file as usize][w.block as usize] = Some(w.token);
+            core.handle_written(w.file, w.block, w.sum, self.now());
             if let Some(b) = wrote.get_mut(&w.file) {
                 b.set(w.block);
             }
         }
         if let Some((_, covered)) = syncing {
-            self.complete_sync(covered, trackers, reports);
+            self.complete_sync(covered, core);
+        }
+        for f in core.poll_wind_down() {
+            self.disk.durable[f as usize] = self.disk.written[f as usize].clone();
+            let Some((bits, sums)) = core.handle_synced(f) else {
+                self.fail(&format!(
+                    "the writer's core winds down file {f}, which it does not hold"
+                ));
+            };
+            self.store_checkpoint(f, bits, sums);
+            core.handle_checkpoint_stored(f);
         }
         expect_have.clear();
-        for (&f, t) in trackers.iter_mut() {
-            if reports.is_answered(f) || t.durable().len() <= 1 {
-                continue;
+        for f in core.held() {
+            if self.source[f as usize].len() > 1 {
+                expect_have.insert(f, wrote[&f].clone());
             }
-            if t.unsynced() > 0 {
-                self.disk.durable[f as usize] = self.disk.written[f as usize].clone();
-                t.handle_synced();
-                let (bits, sums) = (t.durable().into_owned(), t.checksums().to_vec());
-                self.store_checkpoint(f, bits, sums);
-            }
-            expect_have.insert(f, wrote[&f].clone());
         }
     }
 

@@ -405,3 +405,164 @@ impl FileLifecycle {
             .filter_map(|(id, f)| f.as_ref().map(|_| id))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    fn file(file_id: u32, blocks: u64) -> Planned {
+        Planned {
+            file_id,
+            blocks,
+            dir: false,
+            identity: u64::from(file_id) + 100,
+            resumed: None,
+        }
+    }
+
+    fn report(file_id: u32) -> Reported {
+        Reported {
+            file_id,
+            digest: 7,
+            identity: u64::from(file_id) + 100,
+        }
+    }
+
+    fn core(files: Vec<Planned>, t0: Instant) -> FileLifecycle {
+        FileLifecycle::new(files, Verification::Checksums, SECOND, 30 * SECOND, t0)
+    }
+
+    #[test]
+    fn a_block_is_written_until_its_file_is_answered_then_dropped() {
+        let t0 = Instant::now();
+        let mut c = core(vec![file(1, 1)], t0);
+        assert_eq!(c.handle_block(9), BlockFate::Unknown);
+        assert_eq!(c.handle_block(1), BlockFate::Write);
+        c.handle_written(1, 0, 5, t0);
+        c.handle_reported(report(1), t0);
+        assert!(matches!(c.poll_finish()[..], [Finish::Verify { .. }]));
+        // A copy the sender resent after a stream broke.
+        assert_eq!(c.handle_block(1), BlockFate::Drop);
+        assert!(!c.handle_given_up(1) && c.held().next().is_none());
+    }
+
+    // A resent copy of a block still being written when the file is
+    // reported: the file is verified only once that write lands too.
+    #[test]
+    fn a_report_waits_for_the_last_block_and_for_the_files_writes_in_flight() {
+        let t0 = Instant::now();
+        let mut c = core(vec![file(1, 2), file(2, 1)], t0);
+        c.handle_reported(report(1), t0);
+        c.handle_reported(report(2), t0);
+        for _ in 0..2 {
+            assert_eq!(c.handle_block(1), BlockFate::Write);
+        }
+        c.handle_written(1, 0, 10, t0);
+        assert!(c.poll_finish().is_empty());
+        assert_eq!(c.handle_block(1), BlockFate::Write);
+        c.handle_written(1, 1, 11, t0);
+        // Complete, but the first copy of block 1 is still in flight.
+        assert!(c.poll_finish().is_empty());
+        c.handle_written(1, 1, 11, t0);
+        let digest = crate::digest::file_digest(&[10, 11]);
+        assert_eq!(
+            c.poll_finish(),
+            [Finish::Verify {
+                report: report(1),
+                checksums_digest: digest
+            }]
+        );
+        assert!(c.may_publish(digest, digest) && !c.may_publish(digest, 7));
+        // File 2 never got its block: after the progress timeout, a stall.
+        assert_eq!(c.poll_stalled(t0 + 29 * SECOND), None);
+        assert_eq!(c.poll_stalled(t0 + 30 * SECOND).map(|s| s.file_id), Some(2));
+    }
+
+    #[test]
+    fn a_checkpoint_records_what_its_sync_covers_and_one_runs_at_a_time() {
+        let t0 = Instant::now();
+        let mut c = core(vec![file(1, 3), file(2, 1)], t0);
+        for (f, b) in [(1, 0), (2, 0)] {
+            assert_eq!(c.handle_block(f), BlockFate::Write);
+            c.handle_written(f, b, 10 + b, t0);
+        }
+        assert_eq!(c.poll_checkpoint(t0 + SECOND / 2), None);
+        // The one-block file is sent again after a crash, never synced.
+        let jobs = c.poll_checkpoint(t0 + SECOND).expect("due");
+        assert_eq!(jobs.len(), 1);
+        let job = &jobs[0];
+        assert_eq!(
+            (job.file_id, job.covered.count(), job.durable.count()),
+            (1, 1, 1)
+        );
+        assert!(!c.is_resumable(1));
+        // Written while the sync runs: not in this batch, nor a new one yet.
+        c.handle_block(1);
+        c.handle_written(1, 1, 11, t0 + SECOND);
+        assert!(c.is_syncing());
+        assert_eq!(c.poll_checkpoint(t0 + 5 * SECOND), None);
+        let kept = c.handle_checkpointed([(1, job.covered.clone(), true)]);
+        assert_eq!(kept, [1]);
+        assert!(c.is_resumable(1) && !c.is_resumable(2));
+        assert_eq!(c.durable(1).unwrap().count(), 1);
+        // Winding down syncs and records the rest.
+        assert_eq!(c.poll_wind_down(), [1]);
+        let (durable, sums) = c.handle_synced(1).unwrap();
+        assert_eq!((durable.count(), &sums[..2]), (2, &[10, 11][..]));
+        assert!(c.poll_wind_down().is_empty());
+    }
+
+    #[test]
+    fn nothing_unsynced_is_no_checkpoint_and_counts_as_a_look() {
+        let t0 = Instant::now();
+        let mut c = core(vec![file(1, 3)], t0);
+        assert_eq!(c.poll_checkpoint(t0 + SECOND), None);
+        c.handle_block(1);
+        c.handle_written(1, 0, 1, t0 + SECOND);
+        // The look at t0 + 1 s counted: the next is due a second later.
+        assert_eq!(c.poll_timeout(), t0 + 2 * SECOND);
+        assert_eq!(c.poll_checkpoint(t0 + SECOND + SECOND / 2), None);
+        assert!(c.poll_checkpoint(t0 + 2 * SECOND).is_some());
+    }
+
+    #[test]
+    fn a_wrong_identity_a_directory_and_an_unknown_report_are_told_apart() {
+        let t0 = Instant::now();
+        let dir = Planned {
+            dir: true,
+            ..file(3, 0)
+        };
+        let resumed = Planned {
+            resumed: Some((Bitmap::new(2), vec![0, 0])),
+            ..file(4, 2)
+        };
+        let mut c = core(vec![file(1, 0), dir, resumed], t0);
+        assert!(c.is_resumable(4));
+        let theirs = Reported {
+            identity: 5,
+            ..report(1)
+        };
+        for r in [theirs, report(3), report(8)] {
+            c.handle_reported(r, t0);
+        }
+        assert_eq!(
+            c.poll_finish(),
+            [
+                Finish::WrongIdentity {
+                    report: theirs,
+                    ours: 101
+                },
+                Finish::Dir {
+                    report: report(3),
+                    digest: crate::digest::file_digest(&[])
+                },
+                Finish::Unknown(report(8)),
+            ]
+        );
+        assert!(c.handle_given_up(4));
+        assert!(!c.is_resumable(4));
+        assert_eq!(c.held().count(), 0);
+    }
+}
