@@ -29,11 +29,6 @@ pub(crate) struct DestFile {
     pub(crate) identity: u64,
     /// Permission bits it is published with (the sender's, masked).
     pub(crate) mode: u32,
-    /// The durable blocks and checksums its stored checkpoint records,
-    /// until the writer takes them (`session::lifecycle` then holds what
-    /// is written and durable). Without one, its temporary file is
-    /// garbage once the session ends.
-    pub(crate) resumed: Option<Box<(Bitmap, Vec<u64>)>>,
     /// Its descriptors, once its first block is written: a file waiting
     /// in a large manifest holds a null pointer, not two.
     opened: Option<Box<Opened>>,
@@ -49,14 +44,21 @@ struct Opened {
 
 /// What `prepare` decided for one manifest entry.
 pub(crate) enum Prepared {
-    /// Send it; the bitmap holds the blocks already durable here.
-    Accept(Box<DestFile>, Bitmap),
+    /// Send it; the bitmap holds the blocks already durable here, and the
+    /// checkpoint they come from goes to the writer.
+    Accept(Box<DestFile>, Bitmap, Option<Resumed>),
     /// Refused, with the reason for the sender.
     Refuse(String),
     /// Send it, to be verified and dropped: a memory-to-memory session,
     /// for which nothing is created (see `discard`).
     Discard,
 }
+
+/// What a file's stored checkpoint records: its durable blocks and their
+/// checksums. Kept beside the file, not in it, until the writer's core
+/// takes it (a million waiting files are a million `DestFile`s). Without
+/// one, a file's temporary file is garbage once the session ends.
+pub(crate) type Resumed = Box<(Bitmap, Vec<u64>)>;
 
 /// A session's files by id; a file is taken out when it is answered.
 pub(crate) type Files = ById<Option<Box<DestFile>>>;
@@ -68,7 +70,7 @@ pub(crate) type Files = ById<Option<Box<DestFile>>>;
 /// size.
 pub(crate) struct Staged<'a> {
     root: &'a Root,
-    files: Vec<(u32, Box<DestFile>)>,
+    files: Vec<(u32, Box<DestFile>, Option<Resumed>)>,
 }
 
 impl<'a> Staged<'a> {
@@ -79,24 +81,30 @@ impl<'a> Staged<'a> {
         }
     }
 
-    pub(crate) fn insert(&mut self, file_id: u32, file: Box<DestFile>) {
-        self.files.push((file_id, file));
+    pub(crate) fn insert(&mut self, file_id: u32, file: Box<DestFile>, resumed: Option<Resumed>) {
+        self.files.push((file_id, file, resumed));
     }
 
-    /// Hands the files over to their writer.
-    pub(crate) fn into_files(mut self) -> Files {
+    /// Hands the files over to their writer, with the checkpoints they
+    /// resume from.
+    pub(crate) fn into_files(mut self) -> (Files, Vec<(u32, Option<Resumed>)>) {
         // The core refuses a manifest that repeats an id; were one let
         // through, the table would keep one file of the two and never
         // remove the other's temporary file.
         debug_assert!({
-            let mut ids: Vec<u32> = self.files.iter().map(|(id, _)| *id).collect();
+            let mut ids: Vec<u32> = self.files.iter().map(|(id, _, _)| *id).collect();
             ids.sort_unstable();
             ids.windows(2).all(|w| w[0] != w[1])
         });
-        std::mem::take(&mut self.files)
+        let mut resumed = Vec::with_capacity(self.files.len());
+        let files = std::mem::take(&mut self.files)
             .into_iter()
-            .map(|(id, f)| (id, Some(f)))
-            .collect()
+            .map(|(id, f, r)| {
+                resumed.push((id, r));
+                (id, Some(f))
+            })
+            .collect();
+        (files, resumed)
     }
 }
 
@@ -104,10 +112,9 @@ impl Drop for Staged<'_> {
     fn drop(&mut self) {
         discard_unresumable(
             self.root,
-            self.files.iter_mut().map(|(_, f)| {
-                let resumable = f.resumed.is_some();
-                (&mut **f, resumable)
-            }),
+            self.files
+                .iter_mut()
+                .map(|(_, f, resumed)| (&mut **f, resumed.is_some())),
         );
     }
 }
@@ -179,19 +186,18 @@ fn prepare_entry(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Res
             layout.blocks()
         )));
     }
-    let mut file = DestFile {
+    let file = DestFile {
         kind: e.kind,
         dest,
         layout,
         fingerprint: e.fingerprint,
         identity: 0,
         mode: u32::from(e.mode) & 0o777 & !umask,
-        resumed: None,
         opened: None,
     };
     if e.kind == EntryKind::Dir {
         root.dir(&file.dest.rel)?;
-        return Ok(Prepared::Accept(Box::new(file), Bitmap::new(0)));
+        return Ok(Prepared::Accept(Box::new(file), Bitmap::new(0), None));
     }
     let dir = root.dir(file.dest.parent())?;
     if let Ok(st) = rustix::fs::statat(&dir, file.dest.name(), AtFlags::SYMLINK_NOFOLLOW) {
@@ -223,8 +229,8 @@ fn prepare_entry(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Res
     match resumed {
         Some(c) => {
             let have = c.durable.clone();
-            file.resumed = Some(Box::new((c.durable, c.checksums)));
-            Ok(Prepared::Accept(Box::new(file), have))
+            let resumed = Box::new((c.durable, c.checksums));
+            Ok(Prepared::Accept(Box::new(file), have, Some(resumed)))
         }
         None => {
             file.remove_checkpoint(&dir)?;
@@ -236,6 +242,7 @@ fn prepare_entry(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Res
             Ok(Prepared::Accept(
                 Box::new(file),
                 Bitmap::new(layout.blocks()),
+                None,
             ))
         }
     }
@@ -401,13 +408,13 @@ impl DestFile {
 mod tests {
     #[test]
     fn a_file_waiting_in_a_large_manifest_is_small() {
-        // Boxed, it takes a 96-byte allocation (glibc rounds 88 plus its
-        // header up to 96); at 89 it would take 112. Its path, resumed
-        // checkpoint and descriptors are allocated apart, the last only
-        // once its first block is written (what is written and durable is
-        // `session::lifecycle`'s).
+        // Boxed, it takes an 80-byte allocation (glibc rounds 72 plus its
+        // header up to 80); at 73 it would take 96. Its path and
+        // descriptors are allocated apart, the last only once its first
+        // block is written; what is written and durable of it is the
+        // writer core's (`session::lifecycle`, 32 bytes a file).
         assert!(
-            size_of::<super::DestFile>() <= 88,
+            size_of::<super::DestFile>() <= 72,
             "{}",
             size_of::<super::DestFile>()
         );

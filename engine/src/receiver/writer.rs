@@ -123,22 +123,23 @@ impl Writer {
     ) -> Result<Self> {
         let (io, mode, fallback) = backend(shared.cfg.io_mode, shared.cfg.queue_depth);
         let checkpointer = Checkpointer::start(Arc::clone(&shared))?;
-        let mut files = files.into_files();
+        let (files, resumed) = files.into_files();
         let mut kept = Kept::new(Arc::clone(&stats));
-        let planned: Vec<Planned> = files
-            .present_mut()
-            .map(|(file_id, f)| {
-                let resumed = f.resumed.take().map(|r| *r);
+        let planned: Vec<Planned> = resumed
+            .into_iter()
+            .filter_map(|(file_id, resumed)| {
+                let f = files.get(file_id).and_then(Option::as_deref)?;
+                let resumed = resumed.map(|r| *r);
                 if let Some((durable, _)) = &resumed {
                     kept.set(file_id, f.layout.bytes_in(durable));
                 }
-                Planned {
+                Some(Planned {
                     file_id,
                     blocks: f.layout.blocks(),
                     dir: f.kind == EntryKind::Dir,
                     identity: f.identity,
                     resumed,
-                }
+                })
             })
             .collect();
         let core = FileLifecycle::new(

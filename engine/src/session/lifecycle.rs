@@ -565,4 +565,15 @@ mod tests {
         assert!(!c.is_resumable(4));
         assert_eq!(c.held().count(), 0);
     }
+
+    // A receiver holds one per file of a manifest that may list a million,
+    // in one flat table with its id: 40 bytes a file.
+    #[test]
+    fn a_files_state_is_small() {
+        assert!(
+            size_of::<Option<Landing>>() <= 32,
+            "{}",
+            size_of::<Option<Landing>>()
+        );
+    }
 }
