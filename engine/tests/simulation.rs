@@ -143,6 +143,31 @@ struct Write {
     fails: Option<&'static str>,
 }
 
+/// One session as it runs: both control cores, the sender's scheduler,
+/// the writer's core, and what is in flight between them.
+struct Live {
+    session: u32,
+    streams: u16,
+    /// How many files the session has.
+    files: usize,
+    core: FileLifecycle,
+    rx: ReceiverControl,
+    tx: SenderControl,
+    sched: Scheduler,
+    /// Messages in flight: (deliver at, message).
+    wire: Vec<(u64, Msg)>,
+    /// Writes the disk has yet to complete.
+    writes: Vec<Write>,
+    cut: HashSet<u16>,
+    /// Results the sender has.
+    answered: usize,
+    /// A sync started in the background, and when it completes.
+    syncing: Option<(u64, Vec<Covered>)>,
+    /// Blocks held at the plan or written since, per file.
+    wrote: HashMap<u32, Bitmap>,
+    have_at_plan: HashMap<u32, Bitmap>,
+}
+
 struct Sim {
     seed: u64,
     rng: Rng,
@@ -265,13 +290,41 @@ impl Sim {
         verdicts: &mut HashMap<u32, bool>,
         expect_have: &mut HashMap<u32, Bitmap>,
     ) -> SessionEnd {
+        let mut live = self.start(session, verdicts, expect_have);
+        loop {
+            self.step += 1;
+            if self.step > MAX_STEPS {
+                self.fail("no end within the step bound (deadlock or livelock)");
+            }
+            let end = self
+                .send(&mut live)
+                .or_else(|| self.strike(&mut live, expect_have))
+                .or_else(|| self.complete_writes(&mut live, expect_have));
+            if let Some(end) = end {
+                return end;
+            }
+            self.checkpoint(&mut live);
+            if let Some(end) = self.deliver(&mut live, verdicts) {
+                return end;
+            }
+            self.finish(&mut live);
+        }
+    }
+
+    /// Plans a session: the receiver's plan has each unpublished file
+    /// resume from its stored checkpoint, through the writer's core; both
+    /// control cores open it, and the sender's scheduler sends by its plan.
+    fn start(
+        &mut self,
+        session: u32,
+        verdicts: &HashMap<u32, bool>,
+        expect_have: &HashMap<u32, Bitmap>,
+    ) -> Live {
         let streams = 1 + self.rng.below(4) as u16;
-        // The receiver's plan: each unpublished file resumes from its
-        // stored checkpoint.
         let todo: Vec<u32> = (0..self.source.len() as u32)
             .filter(|f| !verdicts.contains_key(f))
             .collect();
-        let mut core = FileLifecycle::new(
+        let core = FileLifecycle::new(
             todo.iter().map(|&f| Planned {
                 file_id: f,
                 blocks: self.source[f as usize].len() as u64,
@@ -287,427 +340,495 @@ impl Sim {
         let mut planned = Vec::new();
         let mut have_at_plan: HashMap<u32, Bitmap> = HashMap::new();
         for &f in &todo {
-            let blocks = self.source[f as usize].len() as u64;
             let have = match core.durable(f) {
                 Some(have) => have.into_owned(),
                 None => self.fail(&format!("the writer's core does not hold file {f}")),
             };
-            // After a session that wound down (not a crash), everything
-            // it wrote of a file it checkpoints is kept: nothing durable
-            // is sent again.
-            if let Some(want) = expect_have.get(&f)
-                && *want != have
-            {
-                self.fail(&format!(
-                    "file {f} resumes {} blocks, but {} were written and checkpointed",
-                    have.count(),
-                    want.count()
-                ));
-            }
-            if have.count() > 0 {
-                let right = self.durable_right(f as usize);
-                for b in 0..blocks {
-                    if have.get(b) && !right.get(b) {
-                        self.fail(&format!(
-                            "file {f} resumes block {b} that is not durable and right"
-                        ));
-                    }
-                }
-            }
-            self.log(format!(
-                "session {session}: file {f} plans {} of {blocks} blocks held",
-                have.count()
-            ));
+            self.check_resumed(session, f, &have, expect_have);
             have_at_plan.insert(f, have.clone());
             planned.push(PlannedFile {
                 file_id: f,
-                size: blocks * BLOCK,
+                size: self.source[f as usize].len() as u64 * BLOCK,
                 have: Some(have),
             });
         }
-        let (mut rx, mut tx, plan) = self.open_session(session, &planned);
+        let (rx, tx, plan) = self.open_session(session, &planned);
         if plan != planned {
             self.fail(&format!(
                 "the sender core planned {plan:?}, the receiver {planned:?}"
             ));
         }
         let per_stream = BLOCK * (1 + self.rng.below(4));
-        let mut sched = Scheduler::new(plan, BLOCK, streams, per_stream, true);
-        // Messages in flight: (deliver at, message); the control channel is
-        // stream u16::MAX.
-        let mut wire: Vec<(u64, Msg)> = Vec::new();
-        let mut writes: Vec<Write> = Vec::new();
-        let mut cut: HashSet<u16> = HashSet::new();
-        let mut answered = 0;
-        // A sync started in the background, and when it completes.
-        let mut syncing: Option<(u64, Vec<Covered>)> = None;
-        // Blocks held at the plan or written since, per file.
-        let mut wrote: HashMap<u32, Bitmap> = have_at_plan.clone();
+        Live {
+            session,
+            streams,
+            files: todo.len(),
+            core,
+            rx,
+            tx,
+            sched: Scheduler::new(plan, BLOCK, streams, per_stream, true),
+            wire: Vec::new(),
+            writes: Vec::new(),
+            cut: HashSet::new(),
+            answered: 0,
+            syncing: None,
+            wrote: have_at_plan.clone(),
+            have_at_plan,
+        }
+    }
 
-        loop {
-            self.step += 1;
-            if self.step > MAX_STEPS {
-                self.fail("no end within the step bound (deadlock or livelock)");
-            }
-            let now = self.step;
-
-            // Sender: read, then hand ready blocks to streams with room.
-            while let Some(order) = sched.poll_read() {
-                let token = self.source[order.file_id as usize][order.block as usize];
-                sched.handle_read(order.gid, checksum(token));
-            }
-            for s in 0..streams {
-                if cut.contains(&s) {
-                    continue;
-                }
-                while let Some(o) = sched.poll_send(s) {
-                    if have_at_plan[&o.file_id].get(o.block) {
-                        self.fail(&format!(
-                            "session {session} sent block {} of file {} that the plan said is held",
-                            o.block, o.file_id
-                        ));
-                    }
-                    let mut token = self.source[o.file_id as usize][o.block as usize];
-                    let sum = checksum(token);
-                    sched.handle_sent_checksum(o.gid, sum);
-                    if self.rng.chance(self.faults.damage) {
-                        token ^= 1 << self.rng.below(64);
-                    }
-                    let at = now + 1 + self.rng.below(self.faults.max_delay);
-                    wire.push((
-                        at,
-                        Msg::Data {
-                            stream: s,
-                            file: o.file_id,
-                            block: o.block,
-                            token,
-                            sum,
-                        },
+    /// What file `f` resumes with, `have`, must be durable and right, and
+    /// after a session that wound down (not a crash), everything it wrote
+    /// of a file it checkpoints is kept: nothing durable is sent again.
+    fn check_resumed(
+        &mut self,
+        session: u32,
+        f: u32,
+        have: &Bitmap,
+        expect_have: &HashMap<u32, Bitmap>,
+    ) {
+        let blocks = self.source[f as usize].len() as u64;
+        if let Some(want) = expect_have.get(&f)
+            && want != have
+        {
+            self.fail(&format!(
+                "file {f} resumes {} blocks, but {} were written and checkpointed",
+                have.count(),
+                want.count()
+            ));
+        }
+        if have.count() > 0 {
+            let right = self.durable_right(f as usize);
+            for b in 0..blocks {
+                if have.get(b) && !right.get(b) {
+                    self.fail(&format!(
+                        "file {f} resumes block {b} that is not durable and right"
                     ));
                 }
             }
-            while let Some((file, digest)) = sched.poll_file_done() {
-                tx.handle_file_done(file, digest, self.now());
-                while let Some(a) = tx.poll_action() {
-                    match a {
-                        SendAction::Send(Frame::FileDone {
-                            file_id, digest, ..
-                        }) => {
-                            let at = now + 1 + self.rng.below(self.faults.max_delay);
-                            wire.push((
-                                at,
-                                Msg::FileDone {
-                                    file: file_id,
-                                    digest,
-                                },
-                            ));
-                        }
-                        other => self.fail(&format!(
-                            "the sender core reported file {file} with {other:?}"
-                        )),
-                    }
-                }
-            }
-            if let Some(why) = sched.poll_fatal() {
-                return SessionEnd::Fatal(why.to_string());
-            }
+        }
+        self.log(format!(
+            "session {session}: file {f} plans {} of {blocks} blocks held",
+            have.count()
+        ));
+    }
 
-            // Faults: a stream cut, or the receiving host crashes.
-            if self.rng.chance(self.faults.cut) {
-                let s = self.rng.below(u64::from(streams)) as u16;
-                if cut.insert(s) {
-                    self.log(format!("stream {s} cut"));
-                    sched.handle_stream_failed(s);
-                    wire.retain(|(_, m)| !on_stream(m, s));
-                    *self.struck.entry("cut").or_default() += 1;
-                    if cut.len() == streams as usize {
-                        self.wind_down(&mut core, writes, syncing, &wrote, expect_have);
-                        return SessionEnd::Broken("every stream cut");
-                    }
-                }
+    /// Sender: read, hand ready blocks to streams with room, and report
+    /// the files whose blocks are all acknowledged.
+    fn send(&mut self, live: &mut Live) -> Option<SessionEnd> {
+        let now = self.step;
+        while let Some(order) = live.sched.poll_read() {
+            let token = self.source[order.file_id as usize][order.block as usize];
+            live.sched.handle_read(order.gid, checksum(token));
+        }
+        for s in 0..live.streams {
+            if live.cut.contains(&s) {
+                continue;
             }
-            if self.rng.chance(self.faults.crash) {
-                self.crash(expect_have);
-                return SessionEnd::Broken("receiver crashed");
-            }
-
-            // The disk completes writes out of order.
-            let mut i = 0;
-            while i < writes.len() {
-                if writes[i].done_at > now {
-                    i += 1;
-                    continue;
+            while let Some(o) = live.sched.poll_send(s) {
+                if live.have_at_plan[&o.file_id].get(o.block) {
+                    self.fail(&format!(
+                        "session {} sent block {} of file {} that the plan said is held",
+                        live.session, o.block, o.file_id
+                    ));
                 }
-                let w = writes.swap_remove(i);
-                match w.fails {
-                    Some("ENOSPC") => {
-                        core.handle_write_failed(w.file);
-                        self.log(format!("write {}:{} ENOSPC", w.file, w.block));
-                        *self.struck.entry("enospc").or_default() += 1;
-                        self.wind_down(&mut core, writes, syncing, &wrote, expect_have);
-                        return SessionEnd::Broken("no space (retryable)");
-                    }
-                    Some(e) => return SessionEnd::Fatal(format!("receiver: {e} writing a block")),
-                    None => {}
-                }
-                self.disk.written[w.file as usize][w.block as usize] = Some(w.token);
-                core.handle_written(w.file, w.block, w.sum, self.now());
-                if let Some(b) = wrote.get_mut(&w.file) {
-                    b.set(w.block);
+                let mut token = self.source[o.file_id as usize][o.block as usize];
+                let sum = checksum(token);
+                live.sched.handle_sent_checksum(o.gid, sum);
+                if self.rng.chance(self.faults.damage) {
+                    token ^= 1 << self.rng.below(64);
                 }
                 let at = now + 1 + self.rng.below(self.faults.max_delay);
-                wire.push((
+                live.wire.push((
                     at,
-                    Msg::Ack {
-                        stream: w.stream,
-                        file: w.file,
-                        block: w.block,
+                    Msg::Data {
+                        stream: s,
+                        file: o.file_id,
+                        block: o.block,
+                        token,
+                        sum,
                     },
                 ));
             }
-
-            // Checkpoints: the core says when one is due and what it
-            // covers; the sync runs in the background and completes later,
-            // and what it covered becomes durable, then is recorded.
-            if let Some((_, covered)) = syncing.take_if(|(at, _)| *at <= now) {
-                self.complete_sync(covered, &mut core);
-            }
-            if syncing.is_none()
-                && let Some(batch) = core.poll_checkpoint(self.now())
-                && !batch.is_empty()
-            {
-                let covered = batch
-                    .into_iter()
-                    .map(|j| {
-                        let then = self.disk.written[j.file_id as usize].clone();
-                        (j, then)
-                    })
-                    .collect();
-                syncing = Some((now + 1 + self.rng.below(10), covered));
-            }
-
-            // Deliver what is due, in a random order among them.
-            let mut due: Vec<Msg> = Vec::new();
-            wire.retain(|(at, m)| {
-                if *at <= now {
-                    due.push(m.clone());
-                    false
-                } else {
-                    true
-                }
-            });
-            for k in (1..due.len()).rev() {
-                let j = self.rng.below(k as u64 + 1) as usize;
-                due.swap(k, j);
-            }
-            for m in due {
-                match m {
-                    Msg::Data {
-                        stream,
-                        file,
-                        block,
-                        token,
-                        sum,
-                    } => {
-                        let reply = |m| (now + 1, m);
-                        core.handle_arrived(self.now());
-                        if checksum(token) != sum {
-                            *self.struck.entry("damaged").or_default() += 1;
-                            wire.push(reply(Msg::Nack {
-                                stream,
-                                file,
-                                block,
-                            }));
-                            continue;
-                        }
-                        match core.handle_block(file) {
-                            BlockFate::Write => {}
-                            // A resent copy of an answered file's block.
-                            BlockFate::Drop => {
-                                wire.push(reply(Msg::Ack {
-                                    stream,
-                                    file,
-                                    block,
-                                }));
-                                continue;
-                            }
-                            BlockFate::Unknown => {
-                                self.fail(&format!("block {block} of unplanned file {file}"))
-                            }
-                        }
-                        {
-                            let fails = if self.rng.chance(self.faults.enospc) {
-                                Some("ENOSPC")
-                            } else if self.rng.chance(self.faults.eio) {
-                                Some("EIO")
-                            } else {
-                                None
-                            };
-                            let done_at = now + 1 + self.rng.below(self.faults.max_delay);
-                            writes.push(Write {
-                                file,
-                                block,
-                                token,
-                                sum,
-                                stream,
-                                done_at,
-                                fails,
-                            });
-                        }
-                    }
-                    Msg::Ack {
-                        stream,
-                        file,
-                        block,
-                    } => {
-                        if let Err(e) = sched.handle_ack(stream, file, block) {
-                            self.fail(&format!("ack refused: {e}"));
-                        }
-                    }
-                    Msg::Nack {
-                        stream,
-                        file,
-                        block,
-                    } => {
-                        if let Err(e) = sched.handle_nack(stream, file, block) {
-                            self.fail(&format!("nack refused: {e}"));
-                        }
-                    }
-                    Msg::FileDone { file, digest } => {
-                        rx.handle_frame(
-                            Frame::FileDone {
-                                file_id: file,
+        }
+        while let Some((file, digest)) = live.sched.poll_file_done() {
+            live.tx.handle_file_done(file, digest, self.now());
+            while let Some(a) = live.tx.poll_action() {
+                match a {
+                    SendAction::Send(Frame::FileDone {
+                        file_id, digest, ..
+                    }) => {
+                        let at = now + 1 + self.rng.below(self.faults.max_delay);
+                        live.wire.push((
+                            at,
+                            Msg::FileDone {
+                                file: file_id,
                                 digest,
-                                identity: 0,
                             },
-                            self.now(),
-                        );
-                        while let Some(a) = rx.poll_action() {
-                            match a {
-                                Action::Report(Report::Done {
-                                    file_id,
-                                    digest,
-                                    identity,
-                                }) => {
-                                    let report = Reported {
-                                        file_id,
-                                        digest,
-                                        identity,
-                                    };
-                                    core.handle_reported(report, self.now());
-                                }
-                                other => self.fail(&format!(
-                                    "the receiver core answered a report of file {file} with {other:?}"
-                                )),
-                            }
-                        }
-                    }
-                    Msg::Result { file, ok, digest } => {
-                        self.log(format!("result file {file}: ok={ok}"));
-                        tx.handle_frame(
-                            Frame::FileResult {
-                                file_id: file,
-                                ok,
-                                digest,
-                                identity: 0,
-                                message: String::new(),
-                            },
-                            self.now(),
-                        );
-                        match tx.poll_action() {
-                            Some(SendAction::Verdict { file_id, verdict }) if file_id == file => {
-                                verdicts.insert(file, matches!(verdict, FileVerdict::Ok(_)));
-                            }
-                            other => self.fail(&format!(
-                                "the sender core took the result of file {file} as {other:?}"
-                            )),
-                        }
-                        answered += 1;
-                        if tx.all_answered() != (answered == todo.len()) {
-                            self.fail("the sender core miscounts the results");
-                        }
-                        if answered == todo.len() {
-                            if !matches!(rx.end(), Some(End::Answered)) {
-                                self.fail(&format!(
-                                    "the sender has every result but the receiver core ended {:?}",
-                                    rx.end()
-                                ));
-                            }
-                            return SessionEnd::Done;
-                        }
-                    }
-                }
-            }
-
-            // Answer reported files whose blocks are all written, as the
-            // core decides; like the writer, first wait for the background
-            // checkpoint, so that none is stored behind a published file.
-            let ready = core.poll_finish();
-            if !ready.is_empty()
-                && let Some((_, covered)) = syncing.take()
-            {
-                self.complete_sync(covered, &mut core);
-            }
-            for decision in ready {
-                let Finish::Verify {
-                    report:
-                        Reported {
-                            file_id: f, digest, ..
-                        },
-                    checksums_digest,
-                } = decision
-                else {
-                    self.fail(&format!("the writer's core decided {decision:?}"));
-                };
-                let fi = f as usize;
-                // Made durable before the rename, then verified.
-                self.disk.durable[fi] = self.disk.written[fi].clone();
-                let ok = core.may_publish(checksums_digest, digest);
-                if ok {
-                    let right = self.durable_right(fi);
-                    if !right.is_full() {
-                        self.fail(&format!(
-                            "file {f} would be published with its digest matching but its data wrong"
                         ));
                     }
-                    self.disk.published[fi] = Some(self.disk.durable[fi].clone());
-                    self.disk.checkpoints[fi] = None;
+                    other => self.fail(&format!(
+                        "the sender core reported file {file} with {other:?}"
+                    )),
                 }
-                self.log(format!("publish file {f}: ok={ok}"));
-                rx.handle_verdict(
-                    Verdict::File {
-                        file_id: f,
-                        ok,
-                        digest,
-                        identity: 0,
-                        message: String::new(),
-                    },
-                    self.now(),
-                );
-                while let Some(a) = rx.poll_action() {
-                    match a {
-                        Action::Send(Frame::FileResult {
-                            file_id,
-                            ok,
-                            digest,
-                            ..
-                        }) => {
-                            let at = now + 1 + self.rng.below(self.faults.max_delay);
-                            wire.push((
-                                at,
-                                Msg::Result {
-                                    file: file_id,
-                                    ok,
-                                    digest,
-                                },
-                            ));
-                        }
-                        Action::Close(End::Answered) if rx.answered() as usize == todo.len() => {}
-                        other => self.fail(&format!(
-                            "the receiver core answered file {f}'s verdict with {other:?}"
-                        )),
+            }
+        }
+        let why = live.sched.poll_fatal()?;
+        Some(SessionEnd::Fatal(why.to_string()))
+    }
+
+    /// Faults: a stream cut, or the receiving host crashes.
+    fn strike(
+        &mut self,
+        live: &mut Live,
+        expect_have: &mut HashMap<u32, Bitmap>,
+    ) -> Option<SessionEnd> {
+        if self.rng.chance(self.faults.cut) {
+            let s = self.rng.below(u64::from(live.streams)) as u16;
+            if live.cut.insert(s) {
+                self.log(format!("stream {s} cut"));
+                live.sched.handle_stream_failed(s);
+                live.wire.retain(|(_, m)| !on_stream(m, s));
+                *self.struck.entry("cut").or_default() += 1;
+                if live.cut.len() == live.streams as usize {
+                    self.wind_down(live, expect_have);
+                    return Some(SessionEnd::Broken("every stream cut"));
+                }
+            }
+        }
+        if self.rng.chance(self.faults.crash) {
+            self.crash(expect_have);
+            return Some(SessionEnd::Broken("receiver crashed"));
+        }
+        None
+    }
+
+    /// The disk completes writes out of order; the writer's core hears of
+    /// each, and the sender of each block written.
+    fn complete_writes(
+        &mut self,
+        live: &mut Live,
+        expect_have: &mut HashMap<u32, Bitmap>,
+    ) -> Option<SessionEnd> {
+        let now = self.step;
+        let mut i = 0;
+        while i < live.writes.len() {
+            if live.writes[i].done_at > now {
+                i += 1;
+                continue;
+            }
+            let w = live.writes.swap_remove(i);
+            match w.fails {
+                Some("ENOSPC") => {
+                    live.core.handle_write_failed(w.file);
+                    self.log(format!("write {}:{} ENOSPC", w.file, w.block));
+                    *self.struck.entry("enospc").or_default() += 1;
+                    self.wind_down(live, expect_have);
+                    return Some(SessionEnd::Broken("no space (retryable)"));
+                }
+                Some(e) => {
+                    return Some(SessionEnd::Fatal(format!("receiver: {e} writing a block")));
+                }
+                None => {}
+            }
+            self.disk.written[w.file as usize][w.block as usize] = Some(w.token);
+            live.core.handle_written(w.file, w.block, w.sum, self.now());
+            if let Some(b) = live.wrote.get_mut(&w.file) {
+                b.set(w.block);
+            }
+            let at = now + 1 + self.rng.below(self.faults.max_delay);
+            live.wire.push((
+                at,
+                Msg::Ack {
+                    stream: w.stream,
+                    file: w.file,
+                    block: w.block,
+                },
+            ));
+        }
+        None
+    }
+
+    /// Checkpoints: the core says when one is due and what it covers; the
+    /// sync runs in the background and completes later, and what it
+    /// covered becomes durable, then is recorded.
+    fn checkpoint(&mut self, live: &mut Live) {
+        let now = self.step;
+        if let Some((_, covered)) = live.syncing.take_if(|(at, _)| *at <= now) {
+            self.complete_sync(covered, &mut live.core);
+        }
+        if live.syncing.is_none()
+            && let Some(batch) = live.core.poll_checkpoint(self.now())
+            && !batch.is_empty()
+        {
+            let covered = batch
+                .into_iter()
+                .map(|j| {
+                    let then = self.disk.written[j.file_id as usize].clone();
+                    (j, then)
+                })
+                .collect();
+            live.syncing = Some((now + 1 + self.rng.below(10), covered));
+        }
+    }
+
+    /// Delivers what is due, in a random order among them.
+    fn deliver(
+        &mut self,
+        live: &mut Live,
+        verdicts: &mut HashMap<u32, bool>,
+    ) -> Option<SessionEnd> {
+        let now = self.step;
+        let mut due: Vec<Msg> = Vec::new();
+        live.wire.retain(|(at, m)| {
+            if *at <= now {
+                due.push(m.clone());
+                false
+            } else {
+                true
+            }
+        });
+        for k in (1..due.len()).rev() {
+            let j = self.rng.below(k as u64 + 1) as usize;
+            due.swap(k, j);
+        }
+        for m in due {
+            match m {
+                Msg::Data { .. } => self.receive(live, m),
+                Msg::Ack {
+                    stream,
+                    file,
+                    block,
+                } => {
+                    if let Err(e) = live.sched.handle_ack(stream, file, block) {
+                        self.fail(&format!("ack refused: {e}"));
                     }
                 }
+                Msg::Nack {
+                    stream,
+                    file,
+                    block,
+                } => {
+                    if let Err(e) = live.sched.handle_nack(stream, file, block) {
+                        self.fail(&format!("nack refused: {e}"));
+                    }
+                }
+                Msg::FileDone { file, digest } => self.reported(live, file, digest),
+                Msg::Result { file, ok, digest } => {
+                    if self.result(live, verdicts, (file, ok, digest)) {
+                        return Some(SessionEnd::Done);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// A block arrives: a damaged one is refused; an intact one is written
+    /// or dropped, as the writer's core says.
+    fn receive(&mut self, live: &mut Live, m: Msg) {
+        let Msg::Data {
+            stream,
+            file,
+            block,
+            token,
+            sum,
+        } = m
+        else {
+            return;
+        };
+        let now = self.step;
+        let reply = |m| (now + 1, m);
+        live.core.handle_arrived(self.now());
+        if checksum(token) != sum {
+            *self.struck.entry("damaged").or_default() += 1;
+            live.wire.push(reply(Msg::Nack {
+                stream,
+                file,
+                block,
+            }));
+            return;
+        }
+        match live.core.handle_block(file) {
+            BlockFate::Write => {}
+            // A resent copy of an answered file's block.
+            BlockFate::Drop => {
+                live.wire.push(reply(Msg::Ack {
+                    stream,
+                    file,
+                    block,
+                }));
+                return;
+            }
+            BlockFate::Unknown => self.fail(&format!("block {block} of unplanned file {file}")),
+        }
+        let fails = if self.rng.chance(self.faults.enospc) {
+            Some("ENOSPC")
+        } else if self.rng.chance(self.faults.eio) {
+            Some("EIO")
+        } else {
+            None
+        };
+        let done_at = now + 1 + self.rng.below(self.faults.max_delay);
+        live.writes.push(Write {
+            file,
+            block,
+            token,
+            sum,
+            stream,
+            done_at,
+            fails,
+        });
+    }
+
+    /// The sender's report of `file` reaches the receiver's control core,
+    /// which passes it to the writer's.
+    fn reported(&mut self, live: &mut Live, file: u32, digest: u128) {
+        live.rx.handle_frame(
+            Frame::FileDone {
+                file_id: file,
+                digest,
+                identity: 0,
+            },
+            self.now(),
+        );
+        while let Some(a) = live.rx.poll_action() {
+            match a {
+                Action::Report(Report::Done {
+                    file_id,
+                    digest,
+                    identity,
+                }) => {
+                    let report = Reported {
+                        file_id,
+                        digest,
+                        identity,
+                    };
+                    live.core.handle_reported(report, self.now());
+                }
+                other => self.fail(&format!(
+                    "the receiver core answered a report of file {file} with {other:?}"
+                )),
+            }
+        }
+    }
+
+    /// A file's result reaches the sender's control core. Returns whether
+    /// the sender now has every result: the session is done.
+    fn result(
+        &mut self,
+        live: &mut Live,
+        verdicts: &mut HashMap<u32, bool>,
+        (file, ok, digest): (u32, bool, u128),
+    ) -> bool {
+        self.log(format!("result file {file}: ok={ok}"));
+        live.tx.handle_frame(
+            Frame::FileResult {
+                file_id: file,
+                ok,
+                digest,
+                identity: 0,
+                message: String::new(),
+            },
+            self.now(),
+        );
+        match live.tx.poll_action() {
+            Some(SendAction::Verdict { file_id, verdict }) if file_id == file => {
+                verdicts.insert(file, matches!(verdict, FileVerdict::Ok(_)));
+            }
+            other => self.fail(&format!(
+                "the sender core took the result of file {file} as {other:?}"
+            )),
+        }
+        live.answered += 1;
+        let all = live.answered == live.files;
+        if live.tx.all_answered() != all {
+            self.fail("the sender core miscounts the results");
+        }
+        if all && !matches!(live.rx.end(), Some(End::Answered)) {
+            self.fail(&format!(
+                "the sender has every result but the receiver core ended {:?}",
+                live.rx.end()
+            ));
+        }
+        all
+    }
+
+    /// Answers reported files whose blocks are all written, as the core
+    /// decides; like the writer, first waits for the background
+    /// checkpoint, so that none is stored behind a published file.
+    fn finish(&mut self, live: &mut Live) {
+        let ready = live.core.poll_finish();
+        if !ready.is_empty()
+            && let Some((_, covered)) = live.syncing.take()
+        {
+            self.complete_sync(covered, &mut live.core);
+        }
+        for decision in ready {
+            let Finish::Verify {
+                report: Reported {
+                    file_id: f, digest, ..
+                },
+                checksums_digest,
+            } = decision
+            else {
+                self.fail(&format!("the writer's core decided {decision:?}"));
+            };
+            let fi = f as usize;
+            // Made durable before the rename, then verified.
+            self.disk.durable[fi] = self.disk.written[fi].clone();
+            let ok = live.core.may_publish(checksums_digest, digest);
+            if ok {
+                let right = self.durable_right(fi);
+                if !right.is_full() {
+                    self.fail(&format!(
+                        "file {f} would be published with its digest matching but its data wrong"
+                    ));
+                }
+                self.disk.published[fi] = Some(self.disk.durable[fi].clone());
+                self.disk.checkpoints[fi] = None;
+            }
+            self.log(format!("publish file {f}: ok={ok}"));
+            self.answer(live, (f, ok, digest));
+        }
+    }
+
+    /// The writer's verdict on a file goes through the receiver's control
+    /// core to the sender.
+    fn answer(&mut self, live: &mut Live, (f, ok, digest): (u32, bool, u128)) {
+        let now = self.step;
+        live.rx.handle_verdict(
+            Verdict::File {
+                file_id: f,
+                ok,
+                digest,
+                identity: 0,
+                message: String::new(),
+            },
+            self.now(),
+        );
+        while let Some(a) = live.rx.poll_action() {
+            match a {
+                Action::Send(Frame::FileResult {
+                    file_id,
+                    ok,
+                    digest,
+                    ..
+                }) => {
+                    let at = now + 1 + self.rng.below(self.faults.max_delay);
+                    live.wire.push((
+                        at,
+                        Msg::Result {
+                            file: file_id,
+                            ok,
+                            digest,
+                        },
+                    ));
+                }
+                Action::Close(End::Answered) if live.rx.answered() as usize == live.files => {}
+                other => self.fail(&format!(
+                    "the receiver core answered file {f}'s verdict with {other:?}"
+                )),
             }
         }
     }
@@ -837,16 +958,10 @@ impl Sim {
     /// says to keep. The next session must then hold every block this one
     /// held or wrote of the files of more than one block still unanswered
     /// (`wrote`, counted from completed writes, apart from the core).
-    fn wind_down(
-        &mut self,
-        core: &mut FileLifecycle,
-        writes: Vec<Write>,
-        syncing: Option<(u64, Vec<Covered>)>,
-        wrote: &HashMap<u32, Bitmap>,
-        expect_have: &mut HashMap<u32, Bitmap>,
-    ) {
-        let mut wrote = wrote.clone();
-        for w in writes {
+    fn wind_down(&mut self, live: &mut Live, expect_have: &mut HashMap<u32, Bitmap>) {
+        let core = &mut live.core;
+        let wrote = &mut live.wrote;
+        for w in std::mem::take(&mut live.writes) {
             if w.fails.is_some() {
                 core.handle_write_failed(w.file);
                 continue;
@@ -857,7 +972,7 @@ impl Sim {
                 b.set(w.block);
             }
         }
-        if let Some((_, covered)) = syncing {
+        if let Some((_, covered)) = live.syncing.take() {
             self.complete_sync(covered, core);
         }
         for f in core.poll_wind_down() {
