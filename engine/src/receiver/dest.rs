@@ -1,6 +1,7 @@
 //! One destination file: preparing its temporary file and checkpoint,
 //! opening it for the chosen I/O mode, and publishing it.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -70,7 +71,10 @@ pub(crate) type Files = ById<Option<Box<DestFile>>>;
 /// size.
 pub(crate) struct Staged<'a> {
     root: &'a Root,
-    files: Vec<(u32, Box<DestFile>, Option<Resumed>)>,
+    files: Vec<(u32, Box<DestFile>)>,
+    /// The checkpoints they resume from, by file: few files of a large
+    /// manifest have one.
+    resumed: HashMap<u32, Resumed>,
 }
 
 impl<'a> Staged<'a> {
@@ -78,43 +82,44 @@ impl<'a> Staged<'a> {
         Self {
             root,
             files: Vec::with_capacity(files),
+            resumed: HashMap::new(),
         }
     }
 
     pub(crate) fn insert(&mut self, file_id: u32, file: Box<DestFile>, resumed: Option<Resumed>) {
-        self.files.push((file_id, file, resumed));
+        self.files.push((file_id, file));
+        if let Some(r) = resumed {
+            self.resumed.insert(file_id, r);
+        }
     }
 
     /// Hands the files over to their writer, with the checkpoints they
     /// resume from.
-    pub(crate) fn into_files(mut self) -> (Files, Vec<(u32, Option<Resumed>)>) {
+    pub(crate) fn into_files(mut self) -> (Files, HashMap<u32, Resumed>) {
         // The core refuses a manifest that repeats an id; were one let
         // through, the table would keep one file of the two and never
         // remove the other's temporary file.
         debug_assert!({
-            let mut ids: Vec<u32> = self.files.iter().map(|(id, _, _)| *id).collect();
+            let mut ids: Vec<u32> = self.files.iter().map(|(id, _)| *id).collect();
             ids.sort_unstable();
             ids.windows(2).all(|w| w[0] != w[1])
         });
-        let mut resumed = Vec::with_capacity(self.files.len());
         let files = std::mem::take(&mut self.files)
             .into_iter()
-            .map(|(id, f, r)| {
-                resumed.push((id, r));
-                (id, Some(f))
-            })
+            .map(|(id, f)| (id, Some(f)))
             .collect();
-        (files, resumed)
+        (files, std::mem::take(&mut self.resumed))
     }
 }
 
 impl Drop for Staged<'_> {
     fn drop(&mut self) {
+        let resumed = &self.resumed;
         discard_unresumable(
             self.root,
             self.files
                 .iter_mut()
-                .map(|(_, f, resumed)| (&mut **f, resumed.is_some())),
+                .map(|(id, f)| (&mut **f, resumed.contains_key(id))),
         );
     }
 }

@@ -129,22 +129,23 @@ impl FileLifecycle {
         progress_timeout: Duration,
         now: Instant,
     ) -> Self {
-        let files = files
-            .into_iter()
-            .map(|p| {
-                let has_checkpoint = p.resumed.is_some();
-                let landing = Landing {
-                    tracker: FileTracker::new(p.blocks, p.resumed),
-                    identity: p.identity,
-                    dir: p.dir,
-                    has_checkpoint,
-                    in_flight: 0,
-                };
-                (p.file_id, Some(landing))
-            })
-            .collect();
+        let files = files.into_iter();
+        // Sized once for the whole plan, which may list a million files:
+        // grown by doubling, it would leave its outgrown copies behind.
+        let mut table = Vec::with_capacity(files.size_hint().1.unwrap_or(0));
+        table.extend(files.map(|p| {
+            let has_checkpoint = p.resumed.is_some();
+            let landing = Landing {
+                tracker: FileTracker::new(p.blocks, p.resumed),
+                identity: p.identity,
+                dir: p.dir,
+                has_checkpoint,
+                in_flight: 0,
+            };
+            (p.file_id, Some(landing))
+        }));
         Self {
-            files,
+            files: table.into_iter().collect(),
             reports: Reports::new(progress_timeout),
             policy: CheckpointPolicy::new(now, interval),
             syncing: false,
