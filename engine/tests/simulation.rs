@@ -1,18 +1,22 @@
 //! Seeded simulation of whole transfers through the engine's real core: the
-//! sender's `Scheduler`, the receiver's `FileTracker` and `CheckpointPolicy`,
-//! `Bitmap`, `Layout` and the digests, over streams that delay, reorder,
-//! damage and cut, and a disk that completes writes out of order, fails
-//! with ENOSPC or EIO, and on a crash loses whatever was not synced.
+//! sender's `Scheduler`, the receiver writer's `FileLifecycle` (with its
+//! `FileTracker`s and `CheckpointPolicy`), `Bitmap` and the digests, over
+//! streams that delay, reorder, damage and cut, and a disk that completes
+//! writes out of order, fails with ENOSPC or EIO, and on a crash loses
+//! whatever was not synced.
 //!
 //! Both ends of the control connection are the real cores: the sim opens
 //! each session through `ReceiverControl` (the manifest, its requests to
 //! admit and prepare), hands its plan frames to `SenderControl`, whose plan
 //! the scheduler sends by, and passes reports and results between them;
-//! the sender's verdicts come from its core's digest check. What the
-//! agent's threads do around the core (deliver blocks, write them,
-//! acknowledge, checkpoint, hold a file's report until its blocks are
-//! written, publish, resume from checkpoints) is modelled here step by
-//! step, as the shells do it.
+//! the sender's verdicts come from its core's digest check. The receiver's
+//! per-file decisions (write or drop a block, when a checkpoint is due and
+//! what it records, when a reported file is verified and whether it is
+//! published, what a session that winds down keeps) are the writer
+//! shell's own `FileLifecycle`; this carries them out as the shell does,
+//! on a simulated disk. What is still modelled here: the sender's reading
+//! and sending loop, the streams, the disk, and resuming from checkpoints
+//! at a session's start.
 //!
 //! Properties, checked on every run:
 //! - a run ends, within a bounded number of steps, with every file
@@ -34,12 +38,15 @@ use std::time::{Duration, Instant};
 
 use wirerate_engine::digest::{block_checksum, file_digest};
 use wirerate_engine::scheduler::PlannedFile;
+use wirerate_engine::session::lifecycle::{
+    BlockFate, CheckpointJob, FileLifecycle, Finish, Planned,
+};
 use wirerate_engine::session::receiver::{Action, End, Limits, Report};
-use wirerate_engine::session::reports::{Reported, Reports, digest_agrees};
+use wirerate_engine::session::reports::Reported;
 use wirerate_engine::session::sender::Action as SendAction;
 use wirerate_engine::session::{FileVerdict, ReceiverControl, SenderControl, Verdict};
 use wirerate_engine::wire::{EntryKind, FileEntry, Frame, PlanOutcome};
-use wirerate_engine::{Bitmap, CheckpointPolicy, FileTracker, Scheduler};
+use wirerate_engine::{Bitmap, Scheduler};
 
 /// SplitMix64: small, seedable, the same on every machine.
 struct Rng(u64);
@@ -122,9 +129,9 @@ enum Msg {
     },
 }
 
-/// A file a background sync covers: its id, the blocks the tracker counts
-/// as covered, and the page cache as it was when the sync began.
-type Covered = (u32, Bitmap, Vec<Option<u64>>);
+/// A file a background checkpoint covers: the core's job, and the page
+/// cache as it was when the sync began.
+type Covered = (CheckpointJob, Vec<Option<u64>>);
 
 struct Write {
     file: u32,
@@ -134,6 +141,31 @@ struct Write {
     stream: u16,
     done_at: u64,
     fails: Option<&'static str>,
+}
+
+/// One session as it runs: both control cores, the sender's scheduler,
+/// the writer's core, and what is in flight between them.
+struct Live {
+    session: u32,
+    streams: u16,
+    /// How many files the session has.
+    files: usize,
+    core: FileLifecycle,
+    rx: ReceiverControl,
+    tx: SenderControl,
+    sched: Scheduler,
+    /// Messages in flight: (deliver at, message).
+    wire: Vec<(u64, Msg)>,
+    /// Writes the disk has yet to complete.
+    writes: Vec<Write>,
+    cut: HashSet<u16>,
+    /// Results the sender has.
+    answered: usize,
+    /// A sync started in the background, and when it completes.
+    syncing: Option<(u64, Vec<Covered>)>,
+    /// Blocks held at the plan or written since, per file.
+    wrote: HashMap<u32, Bitmap>,
+    have_at_plan: HashMap<u32, Bitmap>,
 }
 
 struct Sim {
@@ -258,442 +290,545 @@ impl Sim {
         verdicts: &mut HashMap<u32, bool>,
         expect_have: &mut HashMap<u32, Bitmap>,
     ) -> SessionEnd {
+        let mut live = self.start(session, verdicts, expect_have);
+        loop {
+            self.step += 1;
+            if self.step > MAX_STEPS {
+                self.fail("no end within the step bound (deadlock or livelock)");
+            }
+            let end = self
+                .send(&mut live)
+                .or_else(|| self.strike(&mut live, expect_have))
+                .or_else(|| self.complete_writes(&mut live, expect_have));
+            if let Some(end) = end {
+                return end;
+            }
+            self.checkpoint(&mut live);
+            if let Some(end) = self.deliver(&mut live, verdicts) {
+                return end;
+            }
+            self.finish(&mut live);
+        }
+    }
+
+    /// Plans a session: the receiver's plan has each unpublished file
+    /// resume from its stored checkpoint, through the writer's core; both
+    /// control cores open it, and the sender's scheduler sends by its plan.
+    fn start(
+        &mut self,
+        session: u32,
+        verdicts: &HashMap<u32, bool>,
+        expect_have: &HashMap<u32, Bitmap>,
+    ) -> Live {
         let streams = 1 + self.rng.below(4) as u16;
-        // The receiver's plan: each unpublished file resumes from its
-        // stored checkpoint.
         let todo: Vec<u32> = (0..self.source.len() as u32)
             .filter(|f| !verdicts.contains_key(f))
             .collect();
-        let mut trackers: BTreeMap<u32, FileTracker> = BTreeMap::new();
+        let core = FileLifecycle::new(
+            todo.iter().map(|&f| Planned {
+                file_id: f,
+                blocks: self.source[f as usize].len() as u64,
+                dir: false,
+                identity: 0,
+                resumed: self.disk.checkpoints[f as usize].clone(),
+            }),
+            wirerate_engine::Verification::Checksums,
+            Duration::from_millis(5),
+            Duration::MAX,
+            self.now(),
+        );
         let mut planned = Vec::new();
         let mut have_at_plan: HashMap<u32, Bitmap> = HashMap::new();
         for &f in &todo {
-            let blocks = self.source[f as usize].len() as u64;
-            let resumed = self.disk.checkpoints[f as usize].clone();
-            let t = FileTracker::new(blocks, resumed);
-            let have = t.durable().into_owned();
-            // After a session that wound down (not a crash), everything
-            // it wrote of a file it checkpoints is kept: nothing durable
-            // is sent again.
-            if let Some(want) = expect_have.get(&f)
-                && *want != have
-            {
-                self.fail(&format!(
-                    "file {f} resumes {} blocks, but {} were written and checkpointed",
-                    have.count(),
-                    want.count()
-                ));
-            }
-            if have.count() > 0 {
-                let right = self.durable_right(f as usize);
-                for b in 0..blocks {
-                    if have.get(b) && !right.get(b) {
-                        self.fail(&format!(
-                            "file {f} resumes block {b} that is not durable and right"
-                        ));
-                    }
-                }
-            }
-            self.log(format!(
-                "session {session}: file {f} plans {} of {blocks} blocks held",
-                have.count()
-            ));
+            let have = match core.durable(f) {
+                Some(have) => have.into_owned(),
+                None => self.fail(&format!("the writer's core does not hold file {f}")),
+            };
+            self.check_resumed(session, f, &have, expect_have);
             have_at_plan.insert(f, have.clone());
             planned.push(PlannedFile {
                 file_id: f,
-                size: blocks * BLOCK,
+                size: self.source[f as usize].len() as u64 * BLOCK,
                 have: Some(have),
             });
-            trackers.insert(f, t);
         }
-        let (mut rx, mut tx, plan) = self.open_session(session, &planned);
+        let (rx, tx, plan) = self.open_session(session, &planned);
         if plan != planned {
             self.fail(&format!(
                 "the sender core planned {plan:?}, the receiver {planned:?}"
             ));
         }
         let per_stream = BLOCK * (1 + self.rng.below(4));
-        let mut sched = Scheduler::new(plan, BLOCK, streams, per_stream, true);
-        let mut policy = CheckpointPolicy::new(self.now(), Duration::from_millis(5));
-        // Messages in flight: (deliver at, message); the control channel is
-        // stream u16::MAX.
-        let mut wire: Vec<(u64, Msg)> = Vec::new();
-        let mut writes: Vec<Write> = Vec::new();
-        // The writer's own bookkeeping of reports. Its answers keep the
-        // order of the reports: the order of answering draws random
-        // numbers, and a seed must replay the same run.
-        let mut reports = Reports::new(Duration::MAX);
-        let mut cut: HashSet<u16> = HashSet::new();
-        let mut answered = 0;
-        // A sync started in the background, and when it completes.
-        let mut syncing: Option<(u64, Vec<Covered>)> = None;
-        // Blocks held at the plan or written since, per file.
-        let mut wrote: HashMap<u32, Bitmap> = have_at_plan.clone();
+        Live {
+            session,
+            streams,
+            files: todo.len(),
+            core,
+            rx,
+            tx,
+            sched: Scheduler::new(plan, BLOCK, streams, per_stream, true),
+            wire: Vec::new(),
+            writes: Vec::new(),
+            cut: HashSet::new(),
+            answered: 0,
+            syncing: None,
+            wrote: have_at_plan.clone(),
+            have_at_plan,
+        }
+    }
 
-        loop {
-            self.step += 1;
-            if self.step > MAX_STEPS {
-                self.fail("no end within the step bound (deadlock or livelock)");
-            }
-            let now = self.step;
-
-            // Sender: read, then hand ready blocks to streams with room.
-            while let Some(order) = sched.poll_read() {
-                let token = self.source[order.file_id as usize][order.block as usize];
-                sched.handle_read(order.gid, checksum(token));
-            }
-            for s in 0..streams {
-                if cut.contains(&s) {
-                    continue;
-                }
-                while let Some(o) = sched.poll_send(s) {
-                    if have_at_plan[&o.file_id].get(o.block) {
-                        self.fail(&format!(
-                            "session {session} sent block {} of file {} that the plan said is held",
-                            o.block, o.file_id
-                        ));
-                    }
-                    let mut token = self.source[o.file_id as usize][o.block as usize];
-                    let sum = checksum(token);
-                    sched.handle_sent_checksum(o.gid, sum);
-                    if self.rng.chance(self.faults.damage) {
-                        token ^= 1 << self.rng.below(64);
-                    }
-                    let at = now + 1 + self.rng.below(self.faults.max_delay);
-                    wire.push((
-                        at,
-                        Msg::Data {
-                            stream: s,
-                            file: o.file_id,
-                            block: o.block,
-                            token,
-                            sum,
-                        },
+    /// What file `f` resumes with, `have`, must be durable and right, and
+    /// after a session that wound down (not a crash), everything it wrote
+    /// of a file it checkpoints is kept: nothing durable is sent again.
+    fn check_resumed(
+        &mut self,
+        session: u32,
+        f: u32,
+        have: &Bitmap,
+        expect_have: &HashMap<u32, Bitmap>,
+    ) {
+        let blocks = self.source[f as usize].len() as u64;
+        if let Some(want) = expect_have.get(&f)
+            && want != have
+        {
+            self.fail(&format!(
+                "file {f} resumes {} blocks, but {} were written and checkpointed",
+                have.count(),
+                want.count()
+            ));
+        }
+        if have.count() > 0 {
+            let right = self.durable_right(f as usize);
+            for b in 0..blocks {
+                if have.get(b) && !right.get(b) {
+                    self.fail(&format!(
+                        "file {f} resumes block {b} that is not durable and right"
                     ));
                 }
             }
-            while let Some((file, digest)) = sched.poll_file_done() {
-                tx.handle_file_done(file, digest, self.now());
-                while let Some(a) = tx.poll_action() {
-                    match a {
-                        SendAction::Send(Frame::FileDone {
-                            file_id, digest, ..
-                        }) => {
-                            let at = now + 1 + self.rng.below(self.faults.max_delay);
-                            wire.push((
-                                at,
-                                Msg::FileDone {
-                                    file: file_id,
-                                    digest,
-                                },
-                            ));
-                        }
-                        other => self.fail(&format!(
-                            "the sender core reported file {file} with {other:?}"
-                        )),
-                    }
-                }
-            }
-            if let Some(why) = sched.poll_fatal() {
-                return SessionEnd::Fatal(why.to_string());
-            }
+        }
+        self.log(format!(
+            "session {session}: file {f} plans {} of {blocks} blocks held",
+            have.count()
+        ));
+    }
 
-            // Faults: a stream cut, or the receiving host crashes.
-            if self.rng.chance(self.faults.cut) {
-                let s = self.rng.below(u64::from(streams)) as u16;
-                if cut.insert(s) {
-                    self.log(format!("stream {s} cut"));
-                    sched.handle_stream_failed(s);
-                    wire.retain(|(_, m)| !on_stream(m, s));
-                    *self.struck.entry("cut").or_default() += 1;
-                    if cut.len() == streams as usize {
-                        self.wind_down(
-                            &mut trackers,
-                            writes,
-                            syncing,
-                            &reports,
-                            &wrote,
-                            expect_have,
-                        );
-                        return SessionEnd::Broken("every stream cut");
-                    }
-                }
+    /// Sender: read, hand ready blocks to streams with room, and report
+    /// the files whose blocks are all acknowledged.
+    fn send(&mut self, live: &mut Live) -> Option<SessionEnd> {
+        let now = self.step;
+        while let Some(order) = live.sched.poll_read() {
+            let token = self.source[order.file_id as usize][order.block as usize];
+            live.sched.handle_read(order.gid, checksum(token));
+        }
+        for s in 0..live.streams {
+            if live.cut.contains(&s) {
+                continue;
             }
-            if self.rng.chance(self.faults.crash) {
-                self.crash(expect_have);
-                return SessionEnd::Broken("receiver crashed");
-            }
-
-            // The disk completes writes out of order.
-            let mut i = 0;
-            while i < writes.len() {
-                if writes[i].done_at > now {
-                    i += 1;
-                    continue;
+            while let Some(o) = live.sched.poll_send(s) {
+                if live.have_at_plan[&o.file_id].get(o.block) {
+                    self.fail(&format!(
+                        "session {} sent block {} of file {} that the plan said is held",
+                        live.session, o.block, o.file_id
+                    ));
                 }
-                let w = writes.swap_remove(i);
-                match w.fails {
-                    Some("ENOSPC") => {
-                        self.log(format!("write {}:{} ENOSPC", w.file, w.block));
-                        *self.struck.entry("enospc").or_default() += 1;
-                        self.wind_down(
-                            &mut trackers,
-                            writes,
-                            syncing,
-                            &reports,
-                            &wrote,
-                            expect_have,
-                        );
-                        return SessionEnd::Broken("no space (retryable)");
-                    }
-                    Some(e) => return SessionEnd::Fatal(format!("receiver: {e} writing a block")),
-                    None => {}
-                }
-                self.disk.written[w.file as usize][w.block as usize] = Some(w.token);
-                if let Some(t) = trackers.get_mut(&w.file) {
-                    t.handle_written(w.block, w.sum);
-                }
-                if let Some(b) = wrote.get_mut(&w.file) {
-                    b.set(w.block);
+                let mut token = self.source[o.file_id as usize][o.block as usize];
+                let sum = checksum(token);
+                live.sched.handle_sent_checksum(o.gid, sum);
+                if self.rng.chance(self.faults.damage) {
+                    token ^= 1 << self.rng.below(64);
                 }
                 let at = now + 1 + self.rng.below(self.faults.max_delay);
-                wire.push((
+                live.wire.push((
                     at,
-                    Msg::Ack {
-                        stream: w.stream,
-                        file: w.file,
-                        block: w.block,
+                    Msg::Data {
+                        stream: s,
+                        file: o.file_id,
+                        block: o.block,
+                        token,
+                        sum,
                     },
                 ));
             }
-
-            // Checkpoints: begin a background sync when due, complete it
-            // later; what it covered becomes durable, then is recorded.
-            if let Some((_, covered)) = syncing.take_if(|(at, _)| *at <= now) {
-                self.complete_sync(covered, &mut trackers, &reports);
-            }
-            // As the writer counts: one-block files are never checkpointed.
-            let unsynced: u64 = trackers
-                .iter()
-                .filter(|(f, t)| !reports.is_answered(**f) && t.durable().len() > 1)
-                .map(|(_, t)| t.unsynced())
-                .sum();
-            if syncing.is_none() && policy.poll_due(self.now(), unsynced) {
-                // One-block files are sent again rather than checkpointed.
-                let covered: Vec<_> = trackers
-                    .iter_mut()
-                    .filter(|(f, t)| {
-                        !reports.is_answered(**f) && t.unsynced() > 0 && t.durable().len() > 1
-                    })
-                    .map(|(f, t)| (*f, t.begin_sync(), self.disk.written[*f as usize].clone()))
-                    .collect();
-                syncing = Some((now + 1 + self.rng.below(10), covered));
-                policy.handle_checkpointed(self.now());
-            }
-
-            // Deliver what is due, in a random order among them.
-            let mut due: Vec<Msg> = Vec::new();
-            wire.retain(|(at, m)| {
-                if *at <= now {
-                    due.push(m.clone());
-                    false
-                } else {
-                    true
-                }
-            });
-            for k in (1..due.len()).rev() {
-                let j = self.rng.below(k as u64 + 1) as usize;
-                due.swap(k, j);
-            }
-            for m in due {
-                match m {
-                    Msg::Data {
-                        stream,
-                        file,
-                        block,
-                        token,
-                        sum,
-                    } => {
-                        let reply = |m| (now + 1, m);
-                        if checksum(token) != sum {
-                            *self.struck.entry("damaged").or_default() += 1;
-                            wire.push(reply(Msg::Nack {
-                                stream,
-                                file,
-                                block,
-                            }));
-                        } else if reports.is_answered(file) {
-                            // A resent copy of an answered file's block.
-                            wire.push(reply(Msg::Ack {
-                                stream,
-                                file,
-                                block,
-                            }));
-                        } else {
-                            let fails = if self.rng.chance(self.faults.enospc) {
-                                Some("ENOSPC")
-                            } else if self.rng.chance(self.faults.eio) {
-                                Some("EIO")
-                            } else {
-                                None
-                            };
-                            let done_at = now + 1 + self.rng.below(self.faults.max_delay);
-                            writes.push(Write {
-                                file,
-                                block,
-                                token,
-                                sum,
-                                stream,
-                                done_at,
-                                fails,
-                            });
-                        }
-                    }
-                    Msg::Ack {
-                        stream,
-                        file,
-                        block,
-                    } => {
-                        if let Err(e) = sched.handle_ack(stream, file, block) {
-                            self.fail(&format!("ack refused: {e}"));
-                        }
-                    }
-                    Msg::Nack {
-                        stream,
-                        file,
-                        block,
-                    } => {
-                        if let Err(e) = sched.handle_nack(stream, file, block) {
-                            self.fail(&format!("nack refused: {e}"));
-                        }
-                    }
-                    Msg::FileDone { file, digest } => {
-                        rx.handle_frame(
-                            Frame::FileDone {
-                                file_id: file,
+        }
+        while let Some((file, digest)) = live.sched.poll_file_done() {
+            live.tx.handle_file_done(file, digest, self.now());
+            while let Some(a) = live.tx.poll_action() {
+                match a {
+                    SendAction::Send(Frame::FileDone {
+                        file_id, digest, ..
+                    }) => {
+                        let at = now + 1 + self.rng.below(self.faults.max_delay);
+                        live.wire.push((
+                            at,
+                            Msg::FileDone {
+                                file: file_id,
                                 digest,
-                                identity: 0,
                             },
-                            self.now(),
-                        );
-                        while let Some(a) = rx.poll_action() {
-                            match a {
-                                Action::Report(Report::Done {
-                                    file_id,
-                                    digest,
-                                    identity,
-                                }) => {
-                                    let report = Reported {
-                                        file_id,
-                                        digest,
-                                        identity,
-                                    };
-                                    reports.handle_reported(report, self.now());
-                                }
-                                other => self.fail(&format!(
-                                    "the receiver core answered a report of file {file} with {other:?}"
-                                )),
-                            }
-                        }
-                    }
-                    Msg::Result { file, ok, digest } => {
-                        self.log(format!("result file {file}: ok={ok}"));
-                        tx.handle_frame(
-                            Frame::FileResult {
-                                file_id: file,
-                                ok,
-                                digest,
-                                identity: 0,
-                                message: String::new(),
-                            },
-                            self.now(),
-                        );
-                        match tx.poll_action() {
-                            Some(SendAction::Verdict { file_id, verdict }) if file_id == file => {
-                                verdicts.insert(file, matches!(verdict, FileVerdict::Ok(_)));
-                            }
-                            other => self.fail(&format!(
-                                "the sender core took the result of file {file} as {other:?}"
-                            )),
-                        }
-                        answered += 1;
-                        if tx.all_answered() != (answered == todo.len()) {
-                            self.fail("the sender core miscounts the results");
-                        }
-                        if answered == todo.len() {
-                            if !matches!(rx.end(), Some(End::Answered)) {
-                                self.fail(&format!(
-                                    "the sender has every result but the receiver core ended {:?}",
-                                    rx.end()
-                                ));
-                            }
-                            return SessionEnd::Done;
-                        }
-                    }
-                }
-            }
-
-            // Answer reported files whose blocks are all written (the
-            // writer drains its writes of a file first).
-            let ready = reports
-                .poll_ready(|f| trackers[&f].is_complete() && !writes.iter().any(|w| w.file == f));
-            for Reported {
-                file_id: f, digest, ..
-            } in ready
-            {
-                let fi = f as usize;
-                // Made durable before the rename, then verified.
-                self.disk.durable[fi] = self.disk.written[fi].clone();
-                let t = trackers.get_mut(&f).expect("planned");
-                t.handle_synced();
-                let ok =
-                    digest_agrees(wirerate_engine::Verification::Checksums, t.digest(), digest);
-                if ok {
-                    let right = self.durable_right(fi);
-                    if !right.is_full() {
-                        self.fail(&format!(
-                            "file {f} would be published with its digest matching but its data wrong"
                         ));
                     }
-                    self.disk.published[fi] = Some(self.disk.durable[fi].clone());
-                    self.disk.checkpoints[fi] = None;
+                    other => self.fail(&format!(
+                        "the sender core reported file {file} with {other:?}"
+                    )),
                 }
-                reports.handle_answered(f);
-                self.log(format!("publish file {f}: ok={ok}"));
-                rx.handle_verdict(
-                    Verdict::File {
-                        file_id: f,
-                        ok,
-                        digest,
-                        identity: 0,
-                        message: String::new(),
-                    },
-                    self.now(),
-                );
-                while let Some(a) = rx.poll_action() {
-                    match a {
-                        Action::Send(Frame::FileResult {
-                            file_id,
-                            ok,
-                            digest,
-                            ..
-                        }) => {
-                            let at = now + 1 + self.rng.below(self.faults.max_delay);
-                            wire.push((
-                                at,
-                                Msg::Result {
-                                    file: file_id,
-                                    ok,
-                                    digest,
-                                },
-                            ));
-                        }
-                        Action::Close(End::Answered) if rx.answered() as usize == todo.len() => {}
-                        other => self.fail(&format!(
-                            "the receiver core answered file {f}'s verdict with {other:?}"
-                        )),
+            }
+        }
+        let why = live.sched.poll_fatal()?;
+        Some(SessionEnd::Fatal(why.to_string()))
+    }
+
+    /// Faults: a stream cut, or the receiving host crashes.
+    fn strike(
+        &mut self,
+        live: &mut Live,
+        expect_have: &mut HashMap<u32, Bitmap>,
+    ) -> Option<SessionEnd> {
+        if self.rng.chance(self.faults.cut) {
+            let s = self.rng.below(u64::from(live.streams)) as u16;
+            if live.cut.insert(s) {
+                self.log(format!("stream {s} cut"));
+                live.sched.handle_stream_failed(s);
+                live.wire.retain(|(_, m)| !on_stream(m, s));
+                *self.struck.entry("cut").or_default() += 1;
+                if live.cut.len() == live.streams as usize {
+                    self.wind_down(live, expect_have);
+                    return Some(SessionEnd::Broken("every stream cut"));
+                }
+            }
+        }
+        if self.rng.chance(self.faults.crash) {
+            self.crash(expect_have);
+            return Some(SessionEnd::Broken("receiver crashed"));
+        }
+        None
+    }
+
+    /// The disk completes writes out of order; the writer's core hears of
+    /// each, and the sender of each block written.
+    fn complete_writes(
+        &mut self,
+        live: &mut Live,
+        expect_have: &mut HashMap<u32, Bitmap>,
+    ) -> Option<SessionEnd> {
+        let now = self.step;
+        let mut i = 0;
+        while i < live.writes.len() {
+            if live.writes[i].done_at > now {
+                i += 1;
+                continue;
+            }
+            let w = live.writes.swap_remove(i);
+            match w.fails {
+                Some("ENOSPC") => {
+                    live.core.handle_write_failed(w.file);
+                    self.log(format!("write {}:{} ENOSPC", w.file, w.block));
+                    *self.struck.entry("enospc").or_default() += 1;
+                    self.wind_down(live, expect_have);
+                    return Some(SessionEnd::Broken("no space (retryable)"));
+                }
+                Some(e) => {
+                    return Some(SessionEnd::Fatal(format!("receiver: {e} writing a block")));
+                }
+                None => {}
+            }
+            self.disk.written[w.file as usize][w.block as usize] = Some(w.token);
+            live.core.handle_written(w.file, w.block, w.sum, self.now());
+            if let Some(b) = live.wrote.get_mut(&w.file) {
+                b.set(w.block);
+            }
+            let at = now + 1 + self.rng.below(self.faults.max_delay);
+            live.wire.push((
+                at,
+                Msg::Ack {
+                    stream: w.stream,
+                    file: w.file,
+                    block: w.block,
+                },
+            ));
+        }
+        None
+    }
+
+    /// Checkpoints: the core says when one is due and what it covers; the
+    /// sync runs in the background and completes later, and what it
+    /// covered becomes durable, then is recorded.
+    fn checkpoint(&mut self, live: &mut Live) {
+        let now = self.step;
+        if let Some((_, covered)) = live.syncing.take_if(|(at, _)| *at <= now) {
+            self.complete_sync(covered, &mut live.core);
+        }
+        if live.syncing.is_none()
+            && let Some(batch) = live.core.poll_checkpoint(self.now())
+            && !batch.is_empty()
+        {
+            let covered = batch
+                .into_iter()
+                .map(|j| {
+                    let then = self.disk.written[j.file_id as usize].clone();
+                    (j, then)
+                })
+                .collect();
+            live.syncing = Some((now + 1 + self.rng.below(10), covered));
+        }
+    }
+
+    /// Delivers what is due, in a random order among them.
+    fn deliver(
+        &mut self,
+        live: &mut Live,
+        verdicts: &mut HashMap<u32, bool>,
+    ) -> Option<SessionEnd> {
+        let now = self.step;
+        let mut due: Vec<Msg> = Vec::new();
+        live.wire.retain(|(at, m)| {
+            if *at <= now {
+                due.push(m.clone());
+                false
+            } else {
+                true
+            }
+        });
+        for k in (1..due.len()).rev() {
+            let j = self.rng.below(k as u64 + 1) as usize;
+            due.swap(k, j);
+        }
+        for m in due {
+            match m {
+                Msg::Data { .. } => self.receive(live, m),
+                Msg::Ack {
+                    stream,
+                    file,
+                    block,
+                } => {
+                    if let Err(e) = live.sched.handle_ack(stream, file, block) {
+                        self.fail(&format!("ack refused: {e}"));
                     }
                 }
+                Msg::Nack {
+                    stream,
+                    file,
+                    block,
+                } => {
+                    if let Err(e) = live.sched.handle_nack(stream, file, block) {
+                        self.fail(&format!("nack refused: {e}"));
+                    }
+                }
+                Msg::FileDone { file, digest } => self.reported(live, file, digest),
+                Msg::Result { file, ok, digest } => {
+                    if self.result(live, verdicts, (file, ok, digest)) {
+                        return Some(SessionEnd::Done);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// A block arrives: a damaged one is refused; an intact one is written
+    /// or dropped, as the writer's core says.
+    fn receive(&mut self, live: &mut Live, m: Msg) {
+        let Msg::Data {
+            stream,
+            file,
+            block,
+            token,
+            sum,
+        } = m
+        else {
+            return;
+        };
+        let now = self.step;
+        let reply = |m| (now + 1, m);
+        live.core.handle_arrived(self.now());
+        if checksum(token) != sum {
+            *self.struck.entry("damaged").or_default() += 1;
+            live.wire.push(reply(Msg::Nack {
+                stream,
+                file,
+                block,
+            }));
+            return;
+        }
+        match live.core.handle_block(file) {
+            BlockFate::Write => {}
+            // A resent copy of an answered file's block.
+            BlockFate::Drop => {
+                live.wire.push(reply(Msg::Ack {
+                    stream,
+                    file,
+                    block,
+                }));
+                return;
+            }
+            BlockFate::Unknown => self.fail(&format!("block {block} of unplanned file {file}")),
+        }
+        let fails = if self.rng.chance(self.faults.enospc) {
+            Some("ENOSPC")
+        } else if self.rng.chance(self.faults.eio) {
+            Some("EIO")
+        } else {
+            None
+        };
+        let done_at = now + 1 + self.rng.below(self.faults.max_delay);
+        live.writes.push(Write {
+            file,
+            block,
+            token,
+            sum,
+            stream,
+            done_at,
+            fails,
+        });
+    }
+
+    /// The sender's report of `file` reaches the receiver's control core,
+    /// which passes it to the writer's.
+    fn reported(&mut self, live: &mut Live, file: u32, digest: u128) {
+        live.rx.handle_frame(
+            Frame::FileDone {
+                file_id: file,
+                digest,
+                identity: 0,
+            },
+            self.now(),
+        );
+        while let Some(a) = live.rx.poll_action() {
+            match a {
+                Action::Report(Report::Done {
+                    file_id,
+                    digest,
+                    identity,
+                }) => {
+                    let report = Reported {
+                        file_id,
+                        digest,
+                        identity,
+                    };
+                    live.core.handle_reported(report, self.now());
+                }
+                other => self.fail(&format!(
+                    "the receiver core answered a report of file {file} with {other:?}"
+                )),
+            }
+        }
+    }
+
+    /// A file's result reaches the sender's control core. Returns whether
+    /// the sender now has every result: the session is done.
+    fn result(
+        &mut self,
+        live: &mut Live,
+        verdicts: &mut HashMap<u32, bool>,
+        (file, ok, digest): (u32, bool, u128),
+    ) -> bool {
+        self.log(format!("result file {file}: ok={ok}"));
+        live.tx.handle_frame(
+            Frame::FileResult {
+                file_id: file,
+                ok,
+                digest,
+                identity: 0,
+                message: String::new(),
+            },
+            self.now(),
+        );
+        match live.tx.poll_action() {
+            Some(SendAction::Verdict { file_id, verdict }) if file_id == file => {
+                verdicts.insert(file, matches!(verdict, FileVerdict::Ok(_)));
+            }
+            other => self.fail(&format!(
+                "the sender core took the result of file {file} as {other:?}"
+            )),
+        }
+        live.answered += 1;
+        let all = live.answered == live.files;
+        if live.tx.all_answered() != all {
+            self.fail("the sender core miscounts the results");
+        }
+        if all && !matches!(live.rx.end(), Some(End::Answered)) {
+            self.fail(&format!(
+                "the sender has every result but the receiver core ended {:?}",
+                live.rx.end()
+            ));
+        }
+        all
+    }
+
+    /// Answers reported files whose blocks are all written, as the core
+    /// decides; like the writer, first waits for the background
+    /// checkpoint, so that none is stored behind a published file.
+    fn finish(&mut self, live: &mut Live) {
+        let ready = live.core.poll_finish();
+        if !ready.is_empty()
+            && let Some((_, covered)) = live.syncing.take()
+        {
+            self.complete_sync(covered, &mut live.core);
+        }
+        for decision in ready {
+            let Finish::Verify {
+                report: Reported {
+                    file_id: f, digest, ..
+                },
+                checksums_digest,
+            } = decision
+            else {
+                self.fail(&format!("the writer's core decided {decision:?}"));
+            };
+            let fi = f as usize;
+            // Made durable before the rename, then verified.
+            self.disk.durable[fi] = self.disk.written[fi].clone();
+            let ok = live.core.may_publish(checksums_digest, digest);
+            if ok {
+                let right = self.durable_right(fi);
+                if !right.is_full() {
+                    self.fail(&format!(
+                        "file {f} would be published with its digest matching but its data wrong"
+                    ));
+                }
+                self.disk.published[fi] = Some(self.disk.durable[fi].clone());
+                self.disk.checkpoints[fi] = None;
+            }
+            self.log(format!("publish file {f}: ok={ok}"));
+            self.answer(live, (f, ok, digest));
+        }
+    }
+
+    /// The writer's verdict on a file goes through the receiver's control
+    /// core to the sender.
+    fn answer(&mut self, live: &mut Live, (f, ok, digest): (u32, bool, u128)) {
+        let now = self.step;
+        live.rx.handle_verdict(
+            Verdict::File {
+                file_id: f,
+                ok,
+                digest,
+                identity: 0,
+                message: String::new(),
+            },
+            self.now(),
+        );
+        while let Some(a) = live.rx.poll_action() {
+            match a {
+                Action::Send(Frame::FileResult {
+                    file_id,
+                    ok,
+                    digest,
+                    ..
+                }) => {
+                    let at = now + 1 + self.rng.below(self.faults.max_delay);
+                    live.wire.push((
+                        at,
+                        Msg::Result {
+                            file: file_id,
+                            ok,
+                            digest,
+                        },
+                    ));
+                }
+                Action::Close(End::Answered) if live.rx.answered() as usize == live.files => {}
+                other => self.fail(&format!(
+                    "the receiver core answered file {f}'s verdict with {other:?}"
+                )),
             }
         }
     }
@@ -798,15 +933,12 @@ impl Sim {
 
     /// A background sync finishes: fdatasync made durable what was written
     /// when it began (of what was written while it ran, some pages made it
-    /// and some not); what it covered is then recorded.
-    fn complete_sync(
-        &mut self,
-        covered: Vec<Covered>,
-        trackers: &mut BTreeMap<u32, FileTracker>,
-        reports: &Reports,
-    ) {
-        for (f, cov, then) in covered {
-            let fi = f as usize;
+    /// and some not); each checkpoint the core asked for is then stored,
+    /// and the core told.
+    fn complete_sync(&mut self, covered: Vec<Covered>, core: &mut FileLifecycle) {
+        let mut synced = Vec::with_capacity(covered.len());
+        for (job, then) in covered {
+            let fi = job.file_id as usize;
             for (b, page) in then.into_iter().enumerate() {
                 if page.is_some() {
                     self.disk.durable[fi][b] = page;
@@ -814,59 +946,50 @@ impl Sim {
                     self.disk.durable[fi][b] = self.disk.written[fi][b];
                 }
             }
-            if reports.is_answered(f) {
-                continue;
-            }
-            let Some(t) = trackers.get_mut(&f) else {
-                continue;
-            };
-            t.handle_synced_upto(&cov);
-            let (bits, sums) = t.checkpoint_after(&cov);
-            self.store_checkpoint(f, bits, sums);
+            self.store_checkpoint(job.file_id, job.durable, job.checksums);
+            synced.push((job.file_id, job.covered, true));
         }
+        core.handle_checkpointed(synced);
     }
 
     /// A session ends without a crash, as the agent's writer does on Stop:
     /// it finishes the writes it has (a failing one is lost), waits for the
-    /// checkpoint in progress, then syncs and checkpoints every unfinished
-    /// file of more than one block. The next session must then hold every
-    /// block this one held or wrote of those files (`wrote`, counted from
-    /// completed writes, apart from the trackers).
-    #[allow(clippy::too_many_arguments)]
-    fn wind_down(
-        &mut self,
-        trackers: &mut BTreeMap<u32, FileTracker>,
-        writes: Vec<Write>,
-        syncing: Option<(u64, Vec<Covered>)>,
-        reports: &Reports,
-        wrote: &HashMap<u32, Bitmap>,
-        expect_have: &mut HashMap<u32, Bitmap>,
-    ) {
-        let mut wrote = wrote.clone();
-        for w in writes.into_iter().filter(|w| w.fails.is_none()) {
-            self.disk.written[w.file as usize][w.block as usize] = Some(w.token);
-            if let Some(t) = trackers.get_mut(&w.file) {
-                t.handle_written(w.block, w.sum);
+    /// checkpoint in progress, then syncs and checkpoints what the core
+    /// says to keep. The next session must then hold every block this one
+    /// held or wrote of the files of more than one block still unanswered
+    /// (`wrote`, counted from completed writes, apart from the core).
+    fn wind_down(&mut self, live: &mut Live, expect_have: &mut HashMap<u32, Bitmap>) {
+        let core = &mut live.core;
+        let wrote = &mut live.wrote;
+        for w in std::mem::take(&mut live.writes) {
+            if w.fails.is_some() {
+                core.handle_write_failed(w.file);
+                continue;
             }
+            self.disk.written[w.file as usize][w.block as usize] = Some(w.token);
+            core.handle_written(w.file, w.block, w.sum, self.now());
             if let Some(b) = wrote.get_mut(&w.file) {
                 b.set(w.block);
             }
         }
-        if let Some((_, covered)) = syncing {
-            self.complete_sync(covered, trackers, reports);
+        if let Some((_, covered)) = live.syncing.take() {
+            self.complete_sync(covered, core);
+        }
+        for f in core.poll_wind_down() {
+            self.disk.durable[f as usize] = self.disk.written[f as usize].clone();
+            let Some((bits, sums)) = core.handle_synced(f) else {
+                self.fail(&format!(
+                    "the writer's core winds down file {f}, which it does not hold"
+                ));
+            };
+            self.store_checkpoint(f, bits, sums);
+            core.handle_checkpoint_stored(f);
         }
         expect_have.clear();
-        for (&f, t) in trackers.iter_mut() {
-            if reports.is_answered(f) || t.durable().len() <= 1 {
-                continue;
+        for f in core.held() {
+            if self.source[f as usize].len() > 1 {
+                expect_have.insert(f, wrote[&f].clone());
             }
-            if t.unsynced() > 0 {
-                self.disk.durable[f as usize] = self.disk.written[f as usize].clone();
-                t.handle_synced();
-                let (bits, sums) = (t.durable().into_owned(), t.checksums().to_vec());
-                self.store_checkpoint(f, bits, sums);
-            }
-            expect_have.insert(f, wrote[&f].clone());
         }
     }
 

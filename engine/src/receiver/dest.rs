@@ -1,6 +1,7 @@
 //! One destination file: preparing its temporary file and checkpoint,
 //! opening it for the chosen I/O mode, and publishing it.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::fsroot::{DestPath, Root, validate};
 use crate::io::open::on_tmpfs;
 use crate::wire::{EntryKind, FileEntry, MAX_BLOCKS_PER_FILE};
-use crate::{Bitmap, FileTracker, Layout};
+use crate::{Bitmap, Layout};
 
 /// A destination file of a session.
 pub(crate) struct DestFile {
@@ -29,11 +30,6 @@ pub(crate) struct DestFile {
     pub(crate) identity: u64,
     /// Permission bits it is published with (the sender's, masked).
     pub(crate) mode: u32,
-    /// A checkpoint of it is on disk (loaded or stored), so what was
-    /// written can be resumed; without one, its temporary file is garbage
-    /// once the session ends.
-    pub(crate) has_checkpoint: bool,
-    pub(crate) tracker: FileTracker,
     /// Its descriptors, once its first block is written: a file waiting
     /// in a large manifest holds a null pointer, not two.
     opened: Option<Box<Opened>>,
@@ -49,14 +45,21 @@ struct Opened {
 
 /// What `prepare` decided for one manifest entry.
 pub(crate) enum Prepared {
-    /// Send it; the bitmap holds the blocks already durable here.
-    Accept(Box<DestFile>, Bitmap),
+    /// Send it; the bitmap holds the blocks already durable here, and the
+    /// checkpoint they come from goes to the writer.
+    Accept(Box<DestFile>, Bitmap, Option<Resumed>),
     /// Refused, with the reason for the sender.
     Refuse(String),
     /// Send it, to be verified and dropped: a memory-to-memory session,
     /// for which nothing is created (see `discard`).
     Discard,
 }
+
+/// What a file's stored checkpoint records: its durable blocks and their
+/// checksums. Kept beside the file, not in it, until the writer's core
+/// takes it (a million waiting files are a million `DestFile`s). Without
+/// one, a file's temporary file is garbage once the session ends.
+pub(crate) type Resumed = Box<(Bitmap, Vec<u64>)>;
 
 /// A session's files by id; a file is taken out when it is answered.
 pub(crate) type Files = ById<Option<Box<DestFile>>>;
@@ -69,6 +72,9 @@ pub(crate) type Files = ById<Option<Box<DestFile>>>;
 pub(crate) struct Staged<'a> {
     root: &'a Root,
     files: Vec<(u32, Box<DestFile>)>,
+    /// The checkpoints they resume from, by file: few files of a large
+    /// manifest have one.
+    resumed: HashMap<u32, Resumed>,
 }
 
 impl<'a> Staged<'a> {
@@ -76,15 +82,20 @@ impl<'a> Staged<'a> {
         Self {
             root,
             files: Vec::with_capacity(files),
+            resumed: HashMap::new(),
         }
     }
 
-    pub(crate) fn insert(&mut self, file_id: u32, file: Box<DestFile>) {
+    pub(crate) fn insert(&mut self, file_id: u32, file: Box<DestFile>, resumed: Option<Resumed>) {
         self.files.push((file_id, file));
+        if let Some(r) = resumed {
+            self.resumed.insert(file_id, r);
+        }
     }
 
-    /// Hands the files over to their writer.
-    pub(crate) fn into_files(mut self) -> Files {
+    /// Hands the files over to their writer, with the checkpoints they
+    /// resume from.
+    pub(crate) fn into_files(mut self) -> (Files, HashMap<u32, Resumed>) {
         // The core refuses a manifest that repeats an id; were one let
         // through, the table would keep one file of the two and never
         // remove the other's temporary file.
@@ -93,26 +104,37 @@ impl<'a> Staged<'a> {
             ids.sort_unstable();
             ids.windows(2).all(|w| w[0] != w[1])
         });
-        std::mem::take(&mut self.files)
+        let files = std::mem::take(&mut self.files)
             .into_iter()
             .map(|(id, f)| (id, Some(f)))
-            .collect()
+            .collect();
+        (files, std::mem::take(&mut self.resumed))
     }
 }
 
 impl Drop for Staged<'_> {
     fn drop(&mut self) {
-        discard_unresumable(self.root, self.files.iter_mut().map(|(_, f)| &mut **f));
+        let resumed = &self.resumed;
+        discard_unresumable(
+            self.root,
+            self.files
+                .iter_mut()
+                .map(|(id, f)| (&mut **f, resumed.contains_key(id))),
+        );
     }
 }
 
 /// Removes the temporary files of `files` that no checkpoint can resume
 /// (one-block files are never checkpointed, and a file may not have got
 /// its first one): a new session would start them over anyway, and
-/// nothing else would ever remove them.
-pub(crate) fn discard_unresumable<'f>(root: &Root, files: impl Iterator<Item = &'f mut DestFile>) {
-    for f in files {
-        if f.kind == EntryKind::File && !f.has_checkpoint {
+/// nothing else would ever remove them. Each comes with whether a
+/// checkpoint of it is stored.
+pub(crate) fn discard_unresumable<'f>(
+    root: &Root,
+    files: impl Iterator<Item = (&'f mut DestFile, bool)>,
+) {
+    for (f, has_checkpoint) in files {
+        if f.kind == EntryKind::File && !has_checkpoint {
             if let Err(e) = f.discard(root) {
                 tracing::warn!(path = %f.dest.rel, error = %e, "cannot remove the temporary file");
             }
@@ -169,20 +191,18 @@ fn prepare_entry(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Res
             layout.blocks()
         )));
     }
-    let mut file = DestFile {
+    let file = DestFile {
         kind: e.kind,
         dest,
         layout,
         fingerprint: e.fingerprint,
         identity: 0,
         mode: u32::from(e.mode) & 0o777 & !umask,
-        has_checkpoint: false,
-        tracker: FileTracker::new(layout.blocks(), None),
         opened: None,
     };
     if e.kind == EntryKind::Dir {
         root.dir(&file.dest.rel)?;
-        return Ok(Prepared::Accept(Box::new(file), Bitmap::new(0)));
+        return Ok(Prepared::Accept(Box::new(file), Bitmap::new(0), None));
     }
     let dir = root.dir(file.dest.parent())?;
     if let Ok(st) = rustix::fs::statat(&dir, file.dest.name(), AtFlags::SYMLINK_NOFOLLOW) {
@@ -213,10 +233,9 @@ fn prepare_entry(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Res
     });
     match resumed {
         Some(c) => {
-            file.has_checkpoint = true;
             let have = c.durable.clone();
-            file.tracker = FileTracker::new(layout.blocks(), Some((c.durable, c.checksums)));
-            Ok(Prepared::Accept(Box::new(file), have))
+            let resumed = Box::new((c.durable, c.checksums));
+            Ok(Prepared::Accept(Box::new(file), have, Some(resumed)))
         }
         None => {
             file.remove_checkpoint(&dir)?;
@@ -228,6 +247,7 @@ fn prepare_entry(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Res
             Ok(Prepared::Accept(
                 Box::new(file),
                 Bitmap::new(layout.blocks()),
+                None,
             ))
         }
     }
@@ -287,20 +307,25 @@ impl DestFile {
         self.opened.as_ref().and_then(|o| o.direct.as_ref())
     }
 
-    /// Flushes written blocks to stable storage and marks them durable.
-    pub(crate) fn sync(&mut self) -> Result<()> {
+    /// Flushes written blocks to stable storage (the caller marks them
+    /// durable).
+    pub(crate) fn sync(&self) -> Result<()> {
         if let Some(f) = self.plain() {
             f.sync_data()
                 .map_err(|e| Error::io(format!("syncing {}", self.dest.rel), e))?;
         }
-        self.tracker.handle_synced();
         Ok(())
     }
 
-    /// Records durable blocks for a later resume, unless another session
-    /// has taken the partial file over (or published it) meanwhile: a
-    /// checkpoint beside a published file would be a stale one.
-    pub(crate) fn checkpoint(&self, root: &Root) -> Result<()> {
+    /// Records `durable` blocks and their `checksums` for a later resume,
+    /// unless another session has taken the partial file over (or
+    /// published it) meanwhile: a checkpoint beside a published file would
+    /// be a stale one.
+    pub(crate) fn checkpoint(
+        &self,
+        root: &Root,
+        (durable, checksums): (Bitmap, Vec<u64>),
+    ) -> Result<()> {
         let dir = self.dir(root)?;
         if let Some(f) = self.plain()
             && !super::checkpointer::still_ours(&dir, &self.dest.part_name(), f)
@@ -309,11 +334,8 @@ impl DestFile {
                 path: self.dest.rel.to_string(),
             });
         }
-        self.record(
-            self.tracker.durable().into_owned(),
-            self.tracker.checksums().into_owned(),
-        )
-        .store(&dir, &self.dest.ckpt_name())
+        self.record(durable, checksums)
+            .store(&dir, &self.dest.ckpt_name())
     }
 
     /// The checkpoint of this file with `durable` blocks and `checksums`.
@@ -378,11 +400,6 @@ impl DestFile {
             .map_err(|e| Error::io(ctx(), e.into()))
     }
 
-    /// The written data was made durable by a filesystem-wide sync.
-    pub(crate) fn mark_synced(&mut self) {
-        self.tracker.handle_synced();
-    }
-
     /// Removes the temporary file and checkpoint (data that failed verification).
     pub(crate) fn discard(&mut self, root: &Root) -> Result<()> {
         self.opened = None;
@@ -396,12 +413,13 @@ impl DestFile {
 mod tests {
     #[test]
     fn a_file_waiting_in_a_large_manifest_is_small() {
-        // Boxed, it takes a 96-byte allocation (glibc rounds 88 plus its
-        // header up to 96); at 89 it would take 112. Its path, tracker
-        // progress and descriptors are allocated apart, the last two only
-        // once its first block is written.
+        // Boxed, it takes an 80-byte allocation (glibc rounds 72 plus its
+        // header up to 80); at 73 it would take 96. Its path and
+        // descriptors are allocated apart, the last only once its first
+        // block is written; what is written and durable of it is the
+        // writer core's (`session::lifecycle`, 32 bytes a file).
         assert!(
-            size_of::<super::DestFile>() <= 88,
+            size_of::<super::DestFile>() <= 72,
             "{}",
             size_of::<super::DestFile>()
         );

@@ -442,13 +442,13 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
             prepare(&shared.root, e, block_size, shared.cfg.umask)
         };
         let outcome = match outcome {
-            Prepared::Accept(mut file, have) => {
+            Prepared::Accept(mut file, have, resumed) => {
                 file.identity = identity;
                 tracked += blocks;
                 resumed_bytes += file.layout.bytes_in(&have);
                 stats.total.fetch_add(file.layout.size, Ordering::Relaxed);
                 sizes.push((e.file_id, file.layout.size));
-                files.insert(e.file_id, file);
+                files.insert(e.file_id, file, resumed);
                 PlanOutcome::Accept {
                     have: have.to_bytes(),
                 }

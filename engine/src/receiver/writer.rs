@@ -1,6 +1,9 @@
 //! A session's writer: keeps `queue_depth` writes in flight at each block's
 //! offset, acknowledges blocks once written, checkpoints durable blocks,
-//! and verifies and publishes finished files.
+//! and verifies and publishes finished files. What to do with each file
+//! (write or drop a block, when to checkpoint and what, when a reported
+//! file may be verified and published) is `session::lifecycle`'s to
+//! decide; this carries it out.
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -14,11 +17,11 @@ use super::dest::{DestFile, Files, Staged, discard_unresumable};
 use super::kept::Kept;
 use super::stats::Stats;
 use super::verdicts::{Answer, VerdictTx};
-use crate::CheckpointPolicy;
 use crate::digest::{block_checksum, file_digest, fmt_digest};
 use crate::error::{Error, Result};
 use crate::io::{ALIGN, BlockIo, IoDone, IoMode, IoOp, OpKind, Pool, backend};
-use crate::session::reports::{Reported, Reports, Stall, digest_agrees};
+use crate::session::lifecycle::{BlockFate, CheckpointJob, FileLifecycle, Finish, Planned};
+use crate::session::reports::{Reported, Stall};
 use crate::violation::{Violation, ViolationKind};
 use crate::wire::{EntryKind, Frame, Verification};
 
@@ -85,13 +88,11 @@ pub(crate) struct Writer {
     /// again while its first copy is still in flight.
     pending: HashMap<u64, Pending>,
     next_tag: u64,
-    policy: CheckpointPolicy,
+    /// What to do with each file, decided with no I/O.
+    core: FileLifecycle,
     checkpointer: Checkpointer,
     /// A message taken while gathering finished files, handled next.
     lookahead: Option<WriterMsg>,
-    /// Which reports can be answered, and which files were (see
-    /// `session::reports`).
-    reports: Reports,
     warnings: Vec<String>,
     /// What a new session would keep, shown as the transfer's progress.
     kept: Kept,
@@ -101,6 +102,15 @@ pub(crate) struct Writer {
 
 /// Files finished together are made durable together.
 const MAX_FINISH_BATCH: usize = 1024;
+
+/// A file verified and made durable, to publish or discard: its id, the
+/// sender's digest, the digest of its written checksums, and the file.
+type Ready = (u32, u128, u128, Box<DestFile>);
+
+/// The error for a block or report of a file this writer does not hold.
+fn unknown(what: String) -> Error {
+    Error::from(Violation::new(ViolationKind::Unknown, what))
+}
 
 impl Writer {
     pub(crate) fn new(
@@ -112,15 +122,32 @@ impl Writer {
         stats: Arc<Stats>,
     ) -> Result<Self> {
         let (io, mode, fallback) = backend(shared.cfg.io_mode, shared.cfg.queue_depth);
-        let policy = CheckpointPolicy::new(Instant::now(), shared.cfg.checkpoint_interval);
         let checkpointer = Checkpointer::start(Arc::clone(&shared))?;
-        let files = files.into_files();
+        let (files, mut resumed) = files.into_files();
         let mut kept = Kept::new(Arc::clone(&stats));
-        for (id, f) in files.iter() {
-            let Some(f) = f else { continue };
-            kept.set(id, f.layout.bytes_in(&f.tracker.durable()));
+        for (&file_id, r) in &resumed {
+            if let Some(f) = files.get(file_id).and_then(Option::as_deref) {
+                kept.set(file_id, f.layout.bytes_in(&r.0));
+            }
         }
-        let progress_timeout = shared.cfg.idle_timeout;
+        // Straight from the table, with no list of a million in between.
+        let planned = files.iter().filter_map(|(file_id, f)| {
+            let f = f.as_deref()?;
+            Some(Planned {
+                file_id,
+                blocks: f.layout.blocks(),
+                dir: f.kind == EntryKind::Dir,
+                identity: f.identity,
+                resumed: resumed.remove(&file_id).map(|r| *r),
+            })
+        });
+        let core = FileLifecycle::new(
+            planned,
+            verify,
+            shared.cfg.checkpoint_interval,
+            shared.cfg.idle_timeout,
+            Instant::now(),
+        );
         Ok(Self {
             shared,
             files,
@@ -133,10 +160,9 @@ impl Writer {
             fallback,
             pending: HashMap::new(),
             next_tag: 0,
-            policy,
+            core,
             checkpointer,
             lookahead: None,
-            reports: Reports::new(progress_timeout),
             warnings: Vec::new(),
             kept,
             arrived: 0,
@@ -168,26 +194,7 @@ impl Writer {
 
     fn work(&mut self) -> Result<()> {
         loop {
-            let msg = if let Some(m) = self.lookahead.take() {
-                Some(m)
-            } else if self.io.in_flight() == 0 {
-                let due = self.policy.poll_timeout();
-                let due = self.reports.poll_timeout().map_or(due, |s| s.min(due));
-                let wait = due
-                    .saturating_duration_since(Instant::now())
-                    .max(Duration::from_millis(5));
-                match self.rx.recv_timeout(wait) {
-                    Ok(m) => Some(m),
-                    Err(mpsc::RecvTimeoutError::Timeout) => None,
-                    Err(mpsc::RecvTimeoutError::Disconnected) => Some(WriterMsg::Stop),
-                }
-            } else {
-                match self.rx.try_recv() {
-                    Ok(m) => Some(m),
-                    Err(mpsc::TryRecvError::Empty) => None,
-                    Err(mpsc::TryRecvError::Disconnected) => Some(WriterMsg::Stop),
-                }
-            };
+            let msg = self.next_msg();
             // Nothing queued and nothing being written: only then can a
             // report be waiting for blocks that are not coming.
             let idle = msg.is_none() && self.io.in_flight() == 0;
@@ -204,26 +211,7 @@ impl Writer {
                     }
                     self.write(file_id, block, buf, checksum, ack)?;
                 }
-                Some(WriterMsg::FileDone(report)) => {
-                    // Gather the files that finished together (a tree of
-                    // small files finishes many at a time).
-                    let mut batch = vec![report];
-                    while batch.len() < MAX_FINISH_BATCH {
-                        match self.rx.try_recv() {
-                            Ok(WriterMsg::FileDone(report)) => batch.push(report),
-                            Ok(other) => {
-                                self.lookahead = Some(other);
-                                break;
-                            }
-                            Err(_) => break,
-                        }
-                    }
-                    // Answered below, once their blocks are all written.
-                    let now = Instant::now();
-                    for report in batch {
-                        self.reports.handle_reported(report, now);
-                    }
-                }
+                Some(WriterMsg::FileDone(report)) => self.reported(report),
                 Some(WriterMsg::Abort { file_id, message }) => self.abort(file_id, message)?,
                 Some(WriterMsg::Stop) => return Ok(()),
                 None if self.io.in_flight() > 0 => self.reap(true)?,
@@ -236,6 +224,54 @@ impl Writer {
         }
     }
 
+    /// The next message: waits for one only when nothing is being written,
+    /// and no longer than until a checkpoint or a stall is due.
+    fn next_msg(&mut self) -> Option<WriterMsg> {
+        if let Some(m) = self.lookahead.take() {
+            return Some(m);
+        }
+        if self.io.in_flight() == 0 {
+            let wait = self
+                .core
+                .poll_timeout()
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(5));
+            match self.rx.recv_timeout(wait) {
+                Ok(m) => Some(m),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => Some(WriterMsg::Stop),
+            }
+        } else {
+            match self.rx.try_recv() {
+                Ok(m) => Some(m),
+                Err(mpsc::TryRecvError::Empty) => None,
+                Err(mpsc::TryRecvError::Disconnected) => Some(WriterMsg::Stop),
+            }
+        }
+    }
+
+    /// The sender reported a file done: it is answered once its blocks are
+    /// all written. The files that finished together (a tree of small
+    /// files finishes many at a time) are gathered, to be made durable
+    /// together.
+    fn reported(&mut self, report: Reported) {
+        let mut batch = vec![report];
+        while batch.len() < MAX_FINISH_BATCH {
+            match self.rx.try_recv() {
+                Ok(WriterMsg::FileDone(report)) => batch.push(report),
+                Ok(other) => {
+                    self.lookahead = Some(other);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        let now = Instant::now();
+        for report in batch {
+            self.core.handle_reported(report, now);
+        }
+    }
+
     /// Ends the session when a reported file's blocks stopped coming (see
     /// `session::reports`): a new one resumes from what is durable. Judged
     /// only when the writer is `idle`, so that blocks already read and
@@ -245,28 +281,27 @@ impl Writer {
         let arrived = self.stats.arriving.load(Ordering::Relaxed);
         if arrived != self.arrived {
             self.arrived = arrived;
-            self.reports.handle_progress(now);
+            self.core.handle_arrived(now);
         }
         if !idle {
             return Ok(());
         }
-        let Some(stall) = self.reports.poll_stalled(now) else {
+        let Some(stall) = self.core.poll_stalled(now) else {
             return Ok(());
         };
-        Err(stalled(&self.files, stall))
+        Err(stalled(&self.files, &self.core, stall))
     }
 
     /// Answers the reported files whose blocks have all been written.
     fn finish_awaited(&mut self) -> Result<()> {
-        let files = &self.files;
-        let ready = self.reports.poll_ready(|id| can_finish(files, id));
+        let ready = self.core.poll_finish();
         if ready.is_empty() {
             return Ok(());
         }
         self.drain()?;
         self.finish(ready)?;
         // Its syncs and re-reads took the writer's time, not the sender's.
-        self.reports.handle_progress(Instant::now());
+        self.core.handle_arrived(Instant::now());
         Ok(())
     }
 
@@ -278,21 +313,24 @@ impl Writer {
         checksum: u64,
         ack: mpsc::SyncSender<Frame>,
     ) -> Result<()> {
-        if self.reports.is_answered(file_id) {
-            let _ = ack.send(Frame::Ack { file_id, block });
-            return Ok(());
+        match self.core.handle_block(file_id) {
+            BlockFate::Write => {}
+            BlockFate::Drop => {
+                let _ = ack.send(Frame::Ack { file_id, block });
+                return Ok(());
+            }
+            BlockFate::Unknown => {
+                return Err(unknown(format!(
+                    "block for finished or unknown file {file_id}"
+                )));
+            }
         }
         let want_direct = self.mode.wants_direct();
         let f = self
             .files
             .get_mut(file_id)
             .and_then(Option::as_deref_mut)
-            .ok_or_else(|| {
-                Error::from(Violation::new(
-                    ViolationKind::Unknown,
-                    format!("block for finished or unknown file {file_id}"),
-                ))
-            })?;
+            .ok_or_else(|| Error::Internal(format!("file {file_id} is held but not open")))?;
         if let Some(note) = f.open(&self.shared.root, want_direct)? {
             if self.fallback.is_none() {
                 tracing::warn!("{note}");
@@ -330,22 +368,23 @@ impl Writer {
     }
 
     fn complete(&mut self, p: Pending, len: usize, result: std::io::Result<usize>) -> Result<()> {
-        let f = self
-            .files
-            .get_mut(p.file_id)
-            .and_then(Option::as_deref_mut)
-            .expect("pending writes belong to open files");
         if let Err(e) = result {
+            self.core.handle_write_failed(p.file_id);
+            let rel = self
+                .files
+                .get(p.file_id)
+                .and_then(Option::as_deref)
+                .map_or_else(|| format!("file {}", p.file_id), |f| f.dest.rel.to_string());
             return Err(Error::disk(
                 format!(
-                    "writing block {} of {}; free space there (the sender retries for its --retry-for)",
-                    p.block, f.dest.rel
+                    "writing block {} of {rel}; free space there (the sender retries for its --retry-for)",
+                    p.block
                 ),
                 e,
             ));
         }
-        f.tracker.handle_written(p.block, p.checksum);
-        self.reports.handle_progress(Instant::now());
+        self.core
+            .handle_written(p.file_id, p.block, p.checksum, Instant::now());
         self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
         self.shared
             .job
@@ -386,73 +425,76 @@ impl Writer {
         if let Some(done) = self.checkpointer.poll(false) {
             self.apply(done)?;
         }
-        let now = Instant::now();
-        // This runs for every block, and a session may hold a million
-        // files: they are looked through only once a checkpoint could be
-        // due, and a look that finds nothing to checkpoint counts as one,
-        // so that a tree of one-block files (never checkpointed) is not
-        // looked through again at every block.
-        if self.checkpointer.busy() || now < self.policy.poll_timeout() {
+        if self.checkpointer.busy() {
             return Ok(());
         }
-        let unsynced: u64 = self
-            .files
-            .present_mut()
-            .map(|(_, f)| &*f)
-            .filter(|f| f.layout.blocks() > 1)
-            .map(|f| f.tracker.unsynced())
-            .sum();
-        if !self.policy.poll_due(now, unsynced) {
-            self.policy.handle_checkpointed(now);
+        let Some(batch) = self.core.poll_checkpoint(Instant::now()) else {
             return Ok(());
-        }
+        };
         // No drain and no sync here: the checkpoint thread syncs what was
         // written when the batch was made, while the writes in flight and
         // those that follow keep the disk busy.
-        let batch: Vec<Job> = self
-            .files
-            .present_mut()
-            .filter(|(_, f)| f.layout.blocks() > 1 && f.tracker.unsynced() > 0)
-            .filter_map(|(file_id, f)| {
-                let file = Arc::clone(f.plain()?);
-                let covered = f.tracker.begin_sync();
-                let (durable, checksums) = f.tracker.checkpoint_after(&covered);
-                Some(Job {
-                    file_id,
-                    file,
-                    rel: f.dest.rel.to_string(),
-                    parent: f.dest.parent().to_string(),
-                    ckpt_name: f.dest.ckpt_name(),
-                    part_name: f.dest.part_name(),
-                    checkpoint: f.record(durable, checksums),
-                    covered,
-                })
-            })
-            .collect();
+        let batch = batch
+            .into_iter()
+            .map(|job| self.job(job))
+            .collect::<Result<Vec<Job>>>()?;
         if !batch.is_empty() {
             self.checkpointer.submit(batch)?;
         }
-        self.policy.handle_checkpointed(now);
         Ok(())
+    }
+
+    /// What the checkpoint thread needs to carry out `job`.
+    fn job(&self, job: CheckpointJob) -> Result<Job> {
+        let CheckpointJob {
+            file_id,
+            covered,
+            durable,
+            checksums,
+        } = job;
+        // A file with unsynced blocks was written, so it is open.
+        let f = self
+            .files
+            .get(file_id)
+            .and_then(Option::as_deref)
+            .filter(|f| f.plain().is_some())
+            .ok_or_else(|| Error::Internal(format!("file {file_id} to checkpoint is not open")))?;
+        Ok(Job {
+            file_id,
+            file: Arc::clone(f.plain().expect("checked above")),
+            rel: f.dest.rel.to_string(),
+            parent: f.dest.parent().to_string(),
+            ckpt_name: f.dest.ckpt_name(),
+            part_name: f.dest.part_name(),
+            checkpoint: f.record(durable, checksums),
+            covered,
+        })
     }
 
     /// Marks what a finished background checkpoint made durable.
     fn apply(&mut self, done: Done) -> Result<()> {
-        let batch = done?;
-        for (file_id, covered, stored) in batch.synced {
-            if let Some(f) = self.files.get_mut(file_id).and_then(Option::as_deref_mut) {
-                f.tracker.handle_synced_upto(&covered);
-                f.has_checkpoint |= stored;
-                if stored {
-                    self.kept
-                        .set(file_id, f.layout.bytes_in(&f.tracker.durable()));
-                }
+        let batch = match done {
+            Ok(batch) => batch,
+            Err(e) => {
+                self.core.handle_checkpoint_failed();
+                return Err(e);
             }
+        };
+        for file_id in self.core.handle_checkpointed(batch.synced) {
+            self.update_kept(file_id);
         }
         for w in batch.warnings {
             self.warn(w);
         }
         Ok(())
+    }
+
+    /// `file_id` keeps what its latest stored checkpoint records.
+    fn update_kept(&mut self, file_id: u32) {
+        let f = self.files.get(file_id).and_then(Option::as_deref);
+        if let (Some(f), Some(durable)) = (f, self.core.durable(file_id)) {
+            self.kept.set(file_id, f.layout.bytes_in(&durable));
+        }
     }
 
     /// Waits for a background checkpoint, so that nothing stores a
@@ -464,29 +506,31 @@ impl Writer {
         }
     }
 
+    /// Syncs and checkpoints what the core says a new session should
+    /// keep, as the session ends.
     fn checkpoint_all(&mut self) -> Result<()> {
         self.settle()?;
-        // A one-block file is simply sent again after a crash: syncing and
-        // checkpointing each of thousands of small files would cost more
-        // than it could save.
         let mut warnings = Vec::new();
-        for (id, f) in self
-            .files
-            .present_mut()
-            .filter(|(_, f)| f.layout.blocks() > 1)
-        {
-            if f.tracker.unsynced() > 0 && f.plain().is_some() {
-                f.sync()?;
-                match f.checkpoint(&self.shared.root) {
-                    Ok(()) => {
-                        f.has_checkpoint = true;
-                        self.kept.set(id, f.layout.bytes_in(&f.tracker.durable()));
-                    }
-                    Err(e) => warnings.push(format!(
-                        "checkpoint of {} not stored ({e}); a new session resumes it from its last stored checkpoint, or from the start",
-                        f.dest.rel
-                    )),
+        for id in self.core.poll_wind_down() {
+            let Some(f) = self.files.get(id).and_then(Option::as_deref) else {
+                continue;
+            };
+            if f.plain().is_none() {
+                continue;
+            }
+            f.sync()?;
+            let Some(record) = self.core.handle_synced(id) else {
+                continue;
+            };
+            match f.checkpoint(&self.shared.root, record) {
+                Ok(()) => {
+                    self.core.handle_checkpoint_stored(id);
+                    self.update_kept(id);
                 }
+                Err(e) => warnings.push(format!(
+                    "checkpoint of {} not stored ({e}); a new session resumes it from its last stored checkpoint, or from the start",
+                    f.dest.rel
+                )),
             }
         }
         for w in warnings {
@@ -501,11 +545,10 @@ impl Writer {
         // Its writes in flight complete first: they refer to the file.
         self.drain()?;
         self.settle()?;
-        self.reports.handle_given_up(file_id);
-        let mut f = self.files.take(file_id).ok_or_else(|| {
-            Error::from(Violation::new(
-                ViolationKind::Unknown,
-                format!("file {file_id} given up after its result, or never planned"),
+        let held = self.core.handle_given_up(file_id);
+        let mut f = self.files.take(file_id).filter(|_| held).ok_or_else(|| {
+            unknown(format!(
+                "file {file_id} given up after its result, or never planned"
             ))
         })?;
         if f.kind == EntryKind::File {
@@ -518,17 +561,12 @@ impl Writer {
             false,
             0,
             format!("{message}; the receiver discarded what it had of it"),
-        )
+        );
+        Ok(())
     }
 
     /// Answers file `file_id`, whose entry here has `identity`.
-    fn result(
-        &mut self,
-        (file_id, identity): (u32, u64),
-        ok: bool,
-        digest: u128,
-        message: String,
-    ) -> Result<()> {
+    fn result(&mut self, (file_id, identity): (u32, u64), ok: bool, digest: u128, message: String) {
         self.verdicts.answer(
             &self.stats,
             Some(&*self.shared.cfg.observer),
@@ -540,7 +578,6 @@ impl Writer {
                 message,
             },
         );
-        Ok(())
     }
 
     /// The entry this receiver was given for file `file_id`, `f`, is not the one the sender
@@ -558,84 +595,68 @@ impl Writer {
             f.dest.rel, f.identity
         );
         tracing::error!("{msg}");
-        self.result((file_id, f.identity), false, 0, msg)
+        self.result((file_id, f.identity), false, 0, msg);
+        Ok(())
     }
 
-    /// Verifies and publishes finished files. Their data is made durable
-    /// first (one fdatasync, or one syncfs per filesystem for many files),
-    /// then they are renamed, then each directory is synced once, so a
-    /// final name never points at data a crash could lose.
-    fn finish(&mut self, batch: Vec<Reported>) -> Result<()> {
+    /// Carries out what the core decided for finished files: refuses,
+    /// answers directories, and verifies and publishes the rest.
+    fn finish(&mut self, batch: Vec<Finish>) -> Result<()> {
         self.settle()?;
-        let shared = Arc::clone(&self.shared);
-        let root = &shared.root;
         let mut ready = Vec::with_capacity(batch.len());
-        for report in batch {
+        for decision in batch {
+            let report = match &decision {
+                Finish::Unknown(r)
+                | Finish::WrongIdentity { report: r, .. }
+                | Finish::Dir { report: r, .. }
+                | Finish::Verify { report: r, .. } => *r,
+            };
             let file_id = report.file_id;
-            let sender_digest = report.digest;
-            let mut f = self.files.take(file_id).ok_or_else(|| {
-                Error::from(Violation::new(
-                    ViolationKind::Unknown,
-                    format!("file {file_id} reported done twice or never planned"),
+            let taken = match decision {
+                Finish::Unknown(_) => None,
+                _ => self.files.take(file_id),
+            };
+            let mut f = taken.ok_or_else(|| {
+                unknown(format!(
+                    "file {file_id} reported done twice or never planned"
                 ))
             })?;
-            self.reports.handle_answered(file_id);
-            let id = (file_id, f.identity);
-            if report.identity != f.identity {
-                self.refuse_identity(file_id, *f, report.identity)?;
-            } else if f.kind == EntryKind::Dir {
-                let digest = if self.verify == Verification::None {
-                    0
-                } else {
-                    f.tracker.digest()
-                };
-                f.set_dir_mode(root)?;
-                self.result(id, true, digest, String::new())?;
-            } else if !f.tracker.is_complete() {
-                let msg = format!("{} is missing blocks; it stays resumable", f.dest.rel);
-                if f.checkpoint(root).is_ok() {
-                    self.kept
-                        .set(file_id, f.layout.bytes_in(&f.tracker.durable()));
-                } else if !f.has_checkpoint {
-                    // Nothing could resume it: do not leave it behind.
-                    let _ = f.discard(root);
-                    self.kept.set(file_id, 0);
+            match decision {
+                Finish::Unknown(_) => {}
+                Finish::WrongIdentity { report, .. } => {
+                    self.refuse_identity(file_id, *f, report.identity)?;
                 }
-                self.result(id, false, 0, msg)?;
-            } else {
-                f.open(root, false)?;
-                ready.push((file_id, sender_digest, f));
+                Finish::Dir { digest, .. } => {
+                    f.set_dir_mode(&self.shared.root)?;
+                    self.result((file_id, f.identity), true, digest, String::new());
+                }
+                Finish::Verify {
+                    report,
+                    checksums_digest,
+                } => {
+                    f.open(&self.shared.root, false)?;
+                    ready.push((file_id, report.digest, checksums_digest, f));
+                }
             }
         }
-        if let [(_, _, f)] = ready.as_mut_slice() {
-            f.sync()?;
-        } else if !ready.is_empty() {
-            let mut synced = HashSet::new();
-            for (_, _, f) in &mut ready {
-                let plain = f.plain().expect("opened above");
-                let dev = plain
-                    .metadata()
-                    .map_err(|e| Error::io(format!("inspecting {}", f.dest.rel), e))?
-                    .dev();
-                if synced.insert(dev) {
-                    rustix::fs::syncfs(&**plain).map_err(|e| {
-                        Error::io(
-                            format!("syncing the filesystem of {}", f.dest.rel),
-                            e.into(),
-                        )
-                    })?;
-                }
-                f.mark_synced();
-            }
-        }
+        make_durable(&mut ready)?;
+        self.publish(ready)
+    }
+
+    /// Verifies files made durable, and publishes those whose digest is
+    /// the sender's; then each directory is synced once, so a final name
+    /// never points at data a crash could lose.
+    fn publish(&mut self, ready: Vec<Ready>) -> Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let root = &shared.root;
         let mut published = Vec::with_capacity(ready.len());
-        for (file_id, sender_digest, mut f) in ready {
+        for (file_id, sender_digest, checksums_digest, mut f) in ready {
             let digest = match self.verify {
                 Verification::None => 0,
-                Verification::Checksums => f.tracker.digest(),
+                Verification::Checksums => checksums_digest,
                 Verification::Reread => reread(&f)?,
             };
-            if !digest_agrees(self.verify, digest, sender_digest) {
+            if !self.core.may_publish(digest, sender_digest) {
                 self.kept.set(file_id, 0);
                 f.discard(root)?;
                 let msg = format!(
@@ -645,7 +666,7 @@ impl Writer {
                     fmt_digest(sender_digest)
                 );
                 tracing::error!("{msg}");
-                self.result((file_id, f.identity), false, digest, msg)?;
+                self.result((file_id, f.identity), false, digest, msg);
                 continue;
             }
             f.rename_into_place(root)?;
@@ -664,23 +685,48 @@ impl Writer {
             }
         }
         for (file_id, digest, f) in published {
-            self.result((file_id, f.identity), true, digest, String::new())?;
+            self.result((file_id, f.identity), true, digest, String::new());
         }
         Ok(())
     }
 }
 
+/// Makes the data of finished files durable before any is renamed: one
+/// fdatasync for one file, one syncfs per filesystem for many.
+fn make_durable(ready: &mut [Ready]) -> Result<()> {
+    if let [(_, _, _, f)] = ready {
+        return f.sync();
+    }
+    let mut synced = HashSet::new();
+    for (_, _, _, f) in ready {
+        let plain = f.plain().expect("opened before");
+        let dev = plain
+            .metadata()
+            .map_err(|e| Error::io(format!("inspecting {}", f.dest.rel), e))?
+            .dev();
+        if synced.insert(dev) {
+            rustix::fs::syncfs(&**plain).map_err(|e| {
+                Error::io(
+                    format!("syncing the filesystem of {}", f.dest.rel),
+                    e.into(),
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
 /// The error that ends a session whose reported file's blocks stopped
 /// coming: the sender hears it, and resumes from what is durable.
-fn stalled(files: &Files, stall: Stall) -> Error {
-    let what = match files.get(stall.file_id).and_then(Option::as_deref) {
-        Some(f) => format!(
-            "{}, reported sent, lacks {} of its {} blocks",
+fn stalled(files: &Files, core: &FileLifecycle, stall: Stall) -> Error {
+    let file = files.get(stall.file_id).and_then(Option::as_deref);
+    let what = match (file, core.missing(stall.file_id)) {
+        (Some(f), Some(missing)) => format!(
+            "{}, reported sent, lacks {missing} of its {} blocks",
             f.dest.rel,
-            f.tracker.missing(),
             f.layout.blocks()
         ),
-        None => format!("file {} was reported sent, but lacks blocks", stall.file_id),
+        _ => format!("file {} was reported sent, but lacks blocks", stall.file_id),
     };
     Error::Stalled(format!(
         "{what}, and no block has arrived for {:.0} s: the two sides disagree on what this \
@@ -689,23 +735,16 @@ fn stalled(files: &Files, stall: Stall) -> Error {
     ))
 }
 
-/// Whether a reported file can be answered now: it has all its blocks
-/// (or is a directory). An unknown or already answered file also goes to
-/// `finish`, which refuses it.
-fn can_finish(files: &Files, file_id: u32) -> bool {
-    files
-        .get(file_id)
-        .and_then(Option::as_deref)
-        .is_none_or(|f| f.kind == EntryKind::Dir || f.tracker.is_complete())
-}
-
 impl Drop for Writer {
     /// However the writer ends (having run or not), the temporary files of
     /// its unfinished files that no checkpoint can resume go.
     fn drop(&mut self) {
+        let core = &self.core;
         discard_unresumable(
             &self.shared.root,
-            self.files.present_mut().map(|(_, f)| &mut **f),
+            self.files
+                .present_mut()
+                .map(|(id, f)| (&mut **f, core.is_resumable(id))),
         );
     }
 }

@@ -2,6 +2,7 @@
 //! control connection. The shells in `sender` and `receiver` read and
 //! write the sockets and carry out what these decide.
 
+pub mod lifecycle;
 pub mod receiver;
 pub mod reports;
 pub mod sender;
