@@ -72,6 +72,48 @@ fn images() -> &'static Images {
     })
 }
 
+/// The variables cargo sets for a test process, which a shell running
+/// `deploy/build-images` does not have.
+fn set_by_cargo_for_tests(name: &str) -> bool {
+    ["CARGO_PKG_", "CARGO_MANIFEST_"]
+        .iter()
+        .any(|p| name.starts_with(p))
+        || [
+            "CARGO_CRATE_NAME",
+            "CARGO_PRIMARY_PACKAGE",
+            "CARGO_TARGET_TMPDIR",
+            "CARGO_BIN_NAME",
+            "OUT_DIR",
+        ]
+        .contains(&name)
+}
+
+// issue 33: run from this test, cargo's variables for it
+// (CARGO_MANIFEST_DIR first) reached the static build, whose fingerprints
+// track them (ring's build script): the test rebuilt the whole release
+// tree, 140 s, that CI's own step had built just before. Run as a shell
+// runs it, right after the test's own run, the script compiles nothing.
+#[test]
+fn the_images_build_is_the_same_from_a_test_as_from_a_shell() {
+    images();
+    let mut c = Command::new(repo().join("deploy/build-images"));
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(set_by_cargo_for_tests) {
+            c.env_remove(name);
+        }
+    }
+    let out = c
+        .stdin(Stdio::null())
+        .output()
+        .expect("running deploy/build-images");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "deploy/build-images failed:\n{err}");
+    assert!(
+        !err.contains("Compiling "),
+        "deploy/build-images, run as a shell runs it, rebuilt what it had just built from this test:\n{err}"
+    );
+}
+
 fn docker(args: &[&str]) -> Output {
     Command::new("docker")
         .args(args)
