@@ -1,9 +1,11 @@
 //! Seeded simulation of whole transfers through the engine's real core: the
-//! sender's `Scheduler`, the receiver writer's `FileLifecycle` (with its
-//! `FileTracker`s and `CheckpointPolicy`), `Bitmap` and the digests, over
-//! streams that delay, reorder, damage and cut, and a disk that completes
-//! writes out of order, fails with ENOSPC or EIO, and on a crash loses
-//! whatever was not synced.
+//! sender's `Scheduler` and its reader's `SourceReads`, the receiver
+//! writer's `FileLifecycle` (with its `FileTracker`s and
+//! `CheckpointPolicy`), `Bitmap` and the digests, over source files that
+//! change, shrink or vanish while they are sent, reads that complete out of
+//! order, streams that delay, reorder, damage and cut, and a disk that
+//! completes writes out of order, fails with ENOSPC or EIO, and on a crash
+//! loses whatever was not synced.
 //!
 //! Both ends of the control connection are the real cores: the sim opens
 //! each session through `ReceiverControl` (the manifest, its requests to
@@ -14,15 +16,22 @@
 //! what it records, when a reported file is verified and whether it is
 //! published, what a session that winds down keeps) are the writer
 //! shell's own `FileLifecycle`; this carries them out as the shell does,
-//! on a simulated disk. What is still modelled here: the sender's reading
-//! and sending loop, the streams, the disk, and resuming from checkpoints
-//! at a session's start.
+//! on a simulated disk. The sender reader's per-file decisions (when a
+//! file is opened, closed and checked against its listing, what a read
+//! becomes, why a file is given up) are the reader shell's own
+//! `SourceReads`. What is still modelled here: the sending loop, the
+//! streams, the disks, and the plan's resume from stored checkpoints.
 //!
 //! Properties, checked on every run:
 //! - a run ends, within a bounded number of steps, with every file
 //!   published or with a clear error (no deadlock, no livelock);
-//! - a published file equals its source, and it was verified first: its
-//!   digest matched and every block was durable and right before the rename;
+//! - a published file equals its source as listed, and it was verified
+//!   first: its digest matched and every block was durable and right
+//!   before the rename;
+//! - a file that changed after it was listed is published as listed or
+//!   given up, never as a mix; a given-up file is answered as failed and
+//!   nothing of it is left at the receiver; no file that did not change
+//!   fails;
 //! - a checkpoint records only blocks that are durable and right;
 //! - a session after a crash or a cut sends no block its plan said the
 //!   receiver already has;
@@ -41,6 +50,7 @@ use wirerate_engine::scheduler::PlannedFile;
 use wirerate_engine::session::lifecycle::{
     BlockFate, CheckpointJob, FileLifecycle, Finish, Planned,
 };
+use wirerate_engine::session::reading::{Completed, SourceReads};
 use wirerate_engine::session::receiver::{Action, End, Limits, Report};
 use wirerate_engine::session::reports::Reported;
 use wirerate_engine::session::sender::Action as SendAction;
@@ -80,6 +90,8 @@ struct Faults {
     crash: u64,
     enospc: u64,
     eio: u64,
+    /// A source file changes (written, truncated or deleted).
+    change: u64,
     max_delay: u64,
 }
 
@@ -127,6 +139,30 @@ enum Msg {
         ok: bool,
         digest: u128,
     },
+    /// The sender gave the file up.
+    Abort {
+        file: u32,
+        message: String,
+    },
+}
+
+/// A source file as the sender's host has it now.
+#[derive(Debug, Clone)]
+struct SourceNow {
+    /// Its blocks' tokens (shorter once truncated).
+    blocks: Vec<u64>,
+    /// Unlinked: it cannot be opened, but a descriptor still reads it.
+    deleted: bool,
+    /// Its stamp differs from the listing's.
+    changed: bool,
+}
+
+/// A read the sim's disk has yet to complete.
+struct Read {
+    gid: usize,
+    file: u32,
+    block: u64,
+    done_at: u64,
 }
 
 /// A file a background checkpoint covers: the core's job, and the page
@@ -154,6 +190,13 @@ struct Live {
     rx: ReceiverControl,
     tx: SenderControl,
     sched: Scheduler,
+    /// The reader's core, and its reads in flight.
+    reads: SourceReads,
+    reading: Vec<Read>,
+    /// How many reads the reader keeps in flight.
+    depth: usize,
+    /// Blocks read and not yet acknowledged: the token each buffer holds.
+    bufs: HashMap<usize, u64>,
     /// Messages in flight: (deliver at, message).
     wire: Vec<(u64, Msg)>,
     /// Writes the disk has yet to complete.
@@ -172,7 +215,10 @@ struct Sim {
     seed: u64,
     rng: Rng,
     faults: Faults,
+    /// The source as listed when the run began.
     source: Vec<Vec<u64>>,
+    /// The source as it is now.
+    now_source: Vec<SourceNow>,
     disk: Disk,
     trace: Vec<String>,
     /// How often each fault struck, for the summary.
@@ -206,6 +252,7 @@ impl Sim {
             crash: rate(6),
             enospc: rate(6),
             eio: rate(1),
+            change: rate(2),
             max_delay: 1 + rng.below(20),
         };
         let n = source.len();
@@ -220,6 +267,14 @@ impl Sim {
                 checkpoints: vec![None; n],
                 published: vec![None; n],
             },
+            now_source: source
+                .iter()
+                .map(|blocks| SourceNow {
+                    blocks: blocks.clone(),
+                    deleted: false,
+                    changed: false,
+                })
+                .collect(),
             source,
             trace: Vec::new(),
             struck: BTreeMap::new(),
@@ -260,6 +315,24 @@ impl Sim {
         b
     }
 
+    /// Blocks of `file` a checkpoint may record: durable and right. Of a
+    /// source that changed after it was listed, what was read of the new
+    /// version is "right" as far as the receiver can tell (it matches its
+    /// checksum); such a file is given up at its next read check, before
+    /// it can be reported, and its checkpoint is then discarded.
+    fn checkpointable(&self, file: usize) -> Bitmap {
+        if !self.now_source[file].changed {
+            return self.durable_right(file);
+        }
+        let mut b = Bitmap::new(self.source[file].len() as u64);
+        for (i, d) in self.disk.durable[file].iter().enumerate() {
+            if d.is_some() {
+                b.set(i as u64);
+            }
+        }
+        b
+    }
+
     /// Runs sessions until every file is published or a clear error.
     fn run(&mut self) -> Result<u32, String> {
         let mut verdicts: HashMap<u32, bool> = HashMap::new();
@@ -270,7 +343,12 @@ impl Sim {
             expect_have = expected;
             match end {
                 SessionEnd::Done if verdicts.len() == self.source.len() => {
-                    return if verdicts.values().all(|ok| *ok) {
+                    // A file that changed after it was listed may fail;
+                    // no other.
+                    return if verdicts
+                        .iter()
+                        .all(|(f, ok)| *ok || self.now_source[*f as usize].changed)
+                    {
                         Ok(session)
                     } else {
                         Err("a file failed verification".into())
@@ -304,7 +382,7 @@ impl Sim {
                 return end;
             }
             self.checkpoint(&mut live);
-            if let Some(end) = self.deliver(&mut live, verdicts) {
+            if let Some(end) = self.deliver(&mut live, verdicts, expect_have) {
                 return end;
             }
             self.finish(&mut live);
@@ -359,6 +437,7 @@ impl Sim {
             ));
         }
         let per_stream = BLOCK * (1 + self.rng.below(4));
+        let depth = 1 + self.rng.below(8) as usize;
         Live {
             session,
             streams,
@@ -367,6 +446,10 @@ impl Sim {
             rx,
             tx,
             sched: Scheduler::new(plan, BLOCK, streams, per_stream, true),
+            reads: SourceReads::new(true),
+            reading: Vec::new(),
+            depth,
+            bufs: HashMap::new(),
             wire: Vec::new(),
             writes: Vec::new(),
             cut: HashSet::new(),
@@ -398,7 +481,7 @@ impl Sim {
             ));
         }
         if have.count() > 0 {
-            let right = self.durable_right(f as usize);
+            let right = self.checkpointable(f as usize);
             for b in 0..blocks {
                 if have.get(b) && !right.get(b) {
                     self.fail(&format!(
@@ -414,13 +497,11 @@ impl Sim {
     }
 
     /// Sender: read, hand ready blocks to streams with room, and report
-    /// the files whose blocks are all acknowledged.
+    /// the files whose blocks are all acknowledged, or give them up.
     fn send(&mut self, live: &mut Live) -> Option<SessionEnd> {
         let now = self.step;
-        while let Some(order) = live.sched.poll_read() {
-            let token = self.source[order.file_id as usize][order.block as usize];
-            live.sched.handle_read(order.gid, checksum(token));
-        }
+        self.submit_reads(live);
+        self.complete_reads(live);
         for s in 0..live.streams {
             if live.cut.contains(&s) {
                 continue;
@@ -432,7 +513,13 @@ impl Sim {
                         live.session, o.block, o.file_id
                     ));
                 }
-                let mut token = self.source[o.file_id as usize][o.block as usize];
+                let Some(&token) = live.bufs.get(&o.gid) else {
+                    self.fail(&format!(
+                        "the scheduler sends block {} of file {}, which was not read",
+                        o.block, o.file_id
+                    ));
+                };
+                let mut token = token;
                 let sum = checksum(token);
                 live.sched.handle_sent_checksum(o.gid, sum);
                 if self.rng.chance(self.faults.damage) {
@@ -473,8 +560,114 @@ impl Sim {
                 }
             }
         }
+        while let Some((file, message)) = live.sched.poll_file_failed() {
+            live.tx.handle_file_failed(file, message, self.now());
+            match live.tx.poll_action() {
+                Some(SendAction::Send(Frame::FileAbort { file_id, message })) => {
+                    let at = now + 1 + self.rng.below(self.faults.max_delay);
+                    live.wire.push((
+                        at,
+                        Msg::Abort {
+                            file: file_id,
+                            message,
+                        },
+                    ));
+                }
+                other => self.fail(&format!(
+                    "the sender core gave file {file} up with {other:?}"
+                )),
+            }
+        }
         let why = live.sched.poll_fatal()?;
         Some(SessionEnd::Fatal(why.to_string()))
+    }
+
+    /// The reader: takes the scheduler's read orders while fewer than its
+    /// depth are in flight, opening each file first, as its core says.
+    fn submit_reads(&mut self, live: &mut Live) {
+        while live.reads.in_flight() < live.depth {
+            let Some(order) = live.sched.poll_read() else {
+                return;
+            };
+            let f = order.file_id;
+            if live.reads.needs_open(f) {
+                let src = &self.now_source[f as usize];
+                let why = if src.deleted {
+                    Some("it vanished".to_string())
+                } else {
+                    src.changed.then(|| "its stamp changed".to_string())
+                };
+                if let Some(why) = why {
+                    self.log(format!("open file {f}: {why}"));
+                    live.reads.handle_given_up(f);
+                    self.give_up(live, f, why);
+                    continue;
+                }
+                live.reads.handle_opened(f, false);
+            }
+            if live.reads.handle_submitted(&order) != Some(BLOCK) {
+                self.fail(&format!("the reader's core would not read {order:?}"));
+            }
+            let done_at = self.step + self.rng.below(self.faults.max_delay);
+            live.reading.push(Read {
+                gid: order.gid,
+                file: f,
+                block: order.block,
+                done_at,
+            });
+        }
+    }
+
+    /// Reads complete out of order, with what the file holds now; the
+    /// reader's core says what each becomes.
+    fn complete_reads(&mut self, live: &mut Live) {
+        let now = self.step;
+        let mut i = 0;
+        while i < live.reading.len() {
+            if live.reading[i].done_at > now {
+                i += 1;
+                continue;
+            }
+            let r = live.reading.swap_remove(i);
+            let src = &self.now_source[r.file as usize];
+            let token = src.blocks.get(r.block as usize).copied();
+            let got = if token.is_some() { BLOCK } else { 0 };
+            let change = src.changed.then(|| "its stamp changed".to_string());
+            let mut next = live.reads.handle_completed(r.gid, got);
+            if let Some(Completed::Check { file_id }) = next {
+                if file_id != r.file {
+                    self.fail(&format!("read {} checks file {file_id}", r.gid));
+                }
+                next = live.reads.handle_checked(r.gid, change);
+            }
+            match next {
+                Some(Completed::Ready(b)) => {
+                    let (Some(token), false) = (token, b.len != BLOCK || b.file_id != r.file)
+                    else {
+                        self.fail(&format!("read {} handed on as {b:?}", r.gid));
+                    };
+                    let sum = if b.hash { checksum(token) } else { 0 };
+                    live.sched.handle_read(r.gid, sum);
+                    if live.sched.is_ready(r.gid) {
+                        live.bufs.insert(r.gid, token);
+                    }
+                }
+                Some(Completed::GiveUp { file_id, reason }) => {
+                    self.log(format!("read {}: file {file_id} given up: {reason}", r.gid));
+                    self.give_up(live, file_id, reason);
+                }
+                Some(Completed::Dropped) => {}
+                other => self.fail(&format!("read {} completed as {other:?}", r.gid)),
+            }
+        }
+    }
+
+    /// The reader gives a file up: the scheduler drops the rest of it.
+    fn give_up(&mut self, live: &mut Live, file: u32, reason: String) {
+        *self.struck.entry("given up").or_default() += 1;
+        for gid in live.sched.handle_file_failed(file, reason) {
+            live.bufs.remove(&gid);
+        }
     }
 
     /// Faults: a stream cut, or the receiving host crashes.
@@ -496,6 +689,9 @@ impl Sim {
                 }
             }
         }
+        if self.rng.chance(self.faults.change) {
+            self.change_source();
+        }
         if self.rng.chance(self.faults.crash) {
             self.crash(expect_have);
             return Some(SessionEnd::Broken("receiver crashed"));
@@ -510,10 +706,20 @@ impl Sim {
         live: &mut Live,
         expect_have: &mut HashMap<u32, Bitmap>,
     ) -> Option<SessionEnd> {
+        self.complete_writes_until(live, expect_have, self.step)
+    }
+
+    /// Completes the writes due by `until`.
+    fn complete_writes_until(
+        &mut self,
+        live: &mut Live,
+        expect_have: &mut HashMap<u32, Bitmap>,
+        until: u64,
+    ) -> Option<SessionEnd> {
         let now = self.step;
         let mut i = 0;
         while i < live.writes.len() {
-            if live.writes[i].done_at > now {
+            if live.writes[i].done_at > until {
                 i += 1;
                 continue;
             }
@@ -577,6 +783,7 @@ impl Sim {
         &mut self,
         live: &mut Live,
         verdicts: &mut HashMap<u32, bool>,
+        expect_have: &mut HashMap<u32, Bitmap>,
     ) -> Option<SessionEnd> {
         let now = self.step;
         let mut due: Vec<Msg> = Vec::new();
@@ -599,11 +806,13 @@ impl Sim {
                     stream,
                     file,
                     block,
-                } => {
-                    if let Err(e) = live.sched.handle_ack(stream, file, block) {
-                        self.fail(&format!("ack refused: {e}"));
+                } => match live.sched.handle_ack(stream, file, block) {
+                    Ok(Some(gid)) => {
+                        live.bufs.remove(&gid);
                     }
-                }
+                    Ok(None) => {}
+                    Err(e) => self.fail(&format!("ack refused: {e}")),
+                },
                 Msg::Nack {
                     stream,
                     file,
@@ -614,6 +823,11 @@ impl Sim {
                     }
                 }
                 Msg::FileDone { file, digest } => self.reported(live, file, digest),
+                Msg::Abort { file, message } => {
+                    if let Some(end) = self.aborted(live, file, message, expect_have) {
+                        return Some(end);
+                    }
+                }
                 Msg::Result { file, ok, digest } => {
                     if self.result(live, verdicts, (file, ok, digest)) {
                         return Some(SessionEnd::Done);
@@ -711,6 +925,50 @@ impl Sim {
                 )),
             }
         }
+    }
+
+    /// The sender's giving up of `file` reaches the receiver's control
+    /// core; the writer, as its shell does, first completes its writes in
+    /// flight and the background checkpoint, then discards the file and
+    /// answers it as failed.
+    fn aborted(
+        &mut self,
+        live: &mut Live,
+        file: u32,
+        message: String,
+        expect_have: &mut HashMap<u32, Bitmap>,
+    ) -> Option<SessionEnd> {
+        live.rx.handle_frame(
+            Frame::FileAbort {
+                file_id: file,
+                message,
+            },
+            self.now(),
+        );
+        match live.rx.poll_action() {
+            Some(Action::Report(Report::Abort { file_id, .. })) if file_id == file => {}
+            other => self.fail(&format!(
+                "the receiver core took file {file}'s abort as {other:?}"
+            )),
+        }
+        if let Some(end) = self.complete_writes_until(live, expect_have, u64::MAX) {
+            return Some(end);
+        }
+        if let Some((_, covered)) = live.syncing.take() {
+            self.complete_sync(covered, &mut live.core);
+        }
+        if !live.core.handle_given_up(file) {
+            self.fail(&format!(
+                "the writer's core gave up file {file}, which it does not hold"
+            ));
+        }
+        let fi = file as usize;
+        self.disk.written[fi].fill(None);
+        self.disk.durable[fi].fill(None);
+        self.disk.checkpoints[fi] = None;
+        self.log(format!("file {file} given up: discarded"));
+        self.answer(live, (file, false, 0));
+        None
     }
 
     /// A file's result reaches the sender's control core. Returns whether
@@ -919,7 +1177,7 @@ impl Sim {
 
     /// Stores a checkpoint, which must record only durable, right blocks.
     fn store_checkpoint(&mut self, f: u32, bits: Bitmap, sums: Vec<u64>) {
-        let right = self.durable_right(f as usize);
+        let right = self.checkpointable(f as usize);
         for b in 0..bits.len() {
             if bits.get(b) && !right.get(b) {
                 self.fail(&format!(
@@ -993,6 +1251,35 @@ impl Sim {
         }
     }
 
+    /// A source file not yet published changes on the sender's host: a
+    /// block is rewritten, the file is truncated, or it is deleted.
+    fn change_source(&mut self) {
+        let f = self.rng.below(self.source.len() as u64) as usize;
+        if self.disk.published[f].is_some() {
+            return;
+        }
+        let src = &mut self.now_source[f];
+        let how = match self.rng.below(3) {
+            0 if !src.blocks.is_empty() => {
+                let b = self.rng.below(src.blocks.len() as u64) as usize;
+                src.blocks[b] ^= 1 << self.rng.below(64);
+                "rewritten"
+            }
+            1 => {
+                let keep = self.rng.below(src.blocks.len() as u64) as usize;
+                src.blocks.truncate(keep);
+                "truncated"
+            }
+            _ => {
+                src.deleted = true;
+                "deleted"
+            }
+        };
+        src.changed = true;
+        *self.struck.entry("source changed").or_default() += 1;
+        self.log(format!("source file {f} {how}"));
+    }
+
     /// The receiving host loses power: the page cache and the writes in
     /// flight are gone; stored checkpoints stay.
     fn crash(&mut self, expect_have: &mut HashMap<u32, Bitmap>) {
@@ -1010,7 +1297,7 @@ fn on_stream(m: &Msg, s: u16) -> bool {
         Msg::Data { stream, .. } | Msg::Ack { stream, .. } | Msg::Nack { stream, .. } => {
             *stream == s
         }
-        Msg::FileDone { .. } | Msg::Result { .. } => false,
+        Msg::FileDone { .. } | Msg::Result { .. } | Msg::Abort { .. } => false,
     }
 }
 
@@ -1021,7 +1308,17 @@ fn check(seed: u64, struck: &mut BTreeMap<&'static str, u64>) -> Result<u32, Str
     if out.is_ok() {
         for (f, src) in sim.source.iter().enumerate() {
             let want: Vec<Option<u64>> = src.iter().copied().map(Some).collect();
-            if sim.disk.published[f].as_ref() != Some(&want) {
+            let published = sim.disk.published[f].as_ref();
+            if published.is_none() && sim.now_source[f].changed {
+                // Given up: nothing of it is left at the receiver.
+                if sim.disk.checkpoints[f].is_some()
+                    || sim.disk.written[f].iter().any(Option::is_some)
+                {
+                    sim.fail(&format!("file {f} was given up but its data was kept"));
+                }
+                continue;
+            }
+            if published != Some(&want) {
                 sim.fail(&format!("run succeeded but file {f} is not its source"));
             }
         }

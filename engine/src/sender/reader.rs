@@ -13,30 +13,17 @@ use super::shared::Shared;
 use super::source::{SourceFile, Stamp};
 use crate::digest::block_checksum;
 use crate::error::{Error, Result};
-use crate::io::{ALIGN, DirectStatus, IoMode, IoOp, OpKind, Pools, backend, open_source};
+use crate::io::{
+    ALIGN, BlockIo, DirectStatus, IoDone, IoMode, IoOp, OpKind, PoolBuf, Pools, backend,
+    open_source,
+};
+use crate::session::reading::{Completed, ReadyBlock, SourceReads};
 
 /// What the reader found out about the I/O path.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct ReadReport {
     pub(crate) mode: Option<IoMode>,
     pub(crate) fallback: Option<String>,
-}
-
-struct InFlight {
-    file_id: u32,
-    block: u64,
-    expected: usize,
-    digest_only: bool,
-}
-
-/// A source file being read.
-struct Open {
-    file: Arc<File>,
-    direct: bool,
-    /// Reads submitted and not reaped.
-    pending: usize,
-    /// The scheduler has handed out its last read.
-    all_submitted: bool,
 }
 
 /// The file's state now against what the scan saw: the reason to give it
@@ -76,6 +63,21 @@ fn give_up(shared: &Shared, file_id: u32, reason: String) {
     shared.cv.notify_all();
 }
 
+/// The reader shell: the I/O backend, the open source files, and the core
+/// that decides what each read and each file comes to.
+struct Reader<'a> {
+    shared: &'a Shared,
+    pools: &'a Pools,
+    io: Box<dyn BlockIo>,
+    mode: IoMode,
+    fallback: Option<String>,
+    core: SourceReads,
+    /// The open descriptors, by file id: a read op holds one too, until
+    /// it completes.
+    open: HashMap<u32, Arc<File>>,
+    finished_reading: bool,
+}
+
 pub(crate) fn run(
     shared: &Shared,
     pools: &Pools,
@@ -83,155 +85,168 @@ pub(crate) fn run(
     depth: usize,
     need_digest: bool,
 ) -> Result<ReadReport> {
-    let (mut io, eff_mode, mut fallback) = backend(mode, depth);
-    let mut open: HashMap<u32, Open> = HashMap::new();
-    let mut inflight: HashMap<u64, InFlight> = HashMap::new();
-    let mut finished_reading = false;
-    loop {
-        if shared.stopped() {
+    let (io, mode, fallback) = backend(mode, depth);
+    let mut r = Reader {
+        shared,
+        pools,
+        io,
+        mode,
+        fallback,
+        core: SourceReads::new(need_digest),
+        open: HashMap::new(),
+        finished_reading: false,
+    };
+    while !shared.stopped() {
+        r.submit_reads();
+        if r.finished_reading && r.io.in_flight() == 0 {
             break;
         }
-        while !finished_reading && io.in_flight() < io.depth() {
-            let Some(next_len) = shared.lock().sched.next_read_len() else {
-                finished_reading = true;
-                break;
+        let wait = r.io.in_flight() > 0;
+        for done in r.io.reap(wait)? {
+            r.completed(done)?;
+        }
+    }
+    Ok(ReadReport {
+        mode: Some(r.mode),
+        fallback: r.fallback,
+    })
+}
+
+impl Reader<'_> {
+    /// Keeps the backend's queue full with the reads the scheduler asks
+    /// for, while pool buffers are free.
+    fn submit_reads(&mut self) {
+        while !self.finished_reading && self.io.in_flight() < self.io.depth() {
+            let Some(next_len) = self.shared.lock().sched.next_read_len() else {
+                self.finished_reading = true;
+                return;
             };
             // Only this thread reads, so the block polled below is the one
             // measured here.
-            let pool = pools.for_len((next_len as usize).next_multiple_of(ALIGN));
-            let buf = if io.in_flight() == 0 {
+            let pool = self
+                .pools
+                .for_len((next_len as usize).next_multiple_of(ALIGN));
+            let buf = if self.io.in_flight() == 0 {
                 pool.get_timeout(Duration::from_millis(100))
             } else {
                 pool.try_get()
             };
-            let Some(buf) = buf else { break };
-            let Some(order) = shared.lock().sched.poll_read() else {
-                finished_reading = true;
-                break;
+            let Some(buf) = buf else { return };
+            let Some(order) = self.shared.lock().sched.poll_read() else {
+                self.finished_reading = true;
+                return;
             };
-            let src = &shared.files[&order.file_id];
-            let o = match open.entry(order.file_id) {
-                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    match open_checked(shared, src, eff_mode.wants_direct()) {
-                        Ok((f, status)) => {
-                            if let DirectStatus::Buffered(Some(note)) = &status {
-                                if fallback.is_none() {
-                                    tracing::warn!("{note}");
-                                    fallback = Some(note.clone());
-                                }
-                            }
-                            e.insert(Open {
-                                file: Arc::new(f),
-                                direct: status.is_direct(),
-                                pending: 0,
-                                all_submitted: false,
-                            })
-                        }
-                        Err(err) => {
-                            give_up(shared, order.file_id, err.to_string());
-                            continue;
-                        }
-                    }
-                }
+            if self.core.needs_open(order.file_id) && !self.open_file(order.file_id) {
+                continue;
+            }
+            let (Some(len), Some(file)) = (
+                self.core.handle_submitted(&order),
+                self.open.get(&order.file_id),
+            ) else {
+                continue;
             };
-            o.pending += 1;
-            o.all_submitted |= order.last_read_of_file;
-            let expected = order.len as usize;
-            let len = if o.direct {
-                expected.next_multiple_of(ALIGN)
-            } else {
-                expected
-            };
-            inflight.insert(
-                order.gid as u64,
-                InFlight {
-                    file_id: order.file_id,
-                    block: order.block,
-                    expected,
-                    digest_only: order.digest_only,
-                },
-            );
-            io.submit(IoOp {
+            self.io.submit(IoOp {
                 // The op keeps the descriptor alive until it completes.
-                file: Arc::clone(&o.file),
+                file: Arc::clone(file),
                 kind: OpKind::Read,
                 buf,
                 offset: order.offset,
-                len,
+                len: len as usize,
                 tag: order.gid as u64,
             });
         }
-        if finished_reading && io.in_flight() == 0 {
-            break;
+    }
+
+    /// Opens `file_id` for its first read and checks it is as listed;
+    /// gives it up when not.
+    fn open_file(&mut self, file_id: u32) -> bool {
+        let src = &self.shared.files[&file_id];
+        match open_checked(self.shared, src, self.mode.wants_direct()) {
+            Ok((f, status)) => {
+                if let DirectStatus::Buffered(Some(note)) = &status {
+                    if self.fallback.is_none() {
+                        tracing::warn!("{note}");
+                        self.fallback = Some(note.clone());
+                    }
+                }
+                self.core.handle_opened(file_id, status.is_direct());
+                self.open.insert(file_id, Arc::new(f));
+                true
+            }
+            Err(err) => {
+                self.core.handle_given_up(file_id);
+                give_up(self.shared, file_id, err.to_string());
+                false
+            }
         }
-        for done in io.reap(io.in_flight() > 0)? {
-            let f = inflight.remove(&done.tag).expect("every read is tracked");
-            let src = &shared.files[&f.file_id];
-            let n = done.result.map_err(|e| {
-                Error::io(
-                    format!("reading {} at block {}", src.path.display(), f.block),
-                    e,
-                )
-            })?;
-            // A file already given up has no entry; its reads are dropped.
-            let Some(o) = open.get_mut(&f.file_id) else {
-                continue;
-            };
-            o.pending -= 1;
+    }
+
+    /// A read completed: the core says whether the file must be checked
+    /// first, and whether the block goes on, is dropped, or gives its
+    /// file up.
+    fn completed(&mut self, done: IoDone) -> Result<()> {
+        let gid = done.tag as usize;
+        let Some((file_id, block)) = self.core.read_of(gid) else {
+            return Err(Error::Internal(format!("read {gid} completed untracked")));
+        };
+        let src = &self.shared.files[&file_id];
+        let got = done.result.map_err(|e| {
+            Error::io(
+                format!("reading {} at block {block}", src.path.display()),
+                e,
+            )
+        })?;
+        let mut next = self.core.handle_completed(gid, got as u64);
+        if let Some(Completed::Check { file_id }) = next {
             // After the file's last read and before that block is handed
             // on (so before the file can be reported done), it must still
             // be the file that was listed, unchanged.
-            let last = o.pending == 0 && o.all_submitted;
-            let changed = if n < f.expected || last {
-                check(src, &o.file).or_else(|| {
-                    (n < f.expected).then(|| {
-                        format!(
-                            "it shrank while being read (block {} has {n} of {} bytes); \
-                             it was not published: send it again once it is stable",
-                            f.block, f.expected
-                        )
-                    })
-                })
-            } else {
-                None
-            };
-            if last || changed.is_some() {
-                open.remove(&f.file_id);
+            let change = self.open.get(&file_id).and_then(|f| check(src, f));
+            next = self.core.handle_checked(gid, change);
+        }
+        match next {
+            Some(Completed::Ready(block)) => {
+                if block.close {
+                    self.open.remove(&file_id);
+                }
+                self.hand_on(gid, done.buf, block);
             }
-            if let Some(reason) = changed {
+            Some(Completed::GiveUp { file_id, reason }) => {
+                self.open.remove(&file_id);
                 give_up(
-                    shared,
-                    f.file_id,
+                    self.shared,
+                    file_id,
                     format!("{}: {reason}", src.path.display()),
                 );
-                continue;
             }
-            let mut buf = done.buf;
-            buf.set_len(f.expected);
-            // Blocks to send are hashed as they go out (see send_loop);
-            // only those the receiver already holds are hashed here.
-            let sum = if need_digest && f.digest_only {
-                block_checksum(buf.as_slice())
-            } else {
-                0
-            };
-            let mut g = shared.lock();
-            g.sched.handle_read(done.tag as usize, sum);
-            if g.sched.is_ready(done.tag as usize) {
-                g.bufs.insert(done.tag as usize, Arc::new(buf));
-            }
-            drop(g);
-            shared
-                .read_bytes
-                .fetch_add(f.expected as u64, Ordering::Relaxed);
-            shared.cv.notify_all();
+            // A file already given up: its reads are dropped.
+            Some(Completed::Dropped | Completed::Check { .. }) | None => {}
         }
+        Ok(())
     }
-    Ok(ReadReport {
-        mode: Some(eff_mode),
-        fallback,
-    })
+
+    /// A block read whole goes to the scheduler, and its buffer to the
+    /// senders when the scheduler wants it sent.
+    fn hand_on(&self, gid: usize, mut buf: PoolBuf, block: ReadyBlock) {
+        buf.set_len(block.len as usize);
+        // Blocks to send are hashed as they go out (see send_loop);
+        // only those the receiver already holds are hashed here.
+        let sum = if block.hash {
+            block_checksum(buf.as_slice())
+        } else {
+            0
+        };
+        let mut g = self.shared.lock();
+        g.sched.handle_read(gid, sum);
+        if g.sched.is_ready(gid) {
+            g.bufs.insert(gid, Arc::new(buf));
+        }
+        drop(g);
+        self.shared
+            .read_bytes
+            .fetch_add(block.len, Ordering::Relaxed);
+        self.shared.cv.notify_all();
+    }
 }
 
 /// Checks the files that have no block to read (empty ones), which the

@@ -3,6 +3,7 @@
 //! write the sockets and carry out what these decide.
 
 pub mod lifecycle;
+pub mod reading;
 pub mod receiver;
 pub mod reports;
 pub mod sender;
