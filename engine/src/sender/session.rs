@@ -390,31 +390,14 @@ pub(crate) fn run(
         ..cfg.socket.clone()
     };
     let control = net::connect(&cfg.to, &control_opts, cfg.connect_timeout)?;
-    // Never set: the session's first streams are all waited for.
-    let connecting = AtomicBool::new(false);
-    let reused = AtomicU64::new(0);
-    let streams = match st.streams {
-        Some(n) => n,
-        None => {
-            let n = if cfg.per_link {
-                let c = streams_for_link(cfg, &control, pool);
-                tracing::info!(streams = c.streams, "data streams: {}", c.reason);
-                cfg.observer.streams_chosen(&c);
-                st.streams_chosen = Some(c.reason);
-                c.streams
-            } else {
-                cfg.streams
-            };
-            st.streams = Some(n);
-            st.per_stream_bytes = vec![0; usize::from(n)];
-            st.first_streams = usize::from(n);
-            n
-        }
-    };
+    let streams = stream_count(cfg, &control, pool, st);
     let data_opts = SocketOpts {
         pacing: cfg.max_rate.map(|r| (r / u64::from(streams)).max(1)),
         ..cfg.socket.clone()
     };
+    // Never set: the session's first streams are all waited for.
+    let connecting = AtomicBool::new(false);
+    let reused = AtomicU64::new(0);
     // The data streams connect while the control connection authenticates
     // and opens the session (the receiver holds their joins until it is
     // open): each costs a TCP handshake and a round trip of
@@ -434,12 +417,98 @@ pub(crate) fn run(
         let opened = open_session(cfg, control, streams, &pending, st, session);
         (opened, finish_connecting(handles))
     });
-    let Opened {
-        mut control,
-        core,
-        planned,
-        held_bytes,
-    } = opened?;
+    let opened = opened?;
+    note_plan(cfg, all, st, opened.held_bytes);
+    let empty = empty_files(all, &opened.planned);
+    // Where the tuner chose, the optimizer may add streams up to its bound.
+    let most = if cfg.per_link {
+        tuner::most_opened(most_fed(cfg, pool), streams).max(streams)
+    } else {
+        streams
+    };
+    let mut control = opened.control;
+    let sched = Scheduler::new(
+        opened.planned,
+        cfg.block_size,
+        streams,
+        per_stream_bytes(cfg, pool.large_bytes(), streams),
+        cfg.verify != Verification::None,
+    );
+    let shared = new_shared(cfg, sched, opened.core, (&pending, base), most);
+    let streams = attach_streams(cfg, &shared, connected)?;
+
+    // The control connection is read and written from here on; the time
+    // spent connecting the data streams was no one's silence.
+    let started = Instant::now();
+    shared.lock().control.handle_started(started);
+    // Once it held in this run, it is not asked again: a retried session
+    // would otherwise grow the streams it found no gain in.
+    let grow = (cfg.per_link && st.streams_held.is_none()).then(|| {
+        let alive = shared.lock().sched.alive_streams() as u16;
+        Grow {
+            cfg,
+            opts: &data_opts,
+            session,
+            reused: &reused,
+            buffer: pool.large_bytes(),
+            optimizer: Optimizer::new(
+                started,
+                alive,
+                // The counters end at `most`, and dead streams hold theirs.
+                alive.saturating_add(most.saturating_sub(streams.len() as u16)),
+                aim_bps(cfg),
+                st.rtt.unwrap_or_default(),
+            ),
+        }
+    });
+    let running = Running {
+        cfg,
+        pool,
+        shared: &shared,
+        empty: &empty,
+        open: Mutex::new(streams),
+    };
+    let ended = running.run(&mut control, grow);
+    st.streams_warm += reused.load(Ordering::Relaxed);
+    record(st, &shared, cfg, &data_opts, ended)
+}
+
+/// The planned files with no block to read: empty regular files (a
+/// directory is not read either, nor checked).
+fn empty_files(all: &[SourceFile], planned: &[PlannedFile]) -> Vec<u32> {
+    planned
+        .iter()
+        .filter(|p| p.size == 0)
+        .map(|p| p.file_id)
+        .filter(|id| all[*id as usize].kind == EntryKind::File)
+        .collect()
+}
+
+/// How many data streams the session opens: the run's count once one
+/// session chose it; else the tuner's, for the link the control
+/// connection's handshake measured, or the configured one.
+fn stream_count(cfg: &SendConfig, control: &TcpStream, pool: &Pools, st: &mut RunState) -> u16 {
+    if let Some(n) = st.streams {
+        return n;
+    }
+    let n = if cfg.per_link {
+        let c = streams_for_link(cfg, control, pool);
+        tracing::info!(streams = c.streams, "data streams: {}", c.reason);
+        cfg.observer.streams_chosen(&c);
+        st.streams_chosen = Some(c.reason);
+        c.streams
+    } else {
+        cfg.streams
+    };
+    st.streams = Some(n);
+    st.per_stream_bytes = vec![0; usize::from(n)];
+    st.first_streams = usize::from(n);
+    n
+}
+
+/// Takes in a session's plan: `held_bytes` were at the receiver before
+/// it sent anything.
+fn note_plan(cfg: &SendConfig, all: &[SourceFile], st: &mut RunState, held_bytes: u64) {
     // What the receiver held before this run sent anything: the first
     // plan of the run says, whichever attempt got it.
     if !st.planned {
@@ -453,32 +522,23 @@ pub(crate) fn run(
         .map(|(id, _)| all[*id as usize].size)
         .sum();
     cfg.observer.held(verified_bytes + held_bytes);
+}
 
-    let empty: Vec<u32> = planned
-        .iter()
-        .filter(|p| p.size == 0)
-        .map(|p| p.file_id)
-        .filter(|id| all[*id as usize].kind == EntryKind::File)
-        .collect();
-    let sched = Scheduler::new(
-        planned,
-        cfg.block_size,
-        streams,
-        per_stream_bytes(cfg, pool.large_bytes(), streams),
-        cfg.verify != Verification::None,
-    );
-    // Where the tuner chose, the optimizer may add streams up to its bound.
-    let most = if cfg.per_link {
-        tuner::most_opened(most_fed(cfg, pool), streams).max(streams)
-    } else {
-        streams
-    };
-    let shared = Shared {
+/// The state a session's threads share, for the `pending` files under
+/// `base`, with counters for up to `most` streams.
+fn new_shared(
+    cfg: &SendConfig,
+    sched: Scheduler,
+    control: SenderControl,
+    (pending, base): (&[(u32, &SourceFile)], &Arc<OwnedFd>),
+    most: u16,
+) -> Shared {
+    Shared {
         inner: Mutex::new(Inner {
             sched,
             bufs: HashMap::new(),
             verdicts: HashMap::new(),
-            control: core,
+            control,
             outbox: Vec::new(),
             error: None,
             parked: Vec::new(),
@@ -498,8 +558,16 @@ pub(crate) fn run(
         observer: Arc::clone(&cfg.observer),
         verify: cfg.verify,
         in_flight: std::sync::atomic::AtomicI64::new(0),
-    };
+    }
+}
 
+/// The data streams that connected, by index, their blocks going to the
+/// others where one did not; fails when none did.
+fn attach_streams(
+    cfg: &SendConfig,
+    shared: &Shared,
+    connected: Vec<Result<TcpStream>>,
+) -> Result<Vec<Option<TcpStream>>> {
     // The transfer goes on as long as one data stream connected.
     let mut streams: Vec<Option<TcpStream>> = Vec::with_capacity(connected.len());
     for (i, c) in connected.into_iter().enumerate() {
@@ -518,137 +586,178 @@ pub(crate) fn run(
             std::io::Error::other("no data stream could connect"),
         ));
     }
+    Ok(streams)
+}
 
-    // The control connection is read and written from here on; the time
-    // spent connecting the data streams was no one's silence.
-    let started = Instant::now();
-    shared.lock().control.handle_started(started);
-    // Once it held in this run, it is not asked again: a retried session
-    // would otherwise grow the streams it found no gain in.
-    let alive = shared.lock().sched.alive_streams() as u16;
-    let grow = (cfg.per_link && st.streams_held.is_none()).then(|| Grow {
-        cfg,
-        opts: &data_opts,
-        session,
-        reused: &reused,
-        buffer: pool.large_bytes(),
-        optimizer: Optimizer::new(
-            started,
-            alive,
-            // The counters end at `most`, and dead streams hold theirs.
-            alive.saturating_add(most.saturating_sub(streams.len() as u16)),
-            aim_bps(cfg),
-            st.rtt.unwrap_or_default(),
-        ),
-    });
-    let mut report = ReadReport::default();
-    let mut tcp = Vec::new();
-    let mut tuned = Tuned::default();
-    let spawned: Vec<(u16, Option<(TcpStream, TcpStream)>)> = streams
-        .iter()
-        .enumerate()
-        .filter_map(|(i, st)| Some((i as u16, st.as_ref()?)))
-        .map(|(i, st)| (i, st.try_clone().ok().zip(st.try_clone().ok())))
-        .collect();
-    // Every data stream's socket, for sampling and for the close at the
-    // end; the optimizer's streams join them.
-    let open = Mutex::new(streams);
-    let outcome = std::thread::scope(|s| -> Result<()> {
-        let shared = &shared;
-        let reader_handle = s.spawn(carry(|| {
-            // Empty files are never read: they are checked here, first,
-            // and nothing is reported done until they are (meanwhile the
-            // coordinator keeps the receiver told that this side is here).
-            reader::check_empty(shared, &empty);
-            shared.empties_checked.store(true, Ordering::SeqCst);
+/// A session from its plan to its end: the threads that read, send, read
+/// acknowledgements and the control connection, and sample the streams.
+struct Running<'a> {
+    cfg: &'a SendConfig,
+    pool: &'a Pools,
+    shared: &'a Shared,
+    /// The empty files, which are checked rather than read.
+    empty: &'a [u32],
+    /// Every data stream's socket, for sampling and for the close at the
+    /// end; the optimizer's streams join them.
+    open: Mutex<Vec<Option<TcpStream>>>,
+}
+
+/// What a session's threads leave when it ends.
+struct Ended {
+    outcome: Result<()>,
+    report: ReadReport,
+    /// Each data stream's last TCP_INFO, before it closed.
+    tcp: Vec<Option<net::TcpStats>>,
+    tuned: Tuned,
+}
+
+impl Running<'_> {
+    /// Runs the session's threads until every file has a verdict or
+    /// something fails, then ends it: parks or closes the data streams
+    /// and sends `Finish`.
+    fn run(&self, control: &mut TcpStream, grow: Option<Grow<'_>>) -> Ended {
+        let (cfg, shared) = (self.cfg, self.shared);
+        let spawned: Vec<(u16, Option<(TcpStream, TcpStream)>)> = hold(&self.open)
+            .iter()
+            .enumerate()
+            .filter_map(|(i, st)| Some((i as u16, st.as_ref()?)))
+            .map(|(i, st)| (i, st.try_clone().ok().zip(st.try_clone().ok())))
+            .collect();
+        let mut ended = Ended {
+            outcome: Ok(()),
+            report: ReadReport::default(),
+            tcp: Vec::new(),
+            tuned: Tuned::default(),
+        };
+        ended.outcome = std::thread::scope(|s| -> Result<()> {
+            let reader_handle = s.spawn(carry(|| self.read()));
+            for (i, clones) in spawned {
+                let Some((w, r)) = clones else {
+                    shared.stream_failed(i, "cannot clone the socket");
+                    continue;
+                };
+                s.spawn(carry(move || send_loop(shared, i, w)));
+                shared.lock().acks_running += 1;
+                s.spawn(carry(move || ack_loop(shared, i, r)));
+            }
+            let mut ctl_r = control
+                .try_clone()
+                .map_err(|e| Error::net("cloning the control connection", e))?;
+            s.spawn(carry(move || control_loop(shared, &mut ctl_r)));
+            // Dropped when the session stops, which ends the sampling at once.
+            let (sampling, stop_sampling) = mpsc::channel::<()>();
+            let open = &self.open;
+            let tuning = s.spawn(move || sample_loop(s, shared, open, grow, &stop_sampling));
+
+            let result = coordinate(shared, control);
+            // A session that ended well leaves its data streams to the next.
+            let park = result.is_ok() && cfg.warm.is_some();
+            shared.park.store(park, Ordering::SeqCst);
+            drop(sampling);
+            shared.stop.store(true, Ordering::SeqCst);
             shared.cv.notify_all();
-            let need_digest = cfg.verify != Verification::None;
-            let r = if cfg.synthetic.is_some() {
-                generate::run(shared, pool, need_digest)
-            } else {
-                reader::run(shared, pool, cfg.io_mode, cfg.queue_depth, need_digest)
-            };
-            // The reader's own error, with its disposition, fails the session.
-            r.map_err(|e| shared.fail(e)).ok()
-        }));
-        for (i, clones) in spawned {
-            let Some((w, r)) = clones else {
-                shared.stream_failed(i, "cannot clone the socket");
-                continue;
-            };
-            s.spawn(carry(move || send_loop(shared, i, w)));
-            shared.lock().acks_running += 1;
-            s.spawn(carry(move || ack_loop(shared, i, r)));
-        }
-        let mut ctl_r = control
-            .try_clone()
-            .map_err(|e| Error::net("cloning the control connection", e))?;
-        s.spawn(carry(move || control_loop(shared, &mut ctl_r)));
-        // Dropped when the session stops, which ends the sampling at once.
-        let (sampling, stop_sampling) = mpsc::channel::<()>();
-        let open = &open;
-        let tuning = s.spawn(move || sample_loop(s, shared, open, grow, &stop_sampling));
+            ended.tcp = self.close_streams(park);
+            finish(shared, control, result.is_ok());
+            if park {
+                settle_parking(shared, open);
+            }
+            if let Ok(Some(r)) = reader_handle.join() {
+                ended.report = r;
+            }
+            // After `Finish`: an addition still connecting gives up at its
+            // next attempt.
+            ended.tuned = tuning.join().unwrap_or_default();
+            result
+        });
+        ended
+    }
 
-        let result = coordinate(shared, &mut control);
-        // A session that ended well leaves its data streams to the next.
-        let park = result.is_ok() && cfg.warm.is_some();
-        shared.park.store(park, Ordering::SeqCst);
-        drop(sampling);
-        shared.stop.store(true, Ordering::SeqCst);
+    /// The reader thread: checks the empty files, then reads (or
+    /// generates) the blocks; its own error, with its disposition, fails
+    /// the session.
+    fn read(&self) -> Option<ReadReport> {
+        let (cfg, shared) = (self.cfg, self.shared);
+        // Empty files are never read: they are checked here, first,
+        // and nothing is reported done until they are (meanwhile the
+        // coordinator keeps the receiver told that this side is here).
+        reader::check_empty(shared, self.empty);
+        shared.empties_checked.store(true, Ordering::SeqCst);
         shared.cv.notify_all();
-        {
-            // A stream the optimizer adds after this finds the session
-            // stopped, under this lock, and closes itself.
-            let open = hold(open);
-            // What the kernel learned of each path, before the streams close.
-            tcp = open
-                .iter()
-                .map(|s| s.as_ref().and_then(net::tcp_stats))
-                .collect();
-            if !park {
-                for st in open.iter().flatten() {
-                    let _ = st.shutdown(Shutdown::Both);
-                }
+        let need_digest = cfg.verify != Verification::None;
+        let r = if cfg.synthetic.is_some() {
+            generate::run(shared, self.pool, need_digest)
+        } else {
+            reader::run(shared, self.pool, cfg.io_mode, cfg.queue_depth, need_digest)
+        };
+        r.map_err(|e| shared.fail(e)).ok()
+    }
+
+    /// Takes each data stream's TCP_INFO (what the kernel learned of each
+    /// path) and closes the streams unless they are to be parked.
+    fn close_streams(&self, park: bool) -> Vec<Option<net::TcpStats>> {
+        // A stream the optimizer adds after this finds the session
+        // stopped, under this lock, and closes itself.
+        let open = hold(&self.open);
+        let tcp = open
+            .iter()
+            .map(|s| s.as_ref().and_then(net::tcp_stats))
+            .collect();
+        if !park {
+            for st in open.iter().flatten() {
+                let _ = st.shutdown(Shutdown::Both);
             }
         }
-        if result.is_ok() {
-            let _ = write_frame(&mut control, &Frame::Finish);
-            shared
-                .lock()
-                .control
-                .handle_finished(Instant::now(), FINISH_GRACE);
-            // The receiver closes the control connection only after it has
-            // stopped the session and released its destinations; waiting
-            // for that close means a `send` that returns leaves nothing
-            // behind (an immediate second send of the same file would
-            // otherwise find it still claimed).
-            let _ = control.set_read_timeout(Some(FINISH_GRACE));
-            let _ = control.shutdown(Shutdown::Write);
-        } else {
-            let _ = control.shutdown(Shutdown::Both);
-        }
-        if park {
-            settle_parking(shared, open);
-        }
-        if let Ok(Some(r)) = reader_handle.join() {
-            report = r;
-        }
-        // After `Finish`: an addition still connecting gives up at its
-        // next attempt.
-        tuned = tuning.join().unwrap_or_default();
-        result
-    });
+        tcp
+    }
+}
 
+/// Ends the control connection: after a session that ended well, with
+/// `Finish`, waiting for the receiver to close it.
+fn finish(shared: &Shared, control: &mut TcpStream, ok: bool) {
+    if !ok {
+        let _ = control.shutdown(Shutdown::Both);
+        return;
+    }
+    let _ = write_frame(control, &Frame::Finish);
+    shared
+        .lock()
+        .control
+        .handle_finished(Instant::now(), FINISH_GRACE);
+    // The receiver closes the control connection only after it has
+    // stopped the session and released its destinations; waiting
+    // for that close means a `send` that returns leaves nothing
+    // behind (an immediate second send of the same file would
+    // otherwise find it still claimed).
+    let _ = control.set_read_timeout(Some(FINISH_GRACE));
+    let _ = control.shutdown(Shutdown::Write);
+}
+
+/// Records what an ended session did into the run's state (its streams'
+/// figures, the changes the optimizer made, resends, cuts, the I/O path
+/// and the verdicts), parks its parked streams for the next session, and
+/// returns how it ended.
+fn record(
+    st: &mut RunState,
+    shared: &Shared,
+    cfg: &SendConfig,
+    data_opts: &SocketOpts,
+    ended: Ended,
+) -> Result<()> {
+    let Ended {
+        outcome,
+        report,
+        tcp,
+        mut tuned,
+    } = ended;
     for (i, t) in tcp.iter().enumerate() {
         if let Some(t) = t {
             shared.observer.tcp_sampled(i as u16, t);
         }
     }
     st.tcp = tcp;
-    st.streams_warm += reused.load(Ordering::Relaxed);
     let mut g = shared.lock();
     if let Some(warm) = &cfg.warm {
-        let key = warm_key(cfg, warm, &data_opts);
+        let key = warm_key(cfg, warm, data_opts);
         for (_, parked, since) in std::mem::take(&mut g.parked) {
             warm.put(key.clone(), parked, since);
         }
