@@ -419,6 +419,7 @@ fn run_once(cfg: &DemoConfig) -> Result<DemoReport> {
         send_cfg.io_mode = mode;
         send_cfg.retry_for = Duration::ZERO;
         let progress = Arc::new(Progress::default());
+        send_cfg.progress = Arc::clone(&progress.transfer);
         send_cfg.observer = Shown::metrics()
             .with_progress(Arc::clone(&progress))
             .observe();

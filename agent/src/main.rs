@@ -163,6 +163,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     std::thread::sleep(Duration::from_secs_f64(a.repeat_pause));
                 }
                 let progress = Arc::new(Progress::default());
+                cfg.progress = Arc::clone(&progress.transfer);
                 cfg.observer = Shown::metrics()
                     .with_progress(Arc::clone(&progress))
                     .observe();

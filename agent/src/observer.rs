@@ -1,9 +1,9 @@
 //! The agent's observer of the engine: every event into the Prometheus
-//! metrics, a sender's position into the progress shown, and a receiver's
-//! session summaries printed when the command line asks for them.
+//! metrics, a sender's stream choices into the progress shown, and a
+//! receiver's session summaries printed when the command line asks for
+//! them.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use wirerate_engine::net::TcpStats;
 use wirerate_engine::observe::{Observe, Observer, SessionEnd};
@@ -59,24 +59,6 @@ impl Shown {
 }
 
 impl Observer for Shown {
-    fn sized(&self, total: u64) {
-        if let Some(p) = &self.progress {
-            p.total.store(total, Ordering::Relaxed);
-        }
-    }
-
-    fn held(&self, held: u64) {
-        if let Some(p) = &self.progress {
-            p.done.store(held, Ordering::Relaxed);
-        }
-    }
-
-    fn acknowledged(&self, bytes: u64) {
-        if let Some(p) = &self.progress {
-            p.done.fetch_add(bytes, Ordering::Relaxed);
-        }
-    }
-
     fn streams_chosen(&self, choice: &StreamChoice) {
         if let Some(p) = &self.progress {
             // Once per run: retries keep the first choice.
@@ -199,17 +181,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn progress_follows_the_sender_and_summaries_print_only_when_asked() {
-        let p = Arc::new(Progress::default());
-        let shown = Shown::metrics().with_progress(Arc::clone(&p));
-        shown.sized(100);
-        shown.held(40);
-        shown.acknowledged(10);
-        assert_eq!(p.total.load(Ordering::Relaxed), 100);
-        assert_eq!(p.done.load(Ordering::Relaxed), 50);
-        // A new session's plan restarts the position where the receiver is.
-        shown.held(45);
-        assert_eq!(p.done.load(Ordering::Relaxed), 45);
+    fn summaries_print_only_when_asked() {
+        let shown = Shown::metrics();
         assert_eq!(shown.print_json, None);
         assert_eq!(
             Shown::metrics().printing_summaries(true).print_json,

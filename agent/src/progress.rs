@@ -1,26 +1,26 @@
-//! Progress: counters the agent's observer (`observer::Shown`) moves as the
-//! engine reports, and a renderer that shows a bar on a terminal and plain
+//! Progress: where a send stands (the engine's `Progress`, read as a
+//! `Position`), what the agent's observer (`observer::Shown`) learns of its
+//! streams, and a renderer that shows a bar on a terminal and plain
 //! periodic lines otherwise.
 
 use std::io::IsTerminal;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use wirerate_engine::optimizer::StreamChange;
+use wirerate_engine::progress::{Position, Progress as TransferProgress};
 use wirerate_engine::tuner::StreamChoice;
 
 use crate::units::{self, fmt_bytes};
 
-/// Shared transfer counters.
+/// What is shown of a send.
 #[derive(Debug, Default)]
 pub struct Progress {
-    /// Bytes in the whole transfer.
-    pub total: AtomicU64,
-    /// Bytes at the receiver (acknowledged, or held from before).
-    pub done: AtomicU64,
+    /// Where it stands: the engine moves it (`SendConfig::progress`).
+    pub transfer: Arc<TransferProgress>,
     /// The data streams the per-link tuner chose, and why, once it has.
     pub streams_chosen: OnceLock<StreamChoice>,
     /// The streams the optimizer added since, in order (at most
@@ -79,8 +79,15 @@ impl Drop for Renderer {
     }
 }
 
+impl Progress {
+    /// Where the send stands now.
+    pub fn position(&self) -> Position {
+        self.transfer.position()
+    }
+}
+
 fn bar(p: &Progress, stop: &AtomicBool, label: &str) {
-    let pb = ProgressBar::new(p.total.load(Ordering::Relaxed));
+    let pb = ProgressBar::new(p.position().total);
     pb.set_style(
         ProgressStyle::with_template(
             "{prefix} [{bar:40.cyan/blue}] {bytes}/{total_bytes} {msg} ETA {eta}",
@@ -92,8 +99,8 @@ fn bar(p: &Progress, stop: &AtomicBool, label: &str) {
     let mut last = (Instant::now(), 0u64);
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(200));
-        let done = p.done.load(Ordering::Relaxed);
-        pb.set_length(p.total.load(Ordering::Relaxed));
+        let Position { total, done, .. } = p.position();
+        pb.set_length(total);
         pb.set_position(done);
         let dt = last.0.elapsed().as_secs_f64();
         if dt >= 1.0 {
@@ -102,13 +109,13 @@ fn bar(p: &Progress, stop: &AtomicBool, label: &str) {
             last = (Instant::now(), done);
         }
     }
-    pb.set_position(p.done.load(Ordering::Relaxed));
+    pb.set_position(p.position().done);
     pb.finish_and_clear();
 }
 
 fn lines(p: &Progress, stop: &AtomicBool, label: &str) {
     let start = Instant::now();
-    let mut last = (Instant::now(), p.done.load(Ordering::Relaxed));
+    let mut last = (Instant::now(), p.position().done);
     let mut next = Instant::now() + Duration::from_secs(2);
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(100));
@@ -116,8 +123,8 @@ fn lines(p: &Progress, stop: &AtomicBool, label: &str) {
             continue;
         }
         next += Duration::from_secs(2);
-        let done = p.done.load(Ordering::Relaxed);
-        let total = p.total.load(Ordering::Relaxed).max(1);
+        let Position { total, done, .. } = p.position();
+        let total = total.max(1);
         let rate = units::rate(last.1, done, last.0.elapsed().as_secs_f64());
         let eta = units::eta(total.saturating_sub(done), rate)
             .map_or_else(|| "-".into(), |s| format!("{s:.0} s"));

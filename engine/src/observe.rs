@@ -1,5 +1,6 @@
 //! What the shells tell the outside as they run: the one way out of the
-//! engine for metrics, a progress bar and printed summaries.
+//! engine for metrics and printed summaries. (Progress is read, not told:
+//! see `progress`.)
 //!
 //! The engine knows nothing of prometheus, terminals or Kubernetes; the
 //! binary implements [`Observer`] with whatever it shows. Every method does
@@ -51,19 +52,6 @@ impl SessionEnd {
 pub trait Observer: Send + Sync + Debug {
     // The sending side.
 
-    /// The transfer holds `total` bytes.
-    fn sized(&self, total: u64) {
-        let _ = total;
-    }
-    /// A session's plan is in: `held` bytes are at the receiver already
-    /// (verified files and resumed blocks), so progress restarts there.
-    fn held(&self, held: u64) {
-        let _ = held;
-    }
-    /// The receiver acknowledged a block of `bytes`.
-    fn acknowledged(&self, bytes: u64) {
-        let _ = bytes;
-    }
     /// A block of `bytes` went out on data stream `stream`.
     fn sent(&self, stream: u16, bytes: u64) {
         let _ = (stream, bytes);

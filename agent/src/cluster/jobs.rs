@@ -21,7 +21,8 @@ use crate::observer::Shown;
 use crate::progress::Progress;
 use wirerate_engine::error::{Disposition, Error, Result};
 use wirerate_engine::fsroot::{is_temporary, temp_names};
-use wirerate_engine::receiver::{Landed, Lobby, ServeConfig, Server, ServerHandle};
+use wirerate_engine::progress::Position;
+use wirerate_engine::receiver::{Lobby, ServeConfig, Server, ServerHandle};
 use wirerate_engine::sender::warm::Warm;
 use wirerate_engine::sender::{SendConfig, send};
 use wirerate_engine::summary::{ReceiverSummary, SendSummary};
@@ -91,7 +92,7 @@ pub fn refuse_same_file(source: &str, dest: &str) -> Result<()> {
 
 /// A sender in flight.
 pub struct SenderJob {
-    /// Acknowledged and total bytes.
+    /// Where it stands, and what the tuner and optimizer chose.
     pub progress: Arc<Progress>,
     cancel: Arc<AtomicBool>,
     result: Arc<Mutex<Option<Result<SendSummary>>>>,
@@ -125,6 +126,7 @@ impl SenderJob {
         cfg.warm = Some(warm());
         cfg.validate()?;
         let progress = Arc::new(Progress::default());
+        cfg.progress = Arc::clone(&progress.transfer);
         cfg.observer = Shown::metrics().with_progress(progress.clone()).observe();
         let result = Arc::new(Mutex::new(None));
         let r = result.clone();
@@ -240,9 +242,9 @@ impl ReceiverJob {
             .unwrap_or_default()
     }
 
-    /// What its latest session holds: the progress to show.
-    pub fn landed(&self) -> Option<Landed> {
-        self.handle.as_ref().and_then(ServerHandle::landed)
+    /// Where the transfer stands, as its latest session has it.
+    pub fn position(&self) -> Option<Position> {
+        self.handle.as_ref().and_then(ServerHandle::position)
     }
 
     /// Stops listening and ends its sessions.

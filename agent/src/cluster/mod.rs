@@ -19,7 +19,6 @@ pub mod tuning;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -42,6 +41,7 @@ use crate::units::{self, fmt_bytes};
 use jobs::{ReceiverJob, SenderJob, SenderOutcome};
 use plan::{Cadence, JobKey, Me, Want};
 use wirerate_engine::error::{Error, Result};
+use wirerate_engine::progress::Position;
 
 /// Who this agent is and where it listens.
 #[derive(Clone, Debug)]
@@ -288,8 +288,8 @@ pub async fn run_with(client: Client, cfg: RunConfig) -> Result<()> {
             };
             let acked = match &j.side {
                 Side::Sender { job: s, .. } => {
-                    let total = s.progress.total.load(Ordering::Relaxed);
-                    total > 0 && s.progress.done.load(Ordering::Relaxed) >= total
+                    let at = s.progress.position();
+                    at.total > 0 && at.done >= at.total
                 }
                 Side::Receiver { .. } => false,
             };
@@ -686,11 +686,7 @@ fn observe(
                 ));
             }
             *changes_told = changes.len();
-            let (total, done) = shown(
-                s.progress.total.load(Ordering::Relaxed),
-                s.progress.done.load(Ordering::Relaxed),
-                job.carried,
-            );
+            let (total, done) = shown(s.progress.position(), job.carried);
             let (state, msg, p, over) = if let Some(outcome) = s.outcome() {
                 // The last report carries the session's own rate, which the
                 // Rate column then shows for a finished transfer.
@@ -775,8 +771,8 @@ fn observe(
         } => {
             let sums = rj.summaries();
             let endpoint = format!("{}:{}", cfg.advertise, rj.port);
-            let landed = rj.landed().unwrap_or_default();
-            let (total, kept) = shown(landed.total, landed.kept, job.carried);
+            let at = rj.position().unwrap_or_default();
+            let (total, kept) = shown(at, job.carried);
             let complete = sums.iter().find(|s| s.outcome.is_complete());
             let verdict = match complete {
                 Some(s) if s.files_failed > 0 => Some((
@@ -794,13 +790,13 @@ fn observe(
                         "{} file(s) verified into {}: {} written this attempt, {} resumed",
                         s.files_ok,
                         dest.display(),
-                        fmt_bytes(landed.written),
+                        fmt_bytes(at.moved),
                         fmt_bytes(s.bytes_skipped_resume)
                     ),
                     // The attempt's own rate: what all its sessions wrote
                     // over the time since the first was planned (the
                     // average the Transfer shows).
-                    (landed.written as f64 / landed.seconds.max(0.001)) as i64,
+                    (at.moved as f64 / at.seconds.max(0.001)) as i64,
                 )),
                 None => sums
                     .iter()
@@ -812,17 +808,16 @@ fn observe(
             let update = if let Some((state, msg, rate)) = verdict {
                 Some((state, msg, rate, None, true))
             } else if !*reported
-                || job.cadence.due(
-                    now,
-                    kept != *shown_kept || landed.written != job.last_done.1,
-                )
+                || job
+                    .cadence
+                    .due(now, kept != *shown_kept || at.moved != job.last_done.1)
             {
                 // The rate is of bytes written, durable or not; what is
                 // shown done is only what a resume would keep.
                 let secs = now.saturating_sub(job.last_done.0).as_secs_f64();
-                let rate = units::rate(job.last_done.1, landed.written, secs);
+                let rate = units::rate(job.last_done.1, at.moved, secs);
                 let eta = units::eta(total.saturating_sub(kept), rate).map(|s| s as i64);
-                job.last_done = (now, landed.written);
+                job.last_done = (now, at.moved);
                 let msg = format!("listening on {endpoint}");
                 Some((ReportState::Running, msg, rate as i64, eta, false))
             } else {
@@ -831,7 +826,7 @@ fn observe(
             if let Some((state, msg, rate, eta, last)) = update {
                 let p = progress(
                     key,
-                    (total, kept, Some(landed.written)),
+                    (total, kept, Some(at.moved)),
                     job.block_size,
                     rate,
                     eta,
@@ -866,11 +861,11 @@ fn observe(
 /// then the figures the Transfer already showed, so that a new attempt
 /// after a failover does not drop the progress back to 0% for its first
 /// report.
-fn shown(total: u64, done: u64, carried: (u64, u64)) -> (u64, u64) {
-    if total == 0 {
+fn shown(at: Position, carried: (u64, u64)) -> (u64, u64) {
+    if at.total == 0 {
         (carried.1, carried.0)
     } else {
-        (total, done)
+        (at.total, at.done)
     }
 }
 
@@ -1083,15 +1078,23 @@ fn lease_info(
 
 #[cfg(test)]
 mod tests {
-    use super::shown;
+    use super::{Position, shown};
+
+    fn at(total: u64, done: u64) -> Position {
+        Position {
+            total,
+            done,
+            ..Position::default()
+        }
+    }
 
     #[test]
     fn a_new_attempt_shows_the_last_progress_until_it_knows_its_own() {
         // Attempt 2 before it has listed the source: attempt 1's 55% stands.
-        assert_eq!(shown(0, 0, (550, 1000)), (1000, 550));
+        assert_eq!(shown(at(0, 0), (550, 1000)), (1000, 550));
         // Listed, with the resumed bytes counted: its own figures from now on.
-        assert_eq!(shown(1000, 520, (550, 1000)), (1000, 520));
+        assert_eq!(shown(at(1000, 520), (550, 1000)), (1000, 520));
         // A first attempt has nothing to carry: 0 of an unknown total.
-        assert_eq!(shown(0, 0, (0, 0)), (0, 0));
+        assert_eq!(shown(at(0, 0), (0, 0)), (0, 0));
     }
 }

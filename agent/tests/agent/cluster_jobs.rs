@@ -75,10 +75,7 @@ fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
     assert_eq!(sum.streams, 4);
     assert_eq!(sum.streams_chosen, None);
     assert!(tx.progress.streams_chosen.get().is_none());
-    assert_eq!(
-        tx.progress.done.load(std::sync::atomic::Ordering::Relaxed),
-        sum.bytes_total
-    );
+    assert_eq!(tx.progress.position().done, sum.bytes_total);
     assert_same(&file, &dst.join("frames.h5"));
 
     // Set by neither the Transfer nor its pool: the tuner chooses, and
@@ -148,7 +145,7 @@ fn the_progress_a_receiver_shows_never_runs_ahead_of_what_a_resume_keeps() {
     let size: u64 = 40 * (1 << 20) + 777;
     write_file(&file, size as usize, 11);
     let rx = ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap();
-    assert_eq!(rx.landed(), None, "nothing planned yet");
+    assert_eq!(rx.position(), None, "nothing planned yet");
     // 160 Mbit/s: about 2 s, several checkpoints.
     let tx = SenderJob::start(
         &format!("127.0.0.1:{}", rx.port),
@@ -164,15 +161,15 @@ fn the_progress_a_receiver_shows_never_runs_ahead_of_what_a_resume_keeps() {
     let start = Instant::now();
     while tx.outcome().is_none() {
         assert!(start.elapsed() < Duration::from_secs(60), "not done");
-        if let Some(l) = rx.landed() {
-            let acked = tx.progress.done.load(std::sync::atomic::Ordering::Relaxed);
-            let kept = l.kept;
+        if let Some(l) = rx.position() {
+            let acked = tx.progress.position().done;
+            let kept = l.done;
             let on_disk = resumable(&dst, "scan.raw");
             assert!(
                 kept <= on_disk,
                 "shown {kept} B kept, but a resume would keep {on_disk} B"
             );
-            assert!(l.total == size && kept <= l.total && l.written <= l.total);
+            assert!(l.total == size && kept <= l.total && l.moved <= l.total);
             samples += 1;
             acked_ahead += usize::from(acked > on_disk);
             partial += usize::from(kept > 0 && kept < size);
@@ -191,11 +188,11 @@ fn the_progress_a_receiver_shows_never_runs_ahead_of_what_a_resume_keeps() {
     );
     // Published: all of it is kept.
     let start = Instant::now();
-    while rx.landed().map(|l| l.kept) != Some(size) {
+    while rx.position().map(|l| l.done) != Some(size) {
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "{:?}",
-            rx.landed()
+            rx.position()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -232,10 +229,10 @@ fn a_second_session_of_the_same_transfer_counts_on_from_the_first() {
         ));
         assert_same(&src.join(name), &dst.join(name));
     }
-    let l = rx.landed().unwrap();
+    let l = rx.position().unwrap();
     let both = (a + b) as u64;
-    assert_eq!((l.kept, l.total), (both, both), "{l:?}");
-    assert!(l.written >= both && l.seconds > 0.0, "{l:?}");
+    assert_eq!((l.done, l.total), (both, both), "{l:?}");
+    assert!(l.moved >= both && l.seconds > 0.0, "{l:?}");
 }
 
 /// The agent metric names the Grafana dashboard's queries read.

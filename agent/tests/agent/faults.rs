@@ -785,7 +785,7 @@ fn a_disk_that_fills_mid_transfer_costs_checkpoints_not_the_transfer() {
         .with_progress(Arc::clone(&progress))
         .observe();
     let run = std::thread::spawn(move || send(&cfg));
-    while progress.done.load(Ordering::Relaxed) < 1 << 20 {
+    while progress.position().done < 1 << 20 {
         assert!(!run.is_finished());
         std::thread::sleep(Duration::from_millis(5));
     }

@@ -7,7 +7,6 @@ use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
@@ -42,14 +41,14 @@ impl Running {
     /// done by then), and checks the transfer is not over yet.
     fn wait_for(&self, bytes: u64) {
         let t0 = Instant::now();
-        while self.progress.done.load(Ordering::Relaxed) < bytes {
+        while self.progress.position().done < bytes {
             assert!(!self.thread.is_finished(), "the send ended early");
             assert!(t0.elapsed() < Duration::from_secs(30), "no progress");
             std::thread::sleep(Duration::from_millis(5));
         }
-        let total = self.progress.total.load(Ordering::Relaxed);
+        let total = self.progress.position().total;
         assert!(
-            self.progress.done.load(Ordering::Relaxed) < total / 2,
+            self.progress.position().done < total / 2,
             "the change must land mid-transfer"
         );
     }

@@ -41,6 +41,7 @@ use crate::io::IoMode;
 use crate::io::spare;
 use crate::net::{self, SocketOpts, auth};
 use crate::observe::{Observe, unobserved};
+use crate::progress::Position;
 use crate::summary::ReceiverSummary;
 use crate::wire::{Frame, PARK_IDLE, Purpose, write_frame};
 use crate::{Settings, Throttle, tuning};
@@ -214,7 +215,7 @@ pub(crate) struct Shared {
     /// it names, or is refused (`route`).
     parked: Mutex<HashMap<ParkKey, TcpStream>>,
     summaries: Mutex<std::collections::VecDeque<ReceiverSummary>>,
-    /// The counters of the session planned last, for `ServerHandle::landed`.
+    /// The counters of the session planned last, for `ServerHandle::position`.
     latest: Mutex<Option<Arc<stats::Stats>>>,
     /// What every session of this server together did, for a server that
     /// serves one transfer (the in-cluster agent): a sender that
@@ -230,26 +231,6 @@ pub(crate) struct Shared {
     /// open them, token or not, and a scanner's flood must not hide a
     /// real sender's wrong token.
     failed_handshakes: Mutex<HashMap<&'static str, Throttle>>,
-}
-
-/// What a server's sessions hold and did, as progress to show: the
-/// sessions of a server that serves one transfer are attempts at the same
-/// files.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Landed {
-    /// Bytes of the transfer: those published by earlier sessions and
-    /// those of the files the latest session accepted.
-    pub total: u64,
-    /// Bytes a new session would keep if this one died now: those of
-    /// published files and those in stored checkpoints (resumed ones
-    /// included). Progress shown from it never runs ahead of a resume of
-    /// the same files.
-    pub kept: u64,
-    /// Bytes all sessions wrote, durable or not (for the rate, and to tell
-    /// a transfer that writes but cannot checkpoint from a stalled one).
-    pub written: u64,
-    /// Seconds since the first session was planned.
-    pub seconds: f64,
 }
 
 /// Counters of all sessions of a server together.
@@ -356,16 +337,22 @@ impl ServerHandle {
         lock(&self.shared.summaries).iter().cloned().collect()
     }
 
-    /// What the session planned last holds, while it runs and after it
-    /// ended; `None` before any session was planned. Meant for a server
-    /// that serves one transfer (the in-cluster agent), whose sessions are
-    /// attempts at the same files.
-    pub fn landed(&self) -> Option<Landed> {
+    /// Where the transfer stands, as the session planned last has it,
+    /// while it runs and after it ended; `None` before any session was
+    /// planned. Meant for a server that serves one transfer (the
+    /// in-cluster agent), whose sessions are attempts at the same files:
+    /// the total is of those published by earlier sessions and those the
+    /// latest accepted; done, what a new session would keep if this one
+    /// died now (published files, and stored checkpoints, resumed ones
+    /// included); moved, what all sessions wrote, durable or not (the
+    /// rate, and what tells a transfer that writes but cannot checkpoint
+    /// from a stalled one); seconds, since the first session was planned.
+    pub fn position(&self) -> Option<Position> {
         let job = &self.shared.job;
-        lock(&self.shared.latest).as_ref().map(|s| Landed {
+        lock(&self.shared.latest).as_ref().map(|s| Position {
             total: s.published_before.load(Ordering::Relaxed) + s.total.load(Ordering::Relaxed),
-            kept: job.published.load(Ordering::Relaxed) + s.kept.load(Ordering::Relaxed),
-            written: job.written.load(Ordering::Relaxed),
+            done: job.published.load(Ordering::Relaxed) + s.kept.load(Ordering::Relaxed),
+            moved: job.written.load(Ordering::Relaxed),
             seconds: job
                 .first_plan
                 .get()

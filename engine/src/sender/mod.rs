@@ -24,6 +24,7 @@ use crate::io::{IoMode, Pools};
 use crate::net::{SocketOpts, TcpStats, buffer_warning, lagging};
 use crate::observe::{Observe, SessionEnd, unobserved};
 use crate::optimizer::StreamChange;
+use crate::progress::Progress;
 use crate::summary::{FileFailure, FileOutcome, IoInEffect, SendSummary};
 use crate::units::gbps;
 use crate::wire::{EntryKind, Verification};
@@ -70,7 +71,9 @@ pub struct SendConfig {
     pub connect_timeout: Duration,
     /// Set to stop reconnecting (the in-cluster agent's assignment moved away).
     pub cancel: Option<Arc<AtomicBool>>,
-    /// Told of progress, blocks sent and sessions ended.
+    /// Where the send stands, for whoever shows its progress.
+    pub progress: Arc<Progress>,
+    /// Told of blocks sent, streams and sessions ended.
     pub observer: Observe,
     /// Where data streams and buffers are kept between sends to the same
     /// receiver, and taken from; `None` closes and frees them at the end.
@@ -103,6 +106,7 @@ impl SendConfig {
             retry_for: Duration::from_secs(120),
             connect_timeout: Duration::from_secs(10),
             cancel: None,
+            progress: Arc::default(),
             observer: unobserved(),
             warm: None,
         }
@@ -199,7 +203,7 @@ pub(crate) struct RunState {
 
 /// Sends `cfg.source`, reconnecting and resuming on failures for up to
 /// `cfg.retry_for`. Returns the summary; `ok` is false when any file
-/// failed. `cfg.observer` is told of progress as blocks are acknowledged.
+/// failed. `cfg.progress` moves as blocks are acknowledged.
 pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
     cfg.validate()?;
     let list = match cfg.synthetic {
@@ -207,7 +211,7 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
         None => source::scan(&cfg.source, &cfg.dest)?,
     };
     let total: u64 = list.files.iter().map(|f| f.size).sum();
-    cfg.observer.sized(total);
+    cfg.progress.sized(total);
     let count = ((cfg.buffer / cfg.block_size) as usize).max(2 * cfg.streams as usize + 2);
     let pool = match &cfg.warm {
         Some(w) => w.take_pools(cfg.block_size as usize, count)?,

@@ -521,7 +521,7 @@ fn note_plan(cfg: &SendConfig, all: &[SourceFile], st: &mut RunState, held_bytes
         .filter(|(_, v)| matches!(v, FileVerdict::Ok(_)))
         .map(|(id, _)| all[*id as usize].size)
         .sum();
-    cfg.observer.held(verified_bytes + held_bytes);
+    cfg.progress.held(verified_bytes + held_bytes);
 }
 
 /// The state a session's threads share, for the `pending` files under
@@ -556,6 +556,7 @@ fn new_shared(
         acked_bytes: AtomicU64::new(0),
         per_stream: (0..most).map(|_| AtomicU64::new(0)).collect(),
         observer: Arc::clone(&cfg.observer),
+        progress: Arc::clone(&cfg.progress),
         verify: cfg.verify,
         in_flight: std::sync::atomic::AtomicI64::new(0),
     }
@@ -897,6 +898,7 @@ fn send_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
                     c.fetch_add(order.len, Ordering::Relaxed);
                 }
                 shared.observer.sent(i, order.len);
+                shared.progress.sent(order.len);
                 shared.in_flight(order.len as i64);
             }
             Err(e) => {
@@ -1136,7 +1138,7 @@ fn read_acks(shared: &Shared, i: u16, mut stream: TcpStream) {
                         shared
                             .acked_bytes
                             .fetch_add(b.len() as u64, Ordering::Relaxed);
-                        shared.observer.acknowledged(b.len() as u64);
+                        shared.progress.acknowledged(b.len() as u64);
                         shared.in_flight(-(b.len() as i64));
                     }
                 }

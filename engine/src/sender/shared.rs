@@ -14,6 +14,7 @@ use super::source::SourceFile;
 use crate::error::Error;
 use crate::io::PoolBuf;
 use crate::observe::Observe;
+use crate::progress::Progress;
 use crate::wire::{Verification, encode};
 
 use crate::session::FileVerdict;
@@ -73,6 +74,7 @@ pub(crate) struct Shared {
     pub(super) acked_bytes: AtomicU64,
     pub(super) per_stream: Vec<AtomicU64>,
     pub(super) observer: Observe,
+    pub(super) progress: Arc<Progress>,
     pub(super) verify: Verification,
     /// This session's bytes in flight as told to the observer: sent, not
     /// yet acknowledged (a resent block counts once more, until the session

@@ -1,0 +1,101 @@
+//! Where a transfer stands, read the same way at both ends: whoever shows
+//! progress (the command line's bar, the in-cluster agent's status
+//! reports) asks for a `Position` when it likes, from the sender's
+//! `Progress` (`SendConfig::progress`) or from a receiver
+//! (`ServerHandle::position`). The engine moves the figures as it works;
+//! nothing is pushed to the one who shows them.
+#![forbid(unsafe_code)]
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// Where a transfer stands.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Position {
+    /// Bytes of the transfer; 0 until they are known (the sender has
+    /// listed its source, the receiver planned a session).
+    pub total: u64,
+    /// Bytes the receiver holds that a resume would keep. The sender
+    /// counts what the receiver held at the plan and what it acknowledged
+    /// since; the receiver counts what it published and what its stored
+    /// checkpoints cover, so that the progress shown never runs ahead of
+    /// a resume of the same files.
+    pub done: u64,
+    /// Bytes this end moved, resent or not yet durable ones included (sent
+    /// by the sender, written by the receiver): what a rate is made of.
+    pub moved: u64,
+    /// Seconds since this end started moving them (0 before).
+    pub seconds: f64,
+}
+
+/// The sender's figures, moved by the engine as a send runs and read with
+/// `position`.
+#[derive(Debug, Default)]
+pub struct Progress {
+    total: AtomicU64,
+    done: AtomicU64,
+    moved: AtomicU64,
+    started: OnceLock<Instant>,
+}
+
+impl Progress {
+    /// Where the send stands now.
+    pub fn position(&self) -> Position {
+        Position {
+            total: self.total.load(Ordering::Relaxed),
+            done: self.done.load(Ordering::Relaxed),
+            moved: self.moved.load(Ordering::Relaxed),
+            seconds: self
+                .started
+                .get()
+                .map_or(0.0, |t| t.elapsed().as_secs_f64()),
+        }
+    }
+
+    /// The source is listed: the transfer holds `total` bytes.
+    pub(crate) fn sized(&self, total: u64) {
+        self.total.store(total, Ordering::Relaxed);
+        let _ = self.started.set(Instant::now());
+    }
+
+    /// A session's plan is in: the receiver holds `held` bytes already
+    /// (verified files and resumed blocks), and progress restarts there.
+    pub(crate) fn held(&self, held: u64) {
+        self.done.store(held, Ordering::Relaxed);
+    }
+
+    /// The receiver acknowledged `bytes`.
+    pub(crate) fn acknowledged(&self, bytes: u64) {
+        self.done.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// `bytes` went out on a data stream.
+    pub(crate) fn sent(&self, bytes: u64) {
+        self.moved.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_session_restarts_from_what_the_receiver_holds() {
+        let p = Progress::default();
+        assert_eq!(p.position(), Position::default());
+        p.sized(100);
+        p.held(40);
+        p.acknowledged(10);
+        p.sent(10);
+        let at = p.position();
+        assert_eq!((at.total, at.done, at.moved), (100, 50, 10));
+        // A session that resumes: what it holds replaces what was counted,
+        // while the bytes moved keep adding up.
+        p.held(45);
+        p.sent(5);
+        let at = p.position();
+        assert_eq!((at.total, at.done, at.moved), (100, 45, 15));
+        assert!(at.seconds >= 0.0);
+    }
+}
