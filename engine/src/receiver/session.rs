@@ -20,7 +20,7 @@ use crate::by_id::ById;
 use crate::digest::{BlockHasher, HASH_PIECE, entry_identity};
 use crate::error::{Error, Result};
 use crate::fsroot::validate;
-use crate::io::Pools;
+use crate::io::{PoolBuf, Pools};
 use crate::net;
 use crate::observe::{Observe, Observer};
 use crate::session::describe;
@@ -34,8 +34,8 @@ use crate::tuning::STREAMS;
 use crate::units::{fmt_bytes, gbps};
 use crate::violation::{Violation, ViolationKind};
 use crate::wire::{
-    FileEntry, Frame, FrameReader, KEEPALIVE_INTERVAL, MAX_SMALL_FRAME, SessionId, Verification,
-    write_frame,
+    BlockHeader, FileEntry, Frame, FrameReader, KEEPALIVE_INTERVAL, MAX_SMALL_FRAME, SessionId,
+    Verification, write_frame,
 };
 
 /// Acknowledgements queued per data stream before its reader waits.
@@ -648,8 +648,6 @@ fn claim(
 /// What the control thread holds of a running session.
 struct Running {
     writer_tx: mpsc::Sender<WriterMsg>,
-    /// The writer's verdicts, which come back to the control thread: it
-    /// alone writes on the control connection.
     verdicts: VerdictRx,
     writer: JoinHandle<WriterReport>,
     session: Arc<Session>,
@@ -774,112 +772,21 @@ pub(crate) fn run_stream(
     idx: u16,
 ) -> Result<Option<(TcpStream, ParkKey)>> {
     let _stream = tracing::info_span!("stream", session = %short(&id), idx).entered();
-    let stopping = || shared.stop.load(Ordering::SeqCst);
-    let Some(session) = shared.sessions.wait(&id, shared.cfg.join_wait, stopping) else {
-        let message = "unknown session: open it on a control connection first".to_string();
-        let _ = write_frame(
-            &mut stream,
-            &Frame::Error {
-                retryable: true,
-                message: message.clone(),
-            },
-        );
-        return Err(Violation::new(ViolationKind::Unknown, message).into());
-    };
+    let session = find_session(shared, &mut stream, &id)?;
     let ends = stream.local_addr().ok().zip(stream.peer_addr().ok());
-    {
-        // Each join is a connection and two threads here. Our senders open
-        // at most STREAMS.max, added ones included; more would let one
-        // session hold the connections every other session needs.
-        let mut joined = lock(&session.data_streams);
-        if joined.len() >= MOST_STREAMS {
-            drop(joined);
-            let v = Violation::new(
-                ViolationKind::Excess,
-                format!(
-                    "this session already has {MOST_STREAMS} data streams, the most one session takes"
-                ),
-            );
-            session.observer.violation(v.kind);
-            let _ = write_frame(
-                &mut stream,
-                &Frame::Error {
-                    retryable: false,
-                    message: v.to_string(),
-                },
-            );
-            return Err(v.into());
-        }
-        joined.push(
-            stream
-                .try_clone()
-                .map_err(|e| Error::net("cloning a stream", e))?,
-        );
-    }
+    join(&session, &mut stream)?;
     if session.aborted.load(Ordering::SeqCst) {
         return Ok(None);
     }
     session.stats.streams.fetch_add(1, Ordering::Relaxed);
-    // Bounded, and the socket's writes too: a sender that stops reading
-    // its acknowledgements stops this stream (and, after the idle timeout,
-    // loses it) instead of queueing them in the receiver's memory.
-    let (ack_tx, ack_rx) = mpsc::sync_channel::<Frame>(ACK_QUEUE);
-    // Reads too: between frames the stream waits in `next_frame_due`, but
-    // a sender that stops in the middle of one is gone.
-    stream
-        .set_write_timeout(Some(shared.cfg.idle_timeout))
-        .and_then(|()| stream.set_read_timeout(Some(shared.cfg.idle_timeout)))
-        .map_err(|e| Error::net("setting a stream's timeouts", e))?;
-    let mut ack_stream = stream
-        .try_clone()
-        .map_err(|e| Error::net("cloning a stream", e))?;
-    // Says whether it wrote `Parked`, the last frame it writes.
-    let acks = std::thread::Builder::new()
-        .name(format!("acks-{idx}"))
-        .spawn(move || {
-            for f in ack_rx {
-                let last = f == Frame::Parked;
-                if write_frame(&mut ack_stream, &f).is_err() {
-                    return false;
-                }
-                if last {
-                    return true;
-                }
-            }
-            false
-        })
-        .map_err(|e| Error::io("starting an ack thread", e))?;
-    let result = receive_blocks(&session, &mut stream, &ack_tx);
+    let acks = Acks::start(&stream, shared.cfg.idle_timeout, idx)?;
+    let result = receive_blocks(&session, &mut stream, &acks.tx);
     if let (Ok(StreamEnd::Park), Some(key)) = (&result, ends) {
-        // Parked only while the receiver holds fewer than its share: the
-        // rest of its connections stay for senders starting cold. The
-        // place is taken here, under the lock, and `wait_parked` gives it
-        // back.
-        let placed = {
-            let mut parked = lock(&shared.parked);
-            parked.len() < shared.most_parked()
-                && stream.try_clone().map(|c| parked.insert(key, c)).is_ok()
-        };
-        if !placed {
-            tracing::debug!("too many parked connections; closing this one instead");
-            let _ = stream.shutdown(Shutdown::Both);
-            return Ok(None);
-        }
-        // The session's end must not cut it any more.
-        lock(&session.data_streams)
-            .retain(|s| s.local_addr().ok().zip(s.peer_addr().ok()) != Some(key));
-        // After every acknowledgement already queued; one the writer
-        // sends later (for a block the sender did not wait for) is lost
-        // with the session, not written into the next.
-        let queued = ack_tx.send(Frame::Parked).is_ok();
-        drop(ack_tx);
-        if queued && acks.join().unwrap_or(false) {
-            tracing::debug!("data stream parked for the sender's next session");
-            return Ok(Some((stream, key)));
-        }
-        lock(&shared.parked).remove(&key);
-        let _ = stream.shutdown(Shutdown::Both);
-        return Ok(None);
+        return Ok(if park(shared, &session, &stream, key, acks) {
+            Some((stream, key))
+        } else {
+            None
+        });
     }
     if let Ok(StreamEnd::Park) = result {
         // Its ends unknown, it could not be told from its siblings.
@@ -904,6 +811,135 @@ pub(crate) fn run_stream(
         let _ = stream.shutdown(Shutdown::Both);
     }
     result
+}
+
+/// Session `id`, once it is open; the sender of `stream` hears when it
+/// is not.
+fn find_session(shared: &Shared, stream: &mut TcpStream, id: &SessionId) -> Result<Arc<Session>> {
+    let stopping = || shared.stop.load(Ordering::SeqCst);
+    let Some(session) = shared.sessions.wait(id, shared.cfg.join_wait, stopping) else {
+        let message = "unknown session: open it on a control connection first".to_string();
+        let _ = write_frame(
+            stream,
+            &Frame::Error {
+                retryable: true,
+                message: message.clone(),
+            },
+        );
+        return Err(Violation::new(ViolationKind::Unknown, message).into());
+    };
+    Ok(session)
+}
+
+/// Adds `stream` to `session`'s data streams, or refuses it past the most
+/// one session takes.
+fn join(session: &Session, stream: &mut TcpStream) -> Result<()> {
+    // Each join is a connection and two threads here. Our senders open
+    // at most STREAMS.max, added ones included; more would let one
+    // session hold the connections every other session needs.
+    let mut joined = lock(&session.data_streams);
+    if joined.len() >= MOST_STREAMS {
+        drop(joined);
+        let v = Violation::new(
+            ViolationKind::Excess,
+            format!(
+                "this session already has {MOST_STREAMS} data streams, the most one session takes"
+            ),
+        );
+        session.observer.violation(v.kind);
+        let _ = write_frame(
+            stream,
+            &Frame::Error {
+                retryable: false,
+                message: v.to_string(),
+            },
+        );
+        return Err(v.into());
+    }
+    joined.push(
+        stream
+            .try_clone()
+            .map_err(|e| Error::net("cloning a stream", e))?,
+    );
+    Ok(())
+}
+
+/// A data stream's acknowledgements, which a thread of their own writes.
+struct Acks {
+    tx: mpsc::SyncSender<Frame>,
+    /// Says whether it wrote `Parked`, the last frame it writes.
+    thread: JoinHandle<bool>,
+}
+
+impl Acks {
+    /// Sets data stream `idx`'s timeouts and starts the thread that writes
+    /// its acknowledgements.
+    fn start(stream: &TcpStream, idle_timeout: Duration, idx: u16) -> Result<Self> {
+        // Bounded, and the socket's writes too: a sender that stops reading
+        // its acknowledgements stops this stream (and, after the idle timeout,
+        // loses it) instead of queueing them in the receiver's memory.
+        let (tx, rx) = mpsc::sync_channel::<Frame>(ACK_QUEUE);
+        // Reads too: between frames the stream waits in `next_frame_due`, but
+        // a sender that stops in the middle of one is gone.
+        stream
+            .set_write_timeout(Some(idle_timeout))
+            .and_then(|()| stream.set_read_timeout(Some(idle_timeout)))
+            .map_err(|e| Error::net("setting a stream's timeouts", e))?;
+        let mut ack_stream = stream
+            .try_clone()
+            .map_err(|e| Error::net("cloning a stream", e))?;
+        let thread = std::thread::Builder::new()
+            .name(format!("acks-{idx}"))
+            .spawn(move || {
+                for f in rx {
+                    let last = f == Frame::Parked;
+                    if write_frame(&mut ack_stream, &f).is_err() {
+                        return false;
+                    }
+                    if last {
+                        return true;
+                    }
+                }
+                false
+            })
+            .map_err(|e| Error::io("starting an ack thread", e))?;
+        Ok(Self { tx, thread })
+    }
+}
+
+/// Keeps data stream `stream`, which its sender parked, for the sender's
+/// next session under `key`, once `acks` has written what was queued for
+/// it; false when it was closed instead.
+fn park(shared: &Shared, session: &Session, stream: &TcpStream, key: ParkKey, acks: Acks) -> bool {
+    // Parked only while the receiver holds fewer than its share: the
+    // rest of its connections stay for senders starting cold. The
+    // place is taken here, under the lock, and `wait_parked` gives it
+    // back.
+    let placed = {
+        let mut parked = lock(&shared.parked);
+        parked.len() < shared.most_parked()
+            && stream.try_clone().map(|c| parked.insert(key, c)).is_ok()
+    };
+    if !placed {
+        tracing::debug!("too many parked connections; closing this one instead");
+        let _ = stream.shutdown(Shutdown::Both);
+        return false;
+    }
+    // The session's end must not cut it any more.
+    lock(&session.data_streams)
+        .retain(|s| s.local_addr().ok().zip(s.peer_addr().ok()) != Some(key));
+    // After every acknowledgement already queued; one the writer
+    // sends later (for a block the sender did not wait for) is lost
+    // with the session, not written into the next.
+    let queued = acks.tx.send(Frame::Parked).is_ok();
+    drop(acks.tx);
+    if queued && acks.thread.join().unwrap_or(false) {
+        tracing::debug!("data stream parked for the sender's next session");
+        return true;
+    }
+    lock(&shared.parked).remove(&key);
+    let _ = stream.shutdown(Shutdown::Both);
+    false
 }
 
 /// Waits for data stream `stream`'s next frame: as long as it takes
@@ -931,7 +967,6 @@ fn receive_blocks(
     stream: &mut TcpStream,
     ack_tx: &mpsc::SyncSender<Frame>,
 ) -> Result<StreamEnd> {
-    use std::io::Read;
     let mut reader = FrameReader::default();
     loop {
         if !next_frame_due(session, stream)? {
@@ -952,10 +987,35 @@ fn receive_blocks(
             Err(Error::Net { .. }) => return Ok(StreamEnd::Closed),
             Err(e) => return Err(e),
         };
-        let layout = session
+        session.check_placed(&h)?;
+        let Some(mut buf) = session.buffer_for(&h) else {
+            return Ok(StreamEnd::Closed);
+        };
+        let Some(checksum) = session.read_block(stream, &h, &mut buf)? else {
+            session.reject(&h, ack_tx);
+            continue;
+        };
+        let msg = WriterMsg::Block {
+            file_id: h.file_id,
+            block: h.block,
+            buf,
+            checksum,
+            ack: ack_tx.clone(),
+        };
+        if session.writer_tx.send(msg).is_err() {
+            return Ok(StreamEnd::Closed);
+        }
+    }
+}
+
+impl Session {
+    /// Refuses block `h` unless its file is in the plan and it sits where
+    /// the file's layout puts it.
+    fn check_placed(&self, h: &BlockHeader) -> Result<()> {
+        let layout = self
             .sizes
             .get(h.file_id)
-            .map(|&size| Layout::new(size, session.block_size));
+            .map(|&size| Layout::new(size, self.block_size));
         let layout = layout.ok_or_else(|| {
             Error::from(Violation::new(
                 ViolationKind::Unknown,
@@ -975,25 +1035,43 @@ fn receive_blocks(
             )
             .into());
         }
-        let mut buf = loop {
-            if session.aborted.load(Ordering::SeqCst) {
-                return Ok(StreamEnd::Closed);
+        Ok(())
+    }
+
+    /// A buffer for block `h`, once one is free; None when the session
+    /// ends first.
+    fn buffer_for(&self, h: &BlockHeader) -> Option<PoolBuf> {
+        loop {
+            if self.aborted.load(Ordering::SeqCst) {
+                return None;
             }
-            if let Some(b) = session
+            if let Some(b) = self
                 .pool
                 .for_len(h.len as usize)
                 .get_timeout(Duration::from_millis(200))
             {
-                break b;
+                return Some(b);
             }
-        };
+        }
+    }
+
+    /// Reads block `h`'s bytes into `buf`, and the checksum that follows
+    /// them. Returns the checksum (0 when the session verifies nothing),
+    /// or None when the bytes do not match it.
+    fn read_block(
+        &self,
+        stream: &mut TcpStream,
+        h: &BlockHeader,
+        buf: &mut PoolBuf,
+    ) -> Result<Option<u64>> {
+        use std::io::Read;
         let len = h.len as usize;
-        let mut hasher = (session.verify != Verification::None).then(BlockHasher::default);
+        let mut hasher = (self.verify != Verification::None).then(BlockHasher::default);
         for piece in buf.as_mut_full()[..len].chunks_mut(HASH_PIECE) {
             stream
                 .read_exact(piece)
                 .map_err(|e| Error::net("reading a block", e))?;
-            session.stats.arriving.fetch_add(1, Ordering::Relaxed);
+            self.stats.arriving.fetch_add(1, Ordering::Relaxed);
             if let Some(h) = &mut hasher {
                 h.update(piece);
             }
@@ -1008,31 +1086,26 @@ fn receive_blocks(
             Some(hasher) => {
                 let c = hasher.finish();
                 if c != u64::from_le_bytes(trailer) {
-                    session.stats.rejected.fetch_add(1, Ordering::Relaxed);
-                    session.observer.damaged();
-                    tracing::warn!(
-                        file = h.file_id,
-                        block = h.block,
-                        "block arrived damaged; asking for it again"
-                    );
-                    let _ = ack_tx.send(Frame::Nack {
-                        file_id: h.file_id,
-                        block: h.block,
-                    });
-                    continue;
+                    return Ok(None);
                 }
                 c
             }
         };
-        let msg = WriterMsg::Block {
+        Ok(Some(checksum))
+    }
+
+    /// Counts block `h` damaged in flight, and asks the sender for it again.
+    fn reject(&self, h: &BlockHeader, ack_tx: &mpsc::SyncSender<Frame>) {
+        self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+        self.observer.damaged();
+        tracing::warn!(
+            file = h.file_id,
+            block = h.block,
+            "block arrived damaged; asking for it again"
+        );
+        let _ = ack_tx.send(Frame::Nack {
             file_id: h.file_id,
             block: h.block,
-            buf,
-            checksum,
-            ack: ack_tx.clone(),
-        };
-        if session.writer_tx.send(msg).is_err() {
-            return Ok(StreamEnd::Closed);
-        }
+        });
     }
 }
