@@ -16,6 +16,7 @@ mod dest;
 mod discard;
 mod kept;
 mod lobby;
+mod plan;
 mod registry;
 mod session;
 mod stats;

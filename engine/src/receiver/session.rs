@@ -5,26 +5,27 @@ use std::collections::HashSet;
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::claims::Life;
-use super::dest::{Prepared, Staged, prepare};
 use super::discard::Discard;
+use super::plan::{Plan, Planner};
 use super::stats::Stats;
 use super::verdicts::{self, Verdict, VerdictRx};
-use super::writer::{Writer, WriterMsg};
+use super::writer::{Report as WriterReport, Writer, WriterMsg};
 use super::{ParkKey, Shared, lock};
 use crate::Layout;
 use crate::by_id::ById;
 use crate::digest::{BlockHasher, HASH_PIECE, entry_identity};
 use crate::error::{Error, Result};
 use crate::fsroot::validate;
-use crate::io::Pools;
+use crate::io::{PoolBuf, Pools};
 use crate::net;
 use crate::observe::{Observe, Observer};
 use crate::session::describe;
 use crate::session::receiver::{
-    Action, End, Limits, ReceiverControl, Refusal, RefusalReason, Report,
+    Action, End, Limits, ReceiverControl, Refusal, RefusalReason, Report, SessionOutcome,
 };
 use crate::session::reports::Reported;
 use crate::spans::carry;
@@ -33,8 +34,8 @@ use crate::tuning::STREAMS;
 use crate::units::{fmt_bytes, gbps};
 use crate::violation::{Violation, ViolationKind};
 use crate::wire::{
-    EntryKind, Frame, FrameReader, KEEPALIVE_INTERVAL, MAX_BLOCKS_PER_SESSION, MAX_SMALL_FRAME,
-    PlanOutcome, SessionId, Verification, write_frame,
+    BlockHeader, FileEntry, Frame, FrameReader, KEEPALIVE_INTERVAL, MAX_SMALL_FRAME, SessionId,
+    Verification, write_frame,
 };
 
 /// Acknowledgements queued per data stream before its reader waits.
@@ -191,20 +192,6 @@ fn ended(observer: &dyn Observer, end: End) -> Result<()> {
     }
 }
 
-/// Tells the sender why the session cannot go on, and returns the error.
-fn refuse(
-    shared: &Shared,
-    core: &mut ReceiverControl,
-    stream: &mut TcpStream,
-    refusal: Refusal,
-) -> Result<()> {
-    core.handle_refused(refusal);
-    match flush(core, stream, &mut Vec::new())? {
-        Some(Action::Close(end)) => ended(&*shared.cfg.observer, end),
-        other => Err(out_of_order(other)),
-    }
-}
-
 /// What the shell did not expect the core to ask for at this point.
 fn out_of_order(action: Option<Action>) -> Error {
     Error::Internal(format!(
@@ -212,20 +199,216 @@ fn out_of_order(action: Option<Action>) -> Error {
     ))
 }
 
-/// Feeds frames to the core until it asks for something else.
-fn read_until_action(
-    core: &mut ReceiverControl,
-    reader: &mut FrameReader,
-    stream: &mut TcpStream,
-    out: &mut Vec<u8>,
-) -> Result<Action> {
-    loop {
-        let frame = reader.read(stream)?;
-        core.handle_frame(frame, Instant::now());
-        if let Some(action) = flush(core, stream, out)? {
-            return Ok(action);
+/// The control connection, and the session core that decides what is read
+/// and written on it.
+struct Control<'a> {
+    shared: &'a Arc<Shared>,
+    stream: TcpStream,
+    reader: FrameReader,
+    /// The frames of one write (see `flush`).
+    out: Vec<u8>,
+    core: ReceiverControl,
+}
+
+impl<'a> Control<'a> {
+    fn new(shared: &'a Arc<Shared>, stream: TcpStream) -> Result<Self> {
+        let idle_timeout = shared.cfg.idle_timeout;
+        // No single read or write of the session may stall longer than the
+        // idle deadline: a sender that stops mid-frame, or stops reading, is
+        // as gone as one that stops writing.
+        stream
+            .set_read_timeout(Some(idle_timeout))
+            .and_then(|()| stream.set_write_timeout(Some(idle_timeout)))
+            .map_err(|e| Error::net("setting the control connection's timeouts", e))?;
+        // The sender picks the block size, but the receiver's memory is its
+        // own: a session needs at least two buffers within --buffer.
+        let core = ReceiverControl::new(Limits {
+            discard: shared.cfg.discard,
+            ..Limits::new(shared.cfg.buffer / 2, KEEPALIVE_INTERVAL, idle_timeout)
+        });
+        Ok(Self {
+            shared,
+            stream,
+            reader: FrameReader::default(),
+            out: Vec::new(),
+            core,
+        })
+    }
+
+    fn flush(&mut self) -> Result<Option<Action>> {
+        flush(&mut self.core, &mut self.stream, &mut self.out)
+    }
+
+    /// Feeds frames to the core until it asks for something else.
+    fn read_until_action(&mut self) -> Result<Action> {
+        loop {
+            let frame = self.reader.read(&mut self.stream)?;
+            self.core.handle_frame(frame, Instant::now());
+            if let Some(action) = self.flush()? {
+                return Ok(action);
+            }
         }
     }
+
+    /// Tells the sender why the session cannot go on, and returns the error.
+    fn refuse(&mut self, refusal: Refusal) -> Result<()> {
+        self.core.handle_refused(refusal);
+        match flush(&mut self.core, &mut self.stream, &mut Vec::new())? {
+            Some(Action::Close(end)) => ended(&*self.shared.cfg.observer, end),
+            other => Err(out_of_order(other)),
+        }
+    }
+
+    /// Decides each entry of `manifest`, writing the outcomes to the sender
+    /// as they are decided.
+    fn plan<'p>(
+        &mut self,
+        manifest: Manifest,
+        terms: &Terms,
+        life: &Life,
+        stats: &'p Stats,
+    ) -> Result<Plan<'p>>
+    where
+        'a: 'p,
+    {
+        let Manifest {
+            entries,
+            identities,
+        } = manifest;
+        let mut planner = Planner::new(
+            self.shared,
+            entries.len(),
+            terms.block_size,
+            terms.discard,
+            stats,
+        );
+        let mut seen_paths = HashSet::new();
+        let mut written_at = Instant::now();
+        for (i, (e, &identity)) in entries.iter().zip(&identities).enumerate() {
+            // Preparing a large tree takes a while. The outcomes decided so far
+            // go out in batches, and at least every PLAN_FLUSH: the core counts
+            // a queued outcome as heard by the sender, so it queues no
+            // keepalive while outcomes are queued, and a slow filesystem must
+            // not hold them back until the sender's idle deadline.
+            let now = Instant::now();
+            self.core.handle_timeout(now);
+            if i % PLAN_BATCH == 0 || now.saturating_duration_since(written_at) >= PLAN_FLUSH {
+                written_at = now;
+                if let Some(action) = self.flush()? {
+                    return Err(out_of_order(Some(action)));
+                }
+            }
+            life.heard(now);
+            let repeated = !seen_paths.insert(e.path.as_str());
+            let outcome = planner.decide(e, identity, repeated);
+            self.core.handle_planned(e.file_id, outcome, now);
+        }
+        drop(seen_paths);
+        drop(entries);
+        drop(identities);
+        Ok(planner.finish())
+    }
+
+    /// Passes the sender's reports to the writer and the writer's verdicts to
+    /// the sender until the core says the session is over; the core also
+    /// says when the sender must hear from us and when it has been silent too
+    /// long.
+    fn results(
+        &mut self,
+        verdicts: &VerdictRx,
+        writer_tx: &mpsc::Sender<WriterMsg>,
+        life: &Life,
+    ) -> Result<End> {
+        loop {
+            let now = Instant::now();
+            self.core.handle_timeout(now);
+            match self.flush()? {
+                None => {}
+                Some(Action::Report(report)) => {
+                    let msg = match report {
+                        Report::Done {
+                            file_id,
+                            digest,
+                            identity,
+                        } => WriterMsg::FileDone(Reported {
+                            file_id,
+                            digest,
+                            identity,
+                        }),
+                        Report::Abort { file_id, message } => WriterMsg::Abort { file_id, message },
+                    };
+                    writer_tx.send(msg).map_err(|_| Error::Writer {
+                        message: "the writer stopped".into(),
+                        retryable: false,
+                    })?;
+                    continue;
+                }
+                Some(Action::Close(end)) => return Ok(end),
+                Some(other) => return Err(out_of_order(Some(other))),
+            }
+            let wake = self.core.poll_timeout().unwrap_or(now + KEEPALIVE_INTERVAL);
+            let (readable, woken) = net::wait_readable_or(
+                &self.stream,
+                verdicts.fd(),
+                wake.saturating_duration_since(now),
+            )
+            .map_err(|e| Error::net("waiting for the sender", e))?;
+            if woken {
+                for v in verdicts.take() {
+                    self.core.handle_verdict(v, Instant::now());
+                }
+            }
+            // Read even when verdicts came too: a writer busy with a tree of
+            // small files must not keep the sender's frames (and its
+            // keepalives, which the idle deadline waits for) unread.
+            if readable && self.core.end().is_none() {
+                let frame = self.reader.read(&mut self.stream)?;
+                let now = Instant::now();
+                life.heard(now);
+                self.core.handle_frame(frame, now);
+            }
+        }
+    }
+
+    /// Stops the writer and tells the sender how the session ended, which
+    /// is `outcome` unless the writer has more to say; returns the writer's
+    /// report.
+    fn stop_writer(
+        &mut self,
+        writer_tx: &mpsc::Sender<WriterMsg>,
+        writer: JoinHandle<WriterReport>,
+        verdicts: &VerdictRx,
+        outcome: &Result<()>,
+    ) -> WriterReport {
+        let _ = writer_tx.send(WriterMsg::Stop);
+        let report = writer.join().unwrap_or_else(|_| WriterReport::panicked());
+        // A writer that failed and stopped before this thread read its verdict
+        // (it saw only "the writer stopped"): the sender still hears the real
+        // error, and whether retrying can help. Only then is the session lost.
+        for v in verdicts.take() {
+            if matches!(v, Verdict::Failed { .. }) {
+                self.core.handle_verdict(v, Instant::now());
+            }
+        }
+        if let Err(e) = outcome {
+            self.core.handle_lost(e.to_string());
+        }
+        let _ = self.flush();
+        report
+    }
+}
+
+/// What the sender opened the session with, and when.
+struct Terms {
+    id: SessionId,
+    block_size: u64,
+    /// The data streams the sender means to open.
+    streams: u16,
+    verify: Verification,
+    /// A memory-to-memory session: its blocks are verified and dropped.
+    discard: bool,
+    /// When its control connection was taken up.
+    started: Instant,
 }
 
 /// What an admitted session holds: its buffers (a spare pool, or their
@@ -307,271 +490,79 @@ pub(crate) fn run_control(shared: &Arc<Shared>, stream: TcpStream) -> Result<()>
     result
 }
 
-fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
+fn control(shared: &Arc<Shared>, stream: TcpStream) -> Result<()> {
     let started = Instant::now();
-    let idle_timeout = shared.cfg.idle_timeout;
-    // No single read or write of the session may stall longer than the
-    // idle deadline: a sender that stops mid-frame, or stops reading, is
-    // as gone as one that stops writing.
-    stream
-        .set_read_timeout(Some(idle_timeout))
-        .and_then(|()| stream.set_write_timeout(Some(idle_timeout)))
-        .map_err(|e| Error::net("setting the control connection's timeouts", e))?;
-    let mut reader = FrameReader::default();
-    let mut out = Vec::new();
-    // The sender picks the block size, but the receiver's memory is its
-    // own: a session needs at least two buffers within --buffer.
-    let mut core = ReceiverControl::new(Limits {
-        discard: shared.cfg.discard,
-        ..Limits::new(shared.cfg.buffer / 2, KEEPALIVE_INTERVAL, idle_timeout)
-    });
-    let (id, block_size, streams, verify, discard) =
-        match read_until_action(&mut core, &mut reader, &mut stream, &mut out)? {
-            Action::Admit {
-                session,
-                block_size,
-                streams,
-                verify,
-                discard,
-            } => (session, block_size, streams, verify, discard),
-            Action::Close(end) => return ended(&*shared.cfg.observer, end),
-            other => return Err(out_of_order(Some(other))),
-        };
+    let mut ctl = Control::new(shared, stream)?;
+    let terms = match ctl.read_until_action()? {
+        Action::Admit {
+            session,
+            block_size,
+            streams,
+            verify,
+            discard,
+        } => Terms {
+            id: session,
+            block_size,
+            streams,
+            verify,
+            discard,
+            started,
+        },
+        Action::Close(end) => return ended(&*shared.cfg.observer, end),
+        other => return Err(out_of_order(Some(other))),
+    };
     // Everything this session and its writer log carries its id.
-    let _session = tracing::info_span!("session", id = %short(&id)).entered();
+    let _session = tracing::info_span!("session", id = %short(&terms.id)).entered();
     let Admitted {
         spare,
         count,
         reservation,
         life,
-    } = match admit(shared, id, block_size, &stream, started)? {
+    } = match admit(shared, terms.id, terms.block_size, &ctl.stream, started)? {
         Ok(a) => a,
-        Err(refusal) => return refuse(shared, &mut core, &mut stream, refusal),
+        Err(refusal) => return ctl.refuse(refusal),
     };
-    core.handle_admitted(Ok(()));
+    ctl.core.handle_admitted(Ok(()));
     // From here on, dropping this releases the id and any claimed paths.
     let mut reg = Registration {
         shared,
-        id,
+        id: terms.id,
         life: Arc::clone(&life),
         graceful: false,
     };
 
-    let mut entries = match read_until_action(&mut core, &mut reader, &mut stream, &mut out)? {
-        Action::Prepare(entries) => entries,
+    let manifest = match ctl.read_until_action()? {
+        Action::Prepare(entries) => Manifest::new(entries),
         Action::Close(end) => return ended(&*shared.cfg.observer, end),
         other => return Err(out_of_order(Some(other))),
     };
-    // Each file's identity as it arrived, before the spelling below
-    // changes its path: the sender's report must name the same.
-    let identities: Vec<u64> = entries.iter().map(entry_identity).collect();
-    // One spelling per destination (`f`, `f/` and `f//` are one file), so
-    // that claims and duplicates are compared as the filesystem sees them.
-    for e in &mut entries {
-        if let Ok(d) = validate(&e.path) {
-            e.path = d.rel.into();
-        }
+    if let Err(refusal) = claim(shared, &manifest, terms.discard, &life) {
+        return ctl.refuse(refusal);
     }
-
-    // Claim the destinations so that two sessions never write one file,
-    // taking them over from a session whose sender has gone silent. A
-    // memory-to-memory session writes none.
-    let takeover_after = (3 * KEEPALIVE_INTERVAL).min(idle_timeout);
-    let paths: Vec<&str> = if discard {
-        Vec::new()
-    } else {
-        entries.iter().map(|e| e.path.as_str()).collect()
-    };
-    // The sender waits quietly for the plan; the receiver's own work on
-    // the session (claiming, then preparing) counts as hearing from it, or
-    // a long claim wait or plan would look like a vanished sender.
-    life.heard(Instant::now());
-    let claimed = shared.claims.claim(&paths, &life, takeover_after);
-    life.heard(Instant::now());
-    if let Err(busy) = claimed {
-        let refusal = Refusal {
-            retryable: true,
-            message: busy.message(),
-            reason: RefusalReason::DestinationBusy,
-        };
-        return refuse(shared, &mut core, &mut stream, refusal);
-    }
-    drop(paths);
-
-    // The plan.
     let stats = Arc::new(Stats::default());
-    // Sized for the whole manifest at once: a table grown by doubling
-    // would leave its outgrown copies as holes in the heap.
-    let mut files = Staged::with_capacity(&shared.root, entries.len());
-    let mut sizes = Vec::with_capacity(entries.len());
-    let mut resumed_bytes = 0u64;
-    // Blocks of the accepted files: the receiver holds state for each.
-    let mut tracked = 0u64;
-    let mut seen_paths = HashSet::new();
-    let mut written_at = Instant::now();
-    for (i, (e, &identity)) in entries.iter().zip(&identities).enumerate() {
-        // Preparing a large tree takes a while. The outcomes decided so far
-        // go out in batches, and at least every PLAN_FLUSH: the core counts
-        // a queued outcome as heard by the sender, so it queues no
-        // keepalive while outcomes are queued, and a slow filesystem must
-        // not hold them back until the sender's idle deadline.
-        let now = Instant::now();
-        core.handle_timeout(now);
-        if i % PLAN_BATCH == 0 || now.saturating_duration_since(written_at) >= PLAN_FLUSH {
-            written_at = now;
-            if let Some(action) = flush(&mut core, &mut stream, &mut out)? {
-                return Err(out_of_order(Some(action)));
-            }
-        }
-        life.heard(now);
-        let blocks = if e.kind == EntryKind::File {
-            Layout::new(e.size, block_size).blocks()
-        } else {
-            0
-        };
-        let outcome = if !seen_paths.insert(e.path.as_str()) {
-            Prepared::Refuse(format!("{} appears twice in the manifest", e.path))
-        } else if tracked + blocks > MAX_BLOCKS_PER_SESSION {
-            Prepared::Refuse(format!(
-                "the session already tracks {tracked} blocks and {} needs {blocks} more, past the {MAX_BLOCKS_PER_SESSION} one session may track; send it with a larger --block-size or in a transfer of its own",
-                e.path
-            ))
-        } else if discard {
-            super::discard::plan(e, tracked + blocks)
-        } else {
-            prepare(&shared.root, e, block_size, shared.cfg.umask)
-        };
-        let outcome = match outcome {
-            Prepared::Accept(mut file, have, resumed) => {
-                file.identity = identity;
-                tracked += blocks;
-                resumed_bytes += file.layout.bytes_in(&have);
-                stats.total.fetch_add(file.layout.size, Ordering::Relaxed);
-                sizes.push((e.file_id, file.layout.size));
-                files.insert(e.file_id, file, resumed);
-                PlanOutcome::Accept {
-                    have: have.to_bytes(),
-                }
-            }
-            Prepared::Discard => {
-                tracked += blocks;
-                stats.total.fetch_add(e.size, Ordering::Relaxed);
-                sizes.push((e.file_id, e.size));
-                PlanOutcome::Accept {
-                    have: crate::Bitmap::new(blocks).to_bytes(),
-                }
-            }
-            Prepared::Refuse(message) => {
-                // A memory-to-memory test's file is no file failed here.
-                if !discard {
-                    shared.cfg.observer.file_done(false);
-                }
-                stats.refused.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(path = %e.path, "refused: {message}");
-                PlanOutcome::Refuse { message }
-            }
-        };
-        core.handle_planned(e.file_id, outcome, now);
-    }
-    drop(seen_paths);
-    drop(entries);
-    drop(identities);
-    let sizes: ById<u64> = sizes.into_iter().collect();
-
+    let plan = ctl.plan(manifest, &terms, &life, &stats)?;
+    let resumed_bytes = plan.resumed_bytes;
     let pool = match spare {
         Some(p) => p,
-        None => Pools::new(block_size as usize, count)?,
+        None => Pools::new(terms.block_size as usize, count)?,
     };
-    let (writer_tx, writer_rx) = mpsc::channel();
-    // The writer's verdicts come back to this thread, which alone writes
-    // on the control connection.
-    let (verdicts_tx, verdicts) =
-        verdicts::channel().map_err(|e| Error::io("creating the writer's eventfd", e))?;
-    // A memory-to-memory session's blocks go to a writer that drops them.
-    let writer: Box<dyn FnOnce() -> super::writer::Report + Send> = if discard {
-        let sink = Discard::new(
-            sizes
-                .iter()
-                .map(|(id, &size)| (id, Layout::new(size, block_size))),
-            writer_rx,
-            verdicts_tx,
-            verify,
-            Arc::clone(&stats),
-            Arc::clone(&shared.cfg.observer),
-            shared.cfg.io_mode,
-        );
-        Box::new(move || sink.run())
-    } else {
-        let writer = Writer::new(
-            Arc::clone(shared),
-            files,
-            writer_rx,
-            verdicts_tx,
-            verify,
-            Arc::clone(&stats),
-        )?;
-        Box::new(move || writer.run())
-    };
-    // The writer counted what the files keep from earlier sessions.
-    stats.published_before.store(
-        shared.job.published.load(Ordering::Relaxed),
-        Ordering::Relaxed,
-    );
-    shared.job.first_plan.get_or_init(Instant::now);
-    *lock(&shared.latest) = Some(Arc::clone(&stats));
-    let hugepages = pool.hugepages();
-    let buffer_pages = pool.pages();
-    let huge_note = pool.huge_note().map(str::to_owned);
-    let session = Arc::new(Session {
-        verify,
-        sizes,
-        block_size,
-        pool,
-        writer_tx: writer_tx.clone(),
-        data_streams: Mutex::default(),
-        aborted: AtomicBool::new(false),
-        stats: Arc::clone(&stats),
-        observer: Arc::clone(&shared.cfg.observer),
-    });
-    shared.sessions.publish(id, Arc::clone(&session));
-    shared.cfg.observer.session_opened();
-    let writer = std::thread::Builder::new()
-        .name("writer".into())
-        .spawn(carry(writer))
-        .map_err(|e| Error::io("starting the writer thread", e))?;
+    let Running {
+        writer_tx,
+        verdicts,
+        writer,
+        session,
+    } = start(shared, &terms, plan, pool, &stats)?;
 
-    core.handle_plan_end(Instant::now());
+    ctl.core.handle_plan_end(Instant::now());
     // The manifest and what planning it took are freed by now: give them
     // back rather than hold them all session.
     crate::io::sys::release_freed_memory();
     // Results flow until the sender finishes or goes away.
-    let outcome = results(
-        &mut core,
-        &mut reader,
-        &mut stream,
-        &verdicts,
-        &writer_tx,
-        &life,
-        &mut out,
-    )
-    .and_then(|end| ended(&*shared.cfg.observer, end));
-    let _ = writer_tx.send(WriterMsg::Stop);
-    let report = writer
-        .join()
-        .unwrap_or_else(|_| super::writer::Report::panicked());
-    // A writer that failed and stopped before this thread read its verdict
-    // (it saw only "the writer stopped"): the sender still hears the real
-    // error, and whether retrying can help. Only then is the session lost.
-    for v in verdicts.take() {
-        if matches!(v, Verdict::Failed { .. }) {
-            core.handle_verdict(v, Instant::now());
-        }
-    }
-    if let Err(e) = &outcome {
-        core.handle_lost(e.to_string());
-    }
-    let _ = flush(&mut core, &mut stream, &mut out);
-    reg.graceful = core.end().is_some_and(End::is_clean) && report.error.is_none();
+    let outcome = ctl
+        .results(&verdicts, &writer_tx, &life)
+        .and_then(|end| ended(&*shared.cfg.observer, end));
+    let report = ctl.stop_writer(&writer_tx, writer, &verdicts, &outcome);
+    reg.graceful = ctl.core.end().is_some_and(End::is_clean) && report.error.is_none();
     drop(reg);
     // Buffers still held by a stream thread that has not noticed the end
     // go back to the free list when it lets go, so the next session can
@@ -585,11 +576,171 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         }
     }
 
-    let secs = started.elapsed().as_secs_f64();
+    let ending = ctl
+        .core
+        .outcome(report.error.as_deref(), life.was_taken_over());
+    let summary = summary(&terms, ending, &session, report, resumed_bytes);
+    tracing::info!(session = %summary.session, outcome = %summary.outcome, bytes = summary.bytes_written, "session ended");
+    shared.cfg.observer.summarized(&summary);
+    shared.record(summary);
+    // Closed last: a sender waiting for this close knows the session is
+    // over, its destinations released and its summary recorded.
+    if outcome.is_ok() {
+        let _ = ctl.stream.shutdown(Shutdown::Both);
+    }
+    outcome
+}
+
+/// A manifest's entries as the session claims and plans them.
+struct Manifest {
+    entries: Vec<FileEntry>,
+    /// Each entry's identity as it arrived.
+    identities: Vec<u64>,
+}
+
+impl Manifest {
+    fn new(mut entries: Vec<FileEntry>) -> Self {
+        // Each file's identity as it arrived, before the spelling below
+        // changes its path: the sender's report must name the same.
+        let identities: Vec<u64> = entries.iter().map(entry_identity).collect();
+        // One spelling per destination (`f`, `f/` and `f//` are one file), so
+        // that claims and duplicates are compared as the filesystem sees them.
+        for e in &mut entries {
+            if let Ok(d) = validate(&e.path) {
+                e.path = d.rel.into();
+            }
+        }
+        Self {
+            entries,
+            identities,
+        }
+    }
+}
+
+/// Claims the destinations of `manifest` so that two sessions never write
+/// one file, taking them over from a session whose sender has gone silent.
+/// A memory-to-memory session writes none.
+fn claim(
+    shared: &Shared,
+    manifest: &Manifest,
+    discard: bool,
+    life: &Arc<Life>,
+) -> std::result::Result<(), Refusal> {
+    let takeover_after = (3 * KEEPALIVE_INTERVAL).min(shared.cfg.idle_timeout);
+    let paths: Vec<&str> = if discard {
+        Vec::new()
+    } else {
+        manifest.entries.iter().map(|e| e.path.as_str()).collect()
+    };
+    // The sender waits quietly for the plan; the receiver's own work on
+    // the session (claiming, then preparing) counts as hearing from it, or
+    // a long claim wait or plan would look like a vanished sender.
+    life.heard(Instant::now());
+    let claimed = shared.claims.claim(&paths, life, takeover_after);
+    life.heard(Instant::now());
+    claimed.map_err(|busy| Refusal {
+        retryable: true,
+        message: busy.message(),
+        reason: RefusalReason::DestinationBusy,
+    })
+}
+
+/// What the control thread holds of a running session.
+struct Running {
+    writer_tx: mpsc::Sender<WriterMsg>,
+    verdicts: VerdictRx,
+    writer: JoinHandle<WriterReport>,
+    session: Arc<Session>,
+}
+
+/// Starts the writer of `plan`'s files, and opens the session to its data
+/// streams.
+fn start(
+    shared: &Arc<Shared>,
+    terms: &Terms,
+    plan: Plan<'_>,
+    pool: Pools,
+    stats: &Arc<Stats>,
+) -> Result<Running> {
+    let Plan { files, sizes, .. } = plan;
+    let (writer_tx, writer_rx) = mpsc::channel();
+    // The writer's verdicts come back to this thread, which alone writes
+    // on the control connection.
+    let (verdicts_tx, verdicts) =
+        verdicts::channel().map_err(|e| Error::io("creating the writer's eventfd", e))?;
+    // A memory-to-memory session's blocks go to a writer that drops them.
+    let writer: Box<dyn FnOnce() -> WriterReport + Send> = if terms.discard {
+        let sink = Discard::new(
+            sizes
+                .iter()
+                .map(|(id, &size)| (id, Layout::new(size, terms.block_size))),
+            writer_rx,
+            verdicts_tx,
+            terms.verify,
+            Arc::clone(stats),
+            Arc::clone(&shared.cfg.observer),
+            shared.cfg.io_mode,
+        );
+        Box::new(move || sink.run())
+    } else {
+        let writer = Writer::new(
+            Arc::clone(shared),
+            files,
+            writer_rx,
+            verdicts_tx,
+            terms.verify,
+            Arc::clone(stats),
+        )?;
+        Box::new(move || writer.run())
+    };
+    // The writer counted what the files keep from earlier sessions.
+    stats.published_before.store(
+        shared.job.published.load(Ordering::Relaxed),
+        Ordering::Relaxed,
+    );
+    shared.job.first_plan.get_or_init(Instant::now);
+    *lock(&shared.latest) = Some(Arc::clone(stats));
+    let session = Arc::new(Session {
+        verify: terms.verify,
+        sizes,
+        block_size: terms.block_size,
+        pool,
+        writer_tx: writer_tx.clone(),
+        data_streams: Mutex::default(),
+        aborted: AtomicBool::new(false),
+        stats: Arc::clone(stats),
+        observer: Arc::clone(&shared.cfg.observer),
+    });
+    shared.sessions.publish(terms.id, Arc::clone(&session));
+    shared.cfg.observer.session_opened();
+    let writer = std::thread::Builder::new()
+        .name("writer".into())
+        .spawn(carry(writer))
+        .map_err(|e| Error::io("starting the writer thread", e))?;
+    Ok(Running {
+        writer_tx,
+        verdicts,
+        writer,
+        session,
+    })
+}
+
+/// The summary of session `terms`, which ended as `outcome` with the
+/// writer's `report`.
+fn summary(
+    terms: &Terms,
+    outcome: SessionOutcome,
+    session: &Session,
+    report: WriterReport,
+    resumed_bytes: u64,
+) -> ReceiverSummary {
+    let stats = &session.stats;
+    let secs = terms.started.elapsed().as_secs_f64();
     let bytes = stats.bytes.load(Ordering::Relaxed);
-    let summary = ReceiverSummary {
-        session: hex(&id),
-        outcome: core.outcome(report.error.as_deref(), life.was_taken_over()),
+    let huge_note = session.pool.huge_note().map(str::to_owned);
+    ReceiverSummary {
+        session: hex(&terms.id),
+        outcome,
         bytes_written: bytes,
         bytes_skipped_resume: resumed_bytes,
         seconds: secs,
@@ -597,87 +748,17 @@ fn control(shared: &Arc<Shared>, mut stream: TcpStream) -> Result<()> {
         io: IoInEffect {
             io_mode: report.io_mode,
             io_fallback: report.fallback,
-            hugepages,
-            buffer_pages,
+            hugepages: session.pool.hugepages(),
+            buffer_pages: session.pool.pages(),
         },
         streams: stats.streams.load(Ordering::Relaxed),
-        requested_streams: streams,
+        requested_streams: terms.streams,
         blocks_rejected: stats.rejected.load(Ordering::Relaxed),
         files_ok: stats.files_ok.load(Ordering::Relaxed),
         files_failed: stats.files_failed.load(Ordering::Relaxed)
             + stats.refused.load(Ordering::Relaxed),
-        memory_to_memory: discard,
+        memory_to_memory: terms.discard,
         warnings: report.warnings.into_iter().chain(huge_note).collect(),
-    };
-    tracing::info!(session = %summary.session, outcome = %summary.outcome, bytes, "session ended");
-    shared.cfg.observer.summarized(&summary);
-    shared.record(summary);
-    // Closed last: a sender waiting for this close knows the session is
-    // over, its destinations released and its summary recorded.
-    if outcome.is_ok() {
-        let _ = stream.shutdown(Shutdown::Both);
-    }
-    outcome
-}
-
-/// Passes the sender's reports to the writer and the writer's verdicts to
-/// the sender until the core says the session is over; the core also
-/// says when the sender must hear from us and when it has been silent too
-/// long.
-fn results(
-    core: &mut ReceiverControl,
-    reader: &mut FrameReader,
-    stream: &mut TcpStream,
-    verdicts: &VerdictRx,
-    writer_tx: &mpsc::Sender<WriterMsg>,
-    life: &Life,
-    out: &mut Vec<u8>,
-) -> Result<End> {
-    loop {
-        let now = Instant::now();
-        core.handle_timeout(now);
-        match flush(core, stream, out)? {
-            None => {}
-            Some(Action::Report(report)) => {
-                let msg = match report {
-                    Report::Done {
-                        file_id,
-                        digest,
-                        identity,
-                    } => WriterMsg::FileDone(Reported {
-                        file_id,
-                        digest,
-                        identity,
-                    }),
-                    Report::Abort { file_id, message } => WriterMsg::Abort { file_id, message },
-                };
-                writer_tx.send(msg).map_err(|_| Error::Writer {
-                    message: "the writer stopped".into(),
-                    retryable: false,
-                })?;
-                continue;
-            }
-            Some(Action::Close(end)) => return Ok(end),
-            Some(other) => return Err(out_of_order(Some(other))),
-        }
-        let wake = core.poll_timeout().unwrap_or(now + KEEPALIVE_INTERVAL);
-        let (readable, woken) =
-            net::wait_readable_or(stream, verdicts.fd(), wake.saturating_duration_since(now))
-                .map_err(|e| Error::net("waiting for the sender", e))?;
-        if woken {
-            for v in verdicts.take() {
-                core.handle_verdict(v, Instant::now());
-            }
-        }
-        // Read even when verdicts came too: a writer busy with a tree of
-        // small files must not keep the sender's frames (and its
-        // keepalives, which the idle deadline waits for) unread.
-        if readable && core.end().is_none() {
-            let frame = reader.read(stream)?;
-            let now = Instant::now();
-            life.heard(now);
-            core.handle_frame(frame, now);
-        }
     }
 }
 
@@ -691,112 +772,21 @@ pub(crate) fn run_stream(
     idx: u16,
 ) -> Result<Option<(TcpStream, ParkKey)>> {
     let _stream = tracing::info_span!("stream", session = %short(&id), idx).entered();
-    let stopping = || shared.stop.load(Ordering::SeqCst);
-    let Some(session) = shared.sessions.wait(&id, shared.cfg.join_wait, stopping) else {
-        let message = "unknown session: open it on a control connection first".to_string();
-        let _ = write_frame(
-            &mut stream,
-            &Frame::Error {
-                retryable: true,
-                message: message.clone(),
-            },
-        );
-        return Err(Violation::new(ViolationKind::Unknown, message).into());
-    };
+    let session = find_session(shared, &mut stream, &id)?;
     let ends = stream.local_addr().ok().zip(stream.peer_addr().ok());
-    {
-        // Each join is a connection and two threads here. Our senders open
-        // at most STREAMS.max, added ones included; more would let one
-        // session hold the connections every other session needs.
-        let mut joined = lock(&session.data_streams);
-        if joined.len() >= MOST_STREAMS {
-            drop(joined);
-            let v = Violation::new(
-                ViolationKind::Excess,
-                format!(
-                    "this session already has {MOST_STREAMS} data streams, the most one session takes"
-                ),
-            );
-            session.observer.violation(v.kind);
-            let _ = write_frame(
-                &mut stream,
-                &Frame::Error {
-                    retryable: false,
-                    message: v.to_string(),
-                },
-            );
-            return Err(v.into());
-        }
-        joined.push(
-            stream
-                .try_clone()
-                .map_err(|e| Error::net("cloning a stream", e))?,
-        );
-    }
+    join(&session, &mut stream)?;
     if session.aborted.load(Ordering::SeqCst) {
         return Ok(None);
     }
     session.stats.streams.fetch_add(1, Ordering::Relaxed);
-    // Bounded, and the socket's writes too: a sender that stops reading
-    // its acknowledgements stops this stream (and, after the idle timeout,
-    // loses it) instead of queueing them in the receiver's memory.
-    let (ack_tx, ack_rx) = mpsc::sync_channel::<Frame>(ACK_QUEUE);
-    // Reads too: between frames the stream waits in `next_frame_due`, but
-    // a sender that stops in the middle of one is gone.
-    stream
-        .set_write_timeout(Some(shared.cfg.idle_timeout))
-        .and_then(|()| stream.set_read_timeout(Some(shared.cfg.idle_timeout)))
-        .map_err(|e| Error::net("setting a stream's timeouts", e))?;
-    let mut ack_stream = stream
-        .try_clone()
-        .map_err(|e| Error::net("cloning a stream", e))?;
-    // Says whether it wrote `Parked`, the last frame it writes.
-    let acks = std::thread::Builder::new()
-        .name(format!("acks-{idx}"))
-        .spawn(move || {
-            for f in ack_rx {
-                let last = f == Frame::Parked;
-                if write_frame(&mut ack_stream, &f).is_err() {
-                    return false;
-                }
-                if last {
-                    return true;
-                }
-            }
-            false
-        })
-        .map_err(|e| Error::io("starting an ack thread", e))?;
-    let result = receive_blocks(&session, &mut stream, &ack_tx);
+    let acks = Acks::start(&stream, shared.cfg.idle_timeout, idx)?;
+    let result = receive_blocks(&session, &mut stream, &acks.tx);
     if let (Ok(StreamEnd::Park), Some(key)) = (&result, ends) {
-        // Parked only while the receiver holds fewer than its share: the
-        // rest of its connections stay for senders starting cold. The
-        // place is taken here, under the lock, and `wait_parked` gives it
-        // back.
-        let placed = {
-            let mut parked = lock(&shared.parked);
-            parked.len() < shared.most_parked()
-                && stream.try_clone().map(|c| parked.insert(key, c)).is_ok()
-        };
-        if !placed {
-            tracing::debug!("too many parked connections; closing this one instead");
-            let _ = stream.shutdown(Shutdown::Both);
-            return Ok(None);
-        }
-        // The session's end must not cut it any more.
-        lock(&session.data_streams)
-            .retain(|s| s.local_addr().ok().zip(s.peer_addr().ok()) != Some(key));
-        // After every acknowledgement already queued; one the writer
-        // sends later (for a block the sender did not wait for) is lost
-        // with the session, not written into the next.
-        let queued = ack_tx.send(Frame::Parked).is_ok();
-        drop(ack_tx);
-        if queued && acks.join().unwrap_or(false) {
-            tracing::debug!("data stream parked for the sender's next session");
-            return Ok(Some((stream, key)));
-        }
-        lock(&shared.parked).remove(&key);
-        let _ = stream.shutdown(Shutdown::Both);
-        return Ok(None);
+        return Ok(if park(shared, &session, &stream, key, acks) {
+            Some((stream, key))
+        } else {
+            None
+        });
     }
     if let Ok(StreamEnd::Park) = result {
         // Its ends unknown, it could not be told from its siblings.
@@ -821,6 +811,135 @@ pub(crate) fn run_stream(
         let _ = stream.shutdown(Shutdown::Both);
     }
     result
+}
+
+/// Session `id`, once it is open; the sender of `stream` hears when it
+/// is not.
+fn find_session(shared: &Shared, stream: &mut TcpStream, id: &SessionId) -> Result<Arc<Session>> {
+    let stopping = || shared.stop.load(Ordering::SeqCst);
+    let Some(session) = shared.sessions.wait(id, shared.cfg.join_wait, stopping) else {
+        let message = "unknown session: open it on a control connection first".to_string();
+        let _ = write_frame(
+            stream,
+            &Frame::Error {
+                retryable: true,
+                message: message.clone(),
+            },
+        );
+        return Err(Violation::new(ViolationKind::Unknown, message).into());
+    };
+    Ok(session)
+}
+
+/// Adds `stream` to `session`'s data streams, or refuses it past the most
+/// one session takes.
+fn join(session: &Session, stream: &mut TcpStream) -> Result<()> {
+    // Each join is a connection and two threads here. Our senders open
+    // at most STREAMS.max, added ones included; more would let one
+    // session hold the connections every other session needs.
+    let mut joined = lock(&session.data_streams);
+    if joined.len() >= MOST_STREAMS {
+        drop(joined);
+        let v = Violation::new(
+            ViolationKind::Excess,
+            format!(
+                "this session already has {MOST_STREAMS} data streams, the most one session takes"
+            ),
+        );
+        session.observer.violation(v.kind);
+        let _ = write_frame(
+            stream,
+            &Frame::Error {
+                retryable: false,
+                message: v.to_string(),
+            },
+        );
+        return Err(v.into());
+    }
+    joined.push(
+        stream
+            .try_clone()
+            .map_err(|e| Error::net("cloning a stream", e))?,
+    );
+    Ok(())
+}
+
+/// A data stream's acknowledgements, which a thread of their own writes.
+struct Acks {
+    tx: mpsc::SyncSender<Frame>,
+    /// Says whether it wrote `Parked`, the last frame it writes.
+    thread: JoinHandle<bool>,
+}
+
+impl Acks {
+    /// Sets data stream `idx`'s timeouts and starts the thread that writes
+    /// its acknowledgements.
+    fn start(stream: &TcpStream, idle_timeout: Duration, idx: u16) -> Result<Self> {
+        // Bounded, and the socket's writes too: a sender that stops reading
+        // its acknowledgements stops this stream (and, after the idle timeout,
+        // loses it) instead of queueing them in the receiver's memory.
+        let (tx, rx) = mpsc::sync_channel::<Frame>(ACK_QUEUE);
+        // Reads too: between frames the stream waits in `next_frame_due`, but
+        // a sender that stops in the middle of one is gone.
+        stream
+            .set_write_timeout(Some(idle_timeout))
+            .and_then(|()| stream.set_read_timeout(Some(idle_timeout)))
+            .map_err(|e| Error::net("setting a stream's timeouts", e))?;
+        let mut ack_stream = stream
+            .try_clone()
+            .map_err(|e| Error::net("cloning a stream", e))?;
+        let thread = std::thread::Builder::new()
+            .name(format!("acks-{idx}"))
+            .spawn(move || {
+                for f in rx {
+                    let last = f == Frame::Parked;
+                    if write_frame(&mut ack_stream, &f).is_err() {
+                        return false;
+                    }
+                    if last {
+                        return true;
+                    }
+                }
+                false
+            })
+            .map_err(|e| Error::io("starting an ack thread", e))?;
+        Ok(Self { tx, thread })
+    }
+}
+
+/// Keeps data stream `stream`, which its sender parked, for the sender's
+/// next session under `key`, once `acks` has written what was queued for
+/// it; false when it was closed instead.
+fn park(shared: &Shared, session: &Session, stream: &TcpStream, key: ParkKey, acks: Acks) -> bool {
+    // Parked only while the receiver holds fewer than its share: the
+    // rest of its connections stay for senders starting cold. The
+    // place is taken here, under the lock, and `wait_parked` gives it
+    // back.
+    let placed = {
+        let mut parked = lock(&shared.parked);
+        parked.len() < shared.most_parked()
+            && stream.try_clone().map(|c| parked.insert(key, c)).is_ok()
+    };
+    if !placed {
+        tracing::debug!("too many parked connections; closing this one instead");
+        let _ = stream.shutdown(Shutdown::Both);
+        return false;
+    }
+    // The session's end must not cut it any more.
+    lock(&session.data_streams)
+        .retain(|s| s.local_addr().ok().zip(s.peer_addr().ok()) != Some(key));
+    // After every acknowledgement already queued; one the writer
+    // sends later (for a block the sender did not wait for) is lost
+    // with the session, not written into the next.
+    let queued = acks.tx.send(Frame::Parked).is_ok();
+    drop(acks.tx);
+    if queued && acks.thread.join().unwrap_or(false) {
+        tracing::debug!("data stream parked for the sender's next session");
+        return true;
+    }
+    lock(&shared.parked).remove(&key);
+    let _ = stream.shutdown(Shutdown::Both);
+    false
 }
 
 /// Waits for data stream `stream`'s next frame: as long as it takes
@@ -848,7 +967,6 @@ fn receive_blocks(
     stream: &mut TcpStream,
     ack_tx: &mpsc::SyncSender<Frame>,
 ) -> Result<StreamEnd> {
-    use std::io::Read;
     let mut reader = FrameReader::default();
     loop {
         if !next_frame_due(session, stream)? {
@@ -869,10 +987,35 @@ fn receive_blocks(
             Err(Error::Net { .. }) => return Ok(StreamEnd::Closed),
             Err(e) => return Err(e),
         };
-        let layout = session
+        session.check_placed(&h)?;
+        let Some(mut buf) = session.buffer_for(&h) else {
+            return Ok(StreamEnd::Closed);
+        };
+        let Some(checksum) = session.read_block(stream, &h, &mut buf)? else {
+            session.reject(&h, ack_tx);
+            continue;
+        };
+        let msg = WriterMsg::Block {
+            file_id: h.file_id,
+            block: h.block,
+            buf,
+            checksum,
+            ack: ack_tx.clone(),
+        };
+        if session.writer_tx.send(msg).is_err() {
+            return Ok(StreamEnd::Closed);
+        }
+    }
+}
+
+impl Session {
+    /// Refuses block `h` unless its file is in the plan and it sits where
+    /// the file's layout puts it.
+    fn check_placed(&self, h: &BlockHeader) -> Result<()> {
+        let layout = self
             .sizes
             .get(h.file_id)
-            .map(|&size| Layout::new(size, session.block_size));
+            .map(|&size| Layout::new(size, self.block_size));
         let layout = layout.ok_or_else(|| {
             Error::from(Violation::new(
                 ViolationKind::Unknown,
@@ -892,25 +1035,43 @@ fn receive_blocks(
             )
             .into());
         }
-        let mut buf = loop {
-            if session.aborted.load(Ordering::SeqCst) {
-                return Ok(StreamEnd::Closed);
+        Ok(())
+    }
+
+    /// A buffer for block `h`, once one is free; None when the session
+    /// ends first.
+    fn buffer_for(&self, h: &BlockHeader) -> Option<PoolBuf> {
+        loop {
+            if self.aborted.load(Ordering::SeqCst) {
+                return None;
             }
-            if let Some(b) = session
+            if let Some(b) = self
                 .pool
                 .for_len(h.len as usize)
                 .get_timeout(Duration::from_millis(200))
             {
-                break b;
+                return Some(b);
             }
-        };
+        }
+    }
+
+    /// Reads block `h`'s bytes into `buf`, and the checksum that follows
+    /// them. Returns the checksum (0 when the session verifies nothing),
+    /// or None when the bytes do not match it.
+    fn read_block(
+        &self,
+        stream: &mut TcpStream,
+        h: &BlockHeader,
+        buf: &mut PoolBuf,
+    ) -> Result<Option<u64>> {
+        use std::io::Read;
         let len = h.len as usize;
-        let mut hasher = (session.verify != Verification::None).then(BlockHasher::default);
+        let mut hasher = (self.verify != Verification::None).then(BlockHasher::default);
         for piece in buf.as_mut_full()[..len].chunks_mut(HASH_PIECE) {
             stream
                 .read_exact(piece)
                 .map_err(|e| Error::net("reading a block", e))?;
-            session.stats.arriving.fetch_add(1, Ordering::Relaxed);
+            self.stats.arriving.fetch_add(1, Ordering::Relaxed);
             if let Some(h) = &mut hasher {
                 h.update(piece);
             }
@@ -925,31 +1086,26 @@ fn receive_blocks(
             Some(hasher) => {
                 let c = hasher.finish();
                 if c != u64::from_le_bytes(trailer) {
-                    session.stats.rejected.fetch_add(1, Ordering::Relaxed);
-                    session.observer.damaged();
-                    tracing::warn!(
-                        file = h.file_id,
-                        block = h.block,
-                        "block arrived damaged; asking for it again"
-                    );
-                    let _ = ack_tx.send(Frame::Nack {
-                        file_id: h.file_id,
-                        block: h.block,
-                    });
-                    continue;
+                    return Ok(None);
                 }
                 c
             }
         };
-        let msg = WriterMsg::Block {
+        Ok(Some(checksum))
+    }
+
+    /// Counts block `h` damaged in flight, and asks the sender for it again.
+    fn reject(&self, h: &BlockHeader, ack_tx: &mpsc::SyncSender<Frame>) {
+        self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+        self.observer.damaged();
+        tracing::warn!(
+            file = h.file_id,
+            block = h.block,
+            "block arrived damaged; asking for it again"
+        );
+        let _ = ack_tx.send(Frame::Nack {
             file_id: h.file_id,
             block: h.block,
-            buf,
-            checksum,
-            ack: ack_tx.clone(),
-        };
-        if session.writer_tx.send(msg).is_err() {
-            return Ok(StreamEnd::Closed);
-        }
+        });
     }
 }

@@ -6,6 +6,7 @@ mod reader;
 mod session;
 mod shared;
 pub mod source;
+mod summarize;
 pub mod warm;
 
 use std::collections::HashMap;
@@ -18,16 +19,15 @@ use crate::session::FileVerdict;
 
 use crate::Backoff;
 use crate::Settings;
-use crate::digest::{fmt_digest, tree_digest};
 use crate::error::{Error, Result};
 use crate::io::{IoMode, Pools};
-use crate::net::{SocketOpts, TcpStats, buffer_warning, lagging};
+use crate::net::{SocketOpts, TcpStats};
 use crate::observe::{Observe, SessionEnd, unobserved};
 use crate::optimizer::StreamChange;
 use crate::progress::Progress;
-use crate::summary::{FileFailure, FileOutcome, IoInEffect, SendSummary};
-use crate::units::gbps;
-use crate::wire::{EntryKind, Verification};
+use crate::summary::SendSummary;
+use crate::wire::Verification;
+use source::SourceList;
 
 /// What to send where, and how.
 #[derive(Debug, Clone)]
@@ -219,6 +219,24 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
     };
     let mut st = RunState::default();
     let start = Instant::now();
+    run_sessions(cfg, &list, &pool, &mut st, start)?;
+    let seconds = start.elapsed().as_secs_f64();
+    if let Some(w) = &cfg.warm {
+        // Every session's threads are done with it.
+        w.keep_pools(pool.clone());
+    }
+    Ok(summarize::summarize(cfg, list, &st, &pool, seconds))
+}
+
+/// Runs sessions until one completes, reconnecting with backoff after
+/// each failure that may pass, until `cfg.retry_for` after `start`.
+fn run_sessions(
+    cfg: &SendConfig,
+    list: &SourceList,
+    pool: &Pools,
+    st: &mut RunState,
+    start: Instant,
+) -> Result<()> {
     let mut backoff = Backoff::new(
         start,
         cfg.retry_for,
@@ -229,7 +247,7 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
         st.sessions += 1;
         let before = (st.bytes_sent, st.verdicts.len());
         let outcome = tracing::info_span!("session", n = st.sessions)
-            .in_scope(|| session::run(cfg, &list.files, &list.base, &mut st, &pool));
+            .in_scope(|| session::run(cfg, &list.files, &list.base, st, pool));
         let retried = matches!(&outcome, Err(e) if e.is_retryable()
             || (st.connected && matches!(e, Error::Unresolvable { .. })));
         cfg.observer.send_session_ended(match (&outcome, retried) {
@@ -238,7 +256,7 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
             (Err(_), false) => SessionEnd::Failed,
         });
         match outcome {
-            Ok(()) => break,
+            Ok(()) => return Ok(()),
             Err(e)
                 if cfg
                     .cancel
@@ -282,135 +300,4 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
             Err(e) => return Err(e),
         }
     }
-    let seconds = start.elapsed().as_secs_f64();
-    if let Some(w) = &cfg.warm {
-        // Every session's threads are done with it.
-        w.keep_pools(pool.clone());
-    }
-
-    let mut failures = Vec::new();
-    let mut digests = Vec::new();
-    let mut files_ok = 0;
-    let mut results = Vec::with_capacity(list.files.len());
-    for (i, f) in list.files.iter().enumerate() {
-        let (ok, digest, message) = match st.verdicts.get(&(i as u32)) {
-            Some(FileVerdict::Ok(d)) => {
-                if f.kind == EntryKind::File {
-                    files_ok += 1;
-                    digests.push((f.dest.as_str(), *d));
-                }
-                (
-                    true,
-                    (cfg.verify != Verification::None).then(|| fmt_digest(*d)),
-                    None,
-                )
-            }
-            Some(FileVerdict::Failed(m)) => (false, None, Some(m.clone())),
-            None => (
-                false,
-                None,
-                Some("no verdict from the receiver".to_string()),
-            ),
-        };
-        if let Some(m) = &message {
-            failures.push(FileFailure {
-                path: f.dest.clone(),
-                message: m.clone(),
-            });
-        }
-        results.push(FileOutcome {
-            path: f.dest.clone(),
-            bytes: f.size,
-            ok,
-            digest,
-            message,
-        });
-    }
-    let digest = match (cfg.verify, digests.as_slice(), list.files.len()) {
-        (Verification::None, _, _) => "none (--verify none)".to_string(),
-        (_, [(_, d)], 1) => fmt_digest(*d),
-        _ => fmt_digest(tree_digest(digests.iter().copied())),
-    };
-    let mut warnings = Vec::new();
-    let rtt = st.rtt.unwrap_or_default();
-    let streams = st.streams.unwrap_or(cfg.streams);
-    if let Some(w) = buffer_warning(rtt, streams, cfg.max_rate)
-        && st.streams_chosen.is_none()
-    {
-        warnings.push(w);
-    }
-    if let Some(f) = &st.io_fallback {
-        warnings.push(f.clone());
-    }
-    if let Some(n) = pool.huge_note() {
-        warnings.push(n.to_owned());
-    }
-    warnings.extend(st.stream_cuts.iter().cloned());
-    if st.stream_cuts_more > 0 {
-        warnings.push(format!(
-            "... and {} more data stream failures",
-            st.stream_cuts_more
-        ));
-    }
-    let first = st.first_streams.min(st.per_stream_bytes.len());
-    for l in lagging(&st.per_stream_bytes[..first], cfg.block_size) {
-        warnings.push(format!(
-            "data stream {} carried {:.0}% of what the median stream did: its path may be slower (see `tcp` in --json for its round trip and retransmits)",
-            l.stream,
-            l.share * 100.0
-        ));
-    }
-    Ok(SendSummary {
-        ok: failures.is_empty(),
-        bytes_total: total,
-        bytes_sent: st.bytes_sent,
-        bytes_skipped_resume: st.bytes_skipped_resume,
-        blocks_retried: st.blocks_retried,
-        seconds,
-        gbps: gbps(st.bytes_sent, seconds),
-        io: IoInEffect {
-            io_mode: st.io_mode.unwrap_or(cfg.io_mode),
-            io_fallback: st.io_fallback.clone(),
-            hugepages: pool.hugepages(),
-            buffer_pages: pool.pages(),
-        },
-        streams,
-        streams_warm: st.streams_warm,
-        streams_chosen: st.streams_chosen.clone(),
-        stream_changes: st.stream_changes.clone(),
-        streams_held: st.streams_held.clone(),
-        per_stream_gbps: st
-            .per_stream_bytes
-            .iter()
-            .map(|b| gbps(*b, seconds))
-            .collect(),
-        tcp: st.tcp.clone(),
-        digest,
-        files: list
-            .files
-            .iter()
-            .filter(|f| f.kind == EntryKind::File)
-            .count(),
-        files_ok,
-        dirs: list
-            .files
-            .iter()
-            .filter(|f| f.kind == EntryKind::Dir)
-            .count(),
-        failures,
-        results,
-        skipped: list.skipped,
-        block_size: cfg.block_size,
-        queue_depth: if st.io_mode == Some(IoMode::Async) {
-            cfg.queue_depth
-        } else {
-            1
-        },
-        verify: cfg.verify,
-        congestion: st.congestion.clone(),
-        sessions: st.sessions,
-        rtt_ms: rtt.as_secs_f64() * 1e3,
-        memory_to_memory: cfg.synthetic.is_some(),
-        warnings,
-    })
 }

@@ -309,22 +309,7 @@ pub fn scan(source: &Path, dest: &str) -> Result<SourceList> {
     let m = std::fs::metadata(&real)
         .map_err(|e| Error::io(format!("reading {}", source.display()), e))?;
     if m.is_file() {
-        let name = real
-            .file_name()
-            .ok_or_else(|| Error::Config(format!("{} has no file name", source.display())))?;
-        let dest = if dest.ends_with('/') || dest.is_empty() {
-            let shown = source.file_name().unwrap_or(name);
-            format!("{}{}", dest, shown.to_string_lossy())
-        } else {
-            dest.to_string()
-        };
-        let parent = real.parent().unwrap_or(Path::new("/"));
-        let file = entry(source.to_path_buf(), PathBuf::from(name), dest, &m)?;
-        return Ok(SourceList {
-            files: vec![file],
-            skipped: Vec::new(),
-            base: Arc::new(open_dir(parent)?),
-        });
+        return scan_file(source, &real, dest, &m);
     }
     if !m.is_dir() {
         return Err(Error::Config(format!(
@@ -333,30 +318,80 @@ pub fn scan(source: &Path, dest: &str) -> Result<SourceList> {
             kind_name(rustix::fs::FileType::from_raw_mode(m.mode()))
         )));
     }
+    scan_tree(source, &real, dest, &m)
+}
+
+/// The list of the single file `source`, which resolved to `real`.
+fn scan_file(source: &Path, real: &Path, dest: &str, m: &std::fs::Metadata) -> Result<SourceList> {
+    let name = real
+        .file_name()
+        .ok_or_else(|| Error::Config(format!("{} has no file name", source.display())))?;
+    let dest = if dest.ends_with('/') || dest.is_empty() {
+        let shown = source.file_name().unwrap_or(name);
+        format!("{}{}", dest, shown.to_string_lossy())
+    } else {
+        dest.to_string()
+    };
+    let parent = real.parent().unwrap_or(Path::new("/"));
+    let file = entry(source.to_path_buf(), PathBuf::from(name), dest, m)?;
+    Ok(SourceList {
+        files: vec![file],
+        skipped: Vec::new(),
+        base: Arc::new(open_dir(parent)?),
+    })
+}
+
+/// The list of the directory `source`, which resolved to `real`: the
+/// directory itself, then everything beneath it.
+fn scan_tree(source: &Path, real: &Path, dest: &str, m: &std::fs::Metadata) -> Result<SourceList> {
     let base = dest.trim_end_matches('/').to_string();
     if base.is_empty() {
         return Err(Error::Config(
             "a directory needs a destination directory name (e.g. ingest/run42/)".into(),
         ));
     }
-    let mut list = SourceList {
-        files: Vec::new(),
-        skipped: Vec::new(),
-        base: Arc::new(open_dir(&real)?),
+    let mut walk = Walk {
+        source,
+        list: SourceList {
+            files: Vec::new(),
+            skipped: Vec::new(),
+            base: Arc::new(open_dir(real)?),
+        },
+        path_bytes: base.len(),
     };
-    list.files.push(entry(
+    walk.list.files.push(entry(
         source.to_path_buf(),
         PathBuf::from("."),
         base.clone(),
-        &m,
+        m,
     )?);
-    let mut path_bytes = base.len();
     let mut stack = vec![(PathBuf::new(), base)];
     while let Some((rel_dir, dest_dir)) = stack.pop() {
-        let shown_dir = source.join(&rel_dir);
+        let subdirs = walk.add_entries(&rel_dir, &dest_dir)?;
+        // Depth-first in name order: push in reverse so the first pops first.
+        stack.extend(subdirs.into_iter().rev());
+    }
+    Ok(walk.list)
+}
+
+/// A directory tree's walk: what it has listed so far.
+struct Walk<'a> {
+    /// The directory as named, for messages and `SourceFile::path`.
+    source: &'a Path,
+    list: SourceList,
+    /// Bytes of the destination paths listed, which the manifest carries.
+    path_bytes: usize,
+}
+
+impl Walk<'_> {
+    /// Lists the entries of the directory `rel_dir` beneath the source,
+    /// bound for `dest_dir`; returns its subdirectories, in name order, to
+    /// be listed next.
+    fn add_entries(&mut self, rel_dir: &Path, dest_dir: &str) -> Result<Vec<(PathBuf, String)>> {
+        let shown_dir = self.source.join(rel_dir);
         let listing =
             |e: rustix::io::Errno| Error::io(format!("listing {}", shown_dir.display()), e.into());
-        let (dir, names) = list_dir(&list.base, &rel_dir).map_err(listing)?;
+        let (dir, names) = list_dir(&self.list.base, rel_dir).map_err(listing)?;
         let mut subdirs = Vec::new();
         for name in names {
             let shown = shown_dir.join(&name);
@@ -365,13 +400,14 @@ pub fn scan(source: &Path, dest: &str) -> Result<SourceList> {
                 reason,
             };
             let Some(name) = name.to_str() else {
-                list.skipped.push(skip("name is not UTF-8".into()));
+                self.list.skipped.push(skip("name is not UTF-8".into()));
                 continue;
             };
             let st = match rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(st) => Listed::of(&st),
                 Err(rustix::io::Errno::NAMETOOLONG) => {
-                    list.skipped
+                    self.list
+                        .skipped
                         .push(skip("name too long for this system; not sent".into()));
                     continue;
                 }
@@ -381,40 +417,47 @@ pub fn scan(source: &Path, dest: &str) -> Result<SourceList> {
             };
             let is_dir = st.kind == rustix::fs::FileType::Directory;
             if !is_dir && st.kind != rustix::fs::FileType::RegularFile {
-                list.skipped.push(skip(kind_name(st.kind).into()));
+                self.list.skipped.push(skip(kind_name(st.kind).into()));
                 continue;
             }
             let d = format!("{dest_dir}/{name}");
             let rel = rel_dir.join(name);
             if let Some(reason) = path_limit(&rel, &d, is_dir) {
-                list.skipped.push(skip(reason));
+                self.list.skipped.push(skip(reason));
                 continue;
             }
-            path_bytes += d.len();
-            list.files.push(SourceFile {
-                path: shown,
-                rel: rel.clone(),
-                dest: d.clone(),
-                kind: if is_dir {
-                    EntryKind::Dir
-                } else {
-                    EntryKind::File
-                },
-                size: if is_dir { 0 } else { st.size },
-                mode: st.mode,
-                stamp: st.stamp,
-            });
-            if list.files.len() > MAX_ENTRIES || path_bytes > MAX_MANIFEST_BYTES {
-                return Err(too_many(source));
-            }
+            self.add(shown, rel.clone(), d.clone(), &st)?;
             if is_dir {
                 subdirs.push((rel, d));
             }
         }
-        // Depth-first in name order: push in reverse so the first pops first.
-        stack.extend(subdirs.into_iter().rev());
+        Ok(subdirs)
     }
-    Ok(list)
+
+    /// Adds the listed entry `st`, shown as `shown`, at `rel` beneath the
+    /// source and bound for `dest`; refuses a tree larger than one
+    /// transfer carries.
+    fn add(&mut self, shown: PathBuf, rel: PathBuf, dest: String, st: &Listed) -> Result<()> {
+        let is_dir = st.kind == rustix::fs::FileType::Directory;
+        self.path_bytes += dest.len();
+        self.list.files.push(SourceFile {
+            path: shown,
+            rel,
+            dest,
+            kind: if is_dir {
+                EntryKind::Dir
+            } else {
+                EntryKind::File
+            },
+            size: if is_dir { 0 } else { st.size },
+            mode: st.mode,
+            stamp: st.stamp,
+        });
+        if self.list.files.len() > MAX_ENTRIES || self.path_bytes > MAX_MANIFEST_BYTES {
+            return Err(too_many(self.source));
+        }
+        Ok(())
+    }
 }
 
 /// The name a memory-to-memory test's data goes by when no destination

@@ -1,0 +1,123 @@
+//! The plan's decisions, entry by entry: which of the manifest's entries
+//! the session takes, and what it keeps for each it takes.
+
+use std::sync::atomic::Ordering;
+
+use super::Shared;
+use super::dest::{Prepared, Staged, prepare};
+use super::stats::Stats;
+use crate::Layout;
+use crate::by_id::ById;
+use crate::wire::{EntryKind, FileEntry, MAX_BLOCKS_PER_SESSION, PlanOutcome};
+
+/// What the plan leaves the session.
+pub(super) struct Plan<'a> {
+    /// The accepted files, for the writer.
+    pub(super) files: Staged<'a>,
+    /// The accepted files' sizes, which place their blocks.
+    pub(super) sizes: ById<u64>,
+    /// Bytes of the accepted files already here from earlier sessions.
+    pub(super) resumed_bytes: u64,
+}
+
+/// Decides each manifest entry in turn.
+pub(super) struct Planner<'a> {
+    shared: &'a Shared,
+    block_size: u64,
+    /// A memory-to-memory session: nothing is created.
+    discard: bool,
+    stats: &'a Stats,
+    files: Staged<'a>,
+    sizes: Vec<(u32, u64)>,
+    resumed_bytes: u64,
+    /// Blocks of the accepted files: the receiver holds state for each.
+    tracked: u64,
+}
+
+impl<'a> Planner<'a> {
+    /// A planner for a manifest of `entries` entries.
+    pub(super) fn new(
+        shared: &'a Shared,
+        entries: usize,
+        block_size: u64,
+        discard: bool,
+        stats: &'a Stats,
+    ) -> Self {
+        Self {
+            shared,
+            block_size,
+            discard,
+            stats,
+            // Sized for the whole manifest at once: a table grown by
+            // doubling would leave its outgrown copies as holes in the heap.
+            files: Staged::with_capacity(&shared.root, entries),
+            sizes: Vec::with_capacity(entries),
+            resumed_bytes: 0,
+            tracked: 0,
+        }
+    }
+
+    /// Decides entry `e`, whose identity as it arrived is `identity`;
+    /// `repeated` when an earlier entry has its path.
+    pub(super) fn decide(&mut self, e: &FileEntry, identity: u64, repeated: bool) -> PlanOutcome {
+        let tracked = self.tracked;
+        let blocks = if e.kind == EntryKind::File {
+            Layout::new(e.size, self.block_size).blocks()
+        } else {
+            0
+        };
+        let outcome = if repeated {
+            Prepared::Refuse(format!("{} appears twice in the manifest", e.path))
+        } else if tracked + blocks > MAX_BLOCKS_PER_SESSION {
+            Prepared::Refuse(format!(
+                "the session already tracks {tracked} blocks and {} needs {blocks} more, past the {MAX_BLOCKS_PER_SESSION} one session may track; send it with a larger --block-size or in a transfer of its own",
+                e.path
+            ))
+        } else if self.discard {
+            super::discard::plan(e, tracked + blocks)
+        } else {
+            prepare(&self.shared.root, e, self.block_size, self.shared.cfg.umask)
+        };
+        match outcome {
+            Prepared::Accept(mut file, have, resumed) => {
+                file.identity = identity;
+                self.tracked += blocks;
+                self.resumed_bytes += file.layout.bytes_in(&have);
+                self.stats
+                    .total
+                    .fetch_add(file.layout.size, Ordering::Relaxed);
+                self.sizes.push((e.file_id, file.layout.size));
+                self.files.insert(e.file_id, file, resumed);
+                PlanOutcome::Accept {
+                    have: have.to_bytes(),
+                }
+            }
+            Prepared::Discard => {
+                self.tracked += blocks;
+                self.stats.total.fetch_add(e.size, Ordering::Relaxed);
+                self.sizes.push((e.file_id, e.size));
+                PlanOutcome::Accept {
+                    have: crate::Bitmap::new(blocks).to_bytes(),
+                }
+            }
+            Prepared::Refuse(message) => {
+                // A memory-to-memory test's file is no file failed here.
+                if !self.discard {
+                    self.shared.cfg.observer.file_done(false);
+                }
+                self.stats.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(path = %e.path, "refused: {message}");
+                PlanOutcome::Refuse { message }
+            }
+        }
+    }
+
+    /// The plan, once every entry is decided.
+    pub(super) fn finish(self) -> Plan<'a> {
+        Plan {
+            files: self.files,
+            sizes: self.sizes.into_iter().collect(),
+            resumed_bytes: self.resumed_bytes,
+        }
+    }
+}
