@@ -219,7 +219,7 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
     };
     let mut st = RunState::default();
     let start = Instant::now();
-    run_sessions(cfg, &list, &pool, &mut st, start)?;
+    run_sessions(cfg, &list, &pool, &mut st)?;
     let seconds = start.elapsed().as_secs_f64();
     if let Some(w) = &cfg.warm {
         // Every session's threads are done with it.
@@ -229,16 +229,15 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
 }
 
 /// Runs sessions until one completes, reconnecting with backoff after
-/// each failure that may pass, until `cfg.retry_for` after `start`.
+/// each failure that may pass, until `cfg.retry_for` after the first
+/// failure since a session last made progress.
 fn run_sessions(
     cfg: &SendConfig,
     list: &SourceList,
     pool: &Pools,
     st: &mut RunState,
-    start: Instant,
 ) -> Result<()> {
     let mut backoff = Backoff::new(
-        start,
         cfg.retry_for,
         Duration::from_millis(250),
         Duration::from_secs(5),
