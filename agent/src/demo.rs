@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::observer::Shown;
-use crate::progress::{Progress, Renderer};
+use crate::observer::{Shown, watch_send};
+use crate::progress::Renderer;
 use crate::units::fmt_bytes;
 use wirerate_engine::error::{Error, Result};
 use wirerate_engine::io::{ALIGN, IoMode, IoOp, OpKind, Pool, backend, open::on_tmpfs, open_path};
@@ -418,11 +418,7 @@ fn run_once(cfg: &DemoConfig) -> Result<DemoReport> {
         send_cfg.dest = "demo.bin".into();
         send_cfg.io_mode = mode;
         send_cfg.retry_for = Duration::ZERO;
-        let progress = Arc::new(Progress::default());
-        send_cfg.progress = Arc::clone(&progress.transfer);
-        send_cfg.observer = Shown::metrics()
-            .with_progress(Arc::clone(&progress))
-            .observe();
+        let progress = watch_send(&mut send_cfg);
         let renderer = Renderer::start(Arc::clone(&progress), &format!("{mode:>8}"), cfg.quiet);
         let result = send(&send_cfg);
         renderer.finish();

@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use wirerate_agent::cli::{Cli, Cmd, SendTuning};
-use wirerate_agent::observer::Shown;
-use wirerate_agent::progress::{Progress, Renderer};
+use wirerate_agent::observer::{Shown, watch_send};
+use wirerate_agent::progress::Renderer;
 use wirerate_agent::{demo, metrics};
 use wirerate_engine::io::IoMode;
 use wirerate_engine::net::SocketOpts;
@@ -162,11 +162,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 if run > 1 {
                     std::thread::sleep(Duration::from_secs_f64(a.repeat_pause));
                 }
-                let progress = Arc::new(Progress::default());
-                cfg.progress = Arc::clone(&progress.transfer);
-                cfg.observer = Shown::metrics()
-                    .with_progress(Arc::clone(&progress))
-                    .observe();
+                let progress = watch_send(&mut cfg);
                 let began = start.elapsed().as_secs_f64();
                 let renderer = Renderer::start(Arc::clone(&progress), "send", a.quiet);
                 let result = send(&cfg);

@@ -8,12 +8,26 @@ use std::sync::Arc;
 use wirerate_engine::net::TcpStats;
 use wirerate_engine::observe::{Observe, Observer, SessionEnd};
 use wirerate_engine::optimizer::StreamChange;
+use wirerate_engine::sender::SendConfig;
 use wirerate_engine::summary::ReceiverSummary;
 use wirerate_engine::tuner::StreamChoice;
 use wirerate_engine::violation::ViolationKind;
 
 use crate::metrics::{metrics, path_test_metrics, sender_metrics};
 use crate::progress::{MOST_CHANGES, Progress};
+
+/// Sets `cfg` up to be shown: the engine moves the returned progress's
+/// position, and the agent's observer counts into the metrics and keeps
+/// the stream choices with it. One call wires both halves, so that a
+/// progress bar cannot be left reading a position nobody moves.
+pub fn watch_send(cfg: &mut SendConfig) -> Arc<Progress> {
+    let progress = Arc::new(Progress::default());
+    cfg.progress = Arc::clone(&progress.transfer);
+    cfg.observer = Shown::metrics()
+        .with_progress(Arc::clone(&progress))
+        .observe();
+    progress
+}
 
 /// What the agent shows of a transfer. Metrics always; the rest on request.
 #[derive(Debug, Default)]

@@ -25,7 +25,8 @@ pub struct Position {
     /// Bytes this end moved, resent or not yet durable ones included (sent
     /// by the sender, written by the receiver): what a rate is made of.
     pub moved: u64,
-    /// Seconds since this end started moving them (0 before).
+    /// Seconds since this end started: the sender listed its source, the
+    /// receiver planned its first session (0 before).
     pub seconds: f64,
 }
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use wirerate_crds::Tuning;
 
-use crate::observer::Shown;
+use crate::observer::{Shown, watch_send};
 use crate::progress::Progress;
 use wirerate_engine::error::{Disposition, Error, Result};
 use wirerate_engine::fsroot::{is_temporary, temp_names};
@@ -125,9 +125,7 @@ impl SenderJob {
         cfg.cancel = Some(cancel.clone());
         cfg.warm = Some(warm());
         cfg.validate()?;
-        let progress = Arc::new(Progress::default());
-        cfg.progress = Arc::clone(&progress.transfer);
-        cfg.observer = Shown::metrics().with_progress(progress.clone()).observe();
+        let progress = watch_send(&mut cfg);
         let result = Arc::new(Mutex::new(None));
         let r = result.clone();
         let thread = std::thread::Builder::new()

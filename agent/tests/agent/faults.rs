@@ -9,8 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::common::*;
-use wirerate_agent::observer::Shown;
-use wirerate_agent::progress::Progress;
+use wirerate_agent::observer::watch_send;
 use wirerate_engine::Error;
 use wirerate_engine::io::IoMode;
 use wirerate_engine::net::auth;
@@ -780,10 +779,7 @@ fn a_disk_that_fills_mid_transfer_costs_checkpoints_not_the_transfer() {
     cfg.block_size = 256 << 10;
     cfg.buffer = 2 << 20;
     cfg.max_rate = Some(4_000_000);
-    let progress = Arc::new(Progress::default());
-    cfg.observer = Shown::metrics()
-        .with_progress(Arc::clone(&progress))
-        .observe();
+    let progress = watch_send(&mut cfg);
     let run = std::thread::spawn(move || send(&cfg));
     while progress.position().done < 1 << 20 {
         assert!(!run.is_finished());

@@ -163,7 +163,7 @@ fn receiver_killed_mid_transfer_then_a_new_run_resumes() {
 
 #[test]
 fn sender_reconnects_and_resumes_when_its_receiver_restarts() {
-    let s = setup("reconnect", 24 << 20);
+    let s = setup("reconnect", 32 << 20);
     let port = free_port();
     let mut rx = serve(&s.root, &s.token, port);
     // The receiver dies after the run has gone on longer than
@@ -176,12 +176,12 @@ fn sender_reconnects_and_resumes_when_its_receiver_restarts() {
         &s.token,
         &s.src,
         "out.bin",
-        &["--max-rate", "32Mbps", "--retry-for", "4"],
+        &["--max-rate", "32Mbps", "--retry-for", "3"],
     )
     .spawn()
     .unwrap();
     wait_for_checkpoint(&s.root, "out.bin");
-    std::thread::sleep(Duration::from_secs(5).saturating_sub(began.elapsed()));
+    std::thread::sleep(Duration::from_secs(4).saturating_sub(began.elapsed()));
     rx.0.kill().unwrap();
     rx.0.wait().unwrap();
     std::thread::sleep(Duration::from_millis(500));

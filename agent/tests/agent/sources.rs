@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
-use wirerate_agent::observer::Shown;
+use wirerate_agent::observer::watch_send;
 use wirerate_agent::progress::Progress;
 use wirerate_engine::io::IoMode;
 use wirerate_engine::receiver::{ServeConfig, Server};
@@ -26,10 +26,7 @@ struct Running {
 }
 
 fn start(mut cfg: SendConfig) -> Running {
-    let progress = Arc::new(Progress::default());
-    cfg.observer = Shown::metrics()
-        .with_progress(Arc::clone(&progress))
-        .observe();
+    let progress = watch_send(&mut cfg);
     Running {
         progress,
         thread: std::thread::spawn(move || send(&cfg)),
