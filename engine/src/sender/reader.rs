@@ -97,7 +97,7 @@ pub(crate) fn run(
         finished_reading: false,
     };
     while !shared.stopped() {
-        r.submit_reads();
+        r.submit_reads()?;
         if r.finished_reading && r.io.in_flight() == 0 {
             break;
         }
@@ -115,11 +115,11 @@ pub(crate) fn run(
 impl Reader<'_> {
     /// Keeps the backend's queue full with the reads the scheduler asks
     /// for, while pool buffers are free.
-    fn submit_reads(&mut self) {
+    fn submit_reads(&mut self) -> Result<()> {
         while !self.finished_reading && self.io.in_flight() < self.io.depth() {
             let Some(next_len) = self.shared.lock().sched.next_read_len() else {
                 self.finished_reading = true;
-                return;
+                return Ok(());
             };
             // Only this thread reads, so the block polled below is the one
             // measured here.
@@ -131,23 +131,26 @@ impl Reader<'_> {
             } else {
                 pool.try_get()
             };
-            let Some(buf) = buf else { return };
+            let Some(buf) = buf else { return Ok(()) };
             let Some(order) = self.shared.lock().sched.poll_read() else {
                 self.finished_reading = true;
-                return;
+                return Ok(());
             };
             if self.core.needs_open(order.file_id) && !self.open_file(order.file_id) {
                 continue;
             }
-            let (Some(len), Some(file)) = (
-                self.core.handle_submitted(&order),
-                self.open.get(&order.file_id),
-            ) else {
-                continue;
+            // The core and the descriptors agree on which files are open;
+            // a read order dropped here would leave its file never done.
+            let file = self.open.get(&order.file_id).map(Arc::clone);
+            let (Some(file), Some(len)) = (file, self.core.handle_submitted(&order)) else {
+                return Err(Error::Internal(format!(
+                    "read {} of file {} has no open descriptor",
+                    order.gid, order.file_id
+                )));
             };
             self.io.submit(IoOp {
                 // The op keeps the descriptor alive until it completes.
-                file: Arc::clone(file),
+                file,
                 kind: OpKind::Read,
                 buf,
                 offset: order.offset,
@@ -155,6 +158,7 @@ impl Reader<'_> {
                 tag: order.gid as u64,
             });
         }
+        Ok(())
     }
 
     /// Opens `file_id` for its first read and checks it is as listed;
@@ -201,7 +205,12 @@ impl Reader<'_> {
             // After the file's last read and before that block is handed
             // on (so before the file can be reported done), it must still
             // be the file that was listed, unchanged.
-            let change = self.open.get(&file_id).and_then(|f| check(src, f));
+            let change = match self.open.get(&file_id) {
+                Some(f) => check(src, f),
+                // Never unchecked: a file whose descriptor is gone is not
+                // known to be as listed.
+                None => Some("its descriptor closed before its last read was checked".into()),
+            };
             next = self.core.handle_checked(gid, change);
         }
         match next {
