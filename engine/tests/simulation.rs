@@ -318,8 +318,10 @@ impl Sim {
     /// Blocks of `file` a checkpoint may record: durable and right. Of a
     /// source that changed after it was listed, what was read of the new
     /// version is "right" as far as the receiver can tell (it matches its
-    /// checksum); such a file is given up at its next read check, before
-    /// it can be reported, and its checkpoint is then discarded.
+    /// checksum), so only durability is checked. Such a file is given up
+    /// at its next read check, before it can be reported, and its
+    /// checkpoint discarded; or, when it changed after its last check, it
+    /// was read whole before the change and is published as listed.
     fn checkpointable(&self, file: usize) -> Bitmap {
         if !self.now_source[file].changed {
             return self.durable_right(file);

@@ -1,11 +1,15 @@
 //! The sending side: `wirerate-agent send`, the in-cluster sender job and
 //! the demo's sender.
 
+mod connect;
 mod generate;
+mod growth;
+mod open;
 mod reader;
 mod session;
 mod shared;
 pub mod source;
+mod streams;
 mod summarize;
 pub mod warm;
 
@@ -160,6 +164,26 @@ impl SendConfig {
     }
 }
 
+impl RunState {
+    /// A session's plan says the receiver holds `held` bytes of the
+    /// transfer (verified files and resumed blocks).
+    pub(crate) fn handle_held(&mut self, held: u64) {
+        if held > self.most_held {
+            self.most_held = held;
+            self.kept_more = true;
+        }
+    }
+
+    /// Whether the transfer moved on since the last call: a file got its
+    /// verdict (there were `verdicts_before`), or a plan found the
+    /// receiver holding more than ever. Bytes sent do not count: a
+    /// receiver that takes some blocks and fails every session keeps
+    /// nothing, and must not keep the sender retrying past `retry_for`.
+    pub(crate) fn take_progress(&mut self, verdicts_before: usize) -> bool {
+        std::mem::take(&mut self.kept_more) | (self.verdicts.len() != verdicts_before)
+    }
+}
+
 /// Data stream failures the summary names one by one; more are counted.
 pub(crate) const MAX_CUTS_SHOWN: usize = 8;
 
@@ -194,6 +218,11 @@ pub(crate) struct RunState {
     pub(crate) streams_warm: u64,
     /// The streams the optimizer added, in order.
     pub(crate) stream_changes: Vec<StreamChange>,
+    /// The most the receiver held at any plan of this run.
+    most_held: u64,
+    /// A plan since the last `take_progress` showed the receiver holding
+    /// more than any before.
+    kept_more: bool,
     /// Why the optimizer stopped adding.
     pub(crate) streams_held: Option<String>,
     /// Each data stream's TCP_INFO at the end of the last session.
@@ -244,7 +273,7 @@ fn run_sessions(
     );
     loop {
         st.sessions += 1;
-        let before = (st.bytes_sent, st.verdicts.len());
+        let verdicts_before = st.verdicts.len();
         let outcome = tracing::info_span!("session", n = st.sessions)
             .in_scope(|| session::run(cfg, &list.files, &list.base, st, pool));
         let retried = matches!(&outcome, Err(e) if e.is_retryable()
@@ -270,7 +299,7 @@ fn run_sessions(
                 if e.is_retryable()
                     || (st.connected && matches!(e, Error::Unresolvable { .. })) =>
             {
-                if (st.bytes_sent, st.verdicts.len()) != before {
+                if st.take_progress(verdicts_before) {
                     backoff.handle_progress();
                 }
                 match backoff.poll_delay(Instant::now()) {
@@ -298,5 +327,35 @@ fn run_sessions(
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_what_the_receiver_keeps_counts_as_progress_for_the_retry_budget() {
+        let mut st = RunState::default();
+        // The first plan finds nothing held: no progress, nothing lost.
+        st.handle_held(0);
+        assert!(!st.take_progress(0));
+        // A session that sent blocks and failed, its receiver keeping none
+        // (the next plan holds no more): not progress, however much went
+        // out, so the budget keeps running.
+        st.bytes_sent += 64 << 20;
+        st.handle_held(0);
+        assert!(!st.take_progress(0));
+        // A plan holding more than ever is, once.
+        st.handle_held(8 << 20);
+        assert!(st.take_progress(0));
+        assert!(!st.take_progress(0));
+        // Holding less after a crash lost unsynced blocks is not.
+        st.handle_held(4 << 20);
+        assert!(!st.take_progress(0));
+        // A file's verdict is.
+        st.verdicts.insert(3, FileVerdict::Ok(0));
+        assert!(st.take_progress(0));
+        assert!(!st.take_progress(1));
     }
 }

@@ -1,374 +1,47 @@
-//! One session: connect, send the manifest, get the plan, then run the
-//! reader, one sender and one ack reader per stream, and the control
-//! reader, until every planned file has a verdict.
+//! One session from its connection to its end: connect the control
+//! connection and the data streams (`connect`) while the session opens
+//! (`open`), then run the reader, one sender and one ack reader per stream
+//! (`streams`), the control reader and the stream sampler (`growth`) until
+//! every planned file has a verdict, end it, and record what it did into
+//! the run's state.
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::{Shutdown, TcpStream};
-use std::ops::Range;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
-use std::thread::{Scope, ScopedJoinHandle};
+use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
+use super::connect::{Joining, finish_connecting, start_connecting, warm_key};
 use super::generate;
+use super::growth::{
+    Grow, Tuned, aim_bps, most_fed, per_stream_bytes, sample_loop, streams_for_link,
+};
+use super::open::open_session;
 use super::reader::{self, ReadReport};
-use super::shared::{Inner, Shared, end_error};
+use super::shared::{Inner, Shared, hold};
 use super::source::SourceFile;
-use super::warm::{Warm, WarmKey};
+use super::streams::{ack_loop, send_loop, settle_parking};
 use super::{RunState, SendConfig};
 use crate::Scheduler;
-use crate::digest::{BlockHasher, HASH_PIECE, entry_identity};
 use crate::error::{Error, Result};
 use crate::io::Pools;
-use crate::io::caps::{capabilities, sysctl_number};
-use crate::io::sys::set_max_pacing_rate;
 use crate::net::{self, SocketOpts, auth};
-use crate::optimizer::{Decision, Optimizer, StreamChange};
+use crate::optimizer::Optimizer;
 use crate::scheduler::PlannedFile;
 use crate::session::FileVerdict;
 use crate::session::SenderControl;
-use crate::session::describe;
-use crate::session::sender::Action;
 use crate::spans::carry;
-use crate::tuner::{self, AIM_BPS, Link, StreamChoice};
-use crate::violation::{Violation, ViolationKind};
+use crate::tuner;
 use crate::wire::{
-    BlockHeader, EntryKind, FileEntry, Frame, FrameReader, IDLE_TIMEOUT, KEEPALIVE_INTERVAL,
-    MAX_SMALL_FRAME, Purpose, SessionId, Verification, encode, write_frame,
-    write_frame_with_payload,
+    EntryKind, Frame, FrameReader, KEEPALIVE_INTERVAL, MAX_SMALL_FRAME, SessionId, Verification,
+    write_frame,
 };
-
-/// A data stream the receiver turns away as busy (too many handshakes
-/// from this address at once) is tried again this many times.
-const STREAM_CONNECT_ATTEMPTS: u32 = 4;
-
-/// How long a stream the optimizer adds may take to connect (its TCP
-/// handshake): the session waits for it as it ends.
-const ADDED_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How long a receiver has to close the control connection after
 /// `Finish` (it does once it has released the session's destinations).
 const FINISH_GRACE: Duration = Duration::from_secs(30);
-/// How often the data streams' TCP_INFO reaches the observer while a
-/// session runs.
-const TCP_SAMPLE_EVERY: Duration = Duration::from_secs(1);
-
-/// How long the receiver has to answer a data stream's `Park`: a round
-/// trip, normally. A stream it does not answer on is closed.
-const PARK_WAIT: Duration = Duration::from_secs(5);
-
-/// How long a parked connection's handshake may take before the stream
-/// connects afresh instead: a receiver that vanished without a word would
-/// otherwise hold the stream for the whole `net::HANDSHAKE_TIMEOUT`.
-const REUSE_HANDSHAKE: Duration = Duration::from_secs(3);
-
-/// Manifest frames stay well under the frame cap.
-const MANIFEST_CHUNK_BYTES: usize = 1 << 20;
-
-fn send_manifest(control: &mut TcpStream, entries: &[FileEntry]) -> Result<()> {
-    let mut out = Vec::new();
-    let mut chunk = Vec::new();
-    let mut bytes = 0;
-    for e in entries {
-        bytes += 32 + e.path.len();
-        chunk.push(e.clone());
-        if bytes >= MANIFEST_CHUNK_BYTES {
-            encode(
-                &Frame::Files {
-                    entries: std::mem::take(&mut chunk),
-                },
-                &mut out,
-            );
-            bytes = 0;
-        }
-    }
-    if !chunk.is_empty() {
-        encode(&Frame::Files { entries: chunk }, &mut out);
-    }
-    encode(&Frame::FilesEnd, &mut out);
-    control
-        .write_all(&out)
-        .map_err(|e| Error::net("sending the manifest", e))
-}
-
-/// Connects to the receiver within `timeout` and authenticates for
-/// `purpose`, the handshake bounded in time as a whole; returns the stream
-/// and the round trip.
-fn connect(
-    cfg: &SendConfig,
-    opts: &SocketOpts,
-    purpose: Purpose,
-    timeout: Duration,
-) -> Result<(TcpStream, Duration)> {
-    authenticate(
-        cfg,
-        net::connect(&cfg.to, opts, timeout)?,
-        purpose,
-        net::HANDSHAKE_TIMEOUT,
-    )
-}
-
-/// Authenticates a connected `stream` for `purpose`, the handshake
-/// bounded in time as a whole; returns it and the round trip.
-fn authenticate(
-    cfg: &SendConfig,
-    stream: TcpStream,
-    purpose: Purpose,
-    within: Duration,
-) -> Result<(TcpStream, Duration)> {
-    let port = net::port_of(&cfg.to);
-    let rtt = net::within(&stream, within, |d| {
-        auth::client(d, &cfg.token, purpose, port)
-    })?;
-    Ok((stream, rtt))
-}
-
-/// What the tuner makes of the control connection's handshake round trip
-/// and this host's TCP buffer limits, for a run with `cfg.per_link`.
-fn streams_for_link(cfg: &SendConfig, control: &TcpStream, pool: &Pools) -> StreamChoice {
-    let rtt = net::tcp_stats(control).map_or(Duration::ZERO, |t| {
-        tuner::round_trip(t.min_rtt_ms, t.rtt_ms)
-    });
-    let caps = capabilities();
-    let buffer = match cfg.socket.buffer {
-        // The kernel grants twice what is asked for (socket(7)), up to
-        // twice net.core.wmem_max.
-        Some(b) => {
-            let core = sysctl_number("net.core.wmem_max").map_or(u64::MAX, |m| m.max(0) as u64);
-            (b as u64).min(core).saturating_mul(2)
-        }
-        None => caps.tcp_wmem_max.min(caps.tcp_rmem_max),
-    };
-    tuner::choose_streams(
-        &Link {
-            rtt,
-            buffer,
-            explicit: cfg.socket.buffer.is_some(),
-            aim_bps: aim_bps(cfg),
-            most: most_fed(cfg, pool),
-        },
-        cfg.streams,
-    )
-}
-
-/// The rate the tuner and the optimizer aim at: the cap, else `AIM_BPS`.
-fn aim_bps(cfg: &SendConfig) -> f64 {
-    cfg.max_rate.map_or(AIM_BPS, |r| r as f64 * 8.0)
-}
-
-/// The streams the sender's buffer feeds: two blocks each, and the two
-/// the pool keeps for the reader.
-fn most_fed(cfg: &SendConfig, pool: &Pools) -> u16 {
-    let blocks = pool.large_bytes() / cfg.block_size.max(1);
-    (blocks.saturating_sub(2) / 2).min(u64::from(u16::MAX)) as u16
-}
-
-/// Each stream's share of the sender's `buffer` bytes when there are
-/// `streams`.
-fn per_stream_bytes(cfg: &SendConfig, buffer: u64, streams: u16) -> u64 {
-    (buffer / u64::from(streams.max(1))).max(2 * cfg.block_size)
-}
-
-/// A mutex's guard, also after a thread panicked holding it (the data
-/// under it is sockets, which stay valid).
-fn hold<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// What opening a session settled: the control connection and the files
-/// the receiver accepted, with the bytes it already holds.
-struct Opened {
-    control: TcpStream,
-    core: SenderControl,
-    planned: Vec<PlannedFile>,
-    held_bytes: u64,
-}
-
-/// Authenticates the control connection, opens the session for `streams`
-/// data streams and reads the plan.
-fn open_session(
-    cfg: &SendConfig,
-    control: TcpStream,
-    streams: u16,
-    pending: &[(u32, &SourceFile)],
-    st: &mut RunState,
-    session: SessionId,
-) -> Result<Opened> {
-    let (mut control, rtt) = authenticate(cfg, control, Purpose::Control, net::HANDSHAKE_TIMEOUT)?;
-    st.connected = true;
-    // A receiver that stops reading, or stops mid-frame, cannot hold this
-    // side longer than a silent one would be waited for (between frames,
-    // silence is watched by the idle deadline; see `control_loop`).
-    control
-        .set_write_timeout(Some(IDLE_TIMEOUT))
-        .and_then(|()| control.set_read_timeout(Some(IDLE_TIMEOUT)))
-        .map_err(|e| Error::net("setting the control connection's timeouts", e))?;
-    // A count the tuner chose has its own reason, with what held it down.
-    if st.rtt.is_none() && st.streams_chosen.is_none() {
-        if let Some(w) = net::buffer_warning(rtt, streams, cfg.max_rate) {
-            tracing::warn!("{w}");
-        }
-    }
-    st.rtt = Some(rtt);
-    st.congestion = net::congestion_of(&control);
-    write_frame(
-        &mut control,
-        &Frame::Open {
-            session,
-            block_size: cfg.block_size as u32,
-            streams,
-            verify: cfg.verify,
-            discard: cfg.synthetic.is_some(),
-        },
-    )?;
-    let entries: Vec<FileEntry> = pending
-        .iter()
-        .map(|(id, f)| FileEntry {
-            file_id: *id,
-            kind: f.kind,
-            size: f.size,
-            fingerprint: f.stamp.fingerprint(),
-            mode: f.mode,
-            path: f.dest.clone(),
-        })
-        .collect();
-    send_manifest(&mut control, &entries)?;
-
-    // The plan: the core checks it answers each offered file once, with
-    // resume bitmaps of the right length.
-    let mut core = SenderControl::new(
-        pending.iter().map(|(id, f)| (*id, f.size)),
-        cfg.block_size,
-        cfg.verify,
-        KEEPALIVE_INTERVAL,
-        IDLE_TIMEOUT,
-    )
-    .with_identities(entries.iter().map(|e| (e.file_id, entry_identity(e))));
-    let mut reader = FrameReader::default();
-    let plan = 'plan: loop {
-        let frame = reader.read(&mut control)?;
-        core.handle_frame(frame, Instant::now());
-        while let Some(action) = core.poll_action() {
-            match action {
-                Action::Planned(plan) => break 'plan plan,
-                // The receiver's last words: why we hang up.
-                Action::Send(frame) => {
-                    let _ = write_frame(&mut control, &frame);
-                }
-                Action::Close(end) => return Err(end_error(end)),
-                other @ Action::Verdict { .. } => {
-                    return Err(Error::Internal(format!(
-                        "the session core asked for {other:?} before the plan"
-                    )));
-                }
-            }
-        }
-    };
-    for (file_id, message) in plan.refused {
-        st.verdicts.insert(file_id, FileVerdict::Failed(message));
-    }
-    Ok(Opened {
-        control,
-        core,
-        planned: plan.accepted,
-        held_bytes: plan.held_bytes,
-    })
-}
-
-/// What connecting a session's data streams takes.
-struct Joining<'a> {
-    cfg: &'a SendConfig,
-    opts: &'a SocketOpts,
-    session: SessionId,
-    /// For each TCP handshake.
-    timeout: Duration,
-    /// Set once the session is over: a busy receiver is not tried again.
-    stop: &'a AtomicBool,
-    /// Counts the streams that joined over parked connections.
-    reused: &'a AtomicU64,
-}
-
-/// Connects and authenticates data stream `i`, over a connection an
-/// earlier session parked where there is one. A receiver that turns a new
-/// one away as busy (more handshakes from this address at once than it
-/// takes) is tried again shortly, as the others finish theirs, unless the
-/// session is over.
-fn connect_stream(j: &Joining<'_>, i: u16) -> Result<TcpStream> {
-    let Joining { cfg, opts, .. } = *j;
-    let purpose = Purpose::Join {
-        session: j.session,
-        stream: i,
-    };
-    if let Some(st) = reuse(cfg, opts, purpose) {
-        j.reused.fetch_add(1, Ordering::Relaxed);
-        return Ok(st);
-    }
-    let mut attempt = 1;
-    loop {
-        match connect(cfg, opts, purpose, j.timeout) {
-            Ok((st, _)) => return Ok(st),
-            Err(Error::Remote {
-                retryable: true, ..
-            }) if attempt < STREAM_CONNECT_ATTEMPTS && !j.stop.load(Ordering::SeqCst) => {
-                std::thread::sleep(Duration::from_millis(100) * attempt);
-                attempt += 1;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// Which parked connections of `warm` a data stream with `opts` may reuse.
-fn warm_key(cfg: &SendConfig, warm: &Warm, opts: &SocketOpts) -> WarmKey {
-    warm.key(&cfg.to, opts.buffer, opts.congestion.clone())
-}
-
-/// A connection an earlier session to this receiver parked, set up for
-/// `opts` and authenticated afresh for `purpose`; `None` when none is kept
-/// or the one taken fails, and the stream connects as a new one.
-fn reuse(cfg: &SendConfig, opts: &SocketOpts, purpose: Purpose) -> Option<TcpStream> {
-    let warm = cfg.warm.as_ref()?;
-    let st = warm.take(&warm_key(cfg, warm, opts), Instant::now())?;
-    // This session's pacing, or none: the last one's may differ.
-    let rearmed = net::apply(&st, opts).and_then(|()| {
-        set_max_pacing_rate(&st, opts.pacing.unwrap_or(u64::MAX))
-            .map_err(|e| Error::net("setting SO_MAX_PACING_RATE", e))
-    });
-    match rearmed.and_then(|()| authenticate(cfg, st, purpose, REUSE_HANDSHAKE)) {
-        Ok((st, _)) => Some(st),
-        Err(e) => {
-            tracing::debug!(error = %e, "a parked connection could not be reused; connecting afresh");
-            None
-        }
-    }
-}
-
-/// Starts connecting data streams `ids` of a session, all at once, each on
-/// a thread of `scope`, while the caller goes on; `finish_connecting`
-/// waits for them.
-fn start_connecting<'scope>(
-    scope: &'scope Scope<'scope, '_>,
-    j: &'scope Joining<'scope>,
-    ids: Range<u16>,
-) -> Vec<ScopedJoinHandle<'scope, Result<TcpStream>>> {
-    ids.map(|i| scope.spawn(carry(move || connect_stream(j, i))))
-        .collect()
-}
-
-/// Each stream `start_connecting` started, connected or why not, in order.
-fn finish_connecting(
-    handles: Vec<ScopedJoinHandle<'_, Result<TcpStream>>>,
-) -> Vec<Result<TcpStream>> {
-    handles
-        .into_iter()
-        .map(|h| {
-            h.join()
-                .unwrap_or_else(|_| Err(Error::Internal("a connect thread panicked".into())))
-        })
-        .collect()
-}
 
 /// Runs one session over the files that have no verdict yet.
 pub(crate) fn run(
@@ -522,6 +195,7 @@ fn note_plan(cfg: &SendConfig, all: &[SourceFile], st: &mut RunState, held_bytes
         .map(|(id, _)| all[*id as usize].size)
         .sum();
     cfg.progress.held(verified_bytes + held_bytes);
+    st.handle_held(verified_bytes + held_bytes);
 }
 
 /// The state a session's threads share, for the `pending` files under
@@ -630,6 +304,15 @@ impl Running<'_> {
             tcp: Vec::new(),
             tuned: Tuned::default(),
         };
+        // Before any thread starts: a failure once they run must stop them
+        // (they wait for `stop`), or the scope would wait for them forever.
+        let mut ctl_r = match control.try_clone() {
+            Ok(c) => c,
+            Err(e) => {
+                ended.outcome = Err(Error::net("cloning the control connection", e));
+                return ended;
+            }
+        };
         ended.outcome = std::thread::scope(|s| -> Result<()> {
             let reader_handle = s.spawn(carry(|| self.read()));
             for (i, clones) in spawned {
@@ -641,9 +324,6 @@ impl Running<'_> {
                 shared.lock().acks_running += 1;
                 s.spawn(carry(move || ack_loop(shared, i, r)));
             }
-            let mut ctl_r = control
-                .try_clone()
-                .map_err(|e| Error::net("cloning the control connection", e))?;
             s.spawn(carry(move || control_loop(shared, &mut ctl_r)));
             // Dropped when the session stops, which ends the sampling at once.
             let (sampling, stop_sampling) = mpsc::channel::<()>();
@@ -860,364 +540,6 @@ fn coordinate(shared: &Shared, control: &mut TcpStream) -> Result<()> {
             .wait_timeout(g, Duration::from_millis(250))
             .unwrap_or_else(|p| p.into_inner())
             .0;
-    }
-}
-
-fn send_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
-    loop {
-        let (order, buf) = {
-            let mut g = shared.lock();
-            loop {
-                if shared.stopped() || !g.sched.stream_alive(i) {
-                    // Written by this thread, the stream's one writer, so
-                    // that it follows the last block whole.
-                    let park = shared.park.load(Ordering::SeqCst) && g.sched.stream_alive(i);
-                    drop(g);
-                    if park {
-                        let _ = write_frame(&mut stream, &Frame::Park);
-                    }
-                    return;
-                }
-                if let Some(o) = g.sched.poll_send(i) {
-                    let b = Arc::clone(g.bufs.get(&o.gid).expect("a ready block has its buffer"));
-                    break (o, b);
-                }
-                g = shared.cv.wait(g).unwrap_or_else(|p| p.into_inner());
-            }
-        };
-        let frame = Frame::Block(BlockHeader {
-            file_id: order.file_id,
-            block: order.block,
-            offset: order.offset,
-            len: order.len as u32,
-        });
-        match send_block(shared, &mut stream, &frame, order.gid, buf.as_slice()) {
-            Ok(()) => {
-                shared.sent_bytes.fetch_add(order.len, Ordering::Relaxed);
-                if let Some(c) = shared.per_stream.get(usize::from(i)) {
-                    c.fetch_add(order.len, Ordering::Relaxed);
-                }
-                shared.observer.sent(i, order.len);
-                shared.progress.sent(order.len);
-                shared.in_flight(order.len as i64);
-            }
-            Err(e) => {
-                let _ = stream.shutdown(Shutdown::Both);
-                shared.stream_failed(i, &e.to_string());
-                return;
-            }
-        }
-    }
-}
-
-/// Sends a block's header, its payload in pieces, each hashed just before
-/// it goes (so the kernel copies it from the CPU cache rather than from
-/// memory), and the checksum after them.
-fn send_block(
-    shared: &Shared,
-    stream: &mut TcpStream,
-    frame: &Frame,
-    gid: usize,
-    payload: &[u8],
-) -> Result<()> {
-    let mut hasher = (shared.verify != Verification::None).then(BlockHasher::default);
-    let mut pieces = payload.chunks(HASH_PIECE);
-    let first = pieces.next().unwrap_or_default();
-    if let Some(h) = &mut hasher {
-        h.update(first);
-    }
-    write_frame_with_payload(stream, frame, first)?;
-    for piece in pieces {
-        if let Some(h) = &mut hasher {
-            h.update(piece);
-        }
-        stream
-            .write_all(piece)
-            .map_err(|e| Error::net("sending a block", e))?;
-    }
-    let sum = hasher.map_or(0, |h| h.finish());
-    // Recorded before the receiver can see the checksum, hence before it
-    // can acknowledge the block. The last block of a file to go out lets
-    // the coordinator report the file at once.
-    if shared.lock().sched.handle_sent_checksum(gid, sum) {
-        shared.cv.notify_all();
-    }
-    stream
-        .write_all(&sum.to_le_bytes())
-        .map_err(|e| Error::net("sending a block", e))
-}
-
-/// What the optimizer did in a session.
-#[derive(Debug, Default)]
-struct Tuned {
-    changes: Vec<StreamChange>,
-    /// Why it stopped adding, if it did before the session ended.
-    held: Option<String>,
-}
-
-/// What a session whose streams the tuner chose needs to add more.
-struct Grow<'a> {
-    cfg: &'a SendConfig,
-    opts: &'a SocketOpts,
-    session: SessionId,
-    /// Counts the streams that joined over parked connections.
-    reused: &'a AtomicU64,
-    /// The sender's buffer, which the streams share.
-    buffer: u64,
-    optimizer: Optimizer,
-}
-
-impl Grow<'_> {
-    /// Connects `more` streams, all at once (fewer where the session's
-    /// stream counters run out), and starts each that connected as the
-    /// scheduler's next stream; returns the streams alive then. The
-    /// buffer's share and a cap's pacing are spread over those alive.
-    fn add<'scope>(
-        &self,
-        s: &'scope Scope<'scope, '_>,
-        shared: &'scope Shared,
-        open: &Mutex<Vec<Option<TcpStream>>>,
-        more: u16,
-    ) -> u16 {
-        let from = hold(open).len() as u16;
-        let to = from
-            .saturating_add(more)
-            .min(shared.per_stream.len() as u16);
-        let joining = Joining {
-            cfg: self.cfg,
-            opts: self.opts,
-            session: self.session,
-            timeout: ADDED_CONNECT_TIMEOUT,
-            stop: &shared.stop,
-            reused: self.reused,
-        };
-        let connected =
-            std::thread::scope(|c| finish_connecting(start_connecting(c, &joining, from..to)));
-        let mut open = hold(open);
-        let mut g = shared.lock();
-        if shared.stopped() {
-            for st in connected.iter().flatten() {
-                let _ = st.shutdown(Shutdown::Both);
-            }
-            return g.sched.alive_streams() as u16;
-        }
-        let joining = connected.iter().filter(|c| c.is_ok()).count();
-        let alive = (g.sched.alive_streams() + joining).max(1) as u16;
-        let per = per_stream_bytes(self.cfg, self.buffer, alive);
-        for c in connected {
-            // Failed ones too: the scheduler's indices stay those the
-            // streams joined with, and the counters' and sockets'.
-            let i = g.sched.add_stream(per);
-            let clones = c.and_then(|st| match (st.try_clone(), st.try_clone()) {
-                (Ok(w), Ok(r)) => Ok((st, w, r)),
-                (Err(e), _) | (_, Err(e)) => Err(Error::net("cloning a data stream", e)),
-            });
-            match clones {
-                Ok((st, w, r)) => {
-                    s.spawn(carry(move || send_loop(shared, i, w)));
-                    g.acks_running += 1;
-                    s.spawn(carry(move || ack_loop(shared, i, r)));
-                    open.push(Some(st));
-                }
-                Err(e) => {
-                    tracing::warn!(stream = i, error = %e, "an added data stream could not connect");
-                    g.sched.handle_stream_failed(i);
-                    open.push(None);
-                }
-            }
-        }
-        let alive = g.sched.alive_streams() as u16;
-        drop(g);
-        // A capped transfer's rate is shared by those alive now.
-        if let Some(rate) = self.cfg.max_rate {
-            let each = (rate / u64::from(alive.max(1))).max(1);
-            for st in open.iter().flatten() {
-                let _ = set_max_pacing_rate(st, each);
-            }
-        }
-        shared.cv.notify_all();
-        alive
-    }
-}
-
-/// Tells the observer each data stream's TCP_INFO every
-/// `TCP_SAMPLE_EVERY` until `stop` closes (and the session samples them
-/// once more as it ends), so that a transfer's metrics show its paths
-/// while it runs; and, where the tuner chose the streams, lets the
-/// optimizer add more while that raises the rate.
-fn sample_loop<'scope>(
-    s: &'scope Scope<'scope, '_>,
-    shared: &'scope Shared,
-    open: &Mutex<Vec<Option<TcpStream>>>,
-    mut grow: Option<Grow<'_>>,
-    stop: &mpsc::Receiver<()>,
-) -> Tuned {
-    let mut tuned = Tuned::default();
-    let mut next_sample = Instant::now() + TCP_SAMPLE_EVERY;
-    loop {
-        // Woken for the next sample, or sooner when the optimizer's
-        // settling or window ends (a second's granularity would add up
-        // to a second to each of its steps).
-        let wake = grow
-            .as_ref()
-            .and_then(|g| g.optimizer.poll_timeout())
-            .map_or(next_sample, |t| t.min(next_sample));
-        let wait = wake.saturating_duration_since(Instant::now());
-        if let Err(mpsc::RecvTimeoutError::Disconnected) | Ok(()) = stop.recv_timeout(wait) {
-            return tuned;
-        }
-        if Instant::now() >= next_sample {
-            next_sample += TCP_SAMPLE_EVERY;
-            for (i, st) in hold(open).iter().enumerate() {
-                if let Some(t) = st.as_ref().and_then(net::tcp_stats) {
-                    shared.observer.tcp_sampled(i as u16, &t);
-                }
-            }
-        }
-        let Some(g) = grow.as_mut() else { continue };
-        // Once every block is out, the rate falls for want of data, not
-        // of streams.
-        if shared.lock().sched.nothing_left_to_send() {
-            grow = None;
-            continue;
-        }
-        g.optimizer
-            .handle_progress(Instant::now(), shared.acked_bytes.load(Ordering::Relaxed));
-        while let Some(d) = g.optimizer.poll() {
-            match d {
-                Decision::Add(mut change) => {
-                    let alive = g.add(s, shared, open, change.to - change.from);
-                    if alive > change.from {
-                        // What opened, which the reason's "trying" may
-                        // exceed when some could not connect.
-                        change.to = alive;
-                        tracing::info!(
-                            from = change.from,
-                            to = change.to,
-                            "added data streams: {}",
-                            change.reason
-                        );
-                        shared.observer.streams_changed(&change);
-                        tuned.changes.push(change);
-                    }
-                    if shared.stopped() {
-                        return tuned;
-                    }
-                    g.optimizer.handle_added(Instant::now(), alive);
-                }
-                Decision::Hold(why) => {
-                    tracing::info!("data streams held: {why}");
-                    tuned.held = Some(why);
-                }
-            }
-        }
-        if g.optimizer.is_done() {
-            grow = None;
-        }
-    }
-}
-
-/// Reads data stream `i`'s acknowledgements until the session stops and
-/// the stream closes or is parked; tells `settle_parking` it has ended.
-fn ack_loop(shared: &Shared, i: u16, stream: TcpStream) {
-    read_acks(shared, i, stream);
-    shared.lock().acks_running -= 1;
-    shared.cv.notify_all();
-}
-
-fn read_acks(shared: &Shared, i: u16, mut stream: TcpStream) {
-    let mut reader = FrameReader::default();
-    loop {
-        let frame = reader.read_capped(&mut stream, MAX_SMALL_FRAME);
-        let mut g = shared.lock();
-        match frame {
-            Ok(Frame::Ack { file_id, block }) => match g.sched.handle_ack(i, file_id, block) {
-                Ok(None) => {}
-                Ok(Some(gid)) => {
-                    if let Some(b) = g.bufs.remove(&gid) {
-                        shared
-                            .acked_bytes
-                            .fetch_add(b.len() as u64, Ordering::Relaxed);
-                        shared.progress.acknowledged(b.len() as u64);
-                        shared.in_flight(-(b.len() as i64));
-                    }
-                }
-                Err(v) => {
-                    drop(g);
-                    shared.fail(Error::Violation(v));
-                    return;
-                }
-            },
-            Ok(Frame::Nack { file_id, block }) => {
-                tracing::warn!(
-                    file_id,
-                    block,
-                    "receiver found a block damaged; resending it"
-                );
-                if let Err(v) = g.sched.handle_nack(i, file_id, block) {
-                    drop(g);
-                    shared.fail(Error::Violation(v));
-                    return;
-                }
-            }
-            // Every acknowledgement came before it: the stream is clean
-            // for the next session.
-            Ok(Frame::Parked) if shared.park.load(Ordering::SeqCst) => {
-                g.parked.push((i, stream, Instant::now()));
-                return;
-            }
-            Ok(Frame::Error { message, retryable }) => {
-                drop(g);
-                shared.fail(Error::Remote { message, retryable });
-                return;
-            }
-            Ok(other) => {
-                drop(g);
-                shared.fail(
-                    Violation::new(
-                        ViolationKind::Unexpected,
-                        format!("unexpected {} on data stream {i}", describe(&other)),
-                    )
-                    .into(),
-                );
-                return;
-            }
-            Err(e) => {
-                drop(g);
-                let _ = stream.shutdown(Shutdown::Both);
-                shared.stream_failed(i, &e.to_string());
-                return;
-            }
-        }
-        drop(g);
-        shared.cv.notify_all();
-    }
-}
-
-/// Waits up to `PARK_WAIT` for every data stream's acknowledgement reader
-/// to end (on the receiver's `Parked`, or on anything else), then closes
-/// the streams that were not parked.
-fn settle_parking(shared: &Shared, open: &Mutex<Vec<Option<TcpStream>>>) {
-    let deadline = Instant::now() + PARK_WAIT;
-    let mut g = shared.lock();
-    while g.acks_running > 0 {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        g = shared
-            .cv
-            .wait_timeout(g, left)
-            .map_or_else(|p| p.into_inner().0, |(g, _)| g);
-    }
-    let parked: Vec<u16> = g.parked.iter().map(|(i, ..)| *i).collect();
-    drop(g);
-    for (i, st) in hold(open).iter().enumerate() {
-        if let Some(st) = st
-            && !parked.contains(&(i as u16))
-        {
-            let _ = st.shutdown(Shutdown::Both);
-        }
     }
 }
 

@@ -163,3 +163,9 @@ impl Shared {
         self.cv.notify_all();
     }
 }
+
+/// A mutex's guard, also after a thread panicked holding it (the data
+/// under it is sockets, which stay valid).
+pub(super) fn hold<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

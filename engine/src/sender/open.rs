@@ -1,0 +1,151 @@
+//! Opening a session on the control connection: `Open`, the manifest,
+//! and the plan the control core checks.
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::Instant;
+
+use super::connect::authenticate;
+use super::shared::end_error;
+use super::source::SourceFile;
+use super::{RunState, SendConfig};
+use crate::digest::entry_identity;
+use crate::error::{Error, Result};
+use crate::net::{self};
+use crate::scheduler::PlannedFile;
+use crate::session::FileVerdict;
+use crate::session::SenderControl;
+use crate::session::sender::Action;
+use crate::wire::{
+    FileEntry, Frame, FrameReader, IDLE_TIMEOUT, KEEPALIVE_INTERVAL, Purpose, SessionId, encode,
+    write_frame,
+};
+
+/// Manifest frames stay well under the frame cap.
+const MANIFEST_CHUNK_BYTES: usize = 1 << 20;
+
+fn send_manifest(control: &mut TcpStream, entries: &[FileEntry]) -> Result<()> {
+    let mut out = Vec::new();
+    let mut chunk = Vec::new();
+    let mut bytes = 0;
+    for e in entries {
+        bytes += 32 + e.path.len();
+        chunk.push(e.clone());
+        if bytes >= MANIFEST_CHUNK_BYTES {
+            encode(
+                &Frame::Files {
+                    entries: std::mem::take(&mut chunk),
+                },
+                &mut out,
+            );
+            bytes = 0;
+        }
+    }
+    if !chunk.is_empty() {
+        encode(&Frame::Files { entries: chunk }, &mut out);
+    }
+    encode(&Frame::FilesEnd, &mut out);
+    control
+        .write_all(&out)
+        .map_err(|e| Error::net("sending the manifest", e))
+}
+
+/// What opening a session settled: the control connection and the files
+/// the receiver accepted, with the bytes it already holds.
+pub(super) struct Opened {
+    pub(super) control: TcpStream,
+    pub(super) core: SenderControl,
+    pub(super) planned: Vec<PlannedFile>,
+    pub(super) held_bytes: u64,
+}
+
+/// Authenticates the control connection, opens the session for `streams`
+/// data streams and reads the plan.
+pub(super) fn open_session(
+    cfg: &SendConfig,
+    control: TcpStream,
+    streams: u16,
+    pending: &[(u32, &SourceFile)],
+    st: &mut RunState,
+    session: SessionId,
+) -> Result<Opened> {
+    let (mut control, rtt) = authenticate(cfg, control, Purpose::Control, net::HANDSHAKE_TIMEOUT)?;
+    st.connected = true;
+    // A receiver that stops reading, or stops mid-frame, cannot hold this
+    // side longer than a silent one would be waited for (between frames,
+    // silence is watched by the idle deadline; see `control_loop`).
+    control
+        .set_write_timeout(Some(IDLE_TIMEOUT))
+        .and_then(|()| control.set_read_timeout(Some(IDLE_TIMEOUT)))
+        .map_err(|e| Error::net("setting the control connection's timeouts", e))?;
+    // A count the tuner chose has its own reason, with what held it down.
+    if st.rtt.is_none() && st.streams_chosen.is_none() {
+        if let Some(w) = net::buffer_warning(rtt, streams, cfg.max_rate) {
+            tracing::warn!("{w}");
+        }
+    }
+    st.rtt = Some(rtt);
+    st.congestion = net::congestion_of(&control);
+    write_frame(
+        &mut control,
+        &Frame::Open {
+            session,
+            block_size: cfg.block_size as u32,
+            streams,
+            verify: cfg.verify,
+            discard: cfg.synthetic.is_some(),
+        },
+    )?;
+    let entries: Vec<FileEntry> = pending
+        .iter()
+        .map(|(id, f)| FileEntry {
+            file_id: *id,
+            kind: f.kind,
+            size: f.size,
+            fingerprint: f.stamp.fingerprint(),
+            mode: f.mode,
+            path: f.dest.clone(),
+        })
+        .collect();
+    send_manifest(&mut control, &entries)?;
+
+    // The plan: the core checks it answers each offered file once, with
+    // resume bitmaps of the right length.
+    let mut core = SenderControl::new(
+        pending.iter().map(|(id, f)| (*id, f.size)),
+        cfg.block_size,
+        cfg.verify,
+        KEEPALIVE_INTERVAL,
+        IDLE_TIMEOUT,
+    )
+    .with_identities(entries.iter().map(|e| (e.file_id, entry_identity(e))));
+    let mut reader = FrameReader::default();
+    let plan = 'plan: loop {
+        let frame = reader.read(&mut control)?;
+        core.handle_frame(frame, Instant::now());
+        while let Some(action) = core.poll_action() {
+            match action {
+                Action::Planned(plan) => break 'plan plan,
+                // The receiver's last words: why we hang up.
+                Action::Send(frame) => {
+                    let _ = write_frame(&mut control, &frame);
+                }
+                Action::Close(end) => return Err(end_error(end)),
+                other @ Action::Verdict { .. } => {
+                    return Err(Error::Internal(format!(
+                        "the session core asked for {other:?} before the plan"
+                    )));
+                }
+            }
+        }
+    };
+    for (file_id, message) in plan.refused {
+        st.verdicts.insert(file_id, FileVerdict::Failed(message));
+    }
+    Ok(Opened {
+        control,
+        core,
+        planned: plan.accepted,
+        held_bytes: plan.held_bytes,
+    })
+}

@@ -1,0 +1,211 @@
+//! A data stream's two threads, one sending blocks and one reading
+//! acknowledgements, and the parking of the streams as a session that
+//! ended well winds down.
+
+use std::io::Write;
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::shared::{Shared, hold};
+use crate::digest::{BlockHasher, HASH_PIECE};
+use crate::error::{Error, Result};
+use crate::session::describe;
+use crate::violation::{Violation, ViolationKind};
+use crate::wire::{
+    BlockHeader, Frame, FrameReader, MAX_SMALL_FRAME, Verification, write_frame,
+    write_frame_with_payload,
+};
+
+/// How long the receiver has to answer a data stream's `Park`: a round
+/// trip, normally. A stream it does not answer on is closed.
+const PARK_WAIT: Duration = Duration::from_secs(5);
+
+pub(super) fn send_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
+    loop {
+        let (order, buf) = {
+            let mut g = shared.lock();
+            loop {
+                if shared.stopped() || !g.sched.stream_alive(i) {
+                    // Written by this thread, the stream's one writer, so
+                    // that it follows the last block whole.
+                    let park = shared.park.load(Ordering::SeqCst) && g.sched.stream_alive(i);
+                    drop(g);
+                    if park {
+                        let _ = write_frame(&mut stream, &Frame::Park);
+                    }
+                    return;
+                }
+                if let Some(o) = g.sched.poll_send(i) {
+                    let b = Arc::clone(g.bufs.get(&o.gid).expect("a ready block has its buffer"));
+                    break (o, b);
+                }
+                g = shared.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        let frame = Frame::Block(BlockHeader {
+            file_id: order.file_id,
+            block: order.block,
+            offset: order.offset,
+            len: order.len as u32,
+        });
+        match send_block(shared, &mut stream, &frame, order.gid, buf.as_slice()) {
+            Ok(()) => {
+                shared.sent_bytes.fetch_add(order.len, Ordering::Relaxed);
+                if let Some(c) = shared.per_stream.get(usize::from(i)) {
+                    c.fetch_add(order.len, Ordering::Relaxed);
+                }
+                shared.observer.sent(i, order.len);
+                shared.progress.sent(order.len);
+                shared.in_flight(order.len as i64);
+            }
+            Err(e) => {
+                let _ = stream.shutdown(Shutdown::Both);
+                shared.stream_failed(i, &e.to_string());
+                return;
+            }
+        }
+    }
+}
+
+/// Sends a block's header, its payload in pieces, each hashed just before
+/// it goes (so the kernel copies it from the CPU cache rather than from
+/// memory), and the checksum after them.
+fn send_block(
+    shared: &Shared,
+    stream: &mut TcpStream,
+    frame: &Frame,
+    gid: usize,
+    payload: &[u8],
+) -> Result<()> {
+    let mut hasher = (shared.verify != Verification::None).then(BlockHasher::default);
+    let mut pieces = payload.chunks(HASH_PIECE);
+    let first = pieces.next().unwrap_or_default();
+    if let Some(h) = &mut hasher {
+        h.update(first);
+    }
+    write_frame_with_payload(stream, frame, first)?;
+    for piece in pieces {
+        if let Some(h) = &mut hasher {
+            h.update(piece);
+        }
+        stream
+            .write_all(piece)
+            .map_err(|e| Error::net("sending a block", e))?;
+    }
+    let sum = hasher.map_or(0, |h| h.finish());
+    // Recorded before the receiver can see the checksum, hence before it
+    // can acknowledge the block. The last block of a file to go out lets
+    // the coordinator report the file at once.
+    if shared.lock().sched.handle_sent_checksum(gid, sum) {
+        shared.cv.notify_all();
+    }
+    stream
+        .write_all(&sum.to_le_bytes())
+        .map_err(|e| Error::net("sending a block", e))
+}
+
+/// Reads data stream `i`'s acknowledgements until the session stops and
+/// the stream closes or is parked; tells `settle_parking` it has ended.
+pub(super) fn ack_loop(shared: &Shared, i: u16, stream: TcpStream) {
+    read_acks(shared, i, stream);
+    shared.lock().acks_running -= 1;
+    shared.cv.notify_all();
+}
+
+fn read_acks(shared: &Shared, i: u16, mut stream: TcpStream) {
+    let mut reader = FrameReader::default();
+    loop {
+        let frame = reader.read_capped(&mut stream, MAX_SMALL_FRAME);
+        let mut g = shared.lock();
+        match frame {
+            Ok(Frame::Ack { file_id, block }) => match g.sched.handle_ack(i, file_id, block) {
+                Ok(None) => {}
+                Ok(Some(gid)) => {
+                    if let Some(b) = g.bufs.remove(&gid) {
+                        shared
+                            .acked_bytes
+                            .fetch_add(b.len() as u64, Ordering::Relaxed);
+                        shared.progress.acknowledged(b.len() as u64);
+                        shared.in_flight(-(b.len() as i64));
+                    }
+                }
+                Err(v) => {
+                    drop(g);
+                    shared.fail(Error::Violation(v));
+                    return;
+                }
+            },
+            Ok(Frame::Nack { file_id, block }) => {
+                tracing::warn!(
+                    file_id,
+                    block,
+                    "receiver found a block damaged; resending it"
+                );
+                if let Err(v) = g.sched.handle_nack(i, file_id, block) {
+                    drop(g);
+                    shared.fail(Error::Violation(v));
+                    return;
+                }
+            }
+            // Every acknowledgement came before it: the stream is clean
+            // for the next session.
+            Ok(Frame::Parked) if shared.park.load(Ordering::SeqCst) => {
+                g.parked.push((i, stream, Instant::now()));
+                return;
+            }
+            Ok(Frame::Error { message, retryable }) => {
+                drop(g);
+                shared.fail(Error::Remote { message, retryable });
+                return;
+            }
+            Ok(other) => {
+                drop(g);
+                shared.fail(
+                    Violation::new(
+                        ViolationKind::Unexpected,
+                        format!("unexpected {} on data stream {i}", describe(&other)),
+                    )
+                    .into(),
+                );
+                return;
+            }
+            Err(e) => {
+                drop(g);
+                let _ = stream.shutdown(Shutdown::Both);
+                shared.stream_failed(i, &e.to_string());
+                return;
+            }
+        }
+        drop(g);
+        shared.cv.notify_all();
+    }
+}
+
+/// Waits up to `PARK_WAIT` for every data stream's acknowledgement reader
+/// to end (on the receiver's `Parked`, or on anything else), then closes
+/// the streams that were not parked.
+pub(super) fn settle_parking(shared: &Shared, open: &Mutex<Vec<Option<TcpStream>>>) {
+    let deadline = Instant::now() + PARK_WAIT;
+    let mut g = shared.lock();
+    while g.acks_running > 0 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        g = shared
+            .cv
+            .wait_timeout(g, left)
+            .map_or_else(|p| p.into_inner().0, |(g, _)| g);
+    }
+    let parked: Vec<u16> = g.parked.iter().map(|(i, ..)| *i).collect();
+    drop(g);
+    for (i, st) in hold(open).iter().enumerate() {
+        if let Some(st) = st
+            && !parked.contains(&(i as u16))
+        {
+            let _ = st.shutdown(Shutdown::Both);
+        }
+    }
+}
