@@ -1,9 +1,9 @@
 //! Seeded simulation of whole transfers through the engine's real core: the
 //! sender's `Scheduler` and its reader's `SourceReads`, the receiver
 //! writer's `FileLifecycle` (with its `FileTracker`s and
-//! `CheckpointPolicy`), `Bitmap` and the digests, over source files that
-//! change, shrink or vanish while they are sent, reads that complete out of
-//! order, streams that delay, reorder, damage and cut, and a disk that
+//! `CheckpointPolicy`), `Bitmap` and the digests, over source files of up
+//! to 40 blocks (empty ones, and ones ending in a short block) that change,
+//! shrink or vanish while they are sent, reads that complete out of order, streams that delay, reorder, damage and cut, and a disk that
 //! completes writes out of order, fails with ENOSPC or EIO, and on a crash
 //! loses whatever was not synced.
 //!
@@ -56,7 +56,7 @@ use wirerate_engine::session::reports::Reported;
 use wirerate_engine::session::sender::Action as SendAction;
 use wirerate_engine::session::{FileVerdict, ReceiverControl, SenderControl, Verdict};
 use wirerate_engine::wire::{EntryKind, FileEntry, Frame, PlanOutcome};
-use wirerate_engine::{Bitmap, Scheduler};
+use wirerate_engine::{Bitmap, Layout, Scheduler};
 
 /// SplitMix64: small, seedable, the same on every machine.
 struct Rng(u64);
@@ -162,6 +162,7 @@ struct Read {
     gid: usize,
     file: u32,
     block: u64,
+    len: u64,
     done_at: u64,
 }
 
@@ -217,6 +218,9 @@ struct Sim {
     faults: Faults,
     /// The source as listed when the run began.
     source: Vec<Vec<u64>>,
+    /// Each file's size in bytes: its last block may be short, and a file
+    /// may be empty.
+    sizes: Vec<u64>,
     /// The source as it is now.
     now_source: Vec<SourceNow>,
     disk: Disk,
@@ -241,7 +245,14 @@ impl Sim {
         let mut rng = Rng(seed);
         let files = 1 + rng.below(4) as usize;
         let source: Vec<Vec<u64>> = (0..files)
-            .map(|_| (0..1 + rng.below(40)).map(|_| rng.next()).collect())
+            .map(|_| (0..rng.below(41)).map(|_| rng.next()).collect())
+            .collect();
+        let sizes = source
+            .iter()
+            .map(|blocks| {
+                let short = if rng.chance(500) { rng.below(BLOCK) } else { 0 };
+                (blocks.len() as u64 * BLOCK).saturating_sub(short)
+            })
             .collect();
         // A third of the runs are calm; the rest draw each fault's rate.
         let calm = rng.chance(333);
@@ -276,6 +287,7 @@ impl Sim {
                 })
                 .collect(),
             source,
+            sizes,
             trace: Vec::new(),
             struck: BTreeMap::new(),
             step: 0,
@@ -428,7 +440,7 @@ impl Sim {
             have_at_plan.insert(f, have.clone());
             planned.push(PlannedFile {
                 file_id: f,
-                size: self.source[f as usize].len() as u64 * BLOCK,
+                size: self.sizes[f as usize],
                 have: Some(have),
             });
         }
@@ -440,7 +452,7 @@ impl Sim {
         }
         let per_stream = BLOCK * (1 + self.rng.below(4));
         let depth = 1 + self.rng.below(8) as usize;
-        Live {
+        let mut live = Live {
             session,
             streams,
             files: todo.len(),
@@ -459,6 +471,21 @@ impl Sim {
             syncing: None,
             wrote: have_at_plan.clone(),
             have_at_plan,
+        };
+        self.check_empty(&mut live, &todo);
+        live
+    }
+
+    /// As the reader does before anything is reported: the empty files,
+    /// which are never read, are checked against their listing, and given
+    /// up when they changed.
+    fn check_empty(&mut self, live: &mut Live, todo: &[u32]) {
+        for &f in todo {
+            let src = &self.now_source[f as usize];
+            if self.sizes[f as usize] == 0 && (src.changed || src.deleted) {
+                self.log(format!("empty file {f} changed"));
+                self.give_up(live, f, "its stamp changed".into());
+            }
         }
     }
 
@@ -607,7 +634,7 @@ impl Sim {
                 }
                 live.reads.handle_opened(f, false);
             }
-            if live.reads.handle_submitted(&order) != Some(BLOCK) {
+            if live.reads.handle_submitted(&order) != Some(order.len) {
                 self.fail(&format!("the reader's core would not read {order:?}"));
             }
             let done_at = self.step + self.rng.below(self.faults.max_delay);
@@ -615,6 +642,7 @@ impl Sim {
                 gid: order.gid,
                 file: f,
                 block: order.block,
+                len: order.len,
                 done_at,
             });
         }
@@ -633,7 +661,7 @@ impl Sim {
             let r = live.reading.swap_remove(i);
             let src = &self.now_source[r.file as usize];
             let token = src.blocks.get(r.block as usize).copied();
-            let got = if token.is_some() { BLOCK } else { 0 };
+            let got = if token.is_some() { r.len } else { 0 };
             let change = src.changed.then(|| "its stamp changed".to_string());
             let mut next = live.reads.handle_completed(r.gid, got);
             if let Some(Completed::Check { file_id }) = next {
@@ -644,7 +672,7 @@ impl Sim {
             }
             match next {
                 Some(Completed::Ready(b)) => {
-                    let (Some(token), false) = (token, b.len != BLOCK || b.file_id != r.file)
+                    let (Some(token), false) = (token, b.len != r.len || b.file_id != r.file)
                     else {
                         self.fail(&format!("read {} handed on as {b:?}", r.gid));
                     };
@@ -1169,7 +1197,11 @@ impl Sim {
         if plan.held_bytes
             != planned
                 .iter()
-                .map(|p| p.have.as_ref().map_or(0, |h| h.count()) * BLOCK)
+                .map(|p| {
+                    p.have
+                        .as_ref()
+                        .map_or(0, |h| Layout::new(p.size, BLOCK).bytes_in(h))
+                })
                 .sum::<u64>()
         {
             self.fail("the sender core counts the held bytes wrong");
