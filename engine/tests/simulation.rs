@@ -3,9 +3,10 @@
 //! writer's `FileLifecycle` (with its `FileTracker`s and
 //! `CheckpointPolicy`), `Bitmap` and the digests, over source files of up
 //! to 40 blocks (empty ones, and ones ending in a short block) that change,
-//! shrink or vanish while they are sent, reads that complete out of order, streams that delay, reorder, damage and cut, and a disk that
-//! completes writes out of order, fails with ENOSPC or EIO, and on a crash
-//! loses whatever was not synced.
+//! shrink or vanish while they are sent, reads that complete out of order,
+//! streams that delay, reorder, damage and cut, and a disk that completes
+//! writes out of order, fails with ENOSPC or EIO, and on a crash loses
+//! whatever was not synced.
 //!
 //! Both ends of the control connection are the real cores: the sim opens
 //! each session through `ReceiverControl` (the manifest, its requests to
