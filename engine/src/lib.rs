@@ -46,6 +46,7 @@ pub mod observe;
 pub mod optimizer;
 #[cfg(feature = "shells")]
 pub mod probe;
+#[cfg(feature = "shells")]
 pub mod progress;
 #[cfg(feature = "shells")]
 pub mod receiver;

@@ -17,8 +17,8 @@
 
 use std::collections::HashMap;
 
-use crate::io::ALIGN;
 use crate::scheduler::ReadOrder;
+use crate::tuning::ALIGN;
 
 /// A source file with reads in flight.
 #[derive(Debug)]
@@ -143,7 +143,7 @@ impl SourceReads {
             },
         );
         Some(if f.direct {
-            order.len.next_multiple_of(ALIGN as u64)
+            order.len.next_multiple_of(ALIGN)
         } else {
             order.len
         })
@@ -311,7 +311,7 @@ mod tests {
         let mut o = order(0, 3, 0, true);
         o.len = 100;
         o.digest_only = true;
-        assert_eq!(r.handle_submitted(&o), Some(ALIGN as u64));
+        assert_eq!(r.handle_submitted(&o), Some(ALIGN));
         assert_eq!(
             r.handle_completed(0, 100),
             Some(Completed::Check { file_id: 3 })
