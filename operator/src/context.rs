@@ -60,6 +60,9 @@ pub struct Context {
     /// are, whatever else changed: after a failed revocation, and after a
     /// start, which cannot know of a failure before it.
     pub revokes_settled: Mutex<std::collections::HashSet<String>>,
+    /// How the operator last left each object a pool renders, so that a
+    /// pass does not write one again unchanged.
+    pub applied: Mutex<crate::applied::Applied>,
     /// The index, the last plan, and who was woken for it.
     scheduling: Mutex<Scheduling>,
     /// Bumped by every change a plan depends on.
@@ -151,6 +154,7 @@ impl Context {
             stores,
             ledger: Mutex::default(),
             revokes_settled: Mutex::default(),
+            applied: Mutex::default(),
             scheduling: Mutex::new(Scheduling {
                 planner: Planner::default(),
                 plan: Arc::default(),
@@ -235,8 +239,9 @@ impl Context {
         lock(&self.wakes).take()
     }
 
-    /// Server-side applies `obj` as the operator, taking over its fields.
-    pub async fn apply<K>(&self, obj: &K) -> crate::Result<()>
+    /// Server-side applies `obj` as the operator, taking over its fields;
+    /// returns the object as the API server then has it.
+    pub async fn apply<K>(&self, obj: &K) -> crate::Result<K>
     where
         K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
             + serde::Serialize
@@ -258,13 +263,14 @@ impl Context {
         let mut body = serde_json::to_value(obj).expect("Kubernetes objects serialize");
         body["apiVersion"] = serde_json::json!(K::api_version(&dt));
         body["kind"] = serde_json::json!(K::kind(&dt));
-        api.patch(
-            &name,
-            &kube::api::PatchParams::apply(wirerate_crds::contract::OPERATOR_MANAGER).force(),
-            &kube::api::Patch::Apply(&body),
-        )
-        .await?;
-        Ok(())
+        let written = api
+            .patch(
+                &name,
+                &kube::api::PatchParams::apply(wirerate_crds::contract::OPERATOR_MANAGER).force(),
+                &kube::api::Patch::Apply(&body),
+            )
+            .await?;
+        Ok(written)
     }
 
     /// Snapshots pools, agents and consents at `now`.

@@ -9,6 +9,7 @@
 
 pub mod admission;
 pub mod agents;
+pub mod applied;
 pub mod budget;
 pub mod cli;
 pub mod context;

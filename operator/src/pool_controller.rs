@@ -16,8 +16,10 @@ use wirerate_crds::DtnPoolStatus;
 use wirerate_crds::conditions::{self, types};
 use wirerate_crds::{DtnPool, contract};
 
-use crate::context::Context;
-use crate::{Error, Result, ownership, path_tests, pool_status, render, token_grant, validate};
+use crate::context::{Context, lock};
+use crate::{
+    Error, Result, applied, ownership, path_tests, pool_status, render, token_grant, validate,
+};
 
 /// Finalizer that removes the pool's Roles in other namespaces (owner
 /// references cannot reach across namespaces).
@@ -208,7 +210,7 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
     let neighbours: Vec<_> = view.agents.values().filter(|a| a.namespace == ns).collect();
     status.path_tests = path_tests::status(pool, &view.pools, &neighbours, &unusable, now);
     pool_status::set_taken(&mut status, pool, &blocked.taken, &blocked.failed, now);
-    let policies = crate::context::lock(&ctx.policies_missing).clone();
+    let policies = lock(&ctx.policies_missing).clone();
     pool_status::set_policies(&mut status, pool, policies.as_deref(), now);
     pool_status::set_refused(&mut status, pool, refused.as_deref(), now);
     announce(ctx, pool, &status).await;
@@ -258,6 +260,8 @@ where
     let ns = obj.meta().namespace.clone().unwrap_or_default();
     let name = obj.meta().name.clone().unwrap_or_default();
     let what = format!("{} {ns}/{name}", K::kind(&()));
+    let key = (K::kind(&()).into_owned(), ns.clone(), name.clone());
+    let rendered = applied::rendered(obj);
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &ns);
     let done = match api.get_metadata_opt(&name).await {
         Err(e) => Err(Error::from(e)),
@@ -272,13 +276,17 @@ where
                     ..PostParams::default()
                 };
                 match api.create(&pp, obj).await {
-                    Ok(_) => Ok(()),
+                    Ok(made) => Ok(made),
                     // Made since the look: the next pass decides whose.
                     Err(kube::Error::Api(e)) if e.code == 409 => return false,
                     Err(e) => Err(e.into()),
                 }
             }
             render::Claim::Update { uid } => {
+                let version = m.as_ref().and_then(|m| m.metadata.resource_version.clone());
+                if lock(&ctx.applied).unchanged(&key, &uid, version.as_deref(), rendered) {
+                    return true;
+                }
                 // The uid in the apply makes it a conflict if another object
                 // took the name since the look.
                 let mut o = obj.clone();
@@ -287,6 +295,15 @@ where
             }
         },
     };
+    let done = done.map(|written| {
+        let meta = written.meta();
+        lock(&ctx.applied).record(
+            key,
+            meta.uid.clone(),
+            meta.resource_version.clone(),
+            rendered,
+        );
+    });
     match done {
         Ok(()) => true,
         Err(e) => {

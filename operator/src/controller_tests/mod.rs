@@ -18,6 +18,7 @@ use wirerate_crds::transfer::{AgentReport, ReportState, Role};
 use wirerate_crds::{DtnPool, DtnPoolBinding, DtnPoolBindingSpec, Transfer, contract};
 
 use crate::agents::tests::lease;
+use crate::context::lock;
 use crate::fixtures::Cluster;
 use crate::render::tests::lustre_pool;
 use crate::validate::tests::{pool, transfer};
