@@ -20,6 +20,7 @@ mod plan;
 mod registry;
 mod session;
 mod stats;
+mod stream;
 mod verdicts;
 mod writer;
 
@@ -563,7 +564,7 @@ fn handle_connection(
             Purpose::Join {
                 session,
                 stream: idx,
-            } => match session::run_stream(shared, stream, session, idx)? {
+            } => match stream::run_stream(shared, stream, session, idx)? {
                 Some((parked, key)) if wait_parked(shared, &parked, key) => {
                     stream = parked;
                     at.parked = true;
@@ -731,7 +732,7 @@ fn handshake(at: &mut At, stream: &mut TcpStream) -> Option<Purpose> {
     }
 }
 
-/// Holds a data connection `session::run_stream` parked (and registered
+/// Holds a data connection `stream::run_stream` parked (and registered
 /// in `Shared::parked`) until its sender starts the next handshake on it
 /// (true), or for at most `PARK_IDLE`, or until the receiver stops when
 /// it is in no lobby (false: it closes); then takes it off the register by `key`, known

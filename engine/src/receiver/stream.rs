@@ -1,0 +1,394 @@
+//! A data stream of a session: joining it, receiving its blocks into the
+//! session's buffers for the writer, acknowledging them, and parking the
+//! connection for the sender's next session once the session ended.
+
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::session::{Session, short};
+use super::writer::WriterMsg;
+use super::{ParkKey, Shared, lock};
+use crate::Layout;
+use crate::digest::{BlockHasher, HASH_PIECE};
+use crate::error::{Error, Result};
+use crate::io::PoolBuf;
+use crate::net;
+use crate::session::describe;
+use crate::tuning::STREAMS;
+use crate::violation::{Violation, ViolationKind};
+use crate::wire::{
+    BlockHeader, Frame, FrameReader, MAX_SMALL_FRAME, SessionId, Verification, write_frame,
+};
+
+/// Acknowledgements queued per data stream before its reader waits.
+const ACK_QUEUE: usize = 1024;
+
+/// Once its session has ended, a data stream's sender has this long to
+/// park it (`Frame::Park`) or close it.
+const PARK_GRACE: Duration = Duration::from_secs(10);
+
+/// How often a data stream waiting for its next block looks whether its
+/// session has ended.
+const END_POLL: Duration = Duration::from_secs(1);
+
+/// How a data stream's part in its session ended.
+enum StreamEnd {
+    /// Closed, cut, or done.
+    Closed,
+    /// The sender parked it for its next session.
+    Park,
+}
+
+/// The data streams one session takes: the most a sender opens.
+const MOST_STREAMS: usize = STREAMS.max as usize;
+
+/// Runs data stream `idx` of session `id`; returns the connection, and
+/// its key in `Shared::parked`, when the sender parked it, clean, for its
+/// next session.
+pub(crate) fn run_stream(
+    shared: &Arc<Shared>,
+    mut stream: TcpStream,
+    id: SessionId,
+    idx: u16,
+) -> Result<Option<(TcpStream, ParkKey)>> {
+    let _stream = tracing::info_span!("stream", session = %short(&id), idx).entered();
+    let session = find_session(shared, &mut stream, &id)?;
+    let ends = stream.local_addr().ok().zip(stream.peer_addr().ok());
+    join(&session, &mut stream)?;
+    if session.aborted.load(Ordering::SeqCst) {
+        return Ok(None);
+    }
+    session.stats.streams.fetch_add(1, Ordering::Relaxed);
+    let acks = Acks::start(&stream, shared.cfg.idle_timeout, idx)?;
+    let result = receive_blocks(&session, &mut stream, &acks.tx);
+    if let (Ok(StreamEnd::Park), Some(key)) = (&result, ends) {
+        return Ok(if park(shared, &session, &stream, key, acks) {
+            Some((stream, key))
+        } else {
+            None
+        });
+    }
+    if let Ok(StreamEnd::Park) = result {
+        // Its ends unknown, it could not be told from its siblings.
+        let _ = stream.shutdown(Shutdown::Both);
+    }
+    let result = result.map(|_| None);
+    if let Err(e @ (Error::Protocol(_) | Error::Violation(_))) = &result {
+        if let Error::Violation(v) = e {
+            session.observer.violation(v.kind);
+        }
+        // Written directly: the ack thread may be gone, and the peer must
+        // hear why before the close, and that a new connection can get
+        // past a damaged frame.
+        let _ = write_frame(
+            &mut stream,
+            &Frame::Error {
+                retryable: e.is_retryable(),
+                message: e.to_string(),
+            },
+        );
+        // Clones held by the session would keep the socket open.
+        let _ = stream.shutdown(Shutdown::Both);
+    }
+    result
+}
+
+/// Session `id`, once it is open; the sender of `stream` hears when it
+/// is not.
+fn find_session(shared: &Shared, stream: &mut TcpStream, id: &SessionId) -> Result<Arc<Session>> {
+    let stopping = || shared.stop.load(Ordering::SeqCst);
+    let Some(session) = shared.sessions.wait(id, shared.cfg.join_wait, stopping) else {
+        let message = "unknown session: open it on a control connection first".to_string();
+        let _ = write_frame(
+            stream,
+            &Frame::Error {
+                retryable: true,
+                message: message.clone(),
+            },
+        );
+        return Err(Violation::new(ViolationKind::Unknown, message).into());
+    };
+    Ok(session)
+}
+
+/// Adds `stream` to `session`'s data streams, or refuses it past the most
+/// one session takes.
+fn join(session: &Session, stream: &mut TcpStream) -> Result<()> {
+    // Each join is a connection and two threads here. Our senders open
+    // at most STREAMS.max, added ones included; more would let one
+    // session hold the connections every other session needs.
+    let mut joined = lock(&session.data_streams);
+    if joined.len() >= MOST_STREAMS {
+        drop(joined);
+        let v = Violation::new(
+            ViolationKind::Excess,
+            format!(
+                "this session already has {MOST_STREAMS} data streams, the most one session takes"
+            ),
+        );
+        session.observer.violation(v.kind);
+        let _ = write_frame(
+            stream,
+            &Frame::Error {
+                retryable: false,
+                message: v.to_string(),
+            },
+        );
+        return Err(v.into());
+    }
+    joined.push(
+        stream
+            .try_clone()
+            .map_err(|e| Error::net("cloning a stream", e))?,
+    );
+    Ok(())
+}
+
+/// A data stream's acknowledgements, which a thread of their own writes.
+struct Acks {
+    tx: mpsc::SyncSender<Frame>,
+    /// Says whether it wrote `Parked`, the last frame it writes.
+    thread: JoinHandle<bool>,
+}
+
+impl Acks {
+    /// Sets data stream `idx`'s timeouts and starts the thread that writes
+    /// its acknowledgements.
+    fn start(stream: &TcpStream, idle_timeout: Duration, idx: u16) -> Result<Self> {
+        // Bounded, and the socket's writes too: a sender that stops reading
+        // its acknowledgements stops this stream (and, after the idle timeout,
+        // loses it) instead of queueing them in the receiver's memory.
+        let (tx, rx) = mpsc::sync_channel::<Frame>(ACK_QUEUE);
+        // Reads too: between frames the stream waits in `next_frame_due`, but
+        // a sender that stops in the middle of one is gone.
+        stream
+            .set_write_timeout(Some(idle_timeout))
+            .and_then(|()| stream.set_read_timeout(Some(idle_timeout)))
+            .map_err(|e| Error::net("setting a stream's timeouts", e))?;
+        let mut ack_stream = stream
+            .try_clone()
+            .map_err(|e| Error::net("cloning a stream", e))?;
+        let thread = std::thread::Builder::new()
+            .name(format!("acks-{idx}"))
+            .spawn(move || {
+                for f in rx {
+                    let last = f == Frame::Parked;
+                    if write_frame(&mut ack_stream, &f).is_err() {
+                        return false;
+                    }
+                    if last {
+                        return true;
+                    }
+                }
+                false
+            })
+            .map_err(|e| Error::io("starting an ack thread", e))?;
+        Ok(Self { tx, thread })
+    }
+}
+
+/// Keeps data stream `stream`, which its sender parked, for the sender's
+/// next session under `key`, once `acks` has written what was queued for
+/// it; false when it was closed instead.
+fn park(shared: &Shared, session: &Session, stream: &TcpStream, key: ParkKey, acks: Acks) -> bool {
+    // Parked only while the receiver holds fewer than its share: the
+    // rest of its connections stay for senders starting cold. The
+    // place is taken here, under the lock, and `wait_parked` gives it
+    // back.
+    let placed = {
+        let mut parked = lock(&shared.parked);
+        parked.len() < shared.most_parked()
+            && stream.try_clone().map(|c| parked.insert(key, c)).is_ok()
+    };
+    if !placed {
+        tracing::debug!("too many parked connections; closing this one instead");
+        let _ = stream.shutdown(Shutdown::Both);
+        return false;
+    }
+    // The session's end must not cut it any more.
+    lock(&session.data_streams)
+        .retain(|s| s.local_addr().ok().zip(s.peer_addr().ok()) != Some(key));
+    // After every acknowledgement already queued; one the writer
+    // sends later (for a block the sender did not wait for) is lost
+    // with the session, not written into the next.
+    let queued = acks.tx.send(Frame::Parked).is_ok();
+    drop(acks.tx);
+    if queued && acks.thread.join().unwrap_or(false) {
+        tracing::debug!("data stream parked for the sender's next session");
+        return true;
+    }
+    lock(&shared.parked).remove(&key);
+    let _ = stream.shutdown(Shutdown::Both);
+    false
+}
+
+/// Waits for data stream `stream`'s next frame: as long as it takes
+/// while the session runs (a stream may idle while its siblings carry the
+/// blocks), at most `PARK_GRACE` once the session has ended. False when
+/// that ran out.
+fn next_frame_due(session: &Session, stream: &TcpStream) -> Result<bool> {
+    let mut ended = None;
+    loop {
+        if net::wait_readable(stream, END_POLL)
+            .map_err(|e| Error::net("waiting on a data stream", e))?
+        {
+            return Ok(true);
+        }
+        if session.aborted.load(Ordering::SeqCst)
+            && ended.get_or_insert_with(Instant::now).elapsed() >= PARK_GRACE
+        {
+            return Ok(false);
+        }
+    }
+}
+
+fn receive_blocks(
+    session: &Session,
+    stream: &mut TcpStream,
+    ack_tx: &mpsc::SyncSender<Frame>,
+) -> Result<StreamEnd> {
+    let mut reader = FrameReader::default();
+    loop {
+        if !next_frame_due(session, stream)? {
+            return Ok(StreamEnd::Closed);
+        }
+        let h = match reader.read_capped(stream, MAX_SMALL_FRAME) {
+            Ok(Frame::Block(h)) => h,
+            Ok(Frame::Finish) => return Ok(StreamEnd::Closed),
+            Ok(Frame::Park) => return Ok(StreamEnd::Park),
+            Ok(other) => {
+                return Err(Violation::new(
+                    ViolationKind::Unexpected,
+                    format!("unexpected {} on a data stream", describe(&other)),
+                )
+                .into());
+            }
+            // The sender closing a stream at the end (or a cut) is not our error.
+            Err(Error::Net { .. }) => return Ok(StreamEnd::Closed),
+            Err(e) => return Err(e),
+        };
+        session.check_placed(&h)?;
+        let Some(mut buf) = session.buffer_for(&h) else {
+            return Ok(StreamEnd::Closed);
+        };
+        let Some(checksum) = session.read_block(stream, &h, &mut buf)? else {
+            session.reject(&h, ack_tx);
+            continue;
+        };
+        let msg = WriterMsg::Block {
+            file_id: h.file_id,
+            block: h.block,
+            buf,
+            checksum,
+            ack: ack_tx.clone(),
+        };
+        if session.writer_tx.send(msg).is_err() {
+            return Ok(StreamEnd::Closed);
+        }
+    }
+}
+
+impl Session {
+    /// Refuses block `h` unless its file is in the plan and it sits where
+    /// the file's layout puts it.
+    fn check_placed(&self, h: &BlockHeader) -> Result<()> {
+        let layout = self
+            .sizes
+            .get(h.file_id)
+            .map(|&size| Layout::new(size, self.block_size));
+        let layout = layout.ok_or_else(|| {
+            Error::from(Violation::new(
+                ViolationKind::Unknown,
+                format!("block for file {} that is not in the plan", h.file_id),
+            ))
+        })?;
+        if h.block >= layout.blocks()
+            || h.offset != layout.offset(h.block)
+            || u64::from(h.len) != layout.len(h.block)
+        {
+            return Err(Violation::new(
+                ViolationKind::Inconsistent,
+                format!(
+                    "block {} of file {} has offset {} and length {}, which do not match the file's layout",
+                    h.block, h.file_id, h.offset, h.len
+                ),
+            )
+            .into());
+        }
+        Ok(())
+    }
+
+    /// A buffer for block `h`, once one is free; None when the session
+    /// ends first.
+    fn buffer_for(&self, h: &BlockHeader) -> Option<PoolBuf> {
+        loop {
+            if self.aborted.load(Ordering::SeqCst) {
+                return None;
+            }
+            if let Some(b) = self
+                .pool
+                .for_len(h.len as usize)
+                .get_timeout(Duration::from_millis(200))
+            {
+                return Some(b);
+            }
+        }
+    }
+
+    /// Reads block `h`'s bytes into `buf`, and the checksum that follows
+    /// them. Returns the checksum (0 when the session verifies nothing),
+    /// or None when the bytes do not match it.
+    fn read_block(
+        &self,
+        stream: &mut TcpStream,
+        h: &BlockHeader,
+        buf: &mut PoolBuf,
+    ) -> Result<Option<u64>> {
+        use std::io::Read;
+        let len = h.len as usize;
+        let mut hasher = (self.verify != Verification::None).then(BlockHasher::default);
+        for piece in buf.as_mut_full()[..len].chunks_mut(HASH_PIECE) {
+            stream
+                .read_exact(piece)
+                .map_err(|e| Error::net("reading a block", e))?;
+            self.stats.arriving.fetch_add(1, Ordering::Relaxed);
+            if let Some(h) = &mut hasher {
+                h.update(piece);
+            }
+        }
+        let mut trailer = [0u8; 8];
+        stream
+            .read_exact(&mut trailer)
+            .map_err(|e| Error::net("reading a block's checksum", e))?;
+        buf.set_len(len);
+        let checksum = match hasher {
+            None => 0,
+            Some(hasher) => {
+                let c = hasher.finish();
+                if c != u64::from_le_bytes(trailer) {
+                    return Ok(None);
+                }
+                c
+            }
+        };
+        Ok(Some(checksum))
+    }
+
+    /// Counts block `h` damaged in flight, and asks the sender for it again.
+    fn reject(&self, h: &BlockHeader, ack_tx: &mpsc::SyncSender<Frame>) {
+        self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+        self.observer.damaged();
+        tracing::warn!(
+            file = h.file_id,
+            block = h.block,
+            "block arrived damaged; asking for it again"
+        );
+        let _ = ack_tx.send(Frame::Nack {
+            file_id: h.file_id,
+            block: h.block,
+        });
+    }
+}
