@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use wirerate_crds::conditions::{self, condition, types};
-use wirerate_crds::transfer::{AgentRef, Failover, Moved, Progress, ReportState, Role};
+use wirerate_crds::transfer::{
+    AgentRef, AgentReport, Failover, Moved, Progress, ReportState, Role,
+};
 use wirerate_crds::{Transfer, TransferPhase, TransferStatus};
 
 use crate::agents::{Agent, AgentId};
@@ -70,13 +72,12 @@ pub fn step(
     let generation = t.metadata.generation;
     let mut s = operator_fields(&old);
     s.observed_generation = generation;
-    let mut notes = Vec::new();
-    let old_phase = old.phase.unwrap_or_default();
+    let notes = Vec::new();
 
-    if old_phase.is_final() {
+    if old.phase.unwrap_or_default().is_final() {
         // The sender's last progress report may land after the receiver's
         // verdict (a transfer shorter than the report cadence).
-        if old_phase == TransferPhase::Succeeded && s.average_rate_bps.is_none() {
+        if old.phase == Some(TransferPhase::Succeeded) && s.average_rate_bps.is_none() {
             let end = s.completion_time.clone();
             average_rate(&mut s, old.progress.as_ref(), end);
         }
@@ -93,111 +94,29 @@ pub fn step(
             );
             r
         }
-        Err(e) => {
-            let was_valid =
-                conditions::is_true(&old.conditions, types::VALID) || old.conditions.is_empty();
-            conditions::set(
-                &mut s.conditions,
-                condition(types::VALID, false, e.reason, &e.message),
-                generation,
-                &now_t,
-            );
-            if s.sender.is_some() {
-                // A pool vanished under a running transfer: nothing can finish it.
-                let why = Verdict {
-                    reason: e.reason,
-                    message: &e.message,
-                };
-                return failed(s, notes, why, &now_t);
-            }
-            s.phase = Some(TransferPhase::Pending);
-            if was_valid {
-                notes.push(Note {
-                    warning: true,
-                    reason: e.reason,
-                    message: e.message.clone(),
-                });
-            }
-            return Step::settled(s, notes);
-        }
+        Err(e) => return invalid(s, &old, e, &now_t),
     };
     let external = resolved.receiver_pool.is_none();
 
     // Waiting for agents: none yet, or one side lost and not yet replaced
     // (its pool was full), when the survivor keeps its slot and waits.
     if s.sender.is_none() || (!external && s.receiver.is_none()) {
-        s.phase = Some(TransferPhase::Queued);
-        // The controller says which pool and why once it has the plan
-        // (see `waiting_message`); a message it gave before stays until then.
-        let said = conditions::find(&old.conditions, types::SCHEDULED)
-            .filter(|c| c.status == "False" && c.reason == "WaitingForAgents")
-            .map_or("waiting for free agents in the pools", |c| {
-                c.message.as_str()
-            })
-            .to_owned();
-        waiting_for_agents(&mut s, &said, t, now);
-        let needs = Needs {
-            sender: s.sender.is_none(),
-            receiver: !external && s.receiver.is_none(),
-            // Agents lost before are passed over for a while.
-            avoid: avoided(&s.failovers, now),
-        };
-        return Step {
-            status: s,
-            notes,
-            needs: Some(needs),
-        };
+        return queued(t, s, &old, external, now);
     }
 
-    let attempt = s.attempt;
-    // Only the assigned agent speaks for its side: any agent of a consented
-    // pool may patch the status of every Transfer in the namespace.
-    let assigned_to = |role: Role| match role {
-        Role::Sender => s.sender.as_ref().map(|a| a.name.clone()),
-        Role::Receiver => s.receiver.as_ref().map(|a| a.name.clone()),
-    };
-    let (sender_name, receiver_name) = (assigned_to(Role::Sender), assigned_to(Role::Receiver));
-    let report = |role: Role| {
-        let who = match role {
-            Role::Sender => &sender_name,
-            Role::Receiver => &receiver_name,
-        };
-        old.reports.iter().find(|r| {
-            r.role == role
-                && r.attempt == attempt
-                && (external && role == Role::Receiver || Some(&r.agent) == who.as_ref())
-        })
-    };
-    let receiver_done = if external {
-        report(Role::Sender).is_some_and(|r| r.state == ReportState::Succeeded)
+    let said = Said::new(&s, &old, external);
+    // The verdict is the receiver's, or, to an external receiver, the
+    // sender's.
+    let verdict_role = if external {
+        Role::Sender
     } else {
-        report(Role::Receiver).is_some_and(|r| r.state == ReportState::Succeeded)
+        Role::Receiver
     };
-    if receiver_done {
-        s.phase = Some(TransferPhase::Succeeded);
-        s.completion_time = Some(now_t.clone());
-        s.queue_position = None;
-        average_rate(&mut s, old.progress.as_ref(), Some(now_t.clone()));
-        let msg = match report(if external {
-            Role::Sender
-        } else {
-            Role::Receiver
-        }) {
-            Some(r) if !r.message.is_empty() => format!("landed and verified: {}", r.message),
-            _ => "landed and verified".to_owned(),
-        };
-        conditions::set(
-            &mut s.conditions,
-            condition(types::COMPLETE, true, "Verified", &msg),
-            generation,
-            &now_t,
-        );
-        notes.push(Note {
-            warning: false,
-            reason: "Succeeded",
-            message: msg,
-        });
-        return Step::settled(s, notes);
+    if let Some(r) = said
+        .of(verdict_role)
+        .filter(|r| r.state == ReportState::Succeeded)
+    {
+        return succeeded(s, &old, &r.message, &now_t);
     }
 
     // Lost agents first: a failure report from the surviving side is usually a consequence.
@@ -224,84 +143,12 @@ pub fn step(
         lost.retain(|(role, _, _)| *role == Role::Sender);
     }
     if !lost.is_empty() {
-        let budget = t.spec.max_failovers.max(0) as usize;
-        // Failovers are counted by attempt: both sides replaced at once is one.
-        let used = |s: &TransferStatus| {
-            let mut attempts: Vec<i32> = s.failovers.iter().map(|f| f.attempt).collect();
-            attempts.dedup();
-            attempts.len()
-        };
-        let mut needs = Needs::default();
-        let attempt = s.attempt;
-        for (role, agent, why) in &lost {
-            let counted =
-                used(&s) - usize::from(s.failovers.last().is_some_and(|f| f.attempt == attempt));
-            if counted >= budget {
-                let msg = format!(
-                    "{} agent {agent} lost ({why}) after {counted} failovers, the most spec.maxFailovers allows",
-                    role_name(*role),
-                );
-                let why = Verdict {
-                    reason: "TooManyFailovers",
-                    message: &msg,
-                };
-                return failed(s, notes, why, &now_t);
-            }
-            s.failovers.push(Failover {
-                attempt: s.attempt,
-                role: *role,
-                agent: agent.clone(),
-                reason: why.clone(),
-                at: now_t.clone(),
-            });
-            notes.push(Note {
-                warning: true,
-                reason: "Failover",
-                message: format!(
-                    "{} agent {agent} lost ({why}); reassigning, attempt {} resumes from the checkpoint",
-                    role_name(*role),
-                    s.attempt + 1
-                ),
-            });
-            match role {
-                Role::Sender => {
-                    s.sender = None;
-                    needs.sender = true;
-                }
-                Role::Receiver => {
-                    s.receiver = None;
-                    needs.receiver = true;
-                }
-            }
-        }
-        needs.avoid = avoided(&s.failovers, now);
-        s.attempt += 1;
-        s.phase = Some(TransferPhase::Queued);
-        conditions::set(
-            &mut s.conditions,
-            condition(
-                types::SCHEDULED,
-                false,
-                if stalled.is_some() {
-                    "Stalled"
-                } else {
-                    "Failover"
-                },
-                "waiting for another live agent of the pool",
-            ),
-            generation,
-            &now_t,
-        );
-        return Step {
-            status: s,
-            notes,
-            needs: Some(needs),
-        };
+        return fail_over(t, s, &lost, stalled.is_some(), now);
     }
 
     if let Some(r) = [Role::Sender, Role::Receiver]
         .into_iter()
-        .filter_map(report)
+        .filter_map(|role| said.of(role))
         .find(|r| r.state == ReportState::Failed)
     {
         let msg = format!("{} agent {}: {}", role_name(r.role), r.agent, r.message);
@@ -314,7 +161,7 @@ pub fn step(
 
     let verifying = [Role::Sender, Role::Receiver]
         .into_iter()
-        .filter_map(report)
+        .filter_map(|role| said.of(role))
         .any(|r| r.state == ReportState::Verifying);
     s.phase = Some(if verifying {
         TransferPhase::Verifying
@@ -322,6 +169,219 @@ pub fn step(
         TransferPhase::Running
     });
     Step::settled(s, notes)
+}
+
+/// The step of a Transfer whose spec does not check out, `e`: one with a
+/// sender assigned fails (a pool vanished under it: nothing can finish
+/// it), any other waits as Pending, with a Warning the first time.
+fn invalid(mut s: TransferStatus, old: &TransferStatus, e: &Invalid, now_t: &Time) -> Step {
+    let generation = s.observed_generation;
+    let was_valid = conditions::is_true(&old.conditions, types::VALID) || old.conditions.is_empty();
+    conditions::set(
+        &mut s.conditions,
+        condition(types::VALID, false, e.reason, &e.message),
+        generation,
+        now_t,
+    );
+    let mut notes = Vec::new();
+    if s.sender.is_some() {
+        let why = Verdict {
+            reason: e.reason,
+            message: &e.message,
+        };
+        return failed(s, notes, why, now_t);
+    }
+    s.phase = Some(TransferPhase::Pending);
+    if was_valid {
+        notes.push(Note {
+            warning: true,
+            reason: e.reason,
+            message: e.message.clone(),
+        });
+    }
+    Step::settled(s, notes)
+}
+
+/// The step of a Transfer that waits for agents: Queued, asking the
+/// scheduler for the sides it lacks.
+fn queued(
+    t: &Transfer,
+    mut s: TransferStatus,
+    old: &TransferStatus,
+    external: bool,
+    now: Timestamp,
+) -> Step {
+    s.phase = Some(TransferPhase::Queued);
+    // The controller says which pool and why once it has the plan
+    // (see `waiting_message`); a message it gave before stays until then.
+    let said = conditions::find(&old.conditions, types::SCHEDULED)
+        .filter(|c| c.status == "False" && c.reason == "WaitingForAgents")
+        .map_or("waiting for free agents in the pools", |c| {
+            c.message.as_str()
+        })
+        .to_owned();
+    waiting_for_agents(&mut s, &said, t, now);
+    let needs = Needs {
+        sender: s.sender.is_none(),
+        receiver: !external && s.receiver.is_none(),
+        // Agents lost before are passed over for a while.
+        avoid: avoided(&s.failovers, now),
+    };
+    Step {
+        status: s,
+        notes: Vec::new(),
+        needs: Some(needs),
+    }
+}
+
+/// What the assigned agents reported of this attempt. Only the assigned
+/// agent speaks for its side: any agent of a consented pool may patch the
+/// status of every Transfer in the namespace. An external receiver has no
+/// agent here: a receiver's report of this attempt is taken from whoever
+/// wrote it (its verdict is read from the sender's report instead, but a
+/// Failed or Verifying one counts).
+struct Said<'a> {
+    old: &'a TransferStatus,
+    attempt: i32,
+    sender: Option<String>,
+    receiver: Option<String>,
+    external: bool,
+}
+
+impl<'a> Said<'a> {
+    fn new(s: &TransferStatus, old: &'a TransferStatus, external: bool) -> Self {
+        Self {
+            old,
+            attempt: s.attempt,
+            sender: s.sender.as_ref().map(|a| a.name.clone()),
+            receiver: s.receiver.as_ref().map(|a| a.name.clone()),
+            external,
+        }
+    }
+
+    /// The report of `role`'s assigned agent for this attempt.
+    fn of(&self, role: Role) -> Option<&'a AgentReport> {
+        let who = match role {
+            Role::Sender => &self.sender,
+            Role::Receiver => &self.receiver,
+        };
+        self.old.reports.iter().find(|r| {
+            r.role == role
+                && r.attempt == self.attempt
+                && (self.external && role == Role::Receiver || Some(&r.agent) == who.as_ref())
+        })
+    }
+}
+
+/// The step of a Transfer whose receiver (or, to an external receiver,
+/// sender) reported it landed and verified, saying `said`.
+fn succeeded(mut s: TransferStatus, old: &TransferStatus, said: &str, now_t: &Time) -> Step {
+    s.phase = Some(TransferPhase::Succeeded);
+    s.completion_time = Some(now_t.clone());
+    s.queue_position = None;
+    average_rate(&mut s, old.progress.as_ref(), Some(now_t.clone()));
+    let msg = if said.is_empty() {
+        "landed and verified".to_owned()
+    } else {
+        format!("landed and verified: {said}")
+    };
+    let generation = s.observed_generation;
+    conditions::set(
+        &mut s.conditions,
+        condition(types::COMPLETE, true, "Verified", &msg),
+        generation,
+        now_t,
+    );
+    let notes = vec![Note {
+        warning: false,
+        reason: "Succeeded",
+        message: msg,
+    }];
+    Step::settled(s, notes)
+}
+
+/// The step of a Transfer that lost the agents in `lost` (role, name,
+/// why; `stalled` when they are lost because the transfer stalled): each
+/// is replaced, within spec.maxFailovers (counted by attempt: both sides
+/// replaced at once is one), and the Transfer fails once they are spent.
+fn fail_over(
+    t: &Transfer,
+    mut s: TransferStatus,
+    lost: &[(Role, String, String)],
+    stalled: bool,
+    now: Timestamp,
+) -> Step {
+    let now_t = conditions::whole_seconds(now);
+    let mut notes = Vec::new();
+    let budget = t.spec.max_failovers.max(0) as usize;
+    let used = |s: &TransferStatus| {
+        let mut attempts: Vec<i32> = s.failovers.iter().map(|f| f.attempt).collect();
+        attempts.dedup();
+        attempts.len()
+    };
+    let mut needs = Needs::default();
+    let attempt = s.attempt;
+    for (role, agent, why) in lost {
+        let counted =
+            used(&s) - usize::from(s.failovers.last().is_some_and(|f| f.attempt == attempt));
+        if counted >= budget {
+            let msg = format!(
+                "{} agent {agent} lost ({why}) after {counted} failovers, the most spec.maxFailovers allows",
+                role_name(*role),
+            );
+            let why = Verdict {
+                reason: "TooManyFailovers",
+                message: &msg,
+            };
+            return failed(s, notes, why, &now_t);
+        }
+        s.failovers.push(Failover {
+            attempt: s.attempt,
+            role: *role,
+            agent: agent.clone(),
+            reason: why.clone(),
+            at: now_t.clone(),
+        });
+        notes.push(Note {
+            warning: true,
+            reason: "Failover",
+            message: format!(
+                "{} agent {agent} lost ({why}); reassigning, attempt {} resumes from the checkpoint",
+                role_name(*role),
+                s.attempt + 1
+            ),
+        });
+        match role {
+            Role::Sender => {
+                s.sender = None;
+                needs.sender = true;
+            }
+            Role::Receiver => {
+                s.receiver = None;
+                needs.receiver = true;
+            }
+        }
+    }
+    needs.avoid = avoided(&s.failovers, now);
+    s.attempt += 1;
+    s.phase = Some(TransferPhase::Queued);
+    let generation = s.observed_generation;
+    conditions::set(
+        &mut s.conditions,
+        condition(
+            types::SCHEDULED,
+            false,
+            if stalled { "Stalled" } else { "Failover" },
+            "waiting for another live agent of the pool",
+        ),
+        generation,
+        &now_t,
+    );
+    Step {
+        status: s,
+        notes,
+        needs: Some(needs),
+    }
 }
 
 /// Keeps `s.last_moved`, the operator's note of when the transfer last

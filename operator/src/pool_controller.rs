@@ -95,6 +95,63 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
         .partition(|n| validate::serves(pool, &key, n, &view.consents));
 
     let r = render::render(pool, &serving);
+    let unusable = settle_grants(pool, ctx, (&r, &serving), &view).await?;
+    let written = write_rendered(pool, ctx, &r).await;
+
+    let agents: Vec<_> = view
+        .agents
+        .values()
+        .filter(|a| a.namespace == ns && a.pool == name)
+        .collect();
+    let pods_state = ctx.stores.pods.state();
+    let pods: Vec<&Pod> = pods_state
+        .iter()
+        .filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()))
+        .filter(|p| p.labels().get(contract::POOL_LABEL) == Some(&name))
+        .map(|p| &**p)
+        .collect();
+    let create_failure = if (pods.len() as i32) < pool.spec.replicas {
+        create_failure(ctx, &ns, &render::agent_name(pool)).await
+    } else {
+        None
+    };
+    let seen = pool_status::Observed {
+        agents: &agents,
+        pods: &pods,
+        active: ctx.load(now),
+        namespaces: pool_status::Namespaces {
+            serving: &serving,
+            awaiting: &awaiting,
+            missing: &written.missing,
+        },
+        create_failure: create_failure.as_deref(),
+    };
+    let mut status = pool_status::status(pool, &seen, now);
+    let neighbours: Vec<_> = view.agents.values().filter(|a| a.namespace == ns).collect();
+    status.path_tests = path_tests::status(pool, &view.pools, &neighbours, &unusable, now);
+    let blocked = written.blocked;
+    pool_status::set_taken(&mut status, pool, &blocked.taken, &blocked.failed, now);
+    let policies = lock(&ctx.policies_missing).clone();
+    pool_status::set_policies(&mut status, pool, policies.as_deref(), now);
+    pool_status::set_refused(&mut status, pool, written.refused.as_deref(), now);
+    write_status(pool, ctx, api, &status).await?;
+    if let Some(e) = blocked.error {
+        // After the status that says so; the error retries it sooner.
+        return Err(e);
+    }
+    // Heartbeats are not watched events; look again on their beat.
+    Ok(Action::requeue(Duration::from_secs(10)))
+}
+
+/// Takes back what the pool no longer grants, before anything else is
+/// written, and grants what its path tests need; returns the path-test
+/// tokens it found unusable.
+async fn settle_grants(
+    pool: &DtnPool,
+    ctx: &Context,
+    (r, serving): (&render::Rendered, &[String]),
+    view: &crate::context::View,
+) -> Result<path_tests::Unusable> {
     // Revocation first, so that no other namespace's trouble below can hold
     // it up. Only when what the pool serves may have changed: it lists Roles
     // across the cluster.
@@ -145,6 +202,24 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
             }
         }
     }
+    Ok(unusable)
+}
+
+/// What writing a pool's rendered objects came to.
+struct Written {
+    blocked: Blocked,
+    /// Consenting namespaces the pool's Role could not be written in (not
+    /// those where the name is someone else's: those are in `blocked`).
+    missing: Vec<String>,
+    /// Why the StatefulSet was not written: host paths the admin did not
+    /// allow.
+    refused: Option<String>,
+}
+
+/// Writes what the pool renders, in order, each only where it is the
+/// pool's (see `ensure`), and the StatefulSet only once the agents'
+/// identity, grants and Service are in place.
+async fn write_rendered(pool: &DtnPool, ctx: &Context, r: &render::Rendered) -> Written {
     // Nothing rendered is written over someone else's object of its name,
     // nor taken (an owner reference added would have the pool's deletion
     // delete it). A ServiceAccount or RBAC object that is not the pool's
@@ -177,61 +252,35 @@ async fn apply(pool: &DtnPool, ctx: &Context, api: &Api<DtnPool>) -> Result<Acti
     if rbac && service && refused.is_none() {
         ensure(ctx, pool, &r.stateful_set, &mut blocked).await;
     }
-
-    let agents: Vec<_> = view
-        .agents
-        .values()
-        .filter(|a| a.namespace == ns && a.pool == name)
-        .collect();
-    let pods_state = ctx.stores.pods.state();
-    let pods: Vec<&Pod> = pods_state
-        .iter()
-        .filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()))
-        .filter(|p| p.labels().get(contract::POOL_LABEL) == Some(&name))
-        .map(|p| &**p)
-        .collect();
-    let create_failure = if (pods.len() as i32) < pool.spec.replicas {
-        create_failure(ctx, &ns, &render::agent_name(pool)).await
-    } else {
-        None
-    };
-    let seen = pool_status::Observed {
-        agents: &agents,
-        pods: &pods,
-        active: ctx.load(now),
-        namespaces: pool_status::Namespaces {
-            serving: &serving,
-            awaiting: &awaiting,
-            missing: &missing,
-        },
-        create_failure: create_failure.as_deref(),
-    };
-    let mut status = pool_status::status(pool, &seen, now);
-    let neighbours: Vec<_> = view.agents.values().filter(|a| a.namespace == ns).collect();
-    status.path_tests = path_tests::status(pool, &view.pools, &neighbours, &unusable, now);
-    pool_status::set_taken(&mut status, pool, &blocked.taken, &blocked.failed, now);
-    let policies = lock(&ctx.policies_missing).clone();
-    pool_status::set_policies(&mut status, pool, policies.as_deref(), now);
-    pool_status::set_refused(&mut status, pool, refused.as_deref(), now);
-    announce(ctx, pool, &status).await;
-    for c in [pool_status::NAME_TAKEN, pool_status::HOST_PATH_NOT_ALLOWED] {
-        announce_condition(ctx, pool, &status, c).await;
+    Written {
+        blocked,
+        missing,
+        refused,
     }
-    if pool.status.as_ref() != Some(&status) {
-        let patch = wirerate_crds::apply::StatusApply::new::<DtnPool>(&status);
+}
+
+/// Announces what changed in the pool's status, and writes it when it
+/// differs from what the pool has.
+async fn write_status(
+    pool: &DtnPool,
+    ctx: &Context,
+    api: &Api<DtnPool>,
+    status: &DtnPoolStatus,
+) -> Result<()> {
+    announce(ctx, pool, status).await;
+    for c in [pool_status::NAME_TAKEN, pool_status::HOST_PATH_NOT_ALLOWED] {
+        announce_condition(ctx, pool, status, c).await;
+    }
+    if pool.status.as_ref() != Some(status) {
+        let patch = wirerate_crds::apply::StatusApply::new::<DtnPool>(status);
         api.patch_status(
-            &name,
+            &pool.name_any(),
             &PatchParams::apply(contract::OPERATOR_MANAGER).force(),
             &Patch::Apply(&patch),
         )
         .await?;
     }
-    if let Some(e) = blocked.error {
-        // After the status that says so; the error retries it sooner.
-        return Err(e);
-    }
-    // Heartbeats are not watched events; look again on their beat.
-    Ok(Action::requeue(Duration::from_secs(10)))
+    Ok(())
 }
 
 /// What kept the pool's rendered objects from being written: names someone
