@@ -73,8 +73,8 @@ impl Drop for Registration<'_> {
             // A file's result can overtake the acknowledgements of its last
             // blocks, which wait in the ack threads' queues; the sender
             // counts on them, and then parks or closes each stream (its
-            // thread gives it a grace period for that, see `stream`). A session that ended
-            // badly cuts them.
+            // thread gives it a grace period for that, see `stream`). A
+            // session that ended badly cuts them.
             if !self.graceful {
                 for st in lock(&s.data_streams).iter() {
                     let _ = st.shutdown(Shutdown::Both);
