@@ -1,5 +1,6 @@
-//! What the operator last wrote of each object a pool renders, so that a
-//! pass that would write the same thing again writes nothing.
+//! What the operator last wrote of each object a pool renders (and of its
+//! path-test grants), so that a pass that would write the same thing again
+//! writes nothing.
 //!
 //! The pool controller looks again every 10 s (agents' heartbeats are not
 //! watched events). Applying each rendered object on every look cost a
@@ -31,6 +32,16 @@ struct Left {
 #[derive(Debug, Default)]
 pub struct Applied {
     by_key: HashMap<Key, Left>,
+}
+
+/// The key of `obj`.
+pub fn key_of<K: kube::Resource<DynamicType = ()>>(obj: &K) -> Key {
+    let m = obj.meta();
+    (
+        K::kind(&()).into_owned(),
+        m.namespace.clone().unwrap_or_default(),
+        m.name.clone().unwrap_or_default(),
+    )
 }
 
 /// A fingerprint of what is rendered, to tell whether it changed. Only
@@ -87,6 +98,11 @@ impl Applied {
         }
     }
 
+    /// Forgets the objects whose key matches `gone` (a deleted pool's).
+    pub fn forget(&mut self, gone: impl Fn(&Key) -> bool) {
+        self.by_key.retain(|k, _| !gone(k));
+    }
+
     /// Forgets every object, as a restarted operator would.
     pub fn clear(&mut self) {
         self.by_key.clear();
@@ -122,6 +138,10 @@ mod tests {
         a.record(key("x"), Some("u1".into()), None, r);
         assert!(!a.unchanged(&key("x"), "u1", Some("10"), r));
         a.record(key("x"), Some("u1".into()), Some("12".into()), r);
+        a.record(key("y"), Some("u2".into()), Some("13".into()), r);
+        a.forget(|(_, _, name)| name == "y");
+        assert!(a.unchanged(&key("x"), "u1", Some("12"), r));
+        assert!(!a.unchanged(&key("y"), "u2", Some("13"), r));
         a.clear();
         assert!(!a.unchanged(&key("x"), "u1", Some("12"), r));
     }

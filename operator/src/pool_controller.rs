@@ -309,7 +309,6 @@ where
     let ns = obj.meta().namespace.clone().unwrap_or_default();
     let name = obj.meta().name.clone().unwrap_or_default();
     let what = format!("{} {ns}/{name}", K::kind(&()));
-    let key = (K::kind(&()).into_owned(), ns.clone(), name.clone());
     let rendered = applied::rendered(obj);
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &ns);
     let done = match api.get_metadata_opt(&name).await {
@@ -325,34 +324,24 @@ where
                     ..PostParams::default()
                 };
                 match api.create(&pp, obj).await {
-                    Ok(made) => Ok(made),
+                    Ok(made) => {
+                        remember(ctx, &made, rendered);
+                        Ok(())
+                    }
                     // Made since the look: the next pass decides whose.
                     Err(kube::Error::Api(e)) if e.code == 409 => return false,
                     Err(e) => Err(e.into()),
                 }
             }
             render::Claim::Update { uid } => {
-                let version = m.as_ref().and_then(|m| m.metadata.resource_version.clone());
-                if lock(&ctx.applied).unchanged(&key, &uid, version.as_deref(), rendered) {
-                    return true;
-                }
                 // The uid in the apply makes it a conflict if another object
                 // took the name since the look.
                 let mut o = obj.clone();
                 o.meta_mut().uid = Some(uid);
-                ctx.apply(&o).await
+                apply_remembered(ctx, &o, rendered, m.as_ref().map(|m| &m.metadata)).await
             }
         },
     };
-    let done = done.map(|written| {
-        let meta = written.meta();
-        lock(&ctx.applied).record(
-            key,
-            meta.uid.clone(),
-            meta.resource_version.clone(),
-            rendered,
-        );
-    });
     match done {
         Ok(()) => true,
         Err(e) => {
@@ -362,6 +351,51 @@ where
             false
         }
     }
+}
+
+/// Applies `obj`, which renders as `rendered` (`applied::rendered`), over
+/// the operator's own object whose metadata was just read as `seen`,
+/// unless that object is as the operator last left it.
+async fn apply_remembered<K>(
+    ctx: &Context,
+    obj: &K,
+    rendered: u64,
+    seen: Option<&kube::api::ObjectMeta>,
+) -> Result<()>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + serde::Serialize
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+{
+    let left = seen.is_some_and(|m| {
+        m.uid.as_deref().is_some_and(|uid| {
+            lock(&ctx.applied).unchanged(
+                &applied::key_of(obj),
+                uid,
+                m.resource_version.as_deref(),
+                rendered,
+            )
+        })
+    });
+    if !left {
+        let written = ctx.apply(obj).await?;
+        remember(ctx, &written, rendered);
+    }
+    Ok(())
+}
+
+/// Notes how the operator left `written`, which it wrote from what renders
+/// as `rendered`.
+fn remember<K: Resource<DynamicType = ()>>(ctx: &Context, written: &K, rendered: u64) {
+    let meta = written.meta();
+    lock(&ctx.applied).record(
+        applied::key_of(written),
+        meta.uid.clone(),
+        meta.resource_version.clone(),
+        rendered,
+    );
 }
 
 /// A Warning Event when the pool's condition `type_` (one that is true
@@ -405,7 +439,8 @@ async fn grant_path_tests(
     let grant = path_tests::grant_name(&pool.name_any());
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let name = secret.metadata.name.clone().unwrap_or_default();
-    let taken = if let Some(what) = taken_grant(ctx, &ns, &grant, &uid).await? {
+    let seen = look_at_grant(ctx, &ns, &grant, &uid).await?;
+    let taken = if let Some(what) = seen.taken {
         Some(what)
     } else {
         // Asked before created, so that an existing token costs a read and
@@ -420,9 +455,9 @@ async fn grant_path_tests(
         taken_event(pool, ctx, &what).await;
         return revoke_path_tests(pool, ctx).await;
     }
-    ctx.apply(&role).await?;
-    ctx.apply(&binding).await?;
-    Ok(())
+    apply_remembered(ctx, &role, applied::rendered(&role), seen.role.as_ref()).await?;
+    let rendered = applied::rendered(&binding);
+    apply_remembered(ctx, &binding, rendered, seen.binding.as_ref()).await
 }
 
 /// Lets a pool's own agents read the token Secrets of its external
@@ -437,15 +472,21 @@ async fn grant_external(
     let ns = pool.namespace().unwrap_or_default();
     let uid = pool.metadata.uid.clone().unwrap_or_default();
     let grant = path_tests::external_grant_name(&pool.name_any());
-    if let Some(what) = taken_grant(ctx, &ns, &grant, &uid).await? {
+    let seen = look_at_grant(ctx, &ns, &grant, &uid).await?;
+    if let Some(what) = seen.taken {
         taken_event(pool, ctx, &what).await;
         // The pool's own half goes too: a binding of ours to someone
         // else's Role would give the agents whatever that Role allows.
         return revoke_grant(pool, ctx, &grant).await;
     }
-    ctx.apply(role).await?;
-    ctx.apply(binding).await?;
-    Ok(())
+    apply_remembered(ctx, role, applied::rendered(role), seen.role.as_ref()).await?;
+    apply_remembered(
+        ctx,
+        binding,
+        applied::rendered(binding),
+        seen.binding.as_ref(),
+    )
+    .await
 }
 
 /// Why each token Secret `pool`'s external targets name cannot be granted,
@@ -469,23 +510,38 @@ async fn unusable_tokens(pool: &DtnPool, ctx: &Context) -> path_tests::Unusable 
     out
 }
 
-/// The Role or RoleBinding named `grant` in `ns`, if one exists that the
-/// pool of `uid` does not own.
-async fn taken_grant(ctx: &Context, ns: &str, grant: &str, uid: &str) -> Result<Option<String>> {
+/// A path-test grant as it is now: its Role's and
+/// RoleBinding's metadata, and which of them, if any, is not the pool
+/// `uid`'s ("Kind ns/name").
+struct GrantSeen {
+    taken: Option<String>,
+    role: Option<kube::api::ObjectMeta>,
+    binding: Option<kube::api::ObjectMeta>,
+}
+
+/// Looks at the grant named `grant` in `ns`, for the pool of `uid`.
+async fn look_at_grant(ctx: &Context, ns: &str, grant: &str, uid: &str) -> Result<GrantSeen> {
     let roles: Api<Role> = Api::namespaced(ctx.client.clone(), ns);
     let bindings: Api<RoleBinding> = Api::namespaced(ctx.client.clone(), ns);
-    let foreign = |m: Option<kube::api::ObjectMeta>| {
-        m.is_some_and(|m| !ownership::owned_by(&m, "DtnPool", uid))
+    let foreign = |m: &Option<kube::api::ObjectMeta>| {
+        m.as_ref()
+            .is_some_and(|m| !ownership::owned_by(m, "DtnPool", uid))
     };
-    Ok(
-        if foreign(roles.get_metadata_opt(grant).await?.map(|m| m.metadata)) {
-            Some(format!("Role {ns}/{grant}"))
-        } else if foreign(bindings.get_metadata_opt(grant).await?.map(|m| m.metadata)) {
-            Some(format!("RoleBinding {ns}/{grant}"))
-        } else {
-            None
-        },
-    )
+    let role = roles.get_metadata_opt(grant).await?.map(|m| m.metadata);
+    if foreign(&role) {
+        return Ok(GrantSeen {
+            taken: Some(format!("Role {ns}/{grant}")),
+            role,
+            binding: None,
+        });
+    }
+    let binding = bindings.get_metadata_opt(grant).await?.map(|m| m.metadata);
+    let taken = foreign(&binding).then(|| format!("RoleBinding {ns}/{grant}"));
+    Ok(GrantSeen {
+        taken,
+        role,
+        binding,
+    })
 }
 
 /// Says, in the log and as an Event on the pool, that `what` is another
@@ -653,6 +709,14 @@ async fn revoke_remote(pool: &DtnPool, ctx: &Context, keep: &[(Role, RoleBinding
 
 async fn cleanup(pool: &DtnPool, ctx: &Context) -> Result<Action> {
     revoke_remote(pool, ctx, &[]).await?;
+    // What the operator remembers of its objects goes with them.
+    let pool_name = pool.name_any();
+    let names = [
+        render::agent_name(pool),
+        path_tests::grant_name(&pool_name),
+        path_tests::external_grant_name(&pool_name),
+    ];
+    lock(&ctx.applied).forget(|(_, _, name)| names.contains(name));
     // Its path-test grant goes with it, by owner reference.
     if let (Ok(mut p), Some(uid)) = (ctx.revokes_settled.lock(), &pool.metadata.uid) {
         p.remove(uid);

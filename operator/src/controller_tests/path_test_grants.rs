@@ -119,6 +119,19 @@ async fn a_listening_pool_shares_its_test_token_with_its_testers_and_shows_their
         role.body["rules"],
         serde_json::json!([{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["wirerate-path-test.far"], "verbs": ["get"]}])
     );
+    // The pool's next look, with nothing moved, writes none of its grant
+    // again (it once applied the Role and RoleBinding every 10 s).
+    let before = d.calls().len();
+    pool_controller::reconcile(Arc::new(far.clone()), d.ctx.clone())
+        .await
+        .expect("reconcile");
+    let again: Vec<_> = d
+        .calls()
+        .into_iter()
+        .skip(before)
+        .filter(|c| c.method != "GET" && c.path.contains("wirerate-path-test.far"))
+        .collect();
+    assert!(again.is_empty(), "{again:#?}");
 
     pool_controller::reconcile(Arc::new(near.clone()), d.ctx.clone())
         .await
