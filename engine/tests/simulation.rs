@@ -633,7 +633,7 @@ impl Sim {
                     self.give_up(live, f, why);
                     continue;
                 }
-                live.reads.handle_opened(f, false);
+                live.reads.handle_opened(f, false, ());
             }
             if live.reads.handle_submitted(&order) != Some(order.len) {
                 self.fail(&format!("the reader's core would not read {order:?}"));

@@ -3,7 +3,6 @@
 //! each file is still the one that was listed from before its first read
 //! to after its last (see `source`).
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -71,10 +70,9 @@ struct Reader<'a> {
     io: Box<dyn BlockIo>,
     mode: IoMode,
     fallback: Option<String>,
-    core: SourceReads,
-    /// The open descriptors, by file id: a read op holds one too, until
+    /// Holds each open file's descriptor; a read op holds one too, until
     /// it completes.
-    open: HashMap<u32, Arc<File>>,
+    core: SourceReads<Arc<File>>,
     finished_reading: bool,
 }
 
@@ -93,7 +91,6 @@ pub(crate) fn run(
         mode,
         fallback,
         core: SourceReads::new(need_digest),
-        open: HashMap::new(),
         finished_reading: false,
     };
     while !shared.stopped() {
@@ -139,10 +136,11 @@ impl Reader<'_> {
             if self.core.needs_open(order.file_id) && !self.open_file(order.file_id) {
                 continue;
             }
-            // The core and the descriptors agree on which files are open;
-            // a read order dropped here would leave its file never done.
-            let file = self.open.get(&order.file_id).map(Arc::clone);
-            let (Some(file), Some(len)) = (file, self.core.handle_submitted(&order)) else {
+            // Open now (`open_file`): a read order dropped here would
+            // leave its file never done.
+            let len = self.core.handle_submitted(&order);
+            let (Some(len), Some(file)) = (len, self.core.handle(order.file_id).map(Arc::clone))
+            else {
                 return Err(Error::Internal(format!(
                     "read {} of file {} has no open descriptor",
                     order.gid, order.file_id
@@ -173,8 +171,8 @@ impl Reader<'_> {
                         self.fallback = Some(note.clone());
                     }
                 }
-                self.core.handle_opened(file_id, status.is_direct());
-                self.open.insert(file_id, Arc::new(f));
+                self.core
+                    .handle_opened(file_id, status.is_direct(), Arc::new(f));
                 true
             }
             Err(err) => {
@@ -205,7 +203,7 @@ impl Reader<'_> {
             // After the file's last read and before that block is handed
             // on (so before the file can be reported done), it must still
             // be the file that was listed, unchanged.
-            let change = match self.open.get(&file_id) {
+            let change = match self.core.handle(file_id) {
                 Some(f) => check(src, f),
                 // Never unchecked: a file whose descriptor is gone is not
                 // known to be as listed.
@@ -214,14 +212,10 @@ impl Reader<'_> {
             next = self.core.handle_checked(gid, change);
         }
         match next {
-            Some(Completed::Ready(block)) => {
-                if block.close {
-                    self.open.remove(&file_id);
-                }
-                self.hand_on(gid, done.buf, block);
-            }
+            // The core has closed the file's descriptor where its last read
+            // was handed on, or the file was given up.
+            Some(Completed::Ready(block)) => self.hand_on(gid, done.buf, block),
             Some(Completed::GiveUp { file_id, reason }) => {
-                self.open.remove(&file_id);
                 give_up(
                     self.shared,
                     file_id,

@@ -20,9 +20,11 @@ use std::collections::HashMap;
 use crate::scheduler::ReadOrder;
 use crate::tuning::ALIGN;
 
-/// A source file with reads in flight.
+/// A source file with reads in flight, and the shell's handle of it (its
+/// descriptor), which goes when the file closes or is given up.
 #[derive(Debug)]
-struct Reading {
+struct Reading<F> {
+    handle: F,
     /// Opened for direct I/O: reads ask for whole aligned lengths.
     direct: bool,
     /// Reads submitted and not completed.
@@ -83,20 +85,21 @@ pub struct ReadyBlock {
     /// digest only and never goes out (blocks that go out are hashed as
     /// they are sent).
     pub hash: bool,
-    /// The file's last read: its descriptor may close.
+    /// The file's last read: the file is closed (its handle let go).
     pub close: bool,
 }
 
-/// The reader's per-file state machine.
+/// The reader's per-file state machine; `F` is the shell's handle of an
+/// open file (its descriptor; the simulation's is `()`).
 #[derive(Debug)]
-pub struct SourceReads {
-    files: HashMap<u32, Reading>,
+pub struct SourceReads<F = ()> {
+    files: HashMap<u32, Reading<F>>,
     in_flight: HashMap<usize, InFlight>,
     checking: HashMap<usize, Checking>,
     need_digest: bool,
 }
 
-impl SourceReads {
+impl<F> SourceReads<F> {
     /// A reader whose session verifies files by digest when `need_digest`.
     pub fn new(need_digest: bool) -> Self {
         Self {
@@ -114,12 +117,13 @@ impl SourceReads {
         !self.files.contains_key(&file_id)
     }
 
-    /// `file_id` was opened and found as listed; `direct` when its reads
-    /// bypass the page cache.
-    pub fn handle_opened(&mut self, file_id: u32, direct: bool) {
+    /// `file_id` was opened, as `handle`, and found as listed; `direct`
+    /// when its reads bypass the page cache.
+    pub fn handle_opened(&mut self, file_id: u32, direct: bool, handle: F) {
         self.files.insert(
             file_id,
             Reading {
+                handle,
                 direct,
                 pending: 0,
                 all_submitted: false,
@@ -194,6 +198,13 @@ impl SourceReads {
         Some(Completed::Ready(self.ready(read, last)))
     }
 
+    /// The handle of `file_id` while it is open: from `handle_opened` until
+    /// its last read is checked or it is given up (so while a read of it
+    /// is in flight or waits for its check).
+    pub fn handle(&self, file_id: u32) -> Option<&F> {
+        self.files.get(&file_id).map(|f| &f.handle)
+    }
+
     /// `file_id` was given up elsewhere (it could not be opened): reads of
     /// it still in flight are dropped as they complete.
     pub fn handle_given_up(&mut self, file_id: u32) {
@@ -248,9 +259,9 @@ mod tests {
 
     #[test]
     fn a_file_is_checked_once_after_its_last_read_and_then_closes() {
-        let mut r = SourceReads::new(true);
+        let mut r = SourceReads::<()>::new(true);
         assert!(r.needs_open(7));
-        r.handle_opened(7, false);
+        r.handle_opened(7, false, ());
         assert!(!r.needs_open(7));
         for gid in 0..3 {
             assert_eq!(
@@ -273,8 +284,8 @@ mod tests {
 
     #[test]
     fn a_file_that_changed_is_given_up_and_its_later_reads_dropped() {
-        let mut r = SourceReads::new(true);
-        r.handle_opened(1, false);
+        let mut r = SourceReads::<()>::new(true);
+        r.handle_opened(1, false, ());
         r.handle_submitted(&order(0, 1, 0, false));
         r.handle_submitted(&order(1, 1, 1, true));
         // A short read is checked at once, before the file's last.
@@ -288,7 +299,7 @@ mod tests {
         assert!(reason.contains("shrank while being read (block 0 has 100 of 4096 bytes)"));
         assert_eq!(r.handle_completed(1, 4096), Some(Completed::Dropped));
         // The check's own finding comes first.
-        r.handle_opened(2, false);
+        r.handle_opened(2, false, ());
         r.handle_submitted(&order(2, 2, 0, true));
         assert_eq!(
             r.handle_completed(2, 4096),
@@ -306,8 +317,8 @@ mod tests {
 
     #[test]
     fn direct_reads_ask_for_aligned_lengths_and_held_blocks_are_hashed_here() {
-        let mut r = SourceReads::new(true);
-        r.handle_opened(3, true);
+        let mut r = SourceReads::<()>::new(true);
+        r.handle_opened(3, true, ());
         let mut o = order(0, 3, 0, true);
         o.len = 100;
         o.digest_only = true;
@@ -326,8 +337,8 @@ mod tests {
             }))
         );
         // Without digests nothing is hashed; unknown reads are refused.
-        let mut r = SourceReads::new(false);
-        r.handle_opened(3, false);
+        let mut r = SourceReads::<()>::new(false);
+        r.handle_opened(3, false, ());
         r.handle_submitted(&o);
         r.handle_completed(0, 100);
         assert!(matches!(
