@@ -86,6 +86,11 @@ pub async fn client() -> Result<Client, kube::Error> {
     let mut config = Config::infer().await.map_err(kube::Error::InferConfig)?;
     config.connect_timeout = Some(CONNECT_TIMEOUT);
     config.write_timeout = Some(CALL_TIMEOUT);
+    // Named in the API server's audit log and per-client metrics.
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(concat!("wirerate-agent/", env!("CARGO_PKG_VERSION"))),
+    ));
     Client::try_from(config)
 }
 

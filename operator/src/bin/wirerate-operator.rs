@@ -40,9 +40,16 @@ async fn run() -> anyhow::Result<()> {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
     });
-    let client = Client::try_default()
+    let mut config = kube::Config::infer()
         .await
         .context("no Kubernetes API to talk to: set KUBECONFIG or run in a pod")?;
+    // Named in the API server's audit log and its per-client metrics, so an
+    // admin (and bench/scale) can tell the operator's requests from others'.
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(concat!("wirerate-operator/", env!("CARGO_PKG_VERSION"))),
+    ));
+    let client = Client::try_from(config).context("cannot build the Kubernetes client")?;
 
     for (kind, probe) in [
         (
