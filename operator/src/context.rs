@@ -55,6 +55,9 @@ pub struct Context {
     /// Assignments taken (being written, or written but maybe not yet back
     /// through the watch), by Transfer uid.
     pub ledger: Mutex<HashMap<String, Assignment>>,
+    /// Each Transfer's status and labels as the operator last wrote them,
+    /// standing in for a cache copy that does not show them yet.
+    pub written: Mutex<crate::written::LastWritten>,
     /// Pools (by uid) whose unwanted path-test grants this operator has
     /// seen gone. Any other pool's are taken back on every pass until they
     /// are, whatever else changed: after a failed revocation, and after a
@@ -153,6 +156,7 @@ impl Context {
             metrics,
             stores,
             ledger: Mutex::default(),
+            written: Mutex::default(),
             revokes_settled: Mutex::default(),
             applied: Mutex::default(),
             scheduling: Mutex::new(Scheduling {
@@ -326,7 +330,8 @@ impl Context {
     }
 
     /// The freshest copy of `t`: the cache's, with the ledger's assignment
-    /// laid over when the cache lags the operator's own last write.
+    /// and the operator's last status and labels laid over when the cache
+    /// lags the operator's own last write.
     pub fn current(&self, t: &Transfer) -> Transfer {
         let cached = self
             .stores
@@ -335,7 +340,9 @@ impl Context {
             .filter(|c| c.metadata.uid == t.metadata.uid);
         let t = cached.as_deref().unwrap_or(t);
         let ledger = lock(&self.ledger);
-        planner::overlaid(t, &ledger).unwrap_or_else(|| t.clone())
+        let t = planner::overlaid(t, &ledger).unwrap_or_else(|| t.clone());
+        drop(ledger);
+        lock(&self.written).over(t, Instant::now())
     }
 
     /// Notes a change a plan depends on (a Transfer, pool, binding or agent

@@ -28,6 +28,7 @@ pub mod scheduler;
 pub mod token_grant;
 pub mod transfer_controller;
 pub mod validate;
+pub mod written;
 
 pub use context::Context;
 pub use error::{Error, Result};

@@ -480,6 +480,15 @@ pub fn assigned(
     s.effective_tuning = Some(resolved.tuning.clone());
     s.effective_striping = resolved.striping.clone();
     s.start_time.get_or_insert_with(|| now_t.clone());
+    // The stall clock starts with the attempt, in the same write: set at
+    // the next look instead, it cost every Transfer a second status write.
+    if s.last_moved.as_ref().is_none_or(|m| m.attempt != s.attempt) {
+        s.last_moved = Some(Moved {
+            attempt: s.attempt,
+            bytes_done: 0,
+            at: now_t.clone(),
+        });
+    }
     let who = format!(
         "sender {}, receiver {}",
         s.sender.as_ref().map_or("-", |a| a.name.as_str()),
@@ -847,8 +856,11 @@ mod tests {
         running(&mut t, &agents(99, &[("src", "s0"), ("dst", "r0")]));
         landed(&mut t, 1 << 20);
         step_at(&mut t, 100);
+        // The mark was set with the assignment, at 100, and is not moved
+        // again within a quarter of the timeout.
         let mark = t.status.as_ref().unwrap().last_moved.clone().unwrap();
-        assert_eq!((mark.attempt, mark.bytes_done), (1, 1 << 20));
+        assert_eq!((mark.attempt, mark.bytes_done), (1, 0));
+        assert_eq!(mark.at.0.as_second(), 100);
 
         // Moving: never stalled, and the mark moves at most every 15 s.
         for (when, bytes) in [(110, 2 << 20), (130, 3 << 20), (180, 4 << 20)] {

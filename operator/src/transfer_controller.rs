@@ -120,9 +120,9 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
     }
     count(ctx, current, &step.status);
 
-    let before = lifecycle::operator_fields(&t.status.clone().unwrap_or_default());
+    let before = lifecycle::operator_fields(&current.status.clone().unwrap_or_default());
     let put_off = put_off_refresh(ctx, &look.key, &before, &mut step.status);
-    let written = write(t, ctx, api, &step.status).await;
+    let written = write(current, ctx, api, &step.status).await;
     settle(current, ctx, taken, &written).await;
     written?;
     let moved = before.queue_position != step.status.queue_position;
@@ -741,7 +741,8 @@ async fn delete_own_token(t: &Transfer, ctx: &Context) -> Result<()> {
     Ok(())
 }
 
-/// Applies the operator's status fields and the assignment labels.
+/// Applies the operator's status fields and the assignment labels, where
+/// they differ from `t` (the freshest copy, see `Context::current`).
 async fn write(t: &Transfer, ctx: &Context, api: &Api<Transfer>, s: &TransferStatus) -> Result<()> {
     let name = t.name_any();
     let pp = PatchParams::apply(contract::OPERATOR_MANAGER).force();
@@ -761,16 +762,13 @@ async fn write(t: &Transfer, ctx: &Context, api: &Api<Transfer>, s: &TransferSta
             wanted.insert(contract::RECEIVER_LABEL.to_owned(), a.name.clone());
         }
     }
-    let current: BTreeMap<String, String> = t
-        .labels()
-        .iter()
-        .filter(|(k, _)| k.starts_with("wirerate.io/"))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    if current != wanted {
+    let uid = t.metadata.uid.clone().unwrap_or_default();
+    let mut wrote = false;
+    if crate::written::operator_labels(t) != wanted {
         ctx.change_permit().await;
         let patch = LabelsApply::new::<Transfer>(&name, &wanted);
         api.patch(&name, &pp, &Patch::Apply(&patch)).await?;
+        wrote = true;
     }
     if let Some(class) = budget::classify(&lifecycle::operator_fields(&old), s) {
         // A refresh took its turn before (`refresh_permit`).
@@ -779,17 +777,20 @@ async fn write(t: &Transfer, ctx: &Context, api: &Api<Transfer>, s: &TransferSta
         }
         let patch = StatusApply::new::<Transfer>(s);
         api.patch_status(&name, &pp, &Patch::Apply(&patch)).await?;
+        wrote = true;
         // Until the cache shows it, the ledger stands in (a failover's new
         // attempt must not be made twice from a stale copy).
         if Assignment::of(t) != assigned {
-            let uid = t.metadata.uid.clone().unwrap_or_default();
             let mut ledger = crate::context::lock(&ctx.ledger);
             if ledger.get(&uid) != Some(&assigned) {
-                ledger.insert(uid, assigned);
+                ledger.insert(uid.clone(), assigned);
                 drop(ledger);
                 ctx.changed();
             }
         }
+    }
+    if wrote {
+        crate::context::lock(&ctx.written).record(&uid, s, wanted, Instant::now());
     }
     Ok(())
 }

@@ -479,3 +479,30 @@ async fn a_high_priority_waiting_for_a_full_pool_keeps_its_agent_in_the_other() 
         (Some("s0"), Some("r0"))
     );
 }
+
+// Found against a real API server by bench/scale with 100 real agents: a
+// look at the cache's copy from before the operator's own last write
+// (which still showed the Transfer waiting) wrote "Running" again with a
+// new startTime, and the assignment labels again; the look after it wrote
+// the first status back. Three status writes and two label patches where
+// one of each would do.
+#[tokio::test]
+async fn a_copy_from_before_the_operators_own_write_is_not_written_again() {
+    let (d, x) = one_transfer_assigned().await;
+    let writes = |d: &Cluster| {
+        d.calls()
+            .into_iter()
+            .filter(|c| c.method == "PATCH" && c.path.contains("/transfers/x"))
+            .map(|c| c.path)
+            .collect::<Vec<_>>()
+    };
+    let first = writes(&d);
+    assert!(
+        first.iter().any(|p| p.ends_with("/transfers/x/status")),
+        "{first:?}"
+    );
+    assert_eq!(d.last_status("/transfers/x")["phase"], "Running");
+    // The cache still holds `x` as it was created: look again from it.
+    reconcile(&d, &x).await;
+    assert_eq!(writes(&d), first, "nothing new to write");
+}
