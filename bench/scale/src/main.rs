@@ -13,8 +13,10 @@ mod agents;
 mod cluster;
 mod observer;
 mod operator;
+mod processes;
 mod promtext;
 mod report;
+mod requests;
 mod run;
 mod scenario;
 
@@ -34,7 +36,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the bench: schedule, rest, refill.
-    Run(run::Args),
+    Run(Box<run::Args>),
     /// Serve the API double alone until Ctrl-C (for kubectl, an operator
     /// started by hand, or `run --kubeconfig`).
     Serve {
@@ -73,7 +75,7 @@ fn main() -> ExitCode {
         }
     };
     let outcome = match cli.command {
-        Command::Run(args) => runtime.block_on(run::main(args)),
+        Command::Run(args) => runtime.block_on(run::main(*args)),
         Command::Serve { kubeconfig } => runtime.block_on(serve(&kubeconfig)),
     };
     match outcome {

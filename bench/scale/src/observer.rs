@@ -480,6 +480,8 @@ mod tests {
             capacity: 1,
             transfers: 4,
             namespaces: 1,
+            data_root: "/data".into(),
+            paced_mbps: None,
         }
     }
 

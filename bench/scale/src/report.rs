@@ -78,12 +78,18 @@ pub(crate) struct Schedule {
     pub(crate) writes_per_transfer: Option<f64>,
     /// The same per second of that window.
     pub(crate) writes_per_second: Option<f64>,
+    /// The API server's processes (`--server-pid`) over the same window,
+    /// as % of one core.
+    pub(crate) server_cpu_percent: Option<f64>,
 }
 
 /// Phase 2: nothing changes but the Lease renewals.
 #[derive(Clone, Debug, Default, Serialize)]
 pub(crate) struct Rest {
     pub(crate) seconds: f64,
+    /// From the end of phase 1 until the operator's writes stopped (rest
+    /// starts then).
+    pub(crate) settled_after_seconds: f64,
     pub(crate) operator_cpu_percent: Option<f64>,
     /// Requests per second the operator made (the double counts them).
     pub(crate) operator_requests_per_second: Option<f64>,
@@ -101,6 +107,10 @@ pub(crate) struct Rest {
     /// CPU of the bench process itself (the double, the agents, the
     /// observer) over the same window, sharing the machine's cores.
     pub(crate) bench_cpu_percent: Option<f64>,
+    /// The API server's processes (`--server-pid`), % of one core.
+    pub(crate) server_cpu_percent: Option<f64>,
+    /// Real agents' processes together (`--agent-binary`), % of one core.
+    pub(crate) agents_cpu_percent: Option<f64>,
 }
 
 /// Phase 3: Transfers end and free their slots.
@@ -140,6 +150,8 @@ pub(crate) struct Correctness {
     pub(crate) lost: Vec<String>,
     pub(crate) failed: Vec<String>,
     pub(crate) operator_crashed: Option<String>,
+    /// Real agents (`--agent-binary`) that exited during the run.
+    pub(crate) agents_exited: Vec<String>,
     pub(crate) create_errors: Vec<String>,
     pub(crate) failovers: usize,
     pub(crate) peak_agent_load: i32,
@@ -283,6 +295,15 @@ impl Report {
             &sc.writes_per_second
                 .map_or(String::new(), |v| format!("{v:.1}/s")),
         );
+        if let Some(v) = sc.server_cpu_percent {
+            row(
+                &mut o,
+                "API server CPU, creates until phased (--server-pid)",
+                format!("{v:.1} %"),
+                "",
+                "",
+            );
+        }
         row(
             &mut o,
             "every slot taken, after the last create",
@@ -292,6 +313,13 @@ impl Report {
         );
         if let Some(r) = &self.rest {
             let per_s = |v: Option<f64>| v.map_or("n/a".to_owned(), |v| format!("{v:.1} /s"));
+            row(
+                &mut o,
+                "operator writes settled, after phase 1",
+                format!("{:.2} s", r.settled_after_seconds),
+                "",
+                "",
+            );
             row(
                 &mut o,
                 "operator API requests at rest",
@@ -346,6 +374,24 @@ impl Report {
                 "",
                 "",
             );
+            if let Some(v) = r.agents_cpu_percent {
+                row(
+                    &mut o,
+                    "real agents' CPU at rest, all together",
+                    format!("{v:.1} %"),
+                    "",
+                    "",
+                );
+            }
+            if let Some(v) = r.server_cpu_percent {
+                row(
+                    &mut o,
+                    "API server CPU at rest (--server-pid)",
+                    format!("{v:.1} %"),
+                    "",
+                    "",
+                );
+            }
         }
         if let Some(r) = &self.refill {
             row(
@@ -414,6 +460,29 @@ impl Report {
             c.operator_crashed.clone().unwrap_or_else(|| "no".into()),
             c.operator_crashed.is_none(),
         );
+        if !c.agents_exited.is_empty() {
+            check(
+                &mut o,
+                "  real agents that exited",
+                c.agents_exited.len().to_string(),
+                false,
+            );
+            for line in c.agents_exited.iter().take(5) {
+                let _ = writeln!(o, "    {line}");
+            }
+        }
+        if !c.failed.is_empty() {
+            let _ = writeln!(
+                o,
+                "    failed: {}",
+                c.failed
+                    .iter()
+                    .take(5)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
         check(
             &mut o,
             "  priority inversions (reported, not in exit code)",

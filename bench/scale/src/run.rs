@@ -32,8 +32,10 @@ use crate::agents::{self, Renewals};
 use crate::cluster;
 use crate::observer::{self, Observer};
 use crate::operator::{self, Launch, Operator};
+use crate::processes;
 use crate::promtext;
 use crate::report::{Latency, Reconcile, Refill, Report, Rest, Schedule, Setup};
+use crate::requests::{AuditLog, Requests};
 use crate::scenario::{POOL_NAMESPACE, SYSTEM_NAMESPACE, Scenario};
 use wirerate_apiserver_double::{Actor, ApiServer, Tally};
 
@@ -48,6 +50,15 @@ pub(crate) struct Args {
     /// CRDs and namespaces are created if absent and removed afterwards.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
+    /// The real API server's audit log (JSON lines, level Metadata or
+    /// above), from which the operator's writes are counted by its
+    /// User-Agent; without it they are not counted there.
+    #[arg(long, requires = "kubeconfig")]
+    audit_log: Option<PathBuf>,
+    /// Processes serving the API (kube-apiserver, etcd), whose CPU is
+    /// reported beside the operator's; repeat for each.
+    #[arg(long)]
+    server_pid: Vec<u32>,
     /// Simulated agents [default: 100; --quick: 20].
     #[arg(long)]
     agents: Option<usize>,
@@ -89,6 +100,17 @@ pub(crate) struct Args {
     /// [default: target/scale in the repository].
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Run real `wirerate-agent run` processes (this binary) on loopback
+    /// instead of simulated agents: they move paced bytes between
+    /// directories under --out, and Transfers end by themselves.
+    #[arg(long)]
+    agent_binary: Option<PathBuf>,
+    /// With --agent-binary: each Transfer's file, in MiB.
+    #[arg(long, default_value_t = 64, requires = "agent_binary")]
+    file_mib: u64,
+    /// With --agent-binary: each Transfer's pace (maxRateMbps).
+    #[arg(long, default_value_t = 8, requires = "agent_binary")]
+    rate_mbps: i64,
     /// CI size: 20 agents, 200 Transfers, 10 s at rest, 20 refilled.
     #[arg(long)]
     quick: bool,
@@ -150,22 +172,28 @@ async fn interrupted() {
 /// Runs the bench; true when every correctness check held.
 pub(crate) async fn main(a: Args) -> anyhow::Result<bool> {
     let q = a.quick;
+    let out = a
+        .out
+        .clone()
+        .unwrap_or_else(|| repo_root().join("target/scale"));
+    std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
+    let out = out.canonicalize()?;
     let s = Scenario {
         agents: a.agents.unwrap_or(if q { 20 } else { 100 }),
         pools: a.pools,
         capacity: a.capacity,
         transfers: a.transfers.unwrap_or(if q { 200 } else { 1000 }),
         namespaces: a.namespaces,
+        data_root: match a.agent_binary {
+            Some(_) => out.join("data").to_string_lossy().into_owned(),
+            None => "/data".into(),
+        },
+        paced_mbps: a.agent_binary.as_ref().map(|_| a.rate_mbps),
     };
     if s.pools == 0 || s.agents < s.pools || s.namespaces == 0 || s.capacity < 1 {
         bail!("need at least one pool, an agent per pool, one namespace and a capacity of 1");
     }
     let operator_bin = operator_binary(a.operator.clone())?;
-    let out = a
-        .out
-        .clone()
-        .unwrap_or_else(|| repo_root().join("target/scale"));
-    std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
 
     let (double, kubeconfig) = match &a.kubeconfig {
         Some(k) => (None, k.clone()),
@@ -297,28 +325,18 @@ async fn bench(
         ..Report::default()
     };
 
+    let requests = match (double, &a.audit_log) {
+        (Some(d), _) => Requests::Double(d),
+        (None, Some(path)) => Requests::Audit(Mutex::new(AuditLog::open(path.clone())?)),
+        (None, None) => Requests::Unknown,
+    };
     let observer = Arc::new(Mutex::new(Observer::new(s)));
     let mut tasks = Tasks(vec![tokio::spawn(observer::watch(
         client.clone(),
         observer.clone(),
     ))]);
-    let leases: Api<Lease> = Api::namespaced(client.clone(), POOL_NAMESPACE);
-    futures::stream::iter(s.agents())
-        .map(|agent| {
-            let leases = leases.clone();
-            async move { agents::heartbeat(&leases, s, &agent, 0).await }
-        })
-        .buffer_unordered(16)
-        .try_collect::<Vec<()>>()
-        .await
-        .context("cannot write the agents' Leases")?;
     let renewals = Arc::new(Renewals::default());
-    tasks.0.extend(agents::renew_all(
-        client,
-        s,
-        observer.clone(),
-        renewals.clone(),
-    ));
+    let mut real = start_agents(a, s, client, &observer, &renewals, &mut tasks, &launch).await?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while !observer.lock().expect("observer lock").synced {
         if Instant::now() > deadline {
@@ -334,7 +352,11 @@ async fn bench(
         a,
         s,
         client,
-        double,
+        requests: &requests,
+        agent_pids: real
+            .as_ref()
+            .map(processes::Running::pids)
+            .unwrap_or_default(),
         observer: &observer,
         rest_secs,
         refill,
@@ -356,42 +378,14 @@ async fn bench(
         Err(e) => return Err(e),
     }
     if report.correctness.operator_crashed.is_none() {
-        if let Some(m) = op.metrics().await {
-            let by = [("controller", "transfer")];
-            let h = promtext::histogram(&m, "wirerate_operator_reconcile_duration_seconds", &by);
-            report.reconcile = Reconcile {
-                transfer_reconciles: promtext::counter(
-                    &m,
-                    "wirerate_operator_reconciles_total",
-                    &by,
-                ),
-                pool_reconciles: promtext::counter(
-                    &m,
-                    "wirerate_operator_reconciles_total",
-                    &[("controller", "dtnpool")],
-                ),
-                errors: promtext::counter(&m, "wirerate_operator_reconcile_errors_total", &by),
-                p50_seconds: h.quantile(0.5),
-                p99_seconds: h.quantile(0.99),
-                p50_at_least: h.beyond(0.5),
-                p99_at_least: h.beyond(0.99),
-                note: format!(
-                    "from the operator's histogram (buckets 5, 10, 50, 100, 250, 500 ms, 1 s, 5 s), linearly interpolated inside a bucket{}",
-                    if op.starts > 1 {
-                        "; since its last start"
-                    } else {
-                        ""
-                    }
-                ),
-            };
+        if let Some(r) = reconcile_figures(&op).await {
+            report.reconcile = r;
         }
     }
     op.stop().await;
     drop(tasks);
 
-    if let Some(d) = double {
-        report.operator_requests = Some(operator_requests(&d.counts()));
-    }
+    report.operator_requests = requests.tally().map(|t| operator_requests(&t));
     let o = observer.lock().expect("observer lock");
     let (lost, failed) = o.lost_and_failed();
     let c = &mut report.correctness;
@@ -406,16 +400,26 @@ async fn bench(
     c.lease_renewals = renewals.done.load(Ordering::Relaxed);
     c.lease_renewal_failures = renewals.failed.load(Ordering::Relaxed);
     c.operator_starts = op.starts;
+    if let Some(r) = real.as_mut() {
+        c.agents_exited = r.exited();
+    }
     c.ok = c.capacity_overruns.count == 0
         && c.double_assignments.count == 0
         && c.lost.is_empty()
         && c.failed.is_empty()
+        && c.agents_exited.is_empty()
+        && c.create_errors.is_empty()
         && c.operator_crashed.is_none();
     drop(o);
-    if double.is_none() {
-        report.notes.push(
-            "a real API server: the bench cannot count the operator's writes (count them in the server's audit log)".into(),
-        );
+    match requests {
+        Requests::Unknown => report.notes.push(
+            "a real API server without --audit-log: the operator's requests were not counted"
+                .into(),
+        ),
+        Requests::Audit(_) => report
+            .notes
+            .push("requests counted from the API server's audit log, by User-Agent".into()),
+        Requests::Double(_) => {}
     }
     if double.is_some() {
         report.notes.push(
@@ -426,14 +430,97 @@ async fn bench(
     Ok(report)
 }
 
+/// The operator's reconcile counts and latency, from its /metrics.
+async fn reconcile_figures(op: &Operator) -> Option<Reconcile> {
+    let m = op.metrics().await?;
+    let by = [("controller", "transfer")];
+    let h = promtext::histogram(&m, "wirerate_operator_reconcile_duration_seconds", &by);
+    Some(Reconcile {
+        transfer_reconciles: promtext::counter(&m, "wirerate_operator_reconciles_total", &by),
+        pool_reconciles: promtext::counter(
+            &m,
+            "wirerate_operator_reconciles_total",
+            &[("controller", "dtnpool")],
+        ),
+        errors: promtext::counter(&m, "wirerate_operator_reconcile_errors_total", &by),
+        p50_seconds: h.quantile(0.5),
+        p99_seconds: h.quantile(0.99),
+        p50_at_least: h.beyond(0.5),
+        p99_at_least: h.beyond(0.99),
+        note: format!(
+            "from the operator's histogram (buckets 5, 10, 50, 100, 250, 500 ms, 1 s, 5 s), linearly interpolated inside a bucket{}",
+            if op.starts > 1 {
+                "; since its last start"
+            } else {
+                ""
+            }
+        ),
+    })
+}
+
+/// The agents: simulated ones' Leases written and renewed from `tasks`, or
+/// real agents started (returned).
+async fn start_agents(
+    a: &Args,
+    s: &Scenario,
+    client: &Client,
+    observer: &Arc<Mutex<Observer>>,
+    renewals: &Arc<Renewals>,
+    tasks: &mut Tasks,
+    launch: &Launch,
+) -> anyhow::Result<Option<processes::Running>> {
+    match &a.agent_binary {
+        None => {
+            let leases: Api<Lease> = Api::namespaced(client.clone(), POOL_NAMESPACE);
+            futures::stream::iter(s.agents())
+                .map(|agent| {
+                    let leases = leases.clone();
+                    async move { agents::heartbeat(&leases, s, &agent, 0).await }
+                })
+                .buffer_unordered(16)
+                .try_collect::<Vec<()>>()
+                .await
+                .context("cannot write the agents' Leases")?;
+            tasks.0.extend(agents::renew_all(
+                client,
+                s,
+                observer.clone(),
+                renewals.clone(),
+            ));
+        }
+        Some(binary) => {
+            eprintln!(
+                "writing {} sources of {} MiB (hard links)",
+                s.transfers, a.file_mib
+            );
+            processes::make_sources(s, a.file_mib << 20)?;
+            let logs = launch.log.with_file_name("agents");
+            eprintln!(
+                "starting {} agents ({}/<name>.log)",
+                s.agents,
+                logs.display()
+            );
+            return Ok(Some(processes::start(
+                binary,
+                s,
+                &launch.kubeconfig,
+                &logs,
+            )?));
+        }
+    }
+    Ok(None)
+}
+
 /// What the phases of one run share: the settings, the scenario, the
-/// driver's client, the double (if the API server is one) and the
-/// driver's view of the Transfers.
+/// driver's client, where requests are counted, and the driver's view of
+/// the Transfers.
 struct Run<'a> {
     a: &'a Args,
     s: &'a Scenario,
     client: &'a Client,
-    double: Option<&'a ApiServer>,
+    requests: &'a Requests<'a>,
+    /// Real agents' processes (none when they are simulated).
+    agent_pids: Vec<u32>,
     observer: &'a Arc<Mutex<Observer>>,
     /// Phase 2's length.
     rest_secs: u64,
@@ -444,7 +531,7 @@ struct Run<'a> {
 }
 
 async fn phases(run: &Run<'_>, op: &mut Operator, report: &mut Report) -> anyhow::Result<()> {
-    let (s, client, double, timeout) = (run.s, run.client, run.double, run.timeout);
+    let (s, client, timeout) = (run.s, run.client, run.timeout);
     // The operator is up once it reports every agent of every pool ready.
     let pools: Api<DtnPool> = Api::namespaced(client.clone(), POOL_NAMESPACE);
     let per_pool = s.agents / s.pools;
@@ -467,11 +554,15 @@ async fn phases(run: &Run<'_>, op: &mut Operator, report: &mut Report) -> anyhow
 
     eprintln!("phase 1: creating {} Transfers", s.transfers);
     let cpu_start = op.cpu_seconds();
-    let writes0 = double.map(|d| operator_writes(&d.counts()));
+    let server_cpu0 = operator::cpu_of(&run.a.server_pid);
+    let writes0 = run.requests.tally().map(|t| operator_writes(&t));
     let t0 = Instant::now();
     schedule(run, op, report).await?;
-    if let (Some(w0), Some(d)) = (writes0, double) {
-        let w = operator_writes(&d.counts()) - w0;
+    report.schedule.server_cpu_percent = operator::cpu_of(&run.a.server_pid)
+        .zip(server_cpu0)
+        .map(|(b, a)| 100.0 * (b - a) / t0.elapsed().as_secs_f64());
+    if let (Some(w0), Some(w1)) = (writes0, run.requests.tally().map(|t| operator_writes(&t))) {
+        let w = w1 - w0;
         let sc = &mut report.schedule;
         sc.operator_writes = Some(w);
         sc.writes_per_transfer = Some(w as f64 / sc.created.max(1) as f64);
@@ -492,11 +583,71 @@ async fn phases(run: &Run<'_>, op: &mut Operator, report: &mut Report) -> anyhow
     }
 
     eprintln!("phase 2: {} s at rest", run.rest_secs);
-    report.rest = Some(rest(op, double, run.rest_secs).await?);
+    let agents_cpu0 = operator::cpu_of(&run.agent_pids);
+    let rest_start = Instant::now();
+    let mut r = rest(op, run.requests, &run.a.server_pid, run.rest_secs).await?;
+    r.agents_cpu_percent = operator::cpu_of(&run.agent_pids)
+        .zip(agents_cpu0)
+        .map(|(b, a)| 100.0 * (b - a) / rest_start.elapsed().as_secs_f64());
+    report.rest = Some(r);
 
-    eprintln!("phase 3: finishing {} running Transfers", run.refill);
-    report.refill = Some(refill_slots(client, op, run.observer, run.refill, timeout).await?);
+    report.refill = Some(if run.agent_pids.is_empty() {
+        eprintln!("phase 3: finishing {} running Transfers", run.refill);
+        refill_slots(client, op, run.observer, run.refill, timeout).await?
+    } else {
+        eprintln!(
+            "phase 3: waiting for {} Transfers to land by themselves and as many more to start",
+            run.refill
+        );
+        refill_by_agents(op, run.observer, run.refill, timeout).await?
+    });
     Ok(())
+}
+
+/// Phase 3 with real agents: Transfers end when their bytes have landed;
+/// timed until `want` of the ones running now have Succeeded, and until as
+/// many more have taken their slots.
+async fn refill_by_agents(
+    op: &mut Operator,
+    observer: &Arc<Mutex<Observer>>,
+    want: usize,
+    timeout: Duration,
+) -> anyhow::Result<Refill> {
+    let (running, queued) = {
+        let o = observer.lock().expect("observer lock");
+        (o.running_keys(), o.queued())
+    };
+    let target = want.min(queued).min(running.len());
+    let t0 = Instant::now();
+    let (mut refilled, mut succeeded) = (None, None);
+    let mut landed = 0;
+    while t0.elapsed() < timeout && (refilled.is_none() || succeeded.is_none()) {
+        alive(op)?;
+        {
+            let o = observer.lock().expect("observer lock");
+            let now = Instant::now();
+            landed = running
+                .iter()
+                .filter(|k| o.phase(k) == Some(TransferPhase::Succeeded))
+                .count();
+            if succeeded.is_none() && landed >= target {
+                succeeded = Some(now);
+            }
+            if refilled.is_none() && o.assigned_since(t0) >= target {
+                refilled = Some(now);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let newly_running = observer.lock().expect("observer lock").assigned_since(t0);
+    Ok(Refill {
+        finished: landed,
+        target,
+        reports_seconds: 0.0,
+        refill_seconds: refilled.map(|t| (t - t0).as_secs_f64()),
+        succeeded_seconds: succeeded.map(|t| (t - t0).as_secs_f64()),
+        newly_running,
+    })
 }
 
 /// Phase 1: creates the Transfers and waits until each has a phase and
@@ -621,10 +772,40 @@ async fn schedule(run: &Run<'_>, op: &mut Operator, report: &mut Report) -> anyh
     Ok(())
 }
 
-async fn rest(op: &mut Operator, double: Option<&ApiServer>, secs: u64) -> anyhow::Result<Rest> {
-    // Let the tail of phase 1 (Events, last status writes) pass first.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    alive(op)?;
+async fn rest(
+    op: &mut Operator,
+    requests: &Requests<'_>,
+    servers: &[u32],
+    secs: u64,
+) -> anyhow::Result<Rest> {
+    // Let the tail of phase 1 (Events, queue places written once they
+    // settle) pass first: rest starts once the operator has written
+    // nothing for 3 s (at most 30 s), or after 2 s where writes are not
+    // counted.
+    let settle_start = Instant::now();
+    let mut quiet_since = Instant::now();
+    let mut last = requests.tally().map(|t| operator_writes(&t));
+    loop {
+        tokio::time::sleep(if last.is_some() {
+            Duration::from_millis(500)
+        } else {
+            Duration::from_secs(2)
+        })
+        .await;
+        alive(op)?;
+        let Some(before) = last else { break };
+        let now = requests.tally().map(|t| operator_writes(&t));
+        if now != Some(before) {
+            quiet_since = Instant::now();
+            last = now;
+        }
+        if quiet_since.elapsed() >= Duration::from_secs(3)
+            || settle_start.elapsed() >= Duration::from_secs(30)
+        {
+            break;
+        }
+    }
+    let settled_after = settle_start.elapsed().as_secs_f64();
     let reconciles = |m: Option<String>| {
         m.map(|m| {
             promtext::counter(
@@ -636,8 +817,10 @@ async fn rest(op: &mut Operator, double: Option<&ApiServer>, secs: u64) -> anyho
     };
     let cpu0 = op.cpu_seconds();
     let bench0 = operator::cpu_seconds("/proc/self/stat");
-    let req0 = double.map(|d| operator_requests(&d.counts()));
-    let writes0 = double.map(|d| operator_writes(&d.counts()));
+    let server0 = operator::cpu_of(servers);
+    let tally0 = requests.tally();
+    let req0 = tally0.as_ref().map(operator_requests);
+    let writes0 = tally0.as_ref().map(operator_writes);
     let rec0 = reconciles(op.metrics().await);
     let t0 = Instant::now();
     let end = t0 + Duration::from_secs(secs);
@@ -648,15 +831,19 @@ async fn rest(op: &mut Operator, double: Option<&ApiServer>, secs: u64) -> anyho
     let secs = t0.elapsed().as_secs_f64();
     let cpu1 = op.cpu_seconds();
     let bench1 = operator::cpu_seconds("/proc/self/stat");
-    let req1 = double.map(|d| operator_requests(&d.counts()));
-    let writes1 = double.map(|d| operator_writes(&d.counts()));
+    let server1 = operator::cpu_of(servers);
+    let tally1 = requests.tally();
+    let req1 = tally1.as_ref().map(operator_requests);
+    let writes1 = tally1.as_ref().map(operator_writes);
     let rec1 = reconciles(op.metrics().await);
     let mem = op.memory_kib();
     let percent = |a: Option<f64>, b: Option<f64>| Some(100.0 * (b? - a?) / secs);
     let mut r = Rest {
         seconds: secs,
+        settled_after_seconds: settled_after,
         operator_cpu_percent: percent(cpu0, cpu1),
         bench_cpu_percent: percent(bench0, bench1),
+        server_cpu_percent: percent(server0, server1),
         reconciles_per_second: match (rec0, rec1) {
             (Some(a), Some(b)) => Some((b - a) / secs),
             _ => None,

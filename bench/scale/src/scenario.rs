@@ -20,6 +20,12 @@ pub(crate) struct Scenario {
     pub(crate) capacity: i32,
     pub(crate) transfers: usize,
     pub(crate) namespaces: usize,
+    /// Where the pools' volumes are: `/data` for simulated agents (a path
+    /// nothing reads), the bench's own directory for real ones.
+    pub(crate) data_root: String,
+    /// Real agents move bytes: each Transfer is paced to this rate so it
+    /// is still running when the slots are counted. None: simulated agents.
+    pub(crate) paced_mbps: Option<i64>,
 }
 
 /// One simulated agent.
@@ -85,8 +91,26 @@ impl Scenario {
         if self.pools == 1 { slots / 2 } else { slots }
     }
 
-    fn root(pool: &str) -> String {
-        format!("/data/{pool}/xfer")
+    fn root(&self, pool: &str) -> String {
+        format!("{}/{pool}/xfer", self.data_root)
+    }
+
+    fn source_of(&self, pool: &str, name: &str) -> String {
+        format!("{}/{name}/src.h5", self.root(pool))
+    }
+
+    /// Transfer `i`'s source path.
+    pub(crate) fn source_path(&self, i: usize) -> String {
+        let (src, _) = self.direction(i);
+        self.source_of(&self.pool_names()[src], &format!("t-{i:05}"))
+    }
+
+    /// Transfer `i`'s (source, destination) pools, by index: the direction
+    /// changes every block of namespace x priority.
+    fn direction(&self, i: usize) -> (usize, usize) {
+        let block = self.namespaces.max(1) * PRIORITIES.len();
+        let src = (i / block) % self.pools.max(1);
+        (src, (src + 1) % self.pools.max(1))
     }
 
     /// A pool of agents outside the cluster (no replicas), offered to the
@@ -99,8 +123,8 @@ impl Scenario {
             "spec": {
                 "replicas": 0,
                 "image": "wirerate/agent:scale-bench",
-                "volumes": [{"name": "data", "mountPath": format!("/data/{name}"), "hostPath": format!("/data/{name}")}],
-                "allowedRoots": [Self::root(name)],
+                "volumes": [{"name": "data", "mountPath": format!("{}/{name}", self.data_root), "hostPath": format!("{}/{name}", self.data_root)}],
+                "allowedRoots": [self.root(name)],
                 "maxTransfersPerAgent": self.capacity,
                 "allowedNamespaces": self.user_namespaces(),
             }
@@ -132,23 +156,32 @@ impl Scenario {
         let users = self.user_namespaces();
         let namespace = users[i % users.len()].clone();
         let priority = PRIORITIES[(i / users.len()) % PRIORITIES.len()];
-        let block = users.len() * PRIORITIES.len();
         let pools = self.pool_names();
-        let src = (i / block) % pools.len();
-        let dst = (src + 1) % pools.len();
+        let (src, dst) = self.direction(i);
         let name = format!("t-{i:05}");
-        let body = json!({
+        let mut body = json!({
             "apiVersion": "wirerate.io/v1alpha1",
             "kind": "Transfer",
             "metadata": {"name": name, "namespace": namespace},
             "spec": {
-                "source": {"pool": pools[src], "poolNamespace": POOL_NAMESPACE, "path": format!("{}/{name}/src.h5", Self::root(&pools[src]))},
-                "destination": {"pool": pools[dst], "poolNamespace": POOL_NAMESPACE, "path": format!("{}/{namespace}/{name}/dst.h5", Self::root(&pools[dst]))},
+                "source": {"pool": pools[src], "poolNamespace": POOL_NAMESPACE, "path": self.source_of(&pools[src], &name)},
+                "destination": {"pool": pools[dst], "poolNamespace": POOL_NAMESPACE, "path": format!("{}/{namespace}/{name}/dst.h5", self.root(&pools[dst]))},
                 "priority": priority,
-                // The simulated agents move no bytes: keep the stall
-                // detector out of a long run.
-                "stallTimeoutSeconds": 86400,
             }
+        });
+        body["spec"].as_object_mut().expect("an object").extend(match self.paced_mbps {
+            // The simulated agents move no bytes: keep the stall detector
+            // out of a long run.
+            None => [("stallTimeoutSeconds".to_owned(), json!(86400))].into_iter().collect::<Vec<_>>(),
+            // A hundred of them at once on one machine: one stream and
+            // small buffers each.
+            Some(mbps) => vec![
+                ("maxRateMbps".to_owned(), json!(mbps)),
+                (
+                    "tuning".to_owned(),
+                    json!({"streams": 1, "blockSize": 1 << 20, "bufferSize": 4 << 20, "ioMode": "Buffered"}),
+                ),
+            ],
         });
         TransferPlan {
             namespace,
@@ -202,6 +235,8 @@ mod tests {
             capacity: 2,
             transfers: 1000,
             namespaces: 3,
+            data_root: "/data".into(),
+            paced_mbps: None,
         }
     }
 
@@ -216,6 +251,7 @@ mod tests {
                 t.spec.priority,
                 t.spec.source.pool.clone(),
             ));
+            assert_eq!(t.spec.source.path, s.source_path(i));
             assert_ne!(Some(t.spec.source.pool), t.spec.destination.pool);
         }
         assert_eq!(seen.len(), 3 * 3 * 2);
@@ -243,5 +279,20 @@ mod tests {
                 "{path} is outside {roots:?}"
             );
         }
+    }
+
+    // The first run with real agents created nothing: the tuning said
+    // "buffered" where the CRD spells it "Buffered".
+    #[test]
+    fn a_paced_transfer_for_real_agents_is_one_the_crds_accept() {
+        let s = Scenario {
+            paced_mbps: Some(8),
+            data_root: "/tmp/scale".into(),
+            ..full()
+        };
+        let t: Transfer = serde_json::from_value(s.transfer(7).body).unwrap();
+        assert_eq!(t.spec.max_rate_mbps, Some(8));
+        assert_eq!(t.spec.tuning.expect("tuning").problem(None), None);
+        assert!(t.spec.source.path.starts_with("/tmp/scale/pool-"));
     }
 }
