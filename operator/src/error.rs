@@ -31,6 +31,16 @@ impl Error {
         }
     }
 
+    /// Whether kube-runtime's finalizer helper tried to add the finalizer
+    /// again from a cache copy that did not show its own add yet: the
+    /// JSON patch's test fails (422) and the next look, from a fresh copy,
+    /// finds it there. Seen for every pool at an operator's start on a
+    /// real API server, logged as a failed reconcile.
+    pub fn is_stale_copy(&self) -> bool {
+        use kube::runtime::finalizer::Error as F;
+        matches!(self, Self::Finalizer(f) if matches!(&**f, F::AddFinalizer(kube::Error::Api(s)) if s.code == 422))
+    }
+
     /// A short, bounded label for metrics (never the message, which carries data).
     pub fn metric_label(&self) -> &'static str {
         match self {
@@ -76,5 +86,21 @@ mod tests {
         assert!(Error::Finalizer(Box::new(F::CleanupFailed(pending()))).is_waiting());
         assert!(!Error::Finalizer(Box::new(F::ApplyFailed(pending()))).is_waiting());
         assert!(!Error::Malformed("a namespace").is_waiting());
+    }
+
+    #[test]
+    fn a_finalizer_added_twice_from_a_stale_copy_is_told_apart() {
+        let api = |code| {
+            kube::Error::Api(
+                kube::core::Status::failure("the server rejected our request", "Invalid")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        let add = |code| Error::Finalizer(Box::new(F::AddFinalizer(api(code))));
+        assert!(add(422).is_stale_copy());
+        assert!(!add(403).is_stale_copy());
+        assert!(!Error::Finalizer(Box::new(F::RemoveFinalizer(api(422)))).is_stale_copy());
+        assert!(!Error::Kube(api(422)).is_stale_copy());
     }
 }

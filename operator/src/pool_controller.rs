@@ -70,6 +70,10 @@ pub fn changed(pool: &DtnPool) -> Option<u64> {
 
 /// Logs and counts a failed reconcile, and retries it.
 pub fn error_policy(pool: Arc<DtnPool>, error: &Error, ctx: Arc<Context>) -> Action {
+    if error.is_stale_copy() {
+        tracing::debug!(pool = %pool.name_any(), "finalizer already added; looking again");
+        return Action::requeue(Duration::from_secs(1));
+    }
     tracing::warn!(pool = %pool.name_any(), "reconcile failed: {error}");
     ctx.metrics
         .failures

@@ -131,7 +131,7 @@ async fn apply(t: &Transfer, ctx: &Context, api: &Api<Transfer>) -> Result<Actio
         step.status.queue_position,
         moved.then(Instant::now),
     );
-    let_go(t, current, ctx, api, Next::of(&step.status)).await?;
+    let_go(current, ctx, api, Next::of(&step.status)).await?;
     for n in &step.notes {
         publish(ctx, t, n).await;
     }
@@ -338,7 +338,6 @@ impl Next {
 /// is idempotent, so a failure or a restart in between is made good at the
 /// next look.
 async fn let_go(
-    t: &Transfer,
     current: &Transfer,
     ctx: &Context,
     api: &Api<Transfer>,
@@ -358,7 +357,7 @@ async fn let_go(
         delete_own_token(current, ctx).await?;
     }
     if phase.is_final() || (phase == TransferPhase::Pending && !assigned) {
-        hold(t, ctx, api, false).await?;
+        hold(current, ctx, api, false).await?;
     }
     Ok(())
 }
@@ -661,10 +660,12 @@ async fn hold(t: &Transfer, ctx: &Context, api: &Api<Transfer>, keep: bool) -> R
                 api.patch::<Transfer>(&t.name_any(), &pp, &Patch::Json(patch))
                     .await?;
             }
-            Ok(())
         }
-        other => other.map(|_| ()).map_err(Error::from),
+        other => other.map(|_| ()).map_err(Error::from)?,
     }
+    let uid = t.metadata.uid.as_deref().unwrap_or_default();
+    crate::context::lock(&ctx.written).record_hold(uid, keep, Instant::now());
+    Ok(())
 }
 
 /// The JSON patch that adds (`keep`) or removes the operator's finalizer

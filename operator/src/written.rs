@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use kube::ResourceExt as _;
-use wirerate_crds::{Transfer, TransferStatus};
+use wirerate_crds::{Transfer, TransferStatus, contract};
 
 use crate::lifecycle::operator_fields;
 
@@ -38,6 +38,9 @@ struct Written {
 #[derive(Debug, Default)]
 pub struct LastWritten {
     by_uid: HashMap<String, Written>,
+    /// Whether the operator's finalizer was last added (true) or removed,
+    /// and when.
+    held: HashMap<String, (bool, Instant)>,
 }
 
 /// The operator's assignment labels on `t` (the `wirerate.io/` ones).
@@ -71,10 +74,21 @@ impl LastWritten {
         );
     }
 
+    /// The operator added (`held`) or removed its finalizer on the
+    /// Transfer `uid` at `now`. A look from a copy that still showed it
+    /// after its removal tried to remove it again: a JSON patch whose test
+    /// failed (422) and a read, twice for every finished Transfer.
+    pub fn record_hold(&mut self, uid: &str, held: bool, now: Instant) {
+        self.held
+            .retain(|_, (_, at)| now.saturating_duration_since(*at) < FRESH);
+        self.held.insert(uid.to_owned(), (held, now));
+    }
+
     /// `t` with the operator's last write laid over, if that write is
     /// recent and `t` does not show it: the agents' fields stay as `t` has
     /// them.
     pub fn over(&self, t: Transfer, now: Instant) -> Transfer {
+        let t = self.finalizer_over(t, now);
         let Some(w) = t.metadata.uid.as_deref().and_then(|u| self.by_uid.get(u)) else {
             return t;
         };
@@ -96,6 +110,23 @@ impl LastWritten {
             let labels = t.labels_mut();
             labels.retain(|k, _| !k.starts_with("wirerate.io/"));
             labels.extend(w.labels.clone());
+        }
+        t
+    }
+
+    fn finalizer_over(&self, mut t: Transfer, now: Instant) -> Transfer {
+        let Some(&(held, at)) = t.metadata.uid.as_deref().and_then(|u| self.held.get(u)) else {
+            return t;
+        };
+        if now.saturating_duration_since(at) >= FRESH {
+            return t;
+        }
+        let ours = contract::TRANSFER_FINALIZER;
+        let shown = t.finalizers().iter().any(|f| f == ours);
+        if held && !shown {
+            t.finalizers_mut().push(ours.to_owned());
+        } else if !held && shown {
+            t.finalizers_mut().retain(|f| f != ours);
         }
         t
     }
@@ -153,5 +184,26 @@ mod tests {
         assert_eq!(other.status, None);
         let late = w.over(stale, now + FRESH);
         assert_eq!(late.status.unwrap().phase, None);
+    }
+
+    #[test]
+    fn a_finalizer_removed_a_moment_ago_is_not_shown_by_an_older_copy() {
+        let now = Instant::now();
+        let mut w = LastWritten::default();
+        let mut stale = transfer("u1");
+        stale.metadata.finalizers = Some(vec![
+            "someone.else/x".into(),
+            contract::TRANSFER_FINALIZER.into(),
+        ]);
+        w.record_hold("u1", false, now);
+        assert_eq!(w.over(stale.clone(), now).finalizers(), ["someone.else/x"]);
+        assert_eq!(w.over(stale.clone(), now + FRESH).finalizers().len(), 2);
+        w.record_hold("u1", true, now);
+        let mut none = transfer("u1");
+        none.metadata.finalizers = None;
+        assert_eq!(
+            w.over(none, now).finalizers(),
+            [contract::TRANSFER_FINALIZER]
+        );
     }
 }

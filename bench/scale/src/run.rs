@@ -262,6 +262,18 @@ fn operator_writes(t: &Tally) -> u64 {
         .sum()
 }
 
+/// The operator's writes of Transfers (status and metadata) so far.
+fn transfer_writes(t: &Tally) -> u64 {
+    t.iter()
+        .filter(|((actor, verb, res), _)| {
+            *actor == Actor::Operator
+                && res.starts_with("transfers")
+                && matches!(*verb, "create" | "update" | "patch" | "delete")
+        })
+        .map(|(_, n)| n)
+        .sum()
+}
+
 fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
     after
         .iter()
@@ -585,7 +597,14 @@ async fn phases(run: &Run<'_>, op: &mut Operator, report: &mut Report) -> anyhow
     eprintln!("phase 2: {} s at rest", run.rest_secs);
     let agents_cpu0 = operator::cpu_of(&run.agent_pids);
     let rest_start = Instant::now();
-    let mut r = rest(op, run.requests, &run.a.server_pid, run.rest_secs).await?;
+    let mut r = rest(
+        op,
+        run.requests,
+        &run.a.server_pid,
+        run.rest_secs,
+        run.a.quick,
+    )
+    .await?;
     r.agents_cpu_percent = operator::cpu_of(&run.agent_pids)
         .zip(agents_cpu0)
         .map(|(b, a)| 100.0 * (b - a) / rest_start.elapsed().as_secs_f64());
@@ -777,14 +796,19 @@ async fn rest(
     requests: &Requests<'_>,
     servers: &[u32],
     secs: u64,
+    quick: bool,
 ) -> anyhow::Result<Rest> {
-    // Let the tail of phase 1 (Events, queue places written once they
-    // settle) pass first: rest starts once the operator has written
-    // nothing for 3 s (at most 30 s), or after 2 s where writes are not
-    // counted.
+    // Let the tail of phase 1 (queue places written once they settle)
+    // pass first: rest starts once the operator has written no Transfer
+    // for `quiet` (waiting at most 60 s), or after 2 s where writes are
+    // not counted. (Its leader Lease and the pools' status are written
+    // every few seconds for good, so they are not waited for.)
     let settle_start = Instant::now();
+    // Queue places are written at most every 10 s each (the operator's
+    // budget), so the last of them can follow a quiet spell that long.
+    let quiet = Duration::from_secs(if quick { 3 } else { 12 });
     let mut quiet_since = Instant::now();
-    let mut last = requests.tally().map(|t| operator_writes(&t));
+    let mut last = requests.tally().map(|t| transfer_writes(&t));
     loop {
         tokio::time::sleep(if last.is_some() {
             Duration::from_millis(500)
@@ -794,14 +818,12 @@ async fn rest(
         .await;
         alive(op)?;
         let Some(before) = last else { break };
-        let now = requests.tally().map(|t| operator_writes(&t));
+        let now = requests.tally().map(|t| transfer_writes(&t));
         if now != Some(before) {
             quiet_since = Instant::now();
             last = now;
         }
-        if quiet_since.elapsed() >= Duration::from_secs(3)
-            || settle_start.elapsed() >= Duration::from_secs(30)
-        {
+        if quiet_since.elapsed() >= quiet || settle_start.elapsed() >= Duration::from_secs(60) {
             break;
         }
     }
