@@ -433,6 +433,11 @@ async fn bench(
             .push("requests counted from the API server's audit log, by User-Agent".into()),
         Requests::Double(_) => {}
     }
+    if real.is_some() {
+        report.notes.push(
+            "real agents: Transfers land and new ones start during phase 2, so its figures are of the operator busy, not at rest".into(),
+        );
+    }
     if double.is_some() {
         report.notes.push(
             "the API double runs in the bench process and shares the machine's cores with the operator".into(),
