@@ -337,12 +337,7 @@ impl Next {
 /// (over), and the finalizer (nothing left for agents to clean up). Each
 /// is idempotent, so a failure or a restart in between is made good at the
 /// next look.
-async fn let_go(
-    current: &Transfer,
-    ctx: &Context,
-    api: &Api<Transfer>,
-    next: Next,
-) -> Result<()> {
+async fn let_go(current: &Transfer, ctx: &Context, api: &Api<Transfer>, next: Next) -> Result<()> {
     let Next {
         phase,
         granted,
