@@ -89,7 +89,10 @@ pub async fn stuck_receiver_is_replaced(
         )?;
     }
     let out = dst.join("run-1-stalled.dat");
-    let mut t = transfer("three", file, &out, Some(1500));
+    // Slow enough that the receiver is still writing after the report
+    // that shows 20% (reports come at most every 5 s): at 1,500 Mbit/s the
+    // 1 GiB was nearly over by then, and the writer thread gone.
+    let mut t = transfer("three", file, &out, Some(400));
     t.spec.stall_timeout_seconds = 30;
     transfers.create(&PostParams::default(), &t).await?;
     let t = wait_for(
