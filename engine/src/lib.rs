@@ -3,7 +3,8 @@
 //! **The core** decides with no I/O: what to read, which stream sends what,
 //! what to resend, when to checkpoint, when to retry (`scheduler`,
 //! `tracker`, `bitmap`, `retry`), and the session protocol of a control
-//! connection (`session`). Tests drive it with no disk, socket or clock.
+//! connection (`session`), and how one transfer runs over several pairs
+//! (`stripes`). Tests drive it with no disk, socket or clock.
 //! `tuning` is the one definition of every setting, bound and default that
 //! the CRDs, the operator, the CLI and the engine share; `advice` (what a
 //! path test says to change), `tuner` (how many streams a link needs) and
@@ -57,6 +58,7 @@ pub mod sender;
 pub mod session;
 #[cfg(feature = "shells")]
 pub mod spans;
+pub mod stripes;
 #[cfg(feature = "shells")]
 pub mod summary;
 pub mod throttle;

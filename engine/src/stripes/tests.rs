@@ -1,0 +1,238 @@
+//! The coordinator, driven by hand: the cases the simulation draws at
+//! random, each pinned.
+
+use std::time::{Duration, Instant};
+
+use super::*;
+
+const B: u64 = 4096;
+
+fn ms(t0: Instant, n: u64) -> Instant {
+    t0 + Duration::from_millis(n)
+}
+
+fn piece(file: u32, first: u64, end: u64) -> Piece {
+    Piece { file, first, end }
+}
+
+fn drain(c: &mut Coordinator) -> Vec<Action> {
+    std::iter::from_fn(|| c.poll()).collect()
+}
+
+fn assigned(actions: &[Action], to: PairId) -> Vec<(ItemId, Work)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Assign { pair, item, work } if *pair == to => Some((*item, work.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn ack_all(c: &mut Coordinator, now: Instant, pair: PairId, work: &Work) {
+    for p in work {
+        c.acked(now, pair, *p, &vec![7; p.blocks() as usize])
+            .unwrap();
+    }
+}
+
+#[test]
+fn nothing_to_send_is_finished_at_once() {
+    let mut c = Coordinator::new(Geometry::new(B, B, None).unwrap(), &[], 2);
+    assert_eq!(drain(&mut c), vec![Action::Finished]);
+}
+
+#[test]
+fn a_lost_pair_gives_back_only_its_unacknowledged_blocks_and_the_file_waits_for_its_fence() {
+    let t0 = Instant::now();
+    let g = Geometry::new(B, 8 * B, None).unwrap();
+    let mut c = Coordinator::new(g, &[(1, 8 * B)], 1);
+    c.join(t0, 0).unwrap();
+    let (_, work) = assigned(&drain(&mut c), 0).remove(0);
+    assert_eq!(work, vec![piece(1, 0, 8)]);
+    c.acked(ms(t0, 1), 0, piece(1, 0, 3), &[7; 3]).unwrap();
+    c.acked(ms(t0, 1), 0, piece(1, 5, 6), &[7]).unwrap();
+    c.lost(ms(t0, 2), 0, ms(t0, 50)).unwrap();
+    assert!(c.waiting_for_pairs());
+    c.join(ms(t0, 3), 1).unwrap();
+    let (item, work) = assigned(&drain(&mut c), 1).remove(0);
+    assert_eq!(
+        work,
+        vec![piece(1, 3, 5), piece(1, 6, 8)],
+        "only the 4 unacknowledged blocks are sent again"
+    );
+    ack_all(&mut c, ms(t0, 4), 1, &work);
+    c.finished(ms(t0, 4), 1, item).unwrap();
+    assert_eq!(
+        drain(&mut c),
+        vec![],
+        "the lost pair may still write until its fence"
+    );
+    // The lost pair, unaware, writes one more block and says so: accepted.
+    c.acked(ms(t0, 10), 0, piece(1, 7, 8), &[7]).unwrap();
+    c.tick(ms(t0, 50));
+    let actions = drain(&mut c);
+    assert!(
+        matches!(actions[..], [Action::Verify { file: 1, .. }]),
+        "{actions:?}"
+    );
+    assert_eq!(
+        c.acked(ms(t0, 51), 0, piece(1, 7, 8), &[7]),
+        Err(Refused::Fenced(0))
+    );
+    c.verified(1, Verified::Good).unwrap();
+    assert_eq!(
+        drain(&mut c),
+        vec![Action::Publish { file: 1 }, Action::Finished]
+    );
+    assert_eq!(c.verified(1, Verified::Good), Err(Refused::NotVerifying(1)));
+}
+
+#[test]
+fn an_idle_pair_takes_from_the_slower_in_proportion_to_their_rates() {
+    let t0 = Instant::now();
+    let g = Geometry::new(B, 100 * B, None).unwrap();
+    let mut c = Coordinator::new(g, &[(1, 100 * B), (2, 100 * B)], 1);
+    c.join(t0, 0).unwrap();
+    c.join(t0, 1).unwrap();
+    let actions = drain(&mut c);
+    let (i0, w0) = assigned(&actions, 0).remove(0);
+    let (_, w1) = assigned(&actions, 1).remove(0);
+    // Pair 0 finishes its 100 blocks in 10 ms; pair 1 did 10 in that time.
+    c.acked(
+        ms(t0, 10),
+        1,
+        Piece {
+            end: w1[0].first + 10,
+            ..w1[0]
+        },
+        &[7; 10],
+    )
+    .unwrap();
+    ack_all(&mut c, ms(t0, 10), 0, &w0);
+    c.finished(ms(t0, 10), 0, i0).unwrap();
+    let actions = drain(&mut c);
+    let Some(Action::Withdraw { pair: 1, keep, .. }) = actions.first() else {
+        panic!("pair 1 keeps less: {actions:?}");
+    };
+    let (_, stolen) = assigned(&actions, 0).remove(0);
+    let stolen: u64 = stolen.iter().map(Piece::blocks).sum();
+    let kept: u64 = keep.iter().map(Piece::blocks).sum::<u64>() - 10;
+    // 90 left, rates 10:1: the thief takes about 10/11 of them.
+    assert_eq!(stolen + kept, 90);
+    assert!((80..=82).contains(&stolen), "stole {stolen} of 90");
+}
+
+#[test]
+fn a_leaving_pair_is_stopped_and_its_work_goes_to_the_others() {
+    let t0 = Instant::now();
+    let g = Geometry::new(B, 4 * B, None).unwrap();
+    let mut c = Coordinator::new(g, &[(1, 16 * B)], 1);
+    c.join(t0, 0).unwrap();
+    c.join(t0, 1).unwrap();
+    let first = drain(&mut c);
+    let (_, w0) = assigned(&first, 0).remove(0);
+    c.leave(ms(t0, 1), 0).unwrap();
+    let mut actions = drain(&mut c);
+    assert_eq!(actions[0], Action::Stop { pair: 0 });
+    // Pair 1 already holds its one item: the returned work waits in the queue.
+    assert!(assigned(&actions, 1).is_empty());
+    actions.extend(first);
+    c.stopped(ms(t0, 2), 0).unwrap();
+    let views = c.pair_views(ms(t0, 2));
+    assert_eq!(views[0].1.state, PairState::Gone);
+    // Pair 1 works through everything, including what pair 0 had.
+    let mut handed = vec![];
+    actions.extend(drain(&mut c));
+    let mut next = assigned(&actions, 1);
+    while let Some((item, work)) = next.pop() {
+        ack_all(&mut c, ms(t0, 3), 1, &work);
+        handed.extend(work);
+        c.finished(ms(t0, 3), 1, item).unwrap();
+        let more = drain(&mut c);
+        next.extend(assigned(&more, 1));
+    }
+    assert!(
+        w0.iter().all(|p| handed.contains(p)),
+        "{w0:?} not in {handed:?}"
+    );
+    assert!(!c.waiting_for_pairs());
+}
+
+#[test]
+fn reports_that_do_not_fit_are_refused_and_change_nothing() {
+    let t0 = Instant::now();
+    let g = Geometry::new(B, 4 * B, None).unwrap();
+    let mut c = Coordinator::new(g, &[(1, 4 * B), (2, 4 * B)], 1);
+    c.join(t0, 0).unwrap();
+    assert_eq!(c.join(t0, 0), Err(Refused::Rejoined(0)));
+    let (item, work) = assigned(&drain(&mut c), 0).remove(0);
+    let other = if work[0].file == 1 { 2 } else { 1 };
+    let not_held = |file, first, end| Refused::NotHeld {
+        pair: 0,
+        file,
+        first,
+        end,
+    };
+    let p = piece;
+    assert_eq!(
+        c.acked(t0, 0, p(other, 0, 1), &[7]),
+        Err(not_held(other, 0, 1))
+    );
+    let mine = work[0].file;
+    assert_eq!(
+        c.acked(t0, 0, p(mine, 3, 5), &[7, 7]),
+        Err(not_held(mine, 3, 5))
+    );
+    assert_eq!(
+        c.acked(t0, 0, p(mine, 0, 2), &[7]),
+        Err(not_held(mine, 0, 2))
+    );
+    assert_eq!(
+        c.acked(t0, 9, p(mine, 0, 1), &[7]),
+        Err(Refused::UnknownPair(9))
+    );
+    assert_eq!(
+        c.finished(t0, 0, item + 1),
+        Err(Refused::NotItsItem {
+            pair: 0,
+            item: item + 1
+        })
+    );
+    assert_eq!(
+        c.verified(mine, Verified::Good),
+        Err(Refused::NotVerifying(mine))
+    );
+    assert_eq!(c.progress(), (0, 8 * B));
+    for id in 1..MAX_PAIRS as PairId {
+        c.join(t0, id).unwrap();
+    }
+    assert_eq!(c.join(t0, 999), Err(Refused::TooManyPairs));
+}
+
+#[test]
+fn two_acknowledgements_that_disagree_give_the_file_up_once_nothing_writes_to_it() {
+    let t0 = Instant::now();
+    let g = Geometry::new(B, 4 * B, None).unwrap();
+    let mut c = Coordinator::new(g, &[(1, 4 * B)], 1);
+    c.join(t0, 0).unwrap();
+    let (item, _) = assigned(&drain(&mut c), 0).remove(0);
+    c.acked(t0, 0, piece(1, 0, 1), &[7]).unwrap();
+    c.acked(t0, 0, piece(1, 0, 1), &[8]).unwrap();
+    let actions = drain(&mut c);
+    assert!(
+        matches!(&actions[..], [Action::Withdraw { pair: 0, keep, .. }] if keep.is_empty()),
+        "{actions:?}"
+    );
+    c.finished(t0, 0, item).unwrap();
+    assert_eq!(
+        drain(&mut c),
+        vec![
+            Action::GiveUp {
+                file: 1,
+                why: GiveUp::SourceChanged
+            },
+            Action::Finished
+        ]
+    );
+}
