@@ -329,6 +329,7 @@ impl Coordinator {
         let ledger = self
             .files
             .get_mut(&file)
+            .filter(|f| f.is_verifying())
             .ok_or(Refused::NotVerifying(file))?;
         let ok = match result {
             Verified::Good => ledger.publish(),

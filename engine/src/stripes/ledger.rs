@@ -84,6 +84,11 @@ impl FileLedger {
         self.end == End::Open
     }
 
+    /// True while a `Verify` for it waits for its answer.
+    pub(super) fn is_verifying(&self) -> bool {
+        self.end == End::Verifying
+    }
+
     pub(super) fn is_ended(&self) -> bool {
         matches!(self.end, End::Published | End::GivenUp)
     }

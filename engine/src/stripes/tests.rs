@@ -203,7 +203,21 @@ fn reports_that_do_not_fit_are_refused_and_change_nothing() {
         c.verified(mine, Verified::Good),
         Err(Refused::NotVerifying(mine))
     );
+    // A verdict nobody asked for does not give an open file up.
+    assert_eq!(
+        c.verified(mine, Verified::Mismatch),
+        Err(Refused::NotVerifying(mine))
+    );
     assert_eq!(c.progress(), (0, 8 * B));
+    ack_all(&mut c, t0, 0, &work);
+    c.finished(t0, 0, item).unwrap();
+    let after = drain(&mut c);
+    assert!(
+        after
+            .iter()
+            .any(|a| matches!(a, Action::Verify { file, .. } if *file == mine)),
+        "the file is verified as usual: {after:?}"
+    );
     for id in 1..MAX_PAIRS as PairId {
         c.join(t0, id).unwrap();
     }
