@@ -340,6 +340,11 @@ impl World {
                 "pair {id} wrote file {} after it was published",
                 f.file
             );
+            assert!(
+                !self.dest.given_up.contains(&f.file),
+                "pair {id} wrote file {} after it was given up",
+                f.file
+            );
             let len = blocks_of(self.sizes[&f.file]) as usize;
             let temp = self
                 .dest
@@ -453,8 +458,10 @@ impl World {
             self.coord.leave(now, id).unwrap();
             self.drain();
         }
+        self.report_zombie_again();
+        let live = self.pairs.values().filter(|p| p.life != Life::Dead).count();
         let waiting = self.coord.waiting_for_pairs() && self.rng.chance(200);
-        if (waiting || self.rng.chance(faults.join)) && self.pairs.len() < 40 {
+        if (waiting || self.rng.chance(faults.join)) && live < 40 {
             self.join();
         }
         if self.rng.chance(faults.change) {
@@ -466,6 +473,31 @@ impl World {
             self.note(format!("source {file} changes"));
             *self.version.get_mut(&file).unwrap() += 1;
         }
+    }
+
+    /// A pair thought lost is reported again: scaled away by its pool
+    /// (`leave`), or lost a second time with a fence counted from now. Its
+    /// real fence, which it keeps, is the first one.
+    fn report_zombie_again(&mut self) {
+        let zombies: Vec<u32> = self
+            .pairs
+            .iter()
+            .filter(|(_, p)| matches!(p.life, Life::Zombie { .. }))
+            .map(|(&id, _)| id)
+            .collect();
+        if zombies.is_empty() || !self.rng.chance(20) {
+            return;
+        }
+        let id = zombies[self.rng.below(zombies.len() as u64) as usize];
+        let now = self.now();
+        if self.rng.chance(500) {
+            self.note(format!("pair {id}, lost, is scaled away"));
+            self.coord.leave(now, id).unwrap();
+        } else {
+            self.note(format!("pair {id} reported lost again, fence now"));
+            self.coord.lost(now, id, now).unwrap();
+        }
+        self.drain();
     }
 
     fn fence(&mut self) {

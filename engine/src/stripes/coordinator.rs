@@ -186,6 +186,7 @@ impl Coordinator {
     }
 
     /// The next thing to do.
+    #[must_use]
     pub fn poll(&mut self) -> Option<Action> {
         self.actions.pop_front()
     }
@@ -221,7 +222,10 @@ impl Coordinator {
         if self.pairs.contains_key(&pair) {
             return Err(Refused::Rejoined(pair));
         }
-        if self.pairs.len() >= MAX_PAIRS {
+        // Pairs that are gone do not count: a pool that churns through
+        // agents (each a new id) must not run out of room.
+        let live = self.pairs.values().filter(|p| p.state != PairState::Gone);
+        if live.count() >= MAX_PAIRS {
             return Err(Refused::TooManyPairs);
         }
         self.pairs.insert(pair, Pair::new());
@@ -238,6 +242,7 @@ impl Coordinator {
         piece: Piece,
         sums: &[u64],
     ) -> Result<(), Refused> {
+        self.fence(now);
         self.live(pair)?;
         let not_held = Refused::NotHeld {
             pair,
@@ -273,6 +278,7 @@ impl Coordinator {
     /// `pair` has nothing of `item` in flight any more. Whatever of it is
     /// still unacknowledged goes back to the queue.
     pub fn finished(&mut self, now: Instant, pair: PairId, item: ItemId) -> Result<(), Refused> {
+        self.fence(now);
         self.live(pair)?;
         if self.items.get(&item).is_none_or(|i| i.pair != pair) {
             return Err(Refused::NotItsItem { pair, item });
@@ -296,16 +302,22 @@ impl Coordinator {
         self.requeue(pair);
         let p = self.pairs.get_mut(&pair).expect("checked above");
         p.state = PairState::Lost;
-        p.fence = Some(fence);
+        // A second report never brings the fence closer: the agent may
+        // write until the latest one it was given.
+        p.fence = Some(p.fence.map_or(fence, |f| f.max(fence)));
         self.tick(now);
-        self.refill(now);
         Ok(())
     }
 
     /// `pair` leaves (its pool scales down): its unfinished work goes to
     /// the others, and it is told to stop.
+    /// A lost pair stays lost, with its fence: a dead agent never answers
+    /// `Stop`. A leaving pair that never answers must be reported `lost`.
     pub fn leave(&mut self, now: Instant, pair: PairId) -> Result<(), Refused> {
         self.live(pair)?;
+        if self.pairs[&pair].state != PairState::Running {
+            return Ok(());
+        }
         self.requeue(pair);
         self.pairs.get_mut(&pair).expect("checked above").state = PairState::Leaving;
         self.actions.push_back(Action::Stop { pair });
@@ -361,8 +373,24 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Time passes: lost pairs past their fence are gone.
+    /// When `tick` is next due: the earliest fence of a lost pair.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.pairs
+            .values()
+            .filter(|p| p.state == PairState::Lost)
+            .filter_map(|p| p.fence)
+            .min()
+    }
+
+    /// Time passes: lost pairs past their fence are gone, and idle pairs
+    /// look again for work to steal.
     pub fn tick(&mut self, now: Instant) {
+        self.fence(now);
+        self.refill(now);
+    }
+
+    fn fence(&mut self, now: Instant) {
         let fenced: Vec<PairId> = self
             .pairs
             .iter()

@@ -250,3 +250,67 @@ fn two_acknowledgements_that_disagree_give_the_file_up_once_nothing_writes_to_it
         ]
     );
 }
+
+#[test]
+fn pairs_that_are_gone_leave_room_for_new_ones() {
+    let t0 = Instant::now();
+    let g = Geometry::new(B, 4 * B, None).unwrap();
+    let mut c = Coordinator::new(g, &[(1, 4 * B)], 1);
+    for id in 0..MAX_PAIRS as PairId {
+        c.join(t0, id).unwrap();
+        c.leave(t0, id).unwrap();
+        c.stopped(t0, id).unwrap();
+    }
+    c.join(t0, 1000).unwrap();
+    assert!(!c.waiting_for_pairs());
+}
+
+#[test]
+fn a_lost_pair_scaled_away_keeps_its_fence_and_the_file_ends() {
+    let t0 = Instant::now();
+    let g = Geometry::new(B, 4 * B, None).unwrap();
+    let mut c = Coordinator::new(g, &[(1, 4 * B)], 1);
+    c.join(t0, 0).unwrap();
+    drain(&mut c);
+    c.lost(ms(t0, 1), 0, ms(t0, 30)).unwrap();
+    // The pool scales down and takes the dead agent with it.
+    c.leave(ms(t0, 2), 0).unwrap();
+    c.join(ms(t0, 3), 1).unwrap();
+    let (item, work) = assigned(&drain(&mut c), 1).remove(0);
+    ack_all(&mut c, ms(t0, 4), 1, &work);
+    c.finished(ms(t0, 4), 1, item).unwrap();
+    assert_eq!(c.poll_timeout(), Some(ms(t0, 30)));
+    c.tick(ms(t0, 30));
+    let actions = drain(&mut c);
+    assert!(
+        matches!(actions[..], [Action::Verify { file: 1, .. }]),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn a_second_loss_report_never_brings_the_fence_closer() {
+    let t0 = Instant::now();
+    let g = Geometry::new(B, 4 * B, None).unwrap();
+    let mut c = Coordinator::new(g, &[(1, 4 * B)], 1);
+    c.join(t0, 0).unwrap();
+    drain(&mut c);
+    c.lost(ms(t0, 1), 0, ms(t0, 30)).unwrap();
+    c.lost(ms(t0, 2), 0, ms(t0, 3)).unwrap();
+    c.join(ms(t0, 3), 1).unwrap();
+    let (item, work) = assigned(&drain(&mut c), 1).remove(0);
+    ack_all(&mut c, ms(t0, 4), 1, &work);
+    c.finished(ms(t0, 4), 1, item).unwrap();
+    c.tick(ms(t0, 10));
+    assert_eq!(drain(&mut c), vec![], "pair 0 may write until 30 ms");
+    // It does, and is heard; past its fence it is refused.
+    c.acked(ms(t0, 20), 0, piece(1, 0, 1), &[7]).unwrap();
+    assert_eq!(
+        c.acked(ms(t0, 31), 0, piece(1, 0, 1), &[7]),
+        Err(Refused::Fenced(0))
+    );
+    assert!(matches!(
+        drain(&mut c)[..],
+        [Action::Verify { file: 1, .. }]
+    ));
+}
