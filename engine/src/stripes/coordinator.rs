@@ -343,8 +343,14 @@ impl Coordinator {
             .get_mut(&file)
             .filter(|f| f.is_verifying())
             .ok_or(Refused::NotVerifying(file))?;
-        let ok = match result {
-            Verified::Good => ledger.publish(),
+        // Only a file being verified gets here, and none of its items is
+        // live: publishing and giving up both go through.
+        let action = match result {
+            Verified::Good => {
+                let published = ledger.publish();
+                debug_assert!(published);
+                Action::Publish { file }
+            }
             Verified::SourceChanged | Verified::Mismatch => {
                 let why = if result == Verified::Mismatch {
                     GiveUp::Mismatch
@@ -352,23 +358,12 @@ impl Coordinator {
                     GiveUp::SourceChanged
                 };
                 ledger.fail(why);
-                ledger.ready().is_some_and(|r| r == Ready::GiveUp(why))
+                let ready = ledger.ready();
+                debug_assert_eq!(ready, Some(Ready::GiveUp(why)));
+                Action::GiveUp { file, why }
             }
         };
-        if !ok {
-            return Err(Refused::NotVerifying(file));
-        }
-        self.actions.push_back(match result {
-            Verified::Good => Action::Publish { file },
-            Verified::SourceChanged => Action::GiveUp {
-                file,
-                why: GiveUp::SourceChanged,
-            },
-            Verified::Mismatch => Action::GiveUp {
-                file,
-                why: GiveUp::Mismatch,
-            },
-        });
+        self.actions.push_back(action);
         self.check_finished();
         Ok(())
     }

@@ -88,7 +88,7 @@ impl Pair {
 pub(super) fn thief_share(remaining: u64, thief: Option<f64>, victim: Option<f64>) -> u64 {
     let (t, v) = match (thief, victim) {
         (Some(t), Some(v)) if t + v > 0.0 => (t, v),
-        (Some(_), None) | (None, Some(_)) | (None, None) | (Some(_), Some(_)) => (1.0, 1.0),
+        _ => (1.0, 1.0),
     };
     let share = remaining as f64 * t / (t + v);
     // Truncation keeps at least the victim's own share with it.

@@ -136,8 +136,8 @@ impl Geometry {
 
     /// Bytes in `piece` of a `size`-byte file, its last block at its length.
     pub fn bytes(&self, piece: &Piece, size: u64) -> u64 {
-        let layout = Layout::new(size, self.block_size);
-        (piece.first..piece.end).map(|b| layout.len(b)).sum()
+        let at = |block: u64| block.saturating_mul(self.block_size).min(size);
+        at(piece.end) - at(piece.first)
     }
 
     /// The work for `files` (id, size), largest first: whole chunks of

@@ -36,6 +36,20 @@ fn ack_all(c: &mut Coordinator, now: Instant, pair: PairId, work: &Work) {
     }
 }
 
+/// A coordinator of one 4-block file in 4-block chunks, one item a pair.
+fn one_file() -> Coordinator {
+    Coordinator::new(Geometry::new(B, 4 * B, None).unwrap(), &[(1, 4 * B)], 1)
+}
+
+/// `pair` joins at `at`, is handed everything, acknowledges it and says
+/// it has finished.
+fn join_and_do_all(c: &mut Coordinator, at: Instant, pair: PairId) {
+    c.join(at, pair).unwrap();
+    let (item, work) = assigned(&drain(c), pair).remove(0);
+    ack_all(c, at, pair, &work);
+    c.finished(at, pair, item).unwrap();
+}
+
 #[test]
 fn nothing_to_send_is_finished_at_once() {
     let mut c = Coordinator::new(Geometry::new(B, B, None).unwrap(), &[], 2);
@@ -254,8 +268,7 @@ fn two_acknowledgements_that_disagree_give_the_file_up_once_nothing_writes_to_it
 #[test]
 fn pairs_that_are_gone_leave_room_for_new_ones() {
     let t0 = Instant::now();
-    let g = Geometry::new(B, 4 * B, None).unwrap();
-    let mut c = Coordinator::new(g, &[(1, 4 * B)], 1);
+    let mut c = one_file();
     for id in 0..MAX_PAIRS as PairId {
         c.join(t0, id).unwrap();
         c.leave(t0, id).unwrap();
@@ -268,17 +281,13 @@ fn pairs_that_are_gone_leave_room_for_new_ones() {
 #[test]
 fn a_lost_pair_scaled_away_keeps_its_fence_and_the_file_ends() {
     let t0 = Instant::now();
-    let g = Geometry::new(B, 4 * B, None).unwrap();
-    let mut c = Coordinator::new(g, &[(1, 4 * B)], 1);
+    let mut c = one_file();
     c.join(t0, 0).unwrap();
     drain(&mut c);
     c.lost(ms(t0, 1), 0, ms(t0, 30)).unwrap();
     // The pool scales down and takes the dead agent with it.
     c.leave(ms(t0, 2), 0).unwrap();
-    c.join(ms(t0, 3), 1).unwrap();
-    let (item, work) = assigned(&drain(&mut c), 1).remove(0);
-    ack_all(&mut c, ms(t0, 4), 1, &work);
-    c.finished(ms(t0, 4), 1, item).unwrap();
+    join_and_do_all(&mut c, ms(t0, 3), 1);
     assert_eq!(c.poll_timeout(), Some(ms(t0, 30)));
     c.tick(ms(t0, 30));
     let actions = drain(&mut c);
@@ -291,16 +300,12 @@ fn a_lost_pair_scaled_away_keeps_its_fence_and_the_file_ends() {
 #[test]
 fn a_second_loss_report_never_brings_the_fence_closer() {
     let t0 = Instant::now();
-    let g = Geometry::new(B, 4 * B, None).unwrap();
-    let mut c = Coordinator::new(g, &[(1, 4 * B)], 1);
+    let mut c = one_file();
     c.join(t0, 0).unwrap();
     drain(&mut c);
     c.lost(ms(t0, 1), 0, ms(t0, 30)).unwrap();
     c.lost(ms(t0, 2), 0, ms(t0, 3)).unwrap();
-    c.join(ms(t0, 3), 1).unwrap();
-    let (item, work) = assigned(&drain(&mut c), 1).remove(0);
-    ack_all(&mut c, ms(t0, 4), 1, &work);
-    c.finished(ms(t0, 4), 1, item).unwrap();
+    join_and_do_all(&mut c, ms(t0, 3), 1);
     c.tick(ms(t0, 10));
     assert_eq!(drain(&mut c), vec![], "pair 0 may write until 30 ms");
     // It does, and is heard; past its fence it is refused.
