@@ -211,7 +211,11 @@ pub struct ServeArgs {
 
 #[derive(Args)]
 pub struct SendArgs {
-    /// Receiver address, host:port.
+    /// Receiver address, host:port; or several, comma-separated, that
+    /// share one root (one file system mounted by all of them): the
+    /// transfer is split over as many pairs, a receiver lost on the way
+    /// hands its pieces to the others, and each file is verified and
+    /// published once.
     #[arg(long)]
     pub to: String,
     #[command(flatten)]

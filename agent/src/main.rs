@@ -16,6 +16,7 @@ use wirerate_agent::{demo, metrics};
 use wirerate_engine::io::IoMode;
 use wirerate_engine::net::SocketOpts;
 use wirerate_engine::receiver::{DiscardPolicy, ServeConfig, Server};
+use wirerate_engine::sender::pairs::{PairsSummary, send_over_pairs};
 use wirerate_engine::sender::warm::Warm;
 use wirerate_engine::sender::{SendConfig, send};
 use wirerate_engine::summary::SendSummary;
@@ -83,6 +84,19 @@ fn send_config(
     c.retry_for = Duration::from_secs_f64(t.retry_for);
     c.validate()?;
     Ok(c)
+}
+
+/// The receivers of `send --to a,b,c`, when it names more than one.
+fn receivers(to: &str, repeat: u32) -> Option<Result<Vec<String>>> {
+    if !to.contains(',') {
+        return None;
+    }
+    if repeat > 1 {
+        return Some(Err(anyhow::anyhow!(
+            "--repeat measures one pair's warm start: give --to one receiver"
+        )));
+    }
+    Some(Ok(to.split(',').map(|t| t.trim().to_string()).collect()))
 }
 
 fn main() -> ExitCode {
@@ -155,6 +169,19 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 a.dest.unwrap_or_default(),
             )?;
             cfg.synthetic = a.synthetic;
+            if let Some(to) = receivers(&cfg.to, a.repeat) {
+                let progress = watch_send(&mut cfg);
+                let renderer = Renderer::start(Arc::clone(&progress), "send", a.quiet);
+                let result = send_over_pairs(&cfg, &to?);
+                renderer.finish();
+                let summary = result?;
+                wirerate_agent::summary::print(&summary, PairsSummary::render, a.json);
+                return Ok(if summary.ok {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                });
+            }
             cfg.warm = (a.repeat > 1).then(|| Arc::new(Warm::default()));
             let start = std::time::Instant::now();
             let mut all_ok = true;

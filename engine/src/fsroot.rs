@@ -27,9 +27,14 @@ pub const TEMP_SUFFIXES: [&str; 3] = [PART_SUFFIX, CKPT_SUFFIX, CKPT_TMP_SUFFIX]
 /// Longest file name most filesystems take (NAME_MAX).
 const NAME_MAX: usize = 255;
 
+/// Suffix of the marker that says a root is shared by the receivers of a
+/// transfer over several pairs (see `receiver::stripe`).
+pub const STRIPE_SUFFIX: &str = ".wirerate-stripe";
+
 /// Whether `name` is one of the receiver's own temporary files.
 pub fn is_temporary(name: &str) -> bool {
-    name.starts_with('.') && TEMP_SUFFIXES.iter().any(|s| name.ends_with(s))
+    name.starts_with('.')
+        && (TEMP_SUFFIXES.iter().any(|s| name.ends_with(s)) || name.ends_with(STRIPE_SUFFIX))
 }
 
 /// The stem of the temporary files of the destination file `name`: the
@@ -131,10 +136,10 @@ pub fn validate(path: &str) -> Result<DestPath> {
             c if c.len() > NAME_MAX => {
                 return Err(refused(path, "a component is longer than 255 bytes"));
             }
-            c if TEMP_SUFFIXES.iter().any(|s| c.ends_with(s)) => {
+            c if TEMP_SUFFIXES.iter().any(|s| c.ends_with(s)) || c.ends_with(STRIPE_SUFFIX) => {
                 return Err(refused(
                     path,
-                    "names ending in .wirerate-part, .wirerate-ckpt or .wirerate-ckpt.tmp are reserved",
+                    "names ending in .wirerate-part, .wirerate-ckpt, .wirerate-ckpt.tmp or .wirerate-stripe are reserved",
                 ));
             }
             _ => {}

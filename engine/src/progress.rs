@@ -71,6 +71,13 @@ impl Progress {
         self.done.fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// A transfer over several pairs (`sender::pairs`): `done` bytes are
+    /// durable at the shared destination, and its pairs moved `moved`.
+    pub(crate) fn set(&self, done: u64, moved: u64) {
+        self.done.store(done, Ordering::Relaxed);
+        self.moved.store(moved, Ordering::Relaxed);
+    }
+
     /// `bytes` went out on a data stream.
     pub(crate) fn sent(&self, bytes: u64) {
         self.moved.fetch_add(bytes, Ordering::Relaxed);

@@ -161,6 +161,35 @@ impl Scheduler {
         per_stream_bytes: u64,
         need_digest: bool,
     ) -> Self {
+        Self::build(
+            files,
+            block_size,
+            (streams, per_stream_bytes),
+            need_digest,
+            need_digest,
+        )
+    }
+
+    /// Plans the pieces of a session that is part of a transfer over
+    /// several pairs: the blocks the receiver "has" are other pairs'
+    /// work, never read here, and count in the digest with a checksum of
+    /// 0, as the receiver counts them.
+    pub fn for_pieces(
+        files: Vec<PlannedFile>,
+        block_size: u64,
+        streams: u16,
+        per_stream_bytes: u64,
+    ) -> Self {
+        Self::build(files, block_size, (streams, per_stream_bytes), true, false)
+    }
+
+    fn build(
+        files: Vec<PlannedFile>,
+        block_size: u64,
+        (streams, per_stream_bytes): (u16, u64),
+        need_digest: bool,
+        read_held: bool,
+    ) -> Self {
         let mut s = Self {
             files: Vec::with_capacity(files.len()),
             by_id: HashMap::with_capacity(files.len()),
@@ -193,7 +222,7 @@ impl Scheduler {
             let mut reads_left = 0;
             for b in 0..n {
                 let have = f.have.as_ref().is_some_and(|h| h.get(b));
-                let state = match (have, need_digest) {
+                let state = match (have, read_held) {
                     (false, _) => State::Unread,
                     (true, true) => State::HaveUnread,
                     (true, false) => State::HaveDone,
@@ -537,6 +566,12 @@ impl Scheduler {
     #[must_use]
     pub fn poll_file_failed(&mut self) -> Option<(u32, String)> {
         self.failed.pop_front()
+    }
+
+    /// The block checksums of file `file_id` (0 for blocks not read).
+    pub fn checksums(&self, file_id: u32) -> Option<&[u64]> {
+        let idx = *self.by_id.get(&file_id)?;
+        Some(&self.files[idx].checksums)
     }
 
     /// A file whose blocks have all gone out once (or are held by the

@@ -17,6 +17,7 @@ mod faults;
 mod hostile;
 mod integrity;
 mod netns;
+mod pairs;
 mod processes;
 mod refusals;
 mod seccomp_profile;

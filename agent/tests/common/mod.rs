@@ -70,7 +70,9 @@ pub fn assert_no_leftovers(dir: &Path) {
     for e in walk(dir) {
         let n = e.file_name().unwrap().to_string_lossy().to_string();
         assert!(
-            !n.contains(".wirerate-part") && !n.contains(".wirerate-ckpt"),
+            !n.contains(".wirerate-part")
+                && !n.contains(".wirerate-ckpt")
+                && !n.contains(".wirerate-stripe"),
             "leftover {}",
             e.display()
         );

@@ -24,6 +24,9 @@ pub(crate) struct Job {
     pub(crate) part_name: String,
     pub(crate) checkpoint: Checkpoint,
     pub(crate) covered: Bitmap,
+    /// Store the checkpoint after the sync (not for a temporary file that
+    /// several receivers share).
+    pub(crate) store: bool,
 }
 
 /// A finished batch, or the first error syncing a file's data (which
@@ -128,6 +131,10 @@ fn run(shared: &Shared, batch: Vec<Job>) -> Done {
         j.file
             .sync_data()
             .map_err(|e| Error::disk(format!("syncing {}", j.rel), e))?;
+        if !j.store {
+            out.synced.push((j.file_id, j.covered, false));
+            continue;
+        }
         let dir = shared.root.dir(&j.parent);
         // Another session (another agent, after this one was failed over
         // while stuck) may have taken the file over and published it: then

@@ -75,6 +75,8 @@ pub(crate) struct Staged<'a> {
     /// The checkpoints they resume from, by file: few files of a large
     /// manifest have one.
     resumed: HashMap<u32, Resumed>,
+    /// Their temporary files are other receivers' too.
+    shared: bool,
 }
 
 impl<'a> Staged<'a> {
@@ -83,7 +85,15 @@ impl<'a> Staged<'a> {
             root,
             files: Vec::with_capacity(files),
             resumed: HashMap::new(),
+            shared: false,
         }
+    }
+
+    /// The files' temporary files are shared with other receivers (see
+    /// `receiver::stripe`): none is removed here if the session fails.
+    pub(crate) fn shared_with_others(mut self) -> Self {
+        self.shared = true;
+        self
     }
 
     pub(crate) fn insert(&mut self, file_id: u32, file: Box<DestFile>, resumed: Option<Resumed>) {
@@ -114,6 +124,9 @@ impl<'a> Staged<'a> {
 
 impl Drop for Staged<'_> {
     fn drop(&mut self) {
+        if self.shared {
+            return;
+        }
         let resumed = &self.resumed;
         discard_unresumable(
             self.root,
@@ -176,6 +189,145 @@ fn reserve(part: &File, size: u64, path: &str) -> Result<()> {
 /// published with the sender's permission bits less `umask`.
 pub(crate) fn prepare(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Prepared {
     prepare_entry(root, e, block_size, umask).unwrap_or_else(per_file)
+}
+
+/// Prepares entry `e` of a session that writes blocks `first..end` of it
+/// into the temporary file every receiver of the transfer shares (see
+/// `receiver::stripe`): the file is created if no receiver has yet, never
+/// truncated, and neither checkpointed nor published here. The blocks
+/// outside the piece count as held, with a checksum of 0 on both sides,
+/// so that the session's digest covers the piece alone.
+pub(crate) fn prepare_piece(
+    root: &Root,
+    e: &FileEntry,
+    block_size: u64,
+    umask: u32,
+    (first, end): (u64, u64),
+) -> Prepared {
+    let prepared = (|| {
+        let Some((file, dir)) = stage(root, e, block_size, umask)? else {
+            return Ok(Prepared::Refuse(too_many_blocks(e, block_size)));
+        };
+        let blocks = file.layout.blocks();
+        if file.kind != EntryKind::File || first > end || end > blocks {
+            return Ok(Prepared::Refuse(format!(
+                "{}: blocks {first}..{end} are not a piece of its {blocks} blocks",
+                e.path
+            )));
+        }
+        let part = Root::open_in(&dir, &file.dest.part_name(), OFlags::RDWR | OFlags::CREATE)
+            .map_err(|err| {
+                Error::io(
+                    format!("creating the shared temporary file of {}", e.path),
+                    err.into(),
+                )
+            })?;
+        // Several receivers size it at once: each only ever grows it to
+        // the one size, and fallocate keeps what others wrote.
+        grow(&part, e.size, &e.path)?;
+        let mut have = Bitmap::new(blocks);
+        for b in (0..first).chain(end..blocks) {
+            have.set(b);
+        }
+        let resumed = Box::new((have.clone(), vec![0; blocks as usize]));
+        Ok(Prepared::Accept(Box::new(file), have, Some(resumed)))
+    })();
+    prepared.unwrap_or_else(per_file)
+}
+
+/// Prepares entry `e` of a session that publishes what the receivers of a
+/// transfer over several pairs wrote: its shared temporary file must be
+/// here, at its full size; every block counts as held.
+pub(crate) fn prepare_publish(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Prepared {
+    let prepared = (|| {
+        let Some((file, dir)) = stage(root, e, block_size, umask)? else {
+            return Ok(Prepared::Refuse(too_many_blocks(e, block_size)));
+        };
+        let blocks = file.layout.blocks();
+        if file.kind == EntryKind::File {
+            let len = Root::open_in(&dir, &file.dest.part_name(), OFlags::RDONLY)
+                .and_then(|f| rustix::fs::fstat(&f))
+                .map(|st| st.st_size as u64);
+            if len.ok() != Some(e.size) {
+                return Ok(Prepared::Refuse(format!(
+                    "{}: the temporary file the other receivers wrote is not here at its full size                      ({len:?}); this receiver's storage is not the one they share",
+                    e.path
+                )));
+            }
+        }
+        let mut have = Bitmap::new(blocks);
+        for b in 0..blocks {
+            have.set(b);
+        }
+        let resumed = Box::new((have.clone(), vec![0; blocks as usize]));
+        Ok(Prepared::Accept(Box::new(file), have, Some(resumed)))
+    })();
+    prepared.unwrap_or_else(per_file)
+}
+
+fn too_many_blocks(e: &FileEntry, block_size: u64) -> String {
+    format!(
+        "{} needs {} blocks, more than the {MAX_BLOCKS_PER_FILE} a file may have; use a larger --block-size",
+        e.path,
+        Layout::new(e.size, block_size).blocks()
+    )
+}
+
+/// The destination of entry `e` and its directory (created beneath the
+/// root as needed); `None` when it has too many blocks.
+fn stage(
+    root: &Root,
+    e: &FileEntry,
+    block_size: u64,
+    umask: u32,
+) -> Result<Option<(DestFile, OwnedFd)>> {
+    let dest = validate(&e.path)?;
+    let size = if e.kind == EntryKind::Dir { 0 } else { e.size };
+    let layout = Layout::new(size, block_size);
+    if layout.blocks() > MAX_BLOCKS_PER_FILE {
+        return Ok(None);
+    }
+    let file = DestFile {
+        kind: e.kind,
+        dest,
+        layout,
+        fingerprint: e.fingerprint,
+        identity: 0,
+        mode: u32::from(e.mode) & 0o777 & !umask,
+        opened: None,
+    };
+    let dir = if e.kind == EntryKind::Dir {
+        root.dir(&file.dest.rel)?
+    } else {
+        root.dir(file.dest.parent())?
+    };
+    Ok(Some((file, dir)))
+}
+
+/// Grows `part` to `size` where it is shorter, reserving its blocks.
+fn grow(part: &File, size: u64, path: &str) -> Result<()> {
+    let len = part
+        .metadata()
+        .map_err(|err| Error::io(format!("inspecting the temporary file of {path}"), err))?
+        .len();
+    if len == size {
+        return Ok(());
+    }
+    if len > size {
+        part.set_len(size)
+            .map_err(|err| Error::io(format!("sizing the temporary file of {path}"), err))?;
+        return Ok(());
+    }
+    match rustix::fs::fallocate(part, FallocateFlags::empty(), 0, size) {
+        Ok(()) => Ok(()),
+        Err(Errno::OPNOTSUPP) => part
+            .set_len(size)
+            .map_err(|err| Error::io(format!("sizing the temporary file of {path}"), err)),
+        Err(err) => Err(Error::io(
+            format!("reserving {size} bytes for {path}"),
+            err.into(),
+        )),
+    }
 }
 
 fn prepare_entry(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Result<Prepared> {

@@ -21,6 +21,7 @@ mod registry;
 mod session;
 mod stats;
 mod stream;
+mod stripe;
 mod verdicts;
 mod writer;
 

@@ -4,11 +4,19 @@
 use std::sync::atomic::Ordering;
 
 use super::Shared;
-use super::dest::{Prepared, Staged, prepare};
+use super::dest::{Prepared, Staged, prepare, prepare_piece, prepare_publish};
 use super::stats::Stats;
 use crate::Layout;
 use crate::by_id::ById;
-use crate::wire::{EntryKind, FileEntry, MAX_BLOCKS_PER_SESSION, PlanOutcome};
+use crate::wire::{EntryKind, FileEntry, MAX_BLOCKS_PER_SESSION, PlanOutcome, Stripe, StripeRole};
+
+/// What a session of a transfer over several pairs does with each file.
+enum Part {
+    /// Writes blocks `first..end` of each file, by id.
+    Pieces(std::collections::HashMap<u32, (u64, u64)>),
+    /// Publishes what the others wrote.
+    Publish,
+}
 
 /// What the plan leaves the session.
 pub(super) struct Plan<'a> {
@@ -32,6 +40,8 @@ pub(super) struct Planner<'a> {
     resumed_bytes: u64,
     /// Blocks of the accepted files: the receiver holds state for each.
     tracked: u64,
+    /// Set in a transfer over several pairs.
+    part: Option<Part>,
 }
 
 impl<'a> Planner<'a> {
@@ -42,7 +52,18 @@ impl<'a> Planner<'a> {
         block_size: u64,
         discard: bool,
         stats: &'a Stats,
+        stripe: Option<&Stripe>,
     ) -> Self {
+        let part = stripe.map(|s| match s.role {
+            StripeRole::Mark | StripeRole::Write => Part::Pieces(
+                s.pieces
+                    .iter()
+                    .map(|p| (p.file_id, (p.first, p.end)))
+                    .collect(),
+            ),
+            StripeRole::Publish | StripeRole::Unmark => Part::Publish,
+        });
+        let files = Staged::with_capacity(&shared.root, entries);
         Self {
             shared,
             block_size,
@@ -50,10 +71,15 @@ impl<'a> Planner<'a> {
             stats,
             // Sized for the whole manifest at once: a table grown by
             // doubling would leave its outgrown copies as holes in the heap.
-            files: Staged::with_capacity(&shared.root, entries),
+            files: if part.is_some() {
+                files.shared_with_others()
+            } else {
+                files
+            },
             sizes: Vec::with_capacity(entries),
             resumed_bytes: 0,
             tracked: 0,
+            part,
         }
     }
 
@@ -76,13 +102,27 @@ impl<'a> Planner<'a> {
         } else if self.discard {
             super::discard::plan(e, tracked + blocks)
         } else {
-            prepare(&self.shared.root, e, self.block_size, self.shared.cfg.umask)
+            let (root, umask) = (&self.shared.root, self.shared.cfg.umask);
+            match &self.part {
+                None => prepare(root, e, self.block_size, umask),
+                Some(_) if e.kind == EntryKind::Dir => prepare(root, e, self.block_size, umask),
+                Some(Part::Pieces(pieces)) => {
+                    // The core checked that every regular file has one.
+                    let range = pieces.get(&e.file_id).copied().unwrap_or((0, 0));
+                    prepare_piece(root, e, self.block_size, umask, range)
+                }
+                Some(Part::Publish) => prepare_publish(root, e, self.block_size, umask),
+            }
         };
         match outcome {
             Prepared::Accept(mut file, have, resumed) => {
                 file.identity = identity;
                 self.tracked += blocks;
-                self.resumed_bytes += file.layout.bytes_in(&have);
+                // The blocks a piece leaves to other receivers were not
+                // resumed here.
+                if self.part.is_none() {
+                    self.resumed_bytes += file.layout.bytes_in(&have);
+                }
                 self.stats
                     .total
                     .fetch_add(file.layout.size, Ordering::Relaxed);

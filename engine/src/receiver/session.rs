@@ -31,7 +31,9 @@ use crate::session::reports::Reported;
 use crate::spans::carry;
 use crate::summary::{IoInEffect, ReceiverSummary};
 use crate::units::{fmt_bytes, gbps};
-use crate::wire::{FileEntry, FrameReader, KEEPALIVE_INTERVAL, SessionId, Verification};
+use crate::wire::{
+    FileEntry, FrameReader, KEEPALIVE_INTERVAL, SessionId, Stripe, StripeRole, Verification,
+};
 
 /// What data streams need to know about their session.
 pub(crate) struct Session {
@@ -237,7 +239,7 @@ impl<'a> Control<'a> {
     fn plan<'p>(
         &mut self,
         manifest: Manifest,
-        terms: &Terms,
+        (terms, stripe): (&Terms, Option<&Stripe>),
         life: &Life,
         stats: &'p Stats,
     ) -> Result<Plan<'p>>
@@ -254,6 +256,7 @@ impl<'a> Control<'a> {
             terms.block_size,
             terms.discard,
             stats,
+            stripe,
         );
         let mut seen_paths = HashSet::new();
         let mut written_at = Instant::now();
@@ -509,11 +512,18 @@ fn control(shared: &Arc<Shared>, stream: TcpStream) -> Result<()> {
         Action::Close(end) => return ended(&*shared.cfg.observer, end),
         other => return Err(out_of_order(Some(other))),
     };
+    let stripe = ctl.core.stripe().cloned();
+    if let Some(refusal) = stripe
+        .as_ref()
+        .and_then(|s| stripe_refusal(shared, s, &terms))
+    {
+        return ctl.refuse(refusal);
+    }
     if let Err(refusal) = claim(shared, &manifest, terms.discard, &life) {
         return ctl.refuse(refusal);
     }
     let stats = Arc::new(Stats::default());
-    let plan = ctl.plan(manifest, &terms, &life, &stats)?;
+    let plan = ctl.plan(manifest, (&terms, stripe.as_ref()), &life, &stats)?;
     let resumed_bytes = plan.resumed_bytes;
     let pool = match spare {
         Some(p) => p,
@@ -524,7 +534,7 @@ fn control(shared: &Arc<Shared>, stream: TcpStream) -> Result<()> {
         verdicts,
         writer,
         session,
-    } = start(shared, &terms, plan, pool, &stats)?;
+    } = start(shared, (&terms, stripe.map(|s| s.role)), plan, pool, &stats)?;
 
     ctl.core.handle_plan_end(Instant::now());
     // The manifest and what planning it took are freed by now: give them
@@ -562,6 +572,23 @@ fn control(shared: &Arc<Shared>, stream: TcpStream) -> Result<()> {
         let _ = ctl.stream.shutdown(Shutdown::Both);
     }
     outcome
+}
+
+/// Why a session of a transfer over several pairs cannot go on here, if
+/// it cannot: a memory-to-memory test has no shared files, and a root
+/// without the transfer's marker is not the storage the others share.
+fn stripe_refusal(shared: &Shared, stripe: &Stripe, terms: &Terms) -> Option<Refusal> {
+    let message = if terms.discard {
+        "a memory-to-memory test (--synthetic) runs on one pair".to_string()
+    } else {
+        super::stripe::check_marker(&shared.root, stripe).err()?
+    };
+    tracing::warn!("stripe session refused: {message}");
+    Some(Refusal {
+        retryable: false,
+        message,
+        reason: RefusalReason::NotShared,
+    })
 }
 
 /// A manifest's entries as the session claims and plans them.
@@ -630,7 +657,7 @@ struct Running {
 /// streams.
 fn start(
     shared: &Arc<Shared>,
-    terms: &Terms,
+    (terms, stripe): (&Terms, Option<StripeRole>),
     plan: Plan<'_>,
     pool: Pools,
     stats: &Arc<Stats>,
@@ -663,7 +690,8 @@ fn start(
             verdicts_tx,
             terms.verify,
             Arc::clone(stats),
-        )?;
+        )?
+        .in_stripe(stripe);
         Box::new(move || writer.run())
     };
     // The writer counted what the files keep from earlier sessions.

@@ -23,7 +23,7 @@ use crate::io::{ALIGN, BlockIo, IoDone, IoMode, IoOp, OpKind, Pool, backend};
 use crate::session::lifecycle::{BlockFate, CheckpointJob, FileLifecycle, Finish, Planned};
 use crate::session::reports::{Reported, Stall};
 use crate::violation::{Violation, ViolationKind};
-use crate::wire::{EntryKind, Frame, Verification};
+use crate::wire::{EntryKind, Frame, StripeRole, Verification};
 
 /// Work for the writer.
 pub(crate) enum WriterMsg {
@@ -98,6 +98,10 @@ pub(crate) struct Writer {
     kept: Kept,
     /// `Stats::arriving` when last looked at.
     arrived: u64,
+    /// The session's part in a transfer over several pairs: its temporary
+    /// files are shared, so it never removes one, and only a `Publish`
+    /// session publishes.
+    stripe: Option<StripeRole>,
 }
 
 /// Files finished together are made durable together.
@@ -166,7 +170,29 @@ impl Writer {
             warnings: Vec::new(),
             kept,
             arrived: 0,
+            stripe: None,
         })
+    }
+
+    /// The writer of a session that is part of a transfer over several
+    /// pairs, in `role` (see `receiver::stripe`).
+    pub(crate) fn in_stripe(mut self, role: Option<StripeRole>) -> Self {
+        self.stripe = role;
+        self
+    }
+
+    /// Whether the files' temporary files are other receivers' too, and
+    /// are left for the transfer to publish or remove.
+    fn shares_files(&self) -> bool {
+        self.stripe.is_some()
+    }
+
+    /// Removes `f`'s temporary file, unless other receivers share it.
+    fn discard_own(&self, f: &mut DestFile) -> Result<()> {
+        if self.shares_files() {
+            return Ok(());
+        }
+        f.discard(&self.shared.root)
     }
 
     fn warn(&mut self, w: String) {
@@ -468,6 +494,8 @@ impl Writer {
             part_name: f.dest.part_name(),
             checkpoint: f.record(durable, checksums),
             covered,
+            // A shared temporary file has no checkpoint of one receiver's.
+            store: !self.shares_files(),
         })
     }
 
@@ -519,6 +547,9 @@ impl Writer {
                 continue;
             }
             f.sync()?;
+            if self.shares_files() {
+                continue;
+            }
             let Some(record) = self.core.handle_synced(id) else {
                 continue;
             };
@@ -553,7 +584,7 @@ impl Writer {
         })?;
         if f.kind == EntryKind::File {
             self.kept.set(file_id, 0);
-            f.discard(&self.shared.root)?;
+            self.discard_own(&mut f)?;
         }
         tracing::warn!(path = %f.dest.rel, reason = %message, "the sender gave the file up");
         self.result(
@@ -587,7 +618,7 @@ impl Writer {
     fn refuse_identity(&mut self, file_id: u32, mut f: DestFile, theirs: u64) -> Result<()> {
         if f.kind == EntryKind::File {
             self.kept.set(file_id, 0);
-            f.discard(&self.shared.root)?;
+            self.discard_own(&mut f)?;
         }
         let msg = format!(
             "{}: the file list entry this receiver holds (identity {:016x}) is not the one \
@@ -658,7 +689,7 @@ impl Writer {
             };
             if !self.core.may_publish(digest, sender_digest) {
                 self.kept.set(file_id, 0);
-                f.discard(root)?;
+                self.discard_own(&mut f)?;
                 let msg = format!(
                     "{}: digest mismatch (received {}, sent {}); the data was discarded, send it again",
                     f.dest.rel,
@@ -667,6 +698,13 @@ impl Writer {
                 );
                 tracing::error!("{msg}");
                 self.result((file_id, f.identity), false, digest, msg);
+                continue;
+            }
+            if matches!(self.stripe, Some(StripeRole::Mark | StripeRole::Write)) {
+                // A piece: durable, checked, and left for the transfer to
+                // publish once every piece is.
+                self.kept.set(file_id, 0);
+                self.result((file_id, f.identity), true, digest, String::new());
                 continue;
             }
             f.rename_into_place(root)?;
@@ -739,6 +777,9 @@ impl Drop for Writer {
     /// However the writer ends (having run or not), the temporary files of
     /// its unfinished files that no checkpoint can resume go.
     fn drop(&mut self) {
+        if self.shares_files() {
+            return;
+        }
         let core = &self.core;
         discard_unresumable(
             &self.shared.root,

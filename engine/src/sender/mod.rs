@@ -5,6 +5,7 @@ mod connect;
 mod generate;
 mod growth;
 mod open;
+pub mod pairs;
 mod reader;
 mod session;
 mod shared;
@@ -30,7 +31,7 @@ use crate::observe::{Observe, SessionEnd, unobserved};
 use crate::optimizer::StreamChange;
 use crate::progress::Progress;
 use crate::summary::SendSummary;
-use crate::wire::Verification;
+use crate::wire::{Stripe, Verification};
 use source::SourceList;
 
 /// What to send where, and how.
@@ -82,6 +83,9 @@ pub struct SendConfig {
     /// Where data streams and buffers are kept between sends to the same
     /// receiver, and taken from; `None` closes and frees them at the end.
     pub warm: Option<Arc<warm::Warm>>,
+    /// Set by `pairs` for the sessions of a transfer over several pairs:
+    /// the pieces this send writes, or the files it publishes.
+    pub(crate) stripe: Option<Stripe>,
 }
 
 impl SendConfig {
@@ -113,6 +117,7 @@ impl SendConfig {
             progress: Arc::default(),
             observer: unobserved(),
             warm: None,
+            stripe: None,
         }
     }
 
@@ -228,6 +233,9 @@ pub(crate) struct RunState {
     /// Each data stream's TCP_INFO at the end of the last session.
     pub(crate) tcp: Vec<Option<TcpStats>>,
     pub(crate) congestion: String,
+    /// In a transfer over several pairs, the block checksums of each file
+    /// whose piece was written and verified, for the coordinator.
+    pub(crate) sums: HashMap<u32, Vec<u64>>,
 }
 
 /// Sends `cfg.source`, reconnecting and resuming on failures for up to
@@ -255,6 +263,27 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
         w.keep_pools(pool.clone());
     }
     Ok(summarize::summarize(cfg, list, &st, &pool, seconds))
+}
+
+/// Sends the entries of `list` as `cfg.stripe` says (a piece session of a
+/// transfer over several pairs), with `run_sessions`' retries; returns
+/// what the run did (bytes sent, verdicts), and how it ended.
+pub(crate) fn send_list(cfg: &SendConfig, list: &SourceList) -> (RunState, Result<()>) {
+    let mut st = RunState::default();
+    let count = ((cfg.buffer / cfg.block_size) as usize).max(2 * cfg.streams as usize + 2);
+    let pool = match &cfg.warm {
+        Some(w) => w.take_pools(cfg.block_size as usize, count),
+        None => Pools::new(cfg.block_size as usize, count),
+    };
+    let pool = match pool {
+        Ok(p) => p,
+        Err(e) => return (st, Err(e)),
+    };
+    let run = run_sessions(cfg, list, &pool, &mut st);
+    if let Some(w) = &cfg.warm {
+        w.keep_pools(pool.clone());
+    }
+    (st, run)
 }
 
 /// Runs sessions until one completes, reconnecting with backoff after

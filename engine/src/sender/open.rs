@@ -96,6 +96,9 @@ pub(super) fn open_session(
             discard: cfg.synthetic.is_some(),
         },
     )?;
+    if let Some(stripe) = &cfg.stripe {
+        write_frame(&mut control, &Frame::Stripe(stripe.clone()))?;
+    }
     let entries: Vec<FileEntry> = pending
         .iter()
         .map(|(id, f)| FileEntry {

@@ -100,13 +100,18 @@ pub(crate) fn run(
         streams
     };
     let mut control = opened.control;
-    let sched = Scheduler::new(
-        opened.planned,
-        cfg.block_size,
-        streams,
-        per_stream_bytes(cfg, pool.large_bytes(), streams),
-        cfg.verify != Verification::None,
-    );
+    let per_stream = per_stream_bytes(cfg, pool.large_bytes(), streams);
+    let sched = if cfg.stripe.is_some() {
+        Scheduler::for_pieces(opened.planned, cfg.block_size, streams, per_stream)
+    } else {
+        Scheduler::new(
+            opened.planned,
+            cfg.block_size,
+            streams,
+            per_stream,
+            cfg.verify != Verification::None,
+        )
+    };
     let shared = new_shared(cfg, sched, opened.core, (&pending, base), most);
     let streams = attach_streams(cfg, &shared, connected)?;
 
@@ -480,7 +485,14 @@ fn record(
     if report.fallback.is_some() {
         st.io_fallback = report.fallback;
     }
+    let g = &mut *g;
     for (id, v) in g.verdicts.drain() {
+        if cfg.stripe.is_some()
+            && matches!(v, FileVerdict::Ok(_))
+            && let Some(sums) = g.sched.checksums(id)
+        {
+            st.sums.insert(id, sums.to_vec());
+        }
         st.verdicts.insert(id, v);
     }
     outcome

@@ -19,6 +19,7 @@ pub(crate) fn describe(frame: &Frame) -> String {
     match frame {
         Frame::Files { entries } => format!("a manifest chunk of {} entries", entries.len()),
         Frame::Plan { file_id, .. } => format!("a plan entry for file {file_id}"),
+        Frame::Stripe(s) => format!("a {:?} stripe of {} pieces", s.role, s.pieces.len()),
         other => {
             let mut s = format!("{other:?}");
             // The peer chose these bytes: cut on a character boundary.

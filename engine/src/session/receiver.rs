@@ -15,7 +15,8 @@ use crate::by_id::ById;
 use crate::liveness::{Due, Liveness};
 use crate::violation::{Violation, ViolationKind};
 use crate::wire::{
-    FileEntry, Frame, MAX_ENTRIES, MAX_MANIFEST_BYTES, PlanOutcome, SessionId, Verification,
+    EntryKind, FileEntry, Frame, MAX_ENTRIES, MAX_MANIFEST_BYTES, PlanOutcome, SessionId, Stripe,
+    StripeRole, Verification,
 };
 
 /// What the receiver allows a session, fixed when it starts.
@@ -97,6 +98,9 @@ pub enum RefusalReason {
     /// A memory-to-memory session that this receiver does not allow, or
     /// that asks to re-read a disk it does not write.
     Discard,
+    /// A session of a transfer over several pairs whose root is not the
+    /// storage the transfer's other receivers share.
+    NotShared,
 }
 
 impl RefusalReason {
@@ -110,6 +114,7 @@ impl RefusalReason {
             Self::SessionOpen => "protocol",
             Self::DestinationBusy => "destination_busy",
             Self::Discard => "discard",
+            Self::NotShared => "not_shared",
         }
     }
 }
@@ -283,6 +288,8 @@ pub struct ReceiverControl {
     accepted: u64,
     answered: u64,
     end: Option<End>,
+    /// Set by a `Stripe` frame before the manifest.
+    stripe: Option<Stripe>,
 }
 
 impl ReceiverControl {
@@ -296,7 +303,14 @@ impl ReceiverControl {
             accepted: 0,
             answered: 0,
             end: None,
+            stripe: None,
         }
+    }
+
+    /// The session's part in a transfer over several pairs, if it has one:
+    /// checked against the manifest when it ended.
+    pub fn stripe(&self) -> Option<&Stripe> {
+        self.stripe.as_ref()
     }
 
     /// The next thing to do, in order; call until it returns `None` after
@@ -439,8 +453,22 @@ impl ReceiverControl {
                     });
                 }
             }
+            (State::Manifest { entries, .. }, Frame::Stripe(stripe))
+                if entries.is_empty() && self.stripe.is_none() =>
+            {
+                self.stripe = Some(stripe);
+            }
             (State::Manifest { entries, .. }, Frame::FilesEnd) => {
                 let entries = std::mem::take(entries);
+                if let Some(message) = self.stripe.as_ref().and_then(|s| stripe_fault(s, &entries))
+                {
+                    self.refuse(Refusal {
+                        retryable: false,
+                        message,
+                        reason: RefusalReason::Manifest,
+                    });
+                    return;
+                }
                 self.state = State::Preparing {
                     accepted: Vec::with_capacity(entries.len()),
                 };
@@ -706,6 +734,41 @@ impl ReceiverControl {
     }
 }
 
+/// What is wrong with a `Stripe` frame for `entries`, if anything: a
+/// session that writes pieces has exactly one for each regular file and
+/// none for anything else; one that publishes or unmarks has none.
+fn stripe_fault(stripe: &Stripe, entries: &[FileEntry]) -> Option<String> {
+    let writes = matches!(stripe.role, StripeRole::Mark | StripeRole::Write);
+    if !writes {
+        return (!stripe.pieces.is_empty())
+            .then(|| format!("a {:?} session carries no pieces", stripe.role));
+    }
+    let files: std::collections::HashMap<u32, u64> = entries
+        .iter()
+        .filter(|e| e.kind == EntryKind::File)
+        .map(|e| (e.file_id, e.size))
+        .collect();
+    let mut seen = HashSet::with_capacity(stripe.pieces.len());
+    for p in &stripe.pieces {
+        if !files.contains_key(&p.file_id) {
+            return Some(format!(
+                "a piece of file {}, which is not a regular file of the manifest",
+                p.file_id
+            ));
+        }
+        if !seen.insert(p.file_id) {
+            return Some(format!("file {} has two pieces", p.file_id));
+        }
+    }
+    (seen.len() != files.len()).then(|| {
+        format!(
+            "{} of the manifest's {} regular files have no piece",
+            files.len() - seen.len(),
+            files.len()
+        )
+    })
+}
+
 /// How a receiver's session ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SessionOutcome {
@@ -799,6 +862,94 @@ mod tests {
 
     fn accept() -> PlanOutcome {
         PlanOutcome::Accept { have: vec![0] }
+    }
+
+    /// A core that took `frames` after its admission, with what it did.
+    fn after_admission(frames: Vec<Frame>) -> (ReceiverControl, Vec<Action>) {
+        let now = Instant::now();
+        let mut core = ReceiverControl::new(limits());
+        core.handle_frame(open(1 << 20), now);
+        drain(&mut core);
+        core.handle_admitted(Ok(()));
+        for f in frames {
+            core.handle_frame(f, now);
+        }
+        let actions = drain(&mut core);
+        (core, actions)
+    }
+
+    fn stripe(role: StripeRole, pieces: &[(u32, u64, u64)]) -> Frame {
+        Frame::Stripe(Stripe {
+            group: 9,
+            role,
+            pieces: pieces
+                .iter()
+                .map(|&(file_id, first, end)| crate::wire::StripePiece {
+                    file_id,
+                    first,
+                    end,
+                })
+                .collect(),
+        })
+    }
+
+    #[test]
+    fn a_stripe_must_come_before_the_manifest_and_fit_it() {
+        let files = || Frame::Files {
+            entries: vec![entry(1), entry(2)],
+        };
+        // One piece per regular file: prepared, with the stripe kept.
+        let (core, actions) = after_admission(vec![
+            stripe(StripeRole::Write, &[(1, 0, 1), (2, 0, 0)]),
+            files(),
+            Frame::FilesEnd,
+        ]);
+        assert!(matches!(&actions[..], [Action::Prepare(e)] if e.len() == 2));
+        assert_eq!(core.stripe().unwrap().pieces.len(), 2);
+        let refused = |frames| {
+            let (_, actions) = after_admission(frames);
+            match &actions[..] {
+                [Action::Send(Frame::Error { message, .. }), Action::Close(_)] => message.clone(),
+                other => panic!("not refused: {other:?}"),
+            }
+        };
+        let cases = [
+            (
+                vec![stripe(StripeRole::Write, &[(1, 0, 1)])],
+                "have no piece",
+            ),
+            (
+                vec![stripe(
+                    StripeRole::Write,
+                    &[(1, 0, 1), (1, 1, 2), (2, 0, 1)],
+                )],
+                "two pieces",
+            ),
+            (
+                vec![stripe(
+                    StripeRole::Write,
+                    &[(1, 0, 1), (2, 0, 1), (7, 0, 1)],
+                )],
+                "not a regular file",
+            ),
+            (
+                vec![stripe(StripeRole::Publish, &[(1, 0, 1)])],
+                "carries no pieces",
+            ),
+        ];
+        for (mut frames, want) in cases {
+            frames.extend([files(), Frame::FilesEnd]);
+            let message = refused(frames);
+            assert!(message.contains(want), "{message}");
+        }
+        // After the manifest started, or twice: out of order.
+        let message = refused(vec![files(), stripe(StripeRole::Publish, &[])]);
+        assert!(message.contains("protocol violation"), "{message}");
+        let message = refused(vec![
+            stripe(StripeRole::Publish, &[]),
+            stripe(StripeRole::Publish, &[]),
+        ]);
+        assert!(message.contains("protocol violation"), "{message}");
     }
 
     /// A core past its plan, with files 1 and 2 accepted and 3 refused.

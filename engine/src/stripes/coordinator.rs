@@ -132,6 +132,10 @@ pub enum Refused {
     /// A verification nobody asked for.
     #[error("file {0} is not being verified")]
     NotVerifying(u32),
+    /// A file given up that is not open (unknown, or already verified,
+    /// published or given up).
+    #[error("file {0} is not open")]
+    NotOpen(u32),
 }
 
 #[derive(Debug)]
@@ -140,6 +144,9 @@ struct Item {
     work: Work,
     /// The files it was handed, each held until the item ends.
     touches: Vec<u32>,
+    /// Its pair has started it, and cannot be told to do less of it: a
+    /// steal leaves it alone (see `started`).
+    started: bool,
 }
 
 /// The coordinator of one multi-pair transfer.
@@ -275,6 +282,21 @@ impl Coordinator {
         Ok(())
     }
 
+    /// `pair` has started `item` in a way that cannot be cut short (a shell
+    /// that runs one session per item): steals take only from its items
+    /// not yet started. A shell that can shrink running work never calls
+    /// this.
+    pub fn started(&mut self, pair: PairId, item: ItemId) -> Result<(), Refused> {
+        self.live(pair)?;
+        match self.items.get_mut(&item) {
+            Some(i) if i.pair == pair => {
+                i.started = true;
+                Ok(())
+            }
+            _ => Err(Refused::NotItsItem { pair, item }),
+        }
+    }
+
     /// `pair` has nothing of `item` in flight any more. Whatever of it is
     /// still unacknowledged goes back to the queue.
     pub fn finished(&mut self, now: Instant, pair: PairId, item: ItemId) -> Result<(), Refused> {
@@ -365,6 +387,25 @@ impl Coordinator {
         };
         self.actions.push_back(action);
         self.check_finished();
+        Ok(())
+    }
+
+    /// The shell gives `file` up (a receiver refused it, or its pieces
+    /// failed too often): it is taken back from every pair, and given up
+    /// once nothing can write to it.
+    pub fn give_up(&mut self, now: Instant, file: u32) -> Result<(), Refused> {
+        let ledger = self
+            .files
+            .get_mut(&file)
+            .filter(|f| f.is_open())
+            .ok_or(Refused::NotOpen(file))?;
+        ledger.fail(GiveUp::Failed);
+        if let Some(Ready::GiveUp(why)) = ledger.ready() {
+            self.actions.push_back(Action::GiveUp { file, why });
+        }
+        self.withdraw_file(file);
+        self.check_finished();
+        self.refill(now);
         Ok(())
     }
 
@@ -558,6 +599,7 @@ impl Coordinator {
                 pair,
                 work: work.clone(),
                 touches,
+                started: false,
             },
         );
         self.actions.push_back(Action::Assign { pair, item, work });
@@ -584,6 +626,9 @@ impl Coordinator {
         for &id in self.pairs[&victim].items.iter().rev() {
             if need == 0 {
                 break;
+            }
+            if self.items[&id].started {
+                continue;
             }
             let mut work = self.items[&id].work.clone();
             need = self.cut_tail(&mut work, need, &mut taken);

@@ -21,6 +21,9 @@ pub enum GiveUp {
     SourceChanged,
     /// The temporary file does not match the acknowledged checksums.
     Mismatch,
+    /// The shell gave it up: a receiver refused it, or its pieces failed
+    /// more often than the shell allows.
+    Failed,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -319,3 +319,65 @@ fn a_second_loss_report_never_brings_the_fence_closer() {
         [Action::Verify { file: 1, .. }]
     ));
 }
+
+#[test]
+fn a_started_item_is_never_cut_and_a_queued_one_behind_it_is() {
+    let t0 = Instant::now();
+    let g = Geometry::new(B, 50 * B, None).unwrap();
+    let files = [(1, 50 * B), (2, 50 * B)];
+    // Pair 1 holds both chunks (window 2) and has started both: a pair
+    // that joins with the queue empty finds nothing it may take.
+    let mut c = Coordinator::new(g, &files, 2);
+    c.join(t0, 1).unwrap();
+    let held = assigned(&drain(&mut c), 1);
+    assert_eq!(held.len(), 2);
+    for (item, _) in &held {
+        c.started(1, *item).unwrap();
+    }
+    c.join(t0, 0).unwrap();
+    assert!(drain(&mut c).is_empty());
+    // Pair 1 started only its first: the steal cuts the second, and
+    // leaves the first alone.
+    let mut c = Coordinator::new(g, &files, 2);
+    c.join(t0, 1).unwrap();
+    let held = assigned(&drain(&mut c), 1);
+    c.started(1, held[0].0).unwrap();
+    c.join(t0, 0).unwrap();
+    let actions = drain(&mut c);
+    let Some(Action::Withdraw { item, .. }) = actions.first() else {
+        panic!("the queued item is cut: {actions:?}");
+    };
+    assert_eq!(*item, held[1].0);
+    assert!(!assigned(&actions, 0).is_empty());
+    // Another pair's item is not this one's to start.
+    assert_eq!(
+        c.started(0, held[0].0),
+        Err(Refused::NotItsItem {
+            pair: 0,
+            item: held[0].0
+        })
+    );
+}
+
+#[test]
+fn a_file_the_shell_gives_up_is_withdrawn_and_given_up_once_nothing_writes_to_it() {
+    let t0 = Instant::now();
+    let mut c = one_file();
+    c.join(t0, 0).unwrap();
+    let (item, _) = assigned(&drain(&mut c), 0).remove(0);
+    c.give_up(t0, 1).unwrap();
+    // Pair 0 still holds it: not given up yet.
+    assert!(
+        !drain(&mut c)
+            .iter()
+            .any(|a| matches!(a, Action::GiveUp { .. }))
+    );
+    c.finished(t0, 0, item).unwrap();
+    let actions = drain(&mut c);
+    assert!(actions.contains(&Action::GiveUp {
+        file: 1,
+        why: GiveUp::Failed
+    }));
+    assert!(actions.contains(&Action::Finished));
+    assert_eq!(c.give_up(t0, 1), Err(Refused::NotOpen(1)));
+}

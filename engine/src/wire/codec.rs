@@ -2,8 +2,8 @@
 
 use super::{
     BlockHeader, CHECKED_SINCE, EntryKind, FRAME_CHECK_LEN, FileEntry, Frame, HELLO_PORT_SINCE,
-    MAC_LEN, MAGIC, MAX_BLOCK, MAX_FRAME, MAX_MESSAGE, MAX_PATH, NONCE_LEN, PlanOutcome, Purpose,
-    SESSION_ID_LEN, VERSION, Verification,
+    MAC_LEN, MAGIC, MAX_BLOCK, MAX_FRAME, MAX_MESSAGE, MAX_PATH, MAX_PIECES, NONCE_LEN,
+    PlanOutcome, Purpose, SESSION_ID_LEN, Stripe, StripePiece, StripeRole, VERSION, Verification,
 };
 
 /// Why a frame could not be decoded.
@@ -70,6 +70,7 @@ const T_FILE_ABORT: u8 = 17;
 const T_KEEPALIVE: u8 = 18;
 const T_PARK: u8 = 19;
 const T_PARKED: u8 = 20;
+const T_STRIPE: u8 = 21;
 
 /// Appends the encoding of `frame` (length prefix and checksum included)
 /// to `out`.
@@ -182,6 +183,22 @@ fn encode_fields(frame: &Frame, out: &mut Vec<u8>) {
             }
         }
         Frame::FilesEnd => w.u8(T_FILES_END),
+        Frame::Stripe(stripe) => {
+            w.u8(T_STRIPE);
+            w.u64(stripe.group);
+            w.u8(match stripe.role {
+                StripeRole::Mark => 0,
+                StripeRole::Write => 1,
+                StripeRole::Publish => 2,
+                StripeRole::Unmark => 3,
+            });
+            w.u32(stripe.pieces.len() as u32);
+            for p in &stripe.pieces {
+                w.u32(p.file_id);
+                w.u64(p.first);
+                w.u64(p.end);
+            }
+        }
         Frame::Plan { file_id, outcome } => {
             w.u8(T_PLAN);
             w.u32(*file_id);
@@ -451,6 +468,39 @@ fn decode_fields(body: &[u8]) -> Result<Frame, DecodeError> {
             Frame::Files { entries }
         }
         T_FILES_END => Frame::FilesEnd,
+        T_STRIPE => {
+            let group = r.u64()?;
+            let role = match r.u8()? {
+                0 => StripeRole::Mark,
+                1 => StripeRole::Write,
+                2 => StripeRole::Publish,
+                3 => StripeRole::Unmark,
+                _ => return Err(DecodeError::Invalid("stripe role")),
+            };
+            let count = r.u32()? as usize;
+            if count > MAX_PIECES {
+                return Err(DecodeError::Invalid("piece count"));
+            }
+            // Each piece takes 20 bytes: the count cannot reserve more
+            // than the frame justifies.
+            let mut pieces = Vec::with_capacity(count.min(r.0.len() / 20));
+            for _ in 0..count {
+                let (file_id, first, end) = (r.u32()?, r.u64()?, r.u64()?);
+                if first > end {
+                    return Err(DecodeError::Invalid("piece range"));
+                }
+                pieces.push(StripePiece {
+                    file_id,
+                    first,
+                    end,
+                });
+            }
+            Frame::Stripe(Stripe {
+                group,
+                role,
+                pieces,
+            })
+        }
         T_PLAN => {
             let file_id = r.u32()?;
             let outcome = match r.u8()? {
@@ -703,6 +753,28 @@ pub(crate) mod tests {
                     .collect()
             }),
             Just(Frame::FilesEnd),
+            (
+                any::<u64>(),
+                0u8..4,
+                proptest::collection::vec((any::<u32>(), any::<u32>(), 0u64..1000), 0..20)
+            )
+                .prop_map(|(group, role, pieces)| Frame::Stripe(Stripe {
+                    group,
+                    role: [
+                        StripeRole::Mark,
+                        StripeRole::Write,
+                        StripeRole::Publish,
+                        StripeRole::Unmark
+                    ][role as usize],
+                    pieces: pieces
+                        .into_iter()
+                        .map(|(file_id, first, n)| StripePiece {
+                            file_id,
+                            first: u64::from(first),
+                            end: u64::from(first) + n,
+                        })
+                        .collect(),
+                })),
             (any::<u32>(), proptest::collection::vec(any::<u8>(), 0..300)).prop_map(
                 |(file_id, have)| Frame::Plan {
                     file_id,

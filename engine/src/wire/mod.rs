@@ -46,8 +46,9 @@ pub const MAGIC: [u8; 4] = *b"WRRT";
 /// `Parked`, which an older receiver would take for garbage; 7: `Hello`
 /// names the port it was meant for, so that a parked connection can be
 /// handed to another receiver of the same process; 8: a checksum on every
-/// frame, and a file's identity in `FileDone` and `FileResult`).
-pub const VERSION: u16 = 8;
+/// frame, and a file's identity in `FileDone` and `FileResult`; 9:
+/// `Stripe`, for a transfer over several pairs).
+pub const VERSION: u16 = 9;
 /// The first version whose frames carry a checksum (`FRAME_CHECK_LEN`
 /// bytes after their fields).
 pub const CHECKED_SINCE: u16 = 8;
@@ -91,6 +92,8 @@ pub const MAX_ENTRIES: usize = 1 << 20;
 /// Most bytes of destination paths one session's manifest may carry: the
 /// receiver holds every path for the whole session.
 pub const MAX_MANIFEST_BYTES: usize = 64 << 20;
+/// Most pieces one `Stripe` frame may carry: one per manifest entry.
+pub const MAX_PIECES: usize = MAX_ENTRIES;
 /// Most blocks one session may track: the receiver holds a checksum and
 /// two bits per block of every file it accepts (about 540 MiB at this cap).
 pub const MAX_BLOCKS_PER_SESSION: u64 = 1 << 26;
@@ -162,6 +165,45 @@ pub struct BlockHeader {
     pub len: u32,
 }
 
+/// What a session of a transfer over several pairs does with the
+/// temporary files that every receiver of the transfer shares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StripeRole {
+    /// Write this session's pieces, after creating the marker that tells
+    /// the other receivers they share this storage.
+    Mark,
+    /// Write this session's pieces; the marker must be here.
+    Write,
+    /// Publish the files, whose pieces were all written and verified; the
+    /// marker must be here.
+    Publish,
+    /// Remove the marker: the transfer is over.
+    Unmark,
+}
+
+/// The blocks `first..end` of one manifest entry: the only ones a
+/// `Stripe` session writes of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StripePiece {
+    /// The manifest entry.
+    pub file_id: u32,
+    /// Its first block.
+    pub first: u64,
+    /// One past its last block.
+    pub end: u64,
+}
+
+/// Makes a session one of a transfer over several pairs (see `Frame::Stripe`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stripe {
+    /// The transfer's id: names the shared-storage marker.
+    pub group: u64,
+    /// What the session does.
+    pub role: StripeRole,
+    /// For `Mark` and `Write`, the blocks of each regular file it writes.
+    pub pieces: Vec<StripePiece>,
+}
+
 /// The receiver's answer for one manifest entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PlanOutcome {
@@ -225,6 +267,11 @@ pub enum Frame {
         /// allows that at all (`serve --allow-discard`).
         discard: bool,
     },
+    /// Sent between `Open` and the manifest: the session is one of a
+    /// transfer over several pairs, whose receivers share one file system
+    /// and write into the same temporary files, which none of them
+    /// publishes until told to (see `stripes`).
+    Stripe(Stripe),
     /// A chunk of the manifest.
     Files {
         /// The entries.
