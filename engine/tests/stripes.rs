@@ -17,7 +17,9 @@
 //! - each block is handed to at most one running pair at a time, except a
 //!   steal's blocks already in flight;
 //! - an idle pair takes work from a busy one (steals happen in runs with
-//!   several pairs).
+//!   several pairs);
+//! - in runs whose pairs run one session per item (half the seeds), no
+//!   steal cuts an item its pair has started.
 //!
 //! What is modelled, not real: the pairs' shells (reading, sending,
 //! writing, acknowledging), the network between them and the coordinator,
@@ -76,6 +78,9 @@ struct SimPair {
     delay: u64,
     todo: Vec<(u64, VecDeque<Unit>)>,
     flights: Vec<Flight>,
+    /// Items it has started (told the coordinator, in a world of
+    /// session shells).
+    started: HashSet<u64>,
 }
 
 #[derive(Default)]
@@ -100,6 +105,10 @@ struct World {
     verifying: HashSet<u32>,
     finished: bool,
     steals: u64,
+    /// The pairs' shells run one session per item and cannot cut one
+    /// short once started (`sender::pairs`): they say so, and no steal
+    /// may then cut it.
+    sessions: bool,
     trace: Vec<String>,
     verbose: bool,
 }
@@ -124,6 +133,7 @@ impl World {
         let geometry = Geometry::new(BLOCK, BLOCK * (1 + rng.below(8)), stripe).unwrap();
         let files: Vec<(u32, u64)> = sizes.iter().map(|(&k, &v)| (k, v)).collect();
         let window = 1 + rng.below(3) as usize;
+        let sessions = rng.below(2) == 0;
         let version = sizes.keys().map(|&k| (k, 0)).collect();
         let mut w = Self {
             rng,
@@ -139,6 +149,7 @@ impl World {
             verifying: HashSet::new(),
             finished: false,
             steals: 0,
+            sessions,
             trace: Vec::new(),
             verbose,
         };
@@ -172,6 +183,7 @@ impl World {
             delay: 1 + self.rng.below(6),
             todo: Vec::new(),
             flights: Vec::new(),
+            started: HashSet::new(),
         };
         self.note(format!("pair {id} joins at {} blocks/step", pair.rate));
         self.pairs.insert(id, pair);
@@ -271,6 +283,10 @@ impl World {
             })
             .collect();
         let p = self.pairs.get_mut(&pair).unwrap();
+        assert!(
+            !p.started.contains(&item),
+            "a steal cut item {item}, which pair {pair} had started"
+        );
         if let Some((_, todo)) = p.todo.iter_mut().find(|(i, _)| *i == item) {
             todo.retain(|b| kept.contains(b));
         }
@@ -394,6 +410,14 @@ impl World {
             let Some((item, todo)) = p.todo.iter_mut().find(|(_, t)| !t.is_empty()) else {
                 break;
             };
+            if self.sessions && p.started.insert(*item) {
+                let said = self.coord.started(id, *item);
+                // A zombie's item may be gone with it already.
+                assert!(
+                    said.is_ok() || p.life != Life::Running,
+                    "pair {id} could not start item {item}: {said:?}"
+                );
+            }
             let (file, block) = todo.pop_front().unwrap();
             let sum = block.map_or(0, |b| content(file, b, self.version[&file]));
             let lands = step + 1 + self.rng.below(p.delay);
