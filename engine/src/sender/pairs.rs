@@ -68,6 +68,9 @@ pub struct PairSummary {
     pub chunks_done: u64,
     /// Why it was lost.
     pub error: Option<String>,
+    /// Seconds from the start of the transfer until it was given up as
+    /// lost and its work went to the others.
+    pub lost_after_s: Option<f64>,
 }
 
 /// What a transfer over several pairs did.
@@ -136,10 +139,10 @@ impl PairsSummary {
                 fmt_bytes(p.bytes),
                 p.gbps,
                 p.chunks_done,
-                p.error
-                    .as_ref()
-                    .map(|e| format!(" ({e})"))
-                    .unwrap_or_default()
+                match (&p.error, p.lost_after_s) {
+                    (Some(e), Some(t)) => format!(", lost after {t:.1} s ({e})"),
+                    _ => String::new(),
+                }
             ));
         }
         s.push_str(&format!(
@@ -333,7 +336,7 @@ pub fn send_over_pairs(cfg: &SendConfig, to: &[String]) -> Result<PairsSummary> 
         .collect();
     let start = Instant::now();
     mark(&plan, &lanes)?;
-    let mut run = Run::new(&plan, Coordinator::new(geometry, &files, WINDOW), &lanes);
+    let mut run = Run::new(&plan, Coordinator::new(geometry, &files, WINDOW), &lanes, start);
     let outcome = std::thread::scope(|s| {
         let (tx, rx) = mpsc::channel();
         for (i, lane) in lanes.iter().enumerate() {
@@ -460,7 +463,9 @@ struct Run<'a> {
     plan: &'a Plan<'a>,
     coord: Coordinator,
     lanes: &'a [Lane],
-    lost: BTreeMap<PairId, String>,
+    /// Lost pairs: why, and when.
+    lost: BTreeMap<PairId, (String, Instant)>,
+    started_at: Instant,
     /// Publish jobs handed to a lane and not yet answered.
     publishing: BTreeMap<PairId, Vec<Vec<u32>>>,
     /// Sessions each file's pieces failed in.
@@ -473,12 +478,13 @@ struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    fn new(plan: &'a Plan<'a>, coord: Coordinator, lanes: &'a [Lane]) -> Self {
+    fn new(plan: &'a Plan<'a>, coord: Coordinator, lanes: &'a [Lane], started_at: Instant) -> Self {
         Self {
             plan,
             coord,
             lanes,
             lost: BTreeMap::new(),
+            started_at,
             publishing: BTreeMap::new(),
             failures: HashMap::new(),
             failed: BTreeMap::new(),
@@ -519,7 +525,7 @@ impl<'a> Run<'a> {
         let why: Vec<String> = self
             .lost
             .iter()
-            .map(|(p, e)| format!("{}: {e}", self.lanes[*p as usize].to))
+            .map(|(p, (e, _))| format!("{}: {e}", self.lanes[*p as usize].to))
             .collect();
         Error::Config(format!(
             "every receiver of the transfer was lost, with files left to send ({})",
@@ -725,7 +731,7 @@ impl<'a> Run<'a> {
         }
         tracing::warn!(receiver = %to, error = %e, "pair lost; its work goes to the others");
         self.lanes[pair as usize].stop();
-        self.lost.insert(pair, e.to_string());
+        self.lost.insert(pair, (e.to_string(), now));
         let _ = self.coord.lost(now, pair, now);
         let orphans = self.publishing.remove(&pair).unwrap_or_default();
         for files in orphans {
@@ -770,7 +776,11 @@ impl<'a> Run<'a> {
                 bytes: v.bytes,
                 gbps: v.rate * 8.0 / 1e9,
                 chunks_done: v.chunks_done,
-                error: self.lost.get(id).cloned(),
+                error: self.lost.get(id).map(|(e, _)| e.clone()),
+                lost_after_s: self
+                    .lost
+                    .get(id)
+                    .map(|(_, at)| at.duration_since(self.started_at).as_secs_f64()),
             })
             .collect();
         let list = &self.plan.list.files;
