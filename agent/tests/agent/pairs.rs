@@ -135,7 +135,8 @@ fn a_receiver_killed_mid_file_hands_its_unacknowledged_pieces_to_the_others() {
     assert_ne!(pairs[1]["state"], "finished", "{sum}");
     assert!(pairs[1]["error"].is_string(), "{sum}");
     // The others went on and finished the lost pair's work; what went out
-    // again is at most the lost pair's two items (one running, one queued).
+    // again is at most the two chunks the lost pair was writing (a lane
+    // runs two sessions at once; its queued item was never sent).
     let chunk = sum["chunk_bytes"].as_u64().unwrap();
     let (sent, total) = (
         sum["bytes_sent"].as_u64().unwrap(),

@@ -115,6 +115,10 @@ type Key = u64;
 struct Holder {
     life: Arc<Life>,
     keys: Box<[Key]>,
+    /// The transfer over several pairs this session is part of: its
+    /// sessions write disjoint pieces of the same files, and do not
+    /// contend with one another.
+    group: Option<u64>,
 }
 
 impl Holder {
@@ -150,11 +154,24 @@ impl Claims {
 
     /// Claims `paths` for `life`. A holder silent for `takeover_after` is
     /// ended and waited for; a live one makes this fail.
+    #[cfg(test)]
     pub(crate) fn claim(
         &self,
         paths: &[&str],
         life: &Arc<Life>,
         takeover_after: Duration,
+    ) -> Result<(), Busy> {
+        self.claim_in(paths, life, takeover_after, None)
+    }
+
+    /// `claim`, for a session of transfer `group` (over several pairs)
+    /// where it has one: holders of the same group do not contend.
+    pub(crate) fn claim_in(
+        &self,
+        paths: &[&str],
+        life: &Arc<Life>,
+        takeover_after: Duration,
+        group: Option<u64>,
     ) -> Result<(), Busy> {
         let deadline = Instant::now() + RELEASE_WAIT;
         let mut keys: Vec<Key> = paths.iter().map(|p| self.key(p)).collect();
@@ -164,12 +181,14 @@ impl Claims {
         loop {
             let contended = held
                 .iter()
+                .filter(|h| group.is_none() || h.group != group)
                 .find_map(|h| h.common(&keys).map(|k| (k, Arc::clone(&h.life))));
             let Some((key, holder)) = contended else {
                 if !keys.is_empty() {
                     held.push(Holder {
                         life: Arc::clone(life),
                         keys: keys.into_boxed_slice(),
+                        group,
                     });
                 }
                 return Ok(());
@@ -249,6 +268,28 @@ mod tests {
         c.release(&a);
         c.claim(&["z", "y"], &b, TAKEOVER)
             .expect("free once released");
+    }
+
+    // Found by bench/scaleout: a lane running two sessions at once on one
+    // receiver, each writing a piece of the same file, was refused as busy.
+    #[test]
+    fn sessions_of_one_transfer_over_several_pairs_share_their_files_and_no_one_else() {
+        let c = Claims::default();
+        let now = Instant::now();
+        let (a, _pa) = life(now);
+        let (b, _pb) = life(now);
+        let (other, _po) = life(now);
+        let (plain, _pp) = life(now);
+        c.claim_in(&["f"], &a, TAKEOVER, Some(7)).unwrap();
+        c.claim_in(&["f"], &b, TAKEOVER, Some(7))
+            .expect("same transfer");
+        assert!(c.claim_in(&["f"], &other, TAKEOVER, Some(8)).is_err());
+        assert!(c.claim(&["f"], &plain, TAKEOVER).is_err());
+        // Nor does a piece session take a file a plain session writes.
+        c.release(&a);
+        c.release(&b);
+        c.claim(&["f"], &plain, TAKEOVER).unwrap();
+        assert!(c.claim_in(&["f"], &a, TAKEOVER, Some(7)).is_err());
     }
 
     #[test]

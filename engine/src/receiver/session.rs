@@ -519,7 +519,8 @@ fn control(shared: &Arc<Shared>, stream: TcpStream) -> Result<()> {
     {
         return ctl.refuse(refusal);
     }
-    if let Err(refusal) = claim(shared, &manifest, terms.discard, &life) {
+    let group = stripe.as_ref().map(|s| s.group);
+    if let Err(refusal) = claim(shared, &manifest, (terms.discard, group), &life) {
         return ctl.refuse(refusal);
     }
     let stats = Arc::new(Stats::default());
@@ -618,12 +619,14 @@ impl Manifest {
 }
 
 /// Claims the destinations of `manifest` so that two sessions never write
-/// one file, taking them over from a session whose sender has gone silent.
+/// one file, taking them over from a session whose sender has gone silent;
+/// sessions of one transfer over several pairs (`group`) write disjoint
+/// pieces of their files and share them.
 /// A memory-to-memory session writes none.
 fn claim(
     shared: &Shared,
     manifest: &Manifest,
-    discard: bool,
+    (discard, group): (bool, Option<u64>),
     life: &Arc<Life>,
 ) -> std::result::Result<(), Refusal> {
     let takeover_after = (3 * KEEPALIVE_INTERVAL).min(shared.cfg.idle_timeout);
@@ -636,7 +639,7 @@ fn claim(
     // the session (claiming, then preparing) counts as hearing from it, or
     // a long claim wait or plan would look like a vanished sender.
     life.heard(Instant::now());
-    let claimed = shared.claims.claim(&paths, life, takeover_after);
+    let claimed = shared.claims.claim_in(&paths, life, takeover_after, group);
     life.heard(Instant::now());
     claimed.map_err(|busy| Refusal {
         retryable: true,

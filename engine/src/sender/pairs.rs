@@ -41,8 +41,13 @@ pub const PAIR_PATIENCE: Duration = Duration::from_secs(10);
 pub const MAX_RECEIVERS: usize = crate::stripes::MAX_PAIRS;
 /// Sessions one file's pieces may fail before the file is given up.
 const MAX_PIECE_FAILURES: u32 = 3;
-/// Items a pair holds at once: one running, one queued behind it.
-const WINDOW: usize = 2;
+/// Sessions a lane runs at once: the next item's session opens while the
+/// last one's final blocks and results are still on their way, so the
+/// link does not idle for a session's round trips between items.
+const SESSIONS_PER_LANE: usize = 2;
+/// Items a pair holds at once: one per session, and one queued behind
+/// them that a steal may still cut.
+const WINDOW: usize = SESSIONS_PER_LANE + 1;
 /// Blocks a chunk holds per data stream, at least: a block goes out on
 /// one stream, so a chunk of fewer blocks than streams leaves streams
 /// idle (and under --max-rate, each paced to its share, runs slow).
@@ -336,33 +341,22 @@ pub fn send_over_pairs(cfg: &SendConfig, to: &[String]) -> Result<PairsSummary> 
         .collect();
     let start = Instant::now();
     mark(&plan, &lanes)?;
-    let mut run = Run::new(&plan, Coordinator::new(geometry, &files, WINDOW), &lanes, start);
+    let mut run = Run::new(
+        &plan,
+        Coordinator::new(geometry, &files, WINDOW),
+        &lanes,
+        start,
+    );
     let outcome = std::thread::scope(|s| {
         let (tx, rx) = mpsc::channel();
         for (i, lane) in lanes.iter().enumerate() {
-            let (tx, plan) = (tx.clone(), &plan);
-            s.spawn(move || {
-                let warm = Arc::new(Warm::default());
-                while let Some(job) = lane.next() {
-                    if let Job::Item(item, _) = &job {
-                        let started = Event::Started {
-                            pair: i as PairId,
-                            item: *item,
-                        };
-                        if tx.send(started).is_err() {
-                            break;
-                        }
-                    }
-                    let event = plan.run(i as PairId, lane, &warm, job);
-                    let failed = matches!(
-                        &event,
-                        Event::Item { run: Err(_), .. } | Event::Published { run: Err(_), .. }
-                    );
-                    if tx.send(event).is_err() || failed {
-                        break;
-                    }
-                }
-            });
+            // One pool of parked connections and buffers per receiver,
+            // shared by its lane's sessions.
+            let warm = Arc::new(Warm::default());
+            for _ in 0..SESSIONS_PER_LANE {
+                let (tx, plan, warm) = (tx.clone(), &plan, Arc::clone(&warm));
+                s.spawn(move || work_lane(plan, i as PairId, lane, &warm, &tx));
+            }
         }
         drop(tx);
         let outcome = run.drive(&rx);
@@ -374,6 +368,32 @@ pub fn send_over_pairs(cfg: &SendConfig, to: &[String]) -> Result<PairsSummary> 
     let seconds = start.elapsed().as_secs_f64();
     outcome?;
     Ok(run.summary(geometry, seconds))
+}
+
+/// One of a lane's workers: runs the lane's jobs until it is stopped or a
+/// job fails (the lane is then lost).
+fn work_lane(
+    plan: &Plan<'_>,
+    pair: PairId,
+    lane: &Lane,
+    warm: &Arc<Warm>,
+    tx: &mpsc::Sender<Event>,
+) {
+    while let Some(job) = lane.next() {
+        if let Job::Item(item, _) = &job
+            && tx.send(Event::Started { pair, item: *item }).is_err()
+        {
+            break;
+        }
+        let event = plan.run(pair, lane, warm, job);
+        let failed = matches!(
+            &event,
+            Event::Item { run: Err(_), .. } | Event::Published { run: Err(_), .. }
+        );
+        if tx.send(event).is_err() || failed {
+            break;
+        }
+    }
 }
 
 /// Refuses a list of receivers that cannot make a transfer.
@@ -731,6 +751,10 @@ impl<'a> Run<'a> {
         }
         tracing::warn!(receiver = %to, error = %e, "pair lost; its work goes to the others");
         self.lanes[pair as usize].stop();
+        // Its other session may fail too: the first failure is the news.
+        if self.lost.contains_key(&pair) {
+            return Ok(());
+        }
         self.lost.insert(pair, (e.to_string(), now));
         let _ = self.coord.lost(now, pair, now);
         let orphans = self.publishing.remove(&pair).unwrap_or_default();
