@@ -513,14 +513,7 @@ fn control(shared: &Arc<Shared>, stream: TcpStream) -> Result<()> {
         other => return Err(out_of_order(Some(other))),
     };
     let stripe = ctl.core.stripe().cloned();
-    if let Some(refusal) = stripe
-        .as_ref()
-        .and_then(|s| stripe_refusal(shared, s, &terms))
-    {
-        return ctl.refuse(refusal);
-    }
-    let group = stripe.as_ref().map(|s| s.group);
-    if let Err(refusal) = claim(shared, &manifest, (terms.discard, group), &life) {
+    if let Err(refusal) = take_manifest(shared, &manifest, (&terms, stripe.as_ref()), &life) {
         return ctl.refuse(refusal);
     }
     let stats = Arc::new(Stats::default());
@@ -573,6 +566,25 @@ fn control(shared: &Arc<Shared>, stream: TcpStream) -> Result<()> {
         let _ = ctl.stream.shutdown(Shutdown::Both);
     }
     outcome
+}
+
+/// Checks a stripe session's storage and claims the manifest's
+/// destinations, or says why the session cannot have them.
+fn take_manifest(
+    shared: &Shared,
+    manifest: &Manifest,
+    (terms, stripe): (&Terms, Option<&Stripe>),
+    life: &Arc<Life>,
+) -> std::result::Result<(), Refusal> {
+    if let Some(refusal) = stripe.and_then(|s| stripe_refusal(shared, s, terms)) {
+        return Err(refusal);
+    }
+    claim(
+        shared,
+        manifest,
+        (terms.discard, stripe.map(|s| s.group)),
+        life,
+    )
 }
 
 /// Why a session of a transfer over several pairs cannot go on here, if

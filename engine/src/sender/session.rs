@@ -100,18 +100,7 @@ pub(crate) fn run(
         streams
     };
     let mut control = opened.control;
-    let per_stream = per_stream_bytes(cfg, pool.large_bytes(), streams);
-    let sched = if cfg.stripe.is_some() {
-        Scheduler::for_pieces(opened.planned, cfg.block_size, streams, per_stream)
-    } else {
-        Scheduler::new(
-            opened.planned,
-            cfg.block_size,
-            streams,
-            per_stream,
-            cfg.verify != Verification::None,
-        )
-    };
+    let sched = scheduler(cfg, opened.planned, streams, pool.large_bytes());
     let shared = new_shared(cfg, sched, opened.core, (&pending, base), most);
     let streams = attach_streams(cfg, &shared, connected)?;
 
@@ -149,6 +138,18 @@ pub(crate) fn run(
     let ended = running.run(&mut control, grow);
     st.streams_warm += reused.load(Ordering::Relaxed);
     record(st, &shared, cfg, &data_opts, ended)
+}
+
+/// The session's scheduler of `planned` over `streams`: a stripe
+/// session's reads only its pieces.
+fn scheduler(cfg: &SendConfig, planned: Vec<PlannedFile>, streams: u16, buffer: u64) -> Scheduler {
+    let per_stream = per_stream_bytes(cfg, buffer, streams);
+    if cfg.stripe.is_some() {
+        Scheduler::for_pieces(planned, cfg.block_size, streams, per_stream)
+    } else {
+        let digest = cfg.verify != Verification::None;
+        Scheduler::new(planned, cfg.block_size, streams, per_stream, digest)
+    }
 }
 
 /// The planned files with no block to read: empty regular files (a
