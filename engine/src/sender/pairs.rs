@@ -13,16 +13,15 @@
 //! one receiver, once every piece of it is durable.
 //!
 //! A steal takes only items still queued on a lane: a running session is
-//! not cut short (`Coordinator::started`). Where a steal and a start
-//! cross, both pairs write the stolen blocks, which are the same bytes.
+//! not cut short (`Coordinator::started`, told by the driving thread as
+//! it hands the item to a worker, so a steal never crosses a start).
 //! The coordinator's ledger lives in this process: a new `send` after a
 //! crash of this one starts the pieces over.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::File;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use super::source::{SourceFile, SourceList, Stamp};
@@ -67,6 +66,10 @@ pub struct PairSummary {
     pub state: String,
     /// Bytes it made durable first.
     pub bytes: u64,
+    /// Payload bytes it put on the wire, resends included: a session that
+    /// fails may have sent some of its blocks twice, on a stream that
+    /// died and again on another.
+    pub bytes_sent: u64,
     /// Its rate from its first item to the end, Gbit/s.
     pub gbps: f64,
     /// Items (chunks or bundles of files) it finished.
@@ -138,10 +141,11 @@ impl PairsSummary {
         ));
         for p in &self.pairs {
             s.push_str(&format!(
-                "  pair       {} {}: {} first-written, {:.2} Gbit/s, {} chunks{}\n",
+                "  pair       {} {}: {} first-written, {} sent, {:.2} Gbit/s, {} chunks{}\n",
                 p.to,
                 p.state,
                 fmt_bytes(p.bytes),
+                fmt_bytes(p.bytes_sent),
                 p.gbps,
                 p.chunks_done,
                 match (&p.error, p.lost_after_s) {
@@ -181,49 +185,32 @@ enum Event {
         st: RunState,
         run: Result<()>,
     },
-    /// A lane took an item off its queue: it runs to its end, and a
-    /// steal may no longer cut it.
-    Started {
-        pair: PairId,
-        item: ItemId,
-    },
     Unmarked,
+    /// A worker of `pair`'s lane waits for its next job on `reply` (`None`:
+    /// stop).
+    Idle {
+        pair: PairId,
+        reply: mpsc::Sender<Option<Job>>,
+    },
 }
 
-/// One receiver and the thread that drives its sessions.
+/// One receiver, and the jobs queued for its workers. Only the driving
+/// thread touches the queue: it hands each job to an idle worker and, for
+/// an item, tells the coordinator it started in the same step, so that no
+/// steal can cut an item a worker already runs.
 struct Lane {
     to: String,
     jobs: Mutex<VecDeque<Job>>,
-    cv: Condvar,
-    quit: AtomicBool,
     progress: Arc<Progress>,
 }
 
 impl Lane {
     fn push(&self, job: Job) {
-        self.jobs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push_back(job);
-        self.cv.notify_one();
+        self.queue().push_back(job);
     }
 
-    fn next(&self) -> Option<Job> {
-        let mut q = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if self.quit.load(Ordering::Relaxed) {
-                return None;
-            }
-            if let Some(job) = q.pop_front() {
-                return Some(job);
-            }
-            q = self.cv.wait(q).unwrap_or_else(|p| p.into_inner());
-        }
-    }
-
-    fn stop(&self) {
-        self.quit.store(true, Ordering::Relaxed);
-        self.cv.notify_all();
+    fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Job>> {
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -334,8 +321,6 @@ pub fn send_over_pairs(cfg: &SendConfig, to: &[String]) -> Result<PairsSummary> 
         .map(|t| Lane {
             to: t.clone(),
             jobs: Mutex::default(),
-            cv: Condvar::new(),
-            quit: AtomicBool::new(false),
             progress: Arc::default(),
         })
         .collect();
@@ -360,9 +345,10 @@ pub fn send_over_pairs(cfg: &SendConfig, to: &[String]) -> Result<PairsSummary> 
         }
         drop(tx);
         let outcome = run.drive(&rx);
-        for lane in &lanes {
-            lane.stop();
-        }
+        // Idle workers stop now; busy ones when their session ends and
+        // finds no one to report to.
+        run.idle.clear();
+        drop(rx);
         outcome
     });
     let seconds = start.elapsed().as_secs_f64();
@@ -370,8 +356,9 @@ pub fn send_over_pairs(cfg: &SendConfig, to: &[String]) -> Result<PairsSummary> 
     Ok(run.summary(geometry, seconds))
 }
 
-/// One of a lane's workers: runs the lane's jobs until it is stopped or a
-/// job fails (the lane is then lost).
+/// One of a lane's workers: asks the driving thread for a job, runs it,
+/// and reports, until it is told to stop or a job fails (the lane is then
+/// lost).
 fn work_lane(
     plan: &Plan<'_>,
     pair: PairId,
@@ -379,19 +366,23 @@ fn work_lane(
     warm: &Arc<Warm>,
     tx: &mpsc::Sender<Event>,
 ) {
-    while let Some(job) = lane.next() {
-        if let Job::Item(item, _) = &job
-            && tx.send(Event::Started { pair, item: *item }).is_err()
-        {
-            break;
+    loop {
+        // A channel per request: the driving thread holds its only
+        // sender, so dropping that stops the worker.
+        let (reply, job) = mpsc::channel();
+        if tx.send(Event::Idle { pair, reply }).is_err() {
+            return;
         }
+        let Ok(Some(job)) = job.recv() else {
+            return;
+        };
         let event = plan.run(pair, lane, warm, job);
         let failed = matches!(
             &event,
             Event::Item { run: Err(_), .. } | Event::Published { run: Err(_), .. }
         );
         if tx.send(event).is_err() || failed {
-            break;
+            return;
         }
     }
 }
@@ -486,6 +477,8 @@ struct Run<'a> {
     /// Lost pairs: why, and when.
     lost: BTreeMap<PairId, (String, Instant)>,
     started_at: Instant,
+    /// Workers waiting for a job.
+    idle: Vec<(PairId, mpsc::Sender<Option<Job>>)>,
     /// Publish jobs handed to a lane and not yet answered.
     publishing: BTreeMap<PairId, Vec<Vec<u32>>>,
     /// Sessions each file's pieces failed in.
@@ -493,7 +486,7 @@ struct Run<'a> {
     failed: BTreeMap<u32, String>,
     published: BTreeMap<u32, u128>,
     digests: HashMap<u32, u128>,
-    bytes_sent: u64,
+    bytes_sent: BTreeMap<PairId, u64>,
     unmarking: bool,
 }
 
@@ -505,12 +498,13 @@ impl<'a> Run<'a> {
             lanes,
             lost: BTreeMap::new(),
             started_at,
+            idle: Vec::new(),
             publishing: BTreeMap::new(),
             failures: HashMap::new(),
             failed: BTreeMap::new(),
             published: BTreeMap::new(),
             digests: HashMap::new(),
-            bytes_sent: 0,
+            bytes_sent: BTreeMap::new(),
             unmarking: false,
         }
     }
@@ -526,6 +520,7 @@ impl<'a> Run<'a> {
         }
         loop {
             self.act()?;
+            self.dispatch();
             if self.coord.is_finished() && self.publishing.is_empty() {
                 return self.unmark(rx);
             }
@@ -539,6 +534,31 @@ impl<'a> Run<'a> {
                 Err(mpsc::RecvTimeoutError::Disconnected) => return Err(self.all_lost()),
             }
         }
+    }
+
+    /// Hands queued jobs to idle workers of live lanes; an item is told
+    /// to the coordinator as started in the same step.
+    fn dispatch(&mut self) {
+        let mut waiting = Vec::with_capacity(self.idle.len());
+        for (pair, reply) in std::mem::take(&mut self.idle) {
+            if self.lost.contains_key(&pair) {
+                let _ = reply.send(None);
+                continue;
+            }
+            let Some(job) = self.lanes[pair as usize].queue().pop_front() else {
+                waiting.push((pair, reply));
+                continue;
+            };
+            if let Job::Item(item, _) = &job {
+                // Refused only for a pair lost meanwhile, checked above.
+                let _ = self.coord.started(pair, *item);
+            }
+            if let Err(mpsc::SendError(Some(job))) = reply.send(Some(job)) {
+                // The worker is gone: the job goes back for another.
+                self.lanes[pair as usize].queue().push_front(job);
+            }
+        }
+        self.idle = waiting;
     }
 
     fn all_lost(&self) -> Error {
@@ -609,7 +629,7 @@ impl<'a> Run<'a> {
     /// already running finishes as it is.
     fn withdraw(&mut self, pair: PairId, item: ItemId, keep: Vec<Piece>) {
         let lane = &self.lanes[pair as usize];
-        let mut q = lane.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut q = lane.queue();
         let at = q
             .iter()
             .position(|j| matches!(j, Job::Item(i, _) if *i == item));
@@ -628,10 +648,7 @@ impl<'a> Run<'a> {
     fn dispatch_publish(&mut self, files: Vec<u32>) -> Result<()> {
         let lane = (0..self.lanes.len() as PairId)
             .filter(|p| !self.lost.contains_key(p))
-            .min_by_key(|p| {
-                let l = &self.lanes[*p as usize];
-                l.jobs.lock().unwrap_or_else(|e| e.into_inner()).len()
-            })
+            .min_by_key(|p| self.lanes[*p as usize].queue().len())
             .ok_or_else(|| self.all_lost())?;
         self.lanes[lane as usize].push(Job::Publish(files.clone()));
         self.publishing.entry(lane).or_default().push(files);
@@ -648,7 +665,7 @@ impl<'a> Run<'a> {
                 st,
                 run,
             } => {
-                self.bytes_sent += st.bytes_sent;
+                self.sent(pair, &st);
                 match run {
                     Ok(()) => self.item_done(now, pair, item, &pieces, &st),
                     Err(e) => self.lane_failed(now, pair, e),
@@ -660,7 +677,7 @@ impl<'a> Run<'a> {
                 st,
                 run,
             } => {
-                self.bytes_sent += st.bytes_sent;
+                self.sent(pair, &st);
                 if let Some(jobs) = self.publishing.get_mut(&pair) {
                     jobs.retain(|j| *j != files);
                     if jobs.is_empty() {
@@ -678,13 +695,16 @@ impl<'a> Run<'a> {
                     }
                 }
             }
-            Event::Started { pair, item } => {
-                // Refused only if the pair was lost meanwhile.
-                let _ = self.coord.started(pair, item);
+            Event::Idle { pair, reply } => {
+                self.idle.push((pair, reply));
                 Ok(())
             }
             Event::Unmarked => Ok(()),
         }
+    }
+
+    fn sent(&mut self, pair: PairId, st: &RunState) {
+        *self.bytes_sent.entry(pair).or_default() += st.bytes_sent;
     }
 
     fn published_files(&mut self, files: &[u32], st: &RunState) {
@@ -750,7 +770,7 @@ impl<'a> Run<'a> {
             return Err(Error::Config(format!("{to}: {e}")));
         }
         tracing::warn!(receiver = %to, error = %e, "pair lost; its work goes to the others");
-        self.lanes[pair as usize].stop();
+        self.lanes[pair as usize].queue().clear();
         // Its other session may fail too: the first failure is the news.
         if self.lost.contains_key(&pair) {
             return Ok(());
@@ -776,9 +796,15 @@ impl<'a> Run<'a> {
             return Ok(());
         };
         self.lanes[lane].push(Job::Unmark);
+        self.dispatch();
         while let Ok(event) = rx.recv_timeout(PAIR_PATIENCE * 2) {
-            if matches!(event, Event::Unmarked) {
-                break;
+            match event {
+                Event::Unmarked => break,
+                Event::Idle { pair, reply } => {
+                    self.idle.push((pair, reply));
+                    self.dispatch();
+                }
+                _ => {}
             }
         }
         Ok(())
@@ -798,6 +824,7 @@ impl<'a> Run<'a> {
                 }
                 .to_string(),
                 bytes: v.bytes,
+                bytes_sent: self.bytes_sent.get(id).copied().unwrap_or(0),
                 gbps: v.rate * 8.0 / 1e9,
                 chunks_done: v.chunks_done,
                 error: self.lost.get(id).map(|(e, _)| e.clone()),
@@ -821,7 +848,7 @@ impl<'a> Run<'a> {
         PairsSummary {
             ok: self.failed.is_empty() && self.published.len() == regular,
             bytes_total: total,
-            bytes_sent: self.bytes_sent,
+            bytes_sent: self.bytes_sent.values().sum(),
             seconds,
             gbps: total as f64 * 8.0 / seconds.max(1e-9) / 1e9,
             chunk_bytes: geometry.chunk_bytes(),
