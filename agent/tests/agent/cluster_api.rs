@@ -204,9 +204,6 @@ async fn a_stalled_report_neither_lets_the_lease_lapse_nor_is_lost() {
     let c = cluster().await;
     agent(&c.client, 18110);
     wait_for_lease(&c.client).await;
-    // Every status write of a Transfer now takes 30 s to be applied.
-    c.server
-        .stall("patch", "transfers/status", Duration::from_secs(30));
     token_secret(&c.client, "stalled-token").await;
     assigned_receiver(&c, "stalled", Some("stalled-token")).await;
     // From now on every status write of a Transfer takes 30 s to be
