@@ -248,9 +248,14 @@ pub(crate) fn prepare_publish(root: &Root, e: &FileEntry, block_size: u64, umask
             let len = Root::open_in(&dir, &file.dest.part_name(), OFlags::RDONLY)
                 .and_then(|f| rustix::fs::fstat(&f))
                 .map(|st| st.st_size as u64);
-            if len.ok() != Some(e.size) {
+            let found = match len {
+                Ok(n) if n == e.size => None,
+                Ok(n) => Some(format!("{n} of {} bytes", e.size)),
+                Err(err) => Some(err.to_string()),
+            };
+            if let Some(found) = found {
                 return Ok(Prepared::Refuse(format!(
-                    "{}: the temporary file the other receivers wrote is not here at its full size                      ({len:?}); this receiver's storage is not the one they share",
+                    "{}: the temporary file the other receivers wrote is not here at its full size ({found}); this receiver's storage is not the one they share",
                     e.path
                 )));
             }

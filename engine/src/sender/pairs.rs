@@ -8,7 +8,11 @@
 //! (`sender::warm`). The first session creates the shared-storage marker
 //! and every later one on any receiver must find it. A lane whose
 //! receiver stays unreachable for `PAIR_PATIENCE` is lost: its unfinished
-//! pieces go to the others, and the transfer goes on without a restart.
+//! pieces go to the others at once, and the transfer goes on without a
+//! restart. It is fenced (no file it could still write to is checked)
+//! only once its last running session has answered; a publish it was
+//! running is handed on only if that publish fails, so no file is ever
+//! published by two receivers at once.
 //! Each file is verified once from its block checksums and published by
 //! one receiver, once every piece of it is durable.
 //!
@@ -18,10 +22,11 @@
 //! The coordinator's ledger lives in this process: a new `send` after a
 //! crash of this one starts the pieces over.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fs::File;
 use std::os::fd::OwnedFd;
-use std::sync::{Arc, Mutex, mpsc};
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use super::source::{SourceFile, SourceList, Stamp};
@@ -36,6 +41,10 @@ use crate::wire::{EntryKind, Stripe, StripePiece, StripeRole};
 /// How long a pair's receiver may stay unreachable before the pair is
 /// lost and its work goes to the others.
 pub const PAIR_PATIENCE: Duration = Duration::from_secs(10);
+/// A lost lane's fence while a session of it still runs: in effect none,
+/// for the session's answer fences the lane (each session ends within
+/// `PAIR_PATIENCE` of its receiver going quiet).
+const UNTIL_ANSWERED: Duration = Duration::from_secs(24 * 3600);
 /// Most receivers of one transfer.
 pub const MAX_RECEIVERS: usize = crate::stripes::MAX_PAIRS;
 /// Sessions one file's pieces may fail before the file is given up.
@@ -165,11 +174,39 @@ impl PairsSummary {
     }
 }
 
+#[derive(Clone)]
 enum Job {
     Item(ItemId, Vec<Piece>),
-    Publish(Vec<u32>),
+    Publish(PublishId, Vec<u32>),
     Unmark,
 }
+
+impl Job {
+    /// The answer of a session of this job that ended in `e`.
+    fn failed(self, pair: PairId, e: Error) -> Event {
+        match self {
+            Self::Item(item, pieces) => Event::Item {
+                pair,
+                item,
+                pieces,
+                st: RunState::default(),
+                run: Err(e),
+            },
+            Self::Publish(id, files) => Event::Published {
+                pair,
+                id,
+                files,
+                st: RunState::default(),
+                run: Err(e),
+            },
+            Self::Unmark => Event::Unmarked,
+        }
+    }
+}
+
+/// One publish job: the same files may be handed out again after a lane
+/// is lost, so a job is known by its id, not by its files.
+type PublishId = u64;
 
 enum Event {
     Item {
@@ -181,6 +218,7 @@ enum Event {
     },
     Published {
         pair: PairId,
+        id: PublishId,
         files: Vec<u32>,
         st: RunState,
         run: Result<()>,
@@ -194,24 +232,10 @@ enum Event {
     },
 }
 
-/// One receiver, and the jobs queued for its workers. Only the driving
-/// thread touches the queue: it hands each job to an idle worker and, for
-/// an item, tells the coordinator it started in the same step, so that no
-/// steal can cut an item a worker already runs.
+/// One receiver, as its lane's workers see it.
 struct Lane {
     to: String,
-    jobs: Mutex<VecDeque<Job>>,
     progress: Arc<Progress>,
-}
-
-impl Lane {
-    fn push(&self, job: Job) {
-        self.queue().push_back(job);
-    }
-
-    fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Job>> {
-        self.jobs.lock().unwrap_or_else(|p| p.into_inner())
-    }
 }
 
 /// The transfer's fixed parts: what every lane's sessions share.
@@ -274,11 +298,12 @@ impl Plan<'_> {
                     run,
                 }
             }
-            Job::Publish(files) => {
+            Job::Publish(id, files) => {
                 let cfg = self.session(lane, warm, stripe(StripeRole::Publish, Vec::new()));
                 let (st, run) = super::send_list(&cfg, &self.subset(&files));
                 Event::Published {
                     pair,
+                    id,
                     files,
                     st,
                     run,
@@ -320,7 +345,6 @@ pub fn send_over_pairs(cfg: &SendConfig, to: &[String]) -> Result<PairsSummary> 
         .iter()
         .map(|t| Lane {
             to: t.clone(),
-            jobs: Mutex::default(),
             progress: Arc::default(),
         })
         .collect();
@@ -344,12 +368,13 @@ pub fn send_over_pairs(cfg: &SendConfig, to: &[String]) -> Result<PairsSummary> 
             }
         }
         drop(tx);
-        let outcome = run.drive(&rx);
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| run.drive(&rx)));
         // Idle workers stop now; busy ones when their session ends and
-        // finds no one to report to.
+        // finds no one to report to. (Also after a panic, or the scope
+        // would wait for them for ever.)
         run.idle.clear();
         drop(rx);
-        outcome
+        outcome.unwrap_or_else(|p| std::panic::resume_unwind(p))
     });
     let seconds = start.elapsed().as_secs_f64();
     outcome?;
@@ -376,7 +401,16 @@ fn work_lane(
         let Ok(Some(job)) = job.recv() else {
             return;
         };
-        let event = plan.run(pair, lane, warm, job);
+        // A session that panics is a bug, and fails the transfer with
+        // that said; it must not leave the driving thread waiting.
+        let again = job.clone();
+        let event = std::panic::catch_unwind(AssertUnwindSafe(|| plan.run(pair, lane, warm, job)))
+            .unwrap_or_else(|_| {
+                again.failed(
+                    pair,
+                    Error::Internal("a session to this receiver panicked".into()),
+                )
+            });
         let failed = matches!(
             &event,
             Event::Item { run: Err(_), .. } | Event::Published { run: Err(_), .. }
@@ -477,10 +511,19 @@ struct Run<'a> {
     /// Lost pairs: why, and when.
     lost: BTreeMap<PairId, (String, Instant)>,
     started_at: Instant,
+    /// Each lane's jobs not yet handed to a worker. Only the driving
+    /// thread touches them: it hands each job to an idle worker and, for
+    /// an item, tells the coordinator it started in the same step, so
+    /// that no steal can cut an item a worker already runs.
+    queues: Vec<VecDeque<Job>>,
     /// Workers waiting for a job.
     idle: Vec<(PairId, mpsc::Sender<Option<Job>>)>,
-    /// Publish jobs handed to a lane and not yet answered.
-    publishing: BTreeMap<PairId, Vec<Vec<u32>>>,
+    /// Each lane's item sessions running: a lost lane still writes until
+    /// its last one has answered.
+    writing: Vec<usize>,
+    /// Publish jobs not yet answered.
+    publishing: BTreeSet<PublishId>,
+    next_publish: PublishId,
     /// Sessions each file's pieces failed in.
     failures: HashMap<u32, u32>,
     failed: BTreeMap<u32, String>,
@@ -498,8 +541,11 @@ impl<'a> Run<'a> {
             lanes,
             lost: BTreeMap::new(),
             started_at,
+            queues: lanes.iter().map(|_| VecDeque::new()).collect(),
             idle: Vec::new(),
-            publishing: BTreeMap::new(),
+            writing: vec![0; lanes.len()],
+            publishing: BTreeSet::new(),
+            next_publish: 0,
             failures: HashMap::new(),
             failed: BTreeMap::new(),
             published: BTreeMap::new(),
@@ -545,17 +591,21 @@ impl<'a> Run<'a> {
                 let _ = reply.send(None);
                 continue;
             }
-            let Some(job) = self.lanes[pair as usize].queue().pop_front() else {
+            let Some(job) = self.queues[pair as usize].pop_front() else {
                 waiting.push((pair, reply));
                 continue;
             };
-            if let Job::Item(item, _) = &job {
-                // Refused only for a pair lost meanwhile, checked above.
-                let _ = self.coord.started(pair, *item);
-            }
+            let item = match &job {
+                Job::Item(item, _) => Some(*item),
+                _ => None,
+            };
             if let Err(mpsc::SendError(Some(job))) = reply.send(Some(job)) {
                 // The worker is gone: the job goes back for another.
-                self.lanes[pair as usize].queue().push_front(job);
+                self.queues[pair as usize].push_front(job);
+            } else if let Some(item) = item {
+                // Refused only for a pair lost meanwhile, checked above.
+                let _ = self.coord.started(pair, item);
+                self.writing[pair as usize] += 1;
             }
         }
         self.idle = waiting;
@@ -585,7 +635,7 @@ impl<'a> Run<'a> {
         while let Some(action) = self.coord.poll() {
             match action {
                 Action::Assign { pair, item, work } => {
-                    self.lanes[pair as usize].push(Job::Item(item, hull(&work)));
+                    self.queues[pair as usize].push_back(Job::Item(item, hull(&work)));
                 }
                 Action::Withdraw { pair, item, keep } => self.withdraw(pair, item, keep),
                 // This shell never scales a pair away.
@@ -628,15 +678,13 @@ impl<'a> Run<'a> {
     /// A stolen item still queued on its lane keeps only `keep`; one
     /// already running finishes as it is.
     fn withdraw(&mut self, pair: PairId, item: ItemId, keep: Vec<Piece>) {
-        let lane = &self.lanes[pair as usize];
-        let mut q = lane.queue();
+        let q = &mut self.queues[pair as usize];
         let at = q
             .iter()
             .position(|j| matches!(j, Job::Item(i, _) if *i == item));
         if let Some(at) = at {
             if keep.is_empty() {
                 q.remove(at);
-                drop(q);
                 let _ = self.coord.finished(Instant::now(), pair, item);
             } else {
                 q[at] = Job::Item(item, hull(&keep));
@@ -648,10 +696,12 @@ impl<'a> Run<'a> {
     fn dispatch_publish(&mut self, files: Vec<u32>) -> Result<()> {
         let lane = (0..self.lanes.len() as PairId)
             .filter(|p| !self.lost.contains_key(p))
-            .min_by_key(|p| self.lanes[*p as usize].queue().len())
+            .min_by_key(|p| self.queues[*p as usize].len())
             .ok_or_else(|| self.all_lost())?;
-        self.lanes[lane as usize].push(Job::Publish(files.clone()));
-        self.publishing.entry(lane).or_default().push(files);
+        let id = self.next_publish;
+        self.next_publish += 1;
+        self.queues[lane as usize].push_back(Job::Publish(id, files));
+        self.publishing.insert(id);
         Ok(())
     }
 
@@ -666,24 +716,27 @@ impl<'a> Run<'a> {
                 run,
             } => {
                 self.sent(pair, &st);
+                self.writing[pair as usize] = self.writing[pair as usize].saturating_sub(1);
                 match run {
-                    Ok(()) => self.item_done(now, pair, item, &pieces, &st),
-                    Err(e) => self.lane_failed(now, pair, e),
+                    Ok(()) => self.item_done(now, pair, item, &pieces, &st)?,
+                    Err(e) => self.lane_failed(now, pair, e)?,
                 }
+                if self.lost.contains_key(&pair) && self.writing[pair as usize] == 0 {
+                    // The lost lane's last writing session has ended: it
+                    // writes no more, and its files may be verified.
+                    let _ = self.coord.stopped(now, pair);
+                }
+                Ok(())
             }
             Event::Published {
                 pair,
+                id,
                 files,
                 st,
                 run,
             } => {
                 self.sent(pair, &st);
-                if let Some(jobs) = self.publishing.get_mut(&pair) {
-                    jobs.retain(|j| *j != files);
-                    if jobs.is_empty() {
-                        self.publishing.remove(&pair);
-                    }
-                }
+                self.publishing.remove(&id);
                 match run {
                     Ok(()) => {
                         self.published_files(&files, &st);
@@ -770,14 +823,32 @@ impl<'a> Run<'a> {
             return Err(Error::Config(format!("{to}: {e}")));
         }
         tracing::warn!(receiver = %to, error = %e, "pair lost; its work goes to the others");
-        self.lanes[pair as usize].queue().clear();
+        // Its queued items are the coordinator's to hand out again; its
+        // queued publishes are handed on here. A publish a worker runs is
+        // handed on by its own answer, if that is a failure, so no file
+        // is ever published by two receivers at once.
+        let orphans: Vec<Vec<u32>> = std::mem::take(&mut self.queues[pair as usize])
+            .into_iter()
+            .filter_map(|job| match job {
+                Job::Publish(id, files) => {
+                    self.publishing.remove(&id);
+                    Some(files)
+                }
+                _ => None,
+            })
+            .collect();
         // Its other session may fail too: the first failure is the news.
-        if self.lost.contains_key(&pair) {
-            return Ok(());
+        if let std::collections::btree_map::Entry::Vacant(lost) = self.lost.entry(pair) {
+            lost.insert((e.to_string(), now));
+            // Its work goes to the others now, but a session of it that
+            // still runs may still write: the pair is fenced when that
+            // one answers (`handle`), not before.
+            let fence = match self.writing[pair as usize] {
+                0 => now,
+                _ => now + UNTIL_ANSWERED,
+            };
+            let _ = self.coord.lost(now, pair, fence);
         }
-        self.lost.insert(pair, (e.to_string(), now));
-        let _ = self.coord.lost(now, pair, now);
-        let orphans = self.publishing.remove(&pair).unwrap_or_default();
         for files in orphans {
             self.dispatch_publish(files)?;
         }
@@ -795,7 +866,7 @@ impl<'a> Run<'a> {
         else {
             return Ok(());
         };
-        self.lanes[lane].push(Job::Unmark);
+        self.queues[lane].push_back(Job::Unmark);
         self.dispatch();
         while let Ok(event) = rx.recv_timeout(PAIR_PATIENCE * 2) {
             match event {
@@ -895,6 +966,191 @@ mod tests {
             hull(&[p(1, 4, 6), p(2, 0, 3), p(1, 0, 2), p(1, 8, 9)]),
             [p(1, 0, 9), p(2, 0, 3)]
         );
+    }
+
+    fn publishes_queued(run: &Run<'_>, pair: usize) -> Vec<Vec<u32>> {
+        run.queues[pair]
+            .iter()
+            .filter_map(|j| match j {
+                Job::Publish(_, files) => Some(files.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn refused() -> Error {
+        Error::net("sending to a", std::io::ErrorKind::ConnectionRefused.into())
+    }
+
+    /// A source of `size` bytes and the config to send it to two lanes.
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        cfg: SendConfig,
+        list: SourceList,
+        lanes: Vec<Lane>,
+        size: u64,
+    }
+
+    impl Fixture {
+        fn new(size: u64) -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let src = dir.path().join("f");
+            std::fs::write(&src, vec![7u8; size as usize]).unwrap();
+            let cfg = SendConfig::new("a", vec![0; 32], &src, "f");
+            let list = super::super::source::scan(&cfg.source, &cfg.dest).unwrap();
+            let lanes = ["a", "b"]
+                .iter()
+                .map(|t| Lane {
+                    to: t.to_string(),
+                    progress: Arc::default(),
+                })
+                .collect();
+            Self {
+                _dir: dir,
+                cfg,
+                list,
+                lanes,
+                size,
+            }
+        }
+
+        fn plan(&self) -> Plan<'_> {
+            Plan {
+                cfg: &self.cfg,
+                list: &self.list,
+                group: 1,
+            }
+        }
+
+        /// A run over both lanes, joined, in blocks of 4 KiB and chunks
+        /// of one block.
+        fn run<'a>(&'a self, plan: &'a Plan<'a>) -> Run<'a> {
+            let geometry = Geometry::new(4096, 4096, None).unwrap();
+            let coord = Coordinator::new(geometry, &[(0, self.size)], WINDOW);
+            let now = Instant::now();
+            let mut run = Run::new(plan, coord, &self.lanes, now);
+            run.coord.join(now, 0).unwrap();
+            run.coord.join(now, 1).unwrap();
+            run
+        }
+    }
+
+    /// Hands pair `pair`'s next job to a new idle worker, and returns it.
+    fn take_job(run: &mut Run<'_>, pair: PairId) -> Job {
+        let (reply, job) = mpsc::channel();
+        run.handle(Event::Idle { pair, reply }).unwrap();
+        run.dispatch();
+        job.try_recv().unwrap().expect("a job")
+    }
+
+    fn item_failed(pair: PairId, item: ItemId, pieces: Vec<Piece>) -> Event {
+        Event::Item {
+            pair,
+            item,
+            pieces,
+            st: RunState::default(),
+            run: Err(refused()),
+        }
+    }
+
+    fn state(run: &Run<'_>, pair: PairId) -> PairState {
+        let views = run.coord.pair_views(Instant::now());
+        views.iter().find(|(p, _)| *p == pair).unwrap().1.state
+    }
+
+    /// A lost lane's running publish is handed on once, by its own
+    /// failure, never also by the lane's loss: two receivers publishing
+    /// one file at once could fail it (the second finds no temporary
+    /// file) or let the run end before the first answers.
+    #[test]
+    fn a_lost_lanes_running_publish_is_handed_on_once() {
+        let fx = Fixture::new(3);
+        let plan = fx.plan();
+        let mut run = fx.run(&plan);
+        run.dispatch_publish(vec![0]).unwrap();
+        assert_eq!(publishes_queued(&run, 0), [vec![0]]);
+        // A worker of lane 0 takes the publish.
+        let Job::Publish(id, files) = take_job(&mut run, 0) else {
+            panic!("the idle worker was not handed the publish");
+        };
+        // Lane 0's other session fails: the lane is lost, but the
+        // publish its worker runs is not handed to lane 1 yet.
+        run.handle(item_failed(0, 0, Vec::new())).unwrap();
+        assert!(run.lost.contains_key(&0));
+        assert!(publishes_queued(&run, 1).is_empty());
+        assert_eq!(
+            run.publishing.len(),
+            1,
+            "the running publish is still awaited"
+        );
+        // It fails too: now, and only now, lane 1 publishes the file.
+        let published = Event::Published {
+            pair: 0,
+            id,
+            files,
+            st: RunState::default(),
+            run: Err(refused()),
+        };
+        run.handle(published).unwrap();
+        assert_eq!(publishes_queued(&run, 1), [vec![0]]);
+        assert_eq!(run.publishing.len(), 1);
+    }
+
+    /// A lane whose first session fails while its second still writes is
+    /// lost at once (its work goes to the others) but fenced only when
+    /// the second answers: until then a file it writes to is not checked.
+    #[test]
+    fn a_lost_lane_is_fenced_when_its_last_writing_session_answers() {
+        let fx = Fixture::new(8 * 4096);
+        let plan = fx.plan();
+        let mut run = fx.run(&plan);
+        run.act().unwrap();
+        let Job::Item(first, pieces) = take_job(&mut run, 0) else {
+            panic!("no item for lane 0");
+        };
+        let Job::Item(second, later) = take_job(&mut run, 0) else {
+            panic!("no second item for lane 0");
+        };
+        run.handle(item_failed(0, first, pieces)).unwrap();
+        assert!(run.lost.contains_key(&0));
+        assert_eq!(
+            state(&run, 0),
+            PairState::Lost,
+            "fenced while a session writes"
+        );
+        run.handle(item_failed(0, second, later)).unwrap();
+        assert_eq!(state(&run, 0), PairState::Gone);
+    }
+
+    /// A worker whose session panics answers with a failure: the driving
+    /// thread is never left waiting for a worker that died.
+    #[test]
+    fn a_session_that_panics_is_answered_as_a_failure() {
+        let fx = Fixture::new(3);
+        let plan = fx.plan();
+        let (tx, rx) = mpsc::channel();
+        std::thread::scope(|s| {
+            let (plan, lane) = (&plan, &fx.lanes[0]);
+            s.spawn(move || work_lane(plan, 0, lane, &Arc::new(Warm::default()), &tx));
+            let Ok(Event::Idle { reply, .. }) = rx.recv() else {
+                panic!("the worker did not ask for a job");
+            };
+            // File 9 is not in the listing: the session panics on it.
+            let piece = Piece {
+                file: 9,
+                first: 0,
+                end: 1,
+            };
+            reply.send(Some(Job::Item(4, vec![piece]))).unwrap();
+            match rx.recv_timeout(Duration::from_secs(10)) {
+                Ok(Event::Item {
+                    item: 4,
+                    run: Err(Error::Internal(why)),
+                    ..
+                }) => assert!(why.contains("panicked"), "{why}"),
+                _ => panic!("no failure answered for the panicked session"),
+            }
+        });
     }
 
     #[test]
