@@ -133,6 +133,11 @@ impl FileTracker {
         }
     }
 
+    /// The file's blocks.
+    pub fn blocks(&self) -> u64 {
+        self.blocks
+    }
+
     /// Blocks not written yet.
     pub fn missing(&self) -> u64 {
         self.blocks - self.progress.as_ref().map_or(0, |p| p.written.count())

@@ -1030,7 +1030,10 @@ impl Sim {
     /// decides; like the writer, first waits for the background
     /// checkpoint, so that none is stored behind a published file.
     fn finish(&mut self, live: &mut Live) {
-        let ready = live.core.poll_finish();
+        // As the writer: small files are held for a group commit while
+        // anything is still on its way, and flushed once nothing is.
+        let idle = live.wire.is_empty() && live.writes.is_empty();
+        let ready = live.core.poll_finish(self.now(), idle);
         if !ready.is_empty()
             && let Some((_, covered)) = live.syncing.take()
         {
@@ -1042,6 +1045,7 @@ impl Sim {
                     file_id: f, digest, ..
                 },
                 checksums_digest,
+                ..
             } = decision
             else {
                 self.fail(&format!("the writer's core decided {decision:?}"));

@@ -239,12 +239,14 @@ impl Writer {
                 }
                 Some(WriterMsg::FileDone(report)) => self.reported(report),
                 Some(WriterMsg::Abort { file_id, message }) => self.abort(file_id, message)?,
-                Some(WriterMsg::Stop) => return Ok(()),
+                Some(WriterMsg::Stop) => return self.finish_awaited(true),
                 None if self.io.in_flight() > 0 => self.reap(true)?,
                 None => {}
             }
             self.reap(false)?;
-            self.finish_awaited()?;
+            // Small files are committed together while blocks keep
+            // coming; once they stop, nothing is held back.
+            self.finish_awaited(idle)?;
             self.check_progress(idle)?;
             self.maybe_checkpoint()?;
         }
@@ -318,9 +320,10 @@ impl Writer {
         Err(stalled(&self.files, &self.core, stall))
     }
 
-    /// Answers the reported files whose blocks have all been written.
-    fn finish_awaited(&mut self) -> Result<()> {
-        let ready = self.core.poll_finish();
+    /// Answers the reported files whose blocks have all been written, as
+    /// the core says when (`flush`: now).
+    fn finish_awaited(&mut self, flush: bool) -> Result<()> {
+        let ready = self.core.poll_finish(Instant::now(), flush);
         if ready.is_empty() {
             return Ok(());
         }
@@ -664,6 +667,7 @@ impl Writer {
                 Finish::Verify {
                     report,
                     checksums_digest,
+                    ..
                 } => {
                     f.open(&self.shared.root, false)?;
                     ready.push((file_id, report.digest, checksums_digest, f));

@@ -91,7 +91,27 @@ pub enum Finish {
         report: Reported,
         /// The digest of the checksums of the blocks written.
         checksums_digest: u128,
+        /// Its blocks.
+        blocks: u64,
     },
+}
+
+/// Small files finished within this long of the first of them are made
+/// durable and published together: one filesystem sync and one directory
+/// sync for the lot, where one each per file held a tree of small files
+/// to the disk's sync latency. A file waits at most this long for its
+/// answer, and none waits once the sender has paused.
+pub const COMMIT_HOLD: Duration = Duration::from_millis(20);
+/// Files committed together, at most.
+pub const COMMIT_BATCH: usize = 1024;
+
+/// A finished file worth holding for a group commit: one of at most one
+/// block, whose own sync costs about as much as a sync of many.
+fn is_small(f: &Finish) -> bool {
+    match f {
+        Finish::Verify { blocks, .. } => *blocks <= 1,
+        _ => true,
+    }
 }
 
 /// One file's state while the session writes it.
@@ -117,6 +137,10 @@ pub struct FileLifecycle {
     /// A background checkpoint is running: one batch at a time.
     syncing: bool,
     verify: Verification,
+    /// Finished small files waiting to be committed together, and when
+    /// the first of them finished.
+    commit: Vec<Finish>,
+    commit_since: Option<Instant>,
 }
 
 impl FileLifecycle {
@@ -150,6 +174,8 @@ impl FileLifecycle {
             policy: CheckpointPolicy::new(now, interval),
             syncing: false,
             verify,
+            commit: Vec::new(),
+            commit_since: None,
         }
     }
 
@@ -206,11 +232,12 @@ impl FileLifecycle {
         self.reports.handle_reported(report, now);
     }
 
-    /// When something is next due: a checkpoint, or a waiting report's
-    /// stall.
+    /// When something is next due: a checkpoint, a waiting report's
+    /// stall, or the commit of finished small files.
     pub fn poll_timeout(&self) -> Instant {
         let due = self.policy.poll_timeout();
-        self.reports.poll_timeout().map_or(due, |s| s.min(due))
+        let due = self.reports.poll_timeout().map_or(due, |s| s.min(due));
+        self.commit_since.map_or(due, |t| due.min(t + COMMIT_HOLD))
     }
 
     /// A report that waited with nothing arriving for the progress
@@ -301,11 +328,35 @@ impl FileLifecycle {
         self.syncing
     }
 
-    /// The reported files that can be answered now, in report order, each
-    /// with what to do: those with every block written and no write in
-    /// flight (and directories, and files not held, which are refused).
-    /// Each is answered once returned.
-    pub fn poll_finish(&mut self) -> Vec<Finish> {
+    /// The reported files to answer now, in report order, each with what
+    /// to do: those with every block written and no write in flight (and
+    /// directories, and files not held, which are refused). Each is
+    /// answered once returned, and blocks of it that still arrive are
+    /// dropped.
+    ///
+    /// Files of one block are held back and committed together (see
+    /// `COMMIT_HOLD`): until `COMMIT_BATCH` of them are waiting, or the
+    /// first has waited `COMMIT_HOLD`, or a larger file is ready, or the
+    /// shell says to `flush` (nothing is arriving, or the session ends).
+    pub fn poll_finish(&mut self, now: Instant, flush: bool) -> Vec<Finish> {
+        let ready = self.poll_ready();
+        let large = ready.iter().any(|f| !is_small(f));
+        if !ready.is_empty() && self.commit.is_empty() {
+            self.commit_since = Some(now);
+        }
+        self.commit.extend(ready);
+        let due = flush
+            || large
+            || self.commit.len() >= COMMIT_BATCH
+            || self.commit_since.is_some_and(|t| now >= t + COMMIT_HOLD);
+        if !due {
+            return Vec::new();
+        }
+        self.commit_since = None;
+        std::mem::take(&mut self.commit)
+    }
+
+    fn poll_ready(&mut self) -> Vec<Finish> {
         let files = &self.files;
         let ready = self.reports.poll_ready(|id| {
             files
@@ -337,6 +388,7 @@ impl FileLifecycle {
                     Finish::Verify {
                         report,
                         checksums_digest: f.tracker.digest(),
+                        blocks: f.tracker.blocks(),
                     }
                 }
             })
@@ -435,6 +487,56 @@ mod tests {
         FileLifecycle::new(files, Verification::Checksums, SECOND, 30 * SECOND, t0)
     }
 
+    /// Lands file `id`'s one block and reports it.
+    fn land(c: &mut FileLifecycle, id: u32, now: Instant) {
+        assert_eq!(c.handle_block(id), BlockFate::Write);
+        c.handle_written(id, 0, 5, now);
+        c.handle_reported(report(id), now);
+    }
+
+    fn ids(finished: &[Finish]) -> Vec<u32> {
+        finished
+            .iter()
+            .map(|f| match f {
+                Finish::Verify { report, .. } => report.file_id,
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    /// Small files finished close together are committed together, and
+    /// none waits longer than `COMMIT_HOLD`, or at all once the sender
+    /// pauses or a larger file is ready.
+    #[test]
+    fn small_files_are_committed_together_and_none_waits_long() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis(1);
+        let mut c = core(
+            (1..=6).map(|i| file(i, 1)).chain([file(7, 2)]).collect(),
+            t0,
+        );
+        land(&mut c, 1, t0);
+        assert!(c.poll_finish(t0, false).is_empty());
+        assert_eq!(c.poll_timeout(), t0 + COMMIT_HOLD);
+        land(&mut c, 2, t0 + ms);
+        assert!(c.poll_finish(t0 + ms, false).is_empty());
+        assert_eq!(ids(&c.poll_finish(t0 + COMMIT_HOLD, false)), [1, 2]);
+        // Held anew, then flushed by a pause of the sender.
+        land(&mut c, 3, t0 + COMMIT_HOLD);
+        assert!(c.poll_finish(t0 + COMMIT_HOLD, false).is_empty());
+        assert_eq!(ids(&c.poll_finish(t0 + COMMIT_HOLD + ms, true)), [3]);
+        // A larger file takes the small ones held with it.
+        land(&mut c, 4, t0 + 30 * ms);
+        assert!(c.poll_finish(t0 + 30 * ms, false).is_empty());
+        for b in 0..2 {
+            assert_eq!(c.handle_block(7), BlockFate::Write);
+            c.handle_written(7, b, 5, t0);
+        }
+        c.handle_reported(report(7), t0 + 31 * ms);
+        assert_eq!(ids(&c.poll_finish(t0 + 31 * ms, false)), [4, 7]);
+        assert!(c.poll_timeout() > t0 + 31 * ms + COMMIT_HOLD);
+    }
+
     #[test]
     fn a_block_is_written_until_its_file_is_answered_then_dropped() {
         let t0 = Instant::now();
@@ -443,7 +545,10 @@ mod tests {
         assert_eq!(c.handle_block(1), BlockFate::Write);
         c.handle_written(1, 0, 5, t0);
         c.handle_reported(report(1), t0);
-        assert!(matches!(c.poll_finish()[..], [Finish::Verify { .. }]));
+        assert!(matches!(
+            c.poll_finish(t0, true)[..],
+            [Finish::Verify { .. }]
+        ));
         // A copy the sender resent after a stream broke.
         assert_eq!(c.handle_block(1), BlockFate::Drop);
         assert!(!c.handle_given_up(1) && c.held().next().is_none());
@@ -461,18 +566,19 @@ mod tests {
             assert_eq!(c.handle_block(1), BlockFate::Write);
         }
         c.handle_written(1, 0, 10, t0);
-        assert!(c.poll_finish().is_empty());
+        assert!(c.poll_finish(t0, true).is_empty());
         assert_eq!(c.handle_block(1), BlockFate::Write);
         c.handle_written(1, 1, 11, t0);
         // Complete, but the first copy of block 1 is still in flight.
-        assert!(c.poll_finish().is_empty());
+        assert!(c.poll_finish(t0, true).is_empty());
         c.handle_written(1, 1, 11, t0);
         let digest = crate::digest::file_digest(&[10, 11]);
         assert_eq!(
-            c.poll_finish(),
+            c.poll_finish(t0, true),
             [Finish::Verify {
                 report: report(1),
-                checksums_digest: digest
+                checksums_digest: digest,
+                blocks: 2,
             }]
         );
         assert!(c.may_publish(digest, digest) && !c.may_publish(digest, 7));
@@ -549,7 +655,7 @@ mod tests {
             c.handle_reported(r, t0);
         }
         assert_eq!(
-            c.poll_finish(),
+            c.poll_finish(t0, true),
             [
                 Finish::WrongIdentity {
                     report: theirs,
