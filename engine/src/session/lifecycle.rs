@@ -100,7 +100,8 @@ pub enum Finish {
 /// durable and published together: one filesystem sync and one directory
 /// sync for the lot, where one each per file held a tree of small files
 /// to the disk's sync latency. A file waits at most this long for its
-/// answer, and none waits once the sender has paused.
+/// answer (the writer sees that nothing is arriving only when its wait,
+/// bounded by this deadline, times out).
 pub const COMMIT_HOLD: Duration = Duration::from_millis(20);
 /// Files committed together, at most.
 pub const COMMIT_BATCH: usize = 1024;
