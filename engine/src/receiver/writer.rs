@@ -20,7 +20,9 @@ use super::verdicts::{Answer, VerdictTx};
 use crate::digest::{block_checksum, file_digest, fmt_digest};
 use crate::error::{Error, Result};
 use crate::io::{ALIGN, BlockIo, IoDone, IoMode, IoOp, OpKind, Pool, backend};
-use crate::session::lifecycle::{BlockFate, CheckpointJob, FileLifecycle, Finish, Planned};
+use crate::session::lifecycle::{
+    BlockFate, COMMIT_BATCH, CheckpointJob, FileLifecycle, Finish, Planned,
+};
 use crate::session::reports::{Reported, Stall};
 use crate::violation::{Violation, ViolationKind};
 use crate::wire::{EntryKind, Frame, StripeRole, Verification};
@@ -103,9 +105,6 @@ pub(crate) struct Writer {
     /// session publishes.
     stripe: Option<StripeRole>,
 }
-
-/// Files finished together are made durable together.
-const MAX_FINISH_BATCH: usize = 1024;
 
 /// A file verified and made durable, to publish or discard: its id, the
 /// sender's digest, the digest of its written checksums, and the file.
@@ -239,7 +238,12 @@ impl Writer {
                 }
                 Some(WriterMsg::FileDone(report)) => self.reported(report),
                 Some(WriterMsg::Abort { file_id, message }) => self.abort(file_id, message)?,
-                Some(WriterMsg::Stop) => return self.finish_awaited(true),
+                // Files still held for a group commit stay unpublished: a
+                // stopped session can no longer tell the sender, who would
+                // send them again, or, in a transfer over several pairs,
+                // hand their publish to a receiver that finds no temporary
+                // file.
+                Some(WriterMsg::Stop) => return Ok(()),
                 None if self.io.in_flight() > 0 => self.reap(true)?,
                 None => {}
             }
@@ -284,7 +288,7 @@ impl Writer {
     /// together.
     fn reported(&mut self, report: Reported) {
         let mut batch = vec![report];
-        while batch.len() < MAX_FINISH_BATCH {
+        while batch.len() < COMMIT_BATCH {
             match self.rx.try_recv() {
                 Ok(WriterMsg::FileDone(report)) => batch.push(report),
                 Ok(other) => {
@@ -817,4 +821,109 @@ fn reread(f: &DestFile) -> Result<u128> {
         sums.push(block_checksum(buf.as_slice()));
     }
     Ok(file_digest(&sums))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::digest::entry_identity;
+    use crate::receiver::dest::{Prepared, prepare};
+    use crate::receiver::verdicts::{VerdictRx, channel};
+    use crate::receiver::{ServeConfig, Server};
+    use crate::session::Verdict;
+
+    /// Runs a writer for one finished one-block file beneath `root`, and
+    /// stops it at once (`stop_at_once`) or once it has gone idle; returns
+    /// whether the file was answered as published, and whether it is
+    /// there under its final name.
+    fn run_writer(root: &std::path::Path, stop_at_once: bool) -> (bool, bool) {
+        let mut cfg = ServeConfig::new(root.to_path_buf(), vec![0; 32]);
+        // Written as it arrives: nothing in flight decides the outcome.
+        cfg.io_mode = IoMode::Buffered;
+        let server = Server::bind("127.0.0.1:0", cfg).unwrap();
+        let shared = Arc::clone(&server.shared);
+        let e = crate::wire::FileEntry {
+            file_id: 0,
+            kind: EntryKind::File,
+            size: 3,
+            fingerprint: 1,
+            mode: 0o644,
+            path: "f".into(),
+        };
+        let identity = entry_identity(&e);
+        let Prepared::Accept(mut file, _, resumed) = prepare(&shared.root, &e, 4096, 0o022) else {
+            panic!("not prepared");
+        };
+        file.identity = identity;
+        let mut staged = Staged::with_capacity(&shared.root, 1);
+        staged.insert(0, file, resumed);
+        let (tx, rx) = mpsc::channel();
+        let (verdicts_tx, verdicts) = channel().unwrap();
+        let stats = Arc::new(Stats::default());
+        let writer = Writer::new(
+            Arc::clone(&shared),
+            staged,
+            rx,
+            verdicts_tx,
+            Verification::Checksums,
+            stats,
+        )
+        .unwrap();
+        let pools = crate::io::Pools::new(4096, 1).unwrap();
+        let mut buf = pools.for_len(3).try_get().unwrap();
+        buf.as_mut_full()[..3].copy_from_slice(b"abc");
+        buf.set_len(3);
+        let checksum = block_checksum(b"abc");
+        let (ack, _acks) = mpsc::sync_channel(4);
+        let block = WriterMsg::Block {
+            file_id: 0,
+            block: 0,
+            buf,
+            checksum,
+            ack,
+        };
+        tx.send(block).unwrap();
+        let done = Reported {
+            file_id: 0,
+            digest: file_digest(&[checksum]),
+            identity,
+        };
+        tx.send(WriterMsg::FileDone(done)).unwrap();
+        let mut published = false;
+        std::thread::scope(|s| {
+            let w = s.spawn(move || writer.run());
+            if !stop_at_once {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while !published && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(5));
+                    published |= answered_ok(&verdicts);
+                }
+            }
+            tx.send(WriterMsg::Stop).unwrap();
+            w.join().unwrap();
+        });
+        published |= answered_ok(&verdicts);
+        (published, root.join("f").exists())
+    }
+
+    fn answered_ok(verdicts: &VerdictRx) -> bool {
+        verdicts
+            .take()
+            .iter()
+            .any(|v| matches!(v, Verdict::File { ok: true, .. }))
+    }
+
+    /// A session that stops while a finished small file waits for its
+    /// group commit leaves it unpublished: no answer can reach the sender
+    /// any more, and a file published behind its back would be sent
+    /// again or, in a transfer over several pairs, fail when the next
+    /// receiver finds its temporary file gone.
+    #[test]
+    fn a_stopped_session_publishes_nothing_it_cannot_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(run_writer(dir.path(), true), (false, false));
+        // The same file, left to go idle, is committed and answered.
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(run_writer(dir.path(), false), (true, true));
+    }
 }

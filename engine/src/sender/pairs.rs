@@ -42,8 +42,11 @@ use crate::wire::{EntryKind, Stripe, StripePiece, StripeRole};
 /// lost and its work goes to the others.
 pub const PAIR_PATIENCE: Duration = Duration::from_secs(10);
 /// A lost lane's fence while a session of it still runs: in effect none,
-/// for the session's answer fences the lane (each session ends within
-/// `PAIR_PATIENCE` of its receiver going quiet).
+/// for the session's answer fences the lane. A session whose receiver
+/// goes quiet ends after the idle timeout and `PAIR_PATIENCE`; one whose
+/// receiver stays connected but stops writing (a hung disk) ends only
+/// when that receiver's own stall check fails it, and until then the
+/// files it touched wait for their verification.
 const UNTIL_ANSWERED: Duration = Duration::from_secs(24 * 3600);
 /// Most receivers of one transfer.
 pub const MAX_RECEIVERS: usize = crate::stripes::MAX_PAIRS;
@@ -744,7 +747,14 @@ impl<'a> Run<'a> {
                     }
                     Err(e) => {
                         self.lane_failed(now, pair, e)?;
-                        self.dispatch_publish(files)
+                        // Files it published before failing are final:
+                        // handed on, the next receiver would find no
+                        // temporary file and fail them.
+                        let rest = self.published_ok(&files, &st);
+                        if rest.is_empty() {
+                            return Ok(());
+                        }
+                        self.dispatch_publish(rest)
                     }
                 }
             }
@@ -758,6 +768,21 @@ impl<'a> Run<'a> {
 
     fn sent(&mut self, pair: PairId, st: &RunState) {
         *self.bytes_sent.entry(pair).or_default() += st.bytes_sent;
+    }
+
+    /// Records the files of a failed publish session that the receiver
+    /// answered as published; returns the others.
+    fn published_ok(&mut self, files: &[u32], st: &RunState) -> Vec<u32> {
+        let mut rest = Vec::new();
+        for (i, &file) in files.iter().enumerate() {
+            if let Some(FileVerdict::Ok(_)) = st.verdicts.get(&(i as u32)) {
+                let digest = self.digests.get(&file).copied().unwrap_or(0);
+                self.published.insert(file, digest);
+            } else {
+                rest.push(file);
+            }
+        }
+        rest
     }
 
     fn published_files(&mut self, files: &[u32], st: &RunState) {
@@ -814,7 +839,7 @@ impl<'a> Run<'a> {
     }
 
     /// A lane's session failed past the pair's patience: the pair is lost
-    /// (its sessions are over, so nothing it sent lands later), unless the
+    /// (its other sessions may still write: see `writing`), unless the
     /// failure is one that retrying cannot fix anywhere, which ends the
     /// transfer.
     fn lane_failed(&mut self, now: Instant, pair: PairId, e: Error) -> Result<()> {
@@ -1094,6 +1119,35 @@ mod tests {
         run.handle(published).unwrap();
         assert_eq!(publishes_queued(&run, 1), [vec![0]]);
         assert_eq!(run.publishing.len(), 1);
+    }
+
+    /// A publish that fails part-way hands on only the files it did not
+    /// publish: one already under its final name has no temporary file
+    /// left, and the next receiver would fail it.
+    #[test]
+    fn a_publish_that_fails_part_way_hands_on_only_the_unpublished() {
+        let fx = Fixture::new(3);
+        let plan = fx.plan();
+        let mut run = fx.run(&plan);
+        run.dispatch_publish(vec![0, 5]).unwrap();
+        let Job::Publish(id, files) = take_job(&mut run, 0) else {
+            panic!("the idle worker was not handed the publish");
+        };
+        // The receiver answered file 0 (index 0) as published, then the
+        // connection failed before file 5's answer.
+        let mut st = RunState::default();
+        st.verdicts.insert(0, FileVerdict::Ok(0));
+        let published = Event::Published {
+            pair: 0,
+            id,
+            files,
+            st,
+            run: Err(refused()),
+        };
+        run.handle(published).unwrap();
+        assert_eq!(publishes_queued(&run, 1), [vec![5]]);
+        assert!(run.published.contains_key(&0));
+        assert!(!run.failed.contains_key(&0));
     }
 
     /// A lane whose first session fails while its second still writes is
