@@ -156,10 +156,11 @@ impl SenderJob {
         })
     }
 
-    /// Stops reconnecting; the thread ends when its session breaks.
+    /// Stops the send: no session starts after this, and one in progress
+    /// ends within a keepalive interval.
     pub fn cancel(&mut self) {
         self.cancel.store(true, Ordering::Relaxed);
-        // Detach: a session in progress ends when the receiver goes away.
+        // Detach: the thread ends on its own, and nothing waits for it.
         drop(self.thread.take());
     }
 }

@@ -334,7 +334,7 @@ impl PathTester {
             })
             .collect();
         // A test beside a transfer, or no longer this agent's to run, stops
-        // with its current run.
+        // its current run (within a keepalive interval).
         if let Some(r) = &self.running
             && (busy || !mine.contains_key(r.target.as_str()))
         {

@@ -1008,3 +1008,42 @@ fn a_sender_that_never_reads_its_acknowledgements_is_held_back() {
     drop((ctl, data));
     clean_transfer_still_works(&srv, dir.path());
 }
+
+/// A cancelled send stops its running session within a keepalive
+/// interval, not when the session would have ended: a lost lane of a
+/// transfer over several pairs stops writing, and an agent whose
+/// assignment moved away stops sending.
+#[test]
+fn a_cancelled_send_stops_its_running_session() {
+    let dir = scratch("cancel");
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let src = dir.path().join("big.bin");
+    write_file(&src, 32 << 20, 3);
+    let srv = server(&root, IoMode::Buffered);
+    let mut cfg = send_cfg(srv.addr(), &src, "big.bin");
+    // 32 MiB at 1 MB/s: about half a minute uncancelled.
+    cfg.max_rate = Some(1_000_000);
+    let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    cfg.cancel = Some(Arc::clone(&cancel));
+    let started = std::time::Instant::now();
+    let outcome = std::thread::scope(|s| {
+        let send = s.spawn(|| send(&cfg));
+        while cfg.progress.position().moved < 1 << 20 && !send.is_finished() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        cancel.store(true, Ordering::Relaxed);
+        send.join().unwrap()
+    });
+    match outcome {
+        Err(Error::Cancelled { .. }) => {}
+        other => panic!("the cancelled send ended {other:?}"),
+    }
+    // Liveness, not speed: a keepalive interval is 5 s.
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the session ran on for {:?} after its cancel",
+        started.elapsed()
+    );
+    assert!(!root.join("big.bin").exists());
+}

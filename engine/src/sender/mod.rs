@@ -74,7 +74,9 @@ pub struct SendConfig {
     pub retry_for: Duration,
     /// Timeout of each connect.
     pub connect_timeout: Duration,
-    /// Set to stop reconnecting (the in-cluster agent's assignment moved away).
+    /// Set to stop the send (the in-cluster agent's assignment moved away,
+    /// or a transfer over several pairs lost this receiver): no session
+    /// starts after it, and a running one ends within a keepalive interval.
     pub cancel: Option<Arc<AtomicBool>>,
     /// Where the send stands, for whoever shows its progress.
     pub progress: Arc<Progress>,
@@ -314,6 +316,7 @@ fn run_sessions(
         });
         match outcome {
             Ok(()) => return Ok(()),
+            Err(e @ Error::Cancelled { .. }) => return Err(e),
             Err(e)
                 if cfg
                     .cancel

@@ -26,6 +26,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
@@ -42,11 +43,9 @@ use crate::wire::{EntryKind, Stripe, StripePiece, StripeRole};
 /// lost and its work goes to the others.
 pub const PAIR_PATIENCE: Duration = Duration::from_secs(10);
 /// A lost lane's fence while a session of it still runs: in effect none,
-/// for the session's answer fences the lane. A session whose receiver
-/// goes quiet ends after the idle timeout and `PAIR_PATIENCE`; one whose
-/// receiver stays connected but stops writing (a hung disk) ends only
-/// when that receiver's own stall check fails it, and until then the
-/// files it touched wait for their verification.
+/// for the session's answer fences the lane, and a lost lane's sessions
+/// are cancelled, so each answers within a keepalive interval (unless
+/// its thread is stuck in the kernel, reading a hung source disk).
 const UNTIL_ANSWERED: Duration = Duration::from_secs(24 * 3600);
 /// Most receivers of one transfer.
 pub const MAX_RECEIVERS: usize = crate::stripes::MAX_PAIRS;
@@ -239,6 +238,20 @@ enum Event {
 struct Lane {
     to: String,
     progress: Arc<Progress>,
+    /// Set when the lane is lost or the transfer ends in failure: its
+    /// running sessions end within a keepalive interval, so that a lost
+    /// lane stops writing soon and a failed transfer returns soon.
+    cancel: Arc<AtomicBool>,
+}
+
+impl Lane {
+    fn new(to: &str) -> Self {
+        Self {
+            to: to.to_string(),
+            progress: Arc::default(),
+            cancel: Arc::default(),
+        }
+    }
 }
 
 /// The transfer's fixed parts: what every lane's sessions share.
@@ -255,6 +268,7 @@ impl Plan<'_> {
         cfg.to = lane.to.clone();
         cfg.retry_for = self.cfg.retry_for.min(PAIR_PATIENCE);
         cfg.progress = Arc::clone(&lane.progress);
+        cfg.cancel = Some(Arc::clone(&lane.cancel));
         cfg.warm = Some(Arc::clone(warm));
         cfg.stripe = Some(stripe);
         cfg
@@ -344,13 +358,7 @@ pub fn send_over_pairs(cfg: &SendConfig, to: &[String]) -> Result<PairsSummary> 
         list: &list,
         group: u64::from_le_bytes(crate::net::auth::random()),
     };
-    let lanes: Vec<Lane> = to
-        .iter()
-        .map(|t| Lane {
-            to: t.clone(),
-            progress: Arc::default(),
-        })
-        .collect();
+    let lanes: Vec<Lane> = to.iter().map(|t| Lane::new(t)).collect();
     let start = Instant::now();
     mark(&plan, &lanes)?;
     let mut run = Run::new(
@@ -372,10 +380,15 @@ pub fn send_over_pairs(cfg: &SendConfig, to: &[String]) -> Result<PairsSummary> 
         }
         drop(tx);
         let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| run.drive(&rx)));
-        // Idle workers stop now; busy ones when their session ends and
-        // finds no one to report to. (Also after a panic, or the scope
-        // would wait for them for ever.)
+        // Idle workers stop now; busy ones, cancelled after a failure,
+        // when their session ends and finds no one to report to. (Also
+        // after a panic, or the scope would wait for them for ever.)
         run.idle.clear();
+        if !matches!(outcome, Ok(Ok(()))) {
+            for lane in &lanes {
+                lane.cancel.store(true, Ordering::Relaxed);
+            }
+        }
         drop(rx);
         outcome.unwrap_or_else(|p| std::panic::resume_unwind(p))
     });
@@ -575,6 +588,13 @@ impl<'a> Run<'a> {
             }
             if self.coord.waiting_for_pairs() || self.lost.len() == self.lanes.len() {
                 return Err(self.all_lost());
+            }
+            if let Some(c) = &self.plan.cfg.cancel
+                && c.load(Ordering::Relaxed)
+            {
+                return Err(Error::Cancelled {
+                    last: Box::new(Error::Config("stopped with files left to send".into())),
+                });
             }
             self.show_progress();
             match rx.recv_timeout(Duration::from_millis(200)) {
@@ -844,7 +864,9 @@ impl<'a> Run<'a> {
     /// transfer.
     fn lane_failed(&mut self, now: Instant, pair: PairId, e: Error) -> Result<()> {
         let to = &self.lanes[pair as usize].to;
-        if !(e.is_retryable() || matches!(e, Error::GaveUp { .. })) {
+        // A lost lane's sessions end cancelled, which is no news.
+        let lost_already = self.lost.contains_key(&pair);
+        if !(lost_already || e.is_retryable() || matches!(e, Error::GaveUp { .. })) {
             return Err(Error::Config(format!("{to}: {e}")));
         }
         tracing::warn!(receiver = %to, error = %e, "pair lost; its work goes to the others");
@@ -865,6 +887,9 @@ impl<'a> Run<'a> {
         // Its other session may fail too: the first failure is the news.
         if let std::collections::btree_map::Entry::Vacant(lost) = self.lost.entry(pair) {
             lost.insert((e.to_string(), now));
+            self.lanes[pair as usize]
+                .cancel
+                .store(true, Ordering::Relaxed);
             // Its work goes to the others now, but a session of it that
             // still runs may still write: the pair is fenced when that
             // one answers (`handle`), not before.
@@ -1023,13 +1048,7 @@ mod tests {
             std::fs::write(&src, vec![7u8; size as usize]).unwrap();
             let cfg = SendConfig::new("a", vec![0; 32], &src, "f");
             let list = super::super::source::scan(&cfg.source, &cfg.dest).unwrap();
-            let lanes = ["a", "b"]
-                .iter()
-                .map(|t| Lane {
-                    to: t.to_string(),
-                    progress: Arc::default(),
-                })
-                .collect();
+            let lanes = ["a", "b"].iter().map(|t| Lane::new(t)).collect();
             Self {
                 _dir: dir,
                 cfg,
@@ -1151,8 +1170,9 @@ mod tests {
     }
 
     /// A lane whose first session fails while its second still writes is
-    /// lost at once (its work goes to the others) but fenced only when
-    /// the second answers: until then a file it writes to is not checked.
+    /// lost at once (its work goes to the others, and the second is
+    /// cancelled) but fenced only when the second answers: until then a
+    /// file it writes to is not checked.
     #[test]
     fn a_lost_lane_is_fenced_when_its_last_writing_session_answers() {
         let fx = Fixture::new(8 * 4096);
@@ -1172,7 +1192,21 @@ mod tests {
             PairState::Lost,
             "fenced while a session writes"
         );
-        run.handle(item_failed(0, second, later)).unwrap();
+        // Its running session is cancelled, and the other lane's is not.
+        assert!(fx.lanes[0].cancel.load(Ordering::Relaxed));
+        assert!(!fx.lanes[1].cancel.load(Ordering::Relaxed));
+        // It answers as cancelled, which fences the lane and is no
+        // failure of the transfer.
+        let cancelled = Event::Item {
+            pair: 0,
+            item: second,
+            pieces: later,
+            st: RunState::default(),
+            run: Err(Error::Cancelled {
+                last: Box::new(refused()),
+            }),
+        };
+        run.handle(cancelled).unwrap();
         assert_eq!(state(&run, 0), PairState::Gone);
     }
 

@@ -239,6 +239,7 @@ fn new_shared(
         progress: Arc::clone(&cfg.progress),
         verify: cfg.verify,
         in_flight: std::sync::atomic::AtomicI64::new(0),
+        cancel: cfg.cancel.clone(),
     }
 }
 
@@ -579,6 +580,7 @@ fn control_loop(shared: &Shared, control: &mut TcpStream) {
             if ended {
                 return;
             }
+            shared.check_cancel();
             wake.map_or(KEEPALIVE_INTERVAL, |t| t.saturating_duration_since(now))
         };
         match net::wait_readable(control, wait) {

@@ -80,6 +80,9 @@ pub(crate) struct Shared {
     /// yet acknowledged (a resent block counts once more, until the session
     /// ends, when what is left is taken back).
     pub(super) in_flight: std::sync::atomic::AtomicI64,
+    /// Set by whoever runs the send to stop it: the session ends at the
+    /// control thread's next wake, within a keepalive interval.
+    pub(super) cancel: Option<Arc<AtomicBool>>,
 }
 
 impl Shared {
@@ -89,6 +92,20 @@ impl Shared {
 
     pub(crate) fn stopped(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Fails the session once its sender is cancelled; says whether it is.
+    pub(super) fn check_cancel(&self) -> bool {
+        let cancelled = self
+            .cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::Relaxed));
+        if cancelled {
+            self.fail(Error::Cancelled {
+                last: Box::new(Error::Config("stopped while a session ran".into())),
+            });
+        }
+        cancelled
     }
 
     /// Carries out what the control core decided: frames to the outbox,
