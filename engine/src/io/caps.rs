@@ -59,6 +59,28 @@ pub fn slow_start_after_idle() -> Option<bool> {
     sysctl_number(crate::advice::SLOW_START_AFTER_IDLE).map(|v| v != 0)
 }
 
+/// Whether `syncfs` reports the writeback errors of the files on its
+/// filesystem (Linux 5.8 and later). Before that it returned success
+/// whatever writeback failed, so a batch made durable by one `syncfs`
+/// could publish a file whose data never reached the disk; there each
+/// file is synced on its own.
+pub fn syncfs_reports_errors() -> bool {
+    static REPORTS: OnceLock<bool> = OnceLock::new();
+    *REPORTS.get_or_init(|| release_at_least(&sysctl("kernel.osrelease"), (5, 8)))
+}
+
+/// Whether kernel release `release` (`6.1.0-28-amd64`, `4.18.0-477.el8`)
+/// is `min` or later; an unreadable one is not.
+fn release_at_least(release: &str, min: (u32, u32)) -> bool {
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), Some(minor)) => (major, minor) >= min,
+        _ => false,
+    }
+}
+
 /// The probed capabilities of this host (probed on first use).
 pub fn capabilities() -> &'static Capabilities {
     static CAPS: OnceLock<Capabilities> = OnceLock::new();
@@ -116,6 +138,20 @@ fn explain_refusal(e: &std::io::Error, disabled: &str, status: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::release_at_least;
+
+    #[test]
+    fn syncfs_is_trusted_with_writeback_errors_from_linux_5_8() {
+        assert!(release_at_least("6.1.0-28-amd64", (5, 8)));
+        assert!(release_at_least("5.8.0", (5, 8)));
+        assert!(release_at_least("5.14.0-427.el9.x86_64", (5, 8)));
+        // RHEL 8's kernel, and the ones before the fix.
+        assert!(!release_at_least("4.18.0-477.el8.x86_64", (5, 8)));
+        assert!(!release_at_least("5.4.0-150-generic", (5, 8)));
+        assert!(!release_at_least("", (5, 8)));
+        assert!(!release_at_least("garbage", (5, 8)));
+    }
+
     use super::*;
 
     fn errno(n: i32) -> std::io::Error {

@@ -738,10 +738,18 @@ impl Writer {
 }
 
 /// Makes the data of finished files durable before any is renamed: one
-/// fdatasync for one file, one syncfs per filesystem for many.
+/// fdatasync for one file, one syncfs per filesystem for many where the
+/// kernel's syncfs reports writeback errors, else fdatasync for each.
 fn make_durable(ready: &mut [Ready]) -> Result<()> {
-    if let [(_, _, _, f)] = ready {
-        return f.sync();
+    make_durable_with(ready, crate::io::caps::syncfs_reports_errors())
+}
+
+fn make_durable_with(ready: &mut [Ready], batch: bool) -> Result<()> {
+    if ready.len() == 1 || !batch {
+        for (_, _, _, f) in ready.iter() {
+            f.sync()?;
+        }
+        return Ok(());
     }
     let mut synced = HashSet::new();
     for (_, _, _, f) in ready {
