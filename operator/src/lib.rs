@@ -1,7 +1,7 @@
 //! wirerate's operator: renders DtnPools into agents, queues and assigns
 //! Transfers, and fails them over when an agent is lost.
 //!
-//! The decisions are pure modules (`planner`, `scheduler`, `lifecycle`, `budget`, `validate`,
+//! The decisions are pure modules (`planner`, `scheduler`, `destinations`, `lifecycle`, `budget`, `validate`,
 //! `render`, `token_grant`, `pool_status`, `path_tests`, `agents`), tested without a cluster; the
 //! controllers only read the watch caches, call them, and server-side apply
 //! what they return.
@@ -13,6 +13,7 @@ pub mod applied;
 pub mod budget;
 pub mod cli;
 pub mod context;
+pub mod destinations;
 pub mod error;
 pub mod install;
 pub mod leader;

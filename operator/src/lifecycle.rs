@@ -546,9 +546,24 @@ pub const BACK_OFF_MAX: i64 = 480;
 
 /// Marks `s` as waiting for agents, for the reason `message`.
 pub fn waiting_for_agents(s: &mut TransferStatus, message: &str, t: &Transfer, now: Timestamp) {
+    waiting(s, "WaitingForAgents", message, t, now);
+}
+
+/// Marks `s` as waiting for another Transfer that writes where it would
+/// (see `destinations`), for the reason `message`.
+pub fn waiting_for_destination(
+    s: &mut TransferStatus,
+    message: &str,
+    t: &Transfer,
+    now: Timestamp,
+) {
+    waiting(s, "DestinationInUse", message, t, now);
+}
+
+fn waiting(s: &mut TransferStatus, reason: &str, message: &str, t: &Transfer, now: Timestamp) {
     conditions::set(
         &mut s.conditions,
-        condition(types::SCHEDULED, false, "WaitingForAgents", message),
+        condition(types::SCHEDULED, false, reason, message),
         t.metadata.generation,
         &conditions::whole_seconds(now),
     );

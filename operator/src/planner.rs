@@ -21,6 +21,7 @@ use wirerate_crds::conditions::{self, types};
 use wirerate_crds::transfer::AgentRef;
 
 use crate::agents::{Agent, AgentId};
+use crate::destinations::{self, Destination, Held};
 use crate::lifecycle::{self, Needs};
 use crate::scheduler::{self, Key, Placement, Slot, Waiting};
 use crate::validate::{Catalog, reason, validate};
@@ -34,6 +35,8 @@ pub struct Plan {
     pub positions: HashMap<Key, i32>,
     /// Transfers in progress on each agent, the ledger's counted.
     pub load: HashMap<AgentId, i32>,
+    /// Transfers that wait for another writing where they would, and why.
+    pub held_back: HashMap<Key, String>,
 }
 
 /// Who a Transfer's attempt is assigned to.
@@ -193,6 +196,10 @@ impl Planner {
         let mut seen = HashSet::with_capacity(inputs.transfers.len());
         let mut derived = 0;
         let mut load = HashMap::new();
+        // Where the Transfers that started write, and where the waiting
+        // ones that have not would.
+        let mut held = Held::default();
+        let mut fresh = HashMap::new();
         for t in inputs.transfers {
             let Some(uid) = t.metadata.uid.clone() else {
                 continue;
@@ -237,8 +244,18 @@ impl Planner {
                 }
             };
             match entry {
-                Derived::Waiting(w) => waiting.push(w),
+                Derived::Waiting(w) => {
+                    let d = Destination::of(t);
+                    if t.status.as_ref().is_some_and(|s| s.attempt > 0) {
+                        held.hold(d, w.key.clone());
+                    } else {
+                        fresh.insert(w.key.clone(), d);
+                    }
+                    waiting.push(w);
+                }
                 Derived::Running => {
+                    let key = (t.namespace().unwrap_or_default(), t.name_any());
+                    held.hold(Destination::of(t), key);
                     *running_per_ns
                         .entry(t.namespace().unwrap_or_default())
                         .or_default() += 1;
@@ -264,7 +281,13 @@ impl Planner {
             })
             .collect();
         let order = scheduler::order(&waiting, &running_per_ns);
-        let placements = scheduler::assign(&order, &waiting, &slots);
+        let held_back = destinations::held_back(&order, &fresh, held);
+        let free: Vec<Key> = order
+            .iter()
+            .filter(|k| !held_back.contains_key(*k))
+            .cloned()
+            .collect();
+        let placements = scheduler::assign(&free, &waiting, &slots);
         let by_key: HashMap<&Key, &Waiting> = waiting.iter().map(|w| (&w.key, w)).collect();
         let mut positions = HashMap::new();
         let mut per_pool: HashMap<Key, i32> = HashMap::new();
@@ -283,6 +306,7 @@ impl Planner {
             placements,
             positions,
             load,
+            held_back,
         }
     }
 

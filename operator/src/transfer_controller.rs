@@ -202,6 +202,10 @@ async fn schedule<'a>(
     let Ok(resolved) = validity else {
         return Ok(None);
     };
+    if let Some(why) = plan.held_back.get(key) {
+        lifecycle::waiting_for_destination(&mut step.status, why, current, now);
+        return Ok(None);
+    }
     let message = lifecycle::waiting_message(resolved, needs, &look.view.agents);
     lifecycle::waiting_for_agents(&mut step.status, &message, current, now);
     if !plan.placements.contains_key(key) {

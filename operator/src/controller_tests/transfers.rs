@@ -519,3 +519,55 @@ async fn a_copy_from_before_the_operators_own_write_is_not_written_again() {
     reconcile(&d, &x).await;
     assert_eq!(writes(&d), first, "nothing new to write");
 }
+
+/// Two Transfers to one destination: the later waits, with a condition
+/// naming the other, and starts once that one is over; a Transfer to
+/// another destination is not held up meanwhile.
+#[tokio::test]
+async fn a_second_transfer_to_a_destination_in_use_waits_for_the_first() {
+    let mut d = Cluster::new().await;
+    pools(&mut d);
+    d.lease(&lease("src", "s0", now(), None));
+    d.lease(&lease("dst", "r0", now(), None));
+    d.lease(&lease("dst", "r1", now(), None));
+    let x = t("x", 0, 1);
+    let mut y = t("y", 0, 2);
+    // A file inside the tree x writes.
+    y.spec.destination.path = "/out/x/inside.h5".into();
+    let z = t("z", 0, 3);
+    for t in [&x, &y, &z] {
+        d.transfer(t);
+    }
+    reconcile(&d, &x).await;
+    assert_eq!(d.last_status("/transfers/x")["phase"], "Running");
+    reconcile(&d, &y).await;
+    let s = d.last_status("/transfers/y");
+    assert_eq!(s["phase"], "Queued", "{s}");
+    let scheduled = s["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Scheduled")
+        .unwrap();
+    assert_eq!(scheduled["reason"], "DestinationInUse", "{s}");
+    let message = scheduled["message"].as_str().unwrap();
+    assert!(message.contains("Transfer data/x"), "{message}");
+    assert!(
+        message.contains("spec.destination.path /out/x/inside.h5"),
+        "{message}"
+    );
+    reconcile(&d, &z).await;
+    assert_eq!(d.last_status("/transfers/z")["phase"], "Running");
+
+    // x lands: y goes.
+    let mut x = x;
+    x.status = Some(serde_json::from_value(d.last_status("/transfers/x")).unwrap());
+    let mut x = receiver_succeeded(&mut d, x).await;
+    let s = d.last_status("/transfers/x");
+    assert_eq!(s["phase"], "Succeeded");
+    x.status = Some(serde_json::from_value(s).unwrap());
+    d.transfer(&x);
+    reconcile(&d, &y).await;
+    let s = d.last_status("/transfers/y");
+    assert_eq!(s["phase"], "Running", "{s}");
+}

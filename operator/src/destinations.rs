@@ -1,0 +1,180 @@
+//! Two Transfers that would write one destination: the later one waits.
+//!
+//! A receiver claims a destination only while a session writes it, so two
+//! Transfers to one file (or a tree and a file inside it) used to run one
+//! after the other at the receiver, the second replacing what the first
+//! published, and to fail over each other's claims in between. Here a
+//! Transfer that has not started waits, with a condition naming the one
+//! that writes there, until that one is over; of two that have not
+//! started, the one first in line goes first. Pure: fed the cache's
+//! Transfers and the line, it does no I/O.
+
+use std::collections::HashMap;
+
+use kube::ResourceExt;
+use wirerate_crds::Transfer;
+
+use crate::scheduler::Key;
+
+/// Where a Transfer writes: its receiving pool (`namespace/name`, or the
+/// external agent's address) and the path's components.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Destination {
+    at: Key,
+    path: Vec<String>,
+}
+
+impl Destination {
+    /// Where `t` writes.
+    pub fn of(t: &Transfer) -> Self {
+        let d = &t.spec.destination;
+        let at = match (&d.external, &d.pool) {
+            (Some(e), _) => ("external".to_string(), e.address.clone()),
+            (None, pool) => (
+                d.pool_namespace
+                    .clone()
+                    .unwrap_or_else(|| t.namespace().unwrap_or_default()),
+                pool.clone().unwrap_or_default(),
+            ),
+        };
+        let path = d
+            .path
+            .split('/')
+            .filter(|c| !c.is_empty() && *c != ".")
+            .map(str::to_owned)
+            .collect();
+        Self { at, path }
+    }
+
+    fn shown(&self) -> String {
+        format!("/{}", self.path.join("/"))
+    }
+}
+
+/// The destinations of the Transfers that write, or will write first,
+/// indexed so that a look-up costs the path's depth, not the number of
+/// Transfers (a thousand queued against a thousand running).
+#[derive(Default)]
+pub struct Held {
+    /// Each held destination, and who holds it.
+    exact: HashMap<(Key, Vec<String>), (Destination, Key)>,
+    /// Each proper ancestor of a held destination, and one holder below it.
+    above: HashMap<(Key, Vec<String>), (Destination, Key)>,
+}
+
+impl Held {
+    /// `who` writes (or will write) `d`.
+    pub fn hold(&mut self, d: Destination, who: Key) {
+        for n in 0..d.path.len() {
+            let at = (d.at.clone(), d.path[..n].to_vec());
+            self.above
+                .entry(at)
+                .or_insert_with(|| (d.clone(), who.clone()));
+        }
+        let at = (d.at.clone(), d.path.clone());
+        self.exact.entry(at).or_insert((d, who));
+    }
+
+    /// A Transfer other than `me` that holds `d`, a directory around it or
+    /// a path inside it, with what it holds.
+    fn holder(&self, d: &Destination, me: &Key) -> Option<&(Destination, Key)> {
+        let other = |h: &&(Destination, Key)| h.1 != *me;
+        (0..=d.path.len())
+            .filter_map(|n| self.exact.get(&(d.at.clone(), d.path[..n].to_vec())))
+            .find(other)
+            .or_else(|| {
+                self.above
+                    .get(&(d.at.clone(), d.path.clone()))
+                    .filter(other)
+            })
+    }
+}
+
+/// Of the Transfers waiting to start, in line `order` (each with its
+/// destination in `waiting`), those that must wait for another one
+/// writing where they would, with why. Those not held back hold their
+/// destination against the ones behind them.
+pub fn held_back(
+    order: &[Key],
+    waiting: &HashMap<Key, Destination>,
+    mut held: Held,
+) -> HashMap<Key, String> {
+    let mut out = HashMap::new();
+    for key in order {
+        let Some(d) = waiting.get(key) else {
+            continue;
+        };
+        match held.holder(d, key) {
+            Some((theirs, (ns, name))) => {
+                let message = format!(
+                    "spec.destination.path {} overlaps {} of Transfer {ns}/{name}, which writes there first: it starts once that one is over",
+                    d.shown(),
+                    theirs.shown()
+                );
+                out.insert(key.clone(), message);
+            }
+            None => held.hold(d.clone(), key.clone()),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dest(pool: &str, path: &str) -> Destination {
+        Destination {
+            at: ("ns".into(), pool.into()),
+            path: path
+                .split('/')
+                .filter(|c| !c.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        }
+    }
+
+    fn key(name: &str) -> Key {
+        ("ns".into(), name.into())
+    }
+
+    #[test]
+    fn a_file_a_tree_around_it_and_the_same_path_overlap_and_siblings_do_not() {
+        let mut held = Held::default();
+        held.hold(dest("p", "/out/run1"), key("a"));
+        let me = key("me");
+        let overlaps = |pool, path| held.holder(&dest(pool, path), &me).is_some();
+        assert!(overlaps("p", "/out/run1"));
+        assert!(overlaps("p", "/out/run1/x.h5"));
+        assert!(overlaps("p", "/out"));
+        assert!(overlaps("p", "/"));
+        assert!(overlaps("p", "/out/run1/"));
+        assert!(!overlaps("p", "/out/run10"));
+        assert!(!overlaps("p", "/out/run2"));
+        assert!(!overlaps("p", "/elsewhere/run1"));
+        assert!(!overlaps("q", "/out/run1"));
+        // Its own destination holds no Transfer back.
+        assert!(held.holder(&dest("p", "/out/run1"), &key("a")).is_none());
+    }
+
+    #[test]
+    fn the_later_of_two_waits_for_a_started_one_and_the_first_in_line_goes_first() {
+        let mut held = Held::default();
+        held.hold(dest("p", "/out/a"), key("running"));
+        let waiting: HashMap<Key, Destination> = [
+            (key("into-running"), dest("p", "/out/a/f")),
+            (key("first"), dest("p", "/out/b")),
+            (key("second"), dest("p", "/out/b")),
+            (key("elsewhere"), dest("q", "/out/b")),
+        ]
+        .into_iter()
+        .collect();
+        let order = ["into-running", "second", "first", "elsewhere"].map(key);
+        let back = held_back(&order, &waiting, held);
+        assert_eq!(back.len(), 2, "{back:?}");
+        assert!(back[&key("into-running")].contains("Transfer ns/running"));
+        // In line, "second" came first.
+        assert!(back[&key("first")].contains("Transfer ns/second"));
+        assert!(back[&key("first")].contains("spec.destination.path /out/b"));
+    }
+}
