@@ -35,8 +35,8 @@ pub struct ProbeConfig {
     /// Cap on the rate, bytes per second: what the test may take from a
     /// path others use.
     pub max_rate: Option<u64>,
-    /// Set to stop the probe at the end of the run in progress (a transfer
-    /// wants the path).
+    /// Set to stop the probe (a transfer wants the path): the run in
+    /// progress ends within a keepalive interval.
     pub cancel: Option<Arc<AtomicBool>>,
 }
 
@@ -146,6 +146,9 @@ fn run(cfg: &ProbeConfig, streams: u16, bytes: u64) -> Result<SendSummary> {
     c.max_rate = cfg.max_rate;
     // A failed probe is reported, not retried.
     c.retry_for = std::time::Duration::ZERO;
+    // A probe beside a transfer that just started stops within a
+    // keepalive interval, not at the end of a phase.
+    c.cancel = cfg.cancel.clone();
     send(&c)
 }
 

@@ -1047,3 +1047,42 @@ fn a_cancelled_send_stops_its_running_session() {
     );
     assert!(!root.join("big.bin").exists());
 }
+
+/// A path test cancelled for a transfer stops its run in progress within
+/// a keepalive interval, not at the end of its phase.
+#[test]
+fn a_cancelled_probe_stops_its_run_in_progress() {
+    let dir = scratch("probe-cancel");
+    let mut cfg = ServeConfig::new(dir.path().to_path_buf(), TOKEN.to_vec());
+    cfg.discard = wirerate_engine::session::DiscardPolicy::Only;
+    let srv = Server::bind("127.0.0.1:0", cfg).unwrap().spawn();
+    let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let probe_cfg = wirerate_engine::probe::ProbeConfig {
+        to: srv.addr().to_string(),
+        token: TOKEN.to_vec(),
+        streams: 1,
+        seconds: 30.0,
+        block_size: 64 << 10,
+        socket: Default::default(),
+        // A phase at 1 MB/s lasts its 30 s or more.
+        max_rate: Some(1_000_000),
+        cancel: Some(Arc::clone(&cancel)),
+    };
+    let started = std::time::Instant::now();
+    let outcome = std::thread::scope(|s| {
+        let probe = s.spawn(|| wirerate_engine::probe::probe(&probe_cfg));
+        std::thread::sleep(Duration::from_secs(1));
+        cancel.store(true, Ordering::Relaxed);
+        probe.join().unwrap()
+    });
+    assert!(
+        matches!(outcome, Err(Error::Cancelled { .. })),
+        "{outcome:?}"
+    );
+    // Liveness, not speed: a keepalive interval is 5 s.
+    assert!(
+        started.elapsed() < Duration::from_secs(12),
+        "the probe ran on for {:?} after its cancel",
+        started.elapsed()
+    );
+}

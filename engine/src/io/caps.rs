@@ -59,15 +59,29 @@ pub fn slow_start_after_idle() -> Option<bool> {
     sysctl_number(crate::advice::SLOW_START_AFTER_IDLE).map(|v| v != 0)
 }
 
-/// Whether `syncfs` reports the writeback errors of the files on its
-/// filesystem (Linux 5.8 and later). Before that it returned success
-/// whatever writeback failed, so a batch made durable by one `syncfs`
-/// could publish a file whose data never reached the disk; there each
-/// file is synced on its own.
-pub fn syncfs_reports_errors() -> bool {
+/// Whether one `syncfs` may stand for the fdatasync of each file on a
+/// filesystem of type `f_type` (`statfs`): only where the kernel's syncfs
+/// reports writeback errors (Linux 5.8 and later; before, it returned
+/// success whatever failed) and on the local filesystems known to write
+/// back and report through it. Elsewhere (FUSE, which forwards syncfs to
+/// its daemon only for virtiofs; network and out-of-tree filesystems whose
+/// syncfs is unknown) each file is synced on its own.
+pub fn syncfs_trusted(f_type: i64) -> bool {
     static REPORTS: OnceLock<bool> = OnceLock::new();
-    *REPORTS.get_or_init(|| release_at_least(&sysctl("kernel.osrelease"), (5, 8)))
+    let reports = *REPORTS.get_or_init(|| release_at_least(&sysctl("kernel.osrelease"), (5, 8)));
+    reports && LOCAL_FILESYSTEMS.contains(&f_type)
 }
+
+/// The `statfs` type of the filesystem `fd` is on; 0 when it cannot be
+/// read.
+pub fn fs_type(fd: impl std::os::fd::AsFd) -> i64 {
+    // `f_type`'s width differs by target (i64 on x86_64 and aarch64).
+    #[allow(clippy::unnecessary_cast)]
+    rustix::fs::fstatfs(fd).map_or(0, |s| s.f_type as i64)
+}
+
+/// ext4 (and ext2/3), XFS, btrfs and tmpfs, by their `statfs` magic.
+const LOCAL_FILESYSTEMS: [i64; 4] = [0xEF53, 0x5846_5342, 0x9123_683E, 0x0102_1994];
 
 /// Whether kernel release `release` (`6.1.0-28-amd64`, `4.18.0-477.el8`)
 /// is `min` or later; an unreadable one is not.
@@ -139,6 +153,18 @@ fn explain_refusal(e: &std::io::Error, disabled: &str, status: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::release_at_least;
+
+    #[test]
+    fn syncfs_stands_for_file_syncs_only_on_local_filesystems() {
+        // This machine's kernel is 5.8 or later (the test below says how
+        // that is read).
+        assert!(syncfs_trusted(0xEF53), "ext4");
+        assert!(syncfs_trusted(0x5846_5342), "xfs");
+        assert!(!syncfs_trusted(0x6573_5546), "fuse");
+        assert!(!syncfs_trusted(0x6969), "nfs");
+        assert!(!syncfs_trusted(0x0BD0_0BD0), "lustre");
+        assert!(!syncfs_trusted(0));
+    }
 
     #[test]
     fn syncfs_is_trusted_with_writeback_errors_from_linux_5_8() {

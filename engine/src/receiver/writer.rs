@@ -738,33 +738,36 @@ impl Writer {
 }
 
 /// Makes the data of finished files durable before any is renamed: one
-/// fdatasync for one file, one syncfs per filesystem for many where the
-/// kernel's syncfs reports writeback errors, else fdatasync for each.
+/// fdatasync for one file; for many, one syncfs per filesystem where
+/// syncfs is known to report writeback errors (see
+/// `caps::syncfs_trusted`), else fdatasync for each.
 fn make_durable(ready: &mut [Ready]) -> Result<()> {
-    make_durable_with(ready, crate::io::caps::syncfs_reports_errors())
-}
-
-fn make_durable_with(ready: &mut [Ready], batch: bool) -> Result<()> {
-    if ready.len() == 1 || !batch {
-        for (_, _, _, f) in ready.iter() {
-            f.sync()?;
-        }
-        return Ok(());
+    if let [(_, _, _, f)] = ready {
+        return f.sync();
     }
-    let mut synced = HashSet::new();
+    // By device: whether its syncfs may stand for the files' syncs, and
+    // whether it has been called.
+    let mut devices: HashMap<u64, (bool, bool)> = HashMap::new();
     for (_, _, _, f) in ready {
         let plain = f.plain().expect("opened before");
         let dev = plain
             .metadata()
             .map_err(|e| Error::io(format!("inspecting {}", f.dest.rel), e))?
             .dev();
-        if synced.insert(dev) {
+        let (trusted, synced) = devices.entry(dev).or_insert_with(|| {
+            let fs = crate::io::caps::fs_type(&**plain);
+            (crate::io::caps::syncfs_trusted(fs), false)
+        });
+        if !*trusted {
+            f.sync()?;
+        } else if !*synced {
             rustix::fs::syncfs(&**plain).map_err(|e| {
                 Error::io(
                     format!("syncing the filesystem of {}", f.dest.rel),
                     e.into(),
                 )
             })?;
+            *synced = true;
         }
     }
     Ok(())

@@ -303,6 +303,11 @@ fn run_sessions(
         Duration::from_secs(5),
     );
     loop {
+        if cancelled(cfg) {
+            return Err(Error::Cancelled {
+                last: Box::new(Error::Config("stopped before a session started".into())),
+            });
+        }
         st.sessions += 1;
         let verdicts_before = st.verdicts.len();
         let outcome = tracing::info_span!("session", n = st.sessions)
@@ -317,12 +322,7 @@ fn run_sessions(
         match outcome {
             Ok(()) => return Ok(()),
             Err(e @ Error::Cancelled { .. }) => return Err(e),
-            Err(e)
-                if cfg
-                    .cancel
-                    .as_ref()
-                    .is_some_and(|c| c.load(Ordering::Relaxed)) =>
-            {
+            Err(e) if cancelled(cfg) => {
                 return Err(Error::Cancelled { last: Box::new(e) });
             }
             // A name that never resolved is a typo, not an outage; once the
@@ -344,7 +344,9 @@ fn run_sessions(
                             "session failed; reconnecting"
 
                         );
-                        std::thread::sleep(d);
+                        if sleep_unless_cancelled(cfg, d) {
+                            return Err(Error::Cancelled { last: Box::new(e) });
+                        }
                     }
                     None if cfg.retry_for.is_zero() => return Err(e),
                     None => {
@@ -359,6 +361,28 @@ fn run_sessions(
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+fn cancelled(cfg: &SendConfig) -> bool {
+    cfg.cancel
+        .as_ref()
+        .is_some_and(|c| c.load(Ordering::Relaxed))
+}
+
+/// Sleeps `d`, waking every 100 ms to see whether the send was cancelled;
+/// says whether it was.
+fn sleep_unless_cancelled(cfg: &SendConfig, d: Duration) -> bool {
+    let until = Instant::now() + d;
+    loop {
+        if cancelled(cfg) {
+            return true;
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(100)));
     }
 }
 

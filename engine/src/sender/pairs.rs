@@ -268,7 +268,10 @@ impl Plan<'_> {
         cfg.to = lane.to.clone();
         cfg.retry_for = self.cfg.retry_for.min(PAIR_PATIENCE);
         cfg.progress = Arc::clone(&lane.progress);
-        cfg.cancel = Some(Arc::clone(&lane.cancel));
+        // Only writing sessions are cut short: a publish cut between its
+        // renames and its answers would leave landed files unanswered,
+        // and handed on, they would fail where no temporary file is left.
+        cfg.cancel = (stripe.role == StripeRole::Write).then(|| Arc::clone(&lane.cancel));
         cfg.warm = Some(Arc::clone(warm));
         cfg.stripe = Some(stripe);
         cfg
@@ -865,11 +868,10 @@ impl<'a> Run<'a> {
     fn lane_failed(&mut self, now: Instant, pair: PairId, e: Error) -> Result<()> {
         let to = &self.lanes[pair as usize].to;
         // A lost lane's sessions end cancelled, which is no news.
-        let lost_already = self.lost.contains_key(&pair);
-        if !(lost_already || e.is_retryable() || matches!(e, Error::GaveUp { .. })) {
+        let cancelled = self.lost.contains_key(&pair) && matches!(e, Error::Cancelled { .. });
+        if !(cancelled || e.is_retryable() || matches!(e, Error::GaveUp { .. })) {
             return Err(Error::Config(format!("{to}: {e}")));
         }
-        tracing::warn!(receiver = %to, error = %e, "pair lost; its work goes to the others");
         // Its queued items are the coordinator's to hand out again; its
         // queued publishes are handed on here. A publish a worker runs is
         // handed on by its own answer, if that is a failure, so no file
@@ -886,6 +888,7 @@ impl<'a> Run<'a> {
             .collect();
         // Its other session may fail too: the first failure is the news.
         if let std::collections::btree_map::Entry::Vacant(lost) = self.lost.entry(pair) {
+            tracing::warn!(receiver = %to, error = %e, "pair lost; its work goes to the others");
             lost.insert((e.to_string(), now));
             self.lanes[pair as usize]
                 .cancel
@@ -1208,6 +1211,59 @@ mod tests {
         };
         run.handle(cancelled).unwrap();
         assert_eq!(state(&run, 0), PairState::Gone);
+    }
+
+    /// Only a lane's writing sessions are cancelled with it: a publish cut
+    /// between its renames and its answers would leave landed files
+    /// unanswered, to fail where they are handed on.
+    #[test]
+    fn a_lost_lanes_publish_is_not_cut_short() {
+        let fx = Fixture::new(3);
+        let plan = fx.plan();
+        let warm = Arc::new(Warm::default());
+        let stripe = |role| Stripe {
+            group: 1,
+            role,
+            pieces: Vec::new(),
+        };
+        let lane = &fx.lanes[0];
+        assert!(
+            plan.session(lane, &warm, stripe(StripeRole::Write))
+                .cancel
+                .is_some()
+        );
+        assert!(
+            plan.session(lane, &warm, stripe(StripeRole::Publish))
+                .cancel
+                .is_none()
+        );
+    }
+
+    /// A lost lane's cancelled sessions are no failure of the transfer,
+    /// but anything else they answer with still is (a panic, say).
+    #[test]
+    fn a_lost_lanes_other_failures_still_end_the_transfer() {
+        let fx = Fixture::new(8 * 4096);
+        let plan = fx.plan();
+        let mut run = fx.run(&plan);
+        run.act().unwrap();
+        let Job::Item(first, pieces) = take_job(&mut run, 0) else {
+            panic!("no item for lane 0");
+        };
+        let Job::Item(second, later) = take_job(&mut run, 0) else {
+            panic!("no second item for lane 0");
+        };
+        run.handle(item_failed(0, first, pieces)).unwrap();
+        let panicked = Event::Item {
+            pair: 0,
+            item: second,
+            pieces: later,
+            st: RunState::default(),
+            run: Err(Error::Internal(
+                "a session to this receiver panicked".into(),
+            )),
+        };
+        assert!(run.handle(panicked).is_err());
     }
 
     /// A worker whose session panics answers with a failure: the driving
