@@ -90,30 +90,44 @@ impl Held {
     }
 }
 
+/// Whether `t` may be writing its destination: it has started, and is not
+/// over (one being deleted keeps its finalizer, and so stays, until its
+/// agents have stopped).
+pub fn writes(t: &Transfer) -> bool {
+    t.status
+        .as_ref()
+        .is_some_and(|s| s.attempt > 0 && !s.phase.is_some_and(|p| p.is_final()))
+}
+
 /// Of the Transfers waiting to start, in line `order` (each with its
 /// destination in `waiting`), those that must wait for another one
-/// writing where they would, with why. Those not held back hold their
-/// destination against the ones behind them.
+/// writing where they would, with why. Each that `could_run` holds its
+/// destination against the ones behind it, held back or not, so that a
+/// stream of Transfers into a tree cannot keep one of the whole tree
+/// waiting for ever; one that could not run holds nothing back. The
+/// message is the same whoever holds the destination, so that a queue
+/// behind one destination is not rewritten each time its holder changes
+/// (and names no Transfer of another namespace).
 pub fn held_back(
     order: &[Key],
     waiting: &HashMap<Key, Destination>,
     mut held: Held,
+    could_run: impl Fn(&Key) -> bool,
 ) -> HashMap<Key, String> {
     let mut out = HashMap::new();
     for key in order {
         let Some(d) = waiting.get(key) else {
             continue;
         };
-        match held.holder(d, key) {
-            Some((theirs, (ns, name))) => {
-                let message = format!(
-                    "spec.destination.path {} overlaps {} of Transfer {ns}/{name}, which writes there first: it starts once that one is over",
-                    d.shown(),
-                    theirs.shown()
-                );
-                out.insert(key.clone(), message);
-            }
-            None => held.hold(d.clone(), key.clone()),
+        if held.holder(d, key).is_some() {
+            let message = format!(
+                "spec.destination.path {} is, or lies in or around, the destination of a Transfer that writes there first: it starts once that one is over",
+                d.shown()
+            );
+            out.insert(key.clone(), message);
+        }
+        if could_run(key) {
+            held.hold(d.clone(), key.clone());
         }
     }
     out
@@ -170,11 +184,34 @@ mod tests {
         .into_iter()
         .collect();
         let order = ["into-running", "second", "first", "elsewhere"].map(key);
-        let back = held_back(&order, &waiting, held);
-        assert_eq!(back.len(), 2, "{back:?}");
-        assert!(back[&key("into-running")].contains("Transfer ns/running"));
+        let back = held_back(&order, &waiting, held, |_| true);
+        let mut keys: Vec<&str> = back.keys().map(|k| k.1.as_str()).collect();
+        keys.sort();
         // In line, "second" came first.
-        assert!(back[&key("first")].contains("Transfer ns/second"));
+        assert_eq!(keys, ["first", "into-running"]);
         assert!(back[&key("first")].contains("spec.destination.path /out/b"));
+    }
+
+    /// One held back still holds its destination against those behind it
+    /// (a tree is not kept waiting by a stream of Transfers into it), unless
+    /// it could not run at all.
+    #[test]
+    fn one_held_back_still_holds_unless_it_could_not_run() {
+        let held = || {
+            let mut h = Held::default();
+            h.hold(dest("p", "/out/a"), key("running"));
+            h
+        };
+        let waiting: HashMap<Key, Destination> = [
+            (key("tree"), dest("p", "/out")),
+            (key("inside"), dest("p", "/out/b")),
+        ]
+        .into_iter()
+        .collect();
+        let order = ["tree", "inside"].map(key);
+        let back = held_back(&order, &waiting, held(), |_| true);
+        assert!(back.contains_key(&key("tree")) && back.contains_key(&key("inside")));
+        let back = held_back(&order, &waiting, held(), |k| k.1 != "tree");
+        assert!(back.contains_key(&key("tree")) && !back.contains_key(&key("inside")));
     }
 }

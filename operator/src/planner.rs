@@ -245,22 +245,21 @@ impl Planner {
             };
             match entry {
                 Derived::Waiting(w) => {
-                    let d = Destination::of(t);
-                    if t.status.as_ref().is_some_and(|s| s.attempt > 0) {
-                        held.hold(d, w.key.clone());
-                    } else {
-                        fresh.insert(w.key.clone(), d);
+                    if !destinations::writes(t) {
+                        fresh.insert(w.key.clone(), Destination::of(t));
                     }
                     waiting.push(w);
                 }
                 Derived::Running => {
-                    let key = (t.namespace().unwrap_or_default(), t.name_any());
-                    held.hold(Destination::of(t), key);
                     *running_per_ns
                         .entry(t.namespace().unwrap_or_default())
                         .or_default() += 1;
                 }
                 Derived::Idle => {}
+            }
+            if destinations::writes(t) {
+                let key = (t.namespace().unwrap_or_default(), t.name_any());
+                held.hold(Destination::of(t), key);
             }
             count(&mut load, t);
             seen.insert(uid);
@@ -281,14 +280,19 @@ impl Planner {
             })
             .collect();
         let order = scheduler::order(&waiting, &running_per_ns);
-        let held_back = destinations::held_back(&order, &fresh, held);
+        let by_key: HashMap<&Key, &Waiting> = waiting.iter().map(|w| (&w.key, w)).collect();
+        let could_run = |k: &Key| {
+            by_key
+                .get(k)
+                .is_some_and(|w| scheduler::could_run(w, &slots))
+        };
+        let held_back = destinations::held_back(&order, &fresh, held, could_run);
         let free: Vec<Key> = order
             .iter()
             .filter(|k| !held_back.contains_key(*k))
             .cloned()
             .collect();
         let placements = scheduler::assign(&free, &waiting, &slots);
-        let by_key: HashMap<&Key, &Waiting> = waiting.iter().map(|w| (&w.key, w)).collect();
         let mut positions = HashMap::new();
         let mut per_pool: HashMap<Key, i32> = HashMap::new();
         for k in order.iter().filter(|k| !placements.contains_key(*k)) {

@@ -183,7 +183,7 @@ pub fn assign(order: &[Key], waiting: &[Waiting], slots: &[Slot]) -> BTreeMap<Ke
 
 /// Whether `w` could be placed once agents finish what they run: every
 /// pool it needs has a live agent it may use.
-fn could_run(w: &Waiting, slots: &[Slot]) -> bool {
+pub fn could_run(w: &Waiting, slots: &[Slot]) -> bool {
     let usable = |pool: &Option<Key>| {
         pool.as_ref().is_none_or(|p| {
             slots

@@ -551,7 +551,6 @@ async fn a_second_transfer_to_a_destination_in_use_waits_for_the_first() {
         .unwrap();
     assert_eq!(scheduled["reason"], "DestinationInUse", "{s}");
     let message = scheduled["message"].as_str().unwrap();
-    assert!(message.contains("Transfer data/x"), "{message}");
     assert!(
         message.contains("spec.destination.path /out/x/inside.h5"),
         "{message}"
@@ -570,4 +569,23 @@ async fn a_second_transfer_to_a_destination_in_use_waits_for_the_first() {
     reconcile(&d, &y).await;
     let s = d.last_status("/transfers/y");
     assert_eq!(s["phase"], "Running", "{s}");
+}
+
+/// A Transfer being deleted keeps its destination until its agents have
+/// stopped (its finalizer stays until then): its receiver's clean-up
+/// removes temporary files by name, and would remove the next one's.
+#[tokio::test]
+async fn a_transfer_being_deleted_keeps_its_destination_until_its_agents_stop() {
+    let (mut d, x) = one_transfer_assigned().await;
+    let mut x = x;
+    x.status = Some(serde_json::from_value(d.last_status("/transfers/x")).unwrap());
+    x.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
+    d.transfer(&x);
+    let mut y = t("y", 0, 2);
+    y.spec.destination.path = "/out/x".into();
+    d.transfer(&y);
+    reconcile(&d, &y).await;
+    let s = d.last_status("/transfers/y");
+    assert_eq!(s["phase"], "Queued", "{s}");
+    assert!(s.to_string().contains("DestinationInUse"), "{s}");
 }
