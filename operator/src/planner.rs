@@ -280,32 +280,7 @@ impl Planner {
             })
             .collect();
         let order = scheduler::order(&waiting, &running_per_ns);
-        let by_key: HashMap<&Key, &Waiting> = waiting.iter().map(|w| (&w.key, w)).collect();
-        let could_run = |k: &Key| {
-            by_key
-                .get(k)
-                .is_some_and(|w| scheduler::could_run(w, &slots))
-        };
-        let held_back = destinations::held_back(&order, &fresh, held, could_run);
-        let free: Vec<Key> = order
-            .iter()
-            .filter(|k| !held_back.contains_key(*k))
-            .cloned()
-            .collect();
-        let placements = scheduler::assign(&free, &waiting, &slots);
-        let mut positions = HashMap::new();
-        let mut per_pool: HashMap<Key, i32> = HashMap::new();
-        for k in order.iter().filter(|k| !placements.contains_key(*k)) {
-            let w = by_key[k];
-            let pool = w
-                .sender_pool
-                .clone()
-                .or_else(|| w.receiver_pool.clone())
-                .unwrap_or_default();
-            let n = per_pool.entry(pool).or_default();
-            *n += 1;
-            positions.insert(k.clone(), *n);
-        }
+        let (placements, positions, held_back) = place(&order, &waiting, &slots, fresh, held);
         Plan {
             placements,
             positions,
@@ -318,6 +293,51 @@ impl Planner {
     pub fn derived_last(&self) -> usize {
         self.derived_last
     }
+}
+
+/// Places the `waiting` Transfers, in line `order`, on `slots`, holding
+/// back those that would write where another does (`fresh` are the
+/// destinations of those that have not started, `held` those of the
+/// ones that write); gives the placements, each other one's place in its
+/// pool's line, and those held back with why.
+fn place(
+    order: &[Key],
+    waiting: &[Waiting],
+    slots: &[Slot],
+    fresh: HashMap<Key, Destination>,
+    held: Held,
+) -> (
+    BTreeMap<Key, Placement>,
+    HashMap<Key, i32>,
+    HashMap<Key, String>,
+) {
+    let by_key: HashMap<&Key, &Waiting> = waiting.iter().map(|w| (&w.key, w)).collect();
+    let could_run = |k: &Key| {
+        by_key
+            .get(k)
+            .is_some_and(|w| scheduler::could_run(w, slots))
+    };
+    let held_back = destinations::held_back(order, &fresh, held, could_run);
+    let free: Vec<Key> = order
+        .iter()
+        .filter(|k| !held_back.contains_key(*k))
+        .cloned()
+        .collect();
+    let placements = scheduler::assign(&free, waiting, slots);
+    let mut positions = HashMap::new();
+    let mut per_pool: HashMap<Key, i32> = HashMap::new();
+    for k in order.iter().filter(|k| !placements.contains_key(*k)) {
+        let w = by_key[k];
+        let pool = w
+            .sender_pool
+            .clone()
+            .or_else(|| w.receiver_pool.clone())
+            .unwrap_or_default();
+        let n = per_pool.entry(pool).or_default();
+        *n += 1;
+        positions.insert(k.clone(), *n);
+    }
+    (placements, positions, held_back)
 }
 
 /// What `t` asks of the scheduler now.
