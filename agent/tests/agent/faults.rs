@@ -874,30 +874,8 @@ fn an_interrupted_session_leaves_no_temporary_file_it_cannot_resume() {
     let root = dir.path().join("dst");
     std::fs::create_dir_all(&root).unwrap();
     let srv = server(&root, IoMode::Async);
-    let (ctl, mut data) = open_raw_session(&srv, [11; 16], 100, "one-block.bin");
-    // Its temporary file is created by its first write: send its block.
-    let payload = [5u8; 100];
-    let mut block = Vec::new();
-    wire::encode(
-        &Frame::Block(BlockHeader {
-            file_id: 0,
-            block: 0,
-            offset: 0,
-            len: 100,
-        }),
-        &mut block,
-    );
-    block.extend_from_slice(&payload);
-    block.extend_from_slice(&wirerate_engine::digest::block_checksum(&payload).to_le_bytes());
-    data.write_all(&block).unwrap();
-    let part = root.join(".one-block.bin.wirerate-part");
-    for _ in 0..500 {
-        if part.exists() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert!(part.exists());
+    let (ctl, data) = open_raw_session(&srv, [11; 16], 100, "one-block.bin");
+    assert!(root.join(".one-block.bin.wirerate-part").exists());
     drop((ctl, data));
     let rx = wait_summaries(&srv, 1);
     assert!(
@@ -1107,56 +1085,4 @@ fn a_cancelled_probe_stops_its_run_in_progress() {
         "the probe ran on for {:?} after its cancel",
         started.elapsed()
     );
-}
-
-/// A tree of small files onto a disk that fills up: the files that fit
-/// land, each one that does not is refused with why, and nothing is left
-/// behind (their temporary files are created by their first write, so
-/// their space is counted when they are planned).
-#[test]
-fn a_full_destination_refuses_the_small_files_that_do_not_fit_each_with_why() {
-    if !require_root("mounting a small tmpfs to fill up") {
-        return;
-    }
-    let dir = scratch("full-tree");
-    let src = dir.path().join("tree");
-    let mut want = Vec::new();
-    for i in 0..200 {
-        let name = format!("d{}/f{i:03}.bin", i % 4);
-        std::fs::create_dir_all(src.join(format!("d{}", i % 4))).unwrap();
-        want.push((
-            name.clone(),
-            write_file(&src.join(&name), 60 << 10, i as u64),
-        ));
-    }
-    let root = dir.path().join("dst");
-    std::fs::create_dir_all(&root).unwrap();
-    let ok = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
-        .arg(&root)
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "mounting a tmpfs at {}", root.display());
-    let _m = Mount(root.clone());
-    let srv = server(&root, IoMode::Async);
-    let s = send(&send_cfg(srv.addr(), &src, "tree")).unwrap();
-    assert!(!s.ok);
-    assert!(s.files_ok > 50, "{}", s.render());
-    assert_eq!(s.files_ok + s.failures.len(), 200, "{}", s.render());
-    for f in &s.failures {
-        assert!(f.message.contains("no space left"), "{}", f.message);
-    }
-    let landed = want
-        .iter()
-        .filter(|(name, bytes)| {
-            std::fs::read(root.join("tree").join(name)).is_ok_and(|got| {
-                assert_eq!(&got, bytes, "{name}");
-                true
-            })
-        })
-        .count();
-    assert_eq!(landed, s.files_ok);
-    assert_no_leftovers(&root);
-    drop(srv);
 }

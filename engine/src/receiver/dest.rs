@@ -33,9 +33,6 @@ pub(crate) struct DestFile {
     /// Its descriptors, once its first block is written: a file waiting
     /// in a large manifest holds a null pointer, not two.
     opened: Option<Box<Opened>>,
-    /// Its temporary file is not created yet: a one-block file's is
-    /// created by its first write (see `prepare_entry`).
-    deferred: bool,
 }
 
 /// The descriptors of a destination file being written.
@@ -190,43 +187,8 @@ fn reserve(part: &File, size: u64, path: &str) -> Result<()> {
 /// Prepares `e` beneath `root`: directories are created; files get their
 /// temporary file and any matching checkpoint is loaded. Files are
 /// published with the sender's permission bits less `umask`.
-pub(crate) fn prepare(
-    root: &Root,
-    e: &FileEntry,
-    block_size: u64,
-    umask: u32,
-    room: &mut Room,
-) -> Prepared {
-    prepare_entry(root, e, block_size, umask, room).unwrap_or_else(per_file)
-}
-
-/// The space a plan has promised to files whose temporary files are not
-/// created yet, by filesystem.
-#[derive(Default)]
-pub(crate) struct Room {
-    promised: HashMap<u64, u64>,
-}
-
-impl Room {
-    /// Promises `size` bytes of the filesystem of `dir` to `path`, or
-    /// refuses it as a full disk would.
-    fn take(&mut self, dir: &OwnedFd, size: u64, path: &str) -> Result<()> {
-        let st = rustix::fs::fstatvfs(dir)
-            .map_err(|e| Error::io(format!("reading the free space for {path}"), e.into()))?;
-        let unit = st.f_frsize.max(1);
-        let promised = self.promised.entry(st.f_fsid).or_default();
-        let need = size.next_multiple_of(unit);
-        if *promised + need > st.f_bavail.saturating_mul(unit) {
-            return Err(Error::NoSpace {
-                context: format!(
-                    "{path} needs {}; free space there or choose another root",
-                    crate::units::fmt_bytes(size)
-                ),
-            });
-        }
-        *promised += need;
-        Ok(())
-    }
+pub(crate) fn prepare(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Prepared {
+    prepare_entry(root, e, block_size, umask).unwrap_or_else(per_file)
 }
 
 /// Prepares entry `e` of a session that writes blocks `first..end` of it
@@ -338,7 +300,6 @@ fn stage(
         identity: 0,
         mode: u32::from(e.mode) & 0o777 & !umask,
         opened: None,
-        deferred: false,
     };
     let dir = if e.kind == EntryKind::Dir {
         root.dir(&file.dest.rel)?
@@ -374,13 +335,7 @@ fn grow(part: &File, size: u64, path: &str) -> Result<()> {
     }
 }
 
-fn prepare_entry(
-    root: &Root,
-    e: &FileEntry,
-    block_size: u64,
-    umask: u32,
-    room: &mut Room,
-) -> Result<Prepared> {
+fn prepare_entry(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Result<Prepared> {
     let dest = validate(&e.path)?;
     let layout = Layout::new(
         if e.kind == EntryKind::Dir { 0 } else { e.size },
@@ -401,7 +356,6 @@ fn prepare_entry(
         identity: 0,
         mode: u32::from(e.mode) & 0o777 & !umask,
         opened: None,
-        deferred: false,
     };
     if e.kind == EntryKind::Dir {
         root.dir(&file.dest.rel)?;
@@ -415,25 +369,6 @@ fn prepare_entry(
                 e.path
             )));
         }
-    }
-    if layout.blocks() == 1 {
-        // A one-block file is never resumed (it has no checkpoint): its
-        // temporary file is created by its first write, in the writer,
-        // while other files' blocks arrive, not here, where creating ten
-        // thousand of them held the whole plan (and so the first block)
-        // back by about half a tree's time. Its space is counted here, so
-        // that a full disk still refuses the files that do not fit, each
-        // with why; one filled by someone else meanwhile fails the
-        // session's write instead, which is retried.
-        room.take(&dir, e.size, &e.path)?;
-        return Ok(Prepared::Accept(
-            Box::new(DestFile {
-                deferred: true,
-                ..file
-            }),
-            Bitmap::new(1),
-            None,
-        ));
     }
     let part = Root::open_in(&dir, &file.dest.part_name(), OFlags::RDWR | OFlags::CREATE).map_err(
         |err| {
@@ -491,17 +426,9 @@ impl DestFile {
         }
         let dir = self.dir(root)?;
         let name = self.dest.part_name();
-        let plain = if self.deferred {
-            self.create_deferred(&dir)?
-        } else {
-            Root::open_in(&dir, &name, OFlags::RDWR).map_err(|e| {
-                Error::io(
-                    format!("opening the temporary file of {}", self.dest.rel),
-                    e.into(),
-                )
-            })?
-        };
         let ctx = || format!("opening the temporary file of {}", self.dest.rel);
+        let plain =
+            Root::open_in(&dir, &name, OFlags::RDWR).map_err(|e| Error::io(ctx(), e.into()))?;
         let mut note = None;
         let mut direct = None;
         if want_direct {
@@ -525,26 +452,6 @@ impl DestFile {
             direct,
         }));
         Ok(note)
-    }
-
-    /// Creates the temporary file `prepare_entry` left to the first write,
-    /// as it would have: empty, sized, with no stale checkpoint beside it.
-    fn create_deferred(&mut self, dir: &OwnedFd) -> Result<File> {
-        let name = self.dest.part_name();
-        let part = Root::open_in(dir, &name, OFlags::RDWR | OFlags::CREATE).map_err(|err| {
-            Error::io(
-                format!("creating the temporary file for {}", self.dest.rel),
-                err.into(),
-            )
-        })?;
-        self.remove_checkpoint(dir)?;
-        if let Err(err) = reserve(&part, self.layout.size, &self.dest.rel) {
-            drop(part);
-            Root::remove_in(dir, &name)?;
-            return Err(err);
-        }
-        self.deferred = false;
-        Ok(part)
     }
 
     /// The page-cache descriptor, once opened.

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use super::Shared;
-use super::dest::{Prepared, Room, Staged, prepare, prepare_piece, prepare_publish};
+use super::dest::{Prepared, Staged, prepare, prepare_piece, prepare_publish};
 use super::stats::Stats;
 use crate::Layout;
 use crate::by_id::ById;
@@ -42,8 +42,6 @@ pub(super) struct Planner<'a> {
     tracked: u64,
     /// Set in a transfer over several pairs.
     part: Option<Part>,
-    /// Space promised to files created by their first write.
-    room: Room,
 }
 
 impl<'a> Planner<'a> {
@@ -82,7 +80,6 @@ impl<'a> Planner<'a> {
             resumed_bytes: 0,
             tracked: 0,
             part,
-            room: Room::default(),
         }
     }
 
@@ -107,10 +104,8 @@ impl<'a> Planner<'a> {
         } else {
             let (root, umask) = (&self.shared.root, self.shared.cfg.umask);
             match &self.part {
-                None => prepare(root, e, self.block_size, umask, &mut self.room),
-                Some(_) if e.kind == EntryKind::Dir => {
-                    prepare(root, e, self.block_size, umask, &mut self.room)
-                }
+                None => prepare(root, e, self.block_size, umask),
+                Some(_) if e.kind == EntryKind::Dir => prepare(root, e, self.block_size, umask),
                 Some(Part::Pieces(pieces)) => {
                     // The core checked that every regular file has one.
                     let range = pieces.get(&e.file_id).copied().unwrap_or((0, 0));

@@ -862,9 +862,7 @@ mod tests {
             path: "f".into(),
         };
         let identity = entry_identity(&e);
-        let Prepared::Accept(mut file, _, resumed) =
-            prepare(&shared.root, &e, 4096, 0o022, &mut Default::default())
-        else {
+        let Prepared::Accept(mut file, _, resumed) = prepare(&shared.root, &e, 4096, 0o022) else {
             panic!("not prepared");
         };
         file.identity = identity;
