@@ -1086,3 +1086,56 @@ fn a_cancelled_probe_stops_its_run_in_progress() {
         started.elapsed()
     );
 }
+
+/// A tree of small files onto a disk that fills up: the files that fit
+/// land, each one that does not is refused with why, and nothing is left
+/// behind. (Guards any change to when small files' temporary files are
+/// created: deferring it to the first write once turned this into a
+/// session-wide, retried no-space failure.)
+#[test]
+fn a_full_destination_refuses_the_small_files_that_do_not_fit_each_with_why() {
+    if !require_root("mounting a small tmpfs to fill up") {
+        return;
+    }
+    let dir = scratch("full-tree");
+    let src = dir.path().join("tree");
+    let mut want = Vec::new();
+    for i in 0..200 {
+        let name = format!("d{}/f{i:03}.bin", i % 4);
+        std::fs::create_dir_all(src.join(format!("d{}", i % 4))).unwrap();
+        want.push((
+            name.clone(),
+            write_file(&src.join(&name), 60 << 10, i as u64),
+        ));
+    }
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(&root)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "mounting a tmpfs at {}", root.display());
+    let _m = Mount(root.clone());
+    let srv = server(&root, IoMode::Async);
+    let s = send(&send_cfg(srv.addr(), &src, "tree")).unwrap();
+    assert!(!s.ok);
+    assert!(s.files_ok > 50, "{}", s.render());
+    assert_eq!(s.files_ok + s.failures.len(), 200, "{}", s.render());
+    for f in &s.failures {
+        assert!(f.message.contains("no space left"), "{}", f.message);
+    }
+    let landed = want
+        .iter()
+        .filter(|(name, bytes)| {
+            std::fs::read(root.join("tree").join(name)).is_ok_and(|got| {
+                assert_eq!(&got, bytes, "{name}");
+                true
+            })
+        })
+        .count();
+    assert_eq!(landed, s.files_ok);
+    assert_no_leftovers(&root);
+    drop(srv);
+}
