@@ -29,7 +29,8 @@ impl Destination {
     pub fn of(t: &Transfer) -> Self {
         let d = &t.spec.destination;
         let at = match (&d.external, &d.pool) {
-            (Some(e), _) => ("external".to_string(), e.address.clone()),
+            // Host names are not case-sensitive: `DTN1:7700` is `dtn1:7700`.
+            (Some(e), _) => ("external".to_string(), e.address.to_ascii_lowercase()),
             (None, pool) => (
                 d.pool_namespace
                     .clone()
@@ -150,6 +151,23 @@ mod tests {
 
     fn key(name: &str) -> Key {
         ("ns".into(), name.into())
+    }
+
+    #[test]
+    fn an_external_agent_is_known_whatever_the_case_of_its_name() {
+        let external = |address: &str| {
+            let mut t = crate::validate::tests::transfer("x", "/in/a", "/b");
+            t.spec.destination.pool = None;
+            t.spec.destination.external = Some(wirerate_crds::transfer::External {
+                address: address.into(),
+                token_secret: "t".into(),
+            });
+            Destination::of(&t)
+        };
+        assert_eq!(
+            external("DTN1.example.org:7700"),
+            external("dtn1.example.org:7700")
+        );
     }
 
     #[test]
