@@ -318,9 +318,19 @@ pub fn listen(addr: &str) -> Result<TcpListener> {
         .map_err(|e| Error::net("setting SO_REUSEADDR", e))?;
     sock.bind(&a.into())
         .map_err(|cause| Error::Listen { addr: a, cause })?;
-    sock.listen(1024)
-        .map_err(|e| Error::net(format!("listening on {a}"), e))?;
+    sock.listen(1024).map_err(|cause| listen_failed(a, cause))?;
     Ok(sock.into())
+}
+
+/// Why listen() on `a` failed. Two sockets with SO_REUSEADDR may both bind
+/// one port while neither listens; the second to listen is refused with
+/// EADDRINUSE. That is the same "this port is taken" as a refused bind, so
+/// that a receiver trying a range of data ports goes on to the next.
+fn listen_failed(a: SocketAddr, cause: io::Error) -> Error {
+    match cause.kind() {
+        io::ErrorKind::AddrInUse => Error::Listen { addr: a, cause },
+        _ => Error::net(format!("listening on {a}"), cause),
+    }
 }
 
 /// The most one stream can carry over `rtt` given the host's TCP buffer
@@ -358,6 +368,18 @@ pub fn buffer_warning(rtt: Duration, streams: u16, max_rate: Option<u64>) -> Opt
 
 #[cfg(test)]
 mod tests {
+    /// A port another socket started listening on between this one's bind
+    /// and listen (both with SO_REUSEADDR) is a port taken, not a network
+    /// failure: found in CI, where a receiver job gave up on its range.
+    #[test]
+    fn a_port_taken_between_bind_and_listen_is_a_port_taken() {
+        let a: SocketAddr = "0.0.0.0:31158".parse().unwrap();
+        let in_use = io::Error::from(io::ErrorKind::AddrInUse);
+        assert!(matches!(listen_failed(a, in_use), Error::Listen { .. }));
+        let other = io::Error::from(io::ErrorKind::PermissionDenied);
+        assert!(matches!(listen_failed(a, other), Error::Net { .. }));
+    }
+
     use super::*;
 
     #[test]
