@@ -292,15 +292,7 @@ fn full_destination_gives_a_clear_error_and_no_final_file() {
     write_file(&src, 32 << 20, 6);
     let small = write_file(&dir.path().join("small.bin"), 1 << 20, 7);
     let root = dir.path().join("dst");
-    std::fs::create_dir_all(&root).unwrap();
-    let ok = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
-        .arg(&root)
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "mounting a tmpfs at {}", root.display());
-    let _m = Mount(root.clone());
+    let _m = small_tmpfs(&root, "mounting a small tmpfs to fill up").expect("checked above");
     let srv = server(&root, IoMode::Async);
     let s = send(&send_cfg(srv.addr(), &src, "big.bin")).unwrap();
     assert!(!s.ok);
@@ -1109,15 +1101,7 @@ fn a_full_destination_refuses_the_small_files_that_do_not_fit_each_with_why() {
         ));
     }
     let root = dir.path().join("dst");
-    std::fs::create_dir_all(&root).unwrap();
-    let ok = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
-        .arg(&root)
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "mounting a tmpfs at {}", root.display());
-    let _m = Mount(root.clone());
+    let _m = small_tmpfs(&root, "mounting a small tmpfs to fill up").expect("checked above");
     let srv = server(&root, IoMode::Async);
     let s = send(&send_cfg(srv.addr(), &src, "tree")).unwrap();
     assert!(!s.ok);

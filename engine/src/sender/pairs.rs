@@ -1091,13 +1091,27 @@ mod tests {
     }
 
     fn item_failed(pair: PairId, item: ItemId, pieces: Vec<Piece>) -> Event {
+        item_ended(pair, item, pieces, refused())
+    }
+
+    fn item_ended(pair: PairId, item: ItemId, pieces: Vec<Piece>, e: Error) -> Event {
         Event::Item {
             pair,
             item,
             pieces,
             st: RunState::default(),
-            run: Err(refused()),
+            run: Err(e),
         }
+    }
+
+    /// Two items handed to workers of lane 0, as the coordinator assigns.
+    fn two_items_on_lane_0(run: &mut Run<'_>) -> ((ItemId, Vec<Piece>), (ItemId, Vec<Piece>)) {
+        run.act().unwrap();
+        let mut take = || match take_job(run, 0) {
+            Job::Item(item, pieces) => (item, pieces),
+            _ => panic!("no item for lane 0"),
+        };
+        (take(), take())
     }
 
     fn state(run: &Run<'_>, pair: PairId) -> PairState {
@@ -1181,13 +1195,7 @@ mod tests {
         let fx = Fixture::new(8 * 4096);
         let plan = fx.plan();
         let mut run = fx.run(&plan);
-        run.act().unwrap();
-        let Job::Item(first, pieces) = take_job(&mut run, 0) else {
-            panic!("no item for lane 0");
-        };
-        let Job::Item(second, later) = take_job(&mut run, 0) else {
-            panic!("no second item for lane 0");
-        };
+        let ((first, pieces), (second, later)) = two_items_on_lane_0(&mut run);
         run.handle(item_failed(0, first, pieces)).unwrap();
         assert!(run.lost.contains_key(&0));
         assert_eq!(
@@ -1200,15 +1208,8 @@ mod tests {
         assert!(!fx.lanes[1].cancel.load(Ordering::Relaxed));
         // It answers as cancelled, which fences the lane and is no
         // failure of the transfer.
-        let cancelled = Event::Item {
-            pair: 0,
-            item: second,
-            pieces: later,
-            st: RunState::default(),
-            run: Err(Error::Cancelled {
-                last: Box::new(refused()),
-            }),
-        };
+        let last = Box::new(refused());
+        let cancelled = item_ended(0, second, later, Error::Cancelled { last });
         run.handle(cancelled).unwrap();
         assert_eq!(state(&run, 0), PairState::Gone);
     }
@@ -1246,23 +1247,10 @@ mod tests {
         let fx = Fixture::new(8 * 4096);
         let plan = fx.plan();
         let mut run = fx.run(&plan);
-        run.act().unwrap();
-        let Job::Item(first, pieces) = take_job(&mut run, 0) else {
-            panic!("no item for lane 0");
-        };
-        let Job::Item(second, later) = take_job(&mut run, 0) else {
-            panic!("no second item for lane 0");
-        };
+        let ((first, pieces), (second, later)) = two_items_on_lane_0(&mut run);
         run.handle(item_failed(0, first, pieces)).unwrap();
-        let panicked = Event::Item {
-            pair: 0,
-            item: second,
-            pieces: later,
-            st: RunState::default(),
-            run: Err(Error::Internal(
-                "a session to this receiver panicked".into(),
-            )),
-        };
+        let why = Error::Internal("a session to this receiver panicked".into());
+        let panicked = item_ended(0, second, later, why);
         assert!(run.handle(panicked).is_err());
     }
 

@@ -130,6 +130,17 @@ fn assert_token_revoked(d: &Cluster, name: &str) {
     }
 }
 
+/// The condition `type_` of the last status written at `path_end`.
+fn condition(d: &Cluster, path_end: &str, type_: &str) -> serde_json::Value {
+    d.last_status(path_end)["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .cloned()
+        .unwrap_or_else(|| panic!("no {type_} condition"))
+}
+
 async fn reconcile(d: &Cluster, t: &Transfer) {
     transfer_controller::reconcile(Arc::new(t.clone()), d.ctx.clone())
         .await

@@ -112,17 +112,6 @@ async fn pool_renders_agents_and_reports_status() {
     assert_eq!(ready["status"], "False", "1 of 2 agents: {ready}");
 }
 
-/// The condition `type_` of the last status written at `path_end`.
-fn pool_condition(d: &Cluster, path_end: &str, type_: &str) -> serde_json::Value {
-    d.last_status(path_end)["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == type_)
-        .cloned()
-        .unwrap_or_else(|| panic!("no {type_} condition"))
-}
-
 // Found against a real API server: a DtnPool `db` rewrote a user's
 // Postgres Service `db-agent`, failed on every pass over a user's
 // StatefulSet of that name, and took over (then, with its deletion,
@@ -173,7 +162,7 @@ async fn names_another_owner_holds_are_neither_rewritten_nor_taken() {
             "{kind}: {:#?}",
             d.calls()
         );
-        let taken = pool_condition(&d, "/dtnpools/db", "NameTaken");
+        let taken = condition(&d, "/dtnpools/db", "NameTaken");
         assert_eq!(taken["status"], "True", "{kind}");
         let message = taken["message"].as_str().unwrap();
         assert!(
@@ -228,12 +217,9 @@ async fn the_pools_own_objects_are_created_then_applied_over_by_uid_when_they_mo
             ("PATCH".to_owned(), uid)
         ]
     );
-    let taken = pool_condition(&d, "/dtnpools/db", "NameTaken");
+    let taken = condition(&d, "/dtnpools/db", "NameTaken");
     assert_eq!(taken["status"], "False");
-    assert_eq!(
-        pool_condition(&d, "/dtnpools/db", "Rendered")["status"],
-        "True"
-    );
+    assert_eq!(condition(&d, "/dtnpools/db", "Rendered")["status"], "True");
 }
 
 #[tokio::test]
@@ -244,7 +230,7 @@ async fn a_write_that_fails_partway_shows_in_the_pools_status() {
     d.unavailable("/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles/db-agent");
     let failed = pool_controller::reconcile(Arc::new(p), d.ctx.clone()).await;
     assert!(failed.is_err(), "retried");
-    let rendered = pool_condition(&d, "/dtnpools/db", "Rendered");
+    let rendered = condition(&d, "/dtnpools/db", "Rendered");
     assert_eq!(rendered["status"], "False");
     assert!(
         rendered["message"]

@@ -520,9 +520,9 @@ async fn a_copy_from_before_the_operators_own_write_is_not_written_again() {
     assert_eq!(writes(&d), first, "nothing new to write");
 }
 
-/// Two Transfers to one destination: the later waits, with a condition
-/// naming the other, and starts once that one is over; a Transfer to
-/// another destination is not held up meanwhile.
+/// Two Transfers to one destination: the later waits, with a
+/// DestinationInUse condition naming its path, and starts once the other
+/// is over; a Transfer to another destination is not held up meanwhile.
 #[tokio::test]
 async fn a_second_transfer_to_a_destination_in_use_waits_for_the_first() {
     let mut d = Cluster::new().await;
@@ -543,12 +543,7 @@ async fn a_second_transfer_to_a_destination_in_use_waits_for_the_first() {
     reconcile(&d, &y).await;
     let s = d.last_status("/transfers/y");
     assert_eq!(s["phase"], "Queued", "{s}");
-    let scheduled = s["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "Scheduled")
-        .unwrap();
+    let scheduled = condition(&d, "/transfers/y", "Scheduled");
     assert_eq!(scheduled["reason"], "DestinationInUse", "{s}");
     let message = scheduled["message"].as_str().unwrap();
     assert!(
