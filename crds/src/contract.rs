@@ -47,6 +47,16 @@ pub const ENV_INTERFACE: &str = "WIRERATE_INTERFACE";
 /// capacity the operator counts an agent's Lease for.
 pub const MAX_TRANSFERS_PER_AGENT: i32 = 64;
 
+/// The most pairs one Transfer runs on: the bound of `spec.pairs`, the
+/// engine's.
+pub const MAX_PAIRS: i32 = wirerate_engine::stripes::MAX_PAIRS as i32;
+
+/// Label on a Transfer over several pairs (its value the pair count).
+/// Several receivers cannot share one label value, so every agent also
+/// watches the Transfers that carry this label and finds itself among
+/// `status.receivers`.
+pub const PAIRS_LABEL: &str = "wirerate.io/pairs";
+
 /// Ports in an agent's data range for each transfer it may run: receiver
 /// jobs bind the first free port of [`data_ports`], and twice as many
 /// ports as transfers let a job start while others still close theirs.

@@ -102,6 +102,14 @@ pub struct DtnPoolSpec {
     /// Storage the agents mount.
     #[schemars(length(min = 1, max = 16))]
     pub volumes: Vec<StorageVolume>,
+    /// Every agent of the pool sees its allowedRoots as one file system
+    /// (NFS, Lustre, GPFS, CephFS, a shared host directory), so that
+    /// several of them can write one Transfer's files (spec.pairs above
+    /// 1). Checked at each such transfer's start: the first receiver
+    /// writes a marker file that every other must find, or the Transfer
+    /// fails saying the mount is not shared.
+    #[serde(default)]
+    pub shared_storage: bool,
     /// Directories transfers may read from and write to, each under a volume.
     // Item lengths bound the CEL rules' estimated cost, which the API server
     // checks when the CRD is applied; without them it refuses the CRD.

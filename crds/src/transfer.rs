@@ -28,6 +28,7 @@ use crate::tuning::{Striping, Tuning, Verification};
         type_ = "string"
     ),
     printcolumn(json_path = ".status.progress.rate", name = "Rate", type_ = "string"),
+    printcolumn(json_path = ".status.pairs", name = "Pairs", type_ = "integer"),
     printcolumn(json_path = ".status.sender.name", name = "Sender", type_ = "string"),
     printcolumn(
         json_path = ".status.receiver.name",
@@ -68,6 +69,7 @@ use crate::tuning::{Striping, Tuning, Verification};
 )]
 #[x_kube(validation = Rule::new("!has(self.destination.pool) || self.source.pool != self.destination.pool || self.source.path != self.destination.path").message("source and destination are the same file: change destination.path or destination.pool"))]
 #[x_kube(validation = Rule::new("!has(self.striping) || !has(self.tuning) || !has(self.tuning.blockSize) || self.tuning.blockSize % self.striping.stripeSize == 0").message("striping.stripeSize must divide tuning.blockSize: pick a stripe size that divides the block size"))]
+#[x_kube(validation = Rule::new("!has(self.pairs) || self.pairs == 1 || has(self.destination.pool)").message("pairs above 1 needs destination.pool: an agent outside the cluster is one receiver, so one pair"))]
 #[serde(rename_all = "camelCase")]
 pub struct TransferSpec {
     /// What to send: a path on a pool's storage.
@@ -76,6 +78,16 @@ pub struct TransferSpec {
     /// Where it lands: a path on a pool's storage, or an agent outside the cluster.
     #[x_kube(validation = Rule::new("self == oldSelf").message("destination cannot change once set: create a new Transfer instead"))]
     pub destination: Destination,
+    /// Sender/receiver pairs to spread the transfer over: files, and
+    /// chunks of large files, are handed out to the receivers from one
+    /// queue, an idle pair takes work from the slowest, and a lost pair's
+    /// unfinished work goes to the others without a restart. Above 1 the
+    /// receiving pool must declare `sharedStorage` (every receiver writes
+    /// into the same files). Today the sending pool gives one agent, which
+    /// drives every pair; the receivers are distinct agents. Unset: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = crate::contract::MAX_PAIRS))]
+    pub pairs: Option<i32>,
     /// Overrides of the pools' tuning.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tuning: Option<Tuning>,
@@ -227,6 +239,16 @@ pub enum TransferPhase {
 }
 
 impl Transfer {
+    /// Pairs the spec asks for (1 when unset).
+    pub fn pairs(&self) -> i32 {
+        self.spec.pairs.unwrap_or(1)
+    }
+
+    /// Whether it runs over several pairs.
+    pub fn multi_pair(&self) -> bool {
+        self.pairs() > 1
+    }
+
     /// Namespace of the pool that plays `role`: the one named, or the Transfer's own.
     pub fn pool_namespace(&self, role: Role) -> Option<&str> {
         let named = match role {
@@ -282,9 +304,17 @@ pub struct TransferStatus {
     /// The agent sending now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sender: Option<AgentRef>,
-    /// The agent receiving now.
+    /// The agent receiving now (over one pair).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receiver: Option<AgentRef>,
+    /// The agents receiving now, over several pairs (spec.pairs above 1):
+    /// one per pair. A receiver that is lost leaves the list and its
+    /// pair's unfinished work goes to the others.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub receivers: Vec<AgentRef>,
+    /// Pairs running now, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pairs: Option<i32>,
     /// Pool defaults with the Transfer's overrides, fixed at assignment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effective_tuning: Option<Tuning>,
@@ -315,9 +345,10 @@ pub struct TransferStatus {
     /// neither the Transfer nor its pool fixed the streams.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tuning: Option<TuningReport>,
-    /// One entry per role, each written by the agent in that role.
+    /// One entry per role and agent, each written by that agent (over
+    /// several pairs, one per receiver).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[x_kube(merge_strategy = ListMerge::Map(vec!["role".into()]))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["role".into(), "agent".into()]))]
     pub reports: Vec<AgentReport>,
     /// Each reassignment after a lost agent, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -350,6 +381,7 @@ impl TransferStatus {
         ]
         .into_iter()
         .filter_map(|(role, who)| Some((role, who.as_ref()?)))
+        .chain(self.receivers.iter().map(|r| (Role::Receiver, r)))
     }
 }
 

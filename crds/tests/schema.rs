@@ -78,8 +78,8 @@ fn crds_have_status_scale_short_names_and_columns() {
     assert_eq!(
         cols,
         [
-            "Phase", "Progress", "Rate", "Sender", "Receiver", "Age", "Attempt", "Queue", "Reason",
-            "Failure"
+            "Phase", "Progress", "Rate", "Pairs", "Sender", "Receiver", "Age", "Attempt", "Queue",
+            "Reason", "Failure"
         ]
     );
     let yaml = serde_yaml::to_string(&xfer).unwrap();
@@ -215,6 +215,59 @@ fn transfer_rules_refuse_mistakes() {
         token_secret: "s".into(),
     });
     rejected_with(&t, "exactly one of pool or external");
+
+    let mut t = good.clone();
+    t.spec.pairs = Some(3);
+    validate_cel(&t).expect("several pairs into a pool pass admission");
+    t.spec.destination.pool = None;
+    t.spec.destination.external = Some(wirerate_crds::transfer::External {
+        address: "x:1".into(),
+        token_secret: "s".into(),
+    });
+    rejected_with(&t, "pairs above 1 needs destination.pool");
+}
+
+// The pair count's bounds are the engine's, and `kubectl get` shows it.
+#[test]
+fn pairs_are_bounded_by_the_engine_and_shown() {
+    use kube::CustomResourceExt;
+    let crd = Transfer::crd();
+    let v = &crd.spec.versions[0];
+    let schema = serde_json::to_value(
+        v.schema
+            .as_ref()
+            .unwrap()
+            .open_api_v3_schema
+            .as_ref()
+            .unwrap(),
+    )
+    .unwrap();
+    let pairs = &schema["properties"]["spec"]["properties"]["pairs"];
+    assert_eq!(pairs["minimum"].as_f64(), Some(1.0), "{pairs}");
+    assert_eq!(
+        pairs["maximum"].as_f64(),
+        Some(wirerate_engine::stripes::MAX_PAIRS as f64),
+        "{pairs}"
+    );
+    let cols = v.additional_printer_columns.as_ref().unwrap();
+    assert!(
+        cols.iter()
+            .any(|c| c.name == "Pairs" && c.json_path == ".status.pairs")
+    );
+    let pool = serde_json::to_value(
+        DtnPool::crd().spec.versions[0]
+            .schema
+            .as_ref()
+            .unwrap()
+            .open_api_v3_schema
+            .as_ref()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        pool["properties"]["spec"]["properties"]["sharedStorage"]["default"],
+        false
+    );
 }
 
 // Found against a real API server: `/x/f/`, `/x//f` and `/x/./f` passed the

@@ -31,8 +31,9 @@ pub struct Note {
 pub struct Needs {
     /// A sender is needed.
     pub sender: bool,
-    /// A receiver is needed.
-    pub receiver: bool,
+    /// Receivers needed: 1 over one pair, spec.pairs when a Transfer over
+    /// several has none left, 0 when it has its receivers.
+    pub receivers: usize,
     /// Agents lost by this transfer and still in their back-off (see
     /// [`avoided`]), not to be chosen now.
     pub avoid: Vec<String>,
@@ -97,17 +98,18 @@ pub fn step(
         Err(e) => return invalid(s, &old, e, &now_t),
     };
     let external = resolved.receiver_pool.is_none();
+    let multi = resolved.pairs > 1;
 
     // Waiting for agents: none yet, or one side lost and not yet replaced
     // (its pool was full), when the survivor keeps its slot and waits.
-    if s.sender.is_none() || (!external && s.receiver.is_none()) {
-        return queued(t, s, &old, external, now);
+    if s.sender.is_none() || (!external && !has_receivers(&s, multi)) {
+        return queued(t, s, &old, external, resolved.pairs, now);
     }
 
     let said = Said::new(&s, &old, external);
-    // The verdict is the receiver's, or, to an external receiver, the
-    // sender's.
-    let verdict_role = if external {
+    // The verdict is the receiver's, or, to an external receiver or over
+    // several pairs, the sender's: it alone knows every file published.
+    let verdict_role = if external || multi {
         Role::Sender
     } else {
         Role::Receiver
@@ -142,6 +144,13 @@ pub fn step(
     if external {
         lost.retain(|(role, _, _)| *role == Role::Sender);
     }
+    if multi && stalled.is_none() {
+        let gone = pairs_gone(&s, &said, &lost);
+        // Some pairs, not the sender: the others take their work over.
+        if !gone.is_empty() && gone.len() < s.receivers.len() && lost.len() == gone_lost(&lost) {
+            return pairs_lost(t, s, &gone, now);
+        }
+    }
     if !lost.is_empty() {
         return fail_over(t, s, &lost, stalled.is_some(), now);
     }
@@ -168,6 +177,101 @@ pub fn step(
     } else {
         TransferPhase::Running
     });
+    Step::settled(s, notes)
+}
+
+/// Whether `s` has its receivers: the one over one pair, or (`multi`) at
+/// least one of several.
+fn has_receivers(s: &TransferStatus, multi: bool) -> bool {
+    if multi {
+        !s.receivers.is_empty()
+    } else {
+        s.receiver.is_some()
+    }
+}
+
+/// The receivers of a Transfer over several pairs that are gone: lost
+/// (in `lost`) or failed (their report of this attempt says so), each
+/// with why.
+fn pairs_gone(
+    s: &TransferStatus,
+    said: &Said<'_>,
+    lost: &[(Role, String, String)],
+) -> Vec<(String, String)> {
+    let mut gone: Vec<(String, String)> = lost
+        .iter()
+        .filter(|(role, _, _)| *role == Role::Receiver)
+        .map(|(_, who, why)| (who.clone(), why.clone()))
+        .collect();
+    for r in &s.receivers {
+        if gone.iter().any(|(who, _)| *who == r.name) {
+            continue;
+        }
+        if let Some(rep) = said
+            .receiver_report(&r.name)
+            .filter(|rep| rep.state == ReportState::Failed)
+        {
+            gone.push((r.name.clone(), format!("it failed: {}", rep.message)));
+        }
+    }
+    gone
+}
+
+/// How many of `lost` are receivers.
+fn gone_lost(lost: &[(Role, String, String)]) -> usize {
+    lost.iter().filter(|(r, _, _)| *r == Role::Receiver).count()
+}
+
+/// The step of a Transfer over several pairs that lost the receivers in
+/// `gone` (name, why) but keeps its sender and another receiver: they
+/// leave the assignment, each as a failover of this attempt (so that it
+/// is passed over for a while), the sender hands their unfinished work
+/// to the other pairs, and nothing restarts. The pair is not replaced
+/// within the attempt: the sender's pairs are fixed when it starts.
+fn pairs_lost(
+    t: &Transfer,
+    mut s: TransferStatus,
+    gone: &[(String, String)],
+    now: Timestamp,
+) -> Step {
+    let now_t = conditions::whole_seconds(now);
+    let mut notes = Vec::new();
+    for (agent, why) in gone {
+        s.receivers.retain(|r| r.name != *agent);
+        s.failovers.push(Failover {
+            attempt: s.attempt,
+            role: Role::Receiver,
+            agent: agent.clone(),
+            reason: format!("pair lost: {why}"),
+            at: now_t.clone(),
+        });
+        notes.push(Note {
+            warning: true,
+            reason: "PairLost",
+            message: format!(
+                "receiving agent {agent} lost ({why}); its pair's unfinished work goes to the other {} without a restart",
+                s.receivers.len()
+            ),
+        });
+    }
+    s.pairs = Some(s.receivers.len() as i32);
+    let names: Vec<&str> = gone.iter().map(|(a, _)| a.as_str()).collect();
+    conditions::set(
+        &mut s.conditions,
+        condition(
+            types::DEGRADED,
+            true,
+            "PairLost",
+            format!(
+                "{} of {} pairs running: lost receiving agent {}",
+                s.receivers.len(),
+                t.pairs(),
+                names.join(", ")
+            ),
+        ),
+        s.observed_generation,
+        &now_t,
+    );
     Step::settled(s, notes)
 }
 
@@ -209,6 +313,7 @@ fn queued(
     mut s: TransferStatus,
     old: &TransferStatus,
     external: bool,
+    pairs: usize,
     now: Timestamp,
 ) -> Step {
     s.phase = Some(TransferPhase::Queued);
@@ -223,7 +328,11 @@ fn queued(
     waiting_for_agents(&mut s, &said, t, now);
     let needs = Needs {
         sender: s.sender.is_none(),
-        receiver: !external && s.receiver.is_none(),
+        receivers: if external || has_receivers(&s, pairs > 1) {
+            0
+        } else {
+            pairs
+        },
         // Agents lost before are passed over for a while.
         avoid: avoided(&s.failovers, now),
     };
@@ -244,7 +353,8 @@ struct Said<'a> {
     old: &'a TransferStatus,
     attempt: i32,
     sender: Option<String>,
-    receiver: Option<String>,
+    /// The receiver, or over several pairs each of them.
+    receivers: Vec<String>,
     external: bool,
 }
 
@@ -254,21 +364,36 @@ impl<'a> Said<'a> {
             old,
             attempt: s.attempt,
             sender: s.sender.as_ref().map(|a| a.name.clone()),
-            receiver: s.receiver.as_ref().map(|a| a.name.clone()),
+            receivers: s
+                .receiver
+                .iter()
+                .chain(&s.receivers)
+                .map(|a| a.name.clone())
+                .collect(),
             external,
         }
     }
 
-    /// The report of `role`'s assigned agent for this attempt.
+    /// The report of `role`'s assigned agent for this attempt (over
+    /// several pairs, of the first receiver that reported).
     fn of(&self, role: Role) -> Option<&'a AgentReport> {
-        let who = match role {
-            Role::Sender => &self.sender,
-            Role::Receiver => &self.receiver,
-        };
         self.old.reports.iter().find(|r| {
             r.role == role
                 && r.attempt == self.attempt
-                && (self.external && role == Role::Receiver || Some(&r.agent) == who.as_ref())
+                && match role {
+                    Role::Sender => Some(&r.agent) == self.sender.as_ref(),
+                    Role::Receiver => self.external || self.receivers.contains(&r.agent),
+                }
+        })
+    }
+
+    /// The report of this attempt of `agent`, an assigned receiver.
+    fn receiver_report(&self, agent: &str) -> Option<&'a AgentReport> {
+        self.old.reports.iter().find(|r| {
+            r.role == Role::Receiver
+                && r.attempt == self.attempt
+                && r.agent == agent
+                && self.receivers.iter().any(|a| a == agent)
         })
     }
 }
@@ -356,11 +481,20 @@ fn fail_over(
                 s.sender = None;
                 needs.sender = true;
             }
+            Role::Receiver if t.multi_pair() => {
+                s.receivers.retain(|r| r.name != *agent);
+                if s.receivers.is_empty() {
+                    needs.receivers = t.pairs() as usize;
+                }
+            }
             Role::Receiver => {
                 s.receiver = None;
-                needs.receiver = true;
+                needs.receivers = 1;
             }
         }
+    }
+    if t.multi_pair() {
+        s.pairs = Some(s.receivers.len() as i32);
     }
     needs.avoid = avoided(&s.failovers, now);
     s.attempt += 1;
@@ -440,9 +574,9 @@ fn stall(
 pub struct Placed<'a> {
     /// The sending agent, or None to keep the current one.
     pub sender: Option<&'a Agent>,
-    /// The receiving agent, or None to keep the current one (or none, for
-    /// an external receiver).
-    pub receiver: Option<&'a Agent>,
+    /// The receiving agents, one per pair, or none to keep the current
+    /// ones (or for an external receiver).
+    pub receivers: &'a [&'a Agent],
     /// The token's Secret.
     pub token_secret: &'a str,
 }
@@ -457,7 +591,7 @@ pub fn assigned(
 ) -> (TransferStatus, Note) {
     let Placed {
         sender,
-        receiver,
+        receivers,
         token_secret,
     } = placed;
     let now_t = conditions::whole_seconds(now);
@@ -470,8 +604,16 @@ pub fn assigned(
     if let Some(a) = sender {
         s.sender = Some(agent_ref(a));
     }
-    if let Some(a) = receiver {
-        s.receiver = Some(agent_ref(a));
+    if resolved.pairs > 1 {
+        if !receivers.is_empty() {
+            s.receivers = receivers.iter().map(|a| agent_ref(a)).collect();
+        }
+        s.pairs = Some(s.receivers.len() as i32);
+    } else {
+        if let Some(a) = receivers.first() {
+            s.receiver = Some(agent_ref(a));
+        }
+        s.pairs = Some(1);
     }
     s.attempt = s.attempt.max(1);
     s.phase = Some(TransferPhase::Running);
@@ -489,11 +631,21 @@ pub fn assigned(
             at: now_t.clone(),
         });
     }
-    let who = format!(
-        "sender {}, receiver {}",
-        s.sender.as_ref().map_or("-", |a| a.name.as_str()),
-        s.receiver.as_ref().map_or("external", |a| a.name.as_str())
-    );
+    let who = if s.receivers.is_empty() {
+        format!(
+            "sender {}, receiver {}",
+            s.sender.as_ref().map_or("-", |a| a.name.as_str()),
+            s.receiver.as_ref().map_or("external", |a| a.name.as_str())
+        )
+    } else {
+        let names: Vec<&str> = s.receivers.iter().map(|a| a.name.as_str()).collect();
+        format!(
+            "sender {}, receivers {} ({} pairs)",
+            s.sender.as_ref().map_or("-", |a| a.name.as_str()),
+            names.join(", "),
+            names.len()
+        )
+    };
     conditions::set(
         &mut s.conditions,
         condition(types::SCHEDULED, true, "Assigned", &who),
@@ -583,7 +735,10 @@ pub fn waiting_message(
 ) -> String {
     let wanted = [
         needs.sender.then_some(&resolved.sender_pool),
-        resolved.receiver_pool.as_ref().filter(|_| needs.receiver),
+        resolved
+            .receiver_pool
+            .as_ref()
+            .filter(|_| needs.receivers > 0),
     ];
     let mut why: Vec<String> = Vec::new();
     for (ns, pool) in wanted.into_iter().flatten() {
@@ -596,14 +751,24 @@ pub fn waiting_message(
             .iter()
             .filter(|a| !needs.avoid.contains(&a.name))
             .collect();
+        let needed = if Some((ns, pool)) == resolved.receiver_pool.as_ref().map(|(a, b)| (a, b)) {
+            needs.receivers.max(1)
+        } else {
+            1
+        };
         let reason = if of_pool.is_empty() {
-            "has no agents yet (none has written its Lease)"
+            "has no agents yet (none has written its Lease)".to_owned()
         } else if live.is_empty() {
-            "has no live agent (Leases expired or pods gone)"
+            "has no live agent (Leases expired or pods gone)".to_owned()
         } else if usable.is_empty() {
             "has only agents this Transfer lost before, passed over until their back-off ends"
+                .to_owned()
+        } else if usable.len() < needed {
+            format!(
+                "has fewer live agents this Transfer may use than the {needed} receivers spec.pairs asks for: scale the pool up or lower pairs"
+            )
         } else {
-            "has its agents busy, or promised to Transfers ahead of this one"
+            "has its agents busy, or promised to Transfers ahead of this one".to_owned()
         };
         let line = format!("pool {ns}/{pool} {reason}");
         if !why.contains(&line) {
@@ -717,7 +882,7 @@ pub fn rate_text(bps: i64) -> String {
 mod tests {
     use super::*;
     use crate::agents::{from_lease, tests::lease};
-    use crate::validate::tests::{check, transfer};
+    use crate::validate::tests::{check, check_shared, transfer};
     use wirerate_crds::transfer::AgentReport;
 
     fn at(s: i64) -> Timestamp {
@@ -732,10 +897,11 @@ mod tests {
             receiver_pool: Some(("data".into(), "dst".into())),
             tuning: Default::default(),
             striping: None,
+            pairs: 1,
         };
         let both = Needs {
             sender: true,
-            receiver: true,
+            receivers: 1,
             avoid: vec![],
         };
         let none: HashMap<AgentId, Agent> = HashMap::new();
@@ -762,7 +928,7 @@ mod tests {
             })
             .collect();
         let only_sender = Needs {
-            receiver: false,
+            receivers: 0,
             ..both.clone()
         };
         let m = say(&only_sender, &stale);
@@ -800,13 +966,172 @@ mod tests {
         let s = t.status.clone().unwrap_or_default();
         let r = check(t).unwrap();
         let by_name = |n: &str| ag.values().find(|a| a.name == n);
+        let receivers: Vec<&Agent> = by_name("r0").into_iter().collect();
         let placed = Placed {
             sender: by_name("s0"),
-            receiver: by_name("r0"),
+            receivers: &receivers,
             token_secret: "t-token",
         };
         let (s, _) = assigned(t, &r, s, placed, at(100));
         t.status = Some(s);
+    }
+
+    const PAIRS: [(&str, &str); 4] = [("src", "s0"), ("dst", "r0"), ("dst", "r1"), ("dst", "r2")];
+
+    /// `t` over three pairs, assigned s0 and r0, r1, r2 at 100.
+    fn over_pairs(name: &str) -> Transfer {
+        let mut t = transfer(name, "/in/a", "/out/a");
+        t.spec.pairs = Some(3);
+        let ag = agents(99, &PAIRS);
+        let r = check_shared(&t).unwrap();
+        let by_name = |n: &str| ag.values().find(|a| a.name == n).unwrap();
+        let receivers = [by_name("r0"), by_name("r1"), by_name("r2")];
+        let placed = Placed {
+            sender: Some(by_name("s0")),
+            receivers: &receivers,
+            token_secret: "t-token",
+        };
+        let (s, _) = assigned(&t, &r, Default::default(), placed, at(100));
+        t.status = Some(s);
+        t
+    }
+
+    /// One step of `t` (over several pairs) at `when`, with the agents of
+    /// `live` live; its status becomes `t`'s, the agents' fields kept.
+    fn step_pairs(t: &mut Transfer, live: &[(&str, &str)], when: i64) -> Step {
+        let st = step(t, &check_shared(t), &agents(when - 1, live), at(when));
+        let mut next = st.status.clone();
+        let old = t.status.clone().unwrap_or_default();
+        next.progress = old.progress;
+        next.reports = old.reports;
+        t.status = Some(next);
+        st
+    }
+
+    /// `agent`'s report in `role`, replacing its earlier one.
+    fn report_of(t: &mut Transfer, role: Role, agent: &str, state: ReportState, msg: &str) {
+        let s = t.status.as_mut().unwrap();
+        let attempt = s.attempt;
+        s.reports.retain(|r| !(r.role == role && r.agent == agent));
+        s.reports.push(AgentReport {
+            role,
+            agent: agent.into(),
+            attempt,
+            state,
+            message: msg.into(),
+            endpoint: None,
+            updated_at: Time(at(150)),
+        });
+    }
+
+    fn receiver_names(st: &Step) -> Vec<&str> {
+        st.status
+            .receivers
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect()
+    }
+
+    // Issue 34: a pair lost mid-transfer gives an Event and a condition,
+    // and its work goes to the others: no new attempt, nothing restarts.
+    #[test]
+    fn over_several_pairs_a_lost_receiver_drops_its_pair_and_the_sender_gives_the_verdict() {
+        let mut t = over_pairs("t");
+        let s = t.status.as_ref().unwrap();
+        assert_eq!(s.receivers.len(), 3);
+        assert!(s.receiver.is_none());
+        assert_eq!(s.pairs, Some(3));
+        let sched = conditions::find(&s.conditions, types::SCHEDULED).unwrap();
+        assert!(
+            sched.message.contains("receivers r0, r1, r2 (3 pairs)"),
+            "{}",
+            sched.message
+        );
+
+        // A receiver's sessions end with its part: not the Transfer's verdict.
+        report_of(&mut t, Role::Receiver, "r0", ReportState::Succeeded, "part");
+        let st = step_pairs(&mut t, &PAIRS, 120);
+        assert_eq!(st.status.phase, Some(TransferPhase::Running));
+        assert!(st.needs.is_none());
+
+        // r1's Lease lapses: its pair goes, the attempt goes on.
+        let st = step_pairs(&mut t, &[PAIRS[0], PAIRS[1], PAIRS[3]], 130);
+        assert_eq!(st.status.phase, Some(TransferPhase::Running));
+        assert_eq!(receiver_names(&st), ["r0", "r2"]);
+        assert_eq!((st.status.attempt, st.status.pairs), (1, Some(2)));
+        assert!(st.needs.is_none(), "nothing to place: {:?}", st.needs);
+        assert_eq!(st.status.failovers.len(), 1);
+        assert_eq!(st.status.failovers[0].agent, "r1");
+        assert!(st.status.failovers[0].reason.starts_with("pair lost"));
+        assert_eq!(st.notes[0].reason, "PairLost");
+        assert!(
+            st.notes[0]
+                .message
+                .contains("the other 2 without a restart"),
+            "{}",
+            st.notes[0].message
+        );
+        let d = conditions::find(&st.status.conditions, types::DEGRADED).unwrap();
+        assert_eq!((d.status.as_str(), d.reason.as_str()), ("True", "PairLost"));
+        assert!(d.message.contains("2 of 3 pairs running"), "{}", d.message);
+
+        // A receiver that reports it failed is a lost pair too.
+        report_of(
+            &mut t,
+            Role::Receiver,
+            "r2",
+            ReportState::Failed,
+            "disk gone",
+        );
+        let st = step_pairs(&mut t, &PAIRS, 140);
+        assert_eq!(receiver_names(&st), ["r0"]);
+        assert_eq!(st.status.phase, Some(TransferPhase::Running));
+        assert!(st.status.failovers[1].reason.contains("disk gone"));
+
+        // The sender's verdict ends it.
+        report_of(
+            &mut t,
+            Role::Sender,
+            "s0",
+            ReportState::Succeeded,
+            "digest ok",
+        );
+        let st = step_pairs(&mut t, &PAIRS, 150);
+        assert_eq!(st.status.phase, Some(TransferPhase::Succeeded));
+    }
+
+    #[test]
+    fn over_several_pairs_losing_every_receiver_or_the_sender_is_a_failover() {
+        // Every receiver: a new attempt asks for three again.
+        let mut t = over_pairs("t");
+        let st = step_pairs(&mut t, &PAIRS[..1], 130);
+        assert_eq!(st.status.phase, Some(TransferPhase::Queued));
+        assert_eq!(st.status.attempt, 2);
+        let n = st.needs.unwrap();
+        assert_eq!((n.sender, n.receivers), (false, 3));
+        assert!(st.status.receivers.is_empty());
+
+        // The sender: replaced, the receivers kept.
+        let mut t = over_pairs("u");
+        let st = step_pairs(&mut t, &PAIRS[1..], 130);
+        assert_eq!(st.status.attempt, 2);
+        assert_eq!(receiver_names(&st), ["r0", "r1", "r2"]);
+        let n = st.needs.unwrap();
+        assert_eq!((n.sender, n.receivers), (true, 0));
+        // The sender and a receiver at once: the lost receiver goes with it.
+        let mut t = over_pairs("v");
+        let st = step_pairs(&mut t, &[PAIRS[1], PAIRS[2]], 130);
+        assert_eq!(st.status.attempt, 2);
+        assert_eq!(receiver_names(&st), ["r0", "r1"]);
+        assert_eq!(st.needs.unwrap().receivers, 0);
+        // A receiver that failed alone, the last one: the Transfer fails
+        // with its reason (nothing could take its work).
+        let mut t = over_pairs("w");
+        for r in ["r0", "r1", "r2"] {
+            report_of(&mut t, Role::Receiver, r, ReportState::Failed, "refused");
+        }
+        let st = step_pairs(&mut t, &PAIRS, 130);
+        assert_eq!(st.status.phase, Some(TransferPhase::Failed));
     }
 
     /// The sender's last progress report: `bytes` in `blocks`, all done, at `when`.
@@ -895,7 +1220,7 @@ mod tests {
         let st = step_at(&mut t, 241);
         assert_eq!(st.status.phase, Some(TransferPhase::Queued));
         let n = st.needs.unwrap();
-        assert!(n.sender && n.receiver, "both sides replaced");
+        assert!(n.sender && n.receivers == 1, "both sides replaced");
         assert_eq!(n.avoid, ["s0", "r0"]);
         assert_eq!(st.status.attempt, 2);
         assert!(st.status.failovers[0].reason.starts_with("Stalled"));
@@ -950,7 +1275,7 @@ mod tests {
         let again = step_at(&mut t, 201);
         assert_eq!(again.status.phase, Some(TransferPhase::Queued));
         let n = again.needs.unwrap();
-        assert!(n.sender && n.receiver);
+        assert!(n.sender && n.receivers == 1);
         assert_eq!(n.avoid, ["s0", "r0"]);
 
         // The receiver alone lost, no receiver free: the sender keeps its
@@ -961,7 +1286,7 @@ mod tests {
         let st = step(&t, &check(&t), &only_sender, at(131));
         t.status = Some(st.status.clone());
         assert_eq!(
-            st.needs.as_ref().map(|n| (n.sender, n.receiver)),
+            st.needs.as_ref().map(|n| (n.sender, n.receivers == 1)),
             Some((false, true))
         );
         let again = step(&t, &check(&t), &only_sender, at(132));
@@ -971,7 +1296,7 @@ mod tests {
             "not Running with one agent"
         );
         let n = again.needs.unwrap();
-        assert_eq!((n.sender, n.receiver), (false, true));
+        assert_eq!((n.sender, n.receivers), (false, 1));
         assert_eq!(n.avoid, ["r0"]);
         assert_eq!(again.status.sender.as_ref().unwrap().name, "s0");
     }
@@ -1038,7 +1363,7 @@ mod tests {
             st.needs,
             Some(Needs {
                 sender: true,
-                receiver: true,
+                receivers: 1,
                 avoid: vec![]
             })
         );
@@ -1170,7 +1495,7 @@ mod tests {
             st.needs,
             Some(Needs {
                 sender: false,
-                receiver: true,
+                receivers: 1,
                 avoid: vec!["r0".into()]
             })
         );
@@ -1212,9 +1537,9 @@ mod tests {
         t.status = Some(st.status);
         let back = agents(210, &[("src", "s0"), ("dst", "r0")]);
         let n = step(&t, &check(&t), &back, at(211)).needs.unwrap();
-        assert_eq!((n.receiver, n.avoid), (true, vec!["r0".to_owned()]));
+        assert_eq!((n.receivers, n.avoid), (1, vec!["r0".to_owned()]));
         let n = step(&t, &check(&t), &back, at(231)).needs.unwrap();
-        assert!(n.receiver && n.avoid.is_empty(), "{n:?}");
+        assert!(n.receivers == 1 && n.avoid.is_empty(), "{n:?}");
     }
 
     #[test]

@@ -48,6 +48,8 @@ pub struct Assignment {
     pub sender: Option<AgentRef>,
     /// Receiver agent.
     pub receiver: Option<AgentRef>,
+    /// Receiver agents, over several pairs.
+    pub receivers: Vec<AgentRef>,
 }
 
 impl Assignment {
@@ -58,6 +60,7 @@ impl Assignment {
             attempt: s.attempt,
             sender: s.sender,
             receiver: s.receiver,
+            receivers: s.receivers,
         }
     }
 }
@@ -111,6 +114,7 @@ pub fn overlaid(t: &Transfer, ledger: &HashMap<String, Assignment>) -> Option<Tr
     s.attempt = a.attempt;
     s.sender = a.sender.clone();
     s.receiver = a.receiver.clone();
+    s.receivers = a.receivers.clone();
     Some(t)
 }
 
@@ -215,7 +219,9 @@ impl Planner {
                         let name = |r: &Option<AgentRef>| {
                             r.as_ref().map(|r| (r.pool.clone(), r.name.clone()))
                         };
-                        (a.attempt, name(&a.sender), name(&a.receiver))
+                        let names: Vec<_> =
+                            a.receivers.iter().map(|r| (&r.pool, &r.name)).collect();
+                        (a.attempt, name(&a.sender), name(&a.receiver), names)
                     }),
                     t.metadata.deletion_timestamp.is_some(),
                     catalog_fp,
@@ -362,7 +368,7 @@ fn derive(t: &Transfer, inputs: &Inputs<'_>) -> Derived {
         (
             Some(Needs {
                 sender,
-                receiver,
+                receivers,
                 avoid,
             }),
             Ok(r),
@@ -374,11 +380,12 @@ fn derive(t: &Transfer, inputs: &Inputs<'_>) -> Derived {
                 .as_ref()
                 .map_or(0, |c| c.0.as_second()),
             sender_pool: sender.then(|| r.sender_pool.clone()),
-            receiver_pool: if receiver {
+            receiver_pool: if receivers > 0 {
                 r.receiver_pool.clone()
             } else {
                 None
             },
+            receivers,
             avoid,
             key,
         }),
@@ -536,6 +543,7 @@ mod tests {
                 attempt: 1,
                 sender: who("src", "s0"),
                 receiver: who("dst", "r0"),
+                receivers: vec![],
             },
         )]);
         let next = plan(&mut planner, &all, &ag, &ledger);
@@ -611,7 +619,7 @@ mod tests {
             later
                 .placements
                 .get(&key)
-                .and_then(|p| p.receiver.as_deref()),
+                .and_then(|p| p.receivers.first().map(String::as_str)),
             Some("r0"),
             "the back-off over, r0 (live) is chosen again"
         );

@@ -28,8 +28,11 @@ pub struct Waiting {
     pub created: i64,
     /// `namespace/pool` the sender comes from, when a sender is needed.
     pub sender_pool: Option<Key>,
-    /// `namespace/pool` the receiver comes from, when a receiver is needed.
+    /// `namespace/pool` the receivers come from, when receivers are needed.
     pub receiver_pool: Option<Key>,
+    /// How many distinct receivers it needs from `receiver_pool` (one per
+    /// pair; 1 for a transfer over one pair).
+    pub receivers: usize,
     /// Agents this transfer must not get (lost ones).
     pub avoid: Vec<String>,
 }
@@ -52,8 +55,8 @@ pub struct Slot {
 pub struct Placement {
     /// New sender, if one was needed.
     pub sender: Option<String>,
-    /// New receiver, if one was needed.
-    pub receiver: Option<String>,
+    /// New receivers, one per pair, if they were needed.
+    pub receivers: Vec<String>,
 }
 
 /// The queue in the order transfers should get agents.
@@ -128,31 +131,32 @@ pub fn assign(order: &[Key], waiting: &[Waiting], slots: &[Slot]) -> BTreeMap<Ke
         if spent(&room, &w.sender_pool) && spent(&room, &w.receiver_pool) {
             continue;
         }
-        let pick = |free: &[Slot], pool: &Key, not: Option<usize>| {
+        let pick = |free: &[Slot], pool: &Key| {
             free.iter()
                 .enumerate()
-                .filter(|(i, s)| {
-                    &s.pool == pool && s.free > 0 && Some(*i) != not && !w.avoid.contains(&s.agent)
-                })
+                .filter(|(_, s)| &s.pool == pool && s.free > 0 && !w.avoid.contains(&s.agent))
                 // Most room first; the name breaks ties so the choice is repeatable.
                 .max_by(|(_, a), (_, b)| a.free.cmp(&b.free).then_with(|| b.agent.cmp(&a.agent)))
                 .map(|(i, _)| i)
         };
-        let sender = w.sender_pool.as_ref().map(|pool| pick(&free, pool, None));
-        let receiver = w.receiver_pool.as_ref().map(|pool| {
-            // An agent may send and receive the same transfer only if it is
-            // the pool's only choice; two agents spread the disk load.
-            pick(&free, pool, sender.flatten())
-                .or_else(|| pick(&free, pool, None))
-                // Both roles on one agent take two of its slots.
-                .filter(|i| Some(*i) != sender.flatten() || free[*i].free >= 2)
-        });
-        let complete = sender.is_none_or(|s| s.is_some()) && receiver.is_none_or(|r| r.is_some());
+        let sender = w.sender_pool.as_ref().map(|pool| pick(&free, pool));
+        let receiver = w
+            .receiver_pool
+            .as_ref()
+            .map(|pool| receivers(&free, pool, w, sender.flatten()));
+        let complete =
+            sender.is_none_or(|s| s.is_some()) && receiver.as_ref().is_none_or(|r| r.is_ok());
         if !complete {
-            let blocked: Vec<&Key> = [(&w.sender_pool, sender), (&w.receiver_pool, receiver)]
-                .into_iter()
-                .filter_map(|(pool, found)| pool.as_ref().filter(|_| found == Some(None)))
-                .collect();
+            let blocked: Vec<&Key> = [
+                (&w.sender_pool, sender.is_some_and(|s| s.is_none())),
+                (
+                    &w.receiver_pool,
+                    receiver.as_ref().is_some_and(|r| r.is_err()),
+                ),
+            ]
+            .into_iter()
+            .filter_map(|(pool, short)| pool.as_ref().filter(|_| short))
+            .collect();
             let room_to_hold = blocked.iter().all(|p| {
                 held_for.get(p).copied().unwrap_or(0) < capacity.get(p).copied().unwrap_or(0)
             });
@@ -164,7 +168,11 @@ pub fn assign(order: &[Key], waiting: &[Waiting], slots: &[Slot]) -> BTreeMap<Ke
             }
         }
         // Placed, or (incomplete) the slots it found held for it.
-        for i in sender.iter().chain(receiver.iter()).flatten() {
+        let found: Vec<usize> = receiver
+            .clone()
+            .map(|r| r.unwrap_or_else(|short| short))
+            .unwrap_or_default();
+        for i in sender.flatten().iter().chain(&found) {
             free[*i].free -= 1;
             *room.entry(free[*i].pool.clone()).or_default() -= 1;
         }
@@ -173,7 +181,7 @@ pub fn assign(order: &[Key], waiting: &[Waiting], slots: &[Slot]) -> BTreeMap<Ke
                 key.clone(),
                 Placement {
                     sender: sender.flatten().map(|i| free[i].agent.clone()),
-                    receiver: receiver.flatten().map(|i| free[i].agent.clone()),
+                    receivers: found.iter().map(|i| free[*i].agent.clone()).collect(),
                 },
             );
         }
@@ -181,17 +189,54 @@ pub fn assign(order: &[Key], waiting: &[Waiting], slots: &[Slot]) -> BTreeMap<Ke
     placed
 }
 
+/// The `w.receivers` distinct agents of `pool` to receive `w`, as indices
+/// into `free`: Ok with all of them, or Err with those there are room for
+/// now. Most room first. An agent also sends only when it is the pool's
+/// last choice (two agents spread the disk load), and then takes two of
+/// its slots.
+fn receivers(
+    free: &[Slot],
+    pool: &Key,
+    w: &Waiting,
+    sender: Option<usize>,
+) -> Result<Vec<usize>, Vec<usize>> {
+    let mut candidates: Vec<usize> = (0..free.len())
+        .filter(|&i| {
+            let s = &free[i];
+            &s.pool == pool
+                && !w.avoid.contains(&s.agent)
+                && s.free >= if Some(i) == sender { 2 } else { 1 }
+        })
+        .collect();
+    // The sender last, then most room; the name breaks ties so the choice
+    // is repeatable.
+    candidates.sort_by(|&a, &b| {
+        (Some(a) == sender)
+            .cmp(&(Some(b) == sender))
+            .then_with(|| free[b].free.cmp(&free[a].free))
+            .then_with(|| free[a].agent.cmp(&free[b].agent))
+    });
+    candidates.truncate(w.receivers.max(1));
+    if candidates.len() == w.receivers.max(1) {
+        Ok(candidates)
+    } else {
+        Err(candidates)
+    }
+}
+
 /// Whether `w` could be placed once agents finish what they run: every
-/// pool it needs has a live agent it may use.
+/// pool it needs has as many live agents it may use as it needs there.
 pub fn could_run(w: &Waiting, slots: &[Slot]) -> bool {
-    let usable = |pool: &Option<Key>| {
+    let usable = |pool: &Option<Key>, needed: usize| {
         pool.as_ref().is_none_or(|p| {
             slots
                 .iter()
-                .any(|s| &s.pool == p && !w.avoid.contains(&s.agent))
+                .filter(|s| &s.pool == p && !w.avoid.contains(&s.agent))
+                .count()
+                >= needed
         })
     };
-    usable(&w.sender_pool) && usable(&w.receiver_pool)
+    usable(&w.sender_pool, 1) && usable(&w.receiver_pool, w.receivers.max(1))
 }
 
 #[cfg(test)]
@@ -219,6 +264,7 @@ mod tests {
             created,
             sender_pool: Some(pool("src")),
             receiver_pool: Some(pool("dst")),
+            receivers: 1,
             avoid: vec![],
         }
     }
@@ -267,7 +313,7 @@ mod tests {
         let t1 = &placed[&("a".to_owned(), "t1".to_owned())];
         let t2 = &placed[&("a".to_owned(), "t2".to_owned())];
         assert_eq!(t1.sender.as_deref(), Some("s0"));
-        assert_ne!(t1.receiver, t2.receiver, "receivers are spread");
+        assert_ne!(t1.receivers, t2.receivers, "receivers are spread");
     }
 
     fn placed_names(placed: &BTreeMap<Key, Placement>) -> Vec<&str> {
@@ -313,7 +359,7 @@ mod tests {
             placed[&high.key],
             Placement {
                 sender: Some("b0".into()),
-                receiver: Some("r0".into())
+                receivers: vec!["r0".into()]
             }
         );
     }
@@ -353,7 +399,7 @@ mod tests {
             placed[&within.key],
             Placement {
                 sender: Some("s0".into()),
-                receiver: Some("s0".into())
+                receivers: vec!["s0".into()]
             }
         );
     }
@@ -391,11 +437,61 @@ mod tests {
             placed[&f.key],
             Placement {
                 sender: None,
-                receiver: Some("r1".into())
+                receivers: vec!["r1".into()]
             }
         );
         // No other live agent: it waits.
         let placed = assign(&[f.key.clone()], &[f], &slots[..1]);
         assert!(placed.is_empty());
+    }
+
+    /// `name` over `pairs` pairs, from src into dst.
+    fn over_pairs(name: &str, pairs: usize, created: i64) -> Waiting {
+        let mut p = w("a", name, 0, created);
+        p.receivers = pairs;
+        p
+    }
+
+    #[test]
+    fn several_pairs_get_as_many_distinct_receivers_or_wait() {
+        let q = [over_pairs("wide", 3, 1)];
+        let slots = [
+            slot("src", "s0", 1),
+            slot("dst", "r0", 2),
+            slot("dst", "r1", 1),
+            slot("dst", "r2", 1),
+        ];
+        let placed = assign(&order(&q, &HashMap::new()), &q, &slots);
+        let p = &placed[&q[0].key];
+        assert_eq!(p.sender.as_deref(), Some("s0"));
+        assert_eq!(
+            p.receivers,
+            ["r0", "r1", "r2"],
+            "three agents, one pair each"
+        );
+
+        // Two agents free for three pairs: it waits, and holds the two
+        // (and the sender) so that the one-pair Transfers behind it do
+        // not take them.
+        let q = [over_pairs("wide", 3, 1), w("a", "narrow", 0, 2)];
+        let slots = [
+            slot("src", "s0", 2),
+            slot("dst", "r0", 1),
+            slot("dst", "r1", 1),
+            slot("dst", "r2", 0),
+        ];
+        let placed = assign(&order(&q, &HashMap::new()), &q, &slots);
+        assert!(placed.is_empty(), "{placed:?}");
+
+        // A pool with fewer agents than pairs could never run it: it holds
+        // nothing, and the one behind it runs.
+        let slots = [
+            slot("src", "s0", 2),
+            slot("dst", "r0", 1),
+            slot("dst", "r1", 1),
+        ];
+        assert!(!could_run(&q[0], &slots));
+        let placed = assign(&order(&q, &HashMap::new()), &q, &slots);
+        assert_eq!(placed_names(&placed), ["narrow"]);
     }
 }

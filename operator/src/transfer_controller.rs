@@ -17,7 +17,7 @@ use wirerate_crds::apply::{LabelsApply, StatusApply};
 use wirerate_crds::transfer::{ReportState, Role};
 use wirerate_crds::{Transfer, TransferPhase, TransferStatus, contract};
 
-use crate::agents::AgentId;
+use crate::agents::{Agent, AgentId};
 use crate::budget::{self, Class};
 use crate::context::{Assignment, Context, View};
 use crate::lifecycle::{self, Note};
@@ -258,7 +258,7 @@ fn take_placement(
     // Agents as they are now, not before the wait for the plan.
     let agents = look.ctx.agents(Timestamp::now());
     look.ctx.take(&look.key, &uid, look.now, |p| {
-        if p.sender.is_some() != needs.sender || p.receiver.is_some() != needs.receiver {
+        if p.sender.is_some() != needs.sender || p.receivers.len() != needs.receivers {
             return None;
         }
         let live = |pool: Option<&Key>, name: &Option<String>| match name {
@@ -268,9 +268,14 @@ fn take_placement(
                 .filter(|a| a.live())
                 .map(Some),
         };
+        let receivers = p
+            .receivers
+            .iter()
+            .map(|r| live(resolved.receiver_pool.as_ref(), &Some(r.clone())).flatten())
+            .collect::<Option<Vec<&Agent>>>()?;
         let placed = lifecycle::Placed {
             sender: live(Some(&resolved.sender_pool), &p.sender)?,
-            receiver: live(resolved.receiver_pool.as_ref(), &p.receiver)?,
+            receivers: &receivers,
             token_secret: token,
         };
         let (status, note) =
@@ -279,6 +284,7 @@ fn take_placement(
             attempt: status.attempt,
             sender: status.sender.clone(),
             receiver: status.receiver.clone(),
+            receivers: status.receivers.clone(),
         };
         Some((a, (status, note)))
     })
@@ -331,7 +337,7 @@ impl Next {
         Self {
             phase: s.phase.unwrap_or_default(),
             granted: s.token_secret.is_some(),
-            assigned: s.sender.is_some() || s.receiver.is_some(),
+            assigned: s.assigned().next().is_some(),
         }
     }
 }
@@ -469,7 +475,7 @@ impl Drop for Taken<'_> {
 fn unassigned(t: &Transfer) -> bool {
     t.status
         .as_ref()
-        .is_none_or(|s| s.sender.is_none() && s.receiver.is_none())
+        .is_none_or(|s| s.assigned().next().is_none())
 }
 
 /// Restores what the assignment set (the token's name first) in a status
@@ -494,7 +500,7 @@ async fn keep_token_named(
     grant(t, ctx, &token, &resolved.pools()).await?;
     let placed = lifecycle::Placed {
         sender: None,
-        receiver: None,
+        receivers: &[],
         token_secret: &token,
     };
     let (mut s, _) = lifecycle::assigned(t, resolved, status.clone(), placed, now);
@@ -751,6 +757,7 @@ async fn write(t: &Transfer, ctx: &Context, api: &Api<Transfer>, s: &TransferSta
         attempt: s.attempt,
         sender: s.sender.clone(),
         receiver: s.receiver.clone(),
+        receivers: s.receivers.clone(),
     };
     let live = !s.phase.is_some_and(|p| p.is_final());
     let mut wanted = BTreeMap::new();
@@ -760,6 +767,11 @@ async fn write(t: &Transfer, ctx: &Context, api: &Api<Transfer>, s: &TransferSta
         }
         if let Some(a) = &assigned.receiver {
             wanted.insert(contract::RECEIVER_LABEL.to_owned(), a.name.clone());
+        }
+        // Several receivers cannot share one label value: each finds
+        // itself in status.receivers of the Transfers so labelled.
+        if !assigned.receivers.is_empty() {
+            wanted.insert(contract::PAIRS_LABEL.to_owned(), t.pairs().to_string());
         }
     }
     let uid = t.metadata.uid.clone().unwrap_or_default();

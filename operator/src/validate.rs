@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use wirerate_crds::contract;
 use wirerate_crds::transfer::{Role, plain_path};
 use wirerate_crds::{Consent, DtnPool, Striping, Transfer, Tuning};
 
@@ -24,6 +25,10 @@ pub mod reason {
     pub const INVALID_TUNING: &str = "InvalidTuning";
     /// The Transfer's name cannot label the objects made for it.
     pub const NAME_TOO_LONG: &str = "NameTooLong";
+    /// spec.pairs is out of its bounds, or above 1 toward an external receiver.
+    pub const INVALID_PAIRS: &str = "InvalidPairs";
+    /// Several pairs into a pool that does not declare shared storage.
+    pub const STORAGE_NOT_SHARED: &str = "StorageNotShared";
 }
 
 /// The longest Transfer name: it is a label value on its token Secret and grant.
@@ -40,6 +45,8 @@ pub struct Resolved {
     pub tuning: Tuning,
     /// Layout for the destination.
     pub striping: Option<Striping>,
+    /// Pairs to run over (spec.pairs, checked).
+    pub pairs: usize,
 }
 
 impl Resolved {
@@ -123,6 +130,7 @@ pub fn validate(t: &Transfer, catalog: Catalog<'_>) -> Result<Resolved, Invalid>
         None => (None, None),
     };
 
+    let pairs = pairs(t, dst.map(|d| (&receiver_pool, d)))?;
     let defaults = dst
         .map_or(&src.spec.tuning, |d| &d.spec.tuning)
         .or(&src.spec.tuning);
@@ -140,7 +148,47 @@ pub fn validate(t: &Transfer, catalog: Catalog<'_>) -> Result<Resolved, Invalid>
         receiver_pool,
         tuning,
         striping,
+        pairs,
     })
+}
+
+/// The pairs `t` asks for, if it may have them: within the engine's bound
+/// (the schema says so too, but an object stored before the bound, or
+/// through an API server that does not check it, is checked here), and
+/// above one only into a pool (`dst`, at its key) whose agents share
+/// their storage.
+fn pairs(t: &Transfer, dst: Option<(&Option<Key>, &DtnPool)>) -> Result<usize, Invalid> {
+    let n = t.pairs();
+    if !(1..=contract::MAX_PAIRS).contains(&n) {
+        return Err(invalid(
+            reason::INVALID_PAIRS,
+            format!(
+                "spec.pairs is {n}: a Transfer runs over 1 to {} pairs",
+                contract::MAX_PAIRS
+            ),
+        ));
+    }
+    if n == 1 {
+        return Ok(1);
+    }
+    match dst {
+        None => Err(invalid(
+            reason::INVALID_PAIRS,
+            format!(
+                "spec.pairs is {n}, but the destination is an agent outside the cluster, which is one receiver: set pairs to 1 or send to a pool"
+            ),
+        )),
+        Some((key, d)) if !d.spec.shared_storage => {
+            let (ns, name) = key.clone().unwrap_or_default();
+            Err(invalid(
+                reason::STORAGE_NOT_SHARED,
+                format!(
+                    "spec.pairs is {n}, but DtnPool {ns}/{name} does not declare spec.sharedStorage: several receivers write one file only where every agent of the pool sees the same file system. Set sharedStorage: true on the pool if its storage is shared (NFS, Lustre, GPFS, CephFS), or set pairs to 1"
+                ),
+            ))
+        }
+        Some(_) => Ok(n as usize),
+    }
 }
 
 /// Whether `pool` (at `key`) may run Transfers of namespace `ns`: its own, or
@@ -364,6 +412,63 @@ pub(crate) mod tests {
                 consents: &BTreeSet::new(),
             },
         )
+    }
+
+    /// `t` checked against [`pools`] whose receiving pool declares shared storage.
+    pub(crate) fn check_shared(t: &Transfer) -> Result<Resolved, Invalid> {
+        let mut pools = pools();
+        for p in pools.values_mut() {
+            p.spec.shared_storage = true;
+        }
+        validate(
+            t,
+            Catalog {
+                pools: &pools,
+                consents: &BTreeSet::new(),
+            },
+        )
+    }
+
+    // Issue 34's bad input: a pair count out of bounds, and several pairs
+    // into storage not declared shared, each refused naming the field.
+    #[test]
+    fn pairs_are_bounded_and_need_shared_storage_above_one() {
+        let mut t = transfer("t", "/in/a", "/out/a");
+        assert_eq!(check(&t).unwrap().pairs, 1, "unset is one pair");
+        for bad in [0, -2, contract::MAX_PAIRS + 1] {
+            t.spec.pairs = Some(bad);
+            let e = check_shared(&t).unwrap_err();
+            assert_eq!(e.reason, reason::INVALID_PAIRS, "{bad}");
+            assert!(
+                e.message.contains(&format!("spec.pairs is {bad}")),
+                "{}",
+                e.message
+            );
+        }
+        t.spec.pairs = Some(3);
+        let e = check(&t).unwrap_err();
+        assert_eq!(e.reason, reason::STORAGE_NOT_SHARED);
+        assert!(
+            e.message
+                .contains("data/dst does not declare spec.sharedStorage"),
+            "{}",
+            e.message
+        );
+        assert_eq!(check_shared(&t).unwrap().pairs, 3);
+        t.spec.pairs = Some(contract::MAX_PAIRS);
+        assert!(check_shared(&t).is_ok());
+
+        // Toward an agent outside the cluster: one receiver, one pair.
+        let mut ext = t.clone();
+        ext.spec.pairs = Some(2);
+        ext.spec.destination.pool = None;
+        ext.spec.destination.external = Some(wirerate_crds::transfer::External {
+            address: "dtn.example.org:7700".into(),
+            token_secret: "tok".into(),
+        });
+        let e = check_shared(&ext).unwrap_err();
+        assert_eq!(e.reason, reason::INVALID_PAIRS);
+        assert!(e.message.contains("outside the cluster"), "{}", e.message);
     }
 
     pub(crate) fn transfer(name: &str, from: &str, to: &str) -> Transfer {

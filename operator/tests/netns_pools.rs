@@ -141,12 +141,12 @@ impl Hosts {
         let pid = std::process::id();
         let tag = format!("wpt{pid}-{i}");
         // Root-namespace addresses are shared by every process here: from
-        // 198.18.0.0/15 (set aside for benchmarks, RFC 2544), 32 per
+        // 198.18.0.0/15 (set aside for benchmarks, RFC 2544), 64 per
         // process, eight per test: .1/30 to the sender, .5/30 to the
         // receiver. The double listens on .1; the receiver reaches it
         // through .5.
-        assert!(i < 4, "eight addresses per test, four tests");
-        let base = u32::from(Ipv4Addr::new(198, 18, 0, 0)) + (pid % 4096) * 32 + 8 * u32::from(i);
+        assert!(i < 8, "eight addresses per test, eight tests");
+        let base = u32::from(Ipv4Addr::new(198, 18, 0, 0)) + (pid % 2048) * 64 + 8 * u32::from(i);
         let at = |n: u32| Ipv4Addr::from(base + n);
         let h = Self {
             sender: format!("{tag}s"),
@@ -337,6 +337,7 @@ fn agent(
     pool: &str,
     advertise: &str,
     kubeconfig: &Path,
+    data_port: u16,
 ) -> Command {
     let mut c = Command::new("ip");
     c.args(["netns", "exec", hosts_ns])
@@ -351,7 +352,7 @@ fn agent(
             pool,
         ])
         .args(["--advertise", advertise])
-        .args(["--data-port", &DATA_PORT.to_string()])
+        .args(["--data-port", &data_port.to_string()])
         .args(["--max-transfers", &MAX_TRANSFERS.to_string()])
         .args(["--metrics-port", "0"])
         // A path test first comes 1-3 s after the agent learns of its
@@ -384,6 +385,9 @@ fn pool(name: &str, root: &Path, path_tests: Option<serde_json::Value>) -> DtnPo
         .max_transfers_per_agent(MAX_TRANSFERS.into())
         .build();
     p.spec.data_port = DATA_PORT.into();
+    // The receivers' agents all run on one directory: shared, as a pool
+    // of DTNs on one parallel file system.
+    p.spec.shared_storage = true;
     p.spec.path_tests = path_tests.map(|v| serde_json::from_value(v).unwrap());
     p
 }
@@ -520,6 +524,12 @@ impl Cluster {
 
     /// Starts the operator and one agent per pool.
     fn start(&mut self) {
+        self.start_with(&[])
+    }
+
+    /// Starts the operator, one agent per pool, and the receiving pool's
+    /// `more` agents on the receivers' host (each on data ports of its own).
+    fn start_with(&mut self, more: &[&'static str]) {
         let operator = env!("CARGO_BIN_EXE_wirerate-operator");
         let mut cmd = Command::new(operator);
         cmd.args(["--namespace", NS, "--identity", "netns-pools"])
@@ -542,10 +552,30 @@ impl Cluster {
         let mut cmds: Vec<_> = agents
             .iter()
             .map(|(what, ns, name, pool, addr)| {
-                let cmd = agent(&self.agent_bin, ns, name, pool, addr, &self.kubeconfig);
+                let cmd = agent(
+                    &self.agent_bin,
+                    ns,
+                    name,
+                    pool,
+                    addr,
+                    &self.kubeconfig,
+                    DATA_PORT,
+                );
                 (*what, cmd)
             })
             .collect();
+        for (i, name) in more.iter().enumerate() {
+            let cmd = agent(
+                &self.agent_bin,
+                &h.receiver,
+                name,
+                "receivers",
+                RECEIVER_DATA,
+                &self.kubeconfig,
+                DATA_PORT + 10 * (i as u16 + 1),
+            );
+            cmds.push((*name, cmd));
+        }
         for (what, cmd) in &mut cmds {
             self.spawn(what, cmd);
         }
@@ -1072,4 +1102,137 @@ async fn a_pool_tests_the_path_to_an_external_listener_with_the_token_its_spec_n
         },
     )
     .await;
+}
+
+/// Issue 34 with the real operator and agents: a Transfer over three pairs
+/// (one sender, three receiver agents on one shared directory) loses a
+/// receiver agent mid-file, killed; its pair's unfinished work goes to the
+/// others, nothing restarts, and the file lands identical.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_over_three_pairs_loses_a_receiver_mid_file_and_lands_identical() {
+    if !available() {
+        return;
+    }
+    const MORE: [&str; 2] = ["pt-recv-1", "pt-recv-2"];
+    let mut c = Cluster::prepare(4, None, None).await;
+    // About 27 s at 50 Mbit/s on the data link: time to lose a pair
+    // mid-file, and for its Lease to lapse (15 s) before the end.
+    sh(&[
+        "ip",
+        "netns",
+        "exec",
+        &c.hosts.sender,
+        "tc",
+        "qdisc",
+        "add",
+        "dev",
+        &c.hosts.root_links[0],
+        "root",
+        "tbf",
+        "rate",
+        "50mbit",
+        "burst",
+        "256kb",
+        "latency",
+        "100ms",
+    ]);
+    c.start_with(&MORE);
+    let data = noise(160 << 20 | 777, 0xfeed);
+    let from = c.src.join("volume.raw");
+    std::fs::write(&from, &data).unwrap();
+    let to = c.dst.join("volume.raw");
+    let transfers = c.api::<Transfer>();
+    let mut t = TransferBuilder::new("wide", &from.to_string_lossy(), &to.to_string_lossy())
+        .namespace(NS)
+        .pools("senders", "receivers")
+        .build();
+    t.spec.pairs = Some(3);
+    transfers.create(&PostParams::default(), &t).await.unwrap();
+
+    // Running on three receivers, and some of the file written.
+    let assigned = c
+        .wait_for(
+            Duration::from_secs(60),
+            "the Transfer did not start on three receivers",
+            || {
+                let transfers = transfers.clone();
+                let dst = c.dst.clone();
+                async move {
+                    let s = transfers.get("wide").await.ok()?.status?;
+                    let written = newest_len(&dst);
+                    (s.receivers.len() == 3 && written > 8 << 20).then_some(s.receivers)
+                }
+            },
+        )
+        .await;
+    let mut names: Vec<&str> = assigned.iter().map(|r| r.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, [RECEIVER, MORE[0], MORE[1]]);
+    c.stop(MORE[1]);
+    let killed = Instant::now();
+
+    let status = c
+        .wait_for(Duration::from_secs(180), "the Transfer did not end", || {
+            let transfers = transfers.clone();
+            async move {
+                let s = transfers.get("wide").await.ok()?.status?;
+                matches!(
+                    s.phase,
+                    Some(TransferPhase::Succeeded | TransferPhase::Failed)
+                )
+                .then_some(s)
+            }
+        })
+        .await;
+    assert_eq!(
+        status.phase,
+        Some(TransferPhase::Succeeded),
+        "{status:#?}\n{}",
+        c.logs()
+    );
+    assert_eq!(status.attempt, 1, "nothing restarted: {status:#?}");
+    let landed = std::fs::read(&to).unwrap();
+    assert!(
+        landed == data,
+        "the file landed different ({} bytes)",
+        landed.len()
+    );
+    let said = sender_said(&status);
+    assert!(said.contains("over 3 pairs"), "{said}");
+    assert!(said.contains(&format!("{RECEIVER_DATA}:")), "{said}");
+    // The killed agent's pair (its data port the third) did not finish.
+    let killed_pair = format!("{RECEIVER_DATA}:{} finished", DATA_PORT + 20);
+    assert!(
+        !said.contains(&killed_pair),
+        "the killed receiver's pair finished: {said}"
+    );
+    // The operator saw the pair go: an entry, and the pairs left.
+    let lost: Vec<_> = status
+        .failovers
+        .iter()
+        .filter(|f| f.agent == MORE[1])
+        .collect();
+    assert!(
+        lost.len() == 1 && lost[0].reason.starts_with("pair lost"),
+        "{:#?}",
+        status.failovers
+    );
+    assert_eq!(status.pairs, Some(2));
+    eprintln!(
+        "ended {:.1} s after the kill; the sender said: {said}",
+        killed.elapsed().as_secs_f64()
+    );
+}
+
+/// The size of the largest file under `dir` (a temporary file being written).
+fn newest_len(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .max()
+        .unwrap_or(0)
 }

@@ -23,6 +23,7 @@ use wirerate_engine::error::{Disposition, Error, Result};
 use wirerate_engine::fsroot::{is_temporary, temp_names};
 use wirerate_engine::progress::Position;
 use wirerate_engine::receiver::{Lobby, ServeConfig, Server, ServerHandle};
+use wirerate_engine::sender::pairs::{PairsSummary, send_over_pairs};
 use wirerate_engine::sender::warm::Warm;
 use wirerate_engine::sender::{SendConfig, send};
 use wirerate_engine::summary::{ReceiverSummary, SendSummary};
@@ -90,19 +91,88 @@ pub fn refuse_same_file(source: &str, dest: &str) -> Result<()> {
     Ok(())
 }
 
+/// What a finished send reports, over one pair or several.
+#[derive(Debug, Clone)]
+pub struct Sent {
+    /// Every file verified (and, over several pairs, published).
+    pub ok: bool,
+    /// Bytes of the transfer's files.
+    pub bytes_total: u64,
+    /// Seconds the run took.
+    pub seconds: f64,
+    /// Its rate, Gbit/s.
+    pub gbps: f64,
+    /// The file's or the tree's digest.
+    pub digest: String,
+    /// Data streams that joined over connections an earlier transfer parked.
+    pub streams_warm: u64,
+    /// Data streams at the end (per pair, over several).
+    pub streams: u16,
+    /// Why the per-link tuner chose the count it started with, if it chose.
+    pub streams_chosen: Option<String>,
+    /// The files that failed: path, why.
+    pub failures: Vec<(String, String)>,
+    /// Over several pairs: each pair's receiver, state, bytes made durable
+    /// first and chunks done.
+    pub pairs: Vec<(String, String, u64, u64)>,
+}
+
+impl From<SendSummary> for Sent {
+    fn from(s: SendSummary) -> Self {
+        Self {
+            ok: s.ok,
+            bytes_total: s.bytes_total,
+            seconds: s.seconds,
+            gbps: s.gbps,
+            digest: s.digest,
+            streams_warm: s.streams_warm,
+            streams: s.streams,
+            streams_chosen: s.streams_chosen,
+            failures: s
+                .failures
+                .into_iter()
+                .map(|f| (f.path, f.message))
+                .collect(),
+            pairs: Vec::new(),
+        }
+    }
+}
+
+impl From<PairsSummary> for Sent {
+    fn from(s: PairsSummary) -> Self {
+        Self {
+            ok: s.ok,
+            bytes_total: s.bytes_total,
+            seconds: s.seconds,
+            gbps: s.gbps,
+            digest: s.digest,
+            streams_warm: 0,
+            streams: s.streams_per_pair,
+            streams_chosen: None,
+            failures: s.failures,
+            pairs: s
+                .pairs
+                .into_iter()
+                .map(|p| (p.to, p.state, p.bytes, p.chunks_done))
+                .collect(),
+        }
+    }
+}
+
 /// A sender in flight.
 pub struct SenderJob {
     /// Where it stands, and what the tuner and optimizer chose.
     pub progress: Arc<Progress>,
     cancel: Arc<AtomicBool>,
-    result: Arc<Mutex<Option<Result<SendSummary>>>>,
+    result: Arc<Mutex<Option<Result<Sent>>>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl SenderJob {
-    /// Starts sending `source` to `dest` at `endpoint`.
+    /// Starts sending `source` to `dest` at `endpoints`: one receiver, or
+    /// several sharing one root, each the far end of a pair.
     pub fn start(
-        endpoint: &str,
+        endpoints: &[String],
         token: Vec<u8>,
         source: PathBuf,
         dest: String,
@@ -110,7 +180,8 @@ impl SenderJob {
         verify: Verification,
         max_rate_mbps: Option<i64>,
     ) -> Result<Self> {
-        let mut cfg = SendConfig::new(endpoint, token, source, dest);
+        let first = endpoints.first().cloned().unwrap_or_default();
+        let mut cfg = SendConfig::new(&first, token, source, dest);
         // Out-of-range values are refused, never clamped: the Transfer
         // fails naming the field rather than running with other settings.
         cfg.tune(&tuning.settings()?);
@@ -128,10 +199,14 @@ impl SenderJob {
         let progress = watch_send(&mut cfg);
         let result = Arc::new(Mutex::new(None));
         let r = result.clone();
+        let pairs = (endpoints.len() > 1).then(|| endpoints.to_vec());
         let thread = std::thread::Builder::new()
             .name("k8s-send".into())
             .spawn(wirerate_engine::spans::carry(move || {
-                let out = send(&cfg);
+                let out = match &pairs {
+                    Some(to) => send_over_pairs(&cfg, to).map(Sent::from),
+                    None => send(&cfg).map(Sent::from),
+                };
                 *r.lock().expect("result lock") = Some(out);
             }))
             .map_err(|e| Error::io("starting a sender thread".to_string(), e))?;
@@ -169,9 +244,9 @@ impl SenderJob {
 #[derive(Debug, Clone)]
 pub enum SenderOutcome {
     /// Every file is verified at the receiver.
-    Verified(SendSummary),
+    Verified(Sent),
     /// The run ended with files that failed; the summary names them.
-    FilesFailed(SendSummary),
+    FilesFailed(Sent),
     /// The run itself failed.
     Failed {
         /// The error, with what to do.
@@ -183,7 +258,7 @@ pub enum SenderOutcome {
 
 impl SenderOutcome {
     /// The run's summary, when it got as far as one.
-    pub fn summary(&self) -> Option<&SendSummary> {
+    pub fn summary(&self) -> Option<&Sent> {
         match self {
             Self::Verified(s) | Self::FilesFailed(s) => Some(s),
             Self::Failed { .. } => None,

@@ -93,13 +93,18 @@ enum Side {
         reported: bool,
         /// Bytes kept at the last report.
         shown_kept: u64,
+        /// One of several pairs' receivers: its sessions carry parts of
+        /// files, the sender alone knows when the whole is published (and
+        /// reports the verdict and progress), and the job ends with the
+        /// Transfer. It reports once, where it listens.
+        multi: bool,
     },
 }
 
 struct Job {
     transfer: (String, String),
     /// Where a sender sends; a receiver that restarted listens elsewhere.
-    endpoint: Option<String>,
+    endpoints: Vec<String>,
     side: Side,
     cadence: Cadence,
     last_done: (Duration, u64),
@@ -186,10 +191,17 @@ pub async fn run_with(client: Client, cfg: RunConfig) -> Result<()> {
     );
     let mut stores: Vec<Store<Transfer>> = Vec::new();
     for ns in &namespaces {
-        for label in [contract::SENDER_LABEL, contract::RECEIVER_LABEL] {
+        // Transfers over several pairs name their receivers in status
+        // only (a label has one value): every agent watches all of them,
+        // and `plan` finds its own part.
+        let selectors = [
+            format!("{}={}", contract::SENDER_LABEL, cfg.agent),
+            format!("{}={}", contract::RECEIVER_LABEL, cfg.agent),
+            contract::PAIRS_LABEL.to_owned(),
+        ];
+        for selector in selectors {
             let (reader, writer) = reflector::store();
             let api: Api<Transfer> = Api::namespaced(client.clone(), ns);
-            let selector = format!("{label}={}", cfg.agent);
             tokio::spawn(
                 reflector::reflector(
                     writer,
@@ -305,10 +317,14 @@ pub async fn run_with(client: Client, cfg: RunConfig) -> Result<()> {
             }
         }
         for w in wanted {
+            // Over several pairs the sender's pairs are fixed once it runs:
+            // a receiver lost leaves the list, and its work goes to the
+            // others without a restart.
             if let Some(j) = jobs.get_mut(&w.key)
-                && j.endpoint != w.endpoint
+                && j.endpoints.len() <= 1
+                && j.endpoints != w.endpoints
             {
-                tracing::info!(transfer = ?j.transfer, "the receiver moved to {:?}; following it", w.endpoint);
+                tracing::info!(transfer = ?j.transfer, "the receiver moved to {:?}; following it", w.endpoints);
                 stop(j);
                 jobs.remove(&w.key);
             }
@@ -440,12 +456,12 @@ async fn start_job(
                 jobs::under_roots(Path::new(&t.spec.source.path), &pool.spec.allowed_roots)?;
             let dest = dest_name(&t.spec.destination.path)?;
             let verify = t.spec.verification;
-            let endpoint = w.endpoint.clone().unwrap_or_default();
+            let endpoints = w.endpoints.clone();
             Side::Sender {
                 // Its thread logs under the Transfer's span.
                 job: span.in_scope(|| {
                     SenderJob::start(
-                        &endpoint,
+                        &endpoints,
                         token,
                         source,
                         dest,
@@ -454,7 +470,8 @@ async fn start_job(
                         t.spec.max_rate_mbps,
                     )
                 })?,
-                shows_progress: t.spec.destination.external.is_some(),
+                // Over several pairs no one receiver holds the whole.
+                shows_progress: t.spec.destination.external.is_some() || t.multi_pair(),
                 last_state: None,
                 announce_tries: ANNOUNCE_TRIES,
                 changes_told: 0,
@@ -495,6 +512,7 @@ async fn start_job(
                 striping,
                 reported: false,
                 shown_kept: 0,
+                multi: t.multi_pair(),
             }
         }
     };
@@ -505,7 +523,7 @@ async fn start_job(
         .unwrap_or_default();
     Ok(Job {
         transfer: w.transfer.clone(),
-        endpoint: w.endpoint.clone(),
+        endpoints: w.endpoints.clone(),
         side,
         cadence: Cadence::default(),
         // A sender counts from what was done; a receiver's counter of
@@ -531,6 +549,21 @@ fn warm_note(streams_warm: u64) -> String {
         0 => String::new(),
         n => format!(", {n} data streams joined warm"),
     }
+}
+
+/// What a sender's last report adds over several pairs: each pair's
+/// receiver, how it ended, its bytes and chunks.
+fn pairs_note(pairs: &[(String, String, u64, u64)]) -> String {
+    if pairs.is_empty() {
+        return String::new();
+    }
+    let each: Vec<String> = pairs
+        .iter()
+        .map(|(to, state, bytes, chunks)| {
+            format!("{to} {state} {} in {chunks} chunks", fmt_bytes(*bytes))
+        })
+        .collect();
+    format!(", over {} pairs: {}", pairs.len(), each.join("; "))
 }
 
 /// The receiver's root is the destination's parent; the sender names the last component.
@@ -697,19 +730,20 @@ fn observe(
                     SenderOutcome::Verified(sum) => (
                         ReportState::Succeeded,
                         format!(
-                            "{} in {:.1} s at {:.2} Gbit/s, digest {}{}",
+                            "{} in {:.1} s at {:.2} Gbit/s, digest {}{}{}",
                             fmt_bytes(sum.bytes_total),
                             sum.seconds,
                             sum.gbps,
                             sum.digest,
-                            warm_note(sum.streams_warm)
+                            warm_note(sum.streams_warm),
+                            pairs_note(&sum.pairs)
                         ),
                     ),
                     SenderOutcome::FilesFailed(sum) => (
                         ReportState::Failed,
                         sum.failures
                             .iter()
-                            .map(|f| format!("{}: {}", f.path, f.message))
+                            .map(|(path, why)| format!("{path}: {why}"))
                             .collect::<Vec<_>>()
                             .join("; "),
                     ),
@@ -768,9 +802,28 @@ fn observe(
             reported,
             dest,
             shown_kept,
+            multi,
         } => {
-            let sums = rj.summaries();
             let endpoint = format!("{}:{}", cfg.advertise, rj.port);
+            if *multi {
+                if !*reported {
+                    let msg = format!("listening on {endpoint}, one of several pairs");
+                    report(
+                        reports,
+                        cfg,
+                        &job.transfer,
+                        key,
+                        Report {
+                            striping: Some(striping),
+                            endpoint: Some(&endpoint),
+                            ..Report::new(ReportState::Running, &msg)
+                        },
+                    );
+                    *reported = true;
+                }
+                return None;
+            }
+            let sums = rj.summaries();
             let at = rj.position().unwrap_or_default();
             let (total, kept) = shown(at, job.carried);
             let complete = sums.iter().find(|s| s.outcome.is_complete());

@@ -46,8 +46,9 @@ pub struct Want {
     pub key: JobKey,
     /// Namespace and name of the Transfer.
     pub transfer: (String, String),
-    /// For a sender: where the receiver listens.
-    pub endpoint: Option<String>,
+    /// For a sender: where the receiver listens, or over several pairs
+    /// where each receiver does.
+    pub endpoints: Vec<String>,
 }
 
 fn my_report_state(t: &Transfer, me: &Me, key: &JobKey) -> Option<ReportState> {
@@ -59,8 +60,30 @@ fn my_report_state(t: &Transfer, me: &Me, key: &JobKey) -> Option<ReportState> {
         .map(|r| r.state)
 }
 
-/// Jobs `me` should run now. A sender waits until the receiver of the same
-/// attempt has said where it listens.
+/// Where the receivers of `t`'s attempt listen, once every one of them
+/// has said: None until then. One receiver over one pair, each of
+/// `status.receivers` over several; an external one's address is in the
+/// spec.
+fn endpoints(t: &Transfer) -> Option<Vec<String>> {
+    let s = t.status.as_ref()?;
+    if let Some(ext) = &t.spec.destination.external {
+        return Some(vec![ext.address.clone()]);
+    }
+    let said = |who: &AgentRef| {
+        s.reports
+            .iter()
+            .find(|r| r.role == Role::Receiver && r.attempt == s.attempt && r.agent == who.name)
+            .and_then(|r| r.endpoint.clone())
+    };
+    if s.receivers.is_empty() {
+        // Reports are kept per agent: only the assigned receiver's counts.
+        return s.receiver.as_ref().and_then(said).map(|e| vec![e]);
+    }
+    s.receivers.iter().map(said).collect()
+}
+
+/// Jobs `me` should run now. A sender waits until every receiver of the
+/// same attempt has said where it listens.
 pub fn wanted(transfers: &[Transfer], me: &Me) -> Vec<Want> {
     let mut out = Vec::new();
     for t in transfers {
@@ -88,25 +111,17 @@ pub fn wanted(transfers: &[Transfer], me: &Me) -> Vec<Want> {
             ) {
                 continue;
             }
-            let endpoint = match role {
-                Role::Receiver => None,
-                Role::Sender => match &t.spec.destination.external {
-                    Some(ext) => Some(ext.address.clone()),
-                    None => match s
-                        .reports
-                        .iter()
-                        .find(|r| r.role == Role::Receiver && r.attempt == s.attempt)
-                        .and_then(|r| r.endpoint.clone())
-                    {
-                        Some(e) => Some(e),
-                        None => continue,
-                    },
+            let endpoints = match role {
+                Role::Receiver => Vec::new(),
+                Role::Sender => match endpoints(t) {
+                    Some(e) => e,
+                    None => continue,
                 },
             };
             out.push(Want {
                 key,
                 transfer: name.clone(),
-                endpoint,
+                endpoints,
             });
         }
     }
@@ -277,8 +292,100 @@ mod tests {
             Some("10.0.0.2:7700"),
         );
         let w = wanted(std::slice::from_ref(&t), &me("s"));
-        assert_eq!(w[0].endpoint.as_deref(), Some("10.0.0.2:7700"));
+        assert_eq!(w[0].endpoints, ["10.0.0.2:7700"]);
         assert!(wanted(std::slice::from_ref(&t), &me("nobody")).is_empty());
+
+        // Another agent's report (of this attempt) is not the receiver's.
+        let mut t = xfer("s", "r", 1);
+        report(
+            &mut t,
+            Role::Receiver,
+            "x",
+            ReportState::Running,
+            Some("10.9.9.9:1"),
+        );
+        assert!(wanted(std::slice::from_ref(&t), &me("s")).is_empty());
+    }
+
+    /// `t` over several pairs, received by `receivers`.
+    fn over_pairs(receivers: &[&str]) -> Transfer {
+        let mut t = xfer("s", "unused", 1);
+        let s = t.status.as_mut().unwrap();
+        s.receiver = None;
+        s.receivers = receivers
+            .iter()
+            .map(|n| AgentRef {
+                name: (*n).into(),
+                pool: "p".into(),
+                address: None,
+                node: None,
+            })
+            .collect();
+        t.spec.pairs = Some(receivers.len() as i32);
+        t
+    }
+
+    #[test]
+    fn over_several_pairs_each_receiver_serves_and_the_sender_waits_for_all() {
+        let mut t = over_pairs(&["r0", "r1", "r2"]);
+        for r in ["r0", "r1", "r2"] {
+            let w = wanted(std::slice::from_ref(&t), &me(r));
+            assert_eq!(w.len(), 1, "{r} receives");
+            assert_eq!(w[0].key.role, Role::Receiver);
+        }
+        report(
+            &mut t,
+            Role::Receiver,
+            "r0",
+            ReportState::Running,
+            Some("a:1"),
+        );
+        report(
+            &mut t,
+            Role::Receiver,
+            "r2",
+            ReportState::Running,
+            Some("c:1"),
+        );
+        assert!(
+            wanted(std::slice::from_ref(&t), &me("s")).is_empty(),
+            "r1 has not said where it listens"
+        );
+        report(
+            &mut t,
+            Role::Receiver,
+            "r1",
+            ReportState::Running,
+            Some("b:1"),
+        );
+        let w = wanted(std::slice::from_ref(&t), &me("s"));
+        assert_eq!(w[0].endpoints, ["a:1", "b:1", "c:1"], "in the pairs' order");
+        // A receiver dropped from the list (lost) is not waited for.
+        let mut t = over_pairs(&["r0", "r2"]);
+        report(
+            &mut t,
+            Role::Receiver,
+            "r0",
+            ReportState::Running,
+            Some("a:1"),
+        );
+        report(
+            &mut t,
+            Role::Receiver,
+            "r2",
+            ReportState::Running,
+            Some("c:1"),
+        );
+        report(
+            &mut t,
+            Role::Receiver,
+            "r1",
+            ReportState::Running,
+            Some("b:1"),
+        );
+        let w = wanted(std::slice::from_ref(&t), &me("s"));
+        assert_eq!(w[0].endpoints, ["a:1", "c:1"]);
+        assert!(wanted(std::slice::from_ref(&t), &me("r1")).is_empty());
     }
 
     #[test]

@@ -58,7 +58,7 @@ fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
 
     let endpoint = format!("127.0.0.1:{}", rx.port);
     let tx = SenderJob::start(
-        &endpoint,
+        std::slice::from_ref(&endpoint),
         TOKEN.to_vec(),
         file.clone(),
         "frames.h5".into(),
@@ -85,7 +85,7 @@ fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
         ..tuning()
     };
     let tx = SenderJob::start(
-        &endpoint,
+        std::slice::from_ref(&endpoint),
         TOKEN.to_vec(),
         file.clone(),
         "again.h5".into(),
@@ -148,7 +148,7 @@ fn the_progress_a_receiver_shows_never_runs_ahead_of_what_a_resume_keeps() {
     assert_eq!(rx.position(), None, "nothing planned yet");
     // 160 Mbit/s: about 2 s, several checkpoints.
     let tx = SenderJob::start(
-        &format!("127.0.0.1:{}", rx.port),
+        &[format!("127.0.0.1:{}", rx.port)],
         TOKEN.to_vec(),
         file.clone(),
         "scan.raw".into(),
@@ -214,7 +214,7 @@ fn a_second_session_of_the_same_transfer_counts_on_from_the_first() {
     let rx = ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap();
     for name in ["a.bin", "b.bin"] {
         let tx = SenderJob::start(
-            &format!("127.0.0.1:{}", rx.port),
+            &[format!("127.0.0.1:{}", rx.port)],
             TOKEN.to_vec(),
             src.join(name),
             name.into(),
@@ -275,7 +275,7 @@ fn the_agents_metrics_endpoint_serves_every_metric_the_dashboard_queries() {
     write_file(&file, 6 * (1 << 20) + 5, 9);
     let rx = ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap();
     let tx = SenderJob::start(
-        &format!("127.0.0.1:{}", rx.port),
+        &[format!("127.0.0.1:{}", rx.port)],
         TOKEN.to_vec(),
         file,
         "m.bin".into(),
@@ -337,7 +337,7 @@ fn a_cancelled_sender_stops_retrying() {
     write_file(&file, 1 << 20, 1);
     // Nothing listens on port 9 of loopback: every connect is refused and retried.
     let mut tx = SenderJob::start(
-        "127.0.0.1:9",
+        &["127.0.0.1:9".to_owned()],
         TOKEN.to_vec(),
         file,
         "f".into(),
@@ -425,7 +425,7 @@ fn out_of_range_tuning_is_refused_naming_the_field_not_clamped() {
         ..tuning()
     };
     let err = SenderJob::start(
-        "127.0.0.1:9",
+        &["127.0.0.1:9".to_owned()],
         TOKEN.to_vec(),
         file,
         "f.bin".into(),
@@ -530,7 +530,7 @@ fn a_jobs_threads_log_under_its_transfers_span() {
     let mut tx = span
         .in_scope(|| {
             SenderJob::start(
-                &format!("127.0.0.1:{closed}"),
+                &[format!("127.0.0.1:{closed}")],
                 TOKEN.to_vec(),
                 file,
                 "f.bin".into(),
@@ -560,4 +560,50 @@ fn a_jobs_threads_log_under_its_transfers_span() {
     tx.cancel();
     assert!(line.contains("transfer{transfer=\"lab/run-42\"}"), "{line}");
     assert!(line.contains("session=1"), "{line}");
+}
+
+// The in-cluster sender of a Transfer over several pairs: one job drives
+// three receiver jobs that share one root, and the file lands once,
+// identical, with each pair in the summary.
+#[test]
+fn a_sender_job_given_several_receivers_spreads_one_file_over_them() {
+    let dir = scratch("cluster-pairs");
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&dst).unwrap();
+    let file = src.join("volume.tiff");
+    write_file(&file, 48 * (1 << 20) + 999, 21);
+    let receivers: Vec<ReceiverJob> = (0..3)
+        .map(|_| ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap())
+        .collect();
+    let endpoints: Vec<String> = receivers
+        .iter()
+        .map(|r| format!("127.0.0.1:{}", r.port))
+        .collect();
+    let tx = SenderJob::start(
+        &endpoints,
+        TOKEN.to_vec(),
+        file.clone(),
+        "volume.tiff".into(),
+        &tuning(),
+        Verification::Checksums,
+        None,
+    )
+    .unwrap();
+    let sum = match wait_outcome(&tx, Duration::from_secs(120)) {
+        SenderOutcome::Verified(s) => s,
+        other => panic!("not verified: {other:?}"),
+    };
+    assert_same(&file, &dst.join("volume.tiff"));
+    assert_eq!(sum.pairs.len(), 3, "{:?}", sum.pairs);
+    let bytes: u64 = sum.pairs.iter().map(|p| p.2).sum();
+    assert_eq!(
+        bytes, sum.bytes_total,
+        "every byte made durable by one pair"
+    );
+    assert!(
+        sum.pairs.iter().filter(|p| p.3 > 0).count() >= 2,
+        "the work was spread: {:?}",
+        sum.pairs
+    );
 }

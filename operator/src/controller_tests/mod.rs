@@ -71,8 +71,6 @@ fn binding(ns: &str, pool_ns: &str, pool: &str) -> DtnPoolBinding {
     b
 }
 
-/// `x` with the status last applied to it and receiver r0's success on
-/// attempt 1, put in the API and reconciled.
 /// Pools `src` and `dst` with one agent each (`s0`, `r0`) and Transfer `x`,
 /// reconciled once: assigned to them.
 async fn one_transfer_assigned() -> (Cluster, Transfer) {
@@ -99,6 +97,8 @@ fn receiver_success() -> AgentReport {
     }
 }
 
+/// `x` with the status last applied to it and receiver r0's success on
+/// attempt 1, put in the API and reconciled.
 async fn receiver_succeeded(d: &mut Cluster, mut x: Transfer) -> Transfer {
     let mut s: wirerate_crds::TransferStatus = serde_json::from_value(d.last_status(&format!(
         "/transfers/{}",

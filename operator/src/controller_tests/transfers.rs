@@ -584,3 +584,57 @@ async fn a_transfer_being_deleted_keeps_its_destination_until_its_agents_stop() 
     assert_eq!(s["phase"], "Queued", "{s}");
     assert!(s.to_string().contains("DestinationInUse"), "{s}");
 }
+
+// Issue 34: a Transfer over three pairs is given three distinct receivers
+// in one write, labelled so that every agent can find it; into a pool
+// that does not declare shared storage it is refused, naming the field.
+#[tokio::test]
+async fn a_transfer_over_three_pairs_gets_three_receivers_only_on_shared_storage() {
+    let mut d = Cluster::new().await;
+    pools(&mut d);
+    d.lease(&lease("src", "s0", now(), None));
+    for r in ["r0", "r1", "r2", "r3"] {
+        d.lease(&lease("dst", r, now(), None));
+    }
+    let mut x = t("x", 0, 1);
+    x.spec.pairs = Some(3);
+    d.transfer(&x);
+    reconcile(&d, &x).await;
+    let valid = condition(&d, "/transfers/x", "Valid");
+    assert_eq!(valid["reason"], "StorageNotShared");
+    assert!(
+        valid["message"]
+            .as_str()
+            .unwrap()
+            .contains("does not declare spec.sharedStorage"),
+        "{valid}"
+    );
+    assert!(d.last_status("/transfers/x").get("receivers").is_none());
+
+    let mut dst = pool("dst", "/out");
+    dst.spec.shared_storage = true;
+    d.pool(&finalized(dst, pool_controller::POOL_FINALIZER));
+    reconcile(&d, &x).await;
+    let s = d.last_status("/transfers/x");
+    assert_eq!(s["phase"], "Running", "{s}");
+    assert_eq!(s["pairs"], 3);
+    assert_eq!(s["sender"]["name"], "s0");
+    assert!(s.get("receiver").is_none(), "{s}");
+    let mut names: Vec<&str> = s["receivers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), 3, "three distinct receivers: {names:?}");
+    let labels = d
+        .calls()
+        .into_iter()
+        .filter(|c| c.is("PATCH", "/transfers/x"))
+        .find_map(|c| c.body["metadata"].get("labels").cloned())
+        .unwrap();
+    assert_eq!(labels[contract::PAIRS_LABEL], "3", "{labels}");
+    assert_eq!(labels[contract::SENDER_LABEL], "s0", "{labels}");
+}
