@@ -95,7 +95,16 @@ pub fn path_test_secret(pool: &str) -> String {
     format!("wirerate-path-test.{pool}")
 }
 
-/// Field manager an agent writes Transfer status under.
+/// Field manager an agent writes its Lease under.
 pub fn agent_manager(agent: &str) -> String {
     format!("wirerate-agent/{agent}")
+}
+
+/// Field manager an agent writes its report of one side of a Transfer
+/// under: one per role, for an apply drops what its manager applied
+/// before and left out, and an agent that both sends and receives one
+/// Transfer sends one side's report at a time.
+pub fn report_manager(agent: &str, sender: bool) -> String {
+    let role = if sender { "sender" } else { "receiver" };
+    format!("wirerate-agent/{agent}/{role}")
 }

@@ -361,6 +361,26 @@ fn source_and_destination_are_immutable() {
         .expect_err("destination changed")
         .to_string();
     assert!(err.contains("destination cannot change"), "{err}");
+
+    // Found by review: pairs changed on a running Transfer left its
+    // receivers assigned beside a new one, the verdict with an agent that
+    // got no data.
+    for (was, now) in [(None, Some(3)), (Some(3), Some(1)), (Some(3), None)] {
+        let mut old = old.clone();
+        old.spec.pairs = was;
+        let mut new = old.clone();
+        new.spec.pairs = now;
+        let err = validate_cel_update(&new, &old)
+            .expect_err("pairs changed")
+            .to_string();
+        assert!(
+            err.contains("pairs cannot change once set"),
+            "{was:?} -> {now:?}: {err}"
+        );
+    }
+    let mut same = old.clone();
+    same.spec.pairs = Some(3);
+    validate_cel_update(&same, &same).expect("pairs kept");
 }
 
 #[test]

@@ -146,9 +146,22 @@ pub fn step(
     }
     if multi && stalled.is_none() {
         let gone = pairs_gone(&s, &said, &lost);
+        let sender_lost = lost.iter().any(|(role, _, _)| *role == Role::Sender);
         // Some pairs, not the sender: the others take their work over.
-        if !gone.is_empty() && gone.len() < s.receivers.len() && lost.len() == gone_lost(&lost) {
+        if !gone.is_empty() && gone.len() < s.receivers.len() && !sender_lost {
             return pairs_lost(t, s, &gone, now);
+        }
+        // The sender lost: receivers that failed go with the failover
+        // too, rather than into the next attempt.
+        if sender_lost {
+            for (who, why) in gone {
+                if !lost
+                    .iter()
+                    .any(|(r, w, _)| *r == Role::Receiver && *w == who)
+                {
+                    lost.push((Role::Receiver, who, why));
+                }
+            }
         }
     }
     if !lost.is_empty() {
@@ -217,11 +230,6 @@ fn pairs_gone(
     gone
 }
 
-/// How many of `lost` are receivers.
-fn gone_lost(lost: &[(Role, String, String)]) -> usize {
-    lost.iter().filter(|(r, _, _)| *r == Role::Receiver).count()
-}
-
 /// The step of a Transfer over several pairs that lost the receivers in
 /// `gone` (name, why) but keeps its sender and another receiver: they
 /// leave the assignment, each as a failover of this attempt (so that it
@@ -254,25 +262,38 @@ fn pairs_lost(
             ),
         });
     }
-    s.pairs = Some(s.receivers.len() as i32);
     let names: Vec<&str> = gone.iter().map(|(a, _)| a.as_str()).collect();
-    conditions::set(
-        &mut s.conditions,
+    let lost = format!(": lost receiving agent {}", names.join(", "));
+    pairs_running(t, &mut s, &lost, &now_t);
+    Step::settled(s, notes)
+}
+
+/// Keeps `status.pairs` and, over several pairs, the `Degraded`
+/// condition: True while fewer pairs run than spec.pairs asks for (with
+/// `why`), False once all of them do.
+fn pairs_running(t: &Transfer, s: &mut TransferStatus, why: &str, now: &Time) {
+    if !t.multi_pair() {
+        return;
+    }
+    let (running, asked) = (s.receivers.len(), t.pairs());
+    s.pairs = Some(running as i32);
+    let generation = s.observed_generation;
+    let c = if running < asked as usize {
         condition(
             types::DEGRADED,
             true,
             "PairLost",
-            format!(
-                "{} of {} pairs running: lost receiving agent {}",
-                s.receivers.len(),
-                t.pairs(),
-                names.join(", ")
-            ),
-        ),
-        s.observed_generation,
-        &now_t,
-    );
-    Step::settled(s, notes)
+            &format!("{running} of {asked} pairs running{why}"),
+        )
+    } else {
+        condition(
+            types::DEGRADED,
+            false,
+            "AllPairsRunning",
+            &format!("all {asked} pairs running"),
+        )
+    };
+    conditions::set(&mut s.conditions, c, generation, now);
 }
 
 /// The step of a Transfer whose spec does not check out, `e`: one with a
@@ -493,9 +514,7 @@ fn fail_over(
             }
         }
     }
-    if t.multi_pair() {
-        s.pairs = Some(s.receivers.len() as i32);
-    }
+    pairs_running(t, &mut s, "", &now_t);
     needs.avoid = avoided(&s.failovers, now);
     s.attempt += 1;
     s.phase = Some(TransferPhase::Queued);
@@ -556,11 +575,15 @@ fn stall(
         return None;
     }
     // Verifying reads the whole file back and lands nothing: not a stall.
+    // Only an assigned agent's word counts: any agent of a consented pool
+    // may write a report under any name.
+    let assigned: Vec<&str> = s.assigned().map(|(_, a)| a.name.as_str()).collect();
     let running = old.phase == Some(TransferPhase::Running)
-        && !old
-            .reports
-            .iter()
-            .any(|r| r.attempt == attempt && r.state == ReportState::Verifying);
+        && !old.reports.iter().any(|r| {
+            r.attempt == attempt
+                && r.state == ReportState::Verifying
+                && assigned.contains(&r.agent.as_str())
+        });
     (running && idle > timeout).then(|| {
         format!(
             "Stalled: no data landed for {idle}s (spec.stallTimeoutSeconds {timeout}) though its Lease is current"
@@ -608,7 +631,7 @@ pub fn assigned(
         if !receivers.is_empty() {
             s.receivers = receivers.iter().map(|a| agent_ref(a)).collect();
         }
-        s.pairs = Some(s.receivers.len() as i32);
+        pairs_running(t, &mut s, "", &now_t);
     } else {
         if let Some(a) = receivers.first() {
             s.receiver = Some(agent_ref(a));
@@ -1132,6 +1155,75 @@ mod tests {
         }
         let st = step_pairs(&mut t, &PAIRS, 130);
         assert_eq!(st.status.phase, Some(TransferPhase::Failed));
+    }
+
+    // Found by review: a receiver that had failed stayed assigned into the
+    // next attempt when the sender was lost at the same time, and
+    // Degraded, once set, never went back to False.
+    #[test]
+    fn over_several_pairs_failed_receivers_go_with_the_sender_and_degraded_follows_the_pairs() {
+        let mut t = over_pairs("t");
+        let d = conditions::find(&t.status.as_ref().unwrap().conditions, types::DEGRADED).unwrap();
+        assert_eq!(
+            (d.status.as_str(), d.reason.as_str()),
+            ("False", "AllPairsRunning")
+        );
+        report_of(
+            &mut t,
+            Role::Receiver,
+            "r1",
+            ReportState::Failed,
+            "disk gone",
+        );
+        // s0's Lease lapses as r1 fails.
+        let st = step_pairs(&mut t, &PAIRS[1..], 130);
+        assert_eq!(st.status.attempt, 2);
+        assert_eq!(receiver_names(&st), ["r0", "r2"]);
+        let lost: Vec<&str> = st
+            .status
+            .failovers
+            .iter()
+            .map(|f| f.agent.as_str())
+            .collect();
+        assert_eq!(lost, ["s0", "r1"]);
+        let d = conditions::find(&st.status.conditions, types::DEGRADED).unwrap();
+        assert_eq!(d.status, "True");
+        assert!(
+            d.message.starts_with("2 of 3 pairs running"),
+            "{}",
+            d.message
+        );
+
+        // Every receiver lost, then three placed again: Degraded goes.
+        let mut t = over_pairs("u");
+        step_pairs(&mut t, &PAIRS[..1], 130);
+        let ag = agents(139, &PAIRS);
+        let by_name = |n: &str| ag.values().find(|a| a.name == n).unwrap();
+        let receivers = [by_name("r0"), by_name("r1"), by_name("r2")];
+        let placed = Placed {
+            sender: None,
+            receivers: &receivers,
+            token_secret: "t-token",
+        };
+        let r = check_shared(&t).unwrap();
+        let (s, _) = assigned(&t, &r, t.status.clone().unwrap(), placed, at(140));
+        let d = conditions::find(&s.conditions, types::DEGRADED).unwrap();
+        assert_eq!(d.status, "False");
+        assert_eq!(s.pairs, Some(3));
+    }
+
+    // Found by review: any agent's Verifying report of the attempt turned
+    // stall detection off, written under a name of its choosing.
+    #[test]
+    fn only_an_assigned_agent_verifying_holds_off_a_stall() {
+        let mut t = transfer("t", "/in/a", "/out/a");
+        t.spec.stall_timeout_seconds = 60;
+        running(&mut t, &agents(99, &[("src", "s0"), ("dst", "r0")]));
+        step_at(&mut t, 100);
+        report(&mut t, Role::Receiver, "intruder", ReportState::Verifying);
+        let st = step_at(&mut t, 200);
+        assert_eq!(st.status.phase, Some(TransferPhase::Queued), "stalled");
+        assert!(st.status.failovers[0].reason.starts_with("Stalled"));
     }
 
     /// The sender's last progress report: `bytes` in `blocks`, all done, at `when`.

@@ -228,7 +228,7 @@ async fn succeed(client: &Client, t: &Transfer) {
                      "message": "verified", "updatedAt": Time(Timestamp::now())}]}});
     api.patch_status(
         t.metadata.name.as_deref().unwrap(),
-        &PatchParams::apply(&contract::agent_manager(&receiver)).force(),
+        &PatchParams::apply(&contract::report_manager(&receiver, false)).force(),
         &Patch::Apply(&patch),
     )
     .await

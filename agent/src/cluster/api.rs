@@ -174,7 +174,7 @@ impl Reports {
             outbox: Arc::default(),
             posted: Arc::new(Notify::new()),
         };
-        let pp = PatchParams::apply(&contract::agent_manager(agent)).force();
+        let agent = agent.to_owned();
         let (outbox, posted) = (r.outbox.clone(), r.posted.clone());
         tokio::spawn(async move {
             let start = Instant::now();
@@ -186,7 +186,9 @@ impl Reports {
                 };
                 for (k, seq, body) in ready {
                     let api: Api<Transfer> = Api::namespaced(client.clone(), &k.transfer.0);
-                    let (pp, outbox, posted) = (pp.clone(), outbox.clone(), posted.clone());
+                    let pp =
+                        PatchParams::apply(&contract::report_manager(&agent, k.side.1)).force();
+                    let (outbox, posted) = (outbox.clone(), posted.clone());
                     // A task per send: the loop never waits for one, and
                     // every send ends in `done`.
                     tokio::spawn(async move {

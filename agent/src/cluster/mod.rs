@@ -317,12 +317,8 @@ pub async fn run_with(client: Client, cfg: RunConfig) -> Result<()> {
             }
         }
         for w in wanted {
-            // Over several pairs the sender's pairs are fixed once it runs:
-            // a receiver lost leaves the list, and its work goes to the
-            // others without a restart.
             if let Some(j) = jobs.get_mut(&w.key)
-                && j.endpoints.len() <= 1
-                && j.endpoints != w.endpoints
+                && plan::receivers_moved(&j.endpoints, &w.endpoints)
             {
                 tracing::info!(transfer = ?j.transfer, "the receiver moved to {:?}; following it", w.endpoints);
                 stop(j);

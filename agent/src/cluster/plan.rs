@@ -128,6 +128,19 @@ pub fn wanted(transfers: &[Transfer], me: &Me) -> Vec<Want> {
     out
 }
 
+/// Whether a running sender, sending to `running`, must start again to
+/// reach its receivers at `wanted`. Over one pair, when the receiver
+/// moved. Over several, only when one listens somewhere the sender does
+/// not send to (a receiver's job restarted on another port): its pairs
+/// are fixed once it runs, and a receiver that leaves the list (lost) has
+/// its work taken over by the others without a restart.
+pub fn receivers_moved(running: &[String], wanted: &[String]) -> bool {
+    if running.len() <= 1 && wanted.len() <= 1 {
+        return running != wanted;
+    }
+    wanted.iter().any(|e| !running.contains(e))
+}
+
 /// Transfers being deleted on which `me` still has to stop and clean up.
 pub fn cancelled(transfers: &[Transfer], me: &Me) -> Vec<(JobKey, (String, String))> {
     let mut out = Vec::new();
@@ -386,6 +399,27 @@ mod tests {
         let w = wanted(std::slice::from_ref(&t), &me("s"));
         assert_eq!(w[0].endpoints, ["a:1", "c:1"]);
         assert!(wanted(std::slice::from_ref(&t), &me("r1")).is_empty());
+    }
+
+    // Found by review: a sender over several pairs never followed a
+    // receiver whose job restarted on another port (its pair was lost for
+    // good, and a rolling restart of the pool lost them all).
+    #[test]
+    fn a_sender_starts_again_for_a_receiver_that_moved_not_for_one_that_left() {
+        let e = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert!(!receivers_moved(&e(&["a:1"]), &e(&["a:1"])));
+        assert!(receivers_moved(&e(&["a:1"]), &e(&["a:2"])));
+        let three = e(&["a:1", "b:1", "c:1"]);
+        assert!(!receivers_moved(&three, &three));
+        assert!(!receivers_moved(&three, &e(&["a:1", "c:1"])), "b left");
+        assert!(
+            receivers_moved(&three, &e(&["a:1", "b:2", "c:1"])),
+            "b moved"
+        );
+        assert!(
+            receivers_moved(&three, &e(&["a:1", "b:2"])),
+            "b moved, c left"
+        );
     }
 
     #[test]

@@ -234,6 +234,7 @@ async fn a_stalled_report_neither_lets_the_lease_lapse_nor_is_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_assignment_seen_before_its_token_waits_for_it() {
     let c = cluster().await;
+    c.server.record();
     agent(&c.client, 18120);
     wait_for_lease(&c.client).await;
     // Assigned, but the status names no token yet; then the Secret is
@@ -248,4 +249,26 @@ async fn an_assignment_seen_before_its_token_waits_for_it() {
     token_secret(&c.client, "early-token").await;
     let (state, msg) = await_report(&c.client, "early", Duration::from_secs(30)).await;
     assert_eq!(state, ReportState::Running, "{msg}");
+
+    // Found by review: both sides' reports were applied under one field
+    // manager, so an agent that sends and receives one Transfer dropped
+    // one side's report (and its fields) with each apply of the other's.
+    let managers: Vec<Option<String>> = c
+        .server
+        .calls()
+        .iter()
+        .filter(|call| call.is("PATCH", "/transfers/early/status"))
+        .map(|call| call.field_manager())
+        // The test's own writes stand for the operator's.
+        .filter(|m| m.as_deref() != Some(contract::OPERATOR_MANAGER))
+        .collect();
+    assert!(!managers.is_empty());
+    let receiver = contract::report_manager(AGENT, false);
+    assert!(
+        managers
+            .iter()
+            .all(|m| m.as_deref() == Some(receiver.as_str())),
+        "{managers:?}"
+    );
+    assert_ne!(receiver, contract::report_manager(AGENT, true));
 }

@@ -149,15 +149,15 @@ pub(crate) async fn report_success(client: &Client, t: &Transfer) -> anyhow::Res
                      "message": format!("1 file(s) verified into {}", t.spec.destination.path),
                      "updatedAt": now()}],
     });
-    for (agent, status) in [
-        (sender.name, sender_status),
-        (receiver.name, receiver_status),
+    for (agent, is_sender, status) in [
+        (sender.name, true, sender_status),
+        (receiver.name, false, receiver_status),
     ] {
         let patch =
             json!({"apiVersion": "wirerate.io/v1alpha1", "kind": "Transfer", "status": status});
         api.patch_status(
             &name,
-            &PatchParams::apply(&contract::agent_manager(&agent)).force(),
+            &PatchParams::apply(&contract::report_manager(&agent, is_sender)).force(),
             &Patch::Apply(&patch),
         )
         .await?;

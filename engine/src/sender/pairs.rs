@@ -259,6 +259,8 @@ struct Plan<'a> {
     cfg: &'a SendConfig,
     list: &'a SourceList,
     group: u64,
+    /// Receivers the transfer started with.
+    pairs: usize,
 }
 
 impl Plan<'_> {
@@ -274,6 +276,11 @@ impl Plan<'_> {
         cfg.cancel = (stripe.role == StripeRole::Write).then(|| Arc::clone(&lane.cancel));
         cfg.warm = Some(Arc::clone(warm));
         cfg.stripe = Some(stripe);
+        // The cap is the transfer's: each session paces its own streams,
+        // so it gets its share of every session that may run at once
+        // (without this, N pairs ran at up to 2N times --max-rate).
+        let sessions = (self.pairs.max(1) * SESSIONS_PER_LANE) as u64;
+        cfg.max_rate = self.cfg.max_rate.map(|r| (r / sessions).max(1));
         cfg
     }
 
@@ -360,6 +367,7 @@ pub fn send_over_pairs(cfg: &SendConfig, to: &[String]) -> Result<PairsSummary> 
         cfg,
         list: &list,
         group: u64::from_le_bytes(crate::net::auth::random()),
+        pairs: to.len(),
     };
     let lanes: Vec<Lane> = to.iter().map(|t| Lane::new(t)).collect();
     let start = Instant::now();
@@ -1066,6 +1074,7 @@ mod tests {
                 cfg: &self.cfg,
                 list: &self.list,
                 group: 1,
+                pairs: self.lanes.len(),
             }
         }
 
@@ -1238,6 +1247,29 @@ mod tests {
                 .cancel
                 .is_none()
         );
+    }
+
+    // Found while adding Transfers over several pairs to the cluster: each
+    // session paced its streams to the whole --max-rate, so two pairs of
+    // two sessions each could send at four times the cap.
+    #[test]
+    fn the_rate_cap_is_shared_by_every_session_that_may_run_at_once() {
+        let mut fx = Fixture::new(3);
+        fx.cfg.max_rate = Some(100_000_000);
+        let plan = fx.plan();
+        let warm = Arc::new(Warm::default());
+        let stripe = Stripe {
+            group: 1,
+            role: StripeRole::Write,
+            pieces: Vec::new(),
+        };
+        let each = plan.session(&fx.lanes[0], &warm, stripe).max_rate.unwrap();
+        let at_once = (fx.lanes.len() * SESSIONS_PER_LANE) as u64;
+        assert!(
+            each * at_once <= 100_000_000,
+            "{at_once} sessions at {each} B/s each exceed the cap"
+        );
+        assert!(each * at_once >= 99_999_000, "the cap is shared, not cut");
     }
 
     /// A lost lane's cancelled sessions are no failure of the transfer,
