@@ -283,14 +283,14 @@ fn pairs_running(t: &Transfer, s: &mut TransferStatus, why: &str, now: &Time) {
             types::DEGRADED,
             true,
             "PairLost",
-            &format!("{running} of {asked} pairs running{why}"),
+            format!("{running} of {asked} pairs running{why}"),
         )
     } else {
         condition(
             types::DEGRADED,
             false,
             "AllPairsRunning",
-            &format!("all {asked} pairs running"),
+            format!("all {asked} pairs running"),
         )
     };
     conditions::set(&mut s.conditions, c, generation, now);
