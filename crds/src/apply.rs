@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use kube::Resource;
 use serde::Serialize;
 
-use crate::transfer::{AgentReport, Progress, StripingReport, TuningReport};
+use crate::transfer::{AgentReport, Progress, StripesReport, StripingReport, TuningReport};
 
 /// `{apiVersion, kind, status}`: applied to the status subresource.
 #[derive(Debug, Serialize)]
@@ -78,6 +78,9 @@ pub struct AgentStatus {
     /// The streams the sender's tuner chose, once it has.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tuning: Option<TuningReport>,
+    /// Over several pairs, the sender's view of each.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stripes: Option<StripesReport>,
 }
 
 #[cfg(test)]
@@ -127,6 +130,7 @@ mod tests {
             progress: None,
             striping: None,
             tuning: None,
+            stripes: None,
         };
         let v = serde_json::to_value(StatusApply::new::<Transfer>(&body)).unwrap();
         assert_eq!(

@@ -346,6 +346,10 @@ pub struct TransferStatus {
     /// neither the Transfer nor its pool fixed the streams.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tuning: Option<TuningReport>,
+    /// Over several pairs: how the transfer is split and where each pair
+    /// stands, written by the sender with its progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stripes: Option<StripesReport>,
     /// One entry per role and agent, each written by that agent (over
     /// several pairs, one per receiver).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -483,6 +487,49 @@ pub struct TuningReport {
     /// many, and what it measured.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub changes: Vec<String>,
+}
+
+/// How a Transfer over several pairs is split, and where each pair
+/// stands: its "stripe settings".
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StripesReport {
+    /// The attempt these figures belong to.
+    pub attempt: i32,
+    /// The sending agent, which drives every pair.
+    pub sender: String,
+    /// Bytes in a chunk of a large file (small files go in bundles).
+    pub chunk_bytes: i64,
+    /// Data streams of each pair's sessions.
+    pub streams_per_pair: i32,
+    /// Pairs taking work now.
+    pub running: i32,
+    /// Bytes made durable, over every pair.
+    pub bytes: i64,
+    /// The pairs' rates added up, bytes a second.
+    pub rate_bps: i64,
+    /// Each pair, in the order of the receivers the sender started with.
+    pub pairs: Vec<PairReport>,
+}
+
+/// One pair of a Transfer over several.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PairReport {
+    /// The receiving agent (its endpoint, when its report is not seen).
+    pub receiver: String,
+    /// Where it listens (`host:port`).
+    pub endpoint: String,
+    /// `running`, `leaving`, `lost` (its unacknowledged work went to the
+    /// others), `gone` (fenced: nothing it writes lands) or, at the end,
+    /// `finished`.
+    pub state: String,
+    /// Bytes it made durable first.
+    pub bytes: i64,
+    /// Its rate since it was first handed work, bytes a second.
+    pub rate_bps: i64,
+    /// Chunks (or bundles of small files) it finished.
+    pub chunks_done: i64,
 }
 
 /// The most changes `status.tuning` lists (the optimizer makes a few at

@@ -6,7 +6,8 @@
 //! resumes from the checkpoint, and the file is identical; then a receiver
 //! whose storage hangs while its Lease stays current (`stall`); last, deleting the
 //! Transfers and pools lets their finalizers go; before that, the sending
-//! pool tests the path to the receiving one (`path_tests`). Along the way, the
+//! pool tests the path to the receiving one (`path_tests`), and a Transfer
+//! over three pairs loses a receiving agent mid-file (`pairs`). Along the way, the
 //! security model: the escalation rule at admission, namespace consent, and
 //! tokens granted by name (`security`).
 #![forbid(unsafe_code)]
@@ -27,6 +28,7 @@ use wirerate_crds::fixtures::{PoolBuilder, TransferBuilder};
 use wirerate_crds::{DtnPool, DtnPoolBinding, IoMode, Transfer, TransferPhase, Tuning};
 
 mod owned;
+mod pairs;
 mod path_tests;
 mod security;
 mod stall;
@@ -314,7 +316,11 @@ async fn run(
     // The pools first, as in a cluster, where an agent's pod exists only
     // because its pool does (an agent started earlier would wait for it).
     let pools: Api<DtnPool> = Api::namespaced(client.clone(), ns);
-    for p in [pool("senders", src), pool("receivers", dst)] {
+    let mut receivers = pool("receivers", dst);
+    // Its agents all write one directory: shared, for the Transfer over
+    // several pairs.
+    receivers.spec.shared_storage = true;
+    for p in [pool("senders", src), receivers] {
         pools.create(&PostParams::default(), &p).await?;
     }
     println!("== operator and agents (local processes)");
@@ -481,6 +487,8 @@ async fn run(
     stall::stuck_receiver_is_replaced(&transfers, ns, kubeconfig, &mut procs, &file, dst, logs)
         .await?;
     path_tests::pools_test_the_path_between_them(client, kubeconfig, ns, dst).await?;
+    pairs::a_lost_pair_is_taken_over(&transfers, ns, kubeconfig, &mut procs, &file, dst, logs)
+        .await?;
 
     // While the operator still runs: its finalizers must let both kinds go,
     // or the namespace could never be deleted.

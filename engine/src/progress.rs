@@ -6,8 +6,8 @@
 //! nothing is pushed to the one who shows them.
 #![forbid(unsafe_code)]
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 /// Where a transfer stands.
@@ -30,6 +30,33 @@ pub struct Position {
     pub seconds: f64,
 }
 
+/// One pair of a transfer over several, as it stands.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PairShown {
+    /// Its receiver (`host:port`).
+    pub to: String,
+    /// `running`, `leaving`, `lost` (its unacknowledged work went to the
+    /// others) or `gone` (fenced: nothing it writes lands).
+    pub state: &'static str,
+    /// Bytes it made durable first.
+    pub bytes: u64,
+    /// Its rate since it was first handed work, bytes a second.
+    pub rate_bps: u64,
+    /// Items (chunks, or bundles of small files) it finished.
+    pub chunks_done: u64,
+}
+
+/// How a transfer over several pairs is split, and each pair.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PairsShown {
+    /// Bytes in a chunk of a large file.
+    pub chunk_bytes: u64,
+    /// Data streams of each pair's sessions.
+    pub streams_per_pair: u16,
+    /// Each pair, in the order of its receivers.
+    pub pairs: Vec<PairShown>,
+}
+
 /// The sender's figures, moved by the engine as a send runs and read with
 /// `position`.
 #[derive(Debug, Default)]
@@ -38,6 +65,7 @@ pub struct Progress {
     done: AtomicU64,
     moved: AtomicU64,
     started: OnceLock<Instant>,
+    pairs: Mutex<Option<PairsShown>>,
 }
 
 impl Progress {
@@ -76,6 +104,35 @@ impl Progress {
     pub(crate) fn set(&self, done: u64, moved: u64) {
         self.done.store(done, Ordering::Relaxed);
         self.moved.store(moved, Ordering::Relaxed);
+    }
+
+    /// Over several pairs: the split and where each pair stands.
+    pub fn pairs(&self) -> Option<PairsShown> {
+        self.pairs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// A transfer over several pairs is split into chunks of
+    /// `chunk_bytes`, each pair's sessions with `streams` data streams.
+    pub(crate) fn split(&self, chunk_bytes: u64, streams: u16) {
+        let mut p = self
+            .pairs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let shown = p.get_or_insert_with(PairsShown::default);
+        shown.chunk_bytes = chunk_bytes;
+        shown.streams_per_pair = streams;
+    }
+
+    /// Where each pair stands now.
+    pub(crate) fn set_pairs(&self, pairs: Vec<PairShown>) {
+        let mut p = self
+            .pairs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        p.get_or_insert_with(PairsShown::default).pairs = pairs;
     }
 
     /// `bytes` went out on a data stream.

@@ -856,6 +856,7 @@ pub fn operator_fields(old: &TransferStatus) -> TransferStatus {
         progress: None,
         striping: None,
         tuning: None,
+        stripes: None,
         reports: Vec::new(),
         ..old.clone()
     }

@@ -102,6 +102,7 @@ impl LastWritten {
                 progress: cached.progress,
                 striping: cached.striping,
                 tuning: cached.tuning,
+                stripes: cached.stripes,
                 reports: cached.reports,
                 ..w.status.clone()
             });

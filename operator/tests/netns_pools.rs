@@ -1218,6 +1218,20 @@ async fn a_transfer_over_three_pairs_loses_a_receiver_mid_file_and_lands_identic
         status.failovers
     );
     assert_eq!(status.pairs, Some(2));
+    // The sender's view of the pairs, each named by its agent.
+    let stripes = status.stripes.clone().expect("status.stripes");
+    let mut named: Vec<(&str, &str)> = stripes
+        .pairs
+        .iter()
+        .map(|p| (p.receiver.as_str(), p.state.as_str()))
+        .collect();
+    named.sort_unstable();
+    assert_eq!(named.len(), 3, "{stripes:?}");
+    assert_eq!(named[0].0, RECEIVER, "{stripes:?}");
+    assert_eq!(named[2].0, MORE[1], "{stripes:?}");
+    assert!(matches!(named[2].1, "lost" | "gone"), "{stripes:?}");
+    assert_eq!(stripes.bytes, data.len() as i64, "{stripes:?}");
+    assert!(stripes.chunk_bytes > 0 && stripes.streams_per_pair > 0);
     eprintln!(
         "ended {:.1} s after the kill; the sender said: {said}",
         killed.elapsed().as_secs_f64()

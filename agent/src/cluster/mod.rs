@@ -15,6 +15,7 @@ pub mod jobs;
 pub mod path_tests;
 pub mod plan;
 pub mod storage;
+pub mod stripes;
 pub mod tuning;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -33,7 +34,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use wirerate_crds::apply::{AgentStatus, StatusApply};
 use wirerate_crds::transfer::{
-    AgentReport, Progress as ProgressStatus, ReportState, Role, StripingReport, TuningReport,
+    AgentReport, Progress as ProgressStatus, ReportState, Role, StripesReport, StripingReport,
+    TuningReport,
 };
 use wirerate_crds::{AgentLease, DtnPool, Transfer, contract};
 
@@ -85,6 +87,8 @@ enum Side {
         announce_tries: u8,
         /// The optimizer's changes told in Events so far.
         changes_told: usize,
+        /// Over several pairs: each receiver's endpoint and agent name.
+        pair_names: Vec<(String, String)>,
     },
     Receiver {
         job: ReceiverJob,
@@ -471,6 +475,7 @@ async fn start_job(
                 last_state: None,
                 announce_tries: ANNOUNCE_TRIES,
                 changes_told: 0,
+                pair_names: pair_names(t, &w.endpoints),
             }
         }
         Role::Receiver => {
@@ -545,6 +550,29 @@ fn warm_note(streams_warm: u64) -> String {
         0 => String::new(),
         n => format!(", {n} data streams joined warm"),
     }
+}
+
+/// Each receiver's endpoint with the name of the agent that reported it,
+/// for the pairs of a sender sending to `endpoints` (none over one pair).
+fn pair_names(t: &Transfer, endpoints: &[String]) -> Vec<(String, String)> {
+    if endpoints.len() < 2 {
+        return Vec::new();
+    }
+    let reports = t
+        .status
+        .as_ref()
+        .map(|s| s.reports.as_slice())
+        .unwrap_or_default();
+    endpoints
+        .iter()
+        .map(|e| {
+            let agent = reports
+                .iter()
+                .find(|r| r.role == Role::Receiver && r.endpoint.as_deref() == Some(e.as_str()))
+                .map_or_else(|| e.clone(), |r| r.agent.clone());
+            (e.clone(), agent)
+        })
+        .collect()
 }
 
 /// What a sender's last report adds over several pairs: each pair's
@@ -679,6 +707,7 @@ fn observe(
             last_state,
             announce_tries,
             changes_told,
+            pair_names,
         } => {
             let choice = s.progress.streams_chosen.get();
             let changes = s
@@ -779,6 +808,11 @@ fn observe(
                 )
             };
             *last_state = Some(state);
+            let stripes = s
+                .progress
+                .transfer
+                .pairs()
+                .map(|shown| stripes::report(key.attempt, &cfg.agent, &shown, pair_names));
             report(
                 reports,
                 cfg,
@@ -787,6 +821,7 @@ fn observe(
                 Report {
                     progress: shows_progress.then_some(&p),
                     tuning: tuning.as_ref(),
+                    stripes: stripes.as_ref(),
                     ..Report::new(state, &msg)
                 },
             );
@@ -955,6 +990,7 @@ struct Report<'a> {
     striping: Option<&'a StripingReport>,
     tuning: Option<&'a TuningReport>,
     endpoint: Option<&'a str>,
+    stripes: Option<&'a StripesReport>,
 }
 
 impl<'a> Report<'a> {
@@ -967,6 +1003,7 @@ impl<'a> Report<'a> {
             striping: None,
             tuning: None,
             endpoint: None,
+            stripes: None,
         }
     }
 }
@@ -987,6 +1024,7 @@ fn report(
         striping,
         tuning,
         endpoint,
+        stripes,
     } = r;
     let status = AgentStatus {
         reports: [AgentReport {
@@ -1001,6 +1039,7 @@ fn report(
         progress: progress.cloned(),
         striping: striping.cloned(),
         tuning: tuning.cloned(),
+        stripes: stripes.cloned(),
     };
     match serde_json::to_value(StatusApply::new::<Transfer>(&status)) {
         Ok(body) => reports.post(api::ReportKey::new(transfer, key), body),

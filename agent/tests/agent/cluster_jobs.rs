@@ -606,4 +606,13 @@ fn a_sender_job_given_several_receivers_spreads_one_file_over_them() {
         "the work was spread: {:?}",
         sum.pairs
     );
+    // What the in-cluster sender writes to status.stripes as it runs.
+    let shown = tx.progress.transfer.pairs().expect("the pairs are shown");
+    assert_eq!(shown.pairs.len(), 3);
+    assert!(
+        shown.chunk_bytes > 0 && shown.streams_per_pair == 4,
+        "{shown:?}"
+    );
+    let bytes: u64 = shown.pairs.iter().map(|p| p.bytes).sum();
+    assert_eq!(bytes, sum.bytes_total, "{shown:?}");
 }

@@ -34,7 +34,7 @@ use super::source::{SourceFile, SourceList, Stamp};
 use super::{RunState, SendConfig, warm::Warm};
 use crate::digest::{fmt_digest, tree_digest};
 use crate::error::{Error, Result};
-use crate::progress::Progress;
+use crate::progress::{PairShown, Progress};
 use crate::session::FileVerdict;
 use crate::stripes::{Action, Coordinator, Geometry, ItemId, PairId, PairState, Piece, Verified};
 use crate::wire::{EntryKind, Stripe, StripePiece, StripeRole};
@@ -361,6 +361,7 @@ pub fn send_over_pairs(cfg: &SendConfig, to: &[String]) -> Result<PairsSummary> 
     let total: u64 = files.iter().map(|f| f.1).sum();
     cfg.progress.sized(total);
     let chunk = chunk_bytes(total, to.len(), cfg.block_size, cfg.streams);
+    cfg.progress.split(chunk, cfg.streams);
     let geometry =
         Geometry::new(cfg.block_size, chunk, None).map_err(|e| Error::Config(e.to_string()))?;
     let plan = Plan {
@@ -518,6 +519,17 @@ fn refused_entries(plan: &Plan<'_>, ids: &[u32], st: &RunState) -> Result<()> {
     Ok(())
 }
 
+/// What a pair in `state` is called, `running` the word for a pair that
+/// takes work (or took it to the end).
+fn state_name(state: PairState, running: &'static str) -> &'static str {
+    match state {
+        PairState::Running => running,
+        PairState::Leaving => "leaving",
+        PairState::Lost => "lost",
+        PairState::Gone => "gone",
+    }
+}
+
 /// Whether `f` is still the file that was listed.
 fn unchanged(base: &OwnedFd, f: &SourceFile) -> bool {
     use rustix::fs::{Mode, OFlags};
@@ -660,7 +672,21 @@ impl<'a> Run<'a> {
     fn show_progress(&self) {
         let (done, _) = self.coord.progress();
         let moved = self.lanes.iter().map(|l| l.progress.position().moved).sum();
-        self.plan.cfg.progress.set(done, moved);
+        let progress = &self.plan.cfg.progress;
+        progress.set(done, moved);
+        let pairs = self
+            .coord
+            .pair_views(Instant::now())
+            .iter()
+            .map(|(id, v)| PairShown {
+                to: self.lanes[*id as usize].to.clone(),
+                state: state_name(v.state, "running"),
+                bytes: v.bytes,
+                rate_bps: v.rate as u64,
+                chunks_done: v.chunks_done,
+            })
+            .collect();
+        progress.set_pairs(pairs);
     }
 
     /// Carries out what the coordinator asks.
@@ -949,12 +975,7 @@ impl<'a> Run<'a> {
             .iter()
             .map(|(id, v)| PairSummary {
                 to: self.lanes[*id as usize].to.clone(),
-                state: match v.state {
-                    PairState::Running | PairState::Leaving => "finished",
-                    PairState::Lost => "lost",
-                    PairState::Gone => "gone",
-                }
-                .to_string(),
+                state: state_name(v.state, "finished").to_string(),
                 bytes: v.bytes,
                 bytes_sent: self.bytes_sent.get(id).copied().unwrap_or(0),
                 gbps: v.rate * 8.0 / 1e9,

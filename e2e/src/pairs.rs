@@ -1,0 +1,134 @@
+//! Issue 34 against a real API server: a Transfer over three pairs, its
+//! receivers agents of a pool with shared storage, loses one receiving
+//! agent mid-file (killed); the operator drops the pair with an Event and a
+//! condition, the others take its work, nothing restarts, and the file
+//! lands identical.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use kube::api::{Api, PostParams};
+use wirerate_crds::{Transfer, TransferPhase};
+
+use crate::{Procs, agent_args, bin, same_file, spawn, transfer, wait_for};
+
+/// Runs the scenario on `file` (the 1 GiB source) into `dst`.
+pub async fn a_lost_pair_is_taken_over(
+    transfers: &Api<Transfer>,
+    ns: &str,
+    kubeconfig: &str,
+    procs: &mut Procs,
+    file: &Path,
+    dst: &Path,
+    logs: &Path,
+) -> Result<()> {
+    println!("== transfer over 3 pairs: one receiving agent killed mid-file");
+    // Three receivers of their own, so that the pairs do not depend on
+    // which agents the earlier scenarios left alive.
+    for (name, port) in [("pair-a", 18500), ("pair-b", 18600), ("pair-c", 18700)] {
+        spawn(
+            procs,
+            name,
+            &bin("wirerate-agent"),
+            &agent_args(name, ns, "receivers", port),
+            kubeconfig,
+            logs,
+        )?;
+    }
+    let out = dst.join("run-1-wide.dat");
+    // 200 Mbit/s in all: the kill comes at 20% (about 9 s in) and the
+    // killed agent's Lease lapses (15 s) well before the end.
+    let mut t = transfer("wide", file, &out, Some(200));
+    t.spec.pairs = Some(3);
+    transfers.create(&PostParams::default(), &t).await?;
+    let t = wait_for(
+        transfers,
+        "wide",
+        "three receivers and 20% progress",
+        Duration::from_secs(300),
+        |t| {
+            t.status.as_ref().is_some_and(|s| {
+                s.receivers.len() == 3
+                    && s.progress
+                        .as_ref()
+                        .is_some_and(|p| p.bytes_total > 0 && p.bytes_done * 5 >= p.bytes_total)
+            })
+        },
+    )
+    .await?;
+    let s = t.status.unwrap_or_default();
+    let names: Vec<String> = s.receivers.iter().map(|r| r.name.clone()).collect();
+    println!("  receivers {names:?}");
+    let victim = names[1].clone();
+    println!("  killing {victim}");
+    procs.kill(&victim);
+    let killed = Instant::now();
+    wait_for(
+        transfers,
+        "wide",
+        "the pair dropped",
+        Duration::from_secs(120),
+        |t| {
+            t.status.as_ref().is_some_and(|s| {
+                s.failovers.iter().any(|f| f.agent == victim)
+                    || s.phase.is_some_and(|p| p.is_final())
+            })
+        },
+    )
+    .await?;
+    let noticed = killed.elapsed();
+    let t = wait_for(
+        transfers,
+        "wide",
+        "success over the other pairs",
+        Duration::from_secs(600),
+        |t| t.status.as_ref().and_then(|s| s.phase) == Some(TransferPhase::Succeeded),
+    )
+    .await?;
+    let s = t.status.unwrap_or_default();
+    let lost = s
+        .failovers
+        .iter()
+        .find(|f| f.agent == victim)
+        .with_context(|| format!("no failover names {victim}: {:?}", s.failovers))?;
+    ensure!(
+        lost.reason.starts_with("pair lost"),
+        "the loss of {victim} was not taken as a lost pair: {}",
+        lost.reason
+    );
+    ensure!(s.attempt == 1, "restarted: attempt {}", s.attempt);
+    ensure!(s.pairs == Some(2), "status.pairs is {:?}, not 2", s.pairs);
+    let degraded = s
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Degraded")
+        .context("no Degraded condition")?;
+    ensure!(
+        degraded.status == "True" && degraded.reason == "PairLost",
+        "Degraded: {degraded:?}"
+    );
+    ensure!(
+        same_file(file, &out)?,
+        "transfer wide: {} differs from {}",
+        out.display(),
+        file.display()
+    );
+    let said = s
+        .reports
+        .iter()
+        .find(|r| r.role == wirerate_crds::transfer::Role::Sender && r.attempt == 1)
+        .map(|r| r.message.clone())
+        .unwrap_or_default();
+    ensure!(said.contains("over 3 pairs"), "the sender said {said:?}");
+    println!(
+        "  identical; the operator dropped the pair {:.1} s after the kill ({})",
+        noticed.as_secs_f64(),
+        lost.reason
+    );
+    println!("  {said}");
+    for name in ["pair-a", "pair-b", "pair-c"] {
+        procs.kill(name);
+    }
+    Ok(())
+}
