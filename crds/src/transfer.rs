@@ -69,7 +69,7 @@ use crate::tuning::{Striping, Tuning, Verification};
 )]
 #[x_kube(validation = Rule::new("!has(self.destination.pool) || self.source.pool != self.destination.pool || self.source.path != self.destination.path").message("source and destination are the same file: change destination.path or destination.pool"))]
 #[x_kube(validation = Rule::new("!has(self.striping) || !has(self.tuning) || !has(self.tuning.blockSize) || self.tuning.blockSize % self.striping.stripeSize == 0").message("striping.stripeSize must divide tuning.blockSize: pick a stripe size that divides the block size"))]
-#[x_kube(validation = Rule::new("has(self.pairs) == has(oldSelf.pairs) && (!has(self.pairs) || self.pairs == oldSelf.pairs)").message("pairs cannot change once set: the pairs of a running transfer are fixed; create a new Transfer instead"))]
+#[x_kube(validation = Rule::new("(has(self.pairs) ? self.pairs : 1) == (has(oldSelf.pairs) ? oldSelf.pairs : 1)").message("pairs cannot change once set: the pairs of a running transfer are fixed; create a new Transfer instead"))]
 #[x_kube(validation = Rule::new("!has(self.pairs) || self.pairs == 1 || has(self.destination.pool)").message("pairs above 1 needs destination.pool: an agent outside the cluster is one receiver, so one pair"))]
 #[serde(rename_all = "camelCase")]
 pub struct TransferSpec {

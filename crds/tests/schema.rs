@@ -381,6 +381,14 @@ fn source_and_destination_are_immutable() {
     let mut same = old.clone();
     same.spec.pairs = Some(3);
     validate_cel_update(&same, &same).expect("pairs kept");
+    // Unset is one pair: spelling it out changes nothing, and a Transfer
+    // stored without it stays updatable.
+    let mut one = old.clone();
+    one.spec.pairs = Some(1);
+    validate_cel_update(&one, &old).expect("unset to 1");
+    let mut prio = old.clone();
+    prio.spec.priority = 7;
+    validate_cel_update(&prio, &old).expect("unset kept, another field changed");
 }
 
 #[test]

@@ -144,25 +144,11 @@ pub fn step(
     if external {
         lost.retain(|(role, _, _)| *role == Role::Sender);
     }
-    if multi && stalled.is_none() {
-        let gone = pairs_gone(&s, &said, &lost);
-        let sender_lost = lost.iter().any(|(role, _, _)| *role == Role::Sender);
-        // Some pairs, not the sender: the others take their work over.
-        if !gone.is_empty() && gone.len() < s.receivers.len() && !sender_lost {
-            return pairs_lost(t, s, &gone, now);
-        }
-        // The sender lost: receivers that failed go with the failover
-        // too, rather than into the next attempt.
-        if sender_lost {
-            for (who, why) in gone {
-                if !lost
-                    .iter()
-                    .any(|(r, w, _)| *r == Role::Receiver && *w == who)
-                {
-                    lost.push((Role::Receiver, who, why));
-                }
-            }
-        }
+    if multi
+        && stalled.is_none()
+        && let Some(gone) = only_pairs_gone(&s, &said, &mut lost)
+    {
+        return pairs_lost(t, s, &gone, now);
     }
     if !lost.is_empty() {
         return fail_over(t, s, &lost, stalled.is_some(), now);
@@ -220,14 +206,54 @@ fn pairs_gone(
         if gone.iter().any(|(who, _)| *who == r.name) {
             continue;
         }
-        if let Some(rep) = said
-            .receiver_report(&r.name)
-            .filter(|rep| rep.state == ReportState::Failed)
-        {
+        let report = said.receiver_report(&r.name);
+        if let Some(rep) = report.filter(|rep| rep.state == ReportState::Failed) {
             gone.push((r.name.clone(), format!("it failed: {}", rep.message)));
+            continue;
+        }
+        // The sender gave the pair up (its receiver unreachable for its
+        // patience): only for the endpoint the receiver still reports,
+        // for one that moved is sent to again.
+        let at = report.and_then(|rep| rep.endpoint.as_deref());
+        if let Some(p) = said.stripes().and_then(|st| {
+            st.pairs.iter().find(|p| {
+                p.receiver == r.name
+                    && Some(p.endpoint.as_str()) == at
+                    && matches!(p.state.as_str(), "lost" | "gone")
+            })
+        }) {
+            gone.push((
+                r.name.clone(),
+                format!("its sender lost the pair to {} ({})", p.endpoint, p.state),
+            ));
         }
     }
     gone
+}
+
+/// Over several pairs: the receivers gone (name, why) when only some of
+/// them are, and the sender is not, whose work the others take over.
+/// With the sender lost, the receivers that failed join `lost`, to go
+/// with the failover rather than into the next attempt.
+fn only_pairs_gone(
+    s: &TransferStatus,
+    said: &Said<'_>,
+    lost: &mut Vec<(Role, String, String)>,
+) -> Option<Vec<(String, String)>> {
+    let gone = pairs_gone(s, said, lost);
+    let sender_lost = lost.iter().any(|(role, _, _)| *role == Role::Sender);
+    if !sender_lost {
+        return (!gone.is_empty() && gone.len() < s.receivers.len()).then_some(gone);
+    }
+    for (who, why) in gone {
+        if !lost
+            .iter()
+            .any(|(r, w, _)| *r == Role::Receiver && *w == who)
+        {
+            lost.push((Role::Receiver, who, why));
+        }
+    }
+    None
 }
 
 /// The step of a Transfer over several pairs that lost the receivers in
@@ -266,6 +292,26 @@ fn pairs_lost(
     let lost = format!(": lost receiving agent {}", names.join(", "));
     pairs_running(t, &mut s, &lost, &now_t);
     Step::settled(s, notes)
+}
+
+/// A Transfer that is over runs degraded no more: a Degraded condition
+/// left True would page whoever alerts on it, for good. The pairs lost
+/// stay in status.failovers.
+fn not_degraded_once_over(s: &mut TransferStatus, now: &Time) {
+    if conditions::is_true(&s.conditions, types::DEGRADED) {
+        let generation = s.observed_generation;
+        conditions::set(
+            &mut s.conditions,
+            condition(
+                types::DEGRADED,
+                false,
+                "TransferOver",
+                "the transfer is over; the pairs it lost are in status.failovers",
+            ),
+            generation,
+            now,
+        );
+    }
 }
 
 /// Keeps `status.pairs` and, over several pairs, the `Degraded`
@@ -408,6 +454,14 @@ impl<'a> Said<'a> {
         })
     }
 
+    /// What the assigned sender says of its pairs in this attempt.
+    fn stripes(&self) -> Option<&'a wirerate_crds::transfer::StripesReport> {
+        self.old
+            .stripes
+            .as_ref()
+            .filter(|st| st.attempt == self.attempt && Some(&st.sender) == self.sender.as_ref())
+    }
+
     /// The report of this attempt of `agent`, an assigned receiver.
     fn receiver_report(&self, agent: &str) -> Option<&'a AgentReport> {
         self.old.reports.iter().find(|r| {
@@ -423,6 +477,7 @@ impl<'a> Said<'a> {
 /// sender) reported it landed and verified, saying `said`.
 fn succeeded(mut s: TransferStatus, old: &TransferStatus, said: &str, now_t: &Time) -> Step {
     s.phase = Some(TransferPhase::Succeeded);
+    not_degraded_once_over(&mut s, now_t);
     s.completion_time = Some(now_t.clone());
     s.queue_position = None;
     average_rate(&mut s, old.progress.as_ref(), Some(now_t.clone()));
@@ -574,6 +629,13 @@ fn stall(
         }
         return None;
     }
+    // Fewer bytes than marked: the attempt started over (a sender over
+    // several pairs restarted for a receiver that moved, and keeps no
+    // checkpoints), which is movement, and the mark follows it down.
+    if landed < mark.bytes_done {
+        s.last_moved = Some(fresh());
+        return None;
+    }
     // Verifying reads the whole file back and lands nothing: not a stall.
     // Only an assigned agent's word counts: any agent of a consented pool
     // may write a report under any name.
@@ -694,6 +756,7 @@ struct Verdict<'a> {
 /// step ends there, with a warning Event after `notes`.
 fn failed(mut s: TransferStatus, mut notes: Vec<Note>, why: Verdict<'_>, now: &Time) -> Step {
     s.phase = Some(TransferPhase::Failed);
+    not_degraded_once_over(&mut s, now);
     s.completion_time = Some(now.clone());
     s.queue_position = None;
     let generation = s.observed_generation;
@@ -1211,6 +1274,101 @@ mod tests {
         let d = conditions::find(&s.conditions, types::DEGRADED).unwrap();
         assert_eq!(d.status, "False");
         assert_eq!(s.pairs, Some(3));
+    }
+
+    // Found by review: a receiver whose job restarted elsewhere went
+    // unseen (its Lease current, its pair lost by the sender); and a
+    // Transfer that ended left Degraded True for good.
+    #[test]
+    fn a_pair_its_sender_gave_up_is_lost_and_degraded_ends_with_the_transfer() {
+        use wirerate_crds::transfer::{PairReport, StripesReport};
+        let stripes = |sender: &str, endpoint: &str| StripesReport {
+            attempt: 1,
+            sender: sender.into(),
+            chunk_bytes: 1 << 26,
+            streams_per_pair: 4,
+            running: 2,
+            bytes: 0,
+            rate_bps: 0,
+            pairs: vec![PairReport {
+                receiver: "r1".into(),
+                endpoint: endpoint.into(),
+                state: "gone".into(),
+                bytes: 0,
+                rate_bps: 0,
+                chunks_done: 0,
+            }],
+        };
+        let with_endpoint = |t: &mut Transfer, e: &str| {
+            let s = t.status.as_mut().unwrap();
+            s.reports.push(AgentReport {
+                role: Role::Receiver,
+                agent: "r1".into(),
+                attempt: 1,
+                state: ReportState::Running,
+                message: String::new(),
+                endpoint: Some(e.into()),
+                updated_at: Time(at(150)),
+            });
+        };
+        // Said by someone other than the assigned sender, or of an
+        // endpoint r1 no longer listens on: nothing is lost.
+        for (sender, endpoint) in [("intruder", "h:1"), ("s0", "h:2")] {
+            let mut t = over_pairs("t");
+            with_endpoint(&mut t, "h:1");
+            t.status.as_mut().unwrap().stripes = Some(stripes(sender, endpoint));
+            let st = step_pairs(&mut t, &PAIRS, 120);
+            assert_eq!(
+                receiver_names(&st),
+                ["r0", "r1", "r2"],
+                "{sender} {endpoint}"
+            );
+        }
+        let mut t = over_pairs("t");
+        with_endpoint(&mut t, "h:1");
+        t.status.as_mut().unwrap().stripes = Some(stripes("s0", "h:1"));
+        let st = step_pairs(&mut t, &PAIRS, 120);
+        assert_eq!(receiver_names(&st), ["r0", "r2"]);
+        assert!(
+            st.status.failovers[0]
+                .reason
+                .contains("its sender lost the pair to h:1")
+        );
+        assert!(conditions::is_true(&st.status.conditions, types::DEGRADED));
+
+        report_of(
+            &mut t,
+            Role::Sender,
+            "s0",
+            ReportState::Succeeded,
+            "digest ok",
+        );
+        let st = step_pairs(&mut t, &PAIRS, 130);
+        assert_eq!(st.status.phase, Some(TransferPhase::Succeeded));
+        let d = conditions::find(&st.status.conditions, types::DEGRADED).unwrap();
+        assert_eq!(
+            (d.status.as_str(), d.reason.as_str()),
+            ("False", "TransferOver")
+        );
+    }
+
+    // Found by review: a sender over several pairs that starts over (for a
+    // receiver that moved) lands fewer bytes than the mark, and was failed
+    // over as Stalled once the timeout passed.
+    #[test]
+    fn bytes_landed_going_down_is_movement_not_a_stall() {
+        let mut t = transfer("t", "/in/a", "/out/a");
+        t.spec.stall_timeout_seconds = 60;
+        running(&mut t, &agents(99, &[("src", "s0"), ("dst", "r0")]));
+        landed(&mut t, 500 << 20);
+        step_at(&mut t, 120);
+        landed(&mut t, 1 << 20);
+        step_at(&mut t, 170);
+        let mark = t.status.as_ref().unwrap().last_moved.clone().unwrap();
+        assert_eq!((mark.bytes_done, mark.at.0.as_second()), (1 << 20, 170));
+        landed(&mut t, 2 << 20);
+        let st = step_at(&mut t, 200);
+        assert_eq!(st.status.phase, Some(TransferPhase::Running));
     }
 
     // Found by review: any agent's Verifying report of the attempt turned

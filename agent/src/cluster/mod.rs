@@ -475,7 +475,7 @@ async fn start_job(
                 last_state: None,
                 announce_tries: ANNOUNCE_TRIES,
                 changes_told: 0,
-                pair_names: pair_names(t, &w.endpoints),
+                pair_names: pair_names(w),
             }
         }
         Role::Receiver => {
@@ -552,26 +552,16 @@ fn warm_note(streams_warm: u64) -> String {
     }
 }
 
-/// Each receiver's endpoint with the name of the agent that reported it,
-/// for the pairs of a sender sending to `endpoints` (none over one pair).
-fn pair_names(t: &Transfer, endpoints: &[String]) -> Vec<(String, String)> {
-    if endpoints.len() < 2 {
+/// Over several pairs, each receiver's endpoint with its agent (none over
+/// one pair).
+fn pair_names(w: &Want) -> Vec<(String, String)> {
+    if w.endpoints.len() < 2 {
         return Vec::new();
     }
-    let reports = t
-        .status
-        .as_ref()
-        .map(|s| s.reports.as_slice())
-        .unwrap_or_default();
-    endpoints
+    w.endpoints
         .iter()
-        .map(|e| {
-            let agent = reports
-                .iter()
-                .find(|r| r.role == Role::Receiver && r.endpoint.as_deref() == Some(e.as_str()))
-                .map_or_else(|| e.clone(), |r| r.agent.clone());
-            (e.clone(), agent)
-        })
+        .cloned()
+        .zip(w.receivers.iter().cloned())
         .collect()
 }
 
@@ -700,244 +690,274 @@ fn observe(
     job: &mut Job,
     now: Duration,
 ) -> Option<()> {
-    match &mut job.side {
-        Side::Sender {
-            job: s,
-            shows_progress,
-            last_state,
-            announce_tries,
-            changes_told,
-            pair_names,
-        } => {
-            let choice = s.progress.streams_chosen.get();
-            let changes = s
-                .progress
-                .stream_changes
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone();
-            let tuning = choice.map(|c| tuning::report(key.attempt, c, &changes));
-            // Just chosen or changed: reported now, not at the next cadence.
-            let fresh = (choice.is_some() && *announce_tries == ANNOUNCE_TRIES)
-                || changes.len() > *changes_told;
-            if let Some(c) = choice.filter(|_| *announce_tries > 0) {
-                let note = tuning::chosen_note(key.attempt, c);
-                tokio::spawn(announce(
-                    client.clone(),
-                    cfg.agent.clone(),
-                    (job.transfer.clone(), key.uid.clone()),
-                    ("StreamsChosen", note),
-                    ANNOUNCE_TRIES,
-                ));
-                *announce_tries = 0;
-            }
-            // Each addition once, told or not: a missed one is still in
-            // status.tuning.changes.
-            for c in changes.iter().skip(*changes_told) {
-                let note = tuning::added_note(key.attempt, c);
-                tokio::spawn(announce(
-                    client.clone(),
-                    cfg.agent.clone(),
-                    (job.transfer.clone(), key.uid.clone()),
-                    ("StreamsAdded", note),
-                    1,
-                ));
-            }
-            *changes_told = changes.len();
-            let (total, done) = shown(s.progress.position(), job.carried);
-            let (state, msg, p, over) = if let Some(outcome) = s.outcome() {
-                // The last report carries the session's own rate, which the
-                // Rate column then shows for a finished transfer.
-                let rate = outcome
-                    .summary()
-                    .map_or(0, |sum| (sum.gbps * 1e9 / 8.0) as i64);
-                let (state, msg) = match outcome {
-                    SenderOutcome::Verified(sum) => (
-                        ReportState::Succeeded,
-                        format!(
-                            "{} in {:.1} s at {:.2} Gbit/s, digest {}{}{}",
-                            fmt_bytes(sum.bytes_total),
-                            sum.seconds,
-                            sum.gbps,
-                            sum.digest,
-                            warm_note(sum.streams_warm),
-                            pairs_note(&sum.pairs)
-                        ),
-                    ),
-                    SenderOutcome::FilesFailed(sum) => (
-                        ReportState::Failed,
-                        sum.failures
-                            .iter()
-                            .map(|(path, why)| format!("{path}: {why}"))
-                            .collect::<Vec<_>>()
-                            .join("; "),
-                    ),
-                    SenderOutcome::Failed { reason, .. } => (ReportState::Failed, reason),
-                };
-                (
-                    state,
-                    msg,
-                    progress(key, (total, done, None), job.block_size, rate, Some(0)),
-                    true,
-                )
-            } else {
-                let state = if total > 0 && done >= total {
-                    ReportState::Verifying
-                } else {
-                    ReportState::Running
-                };
-                let changed = fresh
-                    || if *shows_progress {
-                        done != job.last_done.1
-                    } else {
-                        *last_state != Some(state)
-                    };
-                if !job.cadence.due(now, changed) {
-                    return None;
-                }
-                let secs = now.saturating_sub(job.last_done.0).as_secs_f64();
-                let rate = units::rate(job.last_done.1, done, secs);
-                let eta = units::eta(total.saturating_sub(done), rate).map(|s| s as i64);
-                let rate = rate as i64;
-                job.last_done = (now, done);
-                (
-                    state,
-                    String::new(),
-                    progress(key, (total, done, None), job.block_size, rate, eta),
-                    false,
-                )
-            };
-            *last_state = Some(state);
-            let stripes = s
-                .progress
-                .transfer
-                .pairs()
-                .map(|shown| stripes::report(key.attempt, &cfg.agent, &shown, pair_names));
-            report(
-                reports,
-                cfg,
-                &job.transfer,
-                key,
-                Report {
-                    progress: shows_progress.then_some(&p),
-                    tuning: tuning.as_ref(),
-                    stripes: stripes.as_ref(),
-                    ..Report::new(state, &msg)
-                },
-            );
-            over.then_some(())
-        }
-        Side::Receiver {
-            job: rj,
-            striping,
-            reported,
-            dest,
-            shown_kept,
-            multi,
-        } => {
-            let endpoint = format!("{}:{}", cfg.advertise, rj.port);
-            if *multi {
-                if !*reported {
-                    let msg = format!("listening on {endpoint}, one of several pairs");
-                    report(
-                        reports,
-                        cfg,
-                        &job.transfer,
-                        key,
-                        Report {
-                            striping: Some(striping),
-                            endpoint: Some(&endpoint),
-                            ..Report::new(ReportState::Running, &msg)
-                        },
-                    );
-                    *reported = true;
-                }
-                return None;
-            }
-            let sums = rj.summaries();
-            let at = rj.position().unwrap_or_default();
-            let (total, kept) = shown(at, job.carried);
-            let complete = sums.iter().find(|s| s.outcome.is_complete());
-            let verdict = match complete {
-                Some(s) if s.files_failed > 0 => Some((
-                    ReportState::Failed,
-                    format!(
-                        "{} of {} files failed verification",
-                        s.files_failed,
-                        s.files_failed + s.files_ok
-                    ),
-                    0,
-                )),
-                Some(s) => Some((
-                    ReportState::Succeeded,
-                    format!(
-                        "{} file(s) verified into {}: {} written this attempt, {} resumed",
-                        s.files_ok,
-                        dest.display(),
-                        fmt_bytes(at.moved),
-                        fmt_bytes(s.bytes_skipped_resume)
-                    ),
-                    // The attempt's own rate: what all its sessions wrote
-                    // over the time since the first was planned (the
-                    // average the Transfer shows).
-                    (at.moved as f64 / at.seconds.max(0.001)) as i64,
-                )),
-                None => sums
-                    .iter()
-                    .find(|s| s.outcome.failure().is_some())
-                    .map(|s| (ReportState::Failed, s.outcome.to_string(), 0)),
-            };
-            // The verdict, once there is one, ends the job; until then
-            // the running progress, at the cadence.
-            let update = if let Some((state, msg, rate)) = verdict {
-                Some((state, msg, rate, None, true))
-            } else if !*reported
-                || job
-                    .cadence
-                    .due(now, kept != *shown_kept || at.moved != job.last_done.1)
-            {
-                // The rate is of bytes written, durable or not; what is
-                // shown done is only what a resume would keep.
-                let secs = now.saturating_sub(job.last_done.0).as_secs_f64();
-                let rate = units::rate(job.last_done.1, at.moved, secs);
-                let eta = units::eta(total.saturating_sub(kept), rate).map(|s| s as i64);
-                job.last_done = (now, at.moved);
-                let msg = format!("listening on {endpoint}");
-                Some((ReportState::Running, msg, rate as i64, eta, false))
-            } else {
-                None
-            };
-            if let Some((state, msg, rate, eta, last)) = update {
-                let p = progress(
-                    key,
-                    (total, kept, Some(at.moved)),
-                    job.block_size,
-                    rate,
-                    eta,
-                );
-                report(
-                    reports,
-                    cfg,
-                    &job.transfer,
-                    key,
-                    Report {
-                        progress: Some(&p),
-                        striping: Some(striping),
-                        endpoint: Some(&endpoint),
-                        ..Report::new(state, &msg)
-                    },
-                );
-                // Posted is as good as sent: the outbox sends it again
-                // until the API server takes it.
-                if last {
-                    return Some(());
-                }
-                *reported = true;
-                *shown_kept = kept;
-            }
-            None
-        }
+    match job.side {
+        Side::Sender { .. } => observe_sender(client, reports, cfg, key, job, now),
+        Side::Receiver { .. } => observe_receiver(reports, cfg, key, job, now),
     }
+}
+
+/// Looks at a running sender job; reports what changed. Some(()) when it is over.
+fn observe_sender(
+    client: &Client,
+    reports: &api::Reports,
+    cfg: &RunConfig,
+    key: &JobKey,
+    job: &mut Job,
+    now: Duration,
+) -> Option<()> {
+    let Side::Sender {
+        job: s,
+        shows_progress,
+        last_state,
+        announce_tries,
+        changes_told,
+        pair_names,
+    } = &mut job.side
+    else {
+        return None;
+    };
+    let choice = s.progress.streams_chosen.get();
+    let changes = s
+        .progress
+        .stream_changes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    let tuning = choice.map(|c| tuning::report(key.attempt, c, &changes));
+    // Just chosen or changed: reported now, not at the next cadence.
+    let fresh =
+        (choice.is_some() && *announce_tries == ANNOUNCE_TRIES) || changes.len() > *changes_told;
+    if let Some(c) = choice.filter(|_| *announce_tries > 0) {
+        let note = tuning::chosen_note(key.attempt, c);
+        tokio::spawn(announce(
+            client.clone(),
+            cfg.agent.clone(),
+            (job.transfer.clone(), key.uid.clone()),
+            ("StreamsChosen", note),
+            ANNOUNCE_TRIES,
+        ));
+        *announce_tries = 0;
+    }
+    // Each addition once, told or not: a missed one is still in
+    // status.tuning.changes.
+    for c in changes.iter().skip(*changes_told) {
+        let note = tuning::added_note(key.attempt, c);
+        tokio::spawn(announce(
+            client.clone(),
+            cfg.agent.clone(),
+            (job.transfer.clone(), key.uid.clone()),
+            ("StreamsAdded", note),
+            1,
+        ));
+    }
+    *changes_told = changes.len();
+    let (total, done) = shown(s.progress.position(), job.carried);
+    let (state, msg, p, over) = if let Some(outcome) = s.outcome() {
+        let (state, msg, rate) = sender_verdict(outcome);
+        (
+            state,
+            msg,
+            progress(key, (total, done, None), job.block_size, rate, Some(0)),
+            true,
+        )
+    } else {
+        let state = if total > 0 && done >= total {
+            ReportState::Verifying
+        } else {
+            ReportState::Running
+        };
+        let changed = fresh
+            || if *shows_progress {
+                done != job.last_done.1
+            } else {
+                *last_state != Some(state)
+            };
+        if !job.cadence.due(now, changed) {
+            return None;
+        }
+        let secs = now.saturating_sub(job.last_done.0).as_secs_f64();
+        let rate = units::rate(job.last_done.1, done, secs);
+        let eta = units::eta(total.saturating_sub(done), rate).map(|s| s as i64);
+        let rate = rate as i64;
+        job.last_done = (now, done);
+        (
+            state,
+            String::new(),
+            progress(key, (total, done, None), job.block_size, rate, eta),
+            false,
+        )
+    };
+    *last_state = Some(state);
+    let stripes = s
+        .progress
+        .transfer
+        .pairs()
+        .map(|shown| stripes::report(key.attempt, &cfg.agent, &shown, pair_names));
+    report(
+        reports,
+        cfg,
+        &job.transfer,
+        key,
+        Report {
+            progress: shows_progress.then_some(&p),
+            tuning: tuning.as_ref(),
+            stripes: stripes.as_ref(),
+            ..Report::new(state, &msg)
+        },
+    );
+    over.then_some(())
+}
+
+/// What a finished sender reports: its state, the message, and the
+/// session's own rate (which the Rate column then shows for a finished
+/// transfer).
+fn sender_verdict(outcome: SenderOutcome) -> (ReportState, String, i64) {
+    let rate = outcome
+        .summary()
+        .map_or(0, |sum| (sum.gbps * 1e9 / 8.0) as i64);
+    let (state, msg) = match outcome {
+        SenderOutcome::Verified(sum) => (
+            ReportState::Succeeded,
+            format!(
+                "{} in {:.1} s at {:.2} Gbit/s, digest {}{}{}",
+                fmt_bytes(sum.bytes_total),
+                sum.seconds,
+                sum.gbps,
+                sum.digest,
+                warm_note(sum.streams_warm),
+                pairs_note(&sum.pairs)
+            ),
+        ),
+        SenderOutcome::FilesFailed(sum) => (
+            ReportState::Failed,
+            sum.failures
+                .iter()
+                .map(|(path, why)| format!("{path}: {why}"))
+                .collect::<Vec<_>>()
+                .join("; "),
+        ),
+        SenderOutcome::Failed { reason, .. } => (ReportState::Failed, reason),
+    };
+    (state, msg, rate)
+}
+
+/// Looks at a running receiver job; reports what changed. Some(()) when it is over.
+fn observe_receiver(
+    reports: &api::Reports,
+    cfg: &RunConfig,
+    key: &JobKey,
+    job: &mut Job,
+    now: Duration,
+) -> Option<()> {
+    let Side::Receiver {
+        job: rj,
+        striping,
+        reported,
+        dest,
+        shown_kept,
+        multi,
+    } = &mut job.side
+    else {
+        return None;
+    };
+    let endpoint = format!("{}:{}", cfg.advertise, rj.port);
+    // One of several pairs' receivers: its sessions carry parts of files,
+    // and only the sender knows when the whole is published.
+    if *multi {
+        if !*reported {
+            let msg = format!("listening on {endpoint}, one of several pairs");
+            let r = Report {
+                striping: Some(striping),
+                endpoint: Some(&endpoint),
+                ..Report::new(ReportState::Running, &msg)
+            };
+            report(reports, cfg, &job.transfer, key, r);
+            *reported = true;
+        }
+        return None;
+    }
+    let sums = rj.summaries();
+    let at = rj.position().unwrap_or_default();
+    let (total, kept) = shown(at, job.carried);
+    let complete = sums.iter().find(|s| s.outcome.is_complete());
+    let verdict = match complete {
+        Some(s) if s.files_failed > 0 => Some((
+            ReportState::Failed,
+            format!(
+                "{} of {} files failed verification",
+                s.files_failed,
+                s.files_failed + s.files_ok
+            ),
+            0,
+        )),
+        Some(s) => Some((
+            ReportState::Succeeded,
+            format!(
+                "{} file(s) verified into {}: {} written this attempt, {} resumed",
+                s.files_ok,
+                dest.display(),
+                fmt_bytes(at.moved),
+                fmt_bytes(s.bytes_skipped_resume)
+            ),
+            // The attempt's own rate: what all its sessions wrote
+            // over the time since the first was planned (the
+            // average the Transfer shows).
+            (at.moved as f64 / at.seconds.max(0.001)) as i64,
+        )),
+        None => sums
+            .iter()
+            .find(|s| s.outcome.failure().is_some())
+            .map(|s| (ReportState::Failed, s.outcome.to_string(), 0)),
+    };
+    // The verdict, once there is one, ends the job; until then
+    // the running progress, at the cadence.
+    let update = if let Some((state, msg, rate)) = verdict {
+        Some((state, msg, rate, None, true))
+    } else if !*reported
+        || job
+            .cadence
+            .due(now, kept != *shown_kept || at.moved != job.last_done.1)
+    {
+        // The rate is of bytes written, durable or not; what is
+        // shown done is only what a resume would keep.
+        let secs = now.saturating_sub(job.last_done.0).as_secs_f64();
+        let rate = units::rate(job.last_done.1, at.moved, secs);
+        let eta = units::eta(total.saturating_sub(kept), rate).map(|s| s as i64);
+        job.last_done = (now, at.moved);
+        let msg = format!("listening on {endpoint}");
+        Some((ReportState::Running, msg, rate as i64, eta, false))
+    } else {
+        None
+    };
+    if let Some((state, msg, rate, eta, last)) = update {
+        let p = progress(
+            key,
+            (total, kept, Some(at.moved)),
+            job.block_size,
+            rate,
+            eta,
+        );
+        report(
+            reports,
+            cfg,
+            &job.transfer,
+            key,
+            Report {
+                progress: Some(&p),
+                striping: Some(striping),
+                endpoint: Some(&endpoint),
+                ..Report::new(state, &msg)
+            },
+        );
+        // Posted is as good as sent: the outbox sends it again
+        // until the API server takes it.
+        if last {
+            return Some(());
+        }
+        *reported = true;
+        *shown_kept = kept;
+    }
+    None
 }
 
 /// The (total, done) a job reports: its own once it knows the total (the

@@ -49,6 +49,9 @@ pub struct Want {
     /// For a sender: where the receiver listens, or over several pairs
     /// where each receiver does.
     pub endpoints: Vec<String>,
+    /// The agent of each of `endpoints`, as assigned (an external
+    /// receiver's address stands for it).
+    pub receivers: Vec<String>,
 }
 
 fn my_report_state(t: &Transfer, me: &Me, key: &JobKey) -> Option<ReportState> {
@@ -61,25 +64,28 @@ fn my_report_state(t: &Transfer, me: &Me, key: &JobKey) -> Option<ReportState> {
 }
 
 /// Where the receivers of `t`'s attempt listen, once every one of them
-/// has said: None until then. One receiver over one pair, each of
-/// `status.receivers` over several; an external one's address is in the
-/// spec.
-fn endpoints(t: &Transfer) -> Option<Vec<String>> {
+/// has said, each with the assigned agent: None until then. One receiver
+/// over one pair, each of `status.receivers` over several; an external
+/// one's address is in the spec.
+fn endpoints(t: &Transfer) -> Option<Vec<(String, String)>> {
     let s = t.status.as_ref()?;
     if let Some(ext) = &t.spec.destination.external {
-        return Some(vec![ext.address.clone()]);
+        return Some(vec![(ext.address.clone(), ext.address.clone())]);
     }
+    // Reports are kept per agent: only an assigned receiver's counts.
     let said = |who: &AgentRef| {
         s.reports
             .iter()
             .find(|r| r.role == Role::Receiver && r.attempt == s.attempt && r.agent == who.name)
             .and_then(|r| r.endpoint.clone())
+            .map(|e| (who.name.clone(), e))
     };
-    if s.receivers.is_empty() {
-        // Reports are kept per agent: only the assigned receiver's counts.
-        return s.receiver.as_ref().and_then(said).map(|e| vec![e]);
-    }
-    s.receivers.iter().map(said).collect()
+    s.receiver
+        .iter()
+        .chain(&s.receivers)
+        .map(said)
+        .collect::<Option<Vec<_>>>()
+        .filter(|v| !v.is_empty())
 }
 
 /// Jobs `me` should run now. A sender waits until every receiver of the
@@ -111,10 +117,10 @@ pub fn wanted(transfers: &[Transfer], me: &Me) -> Vec<Want> {
             ) {
                 continue;
             }
-            let endpoints = match role {
-                Role::Receiver => Vec::new(),
+            let (receivers, endpoints) = match role {
+                Role::Receiver => (Vec::new(), Vec::new()),
                 Role::Sender => match endpoints(t) {
-                    Some(e) => e,
+                    Some(e) => e.into_iter().unzip(),
                     None => continue,
                 },
             };
@@ -122,6 +128,7 @@ pub fn wanted(transfers: &[Transfer], me: &Me) -> Vec<Want> {
                 key,
                 transfer: name.clone(),
                 endpoints,
+                receivers,
             });
         }
     }

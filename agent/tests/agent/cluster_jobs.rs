@@ -615,4 +615,8 @@ fn a_sender_job_given_several_receivers_spreads_one_file_over_them() {
     );
     let bytes: u64 = shown.pairs.iter().map(|p| p.bytes).sum();
     assert_eq!(bytes, sum.bytes_total, "{shown:?}");
+    assert!(
+        shown.pairs.iter().all(|p| p.state == "finished"),
+        "none is running once the send is over: {shown:?}"
+    );
 }

@@ -406,6 +406,8 @@ pub fn send_over_pairs(cfg: &SendConfig, to: &[String]) -> Result<PairsSummary> 
     });
     let seconds = start.elapsed().as_secs_f64();
     outcome?;
+    // The pairs as the summary has them: none is running any more.
+    run.show_pairs("finished");
     Ok(run.summary(geometry, seconds))
 }
 
@@ -519,11 +521,12 @@ fn refused_entries(plan: &Plan<'_>, ids: &[u32], st: &RunState) -> Result<()> {
     Ok(())
 }
 
-/// What a pair in `state` is called, `running` the word for a pair that
-/// takes work (or took it to the end).
-fn state_name(state: PairState, running: &'static str) -> &'static str {
+/// What a pair in `state` is called, `working` the word for a pair that
+/// takes work (or, at the end, took it to the end).
+fn state_name(state: PairState, working: &'static str) -> &'static str {
     match state {
-        PairState::Running => running,
+        PairState::Running => working,
+        PairState::Leaving if working == "finished" => working,
         PairState::Leaving => "leaving",
         PairState::Lost => "lost",
         PairState::Gone => "gone",
@@ -672,21 +675,26 @@ impl<'a> Run<'a> {
     fn show_progress(&self) {
         let (done, _) = self.coord.progress();
         let moved = self.lanes.iter().map(|l| l.progress.position().moved).sum();
-        let progress = &self.plan.cfg.progress;
-        progress.set(done, moved);
+        self.plan.cfg.progress.set(done, moved);
+        self.show_pairs("running");
+    }
+
+    /// Shows each pair, `working` the word for one that takes work (or
+    /// took it to the end).
+    fn show_pairs(&self, working: &'static str) {
         let pairs = self
             .coord
             .pair_views(Instant::now())
             .iter()
             .map(|(id, v)| PairShown {
                 to: self.lanes[*id as usize].to.clone(),
-                state: state_name(v.state, "running"),
+                state: state_name(v.state, working),
                 bytes: v.bytes,
                 rate_bps: v.rate as u64,
                 chunks_done: v.chunks_done,
             })
             .collect();
-        progress.set_pairs(pairs);
+        self.plan.cfg.progress.set_pairs(pairs);
     }
 
     /// Carries out what the coordinator asks.
