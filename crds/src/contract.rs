@@ -51,11 +51,38 @@ pub const MAX_TRANSFERS_PER_AGENT: i32 = 64;
 /// engine's.
 pub const MAX_PAIRS: i32 = wirerate_engine::stripes::MAX_PAIRS as i32;
 
-/// Label on a Transfer over several pairs (its value the pair count).
-/// Several receivers cannot share one label value, so every agent also
-/// watches the Transfers that carry this label and finds itself among
-/// `status.receivers`.
+/// Label on a Transfer over several pairs (its value the pair count), for
+/// people: `kubectl get transfers -l wirerate.io/pairs`.
 pub const PAIRS_LABEL: &str = "wirerate.io/pairs";
+
+/// Prefix of the labels naming the receivers of a Transfer over several
+/// pairs, one per agent ([`pair_receiver_label`]): several receivers
+/// cannot share one label's value, and an agent that watched every
+/// Transfer over several pairs would be sent each one's every status
+/// write.
+pub const PAIR_RECEIVER_PREFIX: &str = "receiver.wirerate.io/";
+
+/// The key of the label that names agent `agent` of pool `namespace/pool`
+/// a receiver of a Transfer over several pairs (value `true`): a hash,
+/// since a label key's name holds at most 63 characters and a pool's name
+/// up to 253. The agent watches Transfers by it.
+pub fn pair_receiver_label(namespace: &str, pool: &str, agent: &str) -> String {
+    let id = fnv1a(&format!("{namespace}/{pool}/{agent}"));
+    format!("{PAIR_RECEIVER_PREFIX}{id:016x}")
+}
+
+/// Whether `key` is one of the labels the operator keeps on a Transfer.
+pub fn operator_label(key: &str) -> bool {
+    key.starts_with("wirerate.io/") || key.starts_with(PAIR_RECEIVER_PREFIX)
+}
+
+/// A small stable hash (FNV-1a, 64 bits): the same on every pass, in every
+/// replica of the operator and in the agents.
+pub fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
 
 /// Ports in an agent's data range for each transfer it may run: receiver
 /// jobs bind the first free port of [`data_ports`], and twice as many
@@ -107,4 +134,27 @@ pub fn agent_manager(agent: &str) -> String {
 pub fn report_manager(agent: &str, sender: bool) -> String {
     let role = if sender { "sender" } else { "receiver" };
     format!("wirerate-agent/{agent}/{role}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pair_receivers_label_is_a_valid_key_whatever_the_pools_name() {
+        let long_pool = "p".repeat(253);
+        let key = pair_receiver_label("research-data", &long_pool, &format!("{long_pool}-17"));
+        let (prefix, name) = key.split_once('/').unwrap();
+        assert_eq!(prefix, "receiver.wirerate.io");
+        assert_eq!(name.len(), 16, "{key}");
+        assert!(name.bytes().all(|b| b.is_ascii_hexdigit()), "{key}");
+        assert!(operator_label(&key));
+        // One agent per key: the same name in another pool or namespace
+        // is another agent.
+        let a = pair_receiver_label("ns", "dst", "dst-0");
+        assert_eq!(a, pair_receiver_label("ns", "dst", "dst-0"));
+        assert_ne!(a, pair_receiver_label("ns", "other", "dst-0"));
+        assert_ne!(a, pair_receiver_label("ns2", "dst", "dst-0"));
+        assert!(!operator_label("app.kubernetes.io/name"));
+    }
 }

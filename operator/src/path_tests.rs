@@ -160,9 +160,7 @@ pub fn grant(listener: &DtnPool, testers: &[&DtnPool]) -> (Secret, Role, RoleBin
 /// A small stable hash, so that the same tester and listener are chosen
 /// on every pass (and by every replica of the operator).
 fn fnv(s: &str) -> usize {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    }) as usize
+    contract::fnv1a(s) as usize
 }
 
 /// The live agents of pool `key` among `agents`, by name.

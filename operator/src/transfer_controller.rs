@@ -768,10 +768,15 @@ async fn write(t: &Transfer, ctx: &Context, api: &Api<Transfer>, s: &TransferSta
         if let Some(a) = &assigned.receiver {
             wanted.insert(contract::RECEIVER_LABEL.to_owned(), a.name.clone());
         }
-        // Several receivers cannot share one label value: each finds
-        // itself in status.receivers of the Transfers so labelled.
+        // Several receivers cannot share one label value: each has a
+        // label of its own, which it watches by.
         if !assigned.receivers.is_empty() {
             wanted.insert(contract::PAIRS_LABEL.to_owned(), t.pairs().to_string());
+            let ns = t.pool_namespace(Role::Receiver).unwrap_or_default();
+            for r in &assigned.receivers {
+                let key = contract::pair_receiver_label(ns, &r.pool, &r.name);
+                wanted.insert(key, "true".to_owned());
+            }
         }
     }
     let uid = t.metadata.uid.clone().unwrap_or_default();

@@ -47,7 +47,7 @@ pub struct LastWritten {
 pub fn operator_labels(t: &Transfer) -> BTreeMap<String, String> {
     t.labels()
         .iter()
-        .filter(|(k, _)| k.starts_with("wirerate.io/"))
+        .filter(|(k, _)| contract::operator_label(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }
@@ -109,7 +109,7 @@ impl LastWritten {
         }
         if operator_labels(&t) != w.labels {
             let labels = t.labels_mut();
-            labels.retain(|k, _| !k.starts_with("wirerate.io/"));
+            labels.retain(|k, _| !contract::operator_label(k));
             labels.extend(w.labels.clone());
         }
         t

@@ -195,13 +195,15 @@ pub async fn run_with(client: Client, cfg: RunConfig) -> Result<()> {
     );
     let mut stores: Vec<Store<Transfer>> = Vec::new();
     for ns in &namespaces {
-        // Transfers over several pairs name their receivers in status
-        // only (a label has one value): every agent watches all of them,
-        // and `plan` finds its own part.
+        // A Transfer over several pairs names each receiver with a label
+        // of its own (a label has one value).
         let selectors = [
             format!("{}={}", contract::SENDER_LABEL, cfg.agent),
             format!("{}={}", contract::RECEIVER_LABEL, cfg.agent),
-            contract::PAIRS_LABEL.to_owned(),
+            format!(
+                "{}=true",
+                contract::pair_receiver_label(&cfg.namespace, &cfg.pool, &cfg.agent)
+            ),
         ];
         for selector in selectors {
             let (reader, writer) = reflector::store();

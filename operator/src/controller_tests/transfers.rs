@@ -636,5 +636,10 @@ async fn a_transfer_over_three_pairs_gets_three_receivers_only_on_shared_storage
         .find_map(|c| c.body["metadata"].get("labels").cloned())
         .unwrap();
     assert_eq!(labels[contract::PAIRS_LABEL], "3", "{labels}");
+    // Each receiver by a label of its own, which it watches by.
+    for r in &names {
+        let key = contract::pair_receiver_label("data", "dst", r);
+        assert_eq!(labels[key.as_str()], "true", "{r}: {labels}");
+    }
     assert_eq!(labels[contract::SENDER_LABEL], "s0", "{labels}");
 }

@@ -169,7 +169,7 @@ mod tests {
         );
         let t = r.get("wirerate.io", "transfers").unwrap();
         assert!(t.status && t.namespaced);
-        assert_eq!(t.list_keys["status.reports"], ["role"]);
+        assert_eq!(t.list_keys["status.reports"], ["role", "agent"]);
         assert_eq!(t.list_keys["status.conditions"], ["type"]);
         r.learn(&serde_json::to_value(DtnPool::crd()).unwrap());
         assert_eq!(
