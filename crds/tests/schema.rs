@@ -16,6 +16,18 @@ fn example<T: serde::de::DeserializeOwned>(name: &str) -> T {
     serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// The OpenAPI schema of `crd`'s only version, as JSON.
+fn schema_of(
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> serde_json::Value {
+    let version = &crd.spec.versions[0];
+    let schema = version
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref());
+    serde_json::to_value(schema.expect("a schema")).unwrap()
+}
+
 fn rejected_with<T: kube::CustomResourceExt + serde::Serialize>(obj: &T, needle: &str) {
     match validate_cel(obj) {
         Ok(()) => panic!("accepted, but should be refused with {needle:?}"),
@@ -233,15 +245,7 @@ fn pairs_are_bounded_by_the_engine_and_shown() {
     use kube::CustomResourceExt;
     let crd = Transfer::crd();
     let v = &crd.spec.versions[0];
-    let schema = serde_json::to_value(
-        v.schema
-            .as_ref()
-            .unwrap()
-            .open_api_v3_schema
-            .as_ref()
-            .unwrap(),
-    )
-    .unwrap();
+    let schema = schema_of(&crd);
     let pairs = &schema["properties"]["spec"]["properties"]["pairs"];
     assert_eq!(pairs["minimum"].as_f64(), Some(1.0), "{pairs}");
     assert_eq!(
@@ -254,16 +258,7 @@ fn pairs_are_bounded_by_the_engine_and_shown() {
         cols.iter()
             .any(|c| c.name == "Pairs" && c.json_path == ".status.pairs")
     );
-    let pool = serde_json::to_value(
-        DtnPool::crd().spec.versions[0]
-            .schema
-            .as_ref()
-            .unwrap()
-            .open_api_v3_schema
-            .as_ref()
-            .unwrap(),
-    )
-    .unwrap();
+    let pool = schema_of(&DtnPool::crd());
     assert_eq!(
         pool["properties"]["spec"]["properties"]["sharedStorage"]["default"],
         false
@@ -541,16 +536,7 @@ fn tuning_bounds_in_the_schema_are_the_engines() {
     use kube::CustomResourceExt;
     use wirerate_engine::tuning::{BLOCK_SIZE, BUFFER, CONGESTION_MAX_LEN, QUEUE_DEPTH, STREAMS};
     for crd in [Transfer::crd(), DtnPool::crd()] {
-        let schema = serde_json::to_value(
-            crd.spec.versions[0]
-                .schema
-                .as_ref()
-                .unwrap()
-                .open_api_v3_schema
-                .as_ref()
-                .unwrap(),
-        )
-        .unwrap();
+        let schema = schema_of(&crd);
         let tuning = &schema["properties"]["spec"]["properties"]["tuning"]["properties"];
         for b in [&STREAMS, &BLOCK_SIZE, &QUEUE_DEPTH, &BUFFER] {
             let field = &tuning[b.field];

@@ -86,6 +86,21 @@ fn spawn(
     Ok(())
 }
 
+/// Starts `wirerate-agent run` for each (name, pool, data port) of `agents`.
+fn spawn_agents(
+    procs: &mut Procs,
+    ns: &str,
+    kubeconfig: &str,
+    logs: &Path,
+    agents: &[(&str, &str, u16)],
+) -> Result<()> {
+    for (name, pool, port) in agents {
+        let args = agent_args(name, ns, pool, *port);
+        spawn(procs, name, &bin("wirerate-agent"), &args, kubeconfig, logs)?;
+    }
+    Ok(())
+}
+
 /// `wirerate-agent run` as `name` of `pool`, on data port `port`.
 fn agent_args(name: &str, ns: &str, pool: &str, port: u16) -> Vec<String> {
     [
@@ -339,21 +354,12 @@ async fn run(
         kubeconfig,
         logs,
     )?;
-    for (name, pool, port) in [
+    let agents = [
         ("recv-a", "receivers", 17700),
         ("recv-b", "receivers", 17800),
         ("send-a", "senders", 17900),
-    ] {
-        let args = agent_args(name, ns, pool, port);
-        spawn(
-            &mut procs,
-            name,
-            &bin("wirerate-agent"),
-            &args,
-            kubeconfig,
-            logs,
-        )?;
-    }
+    ];
+    spawn_agents(&mut procs, ns, kubeconfig, logs, &agents)?;
     let transfers: Api<Transfer> = Api::namespaced(client.clone(), ns);
     security::escalation_is_refused(client, kubeconfig, ns).await?;
     security::consent_is_required(client, ns).await?;

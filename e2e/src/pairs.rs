@@ -11,7 +11,7 @@ use anyhow::{Context, Result, ensure};
 use kube::api::{Api, PostParams};
 use wirerate_crds::{Transfer, TransferPhase};
 
-use crate::{Procs, agent_args, bin, same_file, spawn, transfer, wait_for};
+use crate::{Procs, same_file, spawn_agents, transfer, wait_for};
 
 /// Runs the scenario on `file` (the 1 GiB source) into `dst`.
 pub async fn a_lost_pair_is_taken_over(
@@ -26,16 +26,12 @@ pub async fn a_lost_pair_is_taken_over(
     println!("== transfer over 3 pairs: one receiving agent killed mid-file");
     // Three receivers of their own, so that the pairs do not depend on
     // which agents the earlier scenarios left alive.
-    for (name, port) in [("pair-a", 18500), ("pair-b", 18600), ("pair-c", 18700)] {
-        spawn(
-            procs,
-            name,
-            &bin("wirerate-agent"),
-            &agent_args(name, ns, "receivers", port),
-            kubeconfig,
-            logs,
-        )?;
-    }
+    let agents = [
+        ("pair-a", "receivers", 18500),
+        ("pair-b", "receivers", 18600),
+        ("pair-c", "receivers", 18700),
+    ];
+    spawn_agents(procs, ns, kubeconfig, logs, &agents)?;
     let out = dst.join("run-1-wide.dat");
     // 200 Mbit/s in all: the kill comes at 20% (about 9 s in) and the
     // killed agent's Lease lapses (15 s) well before the end.
@@ -139,7 +135,7 @@ pub async fn a_lost_pair_is_taken_over(
         lost.reason
     );
     println!("  {said}");
-    for name in ["pair-a", "pair-b", "pair-c"] {
+    for (name, _, _) in agents {
         procs.kill(name);
     }
     Ok(())

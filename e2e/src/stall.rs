@@ -13,7 +13,7 @@ use anyhow::{Context, Result, ensure};
 use kube::api::{Api, DeleteParams, PostParams};
 use wirerate_crds::{Transfer, TransferPhase};
 
-use crate::{Procs, agent_args, bin, same_file, spawn, transfer, wait_for};
+use crate::{Procs, same_file, spawn_agents, transfer, wait_for};
 
 /// Threads of process `pid` named `name`, frozen until dropped.
 struct Frozen {
@@ -78,16 +78,8 @@ pub async fn stuck_receiver_is_replaced(
     println!("== transfer 3: the receiving agent's storage hangs (its Lease stays current)");
     // Both agents are replaced on a stall, so each pool needs another live
     // one (recv-a was killed in transfer 2).
-    for (name, pool, port) in [("send-b", "senders", 18000), ("recv-c", "receivers", 18400)] {
-        spawn(
-            procs,
-            name,
-            &bin("wirerate-agent"),
-            &agent_args(name, ns, pool, port),
-            kubeconfig,
-            logs,
-        )?;
-    }
+    let agents = [("send-b", "senders", 18000), ("recv-c", "receivers", 18400)];
+    spawn_agents(procs, ns, kubeconfig, logs, &agents)?;
     let out = dst.join("run-1-stalled.dat");
     // Slow enough that the receiver is still writing after the report
     // that shows 20% (reports come at most every 5 s): at 1,500 Mbit/s the

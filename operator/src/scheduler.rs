@@ -169,7 +169,6 @@ pub fn assign(order: &[Key], waiting: &[Waiting], slots: &[Slot]) -> BTreeMap<Ke
         }
         // Placed, or (incomplete) the slots it found held for it.
         let found: Vec<usize> = receiver
-            .clone()
             .map(|r| r.unwrap_or_else(|short| short))
             .unwrap_or_default();
         for i in sender.flatten().iter().chain(&found) {

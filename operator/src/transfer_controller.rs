@@ -261,20 +261,23 @@ fn take_placement(
         if p.sender.is_some() != needs.sender || p.receivers.len() != needs.receivers {
             return None;
         }
-        let live = |pool: Option<&Key>, name: &Option<String>| match name {
-            None => Some(None),
-            Some(n) => agents
-                .get(&AgentId::new(pool?, n))
+        // The agent `name` of `pool`, if it is live now.
+        let live = |pool: Option<&Key>, name: &str| {
+            agents
+                .get(&AgentId::new(pool?, name))
                 .filter(|a| a.live())
-                .map(Some),
         };
         let receivers = p
             .receivers
             .iter()
-            .map(|r| live(resolved.receiver_pool.as_ref(), &Some(r.clone())).flatten())
+            .map(|r| live(resolved.receiver_pool.as_ref(), r))
             .collect::<Option<Vec<&Agent>>>()?;
+        let sender = match &p.sender {
+            Some(n) => Some(live(Some(&resolved.sender_pool), n)?),
+            None => None,
+        };
         let placed = lifecycle::Placed {
-            sender: live(Some(&resolved.sender_pool), &p.sender)?,
+            sender,
             receivers: &receivers,
             token_secret: token,
         };

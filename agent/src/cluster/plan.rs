@@ -304,27 +304,26 @@ mod tests {
         let mut t = xfer("s", "r", 1);
         assert_eq!(wanted(std::slice::from_ref(&t), &me("r")).len(), 1);
         assert!(wanted(std::slice::from_ref(&t), &me("s")).is_empty());
-        report(
-            &mut t,
-            Role::Receiver,
-            "r",
-            ReportState::Running,
-            Some("10.0.0.2:7700"),
-        );
+        listens(&mut t, "r", "10.0.0.2:7700");
         let w = wanted(std::slice::from_ref(&t), &me("s"));
         assert_eq!(w[0].endpoints, ["10.0.0.2:7700"]);
         assert!(wanted(std::slice::from_ref(&t), &me("nobody")).is_empty());
 
         // Another agent's report (of this attempt) is not the receiver's.
         let mut t = xfer("s", "r", 1);
-        report(
-            &mut t,
-            Role::Receiver,
-            "x",
-            ReportState::Running,
-            Some("10.9.9.9:1"),
-        );
+        listens(&mut t, "x", "10.9.9.9:1");
         assert!(wanted(std::slice::from_ref(&t), &me("s")).is_empty());
+    }
+
+    /// Receiver `agent`'s report that it listens at `endpoint`.
+    fn listens(t: &mut Transfer, agent: &str, endpoint: &str) {
+        report(
+            t,
+            Role::Receiver,
+            agent,
+            ReportState::Running,
+            Some(endpoint),
+        );
     }
 
     /// `t` over several pairs, received by `receivers`.
@@ -353,56 +352,20 @@ mod tests {
             assert_eq!(w.len(), 1, "{r} receives");
             assert_eq!(w[0].key.role, Role::Receiver);
         }
-        report(
-            &mut t,
-            Role::Receiver,
-            "r0",
-            ReportState::Running,
-            Some("a:1"),
-        );
-        report(
-            &mut t,
-            Role::Receiver,
-            "r2",
-            ReportState::Running,
-            Some("c:1"),
-        );
+        listens(&mut t, "r0", "a:1");
+        listens(&mut t, "r2", "c:1");
         assert!(
             wanted(std::slice::from_ref(&t), &me("s")).is_empty(),
             "r1 has not said where it listens"
         );
-        report(
-            &mut t,
-            Role::Receiver,
-            "r1",
-            ReportState::Running,
-            Some("b:1"),
-        );
+        listens(&mut t, "r1", "b:1");
         let w = wanted(std::slice::from_ref(&t), &me("s"));
         assert_eq!(w[0].endpoints, ["a:1", "b:1", "c:1"], "in the pairs' order");
         // A receiver dropped from the list (lost) is not waited for.
         let mut t = over_pairs(&["r0", "r2"]);
-        report(
-            &mut t,
-            Role::Receiver,
-            "r0",
-            ReportState::Running,
-            Some("a:1"),
-        );
-        report(
-            &mut t,
-            Role::Receiver,
-            "r2",
-            ReportState::Running,
-            Some("c:1"),
-        );
-        report(
-            &mut t,
-            Role::Receiver,
-            "r1",
-            ReportState::Running,
-            Some("b:1"),
-        );
+        listens(&mut t, "r0", "a:1");
+        listens(&mut t, "r2", "c:1");
+        listens(&mut t, "r1", "b:1");
         let w = wanted(std::slice::from_ref(&t), &me("s"));
         assert_eq!(w[0].endpoints, ["a:1", "c:1"]);
         assert!(wanted(std::slice::from_ref(&t), &me("r1")).is_empty());
