@@ -263,9 +263,7 @@ fn take_placement(
         }
         // The agent `name` of `pool`, if it is live now.
         let live = |pool: Option<&Key>, name: &str| {
-            agents
-                .get(&AgentId::new(pool?, name))
-                .filter(|a| a.live())
+            agents.get(&AgentId::new(pool?, name)).filter(|a| a.live())
         };
         let receivers = p
             .receivers
