@@ -21,13 +21,18 @@
 //! it hands the item to a worker, so a steal never crosses a start).
 //! The coordinator's ledger lives in this process: a new `send` after a
 //! crash of this one starts the pieces over.
+//!
+//! Receivers may join a running transfer (`Joins`): a lost pair's
+//! replacement, or a receiver whose job came back on another port. Each
+//! gets a lane of its own and takes work not yet started, like a pair
+//! that ran dry; nothing restarts.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use super::source::{SourceFile, SourceList, Stamp};
@@ -41,7 +46,18 @@ use crate::wire::{EntryKind, Stripe, StripePiece, StripeRole};
 
 /// How long a pair's receiver may stay unreachable before the pair is
 /// lost and its work goes to the others.
-pub const PAIR_PATIENCE: Duration = Duration::from_secs(10);
+/// Short enough that the operator shows the loss within 10 s of it (it
+/// reads it from the next progress report), and that a lost pair's work
+/// does not idle for long; a receiver that comes back later joins again
+/// (`Joins`).
+pub const PAIR_PATIENCE: Duration = Duration::from_secs(6);
+/// How long after a pair to a receiver was lost the same receiver may
+/// join again: whoever tells of joins (the agent, from the Transfer's
+/// status) may still list it for a moment after its loss, and a lane
+/// opened to it then would take work only to fail it after
+/// `PAIR_PATIENCE`. Shorter than the operator's back-off on a lost
+/// agent (30 s), so that an agent placed again is taken in.
+const REJOIN_AFTER: Duration = Duration::from_secs(15);
 /// A lost lane's fence while a session of it still runs: in effect none,
 /// for the session's answer fences the lane, and a lost lane's sessions
 /// are cancelled, so each answers within a keepalive interval (unless
@@ -234,6 +250,27 @@ enum Event {
     },
 }
 
+/// Receivers that join a running transfer over several pairs, told by
+/// whoever learns of them (clones share one list), taken in by the
+/// driving thread within a tick. Telling of a receiver the transfer
+/// already sends to changes nothing, so they may be told again and again.
+#[derive(Clone, Debug, Default)]
+pub struct Joins(Arc<Mutex<Vec<String>>>);
+
+impl Joins {
+    /// Tells of a receiver, `host:port`, that shares the others' root.
+    pub fn add(&self, to: &str) {
+        let mut v = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if !v.iter().any(|t| t == to) && v.len() < MAX_RECEIVERS {
+            v.push(to.to_string());
+        }
+    }
+
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
 /// One receiver, as its lane's workers see it.
 struct Lane {
     to: String,
@@ -348,6 +385,16 @@ impl Plan<'_> {
 /// Sends `cfg.source` to the receivers `to`, which share one root, as one
 /// transfer over as many pairs.
 pub fn send_over_pairs(cfg: &SendConfig, to: &[String]) -> Result<PairsSummary> {
+    send_over_pairs_joined(cfg, to, &Joins::default())
+}
+
+/// As `send_over_pairs`, taking in the receivers told of in `joins` while
+/// it runs.
+pub fn send_over_pairs_joined(
+    cfg: &SendConfig,
+    to: &[String],
+    joins: &Joins,
+) -> Result<PairsSummary> {
     cfg.validate()?;
     check_receivers(cfg, to)?;
     let list = super::source::scan(&cfg.source, &cfg.dest)?;
@@ -370,34 +417,37 @@ pub fn send_over_pairs(cfg: &SendConfig, to: &[String]) -> Result<PairsSummary> 
         group: u64::from_le_bytes(crate::net::auth::random()),
         pairs: to.len(),
     };
-    let lanes: Vec<Lane> = to.iter().map(|t| Lane::new(t)).collect();
+    let lanes: Vec<Arc<Lane>> = to.iter().map(|t| Arc::new(Lane::new(t))).collect();
     let start = Instant::now();
     mark(&plan, &lanes)?;
     let mut run = Run::new(
         &plan,
         Coordinator::new(geometry, &files, WINDOW),
-        &lanes,
+        lanes,
         start,
     );
     let outcome = std::thread::scope(|s| {
         let (tx, rx) = mpsc::channel();
-        for (i, lane) in lanes.iter().enumerate() {
-            // One pool of parked connections and buffers per receiver,
-            // shared by its lane's sessions.
+        // A lane's workers: one pool of parked connections and buffers
+        // per receiver, shared by its lane's sessions.
+        let spawn = |pair: PairId, lane: Arc<Lane>| {
             let warm = Arc::new(Warm::default());
             for _ in 0..SESSIONS_PER_LANE {
-                let (tx, plan, warm) = (tx.clone(), &plan, Arc::clone(&warm));
-                s.spawn(move || work_lane(plan, i as PairId, lane, &warm, &tx));
+                let (tx, plan, warm, lane) =
+                    (tx.clone(), &plan, Arc::clone(&warm), Arc::clone(&lane));
+                s.spawn(move || work_lane(plan, pair, &lane, &warm, &tx));
             }
+        };
+        for (i, lane) in run.lanes.iter().enumerate() {
+            spawn(i as PairId, Arc::clone(lane));
         }
-        drop(tx);
-        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| run.drive(&rx)));
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| run.drive(&rx, joins, &spawn)));
         // Idle workers stop now; busy ones, cancelled after a failure,
         // when their session ends and finds no one to report to. (Also
         // after a panic, or the scope would wait for them for ever.)
         run.idle.clear();
         if !matches!(outcome, Ok(Ok(()))) {
-            for lane in &lanes {
+            for lane in &run.lanes {
                 lane.cancel.store(true, Ordering::Relaxed);
             }
         }
@@ -484,7 +534,7 @@ fn chunk_bytes(total: u64, pairs: usize, block_size: u64, streams: u16) -> u64 {
 
 /// Creates the transfer's directories and its shared-storage marker
 /// through the first receiver that answers.
-fn mark(plan: &Plan<'_>, lanes: &[Lane]) -> Result<()> {
+fn mark(plan: &Plan<'_>, lanes: &[Arc<Lane>]) -> Result<()> {
     let dirs: Vec<u32> = plan
         .list
         .files
@@ -549,7 +599,9 @@ fn unchanged(base: &OwnedFd, f: &SourceFile) -> bool {
 struct Run<'a> {
     plan: &'a Plan<'a>,
     coord: Coordinator,
-    lanes: &'a [Lane],
+    /// Each pair's lane, by pair id: the first `plan.pairs`, then those
+    /// that joined.
+    lanes: Vec<Arc<Lane>>,
     /// Lost pairs: why, and when.
     lost: BTreeMap<PairId, (String, Instant)>,
     started_at: Instant,
@@ -576,16 +628,21 @@ struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    fn new(plan: &'a Plan<'a>, coord: Coordinator, lanes: &'a [Lane], started_at: Instant) -> Self {
+    fn new(
+        plan: &'a Plan<'a>,
+        coord: Coordinator,
+        lanes: Vec<Arc<Lane>>,
+        started_at: Instant,
+    ) -> Self {
         Self {
             plan,
             coord,
+            queues: lanes.iter().map(|_| VecDeque::new()).collect(),
+            writing: vec![0; lanes.len()],
             lanes,
             lost: BTreeMap::new(),
             started_at,
-            queues: lanes.iter().map(|_| VecDeque::new()).collect(),
             idle: Vec::new(),
-            writing: vec![0; lanes.len()],
             publishing: BTreeSet::new(),
             next_publish: 0,
             failures: HashMap::new(),
@@ -599,7 +656,12 @@ impl<'a> Run<'a> {
 
     /// Feeds the lanes' events to the coordinator and carries out its
     /// actions until every file is published or given up.
-    fn drive(&mut self, rx: &mpsc::Receiver<Event>) -> Result<()> {
+    fn drive(
+        &mut self,
+        rx: &mpsc::Receiver<Event>,
+        joins: &Joins,
+        spawn: &dyn Fn(PairId, Arc<Lane>),
+    ) -> Result<()> {
         let now = Instant::now();
         for pair in 0..self.lanes.len() as PairId {
             self.coord
@@ -607,6 +669,11 @@ impl<'a> Run<'a> {
                 .map_err(|e| Error::Internal(e.to_string()))?;
         }
         loop {
+            for to in joins.take() {
+                if let Some(lane) = self.join(Instant::now(), &to) {
+                    spawn(self.lanes.len() as PairId - 1, lane);
+                }
+            }
             self.act()?;
             self.dispatch();
             if self.coord.is_finished() && self.publishing.is_empty() {
@@ -629,6 +696,33 @@ impl<'a> Run<'a> {
                 Err(mpsc::RecvTimeoutError::Disconnected) => return Err(self.all_lost()),
             }
         }
+    }
+
+    /// Opens a lane to `to`, a receiver that joins, unless a live lane
+    /// goes there or one was lost there within `REJOIN_AFTER`; gives the
+    /// lane opened, whose workers are the caller's to start.
+    fn join(&mut self, now: Instant, to: &str) -> Option<Arc<Lane>> {
+        let taken = self.lanes.iter().enumerate().any(|(i, l)| {
+            l.to == to
+                && self
+                    .lost
+                    .get(&(i as PairId))
+                    .is_none_or(|(_, at)| now.duration_since(*at) < REJOIN_AFTER)
+        });
+        if taken || self.coord.is_finished() {
+            return None;
+        }
+        let pair = self.lanes.len() as PairId;
+        if let Err(e) = self.coord.join(now, pair) {
+            tracing::warn!(receiver = %to, "a receiver cannot join: {e}");
+            return None;
+        }
+        tracing::info!(receiver = %to, "a receiver joined; it takes work not yet started");
+        let lane = Arc::new(Lane::new(to));
+        self.lanes.push(Arc::clone(&lane));
+        self.queues.push(VecDeque::new());
+        self.writing.push(0);
+        Some(lane)
     }
 
     /// Hands queued jobs to idle workers of live lanes; an item is told
@@ -1077,7 +1171,7 @@ mod tests {
         _dir: tempfile::TempDir,
         cfg: SendConfig,
         list: SourceList,
-        lanes: Vec<Lane>,
+        lanes: Vec<Arc<Lane>>,
         size: u64,
     }
 
@@ -1088,7 +1182,7 @@ mod tests {
             std::fs::write(&src, vec![7u8; size as usize]).unwrap();
             let cfg = SendConfig::new("a", vec![0; 32], &src, "f");
             let list = super::super::source::scan(&cfg.source, &cfg.dest).unwrap();
-            let lanes = ["a", "b"].iter().map(|t| Lane::new(t)).collect();
+            let lanes = ["a", "b"].iter().map(|t| Arc::new(Lane::new(t))).collect();
             Self {
                 _dir: dir,
                 cfg,
@@ -1113,7 +1207,7 @@ mod tests {
             let geometry = Geometry::new(4096, 4096, None).unwrap();
             let coord = Coordinator::new(geometry, &[(0, self.size)], WINDOW);
             let now = Instant::now();
-            let mut run = Run::new(plan, coord, &self.lanes, now);
+            let mut run = Run::new(plan, coord, self.lanes.clone(), now);
             run.coord.join(now, 0).unwrap();
             run.coord.join(now, 1).unwrap();
             run
@@ -1155,6 +1249,54 @@ mod tests {
     fn state(run: &Run<'_>, pair: PairId) -> PairState {
         let views = run.coord.pair_views(Instant::now());
         views.iter().find(|(p, _)| *p == pair).unwrap().1.state
+    }
+
+    /// A receiver that joins gets a lane and takes the work a lost pair
+    /// left; one the transfer already sends to, or lost a moment ago (it
+    /// may still be listed for a while), gets none, and a lost one is
+    /// taken in again once that moment has passed.
+    #[test]
+    fn a_receiver_that_joins_takes_a_lost_pairs_work_and_a_lost_one_rejoins_only_later() {
+        let fx = Fixture::new(64 << 10);
+        let plan = fx.plan();
+        let mut run = fx.run(&plan);
+        let ((item, pieces), _) = two_items_on_lane_0(&mut run);
+        let now = Instant::now();
+        run.handle(item_failed(0, item, pieces)).unwrap();
+        assert!(run.lost.contains_key(&0));
+        assert!(run.join(now, "b").is_none(), "b runs");
+        assert!(run.join(now, "a").is_none(), "a was lost a moment ago");
+        let lane = run.join(now, "c").expect("c joins");
+        assert_eq!(lane.to, "c");
+        assert_eq!(run.lanes.len(), 3);
+        assert_eq!(state(&run, 2), PairState::Running);
+        // The coordinator hands the new pair work at once.
+        run.act().unwrap();
+        assert!(
+            matches!(take_job(&mut run, 2), Job::Item(..)),
+            "c was handed work"
+        );
+        assert!(run.join(now, "c").is_none(), "c already runs");
+        let later = now + REJOIN_AFTER + Duration::from_secs(1);
+        assert!(run.join(later, "a").is_some(), "a is taken in again");
+        assert_eq!(run.lanes.len(), 4);
+        assert_eq!(run.queues.len(), 4);
+        assert_eq!(run.writing.len(), 4);
+    }
+
+    /// Joins told again and again are taken once; the list is bounded.
+    #[test]
+    fn joins_are_taken_once_and_bounded() {
+        let joins = Joins::default();
+        joins.add("a:1");
+        joins.clone().add("a:1");
+        joins.add("b:1");
+        assert_eq!(joins.take(), ["a:1", "b:1"]);
+        assert!(joins.take().is_empty());
+        for i in 0..MAX_RECEIVERS + 10 {
+            joins.add(&format!("r{i}:1"));
+        }
+        assert_eq!(joins.take().len(), MAX_RECEIVERS);
     }
 
     /// A lost lane's running publish is handed on once, by its own
