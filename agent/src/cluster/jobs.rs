@@ -23,7 +23,7 @@ use wirerate_engine::error::{Disposition, Error, Result};
 use wirerate_engine::fsroot::{is_temporary, temp_names};
 use wirerate_engine::progress::Position;
 use wirerate_engine::receiver::{Lobby, ServeConfig, Server, ServerHandle};
-use wirerate_engine::sender::pairs::{PairsSummary, send_over_pairs};
+use wirerate_engine::sender::pairs::{Joins, PairsSummary, send_over_pairs_joined};
 use wirerate_engine::sender::warm::Warm;
 use wirerate_engine::sender::{SendConfig, send};
 use wirerate_engine::summary::{ReceiverSummary, SendSummary};
@@ -166,6 +166,8 @@ pub struct SenderJob {
     cancel: Arc<AtomicBool>,
     result: Arc<Mutex<Option<Result<Sent>>>>,
     thread: Option<JoinHandle<()>>,
+    /// Over several pairs: receivers to take in while it runs.
+    joins: Option<Joins>,
 }
 
 impl SenderJob {
@@ -200,12 +202,16 @@ impl SenderJob {
         let result = Arc::new(Mutex::new(None));
         let r = result.clone();
         let pairs = (endpoints.len() > 1).then(|| endpoints.to_vec());
+        let joins = pairs.as_ref().map(|_| Joins::default());
+        let told = joins.clone();
         let thread = std::thread::Builder::new()
             .name("k8s-send".into())
             .spawn(wirerate_engine::spans::carry(move || {
-                let out = match &pairs {
-                    Some(to) => send_over_pairs(&cfg, to).map(Sent::from),
-                    None => send(&cfg).map(Sent::from),
+                let out = match (&pairs, &told) {
+                    (Some(to), Some(joins)) => {
+                        send_over_pairs_joined(&cfg, to, joins).map(Sent::from)
+                    }
+                    _ => send(&cfg).map(Sent::from),
                 };
                 *r.lock().expect("result lock") = Some(out);
             }))
@@ -215,7 +221,22 @@ impl SenderJob {
             cancel,
             result,
             thread: Some(thread),
+            joins,
         })
+    }
+
+    /// Tells a sender over several pairs of a receiver at `to` (one that
+    /// replaces a lost pair, or moved): it takes it in as a new pair,
+    /// without a restart, unless it sends there already. False for a
+    /// sender over one pair, which must start again to follow it.
+    pub fn join(&self, to: &str) -> bool {
+        match &self.joins {
+            Some(joins) => {
+                joins.add(to);
+                true
+            }
+            None => false,
+        }
     }
 
     /// The outcome, once the sender is done.

@@ -89,6 +89,9 @@ enum Side {
         changes_told: usize,
         /// Over several pairs: each receiver's endpoint and agent name.
         pair_names: Vec<(String, String)>,
+        /// Over several pairs: the pairs, and those lost, at the last
+        /// report; a change is told at once (`Cadence::due_urgent`).
+        pairs_told: (usize, usize),
     },
     Receiver {
         job: ReceiverJob,
@@ -323,14 +326,17 @@ pub async fn run_with(client: Client, cfg: RunConfig) -> Result<()> {
             }
         }
         for w in wanted {
-            if let Some(j) = jobs.get_mut(&w.key)
-                && plan::receivers_moved(&j.endpoints, &w.endpoints)
-            {
-                tracing::info!(transfer = ?j.transfer, "the receiver moved to {:?}; following it", w.endpoints);
-                stop(j);
-                jobs.remove(&w.key);
+            if let Some(j) = jobs.get_mut(&w.key) {
+                take_in(j, &w);
+                if plan::receivers_moved(&j.endpoints, &w.endpoints) {
+                    tracing::info!(transfer = ?j.transfer, "the receiver moved to {:?}; following it", w.endpoints);
+                    stop(j);
+                    jobs.remove(&w.key);
+                }
             }
-            if jobs.contains_key(&w.key) || finished.contains(&w.key) {
+            let multi = by_uid.get(&w.key.uid).is_some_and(|t| t.multi_pair());
+            if jobs.contains_key(&w.key) || finished.contains(&w.key) || !plan::may_start(&w, multi)
+            {
                 continue;
             }
             let Some(t) = by_uid.get(&w.key.uid) else {
@@ -478,6 +484,7 @@ async fn start_job(
                 announce_tries: ANNOUNCE_TRIES,
                 changes_told: 0,
                 pair_names: pair_names(w),
+                pairs_told: (0, 0),
             }
         }
         Role::Receiver => {
@@ -554,6 +561,27 @@ fn warm_note(streams_warm: u64) -> String {
     }
 }
 
+/// Tells a running sender over several pairs of every receiver `w`
+/// names: one it does not send to yet (a lost pair's replacement, or a
+/// receiver that moved) joins as a new pair, and is named in its reports.
+fn take_in(j: &mut Job, w: &Want) {
+    let Side::Sender {
+        job, pair_names, ..
+    } = &mut j.side
+    else {
+        return;
+    };
+    for (to, agent) in w.endpoints.iter().zip(&w.receivers) {
+        if !job.join(to) {
+            return;
+        }
+        if !pair_names.iter().any(|(e, _)| e == to) {
+            tracing::info!(transfer = ?j.transfer, receiver = %agent, "a receiver joins at {to}");
+            pair_names.push((to.clone(), agent.clone()));
+        }
+    }
+}
+
 /// Over several pairs, each receiver's endpoint with its agent (none over
 /// one pair).
 fn pair_names(w: &Want) -> Vec<(String, String)> {
@@ -567,8 +595,9 @@ fn pair_names(w: &Want) -> Vec<(String, String)> {
         .collect()
 }
 
-/// What a sender's last report adds over several pairs: each pair's
-/// receiver, how it ended, its bytes and chunks.
+/// What a sender's last report adds over several pairs: the pairs that
+/// ran to the end (and those lost on the way), then each pair's receiver,
+/// how it ended, its bytes and chunks.
 fn pairs_note(pairs: &[(String, String, u64, u64)]) -> String {
     if pairs.is_empty() {
         return String::new();
@@ -579,7 +608,15 @@ fn pairs_note(pairs: &[(String, String, u64, u64)]) -> String {
             format!("{to} {state} {} in {chunks} chunks", fmt_bytes(*bytes))
         })
         .collect();
-    format!(", over {} pairs: {}", pairs.len(), each.join("; "))
+    let lost = pairs
+        .iter()
+        .filter(|p| matches!(p.1.as_str(), "lost" | "gone"))
+        .count();
+    let ran = pairs.len() - lost;
+    match lost {
+        0 => format!(", over {ran} pairs: {}", each.join("; ")),
+        _ => format!(", over {ran} pairs ({lost} lost): {}", each.join("; ")),
+    }
 }
 
 /// The receiver's root is the destination's parent; the sender names the last component.
@@ -714,10 +751,12 @@ fn observe_sender(
         announce_tries,
         changes_told,
         pair_names,
+        pairs_told,
     } = &mut job.side
     else {
         return None;
     };
+    let pairs_now = pairs_and_lost(&s.progress);
     let choice = s.progress.streams_chosen.get();
     let changes = s
         .progress
@@ -729,30 +768,16 @@ fn observe_sender(
     // Just chosen or changed: reported now, not at the next cadence.
     let fresh =
         (choice.is_some() && *announce_tries == ANNOUNCE_TRIES) || changes.len() > *changes_told;
-    if let Some(c) = choice.filter(|_| *announce_tries > 0) {
-        let note = tuning::chosen_note(key.attempt, c);
-        tokio::spawn(announce(
-            client.clone(),
-            cfg.agent.clone(),
-            (job.transfer.clone(), key.uid.clone()),
-            ("StreamsChosen", note),
-            ANNOUNCE_TRIES,
-        ));
-        *announce_tries = 0;
-    }
-    // Each addition once, told or not: a missed one is still in
-    // status.tuning.changes.
-    for c in changes.iter().skip(*changes_told) {
-        let note = tuning::added_note(key.attempt, c);
-        tokio::spawn(announce(
-            client.clone(),
-            cfg.agent.clone(),
-            (job.transfer.clone(), key.uid.clone()),
-            ("StreamsAdded", note),
-            1,
-        ));
-    }
-    *changes_told = changes.len();
+    let about = (job.transfer.clone(), key.uid.clone());
+    let told = (announce_tries, changes_told);
+    announce_tuning(
+        client,
+        &cfg.agent,
+        about,
+        key.attempt,
+        (choice, &changes),
+        told,
+    );
     let (total, done) = shown(s.progress.position(), job.carried);
     let (state, msg, p, over) = if let Some(outcome) = s.outcome() {
         let (state, msg, rate) = sender_verdict(outcome);
@@ -774,7 +799,10 @@ fn observe_sender(
             } else {
                 *last_state != Some(state)
             };
-        if !job.cadence.due(now, changed) {
+        // A pair lost or joined is told at once: the operator records
+        // it, and replaces a lost one.
+        let urgent = pairs_now != *pairs_told && job.cadence.due_urgent(now);
+        if !urgent && !job.cadence.due(now, changed) {
             return None;
         }
         let secs = now.saturating_sub(job.last_done.0).as_secs_f64();
@@ -790,6 +818,8 @@ fn observe_sender(
         )
     };
     *last_state = Some(state);
+    *pairs_told = pairs_now;
+    // Read after the outcome: the pairs as they ended go with the verdict.
     let stripes = s
         .progress
         .transfer
@@ -808,6 +838,59 @@ fn observe_sender(
         },
     );
     over.then_some(())
+}
+
+/// Tells in Events the streams the tuner chose (`choice`, tried up to
+/// `ANNOUNCE_TRIES` times) and each the optimizer added since the last
+/// look (`changes`), about the Transfer `about`; counts them as told.
+fn announce_tuning(
+    client: &Client,
+    agent: &str,
+    about: ((String, String), String),
+    attempt: i32,
+    (choice, changes): (
+        Option<&wirerate_engine::tuner::StreamChoice>,
+        &[wirerate_engine::optimizer::StreamChange],
+    ),
+    (announce_tries, changes_told): (&mut u8, &mut usize),
+) {
+    if let Some(c) = choice.filter(|_| *announce_tries > 0) {
+        let note = tuning::chosen_note(attempt, c);
+        let event = ("StreamsChosen", note);
+        tokio::spawn(announce(
+            client.clone(),
+            agent.to_owned(),
+            about.clone(),
+            event,
+            ANNOUNCE_TRIES,
+        ));
+        *announce_tries = 0;
+    }
+    // Each addition once, told or not: a missed one is still in
+    // status.tuning.changes.
+    for c in changes.iter().skip(*changes_told) {
+        let event = ("StreamsAdded", tuning::added_note(attempt, c));
+        tokio::spawn(announce(
+            client.clone(),
+            agent.to_owned(),
+            about.clone(),
+            event,
+            1,
+        ));
+    }
+    *changes_told = changes.len();
+}
+
+/// Over several pairs: the pairs a sender has, and how many of them are
+/// lost; (0, 0) over one.
+fn pairs_and_lost(progress: &crate::progress::Progress) -> (usize, usize) {
+    progress.transfer.pairs().map_or((0, 0), |p| {
+        let lost = p
+            .pairs
+            .iter()
+            .filter(|p| matches!(p.state, "lost" | "gone"));
+        (p.pairs.len(), lost.count())
+    })
 }
 
 /// What a finished sender reports: its state, the message, and the

@@ -52,6 +52,11 @@ pub struct Want {
     /// The agent of each of `endpoints`, as assigned (an external
     /// receiver's address stands for it).
     pub receivers: Vec<String>,
+    /// For a sender: every receiver assigned has said where it listens,
+    /// so a job may start. Over several pairs a running sender is still
+    /// wanted while a receiver that joins (a lost pair's replacement) has
+    /// not said yet, and takes in the others.
+    pub complete: bool,
 }
 
 fn my_report_state(t: &Transfer, me: &Me, key: &JobKey) -> Option<ReportState> {
@@ -63,14 +68,16 @@ fn my_report_state(t: &Transfer, me: &Me, key: &JobKey) -> Option<ReportState> {
         .map(|r| r.state)
 }
 
-/// Where the receivers of `t`'s attempt listen, once every one of them
-/// has said, each with the assigned agent: None until then. One receiver
-/// over one pair, each of `status.receivers` over several; an external
-/// one's address is in the spec.
-fn endpoints(t: &Transfer) -> Option<Vec<(String, String)>> {
-    let s = t.status.as_ref()?;
+/// Where the receivers of `t`'s attempt that said so listen, each with
+/// the assigned agent, and whether every one of them has said. One
+/// receiver over one pair, each of `status.receivers` over several; an
+/// external one's address is in the spec.
+fn endpoints(t: &Transfer) -> (Vec<(String, String)>, bool) {
+    let Some(s) = t.status.as_ref() else {
+        return (Vec::new(), false);
+    };
     if let Some(ext) = &t.spec.destination.external {
-        return Some(vec![(ext.address.clone(), ext.address.clone())]);
+        return (vec![(ext.address.clone(), ext.address.clone())], true);
     }
     // Reports are kept per agent: only an assigned receiver's counts.
     let said = |who: &AgentRef| {
@@ -80,16 +87,14 @@ fn endpoints(t: &Transfer) -> Option<Vec<(String, String)>> {
             .and_then(|r| r.endpoint.clone())
             .map(|e| (who.name.clone(), e))
     };
-    s.receiver
-        .iter()
-        .chain(&s.receivers)
-        .map(said)
-        .collect::<Option<Vec<_>>>()
-        .filter(|v| !v.is_empty())
+    let assigned: Vec<&AgentRef> = s.receiver.iter().chain(&s.receivers).collect();
+    let found: Vec<(String, String)> = assigned.iter().filter_map(|who| said(who)).collect();
+    let complete = !found.is_empty() && found.len() == assigned.len();
+    (found, complete)
 }
 
-/// Jobs `me` should run now. A sender waits until every receiver of the
-/// same attempt has said where it listens.
+/// Jobs `me` should run now. A sender starts once every receiver of the
+/// same attempt has said where it listens (see `Want::complete`).
 pub fn wanted(transfers: &[Transfer], me: &Me) -> Vec<Want> {
     let mut out = Vec::new();
     for t in transfers {
@@ -117,35 +122,44 @@ pub fn wanted(transfers: &[Transfer], me: &Me) -> Vec<Want> {
             ) {
                 continue;
             }
-            let (receivers, endpoints) = match role {
-                Role::Receiver => (Vec::new(), Vec::new()),
-                Role::Sender => match endpoints(t) {
-                    Some(e) => e.into_iter().unzip(),
-                    None => continue,
-                },
+            let (said, complete) = match role {
+                Role::Receiver => (Vec::new(), true),
+                Role::Sender => endpoints(t),
             };
+            // Over one pair a sender is wanted only with its receiver.
+            if !complete && !t.multi_pair() {
+                continue;
+            }
+            let (receivers, endpoints) = said.into_iter().unzip();
             out.push(Want {
                 key,
                 transfer: name.clone(),
                 endpoints,
                 receivers,
+                complete,
             });
         }
     }
     out
 }
 
+/// Whether the job `w` may start now (of a Transfer over several pairs
+/// when `multi`): a receiver at once; a sender once every receiver has
+/// said where it listens, and over several pairs once two have at least
+/// (fewer, and it waits for a replacement, or for the stall timeout to
+/// start a new attempt).
+pub fn may_start(w: &Want, multi: bool) -> bool {
+    w.key.role == Role::Receiver || (w.complete && (!multi || w.endpoints.len() > 1))
+}
+
 /// Whether a running sender, sending to `running`, must start again to
-/// reach its receivers at `wanted`. Over one pair, when the receiver
-/// moved. Over several, only when one listens somewhere the sender does
-/// not send to (a receiver's job restarted on another port): its pairs
-/// are fixed once it runs, and a receiver that leaves the list (lost) has
-/// its work taken over by the others without a restart.
+/// reach its receivers at `wanted`: over one pair, when the receiver
+/// moved. Over several, never: a receiver that leaves the list (lost) has
+/// its work taken over by the others, and one that listens somewhere the
+/// sender does not send to (a replacement, or a receiver's job restarted
+/// on another port) is taken in as a new pair (`SenderJob::join`).
 pub fn receivers_moved(running: &[String], wanted: &[String]) -> bool {
-    if running.len() <= 1 && wanted.len() <= 1 {
-        return running != wanted;
-    }
-    wanted.iter().any(|e| !running.contains(e))
+    running.len() <= 1 && wanted.len() <= 1 && !wanted.is_empty() && running != wanted
 }
 
 /// Transfers being deleted on which `me` still has to stop and clean up.
@@ -224,6 +238,22 @@ impl Cadence {
     pub const MIN: Duration = Duration::from_secs(5);
     /// Longest silence.
     pub const MAX: Duration = Duration::from_secs(10);
+    /// Shortest gap before a report of a change the operator acts on.
+    pub const URGENT: Duration = Duration::from_secs(1);
+
+    /// Whether to report at `now` a change the operator acts on (a pair
+    /// lost or joined, which it records and replaces): at once, but not
+    /// within `URGENT` of the last report. Records the report if so. Such
+    /// changes are few, so this costs the API server little.
+    pub fn due_urgent(&mut self, now: Duration) -> bool {
+        let due = self
+            .last
+            .is_none_or(|last| now.saturating_sub(last) >= Self::URGENT);
+        if due {
+            self.last = Some(now);
+        }
+        due
+    }
 
     /// Whether to report at `now` (time since any fixed start), given whether
     /// anything changed since the last report. Records the report if so.
@@ -354,13 +384,16 @@ mod tests {
         }
         listens(&mut t, "r0", "a:1");
         listens(&mut t, "r2", "c:1");
-        assert!(
-            wanted(std::slice::from_ref(&t), &me("s")).is_empty(),
-            "r1 has not said where it listens"
-        );
+        let w = wanted(std::slice::from_ref(&t), &me("s"));
+        assert!(!w[0].complete, "r1 has not said where it listens");
+        assert_eq!(w[0].endpoints, ["a:1", "c:1"]);
+        assert!(!may_start(&w[0], true));
         listens(&mut t, "r1", "b:1");
         let w = wanted(std::slice::from_ref(&t), &me("s"));
+        assert!(w[0].complete);
+        assert!(may_start(&w[0], true));
         assert_eq!(w[0].endpoints, ["a:1", "b:1", "c:1"], "in the pairs' order");
+        assert_eq!(w[0].receivers, ["r0", "r1", "r2"]);
         // A receiver dropped from the list (lost) is not waited for.
         let mut t = over_pairs(&["r0", "r2"]);
         listens(&mut t, "r0", "a:1");
@@ -369,13 +402,26 @@ mod tests {
         let w = wanted(std::slice::from_ref(&t), &me("s"));
         assert_eq!(w[0].endpoints, ["a:1", "c:1"]);
         assert!(wanted(std::slice::from_ref(&t), &me("r1")).is_empty());
+        // Each receiver starts at once; a sender left with one receiver
+        // of several does not start on it.
+        let r = wanted(std::slice::from_ref(&t), &me("r0"));
+        assert!(
+            may_start(&r[0], true),
+            "a receiver over several pairs starts"
+        );
+        let mut t = over_pairs(&["r0"]);
+        listens(&mut t, "r0", "a:1");
+        let w = wanted(std::slice::from_ref(&t), &me("s"));
+        assert!(w[0].complete && !may_start(&w[0], true));
     }
 
     // Found by review: a sender over several pairs never followed a
     // receiver whose job restarted on another port (its pair was lost for
-    // good, and a rolling restart of the pool lost them all).
+    // good, and a rolling restart of the pool lost them all). It now takes
+    // such a receiver in as a new pair rather than starting over, which
+    // sent every byte again.
     #[test]
-    fn a_sender_starts_again_for_a_receiver_that_moved_not_for_one_that_left() {
+    fn a_sender_over_one_pair_starts_again_for_a_receiver_that_moved_one_over_several_never() {
         let e = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
         assert!(!receivers_moved(&e(&["a:1"]), &e(&["a:1"])));
         assert!(receivers_moved(&e(&["a:1"]), &e(&["a:2"])));
@@ -383,13 +429,18 @@ mod tests {
         assert!(!receivers_moved(&three, &three));
         assert!(!receivers_moved(&three, &e(&["a:1", "c:1"])), "b left");
         assert!(
-            receivers_moved(&three, &e(&["a:1", "b:2", "c:1"])),
+            !receivers_moved(&three, &e(&["a:1", "b:2", "c:1"])),
             "b moved"
         );
         assert!(
-            receivers_moved(&three, &e(&["a:1", "b:2"])),
+            !receivers_moved(&three, &e(&["a:1", "b:2"])),
             "b moved, c left"
         );
+        assert!(
+            !receivers_moved(&three, &e(&["b:2"])),
+            "one left, and it moved"
+        );
+        assert!(!receivers_moved(&three, &[]), "none has said yet");
     }
 
     #[test]
@@ -453,11 +504,14 @@ mod tests {
         let mut c = Cadence::default();
         let s = Duration::from_secs;
         assert!(c.due(s(0), false), "first report at once");
-        assert!(!c.due(s(2), true), "not within 5 s");
-        assert!(!c.due(s(4), true), "not within 5 s");
-        assert!(c.due(s(5), true));
-        assert!(!c.due(s(9), false), "nothing new, not yet 10 s");
-        assert!(c.due(s(15), false), "at least every 10 s");
+        assert!(!c.due_urgent(Duration::from_millis(500)), "not within 1 s");
+        assert!(c.due_urgent(s(1)), "a pair lost is told within 1 s");
+        assert!(!c.due(s(2), true), "not within 5 s of the last");
+        assert!(!c.due(s(5), true), "not within 5 s of the last");
+        assert!(c.due(s(6), true));
+        assert!(!c.due(s(8), true), "not within 5 s");
+        assert!(!c.due(s(15), false), "nothing new, not yet 10 s");
+        assert!(c.due(s(16), false), "at least every 10 s");
     }
 
     #[test]
