@@ -37,6 +37,10 @@ pub struct Needs {
     /// Agents lost by this transfer and still in their back-off (see
     /// [`avoided`]), not to be chosen now.
     pub avoid: Vec<String>,
+    /// A running Transfer over several pairs asks for a receiver to
+    /// replace a lost pair: it holds no slot while none is free, and has
+    /// no place in line.
+    pub replacing: bool,
 }
 
 /// The outcome of one look at a Transfer.
@@ -167,6 +171,19 @@ pub fn step(
         return failed(s, notes, why, &now_t);
     }
 
+    in_progress(t, s, &said, multi && !external, now)
+}
+
+/// The step of a Transfer whose agents are at work: Running, or
+/// Verifying once one says so; over several pairs (`multi`) a lost
+/// pair's replacement is asked for while data still moves.
+fn in_progress(
+    t: &Transfer,
+    mut s: TransferStatus,
+    said: &Said<'_>,
+    multi: bool,
+    now: Timestamp,
+) -> Step {
     let verifying = [Role::Sender, Role::Receiver]
         .into_iter()
         .filter_map(|role| said.of(role))
@@ -176,7 +193,37 @@ pub fn step(
     } else {
         TransferPhase::Running
     });
-    Step::settled(s, notes)
+    let needs = (multi && !verifying)
+        .then(|| replacement(t, &s, now))
+        .flatten();
+    Step {
+        status: s,
+        notes: Vec::new(),
+        needs,
+    }
+}
+
+/// Over several pairs, while fewer run than spec.pairs asks for: one
+/// more receiver, to replace a lost pair (the sender takes it in without
+/// a restart). Not one the Transfer has, nor one it lost lately.
+fn replacement(t: &Transfer, s: &TransferStatus, now: Timestamp) -> Option<Needs> {
+    if s.receivers.len() >= t.pairs() as usize {
+        return None;
+    }
+    let mut avoid = avoided(&s.failovers, now);
+    avoid.extend(s.receivers.iter().map(|a| a.name.clone()));
+    // The sender receives too only when it is in the receivers' pool.
+    if let Some(a) = s.sender.as_ref()
+        && s.receivers.iter().any(|r| r.pool == a.pool)
+    {
+        avoid.push(a.name.clone());
+    }
+    Some(Needs {
+        sender: false,
+        receivers: 1,
+        avoid,
+        replacing: true,
+    })
 }
 
 /// Whether `s` has its receivers: the one over one pair, or (`multi`) at
@@ -402,6 +449,7 @@ fn queued(
         },
         // Agents lost before are passed over for a while.
         avoid: avoided(&s.failovers, now),
+        replacing: false,
     };
     Step {
         status: s,
@@ -689,9 +737,15 @@ pub fn assigned(
     if let Some(a) = sender {
         s.sender = Some(agent_ref(a));
     }
+    // A receiver placed while the Transfer runs on others replaces a lost
+    // pair: it joins them, in the same attempt.
+    let replaced =
+        resolved.pairs > 1 && sender.is_none() && !s.receivers.is_empty() && !receivers.is_empty();
     if resolved.pairs > 1 {
-        if !receivers.is_empty() {
-            s.receivers = receivers.iter().map(|a| agent_ref(a)).collect();
+        for a in receivers {
+            if s.receivers.len() < resolved.pairs && !s.receivers.iter().any(|r| r.name == a.name) {
+                s.receivers.push(agent_ref(a));
+            }
         }
         pairs_running(t, &mut s, "", &now_t);
     } else {
@@ -737,10 +791,25 @@ pub fn assigned(
         t.metadata.generation,
         &now_t,
     );
-    let note = Note {
-        warning: false,
-        reason: "Scheduled",
-        message: format!("attempt {}: {who}", s.attempt),
+    let note = if replaced {
+        let names: Vec<&str> = receivers.iter().map(|a| a.name.as_str()).collect();
+        Note {
+            warning: false,
+            reason: "PairReplaced",
+            message: format!(
+                "attempt {}: receiving agent {} replaces a lost pair and takes work not yet started; {} of {} pairs running",
+                s.attempt,
+                names.join(", "),
+                s.receivers.len(),
+                resolved.pairs
+            ),
+        }
+    } else {
+        Note {
+            warning: false,
+            reason: "Scheduled",
+            message: format!("attempt {}: {who}", s.attempt),
+        }
     };
     (s, note)
 }
@@ -990,6 +1059,7 @@ mod tests {
             sender: true,
             receivers: 1,
             avoid: vec![],
+            replacing: false,
         };
         let none: HashMap<AgentId, Agent> = HashMap::new();
         let say = |needs: &Needs, agents: &HashMap<AgentId, Agent>| {
@@ -1185,6 +1255,68 @@ mod tests {
         );
         let st = step_pairs(&mut t, &PAIRS, 150);
         assert_eq!(st.status.phase, Some(TransferPhase::Succeeded));
+    }
+
+    // Issue 34: a lost pair is replaced when an agent is free, in the
+    // same attempt, and the sender takes the new receiver in.
+    #[test]
+    fn over_several_pairs_a_lost_pair_is_replaced_in_the_same_attempt_by_a_free_agent() {
+        let mut t = over_pairs("t");
+        let mut live = PAIRS.to_vec();
+        live.push(("dst", "r3"));
+        let st = step_pairs(&mut t, &live, 120);
+        assert!(st.needs.is_none(), "all three pairs run");
+        live.retain(|(_, n)| *n != "r1");
+        let st = step_pairs(&mut t, &live, 130);
+        assert_eq!(receiver_names(&st), ["r0", "r2"]);
+        let st = step_pairs(&mut t, &live, 131);
+        let needs = st.needs.clone().expect("a replacement is asked for");
+        assert_eq!(
+            (needs.sender, needs.receivers, needs.replacing),
+            (false, 1, true)
+        );
+        for a in ["r0", "r1", "r2"] {
+            assert!(needs.avoid.contains(&a.to_owned()), "{a}: {needs:?}");
+        }
+        assert_eq!(st.status.phase, Some(TransferPhase::Running));
+        assert!(st.status.queue_position.is_none());
+
+        let ag = agents(130, &live);
+        let r3 = ag.values().find(|a| a.name == "r3").unwrap();
+        let placed = Placed {
+            sender: None,
+            receivers: &[r3],
+            token_secret: "t-token",
+        };
+        let r = check_shared(&t).unwrap();
+        let (s, note) = assigned(&t, &r, st.status.clone(), placed, at(132));
+        let names: Vec<&str> = s.receivers.iter().map(|a| a.name.as_str()).collect();
+        assert_eq!(names, ["r0", "r2", "r3"]);
+        assert_eq!((s.attempt, s.pairs), (1, Some(3)), "the same attempt");
+        assert_eq!(s.sender.as_ref().unwrap().name, "s0");
+        assert_eq!(note.reason, "PairReplaced");
+        assert!(
+            note.message.contains("r3 replaces a lost pair"),
+            "{}",
+            note.message
+        );
+        let d = conditions::find(&s.conditions, types::DEGRADED).unwrap();
+        assert_eq!(
+            (d.status.as_str(), d.reason.as_str()),
+            ("False", "AllPairsRunning")
+        );
+        t.status = Some(s);
+        let st = step_pairs(&mut t, &live, 133);
+        assert!(st.needs.is_none(), "{:?}", st.needs);
+        assert_eq!(st.status.phase, Some(TransferPhase::Running));
+
+        // Once the data has landed, a lost pair is not replaced.
+        live.retain(|(_, n)| *n != "r3");
+        step_pairs(&mut t, &live, 140);
+        report_of(&mut t, Role::Sender, "s0", ReportState::Verifying, "");
+        let st = step_pairs(&mut t, &live, 141);
+        assert_eq!(st.status.phase, Some(TransferPhase::Verifying));
+        assert!(st.needs.is_none(), "{:?}", st.needs);
     }
 
     #[test]
@@ -1615,7 +1747,8 @@ mod tests {
             Some(Needs {
                 sender: true,
                 receivers: 1,
-                avoid: vec![]
+                avoid: vec![],
+                replacing: false,
             })
         );
         assert!(conditions::is_true(&st.status.conditions, types::VALID));
@@ -1747,7 +1880,8 @@ mod tests {
             Some(Needs {
                 sender: false,
                 receivers: 1,
-                avoid: vec!["r0".into()]
+                avoid: vec!["r0".into()],
+                replacing: false,
             })
         );
         assert_eq!(st.notes[0].reason, "Failover");

@@ -249,19 +249,25 @@ impl Planner {
                     d
                 }
             };
-            match entry {
-                Derived::Waiting(w) => {
-                    if !destinations::writes(t) {
-                        fresh.insert(w.key.clone(), Destination::of(t));
-                    }
-                    waiting.push(w);
+            // One that runs and asks for a lost pair's replacement still
+            // takes its namespace's turn.
+            if matches!(
+                &entry,
+                Derived::Running
+                    | Derived::Waiting(Waiting {
+                        replacing: true,
+                        ..
+                    })
+            ) {
+                *running_per_ns
+                    .entry(t.namespace().unwrap_or_default())
+                    .or_default() += 1;
+            }
+            if let Derived::Waiting(w) = entry {
+                if !destinations::writes(t) {
+                    fresh.insert(w.key.clone(), Destination::of(t));
                 }
-                Derived::Running => {
-                    *running_per_ns
-                        .entry(t.namespace().unwrap_or_default())
-                        .or_default() += 1;
-                }
-                Derived::Idle => {}
+                waiting.push(w);
             }
             if destinations::writes(t) {
                 let key = (t.namespace().unwrap_or_default(), t.name_any());
@@ -334,6 +340,10 @@ fn place(
     let mut per_pool: HashMap<Key, i32> = HashMap::new();
     for k in order.iter().filter(|k| !placements.contains_key(*k)) {
         let w = by_key[k];
+        // A running Transfer has no place in line.
+        if w.replacing {
+            continue;
+        }
         let pool = w
             .sender_pool
             .clone()
@@ -370,6 +380,7 @@ fn derive(t: &Transfer, inputs: &Inputs<'_>) -> Derived {
                 sender,
                 receivers,
                 avoid,
+                replacing,
             }),
             Ok(r),
         ) => Derived::Waiting(Waiting {
@@ -387,6 +398,7 @@ fn derive(t: &Transfer, inputs: &Inputs<'_>) -> Derived {
             },
             receivers,
             avoid,
+            replacing,
             key,
         }),
         _ if step.status.phase.is_some_and(|p| !p.is_final()) && step.status.sender.is_some() => {

@@ -35,6 +35,9 @@ pub struct Waiting {
     pub receivers: usize,
     /// Agents this transfer must not get (lost ones).
     pub avoid: Vec<String>,
+    /// It runs, and asks for a receiver to replace a lost pair: placed
+    /// when one is free, holding nothing while none is.
+    pub replacing: bool,
 }
 
 /// An agent with room for more transfers.
@@ -160,7 +163,7 @@ pub fn assign(order: &[Key], waiting: &[Waiting], slots: &[Slot]) -> BTreeMap<Ke
             let room_to_hold = blocked.iter().all(|p| {
                 held_for.get(p).copied().unwrap_or(0) < capacity.get(p).copied().unwrap_or(0)
             });
-            if !room_to_hold || !could_run(w, slots) {
+            if w.replacing || !room_to_hold || !could_run(w, slots) {
                 continue;
             }
             for p in blocked {
@@ -265,6 +268,7 @@ mod tests {
             receiver_pool: Some(pool("dst")),
             receivers: 1,
             avoid: vec![],
+            replacing: false,
         }
     }
 
@@ -492,5 +496,51 @@ mod tests {
         assert!(!could_run(&q[0], &slots));
         let placed = assign(&order(&q, &HashMap::new()), &q, &slots);
         assert_eq!(placed_names(&placed), ["narrow"]);
+    }
+
+    /// A running Transfer over several pairs that asks for a lost pair's
+    /// replacement gets a free receiver it does not avoid; while none is
+    /// free it holds nothing, and what it would have held stays with the
+    /// Transfers waiting behind it.
+    #[test]
+    fn a_replacement_takes_a_free_receiver_and_holds_nothing_while_none_is() {
+        let replacing = |created| Waiting {
+            sender_pool: None,
+            avoid: vec!["r0".into()],
+            replacing: true,
+            ..w("a", "running", 0, created)
+        };
+        let q = [replacing(1)];
+        let slots = [slot("dst", "r0", 3), slot("dst", "r1", 1)];
+        let placed = assign(&order(&q, &HashMap::new()), &q, &slots);
+        let p = &placed[&q[0].key];
+        assert_eq!(
+            (p.sender.as_deref(), p.receivers.as_slice()),
+            (None, &["r1".to_owned()][..])
+        );
+
+        // The only free receiver is one both lost before (the other is
+        // busy). The replacements
+        // wait without counting as holders of dst; the one-pair Transfer
+        // behind it holds the sender it found, so the one after that,
+        // which could use it, waits too.
+        let mut narrow = w("a", "narrow", 0, 3);
+        narrow.avoid = vec!["r0".into()];
+        let mut other = w("a", "other", 0, 4);
+        other.receiver_pool = Some(pool("dst2"));
+        let mut second = replacing(2);
+        second.key.1 = "running-too".into();
+        let q = [replacing(1), second, narrow, other];
+        let slots = [
+            slot("src", "s0", 1),
+            slot("dst", "r0", 1),
+            Slot {
+                free: 0,
+                ..slot("dst", "r1", 1)
+            },
+            slot("dst2", "x0", 1),
+        ];
+        let placed = assign(&order(&q, &HashMap::new()), &q, &slots);
+        assert!(placed.is_empty(), "{placed:?}");
     }
 }

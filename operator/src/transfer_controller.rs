@@ -198,16 +198,22 @@ async fn schedule<'a>(
         ctx.changed();
     }
     let plan = ctx.recent_plan(now).await;
-    step.status.queue_position = shown_position(&plan, key);
+    // A running Transfer that asks for a lost pair's replacement runs on
+    // meanwhile: it has no place in line, and stays Scheduled.
+    if !needs.replacing {
+        step.status.queue_position = shown_position(&plan, key);
+    }
     let Ok(resolved) = validity else {
         return Ok(None);
     };
-    if let Some(why) = plan.held_back.get(key) {
-        lifecycle::waiting_for_destination(&mut step.status, why, current, now);
-        return Ok(None);
+    if !needs.replacing {
+        if let Some(why) = plan.held_back.get(key) {
+            lifecycle::waiting_for_destination(&mut step.status, why, current, now);
+            return Ok(None);
+        }
+        let message = lifecycle::waiting_message(resolved, needs, &look.view.agents);
+        lifecycle::waiting_for_agents(&mut step.status, &message, current, now);
     }
-    let message = lifecycle::waiting_message(resolved, needs, &look.view.agents);
-    lifecycle::waiting_for_agents(&mut step.status, &message, current, now);
     if !plan.placements.contains_key(key) {
         return Ok(None);
     }
@@ -224,7 +230,9 @@ async fn schedule<'a>(
     let uid = current.metadata.uid.clone().unwrap_or_default();
     let token = token_secret_name(current);
     let Some(((status, note), before)) = take_placement(look, resolved, needs, step, &token) else {
-        step.status.queue_position = shown_position(&ctx.plan(now), key);
+        if !needs.replacing {
+            step.status.queue_position = shown_position(&ctx.plan(now), key);
+        }
         return Ok(None);
     };
     let taken = Taken { ctx, uid, before };

@@ -643,3 +643,65 @@ async fn a_transfer_over_three_pairs_gets_three_receivers_only_on_shared_storage
     }
     assert_eq!(labels[contract::SENDER_LABEL], "s0", "{labels}");
 }
+
+// Issue 34: a Transfer over several pairs that lost one is given a free
+// agent in its place, in the same attempt, labelled so that the agent
+// sees it, with an Event; it keeps no place in line meanwhile.
+#[tokio::test]
+async fn a_lost_pair_is_replaced_by_a_free_agent_in_the_same_attempt() {
+    let mut d = Cluster::new().await;
+    pools(&mut d);
+    let mut dst = pool("dst", "/out");
+    dst.spec.shared_storage = true;
+    d.pool(&finalized(dst, pool_controller::POOL_FINALIZER));
+    d.lease(&lease("src", "s0", now(), None));
+    for r in ["r0", "r2", "r3"] {
+        d.lease(&lease("dst", r, now(), None));
+    }
+    d.lease(&lease("dst", "r1", now() - 60, None));
+    let mut x = t("x", 0, 1);
+    x.spec.pairs = Some(3);
+    x.status = Some(wirerate_crds::TransferStatus {
+        phase: Some(wirerate_crds::TransferPhase::Running),
+        attempt: 1,
+        sender: Some(agent_ref("s0", "src")),
+        receivers: vec![agent_ref("r0", "dst"), agent_ref("r2", "dst")],
+        token_secret: Some("x-token".into()),
+        ..Default::default()
+    });
+    d.transfer(&x);
+    reconcile(&d, &x).await;
+
+    let s = d.last_status("/transfers/x");
+    let names: Vec<&str> = s["receivers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["r0", "r2", "r3"], "{s}");
+    assert_eq!(
+        (s["attempt"].as_i64(), s["pairs"].as_i64()),
+        (Some(1), Some(3))
+    );
+    assert!(s.get("queuePosition").is_none(), "{s}");
+    let degraded = condition(&d, "/transfers/x", "Degraded");
+    assert_eq!(degraded["status"], "False", "{degraded}");
+    let scheduled = condition(&d, "/transfers/x", "Scheduled");
+    assert_eq!(scheduled["status"], "True", "{scheduled}");
+    let labels = d
+        .calls()
+        .into_iter()
+        .filter(|c| c.is("PATCH", "/transfers/x"))
+        .find_map(|c| c.body["metadata"].get("labels").cloned())
+        .unwrap();
+    let key = contract::pair_receiver_label("data", "dst", "r3");
+    assert_eq!(labels[key.as_str()], "true", "{labels}");
+    let reasons: Vec<String> = d
+        .calls()
+        .iter()
+        .filter(|c| c.path.ends_with("/events"))
+        .map(|c| c.body["reason"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(reasons, ["PairReplaced"]);
+}
