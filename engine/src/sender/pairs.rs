@@ -31,7 +31,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
@@ -46,11 +46,13 @@ use crate::wire::{EntryKind, Stripe, StripePiece, StripeRole};
 
 /// How long a pair's receiver may stay unreachable before the pair is
 /// lost and its work goes to the others.
-/// Short enough that the operator shows the loss within 10 s of it (it
-/// reads it from the next progress report), and that a lost pair's work
-/// does not idle for long; a receiver that comes back later joins again
-/// (`Joins`).
-pub const PAIR_PATIENCE: Duration = Duration::from_secs(6);
+/// Short enough that the operator shows the loss of a receiver that
+/// refuses connections (its process gone) within 10 s (the agent reports
+/// a pair lost within 1 s); long enough that a network blip of a few
+/// seconds, which may take every pair at once, and a transfer with them,
+/// is ridden out. One whose packets vanish is found by its Lease or the
+/// data streams' keepalive instead, later.
+pub const PAIR_PATIENCE: Duration = Duration::from_secs(8);
 /// How long after a pair to a receiver was lost the same receiver may
 /// join again: whoever tells of joins (the agent, from the Transfer's
 /// status) may still list it for a moment after its loss, and a lane
@@ -296,8 +298,9 @@ struct Plan<'a> {
     cfg: &'a SendConfig,
     list: &'a SourceList,
     group: u64,
-    /// Receivers the transfer started with.
-    pairs: usize,
+    /// Pairs not lost: the transfer's rate cap is shared among them. Kept
+    /// by the driving thread as receivers join and pairs are lost.
+    pairs: AtomicUsize,
 }
 
 impl Plan<'_> {
@@ -315,8 +318,11 @@ impl Plan<'_> {
         cfg.stripe = Some(stripe);
         // The cap is the transfer's: each session paces its own streams,
         // so it gets its share of every session that may run at once
-        // (without this, N pairs ran at up to 2N times --max-rate).
-        let sessions = (self.pairs.max(1) * SESSIONS_PER_LANE) as u64;
+        // (without this, N pairs ran at up to 2N times --max-rate). A
+        // session keeps the share it started with: when a pair joins, the
+        // cap is exceeded by at most the sessions already running.
+        let pairs = self.pairs.load(Ordering::Relaxed);
+        let sessions = (pairs.max(1) * SESSIONS_PER_LANE) as u64;
         cfg.max_rate = self.cfg.max_rate.map(|r| (r / sessions).max(1));
         cfg
     }
@@ -385,18 +391,21 @@ impl Plan<'_> {
 /// Sends `cfg.source` to the receivers `to`, which share one root, as one
 /// transfer over as many pairs.
 pub fn send_over_pairs(cfg: &SendConfig, to: &[String]) -> Result<PairsSummary> {
-    send_over_pairs_joined(cfg, to, &Joins::default())
+    check_receivers(cfg, to, 2)?;
+    send_over_pairs_joined(cfg, to, &Joins::default(), to.len())
 }
 
-/// As `send_over_pairs`, taking in the receivers told of in `joins` while
-/// it runs.
+/// As `send_over_pairs`, from one receiver at least, taking in the
+/// receivers told of in `joins` while it runs; the work is cut for `most`
+/// pairs, so that those that join find some not yet started.
 pub fn send_over_pairs_joined(
     cfg: &SendConfig,
     to: &[String],
     joins: &Joins,
+    most: usize,
 ) -> Result<PairsSummary> {
     cfg.validate()?;
-    check_receivers(cfg, to)?;
+    check_receivers(cfg, to, 1)?;
     let list = super::source::scan(&cfg.source, &cfg.dest)?;
     let files: Vec<(u32, u64)> = list
         .files
@@ -407,7 +416,8 @@ pub fn send_over_pairs_joined(
         .collect();
     let total: u64 = files.iter().map(|f| f.1).sum();
     cfg.progress.sized(total);
-    let chunk = chunk_bytes(total, to.len(), cfg.block_size, cfg.streams);
+    let most = most.clamp(to.len(), MAX_RECEIVERS);
+    let chunk = chunk_bytes(total, most, cfg.block_size, cfg.streams);
     cfg.progress.split(chunk, cfg.streams);
     let geometry =
         Geometry::new(cfg.block_size, chunk, None).map_err(|e| Error::Config(e.to_string()))?;
@@ -415,7 +425,7 @@ pub fn send_over_pairs_joined(
         cfg,
         list: &list,
         group: u64::from_le_bytes(crate::net::auth::random()),
-        pairs: to.len(),
+        pairs: AtomicUsize::new(to.len()),
     };
     let lanes: Vec<Arc<Lane>> = to.iter().map(|t| Arc::new(Lane::new(t))).collect();
     let start = Instant::now();
@@ -501,11 +511,12 @@ fn work_lane(
     }
 }
 
-/// Refuses a list of receivers that cannot make a transfer.
-fn check_receivers(cfg: &SendConfig, to: &[String]) -> Result<()> {
-    if to.len() < 2 || to.len() > MAX_RECEIVERS {
+/// Refuses a list of receivers that cannot make a transfer: fewer than
+/// `least`, too many, or one named twice.
+fn check_receivers(cfg: &SendConfig, to: &[String], least: usize) -> Result<()> {
+    if to.len() < least || to.len() > MAX_RECEIVERS {
         return Err(Error::Config(format!(
-            "--to names {} receivers; a transfer over several pairs takes 2 to {MAX_RECEIVERS}",
+            "--to names {} receivers; a transfer over several pairs takes {least} to {MAX_RECEIVERS}",
             to.len()
         )));
     }
@@ -625,6 +636,8 @@ struct Run<'a> {
     digests: HashMap<u32, u128>,
     bytes_sent: BTreeMap<PairId, u64>,
     unmarking: bool,
+    /// Lanes the transfer started with; those after joined it.
+    initial: usize,
 }
 
 impl<'a> Run<'a> {
@@ -639,6 +652,7 @@ impl<'a> Run<'a> {
             coord,
             queues: lanes.iter().map(|_| VecDeque::new()).collect(),
             writing: vec![0; lanes.len()],
+            initial: lanes.len(),
             lanes,
             lost: BTreeMap::new(),
             started_at,
@@ -718,6 +732,7 @@ impl<'a> Run<'a> {
             return None;
         }
         tracing::info!(receiver = %to, "a receiver joined; it takes work not yet started");
+        self.plan.pairs.fetch_add(1, Ordering::Relaxed);
         let lane = Arc::new(Lane::new(to));
         self.lanes.push(Arc::clone(&lane));
         self.queues.push(VecDeque::new());
@@ -1000,12 +1015,15 @@ impl<'a> Run<'a> {
     /// A lane's session failed past the pair's patience: the pair is lost
     /// (its other sessions may still write: see `writing`), unless the
     /// failure is one that retrying cannot fix anywhere, which ends the
-    /// transfer.
+    /// transfer. A lane that joined is lost whatever its failure: a
+    /// replacement with a broken disk or a private mount must not fail a
+    /// transfer the others carry (found by review).
     fn lane_failed(&mut self, now: Instant, pair: PairId, e: Error) -> Result<()> {
         let to = &self.lanes[pair as usize].to;
         // A lost lane's sessions end cancelled, which is no news.
         let cancelled = self.lost.contains_key(&pair) && matches!(e, Error::Cancelled { .. });
-        if !(cancelled || e.is_retryable() || matches!(e, Error::GaveUp { .. })) {
+        let joined = pair as usize >= self.initial;
+        if !(joined || cancelled || e.is_retryable() || matches!(e, Error::GaveUp { .. })) {
             return Err(Error::Config(format!("{to}: {e}")));
         }
         // Its queued items are the coordinator's to hand out again; its
@@ -1026,6 +1044,10 @@ impl<'a> Run<'a> {
         if let std::collections::btree_map::Entry::Vacant(lost) = self.lost.entry(pair) {
             tracing::warn!(receiver = %to, error = %e, "pair lost; its work goes to the others");
             lost.insert((e.to_string(), now));
+            let _ = self
+                .plan
+                .pairs
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
             self.lanes[pair as usize]
                 .cancel
                 .store(true, Ordering::Relaxed);
@@ -1197,7 +1219,7 @@ mod tests {
                 cfg: &self.cfg,
                 list: &self.list,
                 group: 1,
-                pairs: self.lanes.len(),
+                pairs: AtomicUsize::new(self.lanes.len()),
             }
         }
 
@@ -1264,10 +1286,16 @@ mod tests {
         let now = Instant::now();
         run.handle(item_failed(0, item, pieces)).unwrap();
         assert!(run.lost.contains_key(&0));
+        assert_eq!(
+            plan.pairs.load(Ordering::Relaxed),
+            1,
+            "the cap is b's alone"
+        );
         assert!(run.join(now, "b").is_none(), "b runs");
         assert!(run.join(now, "a").is_none(), "a was lost a moment ago");
         let lane = run.join(now, "c").expect("c joins");
         assert_eq!(lane.to, "c");
+        assert_eq!(plan.pairs.load(Ordering::Relaxed), 2, "c shares the cap");
         assert_eq!(run.lanes.len(), 3);
         assert_eq!(state(&run, 2), PairState::Running);
         // The coordinator hands the new pair work at once.
@@ -1282,6 +1310,26 @@ mod tests {
         assert_eq!(run.lanes.len(), 4);
         assert_eq!(run.queues.len(), 4);
         assert_eq!(run.writing.len(), 4);
+    }
+
+    /// A lane that joined is lost whatever its failure, even one that
+    /// ends the transfer when a lane it started with meets it (a private
+    /// mount, say): the others carry the transfer on.
+    #[test]
+    fn a_joined_lanes_failure_loses_it_and_not_the_transfer() {
+        let fx = Fixture::new(64 << 10);
+        let plan = fx.plan();
+        let mut run = fx.run(&plan);
+        let now = Instant::now();
+        run.join(now, "c").expect("c joins");
+        let not_shared = || Error::Config("the root is not shared".into());
+        run.handle(item_ended(2, 0, Vec::new(), not_shared()))
+            .expect("a joined lane's failure is its own");
+        assert!(run.lost.contains_key(&2));
+        assert!(
+            run.handle(item_ended(0, 1, Vec::new(), not_shared()))
+                .is_err()
+        );
     }
 
     /// Joins told again and again are taken once; the list is bounded.
