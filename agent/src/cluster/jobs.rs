@@ -172,9 +172,13 @@ pub struct SenderJob {
 
 impl SenderJob {
     /// Starts sending `source` to `dest` at `endpoints`: one receiver, or
-    /// several sharing one root, each the far end of a pair.
+    /// over at most `pairs` pairs (Some: a Transfer over several) those
+    /// that share one root, each the far end of a pair, taking in more as
+    /// they join.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         endpoints: &[String],
+        pairs: Option<usize>,
         token: Vec<u8>,
         source: PathBuf,
         dest: String,
@@ -201,15 +205,15 @@ impl SenderJob {
         let progress = watch_send(&mut cfg);
         let result = Arc::new(Mutex::new(None));
         let r = result.clone();
-        let pairs = (endpoints.len() > 1).then(|| endpoints.to_vec());
-        let joins = pairs.as_ref().map(|_| Joins::default());
+        let to = endpoints.to_vec();
+        let joins = pairs.map(|_| Joins::default());
         let told = joins.clone();
         let thread = std::thread::Builder::new()
             .name("k8s-send".into())
             .spawn(wirerate_engine::spans::carry(move || {
-                let out = match (&pairs, &told) {
-                    (Some(to), Some(joins)) => {
-                        send_over_pairs_joined(&cfg, to, joins).map(Sent::from)
+                let out = match (pairs, &told) {
+                    (Some(most), Some(joins)) => {
+                        send_over_pairs_joined(&cfg, &to, joins, most).map(Sent::from)
                     }
                     _ => send(&cfg).map(Sent::from),
                 };

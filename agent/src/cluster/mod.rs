@@ -334,9 +334,7 @@ pub async fn run_with(client: Client, cfg: RunConfig) -> Result<()> {
                     jobs.remove(&w.key);
                 }
             }
-            let multi = by_uid.get(&w.key.uid).is_some_and(|t| t.multi_pair());
-            if jobs.contains_key(&w.key) || finished.contains(&w.key) || !plan::may_start(&w, multi)
-            {
+            if jobs.contains_key(&w.key) || finished.contains(&w.key) || !plan::may_start(&w) {
                 continue;
             }
             let Some(t) = by_uid.get(&w.key.uid) else {
@@ -470,6 +468,7 @@ async fn start_job(
                 job: span.in_scope(|| {
                     SenderJob::start(
                         &endpoints,
+                        t.multi_pair().then(|| t.pairs() as usize),
                         token,
                         source,
                         dest,

@@ -143,13 +143,11 @@ pub fn wanted(transfers: &[Transfer], me: &Me) -> Vec<Want> {
     out
 }
 
-/// Whether the job `w` may start now (of a Transfer over several pairs
-/// when `multi`): a receiver at once; a sender once every receiver has
-/// said where it listens, and over several pairs once two have at least
-/// (fewer, and it waits for a replacement, or for the stall timeout to
-/// start a new attempt).
-pub fn may_start(w: &Want, multi: bool) -> bool {
-    w.key.role == Role::Receiver || (w.complete && (!multi || w.endpoints.len() > 1))
+/// Whether the job `w` may start now: a receiver at once; a sender once
+/// every receiver assigned has said where it listens (over several
+/// pairs, those assigned later join it as they say).
+pub fn may_start(w: &Want) -> bool {
+    w.key.role == Role::Receiver || w.complete
 }
 
 /// Whether a running sender, sending to `running`, must start again to
@@ -387,11 +385,11 @@ mod tests {
         let w = wanted(std::slice::from_ref(&t), &me("s"));
         assert!(!w[0].complete, "r1 has not said where it listens");
         assert_eq!(w[0].endpoints, ["a:1", "c:1"]);
-        assert!(!may_start(&w[0], true));
+        assert!(!may_start(&w[0]));
         listens(&mut t, "r1", "b:1");
         let w = wanted(std::slice::from_ref(&t), &me("s"));
         assert!(w[0].complete);
-        assert!(may_start(&w[0], true));
+        assert!(may_start(&w[0]));
         assert_eq!(w[0].endpoints, ["a:1", "b:1", "c:1"], "in the pairs' order");
         assert_eq!(w[0].receivers, ["r0", "r1", "r2"]);
         // A receiver dropped from the list (lost) is not waited for.
@@ -402,17 +400,16 @@ mod tests {
         let w = wanted(std::slice::from_ref(&t), &me("s"));
         assert_eq!(w[0].endpoints, ["a:1", "c:1"]);
         assert!(wanted(std::slice::from_ref(&t), &me("r1")).is_empty());
-        // Each receiver starts at once; a sender left with one receiver
-        // of several does not start on it.
+        // Each receiver starts at once; so does a sender over several
+        // pairs that has one receiver so far (pairsPolicy Auto, or the
+        // others lost before it started): the rest join it.
         let r = wanted(std::slice::from_ref(&t), &me("r0"));
-        assert!(
-            may_start(&r[0], true),
-            "a receiver over several pairs starts"
-        );
+        assert!(may_start(&r[0]), "a receiver over several pairs starts");
         let mut t = over_pairs(&["r0"]);
+        t.spec.pairs = Some(3);
         listens(&mut t, "r0", "a:1");
         let w = wanted(std::slice::from_ref(&t), &me("s"));
-        assert!(w[0].complete && !may_start(&w[0], true));
+        assert!(w[0].complete && may_start(&w[0]));
     }
 
     // Found by review: a sender over several pairs never followed a

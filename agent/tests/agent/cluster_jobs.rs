@@ -59,6 +59,7 @@ fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
     let endpoint = format!("127.0.0.1:{}", rx.port);
     let tx = SenderJob::start(
         std::slice::from_ref(&endpoint),
+        None,
         TOKEN.to_vec(),
         file.clone(),
         "frames.h5".into(),
@@ -86,6 +87,7 @@ fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
     };
     let tx = SenderJob::start(
         std::slice::from_ref(&endpoint),
+        None,
         TOKEN.to_vec(),
         file.clone(),
         "again.h5".into(),
@@ -149,6 +151,7 @@ fn the_progress_a_receiver_shows_never_runs_ahead_of_what_a_resume_keeps() {
     // 160 Mbit/s: about 2 s, several checkpoints.
     let tx = SenderJob::start(
         &[format!("127.0.0.1:{}", rx.port)],
+        None,
         TOKEN.to_vec(),
         file.clone(),
         "scan.raw".into(),
@@ -215,6 +218,7 @@ fn a_second_session_of_the_same_transfer_counts_on_from_the_first() {
     for name in ["a.bin", "b.bin"] {
         let tx = SenderJob::start(
             &[format!("127.0.0.1:{}", rx.port)],
+            None,
             TOKEN.to_vec(),
             src.join(name),
             name.into(),
@@ -276,6 +280,7 @@ fn the_agents_metrics_endpoint_serves_every_metric_the_dashboard_queries() {
     let rx = ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap();
     let tx = SenderJob::start(
         &[format!("127.0.0.1:{}", rx.port)],
+        None,
         TOKEN.to_vec(),
         file,
         "m.bin".into(),
@@ -338,6 +343,7 @@ fn a_cancelled_sender_stops_retrying() {
     // Nothing listens on port 9 of loopback: every connect is refused and retried.
     let mut tx = SenderJob::start(
         &["127.0.0.1:9".to_owned()],
+        None,
         TOKEN.to_vec(),
         file,
         "f".into(),
@@ -426,6 +432,7 @@ fn out_of_range_tuning_is_refused_naming_the_field_not_clamped() {
     };
     let err = SenderJob::start(
         &["127.0.0.1:9".to_owned()],
+        None,
         TOKEN.to_vec(),
         file,
         "f.bin".into(),
@@ -531,6 +538,7 @@ fn a_jobs_threads_log_under_its_transfers_span() {
         .in_scope(|| {
             SenderJob::start(
                 &[format!("127.0.0.1:{closed}")],
+                None,
                 TOKEN.to_vec(),
                 file,
                 "f.bin".into(),
@@ -582,6 +590,7 @@ fn a_sender_job_given_several_receivers_spreads_one_file_over_them() {
         .collect();
     let tx = SenderJob::start(
         &endpoints,
+        Some(3),
         TOKEN.to_vec(),
         file.clone(),
         "volume.tiff".into(),
@@ -618,5 +627,59 @@ fn a_sender_job_given_several_receivers_spreads_one_file_over_them() {
     assert!(
         shown.pairs.iter().all(|p| p.state == "finished"),
         "none is running once the send is over: {shown:?}"
+    );
+}
+
+// Issue 34: a sender over several pairs that starts on one receiver (a
+// Transfer with pairsPolicy Auto, or whose others were lost before it
+// started) takes in the receivers that join while it runs; they take
+// work, and the file lands once, identical.
+#[test]
+fn a_sender_job_takes_in_receivers_that_join_while_it_runs() {
+    let dir = scratch("cluster-joins");
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&dst).unwrap();
+    let file = src.join("volume.tiff");
+    write_file(&file, 48 * (1 << 20) + 999, 22);
+    let receivers: Vec<ReceiverJob> = (0..3)
+        .map(|_| ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap())
+        .collect();
+    let endpoints: Vec<String> = receivers
+        .iter()
+        .map(|r| format!("127.0.0.1:{}", r.port))
+        .collect();
+    let tx = SenderJob::start(
+        &endpoints[..1],
+        Some(3),
+        TOKEN.to_vec(),
+        file.clone(),
+        "volume.tiff".into(),
+        &tuning(),
+        Verification::Checksums,
+        // Slow enough that the work is still there when they join.
+        Some(200),
+    )
+    .unwrap();
+    for e in &endpoints {
+        // The one it sends to already changes nothing.
+        assert!(tx.join(e));
+    }
+    let sum = match wait_outcome(&tx, Duration::from_secs(120)) {
+        SenderOutcome::Verified(s) => s,
+        other => panic!("not verified: {other:?}"),
+    };
+    assert_same(&file, &dst.join("volume.tiff"));
+    assert_eq!(sum.pairs.len(), 3, "{:?}", sum.pairs);
+    let joined = sum.pairs.iter().filter(|p| p.0 != endpoints[0] && p.3 > 0);
+    assert!(
+        joined.count() >= 1,
+        "no receiver that joined took work: {:?}",
+        sum.pairs
+    );
+    let bytes: u64 = sum.pairs.iter().map(|p| p.2).sum();
+    assert_eq!(
+        bytes, sum.bytes_total,
+        "every byte made durable by one pair"
     );
 }
