@@ -71,6 +71,8 @@ use crate::tuning::{Striping, Tuning, Verification};
 #[x_kube(validation = Rule::new("!has(self.striping) || !has(self.tuning) || !has(self.tuning.blockSize) || self.tuning.blockSize % self.striping.stripeSize == 0").message("striping.stripeSize must divide tuning.blockSize: pick a stripe size that divides the block size"))]
 #[x_kube(validation = Rule::new("(has(self.pairs) ? self.pairs : 1) == (has(oldSelf.pairs) ? oldSelf.pairs : 1)").message("pairs cannot change once set: the pairs of a running transfer are fixed; create a new Transfer instead"))]
 #[x_kube(validation = Rule::new("!has(self.pairs) || self.pairs == 1 || has(self.destination.pool)").message("pairs above 1 needs destination.pool: an agent outside the cluster is one receiver, so one pair"))]
+#[x_kube(validation = Rule::new("!has(self.pairsPolicy) || self.pairsPolicy == 'Fixed' || (has(self.pairs) && self.pairs >= 2)").message("pairsPolicy Auto needs pairs of 2 or more: with Auto, pairs is the most pairs the Transfer may grow to"))]
+#[x_kube(validation = Rule::new("(has(self.pairsPolicy) ? self.pairsPolicy : 'Fixed') == (has(oldSelf.pairsPolicy) ? oldSelf.pairsPolicy : 'Fixed')").message("pairsPolicy cannot change once set: create a new Transfer instead"))]
 #[serde(rename_all = "camelCase")]
 pub struct TransferSpec {
     /// What to send: a path on a pool's storage.
@@ -86,9 +88,17 @@ pub struct TransferSpec {
     /// receiving pool must declare `sharedStorage` (every receiver writes
     /// into the same files). Today the sending pool gives one agent, which
     /// drives every pair; the receivers are distinct agents. Unset: 1.
+    /// With `pairsPolicy: Auto`, the most pairs it may grow to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = crate::contract::MAX_PAIRS))]
     pub pairs: Option<i32>,
+    /// `Fixed` (the default): the Transfer starts once `pairs` receivers
+    /// are free, and a lost pair is replaced when an agent is free.
+    /// `Auto`: it starts on as many receivers as are free, one at least,
+    /// and grows to `pairs` as agents of the pool become free (one a
+    /// `kubectl scale dtnpool` adds joins it, for work not yet started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pairs_policy: Option<PairsPolicy>,
     /// Overrides of the pools' tuning.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tuning: Option<Tuning>,
@@ -248,6 +258,12 @@ impl Transfer {
     /// Whether it runs over several pairs.
     pub fn multi_pair(&self) -> bool {
         self.pairs() > 1
+    }
+
+    /// Whether it starts on the receivers free and grows to `pairs()`
+    /// (`pairsPolicy: Auto`), rather than waiting for all of them.
+    pub fn auto_pairs(&self) -> bool {
+        self.spec.pairs_policy == Some(PairsPolicy::Auto)
     }
 
     /// Namespace of the pool that plays `role`: the one named, or the Transfer's own.
@@ -565,6 +581,16 @@ pub struct AgentReport {
     pub endpoint: Option<String>,
     /// When it was written.
     pub updated_at: Time,
+}
+
+/// How many pairs a Transfer over several runs on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum PairsPolicy {
+    /// Exactly `pairs`: it waits until that many receivers are free.
+    #[default]
+    Fixed,
+    /// As many as the receiving pool has free, up to `pairs`.
+    Auto,
 }
 
 /// One side's state.

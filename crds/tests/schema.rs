@@ -237,6 +237,18 @@ fn transfer_rules_refuse_mistakes() {
         token_secret: "s".into(),
     });
     rejected_with(&t, "pairs above 1 needs destination.pool");
+
+    // pairsPolicy Auto grows to pairs: a bound of 1 is no bound.
+    use wirerate_crds::transfer::PairsPolicy;
+    let mut t = good.clone();
+    t.spec.pairs_policy = Some(PairsPolicy::Auto);
+    rejected_with(&t, "pairsPolicy Auto needs pairs of 2 or more");
+    t.spec.pairs = Some(1);
+    rejected_with(&t, "pairsPolicy Auto needs pairs of 2 or more");
+    t.spec.pairs = Some(8);
+    validate_cel(&t).expect("Auto up to 8 pairs passes admission");
+    t.spec.pairs_policy = Some(PairsPolicy::Fixed);
+    validate_cel(&t).expect("Fixed 8 pairs passes admission");
 }
 
 // The pair count's bounds are the engine's, and `kubectl get` shows it.
@@ -384,6 +396,20 @@ fn source_and_destination_are_immutable() {
     let mut prio = old.clone();
     prio.spec.priority = 7;
     validate_cel_update(&prio, &old).expect("unset kept, another field changed");
+
+    // The policy is fixed with the pairs; unset is Fixed.
+    use wirerate_crds::transfer::PairsPolicy;
+    let mut wide = old.clone();
+    wide.spec.pairs = Some(4);
+    let mut auto = wide.clone();
+    auto.spec.pairs_policy = Some(PairsPolicy::Auto);
+    let err = validate_cel_update(&auto, &wide)
+        .expect_err("policy changed")
+        .to_string();
+    assert!(err.contains("pairsPolicy cannot change once set"), "{err}");
+    let mut fixed = wide.clone();
+    fixed.spec.pairs_policy = Some(PairsPolicy::Fixed);
+    validate_cel_update(&fixed, &wide).expect("unset to Fixed");
 }
 
 #[test]

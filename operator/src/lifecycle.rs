@@ -34,6 +34,9 @@ pub struct Needs {
     /// Receivers needed: 1 over one pair, spec.pairs when a Transfer over
     /// several has none left, 0 when it has its receivers.
     pub receivers: usize,
+    /// Receivers it may start with (pairsPolicy Auto: 1); `receivers`
+    /// otherwise.
+    pub least: usize,
     /// Agents lost by this transfer and still in their back-off (see
     /// [`avoided`]), not to be chosen now.
     pub avoid: Vec<String>,
@@ -205,13 +208,22 @@ fn in_progress(
 
 /// Over several pairs, while fewer run than spec.pairs asks for: one
 /// more receiver, to replace a lost pair (the sender takes it in without
-/// a restart). Not one the Transfer has, nor one it lost lately.
+/// a restart). Not one the Transfer has, nor one it lost lately, nor one
+/// it lost in this attempt: the sender's stripes still show that one's
+/// pair lost at the endpoint it would come back on, and it would be
+/// dropped again at once (found by review: placed again after its
+/// back-off, it was lost and placed over and over).
 fn replacement(t: &Transfer, s: &TransferStatus, now: Timestamp) -> Option<Needs> {
     if s.receivers.len() >= t.pairs() as usize {
         return None;
     }
     let mut avoid = avoided(&s.failovers, now);
     avoid.extend(s.receivers.iter().map(|a| a.name.clone()));
+    let lost_now = s
+        .failovers
+        .iter()
+        .filter(|f| f.attempt == s.attempt && f.role == Role::Receiver);
+    avoid.extend(lost_now.map(|f| f.agent.clone()));
     // The sender receives too only when it is in the receivers' pool.
     if let Some(a) = s.sender.as_ref()
         && s.receivers.iter().any(|r| r.pool == a.pool)
@@ -221,6 +233,7 @@ fn replacement(t: &Transfer, s: &TransferStatus, now: Timestamp) -> Option<Needs
     Some(Needs {
         sender: false,
         receivers: 1,
+        least: 1,
         avoid,
         replacing: true,
     })
@@ -306,9 +319,9 @@ fn only_pairs_gone(
 /// The step of a Transfer over several pairs that lost the receivers in
 /// `gone` (name, why) but keeps its sender and another receiver: they
 /// leave the assignment, each as a failover of this attempt (so that it
-/// is passed over for a while), the sender hands their unfinished work
-/// to the other pairs, and nothing restarts. The pair is not replaced
-/// within the attempt: the sender's pairs are fixed when it starts.
+/// is passed over for the rest of it), the sender hands their unfinished
+/// work to the other pairs, and nothing restarts. A later look asks for
+/// a replacement (`replacement`).
 fn pairs_lost(
     t: &Transfer,
     mut s: TransferStatus,
@@ -363,7 +376,9 @@ fn not_degraded_once_over(s: &mut TransferStatus, now: &Time) {
 
 /// Keeps `status.pairs` and, over several pairs, the `Degraded`
 /// condition: True while fewer pairs run than spec.pairs asks for (with
-/// `why`), False once all of them do.
+/// `why`), False once all of them do. With pairsPolicy Auto fewer is
+/// the rule: True only as a pair is lost (`why` says which), False once
+/// one joins.
 fn pairs_running(t: &Transfer, s: &mut TransferStatus, why: &str, now: &Time) {
     if !t.multi_pair() {
         return;
@@ -371,7 +386,13 @@ fn pairs_running(t: &Transfer, s: &mut TransferStatus, why: &str, now: &Time) {
     let (running, asked) = (s.receivers.len(), t.pairs());
     s.pairs = Some(running as i32);
     let generation = s.observed_generation;
-    let c = if running < asked as usize {
+    let c = if t.auto_pairs() {
+        let said = format!("{running} pairs running, up to {asked} as agents are free{why}");
+        match why.is_empty() {
+            true => condition(types::DEGRADED, false, "AutoPairs", said),
+            false => condition(types::DEGRADED, true, "PairLost", said),
+        }
+    } else if running < asked as usize {
         condition(
             types::DEGRADED,
             true,
@@ -440,13 +461,15 @@ fn queued(
         })
         .to_owned();
     waiting_for_agents(&mut s, &said, t, now);
+    let receivers = if external || has_receivers(&s, pairs > 1) {
+        0
+    } else {
+        pairs
+    };
     let needs = Needs {
         sender: s.sender.is_none(),
-        receivers: if external || has_receivers(&s, pairs > 1) {
-            0
-        } else {
-            pairs
-        },
+        receivers,
+        least: least(t, receivers),
         // Agents lost before are passed over for a while.
         avoid: avoided(&s.failovers, now),
         replacing: false,
@@ -619,6 +642,7 @@ fn fail_over(
     }
     pairs_running(t, &mut s, "", &now_t);
     needs.avoid = avoided(&s.failovers, now);
+    needs.least = least(t, needs.receivers);
     s.attempt += 1;
     s.phase = Some(TransferPhase::Queued);
     let generation = s.observed_generation;
@@ -699,6 +723,16 @@ fn stall(
             "Stalled: no data landed for {idle}s (spec.stallTimeoutSeconds {timeout}) though its Lease is current"
         )
     })
+}
+
+/// Of `receivers` asked for, how many `t` may start with: all of them,
+/// or one with pairsPolicy Auto (it grows as agents become free).
+fn least(t: &Transfer, receivers: usize) -> usize {
+    if t.auto_pairs() {
+        receivers.min(1)
+    } else {
+        receivers
+    }
 }
 
 /// What an assignment gives a Transfer: its agents (None keeps the one it
@@ -791,27 +825,36 @@ pub fn assigned(
         t.metadata.generation,
         &now_t,
     );
-    let note = if replaced {
-        let names: Vec<&str> = receivers.iter().map(|a| a.name.as_str()).collect();
-        Note {
-            warning: false,
-            reason: "PairReplaced",
-            message: format!(
-                "attempt {}: receiving agent {} replaces a lost pair and takes work not yet started; {} of {} pairs running",
-                s.attempt,
-                names.join(", "),
-                s.receivers.len(),
-                resolved.pairs
-            ),
-        }
-    } else {
-        Note {
+    let note = match replaced {
+        true => joined(t, &s, receivers),
+        false => Note {
             warning: false,
             reason: "Scheduled",
             message: format!("attempt {}: {who}", s.attempt),
-        }
+        },
     };
     (s, note)
+}
+
+/// The Event of `receivers` joining the running Transfer `t` (status
+/// `s`): in a lost pair's place, or (pairsPolicy Auto) one more.
+fn joined(t: &Transfer, s: &TransferStatus, receivers: &[&Agent]) -> Note {
+    let names: Vec<&str> = receivers.iter().map(|a| a.name.as_str()).collect();
+    let (reason, what) = match t.auto_pairs() {
+        true => ("PairAdded", "joins"),
+        false => ("PairReplaced", "replaces a lost pair and"),
+    };
+    Note {
+        warning: false,
+        reason,
+        message: format!(
+            "attempt {}: receiving agent {} {what} takes work not yet started; {} of {} pairs running",
+            s.attempt,
+            names.join(", "),
+            s.receivers.len(),
+            t.pairs()
+        ),
+    }
 }
 
 /// Why a Transfer failed: the Failed condition's reason, and what its
@@ -1054,10 +1097,12 @@ mod tests {
             tuning: Default::default(),
             striping: None,
             pairs: 1,
+            least: 1,
         };
         let both = Needs {
             sender: true,
             receivers: 1,
+            least: 1,
             avoid: vec![],
             replacing: false,
         };
@@ -1280,6 +1325,16 @@ mod tests {
         }
         assert_eq!(st.status.phase, Some(TransferPhase::Running));
         assert!(st.status.queue_position.is_none());
+        // Long past its back-off, and live again, r1 is still not placed
+        // in this attempt: its pair shows lost at the endpoint it would
+        // come back on.
+        let mut later = t.clone();
+        let st_later = step_pairs(&mut later, &PAIRS, 250);
+        let needs_later = st_later.needs.expect("still asked for");
+        assert!(
+            needs_later.avoid.contains(&"r1".to_owned()),
+            "{needs_later:?}"
+        );
 
         let ag = agents(130, &live);
         let r3 = ag.values().find(|a| a.name == "r3").unwrap();
@@ -1317,6 +1372,63 @@ mod tests {
         let st = step_pairs(&mut t, &live, 141);
         assert_eq!(st.status.phase, Some(TransferPhase::Verifying));
         assert!(st.needs.is_none(), "{:?}", st.needs);
+    }
+
+    // Issue 34: with pairsPolicy Auto a Transfer starts on the receivers
+    // free, one at least, and grows to spec.pairs as agents become free.
+    #[test]
+    fn with_auto_pairs_it_starts_on_those_free_and_grows() {
+        let mut t = transfer("t", "/in/a", "/out/a");
+        t.spec.pairs = Some(3);
+        t.spec.pairs_policy = Some(wirerate_crds::transfer::PairsPolicy::Auto);
+        let r = check_shared(&t).unwrap();
+        let live = [("src", "s0"), ("dst", "r0"), ("dst", "r1")];
+        let st = step(&t, &Ok(r.clone()), &agents(99, &live), at(100));
+        let needs = st.needs.clone().unwrap();
+        assert_eq!((needs.receivers, needs.least), (3, 1), "up to 3, from 1");
+
+        let ag = agents(99, &live);
+        let by_name = |n: &str| ag.values().find(|a| a.name == n).unwrap();
+        let placed = Placed {
+            sender: Some(by_name("s0")),
+            receivers: &[by_name("r0")],
+            token_secret: "t-token",
+        };
+        let (s, note) = assigned(&t, &r, st.status, placed, at(100));
+        assert_eq!(note.reason, "Scheduled");
+        assert_eq!(s.pairs, Some(1));
+        let d = conditions::find(&s.conditions, types::DEGRADED).unwrap();
+        assert_eq!(
+            (d.status.as_str(), d.reason.as_str()),
+            ("False", "AutoPairs")
+        );
+        assert!(
+            d.message.contains("1 pairs running, up to 3"),
+            "{}",
+            d.message
+        );
+        t.status = Some(s);
+
+        // Running, it asks for one more; one placed joins.
+        let st = step_pairs(&mut t, &live, 110);
+        let needs = st.needs.clone().expect("growth is asked for");
+        assert!(needs.replacing && needs.avoid.contains(&"r0".to_owned()));
+        let placed = Placed {
+            sender: None,
+            receivers: &[by_name("r1")],
+            token_secret: "t-token",
+        };
+        let (s, note) = assigned(&t, &r, st.status.clone(), placed, at(111));
+        assert_eq!(s.pairs, Some(2));
+        assert_eq!(note.reason, "PairAdded");
+        assert!(note.message.contains("r1 joins"), "{}", note.message);
+        t.status = Some(s);
+
+        // Losing one is Degraded until another joins.
+        let st = step_pairs(&mut t, &live[..2], 130);
+        assert_eq!(st.status.receivers.len(), 1);
+        let d = conditions::find(&st.status.conditions, types::DEGRADED).unwrap();
+        assert_eq!((d.status.as_str(), d.reason.as_str()), ("True", "PairLost"));
     }
 
     #[test]
@@ -1747,6 +1859,7 @@ mod tests {
             Some(Needs {
                 sender: true,
                 receivers: 1,
+                least: 1,
                 avoid: vec![],
                 replacing: false,
             })
@@ -1880,6 +1993,7 @@ mod tests {
             Some(Needs {
                 sender: false,
                 receivers: 1,
+                least: 1,
                 avoid: vec!["r0".into()],
                 replacing: false,
             })

@@ -190,6 +190,36 @@ fn agents_fingerprint(agents: &HashMap<AgentId, Agent>) -> u64 {
     hash_of(&live)
 }
 
+/// What `t`'s derived entry depends on, hashed: None without a
+/// resourceVersion, which alone tells two versions apart. `fps` are the
+/// catalog's and the live agents' fingerprints.
+fn fingerprint(
+    t: &Transfer,
+    inputs: &Inputs<'_>,
+    (catalog_fp, agents_fp): (u64, u64),
+) -> Option<u64> {
+    let uid = t.metadata.uid.as_deref()?;
+    let assigned = t.status.as_ref().is_some_and(|s| s.sender.is_some());
+    t.metadata.resource_version.as_ref().map(|rv| {
+        hash_of(&(
+            rv,
+            inputs.ledger.get(uid).map(|a| {
+                let name =
+                    |r: &Option<AgentRef>| r.as_ref().map(|r| (r.pool.clone(), r.name.clone()));
+                let names: Vec<_> = a.receivers.iter().map(|r| (&r.pool, &r.name)).collect();
+                (a.attempt, name(&a.sender), name(&a.receiver), names)
+            }),
+            t.metadata.deletion_timestamp.is_some(),
+            catalog_fp,
+            assigned.then_some((agents_fp, stalled(t, inputs.now))),
+            // Time, not an event, ends a lost agent's back-off.
+            t.status
+                .as_ref()
+                .map(|s| lifecycle::avoided(&s.failovers, inputs.now)),
+        ))
+    })
+}
+
 impl Planner {
     /// Plans from `inputs`, re-deriving only the Transfers that changed.
     pub fn plan(&mut self, inputs: &Inputs<'_>) -> Plan {
@@ -210,28 +240,7 @@ impl Planner {
             };
             let over = overlaid(t, inputs.ledger);
             let t: &Transfer = over.as_ref().unwrap_or(t);
-            let assigned = t.status.as_ref().is_some_and(|s| s.sender.is_some());
-            // Without a resourceVersion nothing tells two versions apart.
-            let fingerprint = t.metadata.resource_version.as_ref().map(|rv| {
-                hash_of(&(
-                    rv,
-                    inputs.ledger.get(&uid).map(|a| {
-                        let name = |r: &Option<AgentRef>| {
-                            r.as_ref().map(|r| (r.pool.clone(), r.name.clone()))
-                        };
-                        let names: Vec<_> =
-                            a.receivers.iter().map(|r| (&r.pool, &r.name)).collect();
-                        (a.attempt, name(&a.sender), name(&a.receiver), names)
-                    }),
-                    t.metadata.deletion_timestamp.is_some(),
-                    catalog_fp,
-                    assigned.then_some((agents_fp, stalled(t, inputs.now))),
-                    // Time, not an event, ends a lost agent's back-off.
-                    t.status
-                        .as_ref()
-                        .map(|s| lifecycle::avoided(&s.failovers, inputs.now)),
-                ))
-            });
+            let fingerprint = fingerprint(t, inputs, (catalog_fp, agents_fp));
             let entry = match self.entries.get(&uid) {
                 Some(c) if fingerprint == Some(c.fingerprint) => c.derived.clone(),
                 _ => {
@@ -379,6 +388,7 @@ fn derive(t: &Transfer, inputs: &Inputs<'_>) -> Derived {
             Some(Needs {
                 sender,
                 receivers,
+                least,
                 avoid,
                 replacing,
             }),
@@ -397,6 +407,7 @@ fn derive(t: &Transfer, inputs: &Inputs<'_>) -> Derived {
                 None
             },
             receivers,
+            least,
             avoid,
             replacing,
             key,

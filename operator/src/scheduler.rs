@@ -31,8 +31,11 @@ pub struct Waiting {
     /// `namespace/pool` the receivers come from, when receivers are needed.
     pub receiver_pool: Option<Key>,
     /// How many distinct receivers it needs from `receiver_pool` (one per
-    /// pair; 1 for a transfer over one pair).
+    /// pair; 1 for a transfer over one pair): the most.
     pub receivers: usize,
+    /// How many it may start with: `receivers`, or fewer (pairsPolicy
+    /// Auto starts on one and grows).
+    pub least: usize,
     /// Agents this transfer must not get (lost ones).
     pub avoid: Vec<String>,
     /// It runs, and asks for a receiver to replace a lost pair: placed
@@ -129,7 +132,13 @@ pub fn assign(order: &[Key], waiting: &[Waiting], slots: &[Slot]) -> BTreeMap<Ke
     }
     let mut held_for: HashMap<&Key, i32> = HashMap::new();
     let mut placed = BTreeMap::new();
-    for key in order {
+    // Transfers that run and ask for one more receiver (a lost pair's
+    // replacement, or pairsPolicy Auto growing) take only what those
+    // waiting to start leave.
+    let (waiting_first, growing): (Vec<&Key>, Vec<&Key>) = order
+        .iter()
+        .partition(|k| by_key.get(k).is_none_or(|w| !w.replacing));
+    for key in waiting_first.into_iter().chain(growing) {
         let Some(w) = by_key.get(key) else { continue };
         if spent(&room, &w.sender_pool) && spent(&room, &w.receiver_pool) {
             continue;
@@ -219,7 +228,7 @@ fn receivers(
             .then_with(|| free[a].agent.cmp(&free[b].agent))
     });
     candidates.truncate(w.receivers.max(1));
-    if candidates.len() == w.receivers.max(1) {
+    if candidates.len() >= w.least.clamp(1, w.receivers.max(1)) {
         Ok(candidates)
     } else {
         Err(candidates)
@@ -238,7 +247,7 @@ pub fn could_run(w: &Waiting, slots: &[Slot]) -> bool {
                 >= needed
         })
     };
-    usable(&w.sender_pool, 1) && usable(&w.receiver_pool, w.receivers.max(1))
+    usable(&w.sender_pool, 1) && usable(&w.receiver_pool, w.least.clamp(1, w.receivers.max(1)))
 }
 
 #[cfg(test)]
@@ -267,6 +276,7 @@ mod tests {
             sender_pool: Some(pool("src")),
             receiver_pool: Some(pool("dst")),
             receivers: 1,
+            least: 1,
             avoid: vec![],
             replacing: false,
         }
@@ -452,6 +462,7 @@ mod tests {
     fn over_pairs(name: &str, pairs: usize, created: i64) -> Waiting {
         let mut p = w("a", name, 0, created);
         p.receivers = pairs;
+        p.least = pairs;
         p
     }
 
@@ -542,5 +553,47 @@ mod tests {
         ];
         let placed = assign(&order(&q, &HashMap::new()), &q, &slots);
         assert!(placed.is_empty(), "{placed:?}");
+    }
+
+    /// pairsPolicy Auto: as many receivers as are free, up to its bound,
+    /// one at least; a pool of one agent can run it.
+    #[test]
+    fn auto_pairs_take_the_receivers_free_up_to_the_bound() {
+        let mut auto = over_pairs("auto", 3, 1);
+        auto.least = 1;
+        let q = [auto.clone()];
+        let slots = [
+            slot("src", "s0", 1),
+            slot("dst", "r0", 1),
+            slot("dst", "r1", 1),
+            slot("dst", "r2", 0),
+        ];
+        let placed = assign(&order(&q, &HashMap::new()), &q, &slots);
+        assert_eq!(placed[&auto.key].receivers, ["r0", "r1"]);
+        let one = [slot("src", "s0", 1), slot("dst", "r0", 1)];
+        assert!(could_run(&auto, &one));
+        let placed = assign(&order(&q, &HashMap::new()), &q, &one);
+        assert_eq!(placed[&auto.key].receivers, ["r0"]);
+        // Five free: no more than three.
+        let five: Vec<Slot> = std::iter::once(slot("src", "s0", 1))
+            .chain((0..5).map(|i| slot("dst", &format!("r{i}"), 1)))
+            .collect();
+        let placed = assign(&order(&q, &HashMap::new()), &q, &five);
+        assert_eq!(placed[&auto.key].receivers.len(), 3);
+    }
+
+    /// A running Transfer that grows (or replaces a lost pair) takes only
+    /// what the ones waiting to start leave, however old it is.
+    #[test]
+    fn a_growing_transfer_yields_to_those_waiting_to_start() {
+        let growing = Waiting {
+            sender_pool: None,
+            replacing: true,
+            ..w("a", "growing", 0, 1)
+        };
+        let q = [growing, w("b", "new", 0, 2)];
+        let slots = [slot("src", "s0", 1), slot("dst", "r0", 1)];
+        let placed = assign(&order(&q, &HashMap::new()), &q, &slots);
+        assert_eq!(placed_names(&placed), ["new"]);
     }
 }

@@ -266,7 +266,9 @@ fn take_placement(
     // Agents as they are now, not before the wait for the plan.
     let agents = look.ctx.agents(Timestamp::now());
     look.ctx.take(&look.key, &uid, look.now, |p| {
-        if p.sender.is_some() != needs.sender || p.receivers.len() != needs.receivers {
+        if p.sender.is_some() != needs.sender
+            || !(needs.least..=needs.receivers).contains(&p.receivers.len())
+        {
             return None;
         }
         // The agent `name` of `pool`, if it is live now.

@@ -45,8 +45,11 @@ pub struct Resolved {
     pub tuning: Tuning,
     /// Layout for the destination.
     pub striping: Option<Striping>,
-    /// Pairs to run over (spec.pairs, checked).
+    /// Pairs to run over (spec.pairs, checked): with pairsPolicy Auto,
+    /// the most.
     pub pairs: usize,
+    /// Receivers it may start with: `pairs`, or 1 with pairsPolicy Auto.
+    pub least: usize,
 }
 
 impl Resolved {
@@ -148,6 +151,7 @@ pub fn validate(t: &Transfer, catalog: Catalog<'_>) -> Result<Resolved, Invalid>
         receiver_pool,
         tuning,
         striping,
+        least: if t.auto_pairs() { 1 } else { pairs },
         pairs,
     })
 }
@@ -169,6 +173,12 @@ fn pairs(t: &Transfer, dst: Option<(&Option<Key>, &DtnPool)>) -> Result<usize, I
         ));
     }
     if n == 1 {
+        if t.auto_pairs() {
+            return Err(invalid(
+                reason::INVALID_PAIRS,
+                "spec.pairsPolicy is Auto but spec.pairs is 1: with Auto, pairs is the most pairs the Transfer may grow to; set it to 2 or more".to_owned(),
+            ));
+        }
         return Ok(1);
     }
     match dst {
@@ -469,6 +479,25 @@ pub(crate) mod tests {
         let e = check_shared(&ext).unwrap_err();
         assert_eq!(e.reason, reason::INVALID_PAIRS);
         assert!(e.message.contains("outside the cluster"), "{}", e.message);
+
+        // pairsPolicy Auto: pairs is its bound, 2 or more; it may start
+        // on one receiver.
+        let mut auto = t.clone();
+        auto.spec.pairs = Some(1);
+        auto.spec.pairs_policy = Some(wirerate_crds::transfer::PairsPolicy::Auto);
+        let e = check_shared(&auto).unwrap_err();
+        assert_eq!(e.reason, reason::INVALID_PAIRS);
+        assert!(
+            e.message.contains("spec.pairsPolicy is Auto"),
+            "{}",
+            e.message
+        );
+        auto.spec.pairs = Some(4);
+        let r = check_shared(&auto).unwrap();
+        assert_eq!((r.pairs, r.least), (4, 1));
+        auto.spec.pairs_policy = None;
+        let r = check_shared(&auto).unwrap();
+        assert_eq!((r.pairs, r.least), (4, 4));
     }
 
     pub(crate) fn transfer(name: &str, from: &str, to: &str) -> Transfer {

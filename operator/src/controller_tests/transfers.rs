@@ -705,3 +705,50 @@ async fn a_lost_pair_is_replaced_by_a_free_agent_in_the_same_attempt() {
         .collect();
     assert_eq!(reasons, ["PairReplaced"]);
 }
+
+// Issue 34: pairsPolicy Auto starts on the receivers free and, when the
+// pool scales up (a new agent's Lease), the running Transfer takes it in.
+#[tokio::test]
+async fn an_auto_transfer_starts_on_the_free_receivers_and_grows_when_the_pool_scales_up() {
+    let mut d = Cluster::new().await;
+    pools(&mut d);
+    let mut dst = pool("dst", "/out");
+    dst.spec.shared_storage = true;
+    d.pool(&finalized(dst, pool_controller::POOL_FINALIZER));
+    d.lease(&lease("src", "s0", now(), None));
+    d.lease(&lease("dst", "r0", now(), None));
+    let mut x = t("x", 0, 1);
+    x.spec.pairs = Some(4);
+    x.spec.pairs_policy = Some(wirerate_crds::transfer::PairsPolicy::Auto);
+    d.transfer(&x);
+    reconcile(&d, &x).await;
+    let s = d.last_status("/transfers/x");
+    assert_eq!(s["phase"], "Running", "{s}");
+    assert_eq!(s["pairs"], 1, "{s}");
+
+    // The pool scales up: the new agent joins the running Transfer.
+    d.lease(&lease("dst", "r1", now(), None));
+    let mut running = x.clone();
+    running.status = Some(serde_json::from_value(s).unwrap());
+    d.transfer(&running);
+    reconcile(&d, &running).await;
+    let s = d.last_status("/transfers/x");
+    let names: Vec<&str> = s["receivers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["r0", "r1"], "{s}");
+    assert_eq!(
+        (s["attempt"].as_i64(), s["pairs"].as_i64()),
+        (Some(1), Some(2))
+    );
+    let reasons: Vec<String> = d
+        .calls()
+        .iter()
+        .filter(|c| c.path.ends_with("/events"))
+        .map(|c| c.body["reason"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(reasons, ["Scheduled", "PairAdded"]);
+}
