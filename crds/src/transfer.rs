@@ -583,7 +583,12 @@ pub struct AgentReport {
     pub updated_at: Time,
 }
 
-/// How many pairs a Transfer over several runs on.
+/// How a Transfer over several pairs gets its receivers. `Fixed` (the
+/// default): it starts once `pairs` receivers are free, and a lost pair
+/// is replaced when an agent is free. `Auto`: it starts on as many
+/// receivers as are free, one at least, and grows to `pairs` as agents of
+/// the pool become free (one a `kubectl scale dtnpool` adds joins it, for
+/// work not yet started). Cannot change once set.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum PairsPolicy {
     /// Exactly `pairs`: it waits until that many receivers are free.

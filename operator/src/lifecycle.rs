@@ -302,8 +302,20 @@ fn only_pairs_gone(
 ) -> Option<Vec<(String, String)>> {
     let gone = pairs_gone(s, said, lost);
     let sender_lost = lost.iter().any(|(role, _, _)| *role == Role::Sender);
-    if !sender_lost {
-        return (!gone.is_empty() && gone.len() < s.receivers.len()).then_some(gone);
+    if !sender_lost && !gone.is_empty() && gone.len() < s.receivers.len() {
+        return Some(gone);
+    }
+    // Every receiver gone, the sender live: a failover to new receivers,
+    // not the sender's "every receiver lost" taken as the Transfer's
+    // verdict (found by review: an Auto Transfer on one pair failed for
+    // good when that receiver died), unless one failed by its own word,
+    // whose reason is then the verdict.
+    let failed = |who: &str| {
+        said.receiver_report(who)
+            .is_some_and(|r| r.state == ReportState::Failed)
+    };
+    if !sender_lost && gone.iter().any(|(who, _)| failed(who)) {
+        return None;
     }
     for (who, why) in gone {
         if !lost
@@ -950,7 +962,7 @@ pub fn waiting_message(
             .filter(|a| !needs.avoid.contains(&a.name))
             .collect();
         let needed = if Some((ns, pool)) == resolved.receiver_pool.as_ref().map(|(a, b)| (a, b)) {
-            needs.receivers.max(1)
+            needs.least.max(1)
         } else {
             1
         };
@@ -1097,7 +1109,6 @@ mod tests {
             tuning: Default::default(),
             striping: None,
             pairs: 1,
-            least: 1,
         };
         let both = Needs {
             sender: true,
@@ -1594,6 +1605,39 @@ mod tests {
             (d.status.as_str(), d.reason.as_str()),
             ("False", "TransferOver")
         );
+
+        // Found by review: the sender gave up its last pair (the receiver's
+        // Lease still current) and said it failed; that is a failover to
+        // new receivers, not the Transfer's verdict.
+        let mut t = over_pairs("t");
+        t.status
+            .as_mut()
+            .unwrap()
+            .receivers
+            .retain(|r| r.name == "r1");
+        with_endpoint(&mut t, "h:1");
+        t.status.as_mut().unwrap().stripes = Some(stripes("s0", "h:1"));
+        report_of(
+            &mut t,
+            Role::Sender,
+            "s0",
+            ReportState::Failed,
+            "every receiver lost",
+        );
+        let st = step_pairs(&mut t, &PAIRS, 120);
+        assert_eq!(
+            st.status.phase,
+            Some(TransferPhase::Queued),
+            "{:?}",
+            st.status.conditions
+        );
+        assert_eq!(st.status.attempt, 2);
+        assert_eq!(
+            st.status.sender.as_ref().unwrap().name,
+            "s0",
+            "the sender stays"
+        );
+        assert_eq!(st.needs.unwrap().receivers, 3);
     }
 
     // Found by review: a sender over several pairs that starts over (for a

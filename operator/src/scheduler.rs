@@ -133,12 +133,16 @@ pub fn assign(order: &[Key], waiting: &[Waiting], slots: &[Slot]) -> BTreeMap<Ke
     let mut held_for: HashMap<&Key, i32> = HashMap::new();
     let mut placed = BTreeMap::new();
     // Transfers that run and ask for one more receiver (a lost pair's
-    // replacement, or pairsPolicy Auto growing) take only what those
-    // waiting to start leave.
-    let (waiting_first, growing): (Vec<&Key>, Vec<&Key>) = order
-        .iter()
-        .partition(|k| by_key.get(k).is_none_or(|w| !w.replacing));
-    for key in waiting_first.into_iter().chain(growing) {
+    // replacement, or pairsPolicy Auto growing) take only what those of
+    // their priority waiting to start leave; a higher priority still goes
+    // first. `order` is by priority already: the sort is stable.
+    let mut order: Vec<&Key> = order.iter().collect();
+    order.sort_by_key(|k| {
+        by_key
+            .get(k)
+            .map(|w| (std::cmp::Reverse(w.priority), w.replacing))
+    });
+    for key in order {
         let Some(w) = by_key.get(key) else { continue };
         if spent(&room, &w.sender_pool) && spent(&room, &w.receiver_pool) {
             continue;
@@ -179,10 +183,14 @@ pub fn assign(order: &[Key], waiting: &[Waiting], slots: &[Slot]) -> BTreeMap<Ke
                 *held_for.entry(p).or_default() += 1;
             }
         }
-        // Placed, or (incomplete) the slots it found held for it.
-        let found: Vec<usize> = receiver
+        // Placed, or (incomplete) the slots it found held for it: no more
+        // than it may start with (pairsPolicy Auto needs one).
+        let mut found: Vec<usize> = receiver
             .map(|r| r.unwrap_or_else(|short| short))
             .unwrap_or_default();
+        if !complete {
+            found.truncate(w.least.clamp(1, w.receivers.max(1)));
+        }
         for i in sender.flatten().iter().chain(&found) {
             free[*i].free -= 1;
             *room.entry(free[*i].pool.clone()).or_default() -= 1;
@@ -595,5 +603,35 @@ mod tests {
         let slots = [slot("src", "s0", 1), slot("dst", "r0", 1)];
         let placed = assign(&order(&q, &HashMap::new()), &q, &slots);
         assert_eq!(placed_names(&placed), ["new"]);
+        // Found by review: not before a higher priority, though.
+        let mut urgent = q[0].clone();
+        urgent.priority = 10;
+        let q = [urgent, w("b", "new", 0, 2)];
+        let slots = [slot("src", "s0", 1), slot("dst", "r0", 1)];
+        let placed = assign(&order(&q, &HashMap::new()), &q, &slots);
+        assert_eq!(placed_names(&placed), ["growing"]);
+    }
+
+    /// Found by review: an Auto Transfer waiting for a busy sending pool
+    /// held every receiver it could grow to; it holds the one it may start
+    /// with, and the others go to those behind it.
+    #[test]
+    fn an_auto_transfer_waiting_for_a_sender_holds_one_receiver() {
+        let mut auto = over_pairs("auto", 3, 1);
+        auto.least = 1;
+        let mut other = w("a", "other", 0, 2);
+        other.sender_pool = Some(pool("src2"));
+        other.receivers = 2;
+        other.least = 2;
+        let q = [auto, other];
+        let slots = [
+            slot("src", "s0", 0),
+            slot("src2", "t0", 1),
+            slot("dst", "r0", 1),
+            slot("dst", "r1", 1),
+            slot("dst", "r2", 1),
+        ];
+        let placed = assign(&order(&q, &HashMap::new()), &q, &slots);
+        assert_eq!(placed_names(&placed), ["other"]);
     }
 }

@@ -48,8 +48,6 @@ pub struct Resolved {
     /// Pairs to run over (spec.pairs, checked): with pairsPolicy Auto,
     /// the most.
     pub pairs: usize,
-    /// Receivers it may start with: `pairs`, or 1 with pairsPolicy Auto.
-    pub least: usize,
 }
 
 impl Resolved {
@@ -151,7 +149,6 @@ pub fn validate(t: &Transfer, catalog: Catalog<'_>) -> Result<Resolved, Invalid>
         receiver_pool,
         tuning,
         striping,
-        least: if t.auto_pairs() { 1 } else { pairs },
         pairs,
     })
 }
@@ -493,11 +490,7 @@ pub(crate) mod tests {
             e.message
         );
         auto.spec.pairs = Some(4);
-        let r = check_shared(&auto).unwrap();
-        assert_eq!((r.pairs, r.least), (4, 1));
-        auto.spec.pairs_policy = None;
-        let r = check_shared(&auto).unwrap();
-        assert_eq!((r.pairs, r.least), (4, 4));
+        assert_eq!(check_shared(&auto).unwrap().pairs, 4);
     }
 
     pub(crate) fn transfer(name: &str, from: &str, to: &str) -> Transfer {

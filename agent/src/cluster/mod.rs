@@ -328,7 +328,8 @@ pub async fn run_with(client: Client, cfg: RunConfig) -> Result<()> {
         for w in wanted {
             if let Some(j) = jobs.get_mut(&w.key) {
                 take_in(j, &w);
-                if plan::receivers_moved(&j.endpoints, &w.endpoints) {
+                let multi = by_uid.get(&w.key.uid).is_some_and(|t| t.multi_pair());
+                if plan::receivers_moved(&j.endpoints, &w.endpoints, multi) {
                     tracing::info!(transfer = ?j.transfer, "the receiver moved to {:?}; following it", w.endpoints);
                     stop(j);
                     jobs.remove(&w.key);
@@ -482,7 +483,7 @@ async fn start_job(
                 last_state: None,
                 announce_tries: ANNOUNCE_TRIES,
                 changes_told: 0,
-                pair_names: pair_names(w),
+                pair_names: pair_names(w, t.multi_pair()),
                 pairs_told: (0, 0),
             }
         }
@@ -583,8 +584,8 @@ fn take_in(j: &mut Job, w: &Want) {
 
 /// Over several pairs, each receiver's endpoint with its agent (none over
 /// one pair).
-fn pair_names(w: &Want) -> Vec<(String, String)> {
-    if w.endpoints.len() < 2 {
+fn pair_names(w: &Want, multi: bool) -> Vec<(String, String)> {
+    if !multi {
         return Vec::new();
     }
     w.endpoints

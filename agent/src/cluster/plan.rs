@@ -152,12 +152,13 @@ pub fn may_start(w: &Want) -> bool {
 
 /// Whether a running sender, sending to `running`, must start again to
 /// reach its receivers at `wanted`: over one pair, when the receiver
-/// moved. Over several, never: a receiver that leaves the list (lost) has
+/// moved. Over several (`multi`, however few it runs on: an Auto Transfer
+/// may start on one), never: a receiver that leaves the list (lost) has
 /// its work taken over by the others, and one that listens somewhere the
 /// sender does not send to (a replacement, or a receiver's job restarted
 /// on another port) is taken in as a new pair (`SenderJob::join`).
-pub fn receivers_moved(running: &[String], wanted: &[String]) -> bool {
-    running.len() <= 1 && wanted.len() <= 1 && !wanted.is_empty() && running != wanted
+pub fn receivers_moved(running: &[String], wanted: &[String], multi: bool) -> bool {
+    !multi && !wanted.is_empty() && running != wanted
 }
 
 /// Transfers being deleted on which `me` still has to stop and clean up.
@@ -420,24 +421,31 @@ mod tests {
     #[test]
     fn a_sender_over_one_pair_starts_again_for_a_receiver_that_moved_one_over_several_never() {
         let e = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-        assert!(!receivers_moved(&e(&["a:1"]), &e(&["a:1"])));
-        assert!(receivers_moved(&e(&["a:1"]), &e(&["a:2"])));
+        assert!(!receivers_moved(&e(&["a:1"]), &e(&["a:1"]), false));
+        assert!(receivers_moved(&e(&["a:1"]), &e(&["a:2"]), false));
         let three = e(&["a:1", "b:1", "c:1"]);
-        assert!(!receivers_moved(&three, &three));
-        assert!(!receivers_moved(&three, &e(&["a:1", "c:1"])), "b left");
+        assert!(!receivers_moved(&three, &three, true));
         assert!(
-            !receivers_moved(&three, &e(&["a:1", "b:2", "c:1"])),
+            !receivers_moved(&three, &e(&["a:1", "c:1"]), true),
+            "b left"
+        );
+        assert!(
+            !receivers_moved(&three, &e(&["a:1", "b:2", "c:1"]), true),
             "b moved"
         );
         assert!(
-            !receivers_moved(&three, &e(&["a:1", "b:2"])),
+            !receivers_moved(&three, &e(&["a:1", "b:2"]), true),
             "b moved, c left"
         );
         assert!(
-            !receivers_moved(&three, &e(&["b:2"])),
+            !receivers_moved(&three, &e(&["b:2"]), true),
             "one left, and it moved"
         );
-        assert!(!receivers_moved(&three, &[]), "none has said yet");
+        assert!(!receivers_moved(&three, &[], true), "none has said yet");
+        // Found by review: a sender over several pairs that started on
+        // one receiver (pairsPolicy Auto) restarted, and sent everything
+        // again, when that one was lost and another ran on.
+        assert!(!receivers_moved(&e(&["a:1"]), &e(&["b:1"]), true));
     }
 
     #[test]

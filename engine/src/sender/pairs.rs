@@ -638,6 +638,9 @@ struct Run<'a> {
     unmarking: bool,
     /// Lanes the transfer started with; those after joined it.
     initial: usize,
+    /// Whether a lane that joined already failed with what retrying
+    /// cannot fix: a second such failure is the transfer's, not a lane's.
+    joined_refused: bool,
 }
 
 impl<'a> Run<'a> {
@@ -653,6 +656,7 @@ impl<'a> Run<'a> {
             queues: lanes.iter().map(|_| VecDeque::new()).collect(),
             writing: vec![0; lanes.len()],
             initial: lanes.len(),
+            joined_refused: false,
             lanes,
             lost: BTreeMap::new(),
             started_at,
@@ -1015,15 +1019,21 @@ impl<'a> Run<'a> {
     /// A lane's session failed past the pair's patience: the pair is lost
     /// (its other sessions may still write: see `writing`), unless the
     /// failure is one that retrying cannot fix anywhere, which ends the
-    /// transfer. A lane that joined is lost whatever its failure: a
-    /// replacement with a broken disk or a private mount must not fail a
-    /// transfer the others carry (found by review).
+    /// transfer. The first lane that joined and meets such a failure is
+    /// lost instead: a replacement with a broken disk or a private mount
+    /// must not fail a transfer the others carry (found by review). A
+    /// second is taken as the transfer's (a full shared disk, say), which
+    /// would otherwise lose every pair that joins, one by one, and hide
+    /// why.
     fn lane_failed(&mut self, now: Instant, pair: PairId, e: Error) -> Result<()> {
         let to = &self.lanes[pair as usize].to;
         // A lost lane's sessions end cancelled, which is no news.
         let cancelled = self.lost.contains_key(&pair) && matches!(e, Error::Cancelled { .. });
-        let joined = pair as usize >= self.initial;
-        if !(joined || cancelled || e.is_retryable() || matches!(e, Error::GaveUp { .. })) {
+        let fatal = !(cancelled || e.is_retryable() || matches!(e, Error::GaveUp { .. }));
+        let first_joined = pair as usize >= self.initial && !self.joined_refused;
+        if fatal && first_joined {
+            self.joined_refused = true;
+        } else if fatal {
             return Err(Error::Config(format!("{to}: {e}")));
         }
         // Its queued items are the coordinator's to hand out again; its
@@ -1312,9 +1322,9 @@ mod tests {
         assert_eq!(run.writing.len(), 4);
     }
 
-    /// A lane that joined is lost whatever its failure, even one that
-    /// ends the transfer when a lane it started with meets it (a private
-    /// mount, say): the others carry the transfer on.
+    /// The first lane that joined is lost whatever its failure, even one
+    /// that ends the transfer when a lane it started with meets it (a
+    /// private mount, say): the others carry the transfer on.
     #[test]
     fn a_joined_lanes_failure_loses_it_and_not_the_transfer() {
         let fx = Fixture::new(64 << 10);
@@ -1326,8 +1336,15 @@ mod tests {
         run.handle(item_ended(2, 0, Vec::new(), not_shared()))
             .expect("a joined lane's failure is its own");
         assert!(run.lost.contains_key(&2));
+        // A second joined lane failing so is the transfer's failure (a full
+        // shared disk would otherwise lose every pair that joins).
+        run.join(now, "d").expect("d joins");
         assert!(
-            run.handle(item_ended(0, 1, Vec::new(), not_shared()))
+            run.handle(item_ended(3, 1, Vec::new(), not_shared()))
+                .is_err()
+        );
+        assert!(
+            run.handle(item_ended(0, 2, Vec::new(), not_shared()))
                 .is_err()
         );
     }
