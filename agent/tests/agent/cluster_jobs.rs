@@ -2,6 +2,7 @@
 //! bound for one transfer, a sender started from Transfer-style settings,
 //! cancellation, the cleanup of a cancelled transfer, and root checks.
 
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -575,19 +576,7 @@ fn a_jobs_threads_log_under_its_transfers_span() {
 // identical, with each pair in the summary.
 #[test]
 fn a_sender_job_given_several_receivers_spreads_one_file_over_them() {
-    let dir = scratch("cluster-pairs");
-    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::create_dir_all(&dst).unwrap();
-    let file = src.join("volume.tiff");
-    write_file(&file, 48 * (1 << 20) + 999, 21);
-    let receivers: Vec<ReceiverJob> = (0..3)
-        .map(|_| ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap())
-        .collect();
-    let endpoints: Vec<String> = receivers
-        .iter()
-        .map(|r| format!("127.0.0.1:{}", r.port))
-        .collect();
+    let (_dir, file, dst, _receivers, endpoints) = three_receivers("cluster-pairs", 21);
     let tx = SenderJob::start(
         &endpoints,
         Some(3),
@@ -636,19 +625,7 @@ fn a_sender_job_given_several_receivers_spreads_one_file_over_them() {
 // work, and the file lands once, identical.
 #[test]
 fn a_sender_job_takes_in_receivers_that_join_while_it_runs() {
-    let dir = scratch("cluster-joins");
-    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::create_dir_all(&dst).unwrap();
-    let file = src.join("volume.tiff");
-    write_file(&file, 48 * (1 << 20) + 999, 22);
-    let receivers: Vec<ReceiverJob> = (0..3)
-        .map(|_| ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap())
-        .collect();
-    let endpoints: Vec<String> = receivers
-        .iter()
-        .map(|r| format!("127.0.0.1:{}", r.port))
-        .collect();
+    let (_dir, file, dst, _receivers, endpoints) = three_receivers("cluster-joins", 22);
     let tx = SenderJob::start(
         &endpoints[..1],
         Some(3),
@@ -682,4 +659,33 @@ fn a_sender_job_takes_in_receivers_that_join_while_it_runs() {
         bytes, sum.bytes_total,
         "every byte made durable by one pair"
     );
+}
+
+/// A 48 MiB source file (of `seed`) and three receiver jobs sharing one
+/// destination root, in a scratch directory named for `name`: the
+/// directory, the file, the root, the jobs and where they listen.
+fn three_receivers(
+    name: &str,
+    seed: u64,
+) -> (
+    tempfile::TempDir,
+    PathBuf,
+    PathBuf,
+    Vec<ReceiverJob>,
+    Vec<String>,
+) {
+    let dir = scratch(name);
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&dst).unwrap();
+    let file = src.join("volume.tiff");
+    write_file(&file, 48 * (1 << 20) + 999, seed);
+    let receivers: Vec<ReceiverJob> = (0..3)
+        .map(|_| ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap())
+        .collect();
+    let endpoints = receivers
+        .iter()
+        .map(|r| format!("127.0.0.1:{}", r.port))
+        .collect();
+    (dir, file, dst, receivers, endpoints)
 }

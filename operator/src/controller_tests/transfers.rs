@@ -183,12 +183,7 @@ async fn a_stale_receiver_lease_fails_over_to_another_agent() {
     assert_eq!(s["receiver"]["name"], "r1", "reassigned in the same pass");
     assert_eq!(s["sender"]["name"], "s0");
     assert_eq!(s["phase"], "Running");
-    let reasons: Vec<String> = d
-        .calls()
-        .iter()
-        .filter(|c| c.path.ends_with("/events"))
-        .map(|c| c.body["reason"].as_str().unwrap().to_owned())
-        .collect();
+    let reasons = event_reasons(&d);
     assert_eq!(reasons, ["Failover", "Scheduled"]);
 }
 
@@ -611,9 +606,7 @@ async fn a_transfer_over_three_pairs_gets_three_receivers_only_on_shared_storage
     );
     assert!(d.last_status("/transfers/x").get("receivers").is_none());
 
-    let mut dst = pool("dst", "/out");
-    dst.spec.shared_storage = true;
-    d.pool(&finalized(dst, pool_controller::POOL_FINALIZER));
+    shared_dst(&mut d);
     reconcile(&d, &x).await;
     let s = d.last_status("/transfers/x");
     assert_eq!(s["phase"], "Running", "{s}");
@@ -651,9 +644,7 @@ async fn a_transfer_over_three_pairs_gets_three_receivers_only_on_shared_storage
 async fn a_lost_pair_is_replaced_by_a_free_agent_in_the_same_attempt() {
     let mut d = Cluster::new().await;
     pools(&mut d);
-    let mut dst = pool("dst", "/out");
-    dst.spec.shared_storage = true;
-    d.pool(&finalized(dst, pool_controller::POOL_FINALIZER));
+    shared_dst(&mut d);
     d.lease(&lease("src", "s0", now(), None));
     for r in ["r0", "r2", "r3"] {
         d.lease(&lease("dst", r, now(), None));
@@ -673,12 +664,7 @@ async fn a_lost_pair_is_replaced_by_a_free_agent_in_the_same_attempt() {
     reconcile(&d, &x).await;
 
     let s = d.last_status("/transfers/x");
-    let names: Vec<&str> = s["receivers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["name"].as_str().unwrap())
-        .collect();
+    let names = receiver_names(&s);
     assert_eq!(names, ["r0", "r2", "r3"], "{s}");
     assert_eq!(
         (s["attempt"].as_i64(), s["pairs"].as_i64()),
@@ -697,12 +683,7 @@ async fn a_lost_pair_is_replaced_by_a_free_agent_in_the_same_attempt() {
         .unwrap();
     let key = contract::pair_receiver_label("data", "dst", "r3");
     assert_eq!(labels[key.as_str()], "true", "{labels}");
-    let reasons: Vec<String> = d
-        .calls()
-        .iter()
-        .filter(|c| c.path.ends_with("/events"))
-        .map(|c| c.body["reason"].as_str().unwrap().to_owned())
-        .collect();
+    let reasons = event_reasons(&d);
     assert_eq!(reasons, ["PairReplaced"]);
 }
 
@@ -712,9 +693,7 @@ async fn a_lost_pair_is_replaced_by_a_free_agent_in_the_same_attempt() {
 async fn an_auto_transfer_starts_on_the_free_receivers_and_grows_when_the_pool_scales_up() {
     let mut d = Cluster::new().await;
     pools(&mut d);
-    let mut dst = pool("dst", "/out");
-    dst.spec.shared_storage = true;
-    d.pool(&finalized(dst, pool_controller::POOL_FINALIZER));
+    shared_dst(&mut d);
     d.lease(&lease("src", "s0", now(), None));
     d.lease(&lease("dst", "r0", now(), None));
     let mut x = t("x", 0, 1);
@@ -733,22 +712,38 @@ async fn an_auto_transfer_starts_on_the_free_receivers_and_grows_when_the_pool_s
     d.transfer(&running);
     reconcile(&d, &running).await;
     let s = d.last_status("/transfers/x");
-    let names: Vec<&str> = s["receivers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["name"].as_str().unwrap())
-        .collect();
+    let names = receiver_names(&s);
     assert_eq!(names, ["r0", "r1"], "{s}");
     assert_eq!(
         (s["attempt"].as_i64(), s["pairs"].as_i64()),
         (Some(1), Some(2))
     );
-    let reasons: Vec<String> = d
-        .calls()
+    let reasons = event_reasons(&d);
+    assert_eq!(reasons, ["Scheduled", "PairAdded"]);
+}
+
+/// The receivers a written status names.
+fn receiver_names(s: &serde_json::Value) -> Vec<&str> {
+    s["receivers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect()
+}
+
+/// The reasons of the Events posted, in order.
+fn event_reasons(d: &Cluster) -> Vec<String> {
+    d.calls()
         .iter()
         .filter(|c| c.path.ends_with("/events"))
         .map(|c| c.body["reason"].as_str().unwrap().to_owned())
-        .collect();
-    assert_eq!(reasons, ["Scheduled", "PairAdded"]);
+        .collect()
+}
+
+/// The receiving pool `dst`, declaring shared storage.
+fn shared_dst(d: &mut Cluster) {
+    let mut dst = pool("dst", "/out");
+    dst.spec.shared_storage = true;
+    d.pool(&finalized(dst, pool_controller::POOL_FINALIZER));
 }
