@@ -22,8 +22,11 @@ pub const PART_SUFFIX: &str = ".wirerate-part";
 pub const CKPT_SUFFIX: &str = ".wirerate-ckpt";
 /// Suffix of a checkpoint being replaced (written, synced, then renamed).
 pub const CKPT_TMP_SUFFIX: &str = ".wirerate-ckpt.tmp";
+/// Suffix of the per-chunk checkpoints of a temporary file that several
+/// receivers share (see `receiver::pieces`).
+pub const PIECES_SUFFIX: &str = ".wirerate-pieces";
 /// Every suffix of the receiver's own files, which no destination may use.
-pub const TEMP_SUFFIXES: [&str; 3] = [PART_SUFFIX, CKPT_SUFFIX, CKPT_TMP_SUFFIX];
+pub const TEMP_SUFFIXES: [&str; 4] = [PART_SUFFIX, CKPT_SUFFIX, CKPT_TMP_SUFFIX, PIECES_SUFFIX];
 /// Longest file name most filesystems take (NAME_MAX).
 const NAME_MAX: usize = 255;
 
@@ -58,9 +61,10 @@ fn temp_stem(name: &str) -> std::borrow::Cow<'_, str> {
     format!("{}{hash}", &name[..end]).into()
 }
 
-/// The names of the temporary file, checkpoint and checkpoint being
-/// replaced of the destination file `name`, in the same directory.
-pub fn temp_names(name: &str) -> [String; 3] {
+/// The names of the temporary file, checkpoint, checkpoint being
+/// replaced and per-chunk checkpoints of the destination file `name`, in
+/// the same directory.
+pub fn temp_names(name: &str) -> [String; 4] {
     let stem = temp_stem(name);
     TEMP_SUFFIXES.map(|suffix| format!(".{stem}{suffix}"))
 }
@@ -97,13 +101,18 @@ impl DestPath {
     }
     /// Name of the temporary file the data is written to.
     pub fn part_name(&self) -> String {
-        let [part, _, _] = temp_names(self.name());
+        let [part, ..] = temp_names(self.name());
         part
     }
     /// Name of the checkpoint file.
     pub fn ckpt_name(&self) -> String {
-        let [_, ckpt, _] = temp_names(self.name());
+        let [_, ckpt, ..] = temp_names(self.name());
         ckpt
+    }
+    /// Name of the per-chunk checkpoints of a shared temporary file.
+    pub fn pieces_name(&self) -> String {
+        let [.., pieces] = temp_names(self.name());
+        pieces
     }
 }
 
@@ -139,7 +148,7 @@ pub fn validate(path: &str) -> Result<DestPath> {
             c if TEMP_SUFFIXES.iter().any(|s| c.ends_with(s)) || c.ends_with(STRIPE_SUFFIX) => {
                 return Err(refused(
                     path,
-                    "names ending in .wirerate-part, .wirerate-ckpt, .wirerate-ckpt.tmp or .wirerate-stripe are reserved",
+                    "names ending in .wirerate-part, .wirerate-ckpt, .wirerate-ckpt.tmp, .wirerate-pieces or .wirerate-stripe are reserved",
                 ));
             }
             _ => {}
@@ -283,6 +292,7 @@ mod tests {
             "a/\0",
             "a/.b.wirerate-part",
             "a/.b.wirerate-ckpt.tmp",
+            "a/.b.wirerate-pieces",
         ] {
             assert!(validate(bad).is_err(), "{bad:?} must be refused");
         }

@@ -166,21 +166,30 @@ impl Scheduler {
             block_size,
             (streams, per_stream_bytes),
             need_digest,
-            need_digest,
+            |_, _| need_digest,
         )
     }
 
     /// Plans the pieces of a session that is part of a transfer over
-    /// several pairs: the blocks the receiver "has" are other pairs'
-    /// work, never read here, and count in the digest with a checksum of
-    /// 0, as the receiver counts them.
+    /// several pairs, blocks `first..end` of each file by id (`pieces`):
+    /// the blocks outside its piece that the receiver "has" are other
+    /// pairs' work, never read here, and count in the digest with a
+    /// checksum of 0, as the receiver counts them. Those inside it that
+    /// the receiver has (a per-chunk checkpoint) are read and checksummed
+    /// but not sent, as in any resume.
     pub fn for_pieces(
         files: Vec<PlannedFile>,
+        pieces: &HashMap<u32, (u64, u64)>,
         block_size: u64,
         streams: u16,
         per_stream_bytes: u64,
     ) -> Self {
-        Self::build(files, block_size, (streams, per_stream_bytes), true, false)
+        let within = |file_id: u32, b: u64| {
+            pieces
+                .get(&file_id)
+                .is_some_and(|&(first, end)| (first..end).contains(&b))
+        };
+        Self::build(files, block_size, (streams, per_stream_bytes), true, within)
     }
 
     fn build(
@@ -188,7 +197,7 @@ impl Scheduler {
         block_size: u64,
         (streams, per_stream_bytes): (u16, u64),
         need_digest: bool,
-        read_held: bool,
+        read_held: impl Fn(u32, u64) -> bool,
     ) -> Self {
         let mut s = Self {
             files: Vec::with_capacity(files.len()),
@@ -222,7 +231,7 @@ impl Scheduler {
             let mut reads_left = 0;
             for b in 0..n {
                 let have = f.have.as_ref().is_some_and(|h| h.get(b));
-                let state = match (have, read_held) {
+                let state = match (have, have && read_held(f.file_id, b)) {
                     (false, _) => State::Unread,
                     (true, true) => State::HaveUnread,
                     (true, false) => State::HaveDone,
@@ -952,6 +961,28 @@ mod tests {
         assert!(s.poll_send(0).is_none());
         s.handle_ack(0, 7, 1).unwrap();
         assert_eq!(s.poll_file_done().unwrap().1, file_digest(&[1, 2, 3]));
+    }
+
+    // A piece's blocks that a per-chunk checkpoint holds are read for the
+    // digest and not sent; the other pairs' blocks are not even read.
+    #[test]
+    fn a_piece_reads_its_held_blocks_but_not_the_other_pairs() {
+        // Blocks 0..5 of 4 bytes; the piece is 1..4, of which 2 is held.
+        let mut have = Bitmap::new(5);
+        for b in [0, 2, 4] {
+            have.set(b);
+        }
+        let pieces = HashMap::from([(7, (1, 4))]);
+        let mut s = Scheduler::for_pieces(one(20, Some(have)), &pieces, 4, 1, 32);
+        let reads = read_all(&mut s);
+        let read: Vec<(u64, bool)> = reads.iter().map(|r| (r.block, r.digest_only)).collect();
+        assert_eq!(read, [(1, false), (2, true), (3, false)]);
+        let sent: Vec<u64> = std::iter::from_fn(|| s.poll_send(0).map(|a| a.block)).collect();
+        assert_eq!(sent, [1, 3]);
+        s.handle_ack(0, 7, 1).unwrap();
+        s.handle_ack(0, 7, 3).unwrap();
+        // read_all's checksum of block b is b + 1; the others' count as 0.
+        assert_eq!(s.poll_file_done().unwrap().1, file_digest(&[0, 2, 3, 4, 0]));
     }
 
     #[test]

@@ -153,6 +153,51 @@ fn a_receiver_killed_mid_file_hands_its_unacknowledged_pieces_to_the_others() {
     assert_no_leftovers(&s.root);
 }
 
+// Before per-chunk checkpoints a new run, or a new attempt with another
+// sender, sent every piece again, however many had landed.
+#[test]
+fn a_sender_killed_mid_file_is_resumed_from_the_pieces_that_landed() {
+    let s = setup("pairs-resume", 64 << 20);
+    let (_rx, ports) = receivers(&s.root, &s.token, 3);
+    let t0 = Instant::now();
+    let mut child = send(
+        &to(&ports),
+        &s.token,
+        &s.src,
+        "f.bin",
+        &["--max-rate", "100Mbps"],
+    )
+    .spawn()
+    .unwrap();
+    // Killed once some pieces have landed and been recorded.
+    let records = s.root.join(".f.bin.wirerate-pieces");
+    while records.metadata().map_or(0, |m| m.len()) == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no piece recorded");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!s.root.join("f.bin").exists(), "published before the kill");
+
+    let out = send(&to(&ports), &s.token, &s.src, "f.bin", &[])
+        .output()
+        .unwrap();
+    let sum = json(&out);
+    assert!(out.status.success(), "{sum}");
+    assert_same(&s.src, &s.root.join("f.bin"));
+    let total = sum["bytes_total"].as_u64().unwrap();
+    let resumed = sum["bytes_resumed"].as_u64().unwrap();
+    let sent = sum["bytes_sent"].as_u64().unwrap();
+    assert!(resumed > 0, "nothing resumed: {sum}");
+    assert!(
+        sent + resumed <= total,
+        "{sent} sent and {resumed} resumed of {total}: {sum}"
+    );
+    // The records went with the temporary file.
+    assert!(!records.exists() && !s.root.join(".f.bin.wirerate-part").exists());
+}
+
 #[test]
 fn a_receiver_whose_root_is_not_shared_fails_the_transfer_and_says_why() {
     let s = setup("pairs-private", 8 << 20);

@@ -72,6 +72,7 @@ pub fn assert_no_leftovers(dir: &Path) {
         assert!(
             !n.contains(".wirerate-part")
                 && !n.contains(".wirerate-ckpt")
+                && !n.contains(".wirerate-pieces")
                 && !n.contains(".wirerate-stripe"),
             "leftover {}",
             e.display()

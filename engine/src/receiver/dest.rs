@@ -194,9 +194,11 @@ pub(crate) fn prepare(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -
 /// Prepares entry `e` of a session that writes blocks `first..end` of it
 /// into the temporary file every receiver of the transfer shares (see
 /// `receiver::stripe`): the file is created if no receiver has yet, never
-/// truncated, and neither checkpointed nor published here. The blocks
-/// outside the piece count as held, with a checksum of 0 on both sides,
-/// so that the session's digest covers the piece alone.
+/// truncated, and not published here. The blocks outside the piece count
+/// as held, with a checksum of 0 on both sides, so that the session's
+/// digest covers the piece alone; so do those of the piece that a
+/// per-chunk checkpoint holds (`receiver::pieces`), with the checksums it
+/// recorded, which the sender reads its blocks to match.
 pub(crate) fn prepare_piece(
     root: &Root,
     e: &FileEntry,
@@ -225,11 +227,19 @@ pub(crate) fn prepare_piece(
         // Several receivers size it at once: each only ever grows it to
         // the one size, and fallocate keeps what others wrote.
         grow(&part, e.size, &e.path)?;
-        let mut have = Bitmap::new(blocks);
+        let stamp = super::pieces::Stamp {
+            fingerprint: e.fingerprint,
+            size: e.size,
+            block_size,
+            ino: rustix::fs::fstat(&part).map_or(0, |st| st.st_ino),
+        };
+        let (mut have, mut sums) =
+            super::pieces::load(&dir, &file.dest.pieces_name(), stamp, blocks);
         for b in (0..first).chain(end..blocks) {
             have.set(b);
+            sums[b as usize] = 0;
         }
-        let resumed = Box::new((have.clone(), vec![0; blocks as usize]));
+        let resumed = Box::new((have.clone(), sums));
         Ok(Prepared::Accept(Box::new(file), have, Some(resumed)))
     })();
     prepared.unwrap_or_else(per_file)
@@ -521,11 +531,41 @@ impl DestFile {
         self.remove_checkpoint(&dir)
     }
 
-    /// Removes the checkpoint, and one left half-replaced by a crash.
+    /// Appends the record of blocks `first..` of this shared temporary
+    /// file, which this session wrote and checked, to its per-chunk
+    /// checkpoints, unless the file was taken over or published meanwhile.
+    pub(crate) fn record_piece(&self, root: &Root, first: u64, checksums: &[u64]) -> Result<()> {
+        let dir = self.dir(root)?;
+        let f = self
+            .plain()
+            .ok_or_else(|| Error::Internal(format!("{} is not open", self.dest.rel)))?;
+        if !super::checkpointer::still_ours(&dir, &self.dest.part_name(), f) {
+            return Err(Error::TakenOver {
+                path: self.dest.rel.to_string(),
+            });
+        }
+        let ino = rustix::fs::fstat(&**f).map_or(0, |st| st.st_ino);
+        let stamp = super::pieces::Stamp {
+            fingerprint: self.fingerprint,
+            size: self.layout.size,
+            block_size: self.layout.block_size,
+            ino,
+        };
+        super::pieces::append(&dir, &self.dest.pieces_name(), stamp, first, checksums)
+    }
+
+    /// Removes the per-chunk checkpoints of this shared temporary file.
+    pub(crate) fn forget_pieces(&self, root: &Root) -> Result<()> {
+        Root::remove_in(&self.dir(root)?, &self.dest.pieces_name())
+    }
+
+    /// Removes the checkpoint, one left half-replaced by a crash, and
+    /// the per-chunk checkpoints of a shared temporary file.
     fn remove_checkpoint(&self, dir: &OwnedFd) -> Result<()> {
-        let [_, ckpt, tmp] = crate::fsroot::temp_names(self.dest.name());
+        let [_, ckpt, tmp, pieces] = crate::fsroot::temp_names(self.dest.name());
         Root::remove_in(dir, &ckpt)?;
-        Root::remove_in(dir, &tmp)
+        Root::remove_in(dir, &tmp)?;
+        Root::remove_in(dir, &pieces)
     }
 
     /// Makes renames in the file's directory survive a crash.

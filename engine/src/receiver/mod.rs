@@ -16,6 +16,7 @@ mod dest;
 mod discard;
 mod kept;
 mod lobby;
+mod pieces;
 mod plan;
 mod registry;
 mod session;

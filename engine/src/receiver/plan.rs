@@ -1,6 +1,7 @@
 //! The plan's decisions, entry by entry: which of the manifest's entries
 //! the session takes, and what it keeps for each it takes.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use super::Shared;
@@ -13,7 +14,7 @@ use crate::wire::{EntryKind, FileEntry, MAX_BLOCKS_PER_SESSION, PlanOutcome, Str
 /// What a session of a transfer over several pairs does with each file.
 enum Part {
     /// Writes blocks `first..end` of each file, by id.
-    Pieces(std::collections::HashMap<u32, (u64, u64)>),
+    Pieces(HashMap<u32, (u64, u64)>),
     /// Publishes what the others wrote.
     Publish,
 }
@@ -26,6 +27,9 @@ pub(super) struct Plan<'a> {
     pub(super) sizes: ById<u64>,
     /// Bytes of the accepted files already here from earlier sessions.
     pub(super) resumed_bytes: u64,
+    /// In a transfer over several pairs, the blocks `first..end` the
+    /// session writes of each file, by id.
+    pub(super) pieces: HashMap<u32, (u64, u64)>,
 }
 
 /// Decides each manifest entry in turn.
@@ -158,6 +162,10 @@ impl<'a> Planner<'a> {
             files: self.files,
             sizes: self.sizes.into_iter().collect(),
             resumed_bytes: self.resumed_bytes,
+            pieces: match self.part {
+                Some(Part::Pieces(pieces)) => pieces,
+                _ => HashMap::new(),
+            },
         }
     }
 }

@@ -677,7 +677,12 @@ fn start(
     pool: Pools,
     stats: &Arc<Stats>,
 ) -> Result<Running> {
-    let Plan { files, sizes, .. } = plan;
+    let Plan {
+        files,
+        sizes,
+        pieces,
+        ..
+    } = plan;
     let (writer_tx, writer_rx) = mpsc::channel();
     // The writer's verdicts come back to this thread, which alone writes
     // on the control connection.
@@ -706,7 +711,7 @@ fn start(
             terms.verify,
             Arc::clone(stats),
         )?
-        .in_stripe(stripe);
+        .in_stripe(stripe, pieces);
         Box::new(move || writer.run())
     };
     // The writer counted what the files keep from earlier sessions.

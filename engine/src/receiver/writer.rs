@@ -104,11 +104,14 @@ pub(crate) struct Writer {
     /// files are shared, so it never removes one, and only a `Publish`
     /// session publishes.
     stripe: Option<StripeRole>,
+    /// The blocks `first..end` a stripe session writes of each file.
+    pieces: HashMap<u32, (u64, u64)>,
 }
 
 /// A file verified and made durable, to publish or discard: its id, the
-/// sender's digest, the digest of its written checksums, and the file.
-type Ready = (u32, u128, u128, Box<DestFile>);
+/// sender's digest, the digest of its written checksums, the file, and
+/// (for a piece of a shared file) its block checksums.
+type Ready = (u32, u128, u128, Box<DestFile>, Vec<u64>);
 
 /// The error for a block or report of a file this writer does not hold.
 fn unknown(what: String) -> Error {
@@ -170,14 +173,58 @@ impl Writer {
             kept,
             arrived: 0,
             stripe: None,
+            pieces: HashMap::new(),
         })
     }
 
     /// The writer of a session that is part of a transfer over several
-    /// pairs, in `role` (see `receiver::stripe`).
-    pub(crate) fn in_stripe(mut self, role: Option<StripeRole>) -> Self {
+    /// pairs, in `role` (see `receiver::stripe`), writing blocks
+    /// `first..end` of each file by id.
+    pub(crate) fn in_stripe(
+        mut self,
+        role: Option<StripeRole>,
+        pieces: HashMap<u32, (u64, u64)>,
+    ) -> Self {
         self.stripe = role;
+        if matches!(role, Some(StripeRole::Mark | StripeRole::Write)) {
+            self.core.keep_checksums();
+        }
+        self.pieces = pieces;
         self
+    }
+
+    /// Records the piece of `f` this session wrote, durable and checked,
+    /// as a per-chunk checkpoint (`receiver::pieces`). Not recorded, it
+    /// costs only its resending by a later attempt.
+    fn record_piece(&mut self, file_id: u32, f: &DestFile, checksums: &[u64]) {
+        let Some(&(first, end)) = self.pieces.get(&file_id) else {
+            return;
+        };
+        let Some(sums) = checksums.get(first as usize..end as usize) else {
+            return;
+        };
+        if sums.len() < 2 {
+            return;
+        }
+        let recorded = f.record_piece(&self.shared.root, first, sums);
+        if let Err(e) = recorded {
+            self.warn(format!(
+                "the per-chunk checkpoint of {} was not stored ({e}); the transfer goes on, and a new attempt would send the piece again",
+                f.dest.rel
+            ));
+        }
+    }
+
+    /// Drops the per-chunk checkpoints of `f`, whose piece did not match.
+    fn forget_pieces(&mut self, f: &DestFile) {
+        if self.shares_files()
+            && let Err(e) = f.forget_pieces(&self.shared.root)
+        {
+            self.warn(format!(
+                "the per-chunk checkpoints of {} were not removed ({e})",
+                f.dest.rel
+            ));
+        }
     }
 
     /// Whether the files' temporary files are other receivers' too, and
@@ -671,10 +718,11 @@ impl Writer {
                 Finish::Verify {
                     report,
                     checksums_digest,
+                    checksums,
                     ..
                 } => {
                     f.open(&self.shared.root, false)?;
-                    ready.push((file_id, report.digest, checksums_digest, f));
+                    ready.push((file_id, report.digest, checksums_digest, f, checksums));
                 }
             }
         }
@@ -689,7 +737,7 @@ impl Writer {
         let shared = Arc::clone(&self.shared);
         let root = &shared.root;
         let mut published = Vec::with_capacity(ready.len());
-        for (file_id, sender_digest, checksums_digest, mut f) in ready {
+        for (file_id, sender_digest, checksums_digest, mut f, checksums) in ready {
             let digest = match self.verify {
                 Verification::None => 0,
                 Verification::Checksums => checksums_digest,
@@ -698,6 +746,9 @@ impl Writer {
             if !self.core.may_publish(digest, sender_digest) {
                 self.kept.set(file_id, 0);
                 self.discard_own(&mut f)?;
+                // A resumed block may be what disagrees: the next attempt
+                // starts the file's pieces over.
+                self.forget_pieces(&f);
                 let msg = format!(
                     "{}: digest mismatch (received {}, sent {}); the data was discarded, send it again",
                     f.dest.rel,
@@ -712,6 +763,7 @@ impl Writer {
                 // A piece: durable, checked, and left for the transfer to
                 // publish once every piece is.
                 self.kept.set(file_id, 0);
+                self.record_piece(file_id, &f, &checksums);
                 self.result((file_id, f.identity), true, digest, String::new());
                 continue;
             }
@@ -742,13 +794,13 @@ impl Writer {
 /// syncfs is known to report writeback errors (see
 /// `caps::syncfs_trusted`), else fdatasync for each.
 fn make_durable(ready: &mut [Ready]) -> Result<()> {
-    if let [(_, _, _, f)] = ready {
+    if let [(_, _, _, f, _)] = ready {
         return f.sync();
     }
     // By device: whether its syncfs may stand for the files' syncs, and
     // whether it has been called.
     let mut devices: HashMap<u64, (bool, bool)> = HashMap::new();
-    for (_, _, _, f) in ready {
+    for (_, _, _, f, _) in ready {
         let plain = f.plain().expect("opened before");
         let dev = plain
             .metadata()

@@ -119,6 +119,9 @@ pub struct PairsSummary {
     pub bytes_total: u64,
     /// Payload bytes put on the wire, over every pair, resends included.
     pub bytes_sent: u64,
+    /// Bytes of pieces the receivers held from an earlier run (their
+    /// per-chunk checkpoints), read and checked here but not sent.
+    pub bytes_resumed: u64,
     /// Wall time, first connect to the last publish.
     pub seconds: f64,
     /// `bytes_total` over `seconds`, Gbit/s.
@@ -156,9 +159,10 @@ impl PairsSummary {
             }
         );
         s.push_str(&format!(
-            "  bytes      {} total, {} sent\n  time       {:.2} s\n  rate       {:.2} Gbit/s\n",
+            "  bytes      {} total, {} sent, {} resumed\n  time       {:.2} s\n  rate       {:.2} Gbit/s\n",
             fmt_bytes(self.bytes_total),
             fmt_bytes(self.bytes_sent),
+            fmt_bytes(self.bytes_resumed),
             self.seconds,
             self.gbps
         ));
@@ -635,6 +639,8 @@ struct Run<'a> {
     published: BTreeMap<u32, u128>,
     digests: HashMap<u32, u128>,
     bytes_sent: BTreeMap<PairId, u64>,
+    /// What the pieces that landed held from an earlier run.
+    bytes_resumed: u64,
     unmarking: bool,
     /// Lanes the transfer started with; those after joined it.
     initial: usize,
@@ -668,6 +674,7 @@ impl<'a> Run<'a> {
             published: BTreeMap::new(),
             digests: HashMap::new(),
             bytes_sent: BTreeMap::new(),
+            bytes_resumed: 0,
             unmarking: false,
         }
     }
@@ -990,6 +997,7 @@ impl<'a> Run<'a> {
         pieces: &[Piece],
         st: &RunState,
     ) -> Result<()> {
+        self.bytes_resumed += st.bytes_skipped_resume;
         for (i, piece) in pieces.iter().enumerate() {
             let id = i as u32;
             match (st.verdicts.get(&id), st.sums.get(&id)) {
@@ -1136,6 +1144,7 @@ impl<'a> Run<'a> {
             ok: self.failed.is_empty() && self.published.len() == regular,
             bytes_total: total,
             bytes_sent: self.bytes_sent.values().sum(),
+            bytes_resumed: self.bytes_resumed,
             seconds,
             gbps: total as f64 * 8.0 / seconds.max(1e-9) / 1e9,
             chunk_bytes: geometry.chunk_bytes(),

@@ -24,7 +24,6 @@ use super::shared::{Inner, Shared, hold};
 use super::source::SourceFile;
 use super::streams::{ack_loop, send_loop, settle_parking};
 use super::{RunState, SendConfig};
-use crate::Scheduler;
 use crate::error::{Error, Result};
 use crate::io::Pools;
 use crate::net::{self, SocketOpts, auth};
@@ -35,9 +34,10 @@ use crate::session::SenderControl;
 use crate::spans::carry;
 use crate::tuner;
 use crate::wire::{
-    EntryKind, Frame, FrameReader, KEEPALIVE_INTERVAL, MAX_SMALL_FRAME, SessionId, Verification,
-    write_frame,
+    EntryKind, Frame, FrameReader, KEEPALIVE_INTERVAL, MAX_SMALL_FRAME, SessionId, Stripe,
+    Verification, write_frame,
 };
+use crate::{Layout, Scheduler};
 
 /// How long a receiver has to close the control connection after
 /// `Finish` (it does once it has released the session's destinations).
@@ -91,7 +91,11 @@ pub(crate) fn run(
         (opened, finish_connecting(handles))
     });
     let opened = opened?;
-    note_plan(cfg, all, st, opened.held_bytes);
+    let held_bytes = match &cfg.stripe {
+        Some(stripe) => held_in_pieces(cfg.block_size, stripe, &opened.planned),
+        None => opened.held_bytes,
+    };
+    note_plan(cfg, all, st, held_bytes);
     let empty = empty_files(all, &opened.planned);
     // Where the tuner chose, the optimizer may add streams up to its bound.
     let most = if cfg.per_link {
@@ -144,8 +148,13 @@ pub(crate) fn run(
 /// session's reads only its pieces.
 fn scheduler(cfg: &SendConfig, planned: Vec<PlannedFile>, streams: u16, buffer: u64) -> Scheduler {
     let per_stream = per_stream_bytes(cfg, buffer, streams);
-    if cfg.stripe.is_some() {
-        Scheduler::for_pieces(planned, cfg.block_size, streams, per_stream)
+    if let Some(stripe) = &cfg.stripe {
+        let pieces = stripe
+            .pieces
+            .iter()
+            .map(|p| (p.file_id, (p.first, p.end)))
+            .collect();
+        Scheduler::for_pieces(planned, &pieces, cfg.block_size, streams, per_stream)
     } else {
         let digest = cfg.verify != Verification::None;
         Scheduler::new(planned, cfg.block_size, streams, per_stream, digest)
@@ -183,6 +192,28 @@ fn stream_count(cfg: &SendConfig, control: &TcpStream, pool: &Pools, st: &mut Ru
     st.per_stream_bytes = vec![0; usize::from(n)];
     st.first_streams = usize::from(n);
     n
+}
+
+/// The bytes of a stripe session's pieces that the receiver already held
+/// (its per-chunk checkpoints): what it holds outside them is other
+/// pairs' work.
+fn held_in_pieces(block_size: u64, stripe: &Stripe, planned: &[PlannedFile]) -> u64 {
+    let pieces: HashMap<u32, (u64, u64)> = stripe
+        .pieces
+        .iter()
+        .map(|p| (p.file_id, (p.first, p.end)))
+        .collect();
+    planned
+        .iter()
+        .filter_map(|f| Some((f, f.have.as_ref()?, pieces.get(&f.file_id)?)))
+        .map(|(f, have, &(first, end))| {
+            let layout = Layout::new(f.size, block_size);
+            (first..end.min(layout.blocks()))
+                .filter(|&b| have.get(b))
+                .map(|b| layout.len(b))
+                .sum::<u64>()
+        })
+        .sum()
 }
 
 /// Takes in a session's plan: `held_bytes` were at the receiver before

@@ -93,6 +93,9 @@ pub enum Finish {
         checksums_digest: u128,
         /// Its blocks.
         blocks: u64,
+        /// The checksums of its blocks, where the shell asked for them
+        /// (`keep_checksums`); else empty.
+        checksums: Vec<u64>,
     },
 }
 
@@ -142,9 +145,17 @@ pub struct FileLifecycle {
     /// the first of them finished.
     commit: Vec<Finish>,
     commit_since: Option<Instant>,
+    /// Finished files carry their block checksums (`Finish::Verify`).
+    keep_checksums: bool,
 }
 
 impl FileLifecycle {
+    /// Finished files carry their block checksums: a piece of a shared
+    /// file records them as its per-chunk checkpoint.
+    pub fn keep_checksums(&mut self) {
+        self.keep_checksums = true;
+    }
+
     /// A writer for `files`, which checkpoints at most every `interval`
     /// and gives a waiting report `progress_timeout` of quiet.
     pub fn new(
@@ -177,6 +188,7 @@ impl FileLifecycle {
             verify,
             commit: Vec::new(),
             commit_since: None,
+            keep_checksums: false,
         }
     }
 
@@ -390,6 +402,11 @@ impl FileLifecycle {
                         report,
                         checksums_digest: f.tracker.digest(),
                         blocks: f.tracker.blocks(),
+                        checksums: if self.keep_checksums {
+                            f.tracker.checksums().into_owned()
+                        } else {
+                            Vec::new()
+                        },
                     }
                 }
             })
@@ -488,6 +505,25 @@ mod tests {
         FileLifecycle::new(files, Verification::Checksums, SECOND, 30 * SECOND, t0)
     }
 
+    // A piece of a shared file records its block checksums as a per-chunk
+    // checkpoint: only a core told to keep them hands them over.
+    #[test]
+    fn a_finished_file_carries_its_checksums_where_asked() {
+        let t0 = Instant::now();
+        let mut c = core(vec![file(1, 2)], t0);
+        c.keep_checksums();
+        c.handle_reported(report(1), t0);
+        for (b, sum) in [(0, 10), (1, 11)] {
+            assert_eq!(c.handle_block(1), BlockFate::Write);
+            c.handle_written(1, b, sum, t0);
+        }
+        let finished = c.poll_finish(t0, true);
+        assert!(
+            matches!(&finished[..], [Finish::Verify { checksums, .. }] if checksums == &[10, 11]),
+            "{finished:?}"
+        );
+    }
+
     /// Lands file `id`'s one block and reports it.
     fn land(c: &mut FileLifecycle, id: u32, now: Instant) {
         assert_eq!(c.handle_block(id), BlockFate::Write);
@@ -580,6 +616,7 @@ mod tests {
                 report: report(1),
                 checksums_digest: digest,
                 blocks: 2,
+                checksums: Vec::new(),
             }]
         );
         assert!(c.may_publish(digest, digest) && !c.may_publish(digest, 7));
