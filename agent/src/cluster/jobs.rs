@@ -115,6 +115,9 @@ pub struct Sent {
     /// Over several pairs: each pair's receiver, state, bytes made durable
     /// first and chunks done.
     pub pairs: Vec<(String, String, u64, u64)>,
+    /// Over several pairs: bytes the receivers already held (per-chunk
+    /// checkpoints of an earlier attempt), checked but not sent again.
+    pub bytes_resumed: u64,
 }
 
 impl From<SendSummary> for Sent {
@@ -134,6 +137,8 @@ impl From<SendSummary> for Sent {
                 .map(|f| (f.path, f.message))
                 .collect(),
             pairs: Vec::new(),
+            // Over one pair the receiver reports what it resumed.
+            bytes_resumed: 0,
         }
     }
 }
@@ -155,6 +160,7 @@ impl From<PairsSummary> for Sent {
                 .into_iter()
                 .map(|p| (p.to, p.state, p.bytes, p.chunks_done))
                 .collect(),
+            bytes_resumed: s.bytes_resumed,
         }
     }
 }

@@ -893,6 +893,17 @@ fn pairs_and_lost(progress: &crate::progress::Progress) -> (usize, usize) {
     })
 }
 
+/// What the verdict says of the pieces an earlier attempt landed.
+fn resumed_note(bytes: u64) -> String {
+    if bytes == 0 {
+        return String::new();
+    }
+    format!(
+        ", {} resumed from the pieces an earlier attempt landed",
+        fmt_bytes(bytes)
+    )
+}
+
 /// What a finished sender reports: its state, the message, and the
 /// session's own rate (which the Rate column then shows for a finished
 /// transfer).
@@ -904,13 +915,14 @@ fn sender_verdict(outcome: SenderOutcome) -> (ReportState, String, i64) {
         SenderOutcome::Verified(sum) => (
             ReportState::Succeeded,
             format!(
-                "{} in {:.1} s at {:.2} Gbit/s, digest {}{}{}",
+                "{} in {:.1} s at {:.2} Gbit/s, digest {}{}{}{}",
                 fmt_bytes(sum.bytes_total),
                 sum.seconds,
                 sum.gbps,
                 sum.digest,
                 warm_note(sum.streams_warm),
-                pairs_note(&sum.pairs)
+                pairs_note(&sum.pairs),
+                resumed_note(sum.bytes_resumed)
             ),
         ),
         SenderOutcome::FilesFailed(sum) => (

@@ -661,6 +661,49 @@ fn a_sender_job_takes_in_receivers_that_join_while_it_runs() {
     );
 }
 
+// Issue 34: a new attempt after the sending agent was lost (its job
+// cancelled here, as a failover ends it) resumes from the pieces the
+// receivers recorded on the shared storage, where it used to send every
+// piece again.
+#[test]
+fn a_new_attempt_over_several_pairs_resumes_the_pieces_the_last_one_landed() {
+    let (_dir, file, dst, _receivers, endpoints) = three_receivers("cluster-resume", 23);
+    let start = |rate| {
+        SenderJob::start(
+            &endpoints,
+            Some(3),
+            TOKEN.to_vec(),
+            file.clone(),
+            "volume.tiff".into(),
+            &tuning(),
+            Verification::Checksums,
+            rate,
+        )
+        .unwrap()
+    };
+    let mut first = start(Some(200));
+    let records = dst.join(".volume.tiff.wirerate-pieces");
+    let t0 = Instant::now();
+    while records.metadata().map_or(0, |m| m.len()) == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no piece recorded");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    first.cancel();
+    assert!(matches!(
+        wait_outcome(&first, Duration::from_secs(30)),
+        SenderOutcome::Failed { .. }
+    ));
+    let second = start(None);
+    let sum = match wait_outcome(&second, Duration::from_secs(120)) {
+        SenderOutcome::Verified(s) => s,
+        other => panic!("not verified: {other:?}"),
+    };
+    assert_same(&file, &dst.join("volume.tiff"));
+    assert!(sum.bytes_resumed > 0, "nothing resumed: {sum:?}");
+    assert!(sum.bytes_resumed < sum.bytes_total, "{sum:?}");
+    assert!(!records.exists(), "the records outlived the publish");
+}
+
 /// A 48 MiB source file (of `seed`) and three receiver jobs sharing one
 /// destination root, in a scratch directory named for `name`: the
 /// directory, the file, the root, the jobs and where they listen.

@@ -78,6 +78,22 @@ fn a_file_and_a_tree_over_three_receivers_land_identical_with_one_pairs_digest()
     .output()
     .unwrap();
     assert_eq!(json(&one)["digest"], sum["digest"]);
+    // Found in review: a receiver re-reading its piece (--verify reread)
+    // digested every block of the shared file, where the sender counts
+    // the other pairs' blocks as 0, so no file of several pieces landed.
+    let reread = send(
+        &to(&ports),
+        &s.token,
+        &s.src,
+        "reread.bin",
+        &["--verify", "reread"],
+    )
+    .output()
+    .unwrap();
+    let reread = json(&reread);
+    assert_eq!(reread["ok"], true, "{reread}");
+    assert_eq!(reread["digest"], sum["digest"]);
+    assert_same(&s.src, &s.root.join("reread.bin"));
 
     // A tree: files bundled by bytes, an empty file, nested directories.
     let tree = s.root.parent().unwrap().join("tree");

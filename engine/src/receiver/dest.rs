@@ -233,8 +233,9 @@ pub(crate) fn prepare_piece(
             block_size,
             ino: rustix::fs::fstat(&part).map_or(0, |st| st.st_ino),
         };
+        let pieces = file.dest.pieces_name();
         let (mut have, mut sums) =
-            super::pieces::load(&dir, &file.dest.pieces_name(), stamp, blocks);
+            super::pieces::resume((&dir, &pieces), stamp, &part, &file.layout, (first, end));
         for b in (0..first).chain(end..blocks) {
             have.set(b);
             sums[b as usize] = 0;
@@ -559,13 +560,11 @@ impl DestFile {
         Root::remove_in(&self.dir(root)?, &self.dest.pieces_name())
     }
 
-    /// Removes the checkpoint, one left half-replaced by a crash, and
-    /// the per-chunk checkpoints of a shared temporary file.
+    /// Removes the checkpoint, and one left half-replaced by a crash.
     fn remove_checkpoint(&self, dir: &OwnedFd) -> Result<()> {
-        let [_, ckpt, tmp, pieces] = crate::fsroot::temp_names(self.dest.name());
+        let [_, ckpt, tmp, _] = crate::fsroot::temp_names(self.dest.name());
         Root::remove_in(dir, &ckpt)?;
-        Root::remove_in(dir, &tmp)?;
-        Root::remove_in(dir, &pieces)
+        Root::remove_in(dir, &tmp)
     }
 
     /// Makes renames in the file's directory survive a crash.

@@ -123,10 +123,19 @@ impl<'a> Planner<'a> {
                 file.identity = identity;
                 self.tracked += blocks;
                 // The blocks a piece leaves to other receivers were not
-                // resumed here.
-                if self.part.is_none() {
-                    self.resumed_bytes += file.layout.bytes_in(&have);
-                }
+                // resumed here; those of its own that a per-chunk
+                // checkpoint holds were.
+                self.resumed_bytes += match &self.part {
+                    None => file.layout.bytes_in(&have),
+                    Some(Part::Pieces(pieces)) => {
+                        let (first, end) = pieces.get(&e.file_id).copied().unwrap_or((0, 0));
+                        (first..end.min(file.layout.blocks()))
+                            .filter(|&b| have.get(b))
+                            .map(|b| file.layout.len(b))
+                            .sum()
+                    }
+                    Some(Part::Publish) => 0,
+                };
                 self.stats
                     .total
                     .fetch_add(file.layout.size, Ordering::Relaxed);

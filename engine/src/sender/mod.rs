@@ -238,6 +238,9 @@ pub(crate) struct RunState {
     /// In a transfer over several pairs, the block checksums of each file
     /// whose piece was written and verified, for the coordinator.
     pub(crate) sums: HashMap<u32, Vec<u64>>,
+    /// In a transfer over several pairs, the bytes of each file's piece
+    /// that the receiver already held (its per-chunk checkpoints).
+    pub(crate) held_in_pieces: HashMap<u32, u64>,
 }
 
 /// Sends `cfg.source`, reconnecting and resuming on failures for up to

@@ -19,8 +19,10 @@
 //! A steal takes only items still queued on a lane: a running session is
 //! not cut short (`Coordinator::started`, told by the driving thread as
 //! it hands the item to a worker, so a steal never crosses a start).
-//! The coordinator's ledger lives in this process: a new `send` after a
-//! crash of this one starts the pieces over.
+//! The coordinator's ledger lives in this process; what survives a crash
+//! of it is on the receivers' side: each records the pieces it landed
+//! beside the shared temporary file (`receiver::pieces`), so a new `send`
+//! resends only the pieces not recorded there.
 //!
 //! Receivers may join a running transfer (`Joins`): a lost pair's
 //! replacement, or a receiver whose job came back on another port. Each
@@ -119,8 +121,9 @@ pub struct PairsSummary {
     pub bytes_total: u64,
     /// Payload bytes put on the wire, over every pair, resends included.
     pub bytes_sent: u64,
-    /// Bytes of pieces the receivers held from an earlier run (their
-    /// per-chunk checkpoints), read and checked here but not sent.
+    /// Bytes of pieces that landed which the receivers already held (their
+    /// per-chunk checkpoints: from an earlier run, or written by a pair
+    /// lost before it answered), read and checked here but not sent.
     pub bytes_resumed: u64,
     /// Wall time, first connect to the last publish.
     pub seconds: f64,
@@ -639,7 +642,7 @@ struct Run<'a> {
     published: BTreeMap<u32, u128>,
     digests: HashMap<u32, u128>,
     bytes_sent: BTreeMap<PairId, u64>,
-    /// What the pieces that landed held from an earlier run.
+    /// What the pieces that landed already held (`PairsSummary`).
     bytes_resumed: u64,
     unmarking: bool,
     /// Lanes the transfer started with; those after joined it.
@@ -997,11 +1000,11 @@ impl<'a> Run<'a> {
         pieces: &[Piece],
         st: &RunState,
     ) -> Result<()> {
-        self.bytes_resumed += st.bytes_skipped_resume;
         for (i, piece) in pieces.iter().enumerate() {
             let id = i as u32;
             match (st.verdicts.get(&id), st.sums.get(&id)) {
                 (Some(FileVerdict::Ok(_)), Some(sums)) if piece.end as usize <= sums.len() => {
+                    self.bytes_resumed += st.held_in_pieces.get(&id).copied().unwrap_or(0);
                     let sums = &sums[piece.first as usize..piece.end as usize];
                     let _ = self.coord.acked(now, pair, *piece, sums);
                 }

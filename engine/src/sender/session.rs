@@ -92,7 +92,10 @@ pub(crate) fn run(
     });
     let opened = opened?;
     let held_bytes = match &cfg.stripe {
-        Some(stripe) => held_in_pieces(cfg.block_size, stripe, &opened.planned),
+        Some(stripe) => {
+            st.held_in_pieces = held_in_pieces(cfg.block_size, stripe, &opened.planned);
+            st.held_in_pieces.values().sum()
+        }
         None => opened.held_bytes,
     };
     note_plan(cfg, all, st, held_bytes);
@@ -195,9 +198,9 @@ fn stream_count(cfg: &SendConfig, control: &TcpStream, pool: &Pools, st: &mut Ru
 }
 
 /// The bytes of a stripe session's pieces that the receiver already held
-/// (its per-chunk checkpoints): what it holds outside them is other
-/// pairs' work.
-fn held_in_pieces(block_size: u64, stripe: &Stripe, planned: &[PlannedFile]) -> u64 {
+/// (its per-chunk checkpoints), by file: what it holds outside them is
+/// other pairs' work.
+fn held_in_pieces(block_size: u64, stripe: &Stripe, planned: &[PlannedFile]) -> HashMap<u32, u64> {
     let pieces: HashMap<u32, (u64, u64)> = stripe
         .pieces
         .iter()
@@ -208,12 +211,14 @@ fn held_in_pieces(block_size: u64, stripe: &Stripe, planned: &[PlannedFile]) -> 
         .filter_map(|f| Some((f, f.have.as_ref()?, pieces.get(&f.file_id)?)))
         .map(|(f, have, &(first, end))| {
             let layout = Layout::new(f.size, block_size);
-            (first..end.min(layout.blocks()))
+            let held = (first..end.min(layout.blocks()))
                 .filter(|&b| have.get(b))
                 .map(|b| layout.len(b))
-                .sum::<u64>()
+                .sum::<u64>();
+            (f.file_id, held)
         })
-        .sum()
+        .filter(|&(_, held)| held > 0)
+        .collect()
 }
 
 /// Takes in a session's plan: `held_bytes` were at the receiver before

@@ -47,8 +47,11 @@ pub const MAGIC: [u8; 4] = *b"WRRT";
 /// names the port it was meant for, so that a parked connection can be
 /// handed to another receiver of the same process; 8: a checksum on every
 /// frame, and a file's identity in `FileDone` and `FileResult`; 9:
-/// `Stripe`, for a transfer over several pairs).
-pub const VERSION: u16 = 9;
+/// `Stripe`, for a transfer over several pairs; 10: a `Stripe` session's
+/// plan may hold blocks of its own pieces, from the receivers' per-chunk
+/// checkpoints, which the sender reads to checksum, where a 9 sender
+/// took every held block for another pair's).
+pub const VERSION: u16 = 10;
 /// The first version whose frames carry a checksum (`FRAME_CHECK_LEN`
 /// bytes after their fields).
 pub const CHECKED_SINCE: u16 = 8;
