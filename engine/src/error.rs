@@ -121,10 +121,15 @@ pub enum Error {
         /// The error it was trying to get past.
         last: Box<Self>,
     },
-    /// Reconnecting for `--retry-for` did not get past `last`.
+    /// Reconnecting for `--retry-for` did not get past `last` (or, over
+    /// several pairs, every reconnect was refused for `retry_for`).
     #[error(
-        "{last}; gave up after --retry-for {} s{}",
-        retry_for.as_secs(),
+        "{last}; gave up after {}{}",
+        if *refused {
+            format!("{} s of refused connections (nothing listens there)", retry_for.as_secs())
+        } else {
+            format!("--retry-for {} s", retry_for.as_secs())
+        },
         if *resumable {
             ". What reached the receiver is checkpointed: run the same command again to resume"
         } else {
@@ -136,6 +141,8 @@ pub enum Error {
         last: Box<Self>,
         /// How long it kept trying.
         retry_for: std::time::Duration,
+        /// It gave up sooner, every reconnect refused (`Backoff::refused_for`).
+        refused: bool,
         /// Some bytes reached the receiver, so a new run resumes.
         resumable: bool,
     },
@@ -314,6 +321,11 @@ impl Error {
         self.disposition() == Disposition::Retry
     }
 
+    /// Whether the peer refused the connection: nothing listens there.
+    pub fn is_refused(&self) -> bool {
+        matches!(self, Self::Net { cause, .. } if cause.kind() == std::io::ErrorKind::ConnectionRefused)
+    }
+
     /// A bounded name for the kind of error, for metric labels and log
     /// fields (never the message, which carries paths and addresses).
     pub fn metric_label(&self) -> &'static str {
@@ -451,6 +463,7 @@ mod tests {
         let gave_up = |resumable| Error::GaveUp {
             last: last(),
             retry_for: std::time::Duration::from_secs(120),
+            refused: false,
             resumable,
         };
         assert_eq!(
@@ -463,6 +476,16 @@ mod tests {
                 .ends_with("run the same command again to resume")
         );
         assert!(!gave_up(true).is_retryable());
+        let refused = Error::GaveUp {
+            last: last(),
+            retry_for: std::time::Duration::from_secs(3),
+            refused: true,
+            resumable: false,
+        };
+        assert_eq!(
+            refused.to_string(),
+            "refused; gave up after 3 s of refused connections (nothing listens there)"
+        );
         assert_eq!(gave_up(true).metric_label(), "gave_up");
         let damaged = Error::from(crate::scheduler::Damaged {
             file_id: 1,

@@ -132,7 +132,7 @@ fn a_receiver_killed_mid_file_hands_its_unacknowledged_pieces_to_the_others() {
         &s.token,
         &s.src,
         "f.bin",
-        &["--max-rate", "100Mbps", "--retry-for", "2"],
+        &["--max-rate", "100Mbps"],
     )
     .spawn()
     .unwrap();
@@ -149,7 +149,10 @@ fn a_receiver_killed_mid_file_hands_its_unacknowledged_pieces_to_the_others() {
     assert_same(&s.src, &s.root.join("f.bin"));
     let pairs = sum["pairs"].as_array().unwrap();
     assert_ne!(pairs[1]["state"], "finished", "{sum}");
-    assert!(pairs[1]["error"].is_string(), "{sum}");
+    // Nothing listens where it was: given up on its refusals, not after
+    // the 8 s a receiver that does not answer gets.
+    let why = pairs[1]["error"].as_str().unwrap_or_default();
+    assert!(why.contains("of refused connections"), "{sum}");
     // The others went on and finished the lost pair's work; what they
     // sent again is at most the two chunks the lost pair was writing (a
     // lane runs two sessions at once; its queued item was never sent).

@@ -143,7 +143,11 @@ pub fn connect(addr: &str, opts: &SocketOpts, timeout: Duration) -> Result<TcpSt
             cause,
         })?
         .collect();
-    let mut last = None;
+    // A name may resolve to addresses of which only one is listened on (a
+    // receiver bound to 0.0.0.0, its name resolving to IPv6 too): the
+    // error kept is a refusal only when every address refused, so that an
+    // address timing out in a blip is not taken for a process gone.
+    let mut last: Option<Error> = None;
     for a in addrs {
         let sock = Socket::new(Domain::for_address(a), Type::STREAM, Some(Protocol::TCP))
             .map_err(|e| Error::net("creating a socket", e))?;
@@ -154,7 +158,12 @@ pub fn connect(addr: &str, opts: &SocketOpts, timeout: Duration) -> Result<TcpSt
         let sock = Socket::from(stream);
         match sock.connect_timeout(&a.into(), timeout) {
             Ok(()) => return Ok(sock.into()),
-            Err(e) => last = Some(Error::net(format!("connecting to {a}"), e)),
+            Err(e) => {
+                let e = Error::net(format!("connecting to {a}"), e);
+                if last.as_ref().is_none_or(Error::is_refused) {
+                    last = Some(e);
+                }
+            }
         }
     }
     Err(last.unwrap_or_else(|| {

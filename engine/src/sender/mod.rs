@@ -72,6 +72,10 @@ pub struct SendConfig {
     pub verify: Verification,
     /// How long to keep reconnecting after a failure.
     pub retry_for: Duration,
+    /// Set by `pairs`: how long a receiver may refuse every connection
+    /// (nothing listens there: its process is gone) before it is given
+    /// up, sooner than `retry_for`, which a silent path needs.
+    pub(crate) refused_for: Option<Duration>,
     /// Timeout of each connect.
     pub connect_timeout: Duration,
     /// Set to stop the send (the in-cluster agent's assignment moved away,
@@ -114,6 +118,7 @@ impl SendConfig {
             max_rate: None,
             verify: Verification::Checksums,
             retry_for: Duration::from_secs(120),
+            refused_for: None,
             connect_timeout: Duration::from_secs(10),
             cancel: None,
             progress: Arc::default(),
@@ -293,7 +298,8 @@ pub(crate) fn send_list(cfg: &SendConfig, list: &SourceList) -> (RunState, Resul
 
 /// Runs sessions until one completes, reconnecting with backoff after
 /// each failure that may pass, until `cfg.retry_for` after the first
-/// failure since a session last made progress.
+/// failure since a session last made progress, or `cfg.refused_for` after
+/// the first of reconnects in a row that were all refused.
 fn run_sessions(
     cfg: &SendConfig,
     list: &SourceList,
@@ -305,6 +311,9 @@ fn run_sessions(
         Duration::from_millis(250),
         Duration::from_secs(5),
     );
+    if let Some(d) = cfg.refused_for {
+        backoff = backoff.refused_for(d);
+    }
     loop {
         if cancelled(cfg) {
             return Err(Error::Cancelled {
@@ -337,7 +346,7 @@ fn run_sessions(
                 if st.take_progress(verdicts_before) {
                     backoff.handle_progress();
                 }
-                match backoff.poll_delay(Instant::now()) {
+                match backoff.poll_delay(Instant::now(), e.is_refused()) {
                     Some(d) => {
                         tracing::warn!(
                             session = st.sessions,
@@ -353,9 +362,14 @@ fn run_sessions(
                     }
                     None if cfg.retry_for.is_zero() => return Err(e),
                     None => {
+                        let refused = backoff.gave_up_refused();
                         return Err(Error::GaveUp {
                             last: Box::new(e),
-                            retry_for: cfg.retry_for,
+                            retry_for: match cfg.refused_for {
+                                Some(d) if refused => d,
+                                _ => cfg.retry_for,
+                            },
+                            refused,
                             // Nothing was sent: there is nothing to resume.
                             resumable: st.bytes_sent > 0,
                         });

@@ -7,7 +7,8 @@
 //! share (`Frame::Stripe`), over the lane's parked connections
 //! (`sender::warm`). The first session creates the shared-storage marker
 //! and every later one on any receiver must find it. A lane whose
-//! receiver stays unreachable for `PAIR_PATIENCE` is lost: its unfinished
+//! receiver stays unreachable for `PAIR_PATIENCE`, or refuses every
+//! connection for `REFUSED_PATIENCE`, is lost: its unfinished
 //! pieces go to the others at once, and the transfer goes on without a
 //! restart. It is fenced (no file it could still write to is checked)
 //! only once its last running session has answered; a publish it was
@@ -47,20 +48,25 @@ use crate::stripes::{Action, Coordinator, Geometry, ItemId, PairId, PairState, P
 use crate::wire::{EntryKind, Stripe, StripePiece, StripeRole};
 
 /// How long a pair's receiver may stay unreachable before the pair is
-/// lost and its work goes to the others.
-/// Short enough that the operator shows the loss of a receiver that
-/// refuses connections (its process gone) within 10 s (the agent reports
-/// a pair lost within 1 s); long enough that a network blip of a few
-/// seconds, which may take every pair at once, and a transfer with them,
-/// is ridden out. One whose packets vanish is found by its Lease or the
-/// data streams' keepalive instead, later.
+/// lost and its work goes to the others: long enough that a network blip
+/// of a few seconds, which may take every pair at once, and a transfer
+/// with them, is ridden out. One whose packets vanish is found by its
+/// Lease or the data streams' keepalive instead, later.
 pub const PAIR_PATIENCE: Duration = Duration::from_secs(8);
+/// How long a pair's receiver may refuse every connection before the
+/// pair is lost, while other pairs run: nothing listens where it was, its
+/// process is gone, which a blip does not usually look like (its
+/// connections time out, or get through; only a firewall that rejects
+/// them refuses). Short, so that the operator shows the loss well within
+/// 10 s of the kill (the agent reports a pair lost within 1 s).
+pub const REFUSED_PATIENCE: Duration = Duration::from_secs(3);
 /// How long after a pair to a receiver was lost the same receiver may
 /// join again: whoever tells of joins (the agent, from the Transfer's
 /// status) may still list it for a moment after its loss, and a lane
 /// opened to it then would take work only to fail it after
-/// `PAIR_PATIENCE`. Shorter than the operator's back-off on a lost
-/// agent (30 s), so that an agent placed again is taken in.
+/// `PAIR_PATIENCE` (or `REFUSED_PATIENCE`). Shorter than the operator's
+/// back-off on a lost agent (30 s), so that an agent placed again is
+/// taken in.
 const REJOIN_AFTER: Duration = Duration::from_secs(15);
 /// A lost lane's fence while a session of it still runs: in effect none,
 /// for the session's answer fences the lane, and a lost lane's sessions
@@ -316,6 +322,11 @@ impl Plan<'_> {
         let mut cfg = self.cfg.clone();
         cfg.to = lane.to.clone();
         cfg.retry_for = self.cfg.retry_for.min(PAIR_PATIENCE);
+        // Not for the last pair: losing it fails the transfer, and an
+        // agent restarted on its host comes back on the same address after
+        // a few seconds of refusals, which `PAIR_PATIENCE` rides out.
+        cfg.refused_for =
+            (self.pairs.load(Ordering::Relaxed) > 1).then(|| REFUSED_PATIENCE.min(cfg.retry_for));
         cfg.progress = Arc::clone(&lane.progress);
         // Only writing sessions are cut short: a publish cut between its
         // renames and its answers would leave landed files unanswered,
