@@ -495,6 +495,14 @@ async fn run(
     path_tests::pools_test_the_path_between_them(client, kubeconfig, ns, dst).await?;
     pairs::a_lost_pair_is_taken_over(&transfers, ns, kubeconfig, &mut procs, &file, dst, logs)
         .await?;
+    pairs::a_lost_sender_resumes_from_the_chunks_that_landed(
+        &transfers,
+        ns,
+        kubeconfig,
+        &mut procs,
+        (&file, dst, logs),
+    )
+    .await?;
 
     // While the operator still runs: its finalizers must let both kinds go,
     // or the namespace could never be deleted.

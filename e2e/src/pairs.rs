@@ -2,7 +2,9 @@
 //! receivers agents of a pool with shared storage, loses one receiving
 //! agent mid-file (killed); the operator drops the pair with an Event and a
 //! condition, the others take its work, a free agent replaces it in the
-//! same attempt, nothing restarts, and the file lands identical.
+//! same attempt, nothing restarts, and the file lands identical. Then
+//! the sending agent of another such Transfer is killed: the new attempt
+//! resumes from the chunks that landed.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -164,6 +166,105 @@ pub async fn a_lost_pair_is_taken_over(
         lost.reason
     );
     println!("  {said}");
+    for (name, _, _) in agents {
+        procs.kill(name);
+    }
+    Ok(())
+}
+
+/// Runs the scenario on `file` (the 1 GiB source) into `dst`: the sending
+/// agent of a Transfer over three pairs is killed mid-file; the operator
+/// fails it over to another sending agent (a new attempt), which resumes
+/// from the per-chunk checkpoints the receivers kept on the shared
+/// storage and sends only the chunks not landed.
+pub async fn a_lost_sender_resumes_from_the_chunks_that_landed(
+    transfers: &Api<Transfer>,
+    ns: &str,
+    kubeconfig: &str,
+    procs: &mut Procs,
+    (file, dst, logs): (&Path, &Path, &Path),
+) -> Result<()> {
+    println!("== transfer over 3 pairs: its sending agent killed mid-file");
+    // A sending agent to fail over to, and three receivers, of their own.
+    let agents = [
+        ("lead-b", "senders", 18900),
+        ("keep-a", "receivers", 19000),
+        ("keep-b", "receivers", 19100),
+        ("keep-c", "receivers", 19200),
+    ];
+    spawn_agents(procs, ns, kubeconfig, logs, &agents)?;
+    let out = dst.join("run-1-resumed.dat");
+    let mut t = transfer("resumed", file, &out, Some(200));
+    t.spec.pairs = Some(3);
+    transfers.create(&PostParams::default(), &t).await?;
+    let t = wait_for(
+        transfers,
+        "resumed",
+        "three receivers and 40% progress",
+        Duration::from_secs(300),
+        |t| {
+            t.status.as_ref().is_some_and(|s| {
+                s.receivers.len() == 3
+                    && s.progress
+                        .as_ref()
+                        .is_some_and(|p| p.bytes_total > 0 && p.bytes_done * 5 >= 2 * p.bytes_total)
+            })
+        },
+    )
+    .await?;
+    let s = t.status.unwrap_or_default();
+    let sender = s.sender.context("no sender assigned")?.name;
+    let at = s.progress.map_or(0, |p| p.bytes_done);
+    println!("  killing the sending agent {sender} at {at} B");
+    procs.kill(&sender);
+    let killed = Instant::now();
+    let t = wait_for(
+        transfers,
+        "resumed",
+        "success after the failover",
+        Duration::from_secs(600),
+        |t| {
+            t.status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .is_some_and(|p| p.is_final())
+        },
+    )
+    .await?;
+    let s = t.status.clone().unwrap_or_default();
+    ensure!(
+        s.phase == Some(TransferPhase::Succeeded),
+        "the Transfer ended {:?}: {:?}",
+        s.phase,
+        s.conditions
+    );
+    ensure!(s.attempt >= 2, "no failover: attempt {}", s.attempt);
+    ensure!(
+        s.failovers.iter().any(|f| f.agent == sender),
+        "no failover names {sender}: {:?}",
+        s.failovers
+    );
+    ensure!(
+        same_file(file, &out)?,
+        "transfer resumed: {} differs from {}",
+        out.display(),
+        file.display()
+    );
+    let said = s
+        .reports
+        .iter()
+        .find(|r| r.role == wirerate_crds::transfer::Role::Sender && r.attempt == s.attempt)
+        .map(|r| r.message.clone())
+        .unwrap_or_default();
+    ensure!(
+        said.contains("resumed from the pieces an earlier attempt landed"),
+        "the new sender resumed nothing: {said:?}"
+    );
+    println!(
+        "  identical in attempt {}, {:.1} s after the kill; the new sender said: {said}",
+        s.attempt,
+        killed.elapsed().as_secs_f64()
+    );
     for (name, _, _) in agents {
         procs.kill(name);
     }

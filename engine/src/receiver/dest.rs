@@ -202,9 +202,9 @@ pub(crate) fn prepare(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -
 pub(crate) fn prepare_piece(
     root: &Root,
     e: &FileEntry,
-    block_size: u64,
-    umask: u32,
+    (block_size, umask): (u64, u32),
     (first, end): (u64, u64),
+    confirm_by: std::time::Instant,
 ) -> Prepared {
     let prepared = (|| {
         let Some((file, dir)) = stage(root, e, block_size, umask)? else {
@@ -234,8 +234,13 @@ pub(crate) fn prepare_piece(
             ino: rustix::fs::fstat(&part).map_or(0, |st| st.st_ino),
         };
         let pieces = file.dest.pieces_name();
-        let (mut have, mut sums) =
-            super::pieces::resume((&dir, &pieces), stamp, &part, &file.layout, (first, end));
+        let (mut have, mut sums) = super::pieces::resume(
+            (&dir, &pieces),
+            stamp,
+            (&part, &file.layout),
+            (first, end),
+            confirm_by,
+        );
         for b in (0..first).chain(end..blocks) {
             have.set(b);
             sums[b as usize] = 0;

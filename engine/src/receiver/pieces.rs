@@ -30,6 +30,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
+use std::time::Instant;
 
 use rustix::fs::OFlags;
 
@@ -195,15 +196,16 @@ fn read_records(dir: &OwnedFd, name: &str) -> Vec<u8> {
 
 /// The blocks of the piece `first..end` of the file `stamp` names that
 /// the records `name` in `dir` hold and that the temporary file `part`
-/// still holds, each read back and checksummed; and their checksums (0
-/// for the others). Records that all describe another version or another
-/// temporary file are removed.
+/// still holds, each read back and checksummed until `confirm_by` (those
+/// left are sent again); and their checksums (0 for the others). Records
+/// that all describe another version or another temporary file are
+/// removed.
 pub(crate) fn resume(
     (dir, name): (&OwnedFd, &str),
     stamp: Stamp,
-    part: &File,
-    layout: &Layout,
+    (part, layout): (&File, &Layout),
     (first, end): (u64, u64),
+    confirm_by: Instant,
 ) -> (Bitmap, Vec<u64>) {
     let blocks = layout.blocks();
     let Held {
@@ -216,6 +218,9 @@ pub(crate) fn resume(
     let mut confirmed = vec![0; blocks as usize];
     let mut buf = Vec::new();
     for b in (first..end.min(blocks)).filter(|&b| have.get(b)) {
+        if Instant::now() >= confirm_by {
+            break;
+        }
         let len = layout.len(b) as usize;
         buf.resize(len, 0);
         if part.read_exact_at(&mut buf, layout.offset(b)).is_ok()
@@ -358,16 +363,42 @@ mod tests {
         (tmp, dir, part, layout, stamp)
     }
 
+    fn later() -> Instant {
+        Instant::now() + std::time::Duration::from_secs(60)
+    }
+
+    // On slow shared storage a chunk's worth of reading back could outlast
+    // the sender's wait for the plan: past its budget, the rest is sent.
+    #[test]
+    fn blocks_not_confirmed_by_the_deadline_are_sent_again() {
+        let (_tmp, dir, part, layout, stamp) = shared(4);
+        let name = ".f.wirerate-pieces";
+        let (have, _) = resume(
+            (&dir, name),
+            stamp,
+            (&part, &layout),
+            (0, 4),
+            Instant::now(),
+        );
+        assert_eq!(have.count(), 0);
+    }
+
     #[test]
     fn records_are_appended_and_read_back_for_the_piece_asked() {
         let (_tmp, dir, part, layout, stamp) = shared(6);
         let name = ".f.wirerate-pieces";
-        let (have, sums) = resume((&dir, name), stamp, &part, &layout, (1, 4));
+        let (have, sums) = resume((&dir, name), stamp, (&part, &layout), (1, 4), later());
         assert_eq!(blocks(&have), [1, 2, 3]);
         assert_eq!(sums[2], block_checksum(&[2; 4]));
         assert_eq!(sums[0], 0, "outside the piece");
         // None recorded yet for another name.
-        let (have, _) = resume((&dir, ".g.wirerate-pieces"), stamp, &part, &layout, (0, 6));
+        let (have, _) = resume(
+            (&dir, ".g.wirerate-pieces"),
+            stamp,
+            (&part, &layout),
+            (0, 6),
+            later(),
+        );
         assert_eq!(have.count(), 0);
     }
 
@@ -382,7 +413,7 @@ mod tests {
         part.write_all_at(&[9; 4], 2 * 4).unwrap();
         part.set_len(5 * 4 + 2).unwrap();
         let name = ".f.wirerate-pieces";
-        let (have, sums) = resume((&dir, name), stamp, &part, &layout, (0, 6));
+        let (have, sums) = resume((&dir, name), stamp, (&part, &layout), (0, 6), later());
         // Block 2 was overwritten, block 5 is short: both are sent again.
         assert_eq!(blocks(&have), [0, 1, 3, 4]);
         assert_eq!((sums[2], sums[5]), (0, 0));
@@ -393,11 +424,11 @@ mod tests {
         let (tmp, dir, part, layout, stamp) = shared(2);
         let name = ".f.wirerate-pieces";
         let other = Stamp { ino: 1, ..stamp };
-        let (have, _) = resume((&dir, name), other, &part, &layout, (0, 2));
+        let (have, _) = resume((&dir, name), other, (&part, &layout), (0, 2), later());
         assert_eq!(have.count(), 0);
         assert!(!tmp.path().join(name).exists(), "stale records stay");
         rustix::fs::mkfifoat(&dir, name, rustix::fs::Mode::from_raw_mode(0o600)).unwrap();
-        let (have, _) = resume((&dir, name), stamp, &part, &layout, (0, 2));
+        let (have, _) = resume((&dir, name), stamp, (&part, &layout), (0, 2), later());
         assert_eq!(have.count(), 0);
     }
 }

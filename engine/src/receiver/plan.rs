@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use super::Shared;
 use super::dest::{Prepared, Staged, prepare, prepare_piece, prepare_publish};
@@ -46,7 +47,15 @@ pub(super) struct Planner<'a> {
     tracked: u64,
     /// Set in a transfer over several pairs.
     part: Option<Part>,
+    /// Until when blocks a per-chunk checkpoint holds are read back to
+    /// confirm them: the sender waits for the plan, and on slow shared
+    /// storage a chunk's worth of reads could outlast its patience.
+    confirm_by: Instant,
 }
+
+/// How long a plan may spend reading back checkpointed blocks; those not
+/// confirmed by then are sent again.
+const CONFIRM_BUDGET: Duration = Duration::from_secs(5);
 
 impl<'a> Planner<'a> {
     /// A planner for a manifest of `entries` entries.
@@ -84,6 +93,7 @@ impl<'a> Planner<'a> {
             resumed_bytes: 0,
             tracked: 0,
             part,
+            confirm_by: Instant::now() + CONFIRM_BUDGET,
         }
     }
 
@@ -113,7 +123,7 @@ impl<'a> Planner<'a> {
                 Some(Part::Pieces(pieces)) => {
                     // The core checked that every regular file has one.
                     let range = pieces.get(&e.file_id).copied().unwrap_or((0, 0));
-                    prepare_piece(root, e, self.block_size, umask, range)
+                    prepare_piece(root, e, (self.block_size, umask), range, self.confirm_by)
                 }
                 Some(Part::Publish) => prepare_publish(root, e, self.block_size, umask),
             }
