@@ -289,6 +289,7 @@ mod tests {
             pool: "p".into(),
             address: None,
             node: None,
+            since: None,
         };
         t.status(TransferStatus {
             phase: Some(TransferPhase::Running),
@@ -367,6 +368,7 @@ mod tests {
                 pool: "p".into(),
                 address: None,
                 node: None,
+                since: None,
             })
             .collect();
         t.spec.pairs = Some(receivers.len() as i32);

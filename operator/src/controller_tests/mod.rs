@@ -50,6 +50,7 @@ fn agent_ref(name: &str, pool: &str) -> wirerate_crds::transfer::AgentRef {
         pool: pool.into(),
         address: None,
         node: None,
+        since: None,
     }
 }
 
