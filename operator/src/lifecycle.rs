@@ -799,6 +799,12 @@ pub fn assigned(
     };
     if let Some(a) = sender {
         s.sender = Some(agent_ref(a));
+        // A sender placed starts an attempt: the receivers it keeps from
+        // the last one are placed in it now, and report for it anew
+        // (their silence is counted from here, not from the last attempt).
+        for r in &mut s.receivers {
+            r.since = Some(now_t.clone());
+        }
     }
     // A receiver placed while the Transfer runs on others replaces a lost
     // pair: it joins them, in the same attempt.
@@ -1564,6 +1570,24 @@ mod tests {
         assert_eq!(receiver_names(&st), ["r0", "r1", "r2"]);
         let n = st.needs.unwrap();
         assert_eq!((n.sender, n.receivers), (true, 0));
+        // Found by review: placed long after, the new sender's attempt
+        // dropped every receiver it kept at once, silent since they were
+        // placed in the last one. Their silence counts from the new one.
+        let mut live = PAIRS[1..].to_vec();
+        live.push(("src", "s1"));
+        let ag = agents(400, &live);
+        let s1 = ag.values().find(|a| a.name == "s1").unwrap();
+        let placed = Placed {
+            sender: Some(s1),
+            receivers: &[],
+            token_secret: "t-token",
+        };
+        let r = check_shared(&t).unwrap();
+        let (s, _) = assigned(&t, &r, st.status.clone(), placed, at(400));
+        t.status = Some(s);
+        let st = step_pairs_silent(&mut t, &live, 401, &["r0", "r1", "r2"]);
+        assert_eq!(receiver_names(&st), ["r0", "r1", "r2"]);
+        assert_eq!(st.status.attempt, 2);
         // The sender and a receiver at once: the lost receiver goes with it.
         let mut t = over_pairs("v");
         let st = step_pairs(&mut t, &[PAIRS[1], PAIRS[2]], 130);
