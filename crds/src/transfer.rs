@@ -420,11 +420,6 @@ pub struct AgentRef {
     /// Node or host it runs on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
-    /// When it was placed. Over several pairs, a receiver that has not
-    /// reported 90 s after this is dropped as a lost pair (and replaced
-    /// when an agent is free).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub since: Option<Time>,
 }
 
 /// Progress as the receiver counts it.
@@ -552,14 +547,6 @@ pub struct PairReport {
     /// Chunks (or bundles of small files) it finished.
     pub chunks_done: i64,
 }
-
-/// How long, in seconds, a receiver placed over several pairs may go
-/// without a report of its attempt before its pair counts as lost (see
-/// `AgentRef::since`): longer than an agent waits for its token before it
-/// gives up and says so (60 s), so that only one that never acts on its
-/// placement (wedged, or of a version that does not know of it) is
-/// dropped.
-pub const REPORT_PATIENCE_SECONDS: i64 = 90;
 
 /// The most changes `status.tuning` lists (the optimizer makes a few at
 /// most: it doubles the streams, or adds half as many again, up to 64).

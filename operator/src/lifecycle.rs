@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use wirerate_crds::conditions::{self, condition, types};
-use wirerate_crds::transfer::REPORT_PATIENCE_SECONDS as REPORT_PATIENCE;
 use wirerate_crds::transfer::{
     AgentRef, AgentReport, Failover, Moved, Progress, ReportState, Role,
 };
@@ -154,7 +153,7 @@ pub fn step(
     }
     if multi
         && stalled.is_none()
-        && let Some(gone) = only_pairs_gone(&s, &said, &mut lost, now)
+        && let Some(gone) = only_pairs_gone(&s, &said, &mut lost)
     {
         return pairs_lost(t, s, &gone, now);
     }
@@ -251,13 +250,12 @@ fn has_receivers(s: &TransferStatus, multi: bool) -> bool {
 }
 
 /// The receivers of a Transfer over several pairs that are gone: lost
-/// (in `lost`), failed (their report of this attempt says so), or silent
-/// `REPORT_PATIENCE` after they were placed, each with why.
+/// (in `lost`) or failed (their report of this attempt says so), each
+/// with why.
 fn pairs_gone(
     s: &TransferStatus,
     said: &Said<'_>,
     lost: &[(Role, String, String)],
-    now: Timestamp,
 ) -> Vec<(String, String)> {
     let mut gone: Vec<(String, String)> = lost
         .iter()
@@ -273,23 +271,10 @@ fn pairs_gone(
             gone.push((r.name.clone(), format!("it failed: {}", rep.message)));
             continue;
         }
-        let at = report.and_then(|rep| rep.endpoint.as_deref());
-        if let Some(since) = r.since.as_ref().map(|t| t.0.as_second())
-            && report.is_none()
-            && now.as_second() >= since.saturating_add(REPORT_PATIENCE)
-        {
-            gone.push((
-                r.name.clone(),
-                format!(
-                    "it has not reported, nor said where it listens, {} s after it was placed",
-                    now.as_second() - since
-                ),
-            ));
-            continue;
-        }
         // The sender gave the pair up (its receiver unreachable for its
         // patience): only for the endpoint the receiver still reports,
         // for one that moved is sent to again.
+        let at = report.and_then(|rep| rep.endpoint.as_deref());
         if let Some(p) = said.stripes().and_then(|st| {
             st.pairs.iter().find(|p| {
                 p.receiver == r.name
@@ -314,9 +299,8 @@ fn only_pairs_gone(
     s: &TransferStatus,
     said: &Said<'_>,
     lost: &mut Vec<(Role, String, String)>,
-    now: Timestamp,
 ) -> Option<Vec<(String, String)>> {
-    let gone = pairs_gone(s, said, lost, now);
+    let gone = pairs_gone(s, said, lost);
     let sender_lost = lost.iter().any(|(role, _, _)| *role == Role::Sender);
     if !sender_lost && !gone.is_empty() && gone.len() < s.receivers.len() {
         return Some(gone);
@@ -795,16 +779,9 @@ pub fn assigned(
         pool: a.pool.clone(),
         address: a.address.clone(),
         node: a.node.clone(),
-        since: Some(now_t.clone()),
     };
     if let Some(a) = sender {
         s.sender = Some(agent_ref(a));
-        // A sender placed starts an attempt: the receivers it keeps from
-        // the last one are placed in it now, and report for it anew
-        // (their silence is counted from here, not from the last attempt).
-        for r in &mut s.receivers {
-            r.since = Some(now_t.clone());
-        }
     }
     // A receiver placed while the Transfer runs on others replaces a lost
     // pair: it joins them, in the same attempt.
@@ -1229,56 +1206,18 @@ mod tests {
         };
         let (s, _) = assigned(&t, &r, Default::default(), placed, at(100));
         t.status = Some(s);
-        acknowledged(&mut t, &[]);
         t
     }
 
-    /// Each receiver of `t` but those `silent` says it runs, as a live
-    /// agent does as soon as it sees it was placed, unless it already
-    /// reported in this attempt.
-    fn acknowledged(t: &mut Transfer, silent: &[&str]) {
-        let s = t.status.as_mut().unwrap();
-        let attempt = s.attempt;
-        for r in &s.receivers {
-            let reported = s
-                .reports
-                .iter()
-                .any(|p| p.role == Role::Receiver && p.agent == r.name && p.attempt == attempt);
-            if !reported && !silent.contains(&r.name.as_str()) {
-                s.reports.push(AgentReport {
-                    role: Role::Receiver,
-                    agent: r.name.clone(),
-                    attempt,
-                    state: ReportState::Running,
-                    message: String::new(),
-                    endpoint: None,
-                    updated_at: Time(at(100)),
-                });
-            }
-        }
-    }
-
     /// One step of `t` (over several pairs) at `when`, with the agents of
-    /// `live` live; its status becomes `t`'s, the agents' fields kept, and
-    /// the receivers it placed say they run.
+    /// `live` live; its status becomes `t`'s, the agents' fields kept.
     fn step_pairs(t: &mut Transfer, live: &[(&str, &str)], when: i64) -> Step {
-        step_pairs_silent(t, live, when, &[])
-    }
-
-    /// `step_pairs`, but the receivers `silent` never report.
-    fn step_pairs_silent(
-        t: &mut Transfer,
-        live: &[(&str, &str)],
-        when: i64,
-        silent: &[&str],
-    ) -> Step {
         let st = step(t, &check_shared(t), &agents(when - 1, live), at(when));
         let mut next = st.status.clone();
         let old = t.status.clone().unwrap_or_default();
         next.progress = old.progress;
         next.reports = old.reports;
         t.status = Some(next);
-        acknowledged(t, silent);
         st
     }
 
@@ -1433,7 +1372,6 @@ mod tests {
             ("False", "AllPairsRunning")
         );
         t.status = Some(s);
-        acknowledged(&mut t, &[]);
         let st = step_pairs(&mut t, &live, 133);
         assert!(st.needs.is_none(), "{:?}", st.needs);
         assert_eq!(st.status.phase, Some(TransferPhase::Running));
@@ -1481,7 +1419,6 @@ mod tests {
             d.message
         );
         t.status = Some(s);
-        acknowledged(&mut t, &[]);
 
         // Running, it asks for one more; one placed joins.
         let st = step_pairs(&mut t, &live, 110);
@@ -1497,59 +1434,12 @@ mod tests {
         assert_eq!(note.reason, "PairAdded");
         assert!(note.message.contains("r1 joins"), "{}", note.message);
         t.status = Some(s);
-        acknowledged(&mut t, &[]);
 
         // Losing one is Degraded until another joins.
         let st = step_pairs(&mut t, &live[..2], 130);
         assert_eq!(st.status.receivers.len(), 1);
         let d = conditions::find(&st.status.conditions, types::DEGRADED).unwrap();
         assert_eq!((d.status.as_str(), d.reason.as_str()), ("True", "PairLost"));
-    }
-
-    // Found by reading (issue 34): a receiver placed to replace a lost
-    // pair whose agent never acts on it (wedged, or of a version that does
-    // not know it was placed) counted as a running pair for the rest of
-    // the Transfer, its Lease fresh, and nothing replaced it.
-    #[test]
-    fn a_receiver_placed_that_never_reports_is_a_lost_pair_after_the_patience() {
-        let mut t = over_pairs("t");
-        let mut live = PAIRS.to_vec();
-        live.extend([("dst", "r3"), ("dst", "r4")]);
-        live.retain(|(_, n)| *n != "r1");
-        step_pairs(&mut t, &live, 120);
-        let ag = agents(120, &live);
-        let r3 = ag.values().find(|a| a.name == "r3").unwrap();
-        let placed = Placed {
-            sender: None,
-            receivers: &[r3],
-            token_secret: "t-token",
-        };
-        let r = check_shared(&t).unwrap();
-        let (s, _) = assigned(&t, &r, t.status.clone().unwrap(), placed, at(121));
-        assert_eq!(s.receivers[2].since, Some(Time(at(121))));
-        t.status = Some(s);
-        // Silent, but within its patience: a running pair.
-        let st = step_pairs_silent(&mut t, &live, 121 + REPORT_PATIENCE - 1, &["r3"]);
-        assert_eq!(receiver_names(&st), ["r0", "r2", "r3"]);
-        // Past it: lost, with why, and a replacement asked for that is not r3.
-        let st = step_pairs_silent(&mut t, &live, 121 + REPORT_PATIENCE, &["r3"]);
-        assert_eq!(receiver_names(&st), ["r0", "r2"]);
-        assert_eq!(st.status.attempt, 1);
-        let lost = st.status.failovers.last().unwrap();
-        assert_eq!(lost.agent, "r3");
-        assert!(
-            lost.reason
-                .contains("has not reported, nor said where it listens, 90 s after it was placed"),
-            "{}",
-            lost.reason
-        );
-        let st = step_pairs(&mut t, &live, 121 + REPORT_PATIENCE + 1);
-        let needs = st.needs.expect("a replacement is asked for");
-        assert!(needs.avoid.contains(&"r3".to_owned()), "{needs:?}");
-        // One that reported, even without an endpoint yet, is not silent.
-        let mut t = over_pairs("t");
-        let st = step_pairs(&mut t, &PAIRS, 100 + 2 * REPORT_PATIENCE);
-        assert_eq!(receiver_names(&st), ["r0", "r1", "r2"]);
     }
 
     #[test]
@@ -1570,24 +1460,6 @@ mod tests {
         assert_eq!(receiver_names(&st), ["r0", "r1", "r2"]);
         let n = st.needs.unwrap();
         assert_eq!((n.sender, n.receivers), (true, 0));
-        // Found by review: placed long after, the new sender's attempt
-        // dropped every receiver it kept at once, silent since they were
-        // placed in the last one. Their silence counts from the new one.
-        let mut live = PAIRS[1..].to_vec();
-        live.push(("src", "s1"));
-        let ag = agents(400, &live);
-        let s1 = ag.values().find(|a| a.name == "s1").unwrap();
-        let placed = Placed {
-            sender: Some(s1),
-            receivers: &[],
-            token_secret: "t-token",
-        };
-        let r = check_shared(&t).unwrap();
-        let (s, _) = assigned(&t, &r, st.status.clone(), placed, at(400));
-        t.status = Some(s);
-        let st = step_pairs_silent(&mut t, &live, 401, &["r0", "r1", "r2"]);
-        assert_eq!(receiver_names(&st), ["r0", "r1", "r2"]);
-        assert_eq!(st.status.attempt, 2);
         // The sender and a receiver at once: the lost receiver goes with it.
         let mut t = over_pairs("v");
         let st = step_pairs(&mut t, &[PAIRS[1], PAIRS[2]], 130);
@@ -1684,8 +1556,6 @@ mod tests {
         };
         let with_endpoint = |t: &mut Transfer, e: &str| {
             let s = t.status.as_mut().unwrap();
-            s.reports
-                .retain(|r| !(r.role == Role::Receiver && r.agent == "r1"));
             s.reports.push(AgentReport {
                 role: Role::Receiver,
                 agent: "r1".into(),

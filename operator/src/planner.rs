@@ -558,7 +558,6 @@ mod tests {
                 pool: pool.into(),
                 address: None,
                 node: None,
-                since: None,
             })
         };
         let ledger = HashMap::from([(
@@ -608,7 +607,6 @@ mod tests {
                 pool: "src".into(),
                 address: None,
                 node: None,
-                since: None,
             }),
             failovers: vec![wirerate_crds::transfer::Failover {
                 attempt: 1,

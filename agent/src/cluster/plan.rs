@@ -289,7 +289,6 @@ mod tests {
             pool: "p".into(),
             address: None,
             node: None,
-            since: None,
         };
         t.status(TransferStatus {
             phase: Some(TransferPhase::Running),
@@ -368,7 +367,6 @@ mod tests {
                 pool: "p".into(),
                 address: None,
                 node: None,
-                since: None,
             })
             .collect();
         t.spec.pairs = Some(receivers.len() as i32);

@@ -50,7 +50,6 @@ fn agent_ref(name: &str, pool: &str) -> wirerate_crds::transfer::AgentRef {
         pool: pool.into(),
         address: None,
         node: None,
-        since: None,
     }
 }
 
