@@ -37,26 +37,9 @@ pub async fn a_lost_pair_is_taken_over(
     ];
     spawn_agents(procs, ns, kubeconfig, logs, &agents)?;
     let out = dst.join("run-1-wide.dat");
-    // 200 Mbit/s in all: the kill comes at 20% (about 9 s in) and the
-    // killed agent's Lease lapses (15 s) well before the end.
-    let mut t = transfer("wide", file, &out, Some(200));
-    t.spec.pairs = Some(3);
-    transfers.create(&PostParams::default(), &t).await?;
-    let t = wait_for(
-        transfers,
-        "wide",
-        "three receivers and 20% progress",
-        Duration::from_secs(300),
-        |t| {
-            t.status.as_ref().is_some_and(|s| {
-                s.receivers.len() == 3
-                    && s.progress
-                        .as_ref()
-                        .is_some_and(|p| p.bytes_total > 0 && p.bytes_done * 5 >= p.bytes_total)
-            })
-        },
-    )
-    .await?;
+    // The kill comes at 20% (about 9 s in) and the killed agent's Lease
+    // lapses (15 s) well before the end.
+    let t = started_over_three(transfers, ("wide", file, &out), 20).await?;
     let s = t.status.unwrap_or_default();
     let names: Vec<String> = s.receivers.iter().map(|r| r.name.clone()).collect();
     println!("  receivers {names:?}");
@@ -194,24 +177,7 @@ pub async fn a_lost_sender_resumes_from_the_chunks_that_landed(
     ];
     spawn_agents(procs, ns, kubeconfig, logs, &agents)?;
     let out = dst.join("run-1-resumed.dat");
-    let mut t = transfer("resumed", file, &out, Some(200));
-    t.spec.pairs = Some(3);
-    transfers.create(&PostParams::default(), &t).await?;
-    let t = wait_for(
-        transfers,
-        "resumed",
-        "three receivers and 40% progress",
-        Duration::from_secs(300),
-        |t| {
-            t.status.as_ref().is_some_and(|s| {
-                s.receivers.len() == 3
-                    && s.progress
-                        .as_ref()
-                        .is_some_and(|p| p.bytes_total > 0 && p.bytes_done * 5 >= 2 * p.bytes_total)
-            })
-        },
-    )
-    .await?;
+    let t = started_over_three(transfers, ("resumed", file, &out), 40).await?;
     let s = t.status.unwrap_or_default();
     let sender = s.sender.context("no sender assigned")?.name;
     let at = s.progress.map_or(0, |p| p.bytes_done);
@@ -269,4 +235,32 @@ pub async fn a_lost_sender_resumes_from_the_chunks_that_landed(
         procs.kill(name);
     }
     Ok(())
+}
+
+/// Creates Transfer `name` of `file` into `out` over three pairs, 200
+/// Mbit/s in all, and waits until it runs on three receivers with
+/// `percent` of it done.
+async fn started_over_three(
+    transfers: &Api<Transfer>,
+    (name, file, out): (&str, &Path, &Path),
+    percent: i64,
+) -> Result<Transfer> {
+    let mut t = transfer(name, file, out, Some(200));
+    t.spec.pairs = Some(3);
+    transfers.create(&PostParams::default(), &t).await?;
+    wait_for(
+        transfers,
+        name,
+        &format!("three receivers and {percent}% progress"),
+        Duration::from_secs(300),
+        |t| {
+            t.status.as_ref().is_some_and(|s| {
+                s.receivers.len() == 3
+                    && s.progress.as_ref().is_some_and(|p| {
+                        p.bytes_total > 0 && p.bytes_done * 100 >= percent * p.bytes_total
+                    })
+            })
+        },
+    )
+    .await
 }

@@ -52,6 +52,14 @@ impl Layout {
             set * self.block_size
         }
     }
+
+    /// Bytes held by the blocks of `range` set in `blocks`.
+    pub fn bytes_in_range(&self, blocks: &Bitmap, range: std::ops::Range<u64>) -> u64 {
+        (range.start..range.end.min(self.blocks()))
+            .filter(|&b| blocks.get(b))
+            .map(|b| self.len(b))
+            .sum()
+    }
 }
 
 #[cfg(test)]
@@ -79,5 +87,9 @@ mod tests {
         b.set(0);
         assert_eq!(l.bytes_in(&b), 10);
         assert_eq!(Layout::new(8, 4).len(1), 4);
+        // Of a range, only its blocks; one past the file counts nothing.
+        assert_eq!(l.bytes_in_range(&b, 1..3), 6);
+        assert_eq!(l.bytes_in_range(&b, 0..1), 4);
+        assert_eq!(l.bytes_in_range(&b, 2..9), 2);
     }
 }

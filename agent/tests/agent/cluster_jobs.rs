@@ -683,11 +683,7 @@ fn a_new_attempt_over_several_pairs_resumes_the_pieces_the_last_one_landed() {
     };
     let mut first = start(Some(200));
     let records = dst.join(".volume.tiff.wirerate-pieces");
-    let t0 = Instant::now();
-    while records.metadata().map_or(0, |m| m.len()) == 0 {
-        assert!(t0.elapsed() < Duration::from_secs(60), "no piece recorded");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    crate::common::wait_written(&records, Duration::from_secs(60), "no piece recorded");
     first.cancel();
     assert!(matches!(
         wait_outcome(&first, Duration::from_secs(30)),

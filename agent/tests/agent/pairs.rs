@@ -5,9 +5,11 @@
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::common::{BIN, Proc, assert_no_leftovers, assert_same, free_port, serve_bin, setup};
+use crate::common::{
+    BIN, Proc, assert_no_leftovers, assert_same, free_port, serve_bin, setup, wait_written,
+};
 
 fn receivers(root: &Path, token: &Path, n: usize) -> (Vec<Proc>, Vec<u16>) {
     let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
@@ -125,7 +127,6 @@ fn a_file_and_a_tree_over_three_receivers_land_identical_with_one_pairs_digest()
 fn a_receiver_killed_mid_file_hands_its_unacknowledged_pieces_to_the_others() {
     let s = setup("pairs-kill", 64 << 20);
     let (mut rx, ports) = receivers(&s.root, &s.token, 3);
-    let t0 = Instant::now();
     // Paced, so that every pair is mid-chunk when one is killed.
     let child = send(
         &to(&ports),
@@ -136,11 +137,9 @@ fn a_receiver_killed_mid_file_hands_its_unacknowledged_pieces_to_the_others() {
     )
     .spawn()
     .unwrap();
+    // Sized in full when created.
     let part = s.root.join(".f.bin.wirerate-part");
-    while !part.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(30), "nothing started");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_written(&part, Duration::from_secs(30), "nothing started");
     std::thread::sleep(Duration::from_millis(500));
     rx[1].0.kill().unwrap();
     let out = child.wait_with_output().unwrap();
@@ -178,7 +177,6 @@ fn a_receiver_killed_mid_file_hands_its_unacknowledged_pieces_to_the_others() {
 fn a_sender_killed_mid_file_is_resumed_from_the_pieces_that_landed() {
     let s = setup("pairs-resume", 64 << 20);
     let (_rx, ports) = receivers(&s.root, &s.token, 3);
-    let t0 = Instant::now();
     let mut child = send(
         &to(&ports),
         &s.token,
@@ -190,10 +188,7 @@ fn a_sender_killed_mid_file_is_resumed_from_the_pieces_that_landed() {
     .unwrap();
     // Killed once some pieces have landed and been recorded.
     let records = s.root.join(".f.bin.wirerate-pieces");
-    while records.metadata().map_or(0, |m| m.len()) == 0 {
-        assert!(t0.elapsed() < Duration::from_secs(30), "no piece recorded");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_written(&records, Duration::from_secs(30), "no piece recorded");
     std::thread::sleep(Duration::from_millis(300));
     child.kill().unwrap();
     child.wait().unwrap();

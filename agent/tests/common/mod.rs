@@ -429,6 +429,16 @@ pub fn raise_fd_limit() {
     setrlimit(Resource::Nofile, l).expect("raising the open-file soft limit to the hard one");
 }
 
+/// Waits until `path` exists and holds something (`limit` at most), or
+/// fails saying `what` did not happen.
+pub fn wait_written(path: &Path, limit: Duration, what: &str) {
+    let t0 = std::time::Instant::now();
+    while std::fs::metadata(path).map_or(0, |m| m.len()) == 0 {
+        assert!(t0.elapsed() < limit, "{what}: {}", path.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Waits until a receiver listens on `port` (10 s at most).
 pub fn wait_listening(port: u16) {
     let t0 = std::time::Instant::now();

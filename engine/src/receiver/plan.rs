@@ -68,12 +68,7 @@ impl<'a> Planner<'a> {
         stripe: Option<&Stripe>,
     ) -> Self {
         let part = stripe.map(|s| match s.role {
-            StripeRole::Mark | StripeRole::Write => Part::Pieces(
-                s.pieces
-                    .iter()
-                    .map(|p| (p.file_id, (p.first, p.end)))
-                    .collect(),
-            ),
+            StripeRole::Mark | StripeRole::Write => Part::Pieces(s.ranges()),
             StripeRole::Publish | StripeRole::Unmark => Part::Publish,
         });
         let files = Staged::with_capacity(&shared.root, entries);
@@ -139,10 +134,7 @@ impl<'a> Planner<'a> {
                     None => file.layout.bytes_in(&have),
                     Some(Part::Pieces(pieces)) => {
                         let (first, end) = pieces.get(&e.file_id).copied().unwrap_or((0, 0));
-                        (first..end.min(file.layout.blocks()))
-                            .filter(|&b| have.get(b))
-                            .map(|b| file.layout.len(b))
-                            .sum()
+                        file.layout.bytes_in_range(&have, first..end)
                     }
                     Some(Part::Publish) => 0,
                 };

@@ -152,12 +152,13 @@ pub(crate) fn run(
 fn scheduler(cfg: &SendConfig, planned: Vec<PlannedFile>, streams: u16, buffer: u64) -> Scheduler {
     let per_stream = per_stream_bytes(cfg, buffer, streams);
     if let Some(stripe) = &cfg.stripe {
-        let pieces = stripe
-            .pieces
-            .iter()
-            .map(|p| (p.file_id, (p.first, p.end)))
-            .collect();
-        Scheduler::for_pieces(planned, &pieces, cfg.block_size, streams, per_stream)
+        Scheduler::for_pieces(
+            planned,
+            &stripe.ranges(),
+            cfg.block_size,
+            streams,
+            per_stream,
+        )
     } else {
         let digest = cfg.verify != Verification::None;
         Scheduler::new(planned, cfg.block_size, streams, per_stream, digest)
@@ -201,20 +202,12 @@ fn stream_count(cfg: &SendConfig, control: &TcpStream, pool: &Pools, st: &mut Ru
 /// (its per-chunk checkpoints), by file: what it holds outside them is
 /// other pairs' work.
 fn held_in_pieces(block_size: u64, stripe: &Stripe, planned: &[PlannedFile]) -> HashMap<u32, u64> {
-    let pieces: HashMap<u32, (u64, u64)> = stripe
-        .pieces
-        .iter()
-        .map(|p| (p.file_id, (p.first, p.end)))
-        .collect();
+    let pieces = stripe.ranges();
     planned
         .iter()
         .filter_map(|f| Some((f, f.have.as_ref()?, pieces.get(&f.file_id)?)))
         .map(|(f, have, &(first, end))| {
-            let layout = Layout::new(f.size, block_size);
-            let held = (first..end.min(layout.blocks()))
-                .filter(|&b| have.get(b))
-                .map(|b| layout.len(b))
-                .sum::<u64>();
+            let held = Layout::new(f.size, block_size).bytes_in_range(have, first..end);
             (f.file_id, held)
         })
         .filter(|&(_, held)| held > 0)

@@ -207,6 +207,16 @@ pub struct Stripe {
     pub pieces: Vec<StripePiece>,
 }
 
+impl Stripe {
+    /// The blocks `first..end` it writes of each file, by id.
+    pub fn ranges(&self) -> std::collections::HashMap<u32, (u64, u64)> {
+        self.pieces
+            .iter()
+            .map(|p| (p.file_id, (p.first, p.end)))
+            .collect()
+    }
+}
+
 /// The receiver's answer for one manifest entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PlanOutcome {
