@@ -212,6 +212,31 @@ fn a_sender_killed_mid_file_is_resumed_from_the_pieces_that_landed() {
     assert!(!records.exists() && !s.root.join(".f.bin.wirerate-part").exists());
 }
 
+// Found in review: unverified (--verify none), a piece's checksums are 0,
+// and its record could never be confirmed; none is written.
+#[test]
+fn an_unverified_transfer_records_no_pieces() {
+    let s = setup("pairs-unverified", 64 << 20);
+    let (_rx, ports) = receivers(&s.root, &s.token, 3);
+    let mut child = send(
+        &to(&ports),
+        &s.token,
+        &s.src,
+        "f.bin",
+        &["--max-rate", "100Mbps", "--verify", "none"],
+    )
+    .spawn()
+    .unwrap();
+    // About 5 s in all: by half way several pieces have landed.
+    let part = s.root.join(".f.bin.wirerate-part");
+    wait_written(&part, Duration::from_secs(30), "nothing started");
+    std::thread::sleep(Duration::from_millis(2500));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!s.root.join("f.bin").exists(), "published before the kill");
+    assert!(!s.root.join(".f.bin.wirerate-pieces").exists());
+}
+
 #[test]
 fn a_receiver_whose_root_is_not_shared_fails_the_transfer_and_says_why() {
     let s = setup("pairs-private", 8 << 20);

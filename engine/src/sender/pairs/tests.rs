@@ -334,6 +334,57 @@ fn the_rate_cap_is_shared_by_every_session_that_may_run_at_once() {
     assert!(each * at_once >= 99_999_000, "the cap is shared, not cut");
 }
 
+// Found in review: the last pair running was given up on 3 s of refusals
+// too, where an agent restarted on its host comes back on the same
+// address after a few seconds, and losing that pair fails the attempt.
+#[test]
+fn refusals_give_up_sooner_only_while_another_pair_runs() {
+    let fx = Fixture::new(3);
+    let plan = fx.plan();
+    let warm = Arc::new(Warm::default());
+    let stripe = || Stripe {
+        group: 1,
+        role: StripeRole::Write,
+        pieces: Vec::new(),
+    };
+    let refused_for = |plan: &Plan<'_>| plan.session(&fx.lanes[0], &warm, stripe()).refused_for;
+    assert_eq!(refused_for(&plan), Some(REFUSED_PATIENCE));
+    plan.pairs.store(1, Ordering::Relaxed);
+    assert_eq!(refused_for(&plan), None);
+}
+
+// Found in review: what a piece's receiver held was counted as resumed
+// even when the piece then failed, and was sent again.
+#[test]
+fn only_pieces_that_landed_count_what_they_resumed() {
+    let fx = Fixture::new(8 * 4096);
+    let plan = fx.plan();
+    let mut run = fx.run(&plan);
+    let ((first, pieces), (second, later)) = two_items_on_lane_0(&mut run);
+    let answered = |ok: bool| {
+        let mut st = RunState::default();
+        let verdict = match ok {
+            true => FileVerdict::Ok(0),
+            false => FileVerdict::Failed("digest mismatch".into()),
+        };
+        st.verdicts.insert(0, verdict);
+        st.sums.insert(0, vec![1; 8]);
+        st.held_in_pieces.insert(0, 4096);
+        st
+    };
+    let event = |item, pieces, st| Event::Item {
+        pair: 0,
+        item,
+        pieces,
+        st,
+        run: Ok(()),
+    };
+    run.handle(event(first, pieces, answered(false))).unwrap();
+    assert_eq!(run.bytes_resumed, 0);
+    run.handle(event(second, later, answered(true))).unwrap();
+    assert_eq!(run.bytes_resumed, 4096);
+}
+
 /// A lost lane's cancelled sessions are no failure of the transfer,
 /// but anything else they answer with still is (a panic, say).
 #[test]
