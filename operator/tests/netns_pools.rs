@@ -846,11 +846,17 @@ async fn transfer(
         let transfers = transfers.clone();
         async move {
             let s = transfers.get(name).await.ok()?.status?;
-            matches!(
-                s.phase,
-                Some(TransferPhase::Succeeded | TransferPhase::Failed)
-            )
-            .then_some(s)
+            // A single pair succeeds on the receiver's verdict; the
+            // sender's own report (what joined warm) may land after it.
+            let sender_done = s.reports.iter().any(|r| {
+                r.role == wirerate_crds::transfer::Role::Sender
+                    && r.state == wirerate_crds::transfer::ReportState::Succeeded
+            });
+            match s.phase {
+                Some(TransferPhase::Failed) => Some(s),
+                Some(TransferPhase::Succeeded) if sender_done => Some(s),
+                _ => None,
+            }
         }
     })
     .await
