@@ -37,6 +37,9 @@ pub enum Cmd {
     Serve(ServeArgs),
     /// Send a file or a directory tree to a receiver.
     Send(SendArgs),
+    /// Run the data sessions of another host's `send --via`, from this
+    /// host's view of the same shared source.
+    Relay(RelayArgs),
     /// A real transfer on this machine with a generated file (the README's first command).
     Demo(DemoArgs),
     /// A short memory-to-memory test of the path to a receiver (which must
@@ -218,6 +221,13 @@ pub struct SendArgs {
     /// published once.
     #[arg(long)]
     pub to: String,
+    /// With several receivers: the host that sends each one's data, in
+    /// --to's order, comma-separated; - for this host, else a relay's
+    /// host:port (`wirerate relay`, which reads the same source through
+    /// shared storage). So one transfer reads and sends from several
+    /// hosts. Default: this host sends to every receiver.
+    #[arg(long, allow_hyphen_values = true)]
+    pub via: Option<String>,
     #[command(flatten)]
     pub token: TokenArgs,
     /// File or directory to send.
@@ -254,6 +264,22 @@ pub struct SendArgs {
     /// No progress output.
     #[arg(long, short)]
     pub quiet: bool,
+}
+
+/// `relay`: the data sessions of a transfer whose lead sender runs elsewhere.
+#[derive(Args)]
+pub struct RelayArgs {
+    /// Address to listen on for lead senders.
+    #[arg(long, default_value = "0.0.0.0:7471")]
+    pub listen: String,
+    /// A directory jobs may read beneath (repeat for several); a job
+    /// naming a source elsewhere is refused.
+    #[arg(long, required = true)]
+    pub allow_root: Vec<PathBuf>,
+    #[command(flatten)]
+    pub token: TokenArgs,
+    #[command(flatten)]
+    pub io: IoArgs,
 }
 
 #[derive(Args, Clone)]

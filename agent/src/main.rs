@@ -16,7 +16,7 @@ use wirerate_agent::{demo, metrics};
 use wirerate_engine::io::IoMode;
 use wirerate_engine::net::SocketOpts;
 use wirerate_engine::receiver::{DiscardPolicy, ServeConfig, Server};
-use wirerate_engine::sender::pairs::{PairsSummary, send_over_pairs};
+use wirerate_engine::sender::pairs::{PairsSummary, send_over_pairs_via};
 use wirerate_engine::sender::warm::Warm;
 use wirerate_engine::sender::{SendConfig, send};
 use wirerate_engine::summary::SendSummary;
@@ -86,6 +86,19 @@ fn send_config(
     Ok(c)
 }
 
+/// Who sends to each receiver of `send --to a,b,c --via -,h2:p,h3:p`:
+/// `None` for this host.
+fn senders(via: Option<&str>, receivers: usize) -> Vec<Option<String>> {
+    match via {
+        None => vec![None; receivers],
+        Some(v) => v
+            .split(',')
+            .map(str::trim)
+            .map(|h| (h != "-").then(|| h.to_string()))
+            .collect(),
+    }
+}
+
 /// The receivers of `send --to a,b,c`, when it names more than one.
 fn receivers(to: &str, repeat: u32) -> Option<Result<Vec<String>>> {
     if !to.contains(',') {
@@ -112,205 +125,242 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.cmd {
-        Cmd::Serve(a) => {
-            let log = init_logs("info");
-            raise_fd_limit();
-            let token = a.token.load()?;
-            if !(a.checkpoint_interval.is_finite() && a.checkpoint_interval > 0.0) {
-                bail!("--checkpoint-interval must be a positive number of seconds");
-            }
-            if !(a.idle_timeout.is_finite() && a.idle_timeout > 0.0) {
-                bail!("--idle-timeout must be a positive number of seconds");
-            }
-            let mut cfg = ServeConfig::new(a.root, token);
-            cfg.socket = a.io.socket();
-            cfg.tune(&a.io.overrides().resolve()?);
-            cfg.max_sessions = a.max_sessions;
-            cfg.checkpoint_interval = Duration::from_secs_f64(a.checkpoint_interval);
-            cfg.observer = Shown::metrics().printing_summaries(a.json).observe();
-            cfg.max_memory = a.max_memory;
-            cfg.max_connections = a.max_connections;
-            cfg.idle_timeout = Duration::from_secs_f64(a.idle_timeout);
-            cfg.umask = a.umask;
-            cfg.discard = match (a.allow_discard, a.discard_only) {
-                (_, true) => DiscardPolicy::Only,
-                (true, false) => DiscardPolicy::Allow,
-                (false, false) => DiscardPolicy::Refuse,
-            };
-            let endpoints = metrics::endpoints().with_log_level(log.clone());
-            if let Some(m) = &a.metrics_addr {
-                let addr = metrics::serve_endpoints(m, endpoints.clone())?;
-                tracing::info!(%addr, "serving metrics on /metrics");
-            }
-            let discard = cfg.discard;
-            let server = Server::bind(&a.listen, cfg)?;
-            endpoints.set_ready(true);
-            tracing::info!(addr = %server.local_addr(), "serving");
-            match discard {
-                DiscardPolicy::Allow => tracing::warn!(
-                    "--allow-discard: senders may run memory-to-memory tests here; their data is verified and dropped, never written"
-                ),
-                DiscardPolicy::Only => tracing::info!(
-                    "--discard-only: this receiver takes memory-to-memory tests only and writes nothing"
-                ),
-                DiscardPolicy::Refuse => {}
-            }
-            server.run();
-            Ok(ExitCode::SUCCESS)
+        Cmd::Serve(a) => serve(a),
+        Cmd::Send(a) => send_cmd(a),
+        Cmd::Relay(a) => relay(a),
+        Cmd::Run(a) => run_agent(a),
+        Cmd::Probe(a) => probe(a),
+        Cmd::Demo(a) => demo_cmd(a),
+    }
+}
+
+/// `serve`.
+fn serve(a: wirerate_agent::cli::ServeArgs) -> Result<ExitCode> {
+    let log = init_logs("info");
+    raise_fd_limit();
+    let token = a.token.load()?;
+    if !(a.checkpoint_interval.is_finite() && a.checkpoint_interval > 0.0) {
+        bail!("--checkpoint-interval must be a positive number of seconds");
+    }
+    if !(a.idle_timeout.is_finite() && a.idle_timeout > 0.0) {
+        bail!("--idle-timeout must be a positive number of seconds");
+    }
+    let mut cfg = ServeConfig::new(a.root, token);
+    cfg.socket = a.io.socket();
+    cfg.tune(&a.io.overrides().resolve()?);
+    cfg.max_sessions = a.max_sessions;
+    cfg.checkpoint_interval = Duration::from_secs_f64(a.checkpoint_interval);
+    cfg.observer = Shown::metrics().printing_summaries(a.json).observe();
+    cfg.max_memory = a.max_memory;
+    cfg.max_connections = a.max_connections;
+    cfg.idle_timeout = Duration::from_secs_f64(a.idle_timeout);
+    cfg.umask = a.umask;
+    cfg.discard = match (a.allow_discard, a.discard_only) {
+        (_, true) => DiscardPolicy::Only,
+        (true, false) => DiscardPolicy::Allow,
+        (false, false) => DiscardPolicy::Refuse,
+    };
+    let endpoints = metrics::endpoints().with_log_level(log.clone());
+    if let Some(m) = &a.metrics_addr {
+        let addr = metrics::serve_endpoints(m, endpoints.clone())?;
+        tracing::info!(%addr, "serving metrics on /metrics");
+    }
+    let discard = cfg.discard;
+    let server = Server::bind(&a.listen, cfg)?;
+    endpoints.set_ready(true);
+    tracing::info!(addr = %server.local_addr(), "serving");
+    match discard {
+        DiscardPolicy::Allow => tracing::warn!(
+            "--allow-discard: senders may run memory-to-memory tests here; their data is verified and dropped, never written"
+        ),
+        DiscardPolicy::Only => tracing::info!(
+            "--discard-only: this receiver takes memory-to-memory tests only and writes nothing"
+        ),
+        DiscardPolicy::Refuse => {}
+    }
+    server.run();
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `send`: to one receiver, or over several pairs.
+fn send_cmd(a: wirerate_agent::cli::SendArgs) -> Result<ExitCode> {
+    let _ = init_logs("warn");
+    let token = a.token.load()?;
+    let mut cfg = send_config(
+        &a.tuning,
+        a.to,
+        token,
+        a.source.unwrap_or_default(),
+        a.dest.unwrap_or_default(),
+    )?;
+    cfg.synthetic = a.synthetic;
+    if a.via.is_some() && !cfg.to.contains(',') {
+        bail!("--via names the sender of each of several receivers: give --to several");
+    }
+    if let Some(to) = receivers(&cfg.to, a.repeat) {
+        let to = to?;
+        let via = senders(a.via.as_deref(), to.len());
+        let progress = watch_send(&mut cfg);
+        let renderer = Renderer::start(Arc::clone(&progress), "send", a.quiet);
+        let result = send_over_pairs_via(&cfg, &to, &via);
+        renderer.finish();
+        let summary = result?;
+        wirerate_agent::summary::print(&summary, PairsSummary::render, a.json);
+        return Ok(if summary.ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
+    cfg.warm = (a.repeat > 1).then(|| Arc::new(Warm::default()));
+    let start = std::time::Instant::now();
+    let mut all_ok = true;
+    for run in 1..=a.repeat {
+        if run > 1 {
+            std::thread::sleep(Duration::from_secs_f64(a.repeat_pause));
         }
-        Cmd::Send(a) => {
-            let _ = init_logs("warn");
-            let token = a.token.load()?;
-            let mut cfg = send_config(
-                &a.tuning,
-                a.to,
-                token,
-                a.source.unwrap_or_default(),
-                a.dest.unwrap_or_default(),
-            )?;
-            cfg.synthetic = a.synthetic;
-            if let Some(to) = receivers(&cfg.to, a.repeat) {
-                let progress = watch_send(&mut cfg);
-                let renderer = Renderer::start(Arc::clone(&progress), "send", a.quiet);
-                let result = send_over_pairs(&cfg, &to?);
-                renderer.finish();
-                let summary = result?;
-                wirerate_agent::summary::print(&summary, PairsSummary::render, a.json);
-                return Ok(if summary.ok {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::from(1)
-                });
-            }
-            cfg.warm = (a.repeat > 1).then(|| Arc::new(Warm::default()));
-            let start = std::time::Instant::now();
-            let mut all_ok = true;
-            for run in 1..=a.repeat {
-                if run > 1 {
-                    std::thread::sleep(Duration::from_secs_f64(a.repeat_pause));
-                }
-                let progress = watch_send(&mut cfg);
-                let began = start.elapsed().as_secs_f64();
-                let renderer = Renderer::start(Arc::clone(&progress), "send", a.quiet);
-                let result = send(&cfg);
-                renderer.finish();
-                let summary = result?;
-                all_ok &= summary.ok;
-                if a.repeat == 1 {
-                    wirerate_agent::summary::print(&summary, SendSummary::render, a.json);
-                } else {
-                    let r = Repeated {
-                        run,
-                        began_secs: began,
-                        summary,
-                    };
-                    wirerate_agent::summary::print(&r, Repeated::render, a.json);
-                }
-            }
-            Ok(if all_ok {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
-        }
-        Cmd::Run(a) => {
-            let log = init_logs("info,kube=warn");
-            raise_fd_limit();
-            let advertise = match (a.advertise, &a.interface) {
-                (Some(addr), _) => addr,
-                (None, Some(nic)) => wirerate_agent::cluster::host::interface_address(nic)
-                    .with_context(|| format!("interface {nic} has no IPv4 address to advertise"))?
-                    .to_string(),
-                (None, None) => bail!(
-                    "set --advertise (WIRERATE_ADVERTISE) or --interface (WIRERATE_INTERFACE)"
-                ),
+        let progress = watch_send(&mut cfg);
+        let began = start.elapsed().as_secs_f64();
+        let renderer = Renderer::start(Arc::clone(&progress), "send", a.quiet);
+        let result = send(&cfg);
+        renderer.finish();
+        let summary = result?;
+        all_ok &= summary.ok;
+        if a.repeat == 1 {
+            wirerate_agent::summary::print(&summary, SendSummary::render, a.json);
+        } else {
+            let r = Repeated {
+                run,
+                began_secs: began,
+                summary,
             };
-            if a.metrics_port != 0 {
-                // Ready at once: its pods' probe is the port itself, and the
-                // cluster loop reports its own state in its Lease.
-                let endpoints = metrics::endpoints().with_log_level(log.clone());
-                endpoints.set_ready(true);
-                let addr =
-                    metrics::serve_endpoints(&format!("0.0.0.0:{}", a.metrics_port), endpoints)?;
-                tracing::info!(%addr, "serving metrics on /metrics");
-            }
-            let node = a
-                .node
-                .unwrap_or_else(|| wirerate_engine::io::caps::sysctl("kernel.hostname"));
-            let cfg = wirerate_agent::cluster::RunConfig {
-                agent: a.agent_name,
-                namespace: a.namespace,
-                pool: a.pool,
-                node,
-                advertise,
-                data_port: a.data_port,
-                max_transfers: a.max_transfers,
-                watch_namespaces: a.watch_namespaces,
-                in_pod: std::env::var_os("KUBERNETES_SERVICE_HOST").is_some(),
-                path_test_delay: Duration::from_secs(a.path_test_delay),
-            };
-            tokio::runtime::Runtime::new()?.block_on(wirerate_agent::cluster::run(cfg))?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Cmd::Probe(a) => {
-            let _ = init_logs("warn");
-            let bounds = wirerate_engine::probe::PHASE_SECONDS;
-            if !(a.seconds.is_finite() && bounds.contains(&a.seconds)) {
-                bail!(
-                    "--seconds must be between {} and {}",
-                    bounds.start(),
-                    bounds.end()
-                );
-            }
-            tuning::BLOCK_SIZE.check(a.block_size.into())?;
-            let cfg = wirerate_engine::probe::ProbeConfig {
-                to: a.to,
-                token: a.token.load()?,
-                streams: a.streams,
-                seconds: a.seconds,
-                block_size: a.block_size,
-                socket: SocketOpts {
-                    congestion: a.congestion,
-                    pacing: None,
-                    buffer: a.socket_buffer.map(|b| b as usize),
-                },
-                max_rate: None,
-                cancel: None,
-            };
-            let report = wirerate_engine::probe::probe(&cfg)?;
-            wirerate_agent::summary::print(
-                &report,
-                wirerate_engine::probe::ProbeReport::render,
-                a.json,
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        Cmd::Demo(a) => {
-            let _ = init_logs("warn");
-            let mut send_cfg = send_config(
-                &a.tuning,
-                String::new(),
-                b"demo".to_vec(),
-                PathBuf::new(),
-                String::new(),
-            )?;
-            send_cfg.retry_for = Duration::ZERO;
-            let modes = if a.all_modes {
-                vec![IoMode::Buffered, IoMode::Direct, IoMode::Async]
-            } else {
-                vec![a.tuning.io.io_mode]
-            };
-            demo::clean_up_on_signals()?;
-            let report = demo::run(&demo::DemoConfig {
-                size: a.size,
-                dir: a.dir,
-                send: send_cfg,
-                modes,
-                keep: a.keep,
-                quiet: a.json,
-            })?;
-            wirerate_agent::summary::print(&report, demo::DemoReport::render, a.json);
-            Ok(ExitCode::SUCCESS)
+            wirerate_agent::summary::print(&r, Repeated::render, a.json);
         }
     }
+    Ok(if all_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// `relay`.
+fn relay(a: wirerate_agent::cli::RelayArgs) -> Result<ExitCode> {
+    let _ = init_logs("info");
+    raise_fd_limit();
+    let token = a.token.load()?;
+    let mut send = SendConfig::new("", token.clone(), PathBuf::new(), "");
+    send.socket = a.io.socket();
+    send.tune(&a.io.overrides().resolve()?);
+    let relay = wirerate_engine::relay::Relay::bind(
+        &a.listen,
+        wirerate_engine::relay::RelayConfig {
+            token,
+            roots: a.allow_root,
+            send,
+        },
+    )?;
+    tracing::info!(addr = %relay.local_addr()?, "relaying");
+    relay.run();
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `run`: the in-cluster agent.
+fn run_agent(a: wirerate_agent::cli::RunArgs) -> Result<ExitCode> {
+    let log = init_logs("info,kube=warn");
+    raise_fd_limit();
+    let advertise = match (a.advertise, &a.interface) {
+        (Some(addr), _) => addr,
+        (None, Some(nic)) => wirerate_agent::cluster::host::interface_address(nic)
+            .with_context(|| format!("interface {nic} has no IPv4 address to advertise"))?
+            .to_string(),
+        (None, None) => {
+            bail!("set --advertise (WIRERATE_ADVERTISE) or --interface (WIRERATE_INTERFACE)")
+        }
+    };
+    if a.metrics_port != 0 {
+        // Ready at once: its pods' probe is the port itself, and the
+        // cluster loop reports its own state in its Lease.
+        let endpoints = metrics::endpoints().with_log_level(log.clone());
+        endpoints.set_ready(true);
+        let addr = metrics::serve_endpoints(&format!("0.0.0.0:{}", a.metrics_port), endpoints)?;
+        tracing::info!(%addr, "serving metrics on /metrics");
+    }
+    let node = a
+        .node
+        .unwrap_or_else(|| wirerate_engine::io::caps::sysctl("kernel.hostname"));
+    let cfg = wirerate_agent::cluster::RunConfig {
+        agent: a.agent_name,
+        namespace: a.namespace,
+        pool: a.pool,
+        node,
+        advertise,
+        data_port: a.data_port,
+        max_transfers: a.max_transfers,
+        watch_namespaces: a.watch_namespaces,
+        in_pod: std::env::var_os("KUBERNETES_SERVICE_HOST").is_some(),
+        path_test_delay: Duration::from_secs(a.path_test_delay),
+    };
+    tokio::runtime::Runtime::new()?.block_on(wirerate_agent::cluster::run(cfg))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `probe`.
+fn probe(a: wirerate_agent::cli::ProbeArgs) -> Result<ExitCode> {
+    let _ = init_logs("warn");
+    let bounds = wirerate_engine::probe::PHASE_SECONDS;
+    if !(a.seconds.is_finite() && bounds.contains(&a.seconds)) {
+        bail!(
+            "--seconds must be between {} and {}",
+            bounds.start(),
+            bounds.end()
+        );
+    }
+    tuning::BLOCK_SIZE.check(a.block_size.into())?;
+    let cfg = wirerate_engine::probe::ProbeConfig {
+        to: a.to,
+        token: a.token.load()?,
+        streams: a.streams,
+        seconds: a.seconds,
+        block_size: a.block_size,
+        socket: SocketOpts {
+            congestion: a.congestion,
+            pacing: None,
+            buffer: a.socket_buffer.map(|b| b as usize),
+        },
+        max_rate: None,
+        cancel: None,
+    };
+    let report = wirerate_engine::probe::probe(&cfg)?;
+    wirerate_agent::summary::print(&report, wirerate_engine::probe::ProbeReport::render, a.json);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `demo`: the README's first command.
+fn demo_cmd(a: wirerate_agent::cli::DemoArgs) -> Result<ExitCode> {
+    let _ = init_logs("warn");
+    let mut send_cfg = send_config(
+        &a.tuning,
+        String::new(),
+        b"demo".to_vec(),
+        PathBuf::new(),
+        String::new(),
+    )?;
+    send_cfg.retry_for = Duration::ZERO;
+    let modes = if a.all_modes {
+        vec![IoMode::Buffered, IoMode::Direct, IoMode::Async]
+    } else {
+        vec![a.tuning.io.io_mode]
+    };
+    demo::clean_up_on_signals()?;
+    let report = demo::run(&demo::DemoConfig {
+        size: a.size,
+        dir: a.dir,
+        send: send_cfg,
+        modes,
+        keep: a.keep,
+        quiet: a.json,
+    })?;
+    wirerate_agent::summary::print(&report, demo::DemoReport::render, a.json);
+    Ok(ExitCode::SUCCESS)
 }

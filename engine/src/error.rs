@@ -183,6 +183,21 @@ pub enum Error {
         /// The sender's summary.
         summary: String,
     },
+    /// A relay (another sending host, `relay`) could not run a session
+    /// it was handed, or lost touch while it ran one.
+    #[error("relay {relay}: {message}")]
+    Relayed {
+        /// The relay's address.
+        relay: String,
+        /// What it said, or what went wrong reaching it.
+        message: String,
+        /// Whether another pair may get past it (the relay or its
+        /// receiver was lost); otherwise the transfer ends with it.
+        retryable: bool,
+        /// Whether the relay answered: otherwise its session may still
+        /// be writing, until it notices the lead is gone.
+        answered: bool,
+    },
     /// Something that cannot happen did: a bug.
     #[error("internal error: {0} (a bug: please report it)")]
     Internal(String),
@@ -288,7 +303,9 @@ impl Error {
             // not a wirerate peer of this version is given up at once.
             Self::Protocol(e) if !e.is_foreign() => Disposition::Retry,
             Self::Violation(v) if v.kind != crate::ViolationKind::Version => Disposition::Retry,
-            Self::Remote { retryable, .. } | Self::Writer { retryable, .. } => {
+            Self::Remote { retryable, .. }
+            | Self::Writer { retryable, .. }
+            | Self::Relayed { retryable, .. } => {
                 if *retryable {
                     Disposition::Retry
                 } else {
@@ -353,6 +370,7 @@ impl Error {
             Self::Stalled(_) => "stalled",
             Self::ConnectionLost(_) => "connection_lost",
             Self::Incomplete { .. } => "incomplete",
+            Self::Relayed { .. } => "relayed",
             Self::Internal(_) => "internal",
         }
     }

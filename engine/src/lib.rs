@@ -51,6 +51,8 @@ pub mod probe;
 pub mod progress;
 #[cfg(feature = "shells")]
 pub mod receiver;
+#[cfg(feature = "shells")]
+pub mod relay;
 pub mod retry;
 pub mod scheduler;
 #[cfg(feature = "shells")]

@@ -460,6 +460,7 @@ fn a_stream_that_closes_owing_nothing_has_not_failed() {
             match auth::server(&mut s, TOKEN).unwrap() {
                 Purpose::Control => ctl = Some(s),
                 Purpose::Join { .. } => data = Some(s),
+                Purpose::Relay => panic!("a sender asked a receiver to relay"),
             }
         }
         let (mut ctl, mut data) = (ctl.unwrap(), data.unwrap());

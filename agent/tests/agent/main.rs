@@ -20,6 +20,7 @@ mod netns;
 mod pairs;
 mod processes;
 mod refusals;
+mod relays;
 mod seccomp_profile;
 mod sources;
 mod transfers;

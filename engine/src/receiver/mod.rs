@@ -7,7 +7,7 @@
 //! verified blocks to the session's writer thread, which keeps
 //! `queue_depth` writes in flight and checkpoints durable blocks.
 
-mod admission;
+pub(crate) mod admission;
 mod budget;
 mod checkpoint;
 mod checkpointer;
@@ -474,7 +474,7 @@ impl Shared {
 
 /// Tells a connection over a limit why, without waiting on it: the frame
 /// fits a fresh socket's buffer, so a non-blocking write takes it whole.
-fn refuse_at_once(stream: &TcpStream, message: &str) {
+pub(crate) fn refuse_at_once(stream: &TcpStream, message: &str) {
     let mut out = Vec::with_capacity(message.len() + 16);
     crate::wire::encode(
         &Frame::Error {
@@ -573,6 +573,16 @@ fn handle_connection(
                 }
                 _ => return Ok(()),
             },
+            Purpose::Relay => {
+                let refusal = Frame::Error {
+                    retryable: false,
+                    message: "this is a receiver (wirerate serve), not a relay (wirerate relay); \
+                              check the --via address"
+                        .into(),
+                };
+                let _ = write_frame(&mut stream, &refusal);
+                return Ok(());
+            }
         }
     }
 }

@@ -381,7 +381,7 @@ fn run_sessions(
     }
 }
 
-fn cancelled(cfg: &SendConfig) -> bool {
+pub(crate) fn cancelled(cfg: &SendConfig) -> bool {
     cfg.cancel
         .as_ref()
         .is_some_and(|c| c.load(Ordering::Relaxed))
@@ -389,7 +389,7 @@ fn cancelled(cfg: &SendConfig) -> bool {
 
 /// Sleeps `d`, waking every 100 ms to see whether the send was cancelled;
 /// says whether it was.
-fn sleep_unless_cancelled(cfg: &SendConfig, d: Duration) -> bool {
+pub(crate) fn sleep_unless_cancelled(cfg: &SendConfig, d: Duration) -> bool {
     let until = Instant::now() + d;
     loop {
         if cancelled(cfg) {

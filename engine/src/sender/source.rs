@@ -154,6 +154,9 @@ pub struct SourceList {
     /// The directory every entry is opened beneath (the source directory,
     /// or a single file's parent).
     pub base: Arc<OwnedFd>,
+    /// Its path, resolved, as this host sees it (a relay opens the same
+    /// one on its own, `relay`).
+    pub base_path: PathBuf,
 }
 
 fn entry(path: PathBuf, rel: PathBuf, dest: String, m: &std::fs::Metadata) -> Result<SourceFile> {
@@ -338,6 +341,7 @@ fn scan_file(source: &Path, real: &Path, dest: &str, m: &std::fs::Metadata) -> R
         files: vec![file],
         skipped: Vec::new(),
         base: Arc::new(open_dir(parent)?),
+        base_path: parent.to_path_buf(),
     })
 }
 
@@ -356,6 +360,7 @@ fn scan_tree(source: &Path, real: &Path, dest: &str, m: &std::fs::Metadata) -> R
             files: Vec::new(),
             skipped: Vec::new(),
             base: Arc::new(open_dir(real)?),
+            base_path: real.to_path_buf(),
         },
         path_bytes: base.len(),
     };
@@ -496,6 +501,7 @@ pub fn synthetic(size: u64, dest: &str) -> Result<SourceList> {
         skipped: Vec::new(),
         // Never opened beneath: the generator reads nothing.
         base: Arc::new(open_dir(Path::new("/"))?),
+        base_path: PathBuf::from("/"),
     })
 }
 

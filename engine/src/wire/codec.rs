@@ -2,8 +2,9 @@
 
 use super::{
     BlockHeader, CHECKED_SINCE, EntryKind, FRAME_CHECK_LEN, FileEntry, Frame, HELLO_PORT_SINCE,
-    MAC_LEN, MAGIC, MAX_BLOCK, MAX_FRAME, MAX_MESSAGE, MAX_PATH, MAX_PIECES, NONCE_LEN,
-    PlanOutcome, Purpose, SESSION_ID_LEN, Stripe, StripePiece, StripeRole, VERSION, Verification,
+    MAC_LEN, MAGIC, MAX_ADDR, MAX_BLOCK, MAX_FRAME, MAX_MESSAGE, MAX_PATH, MAX_PIECES,
+    MAX_RELAY_SUMS, NONCE_LEN, PlanOutcome, Purpose, RelayEntry, RelayError, RelayJob,
+    SESSION_ID_LEN, Stripe, StripePiece, StripeRole, VERSION, Verification,
 };
 
 /// Why a frame could not be decoded.
@@ -71,6 +72,12 @@ const T_KEEPALIVE: u8 = 18;
 const T_PARK: u8 = 19;
 const T_PARKED: u8 = 20;
 const T_STRIPE: u8 = 21;
+const T_RELAY_JOB: u8 = 22;
+const T_RELAY_FILES: u8 = 23;
+const T_RELAY_ALIVE: u8 = 24;
+const T_RELAY_SUMS: u8 = 25;
+const T_RELAY_RESULT: u8 = 26;
+const T_RELAY_DONE: u8 = 27;
 
 /// Appends the encoding of `frame` (length prefix and checksum included)
 /// to `out`.
@@ -143,6 +150,7 @@ fn encode_fields(frame: &Frame, out: &mut Vec<u8>) {
                     w.bytes(session);
                     w.u16(*stream);
                 }
+                Purpose::Relay => w.u8(2),
             }
         }
         Frame::ServerProof { mac } => {
@@ -160,26 +168,14 @@ fn encode_fields(frame: &Frame, out: &mut Vec<u8>) {
             w.bytes(session);
             w.u32(*block_size);
             w.u16(*streams);
-            w.u8(match verify {
-                Verification::None => 0,
-                Verification::Checksums => 1,
-                Verification::Reread => 2,
-            });
+            w.u8(verify_code(*verify));
             w.u8(u8::from(*discard));
         }
         Frame::Files { entries } => {
             w.u8(T_FILES);
             w.u32(entries.len() as u32);
             for e in entries {
-                w.u32(e.file_id);
-                w.u8(match e.kind {
-                    EntryKind::File => 0,
-                    EntryKind::Dir => 1,
-                });
-                w.u64(e.size);
-                w.u64(e.fingerprint);
-                w.u16(e.mode);
-                w.str(&e.path);
+                w.entry(e);
             }
         }
         Frame::FilesEnd => w.u8(T_FILES_END),
@@ -270,7 +266,106 @@ fn encode_fields(frame: &Frame, out: &mut Vec<u8>) {
             w.u8(u8::from(*retryable));
             w.str(message);
         }
+        relay => encode_relay(relay, &mut w),
     }
+}
+
+/// The relay frames' fields (`relay`).
+fn encode_relay(frame: &Frame, w: &mut Writer<'_>) {
+    match frame {
+        Frame::RelayJob(job) => {
+            w.u8(T_RELAY_JOB);
+            w.str(&job.to);
+            w.str(&job.source);
+            w.u32(job.block_size);
+            w.u16(job.streams);
+            w.u8(verify_code(job.verify));
+            w.u64(job.max_rate);
+            w.u32(job.retry_ms);
+            w.u32(job.refused_ms);
+        }
+        Frame::RelayFiles { entries } => {
+            w.u8(T_RELAY_FILES);
+            w.u32(entries.len() as u32);
+            for e in entries {
+                w.entry(&e.entry);
+                w.u16(e.rel.len().min(MAX_PATH) as u16);
+                w.bytes(&e.rel[..e.rel.len().min(MAX_PATH)]);
+            }
+        }
+        Frame::RelayAlive { moved } => {
+            w.u8(T_RELAY_ALIVE);
+            w.u64(*moved);
+        }
+        Frame::RelaySums {
+            file_id,
+            first,
+            sums,
+        } => {
+            w.u8(T_RELAY_SUMS);
+            w.u32(*file_id);
+            w.u64(*first);
+            w.u32(sums.len() as u32);
+            for s in sums {
+                w.u64(*s);
+            }
+        }
+        Frame::RelayResult {
+            file_id,
+            ok,
+            digest,
+            held,
+            message,
+        } => {
+            w.u8(T_RELAY_RESULT);
+            w.u32(*file_id);
+            w.u8(u8::from(*ok));
+            w.bytes(&digest.to_le_bytes());
+            w.u64(*held);
+            w.str(message);
+        }
+        Frame::RelayDone { bytes_sent, error } => {
+            w.u8(T_RELAY_DONE);
+            w.u64(*bytes_sent);
+            match error {
+                None => w.u8(0),
+                Some(e) => {
+                    w.u8(1);
+                    w.u8(u8::from(e.retryable));
+                    w.str(&e.message);
+                }
+            }
+        }
+        other => unreachable!("{other:?} is not a relay frame"),
+    }
+}
+
+fn verify_code(v: Verification) -> u8 {
+    match v {
+        Verification::None => 0,
+        Verification::Checksums => 1,
+        Verification::Reread => 2,
+    }
+}
+
+fn decode_verify(code: u8) -> Result<Verification, DecodeError> {
+    match code {
+        0 => Ok(Verification::None),
+        1 => Ok(Verification::Checksums),
+        2 => Ok(Verification::Reread),
+        _ => Err(DecodeError::Invalid("verify level")),
+    }
+}
+
+/// A block size any session may use.
+fn check_block_size(block_size: u32) -> Result<u32, DecodeError> {
+    if block_size == 0
+        || block_size > MAX_BLOCK
+        || u64::from(block_size) % crate::tuning::BLOCK_SIZE.step != 0
+    {
+        return Err(DecodeError::Invalid("block size"));
+    }
+    Ok(block_size)
 }
 
 /// Decodes one frame from the front of `buf`: `Ok(None)` when more bytes are
@@ -349,6 +444,13 @@ fn type_name(ty: u8) -> &'static str {
         T_KEEPALIVE => "keepalive",
         T_PARK => "park",
         T_PARKED => "parked",
+        T_STRIPE => "stripe",
+        T_RELAY_JOB => "relay job",
+        T_RELAY_FILES => "relay file list",
+        T_RELAY_ALIVE => "relay alive",
+        T_RELAY_SUMS => "relay checksums",
+        T_RELAY_RESULT => "relay result",
+        T_RELAY_DONE => "relay done",
         _ => "unknown",
     }
 }
@@ -398,6 +500,7 @@ fn decode_fields(body: &[u8]) -> Result<Frame, DecodeError> {
                     session: r.array::<SESSION_ID_LEN>()?,
                     stream: r.u16()?,
                 },
+                2 => Purpose::Relay,
                 _ => return Err(DecodeError::Invalid("connection purpose")),
             };
             Frame::Auth { mac, purpose }
@@ -407,23 +510,12 @@ fn decode_fields(body: &[u8]) -> Result<Frame, DecodeError> {
         },
         T_OPEN => {
             let session = r.array::<SESSION_ID_LEN>()?;
-            let block_size = r.u32()?;
-            if block_size == 0
-                || block_size > MAX_BLOCK
-                || u64::from(block_size) % crate::tuning::BLOCK_SIZE.step != 0
-            {
-                return Err(DecodeError::Invalid("block size"));
-            }
+            let block_size = check_block_size(r.u32()?)?;
             let streams = r.u16()?;
             if streams == 0 {
                 return Err(DecodeError::Invalid("stream count"));
             }
-            let verify = match r.u8()? {
-                0 => Verification::None,
-                1 => Verification::Checksums,
-                2 => Verification::Reread,
-                _ => return Err(DecodeError::Invalid("verify level")),
-            };
+            let verify = decode_verify(r.u8()?)?;
             let discard = match r.u8()? {
                 0 => false,
                 1 => true,
@@ -443,27 +535,7 @@ fn decode_fields(body: &[u8]) -> Result<Frame, DecodeError> {
             // reserve more than the frame itself justifies.
             let mut entries = Vec::with_capacity(count.min(r.0.len() / 25));
             for _ in 0..count {
-                let file_id = r.u32()?;
-                let kind = match r.u8()? {
-                    0 => EntryKind::File,
-                    1 => EntryKind::Dir,
-                    _ => return Err(DecodeError::Invalid("entry kind")),
-                };
-                let size = r.u64()?;
-                let fingerprint = r.u64()?;
-                let mode = r.u16()?;
-                if mode > 0o777 {
-                    return Err(DecodeError::Invalid("permission bits"));
-                }
-                let path = r.str(MAX_PATH)?;
-                entries.push(FileEntry {
-                    file_id,
-                    kind,
-                    size,
-                    fingerprint,
-                    mode,
-                    path,
-                });
+                entries.push(r.entry()?);
             }
             Frame::Files { entries }
         }
@@ -563,12 +635,92 @@ fn decode_fields(body: &[u8]) -> Result<Frame, DecodeError> {
             retryable: r.bool()?,
             message: r.str(MAX_MESSAGE)?,
         },
+        T_RELAY_JOB..=T_RELAY_DONE => decode_relay(ty, &mut r)?,
         other => return Err(DecodeError::UnknownType(other)),
     };
     if !r.0.is_empty() {
         return Err(DecodeError::Trailing(r.0.len()));
     }
     Ok(frame)
+}
+
+/// The relay frames (`relay`), from after their type byte.
+fn decode_relay(ty: u8, r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
+    Ok(match ty {
+        T_RELAY_JOB => {
+            let to = r.str(MAX_ADDR)?;
+            let source = r.str(MAX_PATH)?;
+            let block_size = check_block_size(r.u32()?)?;
+            let streams = r.u16()?;
+            if streams == 0 {
+                return Err(DecodeError::Invalid("stream count"));
+            }
+            Frame::RelayJob(RelayJob {
+                to,
+                source,
+                block_size,
+                streams,
+                verify: decode_verify(r.u8()?)?,
+                max_rate: r.u64()?,
+                retry_ms: r.u32()?,
+                refused_ms: r.u32()?,
+            })
+        }
+        T_RELAY_FILES => {
+            let count = r.u32()? as usize;
+            // Each entry takes at least 27 bytes: the count cannot
+            // reserve more than the frame justifies.
+            let mut entries = Vec::with_capacity(count.min(r.0.len() / 27));
+            for _ in 0..count {
+                let entry = r.entry()?;
+                let n = r.u16()? as usize;
+                if n > MAX_PATH {
+                    return Err(DecodeError::Invalid("path length"));
+                }
+                entries.push(RelayEntry {
+                    entry,
+                    rel: r.take(n)?.to_vec(),
+                });
+            }
+            Frame::RelayFiles { entries }
+        }
+        T_RELAY_ALIVE => Frame::RelayAlive { moved: r.u64()? },
+        T_RELAY_SUMS => {
+            let (file_id, first) = (r.u32()?, r.u64()?);
+            let count = r.u32()? as usize;
+            if count > MAX_RELAY_SUMS {
+                return Err(DecodeError::Invalid("checksum count"));
+            }
+            let mut sums = Vec::with_capacity(count.min(r.0.len() / 8));
+            for _ in 0..count {
+                sums.push(r.u64()?);
+            }
+            Frame::RelaySums {
+                file_id,
+                first,
+                sums,
+            }
+        }
+        T_RELAY_RESULT => Frame::RelayResult {
+            file_id: r.u32()?,
+            ok: r.bool()?,
+            digest: u128::from_le_bytes(r.array::<16>()?),
+            held: r.u64()?,
+            message: r.str(MAX_MESSAGE)?,
+        },
+        _ => {
+            let bytes_sent = r.u64()?;
+            let error = match r.u8()? {
+                0 => None,
+                1 => Some(RelayError {
+                    retryable: r.bool()?,
+                    message: r.str(MAX_MESSAGE)?,
+                }),
+                _ => return Err(DecodeError::Invalid("relay outcome")),
+            };
+            Frame::RelayDone { bytes_sent, error }
+        }
+    })
 }
 
 struct Writer<'a>(&'a mut Vec<u8>);
@@ -588,6 +740,17 @@ impl Writer<'_> {
     }
     fn bytes(&mut self, v: &[u8]) {
         self.0.extend_from_slice(v);
+    }
+    fn entry(&mut self, e: &FileEntry) {
+        self.u32(e.file_id);
+        self.u8(match e.kind {
+            EntryKind::File => 0,
+            EntryKind::Dir => 1,
+        });
+        self.u64(e.size);
+        self.u64(e.fingerprint);
+        self.u16(e.mode);
+        self.str(&e.path);
     }
     /// Strings longer than a u16 are cut: every caller bounds them far lower.
     fn str(&mut self, s: &str) {
@@ -634,6 +797,28 @@ impl<'a> Reader<'a> {
     }
     fn u64(&mut self) -> Result<u64, DecodeError> {
         Ok(u64::from_le_bytes(self.array()?))
+    }
+    fn entry(&mut self) -> Result<FileEntry, DecodeError> {
+        let file_id = self.u32()?;
+        let kind = match self.u8()? {
+            0 => EntryKind::File,
+            1 => EntryKind::Dir,
+            _ => return Err(DecodeError::Invalid("entry kind")),
+        };
+        let size = self.u64()?;
+        let fingerprint = self.u64()?;
+        let mode = self.u16()?;
+        if mode > 0o777 {
+            return Err(DecodeError::Invalid("permission bits"));
+        }
+        Ok(FileEntry {
+            file_id,
+            kind,
+            size,
+            fingerprint,
+            mode,
+            path: self.str(MAX_PATH)?,
+        })
     }
     fn str(&mut self, max: usize) -> Result<String, DecodeError> {
         let n = self.u16()? as usize;
@@ -705,6 +890,7 @@ pub(crate) mod tests {
                     mac,
                     purpose: match p {
                         None => Purpose::Control,
+                        Some((session, 0)) if session[0] == 0 => Purpose::Relay,
                         Some((session, stream)) => Purpose::Join { session, stream },
                     },
                 }
@@ -828,6 +1014,100 @@ pub(crate) mod tests {
             Just(Frame::Parked),
             (any::<bool>(), arb_str(300))
                 .prop_map(|(retryable, message)| Frame::Error { retryable, message }),
+            arb_relay_frame(),
+        ]
+    }
+
+    fn arb_entry() -> impl Strategy<Value = FileEntry> {
+        (
+            any::<u32>(),
+            any::<bool>(),
+            any::<u64>(),
+            any::<u64>(),
+            0u16..=0o777,
+            arb_str(200),
+        )
+            .prop_map(|(file_id, dir, size, fingerprint, mode, path)| FileEntry {
+                file_id,
+                kind: if dir { EntryKind::Dir } else { EntryKind::File },
+                size,
+                fingerprint,
+                mode,
+                path,
+            })
+    }
+
+    /// Any relay frame (`relay`).
+    fn arb_relay_frame() -> impl Strategy<Value = Frame> {
+        prop_oneof![
+            (
+                arb_str(MAX_ADDR),
+                arb_str(300),
+                1u32..=(MAX_BLOCK / 4096),
+                1u16..,
+                0u8..3,
+                any::<(u64, u32, u32)>()
+            )
+                .prop_map(
+                    |(to, source, b, streams, v, (max_rate, retry_ms, refused_ms))| {
+                        Frame::RelayJob(RelayJob {
+                            to,
+                            source,
+                            block_size: b * 4096,
+                            streams,
+                            verify: decode_verify(v).unwrap(),
+                            max_rate,
+                            retry_ms,
+                            refused_ms,
+                        })
+                    }
+                ),
+            proptest::collection::vec(
+                (arb_entry(), proptest::collection::vec(any::<u8>(), 0..40)),
+                0..10
+            )
+            .prop_map(|v| Frame::RelayFiles {
+                entries: v
+                    .into_iter()
+                    .map(|(entry, rel)| RelayEntry { entry, rel })
+                    .collect()
+            }),
+            any::<u64>().prop_map(|moved| Frame::RelayAlive { moved }),
+            (
+                any::<u32>(),
+                any::<u64>(),
+                proptest::collection::vec(any::<u64>(), 0..50)
+            )
+                .prop_map(|(file_id, first, sums)| Frame::RelaySums {
+                    file_id,
+                    first,
+                    sums
+                }),
+            (
+                any::<u32>(),
+                any::<bool>(),
+                any::<u128>(),
+                any::<u64>(),
+                arb_str(300)
+            )
+                .prop_map(|(file_id, ok, digest, held, message)| Frame::RelayResult {
+                    file_id,
+                    ok,
+                    digest,
+                    held,
+                    message
+                }),
+            (any::<u64>(), any::<Option<(bool, String)>>()).prop_map(|(bytes_sent, e)| {
+                Frame::RelayDone {
+                    bytes_sent,
+                    error: e.map(|(retryable, mut message)| {
+                        while message.len() > 300 {
+                            message.pop();
+                        }
+                        RelayError { retryable, message }
+                    }),
+                }
+            }),
         ]
     }
 

@@ -50,8 +50,9 @@ pub const MAGIC: [u8; 4] = *b"WRRT";
 /// `Stripe`, for a transfer over several pairs; 10: a `Stripe` session's
 /// plan may hold blocks of its own pieces, from the receivers' per-chunk
 /// checkpoints, which the sender reads to checksum, where a 9 sender
-/// took every held block for another pair's).
-pub const VERSION: u16 = 10;
+/// took every held block for another pair's; 11: relay jobs, by which
+/// a transfer's lead sender has another sending host run a session).
+pub const VERSION: u16 = 11;
 /// The first version whose frames carry a checksum (`FRAME_CHECK_LEN`
 /// bytes after their fields).
 pub const CHECKED_SINCE: u16 = 8;
@@ -124,6 +125,10 @@ pub enum Purpose {
         /// This stream's index within the session.
         stream: u16,
     },
+    /// A relay job (`relay`): the lead sender of a transfer over several
+    /// pairs has this host run one session, from its own view of the
+    /// shared source.
+    Relay,
 }
 
 pub use crate::tuning::Verification;
@@ -230,6 +235,53 @@ pub enum PlanOutcome {
         /// Why.
         message: String,
     },
+}
+
+/// Most block checksums one `RelaySums` frame carries (512 KiB of them).
+pub const MAX_RELAY_SUMS: usize = 1 << 16;
+/// Longest receiver address a relay job names.
+pub const MAX_ADDR: usize = 255;
+
+/// One session a lead sender hands a relay: where to send, and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayJob {
+    /// The receiver, host:port.
+    pub to: String,
+    /// The directory, as the lead sees it, beneath which every entry's
+    /// `rel` is opened: the relay must see the same one (shared storage).
+    pub source: String,
+    /// Block size in bytes.
+    pub block_size: u32,
+    /// Data streams.
+    pub streams: u16,
+    /// Verification level.
+    pub verify: Verification,
+    /// The session's rate cap, bytes per second; 0 for none.
+    pub max_rate: u64,
+    /// How long the relay keeps reconnecting to the receiver, ms.
+    pub retry_ms: u32,
+    /// How long it may find every reconnect refused, ms; 0 for as long
+    /// as `retry_ms`.
+    pub refused_ms: u32,
+}
+
+/// One file of a relay job: its manifest entry and where it is read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayEntry {
+    /// The entry as the receiver is told it (`file_id` is the job's index).
+    pub entry: FileEntry,
+    /// Its path beneath `RelayJob::source`, as raw bytes.
+    pub rel: Vec<u8>,
+}
+
+/// Why a relay job failed, as the relay's session ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayError {
+    /// Whether another pair, or this one later, may get past it (the
+    /// receiver was lost, the link failed); otherwise the transfer ends.
+    pub retryable: bool,
+    /// What went wrong.
+    pub message: String,
 }
 
 /// Every message of the protocol.
@@ -365,6 +417,50 @@ pub enum Frame {
     /// The receiver's answer to `Park`: every acknowledgement is before
     /// it, and the connection now waits for a new handshake.
     Parked,
+    /// Lead to relay: run one session (`Stripe`, `RelayFiles` and
+    /// `FilesEnd` follow).
+    RelayJob(RelayJob),
+    /// Lead to relay: a chunk of the job's files.
+    RelayFiles {
+        /// The entries.
+        entries: Vec<RelayEntry>,
+    },
+    /// Relay to lead, every second while the job runs: the bytes its data
+    /// streams moved so far.
+    RelayAlive {
+        /// Bytes sent.
+        moved: u64,
+    },
+    /// Relay to lead: the block checksums `first..first + sums.len()` of
+    /// one file of the job, as the receiver verified them.
+    RelaySums {
+        /// Which file (the job's index).
+        file_id: u32,
+        /// The first block.
+        first: u64,
+        /// Their checksums.
+        sums: Vec<u64>,
+    },
+    /// Relay to lead: the receiver's verdict on one file of the job.
+    RelayResult {
+        /// Which file (the job's index).
+        file_id: u32,
+        /// Its piece landed and was verified.
+        ok: bool,
+        /// The receiver's digest (0 over several pairs).
+        digest: u128,
+        /// Bytes of its piece the receiver already held.
+        held: u64,
+        /// Why not, when not ok.
+        message: String,
+    },
+    /// Relay to lead: the job ended (the last frame).
+    RelayDone {
+        /// Bytes its data streams sent.
+        bytes_sent: u64,
+        /// How the session failed, if it did.
+        error: Option<RelayError>,
+    },
     /// A fatal error; the connection closes after it.
     Error {
         /// Whether reconnecting could help.

@@ -184,6 +184,8 @@ impl Joins {
 /// One receiver, as its lane's workers see it.
 struct Lane {
     to: String,
+    /// The relay its data sessions run on (`relay`); `None`: this host.
+    via: Option<String>,
     progress: Arc<Progress>,
     /// Set when the lane is lost or the transfer ends in failure: its
     /// running sessions end within a keepalive interval, so that a lost
@@ -192,9 +194,10 @@ struct Lane {
 }
 
 impl Lane {
-    fn new(to: &str) -> Self {
+    fn new(to: &str, via: Option<&str>) -> Self {
         Self {
             to: to.to_string(),
+            via: via.map(str::to_string),
             progress: Arc::default(),
             cancel: Arc::default(),
         }
@@ -249,6 +252,7 @@ impl Plan<'_> {
                 .collect(),
             skipped: Vec::new(),
             base: Arc::clone(&self.list.base),
+            base_path: self.list.base_path.clone(),
         }
     }
 
@@ -272,7 +276,10 @@ impl Plan<'_> {
                     })
                     .collect();
                 let cfg = self.session(lane, warm, stripe(StripeRole::Write, wire));
-                let (st, run) = super::send_list(&cfg, &self.subset(&ids));
+                let (st, run) = match &lane.via {
+                    Some(via) => crate::relay::run_job(via, &cfg, &self.subset(&ids)),
+                    None => super::send_list(&cfg, &self.subset(&ids)),
+                };
                 Event::Item {
                     pair,
                     item,
@@ -304,8 +311,26 @@ impl Plan<'_> {
 /// Sends `cfg.source` to the receivers `to`, which share one root, as one
 /// transfer over as many pairs.
 pub fn send_over_pairs(cfg: &SendConfig, to: &[String]) -> Result<PairsSummary> {
+    send_over_pairs_via(cfg, to, &vec![None; to.len()])
+}
+
+/// As `send_over_pairs`, each pair's data sent by the relay `via` names
+/// for it (`None`: by this host), which reads the same source through
+/// shared storage (`relay`).
+pub fn send_over_pairs_via(
+    cfg: &SendConfig,
+    to: &[String],
+    via: &[Option<String>],
+) -> Result<PairsSummary> {
     check_receivers(cfg, to, 2)?;
-    send_over_pairs_joined(cfg, to, &Joins::default(), to.len())
+    if via.len() != to.len() {
+        return Err(Error::Config(format!(
+            "--via names {} senders for {} receivers; name one for each receiver, - for this host",
+            via.len(),
+            to.len()
+        )));
+    }
+    send_pairs(cfg, to, via, &Joins::default(), to.len())
 }
 
 /// As `send_over_pairs`, from one receiver at least, taking in the
@@ -314,6 +339,16 @@ pub fn send_over_pairs(cfg: &SendConfig, to: &[String]) -> Result<PairsSummary> 
 pub fn send_over_pairs_joined(
     cfg: &SendConfig,
     to: &[String],
+    joins: &Joins,
+    most: usize,
+) -> Result<PairsSummary> {
+    send_pairs(cfg, to, &vec![None; to.len()], joins, most)
+}
+
+fn send_pairs(
+    cfg: &SendConfig,
+    to: &[String],
+    via: &[Option<String>],
     joins: &Joins,
     most: usize,
 ) -> Result<PairsSummary> {
@@ -340,7 +375,11 @@ pub fn send_over_pairs_joined(
         group: u64::from_le_bytes(crate::net::auth::random()),
         pairs: AtomicUsize::new(to.len()),
     };
-    let lanes: Vec<Arc<Lane>> = to.iter().map(|t| Arc::new(Lane::new(t))).collect();
+    let lanes: Vec<Arc<Lane>> = to
+        .iter()
+        .zip(via)
+        .map(|(t, v)| Arc::new(Lane::new(t, v.as_deref())))
+        .collect();
     let start = Instant::now();
     mark(&plan, &lanes)?;
     let mut run = Run::new(

@@ -35,6 +35,9 @@ pub(super) struct Run<'a> {
     /// Each lane's item sessions running: a lost lane still writes until
     /// its last one has answered.
     pub(super) writing: Vec<usize>,
+    /// Relay sessions that ended unanswered (their relay went silent), by
+    /// lane: counted in `writing` until the relay has surely stopped.
+    pub(super) unanswered: Vec<(PairId, Instant)>,
     /// Publish jobs not yet answered.
     pub(super) publishing: BTreeSet<PublishId>,
     pub(super) next_publish: PublishId,
@@ -66,6 +69,7 @@ impl<'a> Run<'a> {
             coord,
             queues: lanes.iter().map(|_| VecDeque::new()).collect(),
             writing: vec![0; lanes.len()],
+            unanswered: Vec::new(),
             initial: lanes.len(),
             joined_refused: false,
             lanes,
@@ -99,6 +103,7 @@ impl<'a> Run<'a> {
                 .map_err(|e| Error::Internal(e.to_string()))?;
         }
         loop {
+            self.expire_unanswered(Instant::now());
             for to in joins.take() {
                 if let Some(lane) = self.join(Instant::now(), &to) {
                     spawn(self.lanes.len() as PairId - 1, lane);
@@ -149,7 +154,8 @@ impl<'a> Run<'a> {
         }
         tracing::info!(receiver = %to, "a receiver joined; it takes work not yet started");
         self.plan.pairs.fetch_add(1, Ordering::Relaxed);
-        let lane = Arc::new(Lane::new(to));
+        // The lead sends to a receiver that joins itself.
+        let lane = Arc::new(Lane::new(to, None));
         self.lanes.push(Arc::clone(&lane));
         self.queues.push(VecDeque::new());
         self.writing.push(0);
@@ -309,16 +315,24 @@ impl<'a> Run<'a> {
                 run,
             } => {
                 self.sent(pair, &st);
-                self.writing[pair as usize] = self.writing[pair as usize].saturating_sub(1);
+                if matches!(
+                    &run,
+                    Err(Error::Relayed {
+                        answered: false,
+                        ..
+                    })
+                ) {
+                    // Its relay may still be writing, until it notices.
+                    let until = now + crate::relay::UNANSWERED_FENCE;
+                    self.unanswered.push((pair, until));
+                } else {
+                    self.writing[pair as usize] = self.writing[pair as usize].saturating_sub(1);
+                }
                 match run {
                     Ok(()) => self.item_done(now, pair, item, &pieces, &st)?,
                     Err(e) => self.lane_failed(now, pair, e)?,
                 }
-                if self.lost.contains_key(&pair) && self.writing[pair as usize] == 0 {
-                    // The lost lane's last writing session has ended: it
-                    // writes no more, and its files may be verified.
-                    let _ = self.coord.stopped(now, pair);
-                }
+                self.stop_if_quiet(now, pair);
                 Ok(())
             }
             Event::Published {
@@ -353,6 +367,27 @@ impl<'a> Run<'a> {
                 Ok(())
             }
             Event::Unmarked => Ok(()),
+        }
+    }
+
+    /// A lost lane whose last writing session has ended writes no more,
+    /// and its files may be verified.
+    pub(super) fn stop_if_quiet(&mut self, now: Instant, pair: PairId) {
+        if self.lost.contains_key(&pair) && self.writing[pair as usize] == 0 {
+            let _ = self.coord.stopped(now, pair);
+        }
+    }
+
+    /// Relay sessions that ended unanswered are taken as ended once their
+    /// relay has surely stopped them.
+    pub(super) fn expire_unanswered(&mut self, now: Instant) {
+        let (due, left): (Vec<_>, Vec<_>) = std::mem::take(&mut self.unanswered)
+            .into_iter()
+            .partition(|(_, until)| *until <= now);
+        self.unanswered = left;
+        for (pair, _) in due {
+            self.writing[pair as usize] = self.writing[pair as usize].saturating_sub(1);
+            self.stop_if_quiet(now, pair);
         }
     }
 
@@ -522,6 +557,7 @@ impl<'a> Run<'a> {
             .iter()
             .map(|(id, v)| PairSummary {
                 to: self.lanes[*id as usize].to.clone(),
+                via: self.lanes[*id as usize].via.clone(),
                 state: state_name(v.state, "finished").to_string(),
                 bytes: v.bytes,
                 bytes_sent: self.bytes_sent.get(id).copied().unwrap_or(0),

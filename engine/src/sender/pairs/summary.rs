@@ -7,6 +7,9 @@ use super::*;
 pub struct PairSummary {
     /// The receiver.
     pub to: String,
+    /// The relay that sent its data (`relay`), when not this host.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
     /// `running` (finished with it), `lost` or `gone`.
     pub state: String,
     /// Bytes it made durable first.
@@ -91,7 +94,11 @@ impl PairsSummary {
         ));
         for p in &self.pairs {
             s.push_str(&format!(
-                "  pair       {} {}: {} first-written, {} sent, {:.2} Gbit/s, {} chunks{}\n",
+                "  pair       {}{} {}: {} first-written, {} sent, {:.2} Gbit/s, {} chunks{}\n",
+                p.via
+                    .as_ref()
+                    .map(|v| format!("{v} -> "))
+                    .unwrap_or_default(),
                 p.to,
                 p.state,
                 fmt_bytes(p.bytes),

@@ -40,7 +40,10 @@ impl Fixture {
         std::fs::write(&src, vec![7u8; size as usize]).unwrap();
         let cfg = SendConfig::new("a", vec![0; 32], &src, "f");
         let list = super::super::source::scan(&cfg.source, &cfg.dest).unwrap();
-        let lanes = ["a", "b"].iter().map(|t| Arc::new(Lane::new(t))).collect();
+        let lanes = ["a", "b"]
+            .iter()
+            .map(|t| Arc::new(Lane::new(t, None)))
+            .collect();
         Self {
             _dir: dir,
             cfg,

@@ -1,0 +1,271 @@
+//! `send --to a,b,c --via -,h2,h3`: one transfer read and sent from
+//! several hosts, as processes on loopback. Each other sending host is a
+//! `wirerate relay` reading the same source directory (the shared file
+//! system a pool declares); each receiver a `serve` writing the same
+//! root. Storage that is not shared is made real with a mount namespace.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use crate::common::{
+    BIN, Proc, assert_no_leftovers, assert_same, free_port, require_root, serve_bin, setup,
+    wait_listening, wait_written, write_file,
+};
+
+fn relay_cmd(allow: &Path, token: &Path, port: u16) -> Vec<String> {
+    vec![
+        BIN.to_string(),
+        "relay".into(),
+        "--listen".into(),
+        format!("127.0.0.1:{port}"),
+        "--allow-root".into(),
+        allow.display().to_string(),
+        "--token-file".into(),
+        token.display().to_string(),
+    ]
+}
+
+fn spawn(argv: &[String], port: u16) -> Proc {
+    let child = Command::new(&argv[0])
+        .args(&argv[1..])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(port);
+    Proc(child)
+}
+
+fn relay(allow: &Path, token: &Path) -> (Proc, u16) {
+    let port = free_port();
+    (spawn(&relay_cmd(allow, token, port), port), port)
+}
+
+fn receivers(root: &Path, token: &Path, n: usize) -> (Vec<Proc>, Vec<u16>) {
+    let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+    let procs = ports
+        .iter()
+        .map(|&p| serve_bin(root, token, p, &[]))
+        .collect();
+    (procs, ports)
+}
+
+fn list(ports: &[u16]) -> String {
+    ports
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `send` to `to` via this host for the first receiver and the relays
+/// at `relays` for the others.
+fn send(
+    to: &[u16],
+    relays: &[u16],
+    token: &Path,
+    src: &Path,
+    dest: &str,
+    extra: &[&str],
+) -> Command {
+    let via = std::iter::once("-".to_string())
+        .chain(relays.iter().map(|p| format!("127.0.0.1:{p}")))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut c = Command::new(BIN);
+    c.args([
+        "send",
+        "--to",
+        &list(to),
+        "--via",
+        &via,
+        "--json",
+        "--quiet",
+    ])
+    .args(["--block-size", "1MiB", "--streams", "2"])
+    .arg("--token-file")
+    .arg(token)
+    .args(extra)
+    .arg(src)
+    .arg(dest)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    c
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    let s = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(s.trim()).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): stdout {s:?} stderr {:?}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+#[test]
+fn a_file_and_a_tree_sent_from_three_hosts_land_identical() {
+    let s = setup("relays-three", 48 << 20);
+    let shared = s.src.parent().unwrap();
+    let (_rx, ports) = receivers(&s.root, &s.token, 3);
+    let (_r1, p1) = relay(shared, &s.token);
+    let (_r2, p2) = relay(shared, &s.token);
+    let out = send(&ports, &[p1, p2], &s.token, &s.src, "in/f.bin", &[])
+        .output()
+        .unwrap();
+    let sum = json(&out);
+    assert!(out.status.success(), "{sum}");
+    assert_same(&s.src, &s.root.join("in/f.bin"));
+    // Every host sent a share: the relays' pairs name them.
+    let pairs = sum["pairs"].as_array().unwrap();
+    for (i, p) in pairs.iter().enumerate() {
+        assert!(p["chunks_done"].as_u64().unwrap() > 0, "{sum}");
+        assert!(p["bytes_sent"].as_u64().unwrap() > 0, "{sum}");
+        let via = p["via"].as_str().map(str::to_string);
+        let want = [None, Some(p1), Some(p2)][i].map(|p| format!("127.0.0.1:{p}"));
+        assert_eq!(via, want, "{sum}");
+    }
+    assert_eq!(sum["bytes_sent"], sum["bytes_total"], "{sum}");
+
+    // A tree: many files, some empty, bundled into items.
+    let tree = shared.join("tree");
+    for i in 0..40 {
+        let dir = tree.join(format!("d{}", i % 4));
+        std::fs::create_dir_all(&dir).unwrap();
+        write_file(&dir.join(format!("f{i}")), (i * 37_000) % 900_000, i as u64);
+    }
+    let out = send(&ports, &[p1, p2], &s.token, &tree, "t/", &[])
+        .output()
+        .unwrap();
+    let sum = json(&out);
+    assert!(out.status.success(), "{sum}");
+    for i in 0..40 {
+        let rel = format!("d{}/f{i}", i % 4);
+        assert_same(&tree.join(&rel), &s.root.join("t").join(&rel));
+    }
+    assert_no_leftovers(&s.root);
+}
+
+#[test]
+fn a_relay_killed_mid_file_hands_its_pieces_to_the_others() {
+    let s = setup("relays-kill", 64 << 20);
+    let shared = s.src.parent().unwrap();
+    let (_rx, ports) = receivers(&s.root, &s.token, 3);
+    let (mut r1, p1) = relay(shared, &s.token);
+    let (_r2, p2) = relay(shared, &s.token);
+    // Paced, so that every pair is mid-chunk when the relay is killed.
+    let child = send(
+        &ports,
+        &[p1, p2],
+        &s.token,
+        &s.src,
+        "f.bin",
+        &["--max-rate", "100Mbps"],
+    )
+    .spawn()
+    .unwrap();
+    let part = s.root.join(".f.bin.wirerate-part");
+    wait_written(&part, Duration::from_secs(30), "nothing started");
+    std::thread::sleep(Duration::from_millis(500));
+    r1.0.kill().unwrap();
+    let t0 = std::time::Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let sum = json(&out);
+    assert!(out.status.success(), "{sum}");
+    assert_same(&s.src, &s.root.join("f.bin"));
+    let pairs = sum["pairs"].as_array().unwrap();
+    assert_ne!(pairs[1]["state"], "finished", "{sum}");
+    let why = pairs[1]["error"].as_str().unwrap_or_default();
+    assert!(why.contains(&format!("relay 127.0.0.1:{p1}")), "{sum}");
+    // Its connections closed with the process: the lead knew at once
+    // that it writes no more, and did not wait out a silent relay's fence.
+    let lost_after = pairs[1]["lost_after_s"].as_f64().unwrap();
+    let seconds = sum["seconds"].as_f64().unwrap();
+    assert!(
+        seconds - lost_after < 12.0 || t0.elapsed() < Duration::from_secs(12),
+        "{sum}"
+    );
+    assert_no_leftovers(&s.root);
+}
+
+#[test]
+fn a_relay_reads_only_beneath_its_allowed_roots() {
+    let s = setup("relays-roots", 4 << 20);
+    let elsewhere = s.root.parent().unwrap().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let (_rx, ports) = receivers(&s.root, &s.token, 2);
+    let (_r1, p1) = relay(&elsewhere, &s.token);
+    let out = send(&ports, &[p1], &s.token, &s.src, "f.bin", &[])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("is not beneath this relay's --allow-root"),
+        "{err}"
+    );
+    assert!(!s.root.join("f.bin").exists());
+}
+
+#[test]
+fn a_relay_holding_another_token_is_refused_plainly() {
+    let s = setup("relays-token", 4 << 20);
+    let shared = s.src.parent().unwrap();
+    let other = shared.join("other-token");
+    std::fs::write(&other, "a-different-token\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (_rx, ports) = receivers(&s.root, &s.token, 2);
+    let (_r1, p1) = relay(shared, &other);
+    let out = send(&ports, &[p1], &s.token, &s.src, "f.bin", &[])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains(&format!("relay 127.0.0.1:{p1}")), "{err}");
+    assert!(err.contains("different token"), "{err}");
+}
+
+// The relay's own view of the source is a mount of its own (a tmpfs in a
+// mount namespace, as a host whose "shared" path is a local disk): the
+// same name and size, another file. It must fail the transfer and say
+// why, never land a file made from two disks.
+#[test]
+fn a_relay_that_does_not_share_the_source_fails_the_transfer_and_says_why() {
+    if !require_root("mounting a private view of the source for the relay") {
+        return;
+    }
+    let s = setup("relays-private", 8 << 20);
+    let shared = s.src.parent().unwrap();
+    let (_rx, ports) = receivers(&s.root, &s.token, 2);
+    let port = free_port();
+    let token = shared.join("token-copy");
+    std::fs::copy(&s.token, &token).unwrap();
+    let relay = relay_cmd(shared, &token, port).join(" ");
+    let script = format!(
+        "set -e; cp {token} /tmp/.relay-token-$$; mount -t tmpfs tmpfs {dir}; \
+         cp /tmp/.relay-token-$$ {token}; rm /tmp/.relay-token-$$; \
+         head -c {size} /dev/zero > {dir}/src.bin; exec {relay}",
+        token = token.display(),
+        dir = shared.display(),
+        size = s.size,
+    );
+    let argv: Vec<String> = ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
+        .iter()
+        .map(|a| a.to_string())
+        .chain([script])
+        .collect();
+    let _r1 = spawn(&argv, port);
+    let out = send(&ports, &[port], &s.token, &s.src, "f.bin", &[])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("the relay does not see the file the lead listed"),
+        "{err}"
+    );
+    assert!(!s.root.join("f.bin").exists());
+}

@@ -1,0 +1,385 @@
+//! The lead's side of a relay job: hand the relay one session, relay its
+//! progress to the lane, and take its answers as a local session's.
+
+use std::net::{Shutdown, TcpStream};
+use std::os::unix::ffi::OsStrExt;
+use std::time::{Duration, Instant};
+
+use super::{ALIVE_EVERY, SILENCE};
+use crate::error::{Error, Result};
+use crate::net::{self, auth};
+use crate::retry::Backoff;
+use crate::sender::source::SourceList;
+use crate::sender::{RunState, SendConfig, cancelled, sleep_unless_cancelled};
+use crate::session::FileVerdict;
+use crate::violation::{Violation, ViolationKind};
+use crate::wire::{
+    self, FileEntry, Frame, MAX_FRAME, Purpose, RelayEntry, RelayJob, StripeRole, write_frame,
+};
+
+/// Entries per `RelayFiles` frame, at most, and bytes of paths.
+const FILES_PER_FRAME: usize = 4096;
+const PATH_BYTES_PER_FRAME: usize = 1 << 20;
+
+/// How far a job got, for what a failure means.
+#[derive(Default)]
+struct Reached {
+    /// The relay has the job: its session may be writing.
+    handed: bool,
+    /// The relay said how it ended: its session writes no more.
+    answered: bool,
+}
+
+/// Runs the write session `cfg` describes (to `cfg.to`, its pieces in
+/// `cfg.stripe`) of `list` on the relay at `via`; what it did comes back
+/// as a local session's would. A failure is `Error::Relayed` (or
+/// `Cancelled`, when `cfg.cancel` stopped it).
+pub(crate) fn run_job(via: &str, cfg: &SendConfig, list: &SourceList) -> (RunState, Result<()>) {
+    let mut st = RunState::default();
+    let mut reached = Reached::default();
+    let run = job(via, cfg, list, &mut st, &mut reached);
+    let run = run.map_err(|e| match e {
+        e @ (Error::Relayed { .. } | Error::Cancelled { .. }) => e,
+        e => Error::Relayed {
+            relay: via.to_string(),
+            retryable: e.is_retryable() || matches!(e, Error::GaveUp { .. }),
+            message: e.to_string(),
+            answered: !reached.handed || reached.answered,
+        },
+    });
+    (st, run)
+}
+
+fn job(
+    via: &str,
+    cfg: &SendConfig,
+    list: &SourceList,
+    st: &mut RunState,
+    reached: &mut Reached,
+) -> Result<()> {
+    let stripe = match &cfg.stripe {
+        Some(s) if s.role == StripeRole::Write => s.clone(),
+        _ => return Err(Error::Internal("a relay runs write sessions only".into())),
+    };
+    let source = list.base_path.to_str().ok_or_else(|| {
+        Error::Config(format!(
+            "{}: a relay is told the source directory by name, and this one's is not UTF-8",
+            list.base_path.display()
+        ))
+    })?;
+    let mut conn = connect(via, cfg)?;
+    let job = RelayJob {
+        to: cfg.to.clone(),
+        source: source.to_string(),
+        block_size: cfg.block_size as u32,
+        streams: cfg.streams,
+        verify: cfg.verify,
+        max_rate: cfg.max_rate.unwrap_or(0),
+        retry_ms: millis(cfg.retry_for),
+        refused_ms: cfg.refused_for.map_or(0, millis),
+    };
+    net::within(&conn, SILENCE, |d| {
+        write_frame(d, &Frame::RelayJob(job))?;
+        write_frame(d, &Frame::Stripe(stripe))?;
+        for entries in entries(list) {
+            write_frame(d, &Frame::RelayFiles { entries })?;
+        }
+        write_frame(d, &Frame::FilesEnd)
+    })?;
+    reached.handed = true;
+    read_answers(via, &mut conn, cfg, list, st, reached)
+}
+
+fn millis(d: Duration) -> u32 {
+    d.as_millis().min(u128::from(u32::MAX)) as u32
+}
+
+/// The job's files, in frames.
+fn entries(list: &SourceList) -> Vec<Vec<RelayEntry>> {
+    let mut frames = vec![Vec::new()];
+    let mut bytes = 0;
+    for (i, f) in list.files.iter().enumerate() {
+        let rel = f.rel.as_os_str().as_bytes().to_vec();
+        let size = rel.len() + f.dest.len();
+        let last = frames.last_mut().expect("one at least");
+        if last.len() >= FILES_PER_FRAME
+            || (bytes + size > PATH_BYTES_PER_FRAME && !last.is_empty())
+        {
+            frames.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += size;
+        frames.last_mut().expect("one at least").push(RelayEntry {
+            entry: FileEntry {
+                file_id: i as u32,
+                kind: f.kind,
+                size: f.size,
+                fingerprint: f.stamp.fingerprint(),
+                mode: f.mode,
+                path: f.dest.clone(),
+            },
+            rel,
+        });
+    }
+    frames
+}
+
+/// Dials the relay and authenticates, retrying within `cfg.retry_for`
+/// (or `cfg.refused_for` of refusals) as a session would.
+fn connect(via: &str, cfg: &SendConfig) -> Result<TcpStream> {
+    let mut backoff = Backoff::new(
+        cfg.retry_for,
+        Duration::from_millis(250),
+        Duration::from_secs(2),
+    );
+    if let Some(d) = cfg.refused_for {
+        backoff = backoff.refused_for(d);
+    }
+    loop {
+        if cancelled(cfg) {
+            return Err(Error::Cancelled {
+                last: Box::new(Error::Config("stopped before the relay job started".into())),
+            });
+        }
+        let e = match dial(via, cfg) {
+            Ok(conn) => return Ok(conn),
+            Err(e) if e.is_retryable() => e,
+            Err(e) => return Err(e),
+        };
+        let Some(d) = backoff.poll_delay(Instant::now(), e.is_refused()) else {
+            let refused = backoff.gave_up_refused();
+            return Err(Error::GaveUp {
+                last: Box::new(e),
+                retry_for: match cfg.refused_for {
+                    Some(d) if refused => d,
+                    _ => cfg.retry_for,
+                },
+                refused,
+                resumable: false,
+            });
+        };
+        if sleep_unless_cancelled(cfg, d) {
+            return Err(Error::Cancelled { last: Box::new(e) });
+        }
+    }
+}
+
+fn dial(via: &str, cfg: &SendConfig) -> Result<TcpStream> {
+    let conn = net::connect(via, &cfg.socket, cfg.connect_timeout)?;
+    net::within(&conn, net::HANDSHAKE_TIMEOUT, |d| {
+        auth::client(d, &cfg.token, Purpose::Relay, net::port_of(via))
+    })?;
+    conn.set_nodelay(true)
+        .map_err(|e| Error::net("setting TCP_NODELAY", e))?;
+    Ok(conn)
+}
+
+/// Reads the relay's answers until its `RelayDone`, saying it is still
+/// here every `ALIVE_EVERY`; a relay silent for `SILENCE` is gone. A
+/// cancelled job is half-closed, which the relay takes as its cue to
+/// stop, and its answer still awaited, so that the lead knows it has
+/// stopped writing.
+fn read_answers(
+    via: &str,
+    conn: &mut TcpStream,
+    cfg: &SendConfig,
+    list: &SourceList,
+    st: &mut RunState,
+    reached: &mut Reached,
+) -> Result<()> {
+    let (mut heard, mut said) = (Instant::now(), Instant::now());
+    let mut moved = 0u64;
+    let mut cancelling = false;
+    loop {
+        if !cancelling && cancelled(cfg) {
+            let _ = conn.shutdown(Shutdown::Write);
+            cancelling = true;
+        }
+        if !cancelling && said.elapsed() >= ALIVE_EVERY {
+            let wrote = net::within(conn, SILENCE, |d| write_frame(d, &Frame::Keepalive));
+            if let Err(Error::Net { cause, .. }) = &wrote
+                && closed(cause.kind())
+            {
+                reached.answered = true;
+            }
+            wrote?;
+            said = Instant::now();
+        }
+        if heard.elapsed() >= SILENCE {
+            return Err(Error::ConnectionLost(format!(
+                "the relay said nothing for {} s",
+                SILENCE.as_secs()
+            )));
+        }
+        let ready = net::wait_readable(conn, Duration::from_millis(200))
+            .map_err(|e| Error::net("waiting for the relay", e))?;
+        if !ready {
+            continue;
+        }
+        let frame = net::within(conn, SILENCE, |d| wire::read_frame_capped(d, MAX_FRAME));
+        if let Err(Error::Net { cause, .. }) = &frame
+            && closed(cause.kind())
+        {
+            // Only the relay's job thread holds its end, until its
+            // session has returned (or its process died with it): it
+            // writes no more.
+            reached.answered = true;
+        }
+        let frame = frame?;
+        heard = Instant::now();
+        match frame {
+            Frame::Keepalive => {}
+            Frame::RelayAlive { moved: now } => {
+                cfg.progress.sent(now.saturating_sub(moved));
+                moved = moved.max(now);
+            }
+            Frame::RelaySums {
+                file_id,
+                first,
+                sums,
+            } => take_sums(cfg, list, st, file_id, first, &sums)?,
+            Frame::RelayResult {
+                file_id,
+                ok,
+                digest,
+                held,
+                message,
+            } => {
+                known(list, file_id)?;
+                let verdict = if ok {
+                    FileVerdict::Ok(digest)
+                } else {
+                    FileVerdict::Failed(message)
+                };
+                st.verdicts.insert(file_id, verdict);
+                if held > 0 {
+                    st.held_in_pieces.insert(file_id, held);
+                }
+            }
+            Frame::RelayDone { bytes_sent, error } => {
+                reached.answered = true;
+                st.bytes_sent = bytes_sent;
+                cfg.progress.sent(bytes_sent.saturating_sub(moved));
+                return match (error, cancelling) {
+                    (_, true) => Err(Error::Cancelled {
+                        last: Box::new(Error::Config("the relay job was stopped".into())),
+                    }),
+                    (None, false) => Ok(()),
+                    (Some(e), false) => Err(Error::Relayed {
+                        relay: via.to_string(),
+                        message: e.message,
+                        retryable: e.retryable,
+                        answered: true,
+                    }),
+                };
+            }
+            // The relay refused the job before running it (it is busy,
+            // or no relay at all).
+            Frame::Error { retryable, message } => {
+                reached.answered = true;
+                return Err(Error::Remote { retryable, message });
+            }
+            other => {
+                return Err(Violation::unexpected(
+                    "a relay's answer",
+                    crate::session::describe(&other),
+                )
+                .into());
+            }
+        }
+    }
+}
+
+/// Whether a read failed because the relay closed its end.
+fn closed(kind: std::io::ErrorKind) -> bool {
+    use std::io::ErrorKind as K;
+    matches!(
+        kind,
+        K::UnexpectedEof | K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe
+    )
+}
+
+fn known(list: &SourceList, file_id: u32) -> Result<()> {
+    if (file_id as usize) < list.files.len() {
+        Ok(())
+    } else {
+        Err(Violation::new(
+            ViolationKind::Unknown,
+            format!("the relay answered for file {file_id}, which the job does not hold"),
+        )
+        .into())
+    }
+}
+
+/// Takes checksums a relay sent for `first..` of a file, bounded by the
+/// file's own blocks (a relay cannot make the lead hold more).
+fn take_sums(
+    cfg: &SendConfig,
+    list: &SourceList,
+    st: &mut RunState,
+    file_id: u32,
+    first: u64,
+    sums: &[u64],
+) -> Result<()> {
+    known(list, file_id)?;
+    let blocks = list.files[file_id as usize].size.div_ceil(cfg.block_size);
+    let end = first
+        .checked_add(sums.len() as u64)
+        .filter(|&e| e <= blocks);
+    let Some(end) = end else {
+        return Err(Violation::new(
+            ViolationKind::Unknown,
+            format!("the relay sent checksums past the end of file {file_id}"),
+        )
+        .into());
+    };
+    let v = st.sums.entry(file_id).or_default();
+    if (v.len() as u64) < end {
+        v.resize(end as usize, 0);
+    }
+    v[first as usize..end as usize].copy_from_slice(sums);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(sizes: &[u64]) -> (tempfile::TempDir, SourceList) {
+        let dir = tempfile::tempdir().unwrap();
+        for (i, &size) in sizes.iter().enumerate() {
+            std::fs::write(dir.path().join(format!("f{i}")), vec![1u8; size as usize]).unwrap();
+        }
+        let list = crate::sender::source::scan(dir.path(), "t/").unwrap();
+        (dir, list)
+    }
+
+    #[test]
+    fn a_relay_cannot_make_the_lead_hold_checksums_past_a_file_or_for_another() {
+        let (_d, list) = list(&[10 * 4096]);
+        // The tree's directory is entry 0, the file entry 1.
+        let file = list
+            .files
+            .iter()
+            .position(|f| f.kind == wire::EntryKind::File)
+            .unwrap() as u32;
+        let mut cfg = SendConfig::new("", vec![1; 32], "", "");
+        cfg.block_size = 4096;
+        let mut st = RunState::default();
+        take_sums(&cfg, &list, &mut st, file, 8, &[7, 9]).unwrap();
+        assert_eq!(st.sums[&file], [0, 0, 0, 0, 0, 0, 0, 0, 7, 9]);
+        assert!(take_sums(&cfg, &list, &mut st, file, 9, &[1, 2]).is_err());
+        assert!(take_sums(&cfg, &list, &mut st, file, u64::MAX, &[1]).is_err());
+        assert!(take_sums(&cfg, &list, &mut st, 99, 0, &[1]).is_err());
+    }
+
+    #[test]
+    fn a_job_is_carried_in_frames_of_bounded_size() {
+        let (_d, list) = list(&vec![1; 5000]);
+        let frames = entries(&list);
+        assert_eq!(frames.len(), 2);
+        assert!(frames.iter().all(|f| f.len() <= FILES_PER_FRAME));
+        let ids: Vec<u32> = frames.iter().flatten().map(|e| e.entry.file_id).collect();
+        assert_eq!(ids, (0..list.files.len() as u32).collect::<Vec<_>>());
+    }
+}

@@ -1,0 +1,336 @@
+//! A relay job as the relay takes it: read within its bounds, checked
+//! against the relay's roots and its own view of the source, and turned
+//! into the session the lead would have run.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+
+use crate::error::{Error, Result};
+use crate::sender::SendConfig;
+use crate::sender::source::{SourceFile, SourceList, Stamp};
+use crate::violation::Violation;
+use crate::wire::{
+    EntryKind, Frame, MAX_ENTRIES, MAX_FRAME, MAX_MANIFEST_BYTES, RelayEntry, RelayJob, Stripe,
+    StripeRole, read_frame_capped,
+};
+
+/// What a lead sent: the job, its pieces and its files.
+pub(super) struct Received {
+    pub(super) job: RelayJob,
+    pub(super) stripe: Stripe,
+    pub(super) entries: Vec<RelayEntry>,
+}
+
+/// Reads a job's frames, bounded as a receiver bounds a manifest (the
+/// caller bounds the time).
+pub(super) fn read(r: &mut impl std::io::Read) -> Result<Received> {
+    let job = match read_frame_capped(r, MAX_FRAME)? {
+        Frame::RelayJob(job) => job,
+        other => return Err(unexpected("a relay job", &other)),
+    };
+    let stripe = match read_frame_capped(r, MAX_FRAME)? {
+        Frame::Stripe(s) => s,
+        other => return Err(unexpected("the job's pieces", &other)),
+    };
+    let mut entries = Vec::new();
+    let mut bytes = 0usize;
+    loop {
+        match read_frame_capped(r, MAX_FRAME)? {
+            Frame::RelayFiles { entries: more } => {
+                bytes += more
+                    .iter()
+                    .map(|e| e.rel.len() + e.entry.path.len())
+                    .sum::<usize>();
+                entries.extend(more);
+                if entries.len() > MAX_ENTRIES || bytes > MAX_MANIFEST_BYTES {
+                    return Err(Violation::new(
+                        crate::violation::ViolationKind::Excess,
+                        format!(
+                            "a relay job of more than {MAX_ENTRIES} files or {MAX_MANIFEST_BYTES} bytes of paths"
+                        ),
+                    )
+                    .into());
+                }
+            }
+            Frame::FilesEnd => break,
+            other => return Err(unexpected("the job's files", &other)),
+        }
+    }
+    Ok(Received {
+        job,
+        stripe,
+        entries,
+    })
+}
+
+fn unexpected(expected: &str, got: &Frame) -> Error {
+    Violation::unexpected(expected, crate::session::describe(got)).into()
+}
+
+/// The session `got` asks for, from this relay's view of the source:
+/// `template` gives this host's own settings (I/O, buffers, sockets).
+/// Refused, with why, when the job reads outside `roots`, or a file here
+/// is not the one the lead listed.
+pub(super) fn prepare(
+    got: Received,
+    roots: &[PathBuf],
+    template: &SendConfig,
+) -> Result<(SendConfig, SourceList)> {
+    let Received {
+        job,
+        stripe,
+        entries,
+    } = got;
+    if stripe.role != StripeRole::Write {
+        return Err(Error::Config(format!(
+            "a relay runs write sessions only, not {:?}",
+            stripe.role
+        )));
+    }
+    let (base_path, base) = open_source(&job.source, roots)?;
+    let mut files = Vec::with_capacity(entries.len());
+    for (i, e) in entries.into_iter().enumerate() {
+        files.push(source_file(&base, &base_path, i, e)?);
+    }
+    let mut cfg = template.clone();
+    cfg.to = job.to;
+    cfg.source = base_path.clone();
+    cfg.block_size = u64::from(job.block_size);
+    cfg.streams = job.streams;
+    cfg.per_link = false;
+    cfg.verify = job.verify;
+    cfg.max_rate = (job.max_rate > 0).then_some(job.max_rate);
+    cfg.retry_for = Duration::from_millis(u64::from(job.retry_ms));
+    cfg.refused_for =
+        (job.refused_ms > 0).then(|| Duration::from_millis(u64::from(job.refused_ms)));
+    cfg.stripe = Some(stripe);
+    cfg.synthetic = None;
+    cfg.validate()?;
+    let list = SourceList {
+        files,
+        skipped: Vec::new(),
+        base: Arc::new(base),
+        base_path,
+    };
+    Ok((cfg, list))
+}
+
+/// The job's source directory, resolved, if it lies beneath one of
+/// `roots` (each resolved when the relay started).
+fn open_source(source: &str, roots: &[PathBuf]) -> Result<(PathBuf, OwnedFd)> {
+    let path = Path::new(source);
+    if !path.is_absolute() {
+        return Err(Error::Config(format!(
+            "a relay job names the source {source:?}, which is not an absolute path"
+        )));
+    }
+    let real = path
+        .canonicalize()
+        .map_err(|e| Error::io(format!("the relay opening {source}"), e))?;
+    if !roots.iter().any(|r| real.starts_with(r)) {
+        let allowed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+        return Err(Error::Config(format!(
+            "{source} is not beneath this relay's --allow-root ({}); allow it there, or send from within it",
+            allowed.join(", ")
+        )));
+    }
+    let fd = rustix::fs::open(
+        &real,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::io(format!("the relay opening {source}"), e.into()))?;
+    Ok((real, fd))
+}
+
+/// Entry `i` of the job, opened here beneath `base` as any send opens it,
+/// and refused unless it is the version the lead listed.
+fn source_file(base: &OwnedFd, base_path: &Path, i: usize, e: RelayEntry) -> Result<SourceFile> {
+    let rel = PathBuf::from(OsStr::from_bytes(&e.rel));
+    let shown = base_path.join(&rel);
+    let plain = rel.components().all(|c| matches!(c, Component::Normal(_)));
+    if e.entry.file_id as usize != i
+        || e.entry.kind != EntryKind::File
+        || !plain
+        || e.rel.is_empty()
+    {
+        return Err(Error::Config(format!(
+            "a relay job holds an entry it cannot run: {} (file {}, {:?})",
+            shown.display(),
+            e.entry.file_id,
+            e.entry.kind
+        )));
+    }
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
+    let fd = rustix::fs::openat2(
+        base,
+        &rel,
+        flags,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(|err| Error::io(format!("the relay opening {}", shown.display()), err.into()))?;
+    let m = File::from(fd)
+        .metadata()
+        .map_err(|err| Error::io(format!("the relay reading {}", shown.display()), err))?;
+    let stamp = Stamp::of(&m);
+    if !m.is_file() || m.len() != e.entry.size || stamp.fingerprint() != e.entry.fingerprint {
+        return Err(Error::Config(format!(
+            "{}: the relay does not see the file the lead listed ({} bytes here, {} there, or another \
+             modification time): the sending hosts do not share this storage, or it changed; \
+             a transfer over several sending hosts needs one file system seen by all of them",
+            shown.display(),
+            m.len(),
+            e.entry.size
+        )));
+    }
+    Ok(SourceFile {
+        path: shown,
+        rel,
+        dest: e.entry.path,
+        kind: EntryKind::File,
+        size: e.entry.size,
+        mode: e.entry.mode,
+        stamp,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{FileEntry, StripePiece, Verification};
+
+    fn job(source: &Path) -> RelayJob {
+        RelayJob {
+            to: "127.0.0.1:1".into(),
+            source: source.display().to_string(),
+            block_size: 1 << 20,
+            streams: 2,
+            verify: Verification::Checksums,
+            max_rate: 0,
+            retry_ms: 1000,
+            refused_ms: 0,
+        }
+    }
+
+    fn entry(rel: &str, size: u64, fingerprint: u64) -> RelayEntry {
+        RelayEntry {
+            entry: FileEntry {
+                file_id: 0,
+                kind: EntryKind::File,
+                size,
+                fingerprint,
+                mode: 0o644,
+                path: "out".into(),
+            },
+            rel: rel.as_bytes().to_vec(),
+        }
+    }
+
+    fn received(source: &Path, e: RelayEntry) -> Received {
+        Received {
+            job: job(source),
+            stripe: Stripe {
+                group: 1,
+                role: StripeRole::Write,
+                pieces: vec![StripePiece {
+                    file_id: 0,
+                    first: 0,
+                    end: 1,
+                }],
+            },
+            entries: vec![e],
+        }
+    }
+
+    /// A source directory holding `f` (5 bytes) beneath a root, and that
+    /// file's fingerprint.
+    fn source() -> (tempfile::TempDir, PathBuf, u64) {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        std::fs::create_dir(&src).unwrap();
+        std::fs::write(src.join("f"), b"hello").unwrap();
+        std::fs::write(dir.path().join("secret"), b"keep out").unwrap();
+        let m = std::fs::metadata(src.join("f")).unwrap();
+        let fp = Stamp::of(&m).fingerprint();
+        let root = dir.path().canonicalize().unwrap();
+        (dir, root, fp)
+    }
+
+    fn refused(got: Received, roots: &[PathBuf]) -> String {
+        let template = SendConfig::new("", vec![1; 32], "", "");
+        match prepare(got, roots, &template) {
+            Ok(_) => panic!("a job that should be refused was taken"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_job_of_the_listed_file_beneath_the_roots_is_taken() {
+        let (_d, root, fp) = source();
+        let template = SendConfig::new("", vec![1; 32], "", "");
+        let got = received(&root.join("src"), entry("f", 5, fp));
+        let (cfg, list) = prepare(got, std::slice::from_ref(&root), &template).unwrap();
+        assert_eq!(cfg.to, "127.0.0.1:1");
+        assert_eq!(cfg.block_size, 1 << 20);
+        assert_eq!(list.files[0].dest, "out");
+        assert_eq!(list.files[0].size, 5);
+    }
+
+    #[test]
+    fn a_job_outside_the_roots_or_escaping_its_source_is_refused() {
+        let (_d, root, fp) = source();
+        let src = root.join("src");
+        let roots = [src.clone()];
+        // The source itself outside the roots, and a relative one.
+        let why = refused(received(&root, entry("secret", 8, fp)), &roots);
+        assert!(
+            why.contains("not beneath this relay's --allow-root"),
+            "{why}"
+        );
+        let why = refused(received(Path::new("src"), entry("f", 5, fp)), &roots);
+        assert!(why.contains("not an absolute path"), "{why}");
+        // An entry that climbs out of its source, or is absolute.
+        for rel in ["../secret", "/etc/passwd", ""] {
+            let why = refused(received(&src, entry(rel, 8, fp)), &roots);
+            assert!(why.contains("an entry it cannot run"), "{rel}: {why}");
+        }
+        // A symlink beneath the source that leads out of it.
+        std::os::unix::fs::symlink(root.join("secret"), src.join("link")).unwrap();
+        let why = refused(received(&src, entry("link", 8, fp)), &roots);
+        assert!(why.contains("the relay opening"), "{why}");
+    }
+
+    #[test]
+    fn a_file_that_is_not_the_one_the_lead_listed_is_refused() {
+        let (_d, root, fp) = source();
+        let src = root.join("src");
+        let roots = [root.clone()];
+        let why = refused(received(&src, entry("f", 6, fp)), &roots);
+        assert!(
+            why.contains("does not see the file the lead listed"),
+            "{why}"
+        );
+        let why = refused(received(&src, entry("f", 5, fp ^ 1)), &roots);
+        assert!(
+            why.contains("does not see the file the lead listed"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn only_write_sessions_are_relayed() {
+        let (_d, root, fp) = source();
+        let mut got = received(&root.join("src"), entry("f", 5, fp));
+        got.stripe.role = StripeRole::Publish;
+        let why = refused(got, std::slice::from_ref(&root));
+        assert!(why.contains("write sessions only"), "{why}");
+    }
+}

@@ -1,0 +1,53 @@
+//! Relays: the other sending hosts of a transfer over several pairs.
+//!
+//! A transfer's lead sender (`send --to a,b,c --via -,h2:p,h3:p`) runs
+//! the coordinator (`stripes`) and its own pair's sessions. Each other
+//! pair's sessions that move data run on that pair's relay, a host that
+//! sees the same source as the lead through shared storage: the lead
+//! hands the relay one job per item (where to send, the pieces, the
+//! files), and the relay runs the very session the lead would have run
+//! (`sender::send_list`), reading from its own disk and sending from its
+//! own NIC, then answers what the receiver verified. So adding sending
+//! hosts adds read bandwidth and NIC capacity to one transfer, as adding
+//! receivers adds write bandwidth. The lead's own light sessions (the
+//! shared-storage marker, publishing) go straight to the receivers.
+//!
+//! Trust and bounds:
+//! - A relay is dialled with the transfer's token and authenticates the
+//!   lead as a receiver authenticates a sender; nothing is read from an
+//!   unauthenticated peer beyond its handshake, within a deadline.
+//! - The relay reads only beneath its own `--allow-root`s, opens each file
+//!   beneath the job's source with the same confined opens as any send,
+//!   and refuses a file whose size or modification time differs from
+//!   what the lead listed: storage that is not shared fails the transfer
+//!   with that said, and never makes a file from two disks.
+//! - Each side speaks at least every `ALIVE_EVERY`; one that hears
+//!   nothing for `SILENCE` takes the other as gone. The relay then
+//!   cancels its session (it stops writing within a keepalive interval);
+//!   the lead loses the pair, hands its work to the others, and keeps the
+//!   files it touched unverified for `UNANSWERED_FENCE`, by when the
+//!   relay has stopped writing.
+
+mod client;
+mod job;
+mod server;
+
+use std::time::Duration;
+
+pub(crate) use client::run_job;
+pub use server::{Relay, RelayConfig};
+
+/// Each side of a relay job writes at least this often.
+pub const ALIVE_EVERY: Duration = Duration::from_secs(1);
+/// A side silent this long is taken as gone: as long as a pair's patience
+/// with an unreachable receiver.
+pub const SILENCE: Duration = crate::sender::pairs::PAIR_PATIENCE;
+/// How long after a relay went silent its session may still write: it
+/// notices the lead's silence after `SILENCE`, and its cancelled session
+/// ends within a keepalive interval.
+pub const UNANSWERED_FENCE: Duration =
+    Duration::from_secs(SILENCE.as_secs() + crate::wire::KEEPALIVE_INTERVAL.as_secs() + 2);
+/// Most relay jobs one relay runs at once (two per pair it serves).
+pub const MAX_JOBS: usize = 64;
+/// How long a lead has to send its job once authenticated.
+const JOB_WITHIN: Duration = Duration::from_secs(30);

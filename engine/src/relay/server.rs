@@ -1,0 +1,317 @@
+//! The relay's side: take jobs from authenticated leads and run each as
+//! the session the lead would have run, from this host.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use super::job;
+use super::{ALIVE_EVERY, JOB_WITHIN, MAX_JOBS, SILENCE};
+use crate::error::{Error, Result};
+use crate::net::{self, auth};
+use crate::progress::Progress;
+use crate::receiver::admission::Admission;
+use crate::sender::source::SourceList;
+use crate::sender::warm::Warm;
+use crate::sender::{RunState, SendConfig, send_list};
+use crate::wire::{
+    Frame, MAX_RELAY_SUMS, MAX_SMALL_FRAME, Purpose, RelayError, read_frame_capped, write_frame,
+};
+
+/// Handshakes one address may hold at once.
+const HANDSHAKES_PER_ADDRESS: usize = 8;
+/// Receivers whose parked connections a relay keeps, at most.
+const WARM_RECEIVERS: usize = 64;
+
+/// What a relay serves.
+#[derive(Clone)]
+pub struct RelayConfig {
+    /// The token leads must prove, and the relay proves to receivers.
+    pub token: Vec<u8>,
+    /// The directories jobs may read beneath.
+    pub roots: Vec<PathBuf>,
+    /// This host's own settings for the sessions it runs (I/O mode,
+    /// buffers, sockets, connect timeout); the job sets the rest.
+    pub send: SendConfig,
+}
+
+/// A bound relay.
+pub struct Relay {
+    listener: TcpListener,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    cfg: RelayConfig,
+    admission: Arc<Admission>,
+    /// Parked data connections and buffers, by receiver.
+    warm: Mutex<HashMap<String, Arc<Warm>>>,
+}
+
+impl Relay {
+    /// Binds `addr`, each root resolved now.
+    pub fn bind(addr: &str, mut cfg: RelayConfig) -> Result<Self> {
+        if cfg.roots.is_empty() {
+            return Err(Error::Config(
+                "a relay needs at least one --allow-root to read beneath".into(),
+            ));
+        }
+        for r in &mut cfg.roots {
+            *r = r
+                .canonicalize()
+                .map_err(|e| Error::io(format!("--allow-root {}", r.display()), e))?;
+        }
+        let listener = net::listen(addr)?;
+        Ok(Self {
+            listener,
+            shared: Arc::new(Shared {
+                cfg,
+                admission: Arc::new(Admission::new(MAX_JOBS, HANDSHAKES_PER_ADDRESS)),
+                warm: Mutex::default(),
+            }),
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.listener
+            .local_addr()
+            .map_err(|e| Error::net("reading the bound address", e))
+    }
+
+    /// Serves jobs until the process ends.
+    pub fn run(self) {
+        for conn in self.listener.incoming() {
+            let Ok(stream) = conn else {
+                // EMFILE and friends: wait for connections to close.
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            };
+            let Ok(peer) = stream.peer_addr() else {
+                continue;
+            };
+            let admitted = self
+                .shared
+                .admission
+                .admit(peer.ip(), Some(&stream), Instant::now());
+            let ticket = match admitted {
+                Ok(a) => a.ticket,
+                Err(refusal) => {
+                    let message = refusal.message().replacen("receiver", "relay", 1);
+                    crate::receiver::refuse_at_once(&stream, &message);
+                    continue;
+                }
+            };
+            let shared = Arc::clone(&self.shared);
+            let spawned = std::thread::Builder::new()
+                .name("relay-job".into())
+                .spawn(move || {
+                    let mut ticket = ticket;
+                    if let Err(e) = serve(&shared, stream, &mut ticket) {
+                        tracing::warn!(%peer, "relay job ended: {e}");
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "cannot start a relay job's thread");
+            }
+        }
+    }
+}
+
+fn serve(
+    shared: &Shared,
+    mut conn: TcpStream,
+    ticket: &mut crate::receiver::admission::Ticket,
+) -> Result<()> {
+    let purpose = net::within(&conn, net::HANDSHAKE_TIMEOUT, |d| {
+        auth::server(d, &shared.cfg.token)
+    })?;
+    ticket.authenticated();
+    if purpose != Purpose::Relay {
+        let refusal = Frame::Error {
+            retryable: false,
+            message: "this is a relay (wirerate relay), not a receiver: send to the receivers, \
+                      and name this host in --via"
+                .into(),
+        };
+        let _ = net::within(&conn, SILENCE, |d| write_frame(d, &refusal));
+        return Ok(());
+    }
+    let got = net::within(&conn, JOB_WITHIN, |d| job::read(d))?;
+    let (cfg, list) = match job::prepare(got, &shared.cfg.roots, &shared.cfg.send) {
+        Ok(prepared) => prepared,
+        Err(e) => {
+            tracing::warn!("relay job refused: {e}");
+            answer(&mut conn, &RunState::default(), &Err(e), None)?;
+            linger(&conn);
+            return Ok(());
+        }
+    };
+    let mut cfg = cfg;
+    cfg.warm = Some(shared.warm_for(&cfg.to));
+    cfg.progress = Arc::new(Progress::default());
+    let cancel = Arc::new(AtomicBool::new(false));
+    cfg.cancel = Some(Arc::clone(&cancel));
+    let (st, run) = run_watched(&mut conn, &cfg, &list, &cancel);
+    answer(&mut conn, &st, &run, cfg.stripe.as_ref())?;
+    linger(&conn);
+    Ok(())
+}
+
+/// Closes once the lead has read the answer and closed its side: a close
+/// with its keepalives unread would reset the connection, and a reset
+/// discards the answer still queued at the lead.
+fn linger(conn: &TcpStream) {
+    let _ = conn.shutdown(std::net::Shutdown::Write);
+    let until = Instant::now() + SILENCE;
+    let mut sink = [0u8; 512];
+    while let Some(left) = until.checked_duration_since(Instant::now()) {
+        if conn
+            .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .is_err()
+        {
+            return;
+        }
+        match std::io::Read::read(&mut &*conn, &mut sink) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
+impl Shared {
+    fn warm_for(&self, to: &str) -> Arc<Warm> {
+        let mut w = self.warm.lock().unwrap_or_else(|e| e.into_inner());
+        if !w.contains_key(to) && w.len() >= WARM_RECEIVERS {
+            w.clear();
+        }
+        Arc::clone(w.entry(to.to_string()).or_default())
+    }
+}
+
+/// Runs the job's session while telling the lead it runs, and cancels it
+/// when the lead closes its side or goes silent.
+fn run_watched(
+    conn: &mut TcpStream,
+    cfg: &SendConfig,
+    list: &SourceList,
+    cancel: &AtomicBool,
+) -> (RunState, Result<()>) {
+    let (tx, rx) = mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let _ = tx.send(send_list(cfg, list));
+        });
+        let mut heard = Instant::now();
+        let mut listening = true;
+        loop {
+            match rx.recv_timeout(ALIVE_EVERY) {
+                Ok(done) => return done,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return (
+                        RunState::default(),
+                        Err(Error::Internal("the relay's session ended unheard".into())),
+                    );
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            let moved = cfg.progress.position().moved;
+            let alive = net::within(conn, SILENCE, |d| {
+                write_frame(d, &Frame::RelayAlive { moved })
+            });
+            if listening {
+                match heard_from(conn) {
+                    Ok(true) => heard = Instant::now(),
+                    Ok(false) => {}
+                    // Closed (the lead cancelled the job) or broken.
+                    Err(_) => listening = false,
+                }
+            }
+            if alive.is_err() || !listening || heard.elapsed() >= SILENCE {
+                cancel.store(true, Ordering::Relaxed);
+            }
+        }
+    })
+}
+
+/// Takes the lead's keepalives that have arrived; `Err` once it closed.
+fn heard_from(conn: &TcpStream) -> Result<bool> {
+    let mut heard = false;
+    while net::wait_readable(conn, Duration::ZERO)
+        .map_err(|e| Error::net("waiting for the lead", e))?
+    {
+        match net::within(conn, SILENCE, |d| read_frame_capped(d, MAX_SMALL_FRAME))? {
+            Frame::Keepalive => heard = true,
+            other => {
+                return Err(crate::violation::Violation::unexpected(
+                    "a keepalive",
+                    crate::session::describe(&other),
+                )
+                .into());
+            }
+        }
+    }
+    Ok(heard)
+}
+
+/// Tells the lead what the session did: each file's checksums of its
+/// piece and verdict, then how it ended.
+fn answer(
+    conn: &mut TcpStream,
+    st: &RunState,
+    run: &Result<()>,
+    stripe: Option<&crate::wire::Stripe>,
+) -> Result<()> {
+    let ranges = stripe.map(|s| s.ranges()).unwrap_or_default();
+    net::within(conn, SILENCE, |d| {
+        for (&file_id, sums) in &st.sums {
+            let (first, end) = ranges.get(&file_id).copied().unwrap_or((0, 0));
+            let end = (end as usize).min(sums.len());
+            let mut at = (first as usize).min(end);
+            while at < end {
+                let upto = (at + MAX_RELAY_SUMS).min(end);
+                write_frame(
+                    d,
+                    &Frame::RelaySums {
+                        file_id,
+                        first: at as u64,
+                        sums: sums[at..upto].to_vec(),
+                    },
+                )?;
+                at = upto;
+            }
+        }
+        for (&file_id, verdict) in &st.verdicts {
+            let (ok, digest, message) = match verdict {
+                crate::session::FileVerdict::Ok(d) => (true, *d, String::new()),
+                crate::session::FileVerdict::Failed(why) => (false, 0, why.clone()),
+            };
+            let held = st.held_in_pieces.get(&file_id).copied().unwrap_or(0);
+            write_frame(
+                d,
+                &Frame::RelayResult {
+                    file_id,
+                    ok,
+                    digest,
+                    held,
+                    message,
+                },
+            )?;
+        }
+        let error = run.as_ref().err().map(|e| RelayError {
+            retryable: e.is_retryable()
+                || matches!(e, Error::GaveUp { .. } | Error::Cancelled { .. }),
+            message: e.to_string(),
+        });
+        write_frame(
+            d,
+            &Frame::RelayDone {
+                bytes_sent: st.bytes_sent,
+                error,
+            },
+        )
+    })
+}
