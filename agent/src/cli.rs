@@ -276,6 +276,11 @@ pub struct RelayArgs {
     /// naming a source elsewhere is refused.
     #[arg(long, required = true)]
     pub allow_root: Vec<PathBuf>,
+    /// Buffer memory all jobs together may hold, e.g. 4GiB (default: 4 x
+    /// --buffer); --buffer is the most one job's may. A job that does not
+    /// fit is told the relay is busy, and its lead retries.
+    #[arg(long, value_parser = size)]
+    pub max_memory: Option<u64>,
     #[command(flatten)]
     pub token: TokenArgs,
     #[command(flatten)]

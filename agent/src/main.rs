@@ -88,15 +88,20 @@ fn send_config(
 
 /// Who sends to each receiver of `send --to a,b,c --via -,h2:p,h3:p`:
 /// `None` for this host.
-fn senders(via: Option<&str>, receivers: usize) -> Vec<Option<String>> {
-    match via {
-        None => vec![None; receivers],
-        Some(v) => v
-            .split(',')
-            .map(str::trim)
-            .map(|h| (h != "-").then(|| h.to_string()))
-            .collect(),
-    }
+fn senders(via: Option<&str>, receivers: usize) -> Result<Vec<Option<String>>> {
+    let Some(v) = via else {
+        return Ok(vec![None; receivers]);
+    };
+    v.split(',')
+        .map(str::trim)
+        .map(|h| match h {
+            "" => bail!(
+                "--via {v:?} has an empty entry: name a relay's host:port, or - for this host"
+            ),
+            "-" => Ok(None),
+            h => Ok(Some(h.to_string())),
+        })
+        .collect()
 }
 
 /// The receivers of `send --to a,b,c`, when it names more than one.
@@ -199,7 +204,7 @@ fn send_cmd(a: wirerate_agent::cli::SendArgs) -> Result<ExitCode> {
     }
     if let Some(to) = receivers(&cfg.to, a.repeat) {
         let to = to?;
-        let via = senders(a.via.as_deref(), to.len());
+        let via = senders(a.via.as_deref(), to.len())?;
         let progress = watch_send(&mut cfg);
         let renderer = Renderer::start(Arc::clone(&progress), "send", a.quiet);
         let result = send_over_pairs_via(&cfg, &to, &via);
@@ -258,6 +263,7 @@ fn relay(a: wirerate_agent::cli::RelayArgs) -> Result<ExitCode> {
             token,
             roots: a.allow_root,
             send,
+            max_memory: a.max_memory,
         },
     )?;
     tracing::info!(addr = %relay.local_addr()?, "relaying");

@@ -146,6 +146,14 @@ impl Admission {
         }
     }
 
+    /// With at most `n` connections in their handshake at once (a relay's
+    /// leads open one connection a job, so the share a sender's burst of
+    /// data streams needs does not apply).
+    pub(crate) fn with_handshakes(mut self, n: usize) -> Self {
+        self.max_handshakes = n.clamp(1, self.max_connections);
+        self
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -8,7 +8,7 @@
 //! `queue_depth` writes in flight and checkpoints durable blocks.
 
 pub(crate) mod admission;
-mod budget;
+pub(crate) mod budget;
 mod checkpoint;
 mod checkpointer;
 mod claims;

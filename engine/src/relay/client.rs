@@ -14,7 +14,8 @@ use crate::sender::{RunState, SendConfig, cancelled, sleep_unless_cancelled};
 use crate::session::FileVerdict;
 use crate::violation::{Violation, ViolationKind};
 use crate::wire::{
-    self, FileEntry, Frame, MAX_FRAME, Purpose, RelayEntry, RelayJob, StripeRole, write_frame,
+    self, FileEntry, Frame, MAX_ADDR, MAX_FRAME, MAX_PATH, Purpose, RelayEntry, RelayJob,
+    StripeRole, write_frame,
 };
 
 /// Entries per `RelayFiles` frame, at most, and bytes of paths.
@@ -67,7 +68,16 @@ fn job(
             list.base_path.display()
         ))
     })?;
-    let mut conn = connect(via, cfg)?;
+    if cfg.to.len() > MAX_ADDR || source.len() > MAX_PATH {
+        return Err(Error::Config(format!(
+            "a relay job names the receiver and the source in at most {MAX_ADDR} and {MAX_PATH} bytes: {} is too long",
+            if cfg.to.len() > MAX_ADDR {
+                &cfg.to
+            } else {
+                source
+            }
+        )));
+    }
     let job = RelayJob {
         to: cfg.to.clone(),
         source: source.to_string(),
@@ -78,16 +88,47 @@ fn job(
         retry_ms: millis(cfg.retry_for),
         refused_ms: cfg.refused_for.map_or(0, millis),
     };
-    net::within(&conn, SILENCE, |d| {
-        write_frame(d, &Frame::RelayJob(job))?;
-        write_frame(d, &Frame::Stripe(stripe))?;
-        for entries in entries(list) {
-            write_frame(d, &Frame::RelayFiles { entries })?;
+    let frames = entries(list);
+    // A busy relay (its memory or its slots taken) is asked again, within
+    // the pair's patience, as an unreachable one is.
+    let mut busy = Backoff::new(
+        cfg.retry_for,
+        Duration::from_millis(250),
+        Duration::from_secs(2),
+    );
+    loop {
+        let mut conn = connect(via, cfg)?;
+        net::within(&conn, SILENCE, |d| {
+            write_frame(d, &Frame::RelayJob(job.clone()))?;
+            write_frame(d, &Frame::Stripe(stripe.clone()))?;
+            for entries in &frames {
+                write_frame(
+                    d,
+                    &Frame::RelayFiles {
+                        entries: entries.clone(),
+                    },
+                )?;
+            }
+            write_frame(d, &Frame::FilesEnd)
+        })?;
+        reached.handed = true;
+        match read_answers(via, &mut conn, cfg, list, st, reached) {
+            Err(
+                e @ Error::Remote {
+                    retryable: true, ..
+                },
+            ) => {
+                // Refused before it ran: nothing of it writes.
+                let Some(d) = busy.poll_delay(Instant::now(), false) else {
+                    return Err(e);
+                };
+                if sleep_unless_cancelled(cfg, d) {
+                    return Err(Error::Cancelled { last: Box::new(e) });
+                }
+            }
+            other => return other,
         }
-        write_frame(d, &Frame::FilesEnd)
-    })?;
-    reached.handed = true;
-    read_answers(via, &mut conn, cfg, list, st, reached)
+    }
 }
 
 fn millis(d: Duration) -> u32 {
@@ -189,25 +230,26 @@ fn read_answers(
 ) -> Result<()> {
     let (mut heard, mut said) = (Instant::now(), Instant::now());
     let mut moved = 0u64;
-    let mut cancelling = false;
+    let mut cancelling = None;
     loop {
-        if !cancelling && cancelled(cfg) {
+        if cancelling.is_none() && cancelled(cfg) {
             let _ = conn.shutdown(Shutdown::Write);
-            cancelling = true;
+            cancelling = Some(Instant::now());
         }
-        if !cancelling && said.elapsed() >= ALIVE_EVERY {
-            let wrote = net::within(conn, SILENCE, |d| write_frame(d, &Frame::Keepalive));
-            if let Err(Error::Net { cause, .. }) = &wrote
-                && closed(cause.kind())
-            {
-                reached.answered = true;
-            }
-            wrote?;
+        // Told to stop, it answers once its session has: within a
+        // keepalive interval, unless its thread is stuck in the kernel.
+        if cancelling.is_some_and(|t: Instant| t.elapsed() >= SILENCE + wire::KEEPALIVE_INTERVAL) {
+            return Err(Error::ConnectionLost(
+                "the relay did not answer once told to stop".into(),
+            ));
+        }
+        if cancelling.is_none() && said.elapsed() >= ALIVE_EVERY {
+            net::within(conn, SILENCE, |d| write_frame(d, &Frame::Keepalive))?;
             said = Instant::now();
         }
         if heard.elapsed() >= SILENCE {
             return Err(Error::ConnectionLost(format!(
-                "the relay said nothing for {} s",
+                "the relay said nothing for {} s; is it running and reachable? Its log says why",
                 SILENCE.as_secs()
             )));
         }
@@ -216,16 +258,10 @@ fn read_answers(
         if !ready {
             continue;
         }
-        let frame = net::within(conn, SILENCE, |d| wire::read_frame_capped(d, MAX_FRAME));
-        if let Err(Error::Net { cause, .. }) = &frame
-            && closed(cause.kind())
-        {
-            // Only the relay's job thread holds its end, until its
-            // session has returned (or its process died with it): it
-            // writes no more.
-            reached.answered = true;
-        }
-        let frame = frame?;
+        // A connection that closes without an answer is unanswered too:
+        // a reset may have reached this side only, and the relay goes on
+        // until it notices the silence.
+        let frame = net::within(conn, SILENCE, |d| wire::read_frame_capped(d, MAX_FRAME))?;
         heard = Instant::now();
         match frame {
             Frame::Keepalive => {}
@@ -260,7 +296,7 @@ fn read_answers(
                 reached.answered = true;
                 st.bytes_sent = bytes_sent;
                 cfg.progress.sent(bytes_sent.saturating_sub(moved));
-                return match (error, cancelling) {
+                return match (error, cancelling.is_some()) {
                     (_, true) => Err(Error::Cancelled {
                         last: Box::new(Error::Config("the relay job was stopped".into())),
                     }),
@@ -290,13 +326,12 @@ fn read_answers(
     }
 }
 
-/// Whether a read failed because the relay closed its end.
-fn closed(kind: std::io::ErrorKind) -> bool {
-    use std::io::ErrorKind as K;
-    matches!(
-        kind,
-        K::UnexpectedEof | K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe
+fn outside(file_id: u32) -> Error {
+    Violation::new(
+        ViolationKind::Unknown,
+        format!("the relay sent checksums outside the piece of file {file_id} it wrote"),
     )
+    .into()
 }
 
 fn known(list: &SourceList, file_id: u32) -> Result<()> {
@@ -322,17 +357,18 @@ fn take_sums(
     sums: &[u64],
 ) -> Result<()> {
     known(list, file_id)?;
-    let blocks = list.files[file_id as usize].size.div_ceil(cfg.block_size);
-    let end = first
-        .checked_add(sums.len() as u64)
-        .filter(|&e| e <= blocks);
-    let Some(end) = end else {
-        return Err(Violation::new(
-            ViolationKind::Unknown,
-            format!("the relay sent checksums past the end of file {file_id}"),
-        )
-        .into());
+    // Only within the piece the job wrote of it.
+    let piece = cfg
+        .stripe
+        .as_ref()
+        .and_then(|s| s.ranges().get(&file_id).copied());
+    let end = first.checked_add(sums.len() as u64);
+    let (Some((from, to)), Some(end)) = (piece, end) else {
+        return Err(outside(file_id));
     };
+    if first < from || end > to {
+        return Err(outside(file_id));
+    }
     let v = st.sums.entry(file_id).or_default();
     if (v.len() as u64) < end {
         v.resize(end as usize, 0);
@@ -365,10 +401,21 @@ mod tests {
             .unwrap() as u32;
         let mut cfg = SendConfig::new("", vec![1; 32], "", "");
         cfg.block_size = 4096;
+        cfg.stripe = Some(wire::Stripe {
+            group: 1,
+            role: StripeRole::Write,
+            pieces: vec![wire::StripePiece {
+                file_id: file,
+                first: 6,
+                end: 10,
+            }],
+        });
         let mut st = RunState::default();
         take_sums(&cfg, &list, &mut st, file, 8, &[7, 9]).unwrap();
         assert_eq!(st.sums[&file], [0, 0, 0, 0, 0, 0, 0, 0, 7, 9]);
         assert!(take_sums(&cfg, &list, &mut st, file, 9, &[1, 2]).is_err());
+        // Within the file, outside the piece the job wrote.
+        assert!(take_sums(&cfg, &list, &mut st, file, 2, &[1, 2]).is_err());
         assert!(take_sums(&cfg, &list, &mut st, file, u64::MAX, &[1]).is_err());
         assert!(take_sums(&cfg, &list, &mut st, 99, 0, &[1]).is_err());
     }

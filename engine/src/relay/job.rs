@@ -3,7 +3,6 @@
 //! into the session the lead would have run.
 
 use std::ffi::OsStr;
-use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
@@ -74,13 +73,66 @@ fn unexpected(expected: &str, got: &Frame) -> Error {
     Violation::unexpected(expected, crate::session::describe(got)).into()
 }
 
+/// A directory jobs may read beneath: its path, resolved when the relay
+/// started, and a descriptor every job's source is opened beneath.
+pub struct Root {
+    path: PathBuf,
+    fd: OwnedFd,
+}
+
+impl Root {
+    /// Resolves and opens `path`.
+    pub fn open(path: &Path) -> Result<Self> {
+        let real = path
+            .canonicalize()
+            .map_err(|e| Error::io(format!("--allow-root {}", path.display()), e))?;
+        let fd = rustix::fs::open(
+            &real,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| Error::io(format!("--allow-root {}", path.display()), e.into()))?;
+        Ok(Self { path: real, fd })
+    }
+}
+
+/// The buffer memory a job's session takes (as `sender::send_list`
+/// sizes its pools from `template.buffer`), refused when it is over the
+/// relay's own `--buffer`: a lead does not choose the relay's memory.
+pub(super) fn memory(job: &RelayJob, template: &SendConfig) -> Result<u64> {
+    let block = u64::from(job.block_size);
+    let count = (template.buffer / block).max(2 * u64::from(job.streams) + 2);
+    let need = count.saturating_mul(block);
+    if need > template.buffer.max(block * 2) || job.streams > MAX_STREAMS {
+        return Err(Error::Config(format!(
+            "the job's {} streams of {} blocks need {} of buffers, more than this relay's --buffer {} \
+             (or over {MAX_STREAMS} streams): send with fewer streams or smaller blocks, or raise the relay's --buffer",
+            job.streams,
+            crate::units::fmt_bytes(block),
+            crate::units::fmt_bytes(need),
+            crate::units::fmt_bytes(template.buffer),
+        )));
+    }
+    Ok(need)
+}
+
+/// Most data streams a relay job may open.
+const MAX_STREAMS: u16 = 256;
+
+/// How often, and how far apart, a file that differs from the lead's
+/// listing is looked at again before the job is refused: a network file
+/// system's attribute cache may show a file touched a moment ago as it
+/// was.
+const RECHECKS: u32 = 2;
+const RECHECK_AFTER: Duration = Duration::from_secs(1);
+
 /// The session `got` asks for, from this relay's view of the source:
 /// `template` gives this host's own settings (I/O, buffers, sockets).
 /// Refused, with why, when the job reads outside `roots`, or a file here
 /// is not the one the lead listed.
 pub(super) fn prepare(
     got: Received,
-    roots: &[PathBuf],
+    roots: &[Root],
     template: &SendConfig,
 ) -> Result<(SendConfig, SourceList)> {
     let Received {
@@ -122,36 +174,49 @@ pub(super) fn prepare(
     Ok((cfg, list))
 }
 
-/// The job's source directory, resolved, if it lies beneath one of
-/// `roots` (each resolved when the relay started).
-fn open_source(source: &str, roots: &[PathBuf]) -> Result<(PathBuf, OwnedFd)> {
+/// The job's source directory, opened beneath the root it names by its
+/// path, with no symlink followed: the path is the lead's resolved one,
+/// so a link in it here is another file system's, or a swap.
+fn open_source(source: &str, roots: &[Root]) -> Result<(PathBuf, OwnedFd)> {
     let path = Path::new(source);
-    if !path.is_absolute() {
+    let plain = path
+        .components()
+        .skip(1)
+        .all(|c| matches!(c, Component::Normal(_)));
+    if !path.is_absolute() || !plain {
         return Err(Error::Config(format!(
-            "a relay job names the source {source:?}, which is not an absolute path"
+            "a relay job names the source {source:?}, which is not an absolute path without . or .."
         )));
     }
-    let real = path
-        .canonicalize()
-        .map_err(|e| Error::io(format!("the relay opening {source}"), e))?;
-    if !roots.iter().any(|r| real.starts_with(r)) {
-        let allowed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+    let Some((root, rest)) = roots
+        .iter()
+        .find_map(|r| path.strip_prefix(&r.path).ok().map(|rest| (r, rest)))
+    else {
+        let allowed: Vec<String> = roots.iter().map(|r| r.path.display().to_string()).collect();
         return Err(Error::Config(format!(
             "{source} is not beneath this relay's --allow-root ({}); allow it there, or send from within it",
             allowed.join(", ")
         )));
-    }
-    let fd = rustix::fs::open(
-        &real,
+    };
+    let rest = if rest.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rest
+    };
+    let fd = rustix::fs::openat2(
+        &root.fd,
+        rest,
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
     )
     .map_err(|e| Error::io(format!("the relay opening {source}"), e.into()))?;
-    Ok((real, fd))
+    Ok((path.to_path_buf(), fd))
 }
 
-/// Entry `i` of the job, opened here beneath `base` as any send opens it,
-/// and refused unless it is the version the lead listed.
+/// Entry `i` of the job, looked at here beneath `base` (without opening
+/// it for reading: the session does, as any send does), and refused
+/// unless it is the version the lead listed.
 fn source_file(base: &OwnedFd, base_path: &Path, i: usize, e: RelayEntry) -> Result<SourceFile> {
     let rel = PathBuf::from(OsStr::from_bytes(&e.rel));
     let shown = base_path.join(&rel);
@@ -168,38 +233,55 @@ fn source_file(base: &OwnedFd, base_path: &Path, i: usize, e: RelayEntry) -> Res
             e.entry.kind
         )));
     }
-    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
-    let fd = rustix::fs::openat2(
-        base,
-        &rel,
-        flags,
-        Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-    )
-    .map_err(|err| Error::io(format!("the relay opening {}", shown.display()), err.into()))?;
-    let m = File::from(fd)
-        .metadata()
-        .map_err(|err| Error::io(format!("the relay reading {}", shown.display()), err))?;
-    let stamp = Stamp::of(&m);
-    if !m.is_file() || m.len() != e.entry.size || stamp.fingerprint() != e.entry.fingerprint {
-        return Err(Error::Config(format!(
-            "{}: the relay does not see the file the lead listed ({} bytes here, {} there, or another \
-             modification time): the sending hosts do not share this storage, or it changed; \
-             a transfer over several sending hosts needs one file system seen by all of them",
-            shown.display(),
-            m.len(),
-            e.entry.size
-        )));
-    }
+    let mut rechecks = 0;
+    let (stamp, size) = loop {
+        let st = stat_beneath(base, &rel, &shown)?;
+        let stamp = Stamp::of_stat(&st);
+        let regular = rustix::fs::FileType::from_raw_mode(st.st_mode).is_file();
+        if regular && stamp.size == e.entry.size && stamp.fingerprint() == e.entry.fingerprint {
+            break (stamp, stamp.size);
+        }
+        if !regular {
+            return Err(Error::Config(format!(
+                "{}: not a regular file on the relay (a link, a directory or a device), where the lead listed one",
+                shown.display()
+            )));
+        }
+        if rechecks == RECHECKS {
+            return Err(Error::Config(format!(
+                "{}: the relay does not see the file the lead listed ({} bytes here, {} there, or another \
+                 modification time): the sending hosts do not share this storage, or it changed; \
+                 a transfer over several sending hosts needs one file system seen by all of them",
+                shown.display(),
+                stamp.size,
+                e.entry.size
+            )));
+        }
+        rechecks += 1;
+        std::thread::sleep(RECHECK_AFTER);
+    };
     Ok(SourceFile {
         path: shown,
         rel,
         dest: e.entry.path,
         kind: EntryKind::File,
-        size: e.entry.size,
+        size,
         mode: e.entry.mode,
         stamp,
     })
+}
+
+fn stat_beneath(base: &OwnedFd, rel: &Path, shown: &Path) -> Result<rustix::fs::Stat> {
+    let fd = rustix::fs::openat2(
+        base,
+        rel,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(|err| Error::io(format!("the relay opening {}", shown.display()), err.into()))?;
+    rustix::fs::fstat(&fd)
+        .map_err(|err| Error::io(format!("the relay reading {}", shown.display()), err.into()))
 }
 
 #[cfg(test)]
@@ -264,9 +346,14 @@ mod tests {
         (dir, root, fp)
     }
 
+    fn roots(paths: &[PathBuf]) -> Vec<Root> {
+        paths.iter().map(|p| Root::open(p).unwrap()).collect()
+    }
+
     fn refused(got: Received, roots: &[PathBuf]) -> String {
+        let roots = self::roots(roots);
         let template = SendConfig::new("", vec![1; 32], "", "");
-        match prepare(got, roots, &template) {
+        match prepare(got, &roots, &template) {
             Ok(_) => panic!("a job that should be refused was taken"),
             Err(e) => e.to_string(),
         }
@@ -277,7 +364,7 @@ mod tests {
         let (_d, root, fp) = source();
         let template = SendConfig::new("", vec![1; 32], "", "");
         let got = received(&root.join("src"), entry("f", 5, fp));
-        let (cfg, list) = prepare(got, std::slice::from_ref(&root), &template).unwrap();
+        let (cfg, list) = prepare(got, &roots(std::slice::from_ref(&root)), &template).unwrap();
         assert_eq!(cfg.to, "127.0.0.1:1");
         assert_eq!(cfg.block_size, 1 << 20);
         assert_eq!(list.files[0].dest, "out");
@@ -305,7 +392,7 @@ mod tests {
         // A symlink beneath the source that leads out of it.
         std::os::unix::fs::symlink(root.join("secret"), src.join("link")).unwrap();
         let why = refused(received(&src, entry("link", 8, fp)), &roots);
-        assert!(why.contains("the relay opening"), "{why}");
+        assert!(why.contains("not a regular file on the relay"), "{why}");
     }
 
     #[test]
@@ -323,6 +410,23 @@ mod tests {
             why.contains("does not see the file the lead listed"),
             "{why}"
         );
+    }
+
+    #[test]
+    fn a_lead_cannot_size_the_relays_buffers_past_its_own() {
+        let mut template = SendConfig::new("", vec![1; 32], "", "");
+        template.buffer = 64 << 20;
+        let mut j = job(Path::new("/"));
+        j.block_size = 4 << 20;
+        j.streams = 4;
+        assert_eq!(memory(&j, &template).unwrap(), 64 << 20);
+        // 2 x 256 + 2 blocks of 4 MiB: 2 GiB, over the relay's 64 MiB.
+        j.streams = 256;
+        let why = memory(&j, &template).unwrap_err().to_string();
+        assert!(why.contains("more than this relay's --buffer"), "{why}");
+        j.streams = 4;
+        j.block_size = 64 << 20;
+        assert!(memory(&j, &template).is_err());
     }
 
     #[test]

@@ -35,6 +35,7 @@ mod server;
 use std::time::Duration;
 
 pub(crate) use client::run_job;
+pub use job::Root;
 pub use server::{Relay, RelayConfig};
 
 /// Each side of a relay job writes at least this often.

@@ -1,30 +1,32 @@
 //! The relay's side: take jobs from authenticated leads and run each as
 //! the session the lead would have run, from this host.
 
-use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use super::job;
+use super::job::{self, Root};
 use super::{ALIVE_EVERY, JOB_WITHIN, MAX_JOBS, SILENCE};
 use crate::error::{Error, Result};
 use crate::net::{self, auth};
 use crate::progress::Progress;
-use crate::receiver::admission::Admission;
-use crate::sender::source::SourceList;
+use crate::receiver::admission::{Admission, Ticket};
+use crate::receiver::budget::Budget;
 use crate::sender::warm::Warm;
 use crate::sender::{RunState, SendConfig, send_list};
+use crate::units::fmt_bytes;
 use crate::wire::{
     Frame, MAX_RELAY_SUMS, MAX_SMALL_FRAME, Purpose, RelayError, read_frame_capped, write_frame,
 };
 
-/// Handshakes one address may hold at once.
-const HANDSHAKES_PER_ADDRESS: usize = 8;
-/// Receivers whose parked connections a relay keeps, at most.
-const WARM_RECEIVERS: usize = 64;
+/// Handshakes one address may hold at once, and all addresses together.
+const HANDSHAKES_PER_ADDRESS: usize = 4;
+const HANDSHAKES: usize = 16;
+/// Keepalives taken from the lead per look: a lead that streams them
+/// cannot keep the watch from its other duties.
+const FRAMES_PER_LOOK: usize = 16;
 
 /// What a relay serves.
 #[derive(Clone)]
@@ -34,8 +36,12 @@ pub struct RelayConfig {
     /// The directories jobs may read beneath.
     pub roots: Vec<PathBuf>,
     /// This host's own settings for the sessions it runs (I/O mode,
-    /// buffers, sockets, connect timeout); the job sets the rest.
+    /// buffers, sockets, connect timeout); the job sets the rest. Its
+    /// `buffer` is the most one job's buffers may take.
     pub send: SendConfig,
+    /// The most all jobs' buffers may take together (default: four
+    /// jobs' `send.buffer`, two pairs' two sessions each).
+    pub max_memory: Option<u64>,
 }
 
 /// A bound relay.
@@ -46,31 +52,38 @@ pub struct Relay {
 
 struct Shared {
     cfg: RelayConfig,
+    roots: Vec<Root>,
     admission: Arc<Admission>,
-    /// Parked data connections and buffers, by receiver.
-    warm: Mutex<HashMap<String, Arc<Warm>>>,
+    memory: Arc<Budget>,
+    /// Parked data connections, by receiver, and the last job's buffers.
+    warm: Arc<Warm>,
 }
 
 impl Relay {
-    /// Binds `addr`, each root resolved now.
-    pub fn bind(addr: &str, mut cfg: RelayConfig) -> Result<Self> {
+    /// Binds `addr`, each root resolved and opened now.
+    pub fn bind(addr: &str, cfg: RelayConfig) -> Result<Self> {
         if cfg.roots.is_empty() {
             return Err(Error::Config(
                 "a relay needs at least one --allow-root to read beneath".into(),
             ));
         }
-        for r in &mut cfg.roots {
-            *r = r
-                .canonicalize()
-                .map_err(|e| Error::io(format!("--allow-root {}", r.display()), e))?;
-        }
+        let roots = cfg
+            .roots
+            .iter()
+            .map(|r| Root::open(r))
+            .collect::<Result<Vec<_>>>()?;
+        let memory = cfg.max_memory.unwrap_or(cfg.send.buffer.saturating_mul(4));
         let listener = net::listen(addr)?;
         Ok(Self {
             listener,
             shared: Arc::new(Shared {
+                roots,
+                admission: Arc::new(
+                    Admission::new(MAX_JOBS, HANDSHAKES_PER_ADDRESS).with_handshakes(HANDSHAKES),
+                ),
+                memory: Arc::new(Budget::new(memory)),
+                warm: Arc::new(Warm::default()),
                 cfg,
-                admission: Arc::new(Admission::new(MAX_JOBS, HANDSHAKES_PER_ADDRESS)),
-                warm: Mutex::default(),
             }),
         })
     }
@@ -99,8 +112,10 @@ impl Relay {
                 .admit(peer.ip(), Some(&stream), Instant::now());
             let ticket = match admitted {
                 Ok(a) => a.ticket,
-                Err(refusal) => {
-                    let message = refusal.message().replacen("receiver", "relay", 1);
+                Err(_) => {
+                    let message = format!(
+                        "relay busy: it runs {MAX_JOBS} jobs and {HANDSHAKES} handshakes at most; retry later"
+                    );
                     crate::receiver::refuse_at_once(&stream, &message);
                     continue;
                 }
@@ -121,43 +136,68 @@ impl Relay {
     }
 }
 
-fn serve(
-    shared: &Shared,
-    mut conn: TcpStream,
-    ticket: &mut crate::receiver::admission::Ticket,
-) -> Result<()> {
+fn serve(shared: &Shared, mut conn: TcpStream, ticket: &mut Ticket) -> Result<()> {
     let purpose = net::within(&conn, net::HANDSHAKE_TIMEOUT, |d| {
         auth::server(d, &shared.cfg.token)
     })?;
     ticket.authenticated();
     if purpose != Purpose::Relay {
-        let refusal = Frame::Error {
-            retryable: false,
-            message: "this is a relay (wirerate relay), not a receiver: send to the receivers, \
-                      and name this host in --via"
-                .into(),
-        };
-        let _ = net::within(&conn, SILENCE, |d| write_frame(d, &refusal));
-        return Ok(());
+        let message = "this is a relay (wirerate relay), not a receiver: send to the receivers, \
+                       and name this host in --via";
+        return refuse(&conn, false, message.into());
     }
-    let got = net::within(&conn, JOB_WITHIN, |d| job::read(d))?;
-    let (cfg, list) = match job::prepare(got, &shared.cfg.roots, &shared.cfg.send) {
-        Ok(prepared) => prepared,
+    let got = match net::within(&conn, JOB_WITHIN, |d| job::read(d)) {
+        Ok(got) => got,
         Err(e) => {
-            tracing::warn!("relay job refused: {e}");
-            answer(&mut conn, &RunState::default(), &Err(e), None)?;
-            linger(&conn);
-            return Ok(());
+            return refuse(
+                &conn,
+                false,
+                format!("the relay could not read the job: {e}"),
+            );
         }
     };
-    let mut cfg = cfg;
-    cfg.warm = Some(shared.warm_for(&cfg.to));
-    cfg.progress = Arc::new(Progress::default());
+    let reservation = match job::memory(&got.job, &shared.cfg.send) {
+        Ok(need) => shared.memory.reserve(need).map_err(|used| {
+            format!(
+                "relay busy: its jobs hold {} of buffers, and this one needs {} more than its --max-memory {} allows; retry later",
+                fmt_bytes(used),
+                fmt_bytes(need),
+                fmt_bytes(shared.memory.max())
+            )
+        }),
+        Err(e) => return refuse(&conn, false, e.to_string()),
+    };
+    let _reservation = match reservation {
+        Ok(r) => r,
+        Err(busy) => return refuse(&conn, true, busy),
+    };
+    let stripe = got.stripe.clone();
     let cancel = Arc::new(AtomicBool::new(false));
-    cfg.cancel = Some(Arc::clone(&cancel));
-    let (st, run) = run_watched(&mut conn, &cfg, &list, &cancel);
-    answer(&mut conn, &st, &run, cfg.stripe.as_ref())?;
+    let progress = Arc::new(Progress::default());
+    shared.warm.expire(Instant::now());
+    let (st, run) = run_watched(&mut conn, &progress, &cancel, || {
+        let (mut cfg, list) = match job::prepare(got, &shared.roots, &shared.cfg.send) {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                tracing::warn!("relay job refused: {e}");
+                return (RunState::default(), Err(e));
+            }
+        };
+        cfg.warm = Some(Arc::clone(&shared.warm));
+        cfg.progress = Arc::clone(&progress);
+        cfg.cancel = Some(Arc::clone(&cancel));
+        send_list(&cfg, &list)
+    });
+    answer(&mut conn, &st, &run, &stripe)?;
     linger(&conn);
+    Ok(())
+}
+
+/// Tells the lead why the job is not run, and closes.
+fn refuse(conn: &TcpStream, retryable: bool, message: String) -> Result<()> {
+    let refusal = Frame::Error { retryable, message };
+    let _ = net::within(conn, SILENCE, |d| write_frame(d, &refusal));
+    linger(conn);
     Ok(())
 }
 
@@ -182,28 +222,19 @@ fn linger(conn: &TcpStream) {
     }
 }
 
-impl Shared {
-    fn warm_for(&self, to: &str) -> Arc<Warm> {
-        let mut w = self.warm.lock().unwrap_or_else(|e| e.into_inner());
-        if !w.contains_key(to) && w.len() >= WARM_RECEIVERS {
-            w.clear();
-        }
-        Arc::clone(w.entry(to.to_string()).or_default())
-    }
-}
-
-/// Runs the job's session while telling the lead it runs, and cancels it
-/// when the lead closes its side or goes silent.
+/// Runs `session` (the job's checks, then its session) while telling the
+/// lead the job runs and what it moved, and cancels it when the lead
+/// closes its side or goes silent.
 fn run_watched(
     conn: &mut TcpStream,
-    cfg: &SendConfig,
-    list: &SourceList,
+    progress: &Progress,
     cancel: &AtomicBool,
+    session: impl FnOnce() -> (RunState, Result<()>) + Send,
 ) -> (RunState, Result<()>) {
     let (tx, rx) = mpsc::channel();
     std::thread::scope(|s| {
         s.spawn(move || {
-            let _ = tx.send(send_list(cfg, list));
+            let _ = tx.send(session());
         });
         let mut heard = Instant::now();
         let mut listening = true;
@@ -218,7 +249,7 @@ fn run_watched(
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
             }
-            let moved = cfg.progress.position().moved;
+            let moved = progress.position().moved;
             let alive = net::within(conn, SILENCE, |d| {
                 write_frame(d, &Frame::RelayAlive { moved })
             });
@@ -240,9 +271,12 @@ fn run_watched(
 /// Takes the lead's keepalives that have arrived; `Err` once it closed.
 fn heard_from(conn: &TcpStream) -> Result<bool> {
     let mut heard = false;
-    while net::wait_readable(conn, Duration::ZERO)
-        .map_err(|e| Error::net("waiting for the lead", e))?
-    {
+    for _ in 0..FRAMES_PER_LOOK {
+        let ready = net::wait_readable(conn, Duration::ZERO)
+            .map_err(|e| Error::net("waiting for the lead", e))?;
+        if !ready {
+            break;
+        }
         match net::within(conn, SILENCE, |d| read_frame_capped(d, MAX_SMALL_FRAME))? {
             Frame::Keepalive => heard = true,
             other => {
@@ -263,9 +297,9 @@ fn answer(
     conn: &mut TcpStream,
     st: &RunState,
     run: &Result<()>,
-    stripe: Option<&crate::wire::Stripe>,
+    stripe: &crate::wire::Stripe,
 ) -> Result<()> {
-    let ranges = stripe.map(|s| s.ranges()).unwrap_or_default();
+    let ranges = stripe.ranges();
     net::within(conn, SILENCE, |d| {
         for (&file_id, sums) in &st.sums {
             let (first, end) = ranges.get(&file_id).copied().unwrap_or((0, 0));

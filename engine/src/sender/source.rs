@@ -59,6 +59,17 @@ impl Stamp {
         }
     }
 
+    /// The stamp of `st`, as `fstat` gave it.
+    pub fn of_stat(st: &rustix::fs::Stat) -> Self {
+        Self {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            size: st.st_size.max(0) as u64,
+            mtime: (st.st_mtime, st.st_mtime_nsec as i64),
+            ctime: (st.st_ctime, st.st_ctime_nsec as i64),
+        }
+    }
+
     /// The source version a receiver's checkpoint is tied to (size and
     /// mtime), so a stale checkpoint is not reused.
     pub fn fingerprint(&self) -> u64 {

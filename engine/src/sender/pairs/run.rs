@@ -392,7 +392,9 @@ impl<'a> Run<'a> {
     }
 
     pub(super) fn sent(&mut self, pair: PairId, st: &RunState) {
-        *self.bytes_sent.entry(pair).or_default() += st.bytes_sent;
+        // Saturating: a relay's count is its word, not this host's.
+        let sent = self.bytes_sent.entry(pair).or_default();
+        *sent = sent.saturating_add(st.bytes_sent);
     }
 
     /// Records the files of a failed publish session that the receiver
@@ -441,7 +443,8 @@ impl<'a> Run<'a> {
             let id = i as u32;
             match (st.verdicts.get(&id), st.sums.get(&id)) {
                 (Some(FileVerdict::Ok(_)), Some(sums)) if piece.end as usize <= sums.len() => {
-                    self.bytes_resumed += st.held_in_pieces.get(&id).copied().unwrap_or(0);
+                    let held = st.held_in_pieces.get(&id).copied().unwrap_or(0);
+                    self.bytes_resumed = self.bytes_resumed.saturating_add(held);
                     let sums = &sums[piece.first as usize..piece.end as usize];
                     let _ = self.coord.acked(now, pair, *piece, sums);
                 }
@@ -584,7 +587,10 @@ impl<'a> Run<'a> {
         PairsSummary {
             ok: self.failed.is_empty() && self.published.len() == regular,
             bytes_total: total,
-            bytes_sent: self.bytes_sent.values().sum(),
+            bytes_sent: self
+                .bytes_sent
+                .values()
+                .fold(0u64, |a, b| a.saturating_add(*b)),
             bytes_resumed: self.bytes_resumed,
             seconds,
             gbps: total as f64 * 8.0 / seconds.max(1e-9) / 1e9,
