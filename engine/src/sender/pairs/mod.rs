@@ -25,6 +25,11 @@
 //! beside the shared temporary file (`receiver::pieces`), so a new `send`
 //! resends only the pieces not recorded there.
 //!
+//! A lane may send through a relay (`relay`, `send_over_pairs_via`):
+//! another sending host that runs the lane's write sessions from its own
+//! view of the shared source, so that a transfer reads and sends from
+//! several hosts; the marker and publish sessions stay with this one.
+//!
 //! Receivers may join a running transfer (`Joins`): a lost pair's
 //! replacement, or a receiver whose job came back on another port. Each
 //! gets a lane of its own and takes work not yet started, like a pair
