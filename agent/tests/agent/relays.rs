@@ -148,43 +148,10 @@ fn a_file_and_a_tree_sent_from_three_hosts_land_identical() {
     assert_no_leftovers(&s.root);
 }
 
-#[test]
-fn a_relay_killed_mid_file_hands_its_pieces_to_the_others() {
-    let s = setup("relays-kill", 64 << 20);
-    let shared = s.src.parent().unwrap();
-    let (_rx, ports) = receivers(&s.root, &s.token, 3);
-    let (mut r1, p1) = relay(shared, &s.token);
-    let (_r2, p2) = relay(shared, &s.token);
-    // Paced, so that every pair is mid-chunk when the relay is killed.
-    let child = send(
-        &ports,
-        &[p1, p2],
-        &s.token,
-        &s.src,
-        "f.bin",
-        &["--max-rate", "100Mbps"],
-    )
-    .spawn()
-    .unwrap();
-    let part = s.root.join(".f.bin.wirerate-part");
-    wait_written(&part, Duration::from_secs(30), "nothing started");
-    std::thread::sleep(Duration::from_millis(500));
-    r1.0.kill().unwrap();
-    let out = child.wait_with_output().unwrap();
-    let sum = json(&out);
-    assert!(out.status.success(), "{sum}");
-    assert_same(&s.src, &s.root.join("f.bin"));
-    let pairs = sum["pairs"].as_array().unwrap();
-    assert_ne!(pairs[1]["state"], "finished", "{sum}");
-    let why = pairs[1]["error"].as_str().unwrap_or_default();
-    assert!(why.contains(&format!("relay 127.0.0.1:{p1}")), "{sum}");
-    // Its pieces were verified only after its fence: a relay whose
-    // connection closed unanswered may still write until it notices.
-    let lost_after = pairs[1]["lost_after_s"].as_f64().unwrap();
-    let seconds = sum["seconds"].as_f64().unwrap();
-    assert!(seconds >= lost_after, "{sum}");
-    assert_no_leftovers(&s.root);
-}
+// A relay killed mid-file (its pair lost at once, its chunks sent by the
+// others, the file identical) is a run of bench/scaleout, which CI runs:
+// with its hosts in network namespaces, and costing the fence's 15 s
+// once, not twice beside the silent relay below.
 
 // A relay that goes silent (stopped, as a host cut off by a partition):
 // the lead loses its pair after its silence, keeps the files it touched
@@ -238,6 +205,61 @@ fn a_silent_relay_is_lost_and_fenced_and_the_file_lands_identical() {
     assert_same(&s.src, &s.root.join("f.bin"));
     drop(r1);
     assert_no_leftovers(&s.root);
+}
+
+// A relay whose memory can never hold a job says so, and what to raise;
+// one whose jobs hold it for now says it is busy, and the lead asks
+// again: its two sessions at once take turns, and the file lands.
+#[test]
+fn a_relay_short_of_memory_says_so_or_takes_turns() {
+    let s = setup("relays-memory", 16 << 20);
+    let shared = s.src.parent().unwrap();
+    let (_rx, ports) = receivers(&s.root, &s.token, 2);
+    let with = |max: &str| {
+        let port = free_port();
+        let mut argv = relay_cmd(shared, &s.token, port);
+        argv.extend([
+            "--buffer".into(),
+            "8MiB".into(),
+            "--max-memory".into(),
+            max.into(),
+        ]);
+        (spawn(&argv, port), port)
+    };
+    let (_r1, p1) = with("1MiB");
+    let out = send(&ports, &[p1], &s.token, &s.src, "f.bin", &[])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("more than this relay's --max-memory 1.00 MiB: raise it"),
+        "{err}"
+    );
+    // Room for one job of 8 MiB at a time.
+    let (_r2, p2) = with("12MiB");
+    let out = send(&ports, &[p2], &s.token, &s.src, "g.bin", &[])
+        .output()
+        .unwrap();
+    let sum = json(&out);
+    assert!(out.status.success(), "{sum}");
+    assert_same(&s.src, &s.root.join("g.bin"));
+    assert_eq!(sum["pairs"][1]["state"], "finished", "{sum}");
+}
+
+#[test]
+fn a_receiver_named_as_a_relay_says_what_it_is() {
+    let s = setup("relays-not-a-relay", 4 << 20);
+    let (_rx, ports) = receivers(&s.root, &s.token, 2);
+    let out = send(&ports, &[ports[1]], &s.token, &s.src, "f.bin", &[])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("this is a receiver (wirerate serve), not a relay"),
+        "{err}"
+    );
 }
 
 #[test]

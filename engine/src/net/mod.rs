@@ -255,6 +255,28 @@ impl Write for Deadline<'_> {
     }
 }
 
+/// Closes `conn` once the peer has closed its side (or after `within`),
+/// reading and dropping what it still sends: a close with unread bytes
+/// resets the connection, and a reset discards the last answer still
+/// queued at the peer.
+pub fn linger(conn: &TcpStream, within: Duration) {
+    let _ = conn.shutdown(std::net::Shutdown::Write);
+    let until = Instant::now() + within;
+    let mut sink = [0u8; 512];
+    while let Some(left) = until.checked_duration_since(Instant::now()) {
+        if conn
+            .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .is_err()
+        {
+            return;
+        }
+        match (&*conn).read(&mut sink) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
 /// How long a peer has to complete the handshake, all reads and writes
 /// together, on either side.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

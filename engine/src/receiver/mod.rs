@@ -581,6 +581,7 @@ fn handle_connection(
                         .into(),
                 };
                 let _ = write_frame(&mut stream, &refusal);
+                net::linger(&stream, Duration::from_secs(2));
                 return Ok(());
             }
         }

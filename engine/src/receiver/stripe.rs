@@ -8,15 +8,33 @@
 //! session (writing or publishing) must find it there. A receiver whose
 //! "shared" root is a private disk finds no marker and refuses, so its
 //! pieces never land in a file that another disk holds the rest of.
+//!
+//! A transfer whose sender was killed (or failed over: the new attempt
+//! marks anew) leaves its marker behind. Every session of a live
+//! transfer touches its marker, so one untouched for `STALE_MARKER` is
+//! such a leftover, and a receiver that creates a marker removes those
+//! it finds (looking at most once every `SWEEP_EVERY`).
 #![forbid(unsafe_code)]
 
 use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
 
-use rustix::fs::OFlags;
+use rustix::fs::{AtFlags, OFlags, Timespec, Timestamps};
 use rustix::io::Errno;
 
 use crate::fsroot::{Root, STRIPE_SUFFIX};
 use crate::wire::{Stripe, StripeRole};
+
+/// A marker untouched this long is a leftover of a transfer that ended
+/// without removing it.
+const STALE_MARKER: Duration = Duration::from_secs(24 * 3600);
+/// How often one process looks for leftovers, at most, and how many of
+/// the root's entries it looks at: a root may hold millions.
+const SWEEP_EVERY: Duration = Duration::from_secs(3600);
+const SWEEP_ENTRIES: usize = 100_000;
+static LAST_SWEEP: Mutex<Option<Instant>> = Mutex::new(None);
 
 /// The marker's name in the root, for transfer `group`.
 pub(crate) fn marker_name(group: u64) -> String {
@@ -35,9 +53,24 @@ pub(crate) fn check_marker(root: &Root, stripe: &Stripe) -> Result<(), String> {
                 .map_err(|e| format!("creating the shared-storage marker {name}: {e}"))?;
             f.write_all(&content)
                 .and_then(|()| f.sync_all())
-                .map_err(|e| format!("writing the shared-storage marker {name}: {e}"))
+                .map_err(|e| format!("writing the shared-storage marker {name}: {e}"))?;
+            if sweep_due(Instant::now()) {
+                sweep_stale(&top, SystemTime::now());
+            }
+            Ok(())
         }
         StripeRole::Write | StripeRole::Publish => {
+            // Touched, so that it is never taken for a leftover; a
+            // failure here is checked by the read below.
+            let now = Timespec {
+                tv_sec: 0,
+                tv_nsec: rustix::fs::UTIME_NOW,
+            };
+            let times = Timestamps {
+                last_access: now,
+                last_modification: now,
+            };
+            let _ = rustix::fs::utimensat(&top, &name, &times, AtFlags::SYMLINK_NOFOLLOW);
             let mut found = Vec::new();
             let read = Root::open_in(&top, &name, OFlags::RDONLY)
                 .map_err(std::io::Error::from)
@@ -57,12 +90,66 @@ pub(crate) fn check_marker(root: &Root, stripe: &Stripe) -> Result<(), String> {
                 )),
             }
         }
-        StripeRole::Unmark => match rustix::fs::unlinkat(&top, &name, rustix::fs::AtFlags::empty())
-        {
+        StripeRole::Unmark => match rustix::fs::unlinkat(&top, &name, AtFlags::empty()) {
             Ok(()) | Err(Errno::NOENT) => Ok(()),
             Err(e) => Err(format!("removing the shared-storage marker {name}: {e}")),
         },
     }
+}
+
+/// Whether this process should look for leftover markers now.
+fn sweep_due(now: Instant) -> bool {
+    let mut last = LAST_SWEEP.lock().unwrap_or_else(|e| e.into_inner());
+    if last.is_some_and(|t| now.duration_since(t) < SWEEP_EVERY) {
+        return false;
+    }
+    *last = Some(now);
+    true
+}
+
+/// Whether `name` is a marker's (`marker_name`).
+fn is_marker(name: &str) -> bool {
+    name.strip_prefix('.')
+        .and_then(|n| n.strip_suffix(STRIPE_SUFFIX))
+        .is_some_and(|hex| hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Removes the markers in the root (`top`) untouched since
+/// `STALE_MARKER` before `now`; says how many. Best effort: a marker it
+/// cannot read or remove stays.
+fn sweep_stale(top: &OwnedFd, now: SystemTime) -> usize {
+    let Ok(dir) = Root::open_in(top, ".", OFlags::RDONLY | OFlags::DIRECTORY) else {
+        return 0;
+    };
+    let Ok(entries) = rustix::fs::Dir::read_from(&dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.take(SWEEP_ENTRIES).flatten() {
+        let Ok(name) = entry.file_name().to_str() else {
+            continue;
+        };
+        if !is_marker(name) {
+            continue;
+        }
+        let Ok(st) = rustix::fs::statat(top, name, AtFlags::SYMLINK_NOFOLLOW) else {
+            continue;
+        };
+        let touched =
+            SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(st.st_mtime).unwrap_or(0));
+        let stale = now
+            .duration_since(touched)
+            .is_ok_and(|age| age >= STALE_MARKER);
+        let regular = rustix::fs::FileType::from_raw_mode(st.st_mode).is_file();
+        if stale && regular && rustix::fs::unlinkat(top, name, AtFlags::empty()).is_ok() {
+            tracing::info!(
+                marker = name,
+                "removed a shared-storage marker a transfer left behind"
+            );
+            removed += 1;
+        }
+    }
+    removed
 }
 
 #[cfg(test)]
@@ -95,5 +182,50 @@ mod tests {
         assert!(check_marker(&a, &stripe(7, StripeRole::Write)).is_err());
         // Removing it twice is no error: a retried last session does.
         check_marker(&a, &stripe(7, StripeRole::Unmark)).unwrap();
+    }
+
+    /// Sets `name`'s modification time `ago` before now.
+    fn age(dir: &std::path::Path, name: &str, ago: Duration) {
+        let t = SystemTime::now() - ago;
+        let f = std::fs::File::options()
+            .write(true)
+            .open(dir.join(name))
+            .unwrap();
+        f.set_modified(t).unwrap();
+    }
+
+    // Found in review: a sender killed mid-transfer, or failed over to a
+    // new attempt (which marks anew), left its marker in the root for
+    // ever.
+    #[test]
+    fn markers_a_transfer_left_behind_are_removed_and_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::open(dir.path()).unwrap();
+        for group in [1, 2, 3] {
+            check_marker(&root, &stripe(group, StripeRole::Mark)).unwrap();
+        }
+        let day = Duration::from_secs(24 * 3600);
+        age(dir.path(), &marker_name(1), day * 2);
+        age(dir.path(), &marker_name(2), day * 2);
+        // Transfer 2 still runs: its next session touches its marker.
+        check_marker(&root, &stripe(2, StripeRole::Write)).unwrap();
+        // Not a marker's name, however old: left alone.
+        std::fs::write(dir.path().join(".notes.wirerate-stripe"), b"x").unwrap();
+        age(dir.path(), ".notes.wirerate-stripe", day * 2);
+        let top = root.dir("").unwrap();
+        assert_eq!(sweep_stale(&top, SystemTime::now()), 1);
+        assert!(!dir.path().join(marker_name(1)).exists());
+        for name in [
+            marker_name(2),
+            marker_name(3),
+            ".notes.wirerate-stripe".into(),
+        ] {
+            assert!(dir.path().join(&name).exists(), "{name}");
+        }
+        // Looked for at most once an hour by one process.
+        let t = Instant::now();
+        let _ = sweep_due(t);
+        assert!(!sweep_due(t + Duration::from_secs(60)));
+        assert!(sweep_due(t + SWEEP_EVERY));
     }
 }

@@ -14,8 +14,8 @@ use crate::sender::{RunState, SendConfig, cancelled, sleep_unless_cancelled};
 use crate::session::FileVerdict;
 use crate::violation::{Violation, ViolationKind};
 use crate::wire::{
-    self, FileEntry, Frame, MAX_ADDR, MAX_FRAME, MAX_PATH, Purpose, RelayEntry, RelayJob,
-    StripeRole, write_frame,
+    self, FileEntry, Frame, MAX_ADDR, MAX_FRAME, MAX_PATH, Purpose, RelayEntry, RelayError,
+    RelayJob, StripeRole, write_frame,
 };
 
 /// Entries per `RelayFiles` frame, at most, and bytes of paths.
@@ -29,6 +29,8 @@ struct Reached {
     handed: bool,
     /// The relay said how it ended: its session writes no more.
     answered: bool,
+    /// It refused the job before running it.
+    refused: bool,
 }
 
 /// Runs the write session `cfg` describes (to `cfg.to`, its pieces in
@@ -114,11 +116,12 @@ fn job(
         reached.handed = true;
         match read_answers(via, &mut conn, cfg, list, st, reached) {
             Err(
-                e @ Error::Remote {
+                e @ Error::Relayed {
                     retryable: true, ..
                 },
-            ) => {
+            ) if reached.refused => {
                 // Refused before it ran: nothing of it writes.
+                reached.refused = false;
                 let Some(d) = busy.poll_delay(Instant::now(), false) else {
                     return Err(e);
                 };
@@ -263,67 +266,89 @@ fn read_answers(
         // until it notices the silence.
         let frame = net::within(conn, SILENCE, |d| wire::read_frame_capped(d, MAX_FRAME))?;
         heard = Instant::now();
-        match frame {
-            Frame::Keepalive => {}
-            Frame::RelayAlive { moved: now } => {
-                cfg.progress.sent(now.saturating_sub(moved));
-                moved = moved.max(now);
-            }
-            Frame::RelaySums {
-                file_id,
-                first,
-                sums,
-            } => take_sums(cfg, list, st, file_id, first, &sums)?,
-            Frame::RelayResult {
-                file_id,
-                ok,
-                digest,
-                held,
-                message,
-            } => {
-                known(list, file_id)?;
-                let verdict = if ok {
-                    FileVerdict::Ok(digest)
-                } else {
-                    FileVerdict::Failed(message)
-                };
-                st.verdicts.insert(file_id, verdict);
-                if held > 0 {
-                    st.held_in_pieces.insert(file_id, held);
-                }
-            }
-            Frame::RelayDone { bytes_sent, error } => {
-                reached.answered = true;
-                st.bytes_sent = bytes_sent;
-                cfg.progress.sent(bytes_sent.saturating_sub(moved));
-                return match (error, cancelling.is_some()) {
-                    (_, true) => Err(Error::Cancelled {
-                        last: Box::new(Error::Config("the relay job was stopped".into())),
-                    }),
-                    (None, false) => Ok(()),
-                    (Some(e), false) => Err(Error::Relayed {
-                        relay: via.to_string(),
-                        message: e.message,
-                        retryable: e.retryable,
-                        answered: true,
-                    }),
-                };
-            }
-            // The relay refused the job before running it (it is busy,
-            // or no relay at all).
-            Frame::Error { retryable, message } => {
-                reached.answered = true;
-                return Err(Error::Remote { retryable, message });
-            }
-            other => {
-                return Err(Violation::unexpected(
-                    "a relay's answer",
-                    crate::session::describe(&other),
-                )
-                .into());
+        let Some(answer) = take(frame, cfg, list, st, &mut moved)? else {
+            continue;
+        };
+        reached.answered = true;
+        reached.refused = matches!(answer, Answer::Refused(_));
+        let relayed = |e: RelayError| Error::Relayed {
+            relay: via.to_string(),
+            message: e.message,
+            retryable: e.retryable,
+            answered: true,
+        };
+        return match (answer, cancelling.is_some()) {
+            (Answer::Done(_), true) => Err(Error::Cancelled {
+                last: Box::new(Error::Config("the relay job was stopped".into())),
+            }),
+            (Answer::Done(None), false) => Ok(()),
+            (Answer::Done(Some(e)) | Answer::Refused(e), _) => Err(relayed(e)),
+        };
+    }
+}
+
+/// How a relay ended a job.
+enum Answer {
+    /// It ran, and ended so.
+    Done(Option<RelayError>),
+    /// It refused the job before running it (busy, or no relay at all).
+    Refused(RelayError),
+}
+
+/// Takes one of the relay's frames into `st`; the answer, once it came.
+fn take(
+    frame: Frame,
+    cfg: &SendConfig,
+    list: &SourceList,
+    st: &mut RunState,
+    moved: &mut u64,
+) -> Result<Option<Answer>> {
+    match frame {
+        Frame::Keepalive => {}
+        Frame::RelayAlive { moved: now } => {
+            cfg.progress.sent(now.saturating_sub(*moved));
+            *moved = (*moved).max(now);
+        }
+        Frame::RelaySums {
+            file_id,
+            first,
+            sums,
+        } => take_sums(cfg, list, st, file_id, first, &sums)?,
+        Frame::RelayResult {
+            file_id,
+            ok,
+            digest,
+            held,
+            message,
+        } => {
+            known(list, file_id)?;
+            let verdict = if ok {
+                FileVerdict::Ok(digest)
+            } else {
+                FileVerdict::Failed(message)
+            };
+            st.verdicts.insert(file_id, verdict);
+            if held > 0 {
+                st.held_in_pieces.insert(file_id, held);
             }
         }
+        Frame::RelayDone { bytes_sent, error } => {
+            st.bytes_sent = bytes_sent;
+            cfg.progress.sent(bytes_sent.saturating_sub(*moved));
+            return Ok(Some(Answer::Done(error)));
+        }
+        Frame::Error { retryable, message } => {
+            return Ok(Some(Answer::Refused(RelayError { retryable, message })));
+        }
+        other => {
+            return Err(Violation::unexpected(
+                "a relay's answer",
+                crate::session::describe(&other),
+            )
+            .into());
+        }
     }
+    Ok(None)
 }
 
 fn outside(file_id: u32) -> Error {

@@ -156,20 +156,29 @@ fn serve(shared: &Shared, mut conn: TcpStream, ticket: &mut Ticket) -> Result<()
             );
         }
     };
-    let reservation = match job::memory(&got.job, &shared.cfg.send) {
-        Ok(need) => shared.memory.reserve(need).map_err(|used| {
-            format!(
-                "relay busy: its jobs hold {} of buffers, and this one needs {} more than its --max-memory {} allows; retry later",
+    let need = match job::memory(&got.job, &shared.cfg.send) {
+        Ok(need) => need,
+        Err(e) => return refuse(&conn, false, e.to_string()),
+    };
+    if need > shared.memory.max() {
+        let message = format!(
+            "the job needs {} of buffers, more than this relay's --max-memory {}: raise it",
+            fmt_bytes(need),
+            fmt_bytes(shared.memory.max())
+        );
+        return refuse(&conn, false, message);
+    }
+    let _reservation = match shared.memory.reserve(need) {
+        Ok(r) => r,
+        Err(used) => {
+            let busy = format!(
+                "relay busy: its jobs hold {} of buffers, and this one's {} would pass its --max-memory {}; retry later",
                 fmt_bytes(used),
                 fmt_bytes(need),
                 fmt_bytes(shared.memory.max())
-            )
-        }),
-        Err(e) => return refuse(&conn, false, e.to_string()),
-    };
-    let _reservation = match reservation {
-        Ok(r) => r,
-        Err(busy) => return refuse(&conn, true, busy),
+            );
+            return refuse(&conn, true, busy);
+        }
     };
     let stripe = got.stripe.clone();
     let cancel = Arc::new(AtomicBool::new(false));
@@ -189,7 +198,7 @@ fn serve(shared: &Shared, mut conn: TcpStream, ticket: &mut Ticket) -> Result<()
         send_list(&cfg, &list)
     });
     answer(&mut conn, &st, &run, &stripe)?;
-    linger(&conn);
+    net::linger(&conn, SILENCE);
     Ok(())
 }
 
@@ -197,29 +206,8 @@ fn serve(shared: &Shared, mut conn: TcpStream, ticket: &mut Ticket) -> Result<()
 fn refuse(conn: &TcpStream, retryable: bool, message: String) -> Result<()> {
     let refusal = Frame::Error { retryable, message };
     let _ = net::within(conn, SILENCE, |d| write_frame(d, &refusal));
-    linger(conn);
+    net::linger(conn, SILENCE);
     Ok(())
-}
-
-/// Closes once the lead has read the answer and closed its side: a close
-/// with its keepalives unread would reset the connection, and a reset
-/// discards the answer still queued at the lead.
-fn linger(conn: &TcpStream) {
-    let _ = conn.shutdown(std::net::Shutdown::Write);
-    let until = Instant::now() + SILENCE;
-    let mut sink = [0u8; 512];
-    while let Some(left) = until.checked_duration_since(Instant::now()) {
-        if conn
-            .set_read_timeout(Some(left.max(Duration::from_millis(1))))
-            .is_err()
-        {
-            return;
-        }
-        match std::io::Read::read(&mut &*conn, &mut sink) {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
-    }
 }
 
 /// Runs `session` (the job's checks, then its session) while telling the
