@@ -175,11 +175,6 @@ pub async fn run(cfg: RunConfig) -> Result<()> {
 
 /// Runs the agent on `client` until the process is stopped.
 pub async fn run_with(client: Client, cfg: RunConfig) -> Result<()> {
-    let me = Me {
-        namespace: cfg.namespace.clone(),
-        pool: cfg.pool.clone(),
-        name: cfg.agent.clone(),
-    };
     let pools: Api<DtnPool> = Api::namespaced(client.clone(), &cfg.namespace);
     let pool = read_pool(&pools, &cfg).await?;
     tracing::info!(
@@ -188,7 +183,49 @@ pub async fn run_with(client: Client, cfg: RunConfig) -> Result<()> {
         advertise = cfg.advertise,
         "agent starting"
     );
+    let stores = watch_transfers(&client, &cfg);
+    let tester = path_tests::PathTester::new(cfg.path_test_delay);
+    // The Lease has a task of its own: nothing this loop waits for (a slow
+    // report, a token read, a pool read) can let it lapse.
+    let (lease, lease_rx) = tokio::sync::watch::channel(lease_info(&cfg, &pool, 0, &tester));
+    tokio::spawn(api::keep_lease(
+        client.clone(),
+        cfg.namespace.clone(),
+        cfg.pool.clone(),
+        cfg.agent.clone(),
+        lease_rx,
+    ));
+    let mut agent = Agent {
+        me: Me {
+            namespace: cfg.namespace.clone(),
+            pool: cfg.pool.clone(),
+            name: cfg.agent.clone(),
+        },
+        reports: api::Reports::start(client.clone(), &cfg.agent),
+        client,
+        cfg,
+        pools,
+        pool,
+        stores,
+        start: Instant::now(),
+        jobs: HashMap::new(),
+        finished: HashSet::new(),
+        no_token: cadence::NotYet::default(),
+        tester,
+        lease,
+        last_look: None,
+        shown_active: 0,
+    };
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        agent.round().await;
+    }
+}
 
+/// Watches the Transfers that name this agent, in its namespace and those
+/// it watches besides.
+fn watch_transfers(client: &Client, cfg: &RunConfig) -> Vec<Store<Transfer>> {
     let mut namespaces = vec![cfg.namespace.clone()];
     namespaces.extend(
         cfg.watch_namespaces
@@ -223,54 +260,36 @@ pub async fn run_with(client: Client, cfg: RunConfig) -> Result<()> {
             stores.push(reader);
         }
     }
+    stores
+}
 
-    let start = Instant::now();
-    let mut jobs: HashMap<JobKey, Job> = HashMap::new();
-    let mut finished: HashSet<JobKey> = HashSet::new();
-    let mut no_token: cadence::NotYet<JobKey> = cadence::NotYet::default();
-    let mut pool = pool;
-    let mut tester = path_tests::PathTester::new(cfg.path_test_delay);
-    // The Lease has a task of its own: nothing this loop waits for (a slow
-    // report, a token read, a pool read) can let it lapse.
-    let (lease, lease_rx) = tokio::sync::watch::channel(lease_info(&cfg, &pool, 0, &tester));
-    tokio::spawn(api::keep_lease(
-        client.clone(),
-        cfg.namespace.clone(),
-        cfg.pool.clone(),
-        cfg.agent.clone(),
-        lease_rx,
-    ));
-    let reports = api::Reports::start(client.clone(), &cfg.agent);
-    let mut last_look: Option<Instant> = None;
-    let mut shown_active = 0;
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        tick.tick().await;
+/// The agent between its rounds: what it runs, and what it has seen.
+struct Agent {
+    client: Client,
+    cfg: RunConfig,
+    me: Me,
+    pools: Api<DtnPool>,
+    pool: DtnPool,
+    stores: Vec<Store<Transfer>>,
+    start: Instant,
+    jobs: HashMap<JobKey, Job>,
+    finished: HashSet<JobKey>,
+    no_token: cadence::NotYet<JobKey>,
+    tester: path_tests::PathTester,
+    lease: tokio::sync::watch::Sender<AgentLease>,
+    reports: api::Reports,
+    last_look: Option<Instant>,
+    shown_active: usize,
+}
+
+impl Agent {
+    /// One round, every second: the pool and the Lease, then each
+    /// Transfer's jobs stopped, started and observed, then path tests.
+    async fn round(&mut self) {
         jobs::expire_warm();
-        // The pool and the host are looked at every 5 s, and the Lease's
-        // content follows them (the Lease task writes it when it changed).
-        if last_look.is_none_or(|t| t.elapsed() >= Duration::from_secs(5))
-            || shown_active != jobs.len()
-        {
-            if last_look.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
-                last_look = Some(Instant::now());
-                match api::call(api::CALL_TIMEOUT, pools.get(&cfg.pool)).await {
-                    Ok(p) => pool = p,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot read the DtnPool; keeping the last copy")
-                    }
-                }
-            }
-            shown_active = jobs.len();
-            let info = lease_info(&cfg, &pool, jobs.len(), &tester);
-            lease.send_if_modified(|l| {
-                let changed = *l != info;
-                *l = info;
-                changed
-            });
-        }
+        self.look_around().await;
         let mut seen: BTreeMap<String, Transfer> = BTreeMap::new();
-        for s in &stores {
+        for s in &self.stores {
             for t in s.state() {
                 seen.insert(t.metadata.uid.clone().unwrap_or_default(), (*t).clone());
             }
@@ -280,9 +299,59 @@ pub async fn run_with(client: Client, cfg: RunConfig) -> Result<()> {
             .iter()
             .map(|t| (t.metadata.uid.clone().unwrap_or_default(), t))
             .collect();
+        self.cancel(&transfers, &by_uid);
+        let wanted = plan::wanted(&transfers, &self.me);
+        let wanted_now: HashSet<JobKey> = wanted.iter().map(|w| w.key.clone()).collect();
+        self.stop_unwanted(&wanted, &by_uid);
+        for w in wanted {
+            self.start_wanted(w, &by_uid).await;
+        }
+        let jobs = &self.jobs;
+        self.no_token
+            .retain(|k| wanted_now.contains(k) && !jobs.contains_key(k));
+        self.observe_all();
+        self.tester
+            .step(
+                &self.client,
+                &self.cfg,
+                &self.pool,
+                !self.jobs.is_empty(),
+                self.start.elapsed(),
+            )
+            .await;
+    }
 
-        for (key, name) in plan::cancelled(&transfers, &me) {
-            if let Some(mut j) = jobs.remove(&key) {
+    /// The pool and the host are looked at every 5 s, and the Lease's
+    /// content follows them (the Lease task writes it when it changed).
+    async fn look_around(&mut self) {
+        let due = self
+            .last_look
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(5));
+        if !due && self.shown_active == self.jobs.len() {
+            return;
+        }
+        if due {
+            self.last_look = Some(Instant::now());
+            match api::call(api::CALL_TIMEOUT, self.pools.get(&self.cfg.pool)).await {
+                Ok(p) => self.pool = p,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the DtnPool; keeping the last copy")
+                }
+            }
+        }
+        self.shown_active = self.jobs.len();
+        let info = lease_info(&self.cfg, &self.pool, self.jobs.len(), &self.tester);
+        self.lease.send_if_modified(|l| {
+            let changed = *l != info;
+            *l = info;
+            changed
+        });
+    }
+
+    /// Stops the jobs of Transfers cancelled, and says so.
+    fn cancel(&mut self, transfers: &[Transfer], by_uid: &HashMap<String, &Transfer>) {
+        for (key, name) in plan::cancelled(transfers, &self.me) {
+            if let Some(mut j) = self.jobs.remove(&key) {
                 stop(&mut j);
             }
             let msg = match by_uid.get(&key.uid) {
@@ -293,18 +362,21 @@ pub async fn run_with(client: Client, cfg: RunConfig) -> Result<()> {
                 _ => "stopped".to_owned(),
             };
             report(
-                &reports,
-                &cfg,
+                &self.reports,
+                &self.cfg,
                 &name,
                 &key,
                 Report::new(ReportState::Cancelled, &msg),
             );
         }
+    }
 
-        let wanted = plan::wanted(&transfers, &me);
-        let wanted_now: HashSet<JobKey> = wanted.iter().map(|w| w.key.clone()).collect();
-        for key in plan::to_stop(jobs.keys(), &wanted, &finished) {
-            let Some(j) = jobs.get_mut(&key) else {
+    /// Stops the jobs whose assignment moved away, once a sender that may
+    /// still finish has had `FINISH_GRACE`.
+    fn stop_unwanted(&mut self, wanted: &[Want], by_uid: &HashMap<String, &Transfer>) {
+        let elapsed = self.start.elapsed();
+        for key in plan::to_stop(self.jobs.keys(), wanted, &self.finished) {
+            let Some(j) = self.jobs.get_mut(&key) else {
                 continue;
             };
             let acked = match &j.side {
@@ -314,88 +386,90 @@ pub async fn run_with(client: Client, cfg: RunConfig) -> Result<()> {
                 }
                 Side::Receiver { .. } => false,
             };
-            let lingering = *j.unwanted_since.get_or_insert(start.elapsed());
+            let lingering = *j.unwanted_since.get_or_insert(elapsed);
             if plan::may_finish(&key, by_uid.get(&key.uid).copied(), acked)
-                && start.elapsed() - lingering < FINISH_GRACE
+                && elapsed - lingering < FINISH_GRACE
             {
                 continue;
             }
-            if let Some(mut j) = jobs.remove(&key) {
+            if let Some(mut j) = self.jobs.remove(&key) {
                 tracing::info!(transfer = ?j.transfer, "assignment moved away; stopping attempt {}", key.attempt);
                 stop(&mut j);
             }
         }
-        for w in wanted {
-            if let Some(j) = jobs.get_mut(&w.key) {
-                take_in(j, &w);
-                let multi = by_uid.get(&w.key.uid).is_some_and(|t| t.multi_pair());
-                if plan::receivers_moved(&j.endpoints, &w.endpoints, multi) {
-                    tracing::info!(transfer = ?j.transfer, "the receiver moved to {:?}; following it", w.endpoints);
-                    stop(j);
-                    jobs.remove(&w.key);
-                }
-            }
-            if jobs.contains_key(&w.key) || finished.contains(&w.key) || !plan::may_start(&w) {
-                continue;
-            }
-            let Some(t) = by_uid.get(&w.key.uid) else {
-                continue;
-            };
-            let span = tracing::info_span!(
-                "transfer",
-                transfer = %format!("{}/{}", w.transfer.0, w.transfer.1),
-                role = ?w.key.role,
-                attempt = w.key.attempt
-            );
-            let started = start_job(&client, &cfg, &pool, t, &w, &span).await;
-            let failed = match started {
-                Ok(job) => {
-                    tracing::info!(transfer = ?w.transfer, role = ?w.key.role, attempt = w.key.attempt, "started");
-                    jobs.insert(w.key.clone(), job);
-                    no_token.forget(&w.key);
-                    None
-                }
-                Err(Start::NotYet(why)) if no_token.waiting(&w.key, start.elapsed()) => {
-                    tracing::info!(transfer = ?w.transfer, "not starting yet: {why}");
-                    None
-                }
-                Err(Start::NotYet(why)) => Some(format!(
-                    "{why}, for {}s after the assignment",
-                    cadence::TOKEN_WAIT.as_secs()
-                )),
-                Err(Start::Failed(e)) => Some(storage::explain(&e)),
-            };
-            if let Some(msg) = failed {
-                tracing::warn!(transfer = ?w.transfer, "cannot start: {msg}");
-                report(
-                    &reports,
-                    &cfg,
-                    &w.transfer,
-                    &w.key,
-                    Report::new(ReportState::Failed, &msg),
-                );
-                no_token.forget(&w.key);
-                finished.insert(w.key);
+    }
+
+    /// Follows a running job's receivers, or starts the job `w` wants.
+    async fn start_wanted(&mut self, w: Want, by_uid: &HashMap<String, &Transfer>) {
+        if let Some(j) = self.jobs.get_mut(&w.key) {
+            take_in(j, &w);
+            let multi = by_uid.get(&w.key.uid).is_some_and(|t| t.multi_pair());
+            if plan::receivers_moved(&j.endpoints, &w.endpoints, multi) {
+                tracing::info!(transfer = ?j.transfer, "the receiver moved to {:?}; following it", w.endpoints);
+                stop(j);
+                self.jobs.remove(&w.key);
             }
         }
-        no_token.retain(|k| wanted_now.contains(k) && !jobs.contains_key(k));
+        if self.jobs.contains_key(&w.key) || self.finished.contains(&w.key) || !plan::may_start(&w)
+        {
+            return;
+        }
+        let Some(t) = by_uid.get(&w.key.uid) else {
+            return;
+        };
+        let span = tracing::info_span!(
+            "transfer",
+            transfer = %format!("{}/{}", w.transfer.0, w.transfer.1),
+            role = ?w.key.role,
+            attempt = w.key.attempt
+        );
+        let started = start_job(&self.client, &self.cfg, &self.pool, t, &w, &span).await;
+        let failed = match started {
+            Ok(job) => {
+                tracing::info!(transfer = ?w.transfer, role = ?w.key.role, attempt = w.key.attempt, "started");
+                self.jobs.insert(w.key.clone(), job);
+                self.no_token.forget(&w.key);
+                None
+            }
+            Err(Start::NotYet(why)) if self.no_token.waiting(&w.key, self.start.elapsed()) => {
+                tracing::info!(transfer = ?w.transfer, "not starting yet: {why}");
+                None
+            }
+            Err(Start::NotYet(why)) => Some(format!(
+                "{why}, for {}s after the assignment",
+                cadence::TOKEN_WAIT.as_secs()
+            )),
+            Err(Start::Failed(e)) => Some(storage::explain(&e)),
+        };
+        if let Some(msg) = failed {
+            tracing::warn!(transfer = ?w.transfer, "cannot start: {msg}");
+            report(
+                &self.reports,
+                &self.cfg,
+                &w.transfer,
+                &w.key,
+                Report::new(ReportState::Failed, &msg),
+            );
+            self.no_token.forget(&w.key);
+            self.finished.insert(w.key);
+        }
+    }
 
-        let now = start.elapsed();
+    /// Reports each job, and ends those that finished.
+    fn observe_all(&mut self) {
+        let now = self.start.elapsed();
         let mut done = Vec::new();
-        for (key, job) in jobs.iter_mut() {
-            if let Some(finish) = observe(&client, &reports, &cfg, key, job, now) {
+        for (key, job) in self.jobs.iter_mut() {
+            if let Some(finish) = observe(&self.client, &self.reports, &self.cfg, key, job, now) {
                 done.push((key.clone(), finish));
             }
         }
         for (key, _) in done {
-            if let Some(mut j) = jobs.remove(&key) {
+            if let Some(mut j) = self.jobs.remove(&key) {
                 stop(&mut j);
             }
-            finished.insert(key);
+            self.finished.insert(key);
         }
-        tester
-            .step(&client, &cfg, &pool, !jobs.is_empty(), start.elapsed())
-            .await;
     }
 }
 
