@@ -532,73 +532,8 @@ async fn start_job(
         Err(TokenRead::Unusable(e)) => return Err(Start::Failed(e)),
     };
     let side = match w.key.role {
-        Role::Sender => {
-            let source =
-                jobs::under_roots(Path::new(&t.spec.source.path), &pool.spec.allowed_roots)?;
-            let dest = dest_name(&t.spec.destination.path)?;
-            let verify = t.spec.verification;
-            let endpoints = w.endpoints.clone();
-            Side::Sender {
-                // Its thread logs under the Transfer's span.
-                job: span.in_scope(|| {
-                    SenderJob::start(
-                        &endpoints,
-                        t.multi_pair().then(|| t.pairs() as usize),
-                        token,
-                        source,
-                        dest,
-                        &tuning,
-                        verify,
-                        t.spec.max_rate_mbps,
-                    )
-                })?,
-                // Over several pairs no one receiver holds the whole.
-                shows_progress: t.spec.destination.external.is_some() || t.multi_pair(),
-                last_state: None,
-                announce_tries: ANNOUNCE_TRIES,
-                changes_told: 0,
-                pair_names: pair_names(w, t.multi_pair()),
-                pairs_told: (0, 0),
-            }
-        }
-        Role::Receiver => {
-            let dest = PathBuf::from(&t.spec.destination.path);
-            let parent = dest
-                .parent()
-                .ok_or_else(|| Error::Config("the destination has no parent directory".into()))?;
-            // The parent must be created beneath an allowed root, never above
-            // one; for another namespace's Transfer, beneath its own subtree.
-            let roots = wirerate_crds::pool::tenant_roots(
-                pool,
-                t.metadata.namespace.as_deref().unwrap_or_default(),
-            );
-            let root = roots
-                .iter()
-                .find(|r| parent.starts_with(r))
-                .ok_or_else(|| Error::PathRefused {
-                    path: dest.display().to_string(),
-                    reason: format!(
-                        "it is not under this pool's roots for namespace {} ({})",
-                        t.metadata.namespace.as_deref().unwrap_or_default(),
-                        roots.join(", ")
-                    ),
-                })?;
-            std::fs::create_dir_all(parent)
-                .map_err(|e| Error::io(format!("creating {}", parent.display()), e))?;
-            let parent = jobs::under_roots(parent, std::slice::from_ref(root))?;
-            let striping = stripe(&parent, s.effective_striping.as_ref());
-            let ports = contract::data_ports(cfg.data_port, cfg.max_transfers);
-            // Its threads log under the Transfer's span.
-            let job = span.in_scope(|| ReceiverJob::start(parent, token, &tuning, ports))?;
-            Side::Receiver {
-                job,
-                dest,
-                striping,
-                reported: false,
-                shown_kept: 0,
-                multi: t.multi_pair(),
-            }
-        }
+        Role::Sender => span.in_scope(|| sender_side(t, w, pool, token, &tuning))?,
+        Role::Receiver => span.in_scope(|| receiver_side(cfg, t, pool, &s, token, &tuning))?,
     };
     let carried = s
         .progress
@@ -623,6 +558,81 @@ async fn start_job(
         block_size,
         carried,
         unwanted_since: None,
+    })
+}
+
+/// A sender's side of a job: its engine job started (its thread logs
+/// under the caller's span).
+fn sender_side(
+    t: &Transfer,
+    w: &Want,
+    pool: &DtnPool,
+    token: Vec<u8>,
+    tuning: &wirerate_crds::tuning::Tuning,
+) -> Result<Side> {
+    let source = jobs::under_roots(Path::new(&t.spec.source.path), &pool.spec.allowed_roots)?;
+    let dest = dest_name(&t.spec.destination.path)?;
+    Ok(Side::Sender {
+        job: SenderJob::start(
+            &w.endpoints,
+            t.multi_pair().then(|| t.pairs() as usize),
+            token,
+            source,
+            dest,
+            tuning,
+            t.spec.verification,
+            t.spec.max_rate_mbps,
+        )?,
+        // Over several pairs no one receiver holds the whole.
+        shows_progress: t.spec.destination.external.is_some() || t.multi_pair(),
+        last_state: None,
+        announce_tries: ANNOUNCE_TRIES,
+        changes_told: 0,
+        pair_names: pair_names(w, t.multi_pair()),
+        pairs_told: (0, 0),
+    })
+}
+
+/// A receiver's side of a job: the destination's parent created beneath
+/// an allowed root (never above one; for another namespace's Transfer,
+/// beneath its own subtree), and its engine job started.
+fn receiver_side(
+    cfg: &RunConfig,
+    t: &Transfer,
+    pool: &DtnPool,
+    s: &wirerate_crds::TransferStatus,
+    token: Vec<u8>,
+    tuning: &wirerate_crds::tuning::Tuning,
+) -> Result<Side> {
+    let dest = PathBuf::from(&t.spec.destination.path);
+    let parent = dest
+        .parent()
+        .ok_or_else(|| Error::Config("the destination has no parent directory".into()))?;
+    let namespace = t.metadata.namespace.as_deref().unwrap_or_default();
+    let roots = wirerate_crds::pool::tenant_roots(pool, namespace);
+    let root = roots
+        .iter()
+        .find(|r| parent.starts_with(r))
+        .ok_or_else(|| Error::PathRefused {
+            path: dest.display().to_string(),
+            reason: format!(
+                "it is not under this pool's roots for namespace {namespace} ({})",
+                roots.join(", ")
+            ),
+        })?;
+    std::fs::create_dir_all(parent)
+        .map_err(|e| Error::io(format!("creating {}", parent.display()), e))?;
+    let parent = jobs::under_roots(parent, std::slice::from_ref(root))?;
+    let striping = stripe(&parent, s.effective_striping.as_ref());
+    let ports = contract::data_ports(cfg.data_port, cfg.max_transfers);
+    let job = ReceiverJob::start(parent, token, tuning, ports)?;
+    Ok(Side::Receiver {
+        job,
+        dest,
+        striping,
+        reported: false,
+        shown_kept: 0,
+        multi: t.multi_pair(),
     })
 }
 
