@@ -1023,6 +1023,44 @@ fn sender_verdict(outcome: SenderOutcome) -> (ReportState, String, i64) {
 }
 
 /// Looks at a running receiver job; reports what changed. Some(()) when it is over.
+/// A receiver's verdict, once a session completed or failed: its state,
+/// message and rate.
+fn receiver_verdict(
+    sums: &[wirerate_engine::summary::ReceiverSummary],
+    at: Position,
+    dest: &Path,
+) -> Option<(ReportState, String, i64)> {
+    match sums.iter().find(|s| s.outcome.is_complete()) {
+        Some(s) if s.files_failed > 0 => Some((
+            ReportState::Failed,
+            format!(
+                "{} of {} files failed verification",
+                s.files_failed,
+                s.files_failed + s.files_ok
+            ),
+            0,
+        )),
+        Some(s) => Some((
+            ReportState::Succeeded,
+            format!(
+                "{} file(s) verified into {}: {} written this attempt, {} resumed",
+                s.files_ok,
+                dest.display(),
+                fmt_bytes(at.moved),
+                fmt_bytes(s.bytes_skipped_resume)
+            ),
+            // The attempt's own rate: what all its sessions wrote over
+            // the time since the first was planned (the average the
+            // Transfer shows).
+            (at.moved as f64 / at.seconds.max(0.001)) as i64,
+        )),
+        None => sums
+            .iter()
+            .find(|s| s.outcome.failure().is_some())
+            .map(|s| (ReportState::Failed, s.outcome.to_string(), 0)),
+    }
+}
+
 fn observe_receiver(
     reports: &api::Reports,
     cfg: &RunConfig,
@@ -1060,36 +1098,7 @@ fn observe_receiver(
     let sums = rj.summaries();
     let at = rj.position().unwrap_or_default();
     let (total, kept) = shown(at, job.carried);
-    let complete = sums.iter().find(|s| s.outcome.is_complete());
-    let verdict = match complete {
-        Some(s) if s.files_failed > 0 => Some((
-            ReportState::Failed,
-            format!(
-                "{} of {} files failed verification",
-                s.files_failed,
-                s.files_failed + s.files_ok
-            ),
-            0,
-        )),
-        Some(s) => Some((
-            ReportState::Succeeded,
-            format!(
-                "{} file(s) verified into {}: {} written this attempt, {} resumed",
-                s.files_ok,
-                dest.display(),
-                fmt_bytes(at.moved),
-                fmt_bytes(s.bytes_skipped_resume)
-            ),
-            // The attempt's own rate: what all its sessions wrote
-            // over the time since the first was planned (the
-            // average the Transfer shows).
-            (at.moved as f64 / at.seconds.max(0.001)) as i64,
-        )),
-        None => sums
-            .iter()
-            .find(|s| s.outcome.failure().is_some())
-            .map(|s| (ReportState::Failed, s.outcome.to_string(), 0)),
-    };
+    let verdict = receiver_verdict(&sums, at, dest);
     // The verdict, once there is one, ends the job; until then
     // the running progress, at the cadence.
     let update = if let Some((state, msg, rate)) = verdict {
