@@ -28,8 +28,10 @@ use crate::fsroot::{Root, STRIPE_SUFFIX};
 use crate::wire::{Stripe, StripeRole};
 
 /// A marker untouched this long is a leftover of a transfer that ended
-/// without removing it.
-const STALE_MARKER: Duration = Duration::from_secs(24 * 3600);
+/// without removing it: far longer than any live transfer goes without a
+/// session (a lost lane's fence is at most a day, `UNTIL_ANSWERED`), and
+/// than any clock skew between the hosts and the file server.
+const STALE_MARKER: Duration = Duration::from_secs(7 * 24 * 3600);
 /// How often one process looks for leftovers, at most, and how many of
 /// the root's entries it looks at: a root may hold millions.
 const SWEEP_EVERY: Duration = Duration::from_secs(3600);
@@ -54,8 +56,15 @@ pub(crate) fn check_marker(root: &Root, stripe: &Stripe) -> Result<(), String> {
             f.write_all(&content)
                 .and_then(|()| f.sync_all())
                 .map_err(|e| format!("writing the shared-storage marker {name}: {e}"))?;
-            if sweep_due(Instant::now()) {
-                sweep_stale(&top, SystemTime::now());
+            // Ages are measured on the file server's clock: the marker
+            // just written says what time it is there.
+            let now = f.metadata().and_then(|m| m.modified());
+            if let (Ok(now), true) = (now, sweep_due(&LAST_SWEEP, Instant::now())) {
+                // Beside the session: a root of many entries on a network
+                // file system may take a while to list.
+                if let Ok(top) = top.try_clone() {
+                    std::thread::spawn(move || sweep_stale(&top, now));
+                }
             }
             Ok(())
         }
@@ -97,9 +106,10 @@ pub(crate) fn check_marker(root: &Root, stripe: &Stripe) -> Result<(), String> {
     }
 }
 
-/// Whether this process should look for leftover markers now.
-fn sweep_due(now: Instant) -> bool {
-    let mut last = LAST_SWEEP.lock().unwrap_or_else(|e| e.into_inner());
+/// Whether this process should look for leftover markers now, having
+/// last looked at `last`.
+fn sweep_due(last: &Mutex<Option<Instant>>, now: Instant) -> bool {
+    let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
     if last.is_some_and(|t| now.duration_since(t) < SWEEP_EVERY) {
         return false;
     }
@@ -204,14 +214,14 @@ mod tests {
         for group in [1, 2, 3] {
             check_marker(&root, &stripe(group, StripeRole::Mark)).unwrap();
         }
-        let day = Duration::from_secs(24 * 3600);
-        age(dir.path(), &marker_name(1), day * 2);
-        age(dir.path(), &marker_name(2), day * 2);
+        let old = STALE_MARKER + Duration::from_secs(3600);
+        age(dir.path(), &marker_name(1), old);
+        age(dir.path(), &marker_name(2), old);
         // Transfer 2 still runs: its next session touches its marker.
         check_marker(&root, &stripe(2, StripeRole::Write)).unwrap();
         // Not a marker's name, however old: left alone.
         std::fs::write(dir.path().join(".notes.wirerate-stripe"), b"x").unwrap();
-        age(dir.path(), ".notes.wirerate-stripe", day * 2);
+        age(dir.path(), ".notes.wirerate-stripe", old);
         let top = root.dir("").unwrap();
         assert_eq!(sweep_stale(&top, SystemTime::now()), 1);
         assert!(!dir.path().join(marker_name(1)).exists());
@@ -223,9 +233,10 @@ mod tests {
             assert!(dir.path().join(&name).exists(), "{name}");
         }
         // Looked for at most once an hour by one process.
+        let last = Mutex::new(None);
         let t = Instant::now();
-        let _ = sweep_due(t);
-        assert!(!sweep_due(t + Duration::from_secs(60)));
-        assert!(sweep_due(t + SWEEP_EVERY));
+        assert!(sweep_due(&last, t));
+        assert!(!sweep_due(&last, t + Duration::from_secs(60)));
+        assert!(sweep_due(&last, t + SWEEP_EVERY));
     }
 }

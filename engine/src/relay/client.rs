@@ -99,6 +99,8 @@ fn job(
         Duration::from_secs(2),
     );
     loop {
+        // What an earlier try's refusal said is no answer of this one's.
+        *reached = Reached::default();
         let mut conn = connect(via, cfg)?;
         net::within(&conn, SILENCE, |d| {
             write_frame(d, &Frame::RelayJob(job.clone()))?;
@@ -120,8 +122,9 @@ fn job(
                     retryable: true, ..
                 },
             ) if reached.refused => {
-                // Refused before it ran: nothing of it writes.
-                reached.refused = false;
+                // Refused before it ran: nothing of it writes. Closed
+                // before the wait, so the relay does not linger on it.
+                drop(conn);
                 let Some(d) = busy.poll_delay(Instant::now(), false) else {
                     return Err(e);
                 };

@@ -9,7 +9,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
 
 use crate::error::{Error, Result};
 use crate::sender::SendConfig;
@@ -122,9 +122,9 @@ const MAX_STREAMS: u16 = 256;
 /// How often, and how far apart, a file that differs from the lead's
 /// listing is looked at again before the job is refused: a network file
 /// system's attribute cache may show a file touched a moment ago as it
-/// was.
+/// was (each look again asks the server, `AT_STATX_FORCE_SYNC`).
 const RECHECKS: u32 = 2;
-const RECHECK_AFTER: Duration = Duration::from_secs(1);
+const RECHECK_AFTER: Duration = Duration::from_secs(2);
 
 /// The session `got` asks for, from this relay's view of the source:
 /// `template` gives this host's own settings (I/O, buffers, sockets).
@@ -235,7 +235,7 @@ fn source_file(base: &OwnedFd, base_path: &Path, i: usize, e: RelayEntry) -> Res
     }
     let mut rechecks = 0;
     let (stamp, size) = loop {
-        let st = stat_beneath(base, &rel, &shown)?;
+        let st = stat_beneath(base, &rel, &shown, rechecks > 0)?;
         let stamp = Stamp::of_stat(&st);
         let regular = rustix::fs::FileType::from_raw_mode(st.st_mode).is_file();
         if regular && stamp.size == e.entry.size && stamp.fingerprint() == e.entry.fingerprint {
@@ -271,7 +271,9 @@ fn source_file(base: &OwnedFd, base_path: &Path, i: usize, e: RelayEntry) -> Res
     })
 }
 
-fn stat_beneath(base: &OwnedFd, rel: &Path, shown: &Path) -> Result<rustix::fs::Stat> {
+/// `rel`'s attributes, opened beneath `base` without following a link;
+/// `fresh` asks a network file system's server rather than its cache.
+fn stat_beneath(base: &OwnedFd, rel: &Path, shown: &Path, fresh: bool) -> Result<rustix::fs::Stat> {
     let fd = rustix::fs::openat2(
         base,
         rel,
@@ -280,6 +282,11 @@ fn stat_beneath(base: &OwnedFd, rel: &Path, shown: &Path) -> Result<rustix::fs::
         ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
     )
     .map_err(|err| Error::io(format!("the relay opening {}", shown.display()), err.into()))?;
+    if fresh {
+        // Refreshes the cached attributes the fstat below reads.
+        let flags = AtFlags::EMPTY_PATH | AtFlags::STATX_FORCE_SYNC;
+        let _ = rustix::fs::statx(&fd, "", flags, rustix::fs::StatxFlags::BASIC_STATS);
+    }
     rustix::fs::fstat(&fd)
         .map_err(|err| Error::io(format!("the relay reading {}", shown.display()), err.into()))
 }

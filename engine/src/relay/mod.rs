@@ -26,7 +26,10 @@
 //!   cancels its session (it stops writing within a keepalive interval);
 //!   the lead loses the pair, hands its work to the others, and keeps the
 //!   files it touched unverified for `UNANSWERED_FENCE`, by when the
-//!   relay has stopped writing.
+//!   relay has stopped writing: a running relay stops once it notices,
+//!   and a stopped one (a paused VM, a host cut off) that wakes later
+//!   finds its session dropped by the receiver, silent past its idle
+//!   timeout (the receiver's default is assumed).
 
 mod client;
 mod job;
@@ -43,11 +46,16 @@ pub const ALIVE_EVERY: Duration = Duration::from_secs(1);
 /// A side silent this long is taken as gone: as long as a pair's patience
 /// with an unreachable receiver.
 pub const SILENCE: Duration = crate::sender::pairs::PAIR_PATIENCE;
-/// How long after a relay went silent its session may still write: it
-/// notices the lead's silence after `SILENCE`, and its cancelled session
-/// ends within a keepalive interval.
-pub const UNANSWERED_FENCE: Duration =
-    Duration::from_secs(SILENCE.as_secs() + crate::wire::KEEPALIVE_INTERVAL.as_secs() + 2);
+/// How long after a relay went silent its session may still write: a
+/// running relay notices the lead's silence after `SILENCE`, and its
+/// cancelled session ends within a keepalive interval; a stopped one's
+/// session, silent too, is dropped by the receiver after its idle
+/// timeout (`wire::IDLE_TIMEOUT`, the default), so that nothing it sends
+/// on waking lands.
+pub const UNANSWERED_FENCE: Duration = Duration::from_secs(
+    crate::wire::IDLE_TIMEOUT.as_secs() + crate::wire::KEEPALIVE_INTERVAL.as_secs() + 2,
+);
+const _: () = assert!(UNANSWERED_FENCE.as_secs() > SILENCE.as_secs() + 5);
 /// Most relay jobs one relay runs at once (two per pair it serves).
 pub const MAX_JOBS: usize = 64;
 /// How long a lead has to send its job once authenticated.

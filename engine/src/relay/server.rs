@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::net::{self, auth};
 use crate::progress::Progress;
 use crate::receiver::admission::{Admission, Ticket};
-use crate::receiver::budget::Budget;
+use crate::receiver::budget::{Budget, Reservation};
 use crate::sender::warm::Warm;
 use crate::sender::{RunState, SendConfig, send_list};
 use crate::units::fmt_bytes;
@@ -168,23 +168,22 @@ fn serve(shared: &Shared, mut conn: TcpStream, ticket: &mut Ticket) -> Result<()
         );
         return refuse(&conn, false, message);
     }
-    let _reservation = match shared.memory.reserve(need) {
-        Ok(r) => r,
-        Err(used) => {
-            let busy = format!(
-                "relay busy: its jobs hold {} of buffers, and this one's {} would pass its --max-memory {}; retry later",
-                fmt_bytes(used),
-                fmt_bytes(need),
-                fmt_bytes(shared.memory.max())
-            );
-            return refuse(&conn, true, busy);
-        }
-    };
     let stripe = got.stripe.clone();
     let cancel = Arc::new(AtomicBool::new(false));
     let progress = Arc::new(Progress::default());
     shared.warm.expire(Instant::now());
     let (st, run) = run_watched(&mut conn, &progress, &cancel, || {
+        // A full relay holds the job, saying it is alive, until other
+        // jobs give their buffers back: its lead's pair waits, not lost.
+        let Some(_reservation) = wait_for_memory(&shared.memory, need, &cancel) else {
+            let stopped = Error::Config("stopped while it waited for memory".into());
+            return (
+                RunState::default(),
+                Err(Error::Cancelled {
+                    last: Box::new(stopped),
+                }),
+            );
+        };
         let (mut cfg, list) = match job::prepare(got, &shared.roots, &shared.cfg.send) {
             Ok(prepared) => prepared,
             Err(e) => {
@@ -200,6 +199,31 @@ fn serve(shared: &Shared, mut conn: TcpStream, ticket: &mut Ticket) -> Result<()
     answer(&mut conn, &st, &run, &stripe)?;
     net::linger(&conn, SILENCE);
     Ok(())
+}
+
+/// Takes `need` bytes of the relay's memory once other jobs have given
+/// them back; `None` if the job is cancelled first.
+fn wait_for_memory(memory: &Arc<Budget>, need: u64, cancel: &AtomicBool) -> Option<Reservation> {
+    let mut said = false;
+    loop {
+        match memory.reserve(need) {
+            Ok(r) => return Some(r),
+            Err(used) if !said => {
+                tracing::warn!(
+                    held = %fmt_bytes(used),
+                    need = %fmt_bytes(need),
+                    "relay job waits for memory (--max-memory {})",
+                    fmt_bytes(memory.max())
+                );
+                said = true;
+            }
+            Err(_) => {}
+        }
+        if cancel.load(Ordering::Relaxed) {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Tells the lead why the job is not run, and closes.
@@ -222,7 +246,14 @@ fn run_watched(
     let (tx, rx) = mpsc::channel();
     std::thread::scope(|s| {
         s.spawn(move || {
-            let _ = tx.send(session());
+            // A panic is a bug, and is told to the lead as one rather
+            // than lost with the connection.
+            let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(session))
+                .unwrap_or_else(|_| {
+                    let bug = Error::Internal("the relay's session panicked".into());
+                    (RunState::default(), Err(bug))
+                });
+            let _ = tx.send(done);
         });
         let mut heard = Instant::now();
         let mut listening = true;
