@@ -277,8 +277,8 @@ pub struct RelayArgs {
     #[arg(long, required = true)]
     pub allow_root: Vec<PathBuf>,
     /// Buffer memory all jobs together may hold, e.g. 4GiB (default: 4 x
-    /// --buffer); --buffer is the most one job's may. A job that does not
-    /// fit is told the relay is busy, and its lead retries.
+    /// --buffer); --buffer is the most one job's may. A job waits, alive,
+    /// while other jobs hold it; one it can never hold is refused.
     #[arg(long, value_parser = size)]
     pub max_memory: Option<u64>,
     #[command(flatten)]

@@ -1,4 +1,4 @@
-//! `wirerate-agent`: serve, send, probe, demo and run; what the command
+//! `wirerate-agent`: serve, send, relay, probe, demo and run; what the command
 //! line accepts is `wirerate_agent::cli`, what each command does is here.
 #![forbid(unsafe_code)]
 

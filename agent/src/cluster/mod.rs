@@ -1022,7 +1022,6 @@ fn sender_verdict(outcome: SenderOutcome) -> (ReportState, String, i64) {
     (state, msg, rate)
 }
 
-/// Looks at a running receiver job; reports what changed. Some(()) when it is over.
 /// A receiver's verdict, once a session completed or failed: its state,
 /// message and rate.
 fn receiver_verdict(
@@ -1061,6 +1060,7 @@ fn receiver_verdict(
     }
 }
 
+/// Looks at a running receiver job; reports what changed. Some(()) when it is over.
 fn observe_receiver(
     reports: &api::Reports,
     cfg: &RunConfig,

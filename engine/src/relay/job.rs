@@ -101,9 +101,9 @@ impl Root {
 /// relay's own `--buffer`: a lead does not choose the relay's memory.
 pub(super) fn memory(job: &RelayJob, template: &SendConfig) -> Result<u64> {
     let block = u64::from(job.block_size);
-    let count = (template.buffer / block).max(2 * u64::from(job.streams) + 2);
+    let count = crate::sender::pool_blocks(template.buffer, block, job.streams);
     let need = count.saturating_mul(block);
-    if need > template.buffer.max(block * 2) || job.streams > MAX_STREAMS {
+    if need > template.buffer.max(block * 2) || u64::from(job.streams) > MAX_STREAMS {
         return Err(Error::Config(format!(
             "the job's {} streams of {} blocks need {} of buffers, more than this relay's --buffer {} \
              (or over {MAX_STREAMS} streams): send with fewer streams or smaller blocks, or raise the relay's --buffer",
@@ -116,8 +116,8 @@ pub(super) fn memory(job: &RelayJob, template: &SendConfig) -> Result<u64> {
     Ok(need)
 }
 
-/// Most data streams a relay job may open.
-const MAX_STREAMS: u16 = 256;
+/// Most data streams a relay job may open: any send's bound.
+const MAX_STREAMS: u64 = crate::tuning::STREAMS.max;
 
 /// How often, and how far apart, a file that differs from the lead's
 /// listing is looked at again before the job is refused: a network file

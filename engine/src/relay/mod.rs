@@ -1,4 +1,6 @@
-//! Relays: the other sending hosts of a transfer over several pairs.
+//! Relays: the other sending hosts of a transfer over several pairs;
+//! this is the relay's side (`server`, `job`), the lead's is
+//! `sender::pairs::relayed`.
 //!
 //! A transfer's lead sender (`send --to a,b,c --via -,h2:p,h3:p`) runs
 //! the coordinator (`stripes`) and its own pair's sessions. Each other
@@ -31,31 +33,18 @@
 //!   finds its session dropped by the receiver, silent past its idle
 //!   timeout (the receiver's default is assumed).
 
-mod client;
 mod job;
 mod server;
 
 use std::time::Duration;
 
-pub(crate) use client::run_job;
 pub use job::Root;
 pub use server::{Relay, RelayConfig};
 
-/// Each side of a relay job writes at least this often.
-pub const ALIVE_EVERY: Duration = Duration::from_secs(1);
-/// A side silent this long is taken as gone: as long as a pair's patience
-/// with an unreachable receiver.
-pub const SILENCE: Duration = crate::sender::pairs::PAIR_PATIENCE;
-/// How long after a relay went silent its session may still write: a
-/// running relay notices the lead's silence after `SILENCE`, and its
-/// cancelled session ends within a keepalive interval; a stopped one's
-/// session, silent too, is dropped by the receiver after its idle
-/// timeout (`wire::IDLE_TIMEOUT`, the default), so that nothing it sends
-/// on waking lands.
-pub const UNANSWERED_FENCE: Duration = Duration::from_secs(
-    crate::wire::IDLE_TIMEOUT.as_secs() + crate::wire::KEEPALIVE_INTERVAL.as_secs() + 2,
-);
-const _: () = assert!(UNANSWERED_FENCE.as_secs() > SILENCE.as_secs() + 5);
+pub use crate::wire::{
+    RELAY_ALIVE_EVERY as ALIVE_EVERY, RELAY_SILENCE as SILENCE,
+    RELAY_UNANSWERED_FENCE as UNANSWERED_FENCE,
+};
 /// Most relay jobs one relay runs at once (two per pair it serves).
 pub const MAX_JOBS: usize = 64;
 /// How long a lead has to send its job once authenticated.

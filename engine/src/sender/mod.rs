@@ -259,7 +259,7 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
     };
     let total: u64 = list.files.iter().map(|f| f.size).sum();
     cfg.progress.sized(total);
-    let count = ((cfg.buffer / cfg.block_size) as usize).max(2 * cfg.streams as usize + 2);
+    let count = pool_blocks(cfg.buffer, cfg.block_size, cfg.streams) as usize;
     let pool = match &cfg.warm {
         Some(w) => w.take_pools(cfg.block_size as usize, count)?,
         None => Pools::new(cfg.block_size as usize, count)?,
@@ -275,12 +275,19 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
     Ok(summarize::summarize(cfg, list, &st, &pool, seconds))
 }
 
+/// The blocks a send's buffer pool holds: what `buffer` allows, and at
+/// least two in flight per stream and two more (a relay checks a job's
+/// need against its own memory with this).
+pub(crate) fn pool_blocks(buffer: u64, block_size: u64, streams: u16) -> u64 {
+    (buffer / block_size).max(2 * u64::from(streams) + 2)
+}
+
 /// Sends the entries of `list` as `cfg.stripe` says (a piece session of a
 /// transfer over several pairs), with `run_sessions`' retries; returns
 /// what the run did (bytes sent, verdicts), and how it ended.
 pub(crate) fn send_list(cfg: &SendConfig, list: &SourceList) -> (RunState, Result<()>) {
     let mut st = RunState::default();
-    let count = ((cfg.buffer / cfg.block_size) as usize).max(2 * cfg.streams as usize + 2);
+    let count = pool_blocks(cfg.buffer, cfg.block_size, cfg.streams) as usize;
     let pool = match &cfg.warm {
         Some(w) => w.take_pools(cfg.block_size as usize, count),
         None => Pools::new(cfg.block_size as usize, count),

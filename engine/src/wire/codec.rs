@@ -708,7 +708,7 @@ fn decode_relay(ty: u8, r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
             held: r.u64()?,
             message: r.str(MAX_MESSAGE)?,
         },
-        _ => {
+        T_RELAY_DONE => {
             let bytes_sent = r.u64()?;
             let error = match r.u8()? {
                 0 => None,
@@ -720,6 +720,7 @@ fn decode_relay(ty: u8, r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
             };
             Frame::RelayDone { bytes_sent, error }
         }
+        other => return Err(DecodeError::UnknownType(other)),
     })
 }
 

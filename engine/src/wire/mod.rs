@@ -237,6 +237,21 @@ pub enum PlanOutcome {
     },
 }
 
+/// Each side of a relay job (`relay`) writes at least this often.
+pub const RELAY_ALIVE_EVERY: Duration = Duration::from_secs(1);
+/// A side of a relay job silent this long is taken as gone: as long as a
+/// pair's patience with an unreachable receiver (`PAIR_PATIENCE`).
+pub const RELAY_SILENCE: Duration = Duration::from_secs(8);
+/// How long after a relay went silent (or its connection closed without
+/// its answer) its session may still write: a running relay notices the
+/// lead's silence after `RELAY_SILENCE`, and its cancelled session ends
+/// within a keepalive interval; a stopped one's session (a paused VM),
+/// silent too, is dropped by the receiver after its idle timeout
+/// (`IDLE_TIMEOUT`, the default), so that nothing it sends on waking
+/// lands.
+pub const RELAY_UNANSWERED_FENCE: Duration =
+    Duration::from_secs(IDLE_TIMEOUT.as_secs() + KEEPALIVE_INTERVAL.as_secs() + 2);
+const _: () = assert!(RELAY_UNANSWERED_FENCE.as_secs() > RELAY_SILENCE.as_secs() + 5);
 /// Most block checksums one `RelaySums` frame carries (512 KiB of them).
 pub const MAX_RELAY_SUMS: usize = 1 << 16;
 /// Longest receiver address a relay job names.

@@ -35,6 +35,7 @@
 //! gets a lane of its own and takes work not yet started, like a pair
 //! that ran dry; nothing restarts.
 
+mod relayed;
 mod run;
 mod summary;
 #[cfg(test)]
@@ -66,6 +67,7 @@ pub use summary::{PairSummary, PairsSummary};
 /// with them, is ridden out. One whose packets vanish is found by its
 /// Lease or the data streams' keepalive instead, later.
 pub const PAIR_PATIENCE: Duration = Duration::from_secs(8);
+const _: () = assert!(PAIR_PATIENCE.as_secs() == crate::wire::RELAY_SILENCE.as_secs());
 /// How long a pair's receiver may refuse every connection before the
 /// pair is lost, while other pairs run: nothing listens where it was, its
 /// process is gone, which a blip does not usually look like (its
@@ -84,7 +86,9 @@ const REJOIN_AFTER: Duration = Duration::from_secs(15);
 /// A lost lane's fence while a session of it still runs: in effect none,
 /// for the session's answer fences the lane, and a lost lane's sessions
 /// are cancelled, so each answers within a keepalive interval (unless
-/// its thread is stuck in the kernel, reading a hung source disk).
+/// its thread is stuck in the kernel, reading a hung source disk). A
+/// relay's session that ended unanswered counts as running until
+/// `RELAY_UNANSWERED_FENCE` after (`Run::unanswered`).
 const UNTIL_ANSWERED: Duration = Duration::from_secs(24 * 3600);
 /// Most receivers of one transfer.
 pub const MAX_RECEIVERS: usize = crate::stripes::MAX_PAIRS;
@@ -282,7 +286,7 @@ impl Plan<'_> {
                     .collect();
                 let cfg = self.session(lane, warm, stripe(StripeRole::Write, wire));
                 let (st, run) = match &lane.via {
-                    Some(via) => crate::relay::run_job(via, &cfg, &self.subset(&ids)),
+                    Some(via) => relayed::run_job(via, &cfg, &self.subset(&ids)),
                     None => super::send_list(&cfg, &self.subset(&ids)),
                 };
                 Event::Item {

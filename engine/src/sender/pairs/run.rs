@@ -323,7 +323,7 @@ impl<'a> Run<'a> {
                     })
                 ) {
                     // Its relay may still be writing, until it notices.
-                    let until = now + crate::relay::UNANSWERED_FENCE;
+                    let until = now + crate::wire::RELAY_UNANSWERED_FENCE;
                     self.unanswered.push((pair, until));
                 } else {
                     self.writing[pair as usize] = self.writing[pair as usize].saturating_sub(1);
@@ -332,7 +332,7 @@ impl<'a> Run<'a> {
                     Ok(()) => self.item_done(now, pair, item, &pieces, &st)?,
                     Err(e) => self.lane_failed(now, pair, e)?,
                 }
-                self.stop_if_quiet(now, pair);
+                self.fence_if_quiet(now, pair);
                 Ok(())
             }
             Event::Published {
@@ -372,7 +372,7 @@ impl<'a> Run<'a> {
 
     /// A lost lane whose last writing session has ended writes no more,
     /// and its files may be verified.
-    pub(super) fn stop_if_quiet(&mut self, now: Instant, pair: PairId) {
+    pub(super) fn fence_if_quiet(&mut self, now: Instant, pair: PairId) {
         if self.lost.contains_key(&pair) && self.writing[pair as usize] == 0 {
             let _ = self.coord.stopped(now, pair);
         }
@@ -387,7 +387,7 @@ impl<'a> Run<'a> {
         self.unanswered = left;
         for (pair, _) in due {
             self.writing[pair as usize] = self.writing[pair as usize].saturating_sub(1);
-            self.stop_if_quiet(now, pair);
+            self.fence_if_quiet(now, pair);
         }
     }
 

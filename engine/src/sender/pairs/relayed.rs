@@ -1,11 +1,11 @@
-//! The lead's side of a relay job: hand the relay one session, relay its
-//! progress to the lane, and take its answers as a local session's.
+//! The lead's side of a relay job (`relay`): hand the relay one session,
+//! pass its progress to the lane, and take its answers as a local
+//! session's.
 
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::ffi::OsStrExt;
 use std::time::{Duration, Instant};
 
-use super::{ALIVE_EVERY, SILENCE};
 use crate::error::{Error, Result};
 use crate::net::{self, auth};
 use crate::retry::Backoff;
@@ -17,6 +17,7 @@ use crate::wire::{
     self, FileEntry, Frame, MAX_ADDR, MAX_FRAME, MAX_PATH, Purpose, RelayEntry, RelayError,
     RelayJob, StripeRole, write_frame,
 };
+use crate::wire::{RELAY_ALIVE_EVERY as ALIVE_EVERY, RELAY_SILENCE as SILENCE};
 
 /// Entries per `RelayFiles` frame, at most, and bytes of paths.
 const FILES_PER_FRAME: usize = 4096;
@@ -70,6 +71,16 @@ fn job(
             list.base_path.display()
         ))
     })?;
+    if let Some(f) = list
+        .files
+        .iter()
+        .find(|f| f.rel.as_os_str().len() > MAX_PATH)
+    {
+        return Err(Error::Config(format!(
+            "{}: a relay job names a file in at most {MAX_PATH} bytes",
+            f.path.display()
+        )));
+    }
     if cfg.to.len() > MAX_ADDR || source.len() > MAX_PATH {
         return Err(Error::Config(format!(
             "a relay job names the receiver and the source in at most {MAX_ADDR} and {MAX_PATH} bytes: {} is too long",
@@ -91,13 +102,9 @@ fn job(
         refused_ms: cfg.refused_for.map_or(0, millis),
     };
     let frames = entries(list);
-    // A busy relay (its memory or its slots taken) is asked again, within
+    // A busy relay (its connection slots taken) is asked again, within
     // the pair's patience, as an unreachable one is.
-    let mut busy = Backoff::new(
-        cfg.retry_for,
-        Duration::from_millis(250),
-        Duration::from_secs(2),
-    );
+    let mut busy = backoff(cfg);
     loop {
         // What an earlier try's refusal said is no answer of this one's.
         *reached = Reached::default();
@@ -137,6 +144,15 @@ fn job(
     }
 }
 
+/// The waits between tries to reach a relay, within the pair's patience.
+fn backoff(cfg: &SendConfig) -> Backoff {
+    Backoff::new(
+        cfg.retry_for,
+        Duration::from_millis(250),
+        Duration::from_secs(2),
+    )
+}
+
 fn millis(d: Duration) -> u32 {
     d.as_millis().min(u128::from(u32::MAX)) as u32
 }
@@ -174,11 +190,7 @@ fn entries(list: &SourceList) -> Vec<Vec<RelayEntry>> {
 /// Dials the relay and authenticates, retrying within `cfg.retry_for`
 /// (or `cfg.refused_for` of refusals) as a session would.
 fn connect(via: &str, cfg: &SendConfig) -> Result<TcpStream> {
-    let mut backoff = Backoff::new(
-        cfg.retry_for,
-        Duration::from_millis(250),
-        Duration::from_secs(2),
-    );
+    let mut backoff = backoff(cfg);
     if let Some(d) = cfg.refused_for {
         backoff = backoff.refused_for(d);
     }
