@@ -11,7 +11,7 @@ use crate::common::{
     BIN, Proc, assert_no_leftovers, assert_same, free_port, serve_bin, setup, wait_written,
 };
 
-fn receivers(root: &Path, token: &Path, n: usize) -> (Vec<Proc>, Vec<u16>) {
+pub(crate) fn receivers(root: &Path, token: &Path, n: usize) -> (Vec<Proc>, Vec<u16>) {
     let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
     let procs = ports
         .iter()
@@ -20,7 +20,7 @@ fn receivers(root: &Path, token: &Path, n: usize) -> (Vec<Proc>, Vec<u16>) {
     (procs, ports)
 }
 
-fn to(ports: &[u16]) -> String {
+pub(crate) fn to(ports: &[u16]) -> String {
     ports
         .iter()
         .map(|p| format!("127.0.0.1:{p}"))
@@ -28,7 +28,7 @@ fn to(ports: &[u16]) -> String {
         .join(",")
 }
 
-fn send(to: &str, token: &Path, src: &Path, dest: &str, extra: &[&str]) -> Command {
+pub(crate) fn send(to: &str, token: &Path, src: &Path, dest: &str, extra: &[&str]) -> Command {
     let mut c = Command::new(BIN);
     c.args(["send", "--to", to, "--json", "--quiet"])
         .args(["--block-size", "1MiB", "--streams", "2"])
@@ -42,7 +42,7 @@ fn send(to: &str, token: &Path, src: &Path, dest: &str, extra: &[&str]) -> Comma
     c
 }
 
-fn json(out: &Output) -> serde_json::Value {
+pub(crate) fn json(out: &Output) -> serde_json::Value {
     let s = String::from_utf8_lossy(&out.stdout);
     serde_json::from_str(s.trim()).unwrap_or_else(|e| {
         panic!(

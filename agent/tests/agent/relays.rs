@@ -5,12 +5,14 @@
 //! root. Storage that is not shared is made real with a mount namespace.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
+
+use crate::pairs::{json, receivers};
 use std::time::Duration;
 
 use crate::common::{
-    BIN, Proc, assert_no_leftovers, assert_same, free_port, require_root, serve_bin, setup,
-    wait_listening, wait_written, write_file,
+    BIN, Proc, assert_no_leftovers, assert_same, free_port, require_root, setup, wait_listening,
+    wait_written, write_file,
 };
 
 fn relay_cmd(allow: &Path, token: &Path, port: u16) -> Vec<String> {
@@ -52,25 +54,8 @@ fn relay(allow: &Path, token: &Path) -> (Proc, u16) {
     (spawn(&relay_cmd(allow, token, port), port), port)
 }
 
-fn receivers(root: &Path, token: &Path, n: usize) -> (Vec<Proc>, Vec<u16>) {
-    let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
-    let procs = ports
-        .iter()
-        .map(|&p| serve_bin(root, token, p, &[]))
-        .collect();
-    (procs, ports)
-}
-
-fn list(ports: &[u16]) -> String {
-    ports
-        .iter()
-        .map(|p| format!("127.0.0.1:{p}"))
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 /// `send` to `to` via this host for the first receiver and the relays
-/// at `relays` for the others.
+/// at `relays` for the others (`pairs::send`, with `--via`).
 fn send(
     to: &[u16],
     relays: &[u16],
@@ -83,35 +68,12 @@ fn send(
         .chain(relays.iter().map(|p| format!("127.0.0.1:{p}")))
         .collect::<Vec<_>>()
         .join(",");
-    let mut c = Command::new(BIN);
-    c.args([
-        "send",
-        "--to",
-        &list(to),
-        "--via",
-        &via,
-        "--json",
-        "--quiet",
-    ])
-    .args(["--block-size", "1MiB", "--streams", "2"])
-    .arg("--token-file")
-    .arg(token)
-    .args(extra)
-    .arg(src)
-    .arg(dest)
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    c
-}
-
-fn json(out: &Output) -> serde_json::Value {
-    let s = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(s.trim()).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): stdout {s:?} stderr {:?}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    let args: Vec<&str> = ["--via", via.as_str()]
+        .iter()
+        .chain(extra)
+        .copied()
+        .collect();
+    crate::pairs::send(&crate::pairs::to(to), token, src, dest, &args)
 }
 
 #[test]
