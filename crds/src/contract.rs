@@ -71,9 +71,23 @@ pub fn pair_receiver_label(namespace: &str, pool: &str, agent: &str) -> String {
     format!("{PAIR_RECEIVER_PREFIX}{id:016x}")
 }
 
+/// Prefix of the labels naming the relays of a Transfer over several
+/// pairs ([`pair_relay_label`]), one per agent, for the same reasons.
+pub const PAIR_RELAY_PREFIX: &str = "relay.wirerate.io/";
+
+/// The key of the label that names agent `agent` of pool `namespace/pool`
+/// a relay of a Transfer over several pairs (value `true`), hashed as
+/// [`pair_receiver_label`]'s. The agent watches Transfers by it.
+pub fn pair_relay_label(namespace: &str, pool: &str, agent: &str) -> String {
+    let id = fnv1a(&format!("{namespace}/{pool}/{agent}"));
+    format!("{PAIR_RELAY_PREFIX}{id:016x}")
+}
+
 /// Whether `key` is one of the labels the operator keeps on a Transfer.
 pub fn operator_label(key: &str) -> bool {
-    key.starts_with("wirerate.io/") || key.starts_with(PAIR_RECEIVER_PREFIX)
+    key.starts_with("wirerate.io/")
+        || key.starts_with(PAIR_RECEIVER_PREFIX)
+        || key.starts_with(PAIR_RELAY_PREFIX)
 }
 
 /// A small stable hash (FNV-1a, 64 bits): the same on every pass, in every
@@ -131,8 +145,12 @@ pub fn agent_manager(agent: &str) -> String {
 /// under: one per role, for an apply drops what its manager applied
 /// before and left out, and an agent that both sends and receives one
 /// Transfer sends one side's report at a time.
-pub fn report_manager(agent: &str, sender: bool) -> String {
-    let role = if sender { "sender" } else { "receiver" };
+pub fn report_manager(agent: &str, role: crate::transfer::Role) -> String {
+    let role = match role {
+        crate::transfer::Role::Sender => "sender",
+        crate::transfer::Role::Receiver => "receiver",
+        crate::transfer::Role::Relay => "relay",
+    };
     format!("wirerate-agent/{agent}/{role}")
 }
 

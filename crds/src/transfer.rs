@@ -86,8 +86,12 @@ pub struct TransferSpec {
     /// queue, an idle pair takes work from the slowest, and a lost pair's
     /// unfinished work goes to the others without a restart. Above 1 the
     /// receiving pool must declare `sharedStorage` (every receiver writes
-    /// into the same files). Today the sending pool gives one agent, which
-    /// drives every pair; the receivers are distinct agents. Unset: 1.
+    /// into the same files). The receivers are distinct agents. One
+    /// sending agent drives every pair; where the sending pool declares
+    /// `sharedStorage` too, free agents of it (up to `pairs` - 1, as many
+    /// as are free when the sender is placed) read and send the data of
+    /// a pair each as its relays, so that one sending host's NIC and
+    /// disks are not the limit. Unset: 1.
     /// With `pairsPolicy: Auto`, the most pairs it may grow to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = crate::contract::MAX_PAIRS))]
@@ -269,7 +273,7 @@ impl Transfer {
     /// Namespace of the pool that plays `role`: the one named, or the Transfer's own.
     pub fn pool_namespace(&self, role: Role) -> Option<&str> {
         let named = match role {
-            Role::Sender => &self.spec.source.pool_namespace,
+            Role::Sender | Role::Relay => &self.spec.source.pool_namespace,
             Role::Receiver => &self.spec.destination.pool_namespace,
         };
         named.as_deref().or(self.metadata.namespace.as_deref())
@@ -329,6 +333,14 @@ pub struct TransferStatus {
     /// pair's unfinished work goes to the others.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub receivers: Vec<AgentRef>,
+    /// Over several pairs from a sending pool with shared storage: the
+    /// agents of the sending pool that read and send a pair's data each
+    /// for the sender, which still splits the work, verifies and
+    /// publishes. Best effort: a Transfer never waits for one, and one
+    /// that is lost leaves the list while its pair goes on from the
+    /// sender itself.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub relays: Vec<AgentRef>,
     /// Pairs running now, for `kubectl get`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pairs: Option<i32>,
@@ -403,6 +415,13 @@ impl TransferStatus {
         .into_iter()
         .filter_map(|(role, who)| Some((role, who.as_ref()?)))
         .chain(self.receivers.iter().map(|r| (Role::Receiver, r)))
+    }
+
+    /// The assigned agents and the relays, each with the part it plays:
+    /// every agent this Transfer holds a slot of.
+    pub fn occupied(&self) -> impl Iterator<Item = (Role, &AgentRef)> {
+        self.assigned()
+            .chain(self.relays.iter().map(|r| (Role::Relay, r)))
     }
 }
 
@@ -534,6 +553,10 @@ pub struct StripesReport {
 pub struct PairReport {
     /// The receiving agent (its endpoint, when its report is not seen).
     pub receiver: String,
+    /// The relay that reads and sends this pair's data (its endpoint,
+    /// when its report is not seen); unset: the sender itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay: Option<String>,
     /// Where it listens (`host:port`).
     pub endpoint: String,
     /// `running`, `leaving`, `lost` (its unacknowledged work went to the
@@ -552,20 +575,25 @@ pub struct PairReport {
 /// most: it doubles the streams, or adds half as many again, up to 64).
 pub const MAX_TUNING_CHANGES: usize = 8;
 
-/// The two sides of a transfer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+/// The parts an agent plays in a transfer.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 pub enum Role {
     /// Reads the source and sends.
     Sender,
     /// Receives and writes the destination.
     Receiver,
+    /// An agent of the sending pool that reads and sends one pair's data
+    /// for the sender (over several pairs, from shared storage).
+    Relay,
 }
 
 /// What one agent last said about its side of a transfer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentReport {
-    /// Sender or Receiver.
+    /// Sender, Receiver or Relay.
     pub role: Role,
     /// The reporting agent.
     pub agent: String,
@@ -576,7 +604,7 @@ pub struct AgentReport {
     /// Detail for people (the error, or the verified digest).
     #[serde(default)]
     pub message: String,
-    /// `host:port` the receiver listens on for this attempt.
+    /// `host:port` the receiver, or the relay, listens on for this attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
     /// When it was written.

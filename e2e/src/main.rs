@@ -503,6 +503,14 @@ async fn run(
         (&file, dst, logs),
     )
     .await?;
+    pairs::a_lost_relay_only_leaves(
+        (client, &transfers),
+        ns,
+        kubeconfig,
+        &mut procs,
+        (&file, dst, logs),
+    )
+    .await?;
 
     // While the operator still runs: its finalizers must let both kinds go,
     // or the namespace could never be deleted.

@@ -4,14 +4,17 @@
 //! condition, the others take its work, a free agent replaces it in the
 //! same attempt, nothing restarts, and the file lands identical. Then
 //! the sending agent of another such Transfer is killed: the new attempt
-//! resumes from the chunks that landed.
+//! resumes from the chunks that landed. Last, a Transfer from a sending
+//! pool with shared storage is sent by three of its agents (two as
+//! relays), and loses a relay mid-file.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
+use kube::Client;
 use kube::api::{Api, PostParams};
-use wirerate_crds::{Transfer, TransferPhase};
+use wirerate_crds::{DtnPool, Transfer, TransferPhase};
 
 use crate::{Procs, same_file, spawn_agents, transfer, wait_for};
 
@@ -230,6 +233,134 @@ pub async fn a_lost_sender_resumes_from_the_chunks_that_landed(
         "  identical in attempt {}, {:.1} s after the kill; the new sender said: {said}",
         s.attempt,
         killed.elapsed().as_secs_f64()
+    );
+    for (name, _, _) in agents {
+        procs.kill(name);
+    }
+    Ok(())
+}
+
+/// Runs the scenario on `file` (the 1 GiB source) into `dst`: a Transfer
+/// over three pairs from a sending pool of three agents that declares
+/// shared storage (`relays`, on the source's directory) gets two relays;
+/// one relay is killed mid-file: it leaves `status.relays` with a
+/// RelayLost Event, nothing fails over or restarts, and the file lands
+/// identical.
+pub async fn a_lost_relay_only_leaves(
+    (client, transfers): (&Client, &Api<Transfer>),
+    ns: &str,
+    kubeconfig: &str,
+    procs: &mut Procs,
+    (file, dst, logs): (&Path, &Path, &Path),
+) -> Result<()> {
+    println!("== transfer over 3 pairs from 3 sending agents: one relay killed mid-file");
+    let src = file.parent().context("the source's directory")?;
+    let mut lenders = crate::pool("relays", src);
+    lenders.spec.shared_storage = true;
+    let pools: Api<DtnPool> = Api::namespaced(client.clone(), ns);
+    pools.create(&PostParams::default(), &lenders).await?;
+    let agents = [
+        ("relay-a", "relays", 19300),
+        ("relay-b", "relays", 19400),
+        ("relay-c", "relays", 19500),
+        ("lend-a", "receivers", 19600),
+        ("lend-b", "receivers", 19700),
+        ("lend-c", "receivers", 19800),
+    ];
+    spawn_agents(procs, ns, kubeconfig, logs, &agents)?;
+    let out = dst.join("run-1-relayed.dat");
+    let mut t = crate::transfer("relayed", file, &out, Some(200));
+    t.spec.source.pool = "relays".into();
+    t.spec.pairs = Some(3);
+    transfers.create(&PostParams::default(), &t).await?;
+    let t = wait_for(
+        transfers,
+        "relayed",
+        "two relays, a relayed pair under way, and 25% progress",
+        Duration::from_secs(300),
+        |t| {
+            t.status.as_ref().is_some_and(|s| {
+                let relayed = s
+                    .stripes
+                    .as_ref()
+                    .is_some_and(|st| st.pairs.iter().any(|p| p.relay.is_some() && p.bytes > 0));
+                s.relays.len() == 2
+                    && relayed
+                    && s.progress
+                        .as_ref()
+                        .is_some_and(|p| p.bytes_total > 0 && p.bytes_done * 4 >= p.bytes_total)
+            })
+        },
+    )
+    .await?;
+    let s = t.status.unwrap_or_default();
+    let relays: Vec<String> = s.relays.iter().map(|r| r.name.clone()).collect();
+    let sender = s.sender.map(|a| a.name).unwrap_or_default();
+    println!("  sender {sender}, relays {relays:?}");
+    let victim = relays.first().context("no relay")?.clone();
+    println!("  killing the relay {victim}");
+    procs.kill(&victim);
+    let killed = Instant::now();
+    wait_for(
+        transfers,
+        "relayed",
+        "the relay dropped",
+        Duration::from_secs(120),
+        |t| {
+            t.status.as_ref().is_some_and(|s| {
+                !s.relays.iter().any(|r| r.name == victim) || s.phase.is_some_and(|p| p.is_final())
+            })
+        },
+    )
+    .await?;
+    let dropped = killed.elapsed();
+    let t = wait_for(
+        transfers,
+        "relayed",
+        "the end",
+        Duration::from_secs(600),
+        |t| {
+            t.status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .is_some_and(|p| p.is_final())
+        },
+    )
+    .await?;
+    let s = t.status.clone().unwrap_or_default();
+    ensure!(
+        s.phase == Some(TransferPhase::Succeeded),
+        "the Transfer ended {:?}: {:?}",
+        s.phase,
+        s.conditions
+    );
+    ensure!(s.attempt == 1, "restarted: attempt {}", s.attempt);
+    ensure!(s.failovers.is_empty(), "failed over: {:?}", s.failovers);
+    ensure!(
+        same_file(file, &out)?,
+        "transfer relayed: {} differs from {}",
+        out.display(),
+        file.display()
+    );
+    let stripes = s.stripes.clone().context("no status.stripes")?;
+    let each: Vec<String> = stripes
+        .pairs
+        .iter()
+        .map(|p| {
+            format!(
+                "{} via {} {} {} MiB",
+                p.receiver,
+                p.relay.as_deref().unwrap_or(&sender),
+                p.state,
+                p.bytes >> 20
+            )
+        })
+        .collect();
+    println!(
+        "  identical in attempt 1, {:.1} s after the kill; the relay dropped {:.1} s after it; pairs: {}",
+        killed.elapsed().as_secs_f64(),
+        dropped.as_secs_f64(),
+        each.join("; ")
     );
     for (name, _, _) in agents {
         procs.kill(name);

@@ -35,6 +35,8 @@ pub struct Position {
 pub struct PairShown {
     /// Its receiver (`host:port`).
     pub to: String,
+    /// The relay that sends its data (`host:port`); None: this host.
+    pub via: Option<String>,
     /// `running`, `leaving`, `lost` (its unacknowledged work went to the
     /// others) or `gone` (fenced: nothing it writes lands).
     pub state: &'static str,

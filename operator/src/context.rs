@@ -577,7 +577,7 @@ impl Context {
                 self.changed();
                 for t in self.stores.transfers.state() {
                     let Some(s) = &t.status else { continue };
-                    if s.assigned()
+                    if s.occupied()
                         .any(|(role, who)| changed.contains(&AgentId::assigned(&t, role, who)))
                     {
                         let _ = self.wake_transfers.unbounded_send(ObjectRef::from_obj(&*t));

@@ -128,6 +128,10 @@ pub fn step(
         return succeeded(s, &old, &r.message, &now_t);
     }
 
+    if let Some(step) = relays_lost(t, s.clone(), &said, agents) {
+        return step;
+    }
+
     // Lost agents first: a failure report from the surviving side is usually a consequence.
     let mut lost = Vec::new();
     for (role, who) in s.assigned() {
@@ -239,6 +243,51 @@ fn replacement(t: &Transfer, s: &TransferStatus, now: Timestamp) -> Option<Needs
     })
 }
 
+/// The step of a Transfer whose relays include some that are gone: lost
+/// (their Lease lapsed) or failed (their report of this attempt says
+/// so). They leave `status.relays`, with a warning Event each, and
+/// nothing else changes: the sender sends their pairs' data itself from
+/// then on. None when every relay is there.
+fn relays_lost(
+    t: &Transfer,
+    mut s: TransferStatus,
+    said: &Said<'_>,
+    agents: &HashMap<AgentId, Agent>,
+) -> Option<Step> {
+    let why = |r: &AgentRef| {
+        let dead = match agents.get(&AgentId::assigned(t, Role::Relay, r)) {
+            None => Some("its Lease is gone".to_owned()),
+            Some(a) => a.dead.clone(),
+        };
+        dead.or_else(|| {
+            said.relay_report(&r.name)
+                .filter(|rep| rep.state == ReportState::Failed)
+                .map(|rep| format!("it failed: {}", rep.message))
+        })
+    };
+    let gone: Vec<(String, String)> = s
+        .relays
+        .iter()
+        .filter_map(|r| Some((r.name.clone(), why(r)?)))
+        .collect();
+    if gone.is_empty() {
+        return None;
+    }
+    s.relays
+        .retain(|r| !gone.iter().any(|(name, _)| *name == r.name));
+    let notes = gone
+        .into_iter()
+        .map(|(agent, why)| Note {
+            warning: true,
+            reason: "RelayLost",
+            message: format!(
+                "relaying agent {agent} lost ({why}); the sender sends its pair's data itself from now on"
+            ),
+        })
+        .collect();
+    Some(Step::settled(s, notes))
+}
+
 /// Whether `s` has its receivers: the one over one pair, or (`multi`) at
 /// least one of several.
 fn has_receivers(s: &TransferStatus, multi: bool) -> bool {
@@ -275,9 +324,13 @@ fn pairs_gone(
         // patience): only for the endpoint the receiver still reports,
         // for one that moved is sent to again.
         let at = report.and_then(|rep| rep.endpoint.as_deref());
+        // A pair sent by a relay may be lost for the relay's sake: the
+        // receiver is lost then by its Lease, or by the pair the sender
+        // sends to it itself once the relay is gone.
         if let Some(p) = said.stripes().and_then(|st| {
             st.pairs.iter().find(|p| {
                 p.receiver == r.name
+                    && p.relay.is_none()
                     && Some(p.endpoint.as_str()) == at
                     && matches!(p.state.as_str(), "lost" | "gone")
             })
@@ -505,6 +558,8 @@ struct Said<'a> {
     sender: Option<String>,
     /// The receiver, or over several pairs each of them.
     receivers: Vec<String>,
+    /// The sender's relays.
+    relays: Vec<String>,
     external: bool,
 }
 
@@ -520,6 +575,7 @@ impl<'a> Said<'a> {
                 .chain(&s.receivers)
                 .map(|a| a.name.clone())
                 .collect(),
+            relays: s.relays.iter().map(|a| a.name.clone()).collect(),
             external,
         }
     }
@@ -533,6 +589,7 @@ impl<'a> Said<'a> {
                 && match role {
                     Role::Sender => Some(&r.agent) == self.sender.as_ref(),
                     Role::Receiver => self.external || self.receivers.contains(&r.agent),
+                    Role::Relay => self.relays.contains(&r.agent),
                 }
         })
     }
@@ -543,6 +600,16 @@ impl<'a> Said<'a> {
             .stripes
             .as_ref()
             .filter(|st| st.attempt == self.attempt && Some(&st.sender) == self.sender.as_ref())
+    }
+
+    /// The report of this attempt of `agent`, a relay of it.
+    fn relay_report(&self, agent: &str) -> Option<&'a AgentReport> {
+        self.old.reports.iter().find(|r| {
+            r.role == Role::Relay
+                && r.attempt == self.attempt
+                && r.agent == agent
+                && self.relays.iter().any(|a| a == agent)
+        })
     }
 
     /// The report of this attempt of `agent`, an assigned receiver.
@@ -638,8 +705,11 @@ fn fail_over(
         match role {
             Role::Sender => {
                 s.sender = None;
+                // Relays send for one sender: a new one gets its own.
+                s.relays.clear();
                 needs.sender = true;
             }
+            Role::Relay => {}
             Role::Receiver if t.multi_pair() => {
                 s.receivers.retain(|r| r.name != *agent);
                 if s.receivers.is_empty() {
@@ -756,6 +826,8 @@ pub struct Placed<'a> {
     /// The receiving agents, one per pair, or none to keep the current
     /// ones (or for an external receiver).
     pub receivers: &'a [&'a Agent],
+    /// With a new sender, its relays (none keeps the current ones).
+    pub relays: &'a [&'a Agent],
     /// The token's Secret.
     pub token_secret: &'a str,
 }
@@ -771,6 +843,7 @@ pub fn assigned(
     let Placed {
         sender,
         receivers,
+        relays,
         token_secret,
     } = placed;
     let now_t = conditions::whole_seconds(now);
@@ -782,6 +855,7 @@ pub fn assigned(
     };
     if let Some(a) = sender {
         s.sender = Some(agent_ref(a));
+        s.relays = relays.iter().map(|a| agent_ref(a)).collect();
     }
     // A receiver placed while the Transfer runs on others replaces a lost
     // pair: it joins them, in the same attempt.
@@ -824,9 +898,14 @@ pub fn assigned(
         )
     } else {
         let names: Vec<&str> = s.receivers.iter().map(|a| a.name.as_str()).collect();
+        let relays: Vec<&str> = s.relays.iter().map(|a| a.name.as_str()).collect();
         format!(
-            "sender {}, receivers {} ({} pairs)",
+            "sender {}{}, receivers {} ({} pairs)",
             s.sender.as_ref().map_or("-", |a| a.name.as_str()),
+            match relays.is_empty() {
+                true => String::new(),
+                false => format!(" with relays {}", relays.join(", ")),
+            },
             names.join(", "),
             names.len()
         )
@@ -1053,6 +1132,7 @@ fn role_name(r: Role) -> &'static str {
     match r {
         Role::Sender => "sending",
         Role::Receiver => "receiving",
+        Role::Relay => "relaying",
     }
 }
 
@@ -1109,6 +1189,7 @@ mod tests {
             tuning: Default::default(),
             striping: None,
             pairs: 1,
+            relays: 0,
         };
         let both = Needs {
             sender: true,
@@ -1183,6 +1264,7 @@ mod tests {
         let placed = Placed {
             sender: by_name("s0"),
             receivers: &receivers,
+            relays: &[],
             token_secret: "t-token",
         };
         let (s, _) = assigned(t, &r, s, placed, at(100));
@@ -1202,6 +1284,7 @@ mod tests {
         let placed = Placed {
             sender: Some(by_name("s0")),
             receivers: &receivers,
+            relays: &[],
             token_secret: "t-token",
         };
         let (s, _) = assigned(&t, &r, Default::default(), placed, at(100));
@@ -1352,6 +1435,7 @@ mod tests {
         let placed = Placed {
             sender: None,
             receivers: &[r3],
+            relays: &[],
             token_secret: "t-token",
         };
         let r = check_shared(&t).unwrap();
@@ -1403,6 +1487,7 @@ mod tests {
         let placed = Placed {
             sender: Some(by_name("s0")),
             receivers: &[by_name("r0")],
+            relays: &[],
             token_secret: "t-token",
         };
         let (s, note) = assigned(&t, &r, st.status, placed, at(100));
@@ -1427,6 +1512,7 @@ mod tests {
         let placed = Placed {
             sender: None,
             receivers: &[by_name("r1")],
+            relays: &[],
             token_secret: "t-token",
         };
         let (s, note) = assigned(&t, &r, st.status.clone(), placed, at(111));
@@ -1476,6 +1562,96 @@ mod tests {
         assert_eq!(st.status.phase, Some(TransferPhase::Failed));
     }
 
+    const RELAYED: [(&str, &str); 6] = [
+        ("src", "s0"),
+        ("src", "s1"),
+        ("src", "s2"),
+        ("dst", "r0"),
+        ("dst", "r1"),
+        ("dst", "r2"),
+    ];
+
+    /// `t` over three pairs, assigned s0 with relays s1 and s2, and r0,
+    /// r1, r2 at 100; the Event of it.
+    fn over_pairs_relayed(name: &str) -> (Transfer, Note) {
+        let mut t = transfer(name, "/in/a", "/out/a");
+        t.spec.pairs = Some(3);
+        let ag = agents(99, &RELAYED);
+        let r = check_shared(&t).unwrap();
+        let by_name = |n: &str| ag.values().find(|a| a.name == n).unwrap();
+        let placed = Placed {
+            sender: Some(by_name("s0")),
+            receivers: &[by_name("r0"), by_name("r1"), by_name("r2")],
+            relays: &[by_name("s1"), by_name("s2")],
+            token_secret: "t-token",
+        };
+        let (s, note) = assigned(&t, &r, Default::default(), placed, at(100));
+        t.status = Some(s);
+        (t, note)
+    }
+
+    fn relay_names(st: &Step) -> Vec<&str> {
+        st.status.relays.iter().map(|r| r.name.as_str()).collect()
+    }
+
+    // Issue 34: relays come with the sender; one lost, or failed, leaves
+    // the list with an Event and nothing else changes (no failover, no
+    // pair lost); a new sender gets relays of its own.
+    #[test]
+    fn relays_come_with_the_sender_and_one_lost_only_leaves() {
+        let (mut t, note) = over_pairs_relayed("t");
+        assert!(
+            note.message
+                .contains("sender s0 with relays s1, s2, receivers r0, r1, r2 (3 pairs)"),
+            "{}",
+            note.message
+        );
+        let st = step_pairs(&mut t, &RELAYED, 120);
+        assert_eq!(relay_names(&st), ["s1", "s2"]);
+        assert!(st.notes.is_empty() && st.needs.is_none());
+
+        let live: Vec<_> = RELAYED.into_iter().filter(|(_, n)| *n != "s1").collect();
+        let st = step_pairs(&mut t, &live, 130);
+        assert_eq!(relay_names(&st), ["s2"]);
+        assert_eq!(receiver_names(&st), ["r0", "r1", "r2"]);
+        assert_eq!(st.status.attempt, 1);
+        assert_eq!(st.status.phase, Some(TransferPhase::Running));
+        assert!(st.status.failovers.is_empty() && st.needs.is_none());
+        assert_eq!(st.notes.len(), 1);
+        assert_eq!(st.notes[0].reason, "RelayLost");
+        assert!(
+            st.notes[0].message.contains("relaying agent s1 lost"),
+            "{}",
+            st.notes[0].message
+        );
+
+        report_of(
+            &mut t,
+            Role::Relay,
+            "s2",
+            ReportState::Failed,
+            "source not shared",
+        );
+        let st = step_pairs(&mut t, &RELAYED, 140);
+        assert!(relay_names(&st).is_empty());
+        assert!(
+            st.notes[0].message.contains("source not shared"),
+            "{}",
+            st.notes[0].message
+        );
+        // A relay's word counts for nothing else.
+        let st = step_pairs(&mut t, &RELAYED, 150);
+        assert_eq!(st.status.phase, Some(TransferPhase::Running));
+        assert!(st.notes.is_empty());
+
+        // The sender lost: its relays go with it, the new one gets its own.
+        let (mut t, _) = over_pairs_relayed("u");
+        let st = step_pairs(&mut t, &RELAYED[1..], 130);
+        assert_eq!(st.status.attempt, 2);
+        assert!(relay_names(&st).is_empty());
+        assert!(st.needs.unwrap().sender);
+    }
+
     // Found by review: a receiver that had failed stayed assigned into the
     // next attempt when the sender was lost at the same time, and
     // Degraded, once set, never went back to False.
@@ -1522,6 +1698,7 @@ mod tests {
         let placed = Placed {
             sender: None,
             receivers: &receivers,
+            relays: &[],
             token_secret: "t-token",
         };
         let r = check_shared(&t).unwrap();
@@ -1547,6 +1724,7 @@ mod tests {
             rate_bps: 0,
             pairs: vec![PairReport {
                 receiver: "r1".into(),
+                relay: None,
                 endpoint: endpoint.into(),
                 state: "gone".into(),
                 bytes: 0,
@@ -1579,6 +1757,16 @@ mod tests {
                 "{sender} {endpoint}"
             );
         }
+        // Sent by a relay, a pair is lost for the relay's sake as well:
+        // the receiver is not taken as lost by it.
+        let mut t = over_pairs("t");
+        with_endpoint(&mut t, "h:1");
+        let mut relayed = stripes("s0", "h:1");
+        relayed.pairs[0].relay = Some("s1".into());
+        t.status.as_mut().unwrap().stripes = Some(relayed);
+        let st = step_pairs(&mut t, &PAIRS, 120);
+        assert_eq!(receiver_names(&st), ["r0", "r1", "r2"]);
+
         let mut t = over_pairs("t");
         with_endpoint(&mut t, "h:1");
         t.status.as_mut().unwrap().stripes = Some(stripes("s0", "h:1"));

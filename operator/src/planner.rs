@@ -16,9 +16,9 @@ use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use wirerate_crds::Transfer;
 use wirerate_crds::conditions::{self, types};
 use wirerate_crds::transfer::AgentRef;
+use wirerate_crds::{Transfer, TransferStatus};
 
 use crate::agents::{Agent, AgentId};
 use crate::destinations::{self, Destination, Held};
@@ -40,7 +40,7 @@ pub struct Plan {
 }
 
 /// Who a Transfer's attempt is assigned to.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Assignment {
     /// Attempt number.
     pub attempt: i32,
@@ -50,17 +50,24 @@ pub struct Assignment {
     pub receiver: Option<AgentRef>,
     /// Receiver agents, over several pairs.
     pub receivers: Vec<AgentRef>,
+    /// The sender's relays, over several pairs.
+    pub relays: Vec<AgentRef>,
 }
 
 impl Assignment {
     /// The assignment a Transfer's status records.
     pub fn of(t: &Transfer) -> Self {
-        let s = t.status.clone().unwrap_or_default();
+        t.status.as_ref().map(Self::in_status).unwrap_or_default()
+    }
+
+    /// The assignment `s` records.
+    pub fn in_status(s: &TransferStatus) -> Self {
         Self {
             attempt: s.attempt,
-            sender: s.sender,
-            receiver: s.receiver,
-            receivers: s.receivers,
+            sender: s.sender.clone(),
+            receiver: s.receiver.clone(),
+            receivers: s.receivers.clone(),
+            relays: s.relays.clone(),
         }
     }
 }
@@ -68,8 +75,8 @@ impl Assignment {
 /// What one Transfer means to the scheduler.
 #[derive(Clone, Debug, PartialEq)]
 enum Derived {
-    /// Needs agents.
-    Waiting(Waiting),
+    /// Needs agents (boxed: the other variants hold nothing).
+    Waiting(Box<Waiting>),
     /// Has its agents and is not over: counts toward its namespace's turn.
     Running,
     /// Neither (over, invalid, or being deleted).
@@ -115,6 +122,7 @@ pub fn overlaid(t: &Transfer, ledger: &HashMap<String, Assignment>) -> Option<Tr
     s.sender = a.sender.clone();
     s.receiver = a.receiver.clone();
     s.receivers = a.receivers.clone();
+    s.relays = a.relays.clone();
     Some(t)
 }
 
@@ -141,7 +149,7 @@ fn count(load: &mut HashMap<AgentId, i32>, t: &Transfer) {
     if s.phase.is_some_and(|p| p.is_final()) || t.metadata.deletion_timestamp.is_some() {
         return;
     }
-    for (role, who) in s.assigned() {
+    for (role, who) in s.occupied() {
         *load.entry(AgentId::assigned(t, role, who)).or_insert(0) += 1;
     }
 }
@@ -206,8 +214,16 @@ fn fingerprint(
             inputs.ledger.get(uid).map(|a| {
                 let name =
                     |r: &Option<AgentRef>| r.as_ref().map(|r| (r.pool.clone(), r.name.clone()));
-                let names: Vec<_> = a.receivers.iter().map(|r| (&r.pool, &r.name)).collect();
-                (a.attempt, name(&a.sender), name(&a.receiver), names)
+                let names = |v: &[AgentRef]| -> Vec<(String, String)> {
+                    v.iter().map(|r| (r.pool.clone(), r.name.clone())).collect()
+                };
+                (
+                    a.attempt,
+                    name(&a.sender),
+                    name(&a.receiver),
+                    names(&a.receivers),
+                    names(&a.relays),
+                )
             }),
             t.metadata.deletion_timestamp.is_some(),
             catalog_fp,
@@ -260,14 +276,8 @@ impl Planner {
             };
             // One that runs and asks for a lost pair's replacement still
             // takes its namespace's turn.
-            if matches!(
-                &entry,
-                Derived::Running
-                    | Derived::Waiting(Waiting {
-                        replacing: true,
-                        ..
-                    })
-            ) {
+            let replacing = matches!(&entry, Derived::Waiting(w) if w.replacing);
+            if matches!(&entry, Derived::Running) || replacing {
                 *running_per_ns
                     .entry(t.namespace().unwrap_or_default())
                     .or_default() += 1;
@@ -276,7 +286,7 @@ impl Planner {
                 if !destinations::writes(t) {
                     fresh.insert(w.key.clone(), Destination::of(t));
                 }
-                waiting.push(w);
+                waiting.push(*w);
             }
             if destinations::writes(t) {
                 let key = (t.namespace().unwrap_or_default(), t.name_any());
@@ -393,7 +403,7 @@ fn derive(t: &Transfer, inputs: &Inputs<'_>) -> Derived {
                 replacing,
             }),
             Ok(r),
-        ) => Derived::Waiting(Waiting {
+        ) => Derived::Waiting(Box::new(Waiting {
             priority: t.spec.priority,
             created: t
                 .metadata
@@ -410,8 +420,10 @@ fn derive(t: &Transfer, inputs: &Inputs<'_>) -> Derived {
             least,
             avoid,
             replacing,
+            // Relays come with a new sender, and go with it.
+            relays: if sender { r.relays } else { 0 },
             key,
-        }),
+        })),
         _ if step.status.phase.is_some_and(|p| !p.is_final()) && step.status.sender.is_some() => {
             Derived::Running
         }
@@ -566,7 +578,7 @@ mod tests {
                 attempt: 1,
                 sender: who("src", "s0"),
                 receiver: who("dst", "r0"),
-                receivers: vec![],
+                ..Default::default()
             },
         )]);
         let next = plan(&mut planner, &all, &ag, &ledger);
@@ -581,7 +593,7 @@ mod tests {
 
         // The cache caught up: the ledger's entry is superseded.
         let mut t0 = (*all[0]).clone();
-        t0.status = Some(wirerate_crds::TransferStatus {
+        t0.status = Some(TransferStatus {
             phase: Some(TransferPhase::Running),
             attempt: 1,
             sender: who("src", "s0"),
@@ -599,7 +611,7 @@ mod tests {
         let mut planner = Planner::default();
         let ag = agents(&[lease("src", "s0", NOW, None), lease("dst", "r0", NOW, None)]);
         let mut t = (*queued("t", 0, 1)).clone();
-        t.status = Some(wirerate_crds::TransferStatus {
+        t.status = Some(TransferStatus {
             phase: Some(TransferPhase::Queued),
             attempt: 2,
             sender: Some(AgentRef {

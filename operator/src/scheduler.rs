@@ -41,6 +41,9 @@ pub struct Waiting {
     /// It runs, and asks for a receiver to replace a lost pair: placed
     /// when one is free, holding nothing while none is.
     pub replacing: bool,
+    /// Relays it may take from `sender_pool` once placed: the most, and
+    /// only agents no Transfer in line could use now (see [`relays`]).
+    pub relays: usize,
 }
 
 /// An agent with room for more transfers.
@@ -63,6 +66,8 @@ pub struct Placement {
     pub sender: Option<String>,
     /// New receivers, one per pair, if they were needed.
     pub receivers: Vec<String>,
+    /// Relays from the sender's pool, with a new sender (see [`relays`]).
+    pub relays: Vec<String>,
 }
 
 /// The queue in the order transfers should get agents.
@@ -142,7 +147,7 @@ pub fn assign(order: &[Key], waiting: &[Waiting], slots: &[Slot]) -> BTreeMap<Ke
             .get(k)
             .map(|w| (std::cmp::Reverse(w.priority), w.replacing))
     });
-    for key in order {
+    for &key in &order {
         let Some(w) = by_key.get(key) else { continue };
         if spent(&room, &w.sender_pool) && spent(&room, &w.receiver_pool) {
             continue;
@@ -201,11 +206,49 @@ pub fn assign(order: &[Key], waiting: &[Waiting], slots: &[Slot]) -> BTreeMap<Ke
                 Placement {
                     sender: sender.flatten().map(|i| free[i].agent.clone()),
                     receivers: found.iter().map(|i| free[*i].agent.clone()).collect(),
+                    relays: Vec::new(),
                 },
             );
         }
     }
+    relays(&order, &mut placed, &by_key, &mut free);
     placed
+}
+
+/// Gives each Transfer placed with a new sender that may take relays
+/// (`Waiting::relays`) as many as are free in the sender's pool, in
+/// line order: only once every Transfer in line has been placed or has
+/// had its slots held, so that a relay never takes a slot one of them
+/// could use. Never the sender nor one of the receivers. Most room
+/// first; the name breaks ties.
+fn relays(
+    order: &[&Key],
+    placed: &mut BTreeMap<Key, Placement>,
+    by_key: &HashMap<&Key, &Waiting>,
+    free: &mut [Slot],
+) {
+    for &key in order {
+        let (Some(p), Some(w)) = (placed.get_mut(key), by_key.get(key)) else {
+            continue;
+        };
+        let (Some(pool), Some(sender)) = (&w.sender_pool, &p.sender) else {
+            continue;
+        };
+        while p.relays.len() < w.relays {
+            let taken = |a: &String| a == sender || p.receivers.contains(a) || p.relays.contains(a);
+            let best = free
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| {
+                    &s.pool == pool && s.free > 0 && !w.avoid.contains(&s.agent) && !taken(&s.agent)
+                })
+                .max_by(|(_, a), (_, b)| a.free.cmp(&b.free).then_with(|| b.agent.cmp(&a.agent)))
+                .map(|(i, _)| i);
+            let Some(i) = best else { break };
+            free[i].free -= 1;
+            p.relays.push(free[i].agent.clone());
+        }
+    }
 }
 
 /// The `w.receivers` distinct agents of `pool` to receive `w`, as indices
@@ -287,6 +330,7 @@ mod tests {
             least: 1,
             avoid: vec![],
             replacing: false,
+            relays: 0,
         }
     }
 
@@ -380,7 +424,8 @@ mod tests {
             placed[&high.key],
             Placement {
                 sender: Some("b0".into()),
-                receivers: vec!["r0".into()]
+                receivers: vec!["r0".into()],
+                relays: vec![]
             }
         );
     }
@@ -420,7 +465,8 @@ mod tests {
             placed[&within.key],
             Placement {
                 sender: Some("s0".into()),
-                receivers: vec!["s0".into()]
+                receivers: vec!["s0".into()],
+                relays: vec![]
             }
         );
     }
@@ -458,7 +504,8 @@ mod tests {
             placed[&f.key],
             Placement {
                 sender: None,
-                receivers: vec!["r1".into()]
+                receivers: vec!["r1".into()],
+                relays: vec![]
             }
         );
         // No other live agent: it waits.
@@ -633,5 +680,53 @@ mod tests {
         ];
         let placed = assign(&order(&q, &HashMap::new()), &q, &slots);
         assert_eq!(placed_names(&placed), ["other"]);
+    }
+
+    /// Relays take only what no Transfer in line could use, from the
+    /// sender's pool, never the sender or a receiver, and only with a new
+    /// sender.
+    #[test]
+    fn relays_take_only_what_the_line_leaves() {
+        let mut multi = w("a", "multi", 5, 1);
+        multi.receivers = 2;
+        multi.least = 2;
+        multi.relays = 2;
+        let behind = w("a", "behind", 0, 2);
+        let slots = [
+            slot("src", "s0", 1),
+            slot("src", "s1", 1),
+            slot("src", "s2", 1),
+            slot("dst", "r0", 1),
+            slot("dst", "r1", 1),
+            slot("dst", "r2", 1),
+        ];
+        let q = [multi.clone(), behind.clone()];
+        let placed = assign(&order(&q, &HashMap::new()), &q, &slots);
+        let m = &placed[&multi.key];
+        assert_eq!(m.sender.as_deref(), Some("s0"));
+        // The one behind, though of a lower priority, sends from s1
+        // before s1 may relay: only s2 is left.
+        assert_eq!(placed[&behind.key].sender.as_deref(), Some("s1"));
+        assert_eq!(m.relays, ["s2"]);
+        // Alone, it takes two, never its sender.
+        let placed = assign(
+            &order(&[multi.clone()], &HashMap::new()),
+            &[multi.clone()],
+            &slots,
+        );
+        let mut got = placed[&multi.key].relays.clone();
+        got.sort();
+        assert_eq!(got, ["s1", "s2"]);
+        // Without a new sender (a replacement), none.
+        let mut replacing = multi.clone();
+        replacing.sender_pool = None;
+        replacing.receivers = 1;
+        replacing.least = 1;
+        let placed = assign(
+            &order(&[replacing.clone()], &HashMap::new()),
+            &[replacing.clone()],
+            &slots,
+        );
+        assert!(placed[&replacing.key].relays.is_empty());
     }
 }

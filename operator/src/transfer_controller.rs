@@ -284,20 +284,21 @@ fn take_placement(
             Some(n) => Some(live(Some(&resolved.sender_pool), n)?),
             None => None,
         };
+        // Best effort: a relay that is no longer live is left out.
+        let relays: Vec<&Agent> = p
+            .relays
+            .iter()
+            .filter_map(|r| live(Some(&resolved.sender_pool), r))
+            .collect();
         let placed = lifecycle::Placed {
             sender,
             receivers: &receivers,
+            relays: &relays,
             token_secret: token,
         };
         let (status, note) =
             lifecycle::assigned(current, resolved, step.status.clone(), placed, look.now);
-        let a = Assignment {
-            attempt: status.attempt,
-            sender: status.sender.clone(),
-            receiver: status.receiver.clone(),
-            receivers: status.receivers.clone(),
-        };
-        Some((a, (status, note)))
+        Some((Assignment::in_status(&status), (status, note)))
     })
 }
 
@@ -512,6 +513,7 @@ async fn keep_token_named(
     let placed = lifecycle::Placed {
         sender: None,
         receivers: &[],
+        relays: &[],
         token_secret: &token,
     };
     let (mut s, _) = lifecycle::assigned(t, resolved, status.clone(), placed, now);
@@ -764,12 +766,7 @@ async fn write(t: &Transfer, ctx: &Context, api: &Api<Transfer>, s: &TransferSta
     let name = t.name_any();
     let pp = PatchParams::apply(contract::OPERATOR_MANAGER).force();
     let old = t.status.clone().unwrap_or_default();
-    let assigned = Assignment {
-        attempt: s.attempt,
-        sender: s.sender.clone(),
-        receiver: s.receiver.clone(),
-        receivers: s.receivers.clone(),
-    };
+    let assigned = Assignment::in_status(s);
     let live = !s.phase.is_some_and(|p| p.is_final());
     let mut wanted = BTreeMap::new();
     if live {
@@ -788,6 +785,11 @@ async fn write(t: &Transfer, ctx: &Context, api: &Api<Transfer>, s: &TransferSta
                 let key = contract::pair_receiver_label(ns, &r.pool, &r.name);
                 wanted.insert(key, "true".to_owned());
             }
+        }
+        let ns = t.pool_namespace(Role::Relay).unwrap_or_default();
+        for r in &assigned.relays {
+            let key = contract::pair_relay_label(ns, &r.pool, &r.name);
+            wanted.insert(key, "true".to_owned());
         }
     }
     let uid = t.metadata.uid.clone().unwrap_or_default();
@@ -864,7 +866,7 @@ fn cleanup_pending(t: &Transfer, ctx: &Context) -> Option<String> {
     }
     let view = ctx.view(Timestamp::now());
     let pending: Vec<&str> = s
-        .assigned()
+        .occupied()
         .filter(|(role, a)| {
             view.agents
                 .get(&AgentId::assigned(t, *role, a))

@@ -48,6 +48,10 @@ pub struct Resolved {
     /// Pairs to run over (spec.pairs, checked): with pairsPolicy Auto,
     /// the most.
     pub pairs: usize,
+    /// The most relays the sending pool may give (`status.relays`): one
+    /// per pair but the sender's own, where the sending pool declares
+    /// shared storage; 0 otherwise.
+    pub relays: usize,
 }
 
 impl Resolved {
@@ -144,12 +148,19 @@ pub fn validate(t: &Transfer, catalog: Catalog<'_>) -> Result<Resolved, Invalid>
     if let Some(problem) = tuning.problem(striping.as_ref()) {
         return Err(invalid(reason::INVALID_TUNING, problem));
     }
+    // Relays read the source from storage the sender's pool declares
+    // shared: each reads what the sender would have.
+    let relays = match src.spec.shared_storage {
+        true => pairs - 1,
+        false => 0,
+    };
     Ok(Resolved {
         sender_pool: src_key,
         receiver_pool,
         tuning,
         striping,
         pairs,
+        relays,
     })
 }
 
@@ -462,6 +473,20 @@ pub(crate) mod tests {
             e.message
         );
         assert_eq!(check_shared(&t).unwrap().pairs, 3);
+        // Relays, one per pair but the sender's, only from a sending
+        // pool that declares shared storage too.
+        assert_eq!(check_shared(&t).unwrap().relays, 2);
+        let mut pools = pools();
+        pools
+            .get_mut(&("data".to_owned(), "dst".to_owned()))
+            .unwrap()
+            .spec
+            .shared_storage = true;
+        let catalog = Catalog {
+            pools: &pools,
+            consents: &BTreeSet::new(),
+        };
+        assert_eq!(validate(&t, catalog).unwrap().relays, 0);
         t.spec.pairs = Some(contract::MAX_PAIRS);
         assert!(check_shared(&t).is_ok());
 

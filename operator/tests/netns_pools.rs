@@ -531,6 +531,12 @@ impl Cluster {
     /// Starts the operator, one agent per pool, and the receiving pool's
     /// `more` agents on the receivers' host (each on data ports of its own).
     fn start_with(&mut self, more: &[&'static str]) {
+        self.start_pools(more, &[]);
+    }
+
+    /// As `start_with`, and the sending pool's `senders` agents on the
+    /// senders' host (each on data ports of its own).
+    fn start_pools(&mut self, more: &[&'static str], senders: &[&'static str]) {
         let operator = env!("CARGO_BIN_EXE_wirerate-operator");
         let mut cmd = Command::new(operator);
         cmd.args(["--namespace", NS, "--identity", "netns-pools"])
@@ -574,6 +580,18 @@ impl Cluster {
                 RECEIVER_DATA,
                 &self.kubeconfig,
                 DATA_PORT + 10 * (i as u16 + 1),
+            );
+            cmds.push((*name, cmd));
+        }
+        for (i, name) in senders.iter().enumerate() {
+            let cmd = agent(
+                &self.agent_bin,
+                &h.sender,
+                name,
+                "senders",
+                SENDER_DATA,
+                &self.kubeconfig,
+                sender_port(i),
             );
             cmds.push((*name, cmd));
         }
@@ -1277,6 +1295,172 @@ async fn a_transfer_over_three_pairs_loses_a_receiver_mid_file_and_lands_identic
         lost_after.as_secs_f64(),
         replaced.as_secs_f64(),
         killed.elapsed().as_secs_f64()
+    );
+}
+
+/// The first data port of the `i`th of the sending pool's further agents.
+fn sender_port(i: usize) -> u16 {
+    DATA_PORT + 100 + 10 * i as u16
+}
+
+/// Issue 34 with the real operator and agents: a Transfer over three pairs
+/// from a sending pool of three agents on shared storage to a receiving
+/// pool of three; the sender takes the other two as its relays, each
+/// sending one pair's data. One relay is killed mid-file: it leaves
+/// `status.relays` with a RelayLost Event, nothing restarts, the sender
+/// sends that pair's data itself, and the file lands identical.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_senders_to_three_receivers_lose_a_relay_mid_file_and_land_identical() {
+    if !available() {
+        return;
+    }
+    const RECEIVERS: [&str; 2] = ["pt-recv-1", "pt-recv-2"];
+    const SENDERS: [&str; 2] = ["pt-send-1", "pt-send-2"];
+    let mut c = Cluster::prepare(5, None, None).await;
+    // About 27 s at 50 Mbit/s on the data link, which every pair shares
+    // here: time to kill a relay while it sends.
+    sh(&[
+        "ip",
+        "netns",
+        "exec",
+        &c.hosts.sender,
+        "tc",
+        "qdisc",
+        "add",
+        "dev",
+        &c.hosts.root_links[0],
+        "root",
+        "tbf",
+        "rate",
+        "50mbit",
+        "burst",
+        "256kb",
+        "latency",
+        "100ms",
+    ]);
+    c.start_pools(&RECEIVERS, &SENDERS);
+    let data = noise(160 << 20 | 333, 0xbeef);
+    let from = c.src.join("run-0042.h5");
+    std::fs::write(&from, &data).unwrap();
+    let to = c.dst.join("run-0042.h5");
+    let mut t = TransferBuilder::new("relayed", &from.to_string_lossy(), &to.to_string_lossy())
+        .namespace(NS)
+        .pools("senders", "receivers")
+        .build();
+    t.spec.pairs = Some(3);
+    // Blocks of 1 MiB make chunks of 8 MiB, about twenty.
+    t.spec.tuning = Some(wirerate_crds::Tuning {
+        block_size: Some(1 << 20),
+        ..Default::default()
+    });
+    c.api::<Transfer>()
+        .create(&PostParams::default(), &t)
+        .await
+        .unwrap();
+
+    // Two relays named, their pairs running and some of the file written:
+    // the first relay is killed while it still has chunks to send.
+    let dst = c.dst.clone();
+    let status = c
+        .status_when(
+            "relayed",
+            Duration::from_secs(60),
+            "the Transfer did not start with two relays sending",
+            |s| {
+                let relayed = s
+                    .stripes
+                    .as_ref()?
+                    .pairs
+                    .iter()
+                    .filter(|p| p.relay.is_some() && p.state == "running");
+                (s.relays.len() == 2 && relayed.count() == 2 && newest_len(&dst) > 8 << 20)
+                    .then_some(s)
+            },
+        )
+        .await;
+    let victim = status.relays[0].name.clone();
+    let sender = status.sender.clone().unwrap().name;
+    let relays: Vec<String> = status.relays.iter().map(|r| r.name.clone()).collect();
+    let mut pool: Vec<&str> = SENDERS.to_vec();
+    pool.push(SENDER);
+    assert!(
+        pool.contains(&sender.as_str()) && !relays.contains(&sender) && relays.contains(&victim),
+        "{status:#?}"
+    );
+    // The first agent runs as "sender agent", the others by name.
+    let process = SENDERS
+        .into_iter()
+        .find(|s| *s == victim)
+        .unwrap_or("sender agent");
+    c.stop(process);
+    let killed = Instant::now();
+
+    let dropped = c
+        .status_when(
+            "relayed",
+            Duration::from_secs(60),
+            "the relay was not dropped",
+            |s| (!s.relays.iter().any(|r| r.name == victim)).then(|| killed.elapsed()),
+        )
+        .await;
+    let status = c
+        .status_when(
+            "relayed",
+            Duration::from_secs(180),
+            "the Transfer did not end",
+            |s| s.phase.is_some_and(|p| p.is_final()).then_some(s),
+        )
+        .await;
+    assert_eq!(
+        status.phase,
+        Some(TransferPhase::Succeeded),
+        "{status:#?}\n{}",
+        c.logs()
+    );
+    assert_eq!(status.attempt, 1, "nothing restarted: {status:#?}");
+    assert!(
+        status.failovers.is_empty(),
+        "no agent failed over: {status:#?}"
+    );
+    let landed = std::fs::read(&to).unwrap();
+    assert!(
+        landed == data,
+        "the file landed different ({} bytes)",
+        landed.len()
+    );
+    // The surviving relay sent a pair's data to the end; every byte was
+    // made durable once.
+    let stripes = status.stripes.clone().expect("status.stripes");
+    let survivor = relays.iter().find(|r| **r != victim).unwrap();
+    assert!(
+        stripes.pairs.iter().any(|p| {
+            p.relay.as_ref() == Some(survivor) && p.state == "finished" && p.bytes > 0
+        }),
+        "{stripes:?}"
+    );
+    let lost = stripes
+        .pairs
+        .iter()
+        .find(|p| p.relay.as_ref() == Some(&victim))
+        .unwrap_or_else(|| panic!("no pair through {victim}: {stripes:?}"));
+    assert!(
+        matches!(lost.state.as_str(), "lost" | "gone"),
+        "{stripes:?}"
+    );
+    // Its receiver was taken back, the sender sending to it itself.
+    assert!(
+        stripes
+            .pairs
+            .iter()
+            .any(|p| { p.endpoint == lost.endpoint && p.relay.is_none() && p.state == "finished" }),
+        "{stripes:?}"
+    );
+    assert_eq!(stripes.bytes, data.len() as i64, "{stripes:?}");
+    eprintln!(
+        "relay {victim} dropped {:.1} s after the kill; ended {:.1} s after it; the sender said: {}",
+        dropped.as_secs_f64(),
+        killed.elapsed().as_secs_f64(),
+        sender_said(&status)
     );
 }
 

@@ -23,6 +23,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::{Value, json};
 use wirerate_apiserver_double::{self as apiserver, Actor, ApiServer, DRIVER_AGENT, ObjectWrites};
+use wirerate_crds::transfer::Role;
 use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer, TransferPhase, contract};
 
 const POOLS_NS: &str = "wb-pools";
@@ -228,7 +229,7 @@ async fn succeed(client: &Client, t: &Transfer) {
                      "message": "verified", "updatedAt": Time(Timestamp::now())}]}});
     api.patch_status(
         t.metadata.name.as_deref().unwrap(),
-        &PatchParams::apply(&contract::report_manager(&receiver, false)).force(),
+        &PatchParams::apply(&contract::report_manager(&receiver, Role::Receiver)).force(),
         &Patch::Apply(&patch),
     )
     .await

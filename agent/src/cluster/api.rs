@@ -143,7 +143,7 @@ pub struct ReportKey {
     /// Namespace and name of the Transfer.
     pub transfer: (String, String),
     /// Its uid, the side (sender first) and the attempt.
-    pub side: (String, bool, i32),
+    pub side: (String, Role, i32),
 }
 
 impl ReportKey {
@@ -151,7 +151,7 @@ impl ReportKey {
     pub fn new(transfer: &(String, String), key: &JobKey) -> Self {
         Self {
             transfer: transfer.clone(),
-            side: (key.uid.clone(), key.role == Role::Sender, key.attempt),
+            side: (key.uid.clone(), key.role, key.attempt),
         }
     }
 }

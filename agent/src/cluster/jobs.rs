@@ -165,6 +165,39 @@ impl From<PairsSummary> for Sent {
     }
 }
 
+/// Where a sender job sends.
+#[derive(Clone, Copy, Debug)]
+pub struct Targets<'a> {
+    /// Where the receiver listens, or over several pairs where each does.
+    pub endpoints: &'a [String],
+    /// Over several pairs, who sends each of `endpoints`' data: a relay's
+    /// `host:port`, or None for this host. Empty: this host for all.
+    pub via: &'a [Option<String>],
+    /// Some: a Transfer over several pairs, at most this many.
+    pub pairs: Option<usize>,
+}
+
+impl<'a> Targets<'a> {
+    /// The receiver at `endpoints[0]`, over one pair.
+    pub fn one(endpoints: &'a [String]) -> Self {
+        Self {
+            endpoints,
+            via: &[],
+            pairs: None,
+        }
+    }
+
+    /// Over at most `most` pairs, the receivers at `endpoints` first,
+    /// each sent to from this host.
+    pub fn pairs(endpoints: &'a [String], most: usize) -> Self {
+        Self {
+            endpoints,
+            via: &[],
+            pairs: Some(most),
+        }
+    }
+}
+
 /// A sender in flight.
 pub struct SenderJob {
     /// Where it stands, and what the tuner and optimizer chose.
@@ -177,14 +210,11 @@ pub struct SenderJob {
 }
 
 impl SenderJob {
-    /// Starts sending `source` to `dest` at `endpoints`: one receiver, or
-    /// over at most `pairs` pairs (Some: a Transfer over several) those
-    /// that share one root, each the far end of a pair, taking in more as
-    /// they join.
-    #[allow(clippy::too_many_arguments)]
+    /// Starts sending `source` to `dest` at `to`'s endpoints: one
+    /// receiver, or over several pairs those that share one root, each
+    /// the far end of a pair, taking in more as they join.
     pub fn start(
-        endpoints: &[String],
-        pairs: Option<usize>,
+        to: Targets<'_>,
         token: Vec<u8>,
         source: PathBuf,
         dest: String,
@@ -192,6 +222,11 @@ impl SenderJob {
         verify: Verification,
         max_rate_mbps: Option<i64>,
     ) -> Result<Self> {
+        let Targets {
+            endpoints,
+            via,
+            pairs,
+        } = to;
         let first = endpoints.first().cloned().unwrap_or_default();
         let mut cfg = SendConfig::new(&first, token, source, dest);
         // Out-of-range values are refused, never clamped: the Transfer
@@ -212,6 +247,10 @@ impl SenderJob {
         let result = Arc::new(Mutex::new(None));
         let r = result.clone();
         let to = endpoints.to_vec();
+        let via = match via.is_empty() {
+            true => vec![None; to.len()],
+            false => via.to_vec(),
+        };
         let joins = pairs.map(|_| Joins::default());
         let told = joins.clone();
         let thread = std::thread::Builder::new()
@@ -219,7 +258,7 @@ impl SenderJob {
             .spawn(wirerate_engine::spans::carry(move || {
                 let out = match (pairs, &told) {
                     (Some(most), Some(joins)) => {
-                        send_over_pairs_joined(&cfg, &to, joins, most).map(Sent::from)
+                        send_over_pairs_joined(&cfg, &to, &via, joins, most).map(Sent::from)
                     }
                     _ => send(&cfg).map(Sent::from),
                 };
@@ -297,6 +336,28 @@ impl SenderOutcome {
     }
 }
 
+/// What `bind` bound on the first port of `ports` it could, and the port.
+pub fn bind_first<T>(
+    ports: std::ops::Range<u16>,
+    mut bind: impl FnMut(&str) -> Result<T>,
+) -> Result<(u16, T)> {
+    let mut last = None;
+    for port in ports.clone() {
+        match bind(&format!("0.0.0.0:{port}")) {
+            Ok(bound) => return Ok((port, bound)),
+            // The next port may be free; a root that cannot be opened
+            // or a setting refused is the same on every port.
+            Err(Error::Listen { cause, .. }) => last = Some(cause),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Error::NoFreePort {
+        first: ports.start,
+        end: ports.end,
+        cause: last.unwrap_or_else(|| std::io::Error::other("the range is empty")),
+    })
+}
+
 /// A receiver bound for one transfer.
 pub struct ReceiverJob {
     handle: Option<ServerHandle>,
@@ -317,25 +378,10 @@ impl ReceiverJob {
         cfg.tune(&tuning.settings()?);
         cfg.max_sessions = 4;
         cfg.lobby = Some(lobby());
-        let mut last = None;
-        for port in ports.clone() {
-            match Server::bind(&format!("0.0.0.0:{port}"), cfg.clone()) {
-                Ok(s) => {
-                    return Ok(Self {
-                        port,
-                        handle: Some(s.spawn()),
-                    });
-                }
-                // The next port may be free; a root that cannot be opened
-                // or a setting refused is the same on every port.
-                Err(Error::Listen { cause, .. }) => last = Some(cause),
-                Err(e) => return Err(e),
-            }
-        }
-        Err(Error::NoFreePort {
-            first: ports.start,
-            end: ports.end,
-            cause: last.unwrap_or_else(|| std::io::Error::other("the range is empty")),
+        let (port, server) = bind_first(ports, |addr| Server::bind(addr, cfg.clone()))?;
+        Ok(Self {
+            port,
+            handle: Some(server.spawn()),
         })
     }
 

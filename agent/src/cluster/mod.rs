@@ -14,6 +14,7 @@ pub mod host;
 pub mod jobs;
 pub mod path_tests;
 pub mod plan;
+pub mod relay_job;
 pub mod storage;
 pub mod stripes;
 pub mod tuning;
@@ -40,8 +41,9 @@ use wirerate_crds::transfer::{
 use wirerate_crds::{AgentLease, DtnPool, Transfer, contract};
 
 use crate::units::{self, fmt_bytes};
-use jobs::{ReceiverJob, SenderJob, SenderOutcome};
+use jobs::{ReceiverJob, SenderJob, SenderOutcome, Targets};
 use plan::{Cadence, JobKey, Me, Want};
+use relay_job::RelayJob;
 use wirerate_engine::error::{Error, Result};
 use wirerate_engine::progress::Position;
 
@@ -89,6 +91,8 @@ enum Side {
         changes_told: usize,
         /// Over several pairs: each receiver's endpoint and agent name.
         pair_names: Vec<(String, String)>,
+        /// Over several pairs: each relay's endpoint and agent name.
+        relay_names: Vec<(String, String)>,
         /// Over several pairs: the pairs, and those lost, at the last
         /// report; a change is told at once (`Cadence::due_urgent`).
         pairs_told: (usize, usize),
@@ -106,6 +110,9 @@ enum Side {
         /// Transfer. It reports once, where it listens.
         multi: bool,
     },
+    /// Reads and sends pairs' data for the sender, until the Transfer no
+    /// longer names it. It reports once, where it listens.
+    Relay { job: RelayJob, reported: bool },
 }
 
 struct Job {
@@ -243,6 +250,10 @@ fn watch_transfers(client: &Client, cfg: &RunConfig) -> Vec<Store<Transfer>> {
             format!(
                 "{}=true",
                 contract::pair_receiver_label(&cfg.namespace, &cfg.pool, &cfg.agent)
+            ),
+            format!(
+                "{}=true",
+                contract::pair_relay_label(&cfg.namespace, &cfg.pool, &cfg.agent)
             ),
         ];
         for selector in selectors {
@@ -384,7 +395,7 @@ impl Agent {
                     let at = s.progress.position();
                     at.total > 0 && at.done >= at.total
                 }
-                Side::Receiver { .. } => false,
+                Side::Receiver { .. } | Side::Relay { .. } => false,
             };
             let lingering = *j.unwanted_since.get_or_insert(elapsed);
             if plan::may_finish(&key, by_uid.get(&key.uid).copied(), acked)
@@ -477,6 +488,7 @@ fn stop(j: &mut Job) {
     match &mut j.side {
         Side::Sender { job, .. } => job.cancel(),
         Side::Receiver { job, .. } => job.stop(),
+        Side::Relay { job, .. } => job.stop(),
     }
 }
 
@@ -534,6 +546,7 @@ async fn start_job(
     let side = match w.key.role {
         Role::Sender => span.in_scope(|| sender_side(t, w, pool, token, &tuning))?,
         Role::Receiver => span.in_scope(|| receiver_side(cfg, t, pool, &s, token, &tuning))?,
+        Role::Relay => span.in_scope(|| relay_side(cfg, t, pool, token, &tuning))?,
     };
     let carried = s
         .progress
@@ -574,8 +587,11 @@ fn sender_side(
     let dest = dest_name(&t.spec.destination.path)?;
     Ok(Side::Sender {
         job: SenderJob::start(
-            &w.endpoints,
-            t.multi_pair().then(|| t.pairs() as usize),
+            Targets {
+                endpoints: &w.endpoints,
+                via: &w.via,
+                pairs: t.multi_pair().then(|| t.pairs() as usize),
+            },
             token,
             source,
             dest,
@@ -589,7 +605,36 @@ fn sender_side(
         announce_tries: ANNOUNCE_TRIES,
         changes_told: 0,
         pair_names: pair_names(w, t.multi_pair()),
+        relay_names: w.relays.clone(),
         pairs_told: (0, 0),
+    })
+}
+
+/// A relay's side of a job: the engine's relay bound for this Transfer,
+/// reading beneath the allowed root that holds its source (checked as
+/// the sender checks it).
+fn relay_side(
+    cfg: &RunConfig,
+    t: &Transfer,
+    pool: &DtnPool,
+    token: Vec<u8>,
+    tuning: &wirerate_crds::tuning::Tuning,
+) -> Result<Side> {
+    let source = jobs::under_roots(Path::new(&t.spec.source.path), &pool.spec.allowed_roots)?;
+    let root = pool
+        .spec
+        .allowed_roots
+        .iter()
+        .filter_map(|r| std::fs::canonicalize(r).ok())
+        .find(|r| source.starts_with(r))
+        .ok_or_else(|| Error::PathRefused {
+            path: t.spec.source.path.clone(),
+            reason: "it is not under this pool's allowed roots".into(),
+        })?;
+    let ports = contract::data_ports(cfg.data_port, cfg.max_transfers);
+    Ok(Side::Relay {
+        job: RelayJob::start(root, token, tuning, ports)?,
+        reported: false,
     })
 }
 
@@ -816,7 +861,33 @@ fn observe(
     match job.side {
         Side::Sender { .. } => observe_sender(client, reports, cfg, key, job, now),
         Side::Receiver { .. } => observe_receiver(reports, cfg, key, job, now),
+        Side::Relay { .. } => observe_relay(reports, cfg, key, job),
     }
+}
+
+/// A relay says once where it listens: the sender waits for that. It has
+/// no verdict of its own; its job ends with the Transfer, or when the
+/// Transfer no longer names it.
+fn observe_relay(
+    reports: &api::Reports,
+    cfg: &RunConfig,
+    key: &JobKey,
+    job: &mut Job,
+) -> Option<()> {
+    let Side::Relay { job: rj, reported } = &mut job.side else {
+        return None;
+    };
+    if !*reported {
+        let endpoint = format!("{}:{}", cfg.advertise, rj.port);
+        let msg = format!("relaying on {endpoint} for the sender");
+        let r = Report {
+            endpoint: Some(&endpoint),
+            ..Report::new(ReportState::Running, &msg)
+        };
+        report(reports, cfg, &job.transfer, key, r);
+        *reported = true;
+    }
+    None
 }
 
 /// Looks at a running sender job; reports what changed. Some(()) when it is over.
@@ -835,6 +906,7 @@ fn observe_sender(
         announce_tries,
         changes_told,
         pair_names,
+        relay_names,
         pairs_told,
     } = &mut job.side
     else {
@@ -904,11 +976,13 @@ fn observe_sender(
     *last_state = Some(state);
     *pairs_told = pairs_now;
     // Read after the outcome: the pairs as they ended go with the verdict.
-    let stripes = s
-        .progress
-        .transfer
-        .pairs()
-        .map(|shown| stripes::report(key.attempt, &cfg.agent, &shown, pair_names));
+    let stripes = s.progress.transfer.pairs().map(|shown| {
+        let names = stripes::Names {
+            receivers: pair_names,
+            relays: relay_names,
+        };
+        stripes::report(key.attempt, &cfg.agent, &shown, &names)
+    });
     report(
         reports,
         cfg,

@@ -52,8 +52,14 @@ pub struct Want {
     /// The agent of each of `endpoints`, as assigned (an external
     /// receiver's address stands for it).
     pub receivers: Vec<String>,
+    /// For a sender, over several pairs: who sends each of `endpoints`'
+    /// data, a relay's `host:port` or None for the sender itself (see
+    /// [`vias`]).
+    pub via: Vec<Option<String>>,
+    /// For a sender: each relay's endpoint with its agent.
+    pub relays: Vec<(String, String)>,
     /// For a sender: every receiver assigned has said where it listens,
-    /// so a job may start. Over several pairs a running sender is still
+    /// and every relay has too or has failed, so a job may start. Over several pairs a running sender is still
     /// wanted while a receiver that joins (a lost pair's replacement) has
     /// not said yet, and takes in the others.
     pub complete: bool,
@@ -93,6 +99,44 @@ fn endpoints(t: &Transfer) -> (Vec<(String, String)>, bool) {
     (found, complete)
 }
 
+/// Where the relays of `t`'s attempt that said so listen, each with its
+/// agent, and whether every relay has said or failed (one that failed is
+/// left out: it would never say, and the operator drops it).
+fn relay_endpoints(t: &Transfer) -> (Vec<(String, String)>, bool) {
+    let Some(s) = t.status.as_ref() else {
+        return (Vec::new(), true);
+    };
+    let mut found = Vec::new();
+    let mut settled = true;
+    for who in &s.relays {
+        let said = s
+            .reports
+            .iter()
+            .find(|r| r.role == Role::Relay && r.attempt == s.attempt && r.agent == who.name);
+        match said {
+            Some(r) if r.state == ReportState::Failed => {}
+            Some(r) if r.endpoint.is_some() => {
+                found.push((r.endpoint.clone().unwrap_or_default(), who.name.clone()));
+            }
+            _ => settled = false,
+        }
+    }
+    (found, settled)
+}
+
+/// Who sends each of `receivers`' pairs: the first from the sender
+/// itself, each next one from the next of `relays` while there are any,
+/// the rest from the sender too.
+pub fn vias(receivers: usize, relays: &[(String, String)]) -> Vec<Option<String>> {
+    (0..receivers)
+        .map(|i| {
+            i.checked_sub(1)
+                .and_then(|k| relays.get(k))
+                .map(|(e, _)| e.clone())
+        })
+        .collect()
+}
+
 /// Jobs `me` should run now. A sender starts once every receiver of the
 /// same attempt has said where it listens (see `Want::complete`).
 pub fn wanted(transfers: &[Transfer], me: &Me) -> Vec<Want> {
@@ -110,7 +154,7 @@ pub fn wanted(transfers: &[Transfer], me: &Me) -> Vec<Want> {
             t.metadata.namespace.clone().unwrap_or_default(),
             t.metadata.name.clone().unwrap_or_default(),
         );
-        for (role, _) in s.assigned().filter(|(role, who)| me.is(t, *role, who)) {
+        for (role, _) in s.occupied().filter(|(role, who)| me.is(t, *role, who)) {
             let key = JobKey {
                 uid: uid.clone(),
                 role,
@@ -123,20 +167,26 @@ pub fn wanted(transfers: &[Transfer], me: &Me) -> Vec<Want> {
                 continue;
             }
             let (said, complete) = match role {
-                Role::Receiver => (Vec::new(), true),
+                Role::Receiver | Role::Relay => (Vec::new(), true),
                 Role::Sender => endpoints(t),
             };
             // Over one pair a sender is wanted only with its receiver.
             if !complete && !t.multi_pair() {
                 continue;
             }
-            let (receivers, endpoints) = said.into_iter().unzip();
+            let (relays, relays_settled) = match role {
+                Role::Sender => relay_endpoints(t),
+                _ => (Vec::new(), true),
+            };
+            let (receivers, endpoints): (Vec<String>, Vec<String>) = said.into_iter().unzip();
             out.push(Want {
                 key,
                 transfer: name.clone(),
+                via: vias(endpoints.len(), &relays),
                 endpoints,
                 receivers,
-                complete,
+                relays,
+                complete: complete && relays_settled,
             });
         }
     }
@@ -147,7 +197,7 @@ pub fn wanted(transfers: &[Transfer], me: &Me) -> Vec<Want> {
 /// every receiver assigned has said where it listens (over several
 /// pairs, those assigned later join it as they say).
 pub fn may_start(w: &Want) -> bool {
-    w.key.role == Role::Receiver || w.complete
+    w.key.role != Role::Sender || w.complete
 }
 
 /// Whether a running sender, sending to `running`, must start again to
@@ -169,7 +219,7 @@ pub fn cancelled(transfers: &[Transfer], me: &Me) -> Vec<(JobKey, (String, Strin
         if t.metadata.deletion_timestamp.is_none() || s.phase.is_some_and(|p| p.is_final()) {
             continue;
         }
-        for (role, _) in s.assigned().filter(|(role, who)| me.is(t, *role, who)) {
+        for (role, _) in s.occupied().filter(|(role, who)| me.is(t, *role, who)) {
             let key = JobKey {
                 uid: t.metadata.uid.clone().unwrap_or_default(),
                 role,
@@ -411,6 +461,81 @@ mod tests {
         listens(&mut t, "r0", "a:1");
         let w = wanted(std::slice::from_ref(&t), &me("s"));
         assert!(w[0].complete && may_start(&w[0]));
+    }
+
+    // Issue 34: a relay starts at once; the sender waits for each relay
+    // to say where it listens (or to fail), and sends the second pair on
+    // through the first relay, the third through the second.
+    #[test]
+    fn relays_start_at_once_and_the_sender_waits_for_them_and_pairs_them_in_order() {
+        let mut t = over_pairs(&["r0", "r1", "r2"]);
+        t.status.as_mut().unwrap().relays = ["s1", "s2"]
+            .iter()
+            .map(|n| AgentRef {
+                name: (*n).into(),
+                pool: "p".into(),
+                address: None,
+                node: None,
+            })
+            .collect();
+        for r in ["s1", "s2"] {
+            let w = wanted(std::slice::from_ref(&t), &me(r));
+            assert_eq!(w.len(), 1, "{r} relays");
+            assert_eq!(w[0].key.role, Role::Relay);
+            assert!(may_start(&w[0]));
+        }
+        for (r, e) in [("r0", "a:1"), ("r1", "b:1"), ("r2", "c:1")] {
+            listens(&mut t, r, e);
+        }
+        report(
+            &mut t,
+            Role::Relay,
+            "s1",
+            ReportState::Running,
+            Some("h1:1"),
+        );
+        let w = wanted(std::slice::from_ref(&t), &me("s"));
+        assert!(!may_start(&w[0]), "s2 has not said where it listens");
+        // A receiver's report does not stand for a relay's.
+        report(
+            &mut t,
+            Role::Receiver,
+            "s2",
+            ReportState::Running,
+            Some("x:1"),
+        );
+        assert!(!may_start(&wanted(std::slice::from_ref(&t), &me("s"))[0]));
+        report(
+            &mut t,
+            Role::Relay,
+            "s2",
+            ReportState::Running,
+            Some("h2:1"),
+        );
+        let w = wanted(std::slice::from_ref(&t), &me("s"));
+        assert!(may_start(&w[0]));
+        assert_eq!(w[0].via, [None, Some("h1:1".into()), Some("h2:1".into())]);
+        assert_eq!(w[0].relays[1], ("h2:1".to_owned(), "s2".to_owned()));
+        // A relay that failed is not waited for, nor sent through.
+        let s = t.status.as_mut().unwrap();
+        s.reports.retain(|r| r.agent != "s2");
+        report(&mut t, Role::Relay, "s2", ReportState::Failed, None);
+        let w = wanted(std::slice::from_ref(&t), &me("s"));
+        assert!(may_start(&w[0]));
+        assert_eq!(w[0].via, [None, Some("h1:1".into()), None]);
+        // Deleted: the relay is asked to clean up too.
+        t.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        let c = cancelled(std::slice::from_ref(&t), &me("s1"));
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].0.role, Role::Relay);
+    }
+
+    #[test]
+    fn each_pair_but_the_first_is_sent_through_a_relay_while_there_are_any() {
+        let relays = [("h1:1".to_owned(), "s1".to_owned())];
+        assert_eq!(vias(3, &relays), [None, Some("h1:1".into()), None]);
+        assert_eq!(vias(1, &relays), [None]);
+        assert!(vias(0, &relays).is_empty());
     }
 
     // Found by review: a sender over several pairs never followed a

@@ -15,7 +15,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use wirerate_agent::cluster::{RunConfig, run_with};
 use wirerate_crds::fixtures::{PoolBuilder, TransferBuilder};
-use wirerate_crds::transfer::ReportState;
+use wirerate_crds::transfer::{ReportState, Role};
 use wirerate_crds::{DtnPool, Transfer, contract};
 use wirerate_scale::apiserver::{self, ApiServer, Tally};
 
@@ -263,12 +263,12 @@ async fn an_assignment_seen_before_its_token_waits_for_it() {
         .filter(|m| m.as_deref() != Some(contract::OPERATOR_MANAGER))
         .collect();
     assert!(!managers.is_empty());
-    let receiver = contract::report_manager(AGENT, false);
+    let receiver = contract::report_manager(AGENT, Role::Receiver);
     assert!(
         managers
             .iter()
             .all(|m| m.as_deref() == Some(receiver.as_str())),
         "{managers:?}"
     );
-    assert_ne!(receiver, contract::report_manager(AGENT, true));
+    assert_ne!(receiver, contract::report_manager(AGENT, Role::Sender));
 }

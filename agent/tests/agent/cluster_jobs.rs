@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::{TOKEN, assert_same, scratch, write_file};
 use wirerate_agent::cluster::jobs::{
-    ReceiverJob, SenderJob, SenderOutcome, remove_partials, under_roots,
+    ReceiverJob, SenderJob, SenderOutcome, Targets, remove_partials, under_roots,
 };
 use wirerate_crds::Tuning;
 use wirerate_engine::Layout;
@@ -59,8 +59,7 @@ fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
 
     let endpoint = format!("127.0.0.1:{}", rx.port);
     let tx = SenderJob::start(
-        std::slice::from_ref(&endpoint),
-        None,
+        Targets::one(std::slice::from_ref(&endpoint)),
         TOKEN.to_vec(),
         file.clone(),
         "frames.h5".into(),
@@ -87,8 +86,7 @@ fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
         ..tuning()
     };
     let tx = SenderJob::start(
-        std::slice::from_ref(&endpoint),
-        None,
+        Targets::one(std::slice::from_ref(&endpoint)),
         TOKEN.to_vec(),
         file.clone(),
         "again.h5".into(),
@@ -151,8 +149,7 @@ fn the_progress_a_receiver_shows_never_runs_ahead_of_what_a_resume_keeps() {
     assert_eq!(rx.position(), None, "nothing planned yet");
     // 160 Mbit/s: about 2 s, several checkpoints.
     let tx = SenderJob::start(
-        &[format!("127.0.0.1:{}", rx.port)],
-        None,
+        Targets::one(&[format!("127.0.0.1:{}", rx.port)]),
         TOKEN.to_vec(),
         file.clone(),
         "scan.raw".into(),
@@ -218,8 +215,7 @@ fn a_second_session_of_the_same_transfer_counts_on_from_the_first() {
     let rx = ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap();
     for name in ["a.bin", "b.bin"] {
         let tx = SenderJob::start(
-            &[format!("127.0.0.1:{}", rx.port)],
-            None,
+            Targets::one(&[format!("127.0.0.1:{}", rx.port)]),
             TOKEN.to_vec(),
             src.join(name),
             name.into(),
@@ -280,8 +276,7 @@ fn the_agents_metrics_endpoint_serves_every_metric_the_dashboard_queries() {
     write_file(&file, 6 * (1 << 20) + 5, 9);
     let rx = ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap();
     let tx = SenderJob::start(
-        &[format!("127.0.0.1:{}", rx.port)],
-        None,
+        Targets::one(&[format!("127.0.0.1:{}", rx.port)]),
         TOKEN.to_vec(),
         file,
         "m.bin".into(),
@@ -343,8 +338,7 @@ fn a_cancelled_sender_stops_retrying() {
     write_file(&file, 1 << 20, 1);
     // Nothing listens on port 9 of loopback: every connect is refused and retried.
     let mut tx = SenderJob::start(
-        &["127.0.0.1:9".to_owned()],
-        None,
+        Targets::one(&["127.0.0.1:9".to_owned()]),
         TOKEN.to_vec(),
         file,
         "f".into(),
@@ -432,8 +426,7 @@ fn out_of_range_tuning_is_refused_naming_the_field_not_clamped() {
         ..tuning()
     };
     let err = SenderJob::start(
-        &["127.0.0.1:9".to_owned()],
-        None,
+        Targets::one(&["127.0.0.1:9".to_owned()]),
         TOKEN.to_vec(),
         file,
         "f.bin".into(),
@@ -538,8 +531,7 @@ fn a_jobs_threads_log_under_its_transfers_span() {
     let mut tx = span
         .in_scope(|| {
             SenderJob::start(
-                &[format!("127.0.0.1:{closed}")],
-                None,
+                Targets::one(&[format!("127.0.0.1:{closed}")]),
                 TOKEN.to_vec(),
                 file,
                 "f.bin".into(),
@@ -578,8 +570,7 @@ fn a_jobs_threads_log_under_its_transfers_span() {
 fn a_sender_job_given_several_receivers_spreads_one_file_over_them() {
     let (_dir, file, dst, _receivers, endpoints) = three_receivers("cluster-pairs", 21);
     let tx = SenderJob::start(
-        &endpoints,
-        Some(3),
+        Targets::pairs(&endpoints, 3),
         TOKEN.to_vec(),
         file.clone(),
         "volume.tiff".into(),
@@ -627,8 +618,7 @@ fn a_sender_job_given_several_receivers_spreads_one_file_over_them() {
 fn a_sender_job_takes_in_receivers_that_join_while_it_runs() {
     let (_dir, file, dst, _receivers, endpoints) = three_receivers("cluster-joins", 22);
     let tx = SenderJob::start(
-        &endpoints[..1],
-        Some(3),
+        Targets::pairs(&endpoints[..1], 3),
         TOKEN.to_vec(),
         file.clone(),
         "volume.tiff".into(),
@@ -670,8 +660,7 @@ fn a_new_attempt_over_several_pairs_resumes_the_pieces_the_last_one_landed() {
     let (_dir, file, dst, _receivers, endpoints) = three_receivers("cluster-resume", 23);
     let start = |rate| {
         SenderJob::start(
-            &endpoints,
-            Some(3),
+            Targets::pairs(&endpoints, 3),
             TOKEN.to_vec(),
             file.clone(),
             "volume.tiff".into(),

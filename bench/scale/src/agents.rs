@@ -16,6 +16,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
+use wirerate_crds::transfer::Role;
 use wirerate_crds::{Transfer, TransferPhase, contract};
 
 use crate::observer::Observer;
@@ -149,15 +150,15 @@ pub(crate) async fn report_success(client: &Client, t: &Transfer) -> anyhow::Res
                      "message": format!("1 file(s) verified into {}", t.spec.destination.path),
                      "updatedAt": now()}],
     });
-    for (agent, is_sender, status) in [
-        (sender.name, true, sender_status),
-        (receiver.name, false, receiver_status),
+    for (agent, role, status) in [
+        (sender.name, Role::Sender, sender_status),
+        (receiver.name, Role::Receiver, receiver_status),
     ] {
         let patch =
             json!({"apiVersion": "wirerate.io/v1alpha1", "kind": "Transfer", "status": status});
         api.patch_status(
             &name,
-            &PatchParams::apply(&contract::report_manager(&agent, is_sender)).force(),
+            &PatchParams::apply(&contract::report_manager(&agent, role)).force(),
             &Patch::Apply(&patch),
         )
         .await?;

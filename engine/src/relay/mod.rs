@@ -39,7 +39,7 @@ mod server;
 use std::time::Duration;
 
 pub use job::Root;
-pub use server::{Relay, RelayConfig};
+pub use server::{Relay, RelayConfig, RelayHandle};
 
 pub use crate::wire::{
     RELAY_ALIVE_EVERY as ALIVE_EVERY, RELAY_SILENCE as SILENCE,

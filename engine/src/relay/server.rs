@@ -97,7 +97,31 @@ impl Relay {
 
     /// Serves jobs until the process ends.
     pub fn run(self) {
+        self.serve_until(&AtomicBool::new(false));
+    }
+
+    /// Serves jobs in a thread of its own until the handle is stopped or
+    /// dropped (the in-cluster agent runs one per Transfer it relays for).
+    pub fn spawn(self) -> Result<RelayHandle> {
+        let addr = self.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("relay-accept".into())
+            .spawn(crate::spans::carry(move || self.serve_until(&stopped)))
+            .map_err(|e| Error::io("starting a relay's thread".to_string(), e))?;
+        Ok(RelayHandle {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    fn serve_until(self, stop: &AtomicBool) {
         for conn in self.listener.incoming() {
+            if stop.load(Ordering::SeqCst) {
+                break;
+            }
             let Ok(stream) = conn else {
                 // EMFILE and friends: wait for connections to close.
                 std::thread::sleep(Duration::from_millis(50));
@@ -133,6 +157,38 @@ impl Relay {
                 tracing::error!(error = %e, "cannot start a relay job's thread");
             }
         }
+    }
+}
+
+/// A relay serving in its own thread ([`Relay::spawn`]).
+pub struct RelayHandle {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RelayHandle {
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Takes no more jobs and closes the listener. Jobs in flight run on
+    /// until their lead ends them: the lead's coordinator counts on their
+    /// answers, and fences what they write if it never comes.
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the blocking accept.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for RelayHandle {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 

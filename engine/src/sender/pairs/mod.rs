@@ -342,16 +342,25 @@ pub fn send_over_pairs_via(
     send_pairs(cfg, to, via, &Joins::default(), to.len())
 }
 
-/// As `send_over_pairs`, from one receiver at least, taking in the
-/// receivers told of in `joins` while it runs; the work is cut for `most`
-/// pairs, so that those that join find some not yet started.
+/// As `send_over_pairs_via`, from one receiver at least, taking in the
+/// receivers told of in `joins` while it runs (this host sends to those);
+/// the work is cut for `most` pairs, so that those that join find some
+/// not yet started.
 pub fn send_over_pairs_joined(
     cfg: &SendConfig,
     to: &[String],
+    via: &[Option<String>],
     joins: &Joins,
     most: usize,
 ) -> Result<PairsSummary> {
-    send_pairs(cfg, to, &vec![None; to.len()], joins, most)
+    if via.len() != to.len() {
+        return Err(Error::Config(format!(
+            "{} relays named for {} receivers",
+            via.len(),
+            to.len()
+        )));
+    }
+    send_pairs(cfg, to, via, joins, most)
 }
 
 fn send_pairs(

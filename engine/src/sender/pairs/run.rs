@@ -219,6 +219,7 @@ impl<'a> Run<'a> {
             .iter()
             .map(|(id, v)| PairShown {
                 to: self.lanes[*id as usize].to.clone(),
+                via: self.lanes[*id as usize].via.clone(),
                 state: state_name(v.state, working),
                 bytes: v.bytes,
                 rate_bps: v.rate as u64,
