@@ -264,6 +264,7 @@ fn relay(a: wirerate_agent::cli::RelayArgs) -> Result<ExitCode> {
             roots: a.allow_root,
             send,
             max_memory: a.max_memory,
+            job_memory: None,
         },
     )?;
     tracing::info!(addr = %relay.local_addr()?, "relaying");

@@ -336,8 +336,9 @@ pub struct TransferStatus {
     /// Over several pairs from a sending pool with shared storage: the
     /// agents of the sending pool that read and send a pair's data each
     /// for the sender, which still splits the work, verifies and
-    /// publishes. Best effort: a Transfer never waits for one, and one
-    /// that is lost leaves the list while its pair goes on from the
+    /// publishes. Taken with the sender from agents no waiting Transfer
+    /// could use; one that is lost, fails or does not say where it
+    /// listens within 30 s leaves the list, and its pair goes on from the
     /// sender itself.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub relays: Vec<AgentRef>,

@@ -342,7 +342,22 @@ pub async fn a_lost_relay_only_leaves(
         out.display(),
         file.display()
     );
+    ensure!(
+        !s.relays.iter().any(|r| r.name == victim),
+        "the killed relay {victim} was never dropped: {:?}",
+        s.relays
+    );
     let stripes = s.stripes.clone().context("no status.stripes")?;
+    let lost = stripes
+        .pairs
+        .iter()
+        .find(|p| p.relay.as_deref() == Some(victim.as_str()))
+        .with_context(|| format!("no pair sent through {victim}: {stripes:?}"))?;
+    ensure!(
+        matches!(lost.state.as_str(), "lost" | "gone"),
+        "the killed relay's pair ended {}",
+        lost.state
+    );
     let each: Vec<String> = stripes
         .pairs
         .iter()

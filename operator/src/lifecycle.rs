@@ -106,6 +106,10 @@ pub fn step(
     };
     let external = resolved.receiver_pool.is_none();
     let multi = resolved.pairs > 1;
+    let said = Said::new(&s, &old, external);
+    if let Some(step) = relays_lost(t, s.clone(), &said, agents, now) {
+        return step;
+    }
 
     // Waiting for agents: none yet, or one side lost and not yet replaced
     // (its pool was full), when the survivor keeps its slot and waits.
@@ -113,7 +117,6 @@ pub fn step(
         return queued(t, s, &old, external, resolved.pairs, now);
     }
 
-    let said = Said::new(&s, &old, external);
     // The verdict is the receiver's, or, to an external receiver or over
     // several pairs, the sender's: it alone knows every file published.
     let verdict_role = if external || multi {
@@ -126,10 +129,6 @@ pub fn step(
         .filter(|r| r.state == ReportState::Succeeded)
     {
         return succeeded(s, &old, &r.message, &now_t);
-    }
-
-    if let Some(step) = relays_lost(t, s.clone(), &said, agents) {
-        return step;
     }
 
     // Lost agents first: a failure report from the surviving side is usually a consequence.
@@ -228,12 +227,14 @@ fn replacement(t: &Transfer, s: &TransferStatus, now: Timestamp) -> Option<Needs
         .iter()
         .filter(|f| f.attempt == s.attempt && f.role == Role::Receiver);
     avoid.extend(lost_now.map(|f| f.agent.clone()));
-    // The sender receives too only when it is in the receivers' pool.
+    // The sender receives too only when it is in the receivers' pool;
+    // a relay never does (it sends one of the pairs).
     if let Some(a) = s.sender.as_ref()
         && s.receivers.iter().any(|r| r.pool == a.pool)
     {
         avoid.push(a.name.clone());
     }
+    avoid.extend(s.relays.iter().map(|a| a.name.clone()));
     Some(Needs {
         sender: false,
         receivers: 1,
@@ -243,26 +244,44 @@ fn replacement(t: &Transfer, s: &TransferStatus, now: Timestamp) -> Option<Needs
     })
 }
 
+/// How long a relay has to say where it listens, from its assignment
+/// (or the transfer's last movement): the sender waits for its relays
+/// before it starts, and one that never says (an agent too old to know
+/// the role, or stuck) must not hold it back until the stall timeout.
+pub const RELAY_SAY_WITHIN: i64 = 30;
+
 /// The step of a Transfer whose relays include some that are gone: lost
-/// (their Lease lapsed) or failed (their report of this attempt says
-/// so). They leave `status.relays`, with a warning Event each, and
-/// nothing else changes: the sender sends their pairs' data itself from
-/// then on. None when every relay is there.
+/// (their Lease lapsed), failed (their report of this attempt says so)
+/// or silent (no report of this attempt `RELAY_SAY_WITHIN` after it was
+/// assigned or last moved). They leave `status.relays`, with a warning
+/// Event each, and nothing else changes: the sender sends their pairs'
+/// data itself. None when every relay is there.
 fn relays_lost(
     t: &Transfer,
     mut s: TransferStatus,
     said: &Said<'_>,
     agents: &HashMap<AgentId, Agent>,
+    now: Timestamp,
 ) -> Option<Step> {
+    let since = s
+        .last_moved
+        .as_ref()
+        .filter(|m| m.attempt == s.attempt)
+        .map(|m| now.as_second() - m.at.0.as_second());
     let why = |r: &AgentRef| {
         let dead = match agents.get(&AgentId::assigned(t, Role::Relay, r)) {
             None => Some("its Lease is gone".to_owned()),
             Some(a) => a.dead.clone(),
         };
+        let report = said.relay_report(&r.name);
+        let silent = report.is_none() && since.is_some_and(|s| s > RELAY_SAY_WITHIN);
         dead.or_else(|| {
-            said.relay_report(&r.name)
+            report
                 .filter(|rep| rep.state == ReportState::Failed)
                 .map(|rep| format!("it failed: {}", rep.message))
+        })
+        .or_else(|| {
+            silent.then(|| format!("it did not say where it listens within {RELAY_SAY_WITHIN} s"))
         })
     };
     let gone: Vec<(String, String)> = s
@@ -1643,6 +1662,31 @@ mod tests {
         let st = step_pairs(&mut t, &RELAYED, 150);
         assert_eq!(st.status.phase, Some(TransferPhase::Running));
         assert!(st.notes.is_empty());
+
+        // A relay that does not say where it listens within
+        // RELAY_SAY_WITHIN of the assignment (100) is dropped too: the
+        // sender waits for its relays.
+        let (mut t, _) = over_pairs_relayed("s");
+        report_of(&mut t, Role::Relay, "s1", ReportState::Running, "on h:1");
+        let st = step_pairs(&mut t, &RELAYED, 100 + RELAY_SAY_WITHIN);
+        assert_eq!(relay_names(&st), ["s1", "s2"]);
+        let st = step_pairs(&mut t, &RELAYED, 101 + RELAY_SAY_WITHIN);
+        assert_eq!(relay_names(&st), ["s1"]);
+        assert!(
+            st.notes[0].message.contains("did not say where it listens"),
+            "{}",
+            st.notes[0].message
+        );
+
+        // A lost pair's replacement is never one of the relays.
+        let (mut t, _) = over_pairs_relayed("r");
+        let live: Vec<_> = RELAYED.into_iter().filter(|(_, n)| *n != "r1").collect();
+        for r in ["s1", "s2"] {
+            report_of(&mut t, Role::Relay, r, ReportState::Running, "");
+        }
+        step_pairs(&mut t, &live, 120);
+        let needs = step_pairs(&mut t, &live, 121).needs.expect("a replacement");
+        assert!(needs.avoid.contains(&"s1".to_owned()) && needs.avoid.contains(&"s2".to_owned()));
 
         // The sender lost: its relays go with it, the new one gets its own.
         let (mut t, _) = over_pairs_relayed("u");

@@ -234,7 +234,13 @@ fn relays(
         let (Some(pool), Some(sender)) = (&w.sender_pool, &p.sender) else {
             continue;
         };
-        while p.relays.len() < w.relays {
+        // One per pair but the sender's own: an Auto Transfer placed on
+        // fewer receivers than it may grow to takes fewer.
+        let pairs = match p.receivers.is_empty() {
+            true => w.relays + 1,
+            false => p.receivers.len(),
+        };
+        while p.relays.len() < w.relays.min(pairs - 1) {
             let taken = |a: &String| a == sender || p.receivers.contains(a) || p.relays.contains(a);
             let best = free
                 .iter()
@@ -688,8 +694,8 @@ mod tests {
     #[test]
     fn relays_take_only_what_the_line_leaves() {
         let mut multi = w("a", "multi", 5, 1);
-        multi.receivers = 2;
-        multi.least = 2;
+        multi.receivers = 3;
+        multi.least = 3;
         multi.relays = 2;
         let behind = w("a", "behind", 0, 2);
         let slots = [
@@ -699,6 +705,7 @@ mod tests {
             slot("dst", "r0", 1),
             slot("dst", "r1", 1),
             slot("dst", "r2", 1),
+            slot("dst", "r3", 1),
         ];
         let q = [multi.clone(), behind.clone()];
         let placed = assign(&order(&q, &HashMap::new()), &q, &slots);
@@ -717,6 +724,22 @@ mod tests {
         let mut got = placed[&multi.key].relays.clone();
         got.sort();
         assert_eq!(got, ["s1", "s2"]);
+        // Placed on one receiver (pairsPolicy Auto), it sends that pair
+        // itself: no relay.
+        let mut auto = multi.clone();
+        auto.least = 1;
+        let one = [
+            slot("src", "s0", 1),
+            slot("src", "s1", 1),
+            slot("dst", "r0", 1),
+        ];
+        let placed = assign(
+            &order(&[auto.clone()], &HashMap::new()),
+            &[auto.clone()],
+            &one,
+        );
+        assert_eq!(placed[&auto.key].receivers, ["r0"]);
+        assert!(placed[&auto.key].relays.is_empty());
         // Without a new sender (a replacement), none.
         let mut replacing = multi.clone();
         replacing.sender_pool = None;

@@ -872,13 +872,15 @@ fn cleanup_pending(t: &Transfer, ctx: &Context) -> Option<String> {
                 .get(&AgentId::assigned(t, *role, a))
                 .is_some_and(|a| a.live())
         })
-        .map(|(_, a)| a)
-        .filter(|a| {
+        .filter(|(role, a)| {
             !s.reports.iter().any(|r| {
-                r.agent == a.name && r.attempt == s.attempt && r.state == ReportState::Cancelled
+                r.agent == a.name
+                    && r.role == *role
+                    && r.attempt == s.attempt
+                    && r.state == ReportState::Cancelled
             })
         })
-        .map(|a| a.name.as_str())
+        .map(|(_, a)| a.name.as_str())
         .collect();
     let since = t
         .meta()

@@ -31,14 +31,7 @@ impl RelayJob {
         tuning: &Tuning,
         ports: std::ops::Range<u16>,
     ) -> Result<Self> {
-        let mut send = SendConfig::new("", token.clone(), PathBuf::new(), "");
-        send.tune(&tuning.settings()?);
-        let cfg = RelayConfig {
-            token,
-            roots: vec![root],
-            send,
-            max_memory: None,
-        };
+        let cfg = config(root, token, tuning)?;
         let (port, relay) = bind_first(ports, |addr| Relay::bind(addr, cfg.clone()))?;
         Ok(Self {
             port,
@@ -54,8 +47,52 @@ impl RelayJob {
     }
 }
 
+/// The relay's settings for a Transfer tuned `tuning`: its sessions run
+/// as the sender's would, and a job may take what the sender itself could
+/// take for one session at the most streams it may grow to
+/// (`sender::pool_blocks`), so that the relay never refuses a job its
+/// sender would have run (two sessions a pair).
+fn config(root: PathBuf, token: Vec<u8>, tuning: &Tuning) -> Result<RelayConfig> {
+    let mut send = SendConfig::new("", token.clone(), PathBuf::new(), "");
+    let settings = tuning.settings()?;
+    send.tune(&settings);
+    let most_streams = wirerate_engine::tuning::STREAMS.max;
+    let job_memory = (settings.buffer / settings.block_size)
+        .max(2 * most_streams + 2)
+        .saturating_mul(settings.block_size);
+    Ok(RelayConfig {
+        token,
+        roots: vec![root],
+        send,
+        max_memory: Some(job_memory.saturating_mul(2)),
+        job_memory: Some(job_memory),
+    })
+}
+
 impl Drop for RelayJob {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Found by review: the relay allowed a job only its own buffer
+    // (512 MiB by default), where the sender sizes its pool for the
+    // streams it runs; a sender grown to 46 streams of 16 MiB blocks
+    // (1.5 GiB) had its relay refuse the job, and the Transfer failed.
+    #[test]
+    fn a_relay_allows_a_job_what_its_sender_could_take() {
+        let tuning = Tuning {
+            block_size: Some(16 << 20),
+            ..Default::default()
+        };
+        let cfg = config(PathBuf::from("/data"), vec![1; 32], &tuning).unwrap();
+        let sender_at_most = (2 * wirerate_engine::tuning::STREAMS.max + 2) * (16 << 20);
+        assert_eq!(cfg.job_memory, Some(sender_at_most));
+        assert_eq!(cfg.max_memory, Some(2 * sender_at_most));
+        assert_eq!(cfg.send.block_size, 16 << 20);
     }
 }

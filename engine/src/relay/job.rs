@@ -97,20 +97,21 @@ impl Root {
 }
 
 /// The buffer memory a job's session takes (as `sender::send_list`
-/// sizes its pools from `template.buffer`), refused when it is over the
-/// relay's own `--buffer`: a lead does not choose the relay's memory.
-pub(super) fn memory(job: &RelayJob, template: &SendConfig) -> Result<u64> {
+/// sizes its pools from `template.buffer`), refused when it is over
+/// `most` (the relay's own `--buffer`): a lead does not choose the
+/// relay's memory.
+pub(super) fn memory(job: &RelayJob, template: &SendConfig, most: u64) -> Result<u64> {
     let block = u64::from(job.block_size);
     let count = crate::sender::pool_blocks(template.buffer, block, job.streams);
     let need = count.saturating_mul(block);
-    if need > template.buffer.max(block * 2) || u64::from(job.streams) > MAX_STREAMS {
+    if need > most.max(block * 2) || u64::from(job.streams) > MAX_STREAMS {
         return Err(Error::Config(format!(
             "the job's {} streams of {} blocks need {} of buffers, more than this relay's --buffer {} \
              (or over {MAX_STREAMS} streams): send with fewer streams or smaller blocks, or raise the relay's --buffer",
             job.streams,
             crate::units::fmt_bytes(block),
             crate::units::fmt_bytes(need),
-            crate::units::fmt_bytes(template.buffer),
+            crate::units::fmt_bytes(most),
         )));
     }
     Ok(need)
@@ -426,14 +427,22 @@ mod tests {
         let mut j = job(Path::new("/"));
         j.block_size = 4 << 20;
         j.streams = 4;
-        assert_eq!(memory(&j, &template).unwrap(), 64 << 20);
+        assert_eq!(memory(&j, &template, template.buffer).unwrap(), 64 << 20);
         // 2 x 256 + 2 blocks of 4 MiB: 2 GiB, over the relay's 64 MiB.
         j.streams = 256;
-        let why = memory(&j, &template).unwrap_err().to_string();
+        let why = memory(&j, &template, template.buffer)
+            .unwrap_err()
+            .to_string();
         assert!(why.contains("more than this relay's --buffer"), "{why}");
         j.streams = 4;
         j.block_size = 64 << 20;
-        assert!(memory(&j, &template).is_err());
+        assert!(memory(&j, &template, template.buffer).is_err());
+        // Allowed more (an in-cluster relay, as its sender would take):
+        // 16 streams of 4 MiB blocks, 136 MiB, fit under 256 MiB.
+        j.block_size = 4 << 20;
+        j.streams = 16;
+        assert!(memory(&j, &template, template.buffer).is_err());
+        assert_eq!(memory(&j, &template, 256 << 20).unwrap(), 136 << 20);
     }
 
     #[test]

@@ -42,6 +42,11 @@ pub struct RelayConfig {
     /// The most all jobs' buffers may take together (default: four
     /// jobs' `send.buffer`, two pairs' two sessions each).
     pub max_memory: Option<u64>,
+    /// The most one job's buffers may take (default: `send.buffer`). The
+    /// in-cluster relay allows what the Transfer's own sender could take
+    /// for the streams it may grow to, so that it never refuses a job
+    /// the sender would have run itself.
+    pub job_memory: Option<u64>,
 }
 
 /// A bound relay.
@@ -212,7 +217,8 @@ fn serve(shared: &Shared, mut conn: TcpStream, ticket: &mut Ticket) -> Result<()
             );
         }
     };
-    let need = match job::memory(&got.job, &shared.cfg.send) {
+    let most = shared.cfg.job_memory.unwrap_or(shared.cfg.send.buffer);
+    let need = match job::memory(&got.job, &shared.cfg.send, most) {
         Ok(need) => need,
         Err(e) => return refuse(&conn, false, e.to_string()),
     };

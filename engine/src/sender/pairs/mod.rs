@@ -218,6 +218,8 @@ struct Plan<'a> {
     cfg: &'a SendConfig,
     list: &'a SourceList,
     group: u64,
+    /// What a relay's lasting refusal means.
+    relays: Relays,
     /// Pairs not lost: the transfer's rate cap is shared among them. Kept
     /// by the driving thread as receivers join and pairs are lost.
     pairs: AtomicUsize,
@@ -339,13 +341,27 @@ pub fn send_over_pairs_via(
             to.len()
         )));
     }
-    send_pairs(cfg, to, via, &Joins::default(), to.len())
+    send_pairs(cfg, (to, via, Relays::Named), &Joins::default(), to.len())
+}
+
+/// Whose relays a transfer's are, and so what one that refuses for good
+/// (short of memory, a private view of the source, another token) means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Relays {
+    /// Named by the user (`send --via`): the transfer fails, saying why,
+    /// for the user to fix.
+    Named,
+    /// Chosen by the operator: its lane is lost like a lost relay's, the
+    /// other pairs take its work, and its receiver may join again, sent
+    /// to from this host (the agent tells of every receiver each round).
+    Lent,
 }
 
 /// As `send_over_pairs_via`, from one receiver at least, taking in the
 /// receivers told of in `joins` while it runs (this host sends to those);
 /// the work is cut for `most` pairs, so that those that join find some
-/// not yet started.
+/// not yet started. The relays are lent (the operator's choice): one that
+/// refuses for good only loses its lane.
 pub fn send_over_pairs_joined(
     cfg: &SendConfig,
     to: &[String],
@@ -360,13 +376,12 @@ pub fn send_over_pairs_joined(
             to.len()
         )));
     }
-    send_pairs(cfg, to, via, joins, most)
+    send_pairs(cfg, (to, via, Relays::Lent), joins, most)
 }
 
 fn send_pairs(
     cfg: &SendConfig,
-    to: &[String],
-    via: &[Option<String>],
+    (to, via, relays): (&[String], &[Option<String>], Relays),
     joins: &Joins,
     most: usize,
 ) -> Result<PairsSummary> {
@@ -391,6 +406,7 @@ fn send_pairs(
         cfg,
         list: &list,
         group: u64::from_le_bytes(crate::net::auth::random()),
+        relays,
         pairs: AtomicUsize::new(to.len()),
     };
     let lanes: Vec<Arc<Lane>> = to

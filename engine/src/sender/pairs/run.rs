@@ -483,7 +483,12 @@ impl<'a> Run<'a> {
         let cancelled = self.lost.contains_key(&pair) && matches!(e, Error::Cancelled { .. });
         let fatal = !(cancelled || e.is_retryable() || matches!(e, Error::GaveUp { .. }));
         let first_joined = pair as usize >= self.initial && !self.joined_refused;
-        if fatal && first_joined {
+        let lent = self.lanes[pair as usize].via.is_some() && self.plan.relays == Relays::Lent;
+        if fatal && lent {
+            // Were it the receiver's refusal, not the relay's, the
+            // receiver taken in again fails the same way, and then counts.
+            tracing::warn!(receiver = %to, error = %e, "a lent relay refused for good; its pair is lost");
+        } else if fatal && first_joined {
             self.joined_refused = true;
         } else if fatal {
             return Err(Error::Config(format!("{to}: {e}")));

@@ -58,6 +58,7 @@ impl Fixture {
             cfg: &self.cfg,
             list: &self.list,
             group: 1,
+            relays: Relays::Named,
             pairs: AtomicUsize::new(self.lanes.len()),
         }
     }
@@ -176,6 +177,35 @@ fn a_joined_lanes_failure_loses_it_and_not_the_transfer() {
         run.handle(item_ended(0, 2, Vec::new(), not_shared()))
             .is_err()
     );
+}
+
+/// Found by review: in the cluster the operator chooses the relays, and
+/// one that refused a job for good (short of memory where the sender
+/// would have run it, a private mount) failed the whole Transfer. A lent
+/// relay's refusal now loses only its lane; a relay the user named still
+/// ends the transfer, saying why.
+#[test]
+fn a_lent_relays_refusal_loses_its_lane_and_a_named_ones_ends_the_transfer() {
+    let mut fx = Fixture::new(64 << 10);
+    fx.lanes[1] = Arc::new(Lane::new("b", Some("h2:7471")));
+    let refused = || Error::Relayed {
+        relay: "h2:7471".into(),
+        message: "the job's 46 streams need 1.5 GiB of buffers".into(),
+        retryable: false,
+        answered: true,
+    };
+    let mut plan = fx.plan();
+    plan.relays = Relays::Lent;
+    let mut run = fx.run(&plan);
+    run.handle(item_ended(1, 0, Vec::new(), refused()))
+        .expect("a lent relay's refusal is its lane's");
+    assert!(run.lost.contains_key(&1));
+    // The same refusal on the lane this host sends is the transfer's.
+    assert!(run.handle(item_ended(0, 1, Vec::new(), refused())).is_err());
+
+    let plan = fx.plan();
+    let mut run = fx.run(&plan);
+    assert!(run.handle(item_ended(1, 0, Vec::new(), refused())).is_err());
 }
 
 /// Joins told again and again are taken once; the list is bounded.
