@@ -67,8 +67,13 @@ pub const PAIR_RECEIVER_PREFIX: &str = "receiver.wirerate.io/";
 /// since a label key's name holds at most 63 characters and a pool's name
 /// up to 253. The agent watches Transfers by it.
 pub fn pair_receiver_label(namespace: &str, pool: &str, agent: &str) -> String {
+    agent_label(PAIR_RECEIVER_PREFIX, namespace, pool, agent)
+}
+
+/// The label key `prefix` gives agent `agent` of pool `namespace/pool`.
+fn agent_label(prefix: &str, namespace: &str, pool: &str, agent: &str) -> String {
     let id = fnv1a(&format!("{namespace}/{pool}/{agent}"));
-    format!("{PAIR_RECEIVER_PREFIX}{id:016x}")
+    format!("{prefix}{id:016x}")
 }
 
 /// Prefix of the labels naming the relays of a Transfer over several
@@ -79,8 +84,7 @@ pub const PAIR_RELAY_PREFIX: &str = "relay.wirerate.io/";
 /// a relay of a Transfer over several pairs (value `true`), hashed as
 /// [`pair_receiver_label`]'s. The agent watches Transfers by it.
 pub fn pair_relay_label(namespace: &str, pool: &str, agent: &str) -> String {
-    let id = fnv1a(&format!("{namespace}/{pool}/{agent}"));
-    format!("{PAIR_RELAY_PREFIX}{id:016x}")
+    agent_label(PAIR_RELAY_PREFIX, namespace, pool, agent)
 }
 
 /// Whether `key` is one of the labels the operator keeps on a Transfer.

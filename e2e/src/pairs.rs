@@ -254,23 +254,29 @@ pub async fn a_lost_relay_only_leaves(
     (file, dst, logs): (&Path, &Path, &Path),
 ) -> Result<()> {
     println!("== transfer over 3 pairs from 3 sending agents: one relay killed mid-file");
+    // Pools of their own: the receiving pool's agents killed by the
+    // scenarios before keep their Leases a while, and one of them
+    // assigned here would be a failover at the start.
     let src = file.parent().context("the source's directory")?;
-    let mut lenders = crate::pool("relays", src);
-    lenders.spec.shared_storage = true;
     let pools: Api<DtnPool> = Api::namespaced(client.clone(), ns);
-    pools.create(&PostParams::default(), &lenders).await?;
+    for (name, root) in [("relays", src), ("landing", dst)] {
+        let mut p = crate::pool(name, root);
+        p.spec.shared_storage = true;
+        pools.create(&PostParams::default(), &p).await?;
+    }
     let agents = [
         ("relay-a", "relays", 19300),
         ("relay-b", "relays", 19400),
         ("relay-c", "relays", 19500),
-        ("lend-a", "receivers", 19600),
-        ("lend-b", "receivers", 19700),
-        ("lend-c", "receivers", 19800),
+        ("lend-a", "landing", 19600),
+        ("lend-b", "landing", 19700),
+        ("lend-c", "landing", 19800),
     ];
     spawn_agents(procs, ns, kubeconfig, logs, &agents)?;
     let out = dst.join("run-1-relayed.dat");
     let mut t = crate::transfer("relayed", file, &out, Some(200));
     t.spec.source.pool = "relays".into();
+    t.spec.destination.pool = Some("landing".into());
     t.spec.pairs = Some(3);
     transfers.create(&PostParams::default(), &t).await?;
     let t = wait_for(

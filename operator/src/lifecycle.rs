@@ -80,7 +80,6 @@ pub fn step(
     let generation = t.metadata.generation;
     let mut s = operator_fields(&old);
     s.observed_generation = generation;
-    let notes = Vec::new();
 
     if old.phase.unwrap_or_default().is_final() {
         // The sender's last progress report may land after the receiver's
@@ -89,7 +88,7 @@ pub fn step(
             let end = s.completion_time.clone();
             average_rate(&mut s, old.progress.as_ref(), end);
         }
-        return Step::settled(s, notes);
+        return Step::settled(s, Vec::new());
     }
 
     let resolved = match validity {
@@ -105,18 +104,36 @@ pub fn step(
         Err(e) => return invalid(s, &old, e, &now_t),
     };
     let external = resolved.receiver_pool.is_none();
-    let multi = resolved.pairs > 1;
+    // Relays that are gone leave first, whatever else this look decides.
     let said = Said::new(&s, &old, external);
-    if let Some(step) = relays_lost(t, s.clone(), &said, agents, now) {
-        return step;
-    }
+    let relay_notes = drop_gone_relays(t, &mut s, &said, agents, now);
+    let mut st = assess(t, s, &old, resolved, agents, now);
+    st.notes.splice(0..0, relay_notes);
+    st
+}
+
+/// The step of a valid Transfer `t` that is not over, from `s`, its
+/// status so far (`old` as it was): queued, failed over, lost pairs,
+/// its verdict, or in progress.
+fn assess(
+    t: &Transfer,
+    mut s: TransferStatus,
+    old: &TransferStatus,
+    resolved: &Resolved,
+    agents: &HashMap<AgentId, Agent>,
+    now: Timestamp,
+) -> Step {
+    let now_t = conditions::whole_seconds(now);
+    let external = resolved.receiver_pool.is_none();
+    let multi = resolved.pairs > 1;
 
     // Waiting for agents: none yet, or one side lost and not yet replaced
     // (its pool was full), when the survivor keeps its slot and waits.
     if s.sender.is_none() || (!external && !has_receivers(&s, multi)) {
-        return queued(t, s, &old, external, resolved.pairs, now);
+        return queued(t, s, old, external, resolved.pairs, now);
     }
 
+    let said = Said::new(&s, old, external);
     // The verdict is the receiver's, or, to an external receiver or over
     // several pairs, the sender's: it alone knows every file published.
     let verdict_role = if external || multi {
@@ -128,7 +145,7 @@ pub fn step(
         .of(verdict_role)
         .filter(|r| r.state == ReportState::Succeeded)
     {
-        return succeeded(s, &old, &r.message, &now_t);
+        return succeeded(s, old, &r.message, &now_t);
     }
 
     // Lost agents first: a failure report from the surviving side is usually a consequence.
@@ -142,7 +159,7 @@ pub fn step(
             lost.push((role, who.name.clone(), why));
         }
     }
-    let stalled = stall(t, &old, &mut s, now);
+    let stalled = stall(t, old, &mut s, now);
     if lost.is_empty()
         && let Some(why) = &stalled
     {
@@ -174,7 +191,7 @@ pub fn step(
             reason: "TransferFailed",
             message: &msg,
         };
-        return failed(s, notes, why, &now_t);
+        return failed(s, Vec::new(), why, &now_t);
     }
 
     in_progress(t, s, &said, multi && !external, now)
@@ -250,19 +267,18 @@ fn replacement(t: &Transfer, s: &TransferStatus, now: Timestamp) -> Option<Needs
 /// the role, or stuck) must not hold it back until the stall timeout.
 pub const RELAY_SAY_WITHIN: i64 = 30;
 
-/// The step of a Transfer whose relays include some that are gone: lost
-/// (their Lease lapsed), failed (their report of this attempt says so)
-/// or silent (no report of this attempt `RELAY_SAY_WITHIN` after it was
-/// assigned or last moved). They leave `status.relays`, with a warning
-/// Event each, and nothing else changes: the sender sends their pairs'
-/// data itself. None when every relay is there.
-fn relays_lost(
+/// Drops from `s` the relays that are gone: lost (their Lease lapsed),
+/// failed (their report of this attempt says so) or silent (no report of
+/// this attempt `RELAY_SAY_WITHIN` after it was assigned or last moved).
+/// Gives a warning Event for each. Nothing else changes: the sender sends
+/// their pairs' data itself.
+fn drop_gone_relays(
     t: &Transfer,
-    mut s: TransferStatus,
+    s: &mut TransferStatus,
     said: &Said<'_>,
     agents: &HashMap<AgentId, Agent>,
     now: Timestamp,
-) -> Option<Step> {
+) -> Vec<Note> {
     let since = s
         .last_moved
         .as_ref()
@@ -289,13 +305,9 @@ fn relays_lost(
         .iter()
         .filter_map(|r| Some((r.name.clone(), why(r)?)))
         .collect();
-    if gone.is_empty() {
-        return None;
-    }
     s.relays
         .retain(|r| !gone.iter().any(|(name, _)| *name == r.name));
-    let notes = gone
-        .into_iter()
+    gone.into_iter()
         .map(|(agent, why)| Note {
             warning: true,
             reason: "RelayLost",
@@ -303,8 +315,7 @@ fn relays_lost(
                 "relaying agent {agent} lost ({why}); the sender sends its pair's data itself from now on"
             ),
         })
-        .collect();
-    Some(Step::settled(s, notes))
+        .collect()
 }
 
 /// Whether `s` has its receivers: the one over one pair, or (`multi`) at
@@ -1687,6 +1698,19 @@ mod tests {
         step_pairs(&mut t, &live, 120);
         let needs = step_pairs(&mut t, &live, 121).needs.expect("a replacement");
         assert!(needs.avoid.contains(&"s1".to_owned()) && needs.avoid.contains(&"s2".to_owned()));
+
+        // Found by review: a lost relay was dropped in a look of its own,
+        // which asked for no agents: a Transfer queued for receivers
+        // lost its place in line for it. It leaves in the same look.
+        let (mut t, _) = over_pairs_relayed("q");
+        let senders = [RELAYED[0], RELAYED[1], RELAYED[2]];
+        let st = step_pairs(&mut t, &senders, 110);
+        assert_eq!((st.status.attempt, st.needs.as_ref().unwrap().receivers), (2, 3));
+        assert_eq!(relay_names(&st), ["s1", "s2"]);
+        let st = step_pairs(&mut t, &senders[..2], 120);
+        assert_eq!(relay_names(&st), ["s1"]);
+        assert_eq!(st.notes[0].reason, "RelayLost");
+        assert_eq!(st.needs.expect("still asks for receivers").receivers, 3);
 
         // The sender lost: its relays go with it, the new one gets its own.
         let (mut t, _) = over_pairs_relayed("u");

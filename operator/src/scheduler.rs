@@ -216,11 +216,11 @@ pub fn assign(order: &[Key], waiting: &[Waiting], slots: &[Slot]) -> BTreeMap<Ke
 }
 
 /// Gives each Transfer placed with a new sender that may take relays
-/// (`Waiting::relays`) as many as are free in the sender's pool, in
-/// line order: only once every Transfer in line has been placed or has
-/// had its slots held, so that a relay never takes a slot one of them
-/// could use. Never the sender nor one of the receivers. Most room
-/// first; the name breaks ties.
+/// (`Waiting::relays`) agents free in the sender's pool, one per pair it
+/// was placed on but the sender's, in line order: only once every
+/// Transfer in line has been placed or has had its slots held, so that
+/// a relay never takes a slot one of them could use. Never the sender
+/// nor one of the receivers. Most room first; the name breaks ties.
 fn relays(
     order: &[&Key],
     placed: &mut BTreeMap<Key, Placement>,

@@ -611,8 +611,9 @@ fn sender_side(
 }
 
 /// A relay's side of a job: the engine's relay bound for this Transfer,
-/// reading beneath the allowed root that holds its source (checked as
-/// the sender checks it).
+/// reading beneath the source's directory alone (the source checked
+/// against the pool's allowed roots as the sender checks it): a relay
+/// serves whoever holds the Transfer's token, and that is all it needs.
 fn relay_side(
     cfg: &RunConfig,
     t: &Transfer,
@@ -621,16 +622,10 @@ fn relay_side(
     tuning: &wirerate_crds::tuning::Tuning,
 ) -> Result<Side> {
     let source = jobs::under_roots(Path::new(&t.spec.source.path), &pool.spec.allowed_roots)?;
-    let root = pool
-        .spec
-        .allowed_roots
-        .iter()
-        .filter_map(|r| std::fs::canonicalize(r).ok())
-        .find(|r| source.starts_with(r))
-        .ok_or_else(|| Error::PathRefused {
-            path: t.spec.source.path.clone(),
-            reason: "it is not under this pool's allowed roots".into(),
-        })?;
+    let root = match source.is_dir() {
+        true => source.clone(),
+        false => source.parent().map_or(source.clone(), Path::to_path_buf),
+    };
     let ports = contract::data_ports(cfg.data_port, cfg.max_transfers);
     Ok(Side::Relay {
         job: RelayJob::start(root, token, tuning, ports)?,
@@ -865,6 +860,38 @@ fn observe(
     }
 }
 
+/// What the sender's tuner and optimizer chose (for `status.tuning`),
+/// each choice told in an Event too (`announce_tuning`), and whether it
+/// is fresh (just chosen or changed: reported now, not at the next
+/// cadence). `told` holds the tries left and the changes told so far.
+fn tuning_told(
+    client: &Client,
+    cfg: &RunConfig,
+    about: ((String, String), String),
+    key: &JobKey,
+    s: &SenderJob,
+    told: (&mut u8, &mut usize),
+) -> (Option<TuningReport>, bool) {
+    let choice = s.progress.streams_chosen.get();
+    let changes = s
+        .progress
+        .stream_changes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    let tuning = choice.map(|c| tuning::report(key.attempt, c, &changes));
+    let fresh = (choice.is_some() && *told.0 == ANNOUNCE_TRIES) || changes.len() > *told.1;
+    announce_tuning(
+        client,
+        &cfg.agent,
+        about,
+        key.attempt,
+        (choice, &changes),
+        told,
+    );
+    (tuning, fresh)
+}
+
 /// A relay says once where it listens: the sender waits for that. It has
 /// no verdict of its own; its job ends with the Transfer, or when the
 /// Transfer no longer names it.
@@ -913,27 +940,8 @@ fn observe_sender(
         return None;
     };
     let pairs_now = pairs_and_lost(&s.progress);
-    let choice = s.progress.streams_chosen.get();
-    let changes = s
-        .progress
-        .stream_changes
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    let tuning = choice.map(|c| tuning::report(key.attempt, c, &changes));
-    // Just chosen or changed: reported now, not at the next cadence.
-    let fresh =
-        (choice.is_some() && *announce_tries == ANNOUNCE_TRIES) || changes.len() > *changes_told;
     let about = (job.transfer.clone(), key.uid.clone());
-    let told = (announce_tries, changes_told);
-    announce_tuning(
-        client,
-        &cfg.agent,
-        about,
-        key.attempt,
-        (choice, &changes),
-        told,
-    );
+    let (tuning, fresh) = tuning_told(client, cfg, about, key, s, (announce_tries, changes_told));
     let (total, done) = shown(s.progress.position(), job.carried);
     let (state, msg, p, over) = if let Some(outcome) = s.outcome() {
         let (state, msg, rate) = sender_verdict(outcome);

@@ -59,9 +59,10 @@ pub struct Want {
     /// For a sender: each relay's endpoint with its agent.
     pub relays: Vec<(String, String)>,
     /// For a sender: every receiver assigned has said where it listens,
-    /// and every relay has too or has failed, so a job may start. Over several pairs a running sender is still
-    /// wanted while a receiver that joins (a lost pair's replacement) has
-    /// not said yet, and takes in the others.
+    /// and every relay has too or has failed, so a job may start. Over
+    /// several pairs a running sender is still wanted while a receiver
+    /// that joins (a lost pair's replacement) has not said yet, and takes
+    /// in the others.
     pub complete: bool,
 }
 
@@ -137,8 +138,9 @@ pub fn vias(receivers: usize, relays: &[(String, String)]) -> Vec<Option<String>
         .collect()
 }
 
-/// Jobs `me` should run now. A sender starts once every receiver of the
-/// same attempt has said where it listens (see `Want::complete`).
+/// Jobs `me` should run now. A sender starts once every receiver and
+/// relay of the same attempt has said where it listens (a relay that
+/// failed is not waited for; see `Want::complete`).
 pub fn wanted(transfers: &[Transfer], me: &Me) -> Vec<Want> {
     let mut out = Vec::new();
     for t in transfers {
@@ -193,9 +195,10 @@ pub fn wanted(transfers: &[Transfer], me: &Me) -> Vec<Want> {
     out
 }
 
-/// Whether the job `w` may start now: a receiver at once; a sender once
-/// every receiver assigned has said where it listens (over several
-/// pairs, those assigned later join it as they say).
+/// Whether the job `w` may start now: a receiver or a relay at once; a
+/// sender once every receiver and relay assigned has said where it
+/// listens (over several pairs, receivers assigned later join it as they
+/// say).
 pub fn may_start(w: &Want) -> bool {
     w.key.role != Role::Sender || w.complete
 }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use wirerate_crds::Tuning;
 use wirerate_engine::error::Result;
 use wirerate_engine::relay::{Relay, RelayConfig, RelayHandle};
-use wirerate_engine::sender::SendConfig;
+use wirerate_engine::sender::{SendConfig, most_session_memory};
 
 use super::jobs::bind_first;
 
@@ -49,17 +49,14 @@ impl RelayJob {
 
 /// The relay's settings for a Transfer tuned `tuning`: its sessions run
 /// as the sender's would, and a job may take what the sender itself could
-/// take for one session at the most streams it may grow to
-/// (`sender::pool_blocks`), so that the relay never refuses a job its
-/// sender would have run (two sessions a pair).
+/// take for one session (`sender::most_session_memory`), so that the
+/// relay never refuses a job its sender would have run; two sessions a
+/// pair.
 fn config(root: PathBuf, token: Vec<u8>, tuning: &Tuning) -> Result<RelayConfig> {
     let mut send = SendConfig::new("", token.clone(), PathBuf::new(), "");
     let settings = tuning.settings()?;
     send.tune(&settings);
-    let most_streams = wirerate_engine::tuning::STREAMS.max;
-    let job_memory = (settings.buffer / settings.block_size)
-        .max(2 * most_streams + 2)
-        .saturating_mul(settings.block_size);
+    let job_memory = most_session_memory(&settings, tuning.streams.is_some());
     Ok(RelayConfig {
         token,
         roots: vec![root],
@@ -82,17 +79,22 @@ mod tests {
     // Found by review: the relay allowed a job only its own buffer
     // (512 MiB by default), where the sender sizes its pool for the
     // streams it runs; a sender grown to 46 streams of 16 MiB blocks
-    // (1.5 GiB) had its relay refuse the job, and the Transfer failed.
+    // (2 x 46 + 2 blocks, 1,504 MiB) had its relay refuse the job, and
+    // the Transfer failed.
     #[test]
     fn a_relay_allows_a_job_what_its_sender_could_take() {
-        let tuning = Tuning {
+        let mut tuning = Tuning {
             block_size: Some(16 << 20),
             ..Default::default()
         };
         let cfg = config(PathBuf::from("/data"), vec![1; 32], &tuning).unwrap();
-        let sender_at_most = (2 * wirerate_engine::tuning::STREAMS.max + 2) * (16 << 20);
-        assert_eq!(cfg.job_memory, Some(sender_at_most));
-        assert_eq!(cfg.max_memory, Some(2 * sender_at_most));
+        let grown = (2 * 46 + 2) * (16 << 20);
+        assert!(cfg.job_memory.unwrap() >= grown, "{:?}", cfg.job_memory);
+        assert!(cfg.max_memory.unwrap() >= 2 * grown, "two sessions a pair");
         assert_eq!(cfg.send.block_size, 16 << 20);
+        // Streams fixed by the Transfer: what they take, or the buffer.
+        tuning.streams = Some(8);
+        let cfg = config(PathBuf::from("/data"), vec![1; 32], &tuning).unwrap();
+        assert_eq!(cfg.job_memory, Some(cfg.send.buffer.max(18 * (16 << 20))));
     }
 }

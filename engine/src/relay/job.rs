@@ -98,15 +98,16 @@ impl Root {
 
 /// The buffer memory a job's session takes (as `sender::send_list`
 /// sizes its pools from `template.buffer`), refused when it is over
-/// `most` (the relay's own `--buffer`): a lead does not choose the
-/// relay's memory.
+/// `most` (`RelayConfig::job_memory`: `wirerate relay`'s `--buffer`, or
+/// in the cluster what the sender could take): a lead does not choose
+/// the relay's memory.
 pub(super) fn memory(job: &RelayJob, template: &SendConfig, most: u64) -> Result<u64> {
     let block = u64::from(job.block_size);
     let count = crate::sender::pool_blocks(template.buffer, block, job.streams);
     let need = count.saturating_mul(block);
     if need > most.max(block * 2) || u64::from(job.streams) > MAX_STREAMS {
         return Err(Error::Config(format!(
-            "the job's {} streams of {} blocks need {} of buffers, more than this relay's --buffer {} \
+            "the job's {} streams of {} blocks need {} of buffers, more than this relay allows a job, {} \
              (or over {MAX_STREAMS} streams): send with fewer streams or smaller blocks, or raise the relay's --buffer",
             job.streams,
             crate::units::fmt_bytes(block),
@@ -433,7 +434,10 @@ mod tests {
         let why = memory(&j, &template, template.buffer)
             .unwrap_err()
             .to_string();
-        assert!(why.contains("more than this relay's --buffer"), "{why}");
+        assert!(
+            why.contains("more than this relay allows a job, 64.00 MiB"),
+            "{why}"
+        );
         j.streams = 4;
         j.block_size = 64 << 20;
         assert!(memory(&j, &template, template.buffer).is_err());

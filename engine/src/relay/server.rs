@@ -42,10 +42,10 @@ pub struct RelayConfig {
     /// The most all jobs' buffers may take together (default: four
     /// jobs' `send.buffer`, two pairs' two sessions each).
     pub max_memory: Option<u64>,
-    /// The most one job's buffers may take (default: `send.buffer`). The
-    /// in-cluster relay allows what the Transfer's own sender could take
-    /// for the streams it may grow to, so that it never refuses a job
-    /// the sender would have run itself.
+    /// The most one job's buffers may take (default: `send.buffer`, the
+    /// CLI's `--buffer`). The in-cluster relay allows what the Transfer's
+    /// own sender could take (`sender::most_session_memory`), so that it
+    /// never refuses a job the sender would have run itself.
     pub job_memory: Option<u64>,
 }
 

@@ -282,6 +282,19 @@ pub(crate) fn pool_blocks(buffer: u64, block_size: u64, streams: u16) -> u64 {
     (buffer / block_size).max(2 * u64::from(streams) + 2)
 }
 
+/// The most buffer memory one session of a send with settings `s` may
+/// take: its pool at the most streams it may run, `s.streams` when
+/// `fixed`, else up to the tuner's and optimizer's most
+/// (`tuner::MOST_CHOSEN`). An in-cluster relay allows a job this much,
+/// so that it refuses nothing its sender would have run itself.
+pub fn most_session_memory(s: &Settings, fixed: bool) -> u64 {
+    let streams = match fixed {
+        true => s.streams,
+        false => s.streams.max(crate::tuner::MOST_CHOSEN),
+    };
+    pool_blocks(s.buffer, s.block_size, streams).saturating_mul(s.block_size)
+}
+
 /// Sends the entries of `list` as `cfg.stripe` says (a piece session of a
 /// transfer over several pairs), with `run_sessions`' retries; returns
 /// what the run did (bytes sent, verdicts), and how it ended.

@@ -476,7 +476,8 @@ impl<'a> Run<'a> {
     /// must not fail a transfer the others carry (found by review). A
     /// second is taken as the transfer's (a full shared disk, say), which
     /// would otherwise lose every pair that joins, one by one, and hide
-    /// why.
+    /// why. A lane sent by a relay the operator lent (`Relays::Lent`) is
+    /// lost on any failure: the relay is not the user's to fix.
     pub(super) fn lane_failed(&mut self, now: Instant, pair: PairId, e: Error) -> Result<()> {
         let to = &self.lanes[pair as usize].to;
         // A lost lane's sessions end cancelled, which is no news.
@@ -485,8 +486,11 @@ impl<'a> Run<'a> {
         let first_joined = pair as usize >= self.initial && !self.joined_refused;
         let lent = self.lanes[pair as usize].via.is_some() && self.plan.relays == Relays::Lent;
         if fatal && lent {
-            // Were it the receiver's refusal, not the relay's, the
-            // receiver taken in again fails the same way, and then counts.
+            // The relay's refusal, or its receiver's (a relay answers
+            // both alike): the lane is lost either way. A receiver's own
+            // refusal comes again on the lanes this host sends, where it
+            // ends the transfer (a receiver taken back after this counts
+            // as one that joined: its first refusal loses it alone).
             tracing::warn!(receiver = %to, error = %e, "a lent relay refused for good; its pair is lost");
         } else if fatal && first_joined {
             self.joined_refused = true;
