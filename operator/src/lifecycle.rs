@@ -1705,7 +1705,10 @@ mod tests {
         let (mut t, _) = over_pairs_relayed("q");
         let senders = [RELAYED[0], RELAYED[1], RELAYED[2]];
         let st = step_pairs(&mut t, &senders, 110);
-        assert_eq!((st.status.attempt, st.needs.as_ref().unwrap().receivers), (2, 3));
+        assert_eq!(
+            (st.status.attempt, st.needs.as_ref().unwrap().receivers),
+            (2, 3)
+        );
         assert_eq!(relay_names(&st), ["s1", "s2"]);
         let st = step_pairs(&mut t, &senders[..2], 120);
         assert_eq!(relay_names(&st), ["s1"]);
