@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use kube::Client;
 use kube::api::{Api, PostParams};
-use wirerate_crds::{DtnPool, Transfer, TransferPhase};
+use wirerate_crds::{DtnPool, Transfer, TransferPhase, TransferStatus};
 
 use crate::{Procs, same_file, spawn_agents, transfer, wait_for};
 
@@ -187,26 +187,7 @@ pub async fn a_lost_sender_resumes_from_the_chunks_that_landed(
     println!("  killing the sending agent {sender} at {at} B");
     procs.kill(&sender);
     let killed = Instant::now();
-    let t = wait_for(
-        transfers,
-        "resumed",
-        "success after the failover",
-        Duration::from_secs(600),
-        |t| {
-            t.status
-                .as_ref()
-                .and_then(|s| s.phase)
-                .is_some_and(|p| p.is_final())
-        },
-    )
-    .await?;
-    let s = t.status.clone().unwrap_or_default();
-    ensure!(
-        s.phase == Some(TransferPhase::Succeeded),
-        "the Transfer ended {:?}: {:?}",
-        s.phase,
-        s.conditions
-    );
+    let s = succeeded(transfers, "resumed").await?;
     ensure!(s.attempt >= 2, "no failover: attempt {}", s.attempt);
     ensure!(
         s.failovers.iter().any(|f| f.agent == sender),
@@ -320,26 +301,7 @@ pub async fn a_lost_relay_only_leaves(
     )
     .await?;
     let dropped = killed.elapsed();
-    let t = wait_for(
-        transfers,
-        "relayed",
-        "the end",
-        Duration::from_secs(600),
-        |t| {
-            t.status
-                .as_ref()
-                .and_then(|s| s.phase)
-                .is_some_and(|p| p.is_final())
-        },
-    )
-    .await?;
-    let s = t.status.clone().unwrap_or_default();
-    ensure!(
-        s.phase == Some(TransferPhase::Succeeded),
-        "the Transfer ended {:?}: {:?}",
-        s.phase,
-        s.conditions
-    );
+    let s = succeeded(transfers, "relayed").await?;
     ensure!(s.attempt == 1, "restarted: attempt {}", s.attempt);
     ensure!(s.failovers.is_empty(), "failed over: {:?}", s.failovers);
     ensure!(
@@ -387,6 +349,26 @@ pub async fn a_lost_relay_only_leaves(
         procs.kill(name);
     }
     Ok(())
+}
+
+/// The status of Transfer `name` once it is over, an error unless it
+/// succeeded.
+async fn succeeded(transfers: &Api<Transfer>, name: &str) -> Result<TransferStatus> {
+    let t = wait_for(transfers, name, "the end", Duration::from_secs(600), |t| {
+        t.status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .is_some_and(|p| p.is_final())
+    })
+    .await?;
+    let s = t.status.unwrap_or_default();
+    ensure!(
+        s.phase == Some(TransferPhase::Succeeded),
+        "the Transfer ended {:?}: {:?}",
+        s.phase,
+        s.conditions
+    );
+    Ok(s)
 }
 
 /// Creates Transfer `name` of `file` into `out` over three pairs, 200

@@ -218,6 +218,30 @@ impl Hosts {
         }
     }
 
+    /// Caps the sender's end of the data link at `rate` (tc tbf), which
+    /// every pair shares.
+    fn cap_data_link(&self, rate: &str) {
+        sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &self.sender,
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            &self.root_links[0],
+            "root",
+            "tbf",
+            "rate",
+            rate,
+            "burst",
+            "256kb",
+            "latency",
+            "100ms",
+        ]);
+    }
+
     /// Whether something in `ns` listens on TCP `port`.
     fn listening(&self, ns: &str, port: u16) -> bool {
         let out = Command::new("ip")
@@ -1162,25 +1186,7 @@ async fn a_transfer_over_three_pairs_loses_a_receiver_mid_file_and_lands_identic
     let mut c = Cluster::prepare(4, None, None).await;
     // About 27 s at 50 Mbit/s on the data link: time to lose a pair
     // mid-file, and to replace it, well before the end.
-    sh(&[
-        "ip",
-        "netns",
-        "exec",
-        &c.hosts.sender,
-        "tc",
-        "qdisc",
-        "add",
-        "dev",
-        &c.hosts.root_links[0],
-        "root",
-        "tbf",
-        "rate",
-        "50mbit",
-        "burst",
-        "256kb",
-        "latency",
-        "100ms",
-    ]);
+    c.hosts.cap_data_link("50mbit");
     c.start_with(&MORE);
     let data = noise(160 << 20 | 777, 0xfeed);
     let from = c.src.join("volume.raw");
@@ -1319,25 +1325,7 @@ async fn three_senders_to_three_receivers_lose_a_relay_mid_file_and_land_identic
     let mut c = Cluster::prepare(5, None, None).await;
     // About 27 s at 50 Mbit/s on the data link, which every pair shares
     // here: time to kill a relay while it sends.
-    sh(&[
-        "ip",
-        "netns",
-        "exec",
-        &c.hosts.sender,
-        "tc",
-        "qdisc",
-        "add",
-        "dev",
-        &c.hosts.root_links[0],
-        "root",
-        "tbf",
-        "rate",
-        "50mbit",
-        "burst",
-        "256kb",
-        "latency",
-        "100ms",
-    ]);
+    c.hosts.cap_data_link("50mbit");
     c.start_pools(&RECEIVERS, &SENDERS);
     let data = noise(160 << 20 | 333, 0xbeef);
     let from = c.src.join("run-0042.h5");

@@ -408,12 +408,9 @@ mod tests {
         );
     }
 
-    /// `t` over several pairs, received by `receivers`.
-    fn over_pairs(receivers: &[&str]) -> Transfer {
-        let mut t = xfer("s", "unused", 1);
-        let s = t.status.as_mut().unwrap();
-        s.receiver = None;
-        s.receivers = receivers
+    /// The agents named `names` of pool `p`.
+    fn refs(names: &[&str]) -> Vec<AgentRef> {
+        names
             .iter()
             .map(|n| AgentRef {
                 name: (*n).into(),
@@ -421,7 +418,15 @@ mod tests {
                 address: None,
                 node: None,
             })
-            .collect();
+            .collect()
+    }
+
+    /// `t` over several pairs, received by `receivers`.
+    fn over_pairs(receivers: &[&str]) -> Transfer {
+        let mut t = xfer("s", "unused", 1);
+        let s = t.status.as_mut().unwrap();
+        s.receiver = None;
+        s.receivers = refs(receivers);
         t.spec.pairs = Some(receivers.len() as i32);
         t
     }
@@ -472,15 +477,7 @@ mod tests {
     #[test]
     fn relays_start_at_once_and_the_sender_waits_for_them_and_pairs_them_in_order() {
         let mut t = over_pairs(&["r0", "r1", "r2"]);
-        t.status.as_mut().unwrap().relays = ["s1", "s2"]
-            .iter()
-            .map(|n| AgentRef {
-                name: (*n).into(),
-                pool: "p".into(),
-                address: None,
-                node: None,
-            })
-            .collect();
+        t.status.as_mut().unwrap().relays = refs(&["s1", "s2"]);
         for r in ["s1", "s2"] {
             let w = wanted(std::slice::from_ref(&t), &me(r));
             assert_eq!(w.len(), 1, "{r} relays");

@@ -128,6 +128,22 @@ impl SendConfig {
         }
     }
 
+    /// The error of a send that retried as long as this config allows,
+    /// `last` its last failure: the patience it names is the refusals'
+    /// (`refused_for`) when `backoff` gave up on those.
+    pub(crate) fn gave_up(&self, backoff: &Backoff, last: Error, resumable: bool) -> Error {
+        let refused = backoff.gave_up_refused();
+        Error::GaveUp {
+            last: Box::new(last),
+            retry_for: match self.refused_for {
+                Some(d) if refused => d,
+                _ => self.retry_for,
+            },
+            refused,
+            resumable,
+        }
+    }
+
     /// Takes a transfer's settings: the one path from a manifest's tuning
     /// or the command line's flags into the sender.
     pub fn tune(&mut self, s: &Settings) {
@@ -382,17 +398,8 @@ fn run_sessions(
                     }
                     None if cfg.retry_for.is_zero() => return Err(e),
                     None => {
-                        let refused = backoff.gave_up_refused();
-                        return Err(Error::GaveUp {
-                            last: Box::new(e),
-                            retry_for: match cfg.refused_for {
-                                Some(d) if refused => d,
-                                _ => cfg.retry_for,
-                            },
-                            refused,
-                            // Nothing was sent: there is nothing to resume.
-                            resumable: st.bytes_sent > 0,
-                        });
+                        // Nothing sent: there is nothing to resume.
+                        return Err(cfg.gave_up(&backoff, e, st.bytes_sent > 0));
                     }
                 }
             }

@@ -206,16 +206,7 @@ fn connect(via: &str, cfg: &SendConfig) -> Result<TcpStream> {
             Err(e) => return Err(e),
         };
         let Some(d) = backoff.poll_delay(Instant::now(), e.is_refused()) else {
-            let refused = backoff.gave_up_refused();
-            return Err(Error::GaveUp {
-                last: Box::new(e),
-                retry_for: match cfg.refused_for {
-                    Some(d) if refused => d,
-                    _ => cfg.retry_for,
-                },
-                refused,
-                resumable: false,
-            });
+            return Err(cfg.gave_up(&backoff, e, false));
         };
         if sleep_unless_cancelled(cfg, d) {
             return Err(Error::Cancelled { last: Box::new(e) });
