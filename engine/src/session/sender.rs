@@ -357,7 +357,7 @@ impl SenderControl {
     /// Every block of `file_id` has gone out (the scheduler says so), and
     /// this is its digest: the receiver is told, and owes a result.
     pub fn handle_file_done(&mut self, file_id: u32, digest: u128, now: Instant) {
-        if self.end.is_none() && self.files.get(&file_id) == Some(&File::Sending) {
+        if self.sending(file_id) {
             self.files.insert(file_id, File::Reported(digest));
             let identity = self.identity(file_id);
             self.send(
@@ -378,10 +378,20 @@ impl SenderControl {
     /// The scheduler gave `file_id` up (its source changed): the receiver
     /// is told to discard it, and owes a result.
     pub fn handle_file_failed(&mut self, file_id: u32, message: String, now: Instant) {
-        if self.end.is_none() && self.files.get(&file_id) == Some(&File::Sending) {
+        if self.sending(file_id) {
             self.files.insert(file_id, File::Aborted);
             self.send(Frame::FileAbort { file_id, message }, now);
         }
+    }
+
+    /// Whether `file_id`'s blocks are going out: the session runs, its
+    /// plan is out (a file is accepted as its plan frame comes, before the
+    /// plan is whole, and nothing may be said of it before the plan), and
+    /// the file was accepted and not yet reported.
+    fn sending(&self, file_id: u32) -> bool {
+        self.end.is_none()
+            && self.state == State::Sending
+            && self.files.get(&file_id) == Some(&File::Sending)
     }
 
     /// The shell starts reading and writing the connection at `now`:
