@@ -137,9 +137,56 @@ pub fn choose_streams(link: &Link, floor: u16) -> StreamChoice {
     StreamChoice { streams, reason }
 }
 
+/// The streams a session of small files opens at least. Such a transfer
+/// ends before TCP's slow start does: its rate is its streams' windows
+/// growing from their first ten packets, so more streams end it sooner
+/// (2,000 files of 64 KiB over 150 ms: 2.8 s on 4 streams, 2.6 s on 16;
+/// on loopback the count made no difference past the spread).
+pub const SMALL_FILES_STREAMS: u16 = 16;
+
+/// Whether a session's files are small: many of them, one block or less
+/// on average.
+pub fn small_files(files: usize, bytes: u64, block_size: u64) -> bool {
+    files >= usize::from(SMALL_FILES_STREAMS) * 4 && bytes <= files as u64 * block_size
+}
+
+/// `choice`, raised to `SMALL_FILES_STREAMS` for a session of small
+/// files, within what the sender's buffer feeds (`fed`).
+pub fn for_small_files(choice: StreamChoice, fed: u16) -> StreamChoice {
+    let streams = SMALL_FILES_STREAMS.min(most_opened(fed, choice.streams));
+    if streams <= choice.streams {
+        return choice;
+    }
+    StreamChoice {
+        streams,
+        reason: format!(
+            "{streams}: the files are small, so the transfer is mostly TCP's slow start, \
+             which more streams shorten (for the link alone: {})",
+            choice.reason
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tree_of_small_files_starts_on_more_streams_within_the_buffer() {
+        let four = choose_streams(&link(150, 256 << 20), 4);
+        assert_eq!(four.streams, 4);
+        assert!(small_files(2000, 2000 * 65536, 4 << 20));
+        let chosen = for_small_files(four.clone(), 100);
+        assert_eq!(chosen.streams, SMALL_FILES_STREAMS);
+        assert!(chosen.reason.contains("slow start"), "{}", chosen.reason);
+        // Never past what the buffer feeds, never fewer than chosen.
+        assert_eq!(for_small_files(four.clone(), 6).streams, 6);
+        assert_eq!(for_small_files(four.clone(), 2), four);
+        // One large file, or a handful of files, is not a tree of small ones.
+        assert!(!small_files(1, 8 << 30, 4 << 20));
+        assert!(!small_files(10, 10 * 65536, 4 << 20));
+        assert!(!small_files(2000, 2000 * (8 << 20), 4 << 20));
+    }
 
     fn link(rtt_ms: u64, buffer: u64) -> Link {
         Link {

@@ -1172,7 +1172,7 @@ impl Sim {
         );
         while let Some(a) = rx.poll_action() {
             match a {
-                Action::Send(f @ (Frame::Plan { .. } | Frame::PlanEnd)) => {
+                Action::Send(f @ (Frame::Plan { .. } | Frame::PlanRun { .. } | Frame::PlanEnd)) => {
                     tx.handle_frame(f, now);
                 }
                 other => self.fail(&format!("the receiver core planned {other:?}")),

@@ -558,7 +558,7 @@ fn open_raw_session(
     let mut ctl = raw_control(srv, session, size, path);
     assert!(matches!(
         wire::read_frame(&mut ctl).unwrap(),
-        Frame::Plan { .. }
+        Frame::Plan { .. } | Frame::PlanRun { count: 1, .. }
     ));
     assert_eq!(wire::read_frame(&mut ctl).unwrap(), Frame::PlanEnd);
     let mut data = TcpStream::connect(srv.addr()).unwrap();

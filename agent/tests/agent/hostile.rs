@@ -963,12 +963,15 @@ fn a_large_manifest_costs_bounded_memory_and_a_failed_session_leaves_no_temporar
     ctl.set_read_timeout(Some(Duration::from_secs(120)))
         .unwrap();
     let mut accepted = 0u32;
+    // The plan comes as runs of files accepted afresh, in packed frames.
+    let mut reader = wire::FrameReader::unpacking();
     loop {
-        match wire::read_frame(&mut ctl).unwrap() {
+        match reader.read(&mut ctl).unwrap() {
             Frame::Plan {
                 outcome: wire::PlanOutcome::Accept { .. },
                 ..
             } => accepted += 1,
+            Frame::PlanRun { count, .. } => accepted += count,
             Frame::Plan { outcome, .. } => panic!("refused: {outcome:?}"),
             Frame::PlanEnd => break,
             _ => {}

@@ -25,7 +25,7 @@ use wirerate_engine::summary::SendSummary;
 use wirerate_engine::wire::FRAME_CHECK_LEN;
 
 const T_FILES: u8 = 6;
-const T_PLAN: u8 = 8;
+const T_PLAN_RUN: u8 = 29;
 const T_BLOCK: u8 = 10;
 const T_ACK: u8 = 11;
 const BS: usize = 64 << 10;
@@ -271,26 +271,30 @@ fn a_damaged_mode_is_never_published() {
     run("flip-mode", damage, Duration::from_secs(30));
 }
 
-// The plan's first entry: type, file id, outcome, bitmap length, bitmap.
-// Bit 0 set says the receiver holds block 0.
-const FIRST_HAVE: usize = 1 + 4 + 1 + 4;
+// A file sent afresh is planned in a run (protocol 12): type, first file,
+// count. The one file here is file 0, in a run of 1.
+const RUN_FIRST: usize = 1;
+const RUN_COUNT: usize = 1 + 4;
 
 #[test]
-fn a_damaged_resume_plan_is_redone_not_hung() {
-    let damage = Damage::first(false, T_PLAN, FIRST_HAVE, 0x01);
-    run("flip-plan", damage, Duration::from_secs(30));
+fn a_damaged_plan_is_redone_not_hung() {
+    // A run of 0 files, caught by the frame's check.
+    let damage = Damage::first(false, T_PLAN_RUN, RUN_COUNT, 0x01);
+    let summary = run("flip-plan", damage, Duration::from_secs(30));
+    assert!(summary.sessions >= 2, "{}", summary.render());
 }
 
-// The same wrong plan, with a valid checksum: what a receiver whose own
-// bookkeeping is wrong would send. The receiver notices that the file's
-// report came with block 0 missing and nothing more arriving, ends the
-// session after its progress timeout (here its idle timeout, 10 s), and
-// the sender resumes.
+// The same kind of damage with a valid checksum: what a receiver whose
+// own bookkeeping is wrong would send, a plan for file 1 where file 0 was
+// offered. The sender refuses it as a plan for a file not offered, and
+// the session is redone. (A plan that wrongly says a block is held can
+// only come in a resumed file's `Plan` entry; the receiver's progress
+// timeout ends that session: `session::lifecycle`'s tests.)
 #[test]
-fn a_wrong_plan_ends_in_a_retry_after_the_progress_timeout() {
+fn a_wrong_plan_is_refused_and_redone() {
     let damage = Damage {
         reseal: true,
-        ..Damage::first(false, T_PLAN, FIRST_HAVE, 0x01)
+        ..Damage::first(false, T_PLAN_RUN, RUN_FIRST, 0x01)
     };
     let t0 = Instant::now();
     let summary = run("wrong-plan", damage, Duration::from_secs(10));

@@ -115,6 +115,7 @@ fn flush(
             }
         }
     }
+    crate::wire::pack(out);
     let written = if out.is_empty() {
         Ok(())
     } else {
@@ -204,7 +205,7 @@ impl<'a> Control<'a> {
         Ok(Self {
             shared,
             stream,
-            reader: FrameReader::default(),
+            reader: FrameReader::unpacking(),
             out: Vec::new(),
             core,
         })
@@ -270,6 +271,7 @@ impl<'a> Control<'a> {
             self.core.handle_timeout(now);
             if i % PLAN_BATCH == 0 || now.saturating_duration_since(written_at) >= PLAN_FLUSH {
                 written_at = now;
+                self.core.flush_plan(now);
                 if let Some(action) = self.flush()? {
                     return Err(out_of_order(Some(action)));
                 }
@@ -323,12 +325,17 @@ impl<'a> Control<'a> {
                 Some(other) => return Err(out_of_order(Some(other))),
             }
             let wake = self.core.poll_timeout().unwrap_or(now + KEEPALIVE_INTERVAL);
-            let (readable, woken) = net::wait_readable_or(
-                &self.stream,
-                verdicts.fd(),
-                wake.saturating_duration_since(now),
-            )
-            .map_err(|e| Error::net("waiting for the sender", e))?;
+            // Frames of a packed frame already read are taken first.
+            let (readable, woken) = if self.reader.has_pending() {
+                (true, true)
+            } else {
+                net::wait_readable_or(
+                    &self.stream,
+                    verdicts.fd(),
+                    wake.saturating_duration_since(now),
+                )
+                .map_err(|e| Error::net("waiting for the sender", e))?
+            };
             if woken {
                 for v in verdicts.take() {
                     self.core.handle_verdict(v, Instant::now());

@@ -18,11 +18,12 @@ use crate::session::SenderControl;
 use crate::session::sender::Action;
 use crate::wire::{
     FileEntry, Frame, FrameReader, IDLE_TIMEOUT, KEEPALIVE_INTERVAL, Purpose, SessionId, encode,
-    write_frame,
+    pack, write_frame,
 };
 
-/// Manifest frames stay well under the frame cap.
-const MANIFEST_CHUNK_BYTES: usize = 1 << 20;
+/// Manifest frames stay under what one packed frame carries (`pack`),
+/// and so well under the frame cap.
+const MANIFEST_CHUNK_BYTES: usize = 128 << 10;
 
 fn send_manifest(control: &mut TcpStream, entries: &[FileEntry]) -> Result<()> {
     let mut out = Vec::new();
@@ -45,6 +46,7 @@ fn send_manifest(control: &mut TcpStream, entries: &[FileEntry]) -> Result<()> {
         encode(&Frame::Files { entries: chunk }, &mut out);
     }
     encode(&Frame::FilesEnd, &mut out);
+    pack(&mut out);
     control
         .write_all(&out)
         .map_err(|e| Error::net("sending the manifest", e))
@@ -55,6 +57,9 @@ fn send_manifest(control: &mut TcpStream, entries: &[FileEntry]) -> Result<()> {
 pub(super) struct Opened {
     pub(super) control: TcpStream,
     pub(super) core: SenderControl,
+    /// Reads the control connection from here on: it may hold frames
+    /// of a packed frame not yet taken.
+    pub(super) reader: FrameReader,
     pub(super) planned: Vec<PlannedFile>,
     pub(super) held_bytes: u64,
 }
@@ -122,7 +127,7 @@ pub(super) fn open_session(
         IDLE_TIMEOUT,
     )
     .with_identities(entries.iter().map(|e| (e.file_id, entry_identity(e))));
-    let mut reader = FrameReader::default();
+    let mut reader = FrameReader::unpacking();
     let plan = 'plan: loop {
         let frame = reader.read(&mut control)?;
         core.handle_frame(frame, Instant::now());
@@ -148,6 +153,7 @@ pub(super) fn open_session(
     Ok(Opened {
         control,
         core,
+        reader,
         planned: plan.accepted,
         held_bytes: plan.held_bytes,
     })

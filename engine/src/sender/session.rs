@@ -63,7 +63,12 @@ pub(crate) fn run(
         ..cfg.socket.clone()
     };
     let control = net::connect(&cfg.to, &control_opts, cfg.connect_timeout)?;
-    let streams = stream_count(cfg, &control, pool, st);
+    let small = tuner::small_files(
+        pending.len(),
+        pending.iter().map(|(_, f)| f.size).sum(),
+        cfg.block_size,
+    );
+    let streams = stream_count(cfg, (&control, small), pool, st);
     let data_opts = SocketOpts {
         pacing: cfg.max_rate.map(|r| (r / u64::from(streams)).max(1)),
         ..cfg.socket.clone()
@@ -107,6 +112,7 @@ pub(crate) fn run(
         streams
     };
     let mut control = opened.control;
+    let reader = opened.reader;
     let sched = scheduler(cfg, opened.planned, streams, pool.large_bytes());
     let shared = new_shared(cfg, sched, opened.core, (&pending, base), most);
     let streams = attach_streams(cfg, &shared, connected)?;
@@ -142,7 +148,7 @@ pub(crate) fn run(
         empty: &empty,
         open: Mutex::new(streams),
     };
-    let ended = running.run(&mut control, grow);
+    let ended = running.run((&mut control, reader), grow);
     st.streams_warm += reused.load(Ordering::Relaxed);
     record(st, &shared, cfg, &data_opts, ended)
 }
@@ -178,13 +184,22 @@ fn empty_files(all: &[SourceFile], planned: &[PlannedFile]) -> Vec<u32> {
 
 /// How many data streams the session opens: the run's count once one
 /// session chose it; else the tuner's, for the link the control
-/// connection's handshake measured, or the configured one.
-fn stream_count(cfg: &SendConfig, control: &TcpStream, pool: &Pools, st: &mut RunState) -> u16 {
+/// connection's handshake measured and whether the files are `small`, or
+/// the configured one.
+fn stream_count(
+    cfg: &SendConfig,
+    (control, small): (&TcpStream, bool),
+    pool: &Pools,
+    st: &mut RunState,
+) -> u16 {
     if let Some(n) = st.streams {
         return n;
     }
     let n = if cfg.per_link {
-        let c = streams_for_link(cfg, control, pool);
+        let mut c = streams_for_link(cfg, control, pool);
+        if small {
+            c = tuner::for_small_files(c, most_fed(cfg, pool));
+        }
         tracing::info!(streams = c.streams, "data streams: {}", c.reason);
         cfg.observer.streams_chosen(&c);
         st.streams_chosen = Some(c.reason);
@@ -326,7 +341,11 @@ impl Running<'_> {
     /// Runs the session's threads until every file has a verdict or
     /// something fails, then ends it: parks or closes the data streams
     /// and sends `Finish`.
-    fn run(&self, control: &mut TcpStream, grow: Option<Grow<'_>>) -> Ended {
+    fn run(
+        &self,
+        (control, reader): (&mut TcpStream, FrameReader),
+        grow: Option<Grow<'_>>,
+    ) -> Ended {
         let (cfg, shared) = (self.cfg, self.shared);
         let spawned: Vec<(u16, Option<(TcpStream, TcpStream)>)> = hold(&self.open)
             .iter()
@@ -360,7 +379,7 @@ impl Running<'_> {
                 shared.lock().acks_running += 1;
                 s.spawn(carry(move || ack_loop(shared, i, r)));
             }
-            s.spawn(carry(move || control_loop(shared, &mut ctl_r)));
+            s.spawn(carry(move || control_loop(shared, &mut ctl_r, reader)));
             // Dropped when the session stops, which ends the sampling at once.
             let (sampling, stop_sampling) = mpsc::channel::<()>();
             let open = &self.open;
@@ -548,8 +567,9 @@ fn coordinate(shared: &Shared, control: &mut TcpStream) -> Result<()> {
         g.control.handle_timeout(now);
         shared.apply_control(&mut g);
         if !g.outbox.is_empty() {
-            let out = std::mem::take(&mut g.outbox);
+            let mut out = std::mem::take(&mut g.outbox);
             drop(g);
+            crate::wire::pack(&mut out);
             control
                 .write_all(&out)
                 .map_err(|e| Error::net("writing to the receiver", e))?;
@@ -588,8 +608,7 @@ fn coordinate(shared: &Shared, control: &mut TcpStream) -> Result<()> {
 
 /// Reads the receiver's frames into the control core until it ends the
 /// session or the connection closes.
-fn control_loop(shared: &Shared, control: &mut TcpStream) {
-    let mut reader = FrameReader::default();
+fn control_loop(shared: &Shared, control: &mut TcpStream, mut reader: FrameReader) {
     // Runs past the session's end too: after `Finish` the receiver closes
     // the connection once it has released the session's destinations, and
     // the send returns only then (an immediate second send of the same
@@ -612,7 +631,13 @@ fn control_loop(shared: &Shared, control: &mut TcpStream) {
             shared.check_cancel();
             wake.map_or(KEEPALIVE_INTERVAL, |t| t.saturating_duration_since(now))
         };
-        match net::wait_readable(control, wait) {
+        // Frames of a packed frame already read are taken first.
+        let waited = if reader.has_pending() {
+            Ok(true)
+        } else {
+            net::wait_readable(control, wait)
+        };
+        match waited {
             Ok(false) => continue,
             Ok(true) => {}
             Err(e) => {

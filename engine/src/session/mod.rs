@@ -19,6 +19,9 @@ pub(crate) fn describe(frame: &Frame) -> String {
     match frame {
         Frame::Files { entries } => format!("a manifest chunk of {} entries", entries.len()),
         Frame::Plan { file_id, .. } => format!("a plan entry for file {file_id}"),
+        Frame::PlanRun { first, count } => {
+            format!("a plan run of {count} files from file {first}")
+        }
         Frame::Stripe(s) => format!("a {:?} stripe of {} pieces", s.role, s.pieces.len()),
         other => {
             let mut s = format!("{other:?}");

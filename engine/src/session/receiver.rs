@@ -290,6 +290,9 @@ pub struct ReceiverControl {
     end: Option<End>,
     /// Set by a `Stripe` frame before the manifest.
     stripe: Option<Stripe>,
+    /// The run of files accepted afresh that the plan has not sent yet
+    /// (`PlanRun`): its first file and how many.
+    run: Option<(u32, u32)>,
 }
 
 impl ReceiverControl {
@@ -304,6 +307,7 @@ impl ReceiverControl {
             answered: 0,
             end: None,
             stripe: None,
+            run: None,
         }
     }
 
@@ -566,15 +570,44 @@ impl ReceiverControl {
         let State::Preparing { accepted } = &mut self.state else {
             return;
         };
-        if matches!(outcome, PlanOutcome::Accept { .. }) {
-            accepted.push((file_id, FileState::Sending));
+        let fresh = match &outcome {
+            PlanOutcome::Accept { have } => {
+                accepted.push((file_id, FileState::Sending));
+                have.iter().all(|&b| b == 0)
+            }
+            PlanOutcome::Refuse { .. } => false,
+        };
+        if fresh {
+            if let Some((first, count)) = &mut self.run {
+                if first.checked_add(*count) == Some(file_id) {
+                    *count += 1;
+                    return;
+                }
+            }
+            self.flush_plan(now);
+            self.run = Some((file_id, 1));
+            return;
         }
+        self.flush_plan(now);
         self.send(Frame::Plan { file_id, outcome }, now);
+    }
+
+    /// Sends the run of files accepted afresh that is still held, so that
+    /// the sender hears it: the shell calls this before each batch of the
+    /// plan goes out, and the plan's end does.
+    pub fn flush_plan(&mut self, now: Instant) {
+        if let Some((first, count)) = self.run.take() {
+            self.send(Frame::PlanRun { first, count }, now);
+        }
     }
 
     /// Every entry is planned and the shell is ready for blocks: the plan
     /// ends and results are awaited.
     pub fn handle_plan_end(&mut self, now: Instant) {
+        if !matches!(self.state, State::Preparing { .. }) {
+            return;
+        }
+        self.flush_plan(now);
         let State::Preparing { accepted } = &mut self.state else {
             return;
         };
@@ -983,9 +1016,59 @@ mod tests {
             now,
         );
         let sent = drain(&mut core);
-        assert_eq!(sent.len(), 4, "three plan entries and PlanEnd: {sent:?}");
-        assert_eq!(sent[3], Action::Send(Frame::PlanEnd));
+        // The two files accepted afresh go as one run.
+        assert_eq!(
+            sent,
+            vec![
+                Action::Send(Frame::PlanRun { first: 1, count: 2 }),
+                Action::Send(Frame::Plan {
+                    file_id: 3,
+                    outcome: PlanOutcome::Refuse {
+                        message: "no".into()
+                    }
+                }),
+                Action::Send(Frame::PlanEnd),
+            ]
+        );
         core
+    }
+
+    #[test]
+    fn files_accepted_afresh_go_as_runs_which_a_flush_or_the_end_sends() {
+        let now = Instant::now();
+        let (mut core, _) = after_admission(vec![
+            Frame::Files {
+                entries: (1..=7).map(entry).collect(),
+            },
+            Frame::FilesEnd,
+        ]);
+        let held = PlanOutcome::Accept { have: vec![0b01] };
+        core.handle_planned(1, accept(), now);
+        core.handle_planned(2, accept(), now);
+        // Held back until the shell flushes the plan's batch.
+        assert_eq!(drain(&mut core), []);
+        core.flush_plan(now);
+        core.handle_planned(3, accept(), now);
+        // A file resumed, or not next in line, ends the run.
+        core.handle_planned(4, held.clone(), now);
+        core.handle_planned(5, accept(), now);
+        core.handle_planned(7, accept(), now);
+        core.handle_plan_end(now);
+        let run = |first, count| Action::Send(Frame::PlanRun { first, count });
+        assert_eq!(
+            drain(&mut core),
+            [
+                run(1, 2),
+                run(3, 1),
+                Action::Send(Frame::Plan {
+                    file_id: 4,
+                    outcome: held
+                }),
+                run(5, 1),
+                run(7, 1),
+                Action::Send(Frame::PlanEnd),
+            ]
+        );
     }
 
     fn verdict(file_id: u32) -> Verdict {

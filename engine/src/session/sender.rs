@@ -209,6 +209,9 @@ impl SenderControl {
             (State::Planning, Frame::Plan { file_id, outcome }) => {
                 self.handle_plan_entry(file_id, outcome);
             }
+            (State::Planning, Frame::PlanRun { first, count }) => {
+                self.handle_plan_run(first, count);
+            }
             (State::Planning, Frame::PlanEnd) => {
                 let offered = self.files.len();
                 if self.planned != offered {
@@ -252,17 +255,34 @@ impl SenderControl {
         }
     }
 
+    /// Files `first..first + count` accepted afresh: each as if planned on
+    /// its own with an empty resume bitmap, so a run that names a file not
+    /// offered, or one already answered, is the same violation.
+    fn handle_plan_run(&mut self, first: u32, count: u32) {
+        if count as usize > self.files.len() - self.planned {
+            self.violation(Violation::new(
+                ViolationKind::Inconsistent,
+                format!(
+                    "a plan run of {count} files, where {} are left to plan",
+                    self.files.len() - self.planned
+                ),
+            ));
+            return;
+        }
+        for file_id in (first..).take(count as usize) {
+            let Some(File::Offered { size }) = self.files.get(&file_id).copied() else {
+                self.not_offered(file_id);
+                return;
+            };
+            self.planned += 1;
+            let blocks = Layout::new(size, self.block_size).blocks();
+            self.accept(file_id, size, Bitmap::new(blocks));
+        }
+    }
+
     fn handle_plan_entry(&mut self, file_id: u32, outcome: PlanOutcome) {
         let Some(File::Offered { size }) = self.files.get(&file_id).copied() else {
-            let (kind, why) = if self.files.contains_key(&file_id) {
-                (ViolationKind::Repeated, "which it had already answered")
-            } else {
-                (ViolationKind::Unknown, "which was not offered")
-            };
-            self.violation(Violation::new(
-                kind,
-                format!("plan for file {file_id}, {why}"),
-            ));
+            self.not_offered(file_id);
             return;
         };
         self.planned += 1;
@@ -276,19 +296,37 @@ impl SenderControl {
                     ));
                     return;
                 };
-                self.plan.held_bytes += layout.bytes_in(&have);
-                self.plan.accepted.push(PlannedFile {
-                    file_id,
-                    size,
-                    have: Some(have),
-                });
-                self.files.insert(file_id, File::Sending);
+                self.accept(file_id, size, have);
             }
             PlanOutcome::Refuse { message } => {
                 self.plan.refused.push((file_id, message));
                 self.files.insert(file_id, File::Refused);
             }
         }
+    }
+
+    /// A plan answered `file_id` twice, or one it was not offered.
+    fn not_offered(&mut self, file_id: u32) {
+        let (kind, why) = if self.files.contains_key(&file_id) {
+            (ViolationKind::Repeated, "which it had already answered")
+        } else {
+            (ViolationKind::Unknown, "which was not offered")
+        };
+        self.violation(Violation::new(
+            kind,
+            format!("plan for file {file_id}, {why}"),
+        ));
+    }
+
+    fn accept(&mut self, file_id: u32, size: u64, have: Bitmap) {
+        let layout = Layout::new(size, self.block_size);
+        self.plan.held_bytes += layout.bytes_in(&have);
+        self.plan.accepted.push(PlannedFile {
+            file_id,
+            size,
+            have: Some(have),
+        });
+        self.files.insert(file_id, File::Sending);
     }
 
     fn handle_result(
@@ -626,6 +664,54 @@ mod tests {
                 verdict: FileVerdict::Ok(0)
             }]
         );
+    }
+
+    #[test]
+    fn a_plan_run_accepts_its_files_afresh_and_is_held_to_the_offer() {
+        let now = Instant::now();
+        let mut c = core();
+        for f in [Frame::PlanRun { first: 1, count: 3 }, Frame::PlanEnd] {
+            c.handle_frame(f, now);
+        }
+        let actions = drain(&mut c);
+        let [Action::Planned(plan)] = &actions[..] else {
+            panic!("{actions:?}");
+        };
+        let got: Vec<(u32, u64, u64)> = plan
+            .accepted
+            .iter()
+            .map(|p| (p.file_id, p.size, p.have.as_ref().map_or(9, Bitmap::count)))
+            .collect();
+        assert_eq!(got, [(1, 2 * BLOCK, 0), (2, BLOCK, 0), (3, 0, 0)]);
+        assert_eq!(plan.held_bytes, 0);
+
+        // A run past the offer, over a file answered already, or longer than
+        // what is left to plan, breaks the protocol like a plan entry would.
+        let mut c = core();
+        c.handle_frame(Frame::PlanRun { first: 2, count: 2 }, now);
+        c.handle_frame(Frame::PlanRun { first: 1, count: 1 }, now);
+        c.handle_frame(Frame::PlanEnd, now);
+        assert!(matches!(&drain(&mut c)[..], [Action::Planned(_)]));
+        let mut c = core();
+        c.handle_frame(Frame::PlanRun { first: 1, count: 1 }, now);
+        c.handle_frame(Frame::PlanRun { first: 2, count: 3 }, now);
+        assert_eq!(violation(&mut c).kind, ViolationKind::Inconsistent);
+        let mut c = core();
+        c.handle_frame(Frame::PlanRun { first: 2, count: 2 }, now);
+        c.handle_frame(Frame::PlanRun { first: 3, count: 1 }, now);
+        assert_eq!(violation(&mut c).kind, ViolationKind::Repeated);
+        let mut c = core();
+        c.handle_frame(Frame::PlanRun { first: 0, count: 1 }, now);
+        assert_eq!(violation(&mut c).kind, ViolationKind::Unknown);
+        let mut c = core();
+        c.handle_frame(
+            Frame::PlanRun {
+                first: 1,
+                count: u32::MAX,
+            },
+            now,
+        );
+        assert_eq!(violation(&mut c).kind, ViolationKind::Inconsistent);
     }
 
     // A receiver could answer one file twice and another not at all: the

@@ -78,6 +78,11 @@ const T_RELAY_ALIVE: u8 = 24;
 const T_RELAY_SUMS: u8 = 25;
 const T_RELAY_RESULT: u8 = 26;
 const T_RELAY_DONE: u8 = 27;
+/// A run of whole frames, compressed (`pack`): only the control
+/// connection of an open session unpacks it; anywhere else it is an
+/// unknown type.
+pub(super) const T_PACKED: u8 = 28;
+const T_PLAN_RUN: u8 = 29;
 
 /// Appends the encoding of `frame` (length prefix and checksum included)
 /// to `out`.
@@ -102,7 +107,7 @@ pub fn encode_for(version: u16, frame: &Frame, out: &mut Vec<u8>) {
 
 /// The checksum of a frame's type byte and fields. Its length prefix is
 /// covered by where the checksum sits: a damaged length moves it.
-fn frame_check(content: &[u8]) -> u64 {
+pub(super) fn frame_check(content: &[u8]) -> u64 {
     crate::digest::frame_checksum(content)
 }
 
@@ -209,6 +214,11 @@ fn encode_fields(frame: &Frame, out: &mut Vec<u8>) {
                     w.str(message);
                 }
             }
+        }
+        Frame::PlanRun { first, count } => {
+            w.u8(T_PLAN_RUN);
+            w.u32(*first);
+            w.u32(*count);
         }
         Frame::PlanEnd => w.u8(T_PLAN_END),
         Frame::Block(h) => {
@@ -433,6 +443,7 @@ fn type_name(ty: u8) -> &'static str {
         T_FILES_END => "file list end",
         T_PLAN => "plan",
         T_PLAN_END => "plan end",
+        T_PLAN_RUN => "plan run",
         T_BLOCK => "block header",
         T_ACK => "acknowledgement",
         T_NACK => "negative acknowledgement",
@@ -451,6 +462,7 @@ fn type_name(ty: u8) -> &'static str {
         T_RELAY_SUMS => "relay checksums",
         T_RELAY_RESULT => "relay result",
         T_RELAY_DONE => "relay done",
+        T_PACKED => "packed frames",
         _ => "unknown",
     }
 }
@@ -590,6 +602,14 @@ fn decode_fields(body: &[u8]) -> Result<Frame, DecodeError> {
             Frame::Plan { file_id, outcome }
         }
         T_PLAN_END => Frame::PlanEnd,
+        T_PLAN_RUN => {
+            let first = r.u32()?;
+            let count = r.u32()?;
+            if count == 0 || first.checked_add(count - 1).is_none() {
+                return Err(DecodeError::Invalid("plan run"));
+            }
+            Frame::PlanRun { first, count }
+        }
         T_BLOCK => {
             let h = BlockHeader {
                 file_id: r.u32()?,
@@ -973,6 +993,8 @@ pub(crate) mod tests {
                 outcome: PlanOutcome::Refuse { message }
             }),
             Just(Frame::PlanEnd),
+            (0..u32::MAX / 2, 1..u32::MAX / 2)
+                .prop_map(|(first, count)| Frame::PlanRun { first, count }),
             (any::<u32>(), any::<u64>(), any::<u64>(), 1..=MAX_BLOCK).prop_map(
                 |(file_id, block, offset, len)| Frame::Block(BlockHeader {
                     file_id,

@@ -19,16 +19,19 @@
 //! the remaining length before every read and the caller checks the frame
 //! cap before allocating, so a peer cannot make us panic or allocate much.
 //!
-//! `codec` is the encoding, with no I/O; `stream` reads and writes frames
+//! `codec` is the encoding, with no I/O; `pack` packs runs of small
+//! control frames into compressed ones; `stream` reads and writes frames
 //! on sockets for the shells.
 
 mod codec;
+mod pack;
 #[cfg(feature = "shells")]
 mod stream;
 
 #[cfg(test)]
 pub(crate) use codec::tests::arb_frame;
 pub use codec::{DecodeError, decode, decode_body, decode_unchecked, encode, encode_for};
+pub use pack::{MAX_PACKED_FRAME, MAX_PACKED_RAW, pack};
 #[cfg(feature = "shells")]
 pub use stream::{
     FrameReader, read_frame, read_frame_capped, write_frame, write_frame_with_payload,
@@ -51,8 +54,9 @@ pub const MAGIC: [u8; 4] = *b"WRRT";
 /// plan may hold blocks of its own pieces, from the receivers' per-chunk
 /// checkpoints, which the sender reads to checksum, where a 9 sender
 /// took every held block for another pair's; 11: relay jobs, by which
-/// a transfer's lead sender has another sending host run a session).
-pub const VERSION: u16 = 11;
+/// a transfer's lead sender has another sending host run a session;
+/// 12: packed runs of control frames, `pack`, and `PlanRun`).
+pub const VERSION: u16 = 12;
 /// The first version whose frames carry a checksum (`FRAME_CHECK_LEN`
 /// bytes after their fields).
 pub const CHECKED_SINCE: u16 = 8;
@@ -365,6 +369,15 @@ pub enum Frame {
         file_id: u32,
         /// Accept (with resume bitmap) or refuse.
         outcome: PlanOutcome,
+    },
+    /// The receiver accepts files `first..first + count`, holding none of
+    /// their blocks: what a tree sent afresh plans, one frame for a run of
+    /// ids rather than one each.
+    PlanRun {
+        /// The first file of the run.
+        first: u32,
+        /// How many files, at least 1.
+        count: u32,
     },
     /// End of the plan.
     PlanEnd,

@@ -2,7 +2,8 @@
 
 use std::io::{self, IoSlice, Read, Write};
 
-use super::{DecodeError, Frame, MAX_FRAME, decode_body, encode};
+use super::pack::{T_PACKED, next, unpack};
+use super::{DecodeError, Frame, MAX_FRAME, MAX_PACKED_FRAME, decode_body, encode};
 use crate::error::{Error, Result};
 
 /// Reads one frame, refusing a length prefix over `MAX_FRAME` before allocating.
@@ -20,9 +21,32 @@ pub fn read_frame_capped(r: &mut impl Read, cap: usize) -> Result<Frame> {
 #[derive(Default)]
 pub struct FrameReader {
     buf: Vec<u8>,
+    /// Opens packed frames (`pack`): the control connection of an
+    /// authenticated session.
+    unpack: bool,
+    /// The frames of the last packed frame, and where the next one begins.
+    unpacked: Vec<u8>,
+    at: usize,
 }
 
 impl FrameReader {
+    /// A reader for the control connection of an authenticated session,
+    /// where runs of frames may come packed: it returns the frames inside
+    /// them one by one, each checked and capped as if read on its own.
+    pub fn unpacking() -> Self {
+        Self {
+            unpack: true,
+            ..Self::default()
+        }
+    }
+
+    /// Whether frames of a packed frame are still to be returned: the
+    /// next read takes one without touching the socket, so a caller that
+    /// waits for the socket to be readable must not wait for it first.
+    pub fn has_pending(&self) -> bool {
+        self.at < self.unpacked.len()
+    }
+
     /// Reads the next frame from `r`.
     pub fn read(&mut self, r: &mut impl Read) -> Result<Frame> {
         self.read_capped(r, MAX_FRAME)
@@ -30,8 +54,36 @@ impl FrameReader {
 
     /// Reads the next frame from `r`, refusing one over `cap` bytes.
     pub fn read_capped(&mut self, r: &mut impl Read, cap: usize) -> Result<Frame> {
-        let body = self.read_body(r, cap)?;
-        Ok(decode_body(body)?)
+        if !self.has_pending() {
+            // A packed frame may be larger than the frames it carries, each
+            // of which is held to `cap` as it is taken out.
+            let outer = if self.unpack {
+                cap.max(MAX_PACKED_FRAME)
+            } else {
+                cap
+            };
+            let unpacking = self.unpack;
+            let body = self.read_body(r, outer)?;
+            if !(unpacking && body.first() == Some(&T_PACKED)) {
+                if body.len() > cap {
+                    let len = body.len();
+                    return Err(DecodeError::TooLarge { len, max: cap }.into());
+                }
+                return Ok(decode_body(body)?);
+            }
+            self.at = 0;
+            if let Err(e) = unpack(&self.buf, &mut self.unpacked) {
+                self.unpacked.clear();
+                return Err(e.into());
+            }
+        }
+        let frame = next(&self.unpacked, &mut self.at, cap.min(MAX_FRAME)).and_then(decode_body);
+        if frame.is_err() || !self.has_pending() {
+            // Refused frames end the connection; taken ones are not kept.
+            self.unpacked.clear();
+            self.at = 0;
+        }
+        Ok(frame?)
     }
 
     /// Reads the next frame's body (its type, fields and check, not yet
@@ -82,4 +134,74 @@ pub fn write_frame_with_payload(w: &mut impl Write, frame: &Frame, payload: &[u8
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{MAX_SMALL_FRAME, PlanOutcome, pack};
+
+    fn plan_entry(file_id: u32) -> Frame {
+        Frame::Plan {
+            file_id,
+            outcome: PlanOutcome::Accept { have: vec![0] },
+        }
+    }
+
+    fn packed_plan(n: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        for i in 0..n {
+            encode(&plan_entry(i), &mut out);
+        }
+        encode(&Frame::PlanEnd, &mut out);
+        let raw = out.len();
+        pack(&mut out);
+        // Each frame's check is eight bytes no compressor shrinks.
+        assert!(
+            out.len() * 4 < raw * 3,
+            "{raw} bytes packed into {}",
+            out.len()
+        );
+        out
+    }
+
+    #[test]
+    fn an_unpacking_reader_returns_the_packed_frames_in_order() {
+        let bytes = packed_plan(500);
+        let mut src = &bytes[..];
+        let mut r = FrameReader::unpacking();
+        for i in 0..500 {
+            // The packed frame is over the small cap; the frames in it are not.
+            assert_eq!(
+                r.read_capped(&mut src, MAX_SMALL_FRAME).unwrap(),
+                plan_entry(i)
+            );
+            assert!(r.has_pending());
+        }
+        assert_eq!(r.read(&mut src).unwrap(), Frame::PlanEnd);
+        assert!(!r.has_pending());
+        assert!(src.is_empty());
+    }
+
+    #[test]
+    fn packed_frames_are_opened_only_on_an_open_session_s_control_connection() {
+        let bytes = packed_plan(500);
+        let err = FrameReader::default().read(&mut &bytes[..]).unwrap_err();
+        assert!(err.to_string().contains("unknown frame type 28"), "{err}");
+        // The cap a caller sets still holds for a frame that is not packed.
+        let mut big = Vec::new();
+        encode(
+            &Frame::Plan {
+                file_id: 1,
+                outcome: PlanOutcome::Accept {
+                    have: vec![0; 8192],
+                },
+            },
+            &mut big,
+        );
+        let err = FrameReader::unpacking()
+            .read_capped(&mut &big[..], MAX_SMALL_FRAME)
+            .unwrap_err();
+        assert!(err.to_string().contains("limit"), "{err}");
+    }
 }
