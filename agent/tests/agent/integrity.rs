@@ -289,7 +289,7 @@ fn a_damaged_plan_is_redone_not_hung() {
 // offered. The sender refuses it as a plan for a file not offered, and
 // the session is redone. (A plan that wrongly says a block is held can
 // only come in a resumed file's `Plan` entry; the receiver's progress
-// timeout ends that session: `session::lifecycle`'s tests.)
+// timeout ends that session: `session::reports`' tests.)
 #[test]
 fn a_wrong_plan_is_refused_and_redone() {
     let damage = Damage {

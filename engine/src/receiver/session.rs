@@ -263,10 +263,11 @@ impl<'a> Control<'a> {
         let mut written_at = Instant::now();
         for (i, (e, &identity)) in entries.iter().zip(&identities).enumerate() {
             // Preparing a large tree takes a while. The outcomes decided so far
-            // go out in batches, and at least every PLAN_FLUSH: the core counts
-            // a queued outcome as heard by the sender, so it queues no
-            // keepalive while outcomes are queued, and a slow filesystem must
-            // not hold them back until the sender's idle deadline.
+            // go out in batches, and at least every PLAN_FLUSH (with the run
+            // of fresh files the core holds): the core counts a queued outcome
+            // as heard by the sender, so it queues no keepalive while outcomes
+            // are queued, and a slow filesystem must not hold them back until
+            // the sender's idle deadline.
             let now = Instant::now();
             self.core.handle_timeout(now);
             if i % PLAN_BATCH == 0 || now.saturating_duration_since(written_at) >= PLAN_FLUSH {
@@ -327,7 +328,7 @@ impl<'a> Control<'a> {
             let wake = self.core.poll_timeout().unwrap_or(now + KEEPALIVE_INTERVAL);
             // Frames of a packed frame already read are taken first.
             let (readable, woken) = if self.reader.has_pending() {
-                (true, true)
+                (true, false)
             } else {
                 net::wait_readable_or(
                     &self.stream,

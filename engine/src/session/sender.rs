@@ -269,7 +269,13 @@ impl SenderControl {
             ));
             return;
         }
-        for file_id in (first..).take(count as usize) {
+        for i in 0..count {
+            // The codec refuses a run past the last id; an open range
+            // (`first..`) would step past it after yielding it.
+            let Some(file_id) = first.checked_add(i) else {
+                self.not_offered(u32::MAX);
+                return;
+            };
             let Some(File::Offered { size }) = self.files.get(&file_id).copied() else {
                 self.not_offered(file_id);
                 return;
@@ -712,6 +718,17 @@ mod tests {
             now,
         );
         assert_eq!(violation(&mut c).kind, ViolationKind::Inconsistent);
+        // The last id there is: a run ending there is refused, not an
+        // overflow past it (which panicked with overflow checks on).
+        let mut c = core();
+        c.handle_frame(
+            Frame::PlanRun {
+                first: u32::MAX,
+                count: 1,
+            },
+            now,
+        );
+        assert_eq!(violation(&mut c).kind, ViolationKind::Unknown);
     }
 
     // A receiver could answer one file twice and another not at all: the
