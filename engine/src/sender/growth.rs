@@ -31,10 +31,11 @@ const ADDED_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const TCP_SAMPLE_EVERY: Duration = Duration::from_secs(1);
 
 /// What the tuner makes of the control connection's handshake round trip
-/// and this host's TCP buffer limits, for a run with `cfg.per_link`.
+/// and this host's TCP buffer limits, for a run with `cfg.per_link`
+/// whose files are `small` or not.
 pub(super) fn streams_for_link(
     cfg: &SendConfig,
-    control: &TcpStream,
+    (control, small): (&TcpStream, bool),
     pool: &Pools,
 ) -> StreamChoice {
     let rtt = net::tcp_stats(control).map_or(Duration::ZERO, |t| {
@@ -50,16 +51,22 @@ pub(super) fn streams_for_link(
         }
         None => caps.tcp_wmem_max.min(caps.tcp_rmem_max),
     };
-    tuner::choose_streams(
+    let most = most_fed(cfg, pool);
+    let choice = tuner::choose_streams(
         &Link {
             rtt,
             buffer,
             explicit: cfg.socket.buffer.is_some(),
             aim_bps: aim_bps(cfg),
-            most: most_fed(cfg, pool),
+            most,
         },
         cfg.streams,
-    )
+    );
+    if small {
+        tuner::for_small_files(choice, rtt, most)
+    } else {
+        choice
+    }
 }
 
 /// The rate the tuner and the optimizer aim at: the cap, else `AIM_BPS`.

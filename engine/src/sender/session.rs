@@ -196,10 +196,7 @@ fn stream_count(
         return n;
     }
     let n = if cfg.per_link {
-        let mut c = streams_for_link(cfg, control, pool);
-        if small {
-            c = tuner::for_small_files(c, most_fed(cfg, pool));
-        }
+        let c = streams_for_link(cfg, (control, small), pool);
         tracing::info!(streams = c.streams, "data streams: {}", c.reason);
         cfg.observer.streams_chosen(&c);
         st.streams_chosen = Some(c.reason);
