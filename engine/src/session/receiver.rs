@@ -604,14 +604,11 @@ impl ReceiverControl {
     /// Every entry is planned and the shell is ready for blocks: the plan
     /// ends and results are awaited.
     pub fn handle_plan_end(&mut self, now: Instant) {
-        if !matches!(self.state, State::Preparing { .. }) {
-            return;
-        }
-        self.flush_plan(now);
         let State::Preparing { accepted } = &mut self.state else {
             return;
         };
         let files: ById<FileState> = std::mem::take(accepted).into_iter().collect();
+        self.flush_plan(now);
         self.send(Frame::PlanEnd, now);
         self.accepted = files.len() as u64;
         self.state = State::Results { files };

@@ -94,10 +94,18 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
 /// it: before `CHECKED_SINCE` frames carried no checksum, so a receiver
 /// can tell an older sender, in words it decodes, which version it speaks.
 pub fn encode_for(version: u16, frame: &Frame, out: &mut Vec<u8>) {
+    encode_with(out, checked(frame, version), |out| {
+        encode_fields(frame, out)
+    });
+}
+
+/// Appends a frame whose type byte and fields `fields` writes, with its
+/// length prefix and, where `check`, its checksum.
+pub(super) fn encode_with(out: &mut Vec<u8>, check: bool, fields: impl FnOnce(&mut Vec<u8>)) {
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
-    encode_fields(frame, out);
-    if checked(frame, version) {
+    fields(out);
+    if check {
         let check = frame_check(&out[start + 4..]);
         out.extend_from_slice(&check.to_le_bytes());
     }
@@ -400,23 +408,33 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
 /// Decodes a frame from its type byte, body and checksum (the length
 /// prefix removed), checking the checksum before any field is looked at.
 pub fn decode_body(body: &[u8]) -> Result<Frame, DecodeError> {
-    let ty = *body.first().ok_or(DecodeError::Empty)?;
+    if body.is_empty() {
+        return Err(DecodeError::Empty);
+    }
     let fields = if carries_check(body) {
-        // Too short to hold a check: its length prefix is damaged, or it
-        // comes from a peer that writes none.
-        let Some(split) = body.len().checked_sub(FRAME_CHECK_LEN).filter(|&n| n > 0) else {
-            return Err(DecodeError::Damaged(type_name(ty)));
-        };
-        let (fields, check) = body.split_at(split);
-        let check = u64::from_le_bytes(check.try_into().expect("split at the check's length"));
-        if frame_check(fields) != check {
-            return Err(DecodeError::Damaged(type_name(ty)));
-        }
-        fields
+        checked_fields(body)?
     } else {
         body
     };
     decode_fields(fields)
+}
+
+/// The type byte and fields of frame `body`, once its check matches them.
+pub(super) fn checked_fields(body: &[u8]) -> Result<&[u8], DecodeError> {
+    let damaged = || DecodeError::Damaged(type_name(body.first().copied().unwrap_or_default()));
+    // Too short to hold a check: its length prefix is damaged, or it
+    // comes from a peer that writes none.
+    let split = body
+        .len()
+        .checked_sub(FRAME_CHECK_LEN)
+        .filter(|&n| n > 0)
+        .ok_or_else(damaged)?;
+    let (fields, check) = body.split_at(split);
+    let check = u64::from_le_bytes(check.try_into().expect("split at the check's length"));
+    if frame_check(fields) != check {
+        return Err(damaged());
+    }
+    Ok(fields)
 }
 
 /// Whether a received frame carries a checksum: all do, but a hello or a

@@ -17,7 +17,7 @@
 //! anywhere else a packed frame is an unknown frame type.
 
 pub(super) use super::codec::T_PACKED;
-use super::codec::frame_check;
+use super::codec::{checked_fields, encode_with};
 use super::{DecodeError, FRAME_CHECK_LEN};
 
 /// Most bytes of frames one packed frame carries, unpacked.
@@ -47,15 +47,11 @@ pub fn pack(out: &mut Vec<u8>) {
             out.extend_from_slice(chunk);
             continue;
         }
-        let start = out.len();
-        out.extend_from_slice(&[0; 4]);
-        out.push(T_PACKED);
-        out.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
-        out.extend_from_slice(&packed);
-        let check = frame_check(&out[start + 4..]);
-        out.extend_from_slice(&check.to_le_bytes());
-        let len = (out.len() - start - 4) as u32;
-        out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+        encode_with(out, true, |out| {
+            out.push(T_PACKED);
+            out.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
+            out.extend_from_slice(&packed);
+        });
     }
 }
 
@@ -88,15 +84,9 @@ fn runs(raw: &[u8]) -> Vec<std::ops::Range<usize>> {
 // Only the shells read sockets.
 #[cfg_attr(not(feature = "shells"), allow(dead_code))]
 pub(super) fn unpack(body: &[u8], into: &mut Vec<u8>) -> Result<(), DecodeError> {
-    const DAMAGED: DecodeError = DecodeError::Damaged("packed frames");
-    let split = body
-        .len()
-        .checked_sub(FRAME_CHECK_LEN)
-        .filter(|&n| n > 5)
-        .ok_or(DAMAGED)?;
-    let (fields, check) = body.split_at(split);
-    if frame_check(fields) != u64::from_le_bytes(check.try_into().expect("check length")) {
-        return Err(DAMAGED);
+    let fields = checked_fields(body)?;
+    if fields.len() <= 5 {
+        return Err(DecodeError::Damaged("packed frames"));
     }
     let raw_len = u32::from_le_bytes(fields[1..5].try_into().expect("four bytes")) as usize;
     if raw_len == 0 || raw_len > MAX_PACKED_RAW {
@@ -143,6 +133,7 @@ pub(super) fn next<'a>(
 mod tests {
     use super::*;
     use crate::wire::EntryKind;
+    use crate::wire::codec::frame_check;
     use crate::wire::{FileEntry, Frame, PlanOutcome, decode_body, encode};
 
     fn manifest(n: u32) -> Vec<u8> {
