@@ -298,10 +298,29 @@ fn logs_carry_no_colour_codes_when_not_at_a_terminal() {
     let s = setup("nocolour", 1 << 20);
     let port = free_port();
     let mut rx = serve_piped(&s, port, &[], Stdio::null(), Stdio::piped());
+    // The port listens a moment before the receiver logs that it serves:
+    // wait for that line (or 10 s) before stopping it.
+    let mut pipe = rx.stderr.take().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let seen = std::sync::Arc::clone(&seen);
+        std::thread::spawn(move || {
+            let mut chunk = [0u8; 4096];
+            while let Ok(n @ 1..) = pipe.read(&mut chunk) {
+                seen.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&chunk[..n]));
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !seen.lock().unwrap().contains("serving") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     rx.kill().unwrap();
     rx.wait().unwrap();
-    let mut err = String::new();
-    rx.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    reader.join().unwrap();
+    let err = seen.lock().unwrap().clone();
     assert!(err.contains("serving"), "no log line to check: {err:?}");
     assert!(!err.contains('\x1b'), "colour codes in a pipe: {err:?}");
 }
