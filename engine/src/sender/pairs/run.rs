@@ -442,14 +442,17 @@ impl<'a> Run<'a> {
     ) -> Result<()> {
         for (i, piece) in pieces.iter().enumerate() {
             let id = i as u32;
-            match (st.verdicts.get(&id), st.sums.get(&id)) {
-                (Some(FileVerdict::Ok(_)), Some(sums)) if piece.end as usize <= sums.len() => {
+            // A relay has no checksums to send for an empty file: none
+            // held is none owed, and a piece with blocks still needs them.
+            let sums = st.sums.get(&id).map_or(&[][..], Vec::as_slice);
+            match st.verdicts.get(&id) {
+                Some(FileVerdict::Ok(_)) if piece.end as usize <= sums.len() => {
                     let held = st.held_in_pieces.get(&id).copied().unwrap_or(0);
                     self.bytes_resumed = self.bytes_resumed.saturating_add(held);
                     let sums = &sums[piece.first as usize..piece.end as usize];
                     let _ = self.coord.acked(now, pair, *piece, sums);
                 }
-                (Some(FileVerdict::Failed(why)), _) => self.piece_failed(now, piece.file, why),
+                Some(FileVerdict::Failed(why)) => self.piece_failed(now, piece.file, why),
                 _ => self.piece_failed(now, piece.file, "no verdict"),
             }
         }
