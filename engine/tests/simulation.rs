@@ -2,10 +2,12 @@
 //! sender's `Scheduler` and its reader's `SourceReads`, the receiver
 //! writer's `FileLifecycle` (with its `FileTracker`s and
 //! `CheckpointPolicy`), `Bitmap` and the digests, over source files of up
-//! to 40 blocks (empty ones, and ones ending in a short block) that change,
+//! to 40 blocks (empty ones, and ones ending in a short block; in a fifth
+//! of the runs, up to 8 files of at most one block) that change,
 //! shrink or vanish while they are sent, reads that complete out of order,
 //! streams that delay, reorder, damage and cut, and a disk that completes
-//! writes out of order, fails with ENOSPC or EIO, and on a crash loses
+//! writes out of order, fails with ENOSPC or EIO, cannot make a one-block
+//! file's temporary file when its block arrives, and on a crash loses
 //! whatever was not synced.
 //!
 //! Both ends of the control connection are the real cores: the sim opens
@@ -31,8 +33,9 @@
 //!   before the rename;
 //! - a file that changed after it was listed is published as listed or
 //!   given up, never as a mix; a given-up file is answered as failed and
-//!   nothing of it is left at the receiver; no file that did not change
-//!   fails;
+//!   nothing of it is left at the receiver; so is a one-block file whose
+//!   temporary file, made when its block arrives, could not be made; no
+//!   other file fails;
 //! - a checkpoint records only blocks that are durable and right;
 //! - a session after a crash or a cut sends no block its plan said the
 //!   receiver already has;
@@ -74,6 +77,9 @@ struct Faults {
     crash: u64,
     enospc: u64,
     eio: u64,
+    /// A one-block file's temporary file, made when its block arrives,
+    /// cannot be made (the disk is full): that file alone fails.
+    not_created: u64,
     /// A source file changes (written, truncated or deleted).
     change: u64,
     max_delay: u64,
@@ -193,6 +199,8 @@ struct Live {
     syncing: Option<(u64, Vec<Covered>)>,
     /// Blocks held at the plan or written since, per file.
     wrote: HashMap<u32, Bitmap>,
+    /// One-block files whose temporary file this session made.
+    created: HashSet<u32>,
     have_at_plan: HashMap<u32, Bitmap>,
 }
 
@@ -207,6 +215,9 @@ struct Sim {
     sizes: Vec<u64>,
     /// The source as it is now.
     now_source: Vec<SourceNow>,
+    /// Files refused because their temporary file could not be made: they
+    /// may fail, and nothing of them may be left.
+    not_created: HashSet<u32>,
     disk: Disk,
     trace: Vec<String>,
     /// How often each fault struck, for the summary.
@@ -227,9 +238,16 @@ enum SessionEnd {
 impl Sim {
     fn new(seed: u64) -> Self {
         let mut rng = Rng(seed);
-        let files = 1 + rng.below(4) as usize;
+        // A fifth of the runs are trees of small files: more files, each
+        // empty or of one block.
+        let small = rng.chance(200);
+        let (files, max_blocks) = if small {
+            (2 + rng.below(7) as usize, 2)
+        } else {
+            (1 + rng.below(4) as usize, 41)
+        };
         let source: Vec<Vec<u64>> = (0..files)
-            .map(|_| (0..rng.below(41)).map(|_| rng.next()).collect())
+            .map(|_| (0..rng.below(max_blocks)).map(|_| rng.next()).collect())
             .collect();
         let sizes = source
             .iter()
@@ -247,6 +265,7 @@ impl Sim {
             crash: rate(6),
             enospc: rate(6),
             eio: rate(1),
+            not_created: rate(300),
             change: rate(2),
             max_delay: 1 + rng.below(20),
         };
@@ -272,6 +291,7 @@ impl Sim {
                 .collect(),
             source,
             sizes,
+            not_created: HashSet::new(),
             trace: Vec::new(),
             struck: BTreeMap::new(),
             step: 0,
@@ -341,12 +361,12 @@ impl Sim {
             expect_have = expected;
             match end {
                 SessionEnd::Done if verdicts.len() == self.source.len() => {
-                    // A file that changed after it was listed may fail;
-                    // no other.
-                    return if verdicts
-                        .iter()
-                        .all(|(f, ok)| *ok || self.now_source[*f as usize].changed)
-                    {
+                    // A file that changed after it was listed may fail,
+                    // and one whose temporary file could not be made; no
+                    // other.
+                    return if verdicts.iter().all(|(f, ok)| {
+                        *ok || self.now_source[*f as usize].changed || self.not_created.contains(f)
+                    }) {
                         Ok(session)
                     } else {
                         Err("a file failed verification".into())
@@ -454,6 +474,7 @@ impl Sim {
             answered: 0,
             syncing: None,
             wrote: have_at_plan.clone(),
+            created: HashSet::new(),
             have_at_plan,
         };
         self.check_empty(&mut live, &todo);
@@ -890,6 +911,26 @@ impl Sim {
             }
             BlockFate::Unknown => self.fail(&format!("block {block} of unplanned file {file}")),
         }
+        if self.source[file as usize].len() == 1 && live.created.insert(file) {
+            // As the writer makes a one-block file's temporary file at its
+            // block, and discards what a failure left.
+            if self.rng.chance(self.faults.not_created) {
+                *self.struck.entry("not created").or_default() += 1;
+                self.log(format!("file {file}: its temporary file cannot be made"));
+                live.core.handle_not_created(file, "no space left");
+                let fi = file as usize;
+                self.disk.written[fi].fill(None);
+                self.disk.durable[fi].fill(None);
+                self.disk.checkpoints[fi] = None;
+                self.not_created.insert(file);
+                live.wire.push(reply(Msg::Ack {
+                    stream,
+                    file,
+                    block,
+                }));
+                return;
+            }
+        }
         let fails = if self.rng.chance(self.faults.enospc) {
             Some("ENOSPC")
         } else if self.rng.chance(self.faults.eio) {
@@ -1040,6 +1081,15 @@ impl Sim {
             self.complete_sync(covered, &mut live.core);
         }
         for decision in ready {
+            if let Finish::NotCreated { report, .. } = &decision {
+                let f = report.file_id;
+                if !self.not_created.contains(&f) {
+                    self.fail(&format!("file {f} answered as not created, which it was"));
+                }
+                self.log(format!("file {f} not created: answered as failed"));
+                self.answer(live, (f, false, 0));
+                continue;
+            }
             let Finish::Verify {
                 report: Reported {
                     file_id: f, digest, ..
@@ -1331,8 +1381,11 @@ fn check(seed: u64, struck: &mut BTreeMap<&'static str, u64>) -> Result<u32, Str
         for (f, src) in sim.source.iter().enumerate() {
             let want: Vec<Option<u64>> = src.iter().copied().map(Some).collect();
             let published = sim.disk.published[f].as_ref();
-            if published.is_none() && sim.now_source[f].changed {
-                // Given up: nothing of it is left at the receiver.
+            if published.is_none()
+                && (sim.now_source[f].changed || sim.not_created.contains(&(f as u32)))
+            {
+                // Given up, or not created: nothing of it is left at the
+                // receiver.
                 if sim.disk.checkpoints[f].is_some()
                     || sim.disk.written[f].iter().any(Option::is_some)
                 {

@@ -862,12 +862,22 @@ fn a_disk_full_mid_file_is_retried_and_resumes_once_space_is_freed() {
 #[test]
 fn an_interrupted_session_leaves_no_temporary_file_it_cannot_resume() {
     // One-block files are never checkpointed, so their temporary files
-    // could never be resumed: they go when the session ends.
+    // could never be resumed: they go when the session ends. (One is made
+    // only when its block arrives: nothing is on disk after the plan.)
     let dir = scratch("abandoned");
     let root = dir.path().join("dst");
     std::fs::create_dir_all(&root).unwrap();
     let srv = server(&root, IoMode::Async);
-    let (ctl, data) = open_raw_session(&srv, [11; 16], 100, "one-block.bin");
+    let (ctl, mut data) = open_raw_session(&srv, [11; 16], 100, "one-block.bin");
+    assert!(!root.join(".one-block.bin.wirerate-part").exists());
+    send_raw_block(&mut data, 0, &bytes(100, 11));
+    assert_eq!(
+        wire::read_frame(&mut data).unwrap(),
+        Frame::Ack {
+            file_id: 0,
+            block: 0
+        }
+    );
     assert!(root.join(".one-block.bin.wirerate-part").exists());
     drop((ctl, data));
     let rx = wait_summaries(&srv, 1);
@@ -1078,6 +1088,44 @@ fn a_cancelled_probe_stops_its_run_in_progress() {
         "the probe ran on for {:?} after its cancel",
         started.elapsed()
     );
+}
+
+/// Small files whose destination names are taken by directories (one of
+/// one block, one empty) are each refused with why, and the files beside
+/// them land. (A small file's temporary file is made only when its data
+/// arrives, or, when empty, when it is reported: the check went with it.)
+#[test]
+fn small_files_whose_names_are_directories_are_refused_alone_with_why() {
+    let dir = scratch("names-are-dirs");
+    let src = dir.path().join("tree");
+    std::fs::create_dir_all(&src).unwrap();
+    let a = write_file(&src.join("a.bin"), 1000, 1);
+    write_file(&src.join("b.bin"), 1000, 2);
+    write_file(&src.join("e.bin"), 0, 3);
+    let z = write_file(&src.join("z.bin"), 0, 4);
+    let root = dir.path().join("dst");
+    for taken in ["b.bin", "e.bin"] {
+        std::fs::create_dir_all(root.join("tree").join(taken).join("kept")).unwrap();
+    }
+    let srv = server(&root, IoMode::Async);
+    let s = send(&send_cfg(srv.addr(), &src, "tree")).unwrap();
+    assert!(!s.ok);
+    assert_eq!((s.files_ok, s.failures.len()), (2, 2), "{}", s.render());
+    for f in &s.failures {
+        assert!(f.message.contains("is a directory"), "{}", f.message);
+        assert!(
+            ["b.bin", "e.bin"].iter().any(|n| f.message.contains(n)),
+            "{}",
+            f.message
+        );
+    }
+    assert_eq!(std::fs::read(root.join("tree/a.bin")).unwrap(), a);
+    assert_eq!(std::fs::read(root.join("tree/z.bin")).unwrap(), z);
+    for taken in ["b.bin", "e.bin"] {
+        assert!(root.join("tree").join(taken).join("kept").is_dir());
+    }
+    assert_no_leftovers(&root);
+    drop(srv);
 }
 
 /// A tree of small files onto a disk that fills up: the files that fit

@@ -33,6 +33,9 @@ pub(crate) struct DestFile {
     /// Its descriptors, once its first block is written: a file waiting
     /// in a large manifest holds a null pointer, not two.
     opened: Option<Box<Opened>>,
+    /// Its temporary file is created when its block arrives, not when it
+    /// is planned (see `is_created_on_write`).
+    create_on_write: bool,
 }
 
 /// The descriptors of a destination file being written.
@@ -141,13 +144,15 @@ impl Drop for Staged<'_> {
 /// (one-block files are never checkpointed, and a file may not have got
 /// its first one): a new session would start them over anyway, and
 /// nothing else would ever remove them. Each comes with whether a
-/// checkpoint of it is stored.
+/// checkpoint of it is stored. A file created on write that was never
+/// created has none to remove: a session of a million small files that
+/// fails early is not followed by a million removals.
 pub(crate) fn discard_unresumable<'f>(
     root: &Root,
     files: impl Iterator<Item = (&'f mut DestFile, bool)>,
 ) {
     for (f, has_checkpoint) in files {
-        if f.kind == EntryKind::File && !has_checkpoint {
+        if f.kind == EntryKind::File && !has_checkpoint && !f.is_created_on_write() {
             if let Err(e) = f.discard(root) {
                 tracing::warn!(path = %f.dest.rel, error = %e, "cannot remove the temporary file");
             }
@@ -316,6 +321,7 @@ fn stage(
         identity: 0,
         mode: u32::from(e.mode) & 0o777 & !umask,
         opened: None,
+        create_on_write: false,
     };
     let dir = if e.kind == EntryKind::Dir {
         root.dir(&file.dest.rel)?
@@ -372,28 +378,28 @@ fn prepare_entry(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Res
         identity: 0,
         mode: u32::from(e.mode) & 0o777 & !umask,
         opened: None,
+        create_on_write: false,
     };
     if e.kind == EntryKind::Dir {
         root.dir(&file.dest.rel)?;
         return Ok(Prepared::Accept(Box::new(file), Bitmap::new(0), None));
     }
-    let dir = root.dir(file.dest.parent())?;
-    if let Ok(st) = rustix::fs::statat(&dir, file.dest.name(), AtFlags::SYMLINK_NOFOLLOW) {
-        if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {
-            return Ok(Prepared::Refuse(format!(
-                "{} exists and is a directory; remove it or choose another destination",
-                e.path
-            )));
-        }
+    if layout.blocks() <= 1 {
+        // No checkpoint of a one-block file is ever stored, so there is
+        // nothing to resume: its temporary file is made when its block
+        // arrives, on the writer's thread, and a tree of small files is
+        // planned without a file created per entry before any data moves.
+        let mut file = file;
+        file.create_on_write = true;
+        return Ok(Prepared::Accept(
+            Box::new(file),
+            Bitmap::new(layout.blocks()),
+            None,
+        ));
     }
-    let part = Root::open_in(&dir, &file.dest.part_name(), OFlags::RDWR | OFlags::CREATE).map_err(
-        |err| {
-            Error::io(
-                format!("creating the temporary file for {}", e.path),
-                err.into(),
-            )
-        },
-    )?;
+    let dir = root.dir(file.dest.parent())?;
+    refuse_a_directory(&dir, &file.dest, &e.path)?;
+    let part = create_part(&dir, &file.dest, &e.path)?;
     let part_len = part
         .metadata()
         .map_err(|err| Error::io(format!("inspecting the temporary file of {}", e.path), err))?
@@ -426,6 +432,34 @@ fn prepare_entry(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Res
     }
 }
 
+/// Refuses a destination whose final name is a directory: the rename
+/// that publishes it could never succeed.
+fn refuse_a_directory(dir: &OwnedFd, dest: &DestPath, path: &str) -> Result<()> {
+    match rustix::fs::statat(dir, dest.name(), AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st)
+            if rustix::fs::FileType::from_raw_mode(st.st_mode)
+                == rustix::fs::FileType::Directory =>
+        {
+            Err(Error::PathRefused {
+                path: path.to_string(),
+                reason: "it exists and is a directory; remove it or choose another destination"
+                    .into(),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Opens the temporary file of `dest` in `dir`, creating it if need be.
+fn create_part(dir: &OwnedFd, dest: &DestPath, path: &str) -> Result<File> {
+    Root::open_in(dir, &dest.part_name(), OFlags::RDWR | OFlags::CREATE).map_err(|err| {
+        Error::io(
+            format!("creating the temporary file for {path}"),
+            err.into(),
+        )
+    })
+}
+
 impl DestFile {
     /// The directory holding the file, resolved beneath the root again
     /// (descriptors are not kept per file so that trees of many files do
@@ -434,8 +468,16 @@ impl DestFile {
         root.dir(self.dest.parent())
     }
 
+    /// Whether its temporary file is made only when its data arrives
+    /// (`create`): a file of at most one block, which has no checkpoint to
+    /// resume from. Until then nothing of it is on disk.
+    pub(crate) fn is_created_on_write(&self) -> bool {
+        self.create_on_write
+    }
+
     /// Opens the temporary file; returns a note when O_DIRECT was wanted
-    /// but is not in effect.
+    /// but is not in effect. A file created on write is created here: if
+    /// that fails, it concerns this file only (see `create`).
     pub(crate) fn open(&mut self, root: &Root, want_direct: bool) -> Result<Option<String>> {
         if self.opened.is_some() {
             return Ok(None);
@@ -443,8 +485,13 @@ impl DestFile {
         let dir = self.dir(root)?;
         let name = self.dest.part_name();
         let ctx = || format!("opening the temporary file of {}", self.dest.rel);
-        let plain =
-            Root::open_in(&dir, &name, OFlags::RDWR).map_err(|e| Error::io(ctx(), e.into()))?;
+        let plain = if self.create_on_write {
+            let part = self.create(&dir)?;
+            self.create_on_write = false;
+            part
+        } else {
+            Root::open_in(&dir, &name, OFlags::RDWR).map_err(|e| Error::io(ctx(), e.into()))?
+        };
         let mut note = None;
         let mut direct = None;
         if want_direct {
@@ -468,6 +515,21 @@ impl DestFile {
             direct,
         }));
         Ok(note)
+    }
+
+    /// Makes the temporary file of a file created on write in `dir`, sized
+    /// for its data, as `prepare` would have: a full disk refuses the file
+    /// that does not fit, with why, and the others go on. What it leaves
+    /// on a failure goes with `discard`.
+    fn create(&self, dir: &OwnedFd) -> Result<File> {
+        let path = self.dest.rel.to_string();
+        refuse_a_directory(dir, &self.dest, &path)?;
+        // A checkpoint of an earlier, larger version would never match
+        // this one: it goes now rather than linger beside the new file.
+        self.remove_checkpoint(dir)?;
+        let part = create_part(dir, &self.dest, &path)?;
+        reserve(&part, self.layout.size, &path)?;
+        Ok(part)
     }
 
     /// The page-cache descriptor, once opened.

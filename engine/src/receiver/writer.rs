@@ -415,12 +415,27 @@ impl Writer {
             .get_mut(file_id)
             .and_then(Option::as_deref_mut)
             .ok_or_else(|| Error::Internal(format!("file {file_id} is held but not open")))?;
-        if let Some(note) = f.open(&self.shared.root, want_direct)? {
-            if self.fallback.is_none() {
-                tracing::warn!("{note}");
-                self.fallback = Some(note);
+        let created_here = f.is_created_on_write();
+        match f.open(&self.shared.root, want_direct) {
+            Ok(None) => {}
+            Ok(Some(note)) => {
+                if self.fallback.is_none() {
+                    tracing::warn!("{note}");
+                    self.fallback = Some(note);
+                }
             }
+            Err(e) if created_here => {
+                self.not_created(file_id, &e);
+                let _ = ack.send(Frame::Ack { file_id, block });
+                return Ok(());
+            }
+            Err(e) => return Err(e),
         }
+        let f = self
+            .files
+            .get_mut(file_id)
+            .and_then(Option::as_deref_mut)
+            .expect("opened above");
         let offset = f.layout.offset(block);
         let len = buf.len();
         // Aligned blocks go direct; the unaligned tail goes through the
@@ -449,6 +464,19 @@ impl Writer {
             tag,
         });
         Ok(())
+    }
+
+    /// The temporary file of `file_id`, made when its data arrived, could
+    /// not be made (`e`): the file fails alone, as it would have had the
+    /// plan refused it, and what the attempt left goes.
+    fn not_created(&mut self, file_id: u32, e: &Error) {
+        if let Some(f) = self.files.get_mut(file_id).and_then(Option::as_deref_mut) {
+            tracing::warn!(path = %f.dest.rel, "refused: {e}");
+            if let Err(err) = f.discard(&self.shared.root) {
+                tracing::warn!(path = %f.dest.rel, error = %err, "cannot remove the temporary file");
+            }
+        }
+        self.core.handle_not_created(file_id, &e.to_string());
     }
 
     fn complete(&mut self, p: Pending, len: usize, result: std::io::Result<usize>) -> Result<()> {
@@ -697,6 +725,7 @@ impl Writer {
             let report = match &decision {
                 Finish::Unknown(r)
                 | Finish::WrongIdentity { report: r, .. }
+                | Finish::NotCreated { report: r, .. }
                 | Finish::Dir { report: r, .. }
                 | Finish::Verify { report: r, .. } => *r,
             };
@@ -715,6 +744,9 @@ impl Writer {
                 Finish::WrongIdentity { report, .. } => {
                     self.refuse_identity(file_id, *f, report.identity)?;
                 }
+                Finish::NotCreated { message, .. } => {
+                    self.result((file_id, f.identity), false, 0, message);
+                }
                 Finish::Dir { digest, .. } => {
                     f.set_dir_mode(&self.shared.root)?;
                     self.result((file_id, f.identity), true, digest, String::new());
@@ -725,8 +757,20 @@ impl Writer {
                     checksums,
                     ..
                 } => {
-                    f.open(&self.shared.root, false)?;
-                    ready.push((file_id, report.digest, checksums_digest, f, checksums));
+                    // An empty file created on write is created here, as no
+                    // block of it ever arrives.
+                    let created_here = f.is_created_on_write();
+                    match f.open(&self.shared.root, false) {
+                        Ok(_) => {
+                            ready.push((file_id, report.digest, checksums_digest, f, checksums));
+                        }
+                        Err(e) if created_here => {
+                            tracing::warn!(path = %f.dest.rel, "refused: {e}");
+                            self.discard_own(&mut f)?;
+                            self.result((file_id, f.identity), false, 0, e.to_string());
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
             }
         }

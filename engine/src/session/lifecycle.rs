@@ -15,6 +15,7 @@
 //! the sender resent after a stream broke) is acknowledged and dropped.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::by_id::ById;
@@ -76,6 +77,15 @@ pub enum Finish {
         /// The identity of the entry held here.
         ours: u64,
     },
+    /// Its temporary file could not be made when its data arrived (see
+    /// `handle_not_created`): nothing of it is on disk; answer it as
+    /// failed, with why.
+    NotCreated {
+        /// The sender's report.
+        report: Reported,
+        /// Why, for the sender.
+        message: String,
+    },
     /// A directory: give it its mode and answer it, with this digest.
     Dir {
         /// The sender's report.
@@ -130,6 +140,10 @@ struct Landing {
     /// Writes submitted and not completed: a file is verified only once
     /// none is left, since a resent copy may still be landing.
     in_flight: u32,
+    /// Its temporary file could not be made (`handle_not_created`): its
+    /// blocks are acknowledged and dropped, and its report answered as
+    /// failed.
+    not_created: bool,
 }
 
 /// The writer's per-file state machine.
@@ -147,6 +161,9 @@ pub struct FileLifecycle {
     commit_since: Option<Instant>,
     /// Finished files carry their block checksums (`Finish::Verify`).
     keep_checksums: bool,
+    /// Why each file whose temporary file could not be made was not: few
+    /// are, so the reason is kept here rather than in every `Landing`.
+    why_not_created: HashMap<u32, String>,
 }
 
 impl FileLifecycle {
@@ -177,6 +194,7 @@ impl FileLifecycle {
                 dir: p.dir,
                 has_checkpoint,
                 in_flight: 0,
+                not_created: false,
             };
             (p.file_id, Some(landing))
         }));
@@ -189,6 +207,7 @@ impl FileLifecycle {
             commit: Vec::new(),
             commit_since: None,
             keep_checksums: false,
+            why_not_created: HashMap::new(),
         }
     }
 
@@ -208,11 +227,27 @@ impl FileLifecycle {
             return BlockFate::Drop;
         }
         match self.get_mut(file_id) {
+            Some(f) if f.not_created => BlockFate::Drop,
             Some(f) => {
                 f.in_flight += 1;
                 BlockFate::Write
             }
             None => BlockFate::Unknown,
+        }
+    }
+
+    /// The temporary file of `file_id`, made when its first block is
+    /// written (a file of one block, with nothing to resume), could not be
+    /// made, for `why`: the write counted by `handle_block` is not made.
+    /// The file fails alone, as it would have had the plan refused it:
+    /// its blocks are acknowledged and dropped, and once the sender
+    /// reports it, it is answered as failed (`Finish::NotCreated`). The
+    /// session goes on with the others.
+    pub fn handle_not_created(&mut self, file_id: u32, why: &str) {
+        if let Some(f) = self.get_mut(file_id) {
+            f.in_flight = f.in_flight.saturating_sub(1);
+            f.not_created = true;
+            self.why_not_created.insert(file_id, why.to_string());
         }
     }
 
@@ -372,10 +407,9 @@ impl FileLifecycle {
     fn poll_ready(&mut self) -> Vec<Finish> {
         let files = &self.files;
         let ready = self.reports.poll_ready(|id| {
-            files
-                .get(id)
-                .and_then(Option::as_ref)
-                .is_none_or(|f| f.dir || (f.tracker.is_complete() && f.in_flight == 0))
+            files.get(id).and_then(Option::as_ref).is_none_or(|f| {
+                f.dir || (f.in_flight == 0 && (f.not_created || f.tracker.is_complete()))
+            })
         });
         ready
             .into_iter()
@@ -389,6 +423,11 @@ impl FileLifecycle {
                     Finish::WrongIdentity {
                         report,
                         ours: f.identity,
+                    }
+                } else if f.not_created {
+                    Finish::NotCreated {
+                        report,
+                        message: self.why_not_created.remove(&file_id).unwrap_or_default(),
                     }
                 } else if f.dir {
                     let digest = if self.verify == Verification::None {
@@ -589,6 +628,33 @@ mod tests {
         // A copy the sender resent after a stream broke.
         assert_eq!(c.handle_block(1), BlockFate::Drop);
         assert!(!c.handle_given_up(1) && c.held().next().is_none());
+    }
+
+    // A one-block file whose temporary file could not be made when its
+    // block arrived (a full disk): it fails alone, with why, without
+    // waiting for a block that will never be written, and a resent copy
+    // of its block is dropped; the file beside it lands.
+    #[test]
+    fn a_file_not_created_is_answered_as_failed_with_why_and_alone() {
+        let t0 = Instant::now();
+        let mut c = core(vec![file(1, 1), file(2, 1)], t0);
+        assert_eq!(c.handle_block(1), BlockFate::Write);
+        c.handle_not_created(1, "no space left for f1");
+        assert_eq!(c.handle_block(1), BlockFate::Drop);
+        assert!(c.poll_finish(t0, true).is_empty(), "not reported yet");
+        land(&mut c, 2, t0);
+        c.handle_reported(report(1), t0);
+        let finished = c.poll_finish(t0, true);
+        assert!(
+            matches!(&finished[..], [
+                Finish::Verify { report: r2, .. },
+                Finish::NotCreated { report: r1, message },
+            ] if r2.file_id == 2 && r1.file_id == 1 && message == "no space left for f1"),
+            "{finished:?}"
+        );
+        assert_eq!(c.handle_block(1), BlockFate::Drop);
+        assert!(c.held().next().is_none() && c.why_not_created.is_empty());
+        assert!(c.poll_stalled(t0 + 60 * SECOND).is_none());
     }
 
     // A resent copy of a block still being written when the file is
