@@ -1084,7 +1084,9 @@ impl Sim {
             if let Finish::NotCreated { report, .. } = &decision {
                 let f = report.file_id;
                 if !self.not_created.contains(&f) {
-                    self.fail(&format!("file {f} answered as not created, which it was"));
+                    self.fail(&format!(
+                        "file {f} answered as not created, which it was not"
+                    ));
                 }
                 self.log(format!("file {f} not created: answered as failed"));
                 self.answer(live, (f, false, 0));

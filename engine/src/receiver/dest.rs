@@ -36,6 +36,9 @@ pub(crate) struct DestFile {
     /// Its temporary file is created when its block arrives, not when it
     /// is planned (see `is_created_on_write`).
     create_on_write: bool,
+    /// Its temporary file was made afresh, where none was: no checkpoint
+    /// of it can be beside it, so none is looked for when it is published.
+    fresh: bool,
 }
 
 /// The descriptors of a destination file being written.
@@ -171,6 +174,12 @@ fn per_file(e: Error) -> Prepared {
 fn reserve(part: &File, size: u64, path: &str) -> Result<()> {
     part.set_len(0)
         .map_err(|e| Error::io(format!("truncating the temporary file of {path}"), e))?;
+    allocate(part, size, path)
+}
+
+/// Reserves `size` bytes for the empty temporary file `part` (see
+/// `reserve`).
+fn allocate(part: &File, size: u64, path: &str) -> Result<()> {
     if size == 0 {
         return Ok(());
     }
@@ -189,9 +198,11 @@ fn reserve(part: &File, size: u64, path: &str) -> Result<()> {
     }
 }
 
-/// Prepares `e` beneath `root`: directories are created; files get their
-/// temporary file and any matching checkpoint is loaded. Files are
-/// published with the sender's permission bits less `umask`.
+/// Prepares `e` beneath `root`: directories are created; files of more
+/// than one block get their temporary file and any matching checkpoint is
+/// loaded (a smaller one's is made when its data arrives: see
+/// `DestFile::is_created_on_write`). Files are published with the
+/// sender's permission bits less `umask`.
 pub(crate) fn prepare(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Prepared {
     prepare_entry(root, e, block_size, umask).unwrap_or_else(per_file)
 }
@@ -322,6 +333,7 @@ fn stage(
         mode: u32::from(e.mode) & 0o777 & !umask,
         opened: None,
         create_on_write: false,
+        fresh: false,
     };
     let dir = if e.kind == EntryKind::Dir {
         root.dir(&file.dest.rel)?
@@ -379,6 +391,7 @@ fn prepare_entry(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Res
         mode: u32::from(e.mode) & 0o777 & !umask,
         opened: None,
         create_on_write: false,
+        fresh: false,
     };
     if e.kind == EntryKind::Dir {
         root.dir(&file.dest.rel)?;
@@ -440,13 +453,17 @@ fn refuse_a_directory(dir: &OwnedFd, dest: &DestPath, path: &str) -> Result<()> 
             if rustix::fs::FileType::from_raw_mode(st.st_mode)
                 == rustix::fs::FileType::Directory =>
         {
-            Err(Error::PathRefused {
-                path: path.to_string(),
-                reason: "it exists and is a directory; remove it or choose another destination"
-                    .into(),
-            })
+            Err(a_directory_in_the_way(path))
         }
         _ => Ok(()),
+    }
+}
+
+/// Why a file whose destination name is a directory is refused.
+fn a_directory_in_the_way(path: &str) -> Error {
+    Error::PathRefused {
+        path: path.to_string(),
+        reason: "it exists and is a directory; remove it or choose another destination".into(),
     }
 }
 
@@ -484,14 +501,19 @@ impl DestFile {
         }
         let dir = self.dir(root)?;
         let name = self.dest.part_name();
-        let ctx = || format!("opening the temporary file of {}", self.dest.rel);
         let plain = if self.create_on_write {
             let part = self.create(&dir)?;
             self.create_on_write = false;
             part
         } else {
-            Root::open_in(&dir, &name, OFlags::RDWR).map_err(|e| Error::io(ctx(), e.into()))?
+            Root::open_in(&dir, &name, OFlags::RDWR).map_err(|e| {
+                Error::io(
+                    format!("opening the temporary file of {}", self.dest.rel),
+                    e.into(),
+                )
+            })?
         };
+        let ctx = || format!("opening the temporary file of {}", self.dest.rel);
         let mut note = None;
         let mut direct = None;
         if want_direct {
@@ -521,15 +543,50 @@ impl DestFile {
     /// for its data, as `prepare` would have: a full disk refuses the file
     /// that does not fit, with why, and the others go on. What it leaves
     /// on a failure goes with `discard`.
-    fn create(&self, dir: &OwnedFd) -> Result<File> {
+    ///
+    /// A destination name taken by a directory is found when the file is
+    /// published (`rename_into_place`), not looked for here: one block is
+    /// little to have sent for nothing, and the look would cost every
+    /// small file a lookup.
+    fn create(&mut self, dir: &OwnedFd) -> Result<File> {
         let path = self.dest.rel.to_string();
-        refuse_a_directory(dir, &self.dest, &path)?;
-        // A checkpoint of an earlier, larger version would never match
-        // this one: it goes now rather than linger beside the new file.
-        self.remove_checkpoint(dir)?;
-        let part = create_part(dir, &self.dest, &path)?;
-        reserve(&part, self.layout.size, &path)?;
-        Ok(part)
+        let name = self.dest.part_name();
+        match Root::open_in(dir, &name, OFlags::RDWR | OFlags::CREATE | OFlags::EXCL) {
+            Ok(part) => {
+                // None was there, so neither is a checkpoint of it (each
+                // goes with its temporary file).
+                self.fresh = true;
+                let sized = allocate(&part, self.layout.size, &path);
+                self.unless_sized(dir, part, sized)
+            }
+            Err(Errno::EXIST) => {
+                // Left by an earlier session that ended abruptly, with
+                // perhaps a checkpoint of an earlier, larger version,
+                // which would never match this one: it goes now rather
+                // than linger beside the new file.
+                self.remove_checkpoint(dir)?;
+                let part = create_part(dir, &self.dest, &path)?;
+                let sized = reserve(&part, self.layout.size, &path);
+                self.unless_sized(dir, part, sized)
+            }
+            Err(err) => Err(Error::io(
+                format!("creating the temporary file for {path}"),
+                err.into(),
+            )),
+        }
+    }
+
+    /// `part`, made by `create`, once `sized`; else the error, with `part`
+    /// removed: a file that failed to be made leaves nothing on disk.
+    fn unless_sized(&self, dir: &OwnedFd, part: File, sized: Result<()>) -> Result<File> {
+        match sized {
+            Ok(()) => Ok(part),
+            Err(err) => {
+                drop(part);
+                Root::remove_in(dir, &self.dest.part_name())?;
+                Err(err)
+            }
+        }
     }
 
     /// The page-cache descriptor, once opened.
@@ -586,6 +643,8 @@ impl DestFile {
 
     /// Gives the verified file its permission bits and final name, and
     /// drops the checkpoint; the rename is durable only after `sync_dir`.
+    /// A destination name taken by a directory refuses this file alone
+    /// (`Error::PathRefused`), its temporary file left for `discard`.
     pub(crate) fn rename_into_place(&mut self, root: &Root) -> Result<()> {
         if let Some(f) = self.plain() {
             rustix::fs::fchmod(&**f, rustix::fs::Mode::from_raw_mode(self.mode)).map_err(|e| {
@@ -594,8 +653,14 @@ impl DestFile {
         }
         self.opened = None;
         let dir = self.dir(root)?;
-        rustix::fs::renameat(&dir, self.dest.part_name().as_str(), &dir, self.dest.name())
-            .map_err(|e| Error::io(format!("publishing {}", self.dest.rel), e.into()))?;
+        match rustix::fs::renameat(&dir, self.dest.part_name().as_str(), &dir, self.dest.name()) {
+            Ok(()) => {}
+            Err(Errno::ISDIR) => return Err(a_directory_in_the_way(&self.dest.rel)),
+            Err(e) => return Err(Error::io(format!("publishing {}", self.dest.rel), e.into())),
+        }
+        if self.fresh {
+            return Ok(());
+        }
         self.remove_checkpoint(&dir)
     }
 
@@ -663,8 +728,14 @@ impl DestFile {
             .map_err(|e| Error::io(ctx(), e.into()))
     }
 
-    /// Removes the temporary file and checkpoint (data that failed verification).
+    /// Removes the temporary file and checkpoint (data that failed
+    /// verification). A file created on write that was not created has
+    /// nothing of this session's on disk: its directory is not even looked
+    /// up, since it may be what made the creation fail.
     pub(crate) fn discard(&mut self, root: &Root) -> Result<()> {
+        if self.create_on_write {
+            return Ok(());
+        }
         self.opened = None;
         let dir = self.dir(root)?;
         Root::remove_in(&dir, &self.dest.part_name())?;

@@ -2,6 +2,7 @@
 //! writes on the control connection. An eventfd wakes that thread's poll,
 //! so a verdict goes out at once rather than at its next keepalive.
 
+use std::cell::Cell;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
@@ -24,6 +25,11 @@ pub(crate) fn unwound(work: impl FnOnce() -> Result<()>) -> Result<()> {
 pub(crate) struct VerdictTx {
     tx: mpsc::Sender<Verdict>,
     wake: Arc<OwnedFd>,
+    /// Verdicts are being sent as a batch (`batch`): the control thread is
+    /// woken once, when it ends.
+    holding: Cell<bool>,
+    /// A verdict was queued while holding.
+    owed: Cell<bool>,
 }
 
 /// The control thread's end.
@@ -40,6 +46,8 @@ pub(crate) fn channel() -> std::io::Result<(VerdictTx, VerdictRx)> {
         VerdictTx {
             tx,
             wake: Arc::clone(&wake),
+            holding: Cell::new(false),
+            owed: Cell::new(false),
         },
         VerdictRx { rx, wake },
     ))
@@ -50,9 +58,34 @@ impl VerdictTx {
     /// gone (the session ended) no longer wants it.
     pub(crate) fn send(&self, v: Verdict) {
         if self.tx.send(v).is_ok() {
-            // Cannot fail but by overflowing a counter that is reset on
-            // every wake; a missed wake would only delay to the next poll.
-            let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
+            if self.holding.get() {
+                self.owed.set(true);
+            } else {
+                self.wake();
+            }
+        }
+    }
+
+    fn wake(&self) {
+        // Cannot fail but by overflowing a counter that is reset on every
+        // wake; a missed wake would only delay to the next poll.
+        let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
+    }
+
+    /// Verdicts sent from now until `release` wake the control thread
+    /// once, at the release: a batch of a thousand small files published
+    /// together is answered in one wake and one packed write, not a
+    /// thousand of each.
+    pub(crate) fn hold(&self) {
+        self.holding.set(true);
+    }
+
+    /// Ends a `hold`, waking the control thread if a verdict was sent
+    /// during it.
+    pub(crate) fn release(&self) {
+        self.holding.set(false);
+        if self.owed.replace(false) {
+            self.wake();
         }
     }
 
@@ -60,6 +93,9 @@ impl VerdictTx {
     /// so: the session ends with that error, and the sender hears whether
     /// retrying can help.
     pub(crate) fn send_failure(&self, result: &Result<()>) {
+        // Whatever was held goes now, a panic's unwinding past a release
+        // included.
+        self.release();
         if let Err(e) = result {
             tracing::error!(error = %e, kind = e.metric_label(), "writer failed");
             self.send(Verdict::Failed {
@@ -168,5 +204,43 @@ mod tests {
         // Drained and reset: nothing wakes until the next verdict.
         assert!(!woken(&rx, Duration::from_millis(10)));
         assert!(rx.take().is_empty());
+    }
+
+    fn file(file_id: u32) -> Verdict {
+        Verdict::File {
+            file_id,
+            ok: true,
+            digest: 0,
+            identity: 0,
+            message: String::new(),
+        }
+    }
+
+    // Verdicts sent during a hold wake the control thread at its release,
+    // and none is held back past it, nor past a failure (the writer's
+    // error or panic, which may come between a hold and its release).
+    #[test]
+    fn held_verdicts_wake_once_at_the_release_or_the_failure() {
+        let (tx, rx) = channel().unwrap();
+        tx.hold();
+        tx.send(file(1));
+        tx.send(file(2));
+        assert!(!woken(&rx, Duration::from_millis(10)), "woken while held");
+        tx.release();
+        assert!(woken(&rx, Duration::from_millis(10)));
+        assert_eq!(rx.take().len(), 2);
+        // A hold with nothing sent owes no wake; a verdict after one wakes
+        // at once.
+        tx.hold();
+        tx.release();
+        assert!(!woken(&rx, Duration::from_millis(10)));
+        tx.send(file(3));
+        assert!(woken(&rx, Duration::from_millis(10)));
+        assert_eq!(rx.take().len(), 1);
+        tx.hold();
+        tx.send(file(4));
+        tx.send_failure(&Err(Error::Internal("the writer panicked".into())));
+        assert!(woken(&rx, Duration::from_millis(10)));
+        assert_eq!(rx.take().len(), 2);
     }
 }

@@ -383,7 +383,10 @@ impl Writer {
             return Ok(());
         }
         self.drain()?;
-        self.finish(ready)?;
+        self.verdicts.hold();
+        let finished = self.finish(ready);
+        self.verdicts.release();
+        finished?;
         // Its syncs and re-reads took the writer's time, not the sender's.
         self.core.handle_arrived(Instant::now());
         Ok(())
@@ -424,7 +427,7 @@ impl Writer {
                     self.fallback = Some(note);
                 }
             }
-            Err(e) if created_here => {
+            Err(e) if created_here && concerns_one_file(&e) => {
                 self.not_created(file_id, &e);
                 let _ = ack.send(Frame::Ack { file_id, block });
                 return Ok(());
@@ -467,14 +470,12 @@ impl Writer {
     }
 
     /// The temporary file of `file_id`, made when its data arrived, could
-    /// not be made (`e`): the file fails alone, as it would have had the
-    /// plan refused it, and what the attempt left goes.
+    /// not be made (`e`, which `concerns_one_file`): the file fails alone,
+    /// as it would have had the plan refused it. (A failed creation leaves
+    /// nothing on disk.)
     fn not_created(&mut self, file_id: u32, e: &Error) {
-        if let Some(f) = self.files.get_mut(file_id).and_then(Option::as_deref_mut) {
+        if let Some(f) = self.files.get(file_id).and_then(Option::as_deref) {
             tracing::warn!(path = %f.dest.rel, "refused: {e}");
-            if let Err(err) = f.discard(&self.shared.root) {
-                tracing::warn!(path = %f.dest.rel, error = %err, "cannot remove the temporary file");
-            }
         }
         self.core.handle_not_created(file_id, &e.to_string());
     }
@@ -745,6 +746,11 @@ impl Writer {
                     self.refuse_identity(file_id, *f, report.identity)?;
                 }
                 Finish::NotCreated { message, .. } => {
+                    // Nothing of it is on disk, unless it was made and then
+                    // failed to open for direct I/O.
+                    if let Err(e) = f.discard(&self.shared.root) {
+                        tracing::warn!(path = %f.dest.rel, error = %e, "cannot remove the temporary file");
+                    }
                     self.result((file_id, f.identity), false, 0, message);
                 }
                 Finish::Dir { digest, .. } => {
@@ -764,9 +770,8 @@ impl Writer {
                         Ok(_) => {
                             ready.push((file_id, report.digest, checksums_digest, f, checksums));
                         }
-                        Err(e) if created_here => {
+                        Err(e) if created_here && concerns_one_file(&e) => {
                             tracing::warn!(path = %f.dest.rel, "refused: {e}");
-                            self.discard_own(&mut f)?;
                             self.result((file_id, f.identity), false, 0, e.to_string());
                         }
                         Err(e) => return Err(e),
@@ -830,7 +835,19 @@ impl Writer {
                 // would never be removed.
                 self.forget_pieces(&f);
             }
-            f.rename_into_place(root)?;
+            match f.rename_into_place(root) {
+                Ok(()) => {}
+                Err(e @ Error::PathRefused { .. }) => {
+                    // A directory took its name since it was planned (or,
+                    // for a file created on write, was never looked for).
+                    self.kept.set(file_id, 0);
+                    self.discard_own(&mut f)?;
+                    tracing::warn!(path = %f.dest.rel, "refused: {e}");
+                    self.result((file_id, f.identity), false, 0, e.to_string());
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
             // From now on the server's published bytes count it.
             self.kept.set(file_id, 0);
             self.shared
@@ -849,6 +866,36 @@ impl Writer {
             self.result((file_id, f.identity), true, digest, String::new());
         }
         Ok(())
+    }
+}
+
+/// Whether `e`, met making one file's temporary file, concerns that file
+/// alone, as the plan would have refused it alone: its path (a directory
+/// in the way, a parent that is a file, no permission there), or the space
+/// it needs. A failing disk (EIO), a read-only file system or a process out
+/// of descriptors would fail every file after it too: the session ends,
+/// rather than draining the sender's data into refusals.
+fn concerns_one_file(e: &Error) -> bool {
+    use rustix::io::Errno;
+    match e {
+        Error::PathRefused { .. } | Error::NoSpace { .. } => true,
+        Error::Io { cause, .. } => cause.raw_os_error().is_some_and(|n| {
+            [
+                Errno::ACCESS,
+                Errno::PERM,
+                Errno::NOTDIR,
+                Errno::ISDIR,
+                Errno::NAMETOOLONG,
+                Errno::LOOP,
+                Errno::EXIST,
+                Errno::DQUOT,
+                Errno::FBIG,
+                Errno::NOSPC,
+            ]
+            .iter()
+            .any(|x| x.raw_os_error() == n)
+        }),
+        _ => false,
     }
 }
 

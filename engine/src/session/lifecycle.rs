@@ -161,8 +161,9 @@ pub struct FileLifecycle {
     commit_since: Option<Instant>,
     /// Finished files carry their block checksums (`Finish::Verify`).
     keep_checksums: bool,
-    /// Why each file whose temporary file could not be made was not: few
-    /// are, so the reason is kept here rather than in every `Landing`.
+    /// Why each file whose temporary file could not be made was not, until
+    /// it is answered: most sessions have none, so the reason is kept here
+    /// rather than in every `Landing`.
     why_not_created: HashMap<u32, String>,
 }
 
@@ -419,6 +420,11 @@ impl FileLifecycle {
                     return Finish::Unknown(report);
                 };
                 self.reports.handle_answered(file_id);
+                let why_not_created = if f.not_created {
+                    self.why_not_created.remove(&file_id)
+                } else {
+                    None
+                };
                 if report.identity != f.identity {
                     Finish::WrongIdentity {
                         report,
@@ -427,7 +433,7 @@ impl FileLifecycle {
                 } else if f.not_created {
                     Finish::NotCreated {
                         report,
-                        message: self.why_not_created.remove(&file_id).unwrap_or_default(),
+                        message: why_not_created.unwrap_or_default(),
                     }
                 } else if f.dir {
                     let digest = if self.verify == Verification::None {
@@ -463,6 +469,7 @@ impl FileLifecycle {
     /// already, or never planned).
     pub fn handle_given_up(&mut self, file_id: u32) -> bool {
         let held = self.files.take(file_id).is_some();
+        self.why_not_created.remove(&file_id);
         self.reports.handle_given_up(file_id);
         held
     }
