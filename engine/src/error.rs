@@ -288,6 +288,35 @@ impl Error {
         )
     }
 
+    /// Whether this error, met making one destination file, concerns that
+    /// file alone, as a plan refusal would: its path (a directory in the
+    /// way, a parent that is a file, no permission there) or the space it
+    /// needs. A failing disk (EIO), a read-only file system or a process
+    /// out of descriptors would fail every file after it too, so the
+    /// session ends instead, rather than drain the sender's data into a
+    /// refusal per file.
+    pub fn concerns_one_file(&self) -> bool {
+        match self {
+            Self::PathRefused { .. } | Self::NoSpace { .. } => true,
+            Self::Io { cause, .. } => matches!(
+                cause.raw_os_error(),
+                Some(
+                    libc::EACCES
+                        | libc::EPERM
+                        | libc::ENOTDIR
+                        | libc::EISDIR
+                        | libc::ENAMETOOLONG
+                        | libc::ELOOP
+                        | libc::EEXIST
+                        | libc::ENOSPC
+                        | libc::EDQUOT
+                        | libc::EFBIG
+                )
+            ),
+            _ => false,
+        }
+    }
+
     /// What the code that meets this error does with it.
     pub fn disposition(&self) -> Disposition {
         match self {
@@ -406,6 +435,47 @@ pub enum Disposition {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // A file that cannot be made for its own reasons fails alone; a disk
+    // that fails every file ends the session (found by review: every
+    // creation error was per-file, so EIO drained a whole tree into
+    // refusals).
+    #[test]
+    fn only_a_files_own_trouble_concerns_that_file_alone() {
+        let io = |n| Error::io("creating x", std::io::Error::from_raw_os_error(n));
+        for n in [
+            libc::EACCES,
+            libc::ENOTDIR,
+            libc::EISDIR,
+            libc::ENOSPC,
+            libc::EDQUOT,
+        ] {
+            assert!(io(n).concerns_one_file(), "{n}");
+        }
+        for n in [
+            libc::EIO,
+            libc::EROFS,
+            libc::EMFILE,
+            libc::ENFILE,
+            libc::ENOMEM,
+        ] {
+            assert!(!io(n).concerns_one_file(), "{n}");
+        }
+        let refused = Error::PathRefused {
+            path: "a".into(),
+            reason: "it exists and is a directory".into(),
+        };
+        assert!(refused.concerns_one_file());
+        assert!(
+            Error::NoSpace {
+                context: "a".into()
+            }
+            .concerns_one_file()
+        );
+        assert!(
+            !Error::net("x", std::io::Error::from_raw_os_error(libc::EACCES)).concerns_one_file()
+        );
+    }
 
     /// What `{:#}` prints: the error, then each cause.
     fn chain(e: &dyn std::error::Error) -> String {

@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 use wirerate_engine::digest::{block_checksum, file_digest};
 use wirerate_engine::scheduler::PlannedFile;
 use wirerate_engine::session::lifecycle::{
-    BlockFate, CheckpointJob, FileLifecycle, Finish, Planned,
+    BlockFate, CheckpointJob, FileLifecycle, Finish, Planned, is_checkpointed,
 };
 use wirerate_engine::session::reading::{Completed, SourceReads};
 use wirerate_engine::session::receiver::{Action, End, Limits, Report};
@@ -199,7 +199,8 @@ struct Live {
     syncing: Option<(u64, Vec<Covered>)>,
     /// Blocks held at the plan or written since, per file.
     wrote: HashMap<u32, Bitmap>,
-    /// One-block files whose temporary file this session made.
+    /// Files of at most one block whose temporary file this session made
+    /// (or failed to).
     created: HashSet<u32>,
     have_at_plan: HashMap<u32, Bitmap>,
 }
@@ -911,7 +912,8 @@ impl Sim {
             }
             BlockFate::Unknown => self.fail(&format!("block {block} of unplanned file {file}")),
         }
-        if self.source[file as usize].len() == 1 && live.created.insert(file) {
+        let blocks = self.source[file as usize].len() as u64;
+        if !is_checkpointed(blocks) && live.created.insert(file) {
             // As the writer makes a one-block file's temporary file at its
             // block, and discards what a failure left.
             if self.rng.chance(self.faults.not_created) {
@@ -973,6 +975,20 @@ impl Sim {
                         digest,
                         identity,
                     };
+                    // As the writer makes an empty file's temporary file
+                    // when it is reported, which may fail as a one-block
+                    // file's may at its block.
+                    if self.source[file_id as usize].is_empty()
+                        && live.created.insert(file_id)
+                        && self.rng.chance(self.faults.not_created)
+                    {
+                        *self.struck.entry("not created").or_default() += 1;
+                        self.log(format!(
+                            "empty file {file_id}: its temporary file cannot be made"
+                        ));
+                        live.core.handle_not_created(file_id, "no space left");
+                        self.not_created.insert(file_id);
+                    }
                     live.core.handle_reported(report, self.now());
                 }
                 other => self.fail(&format!(

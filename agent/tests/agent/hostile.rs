@@ -916,7 +916,7 @@ fn temp_files(dir: &std::path::Path) -> usize {
 
 #[test]
 fn a_large_manifest_costs_bounded_memory_and_a_failed_session_leaves_no_temporary_files() {
-    // Bound: an authenticated sender's manifest of N one-byte files costs
+    // Bound: an authenticated sender's manifest of N small files costs
     // the receiver under DURING_MAX an entry while the session lives,
     // under 50 B an entry once it has ended, and the session that failed
     // (its sender vanished after the plan) leaves no temporary file
@@ -926,11 +926,11 @@ fn a_large_manifest_costs_bounded_memory_and_a_failed_session_leaves_no_temporar
     // are a keyed hash each, a file waiting for its first block holds no
     // tracker state nor descriptors, and plan outcomes go out as they are
     // decided. What is left is mostly each file's path and its `DestFile`.
-    // (Since one-block files get their temporary files only when their
-    // data arrives, this plan creates none: what is asserted of the
-    // failed session still holds, trivially for these entries.)
+    // (One-block files get their temporary files only when their data
+    // arrives: the plan makes those of the two-block ones alone.)
     const DURING_MAX: f64 = 200.0;
     const N: u32 = 60_000;
+    const TWO_BLOCKS: u32 = 100;
     const CHUNK: u32 = 10_000;
     let s = setup("big-manifest", 10);
     let port = free_port();
@@ -953,7 +953,13 @@ fn a_large_manifest_costs_bounded_memory_and_a_failed_session_leaves_no_temporar
             .map(|i| FileEntry {
                 file_id: i,
                 kind: EntryKind::File,
-                size: 1,
+                // One in a hundred of two blocks, whose temporary files
+                // the plan makes (the others' are made on write).
+                size: if i % TWO_BLOCKS == 0 {
+                    u64::from(BS) + 1
+                } else {
+                    1
+                },
                 fingerprint: u64::from(i),
                 mode: 0o644,
                 path: format!("m/d{:03}/f{i:06}", i / 1000),
@@ -1004,6 +1010,11 @@ fn a_large_manifest_costs_bounded_memory_and_a_failed_session_leaves_no_temporar
         per(during),
         per(hwm),
         per(after)
+    );
+    assert_eq!(
+        parts,
+        (N / TWO_BLOCKS) as usize,
+        "temporary files during the session"
     );
     assert_eq!(left, 0, "temporary files left by the failed session");
     assert!(

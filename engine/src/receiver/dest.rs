@@ -14,6 +14,7 @@ use crate::by_id::ById;
 use crate::error::{Error, Result};
 use crate::fsroot::{DestPath, Root, validate};
 use crate::io::open::on_tmpfs;
+use crate::session::lifecycle::is_checkpointed;
 use crate::wire::{EntryKind, FileEntry, MAX_BLOCKS_PER_FILE};
 use crate::{Bitmap, Layout};
 
@@ -148,14 +149,15 @@ impl Drop for Staged<'_> {
 /// its first one): a new session would start them over anyway, and
 /// nothing else would ever remove them. Each comes with whether a
 /// checkpoint of it is stored. A file created on write that was never
-/// created has none to remove: a session of a million small files that
-/// fails early is not followed by a million removals.
+/// created has none to remove (`DestFile::discard`): a session of a
+/// million small files that fails early is not followed by a million
+/// removals.
 pub(crate) fn discard_unresumable<'f>(
     root: &Root,
     files: impl Iterator<Item = (&'f mut DestFile, bool)>,
 ) {
     for (f, has_checkpoint) in files {
-        if f.kind == EntryKind::File && !has_checkpoint && !f.is_created_on_write() {
+        if f.kind == EntryKind::File && !has_checkpoint {
             if let Err(e) = f.discard(root) {
                 tracing::warn!(path = %f.dest.rel, error = %e, "cannot remove the temporary file");
             }
@@ -318,22 +320,8 @@ fn stage(
     block_size: u64,
     umask: u32,
 ) -> Result<Option<(DestFile, OwnedFd)>> {
-    let dest = validate(&e.path)?;
-    let size = if e.kind == EntryKind::Dir { 0 } else { e.size };
-    let layout = Layout::new(size, block_size);
-    if layout.blocks() > MAX_BLOCKS_PER_FILE {
+    let Some(file) = DestFile::of_entry(e, block_size, umask)? else {
         return Ok(None);
-    }
-    let file = DestFile {
-        kind: e.kind,
-        dest,
-        layout,
-        fingerprint: e.fingerprint,
-        identity: 0,
-        mode: u32::from(e.mode) & 0o777 & !umask,
-        opened: None,
-        create_on_write: false,
-        fresh: false,
     };
     let dir = if e.kind == EntryKind::Dir {
         root.dir(&file.dest.rel)?
@@ -370,34 +358,15 @@ fn grow(part: &File, size: u64, path: &str) -> Result<()> {
 }
 
 fn prepare_entry(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Result<Prepared> {
-    let dest = validate(&e.path)?;
-    let layout = Layout::new(
-        if e.kind == EntryKind::Dir { 0 } else { e.size },
-        block_size,
-    );
-    if layout.blocks() > MAX_BLOCKS_PER_FILE {
-        return Ok(Prepared::Refuse(format!(
-            "{} needs {} blocks, more than the {MAX_BLOCKS_PER_FILE} a file may have; use a larger --block-size",
-            e.path,
-            layout.blocks()
-        )));
-    }
-    let file = DestFile {
-        kind: e.kind,
-        dest,
-        layout,
-        fingerprint: e.fingerprint,
-        identity: 0,
-        mode: u32::from(e.mode) & 0o777 & !umask,
-        opened: None,
-        create_on_write: false,
-        fresh: false,
+    let Some(file) = DestFile::of_entry(e, block_size, umask)? else {
+        return Ok(Prepared::Refuse(too_many_blocks(e, block_size)));
     };
+    let layout = file.layout;
     if e.kind == EntryKind::Dir {
         root.dir(&file.dest.rel)?;
         return Ok(Prepared::Accept(Box::new(file), Bitmap::new(0), None));
     }
-    if layout.blocks() <= 1 {
+    if !is_checkpointed(layout.blocks()) {
         // No checkpoint of a one-block file is ever stored, so there is
         // nothing to resume: its temporary file is made when its block
         // arrives, on the writer's thread, and a tree of small files is
@@ -478,6 +447,29 @@ fn create_part(dir: &OwnedFd, dest: &DestPath, path: &str) -> Result<File> {
 }
 
 impl DestFile {
+    /// The destination of entry `e`, its path checked, published with the
+    /// sender's permission bits less `umask`; `None` when it has more
+    /// blocks than a file may.
+    fn of_entry(e: &FileEntry, block_size: u64, umask: u32) -> Result<Option<Self>> {
+        let dest = validate(&e.path)?;
+        let size = if e.kind == EntryKind::Dir { 0 } else { e.size };
+        let layout = Layout::new(size, block_size);
+        if layout.blocks() > MAX_BLOCKS_PER_FILE {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            kind: e.kind,
+            dest,
+            layout,
+            fingerprint: e.fingerprint,
+            identity: 0,
+            mode: u32::from(e.mode) & 0o777 & !umask,
+            opened: None,
+            create_on_write: false,
+            fresh: false,
+        }))
+    }
+
     /// The directory holding the file, resolved beneath the root again
     /// (descriptors are not kept per file so that trees of many files do
     /// not exhaust them).
@@ -493,8 +485,9 @@ impl DestFile {
     }
 
     /// Opens the temporary file; returns a note when O_DIRECT was wanted
-    /// but is not in effect. A file created on write is created here: if
-    /// that fails, it concerns this file only (see `create`).
+    /// but is not in effect. A file created on write is created here (see
+    /// `create`); the caller tells whether a failure concerns that file
+    /// alone (`Error::concerns_one_file`).
     pub(crate) fn open(&mut self, root: &Root, want_direct: bool) -> Result<Option<String>> {
         if self.opened.is_some() {
             return Ok(None);
@@ -541,8 +534,8 @@ impl DestFile {
 
     /// Makes the temporary file of a file created on write in `dir`, sized
     /// for its data, as `prepare` would have: a full disk refuses the file
-    /// that does not fit, with why, and the others go on. What it leaves
-    /// on a failure goes with `discard`.
+    /// that does not fit, with why, and the others go on. It leaves nothing
+    /// when it fails.
     ///
     /// A destination name taken by a directory is found when the file is
     /// published (`rename_into_place`), not looked for here: one block is
@@ -553,8 +546,8 @@ impl DestFile {
         let name = self.dest.part_name();
         match Root::open_in(dir, &name, OFlags::RDWR | OFlags::CREATE | OFlags::EXCL) {
             Ok(part) => {
-                // None was there, so neither is a checkpoint of it (each
-                // goes with its temporary file).
+                // None was there, so neither is a checkpoint of it: each
+                // goes before its temporary file (see `rename_into_place`).
                 self.fresh = true;
                 let sized = allocate(&part, self.layout.size, &path);
                 self.unless_sized(dir, part, sized)
@@ -583,7 +576,10 @@ impl DestFile {
             Ok(()) => Ok(part),
             Err(err) => {
                 drop(part);
-                Root::remove_in(dir, &self.dest.part_name())?;
+                // The reason it failed is what the sender must hear.
+                if let Err(e) = Root::remove_in(dir, &self.dest.part_name()) {
+                    tracing::warn!(path = %self.dest.rel, error = %e, "cannot remove the temporary file");
+                }
                 Err(err)
             }
         }
@@ -653,15 +649,18 @@ impl DestFile {
         }
         self.opened = None;
         let dir = self.dir(root)?;
+        // The checkpoint goes first, as in `discard`: a crash between the
+        // two leaves a temporary file without one (sent again), never a
+        // checkpoint without its temporary file, so a temporary file made
+        // afresh has none beside it to look for.
+        if !self.fresh {
+            self.remove_checkpoint(&dir)?;
+        }
         match rustix::fs::renameat(&dir, self.dest.part_name().as_str(), &dir, self.dest.name()) {
-            Ok(()) => {}
-            Err(Errno::ISDIR) => return Err(a_directory_in_the_way(&self.dest.rel)),
-            Err(e) => return Err(Error::io(format!("publishing {}", self.dest.rel), e.into())),
+            Ok(()) => Ok(()),
+            Err(Errno::ISDIR) => Err(a_directory_in_the_way(&self.dest.rel)),
+            Err(e) => Err(Error::io(format!("publishing {}", self.dest.rel), e.into())),
         }
-        if self.fresh {
-            return Ok(());
-        }
-        self.remove_checkpoint(&dir)
     }
 
     /// Appends the record of blocks `first..` of this shared temporary
@@ -738,8 +737,9 @@ impl DestFile {
         }
         self.opened = None;
         let dir = self.dir(root)?;
-        Root::remove_in(&dir, &self.dest.part_name())?;
-        self.remove_checkpoint(&dir)
+        // Checkpoint first (see `rename_into_place`).
+        self.remove_checkpoint(&dir)?;
+        Root::remove_in(&dir, &self.dest.part_name())
     }
 }
 

@@ -173,21 +173,41 @@ impl Acks {
             .map_err(|e| Error::net("cloning a stream", e))?;
         let thread = std::thread::Builder::new()
             .name(format!("acks-{idx}"))
-            .spawn(move || {
-                for f in rx {
-                    let last = f == Frame::Parked;
-                    if write_frame(&mut ack_stream, &f).is_err() {
-                        return false;
-                    }
-                    if last {
-                        return true;
-                    }
-                }
-                false
-            })
+            .spawn(move || write_acks(&rx, &mut ack_stream))
             .map_err(|e| Error::io("starting an ack thread", e))?;
         Ok(Self { tx, thread })
     }
+}
+
+/// Acknowledgements already queued when one is written go in the same
+/// write, up to this many bytes: a tree of one-block files is one
+/// acknowledgement a file, and one write (and one wake of the sender's
+/// reader) each cost more than the frame.
+const ACK_WRITE_MAX: usize = 16 << 10;
+
+/// Writes the frames `rx` delivers to `stream`, each with those already
+/// queued behind it, never waiting for more; true when the last was
+/// `Parked` (nothing follows it), false when the stream or the channel
+/// closed first.
+fn write_acks(rx: &mpsc::Receiver<Frame>, stream: &mut impl std::io::Write) -> bool {
+    let mut buf = Vec::with_capacity(ACK_WRITE_MAX + 64);
+    while let Ok(first) = rx.recv() {
+        buf.clear();
+        let mut parked = first == Frame::Parked;
+        crate::wire::encode(&first, &mut buf);
+        while !parked && buf.len() < ACK_WRITE_MAX {
+            let Ok(f) = rx.try_recv() else { break };
+            parked = f == Frame::Parked;
+            crate::wire::encode(&f, &mut buf);
+        }
+        if stream.write_all(&buf).is_err() {
+            return false;
+        }
+        if parked {
+            return true;
+        }
+    }
+    false
 }
 
 /// Keeps data stream `stream`, which its sender parked, for the sender's
@@ -390,5 +410,80 @@ impl Session {
             file_id: h.file_id,
             block: h.block,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counts the writes it is given.
+    #[derive(Default)]
+    struct Writes {
+        bytes: Vec<u8>,
+        calls: usize,
+    }
+
+    impl std::io::Write for Writes {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.calls += 1;
+            self.bytes.extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn frames(mut bytes: &[u8]) -> Vec<Frame> {
+        let mut reader = FrameReader::default();
+        let mut out = Vec::new();
+        while !bytes.is_empty() {
+            out.push(reader.read(&mut bytes).unwrap());
+        }
+        out
+    }
+
+    // Acknowledgements queued together go out in one write, in order, and
+    // nothing queued after `Parked` is written.
+    #[test]
+    fn queued_acknowledgements_go_in_one_write_and_none_after_parked() {
+        let (tx, rx) = mpsc::sync_channel(16);
+        let acks: Vec<Frame> = (0..3)
+            .map(|block| Frame::Ack { file_id: 7, block })
+            .collect();
+        for f in acks.iter().cloned().chain([
+            Frame::Parked,
+            Frame::Ack {
+                file_id: 8,
+                block: 0,
+            },
+        ]) {
+            tx.send(f).unwrap();
+        }
+        let mut out = Writes::default();
+        assert!(write_acks(&rx, &mut out));
+        assert_eq!(out.calls, 1);
+        let mut want = acks;
+        want.push(Frame::Parked);
+        assert_eq!(frames(&out.bytes), want);
+        // The channel closing before `Parked` is no clean end.
+        drop(tx);
+        let (tx, rx) = mpsc::sync_channel(1);
+        tx.send(Frame::Ack {
+            file_id: 1,
+            block: 0,
+        })
+        .unwrap();
+        drop(tx);
+        let mut out = Writes::default();
+        assert!(!write_acks(&rx, &mut out));
+        assert_eq!(
+            frames(&out.bytes),
+            [Frame::Ack {
+                file_id: 1,
+                block: 0
+            }]
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! The writer's verdicts on their way to the control thread, which alone
 //! writes on the control connection. An eventfd wakes that thread's poll,
-//! so a verdict goes out at once rather than at its next keepalive.
+//! so a verdict goes out at once (or, held with a commit batch's, at the
+//! batch's end) rather than at its next keepalive.
 
 use std::cell::Cell;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -25,8 +26,8 @@ pub(crate) fn unwound(work: impl FnOnce() -> Result<()>) -> Result<()> {
 pub(crate) struct VerdictTx {
     tx: mpsc::Sender<Verdict>,
     wake: Arc<OwnedFd>,
-    /// Verdicts are being sent as a batch (`batch`): the control thread is
-    /// woken once, when it ends.
+    /// Verdicts are being held (`hold`): the control thread is woken once,
+    /// at the `release`.
     holding: Cell<bool>,
     /// A verdict was queued while holding.
     owed: Cell<bool>,

@@ -287,7 +287,7 @@ impl Writer {
                     }
                     self.write(file_id, block, buf, checksum, ack)?;
                 }
-                Some(WriterMsg::FileDone(report)) => self.reported(report),
+                Some(WriterMsg::FileDone(report)) => self.reported(report)?,
                 Some(WriterMsg::Abort { file_id, message }) => self.abort(file_id, message)?,
                 // Files still held for a group commit stay unpublished: a
                 // stopped session can no longer tell the sender, who would
@@ -337,7 +337,7 @@ impl Writer {
     /// all written. The files that finished together (a tree of small
     /// files finishes many at a time) are gathered, to be made durable
     /// together.
-    fn reported(&mut self, report: Reported) {
+    fn reported(&mut self, report: Reported) -> Result<()> {
         let mut batch = vec![report];
         while batch.len() < COMMIT_BATCH {
             match self.rx.try_recv() {
@@ -351,7 +351,29 @@ impl Writer {
         }
         let now = Instant::now();
         for report in batch {
+            self.create_if_empty(report.file_id)?;
             self.core.handle_reported(report, now);
+        }
+        Ok(())
+    }
+
+    /// Makes the temporary file of an empty file created on write, which
+    /// no block will ever make, as its report arrives: one that cannot be
+    /// made fails alone, as a one-block file's does (`not_created`).
+    fn create_if_empty(&mut self, file_id: u32) -> Result<()> {
+        let Some(f) = self.files.get_mut(file_id).and_then(Option::as_deref_mut) else {
+            return Ok(());
+        };
+        if !f.is_created_on_write() || f.layout.blocks() > 0 {
+            return Ok(());
+        }
+        match f.open(&self.shared.root, false) {
+            Ok(_) => Ok(()),
+            Err(e) if e.concerns_one_file() => {
+                self.not_created(file_id, &e);
+                Ok(())
+            }
+            Err(e) => Err(e),
         }
     }
 
@@ -427,7 +449,7 @@ impl Writer {
                     self.fallback = Some(note);
                 }
             }
-            Err(e) if created_here && concerns_one_file(&e) => {
+            Err(e) if created_here && e.concerns_one_file() => {
                 self.not_created(file_id, &e);
                 let _ = ack.send(Frame::Ack { file_id, block });
                 return Ok(());
@@ -470,9 +492,10 @@ impl Writer {
     }
 
     /// The temporary file of `file_id`, made when its data arrived, could
-    /// not be made (`e`, which `concerns_one_file`): the file fails alone,
-    /// as it would have had the plan refused it. (A failed creation leaves
-    /// nothing on disk.)
+    /// not be made (`e`, which `Error::concerns_one_file`): the file fails
+    /// alone, as it would have had the plan refused it. (A failed creation
+    /// leaves nothing on disk; a file made whose O_DIRECT open then failed
+    /// goes when it is answered.)
     fn not_created(&mut self, file_id: u32, e: &Error) {
         if let Some(f) = self.files.get(file_id).and_then(Option::as_deref) {
             tracing::warn!(path = %f.dest.rel, "refused: {e}");
@@ -748,9 +771,7 @@ impl Writer {
                 Finish::NotCreated { message, .. } => {
                     // Nothing of it is on disk, unless it was made and then
                     // failed to open for direct I/O.
-                    if let Err(e) = f.discard(&self.shared.root) {
-                        tracing::warn!(path = %f.dest.rel, error = %e, "cannot remove the temporary file");
-                    }
+                    self.discard_own(&mut f)?;
                     self.result((file_id, f.identity), false, 0, message);
                 }
                 Finish::Dir { digest, .. } => {
@@ -763,19 +784,10 @@ impl Writer {
                     checksums,
                     ..
                 } => {
-                    // An empty file created on write is created here, as no
-                    // block of it ever arrives.
-                    let created_here = f.is_created_on_write();
-                    match f.open(&self.shared.root, false) {
-                        Ok(_) => {
-                            ready.push((file_id, report.digest, checksums_digest, f, checksums));
-                        }
-                        Err(e) if created_here && concerns_one_file(&e) => {
-                            tracing::warn!(path = %f.dest.rel, "refused: {e}");
-                            self.result((file_id, f.identity), false, 0, e.to_string());
-                        }
-                        Err(e) => return Err(e),
-                    }
+                    // Every file is made by now: by the plan, by its block,
+                    // or (empty) as it was reported.
+                    f.open(&self.shared.root, false)?;
+                    ready.push((file_id, report.digest, checksums_digest, f, checksums));
                 }
             }
         }
@@ -866,36 +878,6 @@ impl Writer {
             self.result((file_id, f.identity), true, digest, String::new());
         }
         Ok(())
-    }
-}
-
-/// Whether `e`, met making one file's temporary file, concerns that file
-/// alone, as the plan would have refused it alone: its path (a directory
-/// in the way, a parent that is a file, no permission there), or the space
-/// it needs. A failing disk (EIO), a read-only file system or a process out
-/// of descriptors would fail every file after it too: the session ends,
-/// rather than draining the sender's data into refusals.
-fn concerns_one_file(e: &Error) -> bool {
-    use rustix::io::Errno;
-    match e {
-        Error::PathRefused { .. } | Error::NoSpace { .. } => true,
-        Error::Io { cause, .. } => cause.raw_os_error().is_some_and(|n| {
-            [
-                Errno::ACCESS,
-                Errno::PERM,
-                Errno::NOTDIR,
-                Errno::ISDIR,
-                Errno::NAMETOOLONG,
-                Errno::LOOP,
-                Errno::EXIST,
-                Errno::DQUOT,
-                Errno::FBIG,
-                Errno::NOSPC,
-            ]
-            .iter()
-            .any(|x| x.raw_os_error() == n)
-        }),
-        _ => false,
     }
 }
 

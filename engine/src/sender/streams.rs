@@ -106,6 +106,9 @@ fn send_block(
         .map_err(|e| Error::net("sending a block", e))
 }
 
+/// What a data stream's acknowledgement reader reads at a time.
+const ACK_READ_BUF: usize = 16 << 10;
+
 /// Reads data stream `i`'s acknowledgements until the session stops and
 /// the stream closes or is parked; tells `settle_parking` it has ended.
 pub(super) fn ack_loop(shared: &Shared, i: u16, stream: TcpStream) {
@@ -114,8 +117,11 @@ pub(super) fn ack_loop(shared: &Shared, i: u16, stream: TcpStream) {
     shared.cv.notify_all();
 }
 
-fn read_acks(shared: &Shared, i: u16, mut stream: TcpStream) {
+fn read_acks(shared: &Shared, i: u16, stream: TcpStream) {
     let mut reader = FrameReader::default();
+    // The receiver writes the acknowledgements it has queued together (a
+    // tree of one-block files has one a file): read them in as few calls.
+    let mut stream = std::io::BufReader::with_capacity(ACK_READ_BUF, stream);
     loop {
         let frame = reader.read_capped(&mut stream, MAX_SMALL_FRAME);
         let mut g = shared.lock();
@@ -151,8 +157,12 @@ fn read_acks(shared: &Shared, i: u16, mut stream: TcpStream) {
             }
             // Every acknowledgement came before it: the stream is clean
             // for the next session.
-            Ok(Frame::Parked) if shared.park.load(Ordering::SeqCst) => {
-                g.parked.push((i, stream, Instant::now()));
+            // (Nothing may follow it before the next session's join, so
+            // nothing read ahead is lost with the buffer.)
+            Ok(Frame::Parked)
+                if shared.park.load(Ordering::SeqCst) && stream.buffer().is_empty() =>
+            {
+                g.parked.push((i, stream.into_inner(), Instant::now()));
                 return;
             }
             Ok(Frame::Error { message, retryable }) => {
@@ -173,7 +183,7 @@ fn read_acks(shared: &Shared, i: u16, mut stream: TcpStream) {
             }
             Err(e) => {
                 drop(g);
-                let _ = stream.shutdown(Shutdown::Both);
+                let _ = stream.get_ref().shutdown(Shutdown::Both);
                 shared.stream_failed(i, &e.to_string());
                 return;
             }

@@ -5,7 +5,8 @@
 //! checkpoints, and which temporary files a new session could resume.
 //!
 //! The writer shell (`receiver::writer`) feeds it events (a block arrived,
-//! a write completed, a sync finished, the sender reported a file) and
+//! a write completed, a sync finished, a file's temporary file could not be
+//! made, the sender reported a file) and
 //! carries out what it polls, passing `now` in; the seeded simulation
 //! (`engine/tests/simulation.rs`) drives the same machine over a simulated
 //! disk.
@@ -126,6 +127,15 @@ fn is_small(f: &Finish) -> bool {
         Finish::Verify { blocks, .. } => *blocks <= 1,
         _ => true,
     }
+}
+
+/// Whether a file of `blocks` blocks is ever checkpointed: a one-block
+/// file is simply sent again after a crash, as syncing and checkpointing
+/// each of thousands of small files would cost more than it could save.
+/// So it has nothing to resume, and the receiver makes its temporary file
+/// only when its data arrives (`receiver::dest`).
+pub fn is_checkpointed(blocks: u64) -> bool {
+    blocks > 1
 }
 
 /// One file's state while the session writes it.
@@ -295,16 +305,14 @@ impl FileLifecycle {
         self.reports.poll_stalled(now)
     }
 
-    /// Files with unsynced blocks that a checkpoint records: a one-block
-    /// file is simply sent again after a crash, as syncing and
-    /// checkpointing each of thousands of small files would cost more
-    /// than it could save.
+    /// Files with unsynced blocks that a checkpoint records (see
+    /// `is_checkpointed`).
     /// (Unsynced blocks first: a file never written has no bitmap, and
     /// would get one allocated to be asked its length.)
     fn checkpointed(&mut self) -> impl Iterator<Item = (u32, &mut Landing)> {
         self.files
             .present_mut()
-            .filter(|(_, f)| f.tracker.unsynced() > 0 && f.tracker.durable().len() > 1)
+            .filter(|(_, f)| f.tracker.unsynced() > 0 && is_checkpointed(f.tracker.durable().len()))
     }
 
     /// A background checkpoint, when one is due at `now` and none runs:
@@ -662,6 +670,28 @@ mod tests {
         assert_eq!(c.handle_block(1), BlockFate::Drop);
         assert!(c.held().next().is_none() && c.why_not_created.is_empty());
         assert!(c.poll_stalled(t0 + 60 * SECOND).is_none());
+    }
+
+    // The reason a file was not created is kept only until the file is
+    // answered, however it ends: given up by the sender, or reported as
+    // another entry than the one held here.
+    #[test]
+    fn why_a_file_was_not_created_goes_when_it_is_answered_any_way() {
+        let t0 = Instant::now();
+        let mut c = core(vec![file(1, 1), file(2, 1)], t0);
+        for id in [1, 2] {
+            assert_eq!(c.handle_block(id), BlockFate::Write);
+            c.handle_not_created(id, "no space left");
+        }
+        assert!(c.handle_given_up(1));
+        let mut other = report(2);
+        other.identity += 1;
+        c.handle_reported(other, t0);
+        assert!(matches!(
+            c.poll_finish(t0, true)[..],
+            [Finish::WrongIdentity { .. }]
+        ));
+        assert!(c.why_not_created.is_empty(), "{:?}", c.why_not_created);
     }
 
     // A resent copy of a block still being written when the file is

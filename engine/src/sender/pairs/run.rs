@@ -453,7 +453,10 @@ impl<'a> Run<'a> {
                     let _ = self.coord.acked(now, pair, *piece, sums);
                 }
                 Some(FileVerdict::Failed(why)) => self.piece_failed(now, piece.file, why),
-                _ => self.piece_failed(now, piece.file, "no verdict"),
+                Some(FileVerdict::Ok(_)) => {
+                    self.piece_failed(now, piece.file, "answered without its blocks' checksums")
+                }
+                None => self.piece_failed(now, piece.file, "no verdict"),
             }
         }
         // Refused by the coordinator only if the pair was fenced meanwhile.
