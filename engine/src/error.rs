@@ -447,6 +447,8 @@ mod tests {
             libc::EACCES,
             libc::ENOTDIR,
             libc::EISDIR,
+            libc::ELOOP,
+            libc::EEXIST,
             libc::ENOSPC,
             libc::EDQUOT,
         ] {

@@ -227,6 +227,12 @@ impl Root {
             prefix.push_str(comp);
             match rustix::fs::mkdirat(&parent, comp, Mode::from_raw_mode(0o755)) {
                 Ok(()) | Err(Errno::EXIST) => {}
+                Err(Errno::MLINK) => {
+                    return Err(refused(
+                        &prefix,
+                        "its directory holds all the directories it may",
+                    ));
+                }
                 Err(e) => {
                     return Err(Error::io(
                         format!("creating directory {prefix} under {}", self.path.display()),
@@ -234,7 +240,15 @@ impl Root {
                     ));
                 }
             }
-            parent = open(&prefix).map_err(|e| map_resolve(&prefix, e))?;
+            parent = open(&prefix).map_err(|e| match e {
+                // What was just made or found is gone: a symlink to
+                // nowhere, or removed meanwhile.
+                Errno::NOENT => refused(
+                    &prefix,
+                    "a symlink to nowhere, or removed while it was made",
+                ),
+                e => map_resolve(&prefix, e),
+            })?;
         }
         Ok(parent)
     }

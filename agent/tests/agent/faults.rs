@@ -1090,6 +1090,55 @@ fn a_cancelled_probe_stops_its_run_in_progress() {
     );
 }
 
+/// A file whose rename into place fails (its name is a busy mount point)
+/// keeps its checkpoint: once the name is free, the next run resumes it
+/// instead of sending it all again. (Found by review: the checkpoint was
+/// once removed before the rename, so a name that could not be taken
+/// cost a large file every byte again on every run.)
+#[test]
+fn a_file_that_cannot_be_published_keeps_its_checkpoint_for_the_next_run() {
+    if !require_root("bind-mounting a file over the destination's name") {
+        return;
+    }
+    let dir = scratch("busy-name");
+    let src = dir.path().join("src.bin");
+    write_file(&src, 4 << 20, 31);
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let name = root.join("big.bin");
+    std::fs::write(&name, b"in the way").unwrap();
+    let other = dir.path().join("other");
+    std::fs::write(&other, b"mounted").unwrap();
+    let bound = std::process::Command::new("mount")
+        .arg("--bind")
+        .arg(&other)
+        .arg(&name)
+        .status()
+        .unwrap();
+    assert!(bound.success(), "bind-mounting over {}", name.display());
+    let mount = Mount(name.clone());
+    let srv = server(&root, IoMode::Async);
+    let mut cfg = send_cfg(srv.addr(), &src, "big.bin");
+    cfg.block_size = 256 << 10;
+    // Half a second or more: the receiver checkpoints every 100 ms.
+    cfg.max_rate = Some(8_000_000);
+    let first = send(&cfg);
+    assert!(
+        first.as_ref().map_or(true, |s| !s.ok),
+        "published over a busy name: {first:?}"
+    );
+    let ckpt = root.join(".big.bin.wirerate-ckpt");
+    let c = wirerate_engine::receiver::Checkpoint::decode(&std::fs::read(&ckpt).unwrap())
+        .expect("the checkpoint stays");
+    assert!(c.durable.count() > 0);
+    drop(mount);
+    let s = send(&cfg).unwrap();
+    assert!(s.ok, "{}", s.render());
+    assert!(s.bytes_skipped_resume > 0, "{}", s.render());
+    assert_same(&src, &name);
+    assert_no_leftovers(&root);
+}
+
 /// Small files whose destination is blocked are each refused with why,
 /// and the files beside them land: names taken by directories (a file of
 /// one block and an empty one), and a parent that is a file. (A small
@@ -1102,18 +1151,23 @@ fn small_files_whose_destination_is_blocked_are_refused_alone_with_why() {
     let dir = scratch("blocked-names");
     let src = dir.path().join("tree");
     std::fs::create_dir_all(src.join("cache")).unwrap();
+    std::fs::create_dir_all(src.join("link")).unwrap();
     let a = write_file(&src.join("a.bin"), 1000, 1);
     write_file(&src.join("b.bin"), 1000, 2);
     write_file(&src.join("e.bin"), 0, 3);
     write_file(&src.join("cache/__init__.py"), 0, 5);
     write_file(&src.join("cache/x.bin"), 1000, 6);
+    write_file(&src.join("link/f.bin"), 1000, 7);
     let z = write_file(&src.join("z.bin"), 0, 4);
     let root = dir.path().join("dst");
     for taken in ["b.bin", "e.bin"] {
         std::fs::create_dir_all(root.join("tree").join(taken).join("kept")).unwrap();
     }
-    // Where the tree has a directory, the destination has a file.
+    // Where the tree has a directory, the destination has a file, and a
+    // symlink to nowhere (found by review: a one-block file under it
+    // ended the session with ENOENT).
     std::fs::write(root.join("tree/cache"), b"not a directory").unwrap();
+    std::os::unix::fs::symlink("nowhere", root.join("tree/link")).unwrap();
     let srv = server(&root, IoMode::Async);
     let s = send(&send_cfg(srv.addr(), &src, "tree")).unwrap();
     assert!(!s.ok);
@@ -1129,13 +1183,17 @@ fn small_files_whose_destination_is_blocked_are_refused_alone_with_why() {
             "tree/cache",
             "tree/cache/__init__.py",
             "tree/cache/x.bin",
-            "tree/e.bin"
+            "tree/e.bin",
+            "tree/link",
+            "tree/link/f.bin"
         ],
         "{}",
         s.render()
     );
     for f in &s.failures {
-        let why = if f.path.ends_with(".bin") && !f.path.contains("cache") {
+        let why = if f.path.contains("link") {
+            "symlink to nowhere"
+        } else if f.path.ends_with(".bin") && !f.path.contains("cache") {
             "is a directory"
         } else {
             "not a directory"

@@ -546,8 +546,13 @@ impl DestFile {
         let name = self.dest.part_name();
         match Root::open_in(dir, &name, OFlags::RDWR | OFlags::CREATE | OFlags::EXCL) {
             Ok(part) => {
-                // None was there, so neither is a checkpoint of it: each
-                // goes before its temporary file (see `rename_into_place`).
+                // None was there, but a checkpoint may be: a crash between
+                // a publication's rename and the checkpoint's removal
+                // leaves one, which a later temporary file of that size
+                // (this one, after another crash) could be taken to match.
+                // It goes now, and no other comes: a file this small is
+                // never checkpointed.
+                self.remove_checkpoint(dir)?;
                 self.fresh = true;
                 let sized = allocate(&part, self.layout.size, &path);
                 self.unless_sized(dir, part, sized)
@@ -649,18 +654,20 @@ impl DestFile {
         }
         self.opened = None;
         let dir = self.dir(root)?;
-        // The checkpoint goes first, as in `discard`: a crash between the
-        // two leaves a temporary file without one (sent again), never a
-        // checkpoint without its temporary file, so a temporary file made
-        // afresh has none beside it to look for.
-        if !self.fresh {
-            self.remove_checkpoint(&dir)?;
-        }
         match rustix::fs::renameat(&dir, self.dest.part_name().as_str(), &dir, self.dest.name()) {
-            Ok(()) => Ok(()),
-            Err(Errno::ISDIR) => Err(a_directory_in_the_way(&self.dest.rel)),
-            Err(e) => Err(Error::io(format!("publishing {}", self.dest.rel), e.into())),
+            Ok(()) => {}
+            Err(Errno::ISDIR) => return Err(a_directory_in_the_way(&self.dest.rel)),
+            // Its checkpoint stays: a rename that failed (a busy name, no
+            // permission there) costs a large file its publication, not its
+            // resume.
+            Err(e) => return Err(Error::io(format!("publishing {}", self.dest.rel), e.into())),
         }
+        // A file made afresh had any checkpoint beside it removed then
+        // (`create`), and one-block files are never checkpointed.
+        if self.fresh {
+            return Ok(());
+        }
+        self.remove_checkpoint(&dir)
     }
 
     /// Appends the record of blocks `first..` of this shared temporary
