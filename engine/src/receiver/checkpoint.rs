@@ -14,7 +14,9 @@ use crate::error::{Error, Result};
 use crate::fsroot::Root;
 
 const MAGIC: &[u8; 4] = b"WRCK";
-const VERSION: u32 = 1;
+/// Version 2 adds the temporary file's inode; version 1 is still read.
+const VERSION: u32 = 2;
+const VERSION_WITHOUT_INODE: u32 = 1;
 
 /// What a checkpoint records.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +27,12 @@ pub struct Checkpoint {
     pub size: u64,
     /// Block size.
     pub block_size: u64,
+    /// The inode of the temporary file it records (None from a version 1
+    /// checkpoint): a checkpoint left without its temporary file, by a
+    /// crash between a publication's rename and its removal, is never
+    /// taken to match a later temporary file that happens to have the
+    /// same size.
+    pub ino: Option<u64>,
     /// Durable blocks.
     pub durable: Bitmap,
     /// Checksums by block.
@@ -33,15 +41,15 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(40 + self.checksums.len() * 8);
+        let mut out = Vec::with_capacity(48 + self.checksums.len() * 8);
         out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&VERSION.to_le_bytes());
-        for v in [
-            self.fingerprint,
-            self.size,
-            self.block_size,
-            self.durable.len(),
-        ] {
+        let (version, ino) = match self.ino {
+            Some(ino) => (VERSION, vec![ino]),
+            None => (VERSION_WITHOUT_INODE, Vec::new()),
+        };
+        out.extend_from_slice(&version.to_le_bytes());
+        let head = [self.fingerprint, self.size, self.block_size];
+        for v in head.into_iter().chain(ino).chain([self.durable.len()]) {
             out.extend_from_slice(&v.to_le_bytes());
         }
         out.extend_from_slice(&self.durable.to_bytes());
@@ -59,20 +67,30 @@ impl Checkpoint {
         if xxh3_64(body).to_le_bytes() != sum {
             return None;
         }
-        if body.get(..4)? != MAGIC || body.get(4..8)? != VERSION.to_le_bytes() {
+        if body.get(..4)? != MAGIC {
             return None;
         }
+        let with_inode = match u32::from_le_bytes(body.get(4..8)?.try_into().ok()?) {
+            VERSION => true,
+            VERSION_WITHOUT_INODE => false,
+            _ => return None,
+        };
         let u = |i: usize| -> Option<u64> {
             Some(u64::from_le_bytes(
                 body.get(8 + i * 8..16 + i * 8)?.try_into().ok()?,
             ))
         };
-        let (fingerprint, size, block_size, n) = (u(0)?, u(1)?, u(2)?, u(3)?);
+        let (fingerprint, size, block_size) = (u(0)?, u(1)?, u(2)?);
+        let (ino, n, head) = if with_inode {
+            (Some(u(3)?), u(4)?, 48)
+        } else {
+            (None, u(3)?, 40)
+        };
         if block_size == 0 || n != size.div_ceil(block_size) {
             return None;
         }
         let bm_len = n.div_ceil(8) as usize;
-        let rest = body.get(40..)?;
+        let rest = body.get(head..)?;
         if rest.len() as u64 != bm_len as u64 + n * 8 {
             return None;
         }
@@ -85,6 +103,7 @@ impl Checkpoint {
             fingerprint,
             size,
             block_size,
+            ino,
             durable,
             checksums,
         })
@@ -142,14 +161,19 @@ mod tests {
     fn roundtrip_and_damage() {
         let mut durable = Bitmap::new(3);
         durable.set(1);
-        let c = Checkpoint {
+        let mut c = Checkpoint {
             fingerprint: 9,
             size: 10,
             block_size: 4,
+            ino: Some(77),
             durable,
             checksums: vec![0, 5, 0],
         };
+        // Version 2, and version 1 as earlier receivers stored it.
+        assert_eq!(Checkpoint::decode(&c.encode()), Some(c.clone()));
+        c.ino = None;
         let mut buf = c.encode();
+        assert_eq!(buf[4..8], 1u32.to_le_bytes());
         assert_eq!(Checkpoint::decode(&buf), Some(c));
         buf[20] ^= 1;
         assert_eq!(Checkpoint::decode(&buf), None);

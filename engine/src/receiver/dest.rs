@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 
 use rustix::fs::{AtFlags, FallocateFlags, OFlags};
@@ -382,15 +383,15 @@ fn prepare_entry(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Res
     let dir = root.dir(file.dest.parent())?;
     refuse_a_directory(&dir, &file.dest, &e.path)?;
     let part = create_part(&dir, &file.dest, &e.path)?;
-    let part_len = part
+    let part_stat = part
         .metadata()
-        .map_err(|err| Error::io(format!("inspecting the temporary file of {}", e.path), err))?
-        .len();
+        .map_err(|err| Error::io(format!("inspecting the temporary file of {}", e.path), err))?;
     let resumed = Checkpoint::load(&dir, &file.dest.ckpt_name()).filter(|c| {
         c.fingerprint == e.fingerprint
             && c.size == e.size
             && c.block_size == block_size
-            && part_len == e.size
+            && part_stat.len() == e.size
+            && c.ino.is_none_or(|ino| ino == part_stat.ino())
     });
     match resumed {
         Some(c) => {
@@ -637,6 +638,10 @@ impl DestFile {
             fingerprint: self.fingerprint,
             size: self.layout.size,
             block_size: self.layout.block_size,
+            ino: self
+                .plain()
+                .and_then(|f| rustix::fs::fstat(&**f).ok())
+                .map(|st| st.st_ino),
             durable,
             checksums,
         }
@@ -752,6 +757,45 @@ impl DestFile {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    // A checkpoint left without its temporary file (a crash between a
+    // publication's rename and the checkpoint's removal) is not taken to
+    // match a later temporary file that has the same size: only the one
+    // it recorded.
+    #[test]
+    fn a_checkpoint_resumes_only_the_temporary_file_it_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::open(dir.path()).unwrap();
+        let e = FileEntry {
+            file_id: 0,
+            kind: EntryKind::File,
+            size: 3 * 4096,
+            fingerprint: 5,
+            mode: 0o644,
+            path: "f.bin".into(),
+        };
+        let plan = || prepare(&root, &e, 4096, 0o022);
+        let Prepared::Accept(mut f, _, None) = plan() else {
+            panic!("not prepared afresh");
+        };
+        f.open(&root, false).unwrap();
+        let mut durable = Bitmap::new(3);
+        durable.set(0);
+        f.checkpoint(&root, (durable, vec![1, 0, 0])).unwrap();
+        drop(f);
+        assert!(matches!(plan(), Prepared::Accept(_, have, Some(_)) if have.count() == 1));
+        // Another temporary file of the same size takes its place (made
+        // while the first still exists, so its inode differs).
+        let other = dir.path().join("other");
+        std::fs::write(&other, vec![0u8; 3 * 4096]).unwrap();
+        std::fs::rename(&other, dir.path().join(".f.bin.wirerate-part")).unwrap();
+        assert!(
+            matches!(plan(), Prepared::Accept(_, have, None) if have.count() == 0),
+            "resumed from a checkpoint of another temporary file"
+        );
+    }
+
     #[test]
     fn a_file_waiting_in_a_large_manifest_is_small() {
         // Boxed, it takes an 80-byte allocation (glibc rounds 72 plus its
@@ -759,10 +803,6 @@ mod tests {
         // descriptors are allocated apart, the last only once its first
         // block is written; what is written and durable of it is the
         // writer core's (`session::lifecycle`, 32 bytes a file).
-        assert!(
-            size_of::<super::DestFile>() <= 72,
-            "{}",
-            size_of::<super::DestFile>()
-        );
+        assert!(size_of::<DestFile>() <= 72, "{}", size_of::<DestFile>());
     }
 }
