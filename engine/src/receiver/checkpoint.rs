@@ -12,6 +12,7 @@ use rustix::fs::OFlags;
 use crate::Bitmap;
 use crate::error::{Error, Result};
 use crate::fsroot::Root;
+use crate::wire::MAX_BLOCKS_PER_FILE;
 
 const MAGIC: &[u8; 4] = b"WRCK";
 /// Version 2 adds the temporary file's inode; version 1 is still read.
@@ -86,7 +87,8 @@ impl Checkpoint {
         } else {
             (None, u(3)?, 40)
         };
-        if block_size == 0 || n != size.div_ceil(block_size) {
+        // Bounded first: a forged count would overflow the sizes below.
+        if block_size == 0 || n > MAX_BLOCKS_PER_FILE || n != size.div_ceil(block_size) {
             return None;
         }
         let bm_len = n.div_ceil(8) as usize;
@@ -179,5 +181,23 @@ mod tests {
         assert_eq!(Checkpoint::decode(&buf), None);
         assert_eq!(Checkpoint::decode(&[]), None);
         assert_eq!(Checkpoint::decode(&[0; 7]), None);
+    }
+
+    // A checkpoint is a file in the destination, which anyone who may write
+    // there can forge (its check is no secret): a block count whose sizes
+    // overflow is refused, not a panic (found by review).
+    #[test]
+    fn a_forged_block_count_is_refused_not_a_panic() {
+        let mut body = Vec::new();
+        body.extend_from_slice(MAGIC);
+        body.extend_from_slice(&VERSION_WITHOUT_INODE.to_le_bytes());
+        let n: u64 = 2_270_368_501_379_637_123;
+        for v in [0, n, 1, n] {
+            body.extend_from_slice(&v.to_le_bytes());
+        }
+        body.extend_from_slice(&[0; 9]);
+        let sum = xxh3_64(&body);
+        body.extend_from_slice(&sum.to_le_bytes());
+        assert_eq!(Checkpoint::decode(&body), None);
     }
 }

@@ -387,11 +387,22 @@ fn prepare_entry(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Res
         .metadata()
         .map_err(|err| Error::io(format!("inspecting the temporary file of {}", e.path), err))?;
     let resumed = Checkpoint::load(&dir, &file.dest.ckpt_name()).filter(|c| {
-        c.fingerprint == e.fingerprint
+        let matches = c.fingerprint == e.fingerprint
             && c.size == e.size
             && c.block_size == block_size
-            && part_stat.len() == e.size
-            && c.ino.is_none_or(|ino| ino == part_stat.ino())
+            && part_stat.len() == e.size;
+        let same_file = c.ino.is_none_or(|ino| ino == part_stat.ino());
+        if matches && !same_file {
+            // Storage whose inode numbers are not stable (some FUSE
+            // mounts, CIFS with noserverino) loses its resumes here: say so.
+            tracing::warn!(
+                path = %e.path,
+                recorded = c.ino.unwrap_or(0),
+                now = part_stat.ino(),
+                "the checkpoint recorded another temporary file (its inode differs): starting the file over"
+            );
+        }
+        matches && same_file
     });
     match resumed {
         Some(c) => {
