@@ -748,14 +748,19 @@ fn small_tmpfs(root: &std::path::Path, what: &str) -> Option<Mount> {
         return None;
     }
     std::fs::create_dir_all(root).unwrap();
+    Some(mount(&["-t", "tmpfs", "-o", "size=8m", "tmpfs"], root))
+}
+
+/// `mount` with `args` at `at`, unmounted when the result drops.
+fn mount(args: &[&str], at: &std::path::Path) -> Mount {
     let ok = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
-        .arg(root)
+        .args(args)
+        .arg(at)
         .status()
         .unwrap()
         .success();
-    assert!(ok, "mounting a tmpfs at {}", root.display());
-    Some(Mount(root.to_path_buf()))
+    assert!(ok, "mount {args:?} {}", at.display());
+    Mount(at.to_path_buf())
 }
 
 #[test]
@@ -1109,14 +1114,7 @@ fn a_file_that_cannot_be_published_keeps_its_checkpoint_for_the_next_run() {
     std::fs::write(&name, b"in the way").unwrap();
     let other = dir.path().join("other");
     std::fs::write(&other, b"mounted").unwrap();
-    let bound = std::process::Command::new("mount")
-        .arg("--bind")
-        .arg(&other)
-        .arg(&name)
-        .status()
-        .unwrap();
-    assert!(bound.success(), "bind-mounting over {}", name.display());
-    let mount = Mount(name.clone());
+    let bound = mount(&["--bind", other.to_str().unwrap()], &name);
     let srv = server(&root, IoMode::Async);
     let mut cfg = send_cfg(srv.addr(), &src, "big.bin");
     cfg.block_size = 256 << 10;
@@ -1131,7 +1129,7 @@ fn a_file_that_cannot_be_published_keeps_its_checkpoint_for_the_next_run() {
     let c = wirerate_engine::receiver::Checkpoint::decode(&std::fs::read(&ckpt).unwrap())
         .expect("the checkpoint stays");
     assert!(c.durable.count() > 0);
-    drop(mount);
+    drop(bound);
     let s = send(&cfg).unwrap();
     assert!(s.ok, "{}", s.render());
     assert!(s.bytes_skipped_resume > 0, "{}", s.render());

@@ -38,8 +38,8 @@ pub(crate) struct DestFile {
     /// Its temporary file is created when its block arrives, not when it
     /// is planned (see `is_created_on_write`).
     create_on_write: bool,
-    /// Its temporary file was made afresh, where none was: no checkpoint
-    /// of it can be beside it, so none is looked for when it is published.
+    /// Its temporary file was made on write, any checkpoint beside its name
+    /// removed then: none is looked for when it is published.
     fresh: bool,
 }
 
@@ -177,12 +177,6 @@ fn per_file(e: Error) -> Prepared {
 fn reserve(part: &File, size: u64, path: &str) -> Result<()> {
     part.set_len(0)
         .map_err(|e| Error::io(format!("truncating the temporary file of {path}"), e))?;
-    allocate(part, size, path)
-}
-
-/// Reserves `size` bytes for the empty temporary file `part` (see
-/// `reserve`).
-fn allocate(part: &File, size: u64, path: &str) -> Result<()> {
     if size == 0 {
         return Ok(());
     }
@@ -448,6 +442,11 @@ fn a_directory_in_the_way(path: &str) -> Error {
     }
 }
 
+/// What opening the temporary file of `rel` was, for an error.
+fn opening(rel: &str) -> String {
+    format!("opening the temporary file of {rel}")
+}
+
 /// Opens the temporary file of `dest` in `dir`, creating it if need be.
 fn create_part(dir: &OwnedFd, dest: &DestPath, path: &str) -> Result<File> {
     Root::open_in(dir, &dest.part_name(), OFlags::RDWR | OFlags::CREATE).map_err(|err| {
@@ -511,14 +510,10 @@ impl DestFile {
             self.create_on_write = false;
             part
         } else {
-            Root::open_in(&dir, &name, OFlags::RDWR).map_err(|e| {
-                Error::io(
-                    format!("opening the temporary file of {}", self.dest.rel),
-                    e.into(),
-                )
-            })?
+            Root::open_in(&dir, &name, OFlags::RDWR)
+                .map_err(|e| Error::io(opening(&self.dest.rel), e.into()))?
         };
-        let ctx = || format!("opening the temporary file of {}", self.dest.rel);
+        let ctx = || opening(&self.dest.rel);
         let mut note = None;
         let mut direct = None;
         if want_direct {
@@ -555,35 +550,18 @@ impl DestFile {
     /// small file a lookup.
     fn create(&mut self, dir: &OwnedFd) -> Result<File> {
         let path = self.dest.rel.to_string();
-        let name = self.dest.part_name();
-        match Root::open_in(dir, &name, OFlags::RDWR | OFlags::CREATE | OFlags::EXCL) {
-            Ok(part) => {
-                // None was there, but a checkpoint may be: a crash between
-                // a publication's rename and the checkpoint's removal
-                // leaves one, which a later temporary file of that size
-                // (this one, after another crash) could be taken to match.
-                // It goes now, and no other comes: a file this small is
-                // never checkpointed.
-                self.remove_checkpoint(dir)?;
-                self.fresh = true;
-                let sized = allocate(&part, self.layout.size, &path);
-                self.unless_sized(dir, part, sized)
-            }
-            Err(Errno::EXIST) => {
-                // Left by an earlier session that ended abruptly, with
-                // perhaps a checkpoint of an earlier, larger version,
-                // which would never match this one: it goes now rather
-                // than linger beside the new file.
-                self.remove_checkpoint(dir)?;
-                let part = create_part(dir, &self.dest, &path)?;
-                let sized = reserve(&part, self.layout.size, &path);
-                self.unless_sized(dir, part, sized)
-            }
-            Err(err) => Err(Error::io(
-                format!("creating the temporary file for {path}"),
-                err.into(),
-            )),
-        }
+        // A checkpoint may be beside the name: a crash between a
+        // publication's rename and the checkpoint's removal leaves one, and
+        // so may an earlier, larger version. It goes now, and no other
+        // comes: a file this small is never checkpointed, so its
+        // publication need not look for one.
+        self.remove_checkpoint(dir)?;
+        // A temporary file an earlier session left is taken over, emptied.
+        let part = create_part(dir, &self.dest, &path)?;
+        let sized = reserve(&part, self.layout.size, &path);
+        let part = self.unless_sized(dir, part, sized)?;
+        self.fresh = true;
+        Ok(part)
     }
 
     /// `part`, made by `create`, once `sized`; else the error, with `part`
@@ -678,7 +656,7 @@ impl DestFile {
             // resume.
             Err(e) => return Err(Error::io(format!("publishing {}", self.dest.rel), e.into())),
         }
-        // A file made afresh had any checkpoint beside it removed then
+        // A file made on write had any checkpoint beside it removed then
         // (`create`), and one-block files are never checkpointed.
         if self.fresh {
             return Ok(());
