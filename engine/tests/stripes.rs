@@ -98,6 +98,8 @@ struct World {
     sizes: BTreeMap<u32, u64>,
     version: BTreeMap<u32, u32>,
     pairs: BTreeMap<u32, SimPair>,
+    /// Files whose pieces were taken back from a started item.
+    cut_started: HashSet<u32>,
     next_pair: u32,
     dest: Dest,
     /// Blocks durable and acknowledged, as the coordinator was told.
@@ -130,7 +132,12 @@ impl World {
             0 => None,
             n => Some(BLOCK << (n - 1)),
         };
-        let geometry = Geometry::new(BLOCK, BLOCK * (1 + rng.below(8)), stripe).unwrap();
+        let mut geometry = Geometry::new(BLOCK, BLOCK * (1 + rng.below(8)), stripe).unwrap();
+        // Half the worlds bundle small files below a chunk, as a tree
+        // over several pairs does.
+        if rng.below(2) == 0 {
+            geometry = geometry.bundled(BLOCK * (1 + rng.below(4)), rng.below(4));
+        }
         let files: Vec<(u32, u64)> = sizes.iter().map(|(&k, &v)| (k, v)).collect();
         let window = 1 + rng.below(3) as usize;
         let sessions = rng.below(2) == 0;
@@ -143,6 +150,7 @@ impl World {
             sizes,
             version,
             pairs: BTreeMap::new(),
+            cut_started: HashSet::new(),
             next_pair: 0,
             dest: Dest::default(),
             acked: HashSet::new(),
@@ -283,13 +291,18 @@ impl World {
             })
             .collect();
         let p = self.pairs.get_mut(&pair).unwrap();
-        assert!(
-            !p.started.contains(&item),
-            "a steal cut item {item}, which pair {pair} had started"
-        );
-        if let Some((_, todo)) = p.todo.iter_mut().find(|(i, _)| *i == item) {
-            todo.retain(|b| kept.contains(b));
+        let Some((_, todo)) = p.todo.iter_mut().find(|(i, _)| *i == item) else {
+            return;
+        };
+        if p.started.contains(&item) {
+            // A session shell cannot cut a running session, and writes
+            // on; only a file that failed may be taken back from one (an
+            // ack that contradicts another), and it must end given up.
+            let cut = todo.iter().filter(|b| !kept.contains(b)).map(|b| b.0);
+            self.cut_started.extend(cut);
+            return;
         }
+        todo.retain(|b| kept.contains(b));
     }
 
     fn verify(&mut self, file: u32, digest: u128) {
@@ -589,6 +602,12 @@ fn drive(w: &mut World) {
         assert!(
             published || v != 0,
             "file {file} did not change, and was given up"
+        );
+    }
+    for file in &w.cut_started {
+        assert!(
+            w.dest.given_up.contains(file),
+            "file {file} was cut from a started item, and not given up"
         );
     }
     assert!(w.coord.is_finished());

@@ -68,6 +68,8 @@ pub struct Geometry {
     stripe_size: Option<u64>,
     grain_blocks: u64,
     chunk_blocks: u64,
+    bundle_bytes: u64,
+    bundle_blocks: u64,
 }
 
 impl Geometry {
@@ -100,7 +102,22 @@ impl Geometry {
             stripe_size,
             grain_blocks,
             chunk_blocks: grains.saturating_mul(grain_blocks),
+            bundle_bytes: u64::MAX,
+            bundle_blocks: 0,
         })
+    }
+
+    /// Bundles of small files of about `bytes` (never over a chunk's),
+    /// each of at least `blocks` blocks where the files allow: a chunk's
+    /// size is held up by its floor of blocks for every stream, which a
+    /// bundle of one-block files meets in far fewer bytes. Without this a
+    /// bundle is a chunk's bytes.
+    pub fn bundled(self, bytes: u64, blocks: u64) -> Self {
+        Self {
+            bundle_bytes: bytes.max(1),
+            bundle_blocks: blocks,
+            ..self
+        }
     }
 
     /// The block size.
@@ -129,6 +146,11 @@ impl Geometry {
         self.chunk_blocks.saturating_mul(self.block_size)
     }
 
+    /// Bytes a bundle of small files aims at.
+    pub fn bundle_bytes(&self) -> u64 {
+        self.bundle_bytes.min(self.chunk_bytes())
+    }
+
     /// `block` rounded down to a grain boundary.
     pub fn grain_floor(&self, block: u64) -> u64 {
         block - block % self.grain_blocks
@@ -145,7 +167,8 @@ impl Geometry {
     pub fn split(&self, files: &[(u32, u64)]) -> VecDeque<Work> {
         let mut works: Vec<(u64, Work)> = Vec::new();
         let mut bundle: (u64, Work) = (0, Vec::new());
-        let chunk_bytes = self.chunk_bytes();
+        let mut bundle_blocks = 0;
+        let (chunk_bytes, aim) = (self.chunk_bytes(), self.bundle_bytes());
         let mut small: Vec<(u32, u64)> = Vec::new();
         for &(file, size) in files {
             let blocks = Layout::new(size, self.block_size).blocks();
@@ -164,10 +187,14 @@ impl Geometry {
         // Largest small files first, so that bundles fill evenly.
         small.sort_by_key(|&(file, size)| (std::cmp::Reverse(size), file));
         for (file, size) in small {
-            if !bundle.1.is_empty() && bundle.0 + size > chunk_bytes {
+            let over = bundle.0 + size;
+            let full = over > chunk_bytes || (over > aim && bundle_blocks >= self.bundle_blocks);
+            if !bundle.1.is_empty() && full {
                 works.push(std::mem::take(&mut bundle));
+                bundle_blocks = 0;
             }
             let end = Layout::new(size, self.block_size).blocks();
+            bundle_blocks += end;
             bundle.0 += size;
             bundle.1.push(Piece {
                 file,
@@ -225,6 +252,28 @@ mod tests {
         let mut ids: Vec<u32> = works.iter().flatten().map(|p| p.file).collect();
         ids.sort_unstable();
         assert_eq!(ids, (0..=10).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn bundles_aim_below_a_chunk_but_keep_their_blocks() {
+        // 16 MiB blocks, chunks of 128 MiB: 1,000 files of 1 MiB were 8
+        // bundles, too few to share evenly over 3 pairs.
+        let g = Geometry::new(16 * MIB, 128 * MIB, None)
+            .unwrap()
+            .bundled(42 * MIB, 8);
+        let files: Vec<(u32, u64)> = (0..1000).map(|i| (i, MIB)).collect();
+        let works = g.split(&files);
+        assert_eq!(works.len(), 24, "{}", works.len());
+        assert!(works.iter().all(|w| w.len() <= 42));
+        // Files of 12 MiB: one block each, so 8 of them even past the aim.
+        let files: Vec<(u32, u64)> = (0..16).map(|i| (i, 12 * MIB)).collect();
+        let works = g.split(&files);
+        assert_eq!(works.len(), 2, "{works:?}");
+        // Never more than a chunk's bytes.
+        let g = g.bundled(MIB, 1000);
+        let works = g.split(&files);
+        assert!(works.iter().all(|w| w.len() * 12 <= 128), "{works:?}");
+        assert_eq!(g.bundle_bytes(), MIB);
     }
 
     #[test]

@@ -107,6 +107,9 @@ const WINDOW: usize = SESSIONS_PER_LANE + 1;
 const MIN_BLOCKS_PER_STREAM: u64 = 2;
 /// The largest.
 const MAX_CHUNK: u64 = 1 << 30;
+/// The smallest bundle of small files aimed at: each item is a session,
+/// whose round trips a bundle should outweigh.
+const MIN_BUNDLE: u64 = 16 << 20;
 /// Chunks per pair, about, for a transfer of one large file: enough that
 /// the pairs finish close together.
 const CHUNKS_PER_PAIR: u64 = 8;
@@ -400,8 +403,12 @@ fn send_pairs(
     let most = most.clamp(to.len(), MAX_RECEIVERS);
     let chunk = chunk_bytes(total, most, cfg.block_size, cfg.streams);
     cfg.progress.split(chunk, cfg.streams);
-    let geometry =
-        Geometry::new(cfg.block_size, chunk, None).map_err(|e| Error::Config(e.to_string()))?;
+    let geometry = Geometry::new(cfg.block_size, chunk, None)
+        .map_err(|e| Error::Config(e.to_string()))?
+        .bundled(
+            bundle_bytes(total, most),
+            u64::from(cfg.streams) * MIN_BLOCKS_PER_STREAM,
+        );
     let plan = Plan {
         cfg,
         list: &list,
@@ -527,6 +534,14 @@ fn chunk_bytes(total: u64, pairs: usize, block_size: u64, streams: u16) -> u64 {
     (total / (pairs as u64 * CHUNKS_PER_PAIR).max(1))
         .min(MAX_CHUNK)
         .max(least)
+}
+
+/// Bytes a bundle of small files aims at: a tree is cut into about as
+/// many items as a large file of its size, so that the pairs finish
+/// together; a chunk's floor of blocks per stream does not hold a bundle
+/// of one-block files up (`Geometry::bundled`).
+fn bundle_bytes(total: u64, pairs: usize) -> u64 {
+    (total / (pairs as u64 * CHUNKS_PER_PAIR).max(1)).max(MIN_BUNDLE)
 }
 
 /// Creates the transfer's directories and its shared-storage marker
