@@ -292,8 +292,28 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Hands `files` to the live lane with the least queued.
-    pub(super) fn dispatch_publish(&mut self, files: Vec<u32>) -> Result<()> {
+    /// Hands `files` to a publish of a live lane that has not started
+    /// yet, while it has room; otherwise to the live lane with the least
+    /// queued. Each publish is a session that holds one of its lane's
+    /// workers, so publishes that pile up behind running items go as one
+    /// rather than keep a worker from the next item a session at a time.
+    pub(super) fn dispatch_publish(&mut self, mut files: Vec<u32>) -> Result<()> {
+        let queued = self
+            .queues
+            .iter_mut()
+            .enumerate()
+            .filter(|(p, _)| !self.lost.contains_key(&(*p as PairId)))
+            .flat_map(|(_, q)| q.iter_mut())
+            .find_map(|job| match job {
+                Job::Publish(_, queued) if queued.len() + files.len() <= MAX_PUBLISH => {
+                    Some(queued)
+                }
+                _ => None,
+            });
+        if let Some(queued) = queued {
+            queued.append(&mut files);
+            return Ok(());
+        }
         let lane = (0..self.lanes.len() as PairId)
             .filter(|p| !self.lost.contains_key(p))
             .min_by_key(|p| self.queues[*p as usize].len())

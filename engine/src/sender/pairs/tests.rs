@@ -502,3 +502,40 @@ fn an_empty_piece_answered_without_checksums_is_done() {
         .unwrap();
     assert_eq!(run.failures.get(&0), Some(&1));
 }
+
+// Found by the scale-out bench: over three pairs a tree's publishes were a
+// session each, and they took a lane's worker from its next item one
+// after another (six in a row at the end of one run).
+#[test]
+fn publishes_that_wait_go_as_one_session_and_a_running_one_takes_no_more() {
+    let fx = Fixture::new(3);
+    let plan = fx.plan();
+    let mut run = fx.run(&plan);
+    run.dispatch_publish(vec![0]).unwrap();
+    run.dispatch_publish(vec![1, 2]).unwrap();
+    let queued: Vec<_> = (0..2).flat_map(|p| publishes_queued(&run, p)).collect();
+    assert_eq!(queued, [vec![0, 1, 2]]);
+    assert_eq!(run.publishing.len(), 1);
+    // Once a worker runs it, files ready later go to a new one.
+    let lane = (0..2)
+        .find(|&p| !publishes_queued(&run, p).is_empty())
+        .unwrap();
+    let Job::Publish(_, files) = take_job(&mut run, lane as PairId) else {
+        panic!("the idle worker was not handed the publish");
+    };
+    assert_eq!(files, [0, 1, 2]);
+    run.dispatch_publish(vec![3]).unwrap();
+    let queued: Vec<_> = (0..2).flat_map(|p| publishes_queued(&run, p)).collect();
+    assert_eq!(queued, [vec![3]]);
+    assert_eq!(run.publishing.len(), 2);
+    // A publish at its bound takes no more.
+    run.dispatch_publish((10..10 + MAX_PUBLISH as u32 - 1).collect())
+        .unwrap();
+    run.dispatch_publish(vec![5]).unwrap();
+    let sizes: Vec<usize> = (0..2)
+        .flat_map(|p| publishes_queued(&run, p))
+        .map(|f| f.len())
+        .collect();
+    assert_eq!(sizes.iter().sum::<usize>(), MAX_PUBLISH + 1);
+    assert!(sizes.iter().all(|&n| n <= MAX_PUBLISH), "{sizes:?}");
+}
