@@ -40,6 +40,22 @@ impl<P> Spare<P> {
         }
     }
 
+    /// A session starts on a pool shared with those running: a clone of
+    /// the kept pool if it fits, which stays kept. One that does not fit
+    /// is dropped, as in `take_if`.
+    pub(crate) fn clone_if(&mut self, fits: impl FnOnce(&P) -> bool) -> Option<P>
+    where
+        P: Clone,
+    {
+        match &self.kept {
+            Some((p, _)) if fits(p) => Some(p.clone()),
+            _ => {
+                self.kept = None;
+                None
+            }
+        }
+    }
+
     /// Lets go of the kept pool, if any.
     pub(crate) fn clear(&mut self) {
         self.kept = None;
@@ -76,6 +92,17 @@ mod tests {
         let mut s = Spare::new(Duration::from_secs(300));
         s.put(16u32, t0);
         assert_eq!(s.take_if(|p| *p == 32), None);
+        assert_eq!(s.take_if(|_| true), None, "the misfit is gone");
+    }
+
+    #[test]
+    fn a_shared_pool_stays_kept_while_cloned() {
+        let t0 = Instant::now();
+        let mut s = Spare::new(Duration::from_secs(300));
+        s.put(16u32, t0);
+        assert_eq!(s.clone_if(|p| *p == 16), Some(16));
+        assert_eq!(s.clone_if(|p| *p == 16), Some(16), "still kept");
+        assert_eq!(s.clone_if(|p| *p == 32), None);
         assert_eq!(s.take_if(|_| true), None, "the misfit is gone");
     }
 

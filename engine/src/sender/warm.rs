@@ -61,6 +61,7 @@ pub struct Warm {
     /// The last send's buffers, for the next one of the same shape.
     spare: Mutex<Spare<Pools>>,
     across_ports: bool,
+    sharing_pools: bool,
 }
 
 impl Default for Warm {
@@ -69,6 +70,7 @@ impl Default for Warm {
             parked: Mutex::default(),
             spare: Mutex::new(Spare::new(KEEP_WARM)),
             across_ports: false,
+            sharing_pools: false,
         }
     }
 }
@@ -93,6 +95,20 @@ impl Warm {
         }
     }
 
+    /// Lets sends that run at once draw their buffers from one pool, of
+    /// the shape they share: a lane of a transfer over several pairs runs
+    /// two sessions to one receiver at once, each of which faulted in a
+    /// pool of its own (on a VM whose host backs memory as it is first
+    /// touched, most of the sender's CPU in a tree's first seconds). Its
+    /// sends share the lane's link, so one pool's buffers are enough, and
+    /// one lane's stuck session holds up only that lane.
+    pub fn sharing_pools() -> Self {
+        Self {
+            sharing_pools: true,
+            ..Self::default()
+        }
+    }
+
     /// The key of connections to `to` (host:port) with `buffer` and
     /// `congestion`.
     pub fn key(&self, to: &str, buffer: Option<usize>, congestion: Option<String>) -> WarmKey {
@@ -113,18 +129,32 @@ impl Warm {
 
     /// The buffers for a send of `count` blocks of `block_size`: the last
     /// send's when they have that shape (already faulted in), new ones
-    /// otherwise. A send running at the same time gets its own.
+    /// otherwise. A send running at the same time gets its own, unless
+    /// this keeps one pool for all its sends (`sharing_pools`).
     pub(crate) fn take_pools(
         &self,
         block_size: usize,
         count: usize,
     ) -> crate::error::Result<Pools> {
+        let fits = |p: &Pools| p.is_shaped(block_size, count);
         // Freed and allocated outside the lock: another send, or the
         // agent's expiry tick, must not wait on 512 MiB being touched.
+        // A shared pool is made under it, which costs only its mapping:
+        // its pages fault in as its sends use them.
         let (expired, kept) = {
             let mut spare = self.spare();
             let expired = spare.expire(Instant::now());
-            (expired, spare.take_if(|p| p.is_shaped(block_size, count)))
+            match self.sharing_pools {
+                false => (expired, spare.take_if(fits)),
+                true => match spare.clone_if(fits) {
+                    Some(p) => (expired, Some(p)),
+                    None => {
+                        let p = Pools::new(block_size, count)?;
+                        spare.put(p.clone(), Instant::now());
+                        (expired, Some(p))
+                    }
+                },
+            }
         };
         drop(expired);
         match kept {
@@ -133,7 +163,8 @@ impl Warm {
         }
     }
 
-    /// Keeps a finished send's buffers for the next, for `KEEP_WARM`.
+    /// Keeps a finished send's buffers for the next, for `KEEP_WARM`
+    /// (from now: a shared pool's idle time starts with its last send).
     pub(crate) fn keep_pools(&self, pools: Pools) {
         self.spare().put(pools, Instant::now());
     }
@@ -260,6 +291,35 @@ mod tests {
         assert!(w.take(&other_buffer, now).is_none());
         assert!(w.take(&key("b"), t0 + KEEP_WARM).is_none(), "expired");
         assert!(w.is_empty());
+    }
+
+    // Found by the scale-out bench: the two sessions a lane runs at once
+    // each faulted in a pool of their own (seven 512 MiB pools for a tree
+    // over three pairs), whose first touch was most of the sender's CPU
+    // in the tree's first second.
+    #[test]
+    fn a_lanes_sessions_at_once_draw_on_one_pool() {
+        let w = Warm::sharing_pools();
+        let a = w.take_pools(4096, 2).unwrap();
+        let b = w.take_pools(4096, 2).unwrap();
+        let held: Vec<_> = (0..2).map(|_| a.for_len(4096).try_get()).collect();
+        assert!(held.iter().all(Option::is_some));
+        assert!(
+            b.for_len(4096).try_get().is_none(),
+            "the second session has a pool of its own"
+        );
+        // Not shared by default: a send at the same time gets its own.
+        let w = Warm::default();
+        let a = w.take_pools(4096, 2).unwrap();
+        let b = w.take_pools(4096, 2).unwrap();
+        let _held: Vec<_> = (0..2).map(|_| a.for_len(4096).try_get()).collect();
+        assert!(b.for_len(4096).try_get().is_some());
+        // A shared pool of another shape replaces it.
+        let w = Warm::sharing_pools();
+        let a = w.take_pools(4096, 2).unwrap();
+        let b = w.take_pools(8192, 2).unwrap();
+        let _held: Vec<_> = (0..2).map(|_| a.for_len(4096).try_get()).collect();
+        assert!(b.for_len(8192).try_get().is_some());
     }
 
     #[test]

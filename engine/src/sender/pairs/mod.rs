@@ -434,10 +434,10 @@ fn send_pairs(
     );
     let outcome = std::thread::scope(|s| {
         let (tx, rx) = mpsc::channel();
-        // A lane's workers: one pool of parked connections and buffers
+        // A lane's workers: parked connections and one pool of buffers
         // per receiver, shared by its lane's sessions.
         let spawn = |pair: PairId, lane: Arc<Lane>| {
-            let warm = Arc::new(Warm::default());
+            let warm = Arc::new(Warm::sharing_pools());
             for _ in 0..SESSIONS_PER_LANE {
                 let (tx, plan, warm, lane) =
                     (tx.clone(), &plan, Arc::clone(&warm), Arc::clone(&lane));
