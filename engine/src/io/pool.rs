@@ -2,6 +2,7 @@
 //! was given them or the host has enough free (see `hugepages`).
 
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -43,6 +44,18 @@ impl Drop for Inner {
 #[derive(Clone)]
 pub struct Pool {
     inner: Arc<Inner>,
+    /// Where several sessions draw on the pool at once: how many of its
+    /// buffers this one may hold (`Pools::shared`).
+    quota: Option<Arc<Quota>>,
+}
+
+/// A cap on the buffers one holder of a shared pool has at once, so that
+/// one whose blocks stall (its stream black-holed until it times out)
+/// cannot starve the others.
+#[derive(Debug)]
+struct Quota {
+    most: usize,
+    held: AtomicUsize,
 }
 
 impl std::fmt::Debug for Pool {
@@ -60,7 +73,7 @@ impl std::fmt::Debug for Pool {
 fn map_file(dir: &std::path::Path, len: usize) -> Option<NonNull<u8>> {
     use std::os::fd::AsRawFd;
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let path = dir.join(format!(".wirerate-buffers-{}-{n}", std::process::id()));
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -200,7 +213,51 @@ impl Pool {
                 huge_note: huge_note.take(),
                 count,
             }),
+            quota: None,
         })
+    }
+
+    /// A clone whose holder may have at most `most` buffers at once.
+    fn with_quota(&self, most: usize) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            quota: Some(Arc::new(Quota {
+                most: most.max(1),
+                held: AtomicUsize::new(0),
+            })),
+        }
+    }
+
+    /// Buffers this holder may have at once.
+    fn usable(&self) -> usize {
+        self.quota
+            .as_ref()
+            .map_or(self.inner.count, |q| q.most.min(self.inner.count))
+    }
+
+    /// Takes a free buffer, unless none is free or the quota is reached;
+    /// under the free list's lock, so two threads never both take the
+    /// last one the quota allows.
+    fn claim(&self, free: &mut Vec<usize>) -> Option<PoolBuf> {
+        if self.at_quota() {
+            return None;
+        }
+        let idx = free.pop()?;
+        if let Some(q) = &self.quota {
+            q.held.fetch_add(1, Ordering::SeqCst);
+        }
+        Some(PoolBuf {
+            inner: Arc::clone(&self.inner),
+            quota: self.quota.clone(),
+            idx,
+            len: 0,
+        })
+    }
+
+    fn at_quota(&self) -> bool {
+        self.quota
+            .as_ref()
+            .is_some_and(|q| q.held.load(Ordering::SeqCst) >= q.most)
     }
 
     /// Size of each buffer.
@@ -228,23 +285,10 @@ impl Pool {
         self.inner.huge_note.as_deref()
     }
 
-    fn take(&self, idx: usize) -> PoolBuf {
-        PoolBuf {
-            inner: Arc::clone(&self.inner),
-            idx,
-            len: 0,
-        }
-    }
-
     /// A free buffer, if one is free now.
     pub fn try_get(&self) -> Option<PoolBuf> {
-        let idx = self
-            .inner
-            .free
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop()?;
-        Some(self.take(idx))
+        let mut free = self.inner.free.lock().unwrap_or_else(|p| p.into_inner());
+        self.claim(&mut free)
     }
 
     /// A free buffer, waiting at most `timeout` for one.
@@ -253,11 +297,9 @@ impl Pool {
         let (mut free, _) = self
             .inner
             .cv
-            .wait_timeout_while(free, timeout, |f| f.is_empty())
+            .wait_timeout_while(free, timeout, |f| f.is_empty() || self.at_quota())
             .unwrap_or_else(|p| p.into_inner());
-        let idx = free.pop()?;
-        drop(free);
-        Some(self.take(idx))
+        self.claim(&mut free)
     }
 }
 
@@ -315,7 +357,18 @@ impl Pools {
 
     /// Bytes in the block-size buffers.
     pub fn large_bytes(&self) -> u64 {
-        (self.large.buf_size() * self.large.count()) as u64
+        (self.large.buf_size() * self.large.usable()) as u64
+    }
+
+    /// A clone for one of several sessions that draw on these buffers at
+    /// once: it may hold at most three quarters of each size, so that
+    /// one whose blocks stall leaves the others some.
+    pub fn shared(&self) -> Self {
+        let share = |p: &Pool| p.with_quota((p.count() * 3).div_ceil(4));
+        Self {
+            large: share(&self.large),
+            small: self.small.as_ref().map(share),
+        }
     }
 
     /// Whether the block-size buffers sit on hugepages.
@@ -340,6 +393,7 @@ impl Pools {
 /// One buffer of the pool, returned to it on drop.
 pub struct PoolBuf {
     inner: Arc<Inner>,
+    quota: Option<Arc<Quota>>,
     idx: usize,
     len: usize,
 }
@@ -393,18 +447,55 @@ impl PoolBuf {
 
 impl Drop for PoolBuf {
     fn drop(&mut self) {
-        self.inner
-            .free
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(self.idx);
-        self.inner.cv.notify_one();
+        let mut free = self.inner.free.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(q) = &self.quota {
+            q.held.fetch_sub(1, Ordering::SeqCst);
+        }
+        free.push(self.idx);
+        drop(free);
+        // Waiters of a shared pool wait on their own quotas too: the one
+        // this buffer frees may not be the one woken first.
+        match self.quota {
+            Some(_) => self.inner.cv.notify_all(),
+            None => self.inner.cv.notify_one(),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // A session whose streams stall holds its buffers until it times out:
+    // sharing a pool must leave the other session some.
+    #[test]
+    fn a_shared_clone_holds_three_quarters_at_most_and_wakes_the_other() {
+        let p = Pools::new(4096, 8).unwrap();
+        let (a, b) = (p.shared(), p.shared());
+        assert_eq!(a.large_bytes(), 6 * 4096);
+        let held: Vec<_> = (0..6).map_while(|_| a.for_len(4096).try_get()).collect();
+        assert_eq!(held.len(), 6);
+        assert!(a.for_len(4096).try_get().is_none(), "over its quota");
+        assert!(
+            a.for_len(4096)
+                .get_timeout(Duration::from_millis(10))
+                .is_none()
+        );
+        let other: Vec<_> = (0..2).map_while(|_| b.for_len(4096).try_get()).collect();
+        assert_eq!(other.len(), 2);
+        // One of its own coming back lets it take one again.
+        let mut held = held;
+        let again = std::thread::scope(|s| {
+            let waiting = s.spawn(|| a.for_len(4096).get_timeout(Duration::from_secs(5)));
+            std::thread::sleep(Duration::from_millis(50));
+            held.pop();
+            waiting.join().unwrap()
+        });
+        assert!(again.is_some());
+        assert!(b.for_len(4096).try_get().is_none(), "every buffer is held");
+        // An unshared clone is not held back.
+        assert_eq!(p.large_bytes(), 8 * 4096);
+    }
 
     #[test]
     fn buffers_are_aligned_distinct_and_recycled() {

@@ -100,8 +100,9 @@ impl Warm {
     /// two sessions to one receiver at once, each of which faulted in a
     /// pool of its own (on a VM whose host backs memory as it is first
     /// touched, most of the sender's CPU in a tree's first seconds). Its
-    /// sends share the lane's link, so one pool's buffers are enough, and
-    /// one lane's stuck session holds up only that lane.
+    /// sends share the lane's link, so one pool's buffers are enough; each
+    /// may hold at most three quarters of them (`Pools::shared`), so one
+    /// whose streams stall leaves the other some.
     pub fn sharing_pools() -> Self {
         Self {
             sharing_pools: true,
@@ -139,21 +140,24 @@ impl Warm {
         let fits = |p: &Pools| p.is_shaped(block_size, count);
         // Freed and allocated outside the lock: another send, or the
         // agent's expiry tick, must not wait on 512 MiB being touched.
-        // A shared pool is made under it, which costs only its mapping:
-        // its pages fault in as its sends use them.
+        // A shared pool is made under it, so that two sends starting at
+        // once share it: on normal pages that costs only its mapping (its
+        // pages fault in as its sends use them), on huge pages their
+        // reservation.
         let (expired, kept) = {
             let mut spare = self.spare();
             let expired = spare.expire(Instant::now());
-            match self.sharing_pools {
-                false => (expired, spare.take_if(fits)),
-                true => match spare.clone_if(fits) {
-                    Some(p) => (expired, Some(p)),
-                    None => {
-                        let p = Pools::new(block_size, count)?;
-                        spare.put(p.clone(), Instant::now());
-                        (expired, Some(p))
-                    }
-                },
+            if self.sharing_pools {
+                let pools = match spare.clone_if(fits) {
+                    Some(p) => p,
+                    None => Pools::new(block_size, count)?,
+                };
+                // Kept from now: a pool its sends keep starting on is not
+                // idle, though none of them has ended for a while.
+                spare.put(pools.clone(), Instant::now());
+                (expired, Some(pools.shared()))
+            } else {
+                (expired, spare.take_if(fits))
             }
         };
         drop(expired);
@@ -300,10 +304,16 @@ mod tests {
     #[test]
     fn a_lanes_sessions_at_once_draw_on_one_pool() {
         let w = Warm::sharing_pools();
-        let a = w.take_pools(4096, 2).unwrap();
-        let b = w.take_pools(4096, 2).unwrap();
-        let held: Vec<_> = (0..2).map(|_| a.for_len(4096).try_get()).collect();
+        let a = w.take_pools(4096, 4).unwrap();
+        let b = w.take_pools(4096, 4).unwrap();
+        let held: Vec<_> = (0..3).map(|_| a.for_len(4096).try_get()).collect();
         assert!(held.iter().all(Option::is_some));
+        assert!(
+            a.for_len(4096).try_get().is_none(),
+            "a session holds three quarters at most"
+        );
+        let last = b.for_len(4096).try_get();
+        assert!(last.is_some());
         assert!(
             b.for_len(4096).try_get().is_none(),
             "the second session has a pool of its own"
