@@ -19,7 +19,9 @@
 //! - an idle pair takes work from a busy one (steals happen in runs with
 //!   several pairs);
 //! - in runs whose pairs run one session per item (half the seeds), no
-//!   steal cuts an item its pair has started.
+//!   steal cuts an item its pair has started: only a failed file's pieces
+//!   are taken back from one (its session writes on, as a shell's does),
+//!   and every such file ends given up.
 //!
 //! What is modelled, not real: the pairs' shells (reading, sending,
 //! writing, acknowledging), the network between them and the coordinator,

@@ -4,7 +4,9 @@
 //! ending on a stripe boundary where the destination is striped (Lustre),
 //! so that two receivers never write into one stripe object's unit at
 //! once. Files smaller than a chunk are bundled whole, a bundle holding
-//! about a chunk's bytes: a tree is split by files, balanced by bytes.
+//! about `Geometry::bundle_bytes` (a chunk's at most, and less where a
+//! chunk's floor of blocks per stream would leave a tree in a handful of
+//! items): a tree is split by files, balanced by bytes.
 //! The largest work goes first, so that the last pieces handed out are
 //! the small ones and the pairs finish together.
 
@@ -163,7 +165,8 @@ impl Geometry {
     }
 
     /// The work for `files` (id, size), largest first: whole chunks of
-    /// large files, then bundles of small files of about a chunk each.
+    /// large files, then bundles of small files of about `bundle_bytes`
+    /// each.
     pub fn split(&self, files: &[(u32, u64)]) -> VecDeque<Work> {
         let mut works: Vec<(u64, Work)> = Vec::new();
         let mut bundle: (u64, Work) = (0, Vec::new());

@@ -101,8 +101,9 @@ const SESSIONS_PER_LANE: usize = 2;
 /// Items a pair holds at once: one per session, and one queued behind
 /// them that a steal may still cut.
 const WINDOW: usize = SESSIONS_PER_LANE + 1;
-/// Most files one publish session carries: publishes queued together are
-/// merged up to this, so a session's manifest stays bounded.
+/// Most files publishes queued together are merged into: one session's
+/// manifest stays bounded by it, or by one batch of verified files where
+/// that alone is larger.
 const MAX_PUBLISH: usize = 4096;
 /// Blocks a chunk holds per data stream, at least: a block goes out on
 /// one stream, so a chunk of fewer blocks than streams leaves streams

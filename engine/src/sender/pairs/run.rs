@@ -292,37 +292,52 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Hands `files` to a publish of a live lane that has not started
-    /// yet, while it has room; otherwise to the live lane with the least
-    /// queued. Each publish is a session that holds one of its lane's
-    /// workers, so publishes that pile up behind running items go as one
-    /// rather than keep a worker from the next item a session at a time.
+    /// Hands `files` to the live lane with the least queued, with the
+    /// files of a publish still queued on any live lane while they fit in
+    /// one (`MAX_PUBLISH`). Each publish is a session that holds one of
+    /// its lane's workers, so publishes that pile up behind running items
+    /// go as one rather than keep a worker from the next item a session at
+    /// a time; and one that waits on a busy lane moves to the least busy,
+    /// rather than keep files that are ready from being published.
     pub(super) fn dispatch_publish(&mut self, mut files: Vec<u32>) -> Result<()> {
-        let queued = self
-            .queues
-            .iter_mut()
-            .enumerate()
-            .filter(|(p, _)| !self.lost.contains_key(&(*p as PairId)))
-            .flat_map(|(_, q)| q.iter_mut())
-            .find_map(|job| match job {
-                Job::Publish(_, queued) if queued.len() + files.len() <= MAX_PUBLISH => {
-                    Some(queued)
-                }
-                _ => None,
-            });
-        if let Some(queued) = queued {
-            queued.append(&mut files);
-            return Ok(());
-        }
-        let lane = (0..self.lanes.len() as PairId)
+        let (id, files) = match self.take_queued_publish(files.len()) {
+            Some((id, mut queued)) => {
+                queued.append(&mut files);
+                (id, queued)
+            }
+            None => {
+                let id = self.next_publish;
+                self.next_publish += 1;
+                self.publishing.insert(id);
+                (id, files)
+            }
+        };
+        let Some(lane) = (0..self.lanes.len() as PairId)
             .filter(|p| !self.lost.contains_key(p))
             .min_by_key(|p| self.queues[*p as usize].len())
-            .ok_or_else(|| self.all_lost())?;
-        let id = self.next_publish;
-        self.next_publish += 1;
+        else {
+            self.publishing.remove(&id);
+            return Err(self.all_lost());
+        };
         self.queues[lane as usize].push_back(Job::Publish(id, files));
-        self.publishing.insert(id);
         Ok(())
+    }
+
+    /// Takes out of its live lane's queue a publish no worker has started
+    /// that has room for `more` files.
+    fn take_queued_publish(&mut self, more: usize) -> Option<(PublishId, Vec<u32>)> {
+        for (p, q) in self.queues.iter_mut().enumerate() {
+            if self.lost.contains_key(&(p as PairId)) {
+                continue;
+            }
+            let at = q.iter().position(
+                |job| matches!(job, Job::Publish(_, files) if files.len() + more <= MAX_PUBLISH),
+            );
+            if let Some(Job::Publish(id, files)) = at.and_then(|at| q.remove(at)) {
+                return Some((id, files));
+            }
+        }
+        None
     }
 
     pub(super) fn handle(&mut self, event: Event) -> Result<()> {

@@ -539,3 +539,31 @@ fn publishes_that_wait_go_as_one_session_and_a_running_one_takes_no_more() {
     assert_eq!(sizes.iter().sum::<usize>(), MAX_PUBLISH + 1);
     assert!(sizes.iter().all(|&n| n <= MAX_PUBLISH), "{sizes:?}");
 }
+
+// Found by review: merged into a publish that waited on a lane busy with
+// two running items, files ready on lanes that had finished waited for
+// the slowest one.
+#[test]
+fn a_waiting_publish_moves_with_the_new_files_to_the_least_busy_lane() {
+    let fx = Fixture::new(3);
+    let plan = fx.plan();
+    let mut run = fx.run(&plan);
+    run.dispatch_publish(vec![0]).unwrap();
+    let busy = (0..2)
+        .find(|&p| !publishes_queued(&run, p).is_empty())
+        .unwrap();
+    let idle = 1 - busy;
+    let empty = Piece {
+        file: 0,
+        first: 0,
+        end: 0,
+    };
+    for item in [98, 99] {
+        run.queues[busy].push_front(Job::Item(item, vec![empty]));
+    }
+    run.queues[idle].clear();
+    run.dispatch_publish(vec![1]).unwrap();
+    assert!(publishes_queued(&run, busy).is_empty());
+    assert_eq!(publishes_queued(&run, idle), [vec![0, 1]]);
+    assert_eq!(run.publishing.len(), 1);
+}
