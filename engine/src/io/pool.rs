@@ -364,7 +364,11 @@ impl Pools {
     /// once: it may hold at most three quarters of each size, so that
     /// one whose blocks stall leaves the others some.
     pub fn shared(&self) -> Self {
-        let share = |p: &Pool| p.with_quota((p.count() * 3).div_ceil(4));
+        // Three quarters, and never all of a pool of two or more.
+        let share = |p: &Pool| {
+            let n = p.count();
+            p.with_quota((n * 3 / 4).clamp(1, n.saturating_sub(1).max(1)))
+        };
         Self {
             large: share(&self.large),
             small: self.small.as_ref().map(share),
@@ -493,8 +497,11 @@ mod tests {
         });
         assert!(again.is_some());
         assert!(b.for_len(4096).try_get().is_none(), "every buffer is held");
-        // An unshared clone is not held back.
+        // An unshared clone is not held back; a shared one never holds
+        // all of a small pool.
         assert_eq!(p.large_bytes(), 8 * 4096);
+        assert_eq!(Pools::new(4096, 2).unwrap().shared().large_bytes(), 4096);
+        assert_eq!(Pools::new(4096, 1).unwrap().shared().large_bytes(), 4096);
     }
 
     #[test]

@@ -292,52 +292,55 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Hands `files` to the live lane with the least queued, with the
-    /// files of a publish still queued on any live lane while they fit in
-    /// one (`MAX_PUBLISH`). Each publish is a session that holds one of
-    /// its lane's workers, so publishes that pile up behind running items
-    /// go as one rather than keep a worker from the next item a session at
-    /// a time; and one that waits on a busy lane moves to the least busy,
-    /// rather than keep files that are ready from being published.
+    /// Hands `files` to a publish still queued on a live lane while they
+    /// fit in one (`MAX_PUBLISH`), else to a new one; either goes to the
+    /// live lane with the least queued when that is nearer the front than
+    /// where the waiting one stands. Each publish is a session that holds
+    /// one of its lane's workers, so publishes that pile up behind running
+    /// items go as one rather than keep a worker from the next item a
+    /// session at a time; and one that waits behind a busy lane's item
+    /// moves to an idle lane, rather than keep ready files unpublished.
     pub(super) fn dispatch_publish(&mut self, mut files: Vec<u32>) -> Result<()> {
-        let (id, files) = match self.take_queued_publish(files.len()) {
-            Some((id, mut queued)) => {
+        let least = (0..self.lanes.len() as PairId)
+            .filter(|p| !self.lost.contains_key(p))
+            .min_by_key(|p| self.queues[*p as usize].len());
+        let Some(least) = least.map(|p| p as usize) else {
+            return Err(self.all_lost());
+        };
+        match self.queued_publish(files.len()) {
+            Some((lane, at)) => {
+                let Some(Job::Publish(id, mut queued)) = self.queues[lane].remove(at) else {
+                    return Err(Error::Internal("a queued publish went missing".into()));
+                };
                 queued.append(&mut files);
-                (id, queued)
+                let job = Job::Publish(id, queued);
+                match self.queues[least].len() < at {
+                    true => self.queues[least].push_back(job),
+                    false => self.queues[lane].insert(at, job),
+                }
             }
             None => {
                 let id = self.next_publish;
                 self.next_publish += 1;
                 self.publishing.insert(id);
-                (id, files)
+                self.queues[least].push_back(Job::Publish(id, files));
             }
-        };
-        let Some(lane) = (0..self.lanes.len() as PairId)
-            .filter(|p| !self.lost.contains_key(p))
-            .min_by_key(|p| self.queues[*p as usize].len())
-        else {
-            self.publishing.remove(&id);
-            return Err(self.all_lost());
-        };
-        self.queues[lane as usize].push_back(Job::Publish(id, files));
+        }
         Ok(())
     }
 
-    /// Takes out of its live lane's queue a publish no worker has started
-    /// that has room for `more` files.
-    fn take_queued_publish(&mut self, more: usize) -> Option<(PublishId, Vec<u32>)> {
-        for (p, q) in self.queues.iter_mut().enumerate() {
+    /// Where a publish no worker has started stands, on a live lane, with
+    /// room for `more` files: its lane and its place in that lane's queue.
+    fn queued_publish(&self, more: usize) -> Option<(usize, usize)> {
+        self.queues.iter().enumerate().find_map(|(p, q)| {
             if self.lost.contains_key(&(p as PairId)) {
-                continue;
+                return None;
             }
             let at = q.iter().position(
                 |job| matches!(job, Job::Publish(_, files) if files.len() + more <= MAX_PUBLISH),
-            );
-            if let Some(Job::Publish(id, files)) = at.and_then(|at| q.remove(at)) {
-                return Some((id, files));
-            }
-        }
-        None
+            )?;
+            Some((p, at))
+        })
     }
 
     pub(super) fn handle(&mut self, event: Event) -> Result<()> {

@@ -567,3 +567,40 @@ fn a_waiting_publish_moves_with_the_new_files_to_the_least_busy_lane() {
     assert_eq!(publishes_queued(&run, idle), [vec![0, 1]]);
     assert_eq!(run.publishing.len(), 1);
 }
+
+// Found by a second review: moved to the back of the least busy lane, a
+// waiting publish fell behind the items assigned since it was queued,
+// every time files became ready, and could wait for the run's end.
+#[test]
+fn a_waiting_publish_never_falls_behind_items_queued_after_it() {
+    let fx = Fixture::new(3);
+    let plan = fx.plan();
+    let mut run = fx.run(&plan);
+    let empty = Piece {
+        file: 0,
+        first: 0,
+        end: 0,
+    };
+    for q in &mut run.queues {
+        q.clear();
+    }
+    run.queues[0].push_back(Job::Item(90, vec![empty]));
+    run.queues[1].push_back(Job::Item(91, vec![empty]));
+    run.dispatch_publish(vec![0]).unwrap();
+    let lane = (0..2)
+        .find(|&p| !publishes_queued(&run, p).is_empty())
+        .unwrap();
+    // An item assigned after it, then more files ready.
+    run.queues[lane].push_back(Job::Item(92, vec![empty]));
+    run.dispatch_publish(vec![1]).unwrap();
+    let order: Vec<Option<ItemId>> = run.queues[lane]
+        .iter()
+        .map(|j| match j {
+            Job::Item(i, _) => Some(*i),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(order[1], None, "the publish is still second: {order:?}");
+    assert_eq!(order[2], Some(92));
+    assert_eq!(publishes_queued(&run, lane), [vec![0, 1]]);
+}
