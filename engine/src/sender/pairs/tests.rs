@@ -20,6 +20,23 @@ fn publishes_queued(run: &Run<'_>, pair: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// The lane a queued publish waits on.
+fn lane_publishing(run: &Run<'_>) -> usize {
+    (0..run.queues.len())
+        .find(|&p| !publishes_queued(run, p).is_empty())
+        .expect("a publish is queued")
+}
+
+/// An item of the empty piece of file 0, to stand in a lane's queue.
+fn empty_item(item: ItemId) -> Job {
+    let empty = Piece {
+        file: 0,
+        first: 0,
+        end: 0,
+    };
+    Job::Item(item, vec![empty])
+}
+
 fn refused() -> Error {
     Error::net("sending to a", std::io::ErrorKind::ConnectionRefused.into())
 }
@@ -517,9 +534,7 @@ fn publishes_that_wait_go_as_one_session_and_a_running_one_takes_no_more() {
     assert_eq!(queued, [vec![0, 1, 2]]);
     assert_eq!(run.publishing.len(), 1);
     // Once a worker runs it, files ready later go to a new one.
-    let lane = (0..2)
-        .find(|&p| !publishes_queued(&run, p).is_empty())
-        .unwrap();
+    let lane = lane_publishing(&run);
     let Job::Publish(_, files) = take_job(&mut run, lane as PairId) else {
         panic!("the idle worker was not handed the publish");
     };
@@ -549,17 +564,10 @@ fn a_waiting_publish_moves_with_the_new_files_to_the_least_busy_lane() {
     let plan = fx.plan();
     let mut run = fx.run(&plan);
     run.dispatch_publish(vec![0]).unwrap();
-    let busy = (0..2)
-        .find(|&p| !publishes_queued(&run, p).is_empty())
-        .unwrap();
+    let busy = lane_publishing(&run);
     let idle = 1 - busy;
-    let empty = Piece {
-        file: 0,
-        first: 0,
-        end: 0,
-    };
     for item in [98, 99] {
-        run.queues[busy].push_front(Job::Item(item, vec![empty]));
+        run.queues[busy].push_front(empty_item(item));
     }
     run.queues[idle].clear();
     run.dispatch_publish(vec![1]).unwrap();
@@ -576,22 +584,15 @@ fn a_waiting_publish_never_falls_behind_items_queued_after_it() {
     let fx = Fixture::new(3);
     let plan = fx.plan();
     let mut run = fx.run(&plan);
-    let empty = Piece {
-        file: 0,
-        first: 0,
-        end: 0,
-    };
     for q in &mut run.queues {
         q.clear();
     }
-    run.queues[0].push_back(Job::Item(90, vec![empty]));
-    run.queues[1].push_back(Job::Item(91, vec![empty]));
+    run.queues[0].push_back(empty_item(90));
+    run.queues[1].push_back(empty_item(91));
     run.dispatch_publish(vec![0]).unwrap();
-    let lane = (0..2)
-        .find(|&p| !publishes_queued(&run, p).is_empty())
-        .unwrap();
+    let lane = lane_publishing(&run);
     // An item assigned after it, then more files ready.
-    run.queues[lane].push_back(Job::Item(92, vec![empty]));
+    run.queues[lane].push_back(empty_item(92));
     run.dispatch_publish(vec![1]).unwrap();
     let order: Vec<Option<ItemId>> = run.queues[lane]
         .iter()
