@@ -17,6 +17,9 @@ pub mod reason {
     pub const NO_SCHEDULABLE_NODE: &str = "NoSchedulableNode";
     /// Pods cannot be placed: no node has the huge pages asked for.
     pub const HUGEPAGES_UNAVAILABLE: &str = "HugepagesUnavailable";
+    /// Pods cannot be placed: every node that matches already runs an
+    /// agent on the pool's host ports.
+    pub const HOST_PORTS_TAKEN: &str = "HostPortsTaken";
     /// A PersistentVolumeClaim the pool's volumes name does not exist.
     pub const CLAIM_MISSING: &str = "PersistentVolumeClaimMissing";
     /// An agent's host checks failed.
@@ -397,6 +400,15 @@ fn unschedulable_pods(pool: &DtnPool, pods: &[&Pod]) -> Option<(&'static str, St
             ),
         ));
     }
+    // The scheduler's words for a host port in use (NodePorts plugin).
+    if let Some((pod, why)) = stuck.iter().find(|(_, m)| m.contains("free ports")) {
+        return Some((
+            reason::HOST_PORTS_TAKEN,
+            format!(
+                "pod {pod} cannot be scheduled, the nodes it may run on already have an agent on spec.dataPort or spec.metricsPort ({why}): agents use the host's network, so each node runs one agent per port; add DTN nodes, lower spec.replicas, or give pools that share nodes different ports"
+            ),
+        ));
+    }
     let (pod, why) = stuck.first()?;
     Some((
         reason::NO_SCHEDULABLE_NODE,
@@ -710,6 +722,15 @@ mod tests {
         );
         assert_eq!(c.reason, reason::NO_SCHEDULABLE_NODE);
         assert!(c.message.contains("nodeSelector"));
+        // A real kube-scheduler's words for a pool scaled past its DTN
+        // nodes: the selector and taints are right, the ports are taken.
+        let c = degraded_by_pending(
+            &pool,
+            "0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 2 node(s) didn't have free ports for the requested pod ports. preemption: 0/3 nodes are available: 1 Preemption is not helpful for scheduling, 2 No preemption victims found for incoming pod.",
+        );
+        assert_eq!(c.reason, reason::HOST_PORTS_TAKEN);
+        assert!(c.message.contains("one agent per port"), "{}", c.message);
+        assert!(!c.message.contains("label DTN nodes"), "{}", c.message);
     }
 
     #[test]
