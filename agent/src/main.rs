@@ -308,8 +308,37 @@ fn run_agent(a: wirerate_agent::cli::RunArgs) -> Result<ExitCode> {
         in_pod: std::env::var_os("KUBERNETES_SERVICE_HOST").is_some(),
         path_test_delay: Duration::from_secs(a.path_test_delay),
     };
-    tokio::runtime::Runtime::new()?.block_on(wirerate_agent::cluster::run(cfg))?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let signal = rt.block_on(async {
+        tokio::select! {
+            r = wirerate_agent::cluster::run(cfg) => r.map(|()| None).map_err(anyhow::Error::from),
+            s = terminated() => s.map(Some).context("setting up the SIGTERM and SIGINT handlers"),
+        }
+    })?;
+    if let Some(signal) = signal {
+        tracing::info!(
+            signal,
+            "stopping: transfers here go on from their checkpoints on another agent"
+        );
+    }
+    // Transfer threads are not waited for: what they acknowledged is
+    // durable, and the next attempt resumes from it.
+    rt.shutdown_timeout(Duration::from_secs(1));
     Ok(ExitCode::SUCCESS)
+}
+
+/// Waits for SIGTERM or SIGINT. A pod's PID 1 has no default action for
+/// them: without a handler, the kubelet's SIGTERM (a pod deleted, a node
+/// drained, a rollout) is ignored and the pod takes its whole grace period
+/// to go, holding its node's ports.
+async fn terminated() -> std::io::Result<&'static str> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => Ok("SIGTERM"),
+        _ = int.recv() => Ok("SIGINT"),
+    }
 }
 
 /// `probe`.

@@ -272,3 +272,80 @@ async fn an_assignment_seen_before_its_token_waits_for_it() {
     );
     assert_ne!(receiver, contract::report_manager(AGENT, Role::Sender));
 }
+
+/// The pid of `parent`'s only child.
+fn only_child(parent: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+// issue 35: on real kubelets a deleted, drained or scaled-down agent pod
+// stayed Terminating for its whole grace period (60 s), holding its node's
+// ports: the agent, its container's PID 1, set no SIGTERM handler, and a
+// PID 1 has no default action for SIGTERM. Here the agent runs as PID 1 of
+// a PID namespace of its own, as in a container.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_is_pid_1_stops_on_sigterm() {
+    let c = cluster().await;
+    let kubeconfig = c.root.path().join("kubeconfig.json");
+    c.server.write_kubeconfig(&kubeconfig).unwrap();
+    let mut unshare = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child", "--"])
+        .arg(crate::common::BIN)
+        .args([
+            "run",
+            "--agent-name",
+            AGENT,
+            "--namespace",
+            NS,
+            "--pool",
+            POOL,
+        ])
+        .args(["--advertise", "127.0.0.1", "--data-port", "18103"])
+        .args(["--metrics-port", "0"])
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("unshare (util-linux) runs, as root");
+    wait_for_lease(&c.client).await;
+    let agent = only_child(unshare.id()).expect("unshare forked the agent");
+    let pid_in_ns = std::fs::read_to_string(format!("/proc/{agent}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:").map(str::to_owned))
+        .unwrap();
+    assert_eq!(
+        pid_in_ns.split_whitespace().last(),
+        Some("1"),
+        "the agent is PID 1 of its namespace: {pid_in_ns}"
+    );
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &agent.to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let until = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = unshare.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > until {
+            unshare.kill().unwrap();
+            unshare.wait().unwrap();
+            panic!("the agent, PID 1, still runs 10 s after SIGTERM");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut unshare.stderr.take().unwrap(), &mut log).unwrap();
+    assert!(status.success(), "{status}: {log}");
+    assert!(
+        log.contains("stopping"),
+        "the agent says why it stops: {log}"
+    );
+}
