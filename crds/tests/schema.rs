@@ -699,3 +699,75 @@ fn paths_namespaces_and_roots_the_api_server_let_through_are_refused() {
         validate_cel(&p).unwrap_or_else(|e| panic!("{ok}: {e}"));
     }
 }
+
+/// A worker of kind-config.yaml: its labels, and its taints as
+/// (key, value, effect).
+struct KindNode {
+    labels: std::collections::BTreeMap<String, String>,
+    taints: Vec<(String, String, String)>,
+}
+
+fn kind_workers() -> Vec<KindNode> {
+    let text = std::fs::read_to_string(repo().join("kind-config.yaml")).unwrap();
+    let config: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    let nodes = config["nodes"].as_sequence().unwrap();
+    let s = |v: &serde_yaml::Value| v.as_str().unwrap_or_default().to_owned();
+    nodes
+        .iter()
+        .filter(|n| n["role"] == "worker")
+        .map(|n| {
+            let labels = n["labels"]
+                .as_mapping()
+                .map(|m| m.iter().map(|(k, v)| (s(k), s(v))).collect())
+                .unwrap_or_default();
+            // Taints come in kubeadm's JoinConfiguration, a YAML string.
+            let taints = n["kubeadmConfigPatches"]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+                .flat_map(|patch| {
+                    let p: serde_yaml::Value =
+                        serde_yaml::from_str(patch.as_str().unwrap()).unwrap();
+                    p["nodeRegistration"]["taints"]
+                        .as_sequence()
+                        .cloned()
+                        .unwrap_or_default()
+                })
+                .map(|t| (s(&t["key"]), s(&t["value"]), s(&t["effect"])))
+                .collect();
+            KindNode { labels, taints }
+        })
+        .collect()
+}
+
+fn tolerates(pool: &DtnPool, (key, value, effect): &(String, String, String)) -> bool {
+    pool.spec.tolerations.iter().any(|t| {
+        t.key.as_deref() == Some(key.as_str())
+            && (t.operator.as_deref() == Some("Exists")
+                || t.value.as_deref() == Some(value.as_str()))
+            && t.effect.as_deref().is_none_or(|e| e == effect)
+    })
+}
+
+// issue 35: on real kubelets, shaped as kind-config.yaml says "the example
+// pools select them", the instrument's example pool never scheduled: it
+// selects the beamline DTN node and did not tolerate that node's taint.
+#[test]
+fn each_example_pool_fits_a_node_of_the_kind_cluster() {
+    let workers = kind_workers();
+    assert!(workers.len() >= 3, "kind-config.yaml has its three workers");
+    for name in ["dtnpool-lustre.yaml", "dtnpool-instrument.yaml"] {
+        let pool: DtnPool = example(name);
+        let fits = workers.iter().filter(|n| {
+            pool.spec
+                .node_selector
+                .iter()
+                .all(|(k, v)| n.labels.get(k) == Some(v))
+                && n.taints.iter().all(|t| tolerates(&pool, t))
+        });
+        assert!(
+            fits.count() >= 1,
+            "{name}: no worker of kind-config.yaml both matches its nodeSelector and tolerates its taints"
+        );
+    }
+}
