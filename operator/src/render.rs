@@ -507,6 +507,61 @@ pub(crate) mod tests {
         p
     }
 
+    fn example(name: &str) -> DtnPool {
+        let path = format!(
+            "{}/../manifests/examples/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    /// The host ports an agent of `pool` binds: its data ports (one range
+    /// per transfer it may receive) and its metrics port.
+    fn host_ports(pool: &DtnPool) -> Vec<u16> {
+        let s = &pool.spec;
+        let port = |p: i32| u16::try_from(p).unwrap();
+        let max = u16::try_from(s.max_transfers_per_agent).unwrap();
+        let mut ports: Vec<u16> = contract::data_ports(port(s.data_port), max).collect();
+        ports.push(port(s.metrics_port));
+        ports
+    }
+
+    // issue 35: on real kubelets the two example pools could not share the
+    // beamline DTN node that kind-config.yaml gives them both: both used
+    // 7700 and 9700 on the host's network, and the instrument's agent
+    // stayed Pending.
+    #[test]
+    fn the_example_pools_bind_different_host_ports() {
+        let (a, b) = (
+            example("dtnpool-instrument.yaml"),
+            example("dtnpool-lustre.yaml"),
+        );
+        let declared = |p: &DtnPool| -> Vec<i32> {
+            let sts = render(p, &[]).stateful_set;
+            let pod = sts.spec.unwrap().template.spec.unwrap();
+            pod.containers[0]
+                .ports
+                .iter()
+                .flatten()
+                .map(|c| c.container_port)
+                .collect()
+        };
+        // What the scheduler sees is what the agents bind first.
+        for p in [&a, &b] {
+            let ports = host_ports(p);
+            assert!(
+                declared(p)
+                    .iter()
+                    .all(|d| ports.contains(&u16::try_from(*d).unwrap()))
+            );
+        }
+        let shared: Vec<u16> = host_ports(&a)
+            .into_iter()
+            .filter(|p| host_ports(&b).contains(p))
+            .collect();
+        assert!(shared.is_empty(), "both example pools bind {shared:?}");
+    }
+
     /// The metadata of an object someone made: `owner` is the uid of its
     /// controller (a DtnPool), if any.
     fn existing(owner: Option<&str>, labels: &[(&str, &str)]) -> ObjectMeta {
