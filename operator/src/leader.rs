@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
+use tokio::time::Instant;
 
 use crate::Result;
 
@@ -15,6 +16,15 @@ use crate::Result;
 pub const LEASE_NAME: &str = "wirerate-operator";
 /// Seconds a leader's claim lasts without renewal.
 pub const LEASE_SECONDS: i32 = 15;
+/// How often the leader renews.
+const RENEW_EVERY: Duration = Duration::from_secs(5);
+/// How long the leader leads on without a renewal the API server took:
+/// well inside [`LEASE_SECONDS`], so that it has stopped before a standby
+/// may take the Lease (client-go's leader election keeps 10 s of 15 too).
+/// A renewal that hangs counts from when it was stamped, not answered.
+pub const RENEW_DEADLINE: Duration = Duration::from_secs(10);
+/// How long one try to take the Lease may take, while not leading.
+const TRY_DEADLINE: Duration = Duration::from_secs(10);
 
 /// What to do with a Lease as `me`, at `now`: the new Lease to write, or None
 /// when someone else holds it. Pure, so takeover rules are tested directly.
@@ -116,30 +126,42 @@ pub async fn try_lead(client: &Client, namespace: &str, me: &str) -> Result<bool
     }
 }
 
-/// Blocks until this replica leads.
-pub async fn acquire(client: &Client, namespace: &str, me: &str) -> Result<()> {
+/// Blocks until this replica leads; returns when the Lease it took was
+/// stamped, for [`hold`]. A try the API server does not answer within
+/// [`TRY_DEADLINE`] counts as not leading (if it was applied late, the next
+/// try finds the Lease ours and renews it).
+pub async fn acquire(client: &Client, namespace: &str, me: &str) -> Result<Instant> {
     loop {
-        if try_lead(client, namespace, me).await? {
-            return Ok(());
+        let attempt = Instant::now();
+        if let Ok(led) = tokio::time::timeout(TRY_DEADLINE, try_lead(client, namespace, me)).await
+            && led?
+        {
+            return Ok(attempt);
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
 }
 
-/// Renews the Lease every few seconds; returns when leadership is lost.
-pub async fn hold(client: Client, namespace: String, me: String) -> String {
-    let mut failures = 0;
+/// Renews the Lease every [`RENEW_EVERY`]; returns when leadership is lost
+/// or may be: another replica holds the Lease, or no renewal was taken
+/// within [`RENEW_DEADLINE`] (a stalled API server included: each renewal
+/// waits only for what is left of the deadline).
+/// `stamped` is when the Lease held was last stamped ([`acquire`]'s answer).
+pub async fn hold(client: Client, namespace: String, me: String, mut stamped: Instant) -> String {
     loop {
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        match try_lead(&client, &namespace, &me).await {
-            Ok(true) => failures = 0,
-            Ok(false) => return "another replica holds the Lease".into(),
-            Err(e) => {
-                failures += 1;
-                // Two missed renewals leave too little of the Lease to trust it.
-                if failures >= 2 {
-                    return format!("cannot renew the Lease: {e}");
-                }
+        tokio::time::sleep(RENEW_EVERY.min(RENEW_DEADLINE.saturating_sub(stamped.elapsed()))).await;
+        let Some(left) = RENEW_DEADLINE.checked_sub(stamped.elapsed()) else {
+            return format!("no renewal of the Lease taken within {RENEW_DEADLINE:?}");
+        };
+        let attempt = Instant::now();
+        match tokio::time::timeout(left, try_lead(&client, &namespace, &me)).await {
+            Ok(Ok(true)) => stamped = attempt,
+            Ok(Ok(false)) => return "another replica holds the Lease".into(),
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot renew the leader Lease"),
+            Err(_) => {
+                return format!(
+                    "no renewal of the Lease taken within {RENEW_DEADLINE:?}: the API server did not answer"
+                );
             }
         }
     }
@@ -190,5 +212,33 @@ mod tests {
         // One second later, not fifteen: b takes it.
         let taken = claim(&free, "b", at(101)).expect("free at once");
         assert_eq!(taken.spec.unwrap().holder_identity.as_deref(), Some("b"));
+    }
+
+    // issue 35: the leader renewed its Lease with no deadline on the call,
+    // so a renewal the API server held for 30 s kept it reconciling while
+    // its Lease lapsed at 15 s and a standby took over: two leaders. Now it
+    // stops within RENEW_DEADLINE of its last stamp, before the Lease ends.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_leader_whose_renewals_stall_stops_before_its_lease_ends() {
+        use wirerate_apiserver_double::{ApiServer, install};
+        let api = ApiServer::start(Duration::ZERO).await.unwrap();
+        let client = api.client().unwrap();
+        install(&client, &["ops"]).await.unwrap();
+        let stamped = acquire(&client, "ops", "a").await.unwrap();
+        // Every later write of the Lease (a renewal is a replace) is held.
+        api.stall("update", "leases", Duration::from_secs(30));
+        let why = tokio::time::timeout(
+            Duration::from_secs(LEASE_SECONDS.unsigned_abs().into()),
+            hold(client.clone(), "ops".into(), "a".into(), stamped),
+        )
+        .await
+        .expect("the leader stops leading before its Lease could be taken");
+        assert!(
+            stamped.elapsed() < Duration::from_secs(LEASE_SECONDS.unsigned_abs().into()),
+            "stopped {:?} after the stamp",
+            stamped.elapsed()
+        );
+        assert!(why.contains("no renewal"), "{why}");
+        api.unstall();
     }
 }

@@ -49,6 +49,10 @@ async fn run() -> anyhow::Result<()> {
         http::header::USER_AGENT,
         http::HeaderValue::from_static(concat!("wirerate-operator/", env!("CARGO_PKG_VERSION"))),
     ));
+    // No read timeout: watches are long polls. Calls that are not watches
+    // have deadlines of their own where a stall matters (the leader Lease).
+    config.connect_timeout = Some(Duration::from_secs(10));
+    config.write_timeout = Some(Duration::from_secs(10));
     let client = Client::try_from(config).context("cannot build the Kubernetes client")?;
 
     for (kind, probe) in [
@@ -90,7 +94,7 @@ async fn run() -> anyhow::Result<()> {
         namespace = args.namespace,
         "waiting for the leader Lease"
     );
-    leader::acquire(&client, &args.namespace, &identity).await?;
+    let stamped = leader::acquire(&client, &args.namespace, &identity).await?;
     tracing::info!("leading; starting controllers");
 
     // Every change a plan depends on is noted as it arrives from the watch
@@ -254,7 +258,7 @@ async fn run() -> anyhow::Result<()> {
         // would be placed, or no lost agent noticed.
         end = planner => anyhow::bail!("the planner stopped: {end:?}"),
         end = agent_watcher => anyhow::bail!("the agent watcher stopped: {end:?}"),
-        why = leader::hold(client.clone(), args.namespace.clone(), identity.clone()) => {
+        why = leader::hold(client.clone(), args.namespace.clone(), identity.clone(), stamped) => {
             // Another replica may be reconciling now; stopping at once is the safe side.
             anyhow::bail!("lost leadership ({why}); exiting so a restart waits for the Lease again");
         }
