@@ -127,37 +127,62 @@ pub async fn try_lead(client: &Client, namespace: &str, me: &str) -> Result<bool
 }
 
 /// Blocks until this replica leads; returns when the Lease it took was
-/// stamped, for [`hold`]. A try the API server does not answer within
-/// [`TRY_DEADLINE`] counts as not leading (if it was applied late, the next
-/// try finds the Lease ours and renews it).
-pub async fn acquire(client: &Client, namespace: &str, me: &str) -> Result<Instant> {
+/// stamped, for [`hold`]. A try that fails, or that the API server does not
+/// answer within [`TRY_DEADLINE`], counts as not leading: a standby waits
+/// out an API server's blip rather than exit with the leader (if a try was
+/// applied late, the next finds the Lease ours and renews it).
+pub async fn acquire(client: &Client, namespace: &str, me: &str) -> Instant {
     loop {
         let attempt = Instant::now();
-        if let Ok(led) = tokio::time::timeout(TRY_DEADLINE, try_lead(client, namespace, me)).await
-            && led?
-        {
-            return Ok(attempt);
+        match tokio::time::timeout(TRY_DEADLINE, try_lead(client, namespace, me)).await {
+            Ok(Ok(true)) => return attempt,
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot read or take the leader Lease"),
+            Err(_) => tracing::warn!("no answer on the leader Lease within {TRY_DEADLINE:?}"),
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
 }
 
-/// Renews the Lease every [`RENEW_EVERY`]; returns when leadership is lost
-/// or may be: another replica holds the Lease, or no renewal was taken
-/// within [`RENEW_DEADLINE`] (a stalled API server included: each renewal
-/// waits only for what is left of the deadline).
-/// `stamped` is when the Lease held was last stamped ([`acquire`]'s answer).
+/// How long after a failed renewal the leader tries again.
+const RETRY_EVERY: Duration = Duration::from_secs(1);
+
+/// How long to wait before the next renewal, `since` the Lease was last
+/// stamped, after a try that `failed` (or None: stop leading, the deadline
+/// has passed). Renewals keep to the stamp's cadence, so a slow answer does
+/// not push the next one late; a failed one is tried again soon.
+pub fn next_renewal(since: Duration, failed: bool) -> Option<Duration> {
+    let left = RENEW_DEADLINE.checked_sub(since).filter(|l| !l.is_zero())?;
+    Some(if failed {
+        RETRY_EVERY.min(left)
+    } else {
+        RENEW_EVERY.saturating_sub(since)
+    })
+}
+
+/// Renews the Lease on the cadence of [`next_renewal`]; returns when
+/// leadership is lost or may be: another replica holds the Lease, or no
+/// renewal was taken within [`RENEW_DEADLINE`] of the last stamp (a
+/// stalled API server included: each renewal waits only for what is left
+/// of the deadline). `stamped` is [`acquire`]'s answer.
 pub async fn hold(client: Client, namespace: String, me: String, mut stamped: Instant) -> String {
+    let mut failed = false;
     loop {
-        tokio::time::sleep(RENEW_EVERY.min(RENEW_DEADLINE.saturating_sub(stamped.elapsed()))).await;
+        let Some(wait) = next_renewal(stamped.elapsed(), failed) else {
+            return format!("no renewal of the Lease taken within {RENEW_DEADLINE:?}");
+        };
+        tokio::time::sleep(wait).await;
         let Some(left) = RENEW_DEADLINE.checked_sub(stamped.elapsed()) else {
             return format!("no renewal of the Lease taken within {RENEW_DEADLINE:?}");
         };
         let attempt = Instant::now();
         match tokio::time::timeout(left, try_lead(&client, &namespace, &me)).await {
-            Ok(Ok(true)) => stamped = attempt,
+            Ok(Ok(true)) => (stamped, failed) = (attempt, false),
             Ok(Ok(false)) => return "another replica holds the Lease".into(),
-            Ok(Err(e)) => tracing::warn!(error = %e, "cannot renew the leader Lease"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot renew the leader Lease; trying again");
+                failed = true;
+            }
             Err(_) => {
                 return format!(
                     "no renewal of the Lease taken within {RENEW_DEADLINE:?}: the API server did not answer"
@@ -224,7 +249,7 @@ mod tests {
         let api = ApiServer::start(Duration::ZERO).await.unwrap();
         let client = api.client().unwrap();
         install(&client, &["ops"]).await.unwrap();
-        let stamped = acquire(&client, "ops", "a").await.unwrap();
+        let stamped = acquire(&client, "ops", "a").await;
         // Every later write of the Lease (a renewal is a replace) is held.
         api.stall("update", "leases", Duration::from_secs(30));
         let why = tokio::time::timeout(
@@ -239,6 +264,48 @@ mod tests {
             stamped.elapsed()
         );
         assert!(why.contains("no renewal"), "{why}");
+        api.unstall();
+    }
+
+    #[test]
+    fn renewals_keep_to_the_stamp_and_retry_soon_until_the_deadline() {
+        let s = Duration::from_secs;
+        // On cadence: 5 s after the stamp, whenever the last answer came.
+        assert_eq!(next_renewal(s(0), false), Some(s(5)));
+        assert_eq!(
+            next_renewal(Duration::from_millis(2500), false),
+            Some(Duration::from_millis(2500))
+        );
+        // Late already: at once.
+        assert_eq!(next_renewal(s(7), false), Some(s(0)));
+        // After a failure, again within a second, never past the deadline.
+        assert_eq!(next_renewal(s(5), true), Some(s(1)));
+        assert_eq!(
+            next_renewal(Duration::from_millis(9500), true),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(next_renewal(s(10), true), None);
+        assert_eq!(next_renewal(s(11), false), None);
+    }
+
+    // From a review: one failed renewal (a 5xx, a reset while the API
+    // server restarts) and a few slow ones must not end a healthy
+    // leadership, as a first version of the deadline did.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_leader_rides_out_slow_renewals() {
+        use wirerate_apiserver_double::{ApiServer, install};
+        let api = ApiServer::start(Duration::ZERO).await.unwrap();
+        let client = api.client().unwrap();
+        install(&client, &["ops"]).await.unwrap();
+        let stamped = acquire(&client, "ops", "a").await;
+        // Every renewal answered 3 s late, through more than a Lease.
+        api.stall("update", "leases", Duration::from_secs(3));
+        let held = tokio::time::timeout(
+            Duration::from_secs(17),
+            hold(client.clone(), "ops".into(), "a".into(), stamped),
+        )
+        .await;
+        assert!(held.is_err(), "gave up: {held:?}");
         api.unstall();
     }
 }

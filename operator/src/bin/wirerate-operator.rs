@@ -94,7 +94,7 @@ async fn run() -> anyhow::Result<()> {
         namespace = args.namespace,
         "waiting for the leader Lease"
     );
-    let stamped = leader::acquire(&client, &args.namespace, &identity).await?;
+    let stamped = leader::acquire(&client, &args.namespace, &identity).await;
     tracing::info!("leading; starting controllers");
 
     // Every change a plan depends on is noted as it arrives from the watch
@@ -248,10 +248,14 @@ async fn run() -> anyhow::Result<()> {
             // Stopped by a signal: hand the Lease to a standby now rather
             // than let it wait out the Lease's duration.
             tracing::info!("controllers stopped");
-            match leader::release(&client, &args.namespace, &identity).await {
-                Ok(true) => tracing::info!("leader Lease released"),
-                Ok(false) => {}
-                Err(e) => tracing::warn!(error = %e, "cannot release the leader Lease"),
+            // Bounded: a stalled API server must not hold a stopping
+            // operator until its SIGKILL; the Lease then simply runs out.
+            let release = leader::release(&client, &args.namespace, &identity);
+            match tokio::time::timeout(Duration::from_secs(3), release).await {
+                Ok(Ok(true)) => tracing::info!("leader Lease released"),
+                Ok(Ok(false)) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot release the leader Lease"),
+                Err(_) => tracing::warn!("no answer on releasing the leader Lease within 3 s"),
             }
         }
         // They run for ever: one that ended panicked, and without it nothing
