@@ -309,36 +309,39 @@ fn run_agent(a: wirerate_agent::cli::RunArgs) -> Result<ExitCode> {
         path_test_delay: Duration::from_secs(a.path_test_delay),
     };
     let rt = tokio::runtime::Runtime::new()?;
-    let signal = rt.block_on(async {
+    // On a task of its own, so that a signal does not wait for its teardown
+    // (dropping a receiving job joins its accept thread): the runtime is
+    // given a second to stop, then left.
+    let agent = rt.spawn(wirerate_agent::cluster::run(cfg));
+    rt.block_on(async {
         tokio::select! {
-            r = wirerate_agent::cluster::run(cfg) => r.map(|()| None).map_err(anyhow::Error::from),
-            s = terminated() => s.map(Some).context("setting up the SIGTERM and SIGINT handlers"),
+            r = agent => r.context("the agent's task")?.map_err(anyhow::Error::from),
+            s = terminated() => s.map(|_| ()).context("setting up the SIGTERM and SIGINT handlers"),
         }
     })?;
-    if let Some(signal) = signal {
-        tracing::info!(
-            signal,
-            "stopping: transfers here go on from their checkpoints on another agent"
-        );
-    }
     // Transfer threads are not waited for: what they acknowledged is
     // durable, and the next attempt resumes from it.
     rt.shutdown_timeout(Duration::from_secs(1));
     Ok(ExitCode::SUCCESS)
 }
 
-/// Waits for SIGTERM or SIGINT. A pod's PID 1 has no default action for
+/// Waits for SIGTERM or SIGINT, and says which. A pod's PID 1 has no default action for
 /// them: without a handler, the kubelet's SIGTERM (a pod deleted, a node
 /// drained, a rollout) is ignored and the pod takes its whole grace period
 /// to go, holding its node's ports.
-async fn terminated() -> std::io::Result<&'static str> {
+async fn terminated() -> std::io::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => Ok("SIGTERM"),
-        _ = int.recv() => Ok("SIGINT"),
-    }
+    let signal = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    tracing::info!(
+        signal,
+        "stopping: what this agent's transfers acknowledged is checkpointed, and their next attempt resumes from it"
+    );
+    Ok(())
 }
 
 /// `probe`.

@@ -283,6 +283,17 @@ fn only_child(parent: u32) -> Option<u32> {
         .ok()
 }
 
+/// `unshare --kill-child` and the agent under it, killed when dropped (a
+/// failed test must not leave the agent running).
+struct Unshared(std::process::Child);
+
+impl Drop for Unshared {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 // issue 35: on real kubelets a deleted, drained or scaled-down agent pod
 // stayed Terminating for its whole grace period (60 s), holding its node's
 // ports: the agent, its container's PID 1, set no SIGTERM handler, and a
@@ -290,30 +301,37 @@ fn only_child(parent: u32) -> Option<u32> {
 // a PID namespace of its own, as in a container.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_that_is_pid_1_stops_on_sigterm() {
+    if !crate::common::require_root("a PID namespace (unshare --pid)") {
+        return;
+    }
     let c = cluster().await;
     let kubeconfig = c.root.path().join("kubeconfig.json");
     c.server.write_kubeconfig(&kubeconfig).unwrap();
-    let mut unshare = std::process::Command::new("unshare")
-        .args(["--pid", "--fork", "--kill-child", "--"])
-        .arg(crate::common::BIN)
-        .args([
-            "run",
-            "--agent-name",
-            AGENT,
-            "--namespace",
-            NS,
-            "--pool",
-            POOL,
-        ])
-        .args(["--advertise", "127.0.0.1", "--data-port", "18103"])
-        .args(["--metrics-port", "0"])
-        .env("KUBECONFIG", &kubeconfig)
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("unshare (util-linux) runs, as root");
+    let log_path = c.root.path().join("agent.log");
+    let mut unshare = Unshared(
+        std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child", "--"])
+            .arg(crate::common::BIN)
+            .args([
+                "run",
+                "--agent-name",
+                AGENT,
+                "--namespace",
+                NS,
+                "--pool",
+                POOL,
+            ])
+            .args(["--advertise", "127.0.0.1", "--data-port", "18103"])
+            .args(["--metrics-port", "0"])
+            .env("KUBECONFIG", &kubeconfig)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            // A file, not a pipe nobody reads until the end.
+            .stderr(std::fs::File::create(&log_path).unwrap())
+            .spawn()
+            .expect("unshare (util-linux) runs"),
+    );
     wait_for_lease(&c.client).await;
-    let agent = only_child(unshare.id()).expect("unshare forked the agent");
+    let agent = only_child(unshare.0.id()).expect("unshare forked the agent");
     let pid_in_ns = std::fs::read_to_string(format!("/proc/{agent}/status"))
         .unwrap()
         .lines()
@@ -331,18 +349,16 @@ async fn an_agent_that_is_pid_1_stops_on_sigterm() {
     assert!(sent.success());
     let until = Instant::now() + Duration::from_secs(10);
     let status = loop {
-        if let Some(s) = unshare.try_wait().unwrap() {
+        if let Some(s) = unshare.0.try_wait().unwrap() {
             break s;
         }
-        if Instant::now() > until {
-            unshare.kill().unwrap();
-            unshare.wait().unwrap();
-            panic!("the agent, PID 1, still runs 10 s after SIGTERM");
-        }
+        assert!(
+            Instant::now() < until,
+            "the agent, PID 1, still runs 10 s after SIGTERM"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let mut log = String::new();
-    std::io::Read::read_to_string(&mut unshare.stderr.take().unwrap(), &mut log).unwrap();
+    let log = std::fs::read_to_string(&log_path).unwrap();
     assert!(status.success(), "{status}: {log}");
     assert!(
         log.contains("stopping"),
