@@ -17,8 +17,8 @@ pub mod reason {
     pub const NO_SCHEDULABLE_NODE: &str = "NoSchedulableNode";
     /// Pods cannot be placed: no node has the huge pages asked for.
     pub const HUGEPAGES_UNAVAILABLE: &str = "HugepagesUnavailable";
-    /// Pods cannot be placed: every node that matches already runs an
-    /// agent on the pool's host ports.
+    /// Pods cannot be placed: on every node that matches, another pod
+    /// holds one of the pool's host ports.
     pub const HOST_PORTS_TAKEN: &str = "HostPortsTaken";
     /// A PersistentVolumeClaim the pool's volumes name does not exist.
     pub const CLAIM_MISSING: &str = "PersistentVolumeClaimMissing";
@@ -405,7 +405,7 @@ fn unschedulable_pods(pool: &DtnPool, pods: &[&Pod]) -> Option<(&'static str, St
         return Some((
             reason::HOST_PORTS_TAKEN,
             format!(
-                "pod {pod} cannot be scheduled, the nodes it may run on already have an agent on spec.dataPort or spec.metricsPort ({why}): agents use the host's network, so each node runs one agent per port; add DTN nodes, lower spec.replicas, or give pools that share nodes different ports"
+                "pod {pod} cannot be scheduled, on the nodes it may run on another pod already holds one of its host ports ({why}): agents use the host's network (spec.dataPort and the next two per transfer, spec.metricsPort), so a node runs one agent of a pool; add DTN nodes, lower spec.replicas, give pools that share nodes port ranges that do not overlap, or uncordon a node being drained"
             ),
         ));
     }
@@ -729,7 +729,7 @@ mod tests {
             "0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 2 node(s) didn't have free ports for the requested pod ports. preemption: 0/3 nodes are available: 1 Preemption is not helpful for scheduling, 2 No preemption victims found for incoming pod.",
         );
         assert_eq!(c.reason, reason::HOST_PORTS_TAKEN);
-        assert!(c.message.contains("one agent per port"), "{}", c.message);
+        assert!(c.message.contains("one agent of a pool"), "{}", c.message);
         assert!(!c.message.contains("label DTN nodes"), "{}", c.message);
     }
 

@@ -23,7 +23,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
-use wirerate_crds::{DtnPool, contract};
+use wirerate_crds::{DtnPool, DtnPoolSpec, contract};
 
 /// Label naming the pool's namespace on everything rendered for it (Roles in
 /// other namespaces are found by it).
@@ -31,6 +31,35 @@ pub const POOL_NAMESPACE_LABEL: &str = "wirerate.io/pool-namespace";
 
 /// Where the agents mount their huge pages.
 pub const HUGEPAGES_MOUNT: &str = "/dev/hugepages";
+
+/// The ports an agent binds on its host's network, declared so that the
+/// scheduler places no two agents whose ports overlap on one node: every
+/// data port it may receive on (found on real kubelets: only the first was
+/// declared, so two pools' ranges could overlap unseen), then metrics.
+fn host_ports(spec: &DtnPoolSpec) -> Vec<ContainerPort> {
+    let port = |name: String, p: i32| ContainerPort {
+        name: Some(name),
+        container_port: p,
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    };
+    // The CRD bounds both (1024-65535, 1-MAX_TRANSFERS_PER_AGENT).
+    let first = u16::try_from(spec.data_port).unwrap_or(u16::MAX);
+    let max = u16::try_from(spec.max_transfers_per_agent).unwrap_or(1);
+    let mut ports: Vec<ContainerPort> = contract::data_ports(first, max)
+        .enumerate()
+        .map(|(i, p)| {
+            let name = if i == 0 {
+                "data".to_owned()
+            } else {
+                format!("data-{i}")
+            };
+            port(name, i32::from(p))
+        })
+        .collect();
+    ports.push(port("metrics".into(), spec.metrics_port));
+    ports
+}
 
 /// Everything a pool runs on, in the order to apply it.
 #[derive(Clone, Debug, PartialEq)]
@@ -445,20 +474,7 @@ fn pod_spec(
             image_pull_policy: spec.image_pull_policy.clone(),
             args: Some(vec!["run".into()]),
             env: Some(envs),
-            ports: Some(vec![
-                ContainerPort {
-                    name: Some("data".into()),
-                    container_port: spec.data_port,
-                    protocol: Some("TCP".into()),
-                    ..Default::default()
-                },
-                ContainerPort {
-                    name: Some("metrics".into()),
-                    container_port: spec.metrics_port,
-                    protocol: Some("TCP".into()),
-                    ..Default::default()
-                },
-            ]),
+            ports: Some(host_ports(spec)),
             readiness_probe: Some(Probe {
                 tcp_socket: Some(TCPSocketAction {
                     port: IntOrString::Int(spec.metrics_port),
@@ -517,7 +533,7 @@ pub(crate) mod tests {
 
     /// The host ports an agent of `pool` binds: its data ports (one range
     /// per transfer it may receive) and its metrics port.
-    fn host_ports(pool: &DtnPool) -> Vec<u16> {
+    fn bound_ports(pool: &DtnPool) -> Vec<u16> {
         let s = &pool.spec;
         let port = |p: i32| u16::try_from(p).unwrap();
         let max = u16::try_from(s.max_transfers_per_agent).unwrap();
@@ -529,7 +545,8 @@ pub(crate) mod tests {
     // issue 35: on real kubelets the two example pools could not share the
     // beamline DTN node that kind-config.yaml gives them both: both used
     // 7700 and 9700 on the host's network, and the instrument's agent
-    // stayed Pending.
+    // stayed Pending. And the pods declared only their first data port, so
+    // the scheduler could not see two pools' ranges overlap.
     #[test]
     fn the_example_pools_bind_different_host_ports() {
         let (a, b) = (
@@ -546,18 +563,14 @@ pub(crate) mod tests {
                 .map(|c| c.container_port)
                 .collect()
         };
-        // What the scheduler sees is what the agents bind first.
+        // What the scheduler sees is every port the agents bind.
         for p in [&a, &b] {
-            let ports = host_ports(p);
-            assert!(
-                declared(p)
-                    .iter()
-                    .all(|d| ports.contains(&u16::try_from(*d).unwrap()))
-            );
+            let bound: Vec<i32> = bound_ports(p).into_iter().map(i32::from).collect();
+            assert_eq!(declared(p), bound);
         }
-        let shared: Vec<u16> = host_ports(&a)
+        let shared: Vec<u16> = bound_ports(&a)
             .into_iter()
-            .filter(|p| host_ports(&b).contains(p))
+            .filter(|p| bound_ports(&b).contains(p))
             .collect();
         assert!(shared.is_empty(), "both example pools bind {shared:?}");
     }
