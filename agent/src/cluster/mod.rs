@@ -138,25 +138,63 @@ const FINISH_GRACE: Duration = Duration::from_secs(30);
 /// no fixed order.
 const POOL_WAIT: Duration = Duration::from_secs(120);
 
+/// Why the agent in cluster mode stopped: what it needs from the API
+/// server at start, typed with the API's answer, or a transfer's error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// No API server configured (no KUBECONFIG, not in a pod), or its
+    /// configuration does not load.
+    #[error("no Kubernetes API to talk to ({0}): set KUBECONFIG or run in a pod")]
+    NoApi(#[source] kube::Error),
+    /// The agent's DtnPool could not be read for [`POOL_WAIT`].
+    #[error(
+        "cannot read DtnPool {namespace}/{pool} after {}s ({source}): create the pool, or check that this agent's service account may get dtnpools",
+        POOL_WAIT.as_secs()
+    )]
+    PoolUnreadable {
+        /// The pool's namespace.
+        namespace: String,
+        /// The pool.
+        pool: String,
+        /// The last answer, or its absence.
+        #[source]
+        source: api::ApiError,
+    },
+    /// The agent's own work failed.
+    #[error(transparent)]
+    Agent(#[from] Error),
+}
+
+impl RunError {
+    /// Whether starting again may get past it: the API server did not
+    /// answer, or answered with a server error. A missing pool or a
+    /// refusal needs a change first.
+    pub fn transient(&self) -> bool {
+        match self {
+            Self::NoApi(_) | Self::Agent(_) => false,
+            Self::PoolUnreadable { source, .. } => {
+                source.transient() && !matches!(source.code(), Some(409))
+            }
+        }
+    }
+}
+
 /// Reads this agent's DtnPool, retrying with a growing pause until
 /// `POOL_WAIT` has passed.
-async fn read_pool(pools: &Api<DtnPool>, cfg: &RunConfig) -> Result<DtnPool> {
+async fn read_pool(pools: &Api<DtnPool>, cfg: &RunConfig) -> Result<DtnPool, RunError> {
     let start = Instant::now();
     let mut pause = Duration::from_millis(500);
     loop {
-        // The API's own message, not the whole Status it came in.
         let e = match api::call(api::CALL_TIMEOUT, pools.get(&cfg.pool)).await {
             Ok(p) => return Ok(p),
-            Err(e) => e.to_string(),
+            Err(e) => e,
         };
         if start.elapsed() + pause >= POOL_WAIT {
-            return Err(Error::Config(format!(
-                "cannot read DtnPool {}/{} after {}s ({e}): create the pool, or check \
-                 that this agent's service account may get dtnpools",
-                cfg.namespace,
-                cfg.pool,
-                POOL_WAIT.as_secs()
-            )));
+            return Err(RunError::PoolUnreadable {
+                namespace: cfg.namespace.clone(),
+                pool: cfg.pool.clone(),
+                source: e,
+            });
         }
         tracing::warn!(
             namespace = %cfg.namespace,
@@ -171,17 +209,13 @@ async fn read_pool(pools: &Api<DtnPool>, cfg: &RunConfig) -> Result<DtnPool> {
 }
 
 /// Runs the agent until the process is stopped.
-pub async fn run(cfg: RunConfig) -> Result<()> {
-    let client = api::client().await.map_err(|e| {
-        Error::Config(format!(
-            "no Kubernetes API to talk to ({e}): set KUBECONFIG or run in a pod"
-        ))
-    })?;
+pub async fn run(cfg: RunConfig) -> Result<(), RunError> {
+    let client = api::client().await.map_err(RunError::NoApi)?;
     run_with(client, cfg).await
 }
 
 /// Runs the agent on `client` until the process is stopped.
-pub async fn run_with(client: Client, cfg: RunConfig) -> Result<()> {
+pub async fn run_with(client: Client, cfg: RunConfig) -> Result<(), RunError> {
     let pools: Api<DtnPool> = Api::namespaced(client.clone(), &cfg.namespace);
     let pool = read_pool(&pools, &cfg).await?;
     tracing::info!(
@@ -1476,5 +1510,42 @@ mod tests {
         assert_eq!(shown(at(1000, 520), (550, 1000)), (1000, 520));
         // A first attempt has nothing to carry: 0 of an unknown total.
         assert_eq!(shown(at(0, 0), (0, 0)), (0, 0));
+    }
+}
+
+#[cfg(test)]
+mod start_tests {
+    use std::time::Duration;
+
+    use super::{RunError, api};
+
+    // issue 35: the agent's errors from the API server were flattened
+    // into Config(String) at start; now typed, with whether a restart may
+    // help.
+    #[test]
+    fn start_errors_keep_the_api_answer_and_say_whether_to_retry() {
+        let unreadable = |source| RunError::PoolUnreadable {
+            namespace: "research-data".into(),
+            pool: "center".into(),
+            source,
+        };
+        let late = unreadable(api::ApiError::TimedOut(Duration::from_secs(10)));
+        assert!(late.transient());
+        let text = late.to_string();
+        assert!(
+            text.contains("DtnPool research-data/center after 120s"),
+            "{text}"
+        );
+        assert!(text.contains("no answer from the API server"), "{text}");
+        let status = |code: u16| {
+            let mut s = kube::core::Status::failure("dtnpools \"center\" not found", "NotFound");
+            s.code = code;
+            api::ApiError::Kube(kube::Error::Api(Box::new(s)))
+        };
+        let missing = unreadable(status(404));
+        assert!(!missing.transient());
+        assert!(missing.to_string().contains("404"), "{missing}");
+        assert!(unreadable(status(503)).transient());
+        assert!(!unreadable(status(403)).transient());
     }
 }
