@@ -22,6 +22,8 @@ pub mod reason {
     pub const HOST_PORTS_TAKEN: &str = "HostPortsTaken";
     /// A PersistentVolumeClaim the pool's volumes name does not exist.
     pub const CLAIM_MISSING: &str = "PersistentVolumeClaimMissing";
+    /// A PersistentVolumeClaim the pool's volumes name is not bound yet.
+    pub const CLAIM_UNBOUND: &str = "PersistentVolumeClaimUnbound";
     /// An agent's host checks failed.
     pub const PREFLIGHT_FAILED: &str = "PreflightFailed";
     /// Agents are known but their Leases are stale.
@@ -389,6 +391,18 @@ fn unschedulable_pods(pool: &DtnPool, pods: &[&Pod]) -> Option<(&'static str, St
             ),
         ));
     }
+    // The scheduler's words for a claim that exists and waits for a volume.
+    if let Some((pod, why)) = stuck.iter().find(|(_, m)| {
+        let m = m.to_lowercase();
+        m.contains("unbound") && m.contains("persistentvolumeclaim")
+    }) {
+        return Some((
+            reason::CLAIM_UNBOUND,
+            format!(
+                "pod {pod} waits for a PersistentVolumeClaim it mounts to be bound ({why}): see `kubectl get pvc`; the claim needs a PersistentVolume that matches it, or a StorageClass that provisions one"
+            ),
+        ));
+    }
     if let Some((pod, why)) = stuck
         .iter()
         .find(|(_, m)| m.to_lowercase().contains("hugepages"))
@@ -731,6 +745,14 @@ mod tests {
         assert_eq!(c.reason, reason::HOST_PORTS_TAKEN);
         assert!(c.message.contains("one agent of a pool"), "{}", c.message);
         assert!(!c.message.contains("label DTN nodes"), "{}", c.message);
+        // And for a claim that waits for its volume (seen while a
+        // PersistentVolume was being bound to it).
+        let c = degraded_by_pending(
+            &pool,
+            "0/3 nodes are available: pod has unbound immediate PersistentVolumeClaims. preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling.",
+        );
+        assert_eq!(c.reason, reason::CLAIM_UNBOUND);
+        assert!(c.message.contains("kubectl get pvc"), "{}", c.message);
     }
 
     #[test]
