@@ -59,9 +59,6 @@ pub struct Agent {
     pub node: Option<String>,
     /// Its pod, in the cluster.
     pub pod: Option<String>,
-    /// When that pod was made (the API server's stamp): one made after the
-    /// agent was lost is a new agent (see `lifecycle::step`).
-    pub pod_created: Option<Timestamp>,
     /// Transfers it accepts at once.
     pub capacity: i32,
     /// Last renewal.
@@ -217,11 +214,6 @@ pub fn from_lease(
     );
     let renewed = spec.renew_time.as_ref().map(|t| Time(t.0));
     let pod = said.pod.clone();
-    let pod_created = pod
-        .as_deref()
-        .and_then(|p| pods.get(p))
-        .and_then(|p| p.metadata.creation_timestamp.as_ref())
-        .map(|t| t.0);
     let since = heard.or(renewed.as_ref().map(|t| t.0));
 
     let dead = match since {
@@ -251,7 +243,6 @@ pub fn from_lease(
         address: said.address,
         node: said.node,
         pod,
-        pod_created,
         capacity: said
             .capacity
             .unwrap_or(1)

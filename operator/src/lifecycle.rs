@@ -13,7 +13,6 @@ use wirerate_crds::transfer::{
 use wirerate_crds::{Transfer, TransferPhase, TransferStatus};
 
 use crate::agents::{Agent, AgentId};
-use crate::scheduler::Key;
 use crate::validate::{Invalid, Resolved};
 
 /// Something a person should see, as a Kubernetes Event.
@@ -71,51 +70,6 @@ impl Step {
 
 /// Computes the next status of `t`. `agents` holds every known agent.
 pub fn step(
-    t: &Transfer,
-    validity: &Result<Resolved, Invalid>,
-    agents: &HashMap<AgentId, Agent>,
-    now: Timestamp,
-) -> Step {
-    let mut st = look(t, validity, agents, now);
-    if let (Ok(r), Some(needs)) = (validity, st.needs.as_mut()) {
-        let pools = [Some(&r.sender_pool), r.receiver_pool.as_ref()];
-        let failovers = &st.status.failovers;
-        needs
-            .avoid
-            .retain(|name| !made_again(name, failovers, agents, &pools));
-    }
-    st
-}
-
-/// Whether the agent `name` of one of `pools` runs in a pod made at or
-/// after its last loss in `failovers`. A pod deleted on purpose (a rollout,
-/// a drain, a scale-down) and made again by its StatefulSet is a new agent,
-/// not the one lost, and the back-off would only hold the Transfer (found
-/// on real kubelets: 30 s of an image upgrade). An agent that crashed and
-/// came back in its pod keeps its back-off.
-fn made_again(
-    name: &str,
-    failovers: &[Failover],
-    agents: &HashMap<AgentId, Agent>,
-    pools: &[Option<&Key>],
-) -> bool {
-    let Some(lost) = failovers
-        .iter()
-        .filter(|f| f.agent == name)
-        .map(|f| f.at.0)
-        .max()
-    else {
-        return false;
-    };
-    agents.values().any(|a| {
-        a.name == name
-            && pools.contains(&Some(&(a.namespace.clone(), a.pool.clone())))
-            && a.pod_created.is_some_and(|made| made >= lost)
-    })
-}
-
-/// [`step`] before an agent lost and made again is forgiven its back-off.
-fn look(
     t: &Transfer,
     validity: &Result<Resolved, Invalid>,
     agents: &HashMap<AgentId, Agent>,
@@ -1250,8 +1204,6 @@ mod tests {
     use super::*;
     use crate::agents::{from_lease, tests::lease};
     use crate::validate::tests::{check, check_shared, transfer};
-    use k8s_openapi::api::core::v1::Pod;
-    use std::collections::BTreeMap;
     use wirerate_crds::transfer::AgentReport;
 
     fn at(s: i64) -> Timestamp {
@@ -2390,49 +2342,6 @@ mod tests {
         assert_eq!((n.receivers, n.avoid), (1, vec!["r0".to_owned()]));
         let n = step(&t, &check(&t), &back, at(231)).needs.unwrap();
         assert!(n.receivers == 1 && n.avoid.is_empty(), "{n:?}");
-    }
-
-    // issue 35: on real kubelets an image upgrade replaced the sending
-    // pool's one agent with a new pod, and the Transfer waited out the lost
-    // agent's 30 s back-off for it.
-    #[test]
-    fn a_lost_agent_in_a_pod_made_again_is_not_passed_over() {
-        let mut t = transfer("t", "/in/a", "/out/a");
-        running(&mut t, &agents(99, &[("src", "s0"), ("dst", "r0")]));
-        let st = step(&t, &check(&t), &agents(200, &[("src", "s0")]), at(201));
-        t.status = Some(st.status);
-        // r0 renews again at 205, from a pod made at `made`.
-        let back = |pool: &str, made: i64| {
-            let mut pod = Pod::default();
-            pod.metadata.name = Some("r0-pod".into());
-            pod.metadata.creation_timestamp = Some(Time(at(made)));
-            let pods = BTreeMap::from([("r0-pod".to_owned(), &pod)]);
-            let r0 = from_lease(
-                &lease(pool, "r0", 205, Some("r0-pod")),
-                &pods,
-                at(206),
-                None,
-            )
-            .unwrap();
-            let mut all = agents(205, &[("src", "s0")]);
-            all.insert(r0.id(), r0);
-            all
-        };
-        // The pod it was lost from, restarted: still passed over.
-        let n = step(&t, &check(&t), &back("dst", 50), at(206))
-            .needs
-            .unwrap();
-        assert_eq!((n.receivers, n.avoid), (1, vec!["r0".to_owned()]));
-        // A pod made after the loss: a new agent, chosen at once.
-        let n = step(&t, &check(&t), &back("dst", 202), at(206))
-            .needs
-            .unwrap();
-        assert!(n.receivers == 1 && n.avoid.is_empty(), "{n:?}");
-        // The same name in a pool the Transfer does not use changes nothing.
-        let n = step(&t, &check(&t), &back("elsewhere", 202), at(206))
-            .needs
-            .unwrap();
-        assert_eq!(n.avoid, ["r0"]);
     }
 
     #[test]

@@ -228,23 +228,10 @@ fn fingerprint(
             t.metadata.deletion_timestamp.is_some(),
             catalog_fp,
             assigned.then_some((agents_fp, stalled(t, inputs.now))),
-            // Time, not an event, ends a lost agent's back-off; or a new
-            // pod of the agent, live (`lifecycle::step`).
-            t.status.as_ref().map(|s| {
-                let avoid = lifecycle::avoided(&s.failovers, inputs.now);
-                let made: Vec<Option<i64>> = avoid
-                    .iter()
-                    .map(|n| {
-                        inputs
-                            .agents
-                            .values()
-                            .filter(|a| &a.name == n && a.live())
-                            .filter_map(|a| a.pod_created.map(|t| t.as_second()))
-                            .max()
-                    })
-                    .collect();
-                (avoid, made)
-            }),
+            // Time, not an event, ends a lost agent's back-off.
+            t.status
+                .as_ref()
+                .map(|s| lifecycle::avoided(&s.failovers, inputs.now)),
         ))
     })
 }
