@@ -12,6 +12,7 @@ pub mod agents;
 pub mod applied;
 pub mod budget;
 pub mod cli;
+pub mod clients;
 pub mod context;
 pub mod destinations;
 pub mod error;

@@ -19,7 +19,7 @@ use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use wirerate_crds::{DtnPool, DtnPoolBinding, Transfer, contract};
 use wirerate_operator::cli::Args;
 use wirerate_operator::context::{Context, Stores};
-use wirerate_operator::{leader, pool_controller, transfer_controller};
+use wirerate_operator::{clients, leader, pool_controller, transfer_controller};
 use wirerate_telemetry::Endpoints;
 
 #[tokio::main]
@@ -49,11 +49,10 @@ async fn run() -> anyhow::Result<()> {
         http::header::USER_AGENT,
         http::HeaderValue::from_static(concat!("wirerate-operator/", env!("CARGO_PKG_VERSION"))),
     ));
-    // No read timeout: watches are long polls. Calls that are not watches
-    // have deadlines of their own where a stall matters (the leader Lease).
-    config.connect_timeout = Some(Duration::from_secs(10));
-    config.write_timeout = Some(Duration::from_secs(10));
-    let client = Client::try_from(config).context("cannot build the Kubernetes client")?;
+    let clients::Clients {
+        calls: client,
+        watches,
+    } = clients::clients(config).context("cannot build the Kubernetes client")?;
 
     for (kind, probe) in [
         (
@@ -106,7 +105,7 @@ async fn run() -> anyhow::Result<()> {
     let pool_stream = reflector(
         pool_writer,
         watcher(
-            Api::<DtnPool>::all(client.clone()),
+            Api::<DtnPool>::all(watches.clone()),
             watcher::Config::default(),
         ),
     )
@@ -115,13 +114,13 @@ async fn run() -> anyhow::Result<()> {
     .applied_objects()
     .predicate_filter(pool_controller::changed, PredicateConfig::default());
     let pools = Controller::for_stream(pool_stream, pool_store.clone()).owns(
-        Api::<StatefulSet>::all(client.clone()),
+        Api::<StatefulSet>::all(watches.clone()),
         watcher::Config::default().labels(contract::POOL_LABEL),
     );
     // A new or deleted DtnPoolBinding changes what its pool may reach, and
     // whether the namespace's Transfers are valid.
     let pools = pools.watches(
-        Api::<DtnPoolBinding>::all(client.clone()),
+        Api::<DtnPoolBinding>::all(watches.clone()),
         watcher::Config::default(),
         |b| Some(ObjectRef::new(&b.spec.pool).within(&b.spec.pool_namespace)),
     );
@@ -129,7 +128,7 @@ async fn run() -> anyhow::Result<()> {
     let transfer_stream = reflector(
         transfer_writer,
         watcher(
-            Api::<Transfer>::all(client.clone()),
+            Api::<Transfer>::all(watches.clone()),
             watcher::Config::default(),
         ),
     )
@@ -139,7 +138,7 @@ async fn run() -> anyhow::Result<()> {
     let transfers = Controller::for_stream(transfer_stream, transfer_store.clone());
     let in_namespace = transfer_store.clone();
     let transfers = transfers.watches(
-        Api::<DtnPoolBinding>::all(client.clone()),
+        Api::<DtnPoolBinding>::all(watches.clone()),
         watcher::Config::default(),
         move |b| {
             let ns = b.metadata.namespace.clone();
@@ -157,7 +156,7 @@ async fn run() -> anyhow::Result<()> {
     let lease_watch = reflector(
         lease_writer,
         watcher(
-            Api::<Lease>::all(client.clone()),
+            Api::<Lease>::all(watches.clone()),
             watcher::Config::default().labels(contract::POOL_LABEL),
         ),
     )
@@ -168,7 +167,7 @@ async fn run() -> anyhow::Result<()> {
     let pod_watch = reflector(
         pod_writer,
         watcher(
-            Api::<Pod>::all(client.clone()),
+            Api::<Pod>::all(watches.clone()),
             watcher::Config::default().labels(contract::POOL_LABEL),
         ),
     )
@@ -180,7 +179,7 @@ async fn run() -> anyhow::Result<()> {
     let binding_watch = reflector(
         binding_writer,
         watcher(
-            Api::<DtnPoolBinding>::all(client.clone()),
+            Api::<DtnPoolBinding>::all(watches.clone()),
             watcher::Config::default(),
         ),
     )
