@@ -313,15 +313,16 @@ fn run_agent(a: wirerate_agent::cli::RunArgs) -> Result<ExitCode> {
     // (dropping a receiving job joins its accept thread): the runtime is
     // given a second to stop, then left.
     let agent = rt.spawn(wirerate_agent::cluster::run(cfg));
-    rt.block_on(async {
+    let outcome = rt.block_on(async {
         tokio::select! {
             r = agent => r.context("the agent's task")?.map_err(anyhow::Error::from),
             s = terminated() => s.map(|_| ()).context("setting up the SIGTERM and SIGINT handlers"),
         }
-    })?;
-    // Transfer threads are not waited for: what they acknowledged is
-    // durable, and the next attempt resumes from it.
+    });
+    // Transfer threads are not waited for, whatever ended the agent: what
+    // they acknowledged is durable, and the next attempt resumes from it.
     rt.shutdown_timeout(Duration::from_secs(1));
+    outcome?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -145,10 +145,10 @@ pub enum RunError {
     /// No API server configured (no KUBECONFIG, not in a pod), or its
     /// configuration does not load.
     #[error("no Kubernetes API to talk to ({0}): set KUBECONFIG or run in a pod")]
-    NoApi(#[source] kube::Error),
+    NoApi(kube::Error),
     /// The agent's DtnPool could not be read for [`POOL_WAIT`].
     #[error(
-        "cannot read DtnPool {namespace}/{pool} after {}s ({source}): create the pool, or check that this agent's service account may get dtnpools",
+        "cannot read DtnPool {namespace}/{pool} after {}s ({last}): create the pool, or check that this agent's service account may get dtnpools",
         POOL_WAIT.as_secs()
     )]
     PoolUnreadable {
@@ -156,9 +156,9 @@ pub enum RunError {
         namespace: String,
         /// The pool.
         pool: String,
-        /// The last answer, or its absence.
-        #[source]
-        source: api::ApiError,
+        /// The last answer, or its absence (in the message, so not
+        /// chained again).
+        last: api::ApiError,
     },
     /// The agent's own work failed.
     #[error(transparent)]
@@ -172,8 +172,8 @@ impl RunError {
     pub fn transient(&self) -> bool {
         match self {
             Self::NoApi(_) | Self::Agent(_) => false,
-            Self::PoolUnreadable { source, .. } => {
-                source.transient() && !matches!(source.code(), Some(409))
+            Self::PoolUnreadable { last, .. } => {
+                last.transient() && !matches!(last.code(), Some(409))
             }
         }
     }
@@ -193,7 +193,7 @@ async fn read_pool(pools: &Api<DtnPool>, cfg: &RunConfig) -> Result<DtnPool, Run
             return Err(RunError::PoolUnreadable {
                 namespace: cfg.namespace.clone(),
                 pool: cfg.pool.clone(),
-                source: e,
+                last: e,
             });
         }
         tracing::warn!(
@@ -1524,10 +1524,10 @@ mod start_tests {
     // help.
     #[test]
     fn start_errors_keep_the_api_answer_and_say_whether_to_retry() {
-        let unreadable = |source| RunError::PoolUnreadable {
+        let unreadable = |last| RunError::PoolUnreadable {
             namespace: "research-data".into(),
             pool: "center".into(),
-            source,
+            last,
         };
         let late = unreadable(api::ApiError::TimedOut(Duration::from_secs(10)));
         assert!(late.transient());
@@ -1537,6 +1537,13 @@ mod start_tests {
             "{text}"
         );
         assert!(text.contains("no answer from the API server"), "{text}");
+        // Printed with its causes (as main does), the answer appears once.
+        let chained = format!("{:#}", anyhow::Error::from(late));
+        assert_eq!(
+            chained.matches("no answer from the API server").count(),
+            1,
+            "{chained}"
+        );
         let status = |code: u16| {
             let mut s = kube::core::Status::failure("dtnpools \"center\" not found", "NotFound");
             s.code = code;
