@@ -391,10 +391,12 @@ fn unschedulable_pods(pool: &DtnPool, pods: &[&Pod]) -> Option<(&'static str, St
             ),
         ));
     }
-    // The scheduler's words for a claim that exists and waits for a volume.
+    // The scheduler's words for a claim that exists and waits for a volume
+    // (bound at once, or on the pod's node: WaitForFirstConsumer).
     if let Some((pod, why)) = stuck.iter().find(|(_, m)| {
         let m = m.to_lowercase();
-        m.contains("unbound") && m.contains("persistentvolumeclaim")
+        (m.contains("unbound") && m.contains("persistentvolumeclaim"))
+            || m.contains("didn't find available persistent volumes to bind")
     }) {
         return Some((
             reason::CLAIM_UNBOUND,
@@ -753,6 +755,11 @@ mod tests {
         );
         assert_eq!(c.reason, reason::CLAIM_UNBOUND);
         assert!(c.message.contains("kubectl get pvc"), "{}", c.message);
+        let c = degraded_by_pending(
+            &pool,
+            "0/3 nodes are available: 3 node(s) didn't find available persistent volumes to bind.",
+        );
+        assert_eq!(c.reason, reason::CLAIM_UNBOUND);
     }
 
     #[test]

@@ -57,7 +57,12 @@ fn host_ports(spec: &DtnPoolSpec) -> Vec<ContainerPort> {
             port(name, i32::from(p))
         })
         .collect();
-    ports.push(port("metrics".into(), spec.metrics_port));
+    // A metrics port inside the data range is declared once: a hostPort
+    // twice makes the pod refused at creation, where the agent's own bind
+    // error says more.
+    if !ports.iter().any(|p| p.container_port == spec.metrics_port) {
+        ports.push(port("metrics".into(), spec.metrics_port));
+    }
     ports
 }
 
@@ -573,6 +578,26 @@ pub(crate) mod tests {
             .filter(|p| bound_ports(&b).contains(p))
             .collect();
         assert!(shared.is_empty(), "both example pools bind {shared:?}");
+    }
+
+    // From a review: a metrics port inside the data range, declared twice,
+    // would make every pod of the pool refused at creation.
+    #[test]
+    fn a_port_in_both_roles_is_declared_once() {
+        let mut pool = lustre_pool();
+        pool.spec.metrics_port = pool.spec.data_port + 1;
+        let sts = render(&pool, &[]).stateful_set;
+        let pod = sts.spec.unwrap().template.spec.unwrap();
+        let mut ports: Vec<i32> = pod.containers[0]
+            .ports
+            .iter()
+            .flatten()
+            .map(|c| c.container_port)
+            .collect();
+        let declared = ports.len();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), declared, "{ports:?}");
     }
 
     /// The metadata of an object someone made: `owner` is the uid of its

@@ -65,8 +65,10 @@ async fn a_lease_running_out_wakes_the_transfers_of_its_agent() {
     let mut wakes = d.ctx.wakes().unwrap();
     pools(&mut d);
     d.lease(&lease("src", "s0", now(), None));
-    // Valid for 15 s, renewed 14 s ago: runs out in a second.
-    d.lease(&lease("dst", "r0", now() - 14, None));
+    // Valid for 15 s, renewed 11 s ago: runs out in 4 s, after the watcher
+    // has seen it live (CI failed it once with 1 s to spare: under load the
+    // setup took longer, and the Lease ran out before the watcher began).
+    d.lease(&lease("dst", "r0", now() - 11, None));
     let x = t("x", 0, 1);
     d.transfer(&x);
     reconcile(&d, &x).await;
@@ -78,7 +80,7 @@ async fn a_lease_running_out_wakes_the_transfers_of_its_agent() {
 
     let watcher = tokio::spawn(d.ctx.clone().watch_agents());
     let mut pools_woken = Vec::new();
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(6);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
     let mut transfers_woken = Vec::new();
     while tokio::time::Instant::now() < deadline && transfers_woken.is_empty() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
