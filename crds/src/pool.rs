@@ -55,6 +55,7 @@ use crate::tuning::{Striping, Tuning};
 )]
 #[x_kube(validation = Rule::new("self.allowedRoots.all(r, self.volumes.exists(v, r == v.mountPath || r.startsWith(v.mountPath.endsWith('/') ? v.mountPath : v.mountPath + '/')))").message("every allowedRoots entry must lie under one of the volumes' mountPath: add a volume or change the root"))]
 #[x_kube(validation = Rule::new("!has(self.pathTests) || !self.pathTests.listen || ((self.pathTests.port < self.dataPort || self.pathTests.port >= self.dataPort + 2 * self.maxTransfersPerAgent) && self.pathTests.port != self.metricsPort)").message("pathTests.port must be neither the metrics port nor one of the data ports (dataPort up to dataPort + 2 x maxTransfersPerAgent)"))]
+#[x_kube(validation = Rule::new("self.metricsPort < self.dataPort || self.metricsPort >= self.dataPort + 2 * self.maxTransfersPerAgent").message("metricsPort must not be one of the data ports (dataPort up to dataPort + 2 x maxTransfersPerAgent): the agents bind both on the host's network"))]
 #[x_kube(validation = Rule::new("!has(self.striping) || !has(self.tuning.blockSize) || self.tuning.blockSize % self.striping.stripeSize == 0").message("striping.stripeSize must divide tuning.blockSize"))]
 #[serde(rename_all = "camelCase")]
 pub struct DtnPoolSpec {

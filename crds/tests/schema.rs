@@ -522,6 +522,19 @@ fn pool_rules_refuse_mistakes() {
         validate_cel(&p).unwrap_or_else(|e| panic!("{ok}: {e}"));
     }
 
+    // From a review (issue 35): a metrics port inside the data range is a
+    // hostPort declared twice, and every pod of the pool is refused.
+    for bad in [data, last_data] {
+        let mut p = good.clone();
+        p.spec.metrics_port = bad;
+        rejected_with(&p, "metricsPort must not be one of the data ports");
+    }
+    for ok in [data - 1, last_data + 1] {
+        let mut p = good.clone();
+        p.spec.metrics_port = ok;
+        validate_cel(&p).unwrap_or_else(|e| panic!("metricsPort {ok}: {e}"));
+    }
+
     // An external target named like a pool target would share its line in
     // status.pathTests, its metrics and its token Secret's lookup.
     let external = |name: &str, address: &str| wirerate_crds::pool::ExternalPathTestTarget {
