@@ -166,14 +166,15 @@ pub fn next_renewal(since: Duration, failed: bool) -> Option<Duration> {
 /// stalled API server included: each renewal waits only for what is left
 /// of the deadline). `stamped` is [`acquire`]'s answer.
 pub async fn hold(client: Client, namespace: String, me: String, mut stamped: Instant) -> String {
+    let lapsed = || format!("no renewal of the Lease taken within {RENEW_DEADLINE:?}");
     let mut failed = false;
     loop {
         let Some(wait) = next_renewal(stamped.elapsed(), failed) else {
-            return format!("no renewal of the Lease taken within {RENEW_DEADLINE:?}");
+            return lapsed();
         };
         tokio::time::sleep(wait).await;
         let Some(left) = RENEW_DEADLINE.checked_sub(stamped.elapsed()) else {
-            return format!("no renewal of the Lease taken within {RENEW_DEADLINE:?}");
+            return lapsed();
         };
         let attempt = Instant::now();
         match tokio::time::timeout(left, try_lead(&client, &namespace, &me)).await {
@@ -183,11 +184,7 @@ pub async fn hold(client: Client, namespace: String, me: String, mut stamped: In
                 tracing::warn!(error = %e, "cannot renew the leader Lease; trying again");
                 failed = true;
             }
-            Err(_) => {
-                return format!(
-                    "no renewal of the Lease taken within {RENEW_DEADLINE:?}: the API server did not answer"
-                );
-            }
+            Err(_) => return format!("{}: the API server did not answer", lapsed()),
         }
     }
 }
@@ -239,17 +236,24 @@ mod tests {
         assert_eq!(taken.spec.unwrap().holder_identity.as_deref(), Some("b"));
     }
 
+    /// The API double, a client of it, and the instant "a" took the Lease
+    /// there (in namespace "ops").
+    async fn leading_on_double() -> (wirerate_apiserver_double::ApiServer, Client, Instant) {
+        use wirerate_apiserver_double::{ApiServer, install};
+        let api = ApiServer::start(Duration::ZERO).await.unwrap();
+        let client = api.client().unwrap();
+        install(&client, &["ops"]).await.unwrap();
+        let stamped = acquire(&client, "ops", "a").await;
+        (api, client, stamped)
+    }
+
     // issue 35: the leader renewed its Lease with no deadline on the call,
     // so a renewal the API server held for 30 s kept it reconciling while
     // its Lease lapsed at 15 s and a standby took over: two leaders. Now it
     // stops within RENEW_DEADLINE of its last stamp, before the Lease ends.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_leader_whose_renewals_stall_stops_before_its_lease_ends() {
-        use wirerate_apiserver_double::{ApiServer, install};
-        let api = ApiServer::start(Duration::ZERO).await.unwrap();
-        let client = api.client().unwrap();
-        install(&client, &["ops"]).await.unwrap();
-        let stamped = acquire(&client, "ops", "a").await;
+        let (api, client, stamped) = leading_on_double().await;
         // Every later write of the Lease (a renewal is a replace) is held.
         api.stall("update", "leases", Duration::from_secs(30));
         let why = tokio::time::timeout(
@@ -293,11 +297,7 @@ mod tests {
     // leadership, as a first version of the deadline did.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_leader_rides_out_slow_renewals() {
-        use wirerate_apiserver_double::{ApiServer, install};
-        let api = ApiServer::start(Duration::ZERO).await.unwrap();
-        let client = api.client().unwrap();
-        install(&client, &["ops"]).await.unwrap();
-        let stamped = acquire(&client, "ops", "a").await;
+        let (api, client, stamped) = leading_on_double().await;
         // Every renewal answered 3 s late, through more than a Lease.
         api.stall("update", "leases", Duration::from_secs(3));
         let held = tokio::time::timeout(

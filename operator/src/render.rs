@@ -519,15 +519,12 @@ pub(crate) mod tests {
 
     /// The Lustre pool from manifests/examples.
     pub(crate) fn lustre_pool() -> DtnPool {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../manifests/examples/dtnpool-lustre.yaml"
-        );
-        let mut p: DtnPool = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let mut p = example("dtnpool-lustre.yaml");
         p.metadata.uid = Some("uid-lustre".into());
         p
     }
 
+    /// The pool `name` of manifests/examples.
     fn example(name: &str) -> DtnPool {
         let path = format!(
             "{}/../manifests/examples/{name}",

@@ -172,9 +172,7 @@ impl RunError {
     pub fn transient(&self) -> bool {
         match self {
             Self::NoApi(_) | Self::Agent(_) => false,
-            Self::PoolUnreadable { last, .. } => {
-                last.transient() && !matches!(last.code(), Some(409))
-            }
+            Self::PoolUnreadable { last, .. } => last.transient(),
         }
     }
 }
