@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use wirerate_crds::contract;
+use wirerate_engine::encryption::Encryption;
 use wirerate_engine::io::IoMode;
 use wirerate_engine::net::SocketOpts;
 use wirerate_engine::tuning::{self, Overrides};
@@ -145,6 +146,12 @@ pub struct TokenArgs {
     /// File holding the shared secret (or set WIRERATE_TOKEN).
     #[arg(long, env = "WIRERATE_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    /// Encrypt connections with TLS 1.3: required (refuse a peer that
+    /// will not, never a byte in clear), preferred (whenever the peer
+    /// can), or none. Keys are made per process and bound to the token;
+    /// the summary says what was in effect.
+    #[arg(long, env = "WIRERATE_ENCRYPT", default_value_t = Encryption::None)]
+    pub encrypt: Encryption,
 }
 
 impl TokenArgs {
@@ -354,6 +361,10 @@ pub struct DemoArgs {
     pub keep: bool,
     #[command(flatten)]
     pub tuning: SendTuning,
+    /// Encrypt the demo's connections with TLS 1.3 (required, preferred
+    /// or none), to see what it costs on this machine.
+    #[arg(long, default_value_t = Encryption::None)]
+    pub encrypt: Encryption,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,

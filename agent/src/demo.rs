@@ -404,6 +404,7 @@ fn run_once(cfg: &DemoConfig) -> Result<DemoReport> {
 
     let token = wirerate_engine::net::auth::random::<32>().to_vec();
     let mut scfg = ServeConfig::new(dst_dir.clone(), token.clone());
+    scfg.encrypt = cfg.send.encrypt;
     scfg.observer = Shown::metrics().observe();
     scfg.queue_depth = cfg.send.queue_depth;
     scfg.buffer = cfg.send.buffer;

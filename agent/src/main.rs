@@ -151,6 +151,7 @@ fn serve(a: wirerate_agent::cli::ServeArgs) -> Result<ExitCode> {
         bail!("--idle-timeout must be a positive number of seconds");
     }
     let mut cfg = ServeConfig::new(a.root, token);
+    cfg.encrypt = a.token.encrypt;
     cfg.socket = a.io.socket();
     cfg.tune(&a.io.overrides().resolve()?);
     cfg.max_sessions = a.max_sessions;
@@ -199,6 +200,7 @@ fn send_cmd(a: wirerate_agent::cli::SendArgs) -> Result<ExitCode> {
         a.dest.unwrap_or_default(),
     )?;
     cfg.synthetic = a.synthetic;
+    cfg.encrypt = a.token.encrypt;
     if a.via.is_some() && !cfg.to.contains(',') {
         bail!("--via names the sender of each of several receivers: give --to several");
     }
@@ -256,11 +258,13 @@ fn relay(a: wirerate_agent::cli::RelayArgs) -> Result<ExitCode> {
     let token = a.token.load()?;
     let mut send = SendConfig::new("", token.clone(), PathBuf::new(), "");
     send.socket = a.io.socket();
+    send.encrypt = a.token.encrypt;
     send.tune(&a.io.overrides().resolve()?);
     let relay = wirerate_engine::relay::Relay::bind(
         &a.listen,
         wirerate_engine::relay::RelayConfig {
             token,
+            encrypt: a.token.encrypt,
             roots: a.allow_root,
             send,
             max_memory: a.max_memory,
@@ -360,6 +364,7 @@ fn probe(a: wirerate_agent::cli::ProbeArgs) -> Result<ExitCode> {
     let cfg = wirerate_engine::probe::ProbeConfig {
         to: a.to,
         token: a.token.load()?,
+        encrypt: a.token.encrypt,
         streams: a.streams,
         seconds: a.seconds,
         block_size: a.block_size,
@@ -387,6 +392,7 @@ fn demo_cmd(a: wirerate_agent::cli::DemoArgs) -> Result<ExitCode> {
         String::new(),
     )?;
     send_cfg.retry_for = Duration::ZERO;
+    send_cfg.encrypt = a.encrypt;
     let modes = if a.all_modes {
         vec![IoMode::Buffered, IoMode::Direct, IoMode::Async]
     } else {

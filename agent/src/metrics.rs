@@ -35,6 +35,8 @@ pub struct Metrics {
     pub files_failed: IntCounter,
     /// Connections refused, by reason.
     pub rejected: IntCounterVec,
+    /// Connections authenticated, by what sealed them.
+    pub connections: IntCounterVec,
     /// Connections closed because the sender broke the protocol, by kind.
     pub violations: IntCounterVec,
 }
@@ -96,6 +98,11 @@ impl Metrics {
                 "Connections refused, by reason",
                 &["reason"],
             ),
+            connections: counter_vec(
+                "connections_total",
+                "Connections authenticated, by what sealed them: none, tls-userspace (TLS in the agent: the kernel offers no kTLS) or tls-kernel",
+                &["encryption"],
+            ),
             violations: counter_vec(
                 "violations_total",
                 "Connections closed because the sender broke the protocol, by kind",
@@ -111,6 +118,7 @@ impl Metrics {
         vec![
             Box::new(self.sessions_active.clone()),
             Box::new(self.rejected.clone()),
+            Box::new(self.connections.clone()),
             Box::new(self.violations.clone()),
             Box::new(self.bytes_written.clone()),
             Box::new(self.blocks_written.clone()),
@@ -139,6 +147,8 @@ pub struct SenderMetrics {
     pub blocks_resent: IntCounter,
     /// Data streams that broke.
     pub stream_failures: IntCounter,
+    /// Connections authenticated, by what sealed them.
+    pub connections: IntCounterVec,
     /// Data streams the optimizer added to running transfers.
     pub streams_added: IntCounter,
     /// Sessions by how they ended: `complete`, `retried` (failed with an
@@ -176,6 +186,11 @@ impl SenderMetrics {
             bytes_sent: counter("bytes_sent_total", "Payload bytes put on the wire"),
             blocks_resent: counter("blocks_resent_total", "Blocks sent again"),
             stream_failures: counter("stream_failures_total", "Data streams that broke"),
+            connections: counter_vec(
+                "connections_total",
+                "Connections authenticated, by what sealed them: none, tls-userspace (TLS in the agent: the kernel offers no kTLS) or tls-kernel",
+                &["encryption"],
+            ),
             streams_added: counter(
                 "streams_added_total",
                 "Data streams the optimizer added to running transfers",
@@ -212,6 +227,7 @@ impl SenderMetrics {
             Box::new(self.bytes_sent.clone()),
             Box::new(self.blocks_resent.clone()),
             Box::new(self.stream_failures.clone()),
+            Box::new(self.connections.clone()),
             Box::new(self.streams_added.clone()),
             Box::new(self.stream_bytes.clone()),
             Box::new(self.stream_retransmits.clone()),

@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
+use wirerate_engine::encryption::InEffect;
 use wirerate_engine::net::TcpStats;
+use wirerate_engine::net::tls::Side;
 use wirerate_engine::observe::{Observe, Observer, SessionEnd};
 use wirerate_engine::optimizer::StreamChange;
 use wirerate_engine::sender::SendConfig;
@@ -106,6 +108,19 @@ impl Observer for Shown {
 
     fn stream_failed(&self) {
         sender_metrics().stream_failures.inc();
+    }
+
+    fn connection_agreed(&self, side: Side, in_effect: InEffect) {
+        let label = [in_effect.as_str()];
+        match side {
+            Side::Client => {
+                sender_metrics().connections.with_label_values(&label).inc();
+                if let Some(p) = &self.progress {
+                    let _ = p.encryption.set(in_effect);
+                }
+            }
+            Side::Server => metrics().connections.with_label_values(&label).inc(),
+        }
     }
 
     fn tcp_sampled(&self, stream: u16, stats: &TcpStats) {

@@ -23,6 +23,8 @@ pub struct Progress {
     pub transfer: Arc<TransferProgress>,
     /// The data streams the per-link tuner chose, and why, once it has.
     pub streams_chosen: OnceLock<StreamChoice>,
+    /// What sealed the first connection that authenticated.
+    pub encryption: OnceLock<wirerate_engine::encryption::InEffect>,
     /// The streams the optimizer added since, in order (at most
     /// `MOST_CHANGES`, the first ones: a retry before it held starts it
     /// again).

@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use kube::Resource;
 use serde::Serialize;
 
-use crate::transfer::{AgentReport, Progress, StripesReport, StripingReport, TuningReport};
+use crate::transfer::{
+    AgentReport, EncryptionReport, Progress, StripesReport, StripingReport, TuningReport,
+};
 
 /// `{apiVersion, kind, status}`: applied to the status subresource.
 #[derive(Debug, Serialize)]
@@ -78,6 +80,9 @@ pub struct AgentStatus {
     /// The streams the sender's tuner chose, once it has.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tuning: Option<TuningReport>,
+    /// What sealed the sender's connections, once one authenticated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<EncryptionReport>,
     /// Over several pairs, the sender's view of each.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stripes: Option<StripesReport>,
@@ -130,6 +135,7 @@ mod tests {
             progress: None,
             striping: None,
             tuning: None,
+            encryption: None,
             stripes: None,
         };
         let v = serde_json::to_value(StatusApply::new::<Transfer>(&body)).unwrap();
@@ -157,6 +163,26 @@ mod tests {
         );
         let back: TransferStatus = serde_json::from_value(v["status"].clone()).unwrap();
         assert_eq!(back.tuning.unwrap().streams, 15);
+        // What sealed the connections, in status.encryption.
+        let sealed = AgentStatus {
+            encryption: Some(EncryptionReport {
+                attempt: 2,
+                in_effect: "tls-userspace".into(),
+                note: Some("kernel TLS not used: ...".into()),
+            }),
+            ..body
+        };
+        let v = serde_json::to_value(StatusApply::new::<Transfer>(&sealed)).unwrap();
+        assert_eq!(
+            v["status"]["encryption"],
+            json!({"attempt": 2, "inEffect": "tls-userspace", "note": "kernel TLS not used: ..."})
+        );
+        let back: TransferStatus = serde_json::from_value(v["status"].clone()).unwrap();
+        assert_eq!(back.encryption.unwrap().in_effect, "tls-userspace");
+        let body = AgentStatus {
+            encryption: None,
+            ..sealed
+        };
         // With the optimizer's additions listed.
         let mut t = body.tuning.clone().unwrap();
         t.streams = 22;

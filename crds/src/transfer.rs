@@ -375,6 +375,10 @@ pub struct TransferStatus {
     /// neither the Transfer nor its pool fixed the streams.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tuning: Option<TuningReport>,
+    /// What sealed the sender's connections for this attempt: TLS in
+    /// the agent or in the kernel, or none; written by the sender.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<EncryptionReport>,
     /// Over several pairs: how the transfer is split and where each pair
     /// stands, written by the sender with its progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -523,6 +527,20 @@ pub struct TuningReport {
     /// many, and what it measured.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub changes: Vec<String>,
+}
+
+/// What sealed a Transfer's connections, as its sender's handshake agreed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EncryptionReport {
+    /// The attempt whose sender agreed it.
+    pub attempt: i32,
+    /// `none`, `tls-userspace` (TLS 1.3 sealed in the agent) or
+    /// `tls-kernel` (kTLS).
+    pub in_effect: String,
+    /// Why TLS ran in the agent rather than in the kernel, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// How a Transfer over several pairs is split, and where each pair

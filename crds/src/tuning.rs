@@ -7,7 +7,7 @@ use wirerate_engine::tuning::{
     BLOCK_SIZE, BUFFER, CONGESTION_MAX_LEN, Overrides, QUEUE_DEPTH, STREAMS, Settings, TuningError,
     step_rule,
 };
-pub use wirerate_engine::tuning::{IoMode, Verification};
+pub use wirerate_engine::tuning::{Encryption, IoMode, Verification};
 
 /// Engine tuning; every field is optional so a Transfer overrides only what it names.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
@@ -37,6 +37,13 @@ pub struct Tuning {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = CONGESTION_MAX_LEN), regex(pattern = r"^[a-z0-9_]+$"))]
     pub congestion: Option<String>,
+    /// TLS 1.3 on every connection: `Required` (a peer that will not is
+    /// refused, never a byte in clear), `Preferred` (whenever the peer
+    /// can) or `None`. Unlike the other fields, the strictest of the
+    /// Transfer's and both pools' wins: a pool's `Required` holds for
+    /// every Transfer to or from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<Encryption>,
 }
 
 impl Tuning {
@@ -52,7 +59,13 @@ impl Tuning {
                 .congestion
                 .clone()
                 .or_else(|| defaults.congestion.clone()),
+            encryption: self.encryption.max(defaults.encryption),
         }
+    }
+
+    /// The encryption every connection of the Transfer runs under.
+    pub fn encryption(&self) -> Encryption {
+        self.encryption.unwrap_or_default()
     }
 
     /// The engine's settings: every unset field at its default, every

@@ -68,6 +68,10 @@ pub enum Error {
     /// The two sides do not hold the same token.
     #[error("authentication failed: {0}")]
     Auth(AuthError),
+    /// The two ends' encryption modes cannot be met: one requires TLS and
+    /// the other will not (or something on the path removed the offer).
+    #[error("encryption refused: {0}")]
+    Encryption(crate::encryption::Disagreement),
     /// A destination path that would leave the receiver's root.
     #[error("refused destination path {path:?}: {reason}")]
     PathRefused {
@@ -208,11 +212,13 @@ pub enum Error {
 pub enum AuthError {
     /// Seen by a sender: the receiver's proof does not match our token.
     #[error(
-        "the receiver holds a different token than this sender; give both sides the same token"
+        "the receiver holds a different token than this sender; give both sides the same token (if they hold the same, something on the path altered the handshake)"
     )]
     ReceiverTokenDiffers,
     /// Seen by a receiver: a peer's proof does not match our token.
-    #[error("a peer presented a wrong token; if it is one of yours, give it this receiver's token")]
+    #[error(
+        "a peer presented a wrong token; if it is one of yours, give it this receiver's token (if it holds it, something on the path altered the handshake)"
+    )]
     PeerTokenWrong,
     /// Seen by a receiver: a sender found our proof wrong, so the two
     /// hold different tokens (or it dialled the wrong receiver).
@@ -244,6 +250,7 @@ said_once!(
     Protocol(DecodeError),
     Violation(crate::Violation),
     Auth(AuthError),
+    Encryption(crate::encryption::Disagreement),
     Tuning(crate::TuningError),
 );
 
@@ -351,6 +358,7 @@ impl Error {
             | Self::Protocol(_)
             | Self::Violation(_)
             | Self::Auth(_)
+            | Self::Encryption(_)
             | Self::Config(_)
             | Self::Tuning(_)
             | Self::Cancelled { .. }
@@ -384,6 +392,7 @@ impl Error {
             Self::Protocol(_) => "protocol",
             Self::Violation(_) => "violation",
             Self::Auth(_) => "auth",
+            Self::Encryption(_) => "encryption",
             Self::PathRefused { .. } => "path_refused",
             Self::Config(_) => "config",
             Self::Tuning(_) => "tuning",

@@ -32,6 +32,7 @@ pub mod advice;
 pub mod bitmap;
 pub mod by_id;
 pub mod digest;
+pub mod encryption;
 #[cfg(feature = "shells")]
 pub mod error;
 #[cfg(feature = "shells")]

@@ -15,6 +15,7 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
+use crate::encryption::InEffect;
 use crate::net::TcpStats;
 use crate::optimizer::StreamChange;
 use crate::summary::ReceiverSummary;
@@ -70,6 +71,13 @@ pub trait Observer: Send + Sync + Debug {
     }
     /// A data stream broke; its blocks go to the others.
     fn stream_failed(&self) {}
+
+    /// A connection authenticated, sealed as `in_effect`; `side` is
+    /// `Client` on the sender (and a relay's sessions), `Server` on a
+    /// receiver.
+    fn connection_agreed(&self, side: crate::net::tls::Side, in_effect: InEffect) {
+        let _ = (side, in_effect);
+    }
     /// Data stream `stream`'s TCP_INFO: every second while a session runs,
     /// and once more as it ends.
     fn tcp_sampled(&self, stream: u16, stats: &TcpStats) {

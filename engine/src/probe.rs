@@ -24,6 +24,8 @@ pub struct ProbeConfig {
     pub to: String,
     /// The shared secret.
     pub token: Vec<u8>,
+    /// Whether its connections are encrypted, to measure what TLS costs.
+    pub encrypt: crate::encryption::Encryption,
     /// Streams of the second phase.
     pub streams: u16,
     /// About how long each phase should last, seconds.
@@ -139,6 +141,7 @@ fn run(cfg: &ProbeConfig, streams: u16, bytes: u64) -> Result<SendSummary> {
         });
     }
     let mut c = SendConfig::new(cfg.to.clone(), cfg.token.clone(), "", "probe");
+    c.encrypt = cfg.encrypt;
     c.synthetic = Some(bytes);
     c.streams = streams;
     c.block_size = cfg.block_size;

@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use crate::encryption::InEffect;
 use crate::io::IoMode;
 use crate::net::TcpStats;
 use crate::optimizer::StreamChange;
@@ -121,6 +122,11 @@ pub struct SendSummary {
     pub verify: Verification,
     /// Congestion control in use.
     pub congestion: String,
+    /// What sealed the connections: `none`, `tls-userspace` or
+    /// `tls-kernel`.
+    pub encryption: InEffect,
+    /// Why TLS ran in this process rather than in the kernel, when it did.
+    pub encryption_note: Option<String>,
     /// Sessions it took (1 unless the sender reconnected).
     pub sessions: u32,
     /// Round-trip time measured by the handshake, in milliseconds.
@@ -197,6 +203,17 @@ impl SendSummary {
             self.streams,
             self.congestion,
             per.join(" ")
+        ));
+        s.push_str(&format!(
+            "  encrypted  {}\n",
+            match (self.encryption, &self.encryption_note) {
+                (InEffect::Clear, _) => "no: in clear".to_owned(),
+                (InEffect::Userspace, note) => format!(
+                    "TLS 1.3 in this process (rustls){}",
+                    note.as_ref().map(|n| format!("; {n}")).unwrap_or_default()
+                ),
+                (InEffect::Kernel, _) => "TLS 1.3 in the kernel (kTLS)".to_owned(),
+            }
         ));
         if self.streams_warm > 0 {
             s.push_str(&format!(

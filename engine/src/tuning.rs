@@ -11,6 +11,55 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+/// Whether a transfer's connections are encrypted (TLS 1.3). Compared
+/// by strictness: `None < Preferred < Required`, so a pool's floor and a
+/// Transfer's wish combine as the stricter of the two.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub enum Encryption {
+    /// Never: every byte in clear (the HMAC handshake still
+    /// authenticates both ends).
+    #[default]
+    None,
+    /// Whenever the peer can: a peer that cannot is served in clear, and
+    /// the summary and status say so.
+    Preferred,
+    /// Always: a peer that cannot encrypt is refused before a byte of
+    /// the transfer is sent.
+    Required,
+}
+
+impl Encryption {
+    /// Every mode, strictest first.
+    pub const ALL: [Self; 3] = [Self::Required, Self::Preferred, Self::None];
+
+    /// The command-line and log spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Required => "required",
+            Self::Preferred => "preferred",
+            Self::None => "none",
+        }
+    }
+}
+
+impl fmt::Display for Encryption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl FromStr for Encryption {
+    type Err = UnknownName;
+
+    /// Either spelling: `required` on the command line, `Required` in a manifest.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        by_name(Self::ALL, Self::as_str, s, "encryption mode")
+    }
+}
+
 /// How an agent reads and writes file data (the paper's three modes).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]

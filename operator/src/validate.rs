@@ -548,6 +548,51 @@ pub(crate) mod tests {
         assert_eq!(r.receiver_pool, Some(("data".into(), "dst".into())));
     }
 
+    /// Encryption is not a default a Transfer overrides: the strictest
+    /// of the Transfer's and both pools' holds, so a pool that requires
+    /// it holds every Transfer to or from it to TLS.
+    #[test]
+    fn a_pool_that_requires_encryption_holds_every_transfer_to_it() {
+        use wirerate_crds::tuning::Encryption;
+        let with = |pool: &str, e: Encryption| {
+            let mut pools = pools();
+            pools
+                .get_mut(&("data".to_owned(), pool.to_owned()))
+                .unwrap()
+                .spec
+                .tuning
+                .encryption = Some(e);
+            pools
+        };
+        let mut t = transfer("t", "/in/a", "/out/a");
+        t.spec.tuning = Some(Tuning {
+            encryption: Some(Encryption::None),
+            ..Default::default()
+        });
+        for (pool, floor) in [
+            ("dst", Encryption::Required),
+            ("src", Encryption::Preferred),
+        ] {
+            let pools = with(pool, floor);
+            let catalog = Catalog {
+                pools: &pools,
+                consents: &BTreeSet::new(),
+            };
+            let r = validate(&t, catalog).unwrap();
+            assert_eq!(r.tuning.encryption(), floor, "{pool} pool at {floor}");
+        }
+        // A Transfer may ask for more than its pools.
+        t.spec.tuning.as_mut().unwrap().encryption = Some(Encryption::Required);
+        assert_eq!(check(&t).unwrap().tuning.encryption(), Encryption::Required);
+        assert_eq!(
+            check(&transfer("t", "/in/a", "/out/a"))
+                .unwrap()
+                .tuning
+                .encryption(),
+            Encryption::None
+        );
+    }
+
     #[test]
     fn refuses_with_a_reason_and_what_to_change() {
         let e = check(&transfer("t", "/in/a", "/elsewhere/a")).unwrap_err();

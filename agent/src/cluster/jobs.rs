@@ -236,6 +236,7 @@ impl SenderJob {
         // decides (reported in status.tuning and an Event).
         cfg.per_link = tuning.streams.is_none();
         cfg.verify = verify;
+        cfg.encrypt = tuning.encryption();
         cfg.max_rate = max_rate_mbps.map(|m| m as u64 * 1_000_000 / 8);
         // Longer than a Lease: a lost receiver is replaced before the sender gives up.
         cfg.retry_for = Duration::from_secs(90);
@@ -376,6 +377,7 @@ impl ReceiverJob {
         let mut cfg = ServeConfig::new(root, token);
         cfg.observer = Shown::metrics().observe();
         cfg.tune(&tuning.settings()?);
+        cfg.encrypt = tuning.encryption();
         cfg.max_sessions = 4;
         cfg.lobby = Some(lobby());
         let (port, server) = bind_first(ports, |addr| Server::bind(addr, cfg.clone()))?;

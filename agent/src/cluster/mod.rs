@@ -35,10 +35,11 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use wirerate_crds::apply::{AgentStatus, StatusApply};
 use wirerate_crds::transfer::{
-    AgentReport, Progress as ProgressStatus, ReportState, Role, StripesReport, StripingReport,
-    TuningReport,
+    AgentReport, EncryptionReport, Progress as ProgressStatus, ReportState, Role, StripesReport,
+    StripingReport, TuningReport,
 };
 use wirerate_crds::{AgentLease, DtnPool, Transfer, contract};
+use wirerate_engine::encryption::InEffect;
 
 use crate::units::{self, fmt_bytes};
 use jobs::{ReceiverJob, SenderJob, SenderOutcome, Targets};
@@ -1023,6 +1024,16 @@ fn observe_sender(
         };
         stripes::report(key.attempt, &cfg.agent, &shown, &names)
     });
+    let encryption = s.progress.encryption.get().map(|e| EncryptionReport {
+        attempt: key.attempt,
+        in_effect: e.as_str().to_owned(),
+        note: (*e == InEffect::Userspace).then(|| {
+            format!(
+                "kernel TLS not used: {}",
+                wirerate_engine::net::tls::why_userspace()
+            )
+        }),
+    });
     report(
         reports,
         cfg,
@@ -1031,6 +1042,7 @@ fn observe_sender(
         Report {
             progress: shows_progress.then_some(&p),
             tuning: tuning.as_ref(),
+            encryption: encryption.as_ref(),
             stripes: stripes.as_ref(),
             ..Report::new(state, &msg)
         },
@@ -1313,6 +1325,7 @@ struct Report<'a> {
     progress: Option<&'a ProgressStatus>,
     striping: Option<&'a StripingReport>,
     tuning: Option<&'a TuningReport>,
+    encryption: Option<&'a EncryptionReport>,
     endpoint: Option<&'a str>,
     stripes: Option<&'a StripesReport>,
 }
@@ -1326,6 +1339,7 @@ impl<'a> Report<'a> {
             progress: None,
             striping: None,
             tuning: None,
+            encryption: None,
             endpoint: None,
             stripes: None,
         }
@@ -1347,6 +1361,7 @@ fn report(
         progress,
         striping,
         tuning,
+        encryption,
         endpoint,
         stripes,
     } = r;
@@ -1363,6 +1378,7 @@ fn report(
         progress: progress.cloned(),
         striping: striping.cloned(),
         tuning: tuning.cloned(),
+        encryption: encryption.cloned(),
         stripes: stripes.cloned(),
     };
     match serde_json::to_value(StatusApply::new::<Transfer>(&status)) {

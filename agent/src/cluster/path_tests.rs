@@ -561,6 +561,7 @@ impl PathTester {
 /// A probe of `endpoint` as the pool's `spec` asks.
 fn probe_config(endpoint: &str, token: Vec<u8>, spec: &PathTests) -> ProbeConfig {
     ProbeConfig {
+        encrypt: wirerate_engine::encryption::Encryption::None,
         to: endpoint.to_owned(),
         token,
         streams: u16::try_from(spec.streams).unwrap_or(4).max(2),

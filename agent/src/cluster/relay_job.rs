@@ -56,9 +56,11 @@ fn config(root: PathBuf, token: Vec<u8>, tuning: &Tuning) -> Result<RelayConfig>
     let mut send = SendConfig::new("", token.clone(), PathBuf::new(), "");
     let settings = tuning.settings()?;
     send.tune(&settings);
+    send.encrypt = tuning.encryption();
     let job_memory = most_session_memory(&settings, tuning.streams.is_some());
     Ok(RelayConfig {
         token,
+        encrypt: send.encrypt,
         roots: vec![root],
         send,
         max_memory: Some(job_memory.saturating_mul(2)),

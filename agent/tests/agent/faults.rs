@@ -193,7 +193,14 @@ fn garbage_and_oversized_frames_are_refused_without_harm() {
 
     // Authenticated, then an oversized manifest frame.
     let mut s = TcpStream::connect(srv.addr()).unwrap();
-    auth::client(&mut s, TOKEN, Purpose::Control, 0).unwrap();
+    auth::client(
+        &mut s,
+        TOKEN,
+        Purpose::Control,
+        0,
+        wirerate_engine::encryption::Encryption::None,
+    )
+    .unwrap();
     let mut open = Vec::new();
     wire::encode(
         &Frame::Open {
@@ -219,6 +226,7 @@ fn garbage_and_oversized_frames_are_refused_without_harm() {
             stream: 0,
         },
         0,
+        wirerate_engine::encryption::Encryption::None,
     )
     .unwrap();
     assert_closed(&mut s);
@@ -457,7 +465,9 @@ fn a_stream_that_closes_owing_nothing_has_not_failed() {
         let (mut ctl, mut data) = (None, None);
         for _ in 0..2 {
             let (mut s, _) = listener.accept().unwrap();
-            match auth::server(&mut s, TOKEN).unwrap() {
+            match auth::server(&mut s, TOKEN, wirerate_engine::encryption::Encryption::None)
+                .unwrap()
+            {
                 Purpose::Control => ctl = Some(s),
                 Purpose::Join { .. } => data = Some(s),
                 Purpose::Relay => panic!("a sender asked a receiver to relay"),
@@ -562,7 +572,14 @@ fn open_raw_session(
     ));
     assert_eq!(wire::read_frame(&mut ctl).unwrap(), Frame::PlanEnd);
     let mut data = TcpStream::connect(srv.addr()).unwrap();
-    auth::client(&mut data, TOKEN, Purpose::Join { session, stream: 0 }, 0).unwrap();
+    auth::client(
+        &mut data,
+        TOKEN,
+        Purpose::Join { session, stream: 0 },
+        0,
+        wirerate_engine::encryption::Encryption::None,
+    )
+    .unwrap();
     (ctl, data)
 }
 
@@ -587,7 +604,14 @@ fn raw_control(
     path: &str,
 ) -> TcpStream {
     let mut ctl = TcpStream::connect(srv.addr()).unwrap();
-    auth::client(&mut ctl, TOKEN, Purpose::Control, 0).unwrap();
+    auth::client(
+        &mut ctl,
+        TOKEN,
+        Purpose::Control,
+        0,
+        wirerate_engine::encryption::Encryption::None,
+    )
+    .unwrap();
     let mut out = Vec::new();
     wire::encode(
         &Frame::Open {
@@ -1066,6 +1090,7 @@ fn a_cancelled_probe_stops_its_run_in_progress() {
     let srv = Server::bind("127.0.0.1:0", cfg).unwrap().spawn();
     let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let probe_cfg = wirerate_engine::probe::ProbeConfig {
+        encrypt: wirerate_engine::encryption::Encryption::None,
         to: srv.addr().to_string(),
         token: TOKEN.to_vec(),
         streams: 1,

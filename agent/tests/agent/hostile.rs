@@ -62,6 +62,7 @@ fn hello() -> Vec<u8> {
             version: wire::VERSION,
             nonce: [1; 32],
             port: 0,
+            encrypt: wirerate_engine::encryption::Encryption::None,
         },
         &mut out,
     );
@@ -116,7 +117,14 @@ fn at_the_connection_cap_a_sender_is_told_the_receiver_is_busy() {
     let held: Vec<TcpStream> = (0..4)
         .map(|i| {
             let mut c = connect_from([127, 0, 0, 2 + i], srv.addr());
-            auth::client(&mut c, TOKEN, Purpose::Control, 0).unwrap();
+            auth::client(
+                &mut c,
+                TOKEN,
+                Purpose::Control,
+                0,
+                wirerate_engine::encryption::Encryption::None,
+            )
+            .unwrap();
             c
         })
         .collect();
@@ -307,7 +315,14 @@ fn open_control(srv: &ServerHandle, session: [u8; 16]) -> TcpStream {
 /// The same to any receiver at `addr` that takes `token`.
 fn open_control_at(addr: SocketAddr, token: &[u8], session: [u8; 16]) -> TcpStream {
     let mut ctl = TcpStream::connect(addr).unwrap();
-    auth::client(&mut ctl, token, Purpose::Control, 0).unwrap();
+    auth::client(
+        &mut ctl,
+        token,
+        Purpose::Control,
+        0,
+        wirerate_engine::encryption::Encryption::None,
+    )
+    .unwrap();
     wire::write_frame(
         &mut ctl,
         &Frame::Open {
@@ -333,7 +348,14 @@ fn manifest_over_its_byte_cap_is_refused_and_memory_stays_bounded() {
     let pid = rx.0.id();
     let mut ctl = TcpStream::connect(("127.0.0.1", port)).unwrap();
     let token = std::fs::read_to_string(&s.token).unwrap();
-    auth::client(&mut ctl, token.trim().as_bytes(), Purpose::Control, 0).unwrap();
+    auth::client(
+        &mut ctl,
+        token.trim().as_bytes(),
+        Purpose::Control,
+        0,
+        wirerate_engine::encryption::Encryption::None,
+    )
+    .unwrap();
     wire::write_frame(
         &mut ctl,
         &Frame::Open {
@@ -538,7 +560,14 @@ fn one_session_cannot_take_more_data_streams_than_the_protocol_bound() {
     let mut joins: Vec<TcpStream> = (0..=most)
         .map(|i| {
             let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
-            auth::client(&mut c, token, Purpose::Join { session, stream: i }, 0).unwrap();
+            auth::client(
+                &mut c,
+                token,
+                Purpose::Join { session, stream: i },
+                0,
+                wirerate_engine::encryption::Encryption::None,
+            )
+            .unwrap();
             c.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
             c
         })
@@ -634,7 +663,13 @@ fn a_flood_of_failed_handshakes_does_not_flood_the_log() {
     // A sender with another token refuses the receiver's proof, and says
     // so (it sends no proof of its own).
     let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let refused = auth::client(&mut c, b"not-the-token", Purpose::Control, 0);
+    let refused = auth::client(
+        &mut c,
+        b"not-the-token",
+        Purpose::Control,
+        0,
+        wirerate_engine::encryption::Encryption::None,
+    );
     assert!(
         matches!(
             refused,
@@ -780,11 +815,17 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
         },
     );
     prop_oneof![
-        (any::<[u8; 32]>(), any::<u16>()).prop_map(|(nonce, port)| Frame::Hello {
-            version: wire::VERSION,
-            nonce,
-            port
-        }),
+        (
+            any::<[u8; 32]>(),
+            any::<u16>(),
+            prop::sample::select(wirerate_engine::encryption::Encryption::ALL.to_vec())
+        )
+            .prop_map(|(nonce, port, encrypt)| Frame::Hello {
+                version: wire::VERSION,
+                nonce,
+                port,
+                encrypt,
+            }),
         (any::<[u8; 16]>(), 1u32..64, 1u16..4, any::<bool>()).prop_map(
             |(session, b, streams, discard)| Frame::Open {
                 session,
@@ -870,8 +911,8 @@ proptest! {
             let mut c = TcpStream::connect(srv.addr()).unwrap();
             let authed = match opening {
                 Opening::Anonymous => Ok(Duration::ZERO),
-                Opening::Control => auth::client(&mut c, TOKEN, Purpose::Control, 0),
-                Opening::Join(session) => auth::client(&mut c, TOKEN, Purpose::Join { session, stream: 0 }, 0),
+                Opening::Control => auth::client(&mut c, TOKEN, Purpose::Control, 0, wirerate_engine::encryption::Encryption::None),
+                Opening::Join(session) => auth::client(&mut c, TOKEN, Purpose::Join { session, stream: 0 }, 0, wirerate_engine::encryption::Encryption::None),
             };
             prop_assert!(authed.is_ok(), "{:?}", authed);
             let mut out = Vec::new();

@@ -561,3 +561,97 @@ fn a_window_too_small_for_the_link_gets_the_streams_it_needs() {
     assert!(j["streams_chosen"].is_null(), "{j}");
     assert_eq!(std::fs::read_dir(&s.root).unwrap().count(), 0);
 }
+
+/// Reads every frame crossing `dev` into a file (AF_PACKET, as tcpdump
+/// does) until a stop file appears; writes a ready file once bound.
+const CAPTURE: &str = r#"
+import os, socket, sys
+dev, out, ready, stop = sys.argv[1:5]
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+s.bind((dev, 0))
+s.settimeout(0.1)
+open(ready, "w").close()
+with open(out, "wb") as f:
+    while not os.path.exists(stop):
+        try:
+            f.write(s.recv(1 << 18))
+        except socket.timeout:
+            pass
+"#;
+
+/// What crossed the sending host's link while `send` ran there, sending
+/// `src` with `mode`.
+fn captured(h: &Hosts, dir: &Path, token: &Path, src: &Path, mode: &str) -> Vec<u8> {
+    let (out, ready, stop) = (
+        dir.join(format!("{mode}.cap")),
+        dir.join(format!("{mode}.ready")),
+        dir.join(format!("{mode}.stop")),
+    );
+    let mut cap = Proc(
+        Command::new("ip")
+            .args(["netns", "exec", &h.a, "python3", "-c", CAPTURE])
+            .arg(format!("{}0", h.a))
+            .args([&out, &ready, &stop])
+            .spawn()
+            .unwrap(),
+    );
+    let until = Instant::now() + Duration::from_secs(10);
+    while !ready.exists() {
+        assert!(Instant::now() < until, "the capture did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let sent = send_from(&h.a, token, src, &["--encrypt", mode])
+        .output()
+        .unwrap();
+    assert!(
+        sent.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sent.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&sent.stdout).unwrap();
+    let expected = if mode == "none" {
+        "none"
+    } else {
+        "tls-userspace"
+    };
+    assert_eq!(j["encryption"], expected, "{j}");
+    std::fs::write(&stop, b"").unwrap();
+    let _ = cap.0.wait();
+    std::fs::read(&out).unwrap()
+}
+
+/// A transfer with `--encrypt required` carries nothing of the file in
+/// clear across a real link: a capture on the sender's interface finds
+/// no trace of a text the file repeats, where the same capture of the
+/// same transfer in clear finds it (so the capture sees what it should).
+#[test]
+fn an_encrypted_transfer_shows_nothing_in_clear_on_the_wire() {
+    if !available("the network-namespace capture test") {
+        return;
+    }
+    let s = setup("netns-capture", 1 << 20);
+    let marker = b"WIRERATE-KNOWN-PLAINTEXT-7f3a9c";
+    let text: Vec<u8> = (0..)
+        .flat_map(|i: u32| [&marker[..], format!("-{i:08}\n").as_bytes()].concat())
+        .take(8 << 20)
+        .collect();
+    std::fs::write(&s.src, &text).unwrap();
+    let dir = s.root.parent().unwrap().to_path_buf();
+    let h = Hosts::up("c");
+    let _rx = serve_in(&h.b, &s.root, &s.token, &["--encrypt", "preferred"]);
+    let clear = captured(&h, &dir, &s.token, &s.src, "none");
+    assert!(clear.len() > text.len(), "captured {} bytes", clear.len());
+    assert!(
+        clear.windows(marker.len()).any(|w| w == marker),
+        "the capture of a clear transfer should show the text"
+    );
+    // Sent afresh, not found already landed.
+    std::fs::remove_file(s.root.join("out.bin")).unwrap();
+    let sealed = captured(&h, &dir, &s.token, &s.src, "required");
+    assert!(sealed.len() > text.len(), "captured {} bytes", sealed.len());
+    assert!(
+        !sealed.windows(marker.len()).any(|w| w == marker),
+        "an encrypted transfer showed the file's text on the wire"
+    );
+    assert_same(&s.src, &s.root.join("out.bin"));
+}

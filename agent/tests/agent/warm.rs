@@ -3,7 +3,7 @@
 //! handshake each time, and nothing a parked connection carried survives
 //! into the next session.
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -146,7 +146,7 @@ fn a_parked_connection_must_authenticate_again() {
         congestion: None,
     };
     let take = || {
-        let st: TcpStream = warm.take(&key, Instant::now()).expect("a parked stream");
+        let st = warm.take(&key, Instant::now()).expect("a parked stream");
         st.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         st
     };
@@ -157,6 +157,7 @@ fn a_parked_connection_must_authenticate_again() {
             version: VERSION + 1,
             nonce: [7; NONCE_LEN],
             port: 0,
+            encrypt: wirerate_engine::encryption::Encryption::None,
         },
     )
     .unwrap();

@@ -231,6 +231,7 @@ fn conn_of(head: &[u8]) -> Option<usize> {
             version: wirerate_engine::wire::VERSION,
             nonce: [0; 32],
             port: 0,
+            encrypt: wirerate_engine::encryption::Encryption::None,
         },
         &mut hello,
     );

@@ -2,12 +2,16 @@
 //! buffer sizes, and the authentication handshake.
 
 pub mod auth;
+mod conn;
 mod stats;
+pub mod tls;
 
+pub use conn::Conn;
 pub use stats::{Lagging, TcpStats, lagging, tcp_stats};
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
@@ -70,7 +74,7 @@ const KEEPALIVE_PROBES: u32 = 4;
 
 /// Applies `opts` to a socket, and the liveness settings every connection
 /// gets (TCP keepalive and TCP_USER_TIMEOUT).
-pub fn apply(stream: &TcpStream, opts: &SocketOpts) -> Result<()> {
+pub fn apply(stream: &impl AsFd, opts: &SocketOpts) -> Result<()> {
     let sock = SockRef::from(stream);
     sock.set_tcp_nodelay(true)
         .map_err(|e| Error::net("setting TCP_NODELAY", e))?;
@@ -116,7 +120,7 @@ fn congestion_refused(cc: &str, e: &io::Error) -> String {
 }
 
 /// The congestion control a socket ended up with.
-pub fn congestion_of(stream: &TcpStream) -> String {
+pub fn congestion_of(stream: &impl AsFd) -> String {
     SockRef::from(stream)
         .tcp_congestion()
         .map(|v| {
@@ -178,24 +182,46 @@ pub fn connect(addr: &str, opts: &SocketOpts, timeout: Duration) -> Result<TcpSt
 /// so that a peer cannot stretch a handshake by trickling it a byte at a
 /// time (each read would otherwise get the whole timeout anew).
 pub struct Deadline<'a> {
-    stream: &'a TcpStream,
+    conn: &'a Conn,
+    /// The TLS session the handshake set up, once it has; reads and
+    /// writes go through it from then on.
+    sealed: Option<std::sync::Arc<tls::Link>>,
     at: Instant,
     within: Duration,
 }
 
 impl<'a> Deadline<'a> {
     /// Everything read or written through this must be done `within` from now.
-    pub fn new(stream: &'a TcpStream, within: Duration) -> Self {
+    pub fn new(conn: &'a Conn, within: Duration) -> Self {
         Self {
-            stream,
+            conn,
+            sealed: conn.link().cloned(),
             at: Instant::now() + within,
             within,
         }
     }
 
-    /// The connection itself.
-    pub fn stream(&self) -> &'a TcpStream {
-        self.stream
+    /// The connection, as it was when the deadline began.
+    pub fn conn(&self) -> &'a Conn {
+        self.conn
+    }
+
+    /// Whether the connection is encrypted from here on.
+    pub fn encrypted(&self) -> bool {
+        self.sealed.is_some()
+    }
+
+    /// The channel binding of the connection's TLS session, if any.
+    pub fn binding(&self) -> Option<[u8; tls::BINDING_LEN]> {
+        self.sealed.as_ref().map(|l| *l.binding())
+    }
+
+    /// Runs the TLS handshake as `side`, within what is left of the
+    /// deadline; reads and writes are sealed from then on.
+    pub fn start_tls(&mut self, side: tls::Side) -> Result<()> {
+        let link = tls::handshake(&mut Raw(self), side)?;
+        self.sealed = Some(std::sync::Arc::new(link));
+        Ok(())
     }
 
     fn expired(&self) -> io::Error {
@@ -221,8 +247,12 @@ impl<'a> Deadline<'a> {
     /// Waits, within the deadline, for the first byte without taking it:
     /// 0 means the peer closed without sending one (a readiness probe).
     pub fn peek(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.stream.set_read_timeout(Some(self.left()?))?;
-        self.stream.peek(buf).map_err(|e| self.timed_out(e))
+        // Opened already: not closed, whatever the socket holds.
+        if self.sealed.as_ref().is_some_and(|l| l.has_pending()) {
+            return Ok(buf.len().min(1));
+        }
+        self.conn.set_read_timeout(Some(self.left()?))?;
+        self.conn.peek(buf).map_err(|e| self.timed_out(e))
     }
 
     fn timed_out(&self, e: io::Error) -> io::Error {
@@ -239,15 +269,50 @@ impl<'a> Deadline<'a> {
 
 impl Read for Deadline<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.stream.set_read_timeout(Some(self.left()?))?;
-        (&*self.stream).read(buf).map_err(|e| self.timed_out(e))
+        // Before every read of the socket, however many one sealed read
+        // takes: a peer trickling a record a byte at a time runs into
+        // the deadline as it would in clear.
+        let arm = || self.conn.set_read_timeout(Some(self.left()?));
+        let r = match &self.sealed {
+            Some(link) => link.read(self.conn.tcp(), buf, &arm),
+            None => arm().and_then(|()| self.conn.tcp().read(buf)),
+        };
+        r.map_err(|e| self.timed_out(e))
     }
 }
 
 impl Write for Deadline<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.stream.set_write_timeout(Some(self.left()?))?;
-        (&*self.stream).write(buf).map_err(|e| self.timed_out(e))
+        self.conn.set_write_timeout(Some(self.left()?))?;
+        let r = match &self.sealed {
+            Some(link) => link.write_all(self.conn.tcp(), &[buf]).map(|()| buf.len()),
+            None => self.conn.tcp().write(buf),
+        };
+        r.map_err(|e| self.timed_out(e))
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The socket under a deadline, unsealed: what the TLS handshake itself
+/// reads and writes.
+struct Raw<'d, 'a>(&'d Deadline<'a>);
+
+impl Read for Raw<'_, '_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let d = self.0;
+        d.conn.set_read_timeout(Some(d.left()?))?;
+        d.conn.tcp().read(buf).map_err(|e| d.timed_out(e))
+    }
+}
+
+impl Write for Raw<'_, '_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let d = self.0;
+        d.conn.set_write_timeout(Some(d.left()?))?;
+        d.conn.tcp().write(buf).map_err(|e| d.timed_out(e))
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -259,7 +324,7 @@ impl Write for Deadline<'_> {
 /// reading and dropping what it still sends: a close with unread bytes
 /// resets the connection, and a reset discards the last answer still
 /// queued at the peer.
-pub fn linger(conn: &TcpStream, within: Duration) {
+pub fn linger(conn: &Conn, within: Duration) {
     let _ = conn.shutdown(std::net::Shutdown::Write);
     let until = Instant::now() + within;
     let mut sink = [0u8; 512];
@@ -270,7 +335,7 @@ pub fn linger(conn: &TcpStream, within: Duration) {
         {
             return;
         }
-        match (&*conn).read(&mut sink) {
+        match conn.tcp().read(&mut sink) {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
@@ -281,17 +346,37 @@ pub fn linger(conn: &TcpStream, within: Duration) {
 /// together, on either side.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Runs `f` (a handshake) over `stream` under one deadline `within`, then
-/// clears the socket timeouts it set.
+/// Runs `f` (frames read or written in a bounded time) over `conn` under
+/// one deadline `within`, then clears the socket timeouts it set.
 pub fn within<T>(
-    stream: &TcpStream,
+    conn: &Conn,
     within: Duration,
     f: impl FnOnce(&mut Deadline<'_>) -> Result<T>,
 ) -> Result<T> {
-    let result = f(&mut Deadline::new(stream, within));
-    let cleared = stream
+    let result = f(&mut Deadline::new(conn, within));
+    clear_timeouts(conn, result)
+}
+
+/// Runs handshake `f` over `conn` as `within` does; a TLS session the
+/// handshake set up seals `conn` from then on.
+pub fn handshake<T>(
+    conn: &mut Conn,
+    within: Duration,
+    f: impl FnOnce(&mut Deadline<'_>) -> Result<T>,
+) -> Result<T> {
+    let mut d = Deadline::new(conn, within);
+    let result = f(&mut d);
+    let sealed = d.sealed.take().filter(|_| conn.link().is_none());
+    if let Some(link) = sealed {
+        conn.seal(link);
+    }
+    clear_timeouts(conn, result)
+}
+
+fn clear_timeouts<T>(conn: &Conn, result: Result<T>) -> Result<T> {
+    let cleared = conn
         .set_read_timeout(None)
-        .and_then(|()| stream.set_write_timeout(None));
+        .and_then(|()| conn.set_write_timeout(None));
     let value = result?;
     cleared.map_err(|e| Error::net("clearing the handshake's timeouts", e))?;
     Ok(value)
@@ -313,8 +398,11 @@ fn poll_in(fds: &mut [rustix::event::PollFd<'_>], timeout: Duration) -> io::Resu
 
 /// Waits up to `timeout` for `stream` to have something to read (or to be
 /// closed); false when the time ran out.
-pub fn wait_readable(stream: &TcpStream, timeout: Duration) -> io::Result<bool> {
+pub fn wait_readable(stream: &Conn, timeout: Duration) -> io::Result<bool> {
     use rustix::event::{PollFd, PollFlags};
+    if stream.has_pending() {
+        return Ok(true);
+    }
     let mut fds = [PollFd::new(stream, PollFlags::IN)];
     poll_in(&mut fds, timeout)?;
     Ok(!fds[0].revents().is_empty())
@@ -323,11 +411,14 @@ pub fn wait_readable(stream: &TcpStream, timeout: Duration) -> io::Result<bool> 
 /// Waits until `stream` is readable (or closed) or `wake` is readable, at
 /// most `timeout`; says which.
 pub fn wait_readable_or(
-    stream: &TcpStream,
+    stream: &Conn,
     wake: std::os::fd::BorrowedFd<'_>,
     timeout: Duration,
 ) -> io::Result<(bool, bool)> {
     use rustix::event::{PollFd, PollFlags};
+    if stream.has_pending() {
+        return Ok((true, false));
+    }
     let mut fds = [
         PollFd::new(stream, PollFlags::IN),
         PollFd::from_borrowed_fd(wake, PollFlags::IN),

@@ -1,8 +1,6 @@
 //! What the kernel knows of a data stream's TCP connection, in the units
 //! a summary shows, and which streams lag their siblings.
 
-use std::net::TcpStream;
-
 use serde::Serialize;
 
 /// One connection's TCP_INFO, as the summary and the metrics show it.
@@ -33,7 +31,7 @@ pub struct TcpStats {
 
 /// `stream`'s TCP_INFO; `None` when the kernel will not say (not a TCP
 /// socket any more).
-pub fn tcp_stats(stream: &TcpStream) -> Option<TcpStats> {
+pub fn tcp_stats(stream: &impl std::os::fd::AsFd) -> Option<TcpStats> {
     let i = crate::io::sys::tcp_info(stream).ok()?;
     let ms = |us: u32| f64::from(us) / 1000.0;
     Some(TcpStats {
@@ -112,7 +110,7 @@ mod tests {
     #[test]
     fn a_loopback_connection_has_a_round_trip_and_a_segment_size() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (mut s, _) = l.accept().unwrap();
         use std::io::{Read, Write};
         c.write_all(&[7; 4096]).unwrap();

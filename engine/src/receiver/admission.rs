@@ -21,8 +21,9 @@
 //! accept loop itself, without a thread of its own.
 #![forbid(unsafe_code)]
 
+use crate::net::Conn;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::{IpAddr, Shutdown, TcpStream};
+use std::net::{IpAddr, Shutdown};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -90,7 +91,7 @@ fn source(ip: IpAddr) -> IpAddr {
 struct Handshake {
     ip: IpAddr,
     since: Instant,
-    cut: Option<TcpStream>,
+    cut: Option<Conn>,
 }
 
 /// How long a handshake is spared when its address holds no other: when
@@ -164,13 +165,13 @@ impl Admission {
     pub(crate) fn admit(
         self: &Arc<Self>,
         ip: IpAddr,
-        stream: Option<&TcpStream>,
+        stream: Option<&Conn>,
         now: Instant,
     ) -> Result<Admitted, Refusal> {
         let ip = source(ip);
         // A connection that could not be cut would hold its place past
         // the rules: out of descriptors, it is better refused.
-        let cut = match stream.map(TcpStream::try_clone) {
+        let cut = match stream.map(Conn::try_clone) {
             Some(Ok(s)) => Some(s),
             Some(Err(_)) => return Err(Refusal::Connections(self.max_connections)),
             None => None,
@@ -386,8 +387,8 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let mut flood = Vec::new();
         for i in 0..16 {
-            let client = TcpStream::connect(addr).unwrap();
-            let (server_side, _) = listener.accept().unwrap();
+            let client = std::net::TcpStream::connect(addr).unwrap();
+            let server_side = Conn::from(listener.accept().unwrap().0);
             let t = a
                 .admit(ip(10 + i / 4), Some(&server_side), Instant::now())
                 .unwrap();
@@ -422,8 +423,8 @@ mod tests {
                 assert!(t.evicted, "every slot is taken");
                 cuts += 1;
                 flood.push((
-                    TcpStream::connect(addr).unwrap(),
-                    listener.accept().unwrap().0,
+                    std::net::TcpStream::connect(addr).unwrap(),
+                    listener.accept().unwrap().0.into(),
                     t.ticket,
                 ));
             }

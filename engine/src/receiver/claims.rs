@@ -12,8 +12,9 @@
 //! claims them.
 #![forbid(unsafe_code)]
 
+use crate::net::Conn;
 use std::hash::{BuildHasher, RandomState};
-use std::net::{Shutdown, TcpStream};
+use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -32,12 +33,12 @@ pub(crate) struct Life {
     heard_ms: AtomicU64,
     /// A handle on the control connection: shutting it down wakes the
     /// session's control thread, which then ends the session.
-    control: TcpStream,
+    control: Conn,
     taken_over: AtomicBool,
 }
 
 impl Life {
-    pub(crate) fn new(control: TcpStream, now: Instant) -> Self {
+    pub(crate) fn new(control: Conn, now: Instant) -> Self {
         Self {
             born: now,
             heard_ms: AtomicU64::new(0),
@@ -244,11 +245,11 @@ mod tests {
 
     /// A Life on a real (loopback) control connection; the peer end is
     /// returned so the test can see it shut down.
-    fn life(now: Instant) -> (Arc<Life>, TcpStream) {
+    fn life(now: Instant) -> (Arc<Life>, Conn) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (s, _) = l.accept().unwrap();
-        (Arc::new(Life::new(s, now)), c)
+        (Arc::new(Life::new(s.into(), now)), c.into())
     }
 
     const TAKEOVER: Duration = Duration::from_secs(15);

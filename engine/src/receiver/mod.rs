@@ -28,7 +28,7 @@ mod writer;
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -43,7 +43,7 @@ use crate::error::{Error, Result};
 use crate::fsroot::Root;
 use crate::io::IoMode;
 use crate::io::spare;
-use crate::net::{self, SocketOpts, auth};
+use crate::net::{self, Conn, SocketOpts, auth};
 use crate::observe::{Observe, unobserved};
 use crate::progress::Position;
 use crate::summary::ReceiverSummary;
@@ -75,6 +75,9 @@ pub struct ServeConfig {
     pub root: PathBuf,
     /// The shared secret.
     pub token: Vec<u8>,
+    /// Whether connections are encrypted (TLS 1.3): `Required` refuses
+    /// a peer that will not.
+    pub encrypt: crate::encryption::Encryption,
     /// I/O mode for writes.
     pub io_mode: IoMode,
     /// Writes in flight (async mode).
@@ -122,6 +125,7 @@ impl ServeConfig {
         Self {
             root,
             token,
+            encrypt: crate::encryption::Encryption::None,
             io_mode: IoMode::Async,
             queue_depth: Settings::default().queue_depth,
             buffer: Settings::default().buffer,
@@ -217,7 +221,7 @@ pub(crate) struct Shared {
     /// while another took its address. In a lobby they outlive it, and
     /// their next hello goes to the lobby's running receiver on the port
     /// it names, or is refused (`route`).
-    parked: Mutex<HashMap<ParkKey, TcpStream>>,
+    parked: Mutex<HashMap<ParkKey, Conn>>,
     summaries: Mutex<std::collections::VecDeque<ReceiverSummary>>,
     /// The counters of the session planned last, for `ServerHandle::position`.
     latest: Mutex<Option<Arc<stats::Stats>>>,
@@ -385,7 +389,7 @@ impl ServerHandle {
             }
         }
         // Wake the blocking accept.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        let _ = std::net::TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -474,7 +478,7 @@ impl Shared {
 
 /// Tells a connection over a limit why, without waiting on it: the frame
 /// fits a fresh socket's buffer, so a non-blocking write takes it whole.
-pub(crate) fn refuse_at_once(stream: &TcpStream, message: &str) {
+pub(crate) fn refuse_at_once(stream: &Conn, message: &str) {
     let mut out = Vec::with_capacity(message.len() + 16);
     crate::wire::encode(
         &Frame::Error {
@@ -503,6 +507,7 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
                 continue;
             }
         };
+        let stream = Conn::from(stream);
         let Ok(peer) = stream.peer_addr() else {
             continue;
         };
@@ -540,7 +545,7 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
 
 fn handle_connection(
     shared: Arc<Shared>,
-    mut stream: TcpStream,
+    mut stream: Conn,
     ticket: admission::Ticket,
 ) -> Result<()> {
     net::apply(&stream, &shared.cfg.socket)?;
@@ -608,7 +613,7 @@ struct At {
 /// serves a hello meant for another: with the same token it would
 /// authenticate, and the stream would then join a session it does not
 /// have.
-fn route(at: &mut At, stream: &TcpStream, port: u16) -> std::result::Result<(), NotHere> {
+fn route(at: &mut At, stream: &Conn, port: u16) -> std::result::Result<(), NotHere> {
     if port == at.dialled && !at.shared.stopped() {
         return Ok(());
     }
@@ -632,7 +637,7 @@ enum NotHere {
 
 /// Hands a parked connection whose hello names `port` to the lobby's
 /// receiver there, taking a slot of its own there first.
-fn hand_over(at: &mut At, stream: &TcpStream, port: u16) -> std::result::Result<(), NotHere> {
+fn hand_over(at: &mut At, stream: &Conn, port: u16) -> std::result::Result<(), NotHere> {
     let Some(lobby) = &at.shared.cfg.lobby else {
         return Err(if port == at.dialled {
             NotHere::Stopped
@@ -686,9 +691,9 @@ enum Step {
 
 /// Authenticates a connection within the handshake timeout; `None` (with
 /// the refusal counted and logged) when it does not.
-fn handshake(at: &mut At, stream: &mut TcpStream) -> Option<Purpose> {
+fn handshake(at: &mut At, stream: &mut Conn) -> Option<Purpose> {
     let timeout = at.shared.cfg.handshake_timeout;
-    let handshake = net::within(stream, timeout, |d| {
+    let handshake = net::handshake(stream, timeout, |d| {
         // TCP readiness probes and port waits connect and close without a
         // byte; that is not worth a warning on every probe.
         if matches!(d.peek(&mut [0u8; 1]), Ok(0)) {
@@ -697,7 +702,7 @@ fn handshake(at: &mut At, stream: &mut TcpStream) -> Option<Purpose> {
         let hello = auth::read_hello(d)?;
         if !at.parked {
             at.dialled = hello.port;
-        } else if let Err(why) = route(at, d.stream(), hello.port) {
+        } else if let Err(why) = route(at, d.conn(), hello.port) {
             let _ = write_frame(
                 d,
                 &Frame::Error {
@@ -707,11 +712,18 @@ fn handshake(at: &mut At, stream: &mut TcpStream) -> Option<Purpose> {
             );
             return Ok(Step::NotHere(why));
         }
-        auth::answer(d, &hello, &at.shared.cfg.token).map(Step::Authenticated)
+        let (token, mode) = (&at.shared.cfg.token, at.shared.cfg.encrypt);
+        auth::answer(d, &hello, token, mode).map(Step::Authenticated)
     });
     let shared = &at.shared;
     match handshake {
-        Ok(Step::Authenticated(p)) => Some(p),
+        Ok(Step::Authenticated(p)) => {
+            shared
+                .cfg
+                .observer
+                .connection_agreed(net::tls::Side::Server, stream.in_effect());
+            Some(p)
+        }
         Ok(Step::Probe) => {
             tracing::debug!("connection closed before its hello (a probe, or a parked stream)");
             None
@@ -724,6 +736,7 @@ fn handshake(at: &mut At, stream: &mut TcpStream) -> Option<Purpose> {
         Err(e) => {
             let reason = match &e {
                 Error::Auth(_) => "auth",
+                Error::Encryption(_) => "encryption",
                 Error::Protocol(_) | Error::Violation(_) => "protocol",
                 _ => "handshake",
             };
@@ -750,13 +763,13 @@ fn handshake(at: &mut At, stream: &mut TcpStream) -> Option<Purpose> {
 /// (true), or for at most `PARK_IDLE`, or until the receiver stops when
 /// it is in no lobby (false: it closes); then takes it off the register by `key`, known
 /// from before (a socket reset meanwhile no longer has a peer address).
-fn wait_parked(shared: &Shared, stream: &TcpStream, key: ParkKey) -> bool {
+fn wait_parked(shared: &Shared, stream: &Conn, key: ParkKey) -> bool {
     let woken = wait_parked_until(shared, stream, Instant::now() + PARK_IDLE);
     lock(&shared.parked).remove(&key);
     woken
 }
 
-fn wait_parked_until(shared: &Shared, stream: &TcpStream, until: Instant) -> bool {
+fn wait_parked_until(shared: &Shared, stream: &Conn, until: Instant) -> bool {
     // Registered before this first look at `stop`: `shutdown` sets it and
     // then cuts what is registered, so either this sees it or it is cut.
     while shared.keeps_parked() {

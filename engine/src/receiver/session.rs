@@ -2,8 +2,9 @@
 //! plan, the results and its end. The data streams that join it are
 //! `stream`'s.
 
+use crate::net::Conn;
 use std::collections::HashSet;
-use std::net::{Shutdown, TcpStream};
+use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
@@ -43,7 +44,7 @@ pub(crate) struct Session {
     pub(super) block_size: u64,
     pub(super) pool: Pools,
     pub(super) writer_tx: mpsc::Sender<WriterMsg>,
-    pub(super) data_streams: Mutex<Vec<TcpStream>>,
+    pub(super) data_streams: Mutex<Vec<Conn>>,
     pub(super) aborted: AtomicBool,
     pub(super) stats: Arc<Stats>,
     pub(super) observer: Observe,
@@ -100,7 +101,7 @@ const PLAN_FLUSH: Duration = Duration::from_secs(1);
 /// written.
 fn flush(
     core: &mut ReceiverControl,
-    stream: &mut TcpStream,
+    stream: &mut Conn,
     out: &mut Vec<u8>,
 ) -> Result<Option<Action>> {
     use std::io::Write;
@@ -179,7 +180,7 @@ fn out_of_order(action: Option<Action>) -> Error {
 /// and written on it.
 struct Control<'a> {
     shared: &'a Arc<Shared>,
-    stream: TcpStream,
+    stream: Conn,
     reader: FrameReader,
     /// The frames of one write (see `flush`).
     out: Vec<u8>,
@@ -187,7 +188,7 @@ struct Control<'a> {
 }
 
 impl<'a> Control<'a> {
-    fn new(shared: &'a Arc<Shared>, stream: TcpStream) -> Result<Self> {
+    fn new(shared: &'a Arc<Shared>, stream: Conn) -> Result<Self> {
         let idle_timeout = shared.cfg.idle_timeout;
         // No single read or write of the session may stall longer than the
         // idle deadline: a sender that stops mid-frame, or stops reading, is
@@ -412,7 +413,7 @@ fn admit(
     shared: &Shared,
     id: SessionId,
     block_size: u64,
-    stream: &TcpStream,
+    stream: &Conn,
     started: Instant,
 ) -> Result<std::result::Result<Admitted, Refusal>> {
     if shared.sessions.len() >= shared.cfg.max_sessions {
@@ -468,13 +469,13 @@ fn admit(
     }))
 }
 
-pub(crate) fn run_control(shared: &Arc<Shared>, stream: TcpStream) -> Result<()> {
+pub(crate) fn run_control(shared: &Arc<Shared>, stream: Conn) -> Result<()> {
     let result = control(shared, stream);
     crate::io::sys::release_freed_memory();
     result
 }
 
-fn control(shared: &Arc<Shared>, stream: TcpStream) -> Result<()> {
+fn control(shared: &Arc<Shared>, stream: Conn) -> Result<()> {
     let started = Instant::now();
     let mut ctl = Control::new(shared, stream)?;
     let terms = match ctl.read_until_action()? {

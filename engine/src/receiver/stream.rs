@@ -2,7 +2,8 @@
 //! session's buffers for the writer, acknowledging them, and parking the
 //! connection for the sender's next session once the session ended.
 
-use std::net::{Shutdown, TcpStream};
+use crate::net::Conn;
+use std::net::Shutdown;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
@@ -50,10 +51,10 @@ const MOST_STREAMS: usize = STREAMS.max as usize;
 /// next session.
 pub(crate) fn run_stream(
     shared: &Arc<Shared>,
-    mut stream: TcpStream,
+    mut stream: Conn,
     id: SessionId,
     idx: u16,
-) -> Result<Option<(TcpStream, ParkKey)>> {
+) -> Result<Option<(Conn, ParkKey)>> {
     let _stream = tracing::info_span!("stream", session = %short(&id), idx).entered();
     let session = find_session(shared, &mut stream, &id)?;
     let ends = stream.local_addr().ok().zip(stream.peer_addr().ok());
@@ -98,7 +99,7 @@ pub(crate) fn run_stream(
 
 /// Session `id`, once it is open; the sender of `stream` hears when it
 /// is not.
-fn find_session(shared: &Shared, stream: &mut TcpStream, id: &SessionId) -> Result<Arc<Session>> {
+fn find_session(shared: &Shared, stream: &mut Conn, id: &SessionId) -> Result<Arc<Session>> {
     let stopping = || shared.stop.load(Ordering::SeqCst);
     let Some(session) = shared.sessions.wait(id, shared.cfg.join_wait, stopping) else {
         let message = "unknown session: open it on a control connection first".to_string();
@@ -116,7 +117,7 @@ fn find_session(shared: &Shared, stream: &mut TcpStream, id: &SessionId) -> Resu
 
 /// Adds `stream` to `session`'s data streams, or refuses it past the most
 /// one session takes.
-fn join(session: &Session, stream: &mut TcpStream) -> Result<()> {
+fn join(session: &Session, stream: &mut Conn) -> Result<()> {
     // Each join is a connection and two threads here. Our senders open
     // at most STREAMS.max, added ones included; more would let one
     // session hold the connections every other session needs.
@@ -157,7 +158,7 @@ struct Acks {
 impl Acks {
     /// Sets data stream `idx`'s timeouts and starts the thread that writes
     /// its acknowledgements.
-    fn start(stream: &TcpStream, idle_timeout: Duration, idx: u16) -> Result<Self> {
+    fn start(stream: &Conn, idle_timeout: Duration, idx: u16) -> Result<Self> {
         // Bounded, and the socket's writes too: a sender that stops reading
         // its acknowledgements stops this stream (and, after the idle timeout,
         // loses it) instead of queueing them in the receiver's memory.
@@ -213,7 +214,7 @@ fn write_acks(rx: &mpsc::Receiver<Frame>, stream: &mut impl std::io::Write) -> b
 /// Keeps data stream `stream`, which its sender parked, for the sender's
 /// next session under `key`, once `acks` has written what was queued for
 /// it; false when it was closed instead.
-fn park(shared: &Shared, session: &Session, stream: &TcpStream, key: ParkKey, acks: Acks) -> bool {
+fn park(shared: &Shared, session: &Session, stream: &Conn, key: ParkKey, acks: Acks) -> bool {
     // Parked only while the receiver holds fewer than its share: the
     // rest of its connections stay for senders starting cold. The
     // place is taken here, under the lock, and `wait_parked` gives it
@@ -249,7 +250,7 @@ fn park(shared: &Shared, session: &Session, stream: &TcpStream, key: ParkKey, ac
 /// while the session runs (a stream may idle while its siblings carry the
 /// blocks), at most `PARK_GRACE` once the session has ended. False when
 /// that ran out.
-fn next_frame_due(session: &Session, stream: &TcpStream) -> Result<bool> {
+fn next_frame_due(session: &Session, stream: &Conn) -> Result<bool> {
     let mut ended = None;
     loop {
         if net::wait_readable(stream, END_POLL)
@@ -267,7 +268,7 @@ fn next_frame_due(session: &Session, stream: &TcpStream) -> Result<bool> {
 
 fn receive_blocks(
     session: &Session,
-    stream: &mut TcpStream,
+    stream: &mut Conn,
     ack_tx: &mpsc::SyncSender<Frame>,
 ) -> Result<StreamEnd> {
     let mut reader = FrameReader::default();
@@ -363,7 +364,7 @@ impl Session {
     /// or None when the bytes do not match it.
     fn read_block(
         &self,
-        stream: &mut TcpStream,
+        stream: &mut Conn,
         h: &BlockHeader,
         buf: &mut PoolBuf,
     ) -> Result<Option<u64>> {

@@ -160,6 +160,9 @@ pub(super) fn prepare(
     cfg.streams = job.streams;
     cfg.per_link = false;
     cfg.verify = job.verify;
+    // The lead's mode holds on the relay's leg too: a transfer sent with
+    // `Required` never crosses any link in clear.
+    cfg.encrypt = cfg.encrypt.max(job.encrypt);
     cfg.max_rate = (job.max_rate > 0).then_some(job.max_rate);
     cfg.retry_for = Duration::from_millis(u64::from(job.retry_ms));
     cfg.refused_for =
@@ -308,6 +311,7 @@ mod tests {
             max_rate: 0,
             retry_ms: 1000,
             refused_ms: 0,
+            encrypt: crate::encryption::Encryption::None,
         }
     }
 
@@ -378,6 +382,27 @@ mod tests {
         assert_eq!(cfg.block_size, 1 << 20);
         assert_eq!(list.files[0].dest, "out");
         assert_eq!(list.files[0].size, 5);
+    }
+
+    /// A lead that requires encryption holds the relay's leg to it too,
+    /// whatever the relay's own mode; the stricter of the two holds.
+    #[test]
+    fn the_relays_leg_runs_under_the_stricter_of_the_two_modes() {
+        use crate::encryption::Encryption::{None as Off, Preferred, Required};
+        let (_d, root, fp) = source();
+        for (own, lead, runs) in [
+            (Preferred, Required, Required),
+            (Off, Required, Required),
+            (Required, Off, Required),
+            (Off, Off, Off),
+        ] {
+            let mut template = SendConfig::new("", vec![1; 32], "", "");
+            template.encrypt = own;
+            let mut got = received(&root.join("src"), entry("f", 5, fp));
+            got.job.encrypt = lead;
+            let (cfg, _) = prepare(got, &roots(std::slice::from_ref(&root)), &template).unwrap();
+            assert_eq!(cfg.encrypt, runs, "relay {own}, lead {lead}");
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The relay's side: take jobs from authenticated leads and run each as
 //! the session the lead would have run, from this host.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::job::{self, Root};
 use super::{ALIVE_EVERY, JOB_WITHIN, MAX_JOBS, SILENCE};
 use crate::error::{Error, Result};
-use crate::net::{self, auth};
+use crate::net::{self, Conn, auth};
 use crate::progress::Progress;
 use crate::receiver::admission::{Admission, Ticket};
 use crate::receiver::budget::{Budget, Reservation};
@@ -33,6 +33,9 @@ const FRAMES_PER_LOOK: usize = 16;
 pub struct RelayConfig {
     /// The token leads must prove, and the relay proves to receivers.
     pub token: Vec<u8>,
+    /// Whether connections are encrypted (TLS 1.3): `Required` refuses
+    /// a peer that will not.
+    pub encrypt: crate::encryption::Encryption,
     /// The directories jobs may read beneath.
     pub roots: Vec<PathBuf>,
     /// This host's own settings for the sessions it runs (I/O mode,
@@ -127,7 +130,7 @@ impl Relay {
             if stop.load(Ordering::SeqCst) {
                 break;
             }
-            let Ok(stream) = conn else {
+            let Ok(stream) = conn.map(Conn::from) else {
                 // EMFILE and friends: wait for connections to close.
                 std::thread::sleep(Duration::from_millis(50));
                 continue;
@@ -184,7 +187,7 @@ impl RelayHandle {
     pub fn stop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         // Wake the blocking accept.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        let _ = std::net::TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -197,9 +200,9 @@ impl Drop for RelayHandle {
     }
 }
 
-fn serve(shared: &Shared, mut conn: TcpStream, ticket: &mut Ticket) -> Result<()> {
-    let purpose = net::within(&conn, net::HANDSHAKE_TIMEOUT, |d| {
-        auth::server(d, &shared.cfg.token)
+fn serve(shared: &Shared, mut conn: Conn, ticket: &mut Ticket) -> Result<()> {
+    let purpose = net::handshake(&mut conn, net::HANDSHAKE_TIMEOUT, |d| {
+        auth::server(d, &shared.cfg.token, shared.cfg.encrypt)
     })?;
     ticket.authenticated();
     if purpose != Purpose::Relay {
@@ -289,7 +292,7 @@ fn wait_for_memory(memory: &Arc<Budget>, need: u64, cancel: &AtomicBool) -> Opti
 }
 
 /// Tells the lead why the job is not run, and closes.
-fn refuse(conn: &TcpStream, retryable: bool, message: String) -> Result<()> {
+fn refuse(conn: &Conn, retryable: bool, message: String) -> Result<()> {
     let refusal = Frame::Error { retryable, message };
     let _ = net::within(conn, SILENCE, |d| write_frame(d, &refusal));
     net::linger(conn, SILENCE);
@@ -300,7 +303,7 @@ fn refuse(conn: &TcpStream, retryable: bool, message: String) -> Result<()> {
 /// lead the job runs and what it moved, and cancels it when the lead
 /// closes its side or goes silent.
 fn run_watched(
-    conn: &mut TcpStream,
+    conn: &mut Conn,
     progress: &Progress,
     cancel: &AtomicBool,
     session: impl FnOnce() -> (RunState, Result<()>) + Send,
@@ -350,7 +353,7 @@ fn run_watched(
 }
 
 /// Takes the lead's keepalives that have arrived; `Err` once it closed.
-fn heard_from(conn: &TcpStream) -> Result<bool> {
+fn heard_from(conn: &Conn) -> Result<bool> {
     let mut heard = false;
     for _ in 0..FRAMES_PER_LOOK {
         let ready = net::wait_readable(conn, Duration::ZERO)
@@ -375,7 +378,7 @@ fn heard_from(conn: &TcpStream) -> Result<bool> {
 /// Tells the lead what the session did: each file's checksums of its
 /// piece and verdict, then how it ended.
 fn answer(
-    conn: &mut TcpStream,
+    conn: &mut Conn,
     st: &RunState,
     run: &Result<()>,
     stripe: &crate::wire::Stripe,

@@ -2,7 +2,6 @@
 //! connection, over a connection an earlier session parked where there
 //! is one.
 
-use std::net::TcpStream;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::{Scope, ScopedJoinHandle};
@@ -12,7 +11,7 @@ use super::SendConfig;
 use super::warm::{Warm, WarmKey};
 use crate::error::{Error, Result};
 use crate::io::sys::set_max_pacing_rate;
-use crate::net::{self, SocketOpts, auth};
+use crate::net::{self, Conn, SocketOpts, auth};
 use crate::spans::carry;
 use crate::wire::{Purpose, SessionId};
 
@@ -33,10 +32,10 @@ pub(super) fn connect(
     opts: &SocketOpts,
     purpose: Purpose,
     timeout: Duration,
-) -> Result<(TcpStream, Duration)> {
+) -> Result<(Conn, Duration)> {
     authenticate(
         cfg,
-        net::connect(&cfg.to, opts, timeout)?,
+        net::connect(&cfg.to, opts, timeout)?.into(),
         purpose,
         net::HANDSHAKE_TIMEOUT,
     )
@@ -46,14 +45,16 @@ pub(super) fn connect(
 /// bounded in time as a whole; returns it and the round trip.
 pub(super) fn authenticate(
     cfg: &SendConfig,
-    stream: TcpStream,
+    mut stream: Conn,
     purpose: Purpose,
     within: Duration,
-) -> Result<(TcpStream, Duration)> {
+) -> Result<(Conn, Duration)> {
     let port = net::port_of(&cfg.to);
-    let rtt = net::within(&stream, within, |d| {
-        auth::client(d, &cfg.token, purpose, port)
+    let rtt = net::handshake(&mut stream, within, |d| {
+        auth::client(d, &cfg.token, purpose, port, cfg.encrypt)
     })?;
+    cfg.observer
+        .connection_agreed(net::tls::Side::Client, stream.in_effect());
     Ok((stream, rtt))
 }
 
@@ -75,7 +76,7 @@ pub(super) struct Joining<'a> {
 /// one away as busy (more handshakes from this address at once than it
 /// takes) is tried again shortly, as the others finish theirs, unless the
 /// session is over.
-fn connect_stream(j: &Joining<'_>, i: u16) -> Result<TcpStream> {
+fn connect_stream(j: &Joining<'_>, i: u16) -> Result<Conn> {
     let Joining { cfg, opts, .. } = *j;
     let purpose = Purpose::Join {
         session: j.session,
@@ -108,7 +109,7 @@ pub(super) fn warm_key(cfg: &SendConfig, warm: &Warm, opts: &SocketOpts) -> Warm
 /// A connection an earlier session to this receiver parked, set up for
 /// `opts` and authenticated afresh for `purpose`; `None` when none is kept
 /// or the one taken fails, and the stream connects as a new one.
-pub(super) fn reuse(cfg: &SendConfig, opts: &SocketOpts, purpose: Purpose) -> Option<TcpStream> {
+pub(super) fn reuse(cfg: &SendConfig, opts: &SocketOpts, purpose: Purpose) -> Option<Conn> {
     let warm = cfg.warm.as_ref()?;
     let st = warm.take(&warm_key(cfg, warm, opts), Instant::now())?;
     // This session's pacing, or none: the last one's may differ.
@@ -132,15 +133,15 @@ pub(super) fn start_connecting<'scope>(
     scope: &'scope Scope<'scope, '_>,
     j: &'scope Joining<'scope>,
     ids: Range<u16>,
-) -> Vec<ScopedJoinHandle<'scope, Result<TcpStream>>> {
+) -> Vec<ScopedJoinHandle<'scope, Result<Conn>>> {
     ids.map(|i| scope.spawn(carry(move || connect_stream(j, i))))
         .collect()
 }
 
 /// Each stream `start_connecting` started, connected or why not, in order.
 pub(super) fn finish_connecting(
-    handles: Vec<ScopedJoinHandle<'_, Result<TcpStream>>>,
-) -> Vec<Result<TcpStream>> {
+    handles: Vec<ScopedJoinHandle<'_, Result<Conn>>>,
+) -> Vec<Result<Conn>> {
     handles
         .into_iter()
         .map(|h| {

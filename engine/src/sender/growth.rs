@@ -2,7 +2,7 @@
 //! at the start, and the streams the optimizer adds while the rate still
 //! rises, with each stream's TCP_INFO sampled as it runs.
 
-use std::net::{Shutdown, TcpStream};
+use std::net::Shutdown;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, mpsc};
 use std::thread::Scope;
@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::io::Pools;
 use crate::io::caps::{capabilities, sysctl_number};
 use crate::io::sys::set_max_pacing_rate;
-use crate::net::{self, SocketOpts};
+use crate::net::{self, Conn, SocketOpts};
 use crate::optimizer::{Decision, Optimizer, StreamChange};
 use crate::spans::carry;
 use crate::tuner::{self, AIM_BPS, Link, StreamChoice};
@@ -35,7 +35,7 @@ const TCP_SAMPLE_EVERY: Duration = Duration::from_secs(1);
 /// whose files are `small` or not.
 pub(super) fn streams_for_link(
     cfg: &SendConfig,
-    (control, small): (&TcpStream, bool),
+    (control, small): (&Conn, bool),
     pool: &Pools,
 ) -> StreamChoice {
     let rtt = net::tcp_stats(control).map_or(Duration::ZERO, |t| {
@@ -116,7 +116,7 @@ impl Grow<'_> {
         &self,
         s: &'scope Scope<'scope, '_>,
         shared: &'scope Shared,
-        open: &Mutex<Vec<Option<TcpStream>>>,
+        open: &Mutex<Vec<Option<Conn>>>,
         more: u16,
     ) -> u16 {
         let from = hold(open).len() as u16;
@@ -188,7 +188,7 @@ impl Grow<'_> {
 pub(super) fn sample_loop<'scope>(
     s: &'scope Scope<'scope, '_>,
     shared: &'scope Shared,
-    open: &Mutex<Vec<Option<TcpStream>>>,
+    open: &Mutex<Vec<Option<Conn>>>,
     mut grow: Option<Grow<'_>>,
     stop: &mpsc::Receiver<()>,
 ) -> Tuned {

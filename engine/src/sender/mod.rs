@@ -41,6 +41,9 @@ pub struct SendConfig {
     pub to: String,
     /// The shared secret.
     pub token: Vec<u8>,
+    /// Whether connections are encrypted (TLS 1.3): `Required` refuses
+    /// a peer that will not.
+    pub encrypt: crate::encryption::Encryption,
     /// File or directory to send (unused when `synthetic` is set).
     pub source: PathBuf,
     /// A memory-to-memory test: send this many bytes of generated data,
@@ -105,6 +108,7 @@ impl SendConfig {
         Self {
             to: to.into(),
             token,
+            encrypt: crate::encryption::Encryption::None,
             source: source.into(),
             synthetic: None,
             dest: dest.into(),
@@ -256,6 +260,8 @@ pub(crate) struct RunState {
     /// Each data stream's TCP_INFO at the end of the last session.
     pub(crate) tcp: Vec<Option<TcpStats>>,
     pub(crate) congestion: String,
+    /// What the control connection's handshake agreed.
+    pub(crate) encryption: crate::encryption::InEffect,
     /// In a transfer over several pairs, the block checksums of each file
     /// whose piece was written and verified, for the coordinator.
     pub(crate) sums: HashMap<u32, Vec<u64>>,

@@ -2,7 +2,6 @@
 //! and the plan the control core checks.
 
 use std::io::Write;
-use std::net::TcpStream;
 use std::time::Instant;
 
 use super::connect::authenticate;
@@ -11,7 +10,7 @@ use super::source::SourceFile;
 use super::{RunState, SendConfig};
 use crate::digest::entry_identity;
 use crate::error::{Error, Result};
-use crate::net::{self};
+use crate::net::{self, Conn};
 use crate::scheduler::PlannedFile;
 use crate::session::FileVerdict;
 use crate::session::SenderControl;
@@ -25,7 +24,7 @@ use crate::wire::{
 /// and so well under the frame cap.
 const MANIFEST_CHUNK_BYTES: usize = 128 << 10;
 
-fn send_manifest(control: &mut TcpStream, entries: &[FileEntry]) -> Result<()> {
+fn send_manifest(control: &mut Conn, entries: &[FileEntry]) -> Result<()> {
     let mut out = Vec::new();
     let mut chunk = Vec::new();
     let mut bytes = 0;
@@ -55,7 +54,7 @@ fn send_manifest(control: &mut TcpStream, entries: &[FileEntry]) -> Result<()> {
 /// What opening a session settled: the control connection and the files
 /// the receiver accepted, with the bytes it already holds.
 pub(super) struct Opened {
-    pub(super) control: TcpStream,
+    pub(super) control: Conn,
     pub(super) core: SenderControl,
     /// Reads the control connection from here on: it may hold frames
     /// of a packed frame not yet taken.
@@ -68,7 +67,7 @@ pub(super) struct Opened {
 /// data streams and reads the plan.
 pub(super) fn open_session(
     cfg: &SendConfig,
-    control: TcpStream,
+    control: Conn,
     streams: u16,
     pending: &[(u32, &SourceFile)],
     st: &mut RunState,
@@ -91,6 +90,7 @@ pub(super) fn open_session(
     }
     st.rtt = Some(rtt);
     st.congestion = net::congestion_of(&control);
+    st.encryption = control.in_effect();
     write_frame(
         &mut control,
         &Frame::Open {

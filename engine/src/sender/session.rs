@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::net::{Shutdown, TcpStream};
+use std::net::Shutdown;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, mpsc};
@@ -26,7 +26,7 @@ use super::streams::{ack_loop, send_loop, settle_parking};
 use super::{RunState, SendConfig};
 use crate::error::{Error, Result};
 use crate::io::Pools;
-use crate::net::{self, SocketOpts, auth};
+use crate::net::{self, Conn, SocketOpts, auth};
 use crate::optimizer::Optimizer;
 use crate::scheduler::PlannedFile;
 use crate::session::FileVerdict;
@@ -62,7 +62,7 @@ pub(crate) fn run(
         pacing: None,
         ..cfg.socket.clone()
     };
-    let control = net::connect(&cfg.to, &control_opts, cfg.connect_timeout)?;
+    let control = Conn::from(net::connect(&cfg.to, &control_opts, cfg.connect_timeout)?);
     let small = tuner::small_files(
         pending.len(),
         pending.iter().map(|(_, f)| f.size).sum(),
@@ -188,7 +188,7 @@ fn empty_files(all: &[SourceFile], planned: &[PlannedFile]) -> Vec<u32> {
 /// the configured one.
 fn stream_count(
     cfg: &SendConfig,
-    (control, small): (&TcpStream, bool),
+    (control, small): (&Conn, bool),
     pool: &Pools,
     st: &mut RunState,
 ) -> u16 {
@@ -289,10 +289,10 @@ fn new_shared(
 fn attach_streams(
     cfg: &SendConfig,
     shared: &Shared,
-    connected: Vec<Result<TcpStream>>,
-) -> Result<Vec<Option<TcpStream>>> {
+    connected: Vec<Result<Conn>>,
+) -> Result<Vec<Option<Conn>>> {
     // The transfer goes on as long as one data stream connected.
-    let mut streams: Vec<Option<TcpStream>> = Vec::with_capacity(connected.len());
+    let mut streams: Vec<Option<Conn>> = Vec::with_capacity(connected.len());
     for (i, c) in connected.into_iter().enumerate() {
         match c {
             Ok(s) => streams.push(Some(s)),
@@ -322,7 +322,7 @@ struct Running<'a> {
     empty: &'a [u32],
     /// Every data stream's socket, for sampling and for the close at the
     /// end; the optimizer's streams join them.
-    open: Mutex<Vec<Option<TcpStream>>>,
+    open: Mutex<Vec<Option<Conn>>>,
 }
 
 /// What a session's threads leave when it ends.
@@ -338,13 +338,9 @@ impl Running<'_> {
     /// Runs the session's threads until every file has a verdict or
     /// something fails, then ends it: parks or closes the data streams
     /// and sends `Finish`.
-    fn run(
-        &self,
-        (control, reader): (&mut TcpStream, FrameReader),
-        grow: Option<Grow<'_>>,
-    ) -> Ended {
+    fn run(&self, (control, reader): (&mut Conn, FrameReader), grow: Option<Grow<'_>>) -> Ended {
         let (cfg, shared) = (self.cfg, self.shared);
-        let spawned: Vec<(u16, Option<(TcpStream, TcpStream)>)> = hold(&self.open)
+        let spawned: Vec<(u16, Option<(Conn, Conn)>)> = hold(&self.open)
             .iter()
             .enumerate()
             .filter_map(|(i, st)| Some((i as u16, st.as_ref()?)))
@@ -446,7 +442,7 @@ impl Running<'_> {
 
 /// Ends the control connection: after a session that ended well, with
 /// `Finish`, waiting for the receiver to close it.
-fn finish(shared: &Shared, control: &mut TcpStream, ok: bool) {
+fn finish(shared: &Shared, control: &mut Conn, ok: bool) {
     if !ok {
         let _ = control.shutdown(Shutdown::Both);
         return;
@@ -549,7 +545,7 @@ fn record(
 /// it wants sent (reports, keepalives), and waits until every accepted
 /// file has a verdict and every block its acknowledgement, or something
 /// fails.
-fn coordinate(shared: &Shared, control: &mut TcpStream) -> Result<()> {
+fn coordinate(shared: &Shared, control: &mut Conn) -> Result<()> {
     let mut g = shared.lock();
     loop {
         let now = Instant::now();
@@ -605,7 +601,7 @@ fn coordinate(shared: &Shared, control: &mut TcpStream) -> Result<()> {
 
 /// Reads the receiver's frames into the control core until it ends the
 /// session or the connection closes.
-fn control_loop(shared: &Shared, control: &mut TcpStream, mut reader: FrameReader) {
+fn control_loop(shared: &Shared, control: &mut Conn, mut reader: FrameReader) {
     // Runs past the session's end too: after `Finish` the receiver closes
     // the connection once it has released the session's destinations, and
     // the send returns only then (an immediate second send of the same

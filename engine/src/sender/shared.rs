@@ -32,7 +32,7 @@ pub(crate) struct Inner {
     /// Data streams the receiver parked at the session's end (see
     /// `Shared::park`), by index, with when its `Parked` arrived, for the
     /// sender's next session.
-    pub(super) parked: Vec<(u16, std::net::TcpStream, std::time::Instant)>,
+    pub(super) parked: Vec<(u16, crate::net::Conn, std::time::Instant)>,
     /// Acknowledgement readers not yet ended.
     pub(super) acks_running: usize,
     /// Data streams that failed and why, for the summary's warnings (the

@@ -2,8 +2,9 @@
 //! acknowledgements, and the parking of the streams as a session that
 //! ended well winds down.
 
+use crate::net::Conn;
 use std::io::Write;
-use std::net::{Shutdown, TcpStream};
+use std::net::Shutdown;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,7 +23,7 @@ use crate::wire::{
 /// trip, normally. A stream it does not answer on is closed.
 const PARK_WAIT: Duration = Duration::from_secs(5);
 
-pub(super) fn send_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
+pub(super) fn send_loop(shared: &Shared, i: u16, mut stream: Conn) {
     loop {
         let (order, buf) = {
             let mut g = shared.lock();
@@ -74,7 +75,7 @@ pub(super) fn send_loop(shared: &Shared, i: u16, mut stream: TcpStream) {
 /// memory), and the checksum after them.
 fn send_block(
     shared: &Shared,
-    stream: &mut TcpStream,
+    stream: &mut Conn,
     frame: &Frame,
     gid: usize,
     payload: &[u8],
@@ -111,13 +112,13 @@ const ACK_READ_BUF: usize = 16 << 10;
 
 /// Reads data stream `i`'s acknowledgements until the session stops and
 /// the stream closes or is parked; tells `settle_parking` it has ended.
-pub(super) fn ack_loop(shared: &Shared, i: u16, stream: TcpStream) {
+pub(super) fn ack_loop(shared: &Shared, i: u16, stream: Conn) {
     read_acks(shared, i, stream);
     shared.lock().acks_running -= 1;
     shared.cv.notify_all();
 }
 
-fn read_acks(shared: &Shared, i: u16, stream: TcpStream) {
+fn read_acks(shared: &Shared, i: u16, stream: Conn) {
     let mut reader = FrameReader::default();
     // The receiver writes the acknowledgements it has queued together (a
     // tree of one-block files has one a file): read them in as few calls.
@@ -196,7 +197,7 @@ fn read_acks(shared: &Shared, i: u16, stream: TcpStream) {
 /// Waits up to `PARK_WAIT` for every data stream's acknowledgement reader
 /// to end (on the receiver's `Parked`, or on anything else), then closes
 /// the streams that were not parked.
-pub(super) fn settle_parking(shared: &Shared, open: &Mutex<Vec<Option<TcpStream>>>) {
+pub(super) fn settle_parking(shared: &Shared, open: &Mutex<Vec<Option<Conn>>>) {
     let deadline = Instant::now() + PARK_WAIT;
     let mut g = shared.lock();
     while g.acks_running > 0 {

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use super::source::{SourceFile, SourceList};
 use super::{RunState, SendConfig};
 use crate::digest::{fmt_digest, tree_digest};
+use crate::encryption::InEffect;
 use crate::io::{IoMode, Pools};
 use crate::net::{buffer_warning, lagging};
 use crate::session::FileVerdict;
@@ -80,6 +81,9 @@ pub(super) fn summarize(
         },
         verify: cfg.verify,
         congestion: st.congestion.clone(),
+        encryption: st.encryption,
+        encryption_note: (st.encryption == InEffect::Userspace)
+            .then(|| format!("kernel TLS not used: {}", crate::net::tls::why_userspace())),
         sessions: st.sessions,
         rtt_ms: rtt.as_secs_f64() * 1e3,
         memory_to_memory: cfg.synthetic.is_some(),

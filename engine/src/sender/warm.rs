@@ -14,7 +14,7 @@
 //! they go after `KEEP_WARM` unused too, or a process that stops sending
 //! would hold them for good (`expire`).
 
-use std::net::TcpStream;
+use crate::net::Conn;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -50,7 +50,7 @@ pub struct WarmKey {
 
 struct Parked {
     key: WarmKey,
-    stream: TcpStream,
+    stream: Conn,
     since: Instant,
 }
 
@@ -190,7 +190,7 @@ impl Warm {
     /// Keeps `stream`, whose `Parked` arrived at `since` (its reuse is
     /// timed from then), for a session to `key`; the oldest goes when
     /// `MOST_WARM` are kept.
-    pub fn put(&self, key: WarmKey, stream: TcpStream, since: Instant) {
+    pub fn put(&self, key: WarmKey, stream: Conn, since: Instant) {
         let mut g = self.lock();
         expire_parked(&mut g, since);
         if g.len() >= MOST_WARM {
@@ -201,7 +201,7 @@ impl Warm {
 
     /// The most recently parked connection for `key` the receiver has not
     /// closed, if any.
-    pub fn take(&self, key: &WarmKey, now: Instant) -> Option<TcpStream> {
+    pub fn take(&self, key: &WarmKey, now: Instant) -> Option<Conn> {
         let mut g = self.lock();
         expire_parked(&mut g, now);
         while let Some(i) = g.iter().rposition(|p| &p.key == key) {
@@ -247,9 +247,9 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
 
-    fn pair(l: &TcpListener) -> (TcpStream, TcpStream) {
-        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        (c, l.accept().unwrap().0)
+    fn pair(l: &TcpListener) -> (Conn, Conn) {
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        (c.into(), l.accept().unwrap().0.into())
     }
 
     fn key(to: &str) -> WarmKey {

@@ -1,10 +1,10 @@
 //! Encoding and checked decoding of frames, with no I/O.
 
 use super::{
-    BlockHeader, CHECKED_SINCE, EntryKind, FRAME_CHECK_LEN, FileEntry, Frame, HELLO_PORT_SINCE,
-    MAC_LEN, MAGIC, MAX_ADDR, MAX_BLOCK, MAX_FRAME, MAX_MESSAGE, MAX_PATH, MAX_PIECES,
-    MAX_RELAY_SUMS, NONCE_LEN, PlanOutcome, Purpose, RelayEntry, RelayError, RelayJob,
-    SESSION_ID_LEN, Stripe, StripePiece, StripeRole, VERSION, Verification,
+    BlockHeader, CHECKED_SINCE, ENCRYPTION_SINCE, Encryption, EntryKind, FRAME_CHECK_LEN,
+    FileEntry, Frame, HELLO_PORT_SINCE, MAC_LEN, MAGIC, MAX_ADDR, MAX_BLOCK, MAX_FRAME,
+    MAX_MESSAGE, MAX_PATH, MAX_PIECES, MAX_RELAY_SUMS, NONCE_LEN, PlanOutcome, Purpose, RelayEntry,
+    RelayError, RelayJob, SESSION_ID_LEN, Stripe, StripePiece, StripeRole, VERSION, Verification,
 };
 
 /// Why a frame could not be decoded.
@@ -138,6 +138,7 @@ fn encode_fields(frame: &Frame, out: &mut Vec<u8>) {
             version,
             nonce,
             port,
+            encrypt,
         } => {
             w.u8(T_HELLO);
             w.bytes(&MAGIC);
@@ -146,12 +147,22 @@ fn encode_fields(frame: &Frame, out: &mut Vec<u8>) {
             if *version >= HELLO_PORT_SINCE {
                 w.u16(*port);
             }
+            if *version >= ENCRYPTION_SINCE {
+                w.u8(crate::encryption::code(*encrypt));
+            }
         }
-        Frame::Challenge { version, nonce } => {
+        Frame::Challenge {
+            version,
+            nonce,
+            encrypted,
+        } => {
             w.u8(T_CHALLENGE);
             w.bytes(&MAGIC);
             w.u16(*version);
             w.bytes(nonce);
+            if *version >= ENCRYPTION_SINCE {
+                w.u8(u8::from(*encrypted));
+            }
         }
         Frame::Auth { mac, purpose } => {
             w.u8(T_AUTH);
@@ -301,6 +312,7 @@ fn encode_relay(frame: &Frame, w: &mut Writer<'_>) {
             w.u64(job.max_rate);
             w.u32(job.retry_ms);
             w.u32(job.refused_ms);
+            w.u8(crate::encryption::code(job.encrypt));
         }
         Frame::RelayFiles { entries } => {
             w.u8(T_RELAY_FILES);
@@ -437,6 +449,10 @@ pub(super) fn checked_fields(body: &[u8]) -> Result<&[u8], DecodeError> {
     Ok(fields)
 }
 
+fn encryption_of(code: u8) -> Result<Encryption, DecodeError> {
+    crate::encryption::of_code(code).ok_or(DecodeError::Invalid("encryption offer"))
+}
+
 /// Whether a received frame carries a checksum: all do, but a hello or a
 /// challenge of a version before `CHECKED_SINCE`, whose version field
 /// says so (it stands at the same place in every version).
@@ -513,13 +529,37 @@ fn decode_fields(body: &[u8]) -> Result<Frame, DecodeError> {
                 if version > VERSION {
                     r.0 = &[];
                 }
+                let encrypt = if (ENCRYPTION_SINCE..=VERSION).contains(&version) {
+                    encryption_of(r.u8()?)?
+                } else {
+                    Encryption::None
+                };
                 Frame::Hello {
                     version,
                     nonce,
                     port,
+                    encrypt,
                 }
             } else {
-                Frame::Challenge { version, nonce }
+                // Likewise a later version's challenge: its sender is told
+                // the versions, not that the frame was malformed.
+                let encrypted = match version {
+                    v if v > VERSION => {
+                        r.0 = &[];
+                        false
+                    }
+                    v if v >= ENCRYPTION_SINCE => match r.u8()? {
+                        0 => false,
+                        1 => true,
+                        _ => return Err(DecodeError::Invalid("encryption answer")),
+                    },
+                    _ => false,
+                };
+                Frame::Challenge {
+                    version,
+                    nonce,
+                    encrypted,
+                }
             }
         }
         T_AUTH => {
@@ -702,6 +742,7 @@ fn decode_relay(ty: u8, r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
                 max_rate: r.u64()?,
                 retry_ms: r.u32()?,
                 refused_ms: r.u32()?,
+                encrypt: encryption_of(r.u8()?)?,
             })
         }
         T_RELAY_FILES => {
@@ -914,16 +955,29 @@ pub(crate) mod tests {
     /// Any frame the codec can carry, for decoders and state machines.
     pub(crate) fn arb_frame() -> impl Strategy<Value = Frame> {
         prop_oneof![
-            (any::<u16>(), any::<[u8; 32]>(), any::<u16>()).prop_map(|(version, nonce, port)| {
-                Frame::Hello {
+            (any::<u16>(), any::<[u8; 32]>(), any::<u16>(), 0u8..3).prop_map(
+                |(version, nonce, port, encrypt)| {
+                    Frame::Hello {
+                        version,
+                        nonce,
+                        // An older hello has no port to carry, and no
+                        // offer; a newer one's offer is not read.
+                        port: if version >= HELLO_PORT_SINCE { port } else { 0 },
+                        encrypt: if (ENCRYPTION_SINCE..=VERSION).contains(&version) {
+                            encryption_of(encrypt).unwrap()
+                        } else {
+                            Encryption::None
+                        },
+                    }
+                }
+            ),
+            (any::<u16>(), any::<[u8; 32]>(), any::<bool>()).prop_map(
+                |(version, nonce, encrypted)| Frame::Challenge {
                     version,
                     nonce,
-                    // An older hello has no port to carry.
-                    port: if version >= HELLO_PORT_SINCE { port } else { 0 },
+                    encrypted: encrypted && (ENCRYPTION_SINCE..=VERSION).contains(&version),
                 }
-            }),
-            (any::<u16>(), any::<[u8; 32]>())
-                .prop_map(|(version, nonce)| Frame::Challenge { version, nonce }),
+            ),
             (any::<[u8; 32]>(), any::<Option<([u8; 16], u16)>>()).prop_map(|(mac, p)| {
                 Frame::Auth {
                     mac,
@@ -1087,10 +1141,11 @@ pub(crate) mod tests {
                 1u32..=(MAX_BLOCK / 4096),
                 1u16..,
                 0u8..3,
-                any::<(u64, u32, u32)>()
+                any::<(u64, u32, u32)>(),
+                0u8..3
             )
                 .prop_map(
-                    |(to, source, b, streams, v, (max_rate, retry_ms, refused_ms))| {
+                    |(to, source, b, streams, v, (max_rate, retry_ms, refused_ms), e)| {
                         Frame::RelayJob(RelayJob {
                             to,
                             source,
@@ -1100,6 +1155,7 @@ pub(crate) mod tests {
                             max_rate,
                             retry_ms,
                             refused_ms,
+                            encrypt: encryption_of(e).unwrap(),
                         })
                     }
                 ),
@@ -1284,6 +1340,12 @@ pub(crate) mod tests {
         own.extend_from_slice(&[3; NONCE_LEN]);
         own.extend_from_slice(&7470u16.to_le_bytes());
         own.push(9);
+        assert_eq!(
+            decode_body(&sealed(&own)),
+            Err(DecodeError::Invalid("encryption offer"))
+        );
+        own.pop();
+        own.extend_from_slice(&[2, 9]);
         assert_eq!(decode_body(&sealed(&own)), Err(DecodeError::Trailing(1)));
     }
 
@@ -1294,6 +1356,7 @@ pub(crate) mod tests {
             version: 7,
             nonce: [5; NONCE_LEN],
             port: 7470,
+            encrypt: Encryption::None,
         };
         encode(&hello, &mut buf);
         assert_eq!(buf.len(), 4 + 1 + 4 + 2 + NONCE_LEN + 2);

@@ -55,8 +55,12 @@ pub const MAGIC: [u8; 4] = *b"WRRT";
 /// checkpoints, which the sender reads to checksum, where a 9 sender
 /// took every held block for another pair's; 11: relay jobs, by which
 /// a transfer's lead sender has another sending host run a session;
-/// 12: packed runs of control frames, `pack`, and `PlanRun`).
-pub const VERSION: u16 = 12;
+/// 12: packed runs of control frames, `pack`, and `PlanRun`; 13: the
+/// hello offers encryption and the challenge answers, `ENCRYPTION_SINCE`).
+pub const VERSION: u16 = 13;
+/// The first version whose `Hello` carries an encryption offer and whose
+/// `Challenge` says whether TLS follows.
+pub const ENCRYPTION_SINCE: u16 = 13;
 /// The first version whose frames carry a checksum (`FRAME_CHECK_LEN`
 /// bytes after their fields).
 pub const CHECKED_SINCE: u16 = 8;
@@ -135,6 +139,7 @@ pub enum Purpose {
     Relay,
 }
 
+pub use crate::tuning::Encryption;
 pub use crate::tuning::Verification;
 
 /// The kind of a manifest entry.
@@ -282,6 +287,9 @@ pub struct RelayJob {
     /// How long it may find every reconnect refused, ms; 0 for as long
     /// as `retry_ms`.
     pub refused_ms: u32,
+    /// The lead's encryption: the relay's session to the receiver runs
+    /// under the stricter of it and the relay's own.
+    pub encrypt: Encryption,
 }
 
 /// One file of a relay job: its manifest entry and where it is read from.
@@ -316,6 +324,8 @@ pub enum Frame {
         /// `HELLO_PORT_SINCE`). Only a parked connection heeds it: its
         /// process hands it to its receiver on that port (`Lobby`).
         port: u16,
+        /// The client's encryption mode (`None` before `ENCRYPTION_SINCE`).
+        encrypt: Encryption,
     },
     /// Server's challenge.
     Challenge {
@@ -323,6 +333,9 @@ pub enum Frame {
         version: u16,
         /// Server nonce.
         nonce: [u8; NONCE_LEN],
+        /// Whether the connection is encrypted from here on: a TLS
+        /// handshake follows, or the connection already is.
+        encrypted: bool,
     },
     /// Client's proof of the token, and what the connection is for.
     Auth {

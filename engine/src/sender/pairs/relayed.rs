@@ -2,12 +2,12 @@
 //! pass its progress to the lane, and take its answers as a local
 //! session's.
 
-use std::net::{Shutdown, TcpStream};
+use std::net::Shutdown;
 use std::os::unix::ffi::OsStrExt;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::net::{self, auth};
+use crate::net::{self, Conn, auth};
 use crate::retry::Backoff;
 use crate::sender::source::SourceList;
 use crate::sender::{RunState, SendConfig, cancelled, sleep_unless_cancelled};
@@ -100,6 +100,7 @@ fn job(
         max_rate: cfg.max_rate.unwrap_or(0),
         retry_ms: millis(cfg.retry_for),
         refused_ms: cfg.refused_for.map_or(0, millis),
+        encrypt: cfg.encrypt,
     };
     let frames = entries(list);
     // A busy relay (its connection slots taken) is asked again, within
@@ -189,7 +190,7 @@ fn entries(list: &SourceList) -> Vec<Vec<RelayEntry>> {
 
 /// Dials the relay and authenticates, retrying within `cfg.retry_for`
 /// (or `cfg.refused_for` of refusals) as a session would.
-fn connect(via: &str, cfg: &SendConfig) -> Result<TcpStream> {
+fn connect(via: &str, cfg: &SendConfig) -> Result<Conn> {
     let mut backoff = backoff(cfg);
     if let Some(d) = cfg.refused_for {
         backoff = backoff.refused_for(d);
@@ -214,12 +215,19 @@ fn connect(via: &str, cfg: &SendConfig) -> Result<TcpStream> {
     }
 }
 
-fn dial(via: &str, cfg: &SendConfig) -> Result<TcpStream> {
-    let conn = net::connect(via, &cfg.socket, cfg.connect_timeout)?;
-    net::within(&conn, net::HANDSHAKE_TIMEOUT, |d| {
-        auth::client(d, &cfg.token, Purpose::Relay, net::port_of(via))
+fn dial(via: &str, cfg: &SendConfig) -> Result<Conn> {
+    let mut conn = Conn::from(net::connect(via, &cfg.socket, cfg.connect_timeout)?);
+    net::handshake(&mut conn, net::HANDSHAKE_TIMEOUT, |d| {
+        auth::client(
+            d,
+            &cfg.token,
+            Purpose::Relay,
+            net::port_of(via),
+            cfg.encrypt,
+        )
     })?;
-    conn.set_nodelay(true)
+    conn.tcp()
+        .set_nodelay(true)
         .map_err(|e| Error::net("setting TCP_NODELAY", e))?;
     Ok(conn)
 }
@@ -231,7 +239,7 @@ fn dial(via: &str, cfg: &SendConfig) -> Result<TcpStream> {
 /// stopped writing.
 fn read_answers(
     via: &str,
-    conn: &mut TcpStream,
+    conn: &mut Conn,
     cfg: &SendConfig,
     list: &SourceList,
     st: &mut RunState,
