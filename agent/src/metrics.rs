@@ -100,7 +100,7 @@ impl Metrics {
             ),
             connections: counter_vec(
                 "connections_total",
-                "Connections authenticated, by what sealed them: none, tls-userspace (TLS in the agent: the kernel offers no kTLS) or tls-kernel",
+                "Connections authenticated, by what sealed them: none, tls-userspace (TLS sealed in the agent) or tls-kernel (kTLS)",
                 &["encryption"],
             ),
             violations: counter_vec(
@@ -188,7 +188,7 @@ impl SenderMetrics {
             stream_failures: counter("stream_failures_total", "Data streams that broke"),
             connections: counter_vec(
                 "connections_total",
-                "Connections authenticated, by what sealed them: none, tls-userspace (TLS in the agent: the kernel offers no kTLS) or tls-kernel",
+                "Connections authenticated, by what sealed them: none, tls-userspace (TLS sealed in the agent) or tls-kernel (kTLS)",
                 &["encryption"],
             ),
             streams_added: counter(

@@ -47,7 +47,8 @@ pub struct Tuning {
 }
 
 impl Tuning {
-    /// `self` with every unset field taken from `defaults`.
+    /// `self` with every unset field taken from `defaults`; encryption,
+    /// a floor rather than a default, the stricter of the two.
     pub fn or(&self, defaults: &Self) -> Self {
         Self {
             streams: self.streams.or(defaults.streams),

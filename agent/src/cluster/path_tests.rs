@@ -561,6 +561,8 @@ impl PathTester {
 /// A probe of `endpoint` as the pool's `spec` asks.
 fn probe_config(endpoint: &str, token: Vec<u8>, spec: &PathTests) -> ProbeConfig {
     ProbeConfig {
+        // In clear: a path test carries generated data, never a file, and
+        // measures the path itself, not what TLS in an agent costs.
         encrypt: wirerate_engine::encryption::Encryption::None,
         to: endpoint.to_owned(),
         token,

@@ -568,6 +568,9 @@ const CAPTURE: &str = r#"
 import os, socket, sys
 dev, out, ready, stop = sys.argv[1:5]
 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+# SO_RCVBUFFORCE: as root, past net.core.rmem_max, so a burst waits here
+# rather than being dropped before this loop reads it.
+s.setsockopt(socket.SOL_SOCKET, 33, 256 << 20)
 s.bind((dev, 0))
 s.settimeout(0.1)
 open(ready, "w").close()
@@ -600,9 +603,15 @@ fn captured(h: &Hosts, dir: &Path, token: &Path, src: &Path, mode: &str) -> Vec<
         assert!(Instant::now() < until, "the capture did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let sent = send_from(&h.a, token, src, &["--encrypt", mode])
-        .output()
-        .unwrap();
+    // Paced, so that the capture keeps up and sees it all.
+    let sent = send_from(
+        &h.a,
+        token,
+        src,
+        &["--encrypt", mode, "--max-rate", "200Mbps"],
+    )
+    .output()
+    .unwrap();
     assert!(
         sent.status.success(),
         "{}",

@@ -18,16 +18,18 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::BINDING_LEN;
 
-/// Plaintext sealed under one key before the sender asks for new keys
-/// (a TLS 1.3 KeyUpdate). AES-GCM's limit in TLS 1.3 is 2^24.5 full
-/// records, about 380 GiB; this stays far under it, so that a stream can
-/// carry any amount.
+/// Plaintext sealed under one key before this end asks for new keys (a
+/// TLS 1.3 KeyUpdate). AES-GCM's limit in TLS 1.3 is 2^24.5 full records,
+/// about 362 GiB, and rustls refreshes keys before it on its own; this
+/// stays far under it whatever rustls does, and lets a test lower it to
+/// see streams carry many keys' worth.
 pub const REKEY_AFTER: u64 = 64 << 30;
 
 /// Raw bytes read from the socket in one call, at most...
 const RAW_CHUNK: usize = 256 << 10;
-/// ...and at first: a peer not yet authenticated gets no more than a
-/// frame's worth of buffer (the handshake's frames are under 200 bytes).
+/// ...and at least: one full record. The buffer grows with what callers
+/// read, so the small frames of a handshake (a peer not yet
+/// authenticated) get no more than this.
 const RAW_FIRST: usize = 16 << 10;
 /// Plaintext sealed per lock of the session: a block of several MiB is
 /// sealed and sent in pieces, so the reader is never kept waiting long.

@@ -2,8 +2,8 @@
 //! binding the HMAC proofs are made over, and the sealed link the
 //! connection reads and writes through afterwards (`link`).
 //!
-//! Both ends make a key pair per process, self-signed and never shown to
-//! anyone: what authenticates a connection is the per-transfer token,
+//! Both ends make a key pair per process, self-signed and checked by
+//! nobody: what authenticates a connection is the per-transfer token,
 //! whose HMAC proofs (`net::auth`) cover this connection's TLS exporter.
 //! A man in the middle holds a TLS session with each end, each with its
 //! own exporter, so the proofs it relays fail on both sides, whatever key
@@ -163,6 +163,13 @@ pub fn handshake(io: &mut (impl Read + Write), side: Side) -> Result<Link> {
         conn.write_tls(io)
             .map_err(|e| Error::net("in the TLS handshake", e))?;
     }
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        tracing::info!(
+            "TLS 1.3 is sealed and opened in this process (rustls), not the kernel: {}",
+            why_userspace()
+        );
+    });
     let mut binding = [0u8; BINDING_LEN];
     conn.export_keying_material(&mut binding, BINDING_LABEL, None)
         .map_err(|e| Error::Config(format!("exporting the TLS channel binding: {e}")))?;
