@@ -150,7 +150,7 @@ pub struct TokenArgs {
     /// will not, never a byte in clear), preferred (whenever the peer
     /// can), or none. Keys are made per process and bound to the token;
     /// the summary says what was in effect.
-    #[arg(long, env = "WIRERATE_ENCRYPT", default_value_t = Encryption::None)]
+    #[arg(long, env = "WIRERATE_ENCRYPT", default_value_t = Encryption::default(), value_parser = encryption())]
     pub encrypt: Encryption,
 }
 
@@ -361,9 +361,9 @@ pub struct DemoArgs {
     pub keep: bool,
     #[command(flatten)]
     pub tuning: SendTuning,
-    /// Encrypt the demo's connections with TLS 1.3 (required, preferred
-    /// or none), to see what it costs on this machine.
-    #[arg(long, default_value_t = Encryption::None)]
+    /// Encrypt the demo's connections with TLS 1.3, to see what it costs
+    /// on this machine.
+    #[arg(long, default_value_t = Encryption::default(), value_parser = encryption())]
     pub encrypt: Encryption,
     /// Print the report as JSON.
     #[arg(long)]
@@ -402,6 +402,11 @@ fn umask(s: &str) -> Result<u32, String> {
 }
 /// A parser of one of `names` (listed in `--help`) into `T`; `blocks` is
 /// the old name of `checksums`.
+/// `--encrypt`'s values, in the engine's spelling.
+fn encryption() -> impl clap::builder::TypedValueParser<Value = Encryption> {
+    names::<Encryption>(Encryption::ALL.map(Encryption::as_str))
+}
+
 fn names<T>(names: [&'static str; 3]) -> impl clap::builder::TypedValueParser<Value = T>
 where
     T: std::str::FromStr + Clone + Send + Sync + 'static,

@@ -88,19 +88,24 @@ pub fn accept(mode: Encryption, encrypted: bool) -> Result<(), Disagreement> {
     Ok(())
 }
 
-/// What was in effect on a connection, for the summary, status and metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+/// What was in effect on a connection, for the summary, status and
+/// metrics. `Kernel` is the design's aim and not produced yet: records
+/// are sealed in this process on every kernel (`net::tls`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum InEffect {
     /// In clear.
     #[default]
-    #[serde(rename = "none")]
     Clear,
     /// TLS 1.3, records sealed and opened in this process (rustls).
-    #[serde(rename = "tls-userspace")]
     Userspace,
     /// TLS 1.3, records sealed and opened by the kernel (kTLS).
-    #[serde(rename = "tls-kernel")]
     Kernel,
+}
+
+impl serde::Serialize for InEffect {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
 }
 
 impl InEffect {

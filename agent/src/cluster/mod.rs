@@ -1027,12 +1027,7 @@ fn observe_sender(
     let encryption = s.progress.encryption.get().map(|e| EncryptionReport {
         attempt: key.attempt,
         in_effect: e.as_str().to_owned(),
-        note: (*e == InEffect::Userspace).then(|| {
-            format!(
-                "kernel TLS not used: {}",
-                wirerate_engine::net::tls::why_userspace()
-            )
-        }),
+        note: (*e == InEffect::Userspace).then(wirerate_engine::net::tls::userspace_note),
     });
     report(
         reports,

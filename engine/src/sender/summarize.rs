@@ -83,7 +83,7 @@ pub(super) fn summarize(
         congestion: st.congestion.clone(),
         encryption: st.encryption,
         encryption_note: (st.encryption == InEffect::Userspace)
-            .then(|| format!("kernel TLS not used: {}", crate::net::tls::why_userspace())),
+            .then(crate::net::tls::userspace_note),
         sessions: st.sessions,
         rtt_ms: rtt.as_secs_f64() * 1e3,
         memory_to_memory: cfg.synthetic.is_some(),

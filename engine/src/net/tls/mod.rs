@@ -176,6 +176,11 @@ pub fn handshake(io: &mut (impl Read + Write), side: Side) -> Result<Link> {
     Ok(Link::new(conn, binding))
 }
 
+/// What the summary and status say of TLS sealed in this process.
+pub fn userspace_note() -> String {
+    format!("kernel TLS not used: {}", why_userspace())
+}
+
 /// Why records are sealed in this process rather than by the kernel
 /// (kTLS): said in the summary, status and log.
 pub fn why_userspace() -> &'static str {

@@ -416,3 +416,60 @@ fn a_sealed_handshake_trickled_a_byte_at_a_time_still_ends_at_its_deadline() {
     );
     trickle.join().unwrap();
 }
+
+/// Bytes from a small generator, for garbage a peer sends.
+fn garbage(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A receiver that requires encryption, and a peer that has not
+/// authenticated: garbage where its TLS handshake should be, or garbage
+/// in place of sealed records once the TLS session is up. Each is refused
+/// within the deadline, with no panic, and the receiver's thread ends.
+#[test]
+fn garbage_before_or_after_tls_is_refused_within_the_deadline() {
+    let within = Duration::from_secs(2);
+    for seed in 0..24u64 {
+        let after_tls = seed % 2 == 1;
+        let (c, s) = tcp_pair();
+        let srv = thread::spawn(move || {
+            let mut conn = Conn::from(s);
+            let t0 = std::time::Instant::now();
+            let r = net::handshake(&mut conn, within, |d| {
+                auth::server(d, TOKEN, Encryption::Required)
+            });
+            (r, t0.elapsed())
+        });
+        let mut raw = &c;
+        write_frame(
+            &mut raw,
+            &Frame::Hello {
+                version: crate::wire::VERSION,
+                nonce: [1; crate::wire::NONCE_LEN],
+                port: 7470,
+                encrypt: Encryption::Required,
+            },
+        )
+        .unwrap();
+        read_frame(&mut raw).unwrap();
+        if after_tls {
+            handshake(&mut raw, Side::Client).unwrap();
+        }
+        let junk = garbage(seed, 1 + (seed as usize * 997) % 40_000);
+        let _ = raw.write_all(&junk);
+        let (r, took) = srv.join().unwrap();
+        assert!(r.is_err(), "seed {seed}: garbage authenticated");
+        assert!(
+            took < within + Duration::from_secs(1),
+            "seed {seed}: {took:?}"
+        );
+    }
+}
