@@ -45,9 +45,10 @@ pub struct Link {
     rekeys: AtomicU64,
     /// Set by a read that left plaintext to take (or records to open).
     pending: AtomicBool,
-    /// Set once a write failed part-way: the session's record numbers
+    /// Set once a write failed part-way (the session's record numbers
     /// have moved past what the peer received, so nothing sealed after
-    /// it could be opened, and every later read or write fails at once.
+    /// it could be opened) or a record was refused: every later read or
+    /// write fails at once.
     broken: AtomicBool,
 }
 
@@ -76,6 +77,14 @@ struct Session {
     sealed: u64,
 }
 
+/// Whether opened plaintext waits to be taken, or the peer has closed
+/// (a read returns at once either way).
+fn left_to_take(st: &mut Session) -> bool {
+    st.conn
+        .process_new_packets()
+        .is_ok_and(|s| s.plaintext_bytes_to_read() > 0 || s.peer_has_closed())
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -87,7 +96,7 @@ fn refused(what: &str) -> io::Error {
 fn broken_error() -> io::Error {
     io::Error::new(
         io::ErrorKind::BrokenPipe,
-        "TLS: the connection broke on an earlier write",
+        "TLS: the session broke earlier (a write that failed part-way, or a record refused)",
     )
 }
 
@@ -96,6 +105,10 @@ impl Link {
         // Whatever a writer hands over is sealed at once: the socket, not
         // rustls, is where a writer waits.
         conn.set_buffer_limit(None);
+        // What the handshake's last reads opened already.
+        let pending = conn
+            .process_new_packets()
+            .is_ok_and(|s| s.plaintext_bytes_to_read() > 0);
         Self {
             recv: Mutex::new(Raw {
                 buf: Vec::new(),
@@ -109,7 +122,7 @@ impl Link {
             binding,
             rekey_after: REKEY_AFTER,
             rekeys: AtomicU64::new(0),
-            pending: AtomicBool::new(false),
+            pending: AtomicBool::new(pending),
             broken: AtomicBool::new(false),
         }
     }
@@ -148,13 +161,13 @@ impl Link {
         if buf.is_empty() {
             return Ok(0);
         }
-        if self.broken.load(Ordering::Acquire) {
-            return Err(broken_error());
-        }
         let mut raw = lock(&self.recv);
         loop {
             if let Some(why) = &raw.failed {
                 return Err(refused(why));
+            }
+            if self.broken.load(Ordering::Acquire) {
+                return Err(broken_error());
             }
             let mut st = lock(&self.state);
             match st.conn.reader().read(buf) {
@@ -174,10 +187,15 @@ impl Link {
                 Err(e) => return Err(e),
             }
             if raw.at < raw.end {
-                self.open_more(&mut raw, &mut st);
+                let at = raw.at;
+                let opened = self.open_more(&mut raw, &mut st);
                 drop(st);
                 if raw.failed.is_some() {
                     self.send_alert(tcp);
+                } else if raw.at == at && !opened {
+                    // Never loop without progress, whatever rustls does.
+                    raw.failed = Some("a record that neither opens nor fails".into());
+                    self.broken.store(true, Ordering::Release);
                 }
                 continue;
             }
@@ -208,10 +226,17 @@ impl Link {
         while raw.at < raw.end && raw.failed.is_none() {
             let mut unread = &raw.buf[raw.at..raw.end];
             let before = unread.len();
-            // Refused while opened plaintext waits (rustls holds only so
-            // much): the rest is handed over once it has been taken.
-            let Ok(took) = st.conn.read_tls(&mut unread) else {
-                break;
+            let took = match st.conn.read_tls(&mut unread) {
+                Ok(n) => n,
+                // Refused while opened plaintext waits (rustls holds only
+                // so much): the rest is handed over once it is taken.
+                Err(_) if left_to_take(st) => break,
+                // Refused for what the peer sent: a handshake message
+                // fragmented past rustls's 64 KiB, say. It never opens.
+                Err(e) => {
+                    raw.failed = Some(e.to_string());
+                    break;
+                }
             };
             raw.at += before - unread.len();
             if let Err(e) = st.conn.process_new_packets() {
@@ -221,16 +246,21 @@ impl Link {
                 break;
             }
         }
-        raw.failed.is_some()
-            || st
-                .conn
-                .process_new_packets()
-                .is_ok_and(|s| s.plaintext_bytes_to_read() > 0)
+        if raw.failed.is_some() {
+            // Nothing sealed after a refusal could reach the peer whole.
+            self.broken.store(true, Ordering::Release);
+            return true;
+        }
+        left_to_take(st)
     }
 
-    /// Sends the alert the session sealed on refusing a record, if it can.
+    /// Sends the alert the session sealed on refusing a record, if no
+    /// writer holds the socket (one blocked on a full socket must not
+    /// hold the reader too).
     fn send_alert(&self, tcp: &TcpStream) {
-        let mut out = lock(&self.send);
+        let Ok(mut out) = self.send.try_lock() else {
+            return;
+        };
         out.clear();
         {
             let mut st = lock(&self.state);

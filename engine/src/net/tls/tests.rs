@@ -473,3 +473,100 @@ fn garbage_before_or_after_tls_is_refused_within_the_deadline() {
         );
     }
 }
+
+/// TLS 1.3 records sealed by hand with a session's extracted keys: what
+/// a hostile peer can send that rustls itself never would.
+struct HandSealed {
+    key: ring::aead::LessSafeKey,
+    iv: [u8; 12],
+    seq: u64,
+}
+
+impl HandSealed {
+    /// Completes a TLS handshake as the client over `tcp` and takes the
+    /// keys it would send with.
+    fn client(tcp: &TcpStream) -> Self {
+        use rustls::ConnectionTrafficSecrets as S;
+        let provider = super::provider();
+        let verifier = std::sync::Arc::new(super::BoundByToken(
+            provider.signature_verification_algorithms,
+        ));
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
+            .with_no_client_auth();
+        config.enable_secret_extraction = true;
+        let name = rustls::pki_types::ServerName::try_from("wirerate").unwrap();
+        let mut conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
+        let mut io = tcp;
+        while conn.is_handshaking() {
+            conn.complete_io(&mut io).unwrap();
+        }
+        while conn.wants_write() {
+            conn.write_tls(&mut io).unwrap();
+        }
+        let (seq, secrets) = conn.dangerous_extract_secrets().unwrap().tx;
+        let (alg, key, iv) = match secrets {
+            S::Aes128Gcm { key, iv } => (&ring::aead::AES_128_GCM, key, iv),
+            S::Aes256Gcm { key, iv } => (&ring::aead::AES_256_GCM, key, iv),
+            S::Chacha20Poly1305 { key, iv } => (&ring::aead::CHACHA20_POLY1305, key, iv),
+            _ => panic!("a cipher suite this test cannot seal for"),
+        };
+        Self {
+            key: ring::aead::LessSafeKey::new(
+                ring::aead::UnboundKey::new(alg, key.as_ref()).unwrap(),
+            ),
+            iv: iv.as_ref().try_into().unwrap(),
+            seq,
+        }
+    }
+
+    /// One record of content type `kind` holding `fragment`.
+    fn record(&mut self, kind: u8, fragment: &[u8]) -> Vec<u8> {
+        let mut body = [fragment, &[kind]].concat();
+        let len = (body.len() + 16) as u16;
+        let header = [0x17, 0x03, 0x03, (len >> 8) as u8, len as u8];
+        let mut nonce = self.iv;
+        for (n, s) in nonce[4..].iter_mut().zip(self.seq.to_be_bytes()) {
+            *n ^= s;
+        }
+        self.seq += 1;
+        self.key
+            .seal_in_place_append_tag(
+                ring::aead::Nonce::assume_unique_for_key(nonce),
+                ring::aead::Aad::from(header),
+                &mut body,
+            )
+            .unwrap();
+        [&header[..], &body].concat()
+    }
+}
+
+/// A peer that has not authenticated opens TLS, then sends one handshake
+/// message fragmented a byte per record until rustls's 64 KiB for such a
+/// message is full: rustls refuses more bytes, and the reader must fail
+/// on it, not spin forever without reading the socket again.
+#[test]
+fn a_handshake_message_fragmented_past_its_bound_fails_the_read() {
+    let (c, s) = tcp_pair();
+    let (done, result) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let link = handshake(&mut &s, Side::Server).unwrap();
+        let r = link.read(&s, &mut [0u8; 64], &|| Ok(()));
+        let _ = done.send(r.map_err(|e| e.to_string()));
+    });
+    let mut sealer = HandSealed::client(&c);
+    // A KeyUpdate that claims 65,520 bytes, then a byte at a time.
+    let mut wire = sealer.record(0x16, &[24, 0x00, 0xff, 0xf0, 0]);
+    for _ in 0..4000 {
+        wire.extend(sealer.record(0x16, &[0]));
+    }
+    let _ = (&c).write_all(&wire);
+    let r = result
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the reader neither failed nor returned: it spins");
+    let e = r.expect_err("a read of a message that never ends returned data");
+    assert!(e.starts_with("TLS: "), "{e}");
+}
