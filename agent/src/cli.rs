@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use wirerate_crds::contract;
+use wirerate_engine::compress::Compression;
 use wirerate_engine::encryption::Encryption;
 use wirerate_engine::io::IoMode;
 use wirerate_engine::net::SocketOpts;
@@ -102,7 +103,7 @@ pub struct RunArgs {
 #[derive(Args, Clone)]
 pub struct IoArgs {
     /// I/O mode: buffered (page cache), direct (O_DIRECT, one request), async (io_uring, many).
-    #[arg(long, default_value_t = IoMode::default(), value_parser = names::<IoMode>(IoMode::ALL.map(IoMode::as_str)))]
+    #[arg(long, default_value_t = IoMode::default(), value_parser = names::<IoMode, 3>(IoMode::ALL.map(IoMode::as_str)))]
     pub io_mode: IoMode,
     /// Requests in flight in async mode.
     #[arg(long, default_value_t = tuning::QUEUE_DEPTH.default)]
@@ -310,8 +311,14 @@ pub struct SendTuning {
     #[arg(long, value_parser = rate)]
     pub max_rate: Option<u64>,
     /// none: trust TCP; checksums: checksum every block and compare file digests; reread: also re-read from disk.
-    #[arg(long, default_value_t = Verification::default(), value_parser = names::<Verification>(Verification::ALL.map(Verification::as_str)))]
+    #[arg(long, default_value_t = Verification::default(), value_parser = names::<Verification, 3>(Verification::ALL.map(Verification::as_str)))]
     pub verify: Verification,
+    /// Compress blocks on the wire: auto (lz4, only while the link rather
+    /// than the CPU is the limit and the data shrinks), lz4, zstd (every
+    /// block), or none. Checksums stay on the plain data; a block that
+    /// does not shrink goes as it is.
+    #[arg(long, env = "WIRERATE_COMPRESS", default_value_t = Compression::default(), value_parser = names::<Compression, 4>(Compression::ALL.map(Compression::as_str)))]
+    pub compress: Compression,
     /// Keep reconnecting and resuming this long after a failure, e.g. 120 (seconds).
     #[arg(long, default_value_t = 120.0, value_parser = seconds)]
     pub retry_for: f64,
@@ -404,10 +411,12 @@ fn umask(s: &str) -> Result<u32, String> {
 /// the old name of `checksums`.
 /// `--encrypt`'s values, in the engine's spelling.
 fn encryption() -> impl clap::builder::TypedValueParser<Value = Encryption> {
-    names::<Encryption>(Encryption::ALL.map(Encryption::as_str))
+    names::<Encryption, 3>(Encryption::ALL.map(Encryption::as_str))
 }
 
-fn names<T>(names: [&'static str; 3]) -> impl clap::builder::TypedValueParser<Value = T>
+fn names<T, const N: usize>(
+    names: [&'static str; N],
+) -> impl clap::builder::TypedValueParser<Value = T>
 where
     T: std::str::FromStr + Clone + Send + Sync + 'static,
     T::Err: std::error::Error + Send + Sync + 'static,

@@ -81,6 +81,7 @@ fn send_config(
     c.per_link = t.streams.is_none();
     c.max_rate = t.max_rate;
     c.verify = t.verify;
+    c.compress = t.compress;
     c.retry_for = Duration::from_secs_f64(t.retry_for);
     c.validate()?;
     Ok(c)

@@ -39,6 +39,8 @@ pub struct Metrics {
     pub connections: IntCounterVec,
     /// Connections closed because the sender broke the protocol, by kind.
     pub violations: IntCounterVec,
+    /// Packed blocks that did not unpack, by codec.
+    pub unpack_failures: IntCounterVec,
 }
 
 /// A registry whose names all start with `prefix`.
@@ -108,6 +110,11 @@ impl Metrics {
                 "Connections closed because the sender broke the protocol, by kind",
                 &["kind"],
             ),
+            unpack_failures: counter_vec(
+                "unpack_failures_total",
+                "Packed blocks that did not unpack (also counted as checksum failures), by codec",
+                &["codec"],
+            ),
         };
         register_all(&m.registry, m.collectors());
         m
@@ -124,6 +131,7 @@ impl Metrics {
             Box::new(self.blocks_written.clone()),
             Box::new(self.bytes_discarded.clone()),
             Box::new(self.checksum_failures.clone()),
+            Box::new(self.unpack_failures.clone()),
             Box::new(self.sessions.clone()),
             Box::new(self.files_completed.clone()),
             Box::new(self.files_failed.clone()),
@@ -166,6 +174,12 @@ pub struct SenderMetrics {
     /// The kernel's delivery-rate estimate of each data stream, bytes per
     /// second, as its last session ended.
     pub stream_delivery_rate: IntGaugeVec,
+    /// Plain bytes of the blocks that went packed, by codec.
+    pub packed_bytes: IntCounterVec,
+    /// What those blocks took on the wire, by codec.
+    pub packed_wire_bytes: IntCounterVec,
+    /// 1 for why packing is on or off in the latest send, 0 for the rest.
+    pub compression: IntGaugeVec,
 }
 
 impl SenderMetrics {
@@ -210,6 +224,21 @@ impl SenderMetrics {
                 "The kernel's delivery-rate estimate of each data stream, bytes/s, as its session ended",
                 &["stream"],
             ),
+            packed_bytes: counter_vec(
+                "packed_bytes_total",
+                "Plain bytes of the blocks that went packed, by codec",
+                &["codec"],
+            ),
+            packed_wire_bytes: counter_vec(
+                "packed_wire_bytes_total",
+                "What the blocks that went packed took on the wire, by codec",
+                &["codec"],
+            ),
+            compression: int_gauge_vec(
+                "compression",
+                "1 for why packing is on or off in the latest send (disabled, chosen, measuring, link_limit, incompressible, cpu_limit), 0 for the rest",
+                &["reason"],
+            ),
         };
         for o in SessionEnd::ALL {
             m.sessions.with_label_values(&[o.metric_label()]);
@@ -232,6 +261,9 @@ impl SenderMetrics {
             Box::new(self.stream_bytes.clone()),
             Box::new(self.stream_retransmits.clone()),
             Box::new(self.stream_delivery_rate.clone()),
+            Box::new(self.packed_bytes.clone()),
+            Box::new(self.packed_wire_bytes.clone()),
+            Box::new(self.compression.clone()),
         ]
     }
 }

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use wirerate_engine::compress::{Codec, Reason};
 use wirerate_engine::encryption::InEffect;
 use wirerate_engine::net::TcpStats;
 use wirerate_engine::net::tls::Side;
@@ -102,6 +103,25 @@ impl Observer for Shown {
             .inc_by(bytes);
     }
 
+    fn packed(&self, codec: Codec, plain: u64, wire: u64) {
+        let m = sender_metrics();
+        m.packed_bytes
+            .with_label_values(&[codec.as_str()])
+            .inc_by(plain);
+        m.packed_wire_bytes
+            .with_label_values(&[codec.as_str()])
+            .inc_by(wire);
+    }
+
+    fn compression_changed(&self, reason: Reason) {
+        let m = sender_metrics();
+        for r in Reason::ALL {
+            m.compression
+                .with_label_values(&[r.metric_label()])
+                .set(i64::from(r == reason));
+        }
+    }
+
     fn in_flight(&self, delta: i64) {
         sender_metrics().bytes_in_flight.add(delta);
     }
@@ -187,6 +207,13 @@ impl Observer for Shown {
 
     fn damaged(&self) {
         metrics().checksum_failures.inc();
+    }
+
+    fn unpack_failed(&self, codec: Codec) {
+        metrics()
+            .unpack_failures
+            .with_label_values(&[codec.as_str()])
+            .inc();
     }
 
     fn violation(&self, kind: ViolationKind) {

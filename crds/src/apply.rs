@@ -9,7 +9,8 @@ use kube::Resource;
 use serde::Serialize;
 
 use crate::transfer::{
-    AgentReport, EncryptionReport, Progress, StripesReport, StripingReport, TuningReport,
+    AgentReport, CompressionReport, EncryptionReport, Progress, StripesReport, StripingReport,
+    TuningReport,
 };
 
 /// `{apiVersion, kind, status}`: applied to the status subresource.
@@ -83,6 +84,9 @@ pub struct AgentStatus {
     /// What sealed the sender's connections, once one authenticated.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub encryption: Option<EncryptionReport>,
+    /// What compression did, once the sender began sending.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compression: Option<CompressionReport>,
     /// Over several pairs, the sender's view of each.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stripes: Option<StripesReport>,
@@ -136,6 +140,7 @@ mod tests {
             striping: None,
             tuning: None,
             encryption: None,
+            compression: None,
             stripes: None,
         };
         let v = serde_json::to_value(StatusApply::new::<Transfer>(&body)).unwrap();

@@ -379,6 +379,11 @@ pub struct TransferStatus {
     /// the agent or in the kernel, or none; written by the sender.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<EncryptionReport>,
+    /// What compression did for this attempt: on or off and why, and
+    /// what the blocks took on the wire; written by the sender with its
+    /// progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<CompressionReport>,
     /// Over several pairs: how the transfer is split and where each pair
     /// stands, written by the sender with its progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -527,6 +532,28 @@ pub struct TuningReport {
     /// many, and what it measured.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub changes: Vec<String>,
+}
+
+/// What compression did for a Transfer, as its sender saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CompressionReport {
+    /// The attempt whose sender reports it.
+    pub attempt: i32,
+    /// The mode asked for: `none`, `auto`, `lz4` or `zstd`.
+    pub mode: String,
+    /// The codec packing uses, when the mode packs at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub codec: Option<String>,
+    /// Whether blocks are being packed now.
+    pub on: bool,
+    /// Why: `chosen`, `measuring`, `link is the limit`, `data does not
+    /// shrink`, `CPU is the limit` or `disabled`.
+    pub reason: String,
+    /// Plain bytes of the blocks sent so far.
+    pub plain_bytes: i64,
+    /// What those blocks took on the wire.
+    pub wire_bytes: i64,
 }
 
 /// What sealed a Transfer's connections, as its sender's handshake agreed.

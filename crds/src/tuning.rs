@@ -7,7 +7,7 @@ use wirerate_engine::tuning::{
     BLOCK_SIZE, BUFFER, CONGESTION_MAX_LEN, Overrides, QUEUE_DEPTH, STREAMS, Settings, TuningError,
     step_rule,
 };
-pub use wirerate_engine::tuning::{Encryption, IoMode, Verification};
+pub use wirerate_engine::tuning::{Compression, Encryption, IoMode, Verification};
 
 /// Engine tuning; every field is optional so a Transfer overrides only what it names.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
@@ -44,6 +44,12 @@ pub struct Tuning {
     /// every Transfer to or from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<Encryption>,
+    /// Block compression on the wire: `Auto` (the default: lz4, only
+    /// while the link rather than the CPU is the limit and the data
+    /// shrinks), `Lz4` or `Zstd` (every block), or `None`. Checksums stay
+    /// on the plain data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<Compression>,
 }
 
 impl Tuning {
@@ -61,7 +67,13 @@ impl Tuning {
                 .clone()
                 .or_else(|| defaults.congestion.clone()),
             encryption: self.encryption.max(defaults.encryption),
+            compression: self.compression.or(defaults.compression),
         }
+    }
+
+    /// How the Transfer's blocks are compressed.
+    pub fn compression(&self) -> Compression {
+        self.compression.unwrap_or_default()
     }
 
     /// The encryption every connection of the Transfer runs under.

@@ -31,6 +31,7 @@
 pub mod advice;
 pub mod bitmap;
 pub mod by_id;
+pub mod compress;
 pub mod digest;
 pub mod encryption;
 #[cfg(feature = "shells")]

@@ -15,6 +15,7 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
+use crate::compress::{Codec, Reason};
 use crate::encryption::InEffect;
 use crate::net::TcpStats;
 use crate::optimizer::StreamChange;
@@ -56,6 +57,16 @@ pub trait Observer: Send + Sync + Debug {
     /// A block of `bytes` went out on data stream `stream`.
     fn sent(&self, stream: u16, bytes: u64) {
         let _ = (stream, bytes);
+    }
+    /// A block of `plain` bytes went out packed with `codec` as `wire`
+    /// bytes (besides `sent`, which counts it plain).
+    fn packed(&self, codec: Codec, plain: u64, wire: u64) {
+        let _ = (codec, plain, wire);
+    }
+    /// Packing turned on or off (`reason` says which, and why), or this
+    /// is the send's first word on it.
+    fn compression_changed(&self, reason: Reason) {
+        let _ = reason;
     }
     /// Bytes sent and not yet acknowledged moved by `delta`.
     fn in_flight(&self, delta: i64) {
@@ -121,6 +132,10 @@ pub trait Observer: Send + Sync + Debug {
     }
     /// A block arrived damaged and was asked again.
     fn damaged(&self) {}
+    /// A packed block arrived that did not unpack (also `damaged`).
+    fn unpack_failed(&self, codec: Codec) {
+        let _ = codec;
+    }
     /// A sender broke the protocol; the connection was closed.
     fn violation(&self, kind: ViolationKind) {
         let _ = kind;

@@ -7,7 +7,9 @@
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::compress::{Auto, Compression, Report};
 use std::time::Instant;
 
 /// Where a transfer stands.
@@ -68,9 +70,27 @@ pub struct Progress {
     moved: AtomicU64,
     started: OnceLock<Instant>,
     pairs: Mutex<Option<PairsShown>>,
+    /// Whether blocks are packed: one decision for the send (over all its
+    /// sessions and pairs), which they go on measuring.
+    compression: OnceLock<Arc<Mutex<Auto>>>,
 }
 
 impl Progress {
+    /// The send's compression decision, made for `mode` by the first
+    /// session to ask.
+    pub(crate) fn compression_for(&self, mode: Compression) -> Arc<Mutex<Auto>> {
+        Arc::clone(
+            self.compression
+                .get_or_init(|| Arc::new(Mutex::new(Auto::new(mode)))),
+        )
+    }
+
+    /// What compression has done so far, once a session started.
+    pub fn compression(&self) -> Option<Report> {
+        let auto = self.compression.get()?;
+        Some(auto.lock().unwrap_or_else(|p| p.into_inner()).report())
+    }
+
     /// Where the send stands now.
     pub fn position(&self) -> Position {
         Position {

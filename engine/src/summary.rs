@@ -3,12 +3,79 @@
 
 use serde::Serialize;
 
+use crate::compress::{Codec, Compression, Report};
 use crate::encryption::InEffect;
 use crate::io::IoMode;
 use crate::net::TcpStats;
 use crate::optimizer::StreamChange;
 use crate::units::fmt_bytes;
 use crate::wire::Verification;
+
+/// What compression did over a send (`compress::auto::Report`).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CompressionSummary {
+    /// The mode asked for: `none`, `auto`, `lz4` or `zstd`.
+    #[serde(serialize_with = "spelled")]
+    pub mode: Compression,
+    /// The codec packing used, when the mode packs at all.
+    pub codec: Option<&'static str>,
+    /// Whether blocks were being packed at the end.
+    pub on: bool,
+    /// Why packing was on or off at the end.
+    pub reason: &'static str,
+    /// Plain bytes of the blocks sent.
+    pub plain_bytes: u64,
+    /// What they took on the wire.
+    pub wire_bytes: u64,
+    /// Blocks that went packed.
+    pub packed_blocks: u64,
+}
+
+impl From<Report> for CompressionSummary {
+    fn from(r: Report) -> Self {
+        Self {
+            mode: r.mode,
+            codec: r.codec.map(Codec::as_str),
+            on: r.on,
+            reason: r.reason.as_str(),
+            plain_bytes: r.plain_bytes,
+            wire_bytes: r.wire_bytes,
+            packed_blocks: r.packed_blocks,
+        }
+    }
+}
+
+impl CompressionSummary {
+    /// One line, for people.
+    pub fn render(&self) -> String {
+        let codec = self.codec.unwrap_or("none");
+        let state = match (self.mode, self.on) {
+            (Compression::None, _) => return "off (--compress none)".to_owned(),
+            (Compression::Auto, true) => format!("{codec}, on ({})", self.reason),
+            (Compression::Auto, false) => format!("{codec}, off ({})", self.reason),
+            _ => format!("{codec}, every block"),
+        };
+        if self.packed_blocks == 0 || self.wire_bytes == 0 {
+            return format!("{state}; no block went packed");
+        }
+        format!(
+            "{state}; {} packed, {} went as {} ({:.2}:1)",
+            count_blocks(self.packed_blocks),
+            fmt_bytes(self.plain_bytes),
+            fmt_bytes(self.wire_bytes),
+            self.plain_bytes as f64 / self.wire_bytes as f64
+        )
+    }
+}
+
+fn count_blocks(n: u64) -> String {
+    if n == 1 {
+        "1 block".to_owned()
+    } else {
+        format!("{n} blocks")
+    }
+}
 
 /// A file that did not make it, and why.
 #[derive(Debug, Clone, Serialize)]
@@ -127,6 +194,8 @@ pub struct SendSummary {
     pub encryption: InEffect,
     /// Why TLS ran in this process rather than in the kernel, when it did.
     pub encryption_note: Option<String>,
+    /// What compression did.
+    pub compression: CompressionSummary,
     /// Sessions it took (1 unless the sender reconnected).
     pub sessions: u32,
     /// Round-trip time measured by the handshake, in milliseconds.
@@ -215,6 +284,7 @@ impl SendSummary {
                 (InEffect::Kernel, _) => "TLS 1.3 in the kernel (kTLS)".to_owned(),
             }
         ));
+        s.push_str(&format!("  compressed {}\n", self.compression.render()));
         if self.streams_warm > 0 {
             s.push_str(&format!(
                 "  warm       {} data stream joins over parked connections\n",

@@ -60,6 +60,56 @@ impl FromStr for Encryption {
     }
 }
 
+/// Whether a transfer's blocks are compressed on the wire. Each block is
+/// hashed before it is compressed and checked after it is unpacked, so
+/// the checksums and the resume bitmap stay on the plain data; a block
+/// that does not shrink goes as it is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub enum Compression {
+    /// Never.
+    None,
+    /// With lz4, only while it pays: while sampled blocks shrink and
+    /// compressing one costs less time than sending what it saves (the
+    /// link, not the CPU, is the limit); `compress::auto` decides.
+    #[default]
+    Auto,
+    /// Every block with lz4 (fast, about 2:1 on text).
+    Lz4,
+    /// Every block with zstd at level 1 (smaller, slower than lz4).
+    Zstd,
+}
+
+impl Compression {
+    /// Every mode.
+    pub const ALL: [Self; 4] = [Self::None, Self::Auto, Self::Lz4, Self::Zstd];
+
+    /// The command-line and log spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Auto => "auto",
+            Self::Lz4 => "lz4",
+            Self::Zstd => "zstd",
+        }
+    }
+}
+
+impl fmt::Display for Compression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl FromStr for Compression {
+    type Err = UnknownName;
+
+    /// Either spelling: `lz4` on the command line, `Lz4` in a manifest.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        by_name(Self::ALL, Self::as_str, s, "compression")
+    }
+}
+
 /// How an agent reads and writes file data (the paper's three modes).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]

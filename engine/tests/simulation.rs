@@ -1199,6 +1199,7 @@ impl Sim {
                 streams: 1,
                 verify: wirerate_engine::Verification::Checksums,
                 discard: false,
+                codecs: wirerate_engine::wire::Codecs::NONE,
             },
             now,
         );

@@ -237,6 +237,7 @@ impl SenderJob {
         cfg.per_link = tuning.streams.is_none();
         cfg.verify = verify;
         cfg.encrypt = tuning.encryption();
+        cfg.compress = tuning.compression();
         cfg.max_rate = max_rate_mbps.map(|m| m as u64 * 1_000_000 / 8);
         // Longer than a Lease: a lost receiver is replaced before the sender gives up.
         cfg.retry_for = Duration::from_secs(90);

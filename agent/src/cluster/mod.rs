@@ -35,8 +35,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use wirerate_crds::apply::{AgentStatus, StatusApply};
 use wirerate_crds::transfer::{
-    AgentReport, EncryptionReport, Progress as ProgressStatus, ReportState, Role, StripesReport,
-    StripingReport, TuningReport,
+    AgentReport, CompressionReport, EncryptionReport, Progress as ProgressStatus, ReportState,
+    Role, StripesReport, StripingReport, TuningReport,
 };
 use wirerate_crds::{AgentLease, DtnPool, Transfer, contract};
 use wirerate_engine::encryption::InEffect;
@@ -1029,6 +1029,11 @@ fn observe_sender(
         in_effect: e.as_str().to_owned(),
         note: (*e == InEffect::Userspace).then(wirerate_engine::net::tls::userspace_note),
     });
+    let compression = s
+        .progress
+        .transfer
+        .compression()
+        .map(|c| compression_report(key.attempt, &c));
     report(
         reports,
         cfg,
@@ -1038,6 +1043,7 @@ fn observe_sender(
             progress: shows_progress.then_some(&p),
             tuning: tuning.as_ref(),
             encryption: encryption.as_ref(),
+            compression: compression.as_ref(),
             stripes: stripes.as_ref(),
             ..Report::new(state, &msg)
         },
@@ -1313,6 +1319,19 @@ fn progress(
     }
 }
 
+/// The status's account of what compression did for `attempt`.
+fn compression_report(attempt: i32, c: &wirerate_engine::compress::Report) -> CompressionReport {
+    CompressionReport {
+        attempt,
+        mode: c.mode.as_str().to_owned(),
+        codec: c.codec.map(|c| c.as_str().to_owned()),
+        on: c.on,
+        reason: c.reason.as_str().to_owned(),
+        plain_bytes: i64::try_from(c.plain_bytes).unwrap_or(i64::MAX),
+        wire_bytes: i64::try_from(c.wire_bytes).unwrap_or(i64::MAX),
+    }
+}
+
 /// What one report says; the optional parts are fields the agent's role owns.
 struct Report<'a> {
     state: ReportState,
@@ -1321,6 +1340,7 @@ struct Report<'a> {
     striping: Option<&'a StripingReport>,
     tuning: Option<&'a TuningReport>,
     encryption: Option<&'a EncryptionReport>,
+    compression: Option<&'a CompressionReport>,
     endpoint: Option<&'a str>,
     stripes: Option<&'a StripesReport>,
 }
@@ -1335,6 +1355,7 @@ impl<'a> Report<'a> {
             striping: None,
             tuning: None,
             encryption: None,
+            compression: None,
             endpoint: None,
             stripes: None,
         }
@@ -1357,6 +1378,7 @@ fn report(
         striping,
         tuning,
         encryption,
+        compression,
         endpoint,
         stripes,
     } = r;
@@ -1374,6 +1396,7 @@ fn report(
         striping: striping.cloned(),
         tuning: tuning.cloned(),
         encryption: encryption.cloned(),
+        compression: compression.cloned(),
         stripes: stripes.cloned(),
     };
     match serde_json::to_value(StatusApply::new::<Transfer>(&status)) {

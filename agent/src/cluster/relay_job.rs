@@ -57,6 +57,7 @@ fn config(root: PathBuf, token: Vec<u8>, tuning: &Tuning) -> Result<RelayConfig>
     let settings = tuning.settings()?;
     send.tune(&settings);
     send.encrypt = tuning.encryption();
+    send.compress = tuning.compression();
     let job_memory = most_session_memory(&settings, tuning.streams.is_some());
     Ok(RelayConfig {
         token,

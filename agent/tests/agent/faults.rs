@@ -19,7 +19,7 @@ use wirerate_engine::sender::send;
 use wirerate_engine::summary::SessionOutcome;
 use wirerate_engine::violation::ViolationKind;
 use wirerate_engine::wire::{
-    self, BlockHeader, EntryKind, FileEntry, Frame, Purpose, Verification,
+    self, BlockHeader, Codecs, EntryKind, FileEntry, Frame, Purpose, Verification,
 };
 
 const BS: usize = 64 << 10;
@@ -209,6 +209,7 @@ fn garbage_and_oversized_frames_are_refused_without_harm() {
             streams: 1,
             verify: Verification::Checksums,
             discard: false,
+            codecs: Codecs::NONE,
         },
         &mut open,
     );
@@ -620,6 +621,7 @@ fn raw_control(
             streams: 1,
             verify: Verification::Checksums,
             discard: false,
+            codecs: Codecs::NONE,
         },
         &mut out,
     );

@@ -331,6 +331,7 @@ fn open_control_at(addr: SocketAddr, token: &[u8], session: [u8; 16]) -> TcpStre
             streams: 1,
             verify: Verification::Checksums,
             discard: false,
+            codecs: wire::Codecs::NONE,
         },
     )
     .unwrap();
@@ -364,6 +365,7 @@ fn manifest_over_its_byte_cap_is_refused_and_memory_stays_bounded() {
             streams: 1,
             verify: Verification::Checksums,
             discard: false,
+            codecs: wire::Codecs::NONE,
         },
     )
     .unwrap();
@@ -833,6 +835,7 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
                 streams,
                 verify: Verification::Checksums,
                 discard,
+                codecs: wire::Codecs::of_bits(b as u8 % 4).unwrap(),
             }
         ),
         proptest::collection::vec(entry, 0..4).prop_map(|entries| Frame::Files { entries }),
@@ -845,6 +848,32 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
                 len,
             })
         ),
+        // Packed blocks: their bytes follow as `Move::Bytes`, garbage to
+        // either codec, or are missing.
+        (
+            0u32..4,
+            0u64..4,
+            0u64..1 << 20,
+            2u32..1 << 16,
+            any::<bool>(),
+            any::<u16>()
+        )
+            .prop_map(
+                |(file_id, block, offset, len, zstd, packed)| Frame::PackedBlock {
+                    header: wire::BlockHeader {
+                        file_id,
+                        block,
+                        offset,
+                        len,
+                    },
+                    codec: if zstd {
+                        wire::Codec::Zstd
+                    } else {
+                        wire::Codec::Lz4
+                    },
+                    packed: 1 + u32::from(packed) % (len - 1),
+                }
+            ),
         (0u32..4, any::<u128>()).prop_map(|(file_id, digest)| Frame::FileDone {
             file_id,
             digest,

@@ -12,6 +12,7 @@ mod common;
 
 mod cluster_api;
 mod cluster_jobs;
+mod compression;
 mod demo;
 mod faults;
 mod hostile;

@@ -33,12 +33,14 @@ use crate::spans::carry;
 use crate::summary::{IoInEffect, ReceiverSummary};
 use crate::units::{fmt_bytes, gbps};
 use crate::wire::{
-    FileEntry, FrameReader, KEEPALIVE_INTERVAL, SessionId, Stripe, StripeRole, Verification,
+    Codecs, FileEntry, FrameReader, KEEPALIVE_INTERVAL, SessionId, Stripe, StripeRole, Verification,
 };
 
 /// What data streams need to know about their session.
 pub(crate) struct Session {
     pub(super) verify: Verification,
+    /// The codecs blocks may come packed in (the sender's `Open`).
+    pub(super) codecs: Codecs,
     /// The planned files' sizes, which place their blocks.
     pub(super) sizes: ById<u64>,
     pub(super) block_size: u64,
@@ -392,6 +394,8 @@ struct Terms {
     verify: Verification,
     /// A memory-to-memory session: its blocks are verified and dropped.
     discard: bool,
+    /// The codecs its blocks may come packed in.
+    codecs: Codecs,
     /// When its control connection was taken up.
     started: Instant,
 }
@@ -485,12 +489,14 @@ fn control(shared: &Arc<Shared>, stream: Conn) -> Result<()> {
             streams,
             verify,
             discard,
+            codecs,
         } => Terms {
             id: session,
             block_size,
             streams,
             verify,
             discard,
+            codecs,
             started,
         },
         Action::Close(end) => return ended(&*shared.cfg.observer, end),
@@ -732,6 +738,7 @@ fn start(
     *lock(&shared.latest) = Some(Arc::clone(stats));
     let session = Arc::new(Session {
         verify: terms.verify,
+        codecs: terms.codecs,
         sizes,
         block_size: terms.block_size,
         pool,

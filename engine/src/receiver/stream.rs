@@ -13,6 +13,8 @@ use super::session::{Session, short};
 use super::writer::WriterMsg;
 use super::{ParkKey, Shared, lock};
 use crate::Layout;
+use crate::compress::Codec;
+use crate::compress::packer::Unpacker;
 use crate::digest::{BlockHasher, HASH_PIECE};
 use crate::error::{Error, Result};
 use crate::io::PoolBuf;
@@ -272,12 +274,18 @@ fn receive_blocks(
     ack_tx: &mpsc::SyncSender<Frame>,
 ) -> Result<StreamEnd> {
     let mut reader = FrameReader::default();
+    let mut packed = Packed::default();
     loop {
         if !next_frame_due(session, stream)? {
             return Ok(StreamEnd::Closed);
         }
-        let h = match reader.read_capped(stream, MAX_SMALL_FRAME) {
-            Ok(Frame::Block(h)) => h,
+        let (h, codec) = match reader.read_capped(stream, MAX_SMALL_FRAME) {
+            Ok(Frame::Block(h)) => (h, None),
+            Ok(Frame::PackedBlock {
+                header,
+                codec,
+                packed,
+            }) => (header, Some((codec, packed))),
             Ok(Frame::Finish) => return Ok(StreamEnd::Closed),
             Ok(Frame::Park) => return Ok(StreamEnd::Park),
             Ok(other) => {
@@ -292,10 +300,17 @@ fn receive_blocks(
             Err(e) => return Err(e),
         };
         session.check_placed(&h)?;
+        if let Some((codec, _)) = codec {
+            session.check_codec(codec)?;
+        }
         let Some(mut buf) = session.buffer_for(&h) else {
             return Ok(StreamEnd::Closed);
         };
-        let Some(checksum) = session.read_block(stream, &h, &mut buf)? else {
+        let checksum = match codec {
+            None => session.read_block(stream, &h, &mut buf)?,
+            Some(how) => session.read_packed(stream, &h, how, &mut buf, &mut packed)?,
+        };
+        let Some(checksum) = checksum else {
             session.reject(&h, ack_tx);
             continue;
         };
@@ -310,6 +325,14 @@ fn receive_blocks(
             return Ok(StreamEnd::Closed);
         }
     }
+}
+
+/// What a data stream keeps for packed blocks: their bytes as they came,
+/// and the unpacking contexts.
+#[derive(Default)]
+struct Packed {
+    bytes: Vec<u8>,
+    unpacker: Unpacker,
 }
 
 impl Session {
@@ -396,6 +419,62 @@ impl Session {
             }
         };
         Ok(Some(checksum))
+    }
+
+    /// Refuses a block packed with `codec` unless the session's `Open`
+    /// named it.
+    fn check_codec(&self, codec: Codec) -> Result<()> {
+        if self.codecs.allows(codec) {
+            return Ok(());
+        }
+        Err(Violation::new(
+            ViolationKind::Inconsistent,
+            format!("a block packed with {codec}, which the session did not open with"),
+        )
+        .into())
+    }
+
+    /// Reads block `h`'s `packed` bytes, packed with `codec`, unpacks
+    /// them into `buf` and checks the checksum that follows them, as
+    /// `read_block` does. A block that does not unpack is damaged, and
+    /// counted.
+    fn read_packed(
+        &self,
+        stream: &mut Conn,
+        h: &BlockHeader,
+        (codec, packed): (Codec, u32),
+        buf: &mut PoolBuf,
+        scratch: &mut Packed,
+    ) -> Result<Option<u64>> {
+        use std::io::Read;
+        let len = h.len as usize;
+        // The frame's decoding held `packed` under `len`, which
+        // `check_placed` held to the session's block size.
+        scratch.bytes.resize(packed as usize, 0);
+        for piece in scratch.bytes.chunks_mut(HASH_PIECE) {
+            stream
+                .read_exact(piece)
+                .map_err(|e| Error::net("reading a block", e))?;
+            self.stats.arriving.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut trailer = [0u8; 8];
+        stream
+            .read_exact(&mut trailer)
+            .map_err(|e| Error::net("reading a block's checksum", e))?;
+        let into = &mut buf.as_mut_full()[..len];
+        if let Err(e) = scratch.unpacker.unpack(codec, &scratch.bytes, into) {
+            tracing::warn!(file = h.file_id, block = h.block, "{e}");
+            self.observer.unpack_failed(codec);
+            return Ok(None);
+        }
+        buf.set_len(len);
+        if self.verify == Verification::None {
+            return Ok(Some(0));
+        }
+        let mut hasher = BlockHasher::default();
+        hasher.update(&buf.as_slice()[..len]);
+        let c = hasher.finish();
+        Ok((c == u64::from_le_bytes(trailer)).then_some(c))
     }
 
     /// Counts block `h` damaged in flight, and asks the sender for it again.

@@ -44,6 +44,8 @@ pub struct SendConfig {
     /// Whether connections are encrypted (TLS 1.3): `Required` refuses
     /// a peer that will not.
     pub encrypt: crate::encryption::Encryption,
+    /// Whether blocks are compressed on the wire (`compress::auto`).
+    pub compress: crate::compress::Compression,
     /// File or directory to send (unused when `synthetic` is set).
     pub source: PathBuf,
     /// A memory-to-memory test: send this many bytes of generated data,
@@ -109,6 +111,7 @@ impl SendConfig {
             to: to.into(),
             token,
             encrypt: crate::encryption::Encryption::None,
+            compress: crate::compress::Compression::default(),
             source: source.into(),
             synthetic: None,
             dest: dest.into(),

@@ -99,6 +99,7 @@ pub(super) fn open_session(
             streams,
             verify: cfg.verify,
             discard: cfg.synthetic.is_some(),
+            codecs: crate::compress::Codecs::of_mode(cfg.compress),
         },
     )?;
     if let Some(stripe) = &cfg.stripe {

@@ -114,7 +114,8 @@ pub(crate) fn run(
     let mut control = opened.control;
     let reader = opened.reader;
     let sched = scheduler(cfg, opened.planned, streams, pool.large_bytes());
-    let shared = new_shared(cfg, sched, opened.core, (&pending, base), most);
+    let compress = cfg.progress.compression_for(cfg.compress);
+    let shared = new_shared(cfg, sched, opened.core, (&pending, base), most, compress);
     let streams = attach_streams(cfg, &shared, connected)?;
 
     // The control connection is read and written from here on; the time
@@ -253,6 +254,7 @@ fn new_shared(
     control: SenderControl,
     (pending, base): (&[(u32, &SourceFile)], &Arc<OwnedFd>),
     most: u16,
+    compress: Arc<Mutex<crate::compress::Auto>>,
 ) -> Shared {
     Shared {
         inner: Mutex::new(Inner {
@@ -279,6 +281,7 @@ fn new_shared(
         observer: Arc::clone(&cfg.observer),
         progress: Arc::clone(&cfg.progress),
         verify: cfg.verify,
+        compress,
         in_flight: std::sync::atomic::AtomicI64::new(0),
         cancel: cfg.cancel.clone(),
     }

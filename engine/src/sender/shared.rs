@@ -76,6 +76,9 @@ pub(crate) struct Shared {
     pub(super) observer: Observe,
     pub(super) progress: Arc<Progress>,
     pub(super) verify: Verification,
+    /// Whether the next block is packed; told what packing and writing
+    /// each block took.
+    pub(super) compress: Arc<Mutex<crate::compress::Auto>>,
     /// This session's bytes in flight as told to the observer: sent, not
     /// yet acknowledged (a resent block counts once more, until the session
     /// ends, when what is left is taken back).

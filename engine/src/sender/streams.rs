@@ -10,6 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::shared::{Shared, hold};
+use crate::compress::packer::Packer;
+use crate::compress::{Codec, Decision};
 use crate::digest::{BlockHasher, HASH_PIECE};
 use crate::error::{Error, Result};
 use crate::session::describe;
@@ -24,6 +26,7 @@ use crate::wire::{
 const PARK_WAIT: Duration = Duration::from_secs(5);
 
 pub(super) fn send_loop(shared: &Shared, i: u16, mut stream: Conn) {
+    let mut packer = Packer::default();
     loop {
         let (order, buf) = {
             let mut g = shared.lock();
@@ -45,13 +48,25 @@ pub(super) fn send_loop(shared: &Shared, i: u16, mut stream: Conn) {
                 g = shared.cv.wait(g).unwrap_or_else(|p| p.into_inner());
             }
         };
-        let frame = Frame::Block(BlockHeader {
+        let header = BlockHeader {
             file_id: order.file_id,
             block: order.block,
             offset: order.offset,
             len: order.len as u32,
-        });
-        match send_block(shared, &mut stream, &frame, order.gid, buf.as_slice()) {
+        };
+        let decision = hold(&shared.compress).decide();
+        let sent = match decision {
+            Decision::Plain => send_block(shared, &mut stream, header, order.gid, buf.as_slice()),
+            Decision::Pack(codec) => send_packed(
+                shared,
+                &mut stream,
+                header,
+                order.gid,
+                buf.as_slice(),
+                (codec, &mut packer),
+            ),
+        };
+        match sent {
             Ok(()) => {
                 shared.sent_bytes.fetch_add(order.len, Ordering::Relaxed);
                 if let Some(c) = shared.per_stream.get(usize::from(i)) {
@@ -70,41 +85,130 @@ pub(super) fn send_loop(shared: &Shared, i: u16, mut stream: Conn) {
     }
 }
 
+/// Times the writes of one block: what `compress::auto` weighs packing
+/// against.
+#[derive(Default)]
+struct Writes(Duration);
+
+impl Writes {
+    fn write(&mut self, stream: &mut Conn, bytes: &[u8]) -> Result<()> {
+        let start = Instant::now();
+        let r = stream
+            .write_all(bytes)
+            .map_err(|e| Error::net("sending a block", e));
+        self.0 += start.elapsed();
+        r
+    }
+
+    fn write_frame(&mut self, stream: &mut Conn, frame: &Frame, first: &[u8]) -> Result<()> {
+        let start = Instant::now();
+        let r = write_frame_with_payload(stream, frame, first);
+        self.0 += start.elapsed();
+        r
+    }
+}
+
 /// Sends a block's header, its payload in pieces, each hashed just before
 /// it goes (so the kernel copies it from the CPU cache rather than from
 /// memory), and the checksum after them.
 fn send_block(
     shared: &Shared,
     stream: &mut Conn,
-    frame: &Frame,
+    header: BlockHeader,
     gid: usize,
     payload: &[u8],
 ) -> Result<()> {
     let mut hasher = (shared.verify != Verification::None).then(BlockHasher::default);
+    let mut writes = Writes::default();
     let mut pieces = payload.chunks(HASH_PIECE);
     let first = pieces.next().unwrap_or_default();
     if let Some(h) = &mut hasher {
         h.update(first);
     }
-    write_frame_with_payload(stream, frame, first)?;
+    writes.write_frame(stream, &Frame::Block(header), first)?;
     for piece in pieces {
         if let Some(h) = &mut hasher {
             h.update(piece);
         }
-        stream
-            .write_all(piece)
-            .map_err(|e| Error::net("sending a block", e))?;
+        writes.write(stream, piece)?;
     }
     let sum = hasher.map_or(0, |h| h.finish());
+    send_checksum(shared, stream, gid, sum, &mut writes)?;
+    let len = payload.len() as u64;
+    written(shared, len, len, writes.0);
+    Ok(())
+}
+
+/// Sends a block packed with `codec`, hashed plain first; or plain, if
+/// it did not shrink.
+fn send_packed(
+    shared: &Shared,
+    stream: &mut Conn,
+    header: BlockHeader,
+    gid: usize,
+    payload: &[u8],
+    (codec, packer): (Codec, &mut Packer),
+) -> Result<()> {
+    let sum = (shared.verify != Verification::None).then(|| {
+        let mut h = BlockHasher::default();
+        h.update(payload);
+        h.finish()
+    });
+    let start = Instant::now();
+    let packed = packer.pack(codec, payload);
+    let took = start.elapsed();
+    let plain = payload.len() as u64;
+    hold(&shared.compress).handle_packed(plain, packed.map(|p| p.len() as u64), took);
+    let (frame, bytes) = match packed {
+        Some(p) => {
+            let frame = Frame::PackedBlock {
+                header,
+                codec,
+                packed: p.len() as u32,
+            };
+            (frame, p)
+        }
+        None => (Frame::Block(header), payload),
+    };
+    let mut writes = Writes::default();
+    writes.write_frame(stream, &frame, bytes)?;
+    send_checksum(shared, stream, gid, sum.unwrap_or(0), &mut writes)?;
+    if let Frame::PackedBlock { packed, .. } = frame {
+        shared.observer.packed(codec, plain, u64::from(packed));
+    }
+    written(shared, plain, bytes.len() as u64, writes.0);
+    Ok(())
+}
+
+/// Tells the compression decision a block of `plain` bytes went out as
+/// `wire` bytes in `took`, and the observer if that changed the decision.
+fn written(shared: &Shared, plain: u64, wire: u64, took: Duration) {
+    let changed = {
+        let mut auto = hold(&shared.compress);
+        auto.handle_written(plain, wire, took);
+        auto.take_change()
+    };
+    if let Some(reason) = changed {
+        tracing::debug!("compression: {}", reason.as_str());
+        shared.observer.compression_changed(reason);
+    }
+}
+
+/// Sends block `gid`'s checksum, recorded first.
+fn send_checksum(
+    shared: &Shared,
+    stream: &mut Conn,
+    gid: usize,
+    sum: u64,
+    writes: &mut Writes,
+) -> Result<()> {
     // Recorded before the receiver can see the checksum, hence before it
     // can acknowledge the block. The last block of a file to go out lets
     // the coordinator report the file at once.
     if shared.lock().sched.handle_sent_checksum(gid, sum) {
         shared.cv.notify_all();
     }
-    stream
-        .write_all(&sum.to_le_bytes())
-        .map_err(|e| Error::net("sending a block", e))
+    writes.write(stream, &sum.to_le_bytes())
 }
 
 /// What a data stream's acknowledgement reader reads at a time.

@@ -15,8 +15,8 @@ use crate::by_id::ById;
 use crate::liveness::{Due, Liveness};
 use crate::violation::{Violation, ViolationKind};
 use crate::wire::{
-    EntryKind, FileEntry, Frame, MAX_ENTRIES, MAX_MANIFEST_BYTES, PlanOutcome, SessionId, Stripe,
-    StripeRole, Verification,
+    Codecs, EntryKind, FileEntry, Frame, MAX_ENTRIES, MAX_MANIFEST_BYTES, PlanOutcome, SessionId,
+    Stripe, StripeRole, Verification,
 };
 
 /// What the receiver allows a session, fixed when it starts.
@@ -216,6 +216,8 @@ pub enum Action {
         /// A memory-to-memory session (allowed by [`Limits::discard`]):
         /// verify the blocks, then drop them.
         discard: bool,
+        /// The codecs its blocks may come packed in.
+        codecs: Codecs,
     },
     /// The manifest is complete and within bounds (unique ids): claim and
     /// prepare the destinations, calling [`ReceiverControl::handle_planned`]
@@ -361,6 +363,7 @@ impl ReceiverControl {
                     streams,
                     verify,
                     discard,
+                    codecs,
                 },
             ) => {
                 let block_size = u64::from(block_size);
@@ -418,6 +421,7 @@ impl ReceiverControl {
                     streams,
                     verify,
                     discard,
+                    codecs,
                 });
             }
             (
@@ -883,6 +887,7 @@ mod tests {
             streams: 4,
             verify: Verification::Checksums,
             discard: false,
+            codecs: Codecs::NONE,
         }
     }
 
@@ -1176,6 +1181,7 @@ mod tests {
             streams: 2,
             verify,
             discard: true,
+            codecs: Codecs::NONE,
         };
         let refusal = |limits: Limits, verify| {
             let mut core = ReceiverControl::new(limits);
@@ -1232,6 +1238,7 @@ mod tests {
                     streams: 2,
                     verify,
                     discard: false,
+                    codecs: Codecs::NONE,
                 },
                 Instant::now(),
             );

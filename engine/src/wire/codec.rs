@@ -1,10 +1,11 @@
 //! Encoding and checked decoding of frames, with no I/O.
 
 use super::{
-    BlockHeader, CHECKED_SINCE, ENCRYPTION_SINCE, Encryption, EntryKind, FRAME_CHECK_LEN,
-    FileEntry, Frame, HELLO_PORT_SINCE, MAC_LEN, MAGIC, MAX_ADDR, MAX_BLOCK, MAX_FRAME,
-    MAX_MESSAGE, MAX_PATH, MAX_PIECES, MAX_RELAY_SUMS, NONCE_LEN, PlanOutcome, Purpose, RelayEntry,
-    RelayError, RelayJob, SESSION_ID_LEN, Stripe, StripePiece, StripeRole, VERSION, Verification,
+    BlockHeader, CHECKED_SINCE, Codec, Codecs, ENCRYPTION_SINCE, Encryption, EntryKind,
+    FRAME_CHECK_LEN, FileEntry, Frame, HELLO_PORT_SINCE, MAC_LEN, MAGIC, MAX_ADDR, MAX_BLOCK,
+    MAX_FRAME, MAX_MESSAGE, MAX_PATH, MAX_PIECES, MAX_RELAY_SUMS, NONCE_LEN, PlanOutcome, Purpose,
+    RelayEntry, RelayError, RelayJob, SESSION_ID_LEN, Stripe, StripePiece, StripeRole, VERSION,
+    Verification,
 };
 
 /// Why a frame could not be decoded.
@@ -83,6 +84,7 @@ const T_RELAY_DONE: u8 = 27;
 /// unknown type.
 pub(super) const T_PACKED: u8 = 28;
 const T_PLAN_RUN: u8 = 29;
+const T_PACKED_BLOCK: u8 = 30;
 
 /// Appends the encoding of `frame` (length prefix and checksum included)
 /// to `out`.
@@ -187,6 +189,7 @@ fn encode_fields(frame: &Frame, out: &mut Vec<u8>) {
             streams,
             verify,
             discard,
+            codecs,
         } => {
             w.u8(T_OPEN);
             w.bytes(session);
@@ -194,6 +197,7 @@ fn encode_fields(frame: &Frame, out: &mut Vec<u8>) {
             w.u16(*streams);
             w.u8(verify_code(*verify));
             w.u8(u8::from(*discard));
+            w.u8(codecs.bits());
         }
         Frame::Files { entries } => {
             w.u8(T_FILES);
@@ -242,10 +246,17 @@ fn encode_fields(frame: &Frame, out: &mut Vec<u8>) {
         Frame::PlanEnd => w.u8(T_PLAN_END),
         Frame::Block(h) => {
             w.u8(T_BLOCK);
-            w.u32(h.file_id);
-            w.u64(h.block);
-            w.u64(h.offset);
-            w.u32(h.len);
+            w.header(h);
+        }
+        Frame::PackedBlock {
+            header,
+            codec,
+            packed,
+        } => {
+            w.u8(T_PACKED_BLOCK);
+            w.header(header);
+            w.u8(codec.code());
+            w.u32(*packed);
         }
         Frame::Ack { file_id, block } => {
             w.u8(T_ACK);
@@ -479,6 +490,7 @@ fn type_name(ty: u8) -> &'static str {
         T_PLAN_END => "plan end",
         T_PLAN_RUN => "plan run",
         T_BLOCK => "block header",
+        T_PACKED_BLOCK => "packed block header",
         T_ACK => "acknowledgement",
         T_NACK => "negative acknowledgement",
         T_FILE_DONE => "file done",
@@ -591,12 +603,14 @@ fn decode_fields(body: &[u8]) -> Result<Frame, DecodeError> {
                 1 => true,
                 _ => return Err(DecodeError::Invalid("discard flag")),
             };
+            let codecs = Codecs::of_bits(r.u8()?).ok_or(DecodeError::Invalid("codecs"))?;
             Frame::Open {
                 session,
                 block_size,
                 streams,
                 verify,
                 discard,
+                codecs,
             }
         }
         T_FILES => {
@@ -668,17 +682,21 @@ fn decode_fields(body: &[u8]) -> Result<Frame, DecodeError> {
             }
             Frame::PlanRun { first, count }
         }
-        T_BLOCK => {
-            let h = BlockHeader {
-                file_id: r.u32()?,
-                block: r.u64()?,
-                offset: r.u64()?,
-                len: r.u32()?,
-            };
-            if h.len == 0 || h.len > MAX_BLOCK {
-                return Err(DecodeError::Invalid("block length"));
+        T_BLOCK => Frame::Block(r.header()?),
+        T_PACKED_BLOCK => {
+            let header = r.header()?;
+            let codec = Codec::of_code(r.u8()?).ok_or(DecodeError::Invalid("codec"))?;
+            let packed = r.u32()?;
+            // Packed only when it shrank: what follows is never more than
+            // the block's own length.
+            if packed == 0 || packed >= header.len {
+                return Err(DecodeError::Invalid("packed block length"));
             }
-            Frame::Block(h)
+            Frame::PackedBlock {
+                header,
+                codec,
+                packed,
+            }
         }
         T_ACK | T_NACK => {
             let file_id = r.u32()?;
@@ -821,6 +839,13 @@ impl Writer<'_> {
     fn bytes(&mut self, v: &[u8]) {
         self.0.extend_from_slice(v);
     }
+    fn header(&mut self, h: &BlockHeader) {
+        self.u32(h.file_id);
+        self.u64(h.block);
+        self.u64(h.offset);
+        self.u32(h.len);
+    }
+
     fn entry(&mut self, e: &FileEntry) {
         self.u32(e.file_id);
         self.u8(match e.kind {
@@ -878,6 +903,19 @@ impl<'a> Reader<'a> {
     fn u64(&mut self) -> Result<u64, DecodeError> {
         Ok(u64::from_le_bytes(self.array()?))
     }
+    fn header(&mut self) -> Result<BlockHeader, DecodeError> {
+        let h = BlockHeader {
+            file_id: self.u32()?,
+            block: self.u64()?,
+            offset: self.u64()?,
+            len: self.u32()?,
+        };
+        if h.len == 0 || h.len > MAX_BLOCK {
+            return Err(DecodeError::Invalid("block length"));
+        }
+        Ok(h)
+    }
+
     fn entry(&mut self) -> Result<FileEntry, DecodeError> {
         let file_id = self.u32()?;
         let kind = match self.u8()? {
@@ -994,9 +1032,10 @@ pub(crate) mod tests {
                 1u32..=(MAX_BLOCK / 4096),
                 1u16..,
                 0u8..3,
-                any::<bool>()
+                any::<bool>(),
+                0u8..4,
             )
-                .prop_map(|(session, b, streams, v, discard)| Frame::Open {
+                .prop_map(|(session, b, streams, v, discard, c)| Frame::Open {
                     session,
                     block_size: b * 4096,
                     streams,
@@ -1006,6 +1045,7 @@ pub(crate) mod tests {
                         Verification::Reread
                     ][v as usize],
                     discard,
+                    codecs: Codecs::of_bits(c).unwrap(),
                 }),
             proptest::collection::vec(
                 (
@@ -1075,6 +1115,26 @@ pub(crate) mod tests {
                     len,
                 })
             ),
+            (
+                any::<u32>(),
+                any::<u64>(),
+                any::<u64>(),
+                2..=MAX_BLOCK,
+                any::<bool>(),
+                any::<u32>()
+            )
+                .prop_map(|(file_id, block, offset, len, zstd, packed)| {
+                    Frame::PackedBlock {
+                        header: BlockHeader {
+                            file_id,
+                            block,
+                            offset,
+                            len,
+                        },
+                        codec: if zstd { Codec::Zstd } else { Codec::Lz4 },
+                        packed: 1 + packed % (len - 1),
+                    }
+                }),
             (any::<u32>(), any::<u64>()).prop_map(|(file_id, block)| Frame::Ack { file_id, block }),
             (any::<u32>(), any::<u64>())
                 .prop_map(|(file_id, block)| Frame::Nack { file_id, block }),
@@ -1393,15 +1453,74 @@ pub(crate) mod tests {
                 streams: 1,
                 verify: Verification::Checksums,
                 discard: true,
+                codecs: Codecs::NONE,
             },
             &mut buf,
         );
-        let mut fields = buf[4..buf.len() - FRAME_CHECK_LEN].to_vec();
-        *fields.last_mut().unwrap() = 2;
+        let fields = buf[4..buf.len() - FRAME_CHECK_LEN].to_vec();
+        let at = fields.len() - 2;
+        let mut bad = fields.clone();
+        bad[at] = 2;
         assert_eq!(
-            decode_body(&sealed(&fields)),
+            decode_body(&sealed(&bad)),
             Err(DecodeError::Invalid("discard flag"))
         );
+        // Nor codecs this version does not know.
+        let mut bad = fields;
+        *bad.last_mut().unwrap() = 4;
+        assert_eq!(
+            decode_body(&sealed(&bad)),
+            Err(DecodeError::Invalid("codecs"))
+        );
+    }
+
+    // A packed block is never longer than the block: a length at or past
+    // it is refused before anything is read or allocated for it, as is a
+    // codec this version does not know.
+    #[test]
+    fn a_packed_block_must_be_shorter_than_the_block_and_name_a_known_codec() {
+        let header = BlockHeader {
+            file_id: 1,
+            block: 0,
+            offset: 0,
+            len: 4096,
+        };
+        let fields = |codec: u8, packed: u32| {
+            let mut buf = Vec::new();
+            encode(
+                &Frame::PackedBlock {
+                    header,
+                    codec: Codec::Lz4,
+                    packed: 1,
+                },
+                &mut buf,
+            );
+            let mut f = buf[4..buf.len() - FRAME_CHECK_LEN].to_vec();
+            let n = f.len();
+            f[n - 5] = codec;
+            f[n - 4..].copy_from_slice(&packed.to_le_bytes());
+            sealed(&f)
+        };
+        assert!(matches!(
+            decode_body(&fields(2, 4095)),
+            Ok(Frame::PackedBlock {
+                codec: Codec::Zstd,
+                packed: 4095,
+                ..
+            })
+        ));
+        for packed in [0, 4096, u32::MAX] {
+            assert_eq!(
+                decode_body(&fields(1, packed)),
+                Err(DecodeError::Invalid("packed block length"))
+            );
+        }
+        for codec in [0, 3, 255] {
+            assert_eq!(
+                decode_body(&fields(codec, 10)),
+                Err(DecodeError::Invalid("codec"))
+            );
+        }
     }
 
     #[test]

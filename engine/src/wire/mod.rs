@@ -56,8 +56,10 @@ pub const MAGIC: [u8; 4] = *b"WRRT";
 /// took every held block for another pair's; 11: relay jobs, by which
 /// a transfer's lead sender has another sending host run a session;
 /// 12: packed runs of control frames, `pack`, and `PlanRun`; 13: the
-/// hello offers encryption and the challenge answers, `ENCRYPTION_SINCE`).
-pub const VERSION: u16 = 13;
+/// hello offers encryption and the challenge answers, `ENCRYPTION_SINCE`;
+/// 14: `Open` names the codecs its blocks may come packed in, and
+/// `PackedBlock`).
+pub const VERSION: u16 = 14;
 /// The first version whose `Hello` carries an encryption offer and whose
 /// `Challenge` says whether TLS follows.
 pub const ENCRYPTION_SINCE: u16 = 13;
@@ -139,6 +141,7 @@ pub enum Purpose {
     Relay,
 }
 
+pub use crate::compress::{Codec, Codecs};
 pub use crate::tuning::Encryption;
 pub use crate::tuning::Verification;
 
@@ -363,6 +366,9 @@ pub enum Frame {
         /// receiver verifies and drops it instead of writing it, if it
         /// allows that at all (`serve --allow-discard`).
         discard: bool,
+        /// The codecs blocks may come packed in (`PackedBlock`); any
+        /// other packing is refused.
+        codecs: Codecs,
     },
     /// Sent between `Open` and the manifest: the session is one of a
     /// transfer over several pairs, whose receivers share one file system
@@ -396,6 +402,16 @@ pub enum Frame {
     PlanEnd,
     /// A block header; `len` payload bytes follow.
     Block(BlockHeader),
+    /// A block header; `packed` bytes follow, which unpack with `codec`
+    /// to the block's `len` bytes, the checksum's bytes.
+    PackedBlock {
+        /// The block, as plain.
+        header: BlockHeader,
+        /// How it was packed: one the session's `Open` named.
+        codec: Codec,
+        /// Bytes on the wire: at least 1, less than `header.len`.
+        packed: u32,
+    },
     /// The block is written.
     Ack {
         /// Which file.

@@ -1,0 +1,133 @@
+//! Compression of blocks on the wire: the codecs a session may use, the
+//! decision to use one (`auto`), and, in the shells, the packing and
+//! unpacking itself (`packer`).
+//!
+//! A block is hashed plain and checked plain: the sender hashes it before
+//! packing, the receiver unpacks it into a buffer of exactly the block's
+//! length (so a bomb has nowhere to grow) and hashes that. A block that
+//! does not shrink goes as it is.
+
+pub mod auto;
+#[cfg(feature = "shells")]
+pub mod packer;
+
+pub use crate::tuning::Compression;
+pub use auto::{Auto, Decision, Reason, Report};
+
+/// How a compressed block's bytes were packed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Codec {
+    /// lz4's block format (`lz4_flex`).
+    Lz4,
+    /// A zstd frame, level 1.
+    Zstd,
+}
+
+impl Codec {
+    /// Every codec.
+    pub const ALL: [Self; 2] = [Self::Lz4, Self::Zstd];
+
+    /// Its byte on the wire.
+    pub fn code(self) -> u8 {
+        match self {
+            Self::Lz4 => 1,
+            Self::Zstd => 2,
+        }
+    }
+
+    /// The codec a wire byte names.
+    pub fn of_code(code: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.code() == code)
+    }
+
+    /// How it is written in summaries, status and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Lz4 => "lz4",
+            Self::Zstd => "zstd",
+        }
+    }
+
+    /// The codec a mode packs with, if it packs at all.
+    pub fn of_mode(mode: Compression) -> Option<Self> {
+        match mode {
+            Compression::None => None,
+            Compression::Auto | Compression::Lz4 => Some(Self::Lz4),
+            Compression::Zstd => Some(Self::Zstd),
+        }
+    }
+}
+
+impl std::fmt::Display for Codec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// The codecs a session's blocks may come in, as the sender's `Open`
+/// names them: a bit per codec (`Codec::code` is the bit's position
+/// plus one). The receiver refuses a block packed any other way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Codecs(u8);
+
+impl Codecs {
+    /// None: every block comes plain.
+    pub const NONE: Self = Self(0);
+
+    /// Only `codec`.
+    pub fn only(codec: Codec) -> Self {
+        Self(1 << (codec.code() - 1))
+    }
+
+    /// The codecs `mode` may pack with.
+    pub fn of_mode(mode: Compression) -> Self {
+        Codec::of_mode(mode).map_or(Self::NONE, Self::only)
+    }
+
+    /// Whether blocks may come packed with `codec`.
+    pub fn allows(self, codec: Codec) -> bool {
+        self.0 & Self::only(codec).0 != 0
+    }
+
+    /// The byte on the wire.
+    pub fn bits(self) -> u8 {
+        self.0
+    }
+
+    /// The codecs a wire byte names; None when it names one this
+    /// version does not know.
+    pub fn of_bits(bits: u8) -> Option<Self> {
+        let known = Codec::ALL.iter().fold(0, |m, &c| m | Self::only(c).0);
+        (bits & !known == 0).then_some(Self(bits))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_and_bits_round_trip_and_unknown_ones_are_refused() {
+        for c in Codec::ALL {
+            assert_eq!(Codec::of_code(c.code()), Some(c));
+            let only = Codecs::only(c);
+            assert!(only.allows(c));
+            assert_eq!(Codecs::of_bits(only.bits()), Some(only));
+            for other in Codec::ALL.into_iter().filter(|&o| o != c) {
+                assert!(!only.allows(other));
+            }
+        }
+        assert_eq!(Codec::of_code(0), None);
+        assert_eq!(Codec::of_code(3), None);
+        assert_eq!(Codecs::of_bits(0), Some(Codecs::NONE));
+        assert_eq!(Codecs::of_bits(4), None);
+        assert_eq!(Codecs::of_bits(0x80), None);
+        assert_eq!(Codecs::of_mode(Compression::None), Codecs::NONE);
+        assert!(Codecs::of_mode(Compression::Auto).allows(Codec::Lz4));
+        assert!(Codecs::of_mode(Compression::Zstd).allows(Codec::Zstd));
+        for m in Compression::ALL {
+            assert_eq!(m.as_str().parse::<Compression>(), Ok(m));
+        }
+        assert!("gzip".parse::<Compression>().is_err());
+    }
+}
