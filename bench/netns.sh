@@ -4,7 +4,7 @@
 # NFQUEUE, because this kernel has no netem.
 #
 #   bench/netns.sh up [--delay-ms 75] [--loss 0.0001] [--mtu 1500] [--buf 268435456] [--rx-buf 4194304]
-#                     [--initcwnd 100]
+#                     [--initcwnd 100] [--rate 1gbit]
 #   bench/netns.sh down
 #
 # Hosts: wr-a 10.201.0.1 and wr-b 10.201.0.2 (addresses exist only inside
@@ -17,7 +17,7 @@ A=wr-a B=wr-b
 delayline=${DELAYLINE:-$here/../target/release/wirerate-delayline}
 
 up() {
-  local delay=0 loss=0 mtu=1500 buf=$((256 << 20)) rxbuf="" initcwnd=""
+  local delay=0 loss=0 mtu=1500 buf=$((256 << 20)) rxbuf="" initcwnd="" rate=""
   while [ $# -gt 0 ]; do
     case $1 in
       --delay-ms) delay=$2; shift 2 ;;
@@ -26,6 +26,7 @@ up() {
       --buf) buf=$2; shift 2 ;;
       --rx-buf) rxbuf=$2; shift 2 ;;
       --initcwnd) initcwnd=$2; shift 2 ;;
+      --rate) rate=$2; shift 2 ;;
       *) echo "unknown option $1" >&2; exit 2 ;;
     esac
   done
@@ -57,6 +58,15 @@ up() {
       initcwnd "$initcwnd" initrwnd "$initcwnd"
     ip -n $B route change 10.201.0.0/24 dev wrb0 proto kernel scope link src 10.201.0.2 \
       initcwnd "$initcwnd" initrwnd "$initcwnd"
+  fi
+  # A link of this rate each way (tc tbf on each host's egress; this
+  # kernel has no netem). Its queue holds 50 ms at the rate: a shallow
+  # bottleneck buffer, as on a shared WAN port.
+  if [ -n "$rate" ]; then
+    ip -n $A link set wra0 txqueuelen 10000
+    ip -n $B link set wrb0 txqueuelen 10000
+    tc -n $A qdisc add dev wra0 root tbf rate "$rate" burst 256kb latency 50ms
+    tc -n $B qdisc add dev wrb0 root tbf rate "$rate" burst 256kb latency 50ms
   fi
   # The receiving host alone (B), where the sender cannot see it.
   if [ -n "$rxbuf" ]; then
@@ -91,7 +101,7 @@ up() {
     done
     sysctl -qw net.core.rmem_default="$(cat "$state/rmem_default")"
   fi
-  echo "up: $A 10.201.0.1 <-> $B 10.201.0.2, one-way delay ${delay} ms, loss $loss, mtu $mtu, tcp buffers up to $buf${rxbuf:+ ($B: $rxbuf)}"
+  echo "up: $A 10.201.0.1 <-> $B 10.201.0.2, one-way delay ${delay} ms, loss $loss, mtu $mtu, tcp buffers up to $buf${rxbuf:+ ($B: $rxbuf)}${rate:+, capped at $rate}"
 }
 
 down() {
@@ -123,5 +133,5 @@ down() {
 case ${1:-} in
   up) shift; up "$@" ;;
   down) down ;;
-  *) echo "usage: $0 up [--delay-ms MS] [--loss P] [--mtu N] [--buf BYTES] [--rx-buf BYTES] [--initcwnd N] | down" >&2; exit 2 ;;
+  *) echo "usage: $0 up [--delay-ms MS] [--loss P] [--mtu N] [--buf BYTES] [--rx-buf BYTES] [--initcwnd N] [--rate RATE] | down" >&2; exit 2 ;;
 esac

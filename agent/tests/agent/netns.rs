@@ -603,12 +603,21 @@ fn captured(h: &Hosts, dir: &Path, token: &Path, src: &Path, mode: &str) -> Vec<
         assert!(Instant::now() < until, "the capture did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
-    // Paced, so that the capture keeps up and sees it all.
+    // Paced, so that the capture keeps up and sees it all; in clear
+    // blocks, so that the control capture shows the text (paced, `auto`
+    // would pack it: the pacing makes the link the limit).
     let sent = send_from(
         &h.a,
         token,
         src,
-        &["--encrypt", mode, "--max-rate", "200Mbps"],
+        &[
+            "--encrypt",
+            mode,
+            "--max-rate",
+            "200Mbps",
+            "--compress",
+            "none",
+        ],
     )
     .output()
     .unwrap();

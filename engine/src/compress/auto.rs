@@ -27,8 +27,11 @@ const SAMPLE_EARLY: u32 = 2;
 /// or the link changed.
 const SAMPLE_EVERY: u32 = 32;
 /// A block must pack to less than this share of its size, on average,
-/// for packing to be worth its cost at all.
+/// for packing to stay on at all ...
 pub const SHRINK_ENOUGH: f64 = 0.9;
+/// ... and to less than this for it to turn on: data that packs to about
+/// 0.9 would otherwise flap.
+const SHRINK_TO_TURN_ON: f64 = 0.85;
 /// Packing turns on only while it costs at most this share of the time
 /// it saves; it stays on while it costs less than the time saved. The gap
 /// keeps it from flapping on a link near the break-even point.
@@ -248,7 +251,8 @@ impl Auto {
             return;
         };
         let saved = (1.0 - r) * w;
-        let (on, reason) = if r >= SHRINK_ENOUGH {
+        let shrinks = r < SHRINK_TO_TURN_ON || (self.on && r < SHRINK_ENOUGH);
+        let (on, reason) = if !shrinks {
             (false, Reason::Incompressible)
         } else if p < saved * TURN_ON_BELOW || (self.on && p < saved) {
             (true, Reason::LinkLimit)
@@ -330,6 +334,20 @@ mod tests {
         // The first MIN_SAMPLES early samples, then one in SAMPLE_EVERY.
         assert!(packed <= MIN_SAMPLES + 320 / SAMPLE_EVERY, "{packed}");
         assert!(packed > MIN_SAMPLES, "it keeps sampling: {packed}");
+    }
+
+    // Data that packs to about 0.87: off until it packs below 0.85, then
+    // on until above 0.9.
+    #[test]
+    fn the_shrink_threshold_has_hysteresis_too() {
+        let mut auto = Auto::new(Compression::Auto);
+        run(&mut auto, 200, 0.87, 0.1, 64.0);
+        assert_eq!(auto.report().reason, Reason::Incompressible);
+        let mut auto = Auto::new(Compression::Auto);
+        run(&mut auto, 20, 0.5, 0.1, 64.0);
+        assert!(auto.report().on);
+        run(&mut auto, 200, 0.87, 0.1, 64.0);
+        assert!(auto.report().on, "{:?}", auto.report());
     }
 
     #[test]

@@ -24,16 +24,19 @@ impl Packer {
     /// least a sixteenth (it then goes as it is).
     pub fn pack(&mut self, codec: Codec, plain: &[u8]) -> Option<&[u8]> {
         let most = plain.len() - plain.len() / MIN_SAVING;
-        self.out.clear();
         let packed = match codec {
             Codec::Lz4 => {
-                self.out
-                    .resize(lz4_flex::block::get_maximum_output_size(plain.len()), 0);
+                // Zeroed once, when it grows: not on every block.
+                let room = lz4_flex::block::get_maximum_output_size(plain.len());
+                if self.out.len() < room {
+                    self.out.resize(room, 0);
+                }
                 lz4_flex::block::compress_into(plain, &mut self.out).ok()
             }
             Codec::Zstd => {
                 // Room for no more than is worth sending: zstd gives up
                 // as soon as it would not fit.
+                self.out.clear();
                 self.out.reserve(most);
                 let zstd = match &mut self.zstd {
                     Some(z) => z,

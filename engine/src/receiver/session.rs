@@ -50,6 +50,8 @@ pub(crate) struct Session {
     pub(super) aborted: AtomicBool,
     pub(super) stats: Arc<Stats>,
     pub(super) observer: Observe,
+    /// Packed bytes its streams hold as they read them.
+    pub(super) packed: super::stream::PackedBytes,
 }
 
 fn hex(id: &SessionId) -> String {
@@ -747,6 +749,7 @@ fn start(
         aborted: AtomicBool::new(false),
         stats: Arc::clone(stats),
         observer: Arc::clone(&shared.cfg.observer),
+        packed: Default::default(),
     });
     shared.sessions.publish(terms.id, Arc::clone(&session));
     shared.cfg.observer.session_opened();

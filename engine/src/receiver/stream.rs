@@ -5,7 +5,7 @@
 use crate::net::Conn;
 use std::net::Shutdown;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -327,12 +327,29 @@ fn receive_blocks(
     }
 }
 
-/// What a data stream keeps for packed blocks: their bytes as they came,
-/// and the unpacking contexts.
+/// What a data stream keeps for packed blocks: the unpacking contexts.
+/// (The packed bytes are held only while a block is read: see
+/// `Session::packed_room`.)
 #[derive(Default)]
 struct Packed {
-    bytes: Vec<u8>,
     unpacker: Unpacker,
+}
+
+/// Packed bytes a session's streams hold at once, as they are read: at
+/// most what its buffer pool holds (`Session::packed_room`).
+#[derive(Default)]
+pub(crate) struct PackedBytes(Mutex<u64>);
+
+/// `bytes` of a session's `PackedBytes`, given back on drop.
+struct Room<'a> {
+    of: &'a PackedBytes,
+    bytes: u64,
+}
+
+impl Drop for Room<'_> {
+    fn drop(&mut self) {
+        *lock(&self.of.0) -= self.bytes;
+    }
 }
 
 impl Session {
@@ -421,6 +438,31 @@ impl Session {
         Ok(Some(checksum))
     }
 
+    /// Room for `bytes` of a packed block while it is read and unpacked;
+    /// None when the session ended first. A session's streams hold at
+    /// most its buffer pool's size in packed bytes at once (one block's
+    /// worth always fits), so packing can at most double what a session
+    /// holds, however many streams a sender opens.
+    fn packed_room(&self, bytes: u64) -> Option<Room<'_>> {
+        let most = self.pool.large_bytes().max(self.block_size);
+        loop {
+            {
+                let mut used = lock(&self.packed.0);
+                if *used + bytes <= most {
+                    *used += bytes;
+                    return Some(Room {
+                        of: &self.packed,
+                        bytes,
+                    });
+                }
+            }
+            if self.aborted.load(Ordering::SeqCst) {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
     /// Refuses a block packed with `codec` unless the session's `Open`
     /// named it.
     fn check_codec(&self, codec: Codec) -> Result<()> {
@@ -450,8 +492,11 @@ impl Session {
         let len = h.len as usize;
         // The frame's decoding held `packed` under `len`, which
         // `check_placed` held to the session's block size.
-        scratch.bytes.resize(packed as usize, 0);
-        for piece in scratch.bytes.chunks_mut(HASH_PIECE) {
+        let Some(_room) = self.packed_room(u64::from(packed)) else {
+            return Ok(None);
+        };
+        let mut bytes = vec![0u8; packed as usize];
+        for piece in bytes.chunks_mut(HASH_PIECE) {
             stream
                 .read_exact(piece)
                 .map_err(|e| Error::net("reading a block", e))?;
@@ -462,7 +507,7 @@ impl Session {
             .read_exact(&mut trailer)
             .map_err(|e| Error::net("reading a block's checksum", e))?;
         let into = &mut buf.as_mut_full()[..len];
-        if let Err(e) = scratch.unpacker.unpack(codec, &scratch.bytes, into) {
+        if let Err(e) = scratch.unpacker.unpack(codec, &bytes, into) {
             tracing::warn!(file = h.file_id, block = h.block, "{e}");
             self.observer.unpack_failed(codec);
             return Ok(None);
