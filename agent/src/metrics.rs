@@ -149,7 +149,7 @@ pub fn metrics() -> &'static Metrics {
 pub struct SenderMetrics {
     /// Registry holding everything below.
     pub registry: Registry,
-    /// Payload bytes put on the wire (resends included).
+    /// Payload bytes sent, counted plain (resends included).
     pub bytes_sent: IntCounter,
     /// Blocks sent again (damaged in flight, or on a stream that broke).
     pub blocks_resent: IntCounter,
@@ -197,7 +197,10 @@ impl SenderMetrics {
                 &["stream"],
             ),
             sessions: counter_vec("sessions_total", "Sessions by how they ended", &["outcome"]),
-            bytes_sent: counter("bytes_sent_total", "Payload bytes put on the wire"),
+            bytes_sent: counter(
+                "bytes_sent_total",
+                "Payload bytes sent, counted plain (packed_wire_bytes_total has what packed blocks took)",
+            ),
             blocks_resent: counter("blocks_resent_total", "Blocks sent again"),
             stream_failures: counter("stream_failures_total", "Data streams that broke"),
             connections: counter_vec(

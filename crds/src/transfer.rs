@@ -545,8 +545,9 @@ pub struct CompressionReport {
     /// The codec packing uses, when the mode packs at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub codec: Option<String>,
-    /// Whether blocks are being packed now.
-    pub on: bool,
+    /// Whether blocks are being packed now. (Not `on`: YAML 1.1 reads
+    /// that word, unquoted in the CRD's `required`, as a boolean.)
+    pub packing: bool,
     /// Why: `chosen`, `measuring`, `link is the limit`, `data does not
     /// shrink`, `CPU is the limit` or `disabled`.
     pub reason: String,

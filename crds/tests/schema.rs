@@ -784,3 +784,47 @@ fn each_example_pool_fits_a_node_of_the_kind_cluster() {
         );
     }
 }
+
+/// Field names a YAML 1.1 reader (kubernetes-validate's, and older
+/// tooling's) takes for booleans where they stand unquoted, as they do in
+/// a schema's `required` lists in the committed YAML.
+const YAML11_BOOLEANS: [&str; 8] = ["y", "yes", "n", "no", "on", "off", "true", "false"];
+
+fn yaml11_booleans(node: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+    match node {
+        serde_json::Value::Object(map) => {
+            if let Some(serde_json::Value::Object(props)) = map.get("properties") {
+                for name in props.keys() {
+                    if YAML11_BOOLEANS.contains(&name.to_ascii_lowercase().as_str()) {
+                        out.push(format!("{path}.{name}"));
+                    }
+                }
+            }
+            for (k, v) in map {
+                yaml11_booleans(v, &format!("{path}.{k}"), out);
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for v in items {
+                yaml11_booleans(v, path, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+// `status.compression.on` was written `required: [.., on, ..]`, which
+// kubernetes-validate read as `True` and refused install.yaml for.
+#[test]
+fn no_field_is_named_like_a_yaml_boolean() {
+    use kube::CustomResourceExt;
+    for (kind, crd) in [
+        ("DtnPool", DtnPool::crd()),
+        ("Transfer", Transfer::crd()),
+        ("DtnPoolBinding", DtnPoolBinding::crd()),
+    ] {
+        let mut out = Vec::new();
+        yaml11_booleans(&schema_of(&crd), kind, &mut out);
+        assert!(out.is_empty(), "{kind}: rename these fields: {out:?}");
+    }
+}

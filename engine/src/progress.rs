@@ -71,7 +71,8 @@ pub struct Progress {
     started: OnceLock<Instant>,
     pairs: Mutex<Option<PairsShown>>,
     /// Whether blocks are packed: one decision for the send (over all its
-    /// sessions and pairs), which they go on measuring.
+    /// sessions, and its pairs: `share_compression`), which they go on
+    /// measuring.
     compression: OnceLock<Arc<Mutex<Auto>>>,
 }
 
@@ -83,6 +84,12 @@ impl Progress {
             self.compression
                 .get_or_init(|| Arc::new(Mutex::new(Auto::new(mode)))),
         )
+    }
+
+    /// Shares `from`'s compression decision: a transfer over several pairs
+    /// makes one, which every pair's sessions feed and follow.
+    pub(crate) fn share_compression(&self, from: &Self, mode: Compression) {
+        let _ = self.compression.set(from.compression_for(mode));
     }
 
     /// What compression has done so far, once a session started.

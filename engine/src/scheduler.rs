@@ -77,6 +77,9 @@ pub struct SendOrder {
     pub offset: u64,
     /// Payload length.
     pub len: u64,
+    /// The receiver found it damaged before (`handle_nack`): it goes
+    /// plain, in case packing is what damaged it.
+    pub damaged_before: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -367,6 +370,7 @@ impl Scheduler {
             block: slot.block,
             offset: f.layout.offset(slot.block),
             len: f.layout.len(slot.block),
+            damaged_before: slot.resends > 0,
         })
     }
 
@@ -812,9 +816,12 @@ mod tests {
         read_all(&mut s);
         let a = s.poll_send(0).unwrap();
         assert!(!s.handle_sent_checksum(a.gid, 10));
+        assert!(!a.damaged_before);
         s.handle_nack(0, 7, a.block).unwrap();
         let again = s.poll_send(0).unwrap();
         assert_eq!(again.block, a.block);
+        // So the shell sends it plain (`sender::streams`).
+        assert!(again.damaged_before);
         assert!(
             !s.handle_sent_checksum(again.gid, 10),
             "block 1 is still unsent"

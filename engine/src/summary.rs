@@ -21,7 +21,7 @@ pub struct CompressionSummary {
     /// The codec packing used, when the mode packs at all.
     pub codec: Option<&'static str>,
     /// Whether blocks were being packed at the end.
-    pub on: bool,
+    pub packing: bool,
     /// Why packing was on or off at the end.
     pub reason: &'static str,
     /// Plain bytes of the blocks sent.
@@ -37,7 +37,7 @@ impl From<Report> for CompressionSummary {
         Self {
             mode: r.mode,
             codec: r.codec.map(Codec::as_str),
-            on: r.on,
+            packing: r.on,
             reason: r.reason.as_str(),
             plain_bytes: r.plain_bytes,
             wire_bytes: r.wire_bytes,
@@ -50,7 +50,7 @@ impl CompressionSummary {
     /// One line, for people.
     pub fn render(&self) -> String {
         let codec = self.codec.unwrap_or("none");
-        let state = match (self.mode, self.on) {
+        let state = match (self.mode, self.packing) {
             (Compression::None, _) => return "off (--compress none)".to_owned(),
             (Compression::Auto, true) => format!("{codec}, on ({})", self.reason),
             (Compression::Auto, false) => format!("{codec}, off ({})", self.reason),
@@ -131,7 +131,8 @@ pub struct SendSummary {
     pub ok: bool,
     /// Bytes in all files of the transfer.
     pub bytes_total: u64,
-    /// Payload bytes this run put on the wire (resends included).
+    /// Payload bytes this run sent (resends included), counted plain:
+    /// what packed blocks took on the wire is in `compression`.
     pub bytes_sent: u64,
     /// Bytes the receiver already held when this run started.
     pub bytes_skipped_resume: u64,

@@ -1325,7 +1325,7 @@ fn compression_report(attempt: i32, c: &wirerate_engine::compress::Report) -> Co
         attempt,
         mode: c.mode.as_str().to_owned(),
         codec: c.codec.map(|c| c.as_str().to_owned()),
-        on: c.on,
+        packing: c.on,
         reason: c.reason.as_str().to_owned(),
         plain_bytes: i64::try_from(c.plain_bytes).unwrap_or(i64::MAX),
         wire_bytes: i64::try_from(c.wire_bytes).unwrap_or(i64::MAX),

@@ -14,6 +14,21 @@ pub mod packer;
 pub use crate::tuning::Compression;
 pub use auto::{Auto, Decision, Reason, Report};
 
+/// A mode's byte on the wire (`RelayJob`).
+pub fn mode_code(mode: Compression) -> u8 {
+    match mode {
+        Compression::None => 0,
+        Compression::Auto => 1,
+        Compression::Lz4 => 2,
+        Compression::Zstd => 3,
+    }
+}
+
+/// The mode a wire byte names.
+pub fn mode_of_code(code: u8) -> Option<Compression> {
+    Compression::ALL.into_iter().find(|&m| mode_code(m) == code)
+}
+
 /// How a compressed block's bytes were packed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Codec {
@@ -127,7 +142,9 @@ mod tests {
         assert!(Codecs::of_mode(Compression::Zstd).allows(Codec::Zstd));
         for m in Compression::ALL {
             assert_eq!(m.as_str().parse::<Compression>(), Ok(m));
+            assert_eq!(mode_of_code(mode_code(m)), Some(m));
         }
+        assert_eq!(mode_of_code(4), None);
         assert!("gzip".parse::<Compression>().is_err());
     }
 }

@@ -4,7 +4,7 @@
 
 use crate::net::Conn;
 use std::net::Shutdown;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -340,6 +340,26 @@ struct Packed {
 #[derive(Default)]
 pub(crate) struct PackedBytes(Mutex<u64>);
 
+impl PackedBytes {
+    /// `bytes` of at most `most` in all, once they fit; None if `aborted`
+    /// is set first. Holders wait for nothing else, so room comes back.
+    fn take(&self, bytes: u64, most: u64, aborted: &AtomicBool) -> Option<Room<'_>> {
+        loop {
+            {
+                let mut used = lock(&self.0);
+                if *used + bytes <= most {
+                    *used += bytes;
+                    return Some(Room { of: self, bytes });
+                }
+            }
+            if aborted.load(Ordering::SeqCst) {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
 /// `bytes` of a session's `PackedBytes`, given back on drop.
 struct Room<'a> {
     of: &'a PackedBytes,
@@ -445,22 +465,7 @@ impl Session {
     /// holds, however many streams a sender opens.
     fn packed_room(&self, bytes: u64) -> Option<Room<'_>> {
         let most = self.pool.large_bytes().max(self.block_size);
-        loop {
-            {
-                let mut used = lock(&self.packed.0);
-                if *used + bytes <= most {
-                    *used += bytes;
-                    return Some(Room {
-                        of: &self.packed,
-                        bytes,
-                    });
-                }
-            }
-            if self.aborted.load(Ordering::SeqCst) {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        self.packed.take(bytes, most, &self.aborted)
     }
 
     /// Refuses a block packed with `codec` unless the session's `Open`
@@ -567,6 +572,42 @@ mod tests {
             out.push(reader.read(&mut bytes).unwrap());
         }
         out
+    }
+
+    // However many streams read packed blocks at once, they hold at most
+    // the session's bound of packed bytes: the next waits for room, and
+    // gives up when the session ends.
+    #[test]
+    fn packed_bytes_held_at_once_stay_within_the_bound() {
+        let packed = Arc::new(PackedBytes::default());
+        let aborted = Arc::new(AtomicBool::new(false));
+        let first = packed.take(60, 100, &aborted).unwrap();
+        let second = packed.take(40, 100, &aborted).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let waiter = {
+            let (packed, aborted) = (Arc::clone(&packed), Arc::clone(&aborted));
+            std::thread::spawn(move || {
+                let room = packed.take(50, 100, &aborted);
+                tx.send(room.is_some()).unwrap();
+            })
+        };
+        assert!(
+            rx.recv_timeout(Duration::from_millis(100)).is_err(),
+            "a third took room past the bound"
+        );
+        drop(first);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(true));
+        waiter.join().unwrap();
+        assert_eq!(*lock(&packed.0), 40, "the third gave its room back");
+        // The session ends while one waits: it gets none.
+        let waiter = {
+            let (packed, aborted) = (Arc::clone(&packed), Arc::clone(&aborted));
+            std::thread::spawn(move || packed.take(70, 100, &aborted).is_none())
+        };
+        aborted.store(true, Ordering::SeqCst);
+        assert!(waiter.join().unwrap());
+        drop(second);
+        assert_eq!(*lock(&packed.0), 0);
     }
 
     // Acknowledgements queued together go out in one write, in order, and

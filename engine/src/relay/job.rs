@@ -163,6 +163,9 @@ pub(super) fn prepare(
     // The lead's mode holds on the relay's leg too: a transfer sent with
     // `Required` never crosses any link in clear.
     cfg.encrypt = cfg.encrypt.max(job.encrypt);
+    // And its compression: the relay reads the same data over a link like
+    // the lead's.
+    cfg.compress = job.compress;
     cfg.max_rate = (job.max_rate > 0).then_some(job.max_rate);
     cfg.retry_for = Duration::from_millis(u64::from(job.retry_ms));
     cfg.refused_for =
@@ -312,6 +315,7 @@ mod tests {
             retry_ms: 1000,
             refused_ms: 0,
             encrypt: crate::encryption::Encryption::None,
+            compress: crate::compress::Compression::Zstd,
         }
     }
 
@@ -380,6 +384,8 @@ mod tests {
         let (cfg, list) = prepare(got, &roots(std::slice::from_ref(&root)), &template).unwrap();
         assert_eq!(cfg.to, "127.0.0.1:1");
         assert_eq!(cfg.block_size, 1 << 20);
+        // The lead's compression, not the relay's default (`auto`).
+        assert_eq!(cfg.compress, crate::compress::Compression::Zstd);
         assert_eq!(list.files[0].dest, "out");
         assert_eq!(list.files[0].size, 5);
     }

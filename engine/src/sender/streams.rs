@@ -54,7 +54,13 @@ pub(super) fn send_loop(shared: &Shared, i: u16, mut stream: Conn) {
             offset: order.offset,
             len: order.len as u32,
         };
-        let decision = hold(&shared.compress).decide();
+        // A block the receiver refused goes plain: if packing (or
+        // unpacking) is what damaged it, the resend does not repeat it.
+        let decision = if order.damaged_before {
+            Decision::Plain
+        } else {
+            hold(&shared.compress).decide()
+        };
         let sent = match decision {
             Decision::Plain => send_block(shared, &mut stream, header, order.gid, buf.as_slice()),
             Decision::Pack(codec) => send_packed(

@@ -324,6 +324,7 @@ fn encode_relay(frame: &Frame, w: &mut Writer<'_>) {
             w.u32(job.retry_ms);
             w.u32(job.refused_ms);
             w.u8(crate::encryption::code(job.encrypt));
+            w.u8(crate::compress::mode_code(job.compress));
         }
         Frame::RelayFiles { entries } => {
             w.u8(T_RELAY_FILES);
@@ -761,6 +762,8 @@ fn decode_relay(ty: u8, r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
                 retry_ms: r.u32()?,
                 refused_ms: r.u32()?,
                 encrypt: encryption_of(r.u8()?)?,
+                compress: crate::compress::mode_of_code(r.u8()?)
+                    .ok_or(DecodeError::Invalid("compression mode"))?,
             })
         }
         T_RELAY_FILES => {
@@ -1202,10 +1205,10 @@ pub(crate) mod tests {
                 1u16..,
                 0u8..3,
                 any::<(u64, u32, u32)>(),
-                0u8..3
+                (0u8..3, 0u8..4)
             )
                 .prop_map(
-                    |(to, source, b, streams, v, (max_rate, retry_ms, refused_ms), e)| {
+                    |(to, source, b, streams, v, (max_rate, retry_ms, refused_ms), (e, c))| {
                         Frame::RelayJob(RelayJob {
                             to,
                             source,
@@ -1216,6 +1219,7 @@ pub(crate) mod tests {
                             retry_ms,
                             refused_ms,
                             encrypt: encryption_of(e).unwrap(),
+                            compress: crate::compress::mode_of_code(c).unwrap(),
                         })
                     }
                 ),

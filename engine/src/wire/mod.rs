@@ -293,6 +293,8 @@ pub struct RelayJob {
     /// The lead's encryption: the relay's session to the receiver runs
     /// under the stricter of it and the relay's own.
     pub encrypt: Encryption,
+    /// The lead's compression, which the relay's session runs under.
+    pub compress: crate::compress::Compression,
 }
 
 /// One file of a relay job: its manifest entry and where it is read from.

@@ -243,6 +243,8 @@ impl Plan<'_> {
         // a few seconds of refusals, which `PAIR_PATIENCE` rides out.
         cfg.refused_for =
             (self.pairs.load(Ordering::Relaxed) > 1).then(|| REFUSED_PATIENCE.min(cfg.retry_for));
+        lane.progress
+            .share_compression(&self.cfg.progress, self.cfg.compress);
         cfg.progress = Arc::clone(&lane.progress);
         // Only writing sessions are cut short: a publish cut between its
         // renames and its answers would leave landed files unanswered,

@@ -101,6 +101,7 @@ fn job(
         retry_ms: millis(cfg.retry_for),
         refused_ms: cfg.refused_for.map_or(0, millis),
         encrypt: cfg.encrypt,
+        compress: cfg.compress,
     };
     let frames = entries(list);
     // A busy relay (its connection slots taken) is asked again, within

@@ -660,6 +660,13 @@ impl<'a> Run<'a> {
                 .map(|(f, why)| (list[*f as usize].dest.clone(), why.clone()))
                 .collect(),
             digest,
+            compression: self
+                .plan
+                .cfg
+                .progress
+                .compression()
+                .unwrap_or_else(|| crate::compress::Auto::new(self.plan.cfg.compress).report())
+                .into(),
         }
     }
 }

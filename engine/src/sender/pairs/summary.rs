@@ -36,7 +36,8 @@ pub struct PairsSummary {
     pub ok: bool,
     /// Bytes of the transfer's files.
     pub bytes_total: u64,
-    /// Payload bytes put on the wire, over every pair, resends included.
+    /// Payload bytes sent, as plain (before packing), over every pair,
+    /// resends included.
     pub bytes_sent: u64,
     /// Bytes of pieces that landed which the receivers already held (their
     /// per-chunk checkpoints: from an earlier run, or written by a pair
@@ -63,6 +64,8 @@ pub struct PairsSummary {
     /// The file's digest for one file, the tree digest for several: the
     /// same a transfer over one pair reports.
     pub digest: String,
+    /// What compression did, over every pair (one decision for all).
+    pub compression: crate::summary::CompressionSummary,
 }
 
 impl PairsSummary {
@@ -111,6 +114,7 @@ impl PairsSummary {
                 }
             ));
         }
+        s.push_str(&format!("  compressed {}\n", self.compression.render()));
         s.push_str(&format!(
             "  files      {} of {} published\n  digest     {}\n",
             self.files_ok, self.files, self.digest
