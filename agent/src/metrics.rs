@@ -10,6 +10,7 @@ use prometheus::{
     Encoder, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
 };
+use wirerate_engine::compress::Reason;
 use wirerate_engine::observe::SessionEnd;
 use wirerate_telemetry::Endpoints;
 
@@ -239,7 +240,10 @@ impl SenderMetrics {
             ),
             compression: int_gauge_vec(
                 "compression",
-                "1 for why packing is on or off in the latest send (disabled, chosen, measuring, link_limit, incompressible, cpu_limit), 0 for the rest",
+                &format!(
+                    "1 for why packing is on or off in the latest send ({}), 0 for the rest",
+                    Reason::ALL.map(Reason::metric_label).join(", ")
+                ),
                 &["reason"],
             ),
         };

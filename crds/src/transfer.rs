@@ -5,7 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::tuning::{Striping, Tuning, Verification};
+use crate::tuning::{Compression, Striping, Tuning, Verification};
 
 /// Move `source` to `destination` at the wire rate and verify it.
 // Clippy reads each printcolumn's `type_` as a repeated attribute.
@@ -540,8 +540,8 @@ pub struct TuningReport {
 pub struct CompressionReport {
     /// The attempt whose sender reports it.
     pub attempt: i32,
-    /// The mode asked for: `none`, `auto`, `lz4` or `zstd`.
-    pub mode: String,
+    /// The mode asked for.
+    pub mode: Compression,
     /// The codec packing uses, when the mode packs at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub codec: Option<String>,

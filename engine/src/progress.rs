@@ -92,6 +92,13 @@ impl Progress {
         let _ = self.compression.set(from.compression_for(mode));
     }
 
+    /// What compression has done so far; what `mode` would report before
+    /// any session started.
+    pub fn compression_or(&self, mode: Compression) -> Report {
+        self.compression()
+            .unwrap_or_else(|| Auto::new(mode).report())
+    }
+
     /// What compression has done so far, once a session started.
     pub fn compression(&self) -> Option<Report> {
         let auto = self.compression.get()?;

@@ -37,7 +37,7 @@ impl From<Report> for CompressionSummary {
         Self {
             mode: r.mode,
             codec: r.codec.map(Codec::as_str),
-            packing: r.on,
+            packing: r.packing,
             reason: r.reason.as_str(),
             plain_bytes: r.plain_bytes,
             wire_bytes: r.wire_bytes,
@@ -51,7 +51,7 @@ impl CompressionSummary {
     pub fn render(&self) -> String {
         let codec = self.codec.unwrap_or("none");
         let state = match (self.mode, self.packing) {
-            (Compression::None, _) => return "off (--compress none)".to_owned(),
+            (Compression::None, _) => return "off (mode none)".to_owned(),
             (Compression::Auto, true) => format!("{codec}, on ({})", self.reason),
             (Compression::Auto, false) => format!("{codec}, off ({})", self.reason),
             _ => format!("{codec}, every block"),

@@ -1323,9 +1323,9 @@ fn progress(
 fn compression_report(attempt: i32, c: &wirerate_engine::compress::Report) -> CompressionReport {
     CompressionReport {
         attempt,
-        mode: c.mode.as_str().to_owned(),
+        mode: c.mode,
         codec: c.codec.map(|c| c.as_str().to_owned()),
-        packing: c.on,
+        packing: c.packing,
         reason: c.reason.as_str().to_owned(),
         plain_bytes: i64::try_from(c.plain_bytes).unwrap_or(i64::MAX),
         wire_bytes: i64::try_from(c.wire_bytes).unwrap_or(i64::MAX),

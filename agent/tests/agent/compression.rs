@@ -4,6 +4,7 @@
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use crate::common::*;
 use wirerate_engine::compress::Compression;
@@ -85,7 +86,7 @@ fn none_sends_every_block_plain() {
     assert_eq!(c.packed_blocks, 0);
     assert_eq!(c.plain_bytes, c.wire_bytes);
     assert!(c.plain_bytes > 3 << 20, "{c:?}");
-    assert!(s.render().contains("--compress none"), "{}", s.render());
+    assert!(s.render().contains("off (mode none)"), "{}", s.render());
 }
 
 // A flipped bit inside a packed block: the receiver refuses it (it does
@@ -114,4 +115,53 @@ fn a_damaged_packed_block_is_refused_counted_and_sent_again() {
         assert_eq!(rx[0].blocks_rejected, 1, "{mode}");
         assert_same(&src, &root.join("out.txt"));
     }
+}
+
+// Checksums are of the plain blocks, so a transfer cut while packing with
+// zstd resumes plain and keeps every block that landed.
+#[test]
+fn a_transfer_cut_while_packing_resumes_under_another_mode() {
+    let dir = scratch("pack-resume");
+    let src = dir.path().join("log.txt");
+    write_text(&src, 4 << 20, 5);
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = server(&root, IoMode::Async);
+    let relay = Relay::start(srv.addr(), Vec::new());
+    let mut cfg = send_cfg(relay.addr, &src, "out.txt");
+    cfg.block_size = 256 << 10;
+    cfg.buffer = 2 << 20;
+    cfg.streams = 1;
+    cfg.compress = Compression::Zstd;
+    // Slow enough to cut mid-file: packed, the text moves several times
+    // faster than the cap.
+    cfg.max_rate = Some(300_000);
+    let run = std::thread::spawn(move || send(&cfg));
+    let ckpt = root.join(".out.txt.wirerate-ckpt");
+    let t0 = std::time::Instant::now();
+    while std::fs::read(&ckpt)
+        .ok()
+        .and_then(|b| wirerate_engine::receiver::Checkpoint::decode(&b))
+        .is_none_or(|c| c.durable.count() < 2)
+    {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no checkpoint");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(relay);
+    assert!(run.join().unwrap().is_err(), "the cut run must fail");
+    wait_summaries(&srv, 1);
+    let held = wirerate_engine::receiver::Checkpoint::decode(&std::fs::read(&ckpt).unwrap())
+        .unwrap()
+        .durable
+        .count() as u64
+        * (256 << 10);
+    assert!(held > 0 && held < 4 << 20, "cut mid-file: {held}");
+    let mut cfg = send_cfg(srv.addr(), &src, "out.txt");
+    cfg.block_size = 256 << 10;
+    cfg.compress = Compression::None;
+    let s = send(&cfg).unwrap();
+    assert!(s.ok, "{}", s.render());
+    assert_eq!(s.bytes_skipped_resume, held, "{}", s.render());
+    assert_eq!(s.compression.packed_blocks, 0);
+    assert_same(&src, &root.join("out.txt"));
 }

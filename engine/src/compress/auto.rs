@@ -28,7 +28,7 @@ const SAMPLE_EARLY: u32 = 2;
 const SAMPLE_EVERY: u32 = 32;
 /// A block must pack to less than this share of its size, on average,
 /// for packing to stay on at all ...
-pub const SHRINK_ENOUGH: f64 = 0.9;
+const SHRINK_ENOUGH: f64 = 0.9;
 /// ... and to less than this for it to turn on: data that packs to about
 /// 0.9 would otherwise flap.
 const SHRINK_TO_TURN_ON: f64 = 0.85;
@@ -123,7 +123,7 @@ pub struct Report {
     /// The codec packing uses, when the mode packs at all.
     pub codec: Option<Codec>,
     /// Whether blocks are being packed now.
-    pub on: bool,
+    pub packing: bool,
     /// Why.
     pub reason: Reason,
     /// Plain bytes of every block that went out.
@@ -141,7 +141,7 @@ pub struct Report {
 pub struct Auto {
     mode: Compression,
     codec: Option<Codec>,
-    on: bool,
+    packing: bool,
     reason: Reason,
     samples: u32,
     /// Blocks since the last one packed while off.
@@ -163,7 +163,7 @@ impl Auto {
     /// The decision for `mode`.
     pub fn new(mode: Compression) -> Self {
         let codec = Codec::of_mode(mode);
-        let (on, reason) = match mode {
+        let (packing, reason) = match mode {
             Compression::None => (false, Reason::Disabled),
             Compression::Lz4 | Compression::Zstd => (true, Reason::Chosen),
             Compression::Auto => (false, Reason::Measuring),
@@ -171,7 +171,7 @@ impl Auto {
         Self {
             mode,
             codec,
-            on,
+            packing,
             reason,
             samples: 0,
             // The first block is a sample.
@@ -187,6 +187,7 @@ impl Auto {
     }
 
     /// The reason, when it changed since the last call (and at the first).
+    #[must_use]
     pub fn take_change(&mut self) -> Option<Reason> {
         (self.told != Some(self.reason)).then(|| {
             self.told = Some(self.reason);
@@ -194,12 +195,18 @@ impl Auto {
         })
     }
 
-    /// What to do with the next block.
-    pub fn decide(&mut self) -> Decision {
+    /// What to do with the next block; one the receiver found damaged
+    /// before goes plain, in case packing (or unpacking) is what damaged
+    /// it, so that the resend does not repeat it.
+    #[must_use]
+    pub fn decide(&mut self, damaged_before: bool) -> Decision {
         let Some(codec) = self.codec else {
             return Decision::Plain;
         };
-        if self.on {
+        if damaged_before {
+            return Decision::Plain;
+        }
+        if self.packing {
             return Decision::Pack(codec);
         }
         let every = if self.reason == Reason::Measuring {
@@ -251,15 +258,15 @@ impl Auto {
             return;
         };
         let saved = (1.0 - r) * w;
-        let shrinks = r < SHRINK_TO_TURN_ON || (self.on && r < SHRINK_ENOUGH);
+        let shrinks = r < SHRINK_TO_TURN_ON || (self.packing && r < SHRINK_ENOUGH);
         let (on, reason) = if !shrinks {
             (false, Reason::Incompressible)
-        } else if p < saved * TURN_ON_BELOW || (self.on && p < saved) {
+        } else if p < saved * TURN_ON_BELOW || (self.packing && p < saved) {
             (true, Reason::LinkLimit)
         } else {
             (false, Reason::CpuLimit)
         };
-        self.on = on;
+        self.packing = on;
         self.reason = reason;
     }
 
@@ -268,7 +275,7 @@ impl Auto {
         Report {
             mode: self.mode,
             codec: self.codec,
-            on: self.on,
+            packing: self.packing,
             reason: self.reason,
             plain_bytes: self.plain_bytes,
             wire_bytes: self.wire_bytes,
@@ -290,7 +297,7 @@ mod tests {
     fn run(auto: &mut Auto, blocks: u32, ratio: f64, pack_ns: f64, write_ns: f64) -> u32 {
         let mut packed = 0;
         for _ in 0..blocks {
-            let wire = match auto.decide() {
+            let wire = match auto.decide(false) {
                 Decision::Plain => BLOCK,
                 Decision::Pack(_) => {
                     let took = Duration::from_nanos((pack_ns * BLOCK as f64) as u64);
@@ -320,7 +327,7 @@ mod tests {
         assert_eq!(auto.report().reason, Reason::LinkLimit);
         assert_eq!(run(&mut auto, 100, 0.5, 0.5, 64.0), 100);
         let r = auto.report();
-        assert!(r.on);
+        assert!(r.packing);
         assert!(r.wire_bytes * 10 < r.plain_bytes * 6, "{r:?}");
     }
 
@@ -329,7 +336,7 @@ mod tests {
         let mut auto = Auto::new(Compression::Auto);
         let packed = run(&mut auto, 320, 0.5, 0.5, 0.4);
         let r = auto.report();
-        assert!(!r.on);
+        assert!(!r.packing);
         assert_eq!(r.reason, Reason::CpuLimit);
         // The first MIN_SAMPLES early samples, then one in SAMPLE_EVERY.
         assert!(packed <= MIN_SAMPLES + 320 / SAMPLE_EVERY, "{packed}");
@@ -345,9 +352,9 @@ mod tests {
         assert_eq!(auto.report().reason, Reason::Incompressible);
         let mut auto = Auto::new(Compression::Auto);
         run(&mut auto, 20, 0.5, 0.1, 64.0);
-        assert!(auto.report().on);
+        assert!(auto.report().packing);
         run(&mut auto, 200, 0.87, 0.1, 64.0);
-        assert!(auto.report().on, "{:?}", auto.report());
+        assert!(auto.report().packing, "{:?}", auto.report());
     }
 
     #[test]
@@ -355,7 +362,7 @@ mod tests {
         let mut auto = Auto::new(Compression::Auto);
         run(&mut auto, 320, 0.97, 0.3, 64.0);
         assert_eq!(auto.report().reason, Reason::Incompressible);
-        assert!(!auto.report().on);
+        assert!(!auto.report().packing);
         let mut auto = Auto::new(Compression::Auto);
         run(&mut auto, 320, 1.0, 0.3, 64.0);
         assert_eq!(auto.report().reason, Reason::Incompressible);
@@ -371,12 +378,12 @@ mod tests {
         assert_eq!(auto.take_change(), Some(Reason::Measuring));
         assert_eq!(auto.take_change(), None);
         run(&mut auto, 20, 0.5, 0.5, 64.0);
-        assert!(auto.report().on);
+        assert!(auto.report().packing);
         assert_eq!(auto.take_change(), Some(Reason::LinkLimit));
         run(&mut auto, 40, 1.0, 0.5, 64.0);
         assert_eq!(auto.report().reason, Reason::Incompressible);
         run(&mut auto, 400, 0.5, 0.5, 64.0);
-        assert!(auto.report().on, "{:?}", auto.report());
+        assert!(auto.report().packing, "{:?}", auto.report());
         // The link gets fast (the CPU becomes the limit): off.
         run(&mut auto, 40, 0.5, 0.5, 0.4);
         assert_eq!(auto.report().reason, Reason::CpuLimit);
@@ -389,12 +396,12 @@ mod tests {
         // Saves (1 - 0.5) * 2.0 = 1.0 ns a byte; packing costs 0.9.
         let mut auto = Auto::new(Compression::Auto);
         run(&mut auto, 200, 0.5, 0.9, 2.0);
-        assert!(!auto.report().on);
+        assert!(!auto.report().packing);
         let mut auto = Auto::new(Compression::Auto);
         run(&mut auto, 20, 0.5, 0.5, 2.0);
-        assert!(auto.report().on);
+        assert!(auto.report().packing);
         run(&mut auto, 200, 0.5, 0.9, 2.0);
-        assert!(auto.report().on);
+        assert!(auto.report().packing);
     }
 
     #[test]
@@ -406,7 +413,9 @@ mod tests {
             let mut auto = Auto::new(mode);
             // Even where auto would not.
             assert_eq!(run(&mut auto, 50, 0.5, 5.0, 0.4), 50);
-            assert_eq!(auto.decide(), Decision::Pack(codec));
+            assert_eq!(auto.decide(false), Decision::Pack(codec));
+            // Not a block the receiver found damaged.
+            assert_eq!(auto.decide(true), Decision::Plain);
             assert_eq!(auto.report().reason, Reason::Chosen);
         }
         let mut auto = Auto::new(Compression::None);

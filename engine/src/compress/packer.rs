@@ -1,8 +1,6 @@
 //! Packing and unpacking a block, with buffers and contexts kept from one
 //! block to the next (one of each per data stream).
 
-use std::fmt;
-
 use super::Codec;
 
 /// zstd's level: its fastest regular one.
@@ -40,9 +38,14 @@ impl Packer {
                 self.out.reserve(most);
                 let zstd = match &mut self.zstd {
                     Some(z) => z,
-                    None => self
-                        .zstd
-                        .insert(zstd::bulk::Compressor::new(ZSTD_LEVEL).ok()?),
+                    None => match zstd::bulk::Compressor::new(ZSTD_LEVEL) {
+                        Ok(z) => self.zstd.insert(z),
+                        // Out of memory, in practice: the block goes plain.
+                        Err(e) => {
+                            tracing::warn!("no zstd context, this block goes plain: {e}");
+                            return None;
+                        }
+                    },
                 };
                 zstd.compress_to_buffer(plain, &mut self.out).ok()
             }
@@ -51,22 +54,28 @@ impl Packer {
     }
 }
 
-/// A packed block that does not unpack to exactly its plain length.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Corrupt {
-    /// How it was packed.
-    pub codec: Codec,
-    /// What went wrong.
-    pub detail: String,
+/// Why a packed block did not unpack to exactly its plain length.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Corrupt {
+    /// The codec refused its bytes.
+    #[error("a {codec} block does not unpack: {detail}")]
+    Malformed {
+        /// How it was packed.
+        codec: Codec,
+        /// What the codec said.
+        detail: String,
+    },
+    /// It unpacked to another length than the block's.
+    #[error("a {codec} block unpacks to {got} bytes, not the block's {want}")]
+    WrongLength {
+        /// How it was packed.
+        codec: Codec,
+        /// What it unpacked to.
+        got: usize,
+        /// The block's length.
+        want: usize,
+    },
 }
-
-impl fmt::Display for Corrupt {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "a {} block does not unpack: {}", self.codec, self.detail)
-    }
-}
-
-impl std::error::Error for Corrupt {}
 
 /// Unpacks blocks for one data stream.
 #[derive(Default)]
@@ -79,27 +88,28 @@ impl Unpacker {
     /// a frame claims, nothing is written beyond `into`, and nothing is
     /// allocated for it (a bomb stops at the block's length).
     pub fn unpack(&mut self, codec: Codec, packed: &[u8], into: &mut [u8]) -> Result<(), Corrupt> {
-        let corrupt = |detail: String| Corrupt { codec, detail };
+        let malformed = |detail: String| Corrupt::Malformed { codec, detail };
         let got = match codec {
             Codec::Lz4 => lz4_flex::block::decompress_into(packed, into)
-                .map_err(|e| corrupt(e.to_string()))?,
+                .map_err(|e| malformed(e.to_string()))?,
             Codec::Zstd => {
                 let zstd = match &mut self.zstd {
                     Some(z) => z,
                     None => self.zstd.insert(
                         zstd::bulk::Decompressor::new()
-                            .map_err(|e| corrupt(format!("no zstd context: {e}")))?,
+                            .map_err(|e| malformed(format!("no zstd context: {e}")))?,
                     ),
                 };
                 zstd.decompress_to_buffer(packed, into)
-                    .map_err(|e| corrupt(e.to_string()))?
+                    .map_err(|e| malformed(e.to_string()))?
             }
         };
         if got != into.len() {
-            return Err(corrupt(format!(
-                "it unpacks to {got} bytes, not the block's {}",
-                into.len()
-            )));
+            return Err(Corrupt::WrongLength {
+                codec,
+                got,
+                want: into.len(),
+            });
         }
         Ok(())
     }
@@ -166,8 +176,14 @@ mod tests {
                     .is_err()
             );
             assert!(unpacker.unpack(codec, &packed, &mut short).is_err());
-            let e = unpacker.unpack(codec, &packed, &mut long).unwrap_err();
-            assert!(e.to_string().contains("not the block's"), "{e}");
+            assert_eq!(
+                unpacker.unpack(codec, &packed, &mut long),
+                Err(Corrupt::WrongLength {
+                    codec,
+                    got: plain.len(),
+                    want: plain.len() + 1
+                })
+            );
             for at in [0, 3, packed.len() / 2, packed.len() - 1] {
                 let mut bad = packed.clone();
                 bad[at] ^= 0x55;

@@ -274,12 +274,12 @@ fn receive_blocks(
     ack_tx: &mpsc::SyncSender<Frame>,
 ) -> Result<StreamEnd> {
     let mut reader = FrameReader::default();
-    let mut packed = Packed::default();
+    let mut unpacker = Unpacker::default();
     loop {
         if !next_frame_due(session, stream)? {
             return Ok(StreamEnd::Closed);
         }
-        let (h, codec) = match reader.read_capped(stream, MAX_SMALL_FRAME) {
+        let (h, packing) = match reader.read_capped(stream, MAX_SMALL_FRAME) {
             Ok(Frame::Block(h)) => (h, None),
             Ok(Frame::PackedBlock {
                 header,
@@ -300,19 +300,23 @@ fn receive_blocks(
             Err(e) => return Err(e),
         };
         session.check_placed(&h)?;
-        if let Some((codec, _)) = codec {
+        if let Some((codec, _)) = packing {
             session.check_codec(codec)?;
         }
         let Some(mut buf) = session.buffer_for(&h) else {
             return Ok(StreamEnd::Closed);
         };
-        let checksum = match codec {
+        let read = match packing {
             None => session.read_block(stream, &h, &mut buf)?,
-            Some(how) => session.read_packed(stream, &h, how, &mut buf, &mut packed)?,
+            Some(how) => session.read_packed(stream, &h, how, &mut buf, &mut unpacker)?,
         };
-        let Some(checksum) = checksum else {
-            session.reject(&h, ack_tx);
-            continue;
+        let checksum = match read {
+            BlockRead::Intact(checksum) => checksum,
+            BlockRead::Damaged => {
+                session.reject(&h, ack_tx);
+                continue;
+            }
+            BlockRead::Ended => return Ok(StreamEnd::Closed),
         };
         let msg = WriterMsg::Block {
             file_id: h.file_id,
@@ -327,12 +331,14 @@ fn receive_blocks(
     }
 }
 
-/// What a data stream keeps for packed blocks: the unpacking contexts.
-/// (The packed bytes are held only while a block is read: see
-/// `Session::packed_room`.)
-#[derive(Default)]
-struct Packed {
-    unpacker: Unpacker,
+/// What reading a block came to.
+enum BlockRead {
+    /// Its bytes match its checksum (0 when the session verifies nothing).
+    Intact(u64),
+    /// They do not, or a packed block did not unpack: ask for it again.
+    Damaged,
+    /// The session ended before it was read.
+    Ended,
 }
 
 /// Packed bytes a session's streams hold at once, as they are read: at
@@ -369,6 +375,26 @@ struct Room<'a> {
 impl Drop for Room<'_> {
     fn drop(&mut self) {
         *lock(&self.of.0) -= self.bytes;
+    }
+}
+
+/// The checksum that follows a block's bytes.
+fn read_trailer(stream: &mut Conn) -> Result<[u8; 8]> {
+    use std::io::Read;
+    let mut trailer = [0u8; 8];
+    stream
+        .read_exact(&mut trailer)
+        .map_err(|e| Error::net("reading a block's checksum", e))?;
+    Ok(trailer)
+}
+
+/// Whether the block `hasher` hashed matches `trailer` (anything does
+/// where the session verifies nothing).
+fn checked(hasher: Option<BlockHasher>, trailer: [u8; 8]) -> BlockRead {
+    match hasher.map(|h| h.finish()) {
+        None => BlockRead::Intact(0),
+        Some(c) if c == u64::from_le_bytes(trailer) => BlockRead::Intact(c),
+        Some(_) => BlockRead::Damaged,
     }
 }
 
@@ -420,18 +446,31 @@ impl Session {
     }
 
     /// Reads block `h`'s bytes into `buf`, and the checksum that follows
-    /// them. Returns the checksum (0 when the session verifies nothing),
-    /// or None when the bytes do not match it.
+    /// them, hashing each piece as it arrives.
     fn read_block(
         &self,
         stream: &mut Conn,
         h: &BlockHeader,
         buf: &mut PoolBuf,
-    ) -> Result<Option<u64>> {
-        use std::io::Read;
+    ) -> Result<BlockRead> {
         let len = h.len as usize;
         let mut hasher = (self.verify != Verification::None).then(BlockHasher::default);
-        for piece in buf.as_mut_full()[..len].chunks_mut(HASH_PIECE) {
+        self.read_pieces(stream, &mut buf.as_mut_full()[..len], hasher.as_mut())?;
+        let trailer = read_trailer(stream)?;
+        buf.set_len(len);
+        Ok(checked(hasher, trailer))
+    }
+
+    /// Reads `into` off `stream` a piece at a time, each counted as
+    /// arriving (the writer's sign of life) and fed to `hasher`.
+    fn read_pieces(
+        &self,
+        stream: &mut Conn,
+        into: &mut [u8],
+        mut hasher: Option<&mut BlockHasher>,
+    ) -> Result<()> {
+        use std::io::Read;
+        for piece in into.chunks_mut(HASH_PIECE) {
             stream
                 .read_exact(piece)
                 .map_err(|e| Error::net("reading a block", e))?;
@@ -440,22 +479,7 @@ impl Session {
                 h.update(piece);
             }
         }
-        let mut trailer = [0u8; 8];
-        stream
-            .read_exact(&mut trailer)
-            .map_err(|e| Error::net("reading a block's checksum", e))?;
-        buf.set_len(len);
-        let checksum = match hasher {
-            None => 0,
-            Some(hasher) => {
-                let c = hasher.finish();
-                if c != u64::from_le_bytes(trailer) {
-                    return Ok(None);
-                }
-                c
-            }
-        };
-        Ok(Some(checksum))
+        Ok(())
     }
 
     /// Room for `bytes` of a packed block while it is read and unpacked;
@@ -482,8 +506,8 @@ impl Session {
     }
 
     /// Reads block `h`'s `packed` bytes, packed with `codec`, unpacks
-    /// them into `buf` and checks the checksum that follows them, as
-    /// `read_block` does. A block that does not unpack is damaged, and
+    /// them into `buf` and checks the checksum that follows them against
+    /// the plain bytes. A block that does not unpack is damaged, and
     /// counted.
     fn read_packed(
         &self,
@@ -491,40 +515,30 @@ impl Session {
         h: &BlockHeader,
         (codec, packed): (Codec, u32),
         buf: &mut PoolBuf,
-        scratch: &mut Packed,
-    ) -> Result<Option<u64>> {
-        use std::io::Read;
+        unpacker: &mut Unpacker,
+    ) -> Result<BlockRead> {
         let len = h.len as usize;
         // The frame's decoding held `packed` under `len`, which
         // `check_placed` held to the session's block size.
         let Some(_room) = self.packed_room(u64::from(packed)) else {
-            return Ok(None);
+            return Ok(BlockRead::Ended);
         };
         let mut bytes = vec![0u8; packed as usize];
-        for piece in bytes.chunks_mut(HASH_PIECE) {
-            stream
-                .read_exact(piece)
-                .map_err(|e| Error::net("reading a block", e))?;
-            self.stats.arriving.fetch_add(1, Ordering::Relaxed);
-        }
-        let mut trailer = [0u8; 8];
-        stream
-            .read_exact(&mut trailer)
-            .map_err(|e| Error::net("reading a block's checksum", e))?;
+        self.read_pieces(stream, &mut bytes, None)?;
+        let trailer = read_trailer(stream)?;
         let into = &mut buf.as_mut_full()[..len];
-        if let Err(e) = scratch.unpacker.unpack(codec, &bytes, into) {
+        if let Err(e) = unpacker.unpack(codec, &bytes, into) {
             tracing::warn!(file = h.file_id, block = h.block, "{e}");
             self.observer.unpack_failed(codec);
-            return Ok(None);
+            return Ok(BlockRead::Damaged);
         }
         buf.set_len(len);
-        if self.verify == Verification::None {
-            return Ok(Some(0));
-        }
-        let mut hasher = BlockHasher::default();
-        hasher.update(&buf.as_slice()[..len]);
-        let c = hasher.finish();
-        Ok((c == u64::from_le_bytes(trailer)).then_some(c))
+        let hasher = (self.verify != Verification::None).then(|| {
+            let mut hasher = BlockHasher::default();
+            hasher.update(buf.as_slice());
+            hasher
+        });
+        Ok(checked(hasher, trailer))
     }
 
     /// Counts block `h` damaged in flight, and asks the sender for it again.

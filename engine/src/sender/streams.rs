@@ -54,13 +54,7 @@ pub(super) fn send_loop(shared: &Shared, i: u16, mut stream: Conn) {
             offset: order.offset,
             len: order.len as u32,
         };
-        // A block the receiver refused goes plain: if packing (or
-        // unpacking) is what damaged it, the resend does not repeat it.
-        let decision = if order.damaged_before {
-            Decision::Plain
-        } else {
-            hold(&shared.compress).decide()
-        };
+        let decision = hold(&shared.compress).decide(order.damaged_before);
         let sent = match decision {
             Decision::Plain => send_block(shared, &mut stream, header, order.gid, buf.as_slice()),
             Decision::Pack(codec) => send_packed(
@@ -145,8 +139,8 @@ fn send_block(
     Ok(())
 }
 
-/// Sends a block packed with `codec`, hashed plain first; or plain, if
-/// it did not shrink.
+/// Sends a block packed with `codec`, hashed plain first; or as
+/// `send_block` does, if it did not shrink.
 fn send_packed(
     shared: &Shared,
     stream: &mut Conn,
@@ -155,34 +149,30 @@ fn send_packed(
     payload: &[u8],
     (codec, packer): (Codec, &mut Packer),
 ) -> Result<()> {
-    let sum = (shared.verify != Verification::None).then(|| {
-        let mut h = BlockHasher::default();
-        h.update(payload);
-        h.finish()
-    });
     let start = Instant::now();
     let packed = packer.pack(codec, payload);
     let took = start.elapsed();
     let plain = payload.len() as u64;
     hold(&shared.compress).handle_packed(plain, packed.map(|p| p.len() as u64), took);
-    let (frame, bytes) = match packed {
-        Some(p) => {
-            let frame = Frame::PackedBlock {
-                header,
-                codec,
-                packed: p.len() as u32,
-            };
-            (frame, p)
-        }
-        None => (Frame::Block(header), payload),
+    let Some(packed) = packed else {
+        return send_block(shared, stream, header, gid, payload);
+    };
+    let sum = (shared.verify != Verification::None).then(|| {
+        let mut h = BlockHasher::default();
+        h.update(payload);
+        h.finish()
+    });
+    let wire = packed.len() as u64;
+    let frame = Frame::PackedBlock {
+        header,
+        codec,
+        packed: wire as u32,
     };
     let mut writes = Writes::default();
-    writes.write_frame(stream, &frame, bytes)?;
+    writes.write_frame(stream, &frame, packed)?;
     send_checksum(shared, stream, gid, sum.unwrap_or(0), &mut writes)?;
-    if let Frame::PackedBlock { packed, .. } = frame {
-        shared.observer.packed(codec, plain, u64::from(packed));
-    }
-    written(shared, plain, bytes.len() as u64, writes.0);
+    shared.observer.packed(codec, plain, wire);
+    written(shared, plain, wire, writes.0);
     Ok(())
 }
 

@@ -84,11 +84,7 @@ pub(super) fn summarize(
         encryption: st.encryption,
         encryption_note: (st.encryption == InEffect::Userspace)
             .then(crate::net::tls::userspace_note),
-        compression: cfg
-            .progress
-            .compression()
-            .unwrap_or_else(|| crate::compress::Auto::new(cfg.compress).report())
-            .into(),
+        compression: cfg.progress.compression_or(cfg.compress).into(),
         sessions: st.sessions,
         rtt_ms: rtt.as_secs_f64() * 1e3,
         memory_to_memory: cfg.synthetic.is_some(),

@@ -252,12 +252,7 @@ fn encode_fields(frame: &Frame, out: &mut Vec<u8>) {
             header,
             codec,
             packed,
-        } => {
-            w.u8(T_PACKED_BLOCK);
-            w.header(header);
-            w.u8(codec.code());
-            w.u32(*packed);
-        }
+        } => w.packed_block(header, *codec, *packed),
         Frame::Ack { file_id, block } => {
             w.u8(T_ACK);
             w.u32(*file_id);
@@ -684,21 +679,7 @@ fn decode_fields(body: &[u8]) -> Result<Frame, DecodeError> {
             Frame::PlanRun { first, count }
         }
         T_BLOCK => Frame::Block(r.header()?),
-        T_PACKED_BLOCK => {
-            let header = r.header()?;
-            let codec = Codec::of_code(r.u8()?).ok_or(DecodeError::Invalid("codec"))?;
-            let packed = r.u32()?;
-            // Packed only when it shrank: what follows is never more than
-            // the block's own length.
-            if packed == 0 || packed >= header.len {
-                return Err(DecodeError::Invalid("packed block length"));
-            }
-            Frame::PackedBlock {
-                header,
-                codec,
-                packed,
-            }
-        }
+        T_PACKED_BLOCK => r.packed_block()?,
         T_ACK | T_NACK => {
             let file_id = r.u32()?;
             let block = r.u64()?;
@@ -849,6 +830,13 @@ impl Writer<'_> {
         self.u32(h.len);
     }
 
+    fn packed_block(&mut self, header: &BlockHeader, codec: Codec, packed: u32) {
+        self.u8(T_PACKED_BLOCK);
+        self.header(header);
+        self.u8(codec.code());
+        self.u32(packed);
+    }
+
     fn entry(&mut self, e: &FileEntry) {
         self.u32(e.file_id);
         self.u8(match e.kind {
@@ -917,6 +905,22 @@ impl<'a> Reader<'a> {
             return Err(DecodeError::Invalid("block length"));
         }
         Ok(h)
+    }
+
+    fn packed_block(&mut self) -> Result<Frame, DecodeError> {
+        let header = self.header()?;
+        let codec = Codec::of_code(self.u8()?).ok_or(DecodeError::Invalid("codec"))?;
+        let packed = self.u32()?;
+        // Packed only when it shrank: what follows is never more than the
+        // block's own length.
+        if packed == 0 || packed >= header.len {
+            return Err(DecodeError::Invalid("packed block length"));
+        }
+        Ok(Frame::PackedBlock {
+            header,
+            codec,
+            packed,
+        })
     }
 
     fn entry(&mut self) -> Result<FileEntry, DecodeError> {

@@ -664,8 +664,7 @@ impl<'a> Run<'a> {
                 .plan
                 .cfg
                 .progress
-                .compression()
-                .unwrap_or_else(|| crate::compress::Auto::new(self.plan.cfg.compress).report())
+                .compression_or(self.plan.cfg.compress)
                 .into(),
         }
     }
