@@ -11,6 +11,7 @@ use wirerate_agent::cluster::jobs::{
     ReceiverJob, SenderJob, SenderOutcome, Targets, remove_partials, under_roots,
 };
 use wirerate_crds::Tuning;
+use wirerate_crds::tuning::Compression;
 use wirerate_engine::Layout;
 use wirerate_engine::receiver::Checkpoint;
 use wirerate_engine::wire::Verification;
@@ -81,8 +82,12 @@ fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
 
     // Set by neither the Transfer nor its pool: the tuner chooses, and
     // the choice reaches what the agent reports (status.tuning, an Event).
+    // The Transfer's compression reaches the engine likewise, and what it
+    // did is what the agent reports (status.compression): every block of
+    // this noise tried with zstd, none shrinking.
     let untuned = Tuning {
         streams: None,
+        compression: Some(Compression::Zstd),
         ..tuning()
     };
     let tx = SenderJob::start(
@@ -98,6 +103,11 @@ fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
     let SenderOutcome::Verified(sum) = wait_outcome(&tx, Duration::from_secs(60)) else {
         panic!("not verified");
     };
+    let packing = tx.progress.transfer.compression().expect("reported");
+    assert_eq!(packing.mode, Compression::Zstd);
+    assert_eq!(packing.codec, Some(wirerate_engine::compress::Codec::Zstd));
+    assert_eq!(packing.packed_blocks, 0);
+    assert_eq!(packing.plain_bytes, packing.wire_bytes);
     let chosen = tx.progress.streams_chosen.get().expect("a choice reported");
     assert_eq!(chosen.streams, sum.streams);
     assert_eq!(sum.streams_chosen.as_deref(), Some(chosen.reason.as_str()));
