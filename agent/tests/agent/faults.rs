@@ -11,6 +11,7 @@ use std::time::Duration;
 use crate::common::*;
 use wirerate_agent::observer::watch_send;
 use wirerate_engine::Error;
+use wirerate_engine::compress::{Codec, Piece};
 use wirerate_engine::io::IoMode;
 use wirerate_engine::net::auth;
 use wirerate_engine::observe::Observer;
@@ -519,6 +520,9 @@ fn a_stream_that_closes_owing_nothing_has_not_failed() {
     let mut cfg = send_cfg(addr, &src, "x.bin");
     cfg.streams = 1;
     cfg.observer = seen.clone();
+    // This receiver reads plain blocks only (`auto` would send its
+    // first samples packed, pieces stored as they are).
+    cfg.compress = wirerate_engine::compress::Compression::None;
     let summary = send(&cfg).unwrap();
     receiver.join().unwrap();
     assert!(summary.ok, "{}", summary.render());
@@ -566,7 +570,17 @@ fn open_raw_session(
     size: u64,
     path: &str,
 ) -> (TcpStream, TcpStream) {
-    let mut ctl = raw_control(srv, session, size, path);
+    open_raw_session_with(srv, session, (size, path), Codecs::NONE)
+}
+
+/// `open_raw_session`, its blocks allowed to come packed with `codecs`.
+fn open_raw_session_with(
+    srv: &wirerate_engine::receiver::ServerHandle,
+    session: [u8; 16],
+    (size, path): (u64, &str),
+    codecs: Codecs,
+) -> (TcpStream, TcpStream) {
+    let mut ctl = raw_control_with(srv, session, (size, path), codecs);
     assert!(matches!(
         wire::read_frame(&mut ctl).unwrap(),
         Frame::Plan { .. } | Frame::PlanRun { count: 1, .. }
@@ -604,6 +618,15 @@ fn raw_control(
     size: u64,
     path: &str,
 ) -> TcpStream {
+    raw_control_with(srv, session, (size, path), Codecs::NONE)
+}
+
+fn raw_control_with(
+    srv: &wirerate_engine::receiver::ServerHandle,
+    session: [u8; 16],
+    (size, path): (u64, &str),
+    codecs: Codecs,
+) -> TcpStream {
     let mut ctl = TcpStream::connect(srv.addr()).unwrap();
     auth::client(
         &mut ctl,
@@ -621,7 +644,7 @@ fn raw_control(
             streams: 1,
             verify: Verification::Checksums,
             discard: false,
-            codecs: Codecs::NONE,
+            codecs,
         },
         &mut out,
     );
@@ -1281,4 +1304,94 @@ fn a_full_destination_refuses_the_small_files_that_do_not_fit_each_with_why() {
     assert_eq!(landed, s.files_ok);
     assert_no_leftovers(&root);
     drop(srv);
+}
+
+/// Sends block 0 of the raw session's file packed with `codec`: its one
+/// piece behind `prefix`, then `bytes`, then the checksum of `plain`.
+fn send_raw_packed(data: &mut TcpStream, codec: Codec, plain: &[u8], prefix: Piece, bytes: &[u8]) {
+    let header = Frame::PackedBlock {
+        header: BlockHeader {
+            file_id: 0,
+            block: 0,
+            offset: 0,
+            len: plain.len() as u32,
+        },
+        codec,
+    };
+    wire::write_frame(data, &header).unwrap();
+    data.write_all(&prefix.prefix()).unwrap();
+    data.write_all(bytes).unwrap();
+    let sum = wirerate_engine::digest::block_checksum(plain);
+    data.write_all(&sum.to_le_bytes()).unwrap();
+}
+
+/// The frames `data` brings until one that is not an acknowledgement, or
+/// the connection's end.
+fn until_not_ack(data: &mut TcpStream) -> Option<Frame> {
+    loop {
+        match wire::read_frame(data) {
+            Ok(Frame::Ack { .. }) => {}
+            Ok(f) => return Some(f),
+            Err(_) => return None,
+        }
+    }
+}
+
+// A packed block that does not unpack is damaged: refused, and the stream
+// goes on (the next copy lands); one whose piece's prefix cannot be, or
+// packed with a codec the session did not open with, breaks the protocol:
+// the stream is refused, saying why.
+#[test]
+fn packed_blocks_are_checked_piece_by_piece() {
+    let dir = scratch("raw-packed");
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = server(&root, IoMode::Async);
+    let plain: Vec<u8> = b"frame 0001 exposure 0.25 ok\n"
+        .iter()
+        .copied()
+        .cycle()
+        .take(BS)
+        .collect();
+    let mut packer = wirerate_engine::compress::packer::Packer::default();
+    let packed = packer.pack(Codec::Lz4, &plain).unwrap().to_vec();
+    let lz4 = Codecs::only(Codec::Lz4);
+
+    let (_ctl, mut data) = open_raw_session_with(&srv, [31; 16], (BS as u64, "p.bin"), lz4);
+    let garbage = vec![0xffu8; 100];
+    send_raw_packed(&mut data, Codec::Lz4, &plain, Piece::Packed(100), &garbage);
+    assert_eq!(
+        wire::read_frame(&mut data).unwrap(),
+        Frame::Nack {
+            file_id: 0,
+            block: 0
+        }
+    );
+    let n = packed.len() as u32;
+    send_raw_packed(&mut data, Codec::Lz4, &plain, Piece::Packed(n), &packed);
+    assert_eq!(
+        wire::read_frame(&mut data).unwrap(),
+        Frame::Ack {
+            file_id: 0,
+            block: 0
+        }
+    );
+
+    // A prefix claiming the piece's whole length packed.
+    let (_ctl, mut data) = open_raw_session_with(&srv, [32; 16], (BS as u64, "q.bin"), lz4);
+    send_raw_packed(&mut data, Codec::Lz4, &plain, Piece::Packed(BS as u32), &[]);
+    let refused = until_not_ack(&mut data);
+    assert!(
+        matches!(&refused, Some(Frame::Error { message, .. }) if message.contains("prefixed")),
+        "{refused:?}"
+    );
+
+    // zstd, where the session named lz4 only.
+    let (_ctl, mut data) = open_raw_session_with(&srv, [33; 16], (BS as u64, "r.bin"), lz4);
+    send_raw_packed(&mut data, Codec::Zstd, &plain, Piece::Packed(n), &packed);
+    let refused = until_not_ack(&mut data);
+    assert!(
+        matches!(&refused, Some(Frame::Error { message, .. }) if message.contains("did not open with")),
+        "{refused:?}"
+    );
 }

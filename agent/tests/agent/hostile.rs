@@ -848,32 +848,28 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
                 len,
             })
         ),
-        // Packed blocks: their bytes follow as `Move::Bytes`, garbage to
-        // either codec, or are missing.
+        // Packed blocks: their pieces follow as `Move::Bytes` (prefixes
+        // and bytes that are garbage to either codec), or are missing.
         (
             0u32..4,
             0u64..4,
             0u64..1 << 20,
-            2u32..1 << 16,
-            any::<bool>(),
-            any::<u16>()
+            1u32..1 << 16,
+            any::<bool>()
         )
-            .prop_map(
-                |(file_id, block, offset, len, zstd, packed)| Frame::PackedBlock {
-                    header: wire::BlockHeader {
-                        file_id,
-                        block,
-                        offset,
-                        len,
-                    },
-                    codec: if zstd {
-                        wire::Codec::Zstd
-                    } else {
-                        wire::Codec::Lz4
-                    },
-                    packed: 1 + u32::from(packed) % (len - 1),
-                }
-            ),
+            .prop_map(|(file_id, block, offset, len, zstd)| Frame::PackedBlock {
+                header: wire::BlockHeader {
+                    file_id,
+                    block,
+                    offset,
+                    len,
+                },
+                codec: if zstd {
+                    wire::Codec::Zstd
+                } else {
+                    wire::Codec::Lz4
+                },
+            }),
         (0u32..4, any::<u128>()).prop_map(|(file_id, digest)| Frame::FileDone {
             file_id,
             digest,

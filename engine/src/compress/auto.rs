@@ -115,6 +115,29 @@ impl Average {
     }
 }
 
+/// A running quotient of two running averages (nanoseconds per byte,
+/// packed bytes per plain byte): each block weighs by its size, so a
+/// file's 4 KiB tail counts for little beside a 16 MiB block.
+#[derive(Debug, Clone, Copy, Default)]
+struct PerByte {
+    of: Average,
+    bytes: Average,
+}
+
+impl PerByte {
+    fn add(&mut self, of: f64, bytes: u64) {
+        self.of.add(of);
+        self.bytes.add(bytes as f64);
+    }
+
+    fn get(&self) -> Option<f64> {
+        match (self.of.0, self.bytes.0) {
+            (Some(of), Some(bytes)) if bytes > 0.0 => Some(of / bytes),
+            _ => None,
+        }
+    }
+}
+
 /// What `auto` did, for summaries, status and metrics.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Report {
@@ -147,11 +170,11 @@ pub struct Auto {
     /// Blocks since the last one packed while off.
     since_sample: u32,
     /// Packed size over plain size.
-    ratio: Average,
+    ratio: PerByte,
     /// Nanoseconds to pack a plain byte.
-    pack_ns: Average,
+    pack_ns: PerByte,
     /// Nanoseconds to write a byte.
-    write_ns: Average,
+    write_ns: PerByte,
     plain_bytes: u64,
     wire_bytes: u64,
     packed_blocks: u64,
@@ -176,9 +199,9 @@ impl Auto {
             samples: 0,
             // The first block is a sample.
             since_sample: SAMPLE_EARLY - 1,
-            ratio: Average::default(),
-            pack_ns: Average::default(),
-            write_ns: Average::default(),
+            ratio: PerByte::default(),
+            pack_ns: PerByte::default(),
+            write_ns: PerByte::default(),
             plain_bytes: 0,
             wire_bytes: 0,
             packed_blocks: 0,
@@ -228,10 +251,9 @@ impl Auto {
         if plain == 0 {
             return;
         }
-        let plain_f = plain as f64;
         self.ratio
-            .add(packed.map_or(1.0, |p| (p as f64 / plain_f).min(1.0)));
-        self.pack_ns.add(took.as_nanos() as f64 / plain_f);
+            .add(packed.map_or(plain, |p| p.min(plain)) as f64, plain);
+        self.pack_ns.add(took.as_nanos() as f64, plain);
         self.samples = self.samples.saturating_add(1);
         if packed.is_some() {
             self.packed_blocks += 1;
@@ -245,7 +267,7 @@ impl Auto {
         self.plain_bytes += plain;
         self.wire_bytes += wire;
         if wire > 0 {
-            self.write_ns.add(took.as_nanos() as f64 / wire as f64);
+            self.write_ns.add(took.as_nanos() as f64, wire);
         }
         self.reconsider();
     }
@@ -254,7 +276,9 @@ impl Auto {
         if self.mode != Compression::Auto || self.samples < MIN_SAMPLES {
             return;
         }
-        let (Some(r), Some(p), Some(w)) = (self.ratio.0, self.pack_ns.0, self.write_ns.0) else {
+        let (Some(r), Some(p), Some(w)) =
+            (self.ratio.get(), self.pack_ns.get(), self.write_ns.get())
+        else {
             return;
         };
         let saved = (1.0 - r) * w;
@@ -280,7 +304,7 @@ impl Auto {
             plain_bytes: self.plain_bytes,
             wire_bytes: self.wire_bytes,
             packed_blocks: self.packed_blocks,
-            ratio: self.ratio.0,
+            ratio: self.ratio.get(),
         }
     }
 }
@@ -387,6 +411,33 @@ mod tests {
         // The link gets fast (the CPU becomes the limit): off.
         run(&mut auto, 40, 0.5, 0.5, 0.4);
         assert_eq!(auto.report().reason, Reason::CpuLimit);
+    }
+
+    // A file's small tail whose write waited on a full socket (hundreds
+    // of ns a byte) does not turn packing on where the blocks around it
+    // say the CPU is the limit: each block weighs by its bytes.
+    #[test]
+    fn small_blocks_weigh_by_their_size() {
+        let mut auto = Auto::new(Compression::Auto);
+        for i in 0..400u64 {
+            let (plain, write_ns) = if i % 2 == 0 {
+                (BLOCK, 0.4)
+            } else {
+                (4096, 200.0)
+            };
+            if let Decision::Pack(_) = auto.decide(false) {
+                let took = Duration::from_nanos((0.5 * plain as f64) as u64);
+                auto.handle_packed(plain, Some(plain / 2), took);
+            }
+            let took = Duration::from_nanos((write_ns * plain as f64) as u64);
+            auto.handle_written(plain, plain, took);
+        }
+        assert_eq!(
+            auto.report().reason,
+            Reason::CpuLimit,
+            "{:?}",
+            auto.report()
+        );
     }
 
     // Near break-even it does not flap: on needs packing to cost under

@@ -4,8 +4,12 @@
 //!
 //! A block is hashed plain and checked plain: the sender hashes it before
 //! packing, the receiver unpacks it into a buffer of exactly the block's
-//! length (so a bomb has nowhere to grow) and hashes that. A block that
-//! does not shrink goes as it is.
+//! length (so a bomb has nowhere to grow) and hashes that.
+//!
+//! A packed block travels as its pieces (`PIECE` bytes of plain data
+//! each, the last shorter), each packed on its own behind a 4-byte prefix
+//! (`Piece`): so either end holds one piece's packed bytes at a time,
+//! never a block's, and a piece that does not shrink goes as it is.
 
 pub mod auto;
 #[cfg(feature = "shells")]
@@ -13,6 +17,44 @@ pub mod packer;
 
 pub use crate::tuning::Compression;
 pub use auto::{Auto, Decision, Reason, Report};
+
+/// Plain bytes of each piece of a packed block (the last may be shorter):
+/// the hashing piece, so each is hashed as it is packed or unpacked.
+pub const PIECE: usize = crate::digest::HASH_PIECE;
+
+/// A packed block's piece as its 4-byte prefix says it: the bytes that
+/// follow the prefix, packed or as they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Piece {
+    /// This many packed bytes follow: at least 1, fewer than the piece.
+    Packed(u32),
+    /// The piece follows as it is (it did not shrink).
+    Stored,
+}
+
+/// The prefix's bit that says a piece is stored.
+const STORED: u32 = 1 << 31;
+
+impl Piece {
+    /// The prefix.
+    pub fn prefix(self) -> [u8; 4] {
+        match self {
+            Self::Packed(n) => n.to_le_bytes(),
+            Self::Stored => STORED.to_le_bytes(),
+        }
+    }
+
+    /// What prefix `raw` says of a piece of `plain` bytes; None when it
+    /// says something impossible (packed to nothing or to no less than
+    /// the piece, stored with a length), which loses the stream's framing.
+    pub fn of_prefix(raw: [u8; 4], plain: usize) -> Option<Self> {
+        match u32::from_le_bytes(raw) {
+            STORED => Some(Self::Stored),
+            n if n > 0 && (n as usize) < plain => Some(Self::Packed(n)),
+            _ => None,
+        }
+    }
+}
 
 /// A mode's byte on the wire (`RelayJob`).
 pub fn mode_code(mode: Compression) -> u8 {
@@ -145,6 +187,13 @@ mod tests {
             assert_eq!(mode_of_code(mode_code(m)), Some(m));
         }
         assert_eq!(mode_of_code(4), None);
+        // Prefixes: what was written reads back; what cannot be is refused.
+        for p in [Piece::Packed(1), Piece::Packed(99), Piece::Stored] {
+            assert_eq!(Piece::of_prefix(p.prefix(), 100), Some(p));
+        }
+        for bad in [0u32, 100, 101, STORED | 5, u32::MAX] {
+            assert_eq!(Piece::of_prefix(bad.to_le_bytes(), 100), None, "{bad:#x}");
+        }
         assert!("gzip".parse::<Compression>().is_err());
     }
 }

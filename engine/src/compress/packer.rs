@@ -1,16 +1,16 @@
-//! Packing and unpacking a block, with buffers and contexts kept from one
-//! block to the next (one of each per data stream).
+//! Packing and unpacking a block's pieces, with a buffer and contexts kept
+//! from one piece to the next (one of each per data stream).
 
 use super::Codec;
 
 /// zstd's level: its fastest regular one.
 const ZSTD_LEVEL: i32 = 1;
 
-/// A block is sent packed only if packing saved at least this share of
+/// A piece is sent packed only if packing saved at least this share of
 /// it: the receiver's unpacking is not free either.
 const MIN_SAVING: usize = 16;
 
-/// Packs blocks for one data stream.
+/// Packs pieces for one data stream.
 #[derive(Default)]
 pub struct Packer {
     out: Vec<u8>,
@@ -24,7 +24,7 @@ impl Packer {
         let most = plain.len() - plain.len() / MIN_SAVING;
         let packed = match codec {
             Codec::Lz4 => {
-                // Zeroed once, when it grows: not on every block.
+                // Zeroed once, when it grows: not on every piece.
                 let room = lz4_flex::block::get_maximum_output_size(plain.len());
                 if self.out.len() < room {
                     self.out.resize(room, 0);
@@ -40,9 +40,9 @@ impl Packer {
                     Some(z) => z,
                     None => match zstd::bulk::Compressor::new(ZSTD_LEVEL) {
                         Ok(z) => self.zstd.insert(z),
-                        // Out of memory, in practice: the block goes plain.
+                        // Out of memory, in practice: the piece goes plain.
                         Err(e) => {
-                            tracing::warn!("no zstd context, this block goes plain: {e}");
+                            tracing::warn!("no zstd context, this piece goes plain: {e}");
                             return None;
                         }
                     },
@@ -54,30 +54,30 @@ impl Packer {
     }
 }
 
-/// Why a packed block did not unpack to exactly its plain length.
+/// Why a packed piece did not unpack to exactly its plain length.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Corrupt {
     /// The codec refused its bytes.
-    #[error("a {codec} block does not unpack: {detail}")]
+    #[error("a {codec} piece does not unpack: {detail}")]
     Malformed {
         /// How it was packed.
         codec: Codec,
         /// What the codec said.
         detail: String,
     },
-    /// It unpacked to another length than the block's.
-    #[error("a {codec} block unpacks to {got} bytes, not the block's {want}")]
+    /// It unpacked to another length than the piece's.
+    #[error("a {codec} piece unpacks to {got} bytes, not the piece's {want}")]
     WrongLength {
         /// How it was packed.
         codec: Codec,
         /// What it unpacked to.
         got: usize,
-        /// The block's length.
+        /// The piece's length.
         want: usize,
     },
 }
 
-/// Unpacks blocks for one data stream.
+/// Unpacks pieces for one data stream.
 #[derive(Default)]
 pub struct Unpacker {
     zstd: Option<zstd::bulk::Decompressor<'static>>,
@@ -86,7 +86,7 @@ pub struct Unpacker {
 impl Unpacker {
     /// Unpacks `packed` into `into`, which it must fill exactly: whatever
     /// a frame claims, nothing is written beyond `into`, and nothing is
-    /// allocated for it (a bomb stops at the block's length).
+    /// allocated for it (a bomb stops at the piece's length).
     pub fn unpack(&mut self, codec: Codec, packed: &[u8], into: &mut [u8]) -> Result<(), Corrupt> {
         let malformed = |detail: String| Corrupt::Malformed { codec, detail };
         let got = match codec {

@@ -50,8 +50,6 @@ pub(crate) struct Session {
     pub(super) aborted: AtomicBool,
     pub(super) stats: Arc<Stats>,
     pub(super) observer: Observe,
-    /// Packed bytes its streams hold as they read them.
-    pub(super) packed: super::stream::PackedBytes,
 }
 
 fn hex(id: &SessionId) -> String {
@@ -749,7 +747,6 @@ fn start(
         aborted: AtomicBool::new(false),
         stats: Arc::clone(stats),
         observer: Arc::clone(&shared.cfg.observer),
-        packed: Default::default(),
     });
     shared.sessions.publish(terms.id, Arc::clone(&session));
     shared.cfg.observer.session_opened();

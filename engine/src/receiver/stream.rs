@@ -4,8 +4,8 @@
 
 use crate::net::Conn;
 use std::net::Shutdown;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -13,8 +13,8 @@ use super::session::{Session, short};
 use super::writer::WriterMsg;
 use super::{ParkKey, Shared, lock};
 use crate::Layout;
-use crate::compress::Codec;
 use crate::compress::packer::Unpacker;
+use crate::compress::{Codec, PIECE, Piece};
 use crate::digest::{BlockHasher, HASH_PIECE};
 use crate::error::{Error, Result};
 use crate::io::PoolBuf;
@@ -274,18 +274,14 @@ fn receive_blocks(
     ack_tx: &mpsc::SyncSender<Frame>,
 ) -> Result<StreamEnd> {
     let mut reader = FrameReader::default();
-    let mut unpacker = Unpacker::default();
+    let mut unpacking = Unpacking::default();
     loop {
         if !next_frame_due(session, stream)? {
             return Ok(StreamEnd::Closed);
         }
         let (h, packing) = match reader.read_capped(stream, MAX_SMALL_FRAME) {
             Ok(Frame::Block(h)) => (h, None),
-            Ok(Frame::PackedBlock {
-                header,
-                codec,
-                packed,
-            }) => (header, Some((codec, packed))),
+            Ok(Frame::PackedBlock { header, codec }) => (header, Some(codec)),
             Ok(Frame::Finish) => return Ok(StreamEnd::Closed),
             Ok(Frame::Park) => return Ok(StreamEnd::Park),
             Ok(other) => {
@@ -300,7 +296,7 @@ fn receive_blocks(
             Err(e) => return Err(e),
         };
         session.check_placed(&h)?;
-        if let Some((codec, _)) = packing {
+        if let Some(codec) = packing {
             session.check_codec(codec)?;
         }
         let Some(mut buf) = session.buffer_for(&h) else {
@@ -308,7 +304,7 @@ fn receive_blocks(
         };
         let read = match packing {
             None => session.read_block(stream, &h, &mut buf)?,
-            Some(how) => session.read_packed(stream, &h, how, &mut buf, &mut unpacker)?,
+            Some(codec) => session.read_packed(stream, &h, codec, &mut buf, &mut unpacking)?,
         };
         let checksum = match read {
             BlockRead::Intact(checksum) => checksum,
@@ -316,7 +312,6 @@ fn receive_blocks(
                 session.reject(&h, ack_tx);
                 continue;
             }
-            BlockRead::Ended => return Ok(StreamEnd::Closed),
         };
         let msg = WriterMsg::Block {
             file_id: h.file_id,
@@ -337,45 +332,24 @@ enum BlockRead {
     Intact(u64),
     /// They do not, or a packed block did not unpack: ask for it again.
     Damaged,
-    /// The session ended before it was read.
-    Ended,
 }
 
-/// Packed bytes a session's streams hold at once, as they are read: at
-/// most what its buffer pool holds (`Session::packed_room`).
+/// What a data stream keeps to unpack blocks: one piece's packed bytes
+/// at a time, and the codecs' contexts.
 #[derive(Default)]
-pub(crate) struct PackedBytes(Mutex<u64>);
-
-impl PackedBytes {
-    /// `bytes` of at most `most` in all, once they fit; None if `aborted`
-    /// is set first. Holders wait for nothing else, so room comes back.
-    fn take(&self, bytes: u64, most: u64, aborted: &AtomicBool) -> Option<Room<'_>> {
-        loop {
-            {
-                let mut used = lock(&self.0);
-                if *used + bytes <= most {
-                    *used += bytes;
-                    return Some(Room { of: self, bytes });
-                }
-            }
-            if aborted.load(Ordering::SeqCst) {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
+struct Unpacking {
+    bytes: Vec<u8>,
+    unpacker: Unpacker,
 }
 
-/// `bytes` of a session's `PackedBytes`, given back on drop.
-struct Room<'a> {
-    of: &'a PackedBytes,
-    bytes: u64,
-}
-
-impl Drop for Room<'_> {
-    fn drop(&mut self) {
-        *lock(&self.of.0) -= self.bytes;
-    }
+/// A packed block's piece's prefix.
+fn read_prefix(stream: &mut Conn) -> Result<[u8; 4]> {
+    use std::io::Read;
+    let mut prefix = [0u8; 4];
+    stream
+        .read_exact(&mut prefix)
+        .map_err(|e| Error::net("reading a block", e))?;
+    Ok(prefix)
 }
 
 /// The checksum that follows a block's bytes.
@@ -482,16 +456,6 @@ impl Session {
         Ok(())
     }
 
-    /// Room for `bytes` of a packed block while it is read and unpacked;
-    /// None when the session ended first. A session's streams hold at
-    /// most its buffer pool's size in packed bytes at once (one block's
-    /// worth always fits), so packing can at most double what a session
-    /// holds, however many streams a sender opens.
-    fn packed_room(&self, bytes: u64) -> Option<Room<'_>> {
-        let most = self.pool.large_bytes().max(self.block_size);
-        self.packed.take(bytes, most, &self.aborted)
-    }
-
     /// Refuses a block packed with `codec` unless the session's `Open`
     /// named it.
     fn check_codec(&self, codec: Codec) -> Result<()> {
@@ -505,39 +469,60 @@ impl Session {
         .into())
     }
 
-    /// Reads block `h`'s `packed` bytes, packed with `codec`, unpacks
-    /// them into `buf` and checks the checksum that follows them against
-    /// the plain bytes. A block that does not unpack is damaged, and
-    /// counted.
+    /// Reads block `h`'s pieces, each packed with `codec` or as it is,
+    /// into `buf`, unpacking each into its place and hashing it, and
+    /// checks the checksum that follows them against the plain bytes. A
+    /// piece that does not unpack makes the block damaged (counted); the
+    /// rest are still read, to stay in step with the stream. A prefix
+    /// that cannot be (it would lose that step) is a violation.
     fn read_packed(
         &self,
         stream: &mut Conn,
         h: &BlockHeader,
-        (codec, packed): (Codec, u32),
+        codec: Codec,
         buf: &mut PoolBuf,
-        unpacker: &mut Unpacker,
+        scratch: &mut Unpacking,
     ) -> Result<BlockRead> {
         let len = h.len as usize;
-        // The frame's decoding held `packed` under `len`, which
-        // `check_placed` held to the session's block size.
-        let Some(_room) = self.packed_room(u64::from(packed)) else {
-            return Ok(BlockRead::Ended);
-        };
-        let mut bytes = vec![0u8; packed as usize];
-        self.read_pieces(stream, &mut bytes, None)?;
+        let mut hasher = (self.verify != Verification::None).then(BlockHasher::default);
+        let mut damaged = None;
+        for piece in buf.as_mut_full()[..len].chunks_mut(PIECE) {
+            let raw = read_prefix(stream)?;
+            match Piece::of_prefix(raw, piece.len()) {
+                Some(Piece::Stored) => self.read_pieces(stream, piece, None)?,
+                Some(Piece::Packed(n)) => {
+                    // Under the piece's length, so at most `PIECE` bytes.
+                    scratch.bytes.resize(n as usize, 0);
+                    self.read_pieces(stream, &mut scratch.bytes, None)?;
+                    if damaged.is_none() {
+                        damaged = scratch.unpacker.unpack(codec, &scratch.bytes, piece).err();
+                    }
+                }
+                None => {
+                    return Err(Violation::new(
+                        ViolationKind::Inconsistent,
+                        format!(
+                            "block {} of file {}: a piece of {} bytes prefixed {:#010x}",
+                            h.block,
+                            h.file_id,
+                            piece.len(),
+                            u32::from_le_bytes(raw)
+                        ),
+                    )
+                    .into());
+                }
+            }
+            if let Some(hasher) = &mut hasher {
+                hasher.update(piece);
+            }
+        }
         let trailer = read_trailer(stream)?;
-        let into = &mut buf.as_mut_full()[..len];
-        if let Err(e) = unpacker.unpack(codec, &bytes, into) {
+        if let Some(e) = damaged {
             tracing::warn!(file = h.file_id, block = h.block, "{e}");
             self.observer.unpack_failed(codec);
             return Ok(BlockRead::Damaged);
         }
         buf.set_len(len);
-        let hasher = (self.verify != Verification::None).then(|| {
-            let mut hasher = BlockHasher::default();
-            hasher.update(buf.as_slice());
-            hasher
-        });
         Ok(checked(hasher, trailer))
     }
 
@@ -586,42 +571,6 @@ mod tests {
             out.push(reader.read(&mut bytes).unwrap());
         }
         out
-    }
-
-    // However many streams read packed blocks at once, they hold at most
-    // the session's bound of packed bytes: the next waits for room, and
-    // gives up when the session ends.
-    #[test]
-    fn packed_bytes_held_at_once_stay_within_the_bound() {
-        let packed = Arc::new(PackedBytes::default());
-        let aborted = Arc::new(AtomicBool::new(false));
-        let first = packed.take(60, 100, &aborted).unwrap();
-        let second = packed.take(40, 100, &aborted).unwrap();
-        let (tx, rx) = mpsc::channel();
-        let waiter = {
-            let (packed, aborted) = (Arc::clone(&packed), Arc::clone(&aborted));
-            std::thread::spawn(move || {
-                let room = packed.take(50, 100, &aborted);
-                tx.send(room.is_some()).unwrap();
-            })
-        };
-        assert!(
-            rx.recv_timeout(Duration::from_millis(100)).is_err(),
-            "a third took room past the bound"
-        );
-        drop(first);
-        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(true));
-        waiter.join().unwrap();
-        assert_eq!(*lock(&packed.0), 40, "the third gave its room back");
-        // The session ends while one waits: it gets none.
-        let waiter = {
-            let (packed, aborted) = (Arc::clone(&packed), Arc::clone(&aborted));
-            std::thread::spawn(move || packed.take(70, 100, &aborted).is_none())
-        };
-        aborted.store(true, Ordering::SeqCst);
-        assert!(waiter.join().unwrap());
-        drop(second);
-        assert_eq!(*lock(&packed.0), 0);
     }
 
     // Acknowledgements queued together go out in one write, in order, and

@@ -99,7 +99,11 @@ pub(super) fn open_session(
             streams,
             verify: cfg.verify,
             discard: cfg.synthetic.is_some(),
-            codecs: crate::compress::Codecs::of_mode(cfg.compress),
+            // The decision's own mode: a progress shared with an earlier
+            // send keeps that send's decision, and its codec.
+            codecs: crate::compress::Codecs::of_mode(
+                cfg.progress.compression_or(cfg.compress).mode,
+            ),
         },
     )?;
     if let Some(stripe) = &cfg.stripe {

@@ -3,7 +3,7 @@
 //! ended well winds down.
 
 use crate::net::Conn;
-use std::io::Write;
+use std::io::{IoSlice, Write};
 use std::net::Shutdown;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::shared::{Shared, hold};
 use crate::compress::packer::Packer;
-use crate::compress::{Codec, Decision};
+use crate::compress::{Codec, Decision, PIECE, Piece};
 use crate::digest::{BlockHasher, HASH_PIECE};
 use crate::error::{Error, Result};
 use crate::session::describe;
@@ -100,6 +100,14 @@ impl Writes {
         r
     }
 
+    /// `a` then `b`, in as few calls as the socket takes.
+    fn write_two(&mut self, stream: &mut Conn, a: &[u8], b: &[u8]) -> Result<()> {
+        let start = Instant::now();
+        let r = crate::wire::write_all_vectored(stream, &mut [IoSlice::new(a), IoSlice::new(b)]);
+        self.0 += start.elapsed();
+        r
+    }
+
     fn write_frame(&mut self, stream: &mut Conn, frame: &Frame, first: &[u8]) -> Result<()> {
         let start = Instant::now();
         let r = write_frame_with_payload(stream, frame, first);
@@ -139,8 +147,8 @@ fn send_block(
     Ok(())
 }
 
-/// Sends a block packed with `codec`, hashed plain first; or as
-/// `send_block` does, if it did not shrink.
+/// Sends a block as its pieces, each hashed plain and then packed with
+/// `codec` (or sent as it is, if it did not shrink), behind its prefix.
 fn send_packed(
     shared: &Shared,
     stream: &mut Conn,
@@ -149,31 +157,41 @@ fn send_packed(
     payload: &[u8],
     (codec, packer): (Codec, &mut Packer),
 ) -> Result<()> {
-    let start = Instant::now();
-    let packed = packer.pack(codec, payload);
-    let took = start.elapsed();
-    let plain = payload.len() as u64;
-    hold(&shared.compress).handle_packed(plain, packed.map(|p| p.len() as u64), took);
-    let Some(packed) = packed else {
-        return send_block(shared, stream, header, gid, payload);
-    };
-    let sum = (shared.verify != Verification::None).then(|| {
-        let mut h = BlockHasher::default();
-        h.update(payload);
-        h.finish()
-    });
-    let wire = packed.len() as u64;
-    let frame = Frame::PackedBlock {
-        header,
-        codec,
-        packed: wire as u32,
-    };
+    let mut hasher = (shared.verify != Verification::None).then(BlockHasher::default);
     let mut writes = Writes::default();
-    writes.write_frame(stream, &frame, packed)?;
-    send_checksum(shared, stream, gid, sum.unwrap_or(0), &mut writes)?;
-    shared.observer.packed(codec, plain, wire);
+    writes.write(stream, &frame_bytes(&Frame::PackedBlock { header, codec }))?;
+    let (mut packing, mut wire) = (Duration::ZERO, 0u64);
+    for piece in payload.chunks(PIECE) {
+        if let Some(h) = &mut hasher {
+            h.update(piece);
+        }
+        let start = Instant::now();
+        let packed = packer.pack(codec, piece);
+        packing += start.elapsed();
+        let (prefix, bytes) = match packed {
+            Some(p) => (Piece::Packed(p.len() as u32), p),
+            None => (Piece::Stored, piece),
+        };
+        writes.write_two(stream, &prefix.prefix(), bytes)?;
+        wire += 4 + bytes.len() as u64;
+    }
+    let sum = hasher.map_or(0, |h| h.finish());
+    send_checksum(shared, stream, gid, sum, &mut writes)?;
+    let plain = payload.len() as u64;
+    let shrank = wire < plain;
+    hold(&shared.compress).handle_packed(plain, shrank.then_some(wire), packing);
+    if shrank {
+        shared.observer.packed(codec, plain, wire);
+    }
     written(shared, plain, wire, writes.0);
     Ok(())
+}
+
+/// `frame`, encoded.
+fn frame_bytes(frame: &Frame) -> Vec<u8> {
+    let mut out = Vec::with_capacity(48);
+    crate::wire::encode(frame, &mut out);
+    out
 }
 
 /// Tells the compression decision a block of `plain` bytes went out as

@@ -248,11 +248,7 @@ fn encode_fields(frame: &Frame, out: &mut Vec<u8>) {
             w.u8(T_BLOCK);
             w.header(h);
         }
-        Frame::PackedBlock {
-            header,
-            codec,
-            packed,
-        } => w.packed_block(header, *codec, *packed),
+        Frame::PackedBlock { header, codec } => w.packed_block(header, *codec),
         Frame::Ack { file_id, block } => {
             w.u8(T_ACK);
             w.u32(*file_id);
@@ -830,11 +826,10 @@ impl Writer<'_> {
         self.u32(h.len);
     }
 
-    fn packed_block(&mut self, header: &BlockHeader, codec: Codec, packed: u32) {
+    fn packed_block(&mut self, header: &BlockHeader, codec: Codec) {
         self.u8(T_PACKED_BLOCK);
         self.header(header);
         self.u8(codec.code());
-        self.u32(packed);
     }
 
     fn entry(&mut self, e: &FileEntry) {
@@ -910,17 +905,7 @@ impl<'a> Reader<'a> {
     fn packed_block(&mut self) -> Result<Frame, DecodeError> {
         let header = self.header()?;
         let codec = Codec::of_code(self.u8()?).ok_or(DecodeError::Invalid("codec"))?;
-        let packed = self.u32()?;
-        // Packed only when it shrank: what follows is never more than the
-        // block's own length.
-        if packed == 0 || packed >= header.len {
-            return Err(DecodeError::Invalid("packed block length"));
-        }
-        Ok(Frame::PackedBlock {
-            header,
-            codec,
-            packed,
-        })
+        Ok(Frame::PackedBlock { header, codec })
     }
 
     fn entry(&mut self) -> Result<FileEntry, DecodeError> {
@@ -1126,21 +1111,17 @@ pub(crate) mod tests {
                 any::<u32>(),
                 any::<u64>(),
                 any::<u64>(),
-                2..=MAX_BLOCK,
-                any::<bool>(),
-                any::<u32>()
+                1..=MAX_BLOCK,
+                any::<bool>()
             )
-                .prop_map(|(file_id, block, offset, len, zstd, packed)| {
-                    Frame::PackedBlock {
-                        header: BlockHeader {
-                            file_id,
-                            block,
-                            offset,
-                            len,
-                        },
-                        codec: if zstd { Codec::Zstd } else { Codec::Lz4 },
-                        packed: 1 + packed % (len - 1),
-                    }
+                .prop_map(|(file_id, block, offset, len, zstd)| Frame::PackedBlock {
+                    header: BlockHeader {
+                        file_id,
+                        block,
+                        offset,
+                        len,
+                    },
+                    codec: if zstd { Codec::Zstd } else { Codec::Lz4 },
                 }),
             (any::<u32>(), any::<u64>()).prop_map(|(file_id, block)| Frame::Ack { file_id, block }),
             (any::<u32>(), any::<u64>())
@@ -1482,50 +1463,38 @@ pub(crate) mod tests {
         );
     }
 
-    // A packed block is never longer than the block: a length at or past
-    // it is refused before anything is read or allocated for it, as is a
-    // codec this version does not know.
+    // A packed block names a codec this version knows.
     #[test]
-    fn a_packed_block_must_be_shorter_than_the_block_and_name_a_known_codec() {
+    fn a_packed_block_names_a_known_codec() {
         let header = BlockHeader {
             file_id: 1,
             block: 0,
             offset: 0,
             len: 4096,
         };
-        let fields = |codec: u8, packed: u32| {
+        let fields = |codec: u8| {
             let mut buf = Vec::new();
             encode(
                 &Frame::PackedBlock {
                     header,
                     codec: Codec::Lz4,
-                    packed: 1,
                 },
                 &mut buf,
             );
             let mut f = buf[4..buf.len() - FRAME_CHECK_LEN].to_vec();
-            let n = f.len();
-            f[n - 5] = codec;
-            f[n - 4..].copy_from_slice(&packed.to_le_bytes());
+            *f.last_mut().unwrap() = codec;
             sealed(&f)
         };
-        assert!(matches!(
-            decode_body(&fields(2, 4095)),
+        assert_eq!(
+            decode_body(&fields(2)),
             Ok(Frame::PackedBlock {
-                codec: Codec::Zstd,
-                packed: 4095,
-                ..
+                header,
+                codec: Codec::Zstd
             })
-        ));
-        for packed in [0, 4096, u32::MAX] {
-            assert_eq!(
-                decode_body(&fields(1, packed)),
-                Err(DecodeError::Invalid("packed block length"))
-            );
-        }
+        );
         for codec in [0, 3, 255] {
             assert_eq!(
-                decode_body(&fields(codec, 10)),
+                decode_body(&fields(codec)),
                 Err(DecodeError::Invalid("codec"))
             );
         }

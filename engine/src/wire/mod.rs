@@ -34,7 +34,8 @@ pub use codec::{DecodeError, decode, decode_body, decode_unchecked, encode, enco
 pub use pack::{MAX_PACKED_FRAME, MAX_PACKED_RAW, pack};
 #[cfg(feature = "shells")]
 pub use stream::{
-    FrameReader, read_frame, read_frame_capped, write_frame, write_frame_with_payload,
+    FrameReader, read_frame, read_frame_capped, write_all_vectored, write_frame,
+    write_frame_with_payload,
 };
 
 use std::time::Duration;
@@ -404,15 +405,14 @@ pub enum Frame {
     PlanEnd,
     /// A block header; `len` payload bytes follow.
     Block(BlockHeader),
-    /// A block header; `packed` bytes follow, which unpack with `codec`
-    /// to the block's `len` bytes, the checksum's bytes.
+    /// A block header; the block's pieces follow, each packed with
+    /// `codec` or as it is behind its prefix (`compress::Piece`), then
+    /// the checksum of the plain bytes.
     PackedBlock {
         /// The block, as plain.
         header: BlockHeader,
-        /// How it was packed: one the session's `Open` named.
+        /// How its pieces were packed: one the session's `Open` named.
         codec: Codec,
-        /// Bytes on the wire: at least 1, less than `header.len`.
-        packed: u32,
     },
     /// The block is written.
     Ack {

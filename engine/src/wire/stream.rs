@@ -118,8 +118,12 @@ pub fn write_frame(w: &mut impl Write, frame: &Frame) -> Result<()> {
 pub fn write_frame_with_payload(w: &mut impl Write, frame: &Frame, payload: &[u8]) -> Result<()> {
     let mut head = Vec::with_capacity(48);
     encode(frame, &mut head);
-    let mut slices = [IoSlice::new(&head), IoSlice::new(payload)];
-    let mut bufs: &mut [IoSlice<'_>] = &mut slices;
+    write_all_vectored(w, &mut [IoSlice::new(&head), IoSlice::new(payload)])
+}
+
+/// Writes every byte of `slices`, in as few calls as `w` takes.
+pub fn write_all_vectored(w: &mut impl Write, slices: &mut [IoSlice<'_>]) -> Result<()> {
+    let mut bufs: &mut [IoSlice<'_>] = slices;
     while !bufs.is_empty() {
         match w.write_vectored(bufs) {
             Ok(0) => {
