@@ -315,8 +315,8 @@ pub struct SendTuning {
     pub verify: Verification,
     /// Compress blocks on the wire: auto (lz4, only while the link rather
     /// than the CPU is the limit and the data shrinks), lz4, zstd (every
-    /// block), or none. Checksums stay on the plain data; a block that
-    /// does not shrink goes as it is.
+    /// block), or none. Checksums stay on the plain data; what does not
+    /// shrink goes as it is.
     #[arg(long, env = "WIRERATE_COMPRESS", default_value_t = Compression::default(), value_parser = names::<Compression, 4>(Compression::ALL.map(Compression::as_str)))]
     pub compress: Compression,
     /// Keep reconnecting and resuming this long after a failure, e.g. 120 (seconds).

@@ -62,8 +62,8 @@ impl FromStr for Encryption {
 
 /// Whether a transfer's blocks are compressed on the wire. Each block is
 /// hashed before it is compressed and checked after it is unpacked, so
-/// the checksums and the resume bitmap stay on the plain data; a block
-/// that does not shrink goes as it is.
+/// the checksums and the resume bitmap stay on the plain data; a piece of
+/// a block (256 KiB) that does not shrink goes as it is.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum Compression {

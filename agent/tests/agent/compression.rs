@@ -1,6 +1,7 @@
 //! Compressed blocks between a real sender and receiver: what lands is
 //! what left with either codec, damage to a packed block is caught and
-//! counted, and `none` and data that does not shrink go plain.
+//! counted, `none` sends every block plain, and data that does not
+//! shrink goes as it is.
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -62,7 +63,7 @@ fn chosen_codecs_pack_text_and_what_lands_is_what_left() {
         let c = &s.compression;
         assert_eq!(c.codec, Some(mode.as_str()));
         assert!(c.packed_blocks > 0, "{}", s.render());
-        // The text shrinks well; the noise goes plain.
+        // The text shrinks well; the noise goes as it is.
         assert!(
             c.wire_bytes * 2 < c.plain_bytes,
             "{mode}: {} plain went as {}",

@@ -45,7 +45,8 @@ const WEIGHT: f64 = 1.0 / 8.0;
 pub enum Decision {
     /// Send it as it is.
     Plain,
-    /// Pack it with this codec (and send it plain if it does not shrink).
+    /// Pack its pieces with this codec (each that does not shrink goes
+    /// as it is).
     Pack(Codec),
 }
 
@@ -246,7 +247,7 @@ impl Auto {
     }
 
     /// A block of `plain` bytes was packed in `took`, to `packed` bytes
-    /// (None: it did not shrink, and went plain).
+    /// on the wire (None: it did not shrink, its pieces went as they are).
     pub fn handle_packed(&mut self, plain: u64, packed: Option<u64>, took: Duration) {
         if plain == 0 {
             return;

@@ -491,7 +491,11 @@ impl Session {
             match Piece::of_prefix(raw, piece.len()) {
                 Some(Piece::Stored) => self.read_pieces(stream, piece, None)?,
                 Some(Piece::Packed(n)) => {
-                    // Under the piece's length, so at most `PIECE` bytes.
+                    // Under the piece's length: room for one piece, made
+                    // once, holds it (resize alone would double past it).
+                    if scratch.bytes.capacity() < PIECE {
+                        scratch.bytes = Vec::with_capacity(PIECE);
+                    }
                     scratch.bytes.resize(n as usize, 0);
                     self.read_pieces(stream, &mut scratch.bytes, None)?;
                     if damaged.is_none() {

@@ -159,7 +159,8 @@ fn send_packed(
 ) -> Result<()> {
     let mut hasher = (shared.verify != Verification::None).then(BlockHasher::default);
     let mut writes = Writes::default();
-    writes.write(stream, &frame_bytes(&Frame::PackedBlock { header, codec }))?;
+    // The header goes with the first piece, in one write.
+    let mut head = frame_bytes(&Frame::PackedBlock { header, codec });
     let (mut packing, mut wire) = (Duration::ZERO, 0u64);
     for piece in payload.chunks(PIECE) {
         if let Some(h) = &mut hasher {
@@ -172,7 +173,9 @@ fn send_packed(
             Some(p) => (Piece::Packed(p.len() as u32), p),
             None => (Piece::Stored, piece),
         };
-        writes.write_two(stream, &prefix.prefix(), bytes)?;
+        head.extend_from_slice(&prefix.prefix());
+        writes.write_two(stream, &head, bytes)?;
+        head.clear();
         wire += 4 + bytes.len() as u64;
     }
     let sum = hasher.map_or(0, |h| h.finish());
