@@ -342,24 +342,15 @@ struct Unpacking {
     unpacker: Unpacker,
 }
 
-/// A packed block's piece's prefix.
-fn read_prefix(stream: &mut Conn) -> Result<[u8; 4]> {
+/// The next `N` bytes of a block's stream: a piece's prefix, or the
+/// checksum after the block.
+fn read_array<const N: usize>(stream: &mut Conn, what: &'static str) -> Result<[u8; N]> {
     use std::io::Read;
-    let mut prefix = [0u8; 4];
+    let mut bytes = [0u8; N];
     stream
-        .read_exact(&mut prefix)
-        .map_err(|e| Error::net("reading a block", e))?;
-    Ok(prefix)
-}
-
-/// The checksum that follows a block's bytes.
-fn read_trailer(stream: &mut Conn) -> Result<[u8; 8]> {
-    use std::io::Read;
-    let mut trailer = [0u8; 8];
-    stream
-        .read_exact(&mut trailer)
-        .map_err(|e| Error::net("reading a block's checksum", e))?;
-    Ok(trailer)
+        .read_exact(&mut bytes)
+        .map_err(|e| Error::net(what, e))?;
+    Ok(bytes)
 }
 
 /// Whether the block `hasher` hashed matches `trailer` (anything does
@@ -430,7 +421,7 @@ impl Session {
         let len = h.len as usize;
         let mut hasher = (self.verify != Verification::None).then(BlockHasher::default);
         self.read_pieces(stream, &mut buf.as_mut_full()[..len], hasher.as_mut())?;
-        let trailer = read_trailer(stream)?;
+        let trailer = read_array(stream, "reading a block's checksum")?;
         buf.set_len(len);
         Ok(checked(hasher, trailer))
     }
@@ -487,7 +478,7 @@ impl Session {
         let mut hasher = (self.verify != Verification::None).then(BlockHasher::default);
         let mut damaged = None;
         for piece in buf.as_mut_full()[..len].chunks_mut(PIECE) {
-            let raw = read_prefix(stream)?;
+            let raw = read_array(stream, "reading a block")?;
             match Piece::of_prefix(raw, piece.len()) {
                 Some(Piece::Stored) => self.read_pieces(stream, piece, None)?,
                 Some(Piece::Packed(n)) => {
@@ -520,7 +511,7 @@ impl Session {
                 hasher.update(piece);
             }
         }
-        let trailer = read_trailer(stream)?;
+        let trailer = read_array(stream, "reading a block's checksum")?;
         if let Some(e) = damaged {
             tracing::warn!(file = h.file_id, block = h.block, "{e}");
             self.observer.unpack_failed(codec);
