@@ -107,11 +107,11 @@ fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
     assert_eq!(packing.mode, Compression::Zstd);
     assert_eq!(packing.codec, Some(wirerate_engine::compress::Codec::Zstd));
     assert_eq!(packing.packed_blocks, 0);
-    // Every piece went as it is, behind its 4-byte prefix: 1 MiB blocks
+    // Every piece went as it is, behind its 8-byte prefix: 1 MiB blocks
     // of four 256 KiB pieces, the last block's one.
     let size = std::fs::metadata(&file).unwrap().len();
     assert_eq!(packing.plain_bytes, size);
-    assert_eq!(packing.wire_bytes, size + 4 * (9 * 4 + 1));
+    assert_eq!(packing.wire_bytes, size + 8 * (9 * 4 + 1));
     let chosen = tx.progress.streams_chosen.get().expect("a choice reported");
     assert_eq!(chosen.streams, sum.streams);
     assert_eq!(sum.streams_chosen.as_deref(), Some(chosen.reason.as_str()));

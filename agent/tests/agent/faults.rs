@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::common::*;
 use wirerate_agent::observer::watch_send;
 use wirerate_engine::Error;
-use wirerate_engine::compress::{Codec, Piece};
+use wirerate_engine::compress::{Codec, PREFIX_LEN, Piece, PieceAt};
 use wirerate_engine::io::IoMode;
 use wirerate_engine::net::auth;
 use wirerate_engine::observe::Observer;
@@ -1306,9 +1306,22 @@ fn a_full_destination_refuses_the_small_files_that_do_not_fit_each_with_why() {
     drop(srv);
 }
 
+/// Piece 0 of block 0 of file 0.
+const FIRST_PIECE: PieceAt = PieceAt {
+    file_id: 0,
+    block: 0,
+    index: 0,
+};
+
 /// Sends block 0 of the raw session's file packed with `codec`: its one
 /// piece behind `prefix`, then `bytes`, then the checksum of `plain`.
-fn send_raw_packed(data: &mut TcpStream, codec: Codec, plain: &[u8], prefix: Piece, bytes: &[u8]) {
+fn send_raw_packed(
+    data: &mut TcpStream,
+    codec: Codec,
+    plain: &[u8],
+    prefix: [u8; PREFIX_LEN],
+    bytes: &[u8],
+) {
     let header = Frame::PackedBlock {
         header: BlockHeader {
             file_id: 0,
@@ -1319,7 +1332,7 @@ fn send_raw_packed(data: &mut TcpStream, codec: Codec, plain: &[u8], prefix: Pie
         codec,
     };
     wire::write_frame(data, &header).unwrap();
-    data.write_all(&prefix.prefix()).unwrap();
+    data.write_all(&prefix).unwrap();
     data.write_all(bytes).unwrap();
     let sum = wirerate_engine::digest::block_checksum(plain);
     data.write_all(&sum.to_le_bytes()).unwrap();
@@ -1338,9 +1351,11 @@ fn until_not_ack(data: &mut TcpStream) -> Option<Frame> {
 }
 
 // A packed block that does not unpack is damaged: refused, and the stream
-// goes on (the next copy lands); one whose piece's prefix cannot be, or
-// packed with a codec the session did not open with, breaks the protocol:
-// the stream is refused, saying why.
+// goes on (the next copy lands); one whose piece's prefix cannot be, is
+// damaged or belongs to another piece, or packed with a codec the session
+// did not open with, breaks the protocol: the stream is refused at once,
+// saying why (before prefixes were checked, a damaged length that still
+// read as possible left the receiver waiting for bytes never sent).
 #[test]
 fn packed_blocks_are_checked_piece_by_piece() {
     let dir = scratch("raw-packed");
@@ -1359,7 +1374,8 @@ fn packed_blocks_are_checked_piece_by_piece() {
 
     let (_ctl, mut data) = open_raw_session_with(&srv, [31; 16], (BS as u64, "p.bin"), lz4);
     let garbage = vec![0xffu8; 100];
-    send_raw_packed(&mut data, Codec::Lz4, &plain, Piece::Packed(100), &garbage);
+    let garbage_prefix = Piece::Packed(100).prefix(FIRST_PIECE);
+    send_raw_packed(&mut data, Codec::Lz4, &plain, garbage_prefix, &garbage);
     assert_eq!(
         wire::read_frame(&mut data).unwrap(),
         Frame::Nack {
@@ -1368,7 +1384,8 @@ fn packed_blocks_are_checked_piece_by_piece() {
         }
     );
     let n = packed.len() as u32;
-    send_raw_packed(&mut data, Codec::Lz4, &plain, Piece::Packed(n), &packed);
+    let good = Piece::Packed(n).prefix(FIRST_PIECE);
+    send_raw_packed(&mut data, Codec::Lz4, &plain, good, &packed);
     assert_eq!(
         wire::read_frame(&mut data).unwrap(),
         Frame::Ack {
@@ -1377,18 +1394,33 @@ fn packed_blocks_are_checked_piece_by_piece() {
         }
     );
 
-    // A prefix claiming the piece's whole length packed.
-    let (_ctl, mut data) = open_raw_session_with(&srv, [32; 16], (BS as u64, "q.bin"), lz4);
-    send_raw_packed(&mut data, Codec::Lz4, &plain, Piece::Packed(BS as u32), &[]);
-    let refused = until_not_ack(&mut data);
-    assert!(
-        matches!(&refused, Some(Frame::Error { message, .. }) if message.contains("prefixed")),
-        "{refused:?}"
-    );
+    // A prefix claiming the piece's whole length packed; one whose length
+    // grew by a flipped bit, with every packed byte and more sent after
+    // it (the receiver must not wait to read the extra); a good one of
+    // another piece's.
+    let whole = Piece::Packed(BS as u32).prefix(FIRST_PIECE);
+    let mut grown = good;
+    grown[1] ^= 0x40;
+    let elsewhere = Piece::Packed(n).prefix(PieceAt {
+        index: 1,
+        ..FIRST_PIECE
+    });
+    for (i, prefix) in [whole, grown, elsewhere].into_iter().enumerate() {
+        let id = [32 + i as u8; 16];
+        let (_ctl, mut data) = open_raw_session_with(&srv, id, (BS as u64, "q.bin"), lz4);
+        send_raw_packed(&mut data, Codec::Lz4, &plain, prefix, &packed);
+        data.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let refused = until_not_ack(&mut data);
+        assert!(
+            matches!(&refused, Some(Frame::Error { message, .. }) if message.contains("damaged or impossible prefix")),
+            "prefix {i}: {refused:?}"
+        );
+    }
 
     // zstd, where the session named lz4 only.
-    let (_ctl, mut data) = open_raw_session_with(&srv, [33; 16], (BS as u64, "r.bin"), lz4);
-    send_raw_packed(&mut data, Codec::Zstd, &plain, Piece::Packed(n), &packed);
+    let (_ctl, mut data) = open_raw_session_with(&srv, [35; 16], (BS as u64, "r.bin"), lz4);
+    send_raw_packed(&mut data, Codec::Zstd, &plain, good, &packed);
     let refused = until_not_ack(&mut data);
     assert!(
         matches!(&refused, Some(Frame::Error { message, .. }) if message.contains("did not open with")),

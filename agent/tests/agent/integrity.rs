@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::{TOKEN, assert_same, scratch, write_file};
 use proptest::prelude::*;
+use wirerate_engine::compress::{PIECE, PREFIX_LEN, Piece, PieceAt};
 use wirerate_engine::digest::frame_checksum;
 use wirerate_engine::receiver::{ServeConfig, Server, ServerHandle};
 use wirerate_engine::sender::{SendConfig, send};
@@ -27,6 +28,7 @@ use wirerate_engine::wire::FRAME_CHECK_LEN;
 const T_FILES: u8 = 6;
 const T_PLAN_RUN: u8 = 29;
 const T_BLOCK: u8 = 10;
+const T_PACKED_BLOCK: u8 = 30;
 const T_ACK: u8 = 11;
 const BS: usize = 64 << 10;
 
@@ -110,7 +112,8 @@ impl Drop for FlipProxy {
 
 /// Copies frames from `from` to `to`, damaging the one `damage` names if
 /// it goes this way and has not fired yet. A block header's payload and
-/// checksum follow it unframed, and are copied as they are.
+/// checksum follow it unframed, and are copied as they are; so are a
+/// packed block's pieces, each behind its prefix.
 fn pump(
     mut from: TcpStream,
     mut to: TcpStream,
@@ -140,18 +143,64 @@ fn pump(
             }
             to.write_all(&prefix)?;
             to.write_all(&body)?;
-            if ty == Some(T_BLOCK) && upstream && body.len() >= 25 {
-                let len = u32::from_le_bytes(body[21..25].try_into().unwrap()) as u64;
-                let copied = std::io::copy(&mut (&mut from).take(len + 8), &mut to)?;
-                if copied < len + 8 {
-                    return Ok(());
-                }
+            if !upstream || body.len() < 25 {
+                continue;
+            }
+            let len = u32::from_le_bytes(body[21..25].try_into().unwrap()) as u64;
+            let whole = match ty {
+                Some(T_BLOCK) => copy_exactly(&mut from, &mut to, len)?,
+                Some(T_PACKED_BLOCK) => copy_pieces(&mut from, &mut to, &body, len)?,
+                _ => continue,
+            };
+            if !whole || !copy_exactly(&mut from, &mut to, 8)? {
+                return Ok(());
             }
         }
     };
     let _ = relay();
     let _ = from.shutdown(Shutdown::Both);
     let _ = to.shutdown(Shutdown::Both);
+}
+
+/// Copies `n` bytes from `from` to `to`; false if `from` ended first.
+fn copy_exactly(from: &mut TcpStream, to: &mut TcpStream, n: u64) -> std::io::Result<bool> {
+    Ok(std::io::copy(&mut from.take(n), to)? == n)
+}
+
+/// Copies the pieces of the packed block whose header is `body`, of `len`
+/// plain bytes: each piece's prefix, then the bytes it announces; false
+/// if `from` ended, or a prefix was not what the sender would write.
+fn copy_pieces(
+    from: &mut TcpStream,
+    to: &mut TcpStream,
+    body: &[u8],
+    len: u64,
+) -> std::io::Result<bool> {
+    let file_id = u32::from_le_bytes(body[1..5].try_into().unwrap());
+    let block = u64::from_le_bytes(body[5..13].try_into().unwrap());
+    for (index, at) in (0u32..).zip((0..len).step_by(PIECE)) {
+        let mut prefix = [0u8; PREFIX_LEN];
+        from.read_exact(&mut prefix)?;
+        to.write_all(&prefix)?;
+        let plain = (len - at).min(PIECE as u64);
+        let n = match Piece::of_prefix(
+            prefix,
+            plain as usize,
+            PieceAt {
+                file_id,
+                block,
+                index,
+            },
+        ) {
+            Some(Piece::Stored) => plain,
+            Some(Piece::Packed(n)) => u64::from(n),
+            None => return Ok(false),
+        };
+        if !copy_exactly(from, to, n)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 fn receiver(root: &std::path::Path, idle_timeout: Duration) -> ServerHandle {

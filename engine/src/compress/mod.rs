@@ -7,7 +7,7 @@
 //! length (so a bomb has nowhere to grow) and hashes that.
 //!
 //! A packed block travels as its pieces (`PIECE` bytes of plain data
-//! each, the last shorter), each packed on its own behind a 4-byte prefix
+//! each, the last shorter), each packed on its own behind a checked 8-byte prefix
 //! (`Piece`): so either end holds one piece's packed bytes at a time,
 //! never a block's, and a piece that does not shrink goes as it is.
 
@@ -22,8 +22,8 @@ pub use auto::{Auto, Decision, Reason, Report};
 /// the hashing piece, so each is hashed as it is packed or unpacked.
 pub const PIECE: usize = crate::digest::HASH_PIECE;
 
-/// A packed block's piece as its 4-byte prefix says it: the bytes that
-/// follow the prefix, packed or as they are.
+/// A packed block's piece as its prefix says it: the bytes that follow
+/// the prefix, packed or as they are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Piece {
     /// This many packed bytes follow: at least 1, fewer than the piece.
@@ -35,20 +35,64 @@ pub enum Piece {
 /// The prefix's bit that says a piece is stored.
 const STORED: u32 = 1 << 31;
 
+/// Bytes of a piece's prefix: its length word and that word's check.
+pub const PREFIX_LEN: usize = 8;
+
+/// Where a piece sits: its block and its index in the block. Its prefix's
+/// check covers it, so a prefix is good only in its own place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PieceAt {
+    /// The block's file.
+    pub file_id: u32,
+    /// The block.
+    pub block: u64,
+    /// The piece's index in the block.
+    pub index: u32,
+}
+
+impl PieceAt {
+    /// The check of `word` in this place.
+    fn check(self, word: u32) -> u32 {
+        let mut content = [0u8; 20];
+        content[..4].copy_from_slice(&word.to_le_bytes());
+        content[4..8].copy_from_slice(&self.file_id.to_le_bytes());
+        content[8..16].copy_from_slice(&self.block.to_le_bytes());
+        content[16..].copy_from_slice(&self.index.to_le_bytes());
+        // Half the frame checksum: the prefix is 8 bytes, not 12, and a
+        // damaged one is still caught but by one chance in 2^32.
+        crate::digest::frame_checksum(&content) as u32
+    }
+}
+
 impl Piece {
-    /// The prefix.
-    pub fn prefix(self) -> [u8; 4] {
+    fn word(self) -> u32 {
         match self {
-            Self::Packed(n) => n.to_le_bytes(),
-            Self::Stored => STORED.to_le_bytes(),
+            Self::Packed(n) => n,
+            Self::Stored => STORED,
         }
     }
 
-    /// What prefix `raw` says of a piece of `plain` bytes; None when it
-    /// says something impossible (packed to nothing or to no less than
-    /// the piece, stored with a length), which loses the stream's framing.
-    pub fn of_prefix(raw: [u8; 4], plain: usize) -> Option<Self> {
-        match u32::from_le_bytes(raw) {
+    /// The prefix of this piece at `at`: its length word, then the
+    /// word's check.
+    pub fn prefix(self, at: PieceAt) -> [u8; PREFIX_LEN] {
+        let word = self.word();
+        let mut out = [0u8; PREFIX_LEN];
+        out[..4].copy_from_slice(&word.to_le_bytes());
+        out[4..].copy_from_slice(&at.check(word).to_le_bytes());
+        out
+    }
+
+    /// What prefix `raw` says of the piece at `at`, of `plain` bytes.
+    /// None when its check fails (damaged, or another piece's) or it says
+    /// something impossible (packed to nothing or to no less than the
+    /// piece): the stream's framing cannot be trusted after it.
+    pub fn of_prefix(raw: [u8; PREFIX_LEN], plain: usize, at: PieceAt) -> Option<Self> {
+        let [w0, w1, w2, w3, c0, c1, c2, c3] = raw;
+        let word = u32::from_le_bytes([w0, w1, w2, w3]);
+        if u32::from_le_bytes([c0, c1, c2, c3]) != at.check(word) {
+            return None;
+        }
+        match word {
             STORED => Some(Self::Stored),
             n if n > 0 && (n as usize) < plain => Some(Self::Packed(n)),
             _ => None,
@@ -187,13 +231,44 @@ mod tests {
             assert_eq!(mode_of_code(mode_code(m)), Some(m));
         }
         assert_eq!(mode_of_code(4), None);
-        // Prefixes: what was written reads back; what cannot be is refused.
-        for p in [Piece::Packed(1), Piece::Packed(99), Piece::Stored] {
-            assert_eq!(Piece::of_prefix(p.prefix(), 100), Some(p));
-        }
-        for bad in [0u32, 100, 101, STORED | 5, u32::MAX] {
-            assert_eq!(Piece::of_prefix(bad.to_le_bytes(), 100), None, "{bad:#x}");
-        }
         assert!("gzip".parse::<Compression>().is_err());
+    }
+
+    #[test]
+    fn prefixes_read_back_only_whole_and_in_their_place() {
+        let at = PieceAt {
+            file_id: 3,
+            block: 7,
+            index: 2,
+        };
+        for p in [Piece::Packed(1), Piece::Packed(99), Piece::Stored] {
+            let raw = p.prefix(at);
+            assert_eq!(Piece::of_prefix(raw, 100, at), Some(p));
+            // Any one bit flipped, anywhere in the prefix, is refused.
+            for bit in 0..PREFIX_LEN * 8 {
+                let mut flipped = raw;
+                flipped[bit / 8] ^= 1 << (bit % 8);
+                assert_eq!(Piece::of_prefix(flipped, 100, at), None, "{p:?} bit {bit}");
+            }
+            // And so is a good prefix in another piece's place.
+            for other in [
+                PieceAt { index: 3, ..at },
+                PieceAt { block: 8, ..at },
+                PieceAt { file_id: 4, ..at },
+            ] {
+                assert_eq!(
+                    Piece::of_prefix(raw, 100, other),
+                    None,
+                    "{p:?} at {other:?}"
+                );
+            }
+        }
+        // What cannot be is refused even with a good check.
+        for word in [0u32, 100, 101, STORED | 5, u32::MAX] {
+            let mut raw = [0u8; PREFIX_LEN];
+            raw[..4].copy_from_slice(&word.to_le_bytes());
+            raw[4..].copy_from_slice(&at.check(word).to_le_bytes());
+            assert_eq!(Piece::of_prefix(raw, 100, at), None, "{word:#x}");
+        }
     }
 }

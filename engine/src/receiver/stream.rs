@@ -14,7 +14,7 @@ use super::writer::WriterMsg;
 use super::{ParkKey, Shared, lock};
 use crate::Layout;
 use crate::compress::packer::Unpacker;
-use crate::compress::{Codec, PIECE, Piece};
+use crate::compress::{Codec, PIECE, Piece, PieceAt};
 use crate::digest::{BlockHasher, HASH_PIECE};
 use crate::error::{Error, Result};
 use crate::io::PoolBuf;
@@ -477,9 +477,14 @@ impl Session {
         let len = h.len as usize;
         let mut hasher = (self.verify != Verification::None).then(BlockHasher::default);
         let mut damaged = None;
-        for piece in buf.as_mut_full()[..len].chunks_mut(PIECE) {
+        for (index, piece) in (0u32..).zip(buf.as_mut_full()[..len].chunks_mut(PIECE)) {
             let raw = read_array(stream, "reading a block")?;
-            match Piece::of_prefix(raw, piece.len()) {
+            let at = PieceAt {
+                file_id: h.file_id,
+                block: h.block,
+                index,
+            };
+            match Piece::of_prefix(raw, piece.len(), at) {
                 Some(Piece::Stored) => self.read_pieces(stream, piece, None)?,
                 Some(Piece::Packed(n)) => {
                     // Under the piece's length: room for one piece, made
@@ -497,11 +502,11 @@ impl Session {
                     return Err(Violation::new(
                         ViolationKind::Inconsistent,
                         format!(
-                            "block {} of file {}: a piece of {} bytes prefixed {:#010x}",
+                            "block {} of file {}: piece {index} of {} bytes has a damaged or impossible prefix {:016x}",
                             h.block,
                             h.file_id,
                             piece.len(),
-                            u32::from_le_bytes(raw)
+                            u64::from_be_bytes(raw)
                         ),
                     )
                     .into());

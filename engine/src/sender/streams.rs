@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::shared::{Shared, hold};
 use crate::compress::packer::Packer;
-use crate::compress::{Codec, Decision, PIECE, Piece};
+use crate::compress::{Codec, Decision, PIECE, PREFIX_LEN, Piece, PieceAt};
 use crate::digest::{BlockHasher, HASH_PIECE};
 use crate::error::{Error, Result};
 use crate::session::describe;
@@ -162,7 +162,7 @@ fn send_packed(
     // The header goes with the first piece, in one write.
     let mut head = frame_bytes(&Frame::PackedBlock { header, codec });
     let (mut packing, mut wire) = (Duration::ZERO, 0u64);
-    for piece in payload.chunks(PIECE) {
+    for (index, piece) in (0u32..).zip(payload.chunks(PIECE)) {
         if let Some(h) = &mut hasher {
             h.update(piece);
         }
@@ -173,10 +173,15 @@ fn send_packed(
             Some(p) => (Piece::Packed(p.len() as u32), p),
             None => (Piece::Stored, piece),
         };
-        head.extend_from_slice(&prefix.prefix());
+        let at = PieceAt {
+            file_id: header.file_id,
+            block: header.block,
+            index,
+        };
+        head.extend_from_slice(&prefix.prefix(at));
         writes.write_two(stream, &head, bytes)?;
         head.clear();
-        wire += 4 + bytes.len() as u64;
+        wire += (PREFIX_LEN + bytes.len()) as u64;
     }
     let sum = hasher.map_or(0, |h| h.finish());
     send_checksum(shared, stream, gid, sum, &mut writes)?;

@@ -59,8 +59,9 @@ pub const MAGIC: [u8; 4] = *b"WRRT";
 /// 12: packed runs of control frames, `pack`, and `PlanRun`; 13: the
 /// hello offers encryption and the challenge answers, `ENCRYPTION_SINCE`;
 /// 14: `Open` names the codecs its blocks may come packed in, and
-/// `PackedBlock`).
-pub const VERSION: u16 = 14;
+/// `PackedBlock`; 15: a packed piece's prefix carries a check of its own,
+/// so a damaged one is refused at once, never read as another length).
+pub const VERSION: u16 = 15;
 /// The first version whose `Hello` carries an encryption offer and whose
 /// `Challenge` says whether TLS follows.
 pub const ENCRYPTION_SINCE: u16 = 13;
@@ -406,7 +407,7 @@ pub enum Frame {
     /// A block header; `len` payload bytes follow.
     Block(BlockHeader),
     /// A block header; the block's pieces follow, each packed with
-    /// `codec` or as it is behind its prefix (`compress::Piece`), then
+    /// `codec` or as it is behind its checked prefix (`compress::Piece`), then
     /// the checksum of the plain bytes.
     PackedBlock {
         /// The block, as plain.
