@@ -82,6 +82,7 @@ fn send_config(
     c.max_rate = t.max_rate;
     c.verify = t.verify;
     c.compress = t.compress;
+    c.sync = t.sync;
     c.retry_for = Duration::from_secs_f64(t.retry_for);
     c.validate()?;
     Ok(c)

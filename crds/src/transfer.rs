@@ -5,7 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::tuning::{Compression, Striping, Tuning, Verification};
+use crate::tuning::{Compression, Striping, SyncLevel, Tuning, Verification};
 
 /// Move `source` to `destination` at the wire rate and verify it.
 // Clippy reads each printcolumn's `type_` as a repeated attribute.
@@ -116,6 +116,13 @@ pub struct TransferSpec {
     /// How the landed data is checked.
     #[serde(default)]
     pub verification: Verification,
+    /// Which files the destination already has are left as they are,
+    /// not sent: `None` (the default) sends every file; `Exists` leaves
+    /// any file already at its path, `Size` one of the same size, `Mtime`
+    /// one of the same size and modification time (every landed file
+    /// gets its source's). Over several pairs every file is sent.
+    #[serde(default)]
+    pub sync: SyncLevel,
     /// Cap on the transfer's rate in megabits per second (sharing a path).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 10000000))]

@@ -7,7 +7,7 @@ use wirerate_engine::tuning::{
     BLOCK_SIZE, BUFFER, CONGESTION_MAX_LEN, Overrides, QUEUE_DEPTH, STREAMS, Settings, TuningError,
     step_rule,
 };
-pub use wirerate_engine::tuning::{Compression, Encryption, IoMode, Verification};
+pub use wirerate_engine::tuning::{Compression, Encryption, IoMode, SyncLevel, Verification};
 
 /// Engine tuning; every field is optional so a Transfer overrides only what it names.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]

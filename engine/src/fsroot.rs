@@ -253,6 +253,23 @@ impl Root {
         Ok(parent)
     }
 
+    /// What is at `rel` beneath the root, without creating anything:
+    /// its parents resolved as `dir` resolves them (a symlink that stays
+    /// beneath the root is followed), its last component never followed
+    /// (a symlink there is what is found). None if nothing is there, or
+    /// nothing that can be reached beneath the root.
+    pub fn stat(&self, rel: &str) -> Option<rustix::fs::Stat> {
+        let fd = rustix::fs::openat2(
+            &self.fd,
+            rel,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            RESOLVE,
+        )
+        .ok()?;
+        rustix::fs::fstat(&fd).ok()
+    }
+
     /// Opens `name` in the directory `dir` (which must come from `dir()`),
     /// never following a symlink at the last component. A file it creates
     /// is readable by its owner only: what is being received stays private

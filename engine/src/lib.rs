@@ -65,6 +65,7 @@ pub mod spans;
 pub mod stripes;
 #[cfg(feature = "shells")]
 pub mod summary;
+pub mod sync;
 pub mod throttle;
 pub mod tracker;
 pub mod tuner;

@@ -8,6 +8,7 @@ use crate::encryption::InEffect;
 use crate::io::IoMode;
 use crate::net::TcpStats;
 use crate::optimizer::StreamChange;
+use crate::sync::SyncLevel;
 use crate::units::fmt_bytes;
 use crate::wire::Verification;
 
@@ -99,6 +100,8 @@ pub struct FileOutcome {
     pub digest: Option<String>,
     /// Why not, when not ok.
     pub message: Option<String>,
+    /// Not sent: the destination already had it, at the sync level.
+    pub present: bool,
 }
 
 /// A source entry that was not sent (symlink, device, socket, ...).
@@ -171,6 +174,15 @@ pub struct SendSummary {
     pub files: usize,
     /// Regular files verified and published.
     pub files_ok: usize,
+    /// The sync level: which files already at the destination were left
+    /// as they are.
+    #[serde(serialize_with = "spelled")]
+    pub sync: SyncLevel,
+    /// Regular files the destination already had, at that level: not
+    /// sent, and not in the digest.
+    pub files_present: usize,
+    /// Their bytes.
+    pub bytes_present: u64,
     /// Directories in the manifest (created, with their modes; `failures`
     /// names any that failed).
     pub dirs: usize,
@@ -318,8 +330,20 @@ impl SendSummary {
         };
         s.push_str(&format!(
             "  files      {} of {} ok{dirs}; verify {}; digest {}\n",
-            self.files_ok, self.files, self.verify, self.digest
+            self.files_ok + self.files_present,
+            self.files,
+            self.verify,
+            self.digest
         ));
+        if self.sync != SyncLevel::None {
+            s.push_str(&format!(
+                "  sync       {}: {} files ({}) already there, not sent; {} sent\n",
+                self.sync,
+                self.files_present,
+                fmt_bytes(self.bytes_present),
+                self.files_ok
+            ));
+        }
         for f in &self.failures {
             s.push_str(&format!("  failed     {}: {}\n", f.path, f.message));
         }
@@ -381,6 +405,8 @@ pub struct ReceiverSummary {
     pub files_ok: u64,
     /// Files that failed, refused ones included.
     pub files_failed: u64,
+    /// Files already here at the session's sync level: left as they were.
+    pub files_present: u64,
     /// A memory-to-memory test: `bytes_written` were received, verified
     /// and dropped, and nothing was written.
     pub memory_to_memory: bool,
@@ -416,6 +442,12 @@ impl ReceiverSummary {
             self.files_ok,
             self.files_failed
         );
+        if self.files_present > 0 {
+            s.insert_str(
+                s.len() - 1,
+                &format!(" / {} already here", self.files_present),
+            );
+        }
         if self.memory_to_memory {
             s = s.replacen(" written in ", " received in ", 1);
             s.push_str(&format!("  {MEMORY_TO_MEMORY}\n"));

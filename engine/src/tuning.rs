@@ -110,6 +110,57 @@ impl FromStr for Compression {
     }
 }
 
+/// Which files a send skips because the destination already has them: a
+/// regular file at the same path that matches at this level is left as
+/// it is, and reported present. The receiver decides, from what it finds
+/// under its root; the default sends every file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub enum SyncLevel {
+    /// Skip nothing: every file is sent, and replaces what is there.
+    #[default]
+    None,
+    /// Skip a file the destination has at all, whatever its contents.
+    Exists,
+    /// Skip a file the destination has with the same size.
+    Size,
+    /// Skip a file the destination has with the same size and
+    /// modification time (to the nanosecond); wirerate gives every file
+    /// it publishes its source's modification time, so a second run
+    /// finds what the first sent.
+    Mtime,
+}
+
+impl SyncLevel {
+    /// Every level, from the one that skips nothing.
+    pub const ALL: [Self; 4] = [Self::None, Self::Exists, Self::Size, Self::Mtime];
+
+    /// The command-line and log spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Exists => "exists",
+            Self::Size => "size",
+            Self::Mtime => "mtime",
+        }
+    }
+}
+
+impl fmt::Display for SyncLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl FromStr for SyncLevel {
+    type Err = UnknownName;
+
+    /// Either spelling: `mtime` on the command line, `Mtime` in a manifest.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        by_name(Self::ALL, Self::as_str, s, "sync level")
+    }
+}
+
 /// How an agent reads and writes file data (the paper's three modes).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]

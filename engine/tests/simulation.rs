@@ -1200,6 +1200,7 @@ impl Sim {
                 verify: wirerate_engine::Verification::Checksums,
                 discard: false,
                 codecs: wirerate_engine::wire::Codecs::NONE,
+                sync: wirerate_engine::sync::SyncLevel::None,
             },
             now,
         );
@@ -1215,6 +1216,7 @@ impl Sim {
                 size: p.size,
                 fingerprint: 0,
                 mode: 0o644,
+                mtime: (0, 0),
                 path: format!("f{}", p.file_id),
             })
             .collect();

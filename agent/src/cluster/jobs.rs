@@ -27,6 +27,7 @@ use wirerate_engine::sender::pairs::{Joins, PairsSummary, send_over_pairs_joined
 use wirerate_engine::sender::warm::Warm;
 use wirerate_engine::sender::{SendConfig, send};
 use wirerate_engine::summary::{ReceiverSummary, SendSummary};
+use wirerate_engine::sync::SyncLevel;
 use wirerate_engine::wire::Verification;
 
 /// The agent's parked data connections and last send buffers, shared by
@@ -118,6 +119,9 @@ pub struct Sent {
     /// Over several pairs: bytes the receivers already held (per-chunk
     /// checkpoints of an earlier attempt), checked but not sent again.
     pub bytes_resumed: u64,
+    /// Files the destination already had, at the Transfer's sync level:
+    /// not sent (always 0 over several pairs, which send every file).
+    pub files_present: usize,
 }
 
 impl From<SendSummary> for Sent {
@@ -139,6 +143,7 @@ impl From<SendSummary> for Sent {
             pairs: Vec::new(),
             // Over one pair the receiver reports what it resumed.
             bytes_resumed: 0,
+            files_present: s.files_present,
         }
     }
 }
@@ -161,6 +166,7 @@ impl From<PairsSummary> for Sent {
                 .map(|p| (p.to, p.state, p.bytes, p.chunks_done))
                 .collect(),
             bytes_resumed: s.bytes_resumed,
+            files_present: 0,
         }
     }
 }
@@ -209,6 +215,17 @@ pub struct SenderJob {
     joins: Option<Joins>,
 }
 
+/// What a Transfer asks of its send beyond its pools' tuning.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SendTerms {
+    /// How the landed data is checked.
+    pub verify: Verification,
+    /// Which files the destination already has are left as they are.
+    pub sync: SyncLevel,
+    /// Cap on the rate, megabits per second.
+    pub max_rate_mbps: Option<i64>,
+}
+
 impl SenderJob {
     /// Starts sending `source` to `dest` at `to`'s endpoints: one
     /// receiver, or over several pairs those that share one root, each
@@ -219,9 +236,13 @@ impl SenderJob {
         source: PathBuf,
         dest: String,
         tuning: &Tuning,
-        verify: Verification,
-        max_rate_mbps: Option<i64>,
+        terms: SendTerms,
     ) -> Result<Self> {
+        let SendTerms {
+            verify,
+            sync,
+            max_rate_mbps,
+        } = terms;
         let Targets {
             endpoints,
             via,
@@ -238,6 +259,7 @@ impl SenderJob {
         cfg.verify = verify;
         cfg.encrypt = tuning.encryption();
         cfg.compress = tuning.compression();
+        cfg.sync = sync;
         cfg.max_rate = max_rate_mbps.map(|m| m as u64 * 1_000_000 / 8);
         // Longer than a Lease: a lost receiver is replaced before the sender gives up.
         cfg.retry_for = Duration::from_secs(90);

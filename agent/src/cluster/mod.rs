@@ -629,8 +629,11 @@ fn sender_side(
             source,
             dest,
             tuning,
-            t.spec.verification,
-            t.spec.max_rate_mbps,
+            jobs::SendTerms {
+                verify: t.spec.verification,
+                sync: t.spec.sync,
+                max_rate_mbps: t.spec.max_rate_mbps,
+            },
         )?,
         // Over several pairs no one receiver holds the whole.
         shows_progress: t.spec.destination.external.is_some() || t.multi_pair(),
@@ -1126,14 +1129,18 @@ fn sender_verdict(outcome: SenderOutcome) -> (ReportState, String, i64) {
         SenderOutcome::Verified(sum) => (
             ReportState::Succeeded,
             format!(
-                "{} in {:.1} s at {:.2} Gbit/s, digest {}{}{}{}",
+                "{} in {:.1} s at {:.2} Gbit/s, digest {}{}{}{}{}",
                 fmt_bytes(sum.bytes_total),
                 sum.seconds,
                 sum.gbps,
                 sum.digest,
                 warm_note(sum.streams_warm),
                 pairs_note(&sum.pairs),
-                resumed_note(sum.bytes_resumed)
+                resumed_note(sum.bytes_resumed),
+                match sum.files_present {
+                    0 => String::new(),
+                    n => format!("; {n} file(s) already there, not sent (sync)"),
+                }
             ),
         ),
         SenderOutcome::FilesFailed(sum) => (
@@ -1169,11 +1176,15 @@ fn receiver_verdict(
         Some(s) => Some((
             ReportState::Succeeded,
             format!(
-                "{} file(s) verified into {}: {} written this attempt, {} resumed",
+                "{} file(s) verified into {}: {} written this attempt, {} resumed{}",
                 s.files_ok,
                 dest.display(),
                 fmt_bytes(at.moved),
-                fmt_bytes(s.bytes_skipped_resume)
+                fmt_bytes(s.bytes_skipped_resume),
+                match s.files_present {
+                    0 => String::new(),
+                    n => format!("; {n} already there, not sent (sync)"),
+                }
             ),
             // The attempt's own rate: what all its sessions wrote over
             // the time since the first was planned (the average the

@@ -8,13 +8,12 @@ use std::time::{Duration, Instant};
 
 use crate::common::{TOKEN, assert_same, scratch, write_file};
 use wirerate_agent::cluster::jobs::{
-    ReceiverJob, SenderJob, SenderOutcome, Targets, remove_partials, under_roots,
+    ReceiverJob, SendTerms, SenderJob, SenderOutcome, Targets, remove_partials, under_roots,
 };
 use wirerate_crds::Tuning;
 use wirerate_crds::tuning::Compression;
 use wirerate_engine::Layout;
 use wirerate_engine::receiver::Checkpoint;
-use wirerate_engine::wire::Verification;
 
 fn tuning() -> Tuning {
     Tuning {
@@ -65,8 +64,7 @@ fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
         file.clone(),
         "frames.h5".into(),
         &tuning(),
-        Verification::Checksums,
-        None,
+        SendTerms::default(),
     )
     .unwrap();
     let SenderOutcome::Verified(sum) = wait_outcome(&tx, Duration::from_secs(60)) else {
@@ -96,8 +94,7 @@ fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
         file.clone(),
         "again.h5".into(),
         &untuned,
-        Verification::Checksums,
-        None,
+        SendTerms::default(),
     )
     .unwrap();
     let SenderOutcome::Verified(sum) = wait_outcome(&tx, Duration::from_secs(60)) else {
@@ -116,6 +113,27 @@ fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
     assert_eq!(chosen.streams, sum.streams);
     assert_eq!(sum.streams_chosen.as_deref(), Some(chosen.reason.as_str()));
     assert_same(&file, &dst.join("again.h5"));
+
+    // The Transfer's sync level reaches the engine: the same file again,
+    // by mtime, is found there and not sent.
+    let tx = SenderJob::start(
+        Targets::one(std::slice::from_ref(&endpoint)),
+        TOKEN.to_vec(),
+        file.clone(),
+        "again.h5".into(),
+        &tuning(),
+        SendTerms {
+            sync: wirerate_engine::sync::SyncLevel::Mtime,
+            ..SendTerms::default()
+        },
+    )
+    .unwrap();
+    let SenderOutcome::Verified(sum) = wait_outcome(&tx, Duration::from_secs(60)) else {
+        panic!("not verified");
+    };
+    assert!(sum.ok, "{sum:?}");
+    assert_eq!(sum.files_present, 1, "{sum:?}");
+    assert_eq!(sum.digest, "none (nothing sent)");
     let start = Instant::now();
     while !rx
         .summaries()
@@ -168,8 +186,10 @@ fn the_progress_a_receiver_shows_never_runs_ahead_of_what_a_resume_keeps() {
         file.clone(),
         "scan.raw".into(),
         &tuning(),
-        Verification::Checksums,
-        Some(160),
+        SendTerms {
+            max_rate_mbps: Some(160),
+            ..SendTerms::default()
+        },
     )
     .unwrap();
     let (mut samples, mut acked_ahead, mut partial) = (0, 0, 0);
@@ -234,8 +254,7 @@ fn a_second_session_of_the_same_transfer_counts_on_from_the_first() {
             src.join(name),
             name.into(),
             &tuning(),
-            Verification::Checksums,
-            None,
+            SendTerms::default(),
         )
         .unwrap();
         assert!(matches!(
@@ -295,8 +314,7 @@ fn the_agents_metrics_endpoint_serves_every_metric_the_dashboard_queries() {
         file,
         "m.bin".into(),
         &tuning(),
-        Verification::Checksums,
-        None,
+        SendTerms::default(),
     )
     .unwrap();
     assert!(matches!(
@@ -357,8 +375,7 @@ fn a_cancelled_sender_stops_retrying() {
         file,
         "f".into(),
         &tuning(),
-        Verification::Checksums,
-        None,
+        SendTerms::default(),
     )
     .unwrap();
     std::thread::sleep(Duration::from_millis(300));
@@ -445,8 +462,7 @@ fn out_of_range_tuning_is_refused_naming_the_field_not_clamped() {
         file,
         "f.bin".into(),
         &wide,
-        Verification::Checksums,
-        None,
+        SendTerms::default(),
     )
     .err()
     .expect("refused");
@@ -550,8 +566,7 @@ fn a_jobs_threads_log_under_its_transfers_span() {
                 file,
                 "f.bin".into(),
                 &tuning(),
-                Verification::Checksums,
-                None,
+                SendTerms::default(),
             )
         })
         .unwrap();
@@ -589,8 +604,7 @@ fn a_sender_job_given_several_receivers_spreads_one_file_over_them() {
         file.clone(),
         "volume.tiff".into(),
         &tuning(),
-        Verification::Checksums,
-        None,
+        SendTerms::default(),
     )
     .unwrap();
     let sum = match wait_outcome(&tx, Duration::from_secs(120)) {
@@ -637,9 +651,11 @@ fn a_sender_job_takes_in_receivers_that_join_while_it_runs() {
         file.clone(),
         "volume.tiff".into(),
         &tuning(),
-        Verification::Checksums,
         // Slow enough that the work is still there when they join.
-        Some(200),
+        SendTerms {
+            max_rate_mbps: Some(200),
+            ..SendTerms::default()
+        },
     )
     .unwrap();
     for e in &endpoints {
@@ -679,8 +695,10 @@ fn a_new_attempt_over_several_pairs_resumes_the_pieces_the_last_one_landed() {
             file.clone(),
             "volume.tiff".into(),
             &tuning(),
-            Verification::Checksums,
-            rate,
+            SendTerms {
+                max_rate_mbps: rate,
+                ..SendTerms::default()
+            },
         )
         .unwrap()
     };

@@ -24,5 +24,6 @@ mod refusals;
 mod relays;
 mod seccomp_profile;
 mod sources;
+mod sync;
 mod transfers;
 mod warm;

@@ -32,6 +32,8 @@ pub(crate) struct DestFile {
     pub(crate) identity: u64,
     /// Permission bits it is published with (the sender's, masked).
     pub(crate) mode: u32,
+    /// The modification time it is published with (the source's).
+    pub(crate) mtime: (i64, u32),
     /// Its descriptors, once its first block is written: a file waiting
     /// in a large manifest holds a null pointer, not two.
     opened: Option<Box<Opened>>,
@@ -61,6 +63,8 @@ pub(crate) enum Prepared {
     /// Send it, to be verified and dropped: a memory-to-memory session,
     /// for which nothing is created (see `discard`).
     Discard,
+    /// Already here, at the session's sync level: not sent, left as it is.
+    Present,
 }
 
 /// What a file's stored checkpoint records: its durable blocks and their
@@ -475,6 +479,7 @@ impl DestFile {
             fingerprint: e.fingerprint,
             identity: 0,
             mode: u32::from(e.mode) & 0o777 & !umask,
+            mtime: e.mtime,
             opened: None,
             create_on_write: false,
             fresh: false,
@@ -636,8 +641,9 @@ impl DestFile {
         }
     }
 
-    /// Gives the verified file its permission bits and final name, and
-    /// drops the checkpoint; the rename is durable only after `sync_dir`.
+    /// Gives the verified file its permission bits, its source's
+    /// modification time and its final name, and drops the checkpoint;
+    /// the rename is durable only after `sync_dir`.
     /// A destination name taken by a directory refuses this file alone
     /// (`Error::PathRefused`), its temporary file left for `discard`.
     pub(crate) fn rename_into_place(&mut self, root: &Root) -> Result<()> {
@@ -645,6 +651,7 @@ impl DestFile {
             rustix::fs::fchmod(&**f, rustix::fs::Mode::from_raw_mode(self.mode)).map_err(|e| {
                 Error::io(format!("setting the mode of {}", self.dest.rel), e.into())
             })?;
+            self.set_mtime(f);
         }
         self.opened = None;
         let dir = self.dir(root)?;
@@ -662,6 +669,41 @@ impl DestFile {
             return Ok(());
         }
         self.remove_checkpoint(&dir)
+    }
+
+    /// Gives the open temporary file its source's modification time,
+    /// leaving its access time as it is, so that a sync by mtime finds it
+    /// again. Only a warning if it cannot: the data is what was sent, and
+    /// the next sync by mtime sends it again. So is a file system that
+    /// keeps coarser times than the source's (read back to tell).
+    fn set_mtime(&self, f: &File) {
+        let (secs, nanos) = self.mtime;
+        let times = rustix::fs::Timestamps {
+            last_access: rustix::fs::Timespec {
+                tv_sec: 0,
+                tv_nsec: rustix::fs::UTIME_OMIT,
+            },
+            last_modification: rustix::fs::Timespec {
+                tv_sec: secs,
+                tv_nsec: i64::from(nanos),
+            },
+        };
+        if let Err(e) = rustix::fs::futimens(f, &times) {
+            tracing::warn!(path = %self.dest.rel, "setting the modification time: {e}");
+            return;
+        }
+        let kept = rustix::fs::fstat(f)
+            .is_ok_and(|st| (st.st_mtime, st.st_mtime_nsec as i64) == (secs, i64::from(nanos)));
+        if !kept {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!(
+                    path = %self.dest.rel,
+                    "this file system keeps modification times coarser than the source's \
+                     (or out of its range): a sync by mtime will send such files again"
+                );
+            });
+        }
     }
 
     /// Appends the record of blocks `first..` of this shared temporary
@@ -762,6 +804,7 @@ mod tests {
             size: 3 * 4096,
             fingerprint: 5,
             mode: 0o644,
+            mtime: (0, 0),
             path: "f.bin".into(),
         };
         let plan = || prepare(&root, &e, 4096, 0o022);
@@ -787,11 +830,13 @@ mod tests {
 
     #[test]
     fn a_file_waiting_in_a_large_manifest_is_small() {
-        // Boxed, it takes an 80-byte allocation (glibc rounds 72 plus its
-        // header up to 80); at 73 it would take 96. Its path and
-        // descriptors are allocated apart, the last only once its first
-        // block is written; what is written and durable of it is the
-        // writer core's (`session::lifecycle`, 32 bytes a file).
-        assert!(size_of::<DestFile>() <= 72, "{}", size_of::<DestFile>());
+        // Boxed, it takes a 96-byte allocation (glibc rounds 88 plus its
+        // header up to 96); at 89 it would take 112. It took 80 until it
+        // carried the source's modification time (16 bytes more a file
+        // waiting in a manifest). Its path and descriptors are allocated
+        // apart, the last only once its first block is written; what is
+        // written and durable of it is the writer core's
+        // (`session::lifecycle`, 32 bytes a file).
+        assert!(size_of::<DestFile>() <= 88, "{}", size_of::<DestFile>());
     }
 }

@@ -224,6 +224,7 @@ mod tests {
             size: 1 << 30,
             fingerprint: 0,
             mode: 0o644,
+            mtime: (0, 0),
             path: path.into(),
         }
     }

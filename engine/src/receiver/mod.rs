@@ -358,8 +358,14 @@ impl ServerHandle {
     pub fn position(&self) -> Option<Position> {
         let job = &self.shared.job;
         lock(&self.shared.latest).as_ref().map(|s| Position {
-            total: s.published_before.load(Ordering::Relaxed) + s.total.load(Ordering::Relaxed),
-            done: job.published.load(Ordering::Relaxed) + s.kept.load(Ordering::Relaxed),
+            // Files found already here count as done: the transfer
+            // covers them without moving them.
+            total: s.published_before.load(Ordering::Relaxed)
+                + s.total.load(Ordering::Relaxed)
+                + s.present_bytes.load(Ordering::Relaxed),
+            done: job.published.load(Ordering::Relaxed)
+                + s.kept.load(Ordering::Relaxed)
+                + s.present_bytes.load(Ordering::Relaxed),
             moved: job.written.load(Ordering::Relaxed),
             seconds: job
                 .first_plan

@@ -10,6 +10,8 @@ use super::dest::{Prepared, Staged, prepare, prepare_piece, prepare_publish};
 use super::stats::Stats;
 use crate::Layout;
 use crate::by_id::ById;
+use crate::fsroot::validate;
+use crate::sync::{Found, SyncLevel, present};
 use crate::wire::{EntryKind, FileEntry, MAX_BLOCKS_PER_SESSION, PlanOutcome, Stripe, StripeRole};
 
 /// What a session of a transfer over several pairs does with each file.
@@ -39,6 +41,8 @@ pub(super) struct Planner<'a> {
     block_size: u64,
     /// A memory-to-memory session: nothing is created.
     discard: bool,
+    /// Which files already here are answered present, not taken.
+    sync: SyncLevel,
     stats: &'a Stats,
     files: Staged<'a>,
     sizes: Vec<(u32, u64)>,
@@ -64,6 +68,7 @@ impl<'a> Planner<'a> {
         entries: usize,
         block_size: u64,
         discard: bool,
+        sync: SyncLevel,
         stats: &'a Stats,
         stripe: Option<&Stripe>,
     ) -> Self {
@@ -76,6 +81,7 @@ impl<'a> Planner<'a> {
             shared,
             block_size,
             discard,
+            sync,
             stats,
             // Sized for the whole manifest at once: a table grown by
             // doubling would leave its outgrown copies as holes in the heap.
@@ -103,6 +109,10 @@ impl<'a> Planner<'a> {
         };
         let outcome = if repeated {
             Prepared::Refuse(format!("{} appears twice in the manifest", e.path))
+        } else if !self.discard && self.is_present(e) {
+            // Before the session's block budget: a file left as it is
+            // costs the session nothing.
+            Prepared::Present
         } else if tracked + blocks > MAX_BLOCKS_PER_SESSION {
             Prepared::Refuse(format!(
                 "the session already tracks {tracked} blocks and {} needs {blocks} more, past the {MAX_BLOCKS_PER_SESSION} one session may track; send it with a larger --block-size or in a transfer of its own",
@@ -155,6 +165,14 @@ impl<'a> Planner<'a> {
                     have: crate::Bitmap::new(blocks).to_bytes(),
                 }
             }
+            Prepared::Present => {
+                self.stats.present.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .present_bytes
+                    .fetch_add(e.size, Ordering::Relaxed);
+                tracing::debug!(path = %e.path, level = %self.sync, "already here: not sent");
+                PlanOutcome::Present
+            }
             Prepared::Refuse(message) => {
                 // A memory-to-memory test's file is no file failed here.
                 if !self.discard {
@@ -165,6 +183,27 @@ impl<'a> Planner<'a> {
                 PlanOutcome::Refuse { message }
             }
         }
+    }
+
+    /// Whether regular file `e` is already at its destination, as the
+    /// session's sync level compares. A transfer over several pairs takes
+    /// every file: its receivers share the files' temporary copies, and
+    /// the sender leaves its level out (`SendConfig::sync`).
+    fn is_present(&self, e: &FileEntry) -> bool {
+        if self.sync == SyncLevel::None || e.kind != EntryKind::File || self.part.is_some() {
+            return false;
+        }
+        // A name that does not validate is refused by `prepare`, saying why.
+        let Ok(dest) = validate(&e.path) else {
+            return false;
+        };
+        let found = self.shared.root.stat(&dest.rel).map(|st| Found {
+            regular: rustix::fs::FileType::from_raw_mode(st.st_mode)
+                == rustix::fs::FileType::RegularFile,
+            size: st.st_size.max(0) as u64,
+            mtime: (st.st_mtime, st.st_mtime_nsec as u32),
+        });
+        present(self.sync, found, e.size, e.mtime)
     }
 
     /// The plan, once every entry is decided.

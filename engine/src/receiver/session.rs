@@ -31,6 +31,7 @@ use crate::session::receiver::{
 use crate::session::reports::Reported;
 use crate::spans::carry;
 use crate::summary::{IoInEffect, ReceiverSummary};
+use crate::tuning::SyncLevel;
 use crate::units::{fmt_bytes, gbps};
 use crate::wire::{
     Codecs, FileEntry, FrameReader, KEEPALIVE_INTERVAL, SessionId, Stripe, StripeRole, Verification,
@@ -259,6 +260,7 @@ impl<'a> Control<'a> {
             entries.len(),
             terms.block_size,
             terms.discard,
+            terms.sync,
             stats,
             stripe,
         );
@@ -396,6 +398,8 @@ struct Terms {
     discard: bool,
     /// The codecs its blocks may come packed in.
     codecs: Codecs,
+    /// Which files are answered present rather than taken.
+    sync: SyncLevel,
     /// When its control connection was taken up.
     started: Instant,
 }
@@ -490,6 +494,7 @@ fn control(shared: &Arc<Shared>, stream: Conn) -> Result<()> {
             verify,
             discard,
             codecs,
+            sync,
         } => Terms {
             id: session,
             block_size,
@@ -497,6 +502,7 @@ fn control(shared: &Arc<Shared>, stream: Conn) -> Result<()> {
             verify,
             discard,
             codecs,
+            sync,
             started,
         },
         Action::Close(end) => return ended(&*shared.cfg.observer, end),
@@ -794,6 +800,7 @@ fn summary(
         files_ok: stats.files_ok.load(Ordering::Relaxed),
         files_failed: stats.files_failed.load(Ordering::Relaxed)
             + stats.refused.load(Ordering::Relaxed),
+        files_present: stats.present.load(Ordering::Relaxed),
         memory_to_memory: terms.discard,
         warnings: report.warnings.into_iter().chain(huge_note).collect(),
     }

@@ -1009,6 +1009,7 @@ mod tests {
             size: 3,
             fingerprint: 1,
             mode: 0o644,
+            mtime: (0, 0),
             path: "f".into(),
         };
         let identity = entry_identity(&e);

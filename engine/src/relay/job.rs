@@ -327,6 +327,7 @@ mod tests {
                 size,
                 fingerprint,
                 mode: 0o644,
+                mtime: (0, 0),
                 path: "out".into(),
             },
             rel: rel.as_bytes().to_vec(),

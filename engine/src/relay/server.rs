@@ -406,6 +406,11 @@ fn answer(
             let (ok, digest, message) = match verdict {
                 crate::session::FileVerdict::Ok(d) => (true, *d, String::new()),
                 crate::session::FileVerdict::Failed(why) => (false, 0, why.clone()),
+                // A relay's sessions send every file (no sync level), so
+                // the core never takes a file as present.
+                crate::session::FileVerdict::Present => {
+                    (false, 0, "answered present in a relayed session".to_owned())
+                }
             };
             let held = st.held_in_pieces.get(&file_id).copied().unwrap_or(0);
             write_frame(

@@ -46,6 +46,10 @@ pub struct SendConfig {
     pub encrypt: crate::encryption::Encryption,
     /// Whether blocks are compressed on the wire (`compress::auto`).
     pub compress: crate::compress::Compression,
+    /// Which files the receiver may leave as they are because it already
+    /// has them (`sync`). Not applied over several pairs yet: `pairs`
+    /// sends every file, and says so.
+    pub sync: crate::sync::SyncLevel,
     /// File or directory to send (unused when `synthetic` is set).
     pub source: PathBuf,
     /// A memory-to-memory test: send this many bytes of generated data,
@@ -112,6 +116,7 @@ impl SendConfig {
             token,
             encrypt: crate::encryption::Encryption::None,
             compress: crate::compress::Compression::default(),
+            sync: crate::sync::SyncLevel::default(),
             source: source.into(),
             synthetic: None,
             dest: dest.into(),

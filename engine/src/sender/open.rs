@@ -16,8 +16,8 @@ use crate::session::FileVerdict;
 use crate::session::SenderControl;
 use crate::session::sender::Action;
 use crate::wire::{
-    FileEntry, Frame, FrameReader, IDLE_TIMEOUT, KEEPALIVE_INTERVAL, Purpose, SessionId, encode,
-    pack, write_frame,
+    EntryKind, FileEntry, Frame, FrameReader, IDLE_TIMEOUT, KEEPALIVE_INTERVAL, Purpose, SessionId,
+    encode, pack, write_frame,
 };
 
 /// Manifest frames stay under what one packed frame carries (`pack`),
@@ -104,6 +104,7 @@ pub(super) fn open_session(
             codecs: crate::compress::Codecs::of_mode(
                 cfg.progress.compression_or(cfg.compress).mode,
             ),
+            sync: cfg.sync,
         },
     )?;
     if let Some(stripe) = &cfg.stripe {
@@ -117,6 +118,7 @@ pub(super) fn open_session(
             size: f.size,
             fingerprint: f.stamp.fingerprint(),
             mode: f.mode,
+            mtime: f.stamp.wire_mtime(),
             path: f.dest.clone(),
         })
         .collect();
@@ -131,7 +133,8 @@ pub(super) fn open_session(
         KEEPALIVE_INTERVAL,
         IDLE_TIMEOUT,
     )
-    .with_identities(entries.iter().map(|e| (e.file_id, entry_identity(e))));
+    .with_identities(entries.iter().map(|e| (e.file_id, entry_identity(e))))
+    .with_sync(cfg.sync);
     let mut reader = FrameReader::unpacking();
     let plan = 'plan: loop {
         let frame = reader.read(&mut control)?;
@@ -154,6 +157,23 @@ pub(super) fn open_session(
     };
     for (file_id, message) in plan.refused {
         st.verdicts.insert(file_id, FileVerdict::Failed(message));
+    }
+    if !plan.present.is_empty() {
+        // No level finds a directory present: a receiver that says so is
+        // not believed.
+        let dirs: std::collections::HashSet<u32> = pending
+            .iter()
+            .filter(|(_, f)| f.kind == EntryKind::Dir)
+            .map(|(id, _)| *id)
+            .collect();
+        for file_id in plan.present {
+            let verdict = if dirs.contains(&file_id) {
+                FileVerdict::Failed("the receiver answered a directory present".into())
+            } else {
+                FileVerdict::Present
+            };
+            st.verdicts.insert(file_id, verdict);
+        }
     }
     Ok(Opened {
         control,

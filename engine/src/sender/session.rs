@@ -239,7 +239,7 @@ fn note_plan(cfg: &SendConfig, all: &[SourceFile], st: &mut RunState, held_bytes
     let verified_bytes: u64 = st
         .verdicts
         .iter()
-        .filter(|(_, v)| matches!(v, FileVerdict::Ok(_)))
+        .filter(|(_, v)| matches!(v, FileVerdict::Ok(_) | FileVerdict::Present))
         .map(|(id, _)| all[*id as usize].size)
         .sum();
     cfg.progress.held(verified_bytes + held_bytes);

@@ -70,6 +70,12 @@ impl Stamp {
         }
     }
 
+    /// The modification time as a manifest carries it: nanoseconds within
+    /// a second, whatever a file system reported.
+    pub fn wire_mtime(&self) -> (i64, u32) {
+        (self.mtime.0, self.mtime.1.clamp(0, 999_999_999) as u32)
+    }
+
     /// The source version a receiver's checkpoint is tied to (size and
     /// mtime), so a stale checkpoint is not reused.
     pub fn fingerprint(&self) -> u64 {

@@ -27,6 +27,7 @@ pub(super) fn summarize(
     let outcomes = outcomes(&list.files, &st.verdicts, cfg.verify);
     let digest = match (cfg.verify, outcomes.digests.as_slice(), list.files.len()) {
         (Verification::None, _, _) => "none (--verify none)".to_string(),
+        (_, [], _) if outcomes.present > 0 => "none (nothing sent)".to_string(),
         (_, [(_, d)], 1) => fmt_digest(*d),
         _ => fmt_digest(tree_digest(outcomes.digests.iter().copied())),
     };
@@ -65,6 +66,9 @@ pub(super) fn summarize(
             .filter(|f| f.kind == EntryKind::File)
             .count(),
         files_ok: outcomes.files_ok,
+        sync: cfg.sync,
+        files_present: outcomes.present,
+        bytes_present: outcomes.present_bytes,
         dirs: list
             .files
             .iter()
@@ -99,6 +103,9 @@ struct Outcomes<'a> {
     failures: Vec<FileFailure>,
     /// Files (not directories) verified.
     files_ok: usize,
+    /// Files found already there, and their bytes.
+    present: usize,
+    present_bytes: u64,
     /// Their destinations and digests, for the transfer's digest.
     digests: Vec<(&'a str, u128)>,
 }
@@ -112,6 +119,7 @@ fn outcomes<'a>(
     let mut failures = Vec::new();
     let mut digests = Vec::new();
     let mut files_ok = 0;
+    let (mut present, mut present_bytes) = (0, 0);
     let mut results = Vec::with_capacity(files.len());
     for (i, f) in files.iter().enumerate() {
         let (ok, digest, message) = match verdicts.get(&(i as u32)) {
@@ -127,6 +135,11 @@ fn outcomes<'a>(
                 )
             }
             Some(FileVerdict::Failed(m)) => (false, None, Some(m.clone())),
+            Some(FileVerdict::Present) => {
+                present += 1;
+                present_bytes += f.size;
+                (true, None, None)
+            }
             None => (
                 false,
                 None,
@@ -145,12 +158,15 @@ fn outcomes<'a>(
             ok,
             digest,
             message,
+            present: matches!(verdicts.get(&(i as u32)), Some(FileVerdict::Present)),
         });
     }
     Outcomes {
         results,
         failures,
         files_ok,
+        present,
+        present_bytes,
         digests,
     }
 }

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use super::describe;
 use crate::by_id::ById;
 use crate::liveness::{Due, Liveness};
+use crate::tuning::SyncLevel;
 use crate::violation::{Violation, ViolationKind};
 use crate::wire::{
     Codecs, EntryKind, FileEntry, Frame, MAX_ENTRIES, MAX_MANIFEST_BYTES, PlanOutcome, SessionId,
@@ -218,6 +219,8 @@ pub enum Action {
         discard: bool,
         /// The codecs its blocks may come packed in.
         codecs: Codecs,
+        /// Which files to answer `PlanOutcome::Present` for.
+        sync: SyncLevel,
     },
     /// The manifest is complete and within bounds (unique ids): claim and
     /// prepare the destinations, calling [`ReceiverControl::handle_planned`]
@@ -364,6 +367,7 @@ impl ReceiverControl {
                     verify,
                     discard,
                     codecs,
+                    sync,
                 },
             ) => {
                 let block_size = u64::from(block_size);
@@ -422,6 +426,7 @@ impl ReceiverControl {
                     verify,
                     discard,
                     codecs,
+                    sync,
                 });
             }
             (
@@ -579,7 +584,7 @@ impl ReceiverControl {
                 accepted.push((file_id, FileState::Sending));
                 have.iter().all(|&b| b == 0)
             }
-            PlanOutcome::Refuse { .. } => false,
+            PlanOutcome::Refuse { .. } | PlanOutcome::Present => false,
         };
         if fresh {
             if let Some((first, count)) = &mut self.run {
@@ -876,6 +881,7 @@ mod tests {
             size: 1 << 20,
             fingerprint: 7,
             mode: 0o644,
+            mtime: (0, 0),
             path: format!("f{file_id}"),
         }
     }
@@ -888,6 +894,7 @@ mod tests {
             verify: Verification::Checksums,
             discard: false,
             codecs: Codecs::NONE,
+            sync: SyncLevel::None,
         }
     }
 
@@ -1182,6 +1189,7 @@ mod tests {
             verify,
             discard: true,
             codecs: Codecs::NONE,
+            sync: SyncLevel::None,
         };
         let refusal = |limits: Limits, verify| {
             let mut core = ReceiverControl::new(limits);
@@ -1239,6 +1247,7 @@ mod tests {
                     verify,
                     discard: false,
                     codecs: Codecs::NONE,
+                    sync: SyncLevel::None,
                 },
                 Instant::now(),
             );

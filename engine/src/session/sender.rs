@@ -18,6 +18,7 @@ use crate::digest::fmt_digest;
 use crate::layout::Layout;
 use crate::liveness::{Due, Liveness};
 use crate::scheduler::PlannedFile;
+use crate::sync::SyncLevel;
 use crate::violation::{Violation, ViolationKind};
 use crate::wire::{Frame, PlanOutcome, Verification};
 
@@ -28,6 +29,8 @@ pub struct Plan {
     pub accepted: Vec<PlannedFile>,
     /// The files it will not write, and why.
     pub refused: Vec<(u32, String)>,
+    /// The files already there, at the session's sync level: not sent.
+    pub present: Vec<u32>,
     /// Bytes of the accepted files it already holds.
     pub held_bytes: u64,
 }
@@ -39,6 +42,8 @@ pub enum FileVerdict {
     Ok(u128),
     /// Not published; why.
     Failed(String),
+    /// Not sent: already at the destination, at the session's sync level.
+    Present,
 }
 
 /// How the control connection ended, when it ended badly.
@@ -83,6 +88,8 @@ enum File {
     Offered { size: u64 },
     /// The plan refused it.
     Refused,
+    /// The plan found it already there.
+    Present,
     /// Its blocks may still be going out.
     Sending,
     /// Reported done with this digest; its result is owed.
@@ -108,6 +115,8 @@ pub struct SenderControl {
     /// Each offered file's identity (`digest::entry_identity`); 0 where
     /// the shell gave none.
     identities: HashMap<u32, u64>,
+    /// The session's sync level: under `None` no file may be present.
+    sync: SyncLevel,
     block_size: u64,
     verify: Verification,
     plan: Plan,
@@ -141,11 +150,13 @@ impl SenderControl {
                 .map(|(id, size)| (id, File::Offered { size }))
                 .collect(),
             identities: HashMap::new(),
+            sync: SyncLevel::None,
             block_size,
             verify,
             plan: Plan {
                 accepted: Vec::new(),
                 refused: Vec::new(),
+                present: Vec::new(),
                 held_bytes: 0,
             },
             planned: 0,
@@ -167,6 +178,14 @@ impl SenderControl {
     #[must_use]
     pub fn with_identities(mut self, identities: impl IntoIterator<Item = (u32, u64)>) -> Self {
         self.identities = identities.into_iter().collect();
+        self
+    }
+
+    /// The sync level the session's `Open` named: the receiver may answer
+    /// files present only under a level (`SyncLevel::None` by default).
+    #[must_use]
+    pub fn with_sync(mut self, sync: SyncLevel) -> Self {
+        self.sync = sync;
         self
     }
 
@@ -230,6 +249,7 @@ impl SenderControl {
                     Plan {
                         accepted: Vec::new(),
                         refused: Vec::new(),
+                        present: Vec::new(),
                         held_bytes: 0,
                     },
                 );
@@ -308,6 +328,18 @@ impl SenderControl {
                 self.plan.refused.push((file_id, message));
                 self.files.insert(file_id, File::Refused);
             }
+            PlanOutcome::Present if self.sync == SyncLevel::None => {
+                self.violation(Violation::new(
+                    ViolationKind::Inconsistent,
+                    format!(
+                        "file {file_id} answered present, where the session asked for every file"
+                    ),
+                ));
+            }
+            PlanOutcome::Present => {
+                self.plan.present.push(file_id);
+                self.files.insert(file_id, File::Present);
+            }
         }
     }
 
@@ -385,7 +417,7 @@ impl SenderControl {
                 ));
                 return;
             }
-            (Some(File::Refused | File::Offered { .. }) | None, _) => {
+            (Some(File::Refused | File::Present | File::Offered { .. }) | None, _) => {
                 self.violation(Violation::new(
                     ViolationKind::Unknown,
                     format!("result for file {file_id}, which the plan did not accept"),
@@ -606,6 +638,37 @@ mod tests {
             ] if message.ends_with(v.detail.as_str()) => v.clone(),
             other => panic!("expected an Error frame and a violation, got {other:?}"),
         }
+    }
+
+    // A file found present needs no result, and the session ends once
+    // the others are answered; under no sync level a receiver that
+    // answers a file present breaks the protocol (it would make the
+    // sender count as landed a file it never sent).
+    #[test]
+    fn files_are_present_only_under_a_sync_level() {
+        let now = Instant::now();
+        let present = |file_id| Frame::Plan {
+            file_id,
+            outcome: PlanOutcome::Present,
+        };
+        let mut c = core().with_sync(SyncLevel::Mtime);
+        for f in [accept(1, &[0]), present(2), present(3), Frame::PlanEnd] {
+            c.handle_frame(f, now);
+        }
+        let actions = drain(&mut c);
+        let [Action::Planned(plan)] = &actions[..] else {
+            panic!("{actions:?}");
+        };
+        assert_eq!(plan.present, [2, 3]);
+        assert_eq!(plan.accepted.len(), 1);
+        c.handle_frame(present(2), now);
+        assert_eq!(violation(&mut c).kind, ViolationKind::Unexpected);
+
+        let mut c = core();
+        c.handle_frame(present(2), now);
+        let v = violation(&mut c);
+        assert_eq!(v.kind, ViolationKind::Inconsistent);
+        assert!(v.detail.contains("asked for every file"), "{v:?}");
     }
 
     #[test]
@@ -1018,8 +1081,12 @@ mod tests {
                                 .iter()
                                 .map(|p| p.file_id)
                                 .chain(plan.refused.iter().map(|r| r.0))
+                                .chain(plan.present.iter().copied())
                                 .collect();
-                            prop_assert_eq!(ids.len(), plan.accepted.len() + plan.refused.len());
+                            prop_assert_eq!(
+                                ids.len(),
+                                plan.accepted.len() + plan.refused.len() + plan.present.len()
+                            );
                             prop_assert_eq!(&ids, &offered.keys().copied().collect());
                             accepted = plan.accepted.iter().map(|p| p.file_id).collect();
                         }

@@ -7,6 +7,7 @@ use super::{
     RelayEntry, RelayError, RelayJob, SESSION_ID_LEN, Stripe, StripePiece, StripeRole, VERSION,
     Verification,
 };
+use crate::tuning::SyncLevel;
 
 /// Why a frame could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -190,6 +191,7 @@ fn encode_fields(frame: &Frame, out: &mut Vec<u8>) {
             verify,
             discard,
             codecs,
+            sync,
         } => {
             w.u8(T_OPEN);
             w.bytes(session);
@@ -198,6 +200,7 @@ fn encode_fields(frame: &Frame, out: &mut Vec<u8>) {
             w.u8(verify_code(*verify));
             w.u8(u8::from(*discard));
             w.u8(codecs.bits());
+            w.u8(sync_code(*sync));
         }
         Frame::Files { entries } => {
             w.u8(T_FILES);
@@ -236,6 +239,7 @@ fn encode_fields(frame: &Frame, out: &mut Vec<u8>) {
                     w.u8(1);
                     w.str(message);
                 }
+                PlanOutcome::Present => w.u8(2),
             }
         }
         Frame::PlanRun { first, count } => {
@@ -379,6 +383,22 @@ fn verify_code(v: Verification) -> u8 {
         Verification::Checksums => 1,
         Verification::Reread => 2,
     }
+}
+
+fn sync_code(level: SyncLevel) -> u8 {
+    match level {
+        SyncLevel::None => 0,
+        SyncLevel::Exists => 1,
+        SyncLevel::Size => 2,
+        SyncLevel::Mtime => 3,
+    }
+}
+
+fn decode_sync(code: u8) -> Result<SyncLevel, DecodeError> {
+    SyncLevel::ALL
+        .into_iter()
+        .find(|&l| sync_code(l) == code)
+        .ok_or(DecodeError::Invalid("sync level"))
 }
 
 fn decode_verify(code: u8) -> Result<Verification, DecodeError> {
@@ -596,6 +616,7 @@ fn decode_fields(body: &[u8]) -> Result<Frame, DecodeError> {
                 _ => return Err(DecodeError::Invalid("discard flag")),
             };
             let codecs = Codecs::of_bits(r.u8()?).ok_or(DecodeError::Invalid("codecs"))?;
+            let sync = decode_sync(r.u8()?)?;
             Frame::Open {
                 session,
                 block_size,
@@ -603,13 +624,14 @@ fn decode_fields(body: &[u8]) -> Result<Frame, DecodeError> {
                 verify,
                 discard,
                 codecs,
+                sync,
             }
         }
         T_FILES => {
             let count = r.u32()? as usize;
-            // Each entry takes at least 25 bytes, so the count cannot make us
+            // Each entry takes at least 37 bytes, so the count cannot make us
             // reserve more than the frame itself justifies.
-            let mut entries = Vec::with_capacity(count.min(r.0.len() / 25));
+            let mut entries = Vec::with_capacity(count.min(r.0.len() / 37));
             for _ in 0..count {
                 entries.push(r.entry()?);
             }
@@ -661,6 +683,7 @@ fn decode_fields(body: &[u8]) -> Result<Frame, DecodeError> {
                 1 => PlanOutcome::Refuse {
                     message: r.str(MAX_MESSAGE)?,
                 },
+                2 => PlanOutcome::Present,
                 _ => return Err(DecodeError::Invalid("plan outcome")),
             };
             Frame::Plan { file_id, outcome }
@@ -841,6 +864,8 @@ impl Writer<'_> {
         self.u64(e.size);
         self.u64(e.fingerprint);
         self.u16(e.mode);
+        self.u64(e.mtime.0 as u64);
+        self.u32(e.mtime.1);
         self.str(&e.path);
     }
     /// Strings longer than a u16 are cut: every caller bounds them far lower.
@@ -921,12 +946,17 @@ impl<'a> Reader<'a> {
         if mode > 0o777 {
             return Err(DecodeError::Invalid("permission bits"));
         }
+        let mtime = (self.u64()? as i64, self.u32()?);
+        if mtime.1 >= 1_000_000_000 {
+            return Err(DecodeError::Invalid("modification time"));
+        }
         Ok(FileEntry {
             file_id,
             kind,
             size,
             fingerprint,
             mode,
+            mtime,
             path: self.str(MAX_PATH)?,
         })
     }
@@ -946,6 +976,30 @@ pub(crate) mod tests {
     use proptest::prelude::*;
 
     #[test]
+    fn a_modification_time_past_a_second_of_nanoseconds_is_refused() {
+        let entry = |nanos| Frame::Files {
+            entries: vec![FileEntry {
+                file_id: 1,
+                kind: EntryKind::File,
+                size: 0,
+                fingerprint: 0,
+                mode: 0o644,
+                mtime: (-1, nanos),
+                path: "a".into(),
+            }],
+        };
+        let mut body = Vec::new();
+        encode_fields(&entry(999_999_999), &mut body);
+        assert_eq!(decode_fields(&body), Ok(entry(999_999_999)));
+        body.clear();
+        encode_fields(&entry(1_000_000_000), &mut body);
+        assert_eq!(
+            decode_fields(&body),
+            Err(DecodeError::Invalid("modification time"))
+        );
+    }
+
+    #[test]
     fn a_manifest_path_over_max_path_is_refused_not_truncated() {
         // A hostile peer can write any length: the receiver must refuse a
         // path one byte over the protocol's limit, and take one at it.
@@ -956,6 +1010,7 @@ pub(crate) mod tests {
                 size: 0,
                 fingerprint: 0,
                 mode: 0o644,
+                mtime: (0, 0),
                 path: "a".repeat(MAX_PATH),
             }],
         };
@@ -1026,8 +1081,9 @@ pub(crate) mod tests {
                 0u8..3,
                 any::<bool>(),
                 0u8..4,
+                0u8..4,
             )
-                .prop_map(|(session, b, streams, v, discard, c)| Frame::Open {
+                .prop_map(|(session, b, streams, v, discard, c, l)| Frame::Open {
                     session,
                     block_size: b * 4096,
                     streams,
@@ -1038,31 +1094,10 @@ pub(crate) mod tests {
                     ][v as usize],
                     discard,
                     codecs: Codecs::of_bits(c).unwrap(),
+                    sync: decode_sync(l).unwrap(),
                 }),
-            proptest::collection::vec(
-                (
-                    any::<u32>(),
-                    any::<bool>(),
-                    any::<u64>(),
-                    any::<u64>(),
-                    0u16..=0o777,
-                    arb_str(200)
-                ),
-                0..20
-            )
-            .prop_map(|v| Frame::Files {
-                entries: v
-                    .into_iter()
-                    .map(|(file_id, d, size, fingerprint, mode, path)| FileEntry {
-                        file_id,
-                        kind: if d { EntryKind::Dir } else { EntryKind::File },
-                        size,
-                        fingerprint,
-                        mode,
-                        path,
-                    })
-                    .collect()
-            }),
+            proptest::collection::vec(arb_entry(), 0..20)
+                .prop_map(|entries| Frame::Files { entries }),
             Just(Frame::FilesEnd),
             (
                 any::<u64>(),
@@ -1095,6 +1130,10 @@ pub(crate) mod tests {
             (any::<u32>(), arb_str(300)).prop_map(|(file_id, message)| Frame::Plan {
                 file_id,
                 outcome: PlanOutcome::Refuse { message }
+            }),
+            any::<u32>().prop_map(|file_id| Frame::Plan {
+                file_id,
+                outcome: PlanOutcome::Present
             }),
             Just(Frame::PlanEnd),
             (0..u32::MAX / 2, 1..u32::MAX / 2)
@@ -1168,16 +1207,20 @@ pub(crate) mod tests {
             any::<u64>(),
             any::<u64>(),
             0u16..=0o777,
+            (any::<i64>(), 0u32..1_000_000_000),
             arb_str(200),
         )
-            .prop_map(|(file_id, dir, size, fingerprint, mode, path)| FileEntry {
-                file_id,
-                kind: if dir { EntryKind::Dir } else { EntryKind::File },
-                size,
-                fingerprint,
-                mode,
-                path,
-            })
+            .prop_map(
+                |(file_id, dir, size, fingerprint, mode, mtime, path)| FileEntry {
+                    file_id,
+                    kind: if dir { EntryKind::Dir } else { EntryKind::File },
+                    size,
+                    fingerprint,
+                    mode,
+                    mtime,
+                    path,
+                },
+            )
     }
 
     /// Any relay frame (`relay`).
@@ -1443,11 +1486,13 @@ pub(crate) mod tests {
                 verify: Verification::Checksums,
                 discard: true,
                 codecs: Codecs::NONE,
+                sync: SyncLevel::None,
             },
             &mut buf,
         );
+        // The last three bytes: the discard flag, the codecs, the sync level.
         let fields = buf[4..buf.len() - FRAME_CHECK_LEN].to_vec();
-        let at = fields.len() - 2;
+        let at = fields.len() - 3;
         let mut bad = fields.clone();
         bad[at] = 2;
         assert_eq!(
@@ -1455,11 +1500,18 @@ pub(crate) mod tests {
             Err(DecodeError::Invalid("discard flag"))
         );
         // Nor codecs this version does not know.
+        let mut bad = fields.clone();
+        bad[at + 1] = 4;
+        assert_eq!(
+            decode_body(&sealed(&bad)),
+            Err(DecodeError::Invalid("codecs"))
+        );
+        // Nor a sync level.
         let mut bad = fields;
         *bad.last_mut().unwrap() = 4;
         assert_eq!(
             decode_body(&sealed(&bad)),
-            Err(DecodeError::Invalid("codecs"))
+            Err(DecodeError::Invalid("sync level"))
         );
     }
 

@@ -60,8 +60,9 @@ pub const MAGIC: [u8; 4] = *b"WRRT";
 /// hello offers encryption and the challenge answers, `ENCRYPTION_SINCE`;
 /// 14: `Open` names the codecs its blocks may come packed in, and
 /// `PackedBlock`; 15: a packed piece's prefix carries a check of its own,
-/// so a damaged one is refused at once, never read as another length).
-pub const VERSION: u16 = 15;
+/// so a damaged one is refused at once, never read as another length;
+/// 16: `Open.sync`, `FileEntry.mtime` and `PlanOutcome::Present`).
+pub const VERSION: u16 = 16;
 /// The first version whose `Hello` carries an encryption offer and whose
 /// `Challenge` says whether TLS follows.
 pub const ENCRYPTION_SINCE: u16 = 13;
@@ -170,6 +171,9 @@ pub struct FileEntry {
     /// The source's permission bits (`0o777` at most; the receiver masks
     /// them with its umask and never sets setuid, setgid or sticky bits).
     pub mode: u16,
+    /// The source's modification time: seconds since the epoch and
+    /// nanoseconds (under 10^9). The receiver publishes a file with it.
+    pub mtime: (i64, u32),
     /// Destination path relative to the receiver's root.
     pub path: String,
 }
@@ -249,6 +253,9 @@ pub enum PlanOutcome {
         /// Why.
         message: String,
     },
+    /// Already at the destination, as the session's sync level compares
+    /// (`Open.sync`): not sent, and left as it is.
+    Present,
 }
 
 /// Each side of a relay job (`relay`) writes at least this often.
@@ -373,6 +380,9 @@ pub enum Frame {
         /// The codecs blocks may come packed in (`PackedBlock`); any
         /// other packing is refused.
         codecs: Codecs,
+        /// Which files the receiver answers `PlanOutcome::Present` for,
+        /// instead of taking them.
+        sync: crate::tuning::SyncLevel,
     },
     /// Sent between `Open` and the manifest: the session is one of a
     /// transfer over several pairs, whose receivers share one file system

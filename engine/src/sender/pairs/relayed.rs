@@ -181,6 +181,7 @@ fn entries(list: &SourceList) -> Vec<Vec<RelayEntry>> {
                 size: f.size,
                 fingerprint: f.stamp.fingerprint(),
                 mode: f.mode,
+                mtime: f.stamp.wire_mtime(),
                 path: f.dest.clone(),
             },
             rel,

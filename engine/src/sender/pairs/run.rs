@@ -461,7 +461,8 @@ impl<'a> Run<'a> {
                 Some(FileVerdict::Failed(why)) => {
                     self.failed.insert(file, format!("not published: {why}"));
                 }
-                None => {
+                // Pairs send every file (no sync level): never taken.
+                Some(FileVerdict::Present) | None => {
                     self.failed.insert(file, "not published".into());
                 }
             }
@@ -494,7 +495,9 @@ impl<'a> Run<'a> {
                 Some(FileVerdict::Ok(_)) => {
                     self.piece_failed(now, piece.file, "answered without its blocks' checksums")
                 }
-                None => self.piece_failed(now, piece.file, "no verdict"),
+                Some(FileVerdict::Present) | None => {
+                    self.piece_failed(now, piece.file, "no verdict")
+                }
             }
         }
         // Refused by the coordinator only if the pair was fenced meanwhile.
