@@ -251,6 +251,13 @@ pub struct SendArgs {
     /// with --allow-discard.
     #[arg(long, value_parser = size, conflicts_with = "source")]
     pub synthetic: Option<u64>,
+    /// Leave files the destination already has: exists (any regular file
+    /// at the path), size (the same size), mtime (the same size and
+    /// modification time; wirerate publishes every file with its
+    /// source's), or none (send every file). The receiver compares; files
+    /// left are counted in the summary. Not with several receivers yet.
+    #[arg(long, env = "WIRERATE_SYNC", default_value_t = SyncLevel::default(), value_parser = names::<SyncLevel, 4>(SyncLevel::ALL.map(SyncLevel::as_str)))]
+    pub sync: SyncLevel,
     #[command(flatten)]
     pub tuning: SendTuning,
     /// Send it this many times, one after another, in this process: each
@@ -320,13 +327,6 @@ pub struct SendTuning {
     /// shrink goes as it is.
     #[arg(long, env = "WIRERATE_COMPRESS", default_value_t = Compression::default(), value_parser = names::<Compression, 4>(Compression::ALL.map(Compression::as_str)))]
     pub compress: Compression,
-    /// Leave files the destination already has: exists (any file at the
-    /// path), size (the same size), mtime (the same size and modification
-    /// time; wirerate publishes every file with its source's), or none
-    /// (send every file). The receiver compares; skipped files are
-    /// counted in the summary.
-    #[arg(long, env = "WIRERATE_SYNC", default_value_t = SyncLevel::default(), value_parser = names::<SyncLevel, 4>(SyncLevel::ALL.map(SyncLevel::as_str)))]
-    pub sync: SyncLevel,
     /// Keep reconnecting and resuming this long after a failure, e.g. 120 (seconds).
     #[arg(long, default_value_t = 120.0, value_parser = seconds)]
     pub retry_for: f64,

@@ -82,7 +82,6 @@ fn send_config(
     c.max_rate = t.max_rate;
     c.verify = t.verify;
     c.compress = t.compress;
-    c.sync = t.sync;
     c.retry_for = Duration::from_secs_f64(t.retry_for);
     c.validate()?;
     Ok(c)
@@ -202,6 +201,7 @@ fn send_cmd(a: wirerate_agent::cli::SendArgs) -> Result<ExitCode> {
         a.dest.unwrap_or_default(),
     )?;
     cfg.synthetic = a.synthetic;
+    cfg.sync = a.sync;
     cfg.encrypt = a.token.encrypt;
     if a.via.is_some() && !cfg.to.contains(',') {
         bail!("--via names the sender of each of several receivers: give --to several");

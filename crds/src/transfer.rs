@@ -71,6 +71,7 @@ use crate::tuning::{Compression, Striping, SyncLevel, Tuning, Verification};
 #[x_kube(validation = Rule::new("!has(self.striping) || !has(self.tuning) || !has(self.tuning.blockSize) || self.tuning.blockSize % self.striping.stripeSize == 0").message("striping.stripeSize must divide tuning.blockSize: pick a stripe size that divides the block size"))]
 #[x_kube(validation = Rule::new("(has(self.pairs) ? self.pairs : 1) == (has(oldSelf.pairs) ? oldSelf.pairs : 1)").message("pairs cannot change once set: the pairs of a running transfer are fixed; create a new Transfer instead"))]
 #[x_kube(validation = Rule::new("!has(self.pairs) || self.pairs == 1 || has(self.destination.pool)").message("pairs above 1 needs destination.pool: an agent outside the cluster is one receiver, so one pair"))]
+#[x_kube(validation = Rule::new("!has(self.pairs) || self.pairs == 1 || !has(self.sync) || self.sync == 'None'").message("sync levels are not applied over several pairs yet: set sync to None, or pairs to 1"))]
 #[x_kube(validation = Rule::new("!has(self.pairsPolicy) || self.pairsPolicy == 'Fixed' || (has(self.pairs) && self.pairs >= 2)").message("pairsPolicy Auto needs pairs of 2 or more: with Auto, pairs is the most pairs the Transfer may grow to"))]
 #[x_kube(validation = Rule::new("(has(self.pairsPolicy) ? self.pairsPolicy : 'Fixed') == (has(oldSelf.pairsPolicy) ? oldSelf.pairsPolicy : 'Fixed')").message("pairsPolicy cannot change once set: create a new Transfer instead"))]
 #[serde(rename_all = "camelCase")]
@@ -118,9 +119,9 @@ pub struct TransferSpec {
     pub verification: Verification,
     /// Which files the destination already has are left as they are,
     /// not sent: `None` (the default) sends every file; `Exists` leaves
-    /// any file already at its path, `Size` one of the same size, `Mtime`
-    /// one of the same size and modification time (every landed file
-    /// gets its source's). Over several pairs every file is sent.
+    /// any regular file already at its path, `Size` one of the same size,
+    /// `Mtime` one of the same size and modification time (every landed
+    /// file gets its source's). Not with `pairs` above 1 yet.
     #[serde(default)]
     pub sync: SyncLevel,
     /// Cap on the transfer's rate in megabits per second (sharing a path).

@@ -229,6 +229,12 @@ fn transfer_rules_refuse_mistakes() {
     rejected_with(&t, "exactly one of pool or external");
 
     let mut t = good.clone();
+    t.spec.sync = wirerate_crds::tuning::SyncLevel::Mtime;
+    validate_cel(&t).expect("a sync level over one pair passes admission");
+    t.spec.pairs = Some(2);
+    rejected_with(&t, "sync levels are not applied over several pairs yet");
+
+    let mut t = good.clone();
     t.spec.pairs = Some(3);
     validate_cel(&t).expect("several pairs into a pool pass admission");
     t.spec.destination.pool = None;

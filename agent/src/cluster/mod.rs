@@ -1181,7 +1181,8 @@ fn receiver_verdict(
                 dest.display(),
                 fmt_bytes(at.moved),
                 fmt_bytes(s.bytes_skipped_resume),
-                match s.files_present {
+                // Every attempt's: a retry does not offer them again.
+                match sums.iter().map(|s| s.files_present).sum::<u64>() {
                     0 => String::new(),
                     n => format!("; {n} already there, not sent (sync)"),
                 }

@@ -200,3 +200,24 @@ fn a_send_with_every_file_present_ends_having_sent_nothing() {
     );
     assert_eq!(second.bytes_sent, 0);
 }
+
+// Over several pairs a level is refused, saying why, before anything is
+// sent: their receivers share each file's temporary copy.
+#[test]
+fn a_sync_level_over_several_pairs_is_refused() {
+    let dir = scratch("sync-pairs");
+    let src = dir.path().join("a.bin");
+    write_file(&src, 4000, 1);
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let (a, b) = (server(&root, IoMode::Async), server(&root, IoMode::Async));
+    let mut cfg = send_cfg(a.addr(), &src, "a.bin");
+    cfg.sync = SyncLevel::Size;
+    let to = [a.addr().to_string(), b.addr().to_string()];
+    let err = wirerate_engine::sender::pairs::send_over_pairs(&cfg, &to).unwrap_err();
+    assert!(
+        err.to_string().contains("not applied over several pairs"),
+        "{err}"
+    );
+    assert!(!root.join("a.bin").exists());
+}

@@ -689,7 +689,14 @@ impl DestFile {
             },
         };
         if let Err(e) = rustix::fs::futimens(f, &times) {
-            tracing::warn!(path = %self.dest.rel, "setting the modification time: {e}");
+            // Once: a file system that refuses it refuses it for every file.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!(
+                    path = %self.dest.rel,
+                    "setting the modification time: {e} (said once; a sync by mtime will send such files again)"
+                );
+            });
             return;
         }
         let kept = rustix::fs::fstat(f)

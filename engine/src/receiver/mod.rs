@@ -248,6 +248,9 @@ pub(crate) struct JobCounters {
     pub(crate) published: std::sync::atomic::AtomicU64,
     /// Bytes written, durable or not.
     pub(crate) written: std::sync::atomic::AtomicU64,
+    /// Bytes of files found already here at a session's sync level: a
+    /// retried session does not offer them again, so they are kept here.
+    pub(crate) present: std::sync::atomic::AtomicU64,
     /// When the first session was planned.
     pub(crate) first_plan: std::sync::OnceLock<Instant>,
 }
@@ -362,10 +365,10 @@ impl ServerHandle {
             // covers them without moving them.
             total: s.published_before.load(Ordering::Relaxed)
                 + s.total.load(Ordering::Relaxed)
-                + s.present_bytes.load(Ordering::Relaxed),
+                + job.present.load(Ordering::Relaxed),
             done: job.published.load(Ordering::Relaxed)
                 + s.kept.load(Ordering::Relaxed)
-                + s.present_bytes.load(Ordering::Relaxed),
+                + job.present.load(Ordering::Relaxed),
             moved: job.written.load(Ordering::Relaxed),
             seconds: job
                 .first_plan

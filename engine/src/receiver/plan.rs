@@ -167,9 +167,7 @@ impl<'a> Planner<'a> {
             }
             Prepared::Present => {
                 self.stats.present.fetch_add(1, Ordering::Relaxed);
-                self.stats
-                    .present_bytes
-                    .fetch_add(e.size, Ordering::Relaxed);
+                self.shared.job.present.fetch_add(e.size, Ordering::Relaxed);
                 tracing::debug!(path = %e.path, level = %self.sync, "already here: not sent");
                 PlanOutcome::Present
             }

@@ -15,10 +15,9 @@ pub(crate) struct Stats {
     pub(crate) files_failed: AtomicU64,
     /// Entries refused in the plan (they get no result).
     pub(crate) refused: AtomicU64,
-    /// Files already here at the session's sync level, and their bytes:
-    /// not taken, left as they are.
+    /// Files already here at the session's sync level: not taken, left
+    /// as they are (their bytes are the job's, `JobCounters::present`).
     pub(crate) present: AtomicU64,
-    pub(crate) present_bytes: AtomicU64,
     /// Bytes of the accepted files in all.
     pub(crate) total: AtomicU64,
     /// Bytes of this session's files a new session would keep, those

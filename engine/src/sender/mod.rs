@@ -47,8 +47,7 @@ pub struct SendConfig {
     /// Whether blocks are compressed on the wire (`compress::auto`).
     pub compress: crate::compress::Compression,
     /// Which files the receiver may leave as they are because it already
-    /// has them (`sync`). Not applied over several pairs yet: `pairs`
-    /// sends every file, and says so.
+    /// has them (`sync`). Not over several pairs yet: `pairs` refuses it.
     pub sync: crate::sync::SyncLevel,
     /// File or directory to send (unused when `synthetic` is set).
     pub source: PathBuf,

@@ -134,7 +134,13 @@ pub(super) fn open_session(
         IDLE_TIMEOUT,
     )
     .with_identities(entries.iter().map(|e| (e.file_id, entry_identity(e))))
-    .with_sync(cfg.sync);
+    .with_sync(
+        cfg.sync,
+        entries
+            .iter()
+            .filter(|e| e.kind == EntryKind::Dir)
+            .map(|e| e.file_id),
+    );
     let mut reader = FrameReader::unpacking();
     let plan = 'plan: loop {
         let frame = reader.read(&mut control)?;
@@ -158,22 +164,8 @@ pub(super) fn open_session(
     for (file_id, message) in plan.refused {
         st.verdicts.insert(file_id, FileVerdict::Failed(message));
     }
-    if !plan.present.is_empty() {
-        // No level finds a directory present: a receiver that says so is
-        // not believed.
-        let dirs: std::collections::HashSet<u32> = pending
-            .iter()
-            .filter(|(_, f)| f.kind == EntryKind::Dir)
-            .map(|(id, _)| *id)
-            .collect();
-        for file_id in plan.present {
-            let verdict = if dirs.contains(&file_id) {
-                FileVerdict::Failed("the receiver answered a directory present".into())
-            } else {
-                FileVerdict::Present
-            };
-            st.verdicts.insert(file_id, verdict);
-        }
+    for file_id in plan.present {
+        st.verdicts.insert(file_id, FileVerdict::Present);
     }
     Ok(Opened {
         control,

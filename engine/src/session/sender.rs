@@ -9,7 +9,7 @@
 //! and carries out the actions it polls. Whether the blocks themselves
 //! are acknowledged is the scheduler's business.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::describe;
@@ -117,6 +117,9 @@ pub struct SenderControl {
     identities: HashMap<u32, u64>,
     /// The session's sync level: under `None` no file may be present.
     sync: SyncLevel,
+    /// The offered entries that are directories, which no level finds
+    /// present.
+    dirs: HashSet<u32>,
     block_size: u64,
     verify: Verification,
     plan: Plan,
@@ -151,6 +154,7 @@ impl SenderControl {
                 .collect(),
             identities: HashMap::new(),
             sync: SyncLevel::None,
+            dirs: HashSet::new(),
             block_size,
             verify,
             plan: Plan {
@@ -181,11 +185,13 @@ impl SenderControl {
         self
     }
 
-    /// The sync level the session's `Open` named: the receiver may answer
-    /// files present only under a level (`SyncLevel::None` by default).
+    /// The sync level the session's `Open` named, and which offered
+    /// entries are directories: the receiver may answer regular files
+    /// present, and only under a level (`SyncLevel::None` by default).
     #[must_use]
-    pub fn with_sync(mut self, sync: SyncLevel) -> Self {
+    pub fn with_sync(mut self, sync: SyncLevel, dirs: impl IntoIterator<Item = u32>) -> Self {
         self.sync = sync;
+        self.dirs = dirs.into_iter().collect();
         self
     }
 
@@ -334,6 +340,12 @@ impl SenderControl {
                     format!(
                         "file {file_id} answered present, where the session asked for every file"
                     ),
+                ));
+            }
+            PlanOutcome::Present if self.dirs.contains(&file_id) => {
+                self.violation(Violation::new(
+                    ViolationKind::Inconsistent,
+                    format!("directory {file_id} answered present, which no sync level finds"),
                 ));
             }
             PlanOutcome::Present => {
@@ -651,7 +663,7 @@ mod tests {
             file_id,
             outcome: PlanOutcome::Present,
         };
-        let mut c = core().with_sync(SyncLevel::Mtime);
+        let mut c = core().with_sync(SyncLevel::Mtime, []);
         for f in [accept(1, &[0]), present(2), present(3), Frame::PlanEnd] {
             c.handle_frame(f, now);
         }
@@ -669,6 +681,11 @@ mod tests {
         let v = violation(&mut c);
         assert_eq!(v.kind, ViolationKind::Inconsistent);
         assert!(v.detail.contains("asked for every file"), "{v:?}");
+        // Nor a directory, under any level.
+        let mut c = core().with_sync(SyncLevel::Exists, [3]);
+        c.handle_frame(present(3), now);
+        let v = violation(&mut c);
+        assert!(v.detail.contains("directory 3"), "{v:?}");
     }
 
     #[test]

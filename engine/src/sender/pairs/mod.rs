@@ -398,20 +398,12 @@ fn send_pairs(
     check_receivers(cfg, to, 1)?;
     // The pairs' receivers share each file's temporary copy, which a
     // file found present by one would leave to the others half made.
-    let full_copy;
-    let cfg = if cfg.sync == crate::sync::SyncLevel::None {
-        cfg
-    } else {
-        tracing::warn!(
-            "sync level {} is not applied over several pairs yet: every file is sent",
+    if cfg.sync != crate::sync::SyncLevel::None {
+        return Err(Error::Config(format!(
+            "--sync {} is not applied over several pairs yet: send to one receiver, or with --sync none",
             cfg.sync
-        );
-        full_copy = SendConfig {
-            sync: crate::sync::SyncLevel::None,
-            ..cfg.clone()
-        };
-        &full_copy
-    };
+        )));
+    }
     let list = super::source::scan(&cfg.source, &cfg.dest)?;
     let files: Vec<(u32, u64)> = list
         .files
