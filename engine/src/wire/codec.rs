@@ -975,19 +975,24 @@ pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    #[test]
-    fn a_modification_time_past_a_second_of_nanoseconds_is_refused() {
-        let entry = |nanos| Frame::Files {
+    /// A manifest of one empty file at `path`, modified at `mtime`.
+    fn one_file(path: String, mtime: (i64, u32)) -> Frame {
+        Frame::Files {
             entries: vec![FileEntry {
                 file_id: 1,
                 kind: EntryKind::File,
                 size: 0,
                 fingerprint: 0,
                 mode: 0o644,
-                mtime: (-1, nanos),
-                path: "a".into(),
+                mtime,
+                path,
             }],
-        };
+        }
+    }
+
+    #[test]
+    fn a_modification_time_past_a_second_of_nanoseconds_is_refused() {
+        let entry = |nanos| one_file("a".into(), (-1, nanos));
         let mut body = Vec::new();
         encode_fields(&entry(999_999_999), &mut body);
         assert_eq!(decode_fields(&body), Ok(entry(999_999_999)));
@@ -1003,17 +1008,7 @@ pub(crate) mod tests {
     fn a_manifest_path_over_max_path_is_refused_not_truncated() {
         // A hostile peer can write any length: the receiver must refuse a
         // path one byte over the protocol's limit, and take one at it.
-        let at_limit = Frame::Files {
-            entries: vec![FileEntry {
-                file_id: 1,
-                kind: EntryKind::File,
-                size: 0,
-                fingerprint: 0,
-                mode: 0o644,
-                mtime: (0, 0),
-                path: "a".repeat(MAX_PATH),
-            }],
-        };
+        let at_limit = one_file("a".repeat(MAX_PATH), (0, 0));
         let mut body = Vec::new();
         encode_fields(&at_limit, &mut body);
         assert!(decode_fields(&body).is_ok());
