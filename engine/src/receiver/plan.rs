@@ -184,9 +184,9 @@ impl<'a> Planner<'a> {
     }
 
     /// Whether regular file `e` is already at its destination, as the
-    /// session's sync level compares. A transfer over several pairs takes
-    /// every file: its receivers share the files' temporary copies, and
-    /// the sender leaves its level out (`SendConfig::sync`).
+    /// session's sync level compares. A session of a transfer over
+    /// several pairs takes every file: its receivers share the files'
+    /// temporary copies (and `pairs` refuses a level).
     fn is_present(&self, e: &FileEntry) -> bool {
         if self.sync == SyncLevel::None || e.kind != EntryKind::File || self.part.is_some() {
             return false;
