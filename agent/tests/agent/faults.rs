@@ -1414,7 +1414,10 @@ fn packed_blocks_are_checked_piece_by_piece() {
     });
     for (i, prefix) in [whole, grown, elsewhere].into_iter().enumerate() {
         let id = [32 + i as u8; 16];
-        let (_ctl, mut data) = open_raw_session_with(&srv, id, (BS as u64, "q.bin"), lz4);
+        // A name of its own: the last session, refused, may still hold
+        // its claim on another (seen on a loaded CI: refused as busy).
+        let name = format!("q{i}.bin");
+        let (_ctl, mut data) = open_raw_session_with(&srv, id, (BS as u64, &name), lz4);
         send_raw_packed(&mut data, Codec::Lz4, &plain, prefix, &packed);
         data.set_read_timeout(Some(Duration::from_secs(20)))
             .unwrap();
