@@ -258,6 +258,13 @@ pub struct SendArgs {
     /// left are counted in the summary. Not with several receivers yet.
     #[arg(long, env = "WIRERATE_SYNC", default_value_t = SyncLevel::default(), value_parser = names::<SyncLevel, 4>(SyncLevel::ALL.map(SyncLevel::as_str)))]
     pub sync: SyncLevel,
+    /// Plan only: print what a send would do (the files it would send,
+    /// those the destination already has at --sync, those it would
+    /// refuse) and send nothing. The receiver plans from what is beneath
+    /// its root and creates and changes nothing. Exits 1 when a run would
+    /// refuse a file. Not with several receivers yet.
+    #[arg(long, conflicts_with_all = ["synthetic", "repeat"])]
+    pub dry_run: bool,
     #[command(flatten)]
     pub tuning: SendTuning,
     /// Send it this many times, one after another, in this process: each

@@ -202,6 +202,7 @@ fn send_cmd(a: wirerate_agent::cli::SendArgs) -> Result<ExitCode> {
     )?;
     cfg.synthetic = a.synthetic;
     cfg.sync = a.sync;
+    cfg.dry_run = a.dry_run;
     cfg.encrypt = a.token.encrypt;
     if a.via.is_some() && !cfg.to.contains(',') {
         bail!("--via names the sender of each of several receivers: give --to several");

@@ -102,6 +102,9 @@ pub struct FileOutcome {
     pub message: Option<String>,
     /// Not sent: the destination already had it, at the sync level.
     pub present: bool,
+    /// A dry run's: a run would send this file (`ok` then says the
+    /// receiver would take it).
+    pub to_send: bool,
 }
 
 /// A source entry that was not sent (symlink, device, socket, ...).
@@ -183,6 +186,14 @@ pub struct SendSummary {
     pub files_present: usize,
     /// Their bytes.
     pub bytes_present: u64,
+    /// A dry run (`--dry-run`): the receiver planned, nothing was sent,
+    /// created or changed; `ok` says the run would take every file.
+    pub dry_run: bool,
+    /// In a dry run, the regular files a run would send (directories
+    /// are made where they are needed, and not counted).
+    pub files_to_send: usize,
+    /// Their bytes.
+    pub bytes_to_send: u64,
     /// Directories in the manifest (created, with their modes; `failures`
     /// names any that failed).
     pub dirs: usize,
@@ -228,6 +239,9 @@ pub const MEMORY_TO_MEMORY: &str =
 impl SendSummary {
     /// The human-readable summary.
     pub fn render(&self) -> String {
+        if self.dry_run {
+            return self.render_plan();
+        }
         let mut s = String::new();
         let status = match (self.ok, self.verify) {
             (false, _) => "FAILED",
@@ -347,6 +361,51 @@ impl SendSummary {
         for f in &self.failures {
             s.push_str(&format!("  failed     {}: {}\n", f.path, f.message));
         }
+        self.render_tail(&mut s);
+        s
+    }
+
+    /// A dry run's summary: what a run would send, leave and be refused.
+    fn render_plan(&self) -> String {
+        let mut s = format!(
+            "dry run {}: nothing was sent, and nothing created or changed at the receiver\n",
+            if self.ok {
+                "planned"
+            } else {
+                "planned, with files a run would fail"
+            }
+        );
+        s.push_str(&format!(
+            "  plan       {} to send ({}); {} already there (sync {}); {} refused\n",
+            self.files_to_send,
+            fmt_bytes(self.bytes_to_send),
+            self.files_present,
+            self.sync,
+            self.failures.len()
+        ));
+        let sends: Vec<&FileOutcome> = self.results.iter().filter(|r| r.to_send).collect();
+        for r in sends.iter().take(PLAN_SHOWN) {
+            s.push_str(&format!(
+                "  send       {} ({})\n",
+                r.path,
+                fmt_bytes(r.bytes)
+            ));
+        }
+        if sends.len() > PLAN_SHOWN {
+            s.push_str(&format!(
+                "  send       ... and {} more (--json lists every entry)\n",
+                sends.len() - PLAN_SHOWN
+            ));
+        }
+        for f in &self.failures {
+            s.push_str(&format!("  refused    {}: {}\n", f.path, f.message));
+        }
+        self.render_tail(&mut s);
+        s
+    }
+
+    /// The lines both summaries end with: what was skipped, and warnings.
+    fn render_tail(&self, s: &mut String) {
         for k in self.skipped.iter().take(20) {
             s.push_str(&format!("  skipped    {}: {}\n", k.path, k.reason));
         }
@@ -359,9 +418,11 @@ impl SendSummary {
         for w in &self.warnings {
             s.push_str(&format!("  warning    {w}\n"));
         }
-        s
     }
 }
+
+/// How many of the entries a dry run would send its text summary names.
+pub const PLAN_SHOWN: usize = 20;
 
 pub use crate::session::SessionOutcome;
 
@@ -410,6 +471,9 @@ pub struct ReceiverSummary {
     /// A memory-to-memory test: `bytes_written` were received, verified
     /// and dropped, and nothing was written.
     pub memory_to_memory: bool,
+    /// A dry run (`send --dry-run`): the session planned, and wrote and
+    /// created nothing; `files_failed` are the files a run would refuse.
+    pub dry_run: bool,
     /// Things the receiver's operator should know (checkpoints that could
     /// not be stored, for one).
     pub warnings: Vec<String>,
@@ -418,6 +482,15 @@ pub struct ReceiverSummary {
 impl ReceiverSummary {
     /// The human-readable summary: one line, then one per warning.
     pub fn render(&self) -> String {
+        if self.dry_run {
+            return format!(
+                "session {} {}: a dry run, which wrote nothing: {} file(s) already here, {} a run would refuse\n",
+                &self.session[..8.min(self.session.len())],
+                self.outcome,
+                self.files_present,
+                self.files_failed
+            );
+        }
         let mut s = format!(
             "session {} {}: {} written in {:.2} s = {:.2} Gbit/s, io {}{}, {} buffers, {}, {} damaged blocks refetched, {} resumed, files {} ok / {} failed\n",
             &self.session[..8.min(self.session.len())],

@@ -1201,6 +1201,7 @@ impl Sim {
                 discard: false,
                 codecs: wirerate_engine::wire::Codecs::NONE,
                 sync: wirerate_engine::sync::SyncLevel::None,
+                dry_run: false,
             },
             now,
         );

@@ -212,6 +212,7 @@ fn garbage_and_oversized_frames_are_refused_without_harm() {
             discard: false,
             codecs: Codecs::NONE,
             sync: wirerate_engine::sync::SyncLevel::None,
+            dry_run: false,
         },
         &mut open,
     );
@@ -648,6 +649,7 @@ fn raw_control_with(
             discard: false,
             codecs,
             sync: wirerate_engine::sync::SyncLevel::None,
+            dry_run: false,
         },
         &mut out,
     );

@@ -333,6 +333,7 @@ fn open_control_at(addr: SocketAddr, token: &[u8], session: [u8; 16]) -> TcpStre
             discard: false,
             codecs: wire::Codecs::NONE,
             sync: wirerate_engine::sync::SyncLevel::None,
+            dry_run: false,
         },
     )
     .unwrap();
@@ -371,6 +372,7 @@ fn manifest_over_its_byte_cap_is_refused_and_memory_stays_bounded() {
             discard: false,
             codecs: wire::Codecs::NONE,
             sync: wirerate_engine::sync::SyncLevel::None,
+            dry_run: false,
         },
     )
     .unwrap();
@@ -849,6 +851,7 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
                 discard,
                 codecs: wire::Codecs::of_bits(b as u8 % 4).unwrap(),
                 sync: wirerate_engine::sync::SyncLevel::None,
+                dry_run: false,
             }
         ),
         proptest::collection::vec(entry, 0..4).prop_map(|entries| Frame::Files { entries }),

@@ -14,6 +14,7 @@ mod cluster_api;
 mod cluster_jobs;
 mod compression;
 mod demo;
+mod dry_run;
 mod faults;
 mod hostile;
 mod integrity;

@@ -65,6 +65,8 @@ pub(crate) enum Prepared {
     Discard,
     /// Already here, at the session's sync level: not sent, left as it is.
     Present,
+    /// A dry run would take it: nothing was created for it.
+    WouldWrite,
 }
 
 /// What a file's stored checkpoint records: its durable blocks and their
@@ -206,6 +208,25 @@ fn reserve(part: &File, size: u64, path: &str) -> Result<()> {
 /// sender's permission bits less `umask`.
 pub(crate) fn prepare(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -> Prepared {
     prepare_entry(root, e, block_size, umask).unwrap_or_else(per_file)
+}
+
+/// What a dry run answers for entry `e`: what `prepare` would refuse
+/// without writing (a name that does not validate, too many blocks, a
+/// directory at a file's name), or `WouldWrite`. Nothing is created, so
+/// what only writing finds (permissions, a full disk) shows in the run.
+pub(crate) fn prepare_dry(root: &Root, e: &FileEntry, block_size: u64) -> Prepared {
+    let file = match DestFile::of_entry(e, block_size, 0) {
+        Ok(Some(file)) => file,
+        Ok(None) => return Prepared::Refuse(too_many_blocks(e, block_size)),
+        Err(err) => return per_file(err),
+    };
+    let is_dir = root.stat(&file.dest.rel).is_some_and(|st| {
+        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory
+    });
+    if e.kind == EntryKind::File && is_dir {
+        return per_file(a_directory_in_the_way(&e.path));
+    }
+    Prepared::WouldWrite
 }
 
 /// Prepares entry `e` of a session that writes blocks `first..end` of it

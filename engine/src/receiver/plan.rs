@@ -41,6 +41,8 @@ pub(super) struct Planner<'a> {
     block_size: u64,
     /// A memory-to-memory session: nothing is created.
     discard: bool,
+    /// A dry run: nothing is created either, and no block follows.
+    dry_run: bool,
     /// Which files already here are answered present, not taken.
     sync: SyncLevel,
     stats: &'a Stats,
@@ -67,7 +69,7 @@ impl<'a> Planner<'a> {
         shared: &'a Shared,
         entries: usize,
         block_size: u64,
-        discard: bool,
+        (discard, dry_run): (bool, bool),
         sync: SyncLevel,
         stats: &'a Stats,
         stripe: Option<&Stripe>,
@@ -81,6 +83,7 @@ impl<'a> Planner<'a> {
             shared,
             block_size,
             discard,
+            dry_run,
             sync,
             stats,
             // Sized for the whole manifest at once: a table grown by
@@ -120,6 +123,8 @@ impl<'a> Planner<'a> {
             ))
         } else if self.discard {
             super::discard::plan(e, tracked + blocks)
+        } else if self.dry_run {
+            super::dest::prepare_dry(&self.shared.root, e, self.block_size)
         } else {
             let (root, umask) = (&self.shared.root, self.shared.cfg.umask);
             match &self.part {
@@ -165,15 +170,28 @@ impl<'a> Planner<'a> {
                     have: crate::Bitmap::new(blocks).to_bytes(),
                 }
             }
+            Prepared::WouldWrite => {
+                // Counted as the session's to write, so that its summary
+                // says what a run would; never staged for the writer.
+                self.tracked += blocks;
+                self.stats.total.fetch_add(e.size, Ordering::Relaxed);
+                PlanOutcome::Accept {
+                    have: crate::Bitmap::new(blocks).to_bytes(),
+                }
+            }
             Prepared::Present => {
                 self.stats.present.fetch_add(1, Ordering::Relaxed);
-                self.shared.job.present.fetch_add(e.size, Ordering::Relaxed);
+                // A dry run's plan is no part of the job's progress.
+                if !self.dry_run {
+                    self.shared.job.present.fetch_add(e.size, Ordering::Relaxed);
+                }
                 tracing::debug!(path = %e.path, level = %self.sync, "already here: not sent");
                 PlanOutcome::Present
             }
             Prepared::Refuse(message) => {
-                // A memory-to-memory test's file is no file failed here.
-                if !self.discard {
+                // A memory-to-memory test's file is no file failed here,
+                // nor a file a dry run would refuse.
+                if !self.discard && !self.dry_run {
                     self.shared.cfg.observer.file_done(false);
                 }
                 self.stats.refused.fetch_add(1, Ordering::Relaxed);

@@ -259,7 +259,7 @@ impl<'a> Control<'a> {
             self.shared,
             entries.len(),
             terms.block_size,
-            terms.discard,
+            (terms.discard, terms.dry_run),
             terms.sync,
             stats,
             stripe,
@@ -400,6 +400,8 @@ struct Terms {
     codecs: Codecs,
     /// Which files are answered present rather than taken.
     sync: SyncLevel,
+    /// A dry run: the plan is all it does.
+    dry_run: bool,
     /// When its control connection was taken up.
     started: Instant,
 }
@@ -495,6 +497,7 @@ fn control(shared: &Arc<Shared>, stream: Conn) -> Result<()> {
             discard,
             codecs,
             sync,
+            dry_run,
         } => Terms {
             id: session,
             block_size,
@@ -503,6 +506,7 @@ fn control(shared: &Arc<Shared>, stream: Conn) -> Result<()> {
             discard,
             codecs,
             sync,
+            dry_run,
             started,
         },
         Action::Close(end) => return ended(&*shared.cfg.observer, end),
@@ -600,10 +604,12 @@ fn take_manifest(
     if let Some(refusal) = stripe.and_then(|s| stripe_refusal(shared, s, terms)) {
         return Err(refusal);
     }
+    // A dry run writes nothing, so it claims nothing: it may plan a tree
+    // that a running transfer is writing.
     claim(
         shared,
         manifest,
-        (terms.discard, stripe.map(|s| s.group)),
+        (terms.discard || terms.dry_run, stripe.map(|s| s.group)),
         life,
     )
 }
@@ -655,15 +661,15 @@ impl Manifest {
 /// one file, taking them over from a session whose sender has gone silent;
 /// sessions of one transfer over several pairs (`group`) write disjoint
 /// pieces of their files and share them.
-/// A memory-to-memory session writes none.
+/// A session that writes nothing (`none`) claims nothing.
 fn claim(
     shared: &Shared,
     manifest: &Manifest,
-    (discard, group): (bool, Option<u64>),
+    (none, group): (bool, Option<u64>),
     life: &Arc<Life>,
 ) -> std::result::Result<(), Refusal> {
     let takeover_after = (3 * KEEPALIVE_INTERVAL).min(shared.cfg.idle_timeout);
-    let paths: Vec<&str> = if discard {
+    let paths: Vec<&str> = if none {
         Vec::new()
     } else {
         manifest.entries.iter().map(|e| e.path.as_str()).collect()
@@ -802,6 +808,7 @@ fn summary(
             + stats.refused.load(Ordering::Relaxed),
         files_present: stats.present.load(Ordering::Relaxed),
         memory_to_memory: terms.discard,
+        dry_run: terms.dry_run,
         warnings: report.warnings.into_iter().chain(huge_note).collect(),
     }
 }

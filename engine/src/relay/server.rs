@@ -406,9 +406,9 @@ fn answer(
             let (ok, digest, message) = match verdict {
                 crate::session::FileVerdict::Ok(d) => (true, *d, String::new()),
                 crate::session::FileVerdict::Failed(why) => (false, 0, why.clone()),
-                // A relay's sessions send every file (no sync level), so
-                // the core never takes a file as present.
-                crate::session::FileVerdict::Present => {
+                // A relay's sessions send every file (no sync level, no
+                // dry run), so the core never takes a file as present.
+                crate::session::FileVerdict::Present | crate::session::FileVerdict::WouldSend => {
                     (false, 0, "answered present in a relayed session".to_owned())
                 }
             };

@@ -49,6 +49,9 @@ pub struct SendConfig {
     /// Which files the receiver may leave as they are because it already
     /// has them (`sync`). Not over several pairs yet: `pairs` refuses it.
     pub sync: crate::sync::SyncLevel,
+    /// Plan and report what a send would do, and send nothing: the
+    /// receiver creates and changes nothing either (`--dry-run`).
+    pub dry_run: bool,
     /// File or directory to send (unused when `synthetic` is set).
     pub source: PathBuf,
     /// A memory-to-memory test: send this many bytes of generated data,
@@ -116,6 +119,7 @@ impl SendConfig {
             encrypt: crate::encryption::Encryption::None,
             compress: crate::compress::Compression::default(),
             sync: crate::sync::SyncLevel::default(),
+            dry_run: false,
             source: source.into(),
             synthetic: None,
             dest: dest.into(),
@@ -190,6 +194,11 @@ impl SendConfig {
             Some(0) => {
                 return Err(Error::Config(
                     "--synthetic needs a size of at least one byte, e.g. 10GiB".into(),
+                ));
+            }
+            Some(_) if self.dry_run => {
+                return Err(Error::Config(
+                    "--dry-run plans a send of files, and a memory-to-memory test (--synthetic) has none to plan".into(),
                 ));
             }
             Some(_) if self.verify == Verification::Reread => {

@@ -105,6 +105,7 @@ pub(super) fn open_session(
                 cfg.progress.compression_or(cfg.compress).mode,
             ),
             sync: cfg.sync,
+            dry_run: cfg.dry_run,
         },
     )?;
     if let Some(stripe) = &cfg.stripe {
@@ -174,4 +175,30 @@ pub(super) fn open_session(
         planned: plan.accepted,
         held_bytes: plan.held_bytes,
     })
+}
+
+/// How long a dry run's receiver has to close after `Finish`: it has
+/// only its summary to record.
+const DRY_RUN_CLOSE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Ends a dry run's session once its plan is in: each file the receiver
+/// would take is recorded as one a run would send, and the receiver hears
+/// `Finish`. Its close is waited for (for `DRY_RUN_CLOSE` at most), so
+/// that its summary is recorded when the send returns.
+pub(super) fn end_dry_run(opened: Opened, st: &mut RunState) -> Result<()> {
+    for f in &opened.planned {
+        st.verdicts.insert(f.file_id, FileVerdict::WouldSend);
+    }
+    let Opened {
+        mut control,
+        mut reader,
+        ..
+    } = opened;
+    write_frame(&mut control, &Frame::Finish)?;
+    let until = Instant::now() + DRY_RUN_CLOSE;
+    let _ = control.set_read_timeout(Some(DRY_RUN_CLOSE));
+    // Keepalives may come before the close; anything, or nothing, after
+    // the plan changes nothing of it.
+    while Instant::now() < until && reader.read(&mut control).is_ok() {}
+    Ok(())
 }

@@ -18,7 +18,7 @@ use super::generate;
 use super::growth::{
     Grow, Tuned, aim_bps, most_fed, per_stream_bytes, sample_loop, streams_for_link,
 };
-use super::open::open_session;
+use super::open::{end_dry_run, open_session};
 use super::reader::{self, ReadReport};
 use super::shared::{Inner, Shared, hold};
 use super::source::SourceFile;
@@ -68,7 +68,13 @@ pub(crate) fn run(
         pending.iter().map(|(_, f)| f.size).sum(),
         cfg.block_size,
     );
-    let streams = stream_count(cfg, (&control, small), pool, st);
+    // A dry run opens no data stream: one is announced (the protocol
+    // counts at least one), none joins.
+    let streams = if cfg.dry_run {
+        1
+    } else {
+        stream_count(cfg, (&control, small), pool, st)
+    };
     let data_opts = SocketOpts {
         pacing: cfg.max_rate.map(|r| (r / u64::from(streams)).max(1)),
         ..cfg.socket.clone()
@@ -91,11 +97,14 @@ pub(crate) fn run(
         reused: &reused,
     };
     let (opened, connected) = std::thread::scope(|s| {
-        let handles = start_connecting(s, &joining, 0..streams);
+        let handles = start_connecting(s, &joining, 0..if cfg.dry_run { 0 } else { streams });
         let opened = open_session(cfg, control, streams, &pending, st, session);
         (opened, finish_connecting(handles))
     });
     let opened = opened?;
+    if cfg.dry_run {
+        return end_dry_run(opened, st);
+    }
     let held_bytes = match &cfg.stripe {
         Some(stripe) => {
             st.held_in_pieces = held_in_pieces(cfg.block_size, stripe, &opened.planned);

@@ -26,6 +26,7 @@ pub(super) fn summarize(
     let total: u64 = list.files.iter().map(|f| f.size).sum();
     let outcomes = outcomes(&list.files, &st.verdicts, cfg.verify);
     let digest = match (cfg.verify, outcomes.digests.as_slice(), list.files.len()) {
+        _ if cfg.dry_run => "none (dry run)".to_string(),
         (Verification::None, _, _) => "none (--verify none)".to_string(),
         (_, [], _) if outcomes.present > 0 => "none (nothing sent)".to_string(),
         (_, [(_, d)], 1) => fmt_digest(*d),
@@ -69,6 +70,9 @@ pub(super) fn summarize(
         sync: cfg.sync,
         files_present: outcomes.present,
         bytes_present: outcomes.present_bytes,
+        dry_run: cfg.dry_run,
+        files_to_send: outcomes.to_send,
+        bytes_to_send: outcomes.to_send_bytes,
         dirs: list
             .files
             .iter()
@@ -106,6 +110,9 @@ struct Outcomes<'a> {
     /// Files found already there, and their bytes.
     present: usize,
     present_bytes: u64,
+    /// In a dry run, files a run would send, and their bytes.
+    to_send: usize,
+    to_send_bytes: u64,
     /// Their destinations and digests, for the transfer's digest.
     digests: Vec<(&'a str, u128)>,
 }
@@ -120,6 +127,7 @@ fn outcomes<'a>(
     let mut digests = Vec::new();
     let mut files_ok = 0;
     let (mut present, mut present_bytes) = (0, 0);
+    let (mut to_send, mut to_send_bytes) = (0, 0);
     let mut results = Vec::with_capacity(files.len());
     for (i, f) in files.iter().enumerate() {
         let (ok, digest, message) = match verdicts.get(&(i as u32)) {
@@ -138,6 +146,14 @@ fn outcomes<'a>(
             Some(FileVerdict::Present) => {
                 present += 1;
                 present_bytes += f.size;
+                (true, None, None)
+            }
+            // A directory is made where a file needs it: not counted.
+            Some(FileVerdict::WouldSend) => {
+                if f.kind == EntryKind::File {
+                    to_send += 1;
+                    to_send_bytes += f.size;
+                }
                 (true, None, None)
             }
             None => (
@@ -159,6 +175,8 @@ fn outcomes<'a>(
             digest,
             message,
             present: matches!(verdicts.get(&(i as u32)), Some(FileVerdict::Present)),
+            to_send: f.kind == EntryKind::File
+                && matches!(verdicts.get(&(i as u32)), Some(FileVerdict::WouldSend)),
         });
     }
     Outcomes {
@@ -167,6 +185,8 @@ fn outcomes<'a>(
         files_ok,
         present,
         present_bytes,
+        to_send,
+        to_send_bytes,
         digests,
     }
 }

@@ -221,6 +221,9 @@ pub enum Action {
         codecs: Codecs,
         /// Which files to answer `PlanOutcome::Present` for.
         sync: SyncLevel,
+        /// A dry run: plan without creating or changing anything; no
+        /// block follows, and the plan's end is the session's.
+        dry_run: bool,
     },
     /// The manifest is complete and within bounds (unique ids): claim and
     /// prepare the destinations, calling [`ReceiverControl::handle_planned`]
@@ -298,6 +301,8 @@ pub struct ReceiverControl {
     /// The run of files accepted afresh that the plan has not sent yet
     /// (`PlanRun`): its first file and how many.
     run: Option<(u32, u32)>,
+    /// Set by a dry-run `Open`: the plan is all the session does.
+    dry_run: bool,
 }
 
 impl ReceiverControl {
@@ -313,6 +318,7 @@ impl ReceiverControl {
             end: None,
             stripe: None,
             run: None,
+            dry_run: false,
         }
     }
 
@@ -368,9 +374,20 @@ impl ReceiverControl {
                     discard,
                     codecs,
                     sync,
+                    dry_run,
                 },
             ) => {
                 let block_size = u64::from(block_size);
+                if dry_run && discard {
+                    self.refuse(Refusal {
+                        retryable: false,
+                        message: "a memory-to-memory test (--synthetic) has nothing to plan: \
+                                  a dry run sends files"
+                            .into(),
+                        reason: RefusalReason::Discard,
+                    });
+                    return;
+                }
                 if !discard && self.limits.discard == DiscardPolicy::Only {
                     self.refuse(Refusal {
                         retryable: false,
@@ -419,6 +436,7 @@ impl ReceiverControl {
                     return;
                 }
                 self.state = State::Admitting;
+                self.dry_run = dry_run;
                 self.actions.push_back(Action::Admit {
                     session,
                     block_size,
@@ -427,6 +445,7 @@ impl ReceiverControl {
                     discard,
                     codecs,
                     sync,
+                    dry_run,
                 });
             }
             (
@@ -465,6 +484,15 @@ impl ReceiverControl {
                         reason: RefusalReason::Manifest,
                     });
                 }
+            }
+            (State::Manifest { entries, .. }, Frame::Stripe(_))
+                if self.dry_run && entries.is_empty() =>
+            {
+                self.refuse(Refusal {
+                    retryable: false,
+                    message: "a dry run is planned on one pair, not over several".into(),
+                    reason: RefusalReason::Manifest,
+                });
             }
             (State::Manifest { entries, .. }, Frame::Stripe(stripe))
                 if entries.is_empty() && self.stripe.is_none() =>
@@ -616,7 +644,14 @@ impl ReceiverControl {
         let State::Preparing { accepted } = &mut self.state else {
             return;
         };
-        let files: ById<FileState> = std::mem::take(accepted).into_iter().collect();
+        // A dry run's accepted files are only what a run would send:
+        // nothing is owed for them, and a report of one is a violation.
+        let accepted = std::mem::take(accepted);
+        let files: ById<FileState> = if self.dry_run {
+            ById::default()
+        } else {
+            accepted.into_iter().collect()
+        };
         self.flush_plan(now);
         self.send(Frame::PlanEnd, now);
         self.accepted = files.len() as u64;
@@ -887,6 +922,10 @@ mod tests {
     }
 
     fn open(block_size: u32) -> Frame {
+        open_as(block_size, false)
+    }
+
+    fn open_as(block_size: u32, dry_run: bool) -> Frame {
         Frame::Open {
             session: [1; 16],
             block_size,
@@ -895,6 +934,7 @@ mod tests {
             discard: false,
             codecs: Codecs::NONE,
             sync: SyncLevel::None,
+            dry_run,
         }
     }
 
@@ -1152,6 +1192,58 @@ mod tests {
     }
 
     #[test]
+    fn a_dry_run_owes_nothing_for_what_it_accepted_and_ends_at_finish() {
+        let now = Instant::now();
+        let dry = |now| {
+            let mut core = ReceiverControl::new(limits());
+            core.handle_frame(open_as(1 << 20, true), now);
+            assert!(matches!(
+                drain(&mut core)[..],
+                [Action::Admit { dry_run: true, .. }]
+            ));
+            core.handle_admitted(Ok(()));
+            core.handle_frame(
+                Frame::Files {
+                    entries: vec![entry(1), entry(2)],
+                },
+                now,
+            );
+            core.handle_frame(Frame::FilesEnd, now);
+            drain(&mut core);
+            core.handle_plan(vec![(1, accept()), (2, accept())], now);
+            assert_eq!(
+                drain(&mut core),
+                [
+                    Action::Send(Frame::PlanRun { first: 1, count: 2 }),
+                    Action::Send(Frame::PlanEnd)
+                ]
+            );
+            core
+        };
+        let mut core = dry(now);
+        core.handle_frame(Frame::Finish, now);
+        assert_eq!(drain(&mut core), [Action::Close(End::Finished)]);
+        assert_eq!(core.outcome(None, false), SessionOutcome::Complete);
+        // A block's report after a dry plan: the plan took nothing.
+        let mut core = dry(now);
+        core.handle_frame(
+            Frame::FileDone {
+                file_id: 1,
+                digest: 0,
+                identity: 0,
+            },
+            now,
+        );
+        assert!(matches!(
+            drain(&mut core)[..],
+            [
+                Action::Send(Frame::Error { .. }),
+                Action::Close(End::Violation(_))
+            ]
+        ));
+    }
+
+    #[test]
     fn a_finish_with_files_unanswered_is_interrupted() {
         let now = Instant::now();
         let mut core = planned(now);
@@ -1190,6 +1282,7 @@ mod tests {
             discard: true,
             codecs: Codecs::NONE,
             sync: SyncLevel::None,
+            dry_run: false,
         };
         let refusal = |limits: Limits, verify| {
             let mut core = ReceiverControl::new(limits);
@@ -1248,6 +1341,7 @@ mod tests {
                     discard: false,
                     codecs: Codecs::NONE,
                     sync: SyncLevel::None,
+                    dry_run: false,
                 },
                 Instant::now(),
             );

@@ -44,6 +44,8 @@ pub enum FileVerdict {
     Failed(String),
     /// Not sent: already at the destination, at the session's sync level.
     Present,
+    /// Not sent: a dry run, whose receiver would take it.
+    WouldSend,
 }
 
 /// How the control connection ended, when it ended badly.

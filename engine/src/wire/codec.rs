@@ -192,6 +192,7 @@ fn encode_fields(frame: &Frame, out: &mut Vec<u8>) {
             discard,
             codecs,
             sync,
+            dry_run,
         } => {
             w.u8(T_OPEN);
             w.bytes(session);
@@ -201,6 +202,7 @@ fn encode_fields(frame: &Frame, out: &mut Vec<u8>) {
             w.u8(u8::from(*discard));
             w.u8(codecs.bits());
             w.u8(sync_code(*sync));
+            w.u8(u8::from(*dry_run));
         }
         Frame::Files { entries } => {
             w.u8(T_FILES);
@@ -391,6 +393,15 @@ fn sync_code(level: SyncLevel) -> u8 {
         SyncLevel::Exists => 1,
         SyncLevel::Size => 2,
         SyncLevel::Mtime => 3,
+    }
+}
+
+/// A one-byte flag: 0 or 1, nothing else.
+fn flag(code: u8, what: &'static str) -> Result<bool, DecodeError> {
+    match code {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(DecodeError::Invalid(what)),
     }
 }
 
@@ -610,13 +621,10 @@ fn decode_fields(body: &[u8]) -> Result<Frame, DecodeError> {
                 return Err(DecodeError::Invalid("stream count"));
             }
             let verify = decode_verify(r.u8()?)?;
-            let discard = match r.u8()? {
-                0 => false,
-                1 => true,
-                _ => return Err(DecodeError::Invalid("discard flag")),
-            };
+            let discard = flag(r.u8()?, "discard flag")?;
             let codecs = Codecs::of_bits(r.u8()?).ok_or(DecodeError::Invalid("codecs"))?;
             let sync = decode_sync(r.u8()?)?;
+            let dry_run = flag(r.u8()?, "dry-run flag")?;
             Frame::Open {
                 session,
                 block_size,
@@ -625,6 +633,7 @@ fn decode_fields(body: &[u8]) -> Result<Frame, DecodeError> {
                 discard,
                 codecs,
                 sync,
+                dry_run,
             }
         }
         T_FILES => {
@@ -1077,19 +1086,23 @@ pub(crate) mod tests {
                 any::<bool>(),
                 0u8..4,
                 0u8..4,
+                any::<bool>(),
             )
-                .prop_map(|(session, b, streams, v, discard, c, l)| Frame::Open {
-                    session,
-                    block_size: b * 4096,
-                    streams,
-                    verify: [
-                        Verification::None,
-                        Verification::Checksums,
-                        Verification::Reread
-                    ][v as usize],
-                    discard,
-                    codecs: Codecs::of_bits(c).unwrap(),
-                    sync: decode_sync(l).unwrap(),
+                .prop_map(|(session, b, streams, v, discard, c, l, dry_run)| {
+                    Frame::Open {
+                        session,
+                        block_size: b * 4096,
+                        streams,
+                        verify: [
+                            Verification::None,
+                            Verification::Checksums,
+                            Verification::Reread,
+                        ][v as usize],
+                        discard,
+                        codecs: Codecs::of_bits(c).unwrap(),
+                        sync: decode_sync(l).unwrap(),
+                        dry_run,
+                    }
                 }),
             proptest::collection::vec(arb_entry(), 0..20)
                 .prop_map(|entries| Frame::Files { entries }),
@@ -1471,7 +1484,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_discard_flag_other_than_0_or_1_is_refused() {
+    fn the_open_flags_codecs_and_level_are_refused_out_of_range() {
         let mut buf = Vec::new();
         encode(
             &Frame::Open {
@@ -1482,32 +1495,28 @@ pub(crate) mod tests {
                 discard: true,
                 codecs: Codecs::NONE,
                 sync: SyncLevel::None,
+                dry_run: false,
             },
             &mut buf,
         );
-        // The last three bytes: the discard flag, the codecs, the sync level.
+        // The last four bytes: the discard flag, the codecs, the sync
+        // level, the dry-run flag.
         let fields = buf[4..buf.len() - FRAME_CHECK_LEN].to_vec();
-        let at = fields.len() - 3;
-        let mut bad = fields.clone();
-        bad[at] = 2;
-        assert_eq!(
-            decode_body(&sealed(&bad)),
-            Err(DecodeError::Invalid("discard flag"))
-        );
-        // Nor codecs this version does not know.
-        let mut bad = fields.clone();
-        bad[at + 1] = 4;
-        assert_eq!(
-            decode_body(&sealed(&bad)),
-            Err(DecodeError::Invalid("codecs"))
-        );
-        // Nor a sync level.
-        let mut bad = fields;
-        *bad.last_mut().unwrap() = 4;
-        assert_eq!(
-            decode_body(&sealed(&bad)),
-            Err(DecodeError::Invalid("sync level"))
-        );
+        let at = fields.len() - 4;
+        for (offset, value, what) in [
+            (0, 2, "discard flag"),
+            (1, 4, "codecs"),
+            (2, 4, "sync level"),
+            (3, 2, "dry-run flag"),
+        ] {
+            let mut bad = fields.clone();
+            bad[at + offset] = value;
+            assert_eq!(
+                decode_body(&sealed(&bad)),
+                Err(DecodeError::Invalid(what)),
+                "{what}"
+            );
+        }
     }
 
     // A packed block names a codec this version knows.

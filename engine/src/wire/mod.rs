@@ -61,8 +61,9 @@ pub const MAGIC: [u8; 4] = *b"WRRT";
 /// 14: `Open` names the codecs its blocks may come packed in, and
 /// `PackedBlock`; 15: a packed piece's prefix carries a check of its own,
 /// so a damaged one is refused at once, never read as another length;
-/// 16: `Open.sync`, `FileEntry.mtime` and `PlanOutcome::Present`).
-pub const VERSION: u16 = 16;
+/// 16: `Open.sync`, `FileEntry.mtime` and `PlanOutcome::Present`; 17:
+/// `Open.dry_run`, a session that plans and writes nothing).
+pub const VERSION: u16 = 17;
 /// The first version whose `Hello` carries an encryption offer and whose
 /// `Challenge` says whether TLS follows.
 pub const ENCRYPTION_SINCE: u16 = 13;
@@ -383,6 +384,9 @@ pub enum Frame {
         /// Which files the receiver answers `PlanOutcome::Present` for,
         /// instead of taking them.
         sync: crate::tuning::SyncLevel,
+        /// A dry run: the receiver answers the plan without creating or
+        /// changing anything, and no block follows (`send --dry-run`).
+        dry_run: bool,
     },
     /// Sent between `Open` and the manifest: the session is one of a
     /// transfer over several pairs, whose receivers share one file system

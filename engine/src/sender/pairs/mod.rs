@@ -404,6 +404,11 @@ fn send_pairs(
             cfg.sync
         )));
     }
+    if cfg.dry_run {
+        return Err(Error::Config(
+            "--dry-run is not planned over several pairs yet: plan with one receiver (the plan is the same)".into(),
+        ));
+    }
     let list = super::source::scan(&cfg.source, &cfg.dest)?;
     let files: Vec<(u32, u64)> = list
         .files

@@ -461,8 +461,9 @@ impl<'a> Run<'a> {
                 Some(FileVerdict::Failed(why)) => {
                     self.failed.insert(file, format!("not published: {why}"));
                 }
-                // Pairs send every file (no sync level): never taken.
-                Some(FileVerdict::Present) | None => {
+                // Pairs send every file (no sync level, no dry run):
+                // never taken.
+                Some(FileVerdict::Present | FileVerdict::WouldSend) | None => {
                     self.failed.insert(file, "not published".into());
                 }
             }
@@ -495,7 +496,7 @@ impl<'a> Run<'a> {
                 Some(FileVerdict::Ok(_)) => {
                     self.piece_failed(now, piece.file, "answered without its blocks' checksums")
                 }
-                Some(FileVerdict::Present) | None => {
+                Some(FileVerdict::Present | FileVerdict::WouldSend) | None => {
                     self.piece_failed(now, piece.file, "no verdict")
                 }
             }
