@@ -202,15 +202,7 @@ impl Root {
 
     /// Opens (creating as needed) the directory `rel` beneath the root.
     pub fn dir(&self, rel: &str) -> Result<OwnedFd> {
-        let open = |p: &str| {
-            rustix::fs::openat2(
-                &self.fd,
-                if p.is_empty() { "." } else { p },
-                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                Mode::empty(),
-                RESOLVE,
-            )
-        };
+        let open = |p: &str| self.open_dir(p);
         match open(rel) {
             Ok(fd) => return Ok(fd),
             Err(Errno::NOENT) => {}
@@ -251,6 +243,55 @@ impl Root {
             })?;
         }
         Ok(parent)
+    }
+
+    /// The directory `p` beneath the root (the root itself for ""), for
+    /// its path only, resolved beneath the root.
+    fn open_dir(&self, p: &str) -> std::result::Result<OwnedFd, Errno> {
+        rustix::fs::openat2(
+            &self.fd,
+            if p.is_empty() { "." } else { p },
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            RESOLVE,
+        )
+    }
+
+    /// Whether `dir(rel)` would succeed, without creating anything (a dry
+    /// run's plan): the parts of `rel` that exist are resolved as `dir`
+    /// resolves them and refused as it would refuse them (a file in a
+    /// directory's place, a symlink out of the root or to nowhere); the
+    /// first part missing, and the rest, `dir` would make.
+    pub fn probe_dir(&self, rel: &str) -> Result<()> {
+        match self.open_dir(rel) {
+            Ok(_) => return Ok(()),
+            Err(Errno::NOENT) => {}
+            Err(e) => return Err(map_resolve(rel, e)),
+        }
+        let mut prefix = String::new();
+        let mut parent = self.open_dir("").map_err(|e| map_resolve(rel, e))?;
+        for comp in rel.split('/') {
+            if !prefix.is_empty() {
+                prefix.push('/');
+            }
+            prefix.push_str(comp);
+            match self.open_dir(&prefix) {
+                Ok(fd) => parent = fd,
+                // Nothing at all there is made; a name there that leads
+                // nowhere is what `dir` refuses.
+                Err(Errno::NOENT) => {
+                    return match rustix::fs::statat(&parent, comp, AtFlags::SYMLINK_NOFOLLOW) {
+                        Ok(_) => Err(refused(
+                            &prefix,
+                            "a symlink to nowhere, or removed while it was made",
+                        )),
+                        Err(_) => Ok(()),
+                    };
+                }
+                Err(e) => return Err(map_resolve(&prefix, e)),
+            }
+        }
+        Ok(())
     }
 
     /// What is at `rel` beneath the root, without creating anything:

@@ -192,7 +192,9 @@ pub struct SendSummary {
     /// In a dry run, the regular files a run would send (directories
     /// are made where they are needed, and not counted).
     pub files_to_send: usize,
-    /// Their bytes.
+    /// Their bytes, whole: a run resumes a file an interrupted send
+    /// left checkpointed, which the plan does not read, and so sends
+    /// less of it.
     pub bytes_to_send: u64,
     /// Directories in the manifest (created, with their modes; `failures`
     /// names any that failed).

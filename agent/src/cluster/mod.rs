@@ -1157,12 +1157,15 @@ fn sender_verdict(outcome: SenderOutcome) -> (ReportState, String, i64) {
 }
 
 /// A receiver's verdict, once a session completed or failed: its state,
-/// message and rate.
+/// message and rate. A dry run's session (`send --dry-run` with the job's
+/// token) is no part of the job: it wrote nothing, and its "complete" is
+/// not the job's.
 fn receiver_verdict(
     sums: &[wirerate_engine::summary::ReceiverSummary],
     at: Position,
     dest: &Path,
 ) -> Option<(ReportState, String, i64)> {
+    let sums: Vec<_> = sums.iter().filter(|s| !s.dry_run).collect();
     match sums.iter().find(|s| s.outcome.is_complete()) {
         Some(s) if s.files_failed > 0 => Some((
             ReportState::Failed,
@@ -1536,7 +1539,8 @@ fn lease_info(
 
 #[cfg(test)]
 mod tests {
-    use super::{Position, shown};
+    use super::{Position, ReportState, receiver_verdict, shown};
+    use wirerate_engine::summary::ReceiverSummary;
 
     fn at(total: u64, done: u64) -> Position {
         Position {
@@ -1554,6 +1558,49 @@ mod tests {
         assert_eq!(shown(at(1000, 520), (550, 1000)), (1000, 520));
         // A first attempt has nothing to carry: 0 of an unknown total.
         assert_eq!(shown(at(0, 0), (0, 0)), (0, 0));
+    }
+
+    fn summary(dry_run: bool, files_ok: u64, files_present: u64) -> ReceiverSummary {
+        ReceiverSummary {
+            session: "0123456789abcdef".into(),
+            outcome: wirerate_engine::summary::SessionOutcome::Complete,
+            bytes_written: 0,
+            bytes_skipped_resume: 0,
+            seconds: 1.0,
+            gbps: 0.0,
+            io: wirerate_engine::summary::IoInEffect {
+                io_mode: wirerate_engine::io::IoMode::Async,
+                io_fallback: None,
+                hugepages: false,
+                buffer_pages: "none".into(),
+            },
+            streams: 0,
+            requested_streams: 1,
+            blocks_rejected: 0,
+            files_ok,
+            files_failed: 0,
+            files_present,
+            memory_to_memory: false,
+            dry_run,
+            warnings: Vec::new(),
+        }
+    }
+
+    // A dry run against a running job's receiver (anyone with its token
+    // may plan) once ended the job as succeeded, having written nothing.
+    #[test]
+    fn a_dry_runs_session_is_no_verdict_of_the_job() {
+        let dest = std::path::Path::new("/data/in");
+        let dry = summary(true, 0, 3);
+        assert_eq!(
+            receiver_verdict(std::slice::from_ref(&dry), at(0, 0), dest),
+            None
+        );
+        let (state, msg, _) =
+            receiver_verdict(&[dry, summary(false, 2, 1)], at(10, 10), dest).unwrap();
+        assert_eq!(state, ReportState::Succeeded);
+        assert!(msg.starts_with("2 file(s) verified"), "{msg}");
+        assert!(msg.ends_with("; 1 already there, not sent (sync)"), "{msg}");
     }
 }
 

@@ -130,36 +130,61 @@ fn a_dry_run_changes_nothing_and_the_run_after_it_does_what_it_said() {
     );
 }
 
-// What a run would refuse, a dry run names: a directory in a file's place,
-// a manifest path that escapes. It exits as a failed run would (not ok),
-// and creates nothing, not even the directories the other files need.
+// What a run would refuse, a dry run names, and the run then refuses
+// exactly those: a directory in a file's place, a file in a directory's,
+// a directory that is a symlink out of the root, one that is a symlink to
+// nowhere. It exits as a failed run would (not ok), and creates nothing,
+// not even the directories the other files need.
 #[test]
-fn a_dry_run_names_what_a_run_would_refuse_and_makes_no_directory() {
+fn a_dry_run_refuses_what_the_run_refuses_and_makes_no_directory() {
     let dir = scratch("dry-run-refused");
     let src = dir.path().join("src");
-    write_file(&src.join("x.bin"), 4000, 1);
-    write_file(&src.join("sub/y.bin"), 4000, 2);
+    for (i, f) in ["x.bin", "sub/y.bin", "esc/z.bin", "f/w.bin", "gone/v.bin"]
+        .iter()
+        .enumerate()
+    {
+        write_file(&src.join(f), 4000, i as u64);
+    }
     let root = dir.path().join("dst");
     std::fs::create_dir_all(root.join("out/x.bin")).unwrap();
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("out/esc")).unwrap();
+    std::fs::write(root.join("out/f"), b"a file").unwrap();
+    std::os::unix::fs::symlink("nowhere", root.join("out/gone")).unwrap();
     let srv = server(&root, IoMode::Async);
+    let cfg = send_cfg(srv.addr(), &src, "out");
     let before = snapshot(&root);
-    let plan = dry(&send_cfg(srv.addr(), &src, "out"));
+    let plan = dry(&cfg);
     assert!(!plan.ok && plan.dry_run, "{}", plan.render());
-    assert_eq!(plan.failures.len(), 1, "{}", plan.render());
-    assert_eq!(plan.failures[0].path, "out/x.bin");
-    assert!(
-        plan.failures[0].message.contains("is a directory"),
-        "{}",
-        plan.render()
-    );
+    assert_eq!(snapshot(&root), before);
+    assert!(!root.join("out/sub").exists());
+    let refused = |s: &SendSummary| {
+        let mut p: Vec<String> = s.failures.iter().map(|f| f.path.clone()).collect();
+        p.sort();
+        p
+    };
+    // The directories' entries, and the files beneath them.
+    let expected = [
+        "out/esc",
+        "out/esc/z.bin",
+        "out/f",
+        "out/f/w.bin",
+        "out/gone",
+        "out/gone/v.bin",
+        "out/x.bin",
+    ];
+    assert_eq!(refused(&plan), expected, "{}", plan.render());
     assert_eq!(paths(&plan, |r| r.to_send), ["out/sub/y.bin"]);
     assert!(
         plan.render().contains("  refused    out/x.bin: "),
         "{}",
         plan.render()
     );
-    assert_eq!(snapshot(&root), before);
-    assert!(!root.join("out/sub").exists());
+    let run = send(&cfg).unwrap();
+    assert_eq!(refused(&run), expected, "{}", run.render());
+    assert_same(&src.join("sub/y.bin"), &root.join("out/sub/y.bin"));
+    assert_eq!(walk(&outside), Vec::<std::path::PathBuf>::new());
 }
 
 // Where a dry run cannot plan as a run would, it is refused before
@@ -222,7 +247,10 @@ fn send_dry_run_prints_the_plan_and_writes_nothing() {
         text.contains("  plan       1 to send (3.00 MiB); 0 already there (sync mtime); 0 refused"),
         "{text}"
     );
-    assert!(text.contains("  send       in/out.bin (3.00 MiB)"), "{text}");
+    assert!(
+        text.contains("  send       in/out.bin (3.00 MiB)"),
+        "{text}"
+    );
     let out = run(&["--json"]);
     assert!(out.status.success());
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -212,18 +212,29 @@ pub(crate) fn prepare(root: &Root, e: &FileEntry, block_size: u64, umask: u32) -
 
 /// What a dry run answers for entry `e`: what `prepare` would refuse
 /// without writing (a name that does not validate, too many blocks, a
-/// directory at a file's name), or `WouldWrite`. Nothing is created, so
-/// what only writing finds (permissions, a full disk) shows in the run.
+/// parent it could not make or reach beneath the root, a directory at a
+/// file's name, or anything but a directory at a directory's), or
+/// `WouldWrite`. Nothing is created, so what only writing finds
+/// (permissions, a full disk) shows in the run.
 pub(crate) fn prepare_dry(root: &Root, e: &FileEntry, block_size: u64) -> Prepared {
     let file = match DestFile::of_entry(e, block_size, 0) {
         Ok(Some(file)) => file,
         Ok(None) => return Prepared::Refuse(too_many_blocks(e, block_size)),
         Err(err) => return per_file(err),
     };
+    let is_file = e.kind == EntryKind::File;
+    let dir = if is_file {
+        file.dest.parent()
+    } else {
+        &file.dest.rel
+    };
+    if let Err(err) = root.probe_dir(dir) {
+        return per_file(err);
+    }
     let is_dir = root.stat(&file.dest.rel).is_some_and(|st| {
         rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory
     });
-    if e.kind == EntryKind::File && is_dir {
+    if is_file && is_dir {
         return per_file(a_directory_in_the_way(&e.path));
     }
     Prepared::WouldWrite

@@ -421,11 +421,11 @@ struct Admitted {
 /// held before anything is written for the session.
 fn admit(
     shared: &Shared,
-    id: SessionId,
-    block_size: u64,
+    terms: &Terms,
     stream: &Conn,
     started: Instant,
 ) -> Result<std::result::Result<Admitted, Refusal>> {
+    let (id, block_size) = (terms.id, terms.block_size);
     if shared.sessions.len() >= shared.cfg.max_sessions {
         return Ok(Err(Refusal {
             retryable: true,
@@ -436,8 +436,15 @@ fn admit(
             reason: RefusalReason::Busy,
         }));
     }
-    let count = (shared.cfg.buffer / block_size).clamp(2, 4096) as usize;
-    let spare = lock(&shared.spare_pool).take_if(|(p, _)| p.is_shaped(block_size as usize, count));
+    // A dry run holds no buffers: no block comes.
+    let count = match terms.dry_run {
+        true => 0,
+        false => (shared.cfg.buffer / block_size).clamp(2, 4096) as usize,
+    };
+    let spare = match terms.dry_run {
+        true => None,
+        false => lock(&shared.spare_pool).take_if(|(p, _)| p.is_shaped(block_size as usize, count)),
+    };
     let (spare, reservation) = match spare {
         Some((pool, r)) => (Some(pool), r),
         None => match shared
@@ -519,7 +526,7 @@ fn control(shared: &Arc<Shared>, stream: Conn) -> Result<()> {
         count,
         reservation,
         life,
-    } = match admit(shared, terms.id, terms.block_size, &ctl.stream, started)? {
+    } = match admit(shared, &terms, &ctl.stream, started)? {
         Ok(a) => a,
         Err(refusal) => return ctl.refuse(refusal),
     };
@@ -543,6 +550,10 @@ fn control(shared: &Arc<Shared>, stream: Conn) -> Result<()> {
     }
     let stats = Arc::new(Stats::default());
     let plan = ctl.plan(manifest, (&terms, stripe.as_ref()), &life, &stats)?;
+    if terms.dry_run {
+        drop(plan);
+        return end_dry_run(&mut ctl, &terms, &stats, (reg, &life));
+    }
     let resumed_bytes = plan.resumed_bytes;
     let pool = match spare {
         Some(p) => p,
@@ -587,6 +598,63 @@ fn control(shared: &Arc<Shared>, stream: Conn) -> Result<()> {
     shared.record(summary);
     // Closed last: a sender waiting for this close knows the session is
     // over, its destinations released and its summary recorded.
+    if outcome.is_ok() {
+        let _ = ctl.stream.shutdown(Shutdown::Both);
+    }
+    outcome
+}
+
+/// The rest of a dry run's session, once its plan is decided: the plan's
+/// end, then the sender's `Finish`. No writer, no buffers and no data
+/// stream: nothing a running job's progress reads is touched.
+fn end_dry_run(
+    ctl: &mut Control<'_>,
+    terms: &Terms,
+    stats: &Stats,
+    (mut reg, life): (Registration<'_>, &Arc<Life>),
+) -> Result<()> {
+    let shared = ctl.shared;
+    ctl.core.handle_plan_end(Instant::now());
+    // The core owes nothing for a dry plan: no report reaches a writer,
+    // and no verdict comes back.
+    let (_verdicts_tx, verdicts) =
+        verdicts::channel().map_err(|e| Error::io("creating the writer's eventfd", e))?;
+    let (writer_tx, _writer_rx) = mpsc::channel();
+    let outcome = ctl
+        .results(&verdicts, &writer_tx, life)
+        .and_then(|end| ended(&*shared.cfg.observer, end));
+    if let Err(e) = &outcome {
+        ctl.core.handle_lost(e.to_string());
+        let _ = ctl.flush();
+    }
+    reg.graceful = ctl.core.end().is_some_and(End::is_clean);
+    drop(reg);
+    let summary = ReceiverSummary {
+        session: hex(&terms.id),
+        outcome: ctl.core.outcome(None, life.was_taken_over()),
+        bytes_written: 0,
+        bytes_skipped_resume: 0,
+        seconds: terms.started.elapsed().as_secs_f64(),
+        gbps: 0.0,
+        io: IoInEffect {
+            io_mode: shared.cfg.io_mode,
+            io_fallback: None,
+            hugepages: false,
+            buffer_pages: "none".into(),
+        },
+        streams: 0,
+        requested_streams: terms.streams,
+        blocks_rejected: 0,
+        files_ok: 0,
+        files_failed: stats.refused.load(Ordering::Relaxed),
+        files_present: stats.present.load(Ordering::Relaxed),
+        memory_to_memory: false,
+        dry_run: true,
+        warnings: Vec::new(),
+    };
+    tracing::info!(session = %summary.session, outcome = %summary.outcome, "dry run ended");
+    shared.cfg.observer.summarized(&summary);
+    shared.record(summary);
     if outcome.is_ok() {
         let _ = ctl.stream.shutdown(Shutdown::Both);
     }

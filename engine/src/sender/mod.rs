@@ -297,7 +297,11 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
     };
     let total: u64 = list.files.iter().map(|f| f.size).sum();
     cfg.progress.sized(total);
-    let count = pool_blocks(cfg.buffer, cfg.block_size, cfg.streams) as usize;
+    // A dry run reads no block: it holds the least a pool may.
+    let count = match cfg.dry_run {
+        true => 2,
+        false => pool_blocks(cfg.buffer, cfg.block_size, cfg.streams) as usize,
+    };
     let pool = match &cfg.warm {
         Some(w) => w.take_pools(cfg.block_size as usize, count)?,
         None => Pools::new(cfg.block_size as usize, count)?,

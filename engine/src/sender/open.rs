@@ -183,22 +183,27 @@ const DRY_RUN_CLOSE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Ends a dry run's session once its plan is in: each file the receiver
 /// would take is recorded as one a run would send, and the receiver hears
-/// `Finish`. Its close is waited for (for `DRY_RUN_CLOSE` at most), so
-/// that its summary is recorded when the send returns.
+/// `Finish`. Its close is waited for, `DRY_RUN_CLOSE` at most, so that its
+/// summary is recorded when the send returns; what it sends meanwhile is
+/// not read as frames, only drained.
 pub(super) fn end_dry_run(opened: Opened, st: &mut RunState) -> Result<()> {
+    use std::io::Read;
     for f in &opened.planned {
         st.verdicts.insert(f.file_id, FileVerdict::WouldSend);
     }
-    let Opened {
-        mut control,
-        mut reader,
-        ..
-    } = opened;
+    let mut control = opened.control;
     write_frame(&mut control, &Frame::Finish)?;
     let until = Instant::now() + DRY_RUN_CLOSE;
-    let _ = control.set_read_timeout(Some(DRY_RUN_CLOSE));
-    // Keepalives may come before the close; anything, or nothing, after
-    // the plan changes nothing of it.
-    while Instant::now() < until && reader.read(&mut control).is_ok() {}
+    let mut sink = [0u8; 4096];
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() || control.set_read_timeout(Some(left)).is_err() {
+            break;
+        }
+        match control.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
     Ok(())
 }
