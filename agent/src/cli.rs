@@ -39,7 +39,7 @@ pub enum Cmd {
     /// Receive transfers, writing beneath --root.
     Serve(ServeArgs),
     /// Send a file or a directory tree to a receiver.
-    Send(SendArgs),
+    Send(Box<SendArgs>),
     /// Run the data sessions of another host's `send --via`, from this
     /// host's view of the same shared source.
     Relay(RelayArgs),
@@ -266,6 +266,8 @@ pub struct SendArgs {
     #[arg(long, conflicts_with_all = ["synthetic", "repeat"])]
     pub dry_run: bool,
     #[command(flatten)]
+    pub filters: FilterArgs,
+    #[command(flatten)]
     pub tuning: SendTuning,
     /// Send it this many times, one after another, in this process: each
     /// run after the first joins over the data connections the last one
@@ -308,6 +310,122 @@ pub struct RelayArgs {
     pub token: TokenArgs,
     #[command(flatten)]
     pub io: IoArgs,
+}
+
+/// Which files of the source `send` takes. A pattern with no / matches a
+/// name at any depth (`*.log`), one with a / the path from the source
+/// directory (`raw/*.h5`); `*` stays within a name and `**` crosses
+/// directories; a trailing / names directories only. Excludes win over
+/// includes; a directory excluded is not listed. Filters that take no
+/// file are refused.
+#[derive(Args, Clone, Default)]
+pub struct FilterArgs {
+    /// Send only files this glob matches (repeat for several; with none,
+    /// every file).
+    #[arg(long = "include", value_name = "GLOB", conflicts_with = "synthetic")]
+    pub include: Vec<String>,
+    /// Leave out files and directories this glob matches (repeat for
+    /// several).
+    #[arg(long = "exclude", value_name = "GLOB", conflicts_with = "synthetic")]
+    pub exclude: Vec<String>,
+    /// Read include globs from this file, one a line (blank lines and
+    /// lines starting with # are passed over).
+    #[arg(long, value_name = "FILE", conflicts_with = "synthetic")]
+    pub include_from: Option<PathBuf>,
+    /// Read exclude globs from this file, one a line.
+    #[arg(long, value_name = "FILE", conflicts_with = "synthetic")]
+    pub exclude_from: Option<PathBuf>,
+    /// Leave out files smaller than this, e.g. 1MiB.
+    #[arg(long, value_parser = size, conflicts_with = "synthetic")]
+    pub min_size: Option<u64>,
+    /// Leave out files larger than this, e.g. 10GiB.
+    #[arg(long, value_parser = size, conflicts_with = "synthetic")]
+    pub max_size: Option<u64>,
+    /// Leave out files modified less than this long ago, e.g. 10m (those an
+    /// instrument may still be writing): seconds, or a number with s, m, h
+    /// or d.
+    #[arg(long, value_parser = age, conflicts_with = "synthetic")]
+    pub min_age: Option<u64>,
+    /// Leave out files modified more than this long ago, e.g. 7d.
+    #[arg(long, value_parser = age, conflicts_with = "synthetic")]
+    pub max_age: Option<u64>,
+}
+
+/// Most bytes of a pattern file (`--include-from`, `--exclude-from`):
+/// the most patterns at their longest would not fit a much larger one.
+const MAX_PATTERN_FILE: u64 = 64 << 20;
+
+impl FilterArgs {
+    /// The engine's filters, with the pattern files read.
+    pub fn filters(&self) -> Result<wirerate_engine::filter::Filters> {
+        let mut include = self.include.clone();
+        let mut exclude = self.exclude.clone();
+        for (file, into) in [
+            (&self.include_from, &mut include),
+            (&self.exclude_from, &mut exclude),
+        ] {
+            if let Some(path) = file {
+                into.extend(pattern_file(path)?);
+            }
+        }
+        let f = wirerate_engine::filter::Filters {
+            include,
+            exclude,
+            min_size: self.min_size,
+            max_size: self.max_size,
+            min_age_seconds: self.min_age,
+            max_age_seconds: self.max_age,
+        };
+        f.check()?;
+        Ok(f)
+    }
+}
+
+/// The patterns of `path`, one a line.
+fn pattern_file(path: &std::path::Path) -> Result<Vec<String>> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_PATTERN_FILE + 1).read_to_string(&mut text))
+        .map_err(|e| anyhow::anyhow!("reading the patterns in {}: {e}", path.display()))?;
+    if text.len() as u64 > MAX_PATTERN_FILE {
+        bail!(
+            "{} is over {} MiB: more patterns than a send takes",
+            path.display(),
+            MAX_PATTERN_FILE >> 20
+        );
+    }
+    Ok(text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect())
+}
+
+/// An age: seconds, or a number followed by s, m, h or d; at most a
+/// century.
+fn age(s: &str) -> Result<u64, String> {
+    let (digits, unit) = match s.trim().char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => (&s.trim()[..i], c),
+        _ => (s.trim(), 's'),
+    };
+    let per = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
+        'd' => 86400,
+        _ => 0,
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .filter(|_| per > 0)
+        .and_then(|n| n.checked_mul(per))
+        .filter(|&secs| secs <= 100 * 365 * 86400)
+        .ok_or_else(|| {
+            format!("{s:?} is not an age: seconds, or a number with s, m, h or d (10m, 7d), up to a century")
+        })
 }
 
 #[derive(Args, Clone)]

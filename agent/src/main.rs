@@ -132,7 +132,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.cmd {
         Cmd::Serve(a) => serve(a),
-        Cmd::Send(a) => send_cmd(a),
+        Cmd::Send(a) => send_cmd(*a),
         Cmd::Relay(a) => relay(a),
         Cmd::Run(a) => run_agent(a),
         Cmd::Probe(a) => probe(a),
@@ -203,6 +203,7 @@ fn send_cmd(a: wirerate_agent::cli::SendArgs) -> Result<ExitCode> {
     cfg.synthetic = a.synthetic;
     cfg.sync = a.sync;
     cfg.dry_run = a.dry_run;
+    cfg.filters = a.filters.filters()?;
     cfg.encrypt = a.token.encrypt;
     if a.via.is_some() && !cfg.to.contains(',') {
         bail!("--via names the sender of each of several receivers: give --to several");

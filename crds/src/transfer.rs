@@ -5,7 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::tuning::{Compression, Striping, SyncLevel, Tuning, Verification};
+use crate::tuning::{Compression, Filters, Striping, SyncLevel, Tuning, Verification};
 
 /// Move `source` to `destination` at the wire rate and verify it.
 // Clippy reads each printcolumn's `type_` as a repeated attribute.
@@ -124,6 +124,16 @@ pub struct TransferSpec {
     /// file gets its source's). Not with `pairs` above 1 yet.
     #[serde(default)]
     pub sync: SyncLevel,
+    /// Which files of the source are sent: `include` and `exclude` globs
+    /// (a pattern with no `/` matches a name at any depth, `*.log`; one
+    /// with a `/` the path from the source directory, `raw/*.h5`; `**`
+    /// crosses directories; a trailing `/` names directories only;
+    /// excludes win), `minSize` and `maxSize` in bytes, and
+    /// `minAgeSeconds` (leave out files an instrument may still be
+    /// writing) and `maxAgeSeconds`. Filters that take no file fail the
+    /// Transfer, saying so. Unset: every file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filters: Option<Filters>,
     /// Cap on the transfer's rate in megabits per second (sharing a path).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 10000000))]

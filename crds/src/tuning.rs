@@ -3,6 +3,7 @@
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 
+pub use wirerate_engine::filter::Filters;
 use wirerate_engine::tuning::{
     BLOCK_SIZE, BUFFER, CONGESTION_MAX_LEN, Overrides, QUEUE_DEPTH, STREAMS, Settings, TuningError,
     step_rule,

@@ -36,6 +36,7 @@ pub mod digest;
 pub mod encryption;
 #[cfg(feature = "shells")]
 pub mod error;
+pub mod filter;
 #[cfg(feature = "shells")]
 pub mod fsroot;
 #[cfg(feature = "shells")]

@@ -206,6 +206,9 @@ pub struct SendSummary {
     pub results: Vec<FileOutcome>,
     /// Source entries not sent.
     pub skipped: Vec<Skipped>,
+    /// Source files the send's filters left out (`--include`,
+    /// `--exclude`, `--min-size`, ...).
+    pub files_filtered: usize,
     /// Block size in bytes.
     pub block_size: u64,
     /// Requests in flight.
@@ -406,8 +409,15 @@ impl SendSummary {
         s
     }
 
-    /// The lines both summaries end with: what was skipped, and warnings.
+    /// The lines both summaries end with: what the filters left out,
+    /// what was skipped, and warnings.
     fn render_tail(&self, s: &mut String) {
+        if self.files_filtered > 0 {
+            s.push_str(&format!(
+                "  filtered   {} file(s) left out by the filters\n",
+                self.files_filtered
+            ));
+        }
         for k in self.skipped.iter().take(20) {
             s.push_str(&format!("  skipped    {}: {}\n", k.path, k.reason));
         }

@@ -122,6 +122,9 @@ pub struct Sent {
     /// Files the destination already had, at the Transfer's sync level:
     /// not sent (always 0 over several pairs, which send every file).
     pub files_present: usize,
+    /// Source files the Transfer's filters left out (not counted over
+    /// several pairs yet).
+    pub files_filtered: usize,
 }
 
 impl From<SendSummary> for Sent {
@@ -144,6 +147,7 @@ impl From<SendSummary> for Sent {
             // Over one pair the receiver reports what it resumed.
             bytes_resumed: 0,
             files_present: s.files_present,
+            files_filtered: s.files_filtered,
         }
     }
 }
@@ -167,6 +171,7 @@ impl From<PairsSummary> for Sent {
                 .collect(),
             bytes_resumed: s.bytes_resumed,
             files_present: 0,
+            files_filtered: 0,
         }
     }
 }
@@ -216,7 +221,7 @@ pub struct SenderJob {
 }
 
 /// What a Transfer asks of its send beyond its pools' tuning.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct SendTerms {
     /// How the landed data is checked.
     pub verify: Verification,
@@ -224,6 +229,8 @@ pub struct SendTerms {
     pub sync: SyncLevel,
     /// Cap on the rate, megabits per second.
     pub max_rate_mbps: Option<i64>,
+    /// Which files of the source are sent.
+    pub filters: wirerate_engine::filter::Filters,
 }
 
 impl SenderJob {
@@ -242,6 +249,7 @@ impl SenderJob {
             verify,
             sync,
             max_rate_mbps,
+            filters,
         } = terms;
         let Targets {
             endpoints,
@@ -260,6 +268,7 @@ impl SenderJob {
         cfg.encrypt = tuning.encryption();
         cfg.compress = tuning.compression();
         cfg.sync = sync;
+        cfg.filters = filters;
         cfg.max_rate = max_rate_mbps.map(|m| m as u64 * 1_000_000 / 8);
         // Longer than a Lease: a lost receiver is replaced before the sender gives up.
         cfg.retry_for = Duration::from_secs(90);

@@ -633,6 +633,7 @@ fn sender_side(
                 verify: t.spec.verification,
                 sync: t.spec.sync,
                 max_rate_mbps: t.spec.max_rate_mbps,
+                filters: t.spec.filters.clone().unwrap_or_default(),
             },
         )?,
         // Over several pairs no one receiver holds the whole.
@@ -1129,7 +1130,7 @@ fn sender_verdict(outcome: SenderOutcome) -> (ReportState, String, i64) {
         SenderOutcome::Verified(sum) => (
             ReportState::Succeeded,
             format!(
-                "{} in {:.1} s at {:.2} Gbit/s, digest {}{}{}{}{}",
+                "{} in {:.1} s at {:.2} Gbit/s, digest {}{}{}{}{}{}",
                 fmt_bytes(sum.bytes_total),
                 sum.seconds,
                 sum.gbps,
@@ -1140,6 +1141,10 @@ fn sender_verdict(outcome: SenderOutcome) -> (ReportState, String, i64) {
                 match sum.files_present {
                     0 => String::new(),
                     n => format!("; {n} file(s) already there, not sent (sync)"),
+                },
+                match sum.files_filtered {
+                    0 => String::new(),
+                    n => format!("; {n} file(s) left out by the filters"),
                 }
             ),
         ),

@@ -150,6 +150,41 @@ fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
     rx.stop();
 }
 
+// A Transfer's filters reach the engine: only what they take lands.
+#[test]
+fn a_transfers_filters_choose_what_its_sender_sends() {
+    let dir = scratch("cluster-jobs-filters");
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    write_file(&src.join("a.h5"), 5000, 1);
+    write_file(&src.join("b.txt"), 5000, 2);
+    std::fs::create_dir_all(&dst).unwrap();
+    let mut rx = ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap();
+    let endpoint = format!("127.0.0.1:{}", rx.port);
+    let tx = SenderJob::start(
+        Targets::one(std::slice::from_ref(&endpoint)),
+        TOKEN.to_vec(),
+        src.clone(),
+        "run".into(),
+        &tuning(),
+        SendTerms {
+            filters: wirerate_engine::filter::Filters {
+                include: vec!["*.h5".into()],
+                ..Default::default()
+            },
+            ..SendTerms::default()
+        },
+    )
+    .unwrap();
+    let SenderOutcome::Verified(sum) = wait_outcome(&tx, Duration::from_secs(60)) else {
+        panic!("not verified");
+    };
+    assert!(sum.ok, "{sum:?}");
+    assert_eq!(sum.files_filtered, 1, "{sum:?}");
+    assert_same(&src.join("a.h5"), &dst.join("run/a.h5"));
+    assert!(!dst.join("run/b.txt").exists());
+    rx.stop();
+}
+
 /// What a new session would keep of `name` in `dir` now: all of it once
 /// published, else what its stored checkpoint records. The checkpoint is
 /// read first: publishing removes it, and the published file is then seen.

@@ -16,6 +16,7 @@ mod compression;
 mod demo;
 mod dry_run;
 mod faults;
+mod filters;
 mod hostile;
 mod integrity;
 mod netns;

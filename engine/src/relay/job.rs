@@ -176,6 +176,7 @@ pub(super) fn prepare(
     let list = SourceList {
         files,
         skipped: Vec::new(),
+        filtered: 0,
         base: Arc::new(base),
         base_path,
     };

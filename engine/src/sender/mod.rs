@@ -7,6 +7,7 @@ mod growth;
 mod open;
 pub mod pairs;
 mod reader;
+pub mod select;
 mod session;
 mod shared;
 pub mod source;
@@ -52,6 +53,9 @@ pub struct SendConfig {
     /// Plan and report what a send would do, and send nothing: the
     /// receiver creates and changes nothing either (`--dry-run`).
     pub dry_run: bool,
+    /// Which files of the source to send (`--include`, `--exclude`,
+    /// `--min-size`, ...); empty: all of them.
+    pub filters: crate::filter::Filters,
     /// File or directory to send (unused when `synthetic` is set).
     pub source: PathBuf,
     /// A memory-to-memory test: send this many bytes of generated data,
@@ -120,6 +124,7 @@ impl SendConfig {
             compress: crate::compress::Compression::default(),
             sync: crate::sync::SyncLevel::default(),
             dry_run: false,
+            filters: crate::filter::Filters::default(),
             source: source.into(),
             synthetic: None,
             dest: dest.into(),
@@ -182,6 +187,16 @@ impl SendConfig {
         }
     }
 
+    /// The source's listing, through the send's filters: ages are
+    /// measured from now.
+    pub(crate) fn list(&self) -> Result<SourceList> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let select = select::Select::new(&self.filters, now)?;
+        source::scan_with(&self.source, &self.dest, &select)
+    }
+
     /// Refuses settings that cannot work, saying what to change.
     pub fn validate(&self) -> Result<()> {
         if self.token.is_empty() {
@@ -194,6 +209,11 @@ impl SendConfig {
             Some(0) => {
                 return Err(Error::Config(
                     "--synthetic needs a size of at least one byte, e.g. 10GiB".into(),
+                ));
+            }
+            Some(_) if !self.filters.is_empty() => {
+                return Err(Error::Config(
+                    "filters (--include, --exclude, --min-size, ...) choose files of a source, and a memory-to-memory test (--synthetic) has none".into(),
                 ));
             }
             Some(_) if self.dry_run => {
@@ -293,7 +313,7 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
     cfg.validate()?;
     let list = match cfg.synthetic {
         Some(size) => source::synthetic(size, &cfg.dest)?,
-        None => source::scan(&cfg.source, &cfg.dest)?,
+        None => cfg.list()?,
     };
     let total: u64 = list.files.iter().map(|f| f.size).sum();
     cfg.progress.sized(total);

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use crate::digest::xxh3_64;
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
 
+use super::select::Select;
 use crate::error::{Error, Result};
 use crate::summary::Skipped;
 use crate::wire::{EntryKind, MAX_ENTRIES, MAX_MANIFEST_BYTES, MAX_PATH};
@@ -168,6 +169,8 @@ pub struct SourceList {
     pub files: Vec<SourceFile>,
     /// Entries not sent, with reasons.
     pub skipped: Vec<Skipped>,
+    /// Files the send's filters left out (`filter`): not sent, not named.
+    pub filtered: usize,
     /// The directory every entry is opened beneath (the source directory,
     /// or a single file's parent).
     pub base: Arc<OwnedFd>,
@@ -321,6 +324,49 @@ fn too_many(source: &Path) -> Error {
 /// `dest/<name>` when `dest` ends in `/`); a directory's contents go
 /// beneath `dest`.
 pub fn scan(source: &Path, dest: &str) -> Result<SourceList> {
+    scan_with(source, dest, &Select::all())
+}
+
+/// Lists `source` for `dest` as `scan` does, taking only what `select`
+/// takes. Filters that take no file are refused, saying so: a send of
+/// nothing is more likely a pattern's mistake than a wish.
+pub fn scan_with(source: &Path, dest: &str, select: &Select) -> Result<SourceList> {
+    let list = scan_all(source, dest, select)?;
+    if !select.active() {
+        return Ok(list);
+    }
+    let list = without_empty_dirs(list);
+    if !list.files.iter().any(|f| f.kind == EntryKind::File) {
+        return Err(Error::Config(format!(
+            "the filters ({}) take none of the {} file(s) under {}: check the patterns and bounds (a pattern with no / matches a name at any depth, one with a / the path from the source)",
+            select.filters().describe(),
+            list.filtered,
+            source.display()
+        )));
+    }
+    Ok(list)
+}
+
+/// `list` without the directories that hold no file it takes, beneath
+/// them at any depth (the source directory itself stays).
+fn without_empty_dirs(mut list: SourceList) -> SourceList {
+    let mut needed: std::collections::HashSet<String> = std::collections::HashSet::new();
+    for f in list.files.iter().filter(|f| f.kind == EntryKind::File) {
+        let mut at = f.dest.as_str();
+        while let Some((parent, _)) = at.rsplit_once('/') {
+            if !needed.insert(parent.to_string()) {
+                break;
+            }
+            at = parent;
+        }
+    }
+    list.files.retain(|f| {
+        f.kind == EntryKind::File || f.rel == Path::new(".") || needed.contains(&f.dest)
+    });
+    list
+}
+
+fn scan_all(source: &Path, dest: &str, select: &Select) -> Result<SourceList> {
     // The named path itself may be a symlink: it is resolved once, here,
     // and everything after is opened beneath what it resolved to.
     let real = source
@@ -329,7 +375,7 @@ pub fn scan(source: &Path, dest: &str) -> Result<SourceList> {
     let m = std::fs::metadata(&real)
         .map_err(|e| Error::io(format!("reading {}", source.display()), e))?;
     if m.is_file() {
-        return scan_file(source, &real, dest, &m);
+        return scan_file(source, &real, dest, &m, select);
     }
     if !m.is_dir() {
         return Err(Error::Config(format!(
@@ -338,11 +384,17 @@ pub fn scan(source: &Path, dest: &str) -> Result<SourceList> {
             kind_name(rustix::fs::FileType::from_raw_mode(m.mode()))
         )));
     }
-    scan_tree(source, &real, dest, &m)
+    scan_tree(source, &real, dest, &m, select)
 }
 
 /// The list of the single file `source`, which resolved to `real`.
-fn scan_file(source: &Path, real: &Path, dest: &str, m: &std::fs::Metadata) -> Result<SourceList> {
+fn scan_file(
+    source: &Path,
+    real: &Path,
+    dest: &str,
+    m: &std::fs::Metadata,
+    select: &Select,
+) -> Result<SourceList> {
     let name = real
         .file_name()
         .ok_or_else(|| Error::Config(format!("{} has no file name", source.display())))?;
@@ -354,8 +406,11 @@ fn scan_file(source: &Path, real: &Path, dest: &str, m: &std::fs::Metadata) -> R
     };
     let parent = real.parent().unwrap_or(Path::new("/"));
     let file = entry(source.to_path_buf(), PathBuf::from(name), dest, m)?;
+    // A single file is matched by its name.
+    let taken = select.takes_file(&name.to_string_lossy(), file.size, file.stamp.mtime.0);
     Ok(SourceList {
-        files: vec![file],
+        filtered: usize::from(!taken),
+        files: if taken { vec![file] } else { Vec::new() },
         skipped: Vec::new(),
         base: Arc::new(open_dir(parent)?),
         base_path: parent.to_path_buf(),
@@ -364,7 +419,13 @@ fn scan_file(source: &Path, real: &Path, dest: &str, m: &std::fs::Metadata) -> R
 
 /// The list of the directory `source`, which resolved to `real`: the
 /// directory itself, then everything beneath it.
-fn scan_tree(source: &Path, real: &Path, dest: &str, m: &std::fs::Metadata) -> Result<SourceList> {
+fn scan_tree(
+    source: &Path,
+    real: &Path,
+    dest: &str,
+    m: &std::fs::Metadata,
+    select: &Select,
+) -> Result<SourceList> {
     let base = dest.trim_end_matches('/').to_string();
     if base.is_empty() {
         return Err(Error::Config(
@@ -373,9 +434,11 @@ fn scan_tree(source: &Path, real: &Path, dest: &str, m: &std::fs::Metadata) -> R
     }
     let mut walk = Walk {
         source,
+        select,
         list: SourceList {
             files: Vec::new(),
             skipped: Vec::new(),
+            filtered: 0,
             base: Arc::new(open_dir(real)?),
             base_path: real.to_path_buf(),
         },
@@ -400,6 +463,8 @@ fn scan_tree(source: &Path, real: &Path, dest: &str, m: &std::fs::Metadata) -> R
 struct Walk<'a> {
     /// The directory as named, for messages and `SourceFile::path`.
     source: &'a Path,
+    /// What the send's filters take.
+    select: &'a Select,
     list: SourceList,
     /// Bytes of the destination paths listed, which the manifest carries.
     path_bytes: usize,
@@ -446,6 +511,14 @@ impl Walk<'_> {
             let rel = rel_dir.join(name);
             if let Some(reason) = path_limit(&rel, &d, is_dir) {
                 self.list.skipped.push(skip(reason));
+                continue;
+            }
+            let rel_str = rel.to_string_lossy();
+            if is_dir && !self.select.takes_dir(&rel_str) {
+                continue;
+            }
+            if !is_dir && !self.select.takes_file(&rel_str, st.size, st.stamp.mtime.0) {
+                self.list.filtered += 1;
                 continue;
             }
             self.add(shown, rel.clone(), d.clone(), &st)?;
@@ -516,6 +589,7 @@ pub fn synthetic(size: u64, dest: &str) -> Result<SourceList> {
             },
         }],
         skipped: Vec::new(),
+        filtered: 0,
         // Never opened beneath: the generator reads nothing.
         base: Arc::new(open_dir(Path::new("/"))?),
         base_path: PathBuf::from("/"),

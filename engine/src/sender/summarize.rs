@@ -81,6 +81,7 @@ pub(super) fn summarize(
         failures: outcomes.failures,
         results: outcomes.results,
         skipped: list.skipped,
+        files_filtered: list.filtered,
         block_size: cfg.block_size,
         queue_depth: if st.io_mode == Some(IoMode::Async) {
             cfg.queue_depth

@@ -271,6 +271,7 @@ impl Plan<'_> {
                 .map(|&i| self.list.files[i as usize].clone())
                 .collect(),
             skipped: Vec::new(),
+            filtered: 0,
             base: Arc::clone(&self.list.base),
             base_path: self.list.base_path.clone(),
         }
@@ -409,7 +410,7 @@ fn send_pairs(
             "--dry-run is not planned over several pairs yet: plan with one receiver (the plan is the same)".into(),
         ));
     }
-    let list = super::source::scan(&cfg.source, &cfg.dest)?;
+    let list = cfg.list()?;
     let files: Vec<(u32, u64)> = list
         .files
         .iter()
