@@ -352,7 +352,8 @@ pub struct FilterArgs {
 }
 
 /// Most bytes of a pattern file (`--include-from`, `--exclude-from`):
-/// the most patterns at their longest would not fit a much larger one.
+/// room for the most patterns at a typical length; no more than
+/// `filter::MAX_PATTERNS` lines of it are kept.
 const MAX_PATTERN_FILE: u64 = 64 << 20;
 
 impl FilterArgs {
@@ -399,6 +400,8 @@ fn pattern_file(path: &std::path::Path) -> Result<Vec<String>> {
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        // One past the bound, for the check to refuse, and no more.
+        .take(wirerate_engine::filter::MAX_PATTERNS + 1)
         .map(str::to_owned)
         .collect())
 }
@@ -422,7 +425,7 @@ fn age(s: &str) -> Result<u64, String> {
         .ok()
         .filter(|_| per > 0)
         .and_then(|n| n.checked_mul(per))
-        .filter(|&secs| secs <= 100 * 365 * 86400)
+        .filter(|&secs| secs <= wirerate_engine::filter::MAX_AGE_SECONDS)
         .ok_or_else(|| {
             format!("{s:?} is not an age: seconds, or a number with s, m, h or d (10m, 7d), up to a century")
         })

@@ -130,8 +130,8 @@ pub struct TransferSpec {
     /// crosses directories; a trailing `/` names directories only;
     /// excludes win), `minSize` and `maxSize` in bytes, and
     /// `minAgeSeconds` (leave out files an instrument may still be
-    /// writing) and `maxAgeSeconds`. Filters that take no file fail the
-    /// Transfer, saying so. Unset: every file.
+    /// writing) and `maxAgeSeconds`. Include patterns that match no file
+    /// fail the Transfer, saying so. Unset: every file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filters: Option<Filters>,
     /// Cap on the transfer's rate in megabits per second (sharing a path).

@@ -21,8 +21,15 @@ use serde::{Deserialize, Serialize};
 
 /// Most patterns (includes and excludes together) one send may carry.
 pub const MAX_PATTERNS: usize = 100_000;
+/// Most of them that are matched one by one: those with wildcards other
+/// than a name's extension (`*.h5`) or a literal name or path, which the
+/// matcher looks up in hash sets whatever their number. Each of these
+/// costs a regex run per file that might match it.
+pub const MAX_WILD_PATTERNS: usize = 1_000;
 /// Longest pattern, in bytes.
 pub const MAX_PATTERN_LEN: usize = 4096;
+/// Longest age a bound takes: a century.
+pub const MAX_AGE_SECONDS: u64 = 100 * 365 * 86400;
 
 /// The filters of a send. Empty (the default) takes everything.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,16 +85,25 @@ impl Filters {
                 "{count} include and exclude patterns, more than the {MAX_PATTERNS} a send takes; match directories rather than each file"
             )));
         }
-        if let Some(p) = self
-            .include
-            .iter()
-            .chain(&self.exclude)
-            .find(|p| p.is_empty() || p.len() > MAX_PATTERN_LEN || p.contains('\0'))
-        {
+        let mut wild = 0;
+        for p in self.include.iter().chain(&self.exclude) {
+            let (glob, _) = normalized(p)?;
+            wild += usize::from(!hashed(&glob));
+        }
+        if wild > MAX_WILD_PATTERNS {
             return Err(FilterError(format!(
-                "pattern {:?} is empty, longer than {MAX_PATTERN_LEN} bytes or holds a NUL",
-                truncated(p)
+                "{wild} patterns have wildcards beyond a name's extension (*.h5), more than the {MAX_WILD_PATTERNS} a send takes: each is matched on its own against every file; list names or extensions instead, or match a directory"
             )));
+        }
+        for age in [self.min_age_seconds, self.max_age_seconds]
+            .into_iter()
+            .flatten()
+        {
+            if age > MAX_AGE_SECONDS {
+                return Err(FilterError(format!(
+                    "an age of {age} s is more than a century ({MAX_AGE_SECONDS} s)"
+                )));
+            }
         }
         if let (Some(lo), Some(hi)) = (self.min_size, self.max_size)
             && lo > hi
@@ -141,13 +157,88 @@ impl Filters {
 }
 
 /// At most 80 characters of a pattern, for a message.
-fn truncated(p: &str) -> String {
+pub fn truncated(p: &str) -> String {
     p.chars().take(80).collect()
+}
+
+/// Pattern `pattern` as it is matched, and whether it names directories
+/// only (a trailing `/`): a leading `./` or `/` anchors it to the source
+/// directory, and a pattern with no `/` gets `**/` before it (a name at
+/// any depth). Refused where it could never match what it seems to say:
+/// empty, a `.` or `..` or empty part, a NUL, a negated class (`[!x]`,
+/// which in a glob matches `/` too), or longer than `MAX_PATTERN_LEN`.
+pub fn normalized(pattern: &str) -> Result<(String, bool), FilterError> {
+    let refuse = |why: &str| {
+        Err(FilterError(format!(
+            "pattern {:?} {why}",
+            truncated(pattern)
+        )))
+    };
+    if pattern.len() > MAX_PATTERN_LEN || pattern.contains('\0') {
+        return refuse(&format!(
+            "is longer than {MAX_PATTERN_LEN} bytes or holds a NUL"
+        ));
+    }
+    if pattern.contains("[!") || pattern.contains("[^") {
+        return refuse(
+            "has a negated class ([!...]), which would match across a /: name what to match instead",
+        );
+    }
+    let dir_only = pattern.ends_with('/');
+    let p = pattern.strip_suffix('/').unwrap_or(pattern);
+    let anchored = p.strip_prefix("./").or_else(|| p.strip_prefix('/'));
+    let p = anchored.unwrap_or(p);
+    if p.is_empty()
+        || p.split('/')
+            .any(|part| part.is_empty() || part == "." || part == "..")
+    {
+        return refuse(
+            "is empty, or has an empty, . or .. part: write the path from the source directory, as a/b/*.h5",
+        );
+    }
+    let glob = match anchored.is_none() && !p.contains('/') {
+        true => format!("**/{p}"),
+        false => p.to_string(),
+    };
+    Ok((glob, dir_only))
+}
+
+/// Whether the matcher looks glob `p` (normalized) up in a hash set, not
+/// in a regex: a literal name or path, `**` alone, or `**/*.ext` with a
+/// plain extension. Conservative: anything else counts as wild.
+pub fn hashed(p: &str) -> bool {
+    const META: &[char] = &['*', '?', '[', ']', '{', '}', '\\'];
+    let plain = |s: &str| !s.contains(META);
+    let rest = p.strip_prefix("**/").unwrap_or(p);
+    p == "**"
+        || p == "**/**"
+        || plain(rest)
+        || (p.starts_with("**/")
+            && rest
+                .strip_prefix("*.")
+                .is_some_and(|ext| plain(ext) && !ext.contains(['/', '.'])))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn patterns_are_anchored_or_not_as_written_and_classed_by_cost() {
+        let n = |p: &str| normalized(p).unwrap();
+        assert_eq!(n("*.h5"), ("**/*.h5".into(), false));
+        assert_eq!(n("./secret.key"), ("secret.key".into(), false));
+        assert_eq!(n("/top.txt"), ("top.txt".into(), false));
+        assert_eq!(n("raw/*.h5"), ("raw/*.h5".into(), false));
+        assert_eq!(n("scratch/"), ("**/scratch".into(), true));
+        assert_eq!(n("**"), ("**/**".into(), false));
+        for cheap in ["**/*.h5", "**/frame-1.h5", "raw/a.h5", "**"] {
+            assert!(hashed(cheap), "{cheap}");
+        }
+        for costly in ["raw/*.h5", "**/run-*.h5", "**/*.tar.gz", "*.h5", "**/a?"] {
+            assert!(!hashed(costly), "{costly}");
+        }
+    }
 
     #[test]
     fn bounds_take_what_lies_between_them_inclusive() {
@@ -200,6 +291,20 @@ mod tests {
             ..Filters::default()
         };
         assert!(bad(many).contains("more than the 100000"));
+        let wild = Filters {
+            exclude: (0..=MAX_WILD_PATTERNS)
+                .map(|i| format!("run-{i}-*.h5"))
+                .collect(),
+            ..Filters::default()
+        };
+        assert!(bad(wild).contains("1001 patterns have wildcards"));
+        for p in ["/", "./", "a//b", "a/../b", "./.", "x[!0-9]", "y[^a]"] {
+            let f = Filters {
+                exclude: vec![p.into()],
+                ..Filters::default()
+            };
+            assert!(f.check().is_err(), "{p}");
+        }
         assert!(Filters::default().check().is_ok() && Filters::default().is_empty());
     }
 }

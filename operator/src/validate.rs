@@ -29,6 +29,8 @@ pub mod reason {
     pub const INVALID_PAIRS: &str = "InvalidPairs";
     /// Several pairs into a pool that does not declare shared storage.
     pub const STORAGE_NOT_SHARED: &str = "StorageNotShared";
+    /// spec.filters past their bounds, or contradicting themselves.
+    pub const INVALID_FILTERS: &str = "InvalidFilters";
 }
 
 /// The longest Transfer name: it is a label value on its token Secret and grant.
@@ -147,6 +149,13 @@ pub fn validate(t: &Transfer, catalog: Catalog<'_>) -> Result<Resolved, Invalid>
         .or_else(|| dst.and_then(|d| d.spec.striping.clone()));
     if let Some(problem) = tuning.problem(striping.as_ref()) {
         return Err(invalid(reason::INVALID_TUNING, problem));
+    }
+    // Checked here, before agents are placed, as the sender checks them.
+    if let Some(Err(e)) = t.spec.filters.as_ref().map(|f| f.check()) {
+        return Err(invalid(
+            reason::INVALID_FILTERS,
+            format!("spec.filters: {e}"),
+        ));
     }
     // Relays read the source from storage the sender's pool declares
     // shared: each reads what the sender would have.
@@ -621,6 +630,20 @@ pub(crate) mod tests {
             stripe_size: 3 * 1024 * 1024,
         });
         assert_eq!(check(&t).unwrap_err().reason, reason::INVALID_TUNING);
+
+        let mut t = transfer("t", "/in/a", "/out/a");
+        t.spec.filters = Some(wirerate_crds::tuning::Filters {
+            min_size: Some(2),
+            max_size: Some(1),
+            ..Default::default()
+        });
+        let e = check(&t).unwrap_err();
+        assert_eq!(e.reason, reason::INVALID_FILTERS);
+        assert!(
+            e.message.starts_with("spec.filters: minSize (2)"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

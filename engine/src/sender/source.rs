@@ -328,23 +328,24 @@ pub fn scan(source: &Path, dest: &str) -> Result<SourceList> {
 }
 
 /// Lists `source` for `dest` as `scan` does, taking only what `select`
-/// takes. Filters that take no file are refused, saying so: a send of
-/// nothing is more likely a pattern's mistake than a wish.
+/// takes. Include patterns that match no file at all are refused, saying
+/// so: a send of nothing by an include is a pattern's mistake more likely
+/// than a wish. Excludes and bounds that leave nothing (a run directory
+/// with nothing old enough yet) make an empty send, not an error.
 pub fn scan_with(source: &Path, dest: &str, select: &Select) -> Result<SourceList> {
-    let list = scan_all(source, dest, select)?;
+    let (list, included) = scan_all(source, dest, select)?;
     if !select.active() {
         return Ok(list);
     }
-    let list = without_empty_dirs(list);
-    if !list.files.iter().any(|f| f.kind == EntryKind::File) {
+    if included == 0 && !select.filters().include.is_empty() {
         return Err(Error::Config(format!(
-            "the filters ({}) take none of the {} file(s) under {}: check the patterns and bounds (a pattern with no / matches a name at any depth, one with a / the path from the source)",
-            select.filters().describe(),
+            "the include patterns ({}) match none of the {} file(s) listed under {}: check them (a pattern with no / matches a name at any depth, one with a / the path from the source)",
+            select.filters().include.len(),
             list.filtered,
             source.display()
         )));
     }
-    Ok(list)
+    Ok(without_empty_dirs(list))
 }
 
 /// `list` without the directories that hold no file it takes, beneath
@@ -366,7 +367,9 @@ fn without_empty_dirs(mut list: SourceList) -> SourceList {
     list
 }
 
-fn scan_all(source: &Path, dest: &str, select: &Select) -> Result<SourceList> {
+/// The listing, and how many files an include matched (whatever the
+/// excludes and bounds then made of them).
+fn scan_all(source: &Path, dest: &str, select: &Select) -> Result<(SourceList, usize)> {
     // The named path itself may be a symlink: it is resolved once, here,
     // and everything after is opened beneath what it resolved to.
     let real = source
@@ -394,7 +397,7 @@ fn scan_file(
     dest: &str,
     m: &std::fs::Metadata,
     select: &Select,
-) -> Result<SourceList> {
+) -> Result<(SourceList, usize)> {
     let name = real
         .file_name()
         .ok_or_else(|| Error::Config(format!("{} has no file name", source.display())))?;
@@ -407,14 +410,16 @@ fn scan_file(
     let parent = real.parent().unwrap_or(Path::new("/"));
     let file = entry(source.to_path_buf(), PathBuf::from(name), dest, m)?;
     // A single file is matched by its name.
-    let taken = select.takes_file(&name.to_string_lossy(), file.size, file.stamp.mtime.0);
-    Ok(SourceList {
+    let shown = name.to_string_lossy();
+    let taken = select.takes_file(&shown, file.size, file.stamp.mtime.0);
+    let list = SourceList {
         filtered: usize::from(!taken),
         files: if taken { vec![file] } else { Vec::new() },
         skipped: Vec::new(),
         base: Arc::new(open_dir(parent)?),
         base_path: parent.to_path_buf(),
-    })
+    };
+    Ok((list, usize::from(select.included(&shown))))
 }
 
 /// The list of the directory `source`, which resolved to `real`: the
@@ -425,7 +430,7 @@ fn scan_tree(
     dest: &str,
     m: &std::fs::Metadata,
     select: &Select,
-) -> Result<SourceList> {
+) -> Result<(SourceList, usize)> {
     let base = dest.trim_end_matches('/').to_string();
     if base.is_empty() {
         return Err(Error::Config(
@@ -435,6 +440,7 @@ fn scan_tree(
     let mut walk = Walk {
         source,
         select,
+        included: 0,
         list: SourceList {
             files: Vec::new(),
             skipped: Vec::new(),
@@ -456,7 +462,7 @@ fn scan_tree(
         // Depth-first in name order: push in reverse so the first pops first.
         stack.extend(subdirs.into_iter().rev());
     }
-    Ok(walk.list)
+    Ok((walk.list, walk.included))
 }
 
 /// A directory tree's walk: what it has listed so far.
@@ -465,6 +471,8 @@ struct Walk<'a> {
     source: &'a Path,
     /// What the send's filters take.
     select: &'a Select,
+    /// Files an include matched.
+    included: usize,
     list: SourceList,
     /// Bytes of the destination paths listed, which the manifest carries.
     path_bytes: usize,
@@ -509,16 +517,21 @@ impl Walk<'_> {
             }
             let d = format!("{dest_dir}/{name}");
             let rel = rel_dir.join(name);
-            if let Some(reason) = path_limit(&rel, &d, is_dir) {
-                self.list.skipped.push(skip(reason));
-                continue;
-            }
+            // Filtered before the path limits: what is left out is not
+            // named as skipped.
             let rel_str = rel.to_string_lossy();
             if is_dir && !self.select.takes_dir(&rel_str) {
                 continue;
             }
-            if !is_dir && !self.select.takes_file(&rel_str, st.size, st.stamp.mtime.0) {
-                self.list.filtered += 1;
+            if !is_dir {
+                self.included += usize::from(self.select.included(&rel_str));
+                if !self.select.takes_file(&rel_str, st.size, st.stamp.mtime.0) {
+                    self.list.filtered += 1;
+                    continue;
+                }
+            }
+            if let Some(reason) = path_limit(&rel, &d, is_dir) {
+                self.list.skipped.push(skip(reason));
                 continue;
             }
             self.add(shown, rel.clone(), d.clone(), &st)?;
