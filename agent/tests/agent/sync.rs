@@ -19,9 +19,13 @@ fn mtime(path: &Path) -> (i64, i64) {
     (m.mtime(), m.mtime_nsec())
 }
 
-/// Sets `path`'s modification time `secs` seconds after the epoch.
+/// Sets `path`'s modification time `secs` seconds after the epoch (a
+/// file or a directory).
 fn touch(path: &Path, secs: u64) {
-    let f = std::fs::File::options().write(true).open(path).unwrap();
+    let f = match path.is_dir() {
+        true => std::fs::File::open(path).unwrap(),
+        false => std::fs::File::options().write(true).open(path).unwrap(),
+    };
     f.set_modified(SystemTime::UNIX_EPOCH + Duration::new(secs, 123_456_789))
         .unwrap();
 }
@@ -134,6 +138,64 @@ fn each_level_leaves_what_the_destination_has_and_sends_the_rest() {
         rx.iter().map(|r| r.files_present).sum::<u64>(),
         3 + 3 + 3 + 4
     );
+}
+
+// Directories land with their source's modification time too, set once
+// the session has written into them (publishing a file changes a
+// directory's time), deepest first.
+#[test]
+fn directories_keep_their_sources_modification_time() {
+    let dir = scratch("sync-dir-times");
+    let src = dir.path().join("src");
+    write_file(&src.join("a/b/deep.bin"), 3 * 64 * 1024, 1);
+    write_file(&src.join("a/top.bin"), 100, 2);
+    // Deepest first: setting a child's time does not change its parent's,
+    // but creating files does, so the files are written before.
+    for (d, secs) in [
+        ("a/b", 1_500_000_000),
+        ("a", 1_500_000_100),
+        ("", 1_500_000_200),
+    ] {
+        touch(&src.join(d), secs);
+    }
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = server(&root, IoMode::Async);
+    let s = sync_send(&srv, &src, SyncLevel::None);
+    assert_eq!(s.files_ok, 2, "{}", s.render());
+    wait_summaries(&srv, 1);
+    for d in ["a/b", "a", ""] {
+        assert_eq!(
+            mtime(&root.join("out").join(d)),
+            mtime(&src.join(d)),
+            "{d:?}"
+        );
+    }
+}
+
+// Hard links are found, and said: each name lands as a file of its own.
+#[test]
+fn hard_links_are_found_and_said_each_landing_as_a_copy() {
+    let dir = scratch("sync-hard-links");
+    let src = dir.path().join("src");
+    write_file(&src.join("a.bin"), 5000, 1);
+    std::fs::hard_link(src.join("a.bin"), src.join("b.bin")).unwrap();
+    std::fs::hard_link(src.join("a.bin"), src.join("c.bin")).unwrap();
+    let root = dir.path().join("dst");
+    std::fs::create_dir_all(&root).unwrap();
+    let srv = server(&root, IoMode::Async);
+    let s = sync_send(&srv, &src, SyncLevel::None);
+    assert_eq!(s.files_ok, 3, "{}", s.render());
+    assert!(
+        s.warnings
+            .iter()
+            .any(|w| w.starts_with("2 file(s) are hard links to others sent with them")),
+        "{}",
+        s.render()
+    );
+    let ino = |f: &str| std::fs::metadata(root.join("out").join(f)).unwrap().ino();
+    assert_ne!(ino("a.bin"), ino("b.bin"));
+    assert_same(&src.join("a.bin"), &root.join("out/c.bin"));
 }
 
 // Only a regular file is ever present: a directory in the file's place is

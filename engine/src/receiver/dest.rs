@@ -809,6 +809,24 @@ impl DestFile {
             .map_err(|e| Error::io(ctx(), e.into()))
     }
 
+    /// Gives a directory its source's modification time, where it can
+    /// (a failure is said once, as for files).
+    pub(crate) fn set_dir_time(&self, root: &Root) {
+        let d = root.dir(&self.dest.rel).and_then(|at| {
+            rustix::fs::openat(
+                at,
+                ".",
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| Error::io(format!("opening {}", self.dest.rel), e.into()))
+        });
+        match d {
+            Ok(d) => self.set_mtime(&File::from(d)),
+            Err(e) => tracing::debug!(path = %self.dest.rel, "not setting its time: {e}"),
+        }
+    }
+
     /// Removes the temporary file and checkpoint (data that failed
     /// verification). A file created on write that was not created has
     /// nothing of this session's on disk: its directory is not even looked

@@ -96,6 +96,9 @@ pub(crate) struct Writer {
     /// A message taken while gathering finished files, handled next.
     lookahead: Option<WriterMsg>,
     warnings: Vec<String>,
+    /// The directories the session made, whose modification times are
+    /// set once nothing more is written into them (`set_dir_times`).
+    dirs: Vec<DestFile>,
     /// What a new session would keep, shown as the transfer's progress.
     kept: Kept,
     /// `Stats::arriving` when last looked at.
@@ -170,6 +173,7 @@ impl Writer {
             checkpointer,
             lookahead: None,
             warnings: Vec::new(),
+            dirs: Vec::new(),
             kept,
             arrived: 0,
             stripe: None,
@@ -259,6 +263,7 @@ impl Writer {
         // what cannot be resumed.
         let _ = self.drain();
         let _ = self.checkpoint_all();
+        self.set_dir_times();
         // Dropping the writer then removes what cannot be resumed.
         Report {
             io_mode: self.mode,
@@ -330,6 +335,18 @@ impl Writer {
                 Err(mpsc::TryRecvError::Empty) => None,
                 Err(mpsc::TryRecvError::Disconnected) => Some(WriterMsg::Stop),
             }
+        }
+    }
+
+    /// Gives each directory the session made its source's modification
+    /// time, deepest first: publishing into a directory changes its time,
+    /// and so does setting a child's. Files a later session lands in one
+    /// (after a reconnect) change it again.
+    fn set_dir_times(&mut self) {
+        let mut dirs = std::mem::take(&mut self.dirs);
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.dest.rel.matches('/').count()));
+        for d in dirs {
+            d.set_dir_time(&self.shared.root);
         }
     }
 
@@ -777,6 +794,7 @@ impl Writer {
                 Finish::Dir { digest, .. } => {
                     f.set_dir_mode(&self.shared.root)?;
                     self.result((file_id, f.identity), true, digest, String::new());
+                    self.dirs.push(*f);
                 }
                 Finish::Verify {
                     report,

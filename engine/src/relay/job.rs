@@ -177,6 +177,7 @@ pub(super) fn prepare(
         files,
         skipped: Vec::new(),
         filtered: 0,
+        hard_links: 0,
         base: Arc::new(base),
         base_path,
     };

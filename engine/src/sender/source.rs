@@ -171,6 +171,9 @@ pub struct SourceList {
     pub skipped: Vec<Skipped>,
     /// Files the send's filters left out (`filter`): not sent, not named.
     pub filtered: usize,
+    /// Files that are hard links to a file listed before them: each is
+    /// sent, and lands, as a file of its own.
+    pub hard_links: usize,
     /// The directory every entry is opened beneath (the source directory,
     /// or a single file's parent).
     pub base: Arc<OwnedFd>,
@@ -262,12 +265,14 @@ struct Listed {
     size: u64,
     mode: u16,
     stamp: Stamp,
+    /// Names the file has.
+    links: u64,
 }
 
 impl Listed {
+    // The field types differ by architecture: widen each to ours.
+    #[allow(clippy::useless_conversion, clippy::unnecessary_cast)]
     fn of(st: &rustix::fs::Stat) -> Self {
-        // The field types differ by architecture: widen each to the stamp's.
-        #[allow(clippy::useless_conversion, clippy::unnecessary_cast)]
         let stamp = Stamp {
             dev: st.st_dev as u64,
             ino: st.st_ino as u64,
@@ -280,6 +285,7 @@ impl Listed {
             size: stamp.size,
             mode: (st.st_mode & 0o777) as u16,
             stamp,
+            links: st.st_nlink as u64,
         }
     }
 }
@@ -414,6 +420,7 @@ fn scan_file(
     let taken = select.takes_file(&shown, file.size, file.stamp.mtime.0);
     let list = SourceList {
         filtered: usize::from(!taken),
+        hard_links: 0,
         files: if taken { vec![file] } else { Vec::new() },
         skipped: Vec::new(),
         base: Arc::new(open_dir(parent)?),
@@ -441,10 +448,12 @@ fn scan_tree(
         source,
         select,
         included: 0,
+        linked: std::collections::HashSet::new(),
         list: SourceList {
             files: Vec::new(),
             skipped: Vec::new(),
             filtered: 0,
+            hard_links: 0,
             base: Arc::new(open_dir(real)?),
             base_path: real.to_path_buf(),
         },
@@ -473,6 +482,8 @@ struct Walk<'a> {
     select: &'a Select,
     /// Files an include matched.
     included: usize,
+    /// Device and inode of the files with more than one name listed.
+    linked: std::collections::HashSet<(u64, u64)>,
     list: SourceList,
     /// Bytes of the destination paths listed, which the manifest carries.
     path_bytes: usize,
@@ -533,6 +544,9 @@ impl Walk<'_> {
             if let Some(reason) = path_limit(&rel, &d, is_dir) {
                 self.list.skipped.push(skip(reason));
                 continue;
+            }
+            if !is_dir && st.links > 1 && !self.linked.insert((st.stamp.dev, st.stamp.ino)) {
+                self.list.hard_links += 1;
             }
             self.add(shown, rel.clone(), d.clone(), &st)?;
             if is_dir {
@@ -603,6 +617,7 @@ pub fn synthetic(size: u64, dest: &str) -> Result<SourceList> {
         }],
         skipped: Vec::new(),
         filtered: 0,
+        hard_links: 0,
         // Never opened beneath: the generator reads nothing.
         base: Arc::new(open_dir(Path::new("/"))?),
         base_path: PathBuf::from("/"),

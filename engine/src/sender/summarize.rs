@@ -34,7 +34,13 @@ pub(super) fn summarize(
     };
     let rtt = st.rtt.unwrap_or_default();
     let streams = st.streams.unwrap_or(cfg.streams);
-    let warnings = warnings(cfg, st, pool);
+    let mut warnings = warnings(cfg, st, pool);
+    if list.hard_links > 0 {
+        warnings.push(format!(
+            "{} file(s) are hard links to others sent with them: each landed as a copy of its own (hard links are found, not kept)",
+            list.hard_links
+        ));
+    }
     SendSummary {
         ok: outcomes.failures.is_empty(),
         bytes_total: total,

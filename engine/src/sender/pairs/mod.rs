@@ -272,6 +272,7 @@ impl Plan<'_> {
                 .collect(),
             skipped: Vec::new(),
             filtered: 0,
+            hard_links: 0,
             base: Arc::clone(&self.list.base),
             base_path: self.list.base_path.clone(),
         }
