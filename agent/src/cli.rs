@@ -254,15 +254,18 @@ pub struct SendArgs {
     /// Leave files the destination already has: exists (any regular file
     /// at the path), size (the same size), mtime (the same size and
     /// modification time; wirerate publishes every file with its
-    /// source's), or none (send every file). The receiver compares; files
-    /// left are counted in the summary. Not with several receivers yet.
-    #[arg(long, env = "WIRERATE_SYNC", default_value_t = SyncLevel::default(), value_parser = names::<SyncLevel, 4>(SyncLevel::ALL.map(SyncLevel::as_str)))]
+    /// source's), checksum (the same size and contents, by digest: both
+    /// ends read every such file first), or none (send every file). The receiver compares; files
+    /// left are counted in the summary. With several receivers, the first
+    /// is asked before the pairs start.
+    #[arg(long, env = "WIRERATE_SYNC", default_value_t = SyncLevel::default(), value_parser = names::<SyncLevel, 5>(SyncLevel::ALL.map(SyncLevel::as_str)))]
     pub sync: SyncLevel,
     /// Plan only: print what a send would do (the files it would send,
     /// those the destination already has at --sync, those it would
     /// refuse) and send nothing. The receiver plans from what is beneath
     /// its root and creates and changes nothing. Exits 1 when a run would
-    /// refuse a file. Not with several receivers yet.
+    /// refuse a file. With several receivers (which share one root), the
+    /// first plans.
     #[arg(long, conflicts_with_all = ["synthetic", "repeat"])]
     pub dry_run: bool,
     #[command(flatten)]

@@ -208,6 +208,13 @@ fn send_cmd(a: wirerate_agent::cli::SendArgs) -> Result<ExitCode> {
     if a.via.is_some() && !cfg.to.contains(',') {
         bail!("--via names the sender of each of several receivers: give --to several");
     }
+    // Several receivers share one root: a dry run asks the first, whose
+    // plan is every pair's.
+    if cfg.dry_run
+        && let Some(to) = receivers(&cfg.to, a.repeat)
+    {
+        cfg.to = to?.swap_remove(0);
+    }
     if let Some(to) = receivers(&cfg.to, a.repeat) {
         let to = to?;
         let via = senders(a.via.as_deref(), to.len())?;

@@ -71,7 +71,6 @@ use crate::tuning::{Compression, Filters, Striping, SyncLevel, Tuning, Verificat
 #[x_kube(validation = Rule::new("!has(self.striping) || !has(self.tuning) || !has(self.tuning.blockSize) || self.tuning.blockSize % self.striping.stripeSize == 0").message("striping.stripeSize must divide tuning.blockSize: pick a stripe size that divides the block size"))]
 #[x_kube(validation = Rule::new("(has(self.pairs) ? self.pairs : 1) == (has(oldSelf.pairs) ? oldSelf.pairs : 1)").message("pairs cannot change once set: the pairs of a running transfer are fixed; create a new Transfer instead"))]
 #[x_kube(validation = Rule::new("!has(self.pairs) || self.pairs == 1 || has(self.destination.pool)").message("pairs above 1 needs destination.pool: an agent outside the cluster is one receiver, so one pair"))]
-#[x_kube(validation = Rule::new("!has(self.pairs) || self.pairs == 1 || !has(self.sync) || self.sync == 'None'").message("sync levels are not applied over several pairs yet: set sync to None, or pairs to 1"))]
 #[x_kube(validation = Rule::new("!has(self.pairsPolicy) || self.pairsPolicy == 'Fixed' || (has(self.pairs) && self.pairs >= 2)").message("pairsPolicy Auto needs pairs of 2 or more: with Auto, pairs is the most pairs the Transfer may grow to"))]
 #[x_kube(validation = Rule::new("(has(self.pairsPolicy) ? self.pairsPolicy : 'Fixed') == (has(oldSelf.pairsPolicy) ? oldSelf.pairsPolicy : 'Fixed')").message("pairsPolicy cannot change once set: create a new Transfer instead"))]
 #[serde(rename_all = "camelCase")]
@@ -121,7 +120,8 @@ pub struct TransferSpec {
     /// not sent: `None` (the default) sends every file; `Exists` leaves
     /// any regular file already at its path, `Size` one of the same size,
     /// `Mtime` one of the same size and modification time (every landed
-    /// file gets its source's). Not with `pairs` above 1 yet.
+    /// file gets its source's). Over several pairs, what the destination
+    /// already has is asked once, before the pairs start.
     #[serde(default)]
     pub sync: SyncLevel,
     /// Which files of the source are sent: `include` and `exclude` globs

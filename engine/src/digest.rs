@@ -56,6 +56,38 @@ pub fn file_digest(checksums: &[u64]) -> u128 {
     h.finish_128()
 }
 
+/// `file_digest` of what `r` holds: `size` bytes read in blocks of
+/// `block_size`, each checksummed as its block would be sent, so that
+/// both ends of a checksum sync (`SyncLevel::Checksum`) compute the same
+/// digest from the same bytes. `each_block` is called after every block:
+/// a long read must not look like silence. Fails if `r` holds fewer
+/// bytes than `size`.
+pub fn digest_of(
+    r: &mut impl std::io::Read,
+    size: u64,
+    block_size: u64,
+    each_block: &mut dyn FnMut(),
+) -> std::io::Result<u128> {
+    let mut piece = vec![0u8; HASH_PIECE];
+    let blocks = size.div_ceil(block_size.max(1));
+    let mut checksums = Vec::with_capacity(blocks.min(1 << 20) as usize);
+    let mut left = size;
+    while left > 0 {
+        let mut block_left = left.min(block_size.max(1));
+        left -= block_left;
+        let mut h = BlockHasher::default();
+        while block_left > 0 {
+            let n = block_left.min(HASH_PIECE as u64) as usize;
+            r.read_exact(&mut piece[..n])?;
+            h.update(&piece[..n]);
+            block_left -= n as u64;
+        }
+        checksums.push(h.finish());
+        each_block();
+    }
+    Ok(file_digest(&checksums))
+}
+
 /// Digest of a whole transfer from (path, file digest) pairs in manifest order.
 pub fn tree_digest<'a>(files: impl IntoIterator<Item = (&'a str, u128)>) -> u128 {
     let mut h = XxHash3_128::default();
@@ -104,6 +136,19 @@ pub fn fmt_digest(d: u128) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_read_files_digest_is_the_one_its_blocks_make() {
+        let data: Vec<u8> = (0..1_000_003u32).map(|i| (i * 31 % 251) as u8).collect();
+        let block = 300_000u64;
+        let sums: Vec<u64> = data.chunks(block as usize).map(block_checksum).collect();
+        let mut calls = 0;
+        let d = digest_of(&mut &data[..], data.len() as u64, block, &mut || calls += 1).unwrap();
+        assert_eq!(d, file_digest(&sums));
+        assert_eq!(calls, 4);
+        // Fewer bytes than said: an error, not a digest.
+        assert!(digest_of(&mut &data[..10], 11, block, &mut || {}).is_err());
+    }
 
     #[test]
     fn pieces_hash_like_the_whole() {

@@ -311,6 +311,21 @@ impl Root {
         rustix::fs::fstat(&fd).ok()
     }
 
+    /// The regular file at `rel` beneath the root, opened to read, as
+    /// `stat` finds it (parents resolved beneath the root, the name never
+    /// followed). None if it cannot be.
+    pub fn open_read(&self, rel: &str) -> Option<File> {
+        rustix::fs::openat2(
+            &self.fd,
+            rel,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            RESOLVE,
+        )
+        .ok()
+        .map(File::from)
+    }
+
     /// Opens `name` in the directory `dir` (which must come from `dir()`),
     /// never following a symlink at the last component. A file it creates
     /// is readable by its owner only: what is being received stays private

@@ -129,11 +129,22 @@ pub enum SyncLevel {
     /// it publishes its source's modification time, so a second run
     /// finds what the first sent.
     Mtime,
+    /// Skip a file the destination has with the same size and the same
+    /// contents, by whole-file digest: both ends read every such file
+    /// before anything is sent (as `rsync --checksum` does). The level to
+    /// use after a failure, or where times cannot be trusted.
+    Checksum,
 }
 
 impl SyncLevel {
     /// Every level, from the one that skips nothing.
-    pub const ALL: [Self; 4] = [Self::None, Self::Exists, Self::Size, Self::Mtime];
+    pub const ALL: [Self; 5] = [
+        Self::None,
+        Self::Exists,
+        Self::Size,
+        Self::Mtime,
+        Self::Checksum,
+    ];
 
     /// The command-line and log spelling.
     pub fn as_str(self) -> &'static str {
@@ -142,6 +153,7 @@ impl SyncLevel {
             Self::Exists => "exists",
             Self::Size => "size",
             Self::Mtime => "mtime",
+            Self::Checksum => "checksum",
         }
     }
 }

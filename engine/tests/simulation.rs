@@ -1218,6 +1218,7 @@ impl Sim {
                 fingerprint: 0,
                 mode: 0o644,
                 mtime: (0, 0),
+                digest: None,
                 path: format!("f{}", p.file_id),
             })
             .collect();

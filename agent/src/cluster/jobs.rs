@@ -120,7 +120,7 @@ pub struct Sent {
     /// checkpoints of an earlier attempt), checked but not sent again.
     pub bytes_resumed: u64,
     /// Files the destination already had, at the Transfer's sync level:
-    /// not sent (always 0 over several pairs, which send every file).
+    /// not sent.
     pub files_present: usize,
     /// Source files the Transfer's filters left out (not counted over
     /// several pairs yet).
@@ -170,7 +170,7 @@ impl From<PairsSummary> for Sent {
                 .map(|p| (p.to, p.state, p.bytes, p.chunks_done))
                 .collect(),
             bytes_resumed: s.bytes_resumed,
-            files_present: 0,
+            files_present: s.files_present,
             files_filtered: 0,
         }
     }

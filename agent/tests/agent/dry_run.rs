@@ -259,4 +259,22 @@ fn send_dry_run_prints_the_plan_and_writes_nothing() {
     assert_eq!(j["bytes_to_send"], 3 << 20);
     assert_eq!(j["results"][0]["to_send"], true);
     assert!(walk(&s.root).is_empty(), "{:?}", walk(&s.root));
+    // Several receivers share one root: the first plans, and the others
+    // (here, nothing listening) are not asked.
+    let out = std::process::Command::new(BIN)
+        .args(["send", "--quiet", "--dry-run", "--to"])
+        .arg(format!("127.0.0.1:{port},127.0.0.1:{}", free_port()))
+        .arg("--token-file")
+        .arg(&s.token)
+        .arg(&s.src)
+        .arg("in/out.bin")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("  send       in/out.bin"), "{text}");
 }

@@ -609,6 +609,7 @@ fn raw_identity(size: u64, path: &str) -> u64 {
         fingerprint: 1,
         mode: 0o644,
         mtime: (0, 0),
+        digest: None,
         path: path.into(),
     })
 }
@@ -662,6 +663,7 @@ fn raw_control_with(
                 fingerprint: 1,
                 mode: 0o644,
                 mtime: (0, 0),
+                digest: None,
                 path: path.into(),
             }],
         },

@@ -390,6 +390,7 @@ fn manifest_over_its_byte_cap_is_refused_and_memory_stays_bounded() {
                     fingerprint: i,
                     mode: 0o644,
                     mtime: (0, 0),
+                    digest: None,
                     path: path.clone(),
                 })
                 .collect(),
@@ -472,6 +473,7 @@ fn a_sender_that_hangs_is_given_up_after_the_idle_timeout() {
                 fingerprint: 1,
                 mode: 0o644,
                 mtime: (0, 0),
+                digest: None,
                 path: "held.bin".into(),
             }],
         },
@@ -827,6 +829,7 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
             fingerprint: 0,
             mode: 0o644,
             mtime: (0, 0),
+            digest: None,
             path,
         },
     );
@@ -1045,6 +1048,7 @@ fn a_large_manifest_costs_bounded_memory_and_a_failed_session_leaves_no_temporar
                 fingerprint: u64::from(i),
                 mode: 0o644,
                 mtime: (0, 0),
+                digest: None,
                 path: format!("m/d{:03}/f{i:06}", i / 1000),
             })
             .collect();

@@ -862,6 +862,7 @@ mod tests {
             fingerprint: 5,
             mode: 0o644,
             mtime: (0, 0),
+            digest: None,
             path: "f.bin".into(),
         };
         let plan = || prepare(&root, &e, 4096, 0o022);

@@ -225,6 +225,7 @@ mod tests {
             fingerprint: 0,
             mode: 0o644,
             mtime: (0, 0),
+            digest: None,
             path: path.into(),
         }
     }

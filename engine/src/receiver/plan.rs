@@ -10,8 +10,9 @@ use super::dest::{Prepared, Staged, prepare, prepare_piece, prepare_publish};
 use super::stats::Stats;
 use crate::Layout;
 use crate::by_id::ById;
+use crate::digest::digest_of;
 use crate::fsroot::validate;
-use crate::sync::{Found, SyncLevel, present};
+use crate::sync::{Found, SyncLevel, Wanted, needs_digest, present};
 use crate::wire::{EntryKind, FileEntry, MAX_BLOCKS_PER_SESSION, PlanOutcome, Stripe, StripeRole};
 
 /// What a session of a transfer over several pairs does with each file.
@@ -102,8 +103,15 @@ impl<'a> Planner<'a> {
     }
 
     /// Decides entry `e`, whose identity as it arrived is `identity`;
-    /// `repeated` when an earlier entry has its path.
-    pub(super) fn decide(&mut self, e: &FileEntry, identity: u64, repeated: bool) -> PlanOutcome {
+    /// `repeated` when an earlier entry has its path. `still_here` is
+    /// called while a long decision reads (a checksum sync's digest), so
+    /// that the sender keeps hearing from this side.
+    pub(super) fn decide(
+        &mut self,
+        e: &FileEntry,
+        (identity, repeated): (u64, bool),
+        still_here: &mut dyn FnMut(),
+    ) -> PlanOutcome {
         let tracked = self.tracked;
         let blocks = if e.kind == EntryKind::File {
             Layout::new(e.size, self.block_size).blocks()
@@ -112,7 +120,7 @@ impl<'a> Planner<'a> {
         };
         let outcome = if repeated {
             Prepared::Refuse(format!("{} appears twice in the manifest", e.path))
-        } else if !self.discard && self.is_present(e) {
+        } else if !self.discard && self.is_present(e, still_here) {
             // Before the session's block budget: a file left as it is
             // costs the session nothing.
             Prepared::Present
@@ -205,7 +213,7 @@ impl<'a> Planner<'a> {
     /// session's sync level compares. A session of a transfer over
     /// several pairs takes every file: its receivers share the files'
     /// temporary copies (and `pairs` refuses a level).
-    fn is_present(&self, e: &FileEntry) -> bool {
+    fn is_present(&self, e: &FileEntry, still_here: &mut dyn FnMut()) -> bool {
         if self.sync == SyncLevel::None || e.kind != EntryKind::File || self.part.is_some() {
             return false;
         }
@@ -213,13 +221,29 @@ impl<'a> Planner<'a> {
         let Ok(dest) = validate(&e.path) else {
             return false;
         };
-        let found = self.shared.root.stat(&dest.rel).map(|st| Found {
+        let root = &self.shared.root;
+        let mut found = root.stat(&dest.rel).map(|st| Found {
             regular: rustix::fs::FileType::from_raw_mode(st.st_mode)
                 == rustix::fs::FileType::RegularFile,
             size: st.st_size.max(0) as u64,
             mtime: (st.st_mtime, st.st_mtime_nsec as u32),
+            digest: None,
         });
-        present(self.sync, found, e.size, e.mtime)
+        let wanted = Wanted {
+            size: e.size,
+            mtime: e.mtime,
+            digest: e.digest,
+        };
+        if needs_digest(self.sync, found.as_ref(), &wanted)
+            && let Some(f) = &mut found
+        {
+            // Read as it is now: a file that changed size meanwhile fails
+            // the read, and is sent.
+            f.digest = root.open_read(&dest.rel).and_then(|mut file| {
+                digest_of(&mut file, f.size, self.block_size, still_here).ok()
+            });
+        }
+        present(self.sync, found, wanted)
     }
 
     /// The plan, once every entry is decided.

@@ -284,7 +284,14 @@ impl<'a> Control<'a> {
             }
             life.heard(now);
             let repeated = !seen_paths.insert(e.path.as_str());
-            let outcome = planner.decide(e, identity, repeated);
+            // Between the blocks of a file read to decide it: keepalives.
+            let mut still_here = || {
+                let now = Instant::now();
+                life.heard(now);
+                self.core.handle_timeout(now);
+                let _ = self.flush();
+            };
+            let outcome = planner.decide(e, (identity, repeated), &mut still_here);
             self.core.handle_planned(e.file_id, outcome, now);
         }
         drop(seen_paths);

@@ -1028,6 +1028,7 @@ mod tests {
             fingerprint: 1,
             mode: 0o644,
             mtime: (0, 0),
+            digest: None,
             path: "f".into(),
         };
         let identity = entry_identity(&e);

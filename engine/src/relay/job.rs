@@ -330,6 +330,7 @@ mod tests {
                 fingerprint,
                 mode: 0o644,
                 mtime: (0, 0),
+                digest: None,
                 path: "out".into(),
             },
             rel: rel.as_bytes().to_vec(),

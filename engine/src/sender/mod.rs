@@ -25,6 +25,7 @@ use crate::session::FileVerdict;
 
 use crate::Backoff;
 use crate::Settings;
+use crate::digest::digest_of;
 use crate::error::{Error, Result};
 use crate::io::{IoMode, Pools};
 use crate::net::{SocketOpts, TcpStats};
@@ -32,7 +33,7 @@ use crate::observe::{Observe, SessionEnd, unobserved};
 use crate::optimizer::StreamChange;
 use crate::progress::Progress;
 use crate::summary::SendSummary;
-use crate::wire::{Stripe, Verification};
+use crate::wire::{EntryKind, Stripe, Verification};
 use source::SourceList;
 
 /// What to send where, and how.
@@ -264,6 +265,9 @@ pub(crate) struct RunState {
     /// Some session got the receiver's plan.
     pub(crate) planned: bool,
     pub(crate) verdicts: HashMap<u32, FileVerdict>,
+    /// Under `SyncLevel::Checksum`, each regular file's digest, read once
+    /// before the first session (`digest_sources`).
+    pub(crate) digests: HashMap<u32, u128>,
     pub(crate) bytes_sent: u64,
     pub(crate) bytes_skipped_resume: u64,
     pub(crate) blocks_retried: u64,
@@ -382,6 +386,36 @@ pub(crate) fn send_list(cfg: &SendConfig, list: &SourceList) -> (RunState, Resul
 /// each failure that may pass, until `cfg.retry_for` after the first
 /// failure since a session last made progress, or `cfg.refused_for` after
 /// the first of reconnects in a row that were all refused.
+/// Each regular file's digest, for a checksum sync: every file is read
+/// before anything is sent, as `rsync --checksum` does, and before the
+/// control connection opens, which would otherwise sit silent. A file
+/// that cannot be read has none, and is sent (its read then fails it,
+/// saying why).
+fn digest_sources(cfg: &SendConfig, list: &SourceList) -> HashMap<u32, u128> {
+    let files: Vec<(u32, &source::SourceFile)> = list
+        .files
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.kind == EntryKind::File)
+        .map(|(i, f)| (i as u32, f))
+        .collect();
+    let bytes: u64 = files.iter().map(|(_, f)| f.size).sum();
+    tracing::info!(
+        files = files.len(),
+        bytes,
+        "--sync checksum: reading every file to digest it before sending"
+    );
+    files
+        .into_iter()
+        .filter_map(|(id, f)| {
+            let (mut file, _) = crate::io::open_source(&list.base, &f.rel, &f.path, false).ok()?;
+            digest_of(&mut file, f.size, cfg.block_size, &mut || {})
+                .ok()
+                .map(|d| (id, d))
+        })
+        .collect()
+}
+
 fn run_sessions(
     cfg: &SendConfig,
     list: &SourceList,
@@ -395,6 +429,9 @@ fn run_sessions(
     );
     if let Some(d) = cfg.refused_for {
         backoff = backoff.refused_for(d);
+    }
+    if cfg.sync == crate::sync::SyncLevel::Checksum && st.digests.is_empty() {
+        st.digests = digest_sources(cfg, list);
     }
     loop {
         if cancelled(cfg) {

@@ -120,6 +120,7 @@ pub(super) fn open_session(
             fingerprint: f.stamp.fingerprint(),
             mode: f.mode,
             mtime: f.stamp.wire_mtime(),
+            digest: st.digests.get(id).copied(),
             path: f.dest.clone(),
         })
         .collect();

@@ -917,6 +917,7 @@ mod tests {
             fingerprint: 7,
             mode: 0o644,
             mtime: (0, 0),
+            digest: None,
             path: format!("f{file_id}"),
         }
     }

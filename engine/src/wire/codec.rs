@@ -393,6 +393,7 @@ fn sync_code(level: SyncLevel) -> u8 {
         SyncLevel::Exists => 1,
         SyncLevel::Size => 2,
         SyncLevel::Mtime => 3,
+        SyncLevel::Checksum => 4,
     }
 }
 
@@ -638,9 +639,9 @@ fn decode_fields(body: &[u8]) -> Result<Frame, DecodeError> {
         }
         T_FILES => {
             let count = r.u32()? as usize;
-            // Each entry takes at least 37 bytes, so the count cannot make us
+            // Each entry takes at least 38 bytes, so the count cannot make us
             // reserve more than the frame itself justifies.
-            let mut entries = Vec::with_capacity(count.min(r.0.len() / 37));
+            let mut entries = Vec::with_capacity(count.min(r.0.len() / 38));
             for _ in 0..count {
                 entries.push(r.entry()?);
             }
@@ -875,6 +876,13 @@ impl Writer<'_> {
         self.u16(e.mode);
         self.u64(e.mtime.0 as u64);
         self.u32(e.mtime.1);
+        match e.digest {
+            None => self.u8(0),
+            Some(d) => {
+                self.u8(1);
+                self.bytes(&d.to_le_bytes());
+            }
+        }
         self.str(&e.path);
     }
     /// Strings longer than a u16 are cut: every caller bounds them far lower.
@@ -959,6 +967,11 @@ impl<'a> Reader<'a> {
         if mtime.1 >= 1_000_000_000 {
             return Err(DecodeError::Invalid("modification time"));
         }
+        let digest = match self.u8()? {
+            0 => None,
+            1 => Some(u128::from_le_bytes(self.array()?)),
+            _ => return Err(DecodeError::Invalid("digest flag")),
+        };
         Ok(FileEntry {
             file_id,
             kind,
@@ -966,6 +979,7 @@ impl<'a> Reader<'a> {
             fingerprint,
             mode,
             mtime,
+            digest,
             path: self.str(MAX_PATH)?,
         })
     }
@@ -994,6 +1008,7 @@ pub(crate) mod tests {
                 fingerprint: 0,
                 mode: 0o644,
                 mtime,
+                digest: None,
                 path,
             }],
         }
@@ -1085,7 +1100,7 @@ pub(crate) mod tests {
                 0u8..3,
                 any::<bool>(),
                 0u8..4,
-                0u8..4,
+                0u8..5,
                 any::<bool>(),
             )
                 .prop_map(|(session, b, streams, v, discard, c, l, dry_run)| {
@@ -1216,16 +1231,18 @@ pub(crate) mod tests {
             any::<u64>(),
             0u16..=0o777,
             (any::<i64>(), 0u32..1_000_000_000),
+            proptest::option::of(any::<u128>()),
             arb_str(200),
         )
             .prop_map(
-                |(file_id, dir, size, fingerprint, mode, mtime, path)| FileEntry {
+                |(file_id, dir, size, fingerprint, mode, mtime, digest, path)| FileEntry {
                     file_id,
                     kind: if dir { EntryKind::Dir } else { EntryKind::File },
                     size,
                     fingerprint,
                     mode,
                     mtime,
+                    digest,
                     path,
                 },
             )
@@ -1506,7 +1523,7 @@ pub(crate) mod tests {
         for (offset, value, what) in [
             (0, 2, "discard flag"),
             (1, 4, "codecs"),
-            (2, 4, "sync level"),
+            (2, 5, "sync level"),
             (3, 2, "dry-run flag"),
         ] {
             let mut bad = fields.clone();

@@ -62,8 +62,9 @@ pub const MAGIC: [u8; 4] = *b"WRRT";
 /// `PackedBlock`; 15: a packed piece's prefix carries a check of its own,
 /// so a damaged one is refused at once, never read as another length;
 /// 16: `Open.sync`, `FileEntry.mtime` and `PlanOutcome::Present`; 17:
-/// `Open.dry_run`, a session that plans and writes nothing).
-pub const VERSION: u16 = 17;
+/// `Open.dry_run`, a session that plans and writes nothing; 18:
+/// `FileEntry.digest`, for `SyncLevel::Checksum`).
+pub const VERSION: u16 = 18;
 /// The first version whose `Hello` carries an encryption offer and whose
 /// `Challenge` says whether TLS follows.
 pub const ENCRYPTION_SINCE: u16 = 13;
@@ -175,6 +176,10 @@ pub struct FileEntry {
     /// The source's modification time: seconds since the epoch and
     /// nanoseconds (under 10^9). The receiver publishes a file with it.
     pub mtime: (i64, u32),
+    /// Under `SyncLevel::Checksum`, the source file's digest
+    /// (`digest::file_digest` of its blocks at the session's block
+    /// size), which the receiver compares with what it has; else none.
+    pub digest: Option<u128>,
     /// Destination path relative to the receiver's root.
     pub path: String,
 }

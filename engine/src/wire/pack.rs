@@ -145,6 +145,7 @@ mod tests {
                 fingerprint: u64::from(i).wrapping_mul(0x9e37_79b9_7f4a_7c15),
                 mode: 0o644,
                 mtime: (0, 0),
+                digest: None,
                 path: format!("tree/d{:03}/f{i:05}.bin", i / 500),
             })
             .collect();

@@ -398,20 +398,24 @@ fn send_pairs(
 ) -> Result<PairsSummary> {
     cfg.validate()?;
     check_receivers(cfg, to, 1)?;
-    // The pairs' receivers share each file's temporary copy, which a
-    // file found present by one would leave to the others half made.
-    if cfg.sync != crate::sync::SyncLevel::None {
-        return Err(Error::Config(format!(
-            "--sync {} is not applied over several pairs yet: send to one receiver, or with --sync none",
-            cfg.sync
-        )));
-    }
     if cfg.dry_run {
         return Err(Error::Config(
             "--dry-run is not planned over several pairs yet: plan with one receiver (the plan is the same)".into(),
         ));
     }
-    let list = cfg.list()?;
+    let start = Instant::now();
+    let (list, present) = leave_present(cfg, to, cfg.list()?)?;
+    // The pairs' receivers share each file's temporary copy, which a
+    // file found present by one would leave to the others half made:
+    // what is present was asked once, above, and the pairs send the rest.
+    let unsynced = SendConfig {
+        sync: crate::sync::SyncLevel::None,
+        ..cfg.clone()
+    };
+    let cfg = &unsynced;
+    if !list.files.iter().any(|f| f.kind == EntryKind::File) {
+        return Ok(PairsSummary::nothing_sent(cfg, present, start));
+    }
     let files: Vec<(u32, u64)> = list
         .files
         .iter()
@@ -442,7 +446,6 @@ fn send_pairs(
         .zip(via)
         .map(|(t, v)| Arc::new(Lane::new(t, v.as_deref())))
         .collect();
-    let start = Instant::now();
     mark(&plan, &lanes)?;
     let mut run = Run::new(
         &plan,
@@ -482,7 +485,57 @@ fn send_pairs(
     outcome?;
     // The pairs as the summary has them: none is running any more.
     run.show_pairs("finished");
-    Ok(run.summary(geometry, seconds))
+    Ok(run.summary(geometry, seconds).with_present(present))
+}
+
+/// What a sync level found already at the destination: files and bytes.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Present {
+    level: crate::sync::SyncLevel,
+    files: usize,
+    bytes: u64,
+}
+
+/// `list` without the files the destination already has at `cfg.sync`,
+/// and what those were. The first receiver is asked, in a dry run (the
+/// pairs' receivers share one file system: what one finds there, all
+/// do); a file it would refuse stays, for the pairs to fail as a run
+/// would.
+fn leave_present(
+    cfg: &SendConfig,
+    to: &[String],
+    list: SourceList,
+) -> Result<(SourceList, Present)> {
+    let level = cfg.sync;
+    if level == crate::sync::SyncLevel::None {
+        return Ok((list, Present::default()));
+    }
+    let mut dry = cfg.clone();
+    dry.to.clone_from(&to[0]);
+    dry.dry_run = true;
+    dry.progress = Arc::default();
+    let (st, ran) = super::send_list(&dry, &list);
+    ran?;
+    let mut present = Present {
+        level,
+        ..Present::default()
+    };
+    let mut kept = Vec::with_capacity(list.files.len());
+    for (i, f) in list.files.iter().enumerate() {
+        if matches!(st.verdicts.get(&(i as u32)), Some(FileVerdict::Present)) {
+            present.files += 1;
+            present.bytes += f.size;
+        } else {
+            kept.push(f.clone());
+        }
+    }
+    Ok((
+        SourceList {
+            files: kept,
+            ..list
+        },
+        present,
+    ))
 }
 
 /// One of a lane's workers: asks the driving thread for a job, runs it,

@@ -182,6 +182,7 @@ fn entries(list: &SourceList) -> Vec<Vec<RelayEntry>> {
                 fingerprint: f.stamp.fingerprint(),
                 mode: f.mode,
                 mtime: f.stamp.wire_mtime(),
+                digest: None,
                 path: f.dest.clone(),
             },
             rel,

@@ -670,6 +670,9 @@ impl<'a> Run<'a> {
                 .progress
                 .compression_or(self.plan.cfg.compress)
                 .into(),
+            sync: crate::sync::SyncLevel::None,
+            files_present: 0,
+            bytes_present: 0,
         }
     }
 }

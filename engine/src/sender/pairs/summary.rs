@@ -66,9 +66,58 @@ pub struct PairsSummary {
     pub digest: String,
     /// What compression did, over every pair (one decision for all).
     pub compression: crate::summary::CompressionSummary,
+    /// The sync level: which files already at the destination were left
+    /// (asked of the first receiver before the pairs start).
+    #[serde(serialize_with = "spelled")]
+    pub sync: crate::sync::SyncLevel,
+    /// Regular files the destination already had, at that level: not
+    /// sent, and not among `files`.
+    pub files_present: usize,
+    /// Their bytes.
+    pub bytes_present: u64,
+}
+
+fn spelled<S: serde::Serializer>(v: &impl std::fmt::Display, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
 }
 
 impl PairsSummary {
+    /// The summary with what a sync level left: `present`.
+    pub(super) fn with_present(self, present: Present) -> Self {
+        Self {
+            sync: present.level,
+            files_present: present.files,
+            bytes_present: present.bytes,
+            ..self
+        }
+    }
+
+    /// The summary of a transfer whose files the destination all had
+    /// (`present`), which no pair was started for (its directories are
+    /// all there too: a file present is beneath them).
+    pub(super) fn nothing_sent(cfg: &SendConfig, present: Present, start: Instant) -> Self {
+        Self {
+            ok: true,
+            bytes_total: 0,
+            bytes_sent: 0,
+            bytes_resumed: 0,
+            seconds: start.elapsed().as_secs_f64(),
+            gbps: 0.0,
+            chunk_bytes: 0,
+            block_size: cfg.block_size,
+            streams_per_pair: cfg.streams,
+            pairs: Vec::new(),
+            files: 0,
+            files_ok: 0,
+            failures: Vec::new(),
+            digest: "none (nothing sent)".into(),
+            compression: cfg.progress.compression_or(cfg.compress).into(),
+            sync: present.level,
+            files_present: present.files,
+            bytes_present: present.bytes,
+        }
+    }
+
     /// The human-readable summary.
     pub fn render(&self) -> String {
         use crate::units::fmt_bytes;
@@ -119,6 +168,14 @@ impl PairsSummary {
             "  files      {} of {} published\n  digest     {}\n",
             self.files_ok, self.files, self.digest
         ));
+        if self.sync != crate::sync::SyncLevel::None {
+            s.push_str(&format!(
+                "  sync       {}: {} files ({}) already there, not sent\n",
+                self.sync,
+                self.files_present,
+                fmt_bytes(self.bytes_present)
+            ));
+        }
         for (path, why) in &self.failures {
             s.push_str(&format!("  failed     {path}: {why}\n"));
         }
