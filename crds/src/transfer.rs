@@ -120,8 +120,10 @@ pub struct TransferSpec {
     /// not sent: `None` (the default) sends every file; `Exists` leaves
     /// any regular file already at its path, `Size` one of the same size,
     /// `Mtime` one of the same size and modification time (every landed
-    /// file gets its source's). Over several pairs, what the destination
-    /// already has is asked once, before the pairs start.
+    /// file gets its source's), `Checksum` one of the same size and
+    /// contents by digest (both ends read their files first). Over
+    /// several pairs, what the destination already has is asked once,
+    /// before the pairs start.
     #[serde(default)]
     pub sync: SyncLevel,
     /// Which files of the source are sent: `include` and `exclude` globs

@@ -59,18 +59,19 @@ pub fn file_digest(checksums: &[u64]) -> u128 {
 /// `file_digest` of what `r` holds: `size` bytes read in blocks of
 /// `block_size`, each checksummed as its block would be sent, so that
 /// both ends of a checksum sync (`SyncLevel::Checksum`) compute the same
-/// digest from the same bytes. `each_block` is called after every block:
-/// a long read must not look like silence. Fails if `r` holds fewer
-/// bytes than `size`.
+/// digest from the same bytes. The checksums are folded in as they come:
+/// the memory is one piece's, whatever the file's size or block size.
+/// `go_on` is called after every piece read (a long read must not look
+/// like silence, and can be stopped): false ends it, as `Interrupted`.
+/// Fails if `r` holds fewer bytes than `size`.
 pub fn digest_of(
     r: &mut impl std::io::Read,
     size: u64,
     block_size: u64,
-    each_block: &mut dyn FnMut(),
+    go_on: &mut dyn FnMut() -> bool,
 ) -> std::io::Result<u128> {
     let mut piece = vec![0u8; HASH_PIECE];
-    let blocks = size.div_ceil(block_size.max(1));
-    let mut checksums = Vec::with_capacity(blocks.min(1 << 20) as usize);
+    let mut digest = XxHash3_128::default();
     let mut left = size;
     while left > 0 {
         let mut block_left = left.min(block_size.max(1));
@@ -81,11 +82,13 @@ pub fn digest_of(
             r.read_exact(&mut piece[..n])?;
             h.update(&piece[..n]);
             block_left -= n as u64;
+            if !go_on() {
+                return Err(std::io::ErrorKind::Interrupted.into());
+            }
         }
-        checksums.push(h.finish());
-        each_block();
+        digest.write(&h.finish().to_le_bytes());
     }
-    Ok(file_digest(&checksums))
+    Ok(digest.finish_128())
 }
 
 /// Digest of a whole transfer from (path, file digest) pairs in manifest order.
@@ -143,11 +146,22 @@ mod tests {
         let block = 300_000u64;
         let sums: Vec<u64> = data.chunks(block as usize).map(block_checksum).collect();
         let mut calls = 0;
-        let d = digest_of(&mut &data[..], data.len() as u64, block, &mut || calls += 1).unwrap();
+        let mut count = || {
+            calls += 1;
+            true
+        };
+        let d = digest_of(&mut &data[..], data.len() as u64, block, &mut count).unwrap();
         assert_eq!(d, file_digest(&sums));
-        assert_eq!(calls, 4);
-        // Fewer bytes than said: an error, not a digest.
-        assert!(digest_of(&mut &data[..10], 11, block, &mut || {}).is_err());
+        // Two pieces a block of 300,000 bytes, one for the last 100,003.
+        assert_eq!(calls, 7);
+        assert_eq!(
+            digest_of(&mut &[][..], 0, block, &mut || true).unwrap(),
+            file_digest(&[])
+        );
+        // Fewer bytes than said: an error, not a digest; nor once stopped.
+        assert!(digest_of(&mut &data[..10], 11, block, &mut || true).is_err());
+        let stopped = digest_of(&mut &data[..], data.len() as u64, block, &mut || false);
+        assert_eq!(stopped.unwrap_err().kind(), std::io::ErrorKind::Interrupted);
     }
 
     #[test]

@@ -313,17 +313,24 @@ impl Root {
 
     /// The regular file at `rel` beneath the root, opened to read, as
     /// `stat` finds it (parents resolved beneath the root, the name never
-    /// followed). None if it cannot be.
-    pub fn open_read(&self, rel: &str) -> Option<File> {
-        rustix::fs::openat2(
+    /// followed), with its size. None if it cannot be, or is not a
+    /// regular file: opened non-blocking, so that a FIFO swapped in
+    /// cannot hold the open, and blocking again once it is known regular.
+    pub fn open_read(&self, rel: &str) -> Option<(File, u64)> {
+        let fd = rustix::fs::openat2(
             &self.fd,
             rel,
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
             Mode::empty(),
             RESOLVE,
         )
-        .ok()
-        .map(File::from)
+        .ok()?;
+        let st = rustix::fs::fstat(&fd).ok()?;
+        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+            return None;
+        }
+        rustix::fs::fcntl_setfl(&fd, OFlags::RDONLY).ok()?;
+        Some((File::from(fd), st.st_size.max(0) as u64))
     }
 
     /// Opens `name` in the directory `dir` (which must come from `dir()`),

@@ -356,6 +356,12 @@ fn a_sync_level_over_several_pairs_leaves_what_is_there() {
         "{}",
         again.render()
     );
+    // The first receiver down: the next is asked what is there, and the
+    // pairs run without the lost one.
+    let down = format!("127.0.0.1:{}", free_port());
+    let with_down = [down, a.addr().to_string(), b.addr().to_string()];
+    let s = wirerate_engine::sender::pairs::send_over_pairs(&cfg, &with_down).unwrap();
+    assert!(s.ok && s.files_present == 2, "{}", s.render());
     write_file(&src.join("b.bin"), 5000, 9);
     let changed = pairs(&cfg);
     assert_eq!(

@@ -110,7 +110,7 @@ impl<'a> Planner<'a> {
         &mut self,
         e: &FileEntry,
         (identity, repeated): (u64, bool),
-        still_here: &mut dyn FnMut(),
+        still_here: &mut dyn FnMut() -> bool,
     ) -> PlanOutcome {
         let tracked = self.tracked;
         let blocks = if e.kind == EntryKind::File {
@@ -213,7 +213,7 @@ impl<'a> Planner<'a> {
     /// session's sync level compares. A session of a transfer over
     /// several pairs takes every file: its receivers share the files'
     /// temporary copies (and `pairs` refuses a level).
-    fn is_present(&self, e: &FileEntry, still_here: &mut dyn FnMut()) -> bool {
+    fn is_present(&self, e: &FileEntry, still_here: &mut dyn FnMut() -> bool) -> bool {
         if self.sync == SyncLevel::None || e.kind != EntryKind::File || self.part.is_some() {
             return false;
         }
@@ -237,11 +237,16 @@ impl<'a> Planner<'a> {
         if needs_digest(self.sync, found.as_ref(), &wanted)
             && let Some(f) = &mut found
         {
-            // Read as it is now: a file that changed size meanwhile fails
-            // the read, and is sent.
-            f.digest = root.open_read(&dest.rel).and_then(|mut file| {
-                digest_of(&mut file, f.size, self.block_size, still_here).ok()
-            });
+            // Read as it is now, and only if it is still the size it was
+            // and stayed so: a file that changed meanwhile is sent.
+            f.digest = root
+                .open_read(&dest.rel)
+                .filter(|(_, size)| *size == f.size)
+                .and_then(|(mut file, _)| {
+                    let d = digest_of(&mut file, f.size, self.block_size, still_here).ok()?;
+                    let after = rustix::fs::fstat(&file).ok()?;
+                    (after.st_size.max(0) as u64 == f.size).then_some(d)
+                });
         }
         present(self.sync, found, wanted)
     }

@@ -284,12 +284,14 @@ impl<'a> Control<'a> {
             }
             life.heard(now);
             let repeated = !seen_paths.insert(e.path.as_str());
-            // Between the blocks of a file read to decide it: keepalives.
+            // Between the pieces of a file read to decide it: keepalives
+            // when due (a check of the clock otherwise), and the read
+            // given up once the sender cannot be written to.
             let mut still_here = || {
                 let now = Instant::now();
                 life.heard(now);
                 self.core.handle_timeout(now);
-                let _ = self.flush();
+                self.flush().is_ok()
             };
             let outcome = planner.decide(e, (identity, repeated), &mut still_here);
             self.core.handle_planned(e.file_id, outcome, now);

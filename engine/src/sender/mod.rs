@@ -366,7 +366,10 @@ pub fn most_session_memory(s: &Settings, fixed: bool) -> u64 {
 /// what the run did (bytes sent, verdicts), and how it ended.
 pub(crate) fn send_list(cfg: &SendConfig, list: &SourceList) -> (RunState, Result<()>) {
     let mut st = RunState::default();
-    let count = pool_blocks(cfg.buffer, cfg.block_size, cfg.streams) as usize;
+    let count = match cfg.dry_run {
+        true => 2,
+        false => pool_blocks(cfg.buffer, cfg.block_size, cfg.streams) as usize,
+    };
     let pool = match &cfg.warm {
         Some(w) => w.take_pools(cfg.block_size as usize, count),
         None => Pools::new(cfg.block_size as usize, count),
@@ -389,9 +392,10 @@ pub(crate) fn send_list(cfg: &SendConfig, list: &SourceList) -> (RunState, Resul
 /// Each regular file's digest, for a checksum sync: every file is read
 /// before anything is sent, as `rsync --checksum` does, and before the
 /// control connection opens, which would otherwise sit silent. A file
-/// that cannot be read has none, and is sent (its read then fails it,
-/// saying why).
-fn digest_sources(cfg: &SendConfig, list: &SourceList) -> HashMap<u32, u128> {
+/// that cannot be read, or that changed from its listing by the end of
+/// the read, has none, and is sent (its read then fails it, saying why,
+/// if it still differs). Stops when the send is cancelled.
+fn digest_sources(cfg: &SendConfig, list: &SourceList) -> Result<HashMap<u32, u128>> {
     let files: Vec<(u32, &source::SourceFile)> = list
         .files
         .iter()
@@ -405,15 +409,27 @@ fn digest_sources(cfg: &SendConfig, list: &SourceList) -> HashMap<u32, u128> {
         bytes,
         "--sync checksum: reading every file to digest it before sending"
     );
-    files
-        .into_iter()
-        .filter_map(|(id, f)| {
-            let (mut file, _) = crate::io::open_source(&list.base, &f.rel, &f.path, false).ok()?;
-            digest_of(&mut file, f.size, cfg.block_size, &mut || {})
-                .ok()
-                .map(|d| (id, d))
-        })
-        .collect()
+    let mut digests = HashMap::with_capacity(files.len());
+    for (id, f) in files {
+        let Ok((mut file, _)) = crate::io::open_source(&list.base, &f.rel, &f.path, false) else {
+            continue;
+        };
+        let digest = digest_of(&mut file, f.size, cfg.block_size, &mut || !cancelled(cfg));
+        if cancelled(cfg) {
+            return Err(Error::Cancelled {
+                last: Box::new(Error::Config(
+                    "stopped while digesting the source (--sync checksum)".into(),
+                )),
+            });
+        }
+        let unchanged = file
+            .metadata()
+            .is_ok_and(|m| f.stamp.change_to(&source::Stamp::of(&m)).is_none());
+        if let (Ok(d), true) = (digest, unchanged) {
+            digests.insert(id, d);
+        }
+    }
+    Ok(digests)
 }
 
 fn run_sessions(
@@ -431,7 +447,7 @@ fn run_sessions(
         backoff = backoff.refused_for(d);
     }
     if cfg.sync == crate::sync::SyncLevel::Checksum && st.digests.is_empty() {
-        st.digests = digest_sources(cfg, list);
+        st.digests = digest_sources(cfg, list)?;
     }
     loop {
         if cancelled(cfg) {

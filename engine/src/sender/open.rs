@@ -29,7 +29,9 @@ fn send_manifest(control: &mut Conn, entries: &[FileEntry]) -> Result<()> {
     let mut chunk = Vec::new();
     let mut bytes = 0;
     for e in entries {
-        bytes += 32 + e.path.len();
+        // What an entry takes on the wire, near enough (the codec's
+        // MIN_ENTRY, and a digest's 16 bytes under a checksum sync).
+        bytes += 54 + e.path.len();
         chunk.push(e.clone());
         if bytes >= MANIFEST_CHUNK_BYTES {
             encode(

@@ -397,6 +397,10 @@ fn sync_code(level: SyncLevel) -> u8 {
     }
 }
 
+/// The fewest bytes a manifest entry takes: id, kind, size, fingerprint,
+/// mode, mtime, the digest's flag and the path's length.
+const MIN_ENTRY: usize = 4 + 1 + 8 + 8 + 2 + 12 + 1 + 2;
+
 /// A one-byte flag: 0 or 1, nothing else.
 fn flag(code: u8, what: &'static str) -> Result<bool, DecodeError> {
     match code {
@@ -639,9 +643,9 @@ fn decode_fields(body: &[u8]) -> Result<Frame, DecodeError> {
         }
         T_FILES => {
             let count = r.u32()? as usize;
-            // Each entry takes at least 38 bytes, so the count cannot make us
-            // reserve more than the frame itself justifies.
-            let mut entries = Vec::with_capacity(count.min(r.0.len() / 38));
+            // Each entry takes at least MIN_ENTRY bytes, so the count cannot
+            // make us reserve more than the frame itself justifies.
+            let mut entries = Vec::with_capacity(count.min(r.0.len() / MIN_ENTRY));
             for _ in 0..count {
                 entries.push(r.entry()?);
             }
@@ -778,9 +782,9 @@ fn decode_relay(ty: u8, r: &mut Reader<'_>) -> Result<Frame, DecodeError> {
         }
         T_RELAY_FILES => {
             let count = r.u32()? as usize;
-            // Each entry takes at least 27 bytes: the count cannot
-            // reserve more than the frame justifies.
-            let mut entries = Vec::with_capacity(count.min(r.0.len() / 27));
+            // Each entry takes at least its manifest entry and a length:
+            // the count cannot reserve more than the frame justifies.
+            let mut entries = Vec::with_capacity(count.min(r.0.len() / (MIN_ENTRY + 2)));
             for _ in 0..count {
                 let entry = r.entry()?;
                 let n = r.u16()? as usize;
@@ -1534,6 +1538,41 @@ pub(crate) mod tests {
                 "{what}"
             );
         }
+    }
+
+    #[test]
+    fn an_entrys_digest_flag_is_0_or_1() {
+        let entry = FileEntry {
+            file_id: 1,
+            kind: EntryKind::File,
+            size: 5,
+            fingerprint: 2,
+            mode: 0o644,
+            mtime: (3, 4),
+            digest: None,
+            path: "a".into(),
+        };
+        let mut buf = Vec::new();
+        encode(
+            &Frame::Files {
+                entries: vec![entry],
+            },
+            &mut buf,
+        );
+        let mut fields = buf[4..buf.len() - FRAME_CHECK_LEN].to_vec();
+        // The flag sits before the path's length and its one byte.
+        let at = fields.len() - 4;
+        assert_eq!(fields[at], 0);
+        assert_eq!(
+            fields.len() - 5,
+            MIN_ENTRY + 1,
+            "the entry, after the type and count"
+        );
+        fields[at] = 2;
+        assert_eq!(
+            decode_body(&sealed(&fields)),
+            Err(DecodeError::Invalid("digest flag"))
+        );
     }
 
     // A packed block names a codec this version knows.

@@ -413,7 +413,9 @@ fn send_pairs(
         ..cfg.clone()
     };
     let cfg = &unsynced;
-    if !list.files.iter().any(|f| f.kind == EntryKind::File) {
+    // Every file there: no pair is started (their directories are there
+    // too, beneath which the files were found).
+    if present.files > 0 && !list.files.iter().any(|f| f.kind == EntryKind::File) {
         return Ok(PairsSummary::nothing_sent(cfg, present, start));
     }
     let files: Vec<(u32, u64)> = list
@@ -497,10 +499,11 @@ pub(super) struct Present {
 }
 
 /// `list` without the files the destination already has at `cfg.sync`,
-/// and what those were. The first receiver is asked, in a dry run (the
-/// pairs' receivers share one file system: what one finds there, all
-/// do); a file it would refuse stays, for the pairs to fail as a run
-/// would.
+/// and what those were. A receiver is asked, in a dry run (the pairs'
+/// receivers share one file system: what one finds there, all do): the
+/// first, or the next where it cannot be reached within a pair's
+/// patience, as `mark` does. A file it would refuse stays, for the pairs
+/// to fail as a run would.
 fn leave_present(
     cfg: &SendConfig,
     to: &[String],
@@ -511,11 +514,30 @@ fn leave_present(
         return Ok((list, Present::default()));
     }
     let mut dry = cfg.clone();
-    dry.to.clone_from(&to[0]);
     dry.dry_run = true;
     dry.progress = Arc::default();
-    let (st, ran) = super::send_list(&dry, &list);
-    ran?;
+    dry.warm = None;
+    dry.retry_for = cfg.retry_for.min(PAIR_PATIENCE);
+    dry.refused_for = Some(REFUSED_PATIENCE.min(dry.retry_for));
+    let mut last = None;
+    let mut planned = None;
+    for t in to {
+        dry.to.clone_from(t);
+        let (st, ran) = super::send_list(&dry, &list);
+        match ran {
+            Ok(()) => {
+                planned = Some(st);
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(receiver = %t, "asking what is already there: {e}; asking the next");
+                last = Some(e);
+            }
+        }
+    }
+    let Some(st) = planned else {
+        return Err(last.unwrap_or_else(|| Error::Config("no receiver to ask".into())));
+    };
     let mut present = Present {
         level,
         ..Present::default()
