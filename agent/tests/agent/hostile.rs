@@ -406,8 +406,9 @@ fn manifest_over_its_byte_cap_is_refused_and_memory_stays_bounded() {
         for _ in 0..960 {
             f[at..at + 4].copy_from_slice(&id.to_le_bytes());
             id += 1;
-            // id, kind, size, fingerprint, mode, mtime, path's length, path.
-            at += 4 + 1 + 8 + 8 + 2 + 12 + 2 + path.len();
+            // id, kind, size, fingerprint, mode, mtime, the digest's flag,
+            // path's length, path.
+            at += 4 + 1 + 8 + 8 + 2 + 12 + 1 + 2 + path.len();
         }
         // And seal it again, as the sender would have.
         let end = f.len() - wire::FRAME_CHECK_LEN;
