@@ -210,17 +210,13 @@ fn send_cmd(a: wirerate_agent::cli::SendArgs) -> Result<ExitCode> {
     }
     // Several receivers share one root: a dry run asks the first, whose
     // plan is every pair's.
-    // (Checked as the send would check them first: the relays' count,
-    // and no receiver named twice.)
+    // (Checked as the send would check them first.)
     if cfg.dry_run
         && let Some(to) = receivers(&cfg.to, a.repeat)
     {
         let mut to = to?;
-        senders(a.via.as_deref(), to.len())?;
-        let mut seen = std::collections::HashSet::new();
-        if let Some(twice) = to.iter().find(|t| !seen.insert(t.as_str())) {
-            bail!("receiver {twice} is named twice in --to: name each receiver once");
-        }
+        let via = senders(a.via.as_deref(), to.len())?;
+        wirerate_engine::sender::pairs::check_named(&cfg, &to, &via)?;
         cfg.to = to.swap_remove(0);
     }
     if let Some(to) = receivers(&cfg.to, a.repeat) {

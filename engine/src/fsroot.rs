@@ -202,47 +202,77 @@ impl Root {
 
     /// Opens (creating as needed) the directory `rel` beneath the root.
     pub fn dir(&self, rel: &str) -> Result<OwnedFd> {
-        let open = |p: &str| self.open_dir(p);
-        match open(rel) {
-            Ok(fd) => return Ok(fd),
+        self.walk_dir(rel, true)?
+            .ok_or_else(|| Error::Internal(format!("directory {rel} was made but not opened")))
+    }
+
+    /// Whether `dir(rel)` would succeed, without creating anything (a dry
+    /// run's plan): the parts of `rel` that exist are resolved as `dir`
+    /// resolves them and refused as it would refuse them (a file in a
+    /// directory's place, a symlink out of the root or to nowhere); the
+    /// first part missing, and the rest, `dir` would make.
+    pub fn probe_dir(&self, rel: &str) -> Result<()> {
+        self.walk_dir(rel, false).map(|_| ())
+    }
+
+    /// The directory `rel`, resolved one part at a time, each relative to
+    /// a parent itself resolved beneath the root. A missing part is made
+    /// when `make`; otherwise the walk stops there (`None`: `dir` would
+    /// make the rest). A name that leads nowhere is refused either way.
+    fn walk_dir(&self, rel: &str, make: bool) -> Result<Option<OwnedFd>> {
+        match self.open_dir(rel) {
+            Ok(fd) => return Ok(Some(fd)),
             Err(Errno::NOENT) => {}
             Err(e) => return Err(map_resolve(rel, e)),
         }
-        // Create missing components one at a time, each relative to a
-        // parent that was itself resolved beneath the root.
         let mut prefix = String::new();
-        let mut parent = open("").map_err(|e| map_resolve(rel, e))?;
+        let mut parent = self.open_dir("").map_err(|e| map_resolve(rel, e))?;
         for comp in rel.split('/') {
             if !prefix.is_empty() {
                 prefix.push('/');
             }
             prefix.push_str(comp);
-            match rustix::fs::mkdirat(&parent, comp, Mode::from_raw_mode(0o755)) {
-                Ok(()) | Err(Errno::EXIST) => {}
-                Err(Errno::MLINK) => {
-                    return Err(refused(
-                        &prefix,
-                        "its directory holds all the directories it may",
-                    ));
-                }
-                Err(e) => {
-                    return Err(Error::io(
-                        format!("creating directory {prefix} under {}", self.path.display()),
-                        e.into(),
-                    ));
-                }
+            if make {
+                self.make_dir(&parent, comp, &prefix)?;
             }
-            parent = open(&prefix).map_err(|e| match e {
+            parent = match self.open_dir(&prefix) {
+                Ok(fd) => fd,
+                // Nothing at all there, not made: the rest would be.
+                Err(Errno::NOENT)
+                    if !make
+                        && rustix::fs::statat(&parent, comp, AtFlags::SYMLINK_NOFOLLOW)
+                            .is_err() =>
+                {
+                    return Ok(None);
+                }
                 // What was just made or found is gone: a symlink to
                 // nowhere, or removed meanwhile.
-                Errno::NOENT => refused(
-                    &prefix,
-                    "a symlink to nowhere, or removed while it was made",
-                ),
-                e => map_resolve(&prefix, e),
-            })?;
+                Err(Errno::NOENT) => {
+                    return Err(refused(
+                        &prefix,
+                        "a symlink to nowhere, or removed while it was made",
+                    ));
+                }
+                Err(e) => return Err(map_resolve(&prefix, e)),
+            };
         }
-        Ok(parent)
+        Ok(Some(parent))
+    }
+
+    /// Makes directory `comp` in `parent` (at `prefix` beneath the root),
+    /// unless something is there already.
+    fn make_dir(&self, parent: &OwnedFd, comp: &str, prefix: &str) -> Result<()> {
+        match rustix::fs::mkdirat(parent, comp, Mode::from_raw_mode(0o755)) {
+            Ok(()) | Err(Errno::EXIST) => Ok(()),
+            Err(Errno::MLINK) => Err(refused(
+                prefix,
+                "its directory holds all the directories it may",
+            )),
+            Err(e) => Err(Error::io(
+                format!("creating directory {prefix} under {}", self.path.display()),
+                e.into(),
+            )),
+        }
     }
 
     /// The directory `p` beneath the root (the root itself for ""), for
@@ -255,43 +285,6 @@ impl Root {
             Mode::empty(),
             RESOLVE,
         )
-    }
-
-    /// Whether `dir(rel)` would succeed, without creating anything (a dry
-    /// run's plan): the parts of `rel` that exist are resolved as `dir`
-    /// resolves them and refused as it would refuse them (a file in a
-    /// directory's place, a symlink out of the root or to nowhere); the
-    /// first part missing, and the rest, `dir` would make.
-    pub fn probe_dir(&self, rel: &str) -> Result<()> {
-        match self.open_dir(rel) {
-            Ok(_) => return Ok(()),
-            Err(Errno::NOENT) => {}
-            Err(e) => return Err(map_resolve(rel, e)),
-        }
-        let mut prefix = String::new();
-        let mut parent = self.open_dir("").map_err(|e| map_resolve(rel, e))?;
-        for comp in rel.split('/') {
-            if !prefix.is_empty() {
-                prefix.push('/');
-            }
-            prefix.push_str(comp);
-            match self.open_dir(&prefix) {
-                Ok(fd) => parent = fd,
-                // Nothing at all there is made; a name there that leads
-                // nowhere is what `dir` refuses.
-                Err(Errno::NOENT) => {
-                    return match rustix::fs::statat(&parent, comp, AtFlags::SYMLINK_NOFOLLOW) {
-                        Ok(_) => Err(refused(
-                            &prefix,
-                            "a symlink to nowhere, or removed while it was made",
-                        )),
-                        Err(_) => Ok(()),
-                    };
-                }
-                Err(e) => return Err(map_resolve(&prefix, e)),
-            }
-        }
-        Ok(())
     }
 
     /// What is at `rel` beneath the root, without creating anything:

@@ -219,22 +219,13 @@ fn send_dry_run_prints_the_plan_and_writes_nothing() {
     let s = setup("dry-run-cli", 3 << 20);
     let port = free_port();
     let _rx = serve_bin(&s.root, &s.token, port, &[]);
+    let to = format!("127.0.0.1:{port}");
     let run = |extra: &[&str]| {
-        std::process::Command::new(BIN)
-            .args([
-                "send",
-                "--to",
-                &format!("127.0.0.1:{port}"),
-                "--quiet",
-                "--dry-run",
-            ])
-            .args(extra)
-            .arg("--token-file")
-            .arg(&s.token)
-            .arg(&s.src)
-            .arg("in/out.bin")
-            .output()
-            .unwrap()
+        let flags: Vec<&str> = ["--quiet", "--dry-run"]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect();
+        send_bin(&to, &flags, &s.token, &s.src, "in/out.bin")
     };
     let out = run(&["--sync", "mtime"]);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -261,15 +252,14 @@ fn send_dry_run_prints_the_plan_and_writes_nothing() {
     assert!(walk(&s.root).is_empty(), "{:?}", walk(&s.root));
     // Several receivers share one root: the first plans, and the others
     // (here, nothing listening) are not asked.
-    let out = std::process::Command::new(BIN)
-        .args(["send", "--quiet", "--dry-run", "--to"])
-        .arg(format!("127.0.0.1:{port},127.0.0.1:{}", free_port()))
-        .arg("--token-file")
-        .arg(&s.token)
-        .arg(&s.src)
-        .arg("in/out.bin")
-        .output()
-        .unwrap();
+    let two = format!("127.0.0.1:{port},127.0.0.1:{}", free_port());
+    let out = send_bin(
+        &two,
+        &["--quiet", "--dry-run"],
+        &s.token,
+        &s.src,
+        "in/out.bin",
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

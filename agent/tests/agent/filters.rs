@@ -12,8 +12,7 @@ use wirerate_engine::sender::send;
 
 /// Sets `path`'s modification time `ago` before now.
 fn age(path: &Path, ago: Duration) {
-    let f = std::fs::File::options().write(true).open(path).unwrap();
-    f.set_modified(SystemTime::now() - ago).unwrap();
+    set_mtime(path, SystemTime::now() - ago);
 }
 
 /// Every path beneath `root` (directories too), relative, sorted.
@@ -152,16 +151,16 @@ fn the_cli_reads_pattern_files_and_ages() {
     std::fs::write(&patterns, "# scratch files\n\n*.tmp\n").unwrap();
     let port = free_port();
     let _rx = serve_bin(&s.root, &s.token, port, &[]);
-    let out = std::process::Command::new(BIN)
-        .args(["send", "--to", &format!("127.0.0.1:{port}"), "--quiet"])
-        .args(["--dry-run", "--min-age", "1h", "--exclude-from"])
-        .arg(&patterns)
-        .arg("--token-file")
-        .arg(&s.token)
-        .arg(&src)
-        .arg("t")
-        .output()
-        .unwrap();
+    let exclude_from = patterns.to_str().unwrap();
+    let flags = [
+        "--quiet",
+        "--dry-run",
+        "--min-age",
+        "1h",
+        "--exclude-from",
+        exclude_from,
+    ];
+    let out = send_bin(&format!("127.0.0.1:{port}"), &flags, &s.token, &src, "t");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -174,14 +173,7 @@ fn the_cli_reads_pattern_files_and_ages() {
         text.contains("  filtered   2 file(s) left out by the filters"),
         "{text}"
     );
-    let out = std::process::Command::new(BIN)
-        .args(["send", "--to", "127.0.0.1:1", "--min-age", "10x"])
-        .arg("--token-file")
-        .arg(&s.token)
-        .arg(&src)
-        .arg("t")
-        .output()
-        .unwrap();
+    let out = send_bin("127.0.0.1:1", &["--min-age", "10x"], &s.token, &src, "t");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not an age"));
 }

@@ -22,12 +22,10 @@ fn mtime(path: &Path) -> (i64, i64) {
 /// Sets `path`'s modification time `secs` seconds after the epoch (a
 /// file or a directory).
 fn touch(path: &Path, secs: u64) {
-    let f = match path.is_dir() {
-        true => std::fs::File::open(path).unwrap(),
-        false => std::fs::File::options().write(true).open(path).unwrap(),
-    };
-    f.set_modified(SystemTime::UNIX_EPOCH + Duration::new(secs, 123_456_789))
-        .unwrap();
+    set_mtime(
+        path,
+        SystemTime::UNIX_EPOCH + Duration::new(secs, 123_456_789),
+    );
 }
 
 fn sync_send(
@@ -169,12 +167,10 @@ fn checksum_finds_what_metadata_misses_and_leaves_what_is_the_same() {
     let mut data = std::fs::read(src.join("big.bin")).unwrap();
     data[64 * 1024 + 5] ^= 0xff;
     std::fs::write(src.join("big.bin"), &data).unwrap();
-    let f = std::fs::File::options()
-        .write(true)
-        .open(src.join("big.bin"))
-        .unwrap();
-    f.set_modified(SystemTime::UNIX_EPOCH + Duration::new(before.0 as u64, before.1 as u32))
-        .unwrap();
+    set_mtime(
+        &src.join("big.bin"),
+        SystemTime::UNIX_EPOCH + Duration::new(before.0 as u64, before.1 as u32),
+    );
     assert_eq!(mtime(&src.join("big.bin")), before);
     let by_mtime = sync_send(&srv, &src, SyncLevel::Mtime);
     assert_eq!(

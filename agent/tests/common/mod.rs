@@ -323,18 +323,43 @@ pub struct Setup {
     pub size: u64,
 }
 
+/// Runs `wirerate-agent send --to to` of `src` as `dest`, with `flags`
+/// and the token file `token`; returns what it printed and its status.
+pub fn send_bin(
+    to: &str,
+    flags: &[&str],
+    token: &Path,
+    src: &Path,
+    dest: &str,
+) -> std::process::Output {
+    std::process::Command::new(BIN)
+        .args(["send", "--to", to])
+        .args(flags)
+        .arg("--token-file")
+        .arg(token)
+        .arg(src)
+        .arg(dest)
+        .output()
+        .unwrap()
+}
+
+/// Sets `path`'s modification time (a file's or a directory's).
+pub fn set_mtime(path: &Path, at: std::time::SystemTime) {
+    let f = match path.is_dir() {
+        true => std::fs::File::open(path).unwrap(),
+        false => std::fs::File::options().write(true).open(path).unwrap(),
+    };
+    f.set_modified(at).unwrap();
+}
+
 /// Runs `wirerate-agent send --quiet` of `s.src` to `to` as `dest`, with
 /// `extra` flags, and asserts that it succeeded.
 pub fn send_bin_ok(to: &str, s: &Setup, dest: &str, extra: &[&str]) {
-    let out = std::process::Command::new(BIN)
-        .args(["send", "--to", to, "--quiet"])
-        .args(extra)
-        .arg("--token-file")
-        .arg(&s.token)
-        .arg(&s.src)
-        .arg(dest)
-        .output()
-        .unwrap();
+    let flags: Vec<&str> = ["--quiet"]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    let out = send_bin(to, &flags, &s.token, &s.src, dest);
     assert!(
         out.status.success(),
         "{}",

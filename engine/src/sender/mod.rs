@@ -188,6 +188,15 @@ impl SendConfig {
         }
     }
 
+    /// The blocks of the send's buffer pool: a dry run reads no block,
+    /// and holds the least a pool may.
+    fn pool_count(&self) -> usize {
+        match self.dry_run {
+            true => 2,
+            false => pool_blocks(self.buffer, self.block_size, self.streams) as usize,
+        }
+    }
+
     /// The source's listing, through the send's filters: ages are
     /// measured from now.
     pub(crate) fn list(&self) -> Result<SourceList> {
@@ -321,11 +330,7 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
     };
     let total: u64 = list.files.iter().map(|f| f.size).sum();
     cfg.progress.sized(total);
-    // A dry run reads no block: it holds the least a pool may.
-    let count = match cfg.dry_run {
-        true => 2,
-        false => pool_blocks(cfg.buffer, cfg.block_size, cfg.streams) as usize,
-    };
+    let count = cfg.pool_count();
     let pool = match &cfg.warm {
         Some(w) => w.take_pools(cfg.block_size as usize, count)?,
         None => Pools::new(cfg.block_size as usize, count)?,
@@ -366,10 +371,7 @@ pub fn most_session_memory(s: &Settings, fixed: bool) -> u64 {
 /// what the run did (bytes sent, verdicts), and how it ended.
 pub(crate) fn send_list(cfg: &SendConfig, list: &SourceList) -> (RunState, Result<()>) {
     let mut st = RunState::default();
-    let count = match cfg.dry_run {
-        true => 2,
-        false => pool_blocks(cfg.buffer, cfg.block_size, cfg.streams) as usize,
-    };
+    let count = cfg.pool_count();
     let pool = match &cfg.warm {
         Some(w) => w.take_pools(cfg.block_size as usize, count),
         None => Pools::new(cfg.block_size as usize, count),

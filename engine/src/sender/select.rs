@@ -23,30 +23,23 @@ pub struct Select {
     now: i64,
 }
 
-/// The set of `patterns`, each passed through `shape`.
-fn compile<'a>(
-    patterns: impl Iterator<Item = &'a String>,
-    shape: impl Fn(String, bool) -> Option<String>,
-) -> Result<GlobSet> {
-    let mut set = GlobSetBuilder::new();
-    for pattern in patterns {
-        let (p, dir_only) = normalized(pattern).map_err(|e| Error::Config(e.0))?;
-        let Some(p) = shape(p, dir_only) else {
-            continue;
-        };
-        let glob = GlobBuilder::new(&p)
-            .literal_separator(true)
-            .backslash_escape(true)
-            .build()
-            .map_err(|e| {
-                Error::Config(format!(
-                    "filter pattern {:?}: {}",
-                    truncated(pattern),
-                    e.kind()
-                ))
-            })?;
-        set.add(glob);
-    }
+/// A glob of `pattern` (normalized), as the send matches it.
+fn glob(pattern: &str, normalized: &str) -> Result<globset::Glob> {
+    GlobBuilder::new(normalized)
+        .literal_separator(true)
+        .backslash_escape(true)
+        .build()
+        .map_err(|e| {
+            Error::Config(format!(
+                "filter pattern {:?}: {}",
+                truncated(pattern),
+                e.kind()
+            ))
+        })
+}
+
+/// A built set, or why the patterns cannot be used together.
+fn built(set: GlobSetBuilder) -> Result<GlobSet> {
     set.build()
         .map_err(|e| Error::Config(format!("the filter patterns cannot be used together: {e}")))
 }
@@ -62,20 +55,30 @@ impl Select {
     pub fn new(filters: &Filters, now: i64) -> Result<Self> {
         filters.check().map_err(|e| Error::Config(e.0))?;
         // An include of a directory takes every file beneath it.
-        let include = (!filters.include.is_empty())
-            .then(|| {
-                compile(filters.include.iter(), |p, dir_only| {
-                    Some(if dir_only { format!("{p}/**") } else { p })
-                })
-            })
-            .transpose()?;
+        let mut include = GlobSetBuilder::new();
+        for pattern in &filters.include {
+            let (p, dir_only) = normalized(pattern).map_err(|e| Error::Config(e.0))?;
+            let p = if dir_only { format!("{p}/**") } else { p };
+            include.add(glob(pattern, &p)?);
+        }
+        // Excludes of files and directories, and of directories alone.
+        let (mut exclude, mut exclude_dirs) = (GlobSetBuilder::new(), GlobSetBuilder::new());
+        for pattern in &filters.exclude {
+            let (p, dir_only) = normalized(pattern).map_err(|e| Error::Config(e.0))?;
+            let set = if dir_only {
+                &mut exclude_dirs
+            } else {
+                &mut exclude
+            };
+            set.add(glob(pattern, &p)?);
+        }
         Ok(Self {
             filters: filters.clone(),
-            include,
-            exclude: compile(filters.exclude.iter(), |p, dir_only| {
-                (!dir_only).then_some(p)
-            })?,
-            exclude_dirs: compile(filters.exclude.iter(), |p, dir_only| dir_only.then_some(p))?,
+            include: (!filters.include.is_empty())
+                .then(|| built(include))
+                .transpose()?,
+            exclude: built(exclude)?,
+            exclude_dirs: built(exclude_dirs)?,
             now,
         })
     }

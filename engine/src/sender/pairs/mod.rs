@@ -344,6 +344,15 @@ pub fn send_over_pairs_via(
     to: &[String],
     via: &[Option<String>],
 ) -> Result<PairsSummary> {
+    check_named(cfg, to, via)?;
+    send_pairs(cfg, (to, via, Relays::Named), &Joins::default(), to.len())
+}
+
+/// Refuses the receivers and senders a user named (`--to`, `--via`)
+/// where they cannot make a transfer over several pairs: what
+/// `send_over_pairs_via` checks first, for a caller that must know before
+/// it sends (a dry run plans on the first receiver alone).
+pub fn check_named(cfg: &SendConfig, to: &[String], via: &[Option<String>]) -> Result<()> {
     check_receivers(cfg, to, 2)?;
     if via.len() != to.len() {
         return Err(Error::Config(format!(
@@ -352,7 +361,7 @@ pub fn send_over_pairs_via(
             to.len()
         )));
     }
-    send_pairs(cfg, (to, via, Relays::Named), &Joins::default(), to.len())
+    Ok(())
 }
 
 /// Whose relays a transfer's are, and so what one that refuses for good
