@@ -219,6 +219,13 @@ pub struct ServeArgs {
     /// measure the path but never write a file under the root.
     #[arg(long, conflicts_with = "allow_discard")]
     pub discard_only: bool,
+    /// Let senders mirror (send --delete): once every file of a send
+    /// landed, its sender may delete beneath the destination directory
+    /// what its source does not have. Only entries this receiver lists
+    /// there go, never through a symlink, never its own temporary files.
+    /// Off by default.
+    #[arg(long, conflicts_with = "discard_only")]
+    pub allow_delete: bool,
 }
 
 #[derive(Args)]
@@ -271,6 +278,8 @@ pub struct SendArgs {
     #[command(flatten)]
     pub filters: FilterArgs,
     #[command(flatten)]
+    pub mirror: MirrorArgs,
+    #[command(flatten)]
     pub tuning: SendTuning,
     /// Send it this many times, one after another, in this process: each
     /// run after the first joins over the data connections the last one
@@ -292,6 +301,36 @@ pub struct SendArgs {
     /// No progress output.
     #[arg(long, short)]
     pub quiet: bool,
+}
+
+/// Mirroring: deleting at the destination what the source does not have.
+#[derive(Args, Clone, Default)]
+pub struct MirrorArgs {
+    /// Mirror: once every file has landed (and only then; nothing is
+    /// deleted after any error), delete beneath the destination directory
+    /// what the source directory does not have. What the filters leave
+    /// out is left alone. With --dry-run, lists what would be deleted.
+    /// The receiver must allow it (serve --allow-delete).
+    #[arg(long, conflicts_with = "synthetic")]
+    pub delete: bool,
+    /// With --delete: delete nothing if more than this many files and
+    /// directories would go.
+    #[arg(long, requires = "delete", default_value_t = wirerate_engine::mirror::MAX_DELETE.default, value_parser = clap::value_parser!(u64).range(0..=wirerate_engine::mirror::MAX_DELETE.max))]
+    pub max_delete: u64,
+    /// With --delete: delete nothing if more than this many bytes would
+    /// go, e.g. 100GiB (default: no bound but --max-delete).
+    #[arg(long, requires = "delete", value_parser = size)]
+    pub max_delete_bytes: Option<u64>,
+}
+
+impl MirrorArgs {
+    /// The guard, if mirroring.
+    pub fn guard(&self) -> Option<wirerate_engine::mirror::Guard> {
+        self.delete.then_some(wirerate_engine::mirror::Guard {
+            max_delete: self.max_delete,
+            max_delete_bytes: self.max_delete_bytes,
+        })
+    }
 }
 
 /// `relay`: the data sessions of a transfer whose lead sender runs elsewhere.

@@ -172,6 +172,12 @@ fn serve(a: wirerate_agent::cli::ServeArgs) -> Result<ExitCode> {
         let addr = metrics::serve_endpoints(m, endpoints.clone())?;
         tracing::info!(%addr, "serving metrics on /metrics");
     }
+    cfg.allow_delete = a.allow_delete;
+    if a.allow_delete {
+        tracing::warn!(
+            "--allow-delete: senders that mirror (send --delete) may delete beneath their destination directories what their sources do not have"
+        );
+    }
     let discard = cfg.discard;
     let server = Server::bind(&a.listen, cfg)?;
     endpoints.set_ready(true);
@@ -204,6 +210,7 @@ fn send_cmd(a: wirerate_agent::cli::SendArgs) -> Result<ExitCode> {
     cfg.sync = a.sync;
     cfg.dry_run = a.dry_run;
     cfg.filters = a.filters.filters()?;
+    cfg.mirror = a.mirror.guard();
     cfg.encrypt = a.token.encrypt;
     if a.via.is_some() && !cfg.to.contains(',') {
         bail!("--via names the sender of each of several receivers: give --to several");

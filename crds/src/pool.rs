@@ -119,6 +119,14 @@ pub struct DtnPoolSpec {
     #[x_kube(validation = Rule::new("self.all(r, !r.contains('//') && !r.contains('/./') && !r.endsWith('/.') && (r == '/' || !r.endsWith('/')))").message("allowedRoots must be spelled plainly: no '//', no '/./' and no trailing '/' or '/.'"))]
     #[x_kube(validation = Rule::new("self.all(r, !r.matches('[[:cntrl:]]'))").message("allowedRoots must not contain control characters (NUL, newline, any below 0x20, or DEL)"))]
     pub allowed_roots: Vec<String>,
+    /// Let Transfers that mirror (`spec.mirror`) delete beneath their
+    /// destination directories, under `allowedRoots`, what their sources
+    /// do not have. Off by default: the operator then refuses such a
+    /// Transfer before anything moves (DeletesNotAllowed). Deletes reach
+    /// no further than the writes every Transfer to this pool may
+    /// already make.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_deletes: bool,
     /// Transfers one agent runs at once.
     #[serde(default = "two")]
     #[schemars(range(min = 1, max = crate::contract::MAX_TRANSFERS_PER_AGENT))]

@@ -6,6 +6,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::tuning::{Compression, Filters, Striping, SyncLevel, Tuning, Verification};
+pub use wirerate_engine::mirror::Guard;
 
 /// Move `source` to `destination` at the wire rate and verify it.
 // Clippy reads each printcolumn's `type_` as a repeated attribute.
@@ -71,6 +72,7 @@ use crate::tuning::{Compression, Filters, Striping, SyncLevel, Tuning, Verificat
 #[x_kube(validation = Rule::new("!has(self.striping) || !has(self.tuning) || !has(self.tuning.blockSize) || self.tuning.blockSize % self.striping.stripeSize == 0").message("striping.stripeSize must divide tuning.blockSize: pick a stripe size that divides the block size"))]
 #[x_kube(validation = Rule::new("(has(self.pairs) ? self.pairs : 1) == (has(oldSelf.pairs) ? oldSelf.pairs : 1)").message("pairs cannot change once set: the pairs of a running transfer are fixed; create a new Transfer instead"))]
 #[x_kube(validation = Rule::new("!has(self.pairs) || self.pairs == 1 || has(self.destination.pool)").message("pairs above 1 needs destination.pool: an agent outside the cluster is one receiver, so one pair"))]
+#[x_kube(validation = Rule::new("!has(self.mirror) || !has(self.pairs) || self.pairs == 1").message("mirror is not done over several pairs yet: set pairs to 1 (the receivers share one root, so the result is the same)"))]
 #[x_kube(validation = Rule::new("!has(self.pairsPolicy) || self.pairsPolicy == 'Fixed' || (has(self.pairs) && self.pairs >= 2)").message("pairsPolicy Auto needs pairs of 2 or more: with Auto, pairs is the most pairs the Transfer may grow to"))]
 #[x_kube(validation = Rule::new("(has(self.pairsPolicy) ? self.pairsPolicy : 'Fixed') == (has(oldSelf.pairsPolicy) ? oldSelf.pairsPolicy : 'Fixed')").message("pairsPolicy cannot change once set: create a new Transfer instead"))]
 #[serde(rename_all = "camelCase")]
@@ -136,6 +138,15 @@ pub struct TransferSpec {
     /// fail the Transfer, saying so. Unset: every file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filters: Option<Filters>,
+    /// Mirror: once every file has landed (never after any failure),
+    /// delete beneath the destination directory what the source
+    /// directory does not have; what the filters leave out is left
+    /// alone. Nothing is deleted when more than `maxDelete` entries
+    /// (default 1000) or `maxDeleteBytes` would go, or when the source
+    /// holds no file. The destination pool must allow deletes
+    /// (`allowDeletes`). Unset: nothing at the destination is deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror: Option<Guard>,
     /// Cap on the transfer's rate in megabits per second (sharing a path).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 10000000))]

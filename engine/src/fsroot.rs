@@ -215,6 +215,12 @@ impl Root {
         self.walk_dir(rel, false).map(|_| ())
     }
 
+    /// The directory `rel` ("" for the root) as `dir` resolves it, if it
+    /// is there; None if it is not (nothing is made).
+    pub fn existing_dir(&self, rel: &str) -> Result<Option<OwnedFd>> {
+        self.walk_dir(rel, false)
+    }
+
     /// The directory `rel`, resolved one part at a time, each relative to
     /// a parent itself resolved beneath the root. A missing part is made
     /// when `make`; otherwise the walk stops there (`None`: `dir` would

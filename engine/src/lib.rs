@@ -43,6 +43,7 @@ pub mod fsroot;
 pub mod io;
 pub mod layout;
 pub mod liveness;
+pub mod mirror;
 #[cfg(feature = "shells")]
 pub mod net;
 #[cfg(feature = "shells")]

@@ -87,6 +87,115 @@ pub struct FileFailure {
     pub message: String,
 }
 
+/// What a mirror deleted at the destination, or would (`send --delete`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct MirrorSummary {
+    /// The mirrored directory, relative to the receiver's root.
+    pub base: String,
+    /// Files (anything but a directory) the source does not have.
+    pub files: u64,
+    /// Directories the source does not have.
+    pub dirs: u64,
+    /// Bytes of those files.
+    pub bytes: u64,
+    /// The first of them (`PLAN_SHOWN`), deepest first.
+    pub paths: Vec<String>,
+    /// Entries deleted (0 in a dry run, or when refused or skipped).
+    pub deleted: u64,
+    /// Entries the receiver could not delete.
+    pub failed: u64,
+    /// The first of those, and why.
+    pub failures: Vec<FileFailure>,
+    /// Why nothing was deleted: the guard (`mirror::Refusal`).
+    pub refused: Option<String>,
+    /// Why nothing was even planned: a file of the send failed, and a
+    /// mirror deletes only after every copy succeeded.
+    pub skipped: Option<String>,
+    /// What ended the mirror early (the receiver refused, the connection
+    /// failed): nothing more was deleted.
+    pub error: Option<String>,
+}
+
+impl MirrorSummary {
+    /// Entries the source does not have (files and directories).
+    pub fn count(&self) -> u64 {
+        self.files + self.dirs
+    }
+
+    /// Whether it did all it was to do.
+    pub fn ok(&self) -> bool {
+        self.failed == 0 && self.refused.is_none() && self.skipped.is_none() && self.error.is_none()
+    }
+
+    /// What it did, in a line (a Transfer's status message).
+    pub fn note(&self) -> String {
+        if let Some(why) = &self.skipped {
+            return format!("no deletes: {why}");
+        }
+        if let Some(why) = &self.refused {
+            return format!("mirror refused: {why}");
+        }
+        let done = format!(
+            "mirror deleted {} of {} entries ({})",
+            self.deleted,
+            self.count(),
+            fmt_bytes(self.bytes)
+        );
+        match (&self.error, self.failures.first()) {
+            (Some(e), _) => format!("{done}, then stopped: {e}"),
+            (None, Some(f)) => format!(
+                "{done}; {} could not be, the first {}: {}",
+                self.failed, f.path, f.message
+            ),
+            (None, None) => done,
+        }
+    }
+
+    /// Its lines of a summary; `dry` for a plan.
+    fn render(&self, dry: bool, s: &mut String) {
+        let what = format!(
+            "{} and {}, {}, that the source does not have, under {:?}",
+            counted(self.files, "file", "files"),
+            counted(self.dirs, "directory", "directories"),
+            fmt_bytes(self.bytes),
+            self.base
+        );
+        if let Some(why) = &self.skipped {
+            s.push_str(&format!("  mirror     no deletes: {why}\n"));
+            return;
+        }
+        match (dry, &self.refused) {
+            (_, Some(why)) => s.push_str(&format!("  mirror     refused: {why}\n")),
+            (true, None) => s.push_str(&format!("  mirror     would delete {what}\n")),
+            (false, None) => s.push_str(&format!(
+                "  mirror     deleted {} of {what}\n",
+                self.deleted
+            )),
+        }
+        let total = self.files + self.dirs;
+        for p in &self.paths {
+            s.push_str(&format!("  delete     {p}\n"));
+        }
+        if total > self.paths.len() as u64 {
+            s.push_str(&format!(
+                "  delete     ... and {} more\n",
+                total - self.paths.len() as u64
+            ));
+        }
+        for f in &self.failures {
+            s.push_str(&format!("  not deleted {}: {}\n", f.path, f.message));
+        }
+        if let Some(e) = &self.error {
+            s.push_str(&format!("  mirror     stopped: {e}\n"));
+        }
+    }
+}
+
+/// `n` and its noun, singular or plural.
+fn counted(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// One manifest entry's outcome.
 #[derive(Debug, Clone, Serialize)]
 pub struct FileOutcome {
@@ -209,6 +318,9 @@ pub struct SendSummary {
     /// Source files the send's filters left out (`--include`,
     /// `--exclude`, `--min-size`, ...).
     pub files_filtered: usize,
+    /// What its mirror deleted, or would (`send --delete`); None without
+    /// one.
+    pub mirror: Option<MirrorSummary>,
     /// Block size in bytes.
     pub block_size: u64,
     /// Requests in flight.
@@ -412,6 +524,9 @@ impl SendSummary {
     /// The lines both summaries end with: what the filters left out,
     /// what was skipped, and warnings.
     fn render_tail(&self, s: &mut String) {
+        if let Some(m) = &self.mirror {
+            m.render(self.dry_run, s);
+        }
         if self.files_filtered > 0 {
             s.push_str(&format!(
                 "  filtered   {} file(s) left out by the filters\n",

@@ -31,6 +31,9 @@ pub mod reason {
     pub const STORAGE_NOT_SHARED: &str = "StorageNotShared";
     /// spec.filters past their bounds, or contradicting themselves.
     pub const INVALID_FILTERS: &str = "InvalidFilters";
+    /// spec.mirror into a pool that does not allow deletes, or over
+    /// several pairs.
+    pub const DELETES_NOT_ALLOWED: &str = "DeletesNotAllowed";
 }
 
 /// The longest Transfer name: it is a label value on its token Secret and grant.
@@ -157,6 +160,7 @@ pub fn validate(t: &Transfer, catalog: Catalog<'_>) -> Result<Resolved, Invalid>
             format!("spec.filters: {e}"),
         ));
     }
+    mirror(t, dst.map(|d| (&receiver_pool, d)), pairs)?;
     // Relays read the source from storage the sender's pool declares
     // shared: each reads what the sender would have.
     let relays = match src.spec.shared_storage {
@@ -215,6 +219,39 @@ fn pairs(t: &Transfer, dst: Option<(&Option<Key>, &DtnPool)>) -> Result<usize, I
             ))
         }
         Some(_) => Ok(n as usize),
+    }
+}
+
+/// Whether `t` may mirror into `dst` (at its key; None: an agent outside
+/// the cluster, whose own `serve --allow-delete` decides) over `pairs`:
+/// refused before anything moves, where its deletes would be.
+fn mirror(
+    t: &Transfer,
+    dst: Option<(&Option<Key>, &DtnPool)>,
+    pairs: usize,
+) -> Result<(), Invalid> {
+    if t.spec.mirror.is_none() {
+        return Ok(());
+    }
+    if pairs > 1 {
+        return Err(invalid(
+            reason::DELETES_NOT_ALLOWED,
+            format!(
+                "spec.mirror is not done over several pairs yet, and spec.pairs is {pairs}: set pairs to 1 (the receivers share one root, so the result is the same)"
+            ),
+        ));
+    }
+    match dst {
+        Some((key, d)) if !d.spec.allow_deletes => {
+            let (ns, name) = key.clone().unwrap_or_default();
+            Err(invalid(
+                reason::DELETES_NOT_ALLOWED,
+                format!(
+                    "spec.mirror deletes at the destination, and DtnPool {ns}/{name} does not allow deletes: its admin may set spec.allowDeletes: true, or remove spec.mirror"
+                ),
+            ))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -454,6 +491,40 @@ pub(crate) mod tests {
                 consents: &BTreeSet::new(),
             },
         )
+    }
+
+    // A mirror into a pool that does not allow deletes, or over several
+    // pairs, is refused before anything moves, saying what to change.
+    #[test]
+    fn a_mirror_needs_a_pool_that_allows_deletes_and_one_pair() {
+        let mut t = transfer("t", "/in/a", "/out/a");
+        t.spec.mirror = Some(wirerate_crds::transfer::Guard::default());
+        let e = check(&t).unwrap_err();
+        assert_eq!(e.reason, reason::DELETES_NOT_ALLOWED);
+        assert!(
+            e.message.contains("data/dst does not allow deletes"),
+            "{}",
+            e.message
+        );
+        let mut allowing = pools();
+        for p in allowing.values_mut() {
+            p.spec.allow_deletes = true;
+            p.spec.shared_storage = true;
+        }
+        let at = |t: &Transfer| {
+            validate(
+                t,
+                Catalog {
+                    pools: &allowing,
+                    consents: &BTreeSet::new(),
+                },
+            )
+        };
+        assert!(at(&t).is_ok());
+        t.spec.pairs = Some(2);
+        let e = at(&t).unwrap_err();
+        assert_eq!(e.reason, reason::DELETES_NOT_ALLOWED);
+        assert!(e.message.contains("several pairs"), "{}", e.message);
     }
 
     // Issue 34's bad input: a pair count out of bounds, and several pairs

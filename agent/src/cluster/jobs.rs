@@ -125,6 +125,8 @@ pub struct Sent {
     /// Source files the Transfer's filters left out (not counted over
     /// several pairs yet).
     pub files_filtered: usize,
+    /// What its mirror did, in a line (`MirrorSummary::note`).
+    pub mirror: Option<String>,
 }
 
 impl From<SendSummary> for Sent {
@@ -138,16 +140,25 @@ impl From<SendSummary> for Sent {
             streams_warm: s.streams_warm,
             streams: s.streams,
             streams_chosen: s.streams_chosen,
+            // A mirror that did not do all it was to do fails the
+            // Transfer, saying why, as a file would.
             failures: s
                 .failures
                 .into_iter()
                 .map(|f| (f.path, f.message))
+                .chain(
+                    s.mirror
+                        .as_ref()
+                        .filter(|m| !m.ok())
+                        .map(|m| (format!("mirror of {}", m.base), m.note())),
+                )
                 .collect(),
             pairs: Vec::new(),
             // Over one pair the receiver reports what it resumed.
             bytes_resumed: 0,
             files_present: s.files_present,
             files_filtered: s.files_filtered,
+            mirror: s.mirror.as_ref().map(|m| m.note()),
         }
     }
 }
@@ -172,6 +183,7 @@ impl From<PairsSummary> for Sent {
             bytes_resumed: s.bytes_resumed,
             files_present: s.files_present,
             files_filtered: 0,
+            mirror: None,
         }
     }
 }
@@ -231,6 +243,9 @@ pub struct SendTerms {
     pub max_rate_mbps: Option<i64>,
     /// Which files of the source are sent.
     pub filters: wirerate_engine::filter::Filters,
+    /// Delete at the destination what the source does not have, within
+    /// this guard, once every file landed.
+    pub mirror: Option<wirerate_engine::mirror::Guard>,
 }
 
 impl SenderJob {
@@ -250,6 +265,7 @@ impl SenderJob {
             sync,
             max_rate_mbps,
             filters,
+            mirror,
         } = terms;
         let Targets {
             endpoints,
@@ -269,6 +285,7 @@ impl SenderJob {
         cfg.compress = tuning.compression();
         cfg.sync = sync;
         cfg.filters = filters;
+        cfg.mirror = mirror;
         cfg.max_rate = max_rate_mbps.map(|m| m as u64 * 1_000_000 / 8);
         // Longer than a Lease: a lost receiver is replaced before the sender gives up.
         cfg.retry_for = Duration::from_secs(90);
@@ -399,14 +416,18 @@ pub struct ReceiverJob {
 }
 
 impl ReceiverJob {
-    /// Binds the first free port in `ports` and serves `root` with `token`.
+    /// Binds the first free port in `ports` and serves `root` with
+    /// `token`; a mirror's deletes only if `allow_delete` (its pool's
+    /// `allowDeletes`).
     pub fn start(
         root: PathBuf,
         token: Vec<u8>,
         tuning: &Tuning,
         ports: std::ops::Range<u16>,
+        allow_delete: bool,
     ) -> Result<Self> {
         let mut cfg = ServeConfig::new(root, token);
+        cfg.allow_delete = allow_delete;
         cfg.observer = Shown::metrics().observe();
         cfg.tune(&tuning.settings()?);
         cfg.encrypt = tuning.encryption();

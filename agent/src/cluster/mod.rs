@@ -634,6 +634,7 @@ fn sender_side(
                 sync: t.spec.sync,
                 max_rate_mbps: t.spec.max_rate_mbps,
                 filters: t.spec.filters.clone().unwrap_or_default(),
+                mirror: t.spec.mirror,
             },
         )?,
         // Over several pairs no one receiver holds the whole.
@@ -702,7 +703,7 @@ fn receiver_side(
     let parent = jobs::under_roots(parent, std::slice::from_ref(root))?;
     let striping = stripe(&parent, s.effective_striping.as_ref());
     let ports = contract::data_ports(cfg.data_port, cfg.max_transfers);
-    let job = ReceiverJob::start(parent, token, tuning, ports)?;
+    let job = ReceiverJob::start(parent, token, tuning, ports, pool.spec.allow_deletes)?;
     Ok(Side::Receiver {
         job,
         dest,
@@ -1130,7 +1131,7 @@ fn sender_verdict(outcome: SenderOutcome) -> (ReportState, String, i64) {
         SenderOutcome::Verified(sum) => (
             ReportState::Succeeded,
             format!(
-                "{} in {:.1} s at {:.2} Gbit/s, digest {}{}{}{}{}{}",
+                "{} in {:.1} s at {:.2} Gbit/s, digest {}{}{}{}{}{}{}",
                 fmt_bytes(sum.bytes_total),
                 sum.seconds,
                 sum.gbps,
@@ -1145,7 +1146,11 @@ fn sender_verdict(outcome: SenderOutcome) -> (ReportState, String, i64) {
                 match sum.files_filtered {
                     0 => String::new(),
                     n => format!("; {n} file(s) left out by the filters"),
-                }
+                },
+                sum.mirror
+                    .as_ref()
+                    .map(|m| format!("; {m}"))
+                    .unwrap_or_default()
             ),
         ),
         SenderOutcome::FilesFailed(sum) => (

@@ -53,8 +53,10 @@ fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
     write_file(&file, 9 * (1 << 20) + 4321, 7);
 
     // A second job must get another port from the range.
-    let first = ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap();
-    let mut rx = ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap();
+    let first =
+        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), false).unwrap();
+    let mut rx =
+        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), false).unwrap();
     assert_ne!(first.port, rx.port);
 
     let endpoint = format!("127.0.0.1:{}", rx.port);
@@ -158,7 +160,8 @@ fn a_transfers_filters_choose_what_its_sender_sends() {
     write_file(&src.join("a.h5"), 5000, 1);
     write_file(&src.join("b.txt"), 5000, 2);
     std::fs::create_dir_all(&dst).unwrap();
-    let mut rx = ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap();
+    let mut rx =
+        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), false).unwrap();
     let endpoint = format!("127.0.0.1:{}", rx.port);
     let tx = SenderJob::start(
         Targets::one(std::slice::from_ref(&endpoint)),
@@ -183,6 +186,51 @@ fn a_transfers_filters_choose_what_its_sender_sends() {
     assert_same(&src.join("a.h5"), &dst.join("run/a.h5"));
     assert!(!dst.join("run/b.txt").exists());
     rx.stop();
+}
+
+// A Transfer's mirror reaches the engine, and its receiving pool's
+// allowDeletes decides: allowed, the stray file goes and the report says
+// so; not allowed, nothing goes and the job fails saying why.
+#[test]
+fn a_transfers_mirror_deletes_only_where_its_pool_allows() {
+    let dir = scratch("cluster-jobs-mirror");
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    write_file(&src.join("a.h5"), 5000, 1);
+    for allow in [false, true] {
+        write_file(&dst.join("run/stray.h5"), 100, 2);
+        let mut rx =
+            ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), allow)
+                .unwrap();
+        let endpoint = format!("127.0.0.1:{}", rx.port);
+        let tx = SenderJob::start(
+            Targets::one(std::slice::from_ref(&endpoint)),
+            TOKEN.to_vec(),
+            src.clone(),
+            "run".into(),
+            &tuning(),
+            SendTerms {
+                mirror: Some(wirerate_engine::mirror::Guard::default()),
+                ..SendTerms::default()
+            },
+        )
+        .unwrap();
+        match (allow, wait_outcome(&tx, Duration::from_secs(60))) {
+            (true, SenderOutcome::Verified(sum)) => {
+                let note = sum.mirror.clone().unwrap_or_default();
+                assert!(note.contains("mirror deleted 1 of 1 entries"), "{sum:?}");
+                assert!(!dst.join("run/stray.h5").exists());
+            }
+            (false, SenderOutcome::FilesFailed(sum)) => {
+                let (what, why) = &sum.failures[0];
+                assert_eq!(what, "mirror of run");
+                assert!(why.contains("allowDeletes"), "{why}");
+                assert!(dst.join("run/stray.h5").exists());
+            }
+            (_, other) => panic!("allow {allow}: {other:?}"),
+        }
+        assert_same(&src.join("a.h5"), &dst.join("run/a.h5"));
+        rx.stop();
+    }
 }
 
 /// What a new session would keep of `name` in `dir` now: all of it once
@@ -212,7 +260,8 @@ fn the_progress_a_receiver_shows_never_runs_ahead_of_what_a_resume_keeps() {
     let file = src.join("scan.raw");
     let size: u64 = 40 * (1 << 20) + 777;
     write_file(&file, size as usize, 11);
-    let rx = ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap();
+    let rx =
+        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), false).unwrap();
     assert_eq!(rx.position(), None, "nothing planned yet");
     // 160 Mbit/s: about 2 s, several checkpoints.
     let tx = SenderJob::start(
@@ -281,7 +330,8 @@ fn a_second_session_of_the_same_transfer_counts_on_from_the_first() {
     let (a, b) = (5 * (1 << 20) + 1, 3 * (1 << 20) + 7);
     write_file(&src.join("a.bin"), a, 1);
     write_file(&src.join("b.bin"), b, 2);
-    let rx = ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap();
+    let rx =
+        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), false).unwrap();
     for name in ["a.bin", "b.bin"] {
         let tx = SenderJob::start(
             Targets::one(&[format!("127.0.0.1:{}", rx.port)]),
@@ -342,7 +392,8 @@ fn the_agents_metrics_endpoint_serves_every_metric_the_dashboard_queries() {
     std::fs::create_dir_all(&dst).unwrap();
     let file = src.join("m.bin");
     write_file(&file, 6 * (1 << 20) + 5, 9);
-    let rx = ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap();
+    let rx =
+        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), false).unwrap();
     let tx = SenderJob::start(
         Targets::one(&[format!("127.0.0.1:{}", rx.port)]),
         TOKEN.to_vec(),
@@ -515,6 +566,7 @@ fn out_of_range_tuning_is_refused_naming_the_field_not_clamped() {
         TOKEN.to_vec(),
         &shallow,
         free_ports(),
+        false,
     )
     .err()
     .expect("refused");
@@ -537,6 +589,7 @@ fn a_receiver_job_with_every_port_taken_says_which_and_why() {
         TOKEN.to_vec(),
         &tuning(),
         port..port + 1,
+        false,
     )
     .err()
     .expect("refused");
@@ -776,7 +829,9 @@ fn three_receivers(
     let file = src.join("volume.tiff");
     write_file(&file, 48 * (1 << 20) + 999, seed);
     let receivers: Vec<ReceiverJob> = (0..3)
-        .map(|_| ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports()).unwrap())
+        .map(|_| {
+            ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), false).unwrap()
+        })
         .collect();
     let endpoints = receivers
         .iter()

@@ -475,6 +475,7 @@ fn a_stream_that_closes_owing_nothing_has_not_failed() {
                 Purpose::Control => ctl = Some(s),
                 Purpose::Join { .. } => data = Some(s),
                 Purpose::Relay => panic!("a sender asked a receiver to relay"),
+                Purpose::Mirror => panic!("this test mirrors nothing"),
             }
         }
         let (mut ctl, mut data) = (ctl.unwrap(), data.unwrap());

@@ -899,6 +899,8 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
             .prop_map(|(file_id, message)| Frame::FileAbort { file_id, message }),
         Just(Frame::Keepalive),
         Just(Frame::Finish),
+        "[a-z/.]{0,12}".prop_map(|base| Frame::MirrorOpen { base }),
+        proptest::collection::vec(0u32..8, 0..4).prop_map(|ids| Frame::Remove { ids }),
         (any::<bool>(), "[a-z ]{0,20}")
             .prop_map(|(retryable, message)| Frame::Error { retryable, message }),
     ]
@@ -919,6 +921,7 @@ enum Opening {
     Anonymous,
     Control,
     Join([u8; 16]),
+    Mirror,
 }
 
 fn arb_opening() -> impl Strategy<Value = Opening> {
@@ -926,6 +929,7 @@ fn arb_opening() -> impl Strategy<Value = Opening> {
         Just(Opening::Anonymous),
         Just(Opening::Control),
         any::<[u8; 16]>().prop_map(Opening::Join),
+        Just(Opening::Mirror),
     ]
 }
 
@@ -950,6 +954,7 @@ proptest! {
         let srv = serve_cfg(&root, |c| {
             c.handshake_timeout = Duration::from_secs(1);
             c.join_wait = Duration::from_millis(300);
+            c.allow_delete = true;
         });
         let mut open = Vec::new();
         for (opening, moves) in conns {
@@ -958,6 +963,7 @@ proptest! {
                 Opening::Anonymous => Ok(Duration::ZERO),
                 Opening::Control => auth::client(&mut c, TOKEN, Purpose::Control, 0, wirerate_engine::encryption::Encryption::None),
                 Opening::Join(session) => auth::client(&mut c, TOKEN, Purpose::Join { session, stream: 0 }, 0, wirerate_engine::encryption::Encryption::None),
+                Opening::Mirror => auth::client(&mut c, TOKEN, Purpose::Mirror, 0, wirerate_engine::encryption::Encryption::None),
             };
             prop_assert!(authed.is_ok(), "{:?}", authed);
             let mut out = Vec::new();

@@ -19,6 +19,7 @@ mod faults;
 mod filters;
 mod hostile;
 mod integrity;
+mod mirror;
 mod netns;
 mod pairs;
 mod processes;

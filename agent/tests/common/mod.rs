@@ -107,12 +107,17 @@ pub fn server_at(root: &Path, addr: SocketAddr) -> ServerHandle {
 }
 
 fn bind_server(root: &Path, mode: IoMode, addr: &str) -> ServerHandle {
+    server_with(root, addr, |c| c.io_mode = mode)
+}
+
+/// A receiver as `server` makes one, at `addr`, changed by `tweak`.
+pub fn server_with(root: &Path, addr: &str, tweak: impl FnOnce(&mut ServeConfig)) -> ServerHandle {
     let mut cfg = ServeConfig::new(root.to_path_buf(), TOKEN.to_vec());
-    cfg.io_mode = mode;
     cfg.buffer = 8 << 20;
     cfg.checkpoint_interval = Duration::from_millis(100);
     // A join for a session nobody opens is refused after this.
     cfg.join_wait = Duration::from_secs(1);
+    tweak(&mut cfg);
     Server::bind(addr, cfg).expect("bind").spawn()
 }
 

@@ -16,6 +16,7 @@ mod dest;
 mod discard;
 mod kept;
 mod lobby;
+pub mod mirror;
 mod pieces;
 mod plan;
 mod registry;
@@ -110,6 +111,9 @@ pub struct ServeConfig {
     /// Whether it takes memory-to-memory tests (`send --synthetic`),
     /// whose blocks are verified and dropped. Refused by default.
     pub discard: DiscardPolicy,
+    /// Whether a sender may delete what its source does not have beneath
+    /// a directory it mirrors (`send --delete`, `mirror`). Off by default.
+    pub allow_delete: bool,
     /// Told of blocks written, files and sessions done, refusals, and each
     /// session's summary.
     pub observer: Observe,
@@ -140,6 +144,7 @@ impl ServeConfig {
             max_memory: None,
             umask: 0o022,
             discard: DiscardPolicy::Refuse,
+            allow_delete: false,
             observer: unobserved(),
             lobby: None,
         }
@@ -577,6 +582,7 @@ fn handle_connection(
         let shared = &at.shared;
         match purpose {
             Purpose::Control => return session::run_control(shared, stream),
+            Purpose::Mirror => return mirror::run(shared, stream),
             Purpose::Join {
                 session,
                 stream: idx,

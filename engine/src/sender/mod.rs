@@ -4,6 +4,7 @@
 mod connect;
 mod generate;
 mod growth;
+mod mirror;
 mod open;
 pub mod pairs;
 mod reader;
@@ -57,6 +58,10 @@ pub struct SendConfig {
     /// Which files of the source to send (`--include`, `--exclude`,
     /// `--min-size`, ...); empty: all of them.
     pub filters: crate::filter::Filters,
+    /// Mirror: once every file has landed, delete beneath the destination
+    /// directory what the source does not have, within this guard
+    /// (`--delete`); None leaves the destination's other files alone.
+    pub mirror: Option<crate::mirror::Guard>,
     /// File or directory to send (unused when `synthetic` is set).
     pub source: PathBuf,
     /// A memory-to-memory test: send this many bytes of generated data,
@@ -126,6 +131,7 @@ impl SendConfig {
             sync: crate::sync::SyncLevel::default(),
             dry_run: false,
             filters: crate::filter::Filters::default(),
+            mirror: None,
             source: source.into(),
             synthetic: None,
             dest: dest.into(),
@@ -200,11 +206,15 @@ impl SendConfig {
     /// The source's listing, through the send's filters: ages are
     /// measured from now.
     pub(crate) fn list(&self) -> Result<SourceList> {
+        source::scan_with(&self.source, &self.dest, &self.select()?)
+    }
+
+    /// The send's filters, compiled, ages measured from now.
+    pub(crate) fn select(&self) -> Result<select::Select> {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
-        let select = select::Select::new(&self.filters, now)?;
-        source::scan_with(&self.source, &self.dest, &select)
+        select::Select::new(&self.filters, now)
     }
 
     /// Refuses settings that cannot work, saying what to change.
@@ -224,6 +234,11 @@ impl SendConfig {
             Some(_) if !self.filters.is_empty() => {
                 return Err(Error::Config(
                     "filters (--include, --exclude, --min-size, ...) choose files of a source, and a memory-to-memory test (--synthetic) has none".into(),
+                ));
+            }
+            Some(_) if self.mirror.is_some() => {
+                return Err(Error::Config(
+                    "--delete mirrors a source directory, and a memory-to-memory test (--synthetic) has none".into(),
                 ));
             }
             Some(_) if self.dry_run => {
@@ -329,6 +344,11 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
         None => cfg.list()?,
     };
     let total: u64 = list.files.iter().map(|f| f.size).sum();
+    // Refused before anything moves, where the source cannot be mirrored.
+    let mirroring = match cfg.mirror {
+        Some(guard) => Some((guard, mirror::Mirroring::of(&list)?)),
+        None => None,
+    };
     cfg.progress.sized(total);
     let count = cfg.pool_count();
     let pool = match &cfg.warm {
@@ -343,7 +363,16 @@ pub fn send(cfg: &SendConfig) -> Result<SendSummary> {
         // Every session's threads are done with it.
         w.keep_pools(pool.clone());
     }
-    Ok(summarize::summarize(cfg, list, &st, &pool, seconds))
+    let mut summary = summarize::summarize(cfg, list, &st, &pool, seconds);
+    if let Some((guard, m)) = mirroring {
+        let done = match summary.ok {
+            true => mirror::mirror(cfg, &m, &guard, cfg.dry_run),
+            false => mirror::skipped(&m, summary.failures.len(), cfg.dry_run),
+        };
+        summary.ok &= done.ok();
+        summary.mirror = Some(done);
+    }
+    Ok(summary)
 }
 
 /// The blocks a send's buffer pool holds: what `buffer` allows, and at

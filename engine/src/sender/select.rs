@@ -104,6 +104,26 @@ impl Select {
         self.include.as_ref().is_none_or(|s| s.is_match(rel))
     }
 
+    /// Whether a mirror leaves the destination's entry at `rel` (a
+    /// directory when `dir`) alone whatever the source holds, because the
+    /// filters' names would not take it or a directory above it: what a
+    /// send does not take, its mirror does not delete (rsync's and
+    /// rclone's rule). Sizes and ages are the source's, so only names
+    /// count here.
+    pub fn leaves_alone(&self, rel: &str, dir: bool) -> bool {
+        let mut at = rel;
+        while let Some((parent, _)) = at.rsplit_once('/') {
+            if !self.takes_dir(parent) {
+                return true;
+            }
+            at = parent;
+        }
+        match dir {
+            true => !self.takes_dir(rel),
+            false => self.exclude.is_match(rel) || !self.included(rel),
+        }
+    }
+
     /// Whether the file at `rel`, of `size` bytes and modified at
     /// `mtime` (seconds since the epoch), is sent.
     pub fn takes_file(&self, rel: &str, size: u64, mtime: i64) -> bool {

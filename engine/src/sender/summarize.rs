@@ -77,6 +77,7 @@ pub(super) fn summarize(
         files_present: outcomes.present,
         bytes_present: outcomes.present_bytes,
         dry_run: cfg.dry_run,
+        mirror: None,
         files_to_send: outcomes.to_send,
         bytes_to_send: outcomes.to_send_bytes,
         dirs: list

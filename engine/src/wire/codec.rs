@@ -3,9 +3,9 @@
 use super::{
     BlockHeader, CHECKED_SINCE, Codec, Codecs, ENCRYPTION_SINCE, Encryption, EntryKind,
     FRAME_CHECK_LEN, FileEntry, Frame, HELLO_PORT_SINCE, MAC_LEN, MAGIC, MAX_ADDR, MAX_BLOCK,
-    MAX_FRAME, MAX_MESSAGE, MAX_PATH, MAX_PIECES, MAX_RELAY_SUMS, NONCE_LEN, PlanOutcome, Purpose,
-    RelayEntry, RelayError, RelayJob, SESSION_ID_LEN, Stripe, StripePiece, StripeRole, VERSION,
-    Verification,
+    MAX_ENTRIES, MAX_FRAME, MAX_MESSAGE, MAX_PATH, MAX_PIECES, MAX_RELAY_SUMS, NONCE_LEN,
+    PlanOutcome, Purpose, RelayEntry, RelayError, RelayJob, SESSION_ID_LEN, Stripe, StripePiece,
+    StripeRole, VERSION, Verification,
 };
 use crate::tuning::SyncLevel;
 
@@ -86,6 +86,8 @@ const T_RELAY_DONE: u8 = 27;
 pub(super) const T_PACKED: u8 = 28;
 const T_PLAN_RUN: u8 = 29;
 const T_PACKED_BLOCK: u8 = 30;
+const T_MIRROR_OPEN: u8 = 31;
+const T_REMOVE: u8 = 32;
 
 /// Appends the encoding of `frame` (length prefix and checksum included)
 /// to `out`.
@@ -178,6 +180,7 @@ fn encode_fields(frame: &Frame, out: &mut Vec<u8>) {
                     w.u16(*stream);
                 }
                 Purpose::Relay => w.u8(2),
+                Purpose::Mirror => w.u8(3),
             }
         }
         Frame::ServerProof { mac } => {
@@ -212,6 +215,17 @@ fn encode_fields(frame: &Frame, out: &mut Vec<u8>) {
             }
         }
         Frame::FilesEnd => w.u8(T_FILES_END),
+        Frame::MirrorOpen { base } => {
+            w.u8(T_MIRROR_OPEN);
+            w.str(base);
+        }
+        Frame::Remove { ids } => {
+            w.u8(T_REMOVE);
+            w.u32(ids.len() as u32);
+            for id in ids {
+                w.u32(*id);
+            }
+        }
         Frame::Stripe(stripe) => {
             w.u8(T_STRIPE);
             w.u64(stripe.group);
@@ -514,6 +528,8 @@ fn type_name(ty: u8) -> &'static str {
         T_OPEN => "open",
         T_FILES => "file list",
         T_FILES_END => "file list end",
+        T_MIRROR_OPEN => "mirror open",
+        T_REMOVE => "removals",
         T_PLAN => "plan",
         T_PLAN_END => "plan end",
         T_PLAN_RUN => "plan run",
@@ -611,6 +627,7 @@ fn decode_fields(body: &[u8]) -> Result<Frame, DecodeError> {
                     stream: r.u16()?,
                 },
                 2 => Purpose::Relay,
+                3 => Purpose::Mirror,
                 _ => return Err(DecodeError::Invalid("connection purpose")),
             };
             Frame::Auth { mac, purpose }
@@ -652,6 +669,20 @@ fn decode_fields(body: &[u8]) -> Result<Frame, DecodeError> {
             Frame::Files { entries }
         }
         T_FILES_END => Frame::FilesEnd,
+        T_MIRROR_OPEN => Frame::MirrorOpen {
+            base: r.str(MAX_PATH)?,
+        },
+        T_REMOVE => {
+            let count = r.u32()? as usize;
+            if count > MAX_ENTRIES {
+                return Err(DecodeError::Invalid("removal count"));
+            }
+            let mut ids = Vec::with_capacity(count.min(r.0.len() / 4));
+            for _ in 0..count {
+                ids.push(r.u32()?);
+            }
+            Frame::Remove { ids }
+        }
         T_STRIPE => {
             let group = r.u64()?;
             let role = match r.u8()? {
@@ -1092,6 +1123,7 @@ pub(crate) mod tests {
                     purpose: match p {
                         None => Purpose::Control,
                         Some((session, 0)) if session[0] == 0 => Purpose::Relay,
+                        Some((session, 1)) if session[0] == 0 => Purpose::Mirror,
                         Some((session, stream)) => Purpose::Join { session, stream },
                     },
                 }
@@ -1126,6 +1158,8 @@ pub(crate) mod tests {
             proptest::collection::vec(arb_entry(), 0..20)
                 .prop_map(|entries| Frame::Files { entries }),
             Just(Frame::FilesEnd),
+            arb_str(300).prop_map(|base| Frame::MirrorOpen { base }),
+            proptest::collection::vec(any::<u32>(), 0..50).prop_map(|ids| Frame::Remove { ids }),
             (
                 any::<u64>(),
                 0u8..4,

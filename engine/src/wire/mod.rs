@@ -63,8 +63,9 @@ pub const MAGIC: [u8; 4] = *b"WRRT";
 /// so a damaged one is refused at once, never read as another length;
 /// 16: `Open.sync`, `FileEntry.mtime` and `PlanOutcome::Present`; 17:
 /// `Open.dry_run`, a session that plans and writes nothing; 18:
-/// `FileEntry.digest`, for `SyncLevel::Checksum`).
-pub const VERSION: u16 = 18;
+/// `FileEntry.digest`, for `SyncLevel::Checksum`; 19: `Purpose::Mirror`,
+/// `MirrorOpen` and `Remove`, a mirror's deletes).
+pub const VERSION: u16 = 19;
 /// The first version whose `Hello` carries an encryption offer and whose
 /// `Challenge` says whether TLS follows.
 pub const ENCRYPTION_SINCE: u16 = 13;
@@ -144,6 +145,9 @@ pub enum Purpose {
     /// pairs has this host run one session, from its own view of the
     /// shared source.
     Relay,
+    /// A mirror's deletes (`mirror`): the receiver lists a destination
+    /// directory, and removes what the sender names of that listing.
+    Mirror,
 }
 
 pub use crate::compress::{Codec, Codecs};
@@ -403,8 +407,24 @@ pub enum Frame {
         /// The entries.
         entries: Vec<FileEntry>,
     },
-    /// End of the manifest.
+    /// End of the manifest (or of a mirror's listing).
     FilesEnd,
+    /// On a `Purpose::Mirror` connection, the sender's first frame: list
+    /// the directory `base` beneath the root. The receiver answers with
+    /// its entries (`Files`, ids counting from 0, paths relative to
+    /// `base`) and `FilesEnd`; the sender then names the ones to remove
+    /// (`Remove`) and ends with `Finish`, and the receiver answers each
+    /// removal that failed (`FileResult`) and ends with `Finish`.
+    MirrorOpen {
+        /// The directory, relative to the root ("" for the root).
+        base: String,
+    },
+    /// On a mirror connection: remove these entries of the listing, in
+    /// this order.
+    Remove {
+        /// Ids the listing gave them.
+        ids: Vec<u32>,
+    },
     /// The receiver's plan for one entry.
     Plan {
         /// Which entry.

@@ -407,6 +407,11 @@ fn send_pairs(
 ) -> Result<PairsSummary> {
     cfg.validate()?;
     check_receivers(cfg, to, 1)?;
+    if cfg.mirror.is_some() {
+        return Err(Error::Config(
+            "--delete is not done over several pairs yet: mirror with one receiver (they share one root, so the result is the same)".into(),
+        ));
+    }
     if cfg.dry_run {
         return Err(Error::Config(
             "--dry-run is not planned over several pairs yet: plan with one receiver (the plan is the same)".into(),
