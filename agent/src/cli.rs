@@ -304,7 +304,7 @@ pub struct SendArgs {
 }
 
 /// Mirroring: deleting at the destination what the source does not have.
-#[derive(Args, Clone, Default)]
+#[derive(Args, Clone)]
 pub struct MirrorArgs {
     /// Mirror: once every file has landed (and only then; nothing is
     /// deleted after any error), delete beneath the destination directory

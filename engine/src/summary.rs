@@ -173,12 +173,16 @@ impl MirrorSummary {
             )),
         }
         let total = self.files + self.dirs;
+        let label = match dry || self.refused.is_some() {
+            true => "would delete",
+            false => "delete",
+        };
         for p in &self.paths {
-            s.push_str(&format!("  delete     {p}\n"));
+            s.push_str(&format!("  {label:<10} {p}\n"));
         }
         if total > self.paths.len() as u64 {
             s.push_str(&format!(
-                "  delete     ... and {} more\n",
+                "  {label:<10} ... and {} more\n",
                 total - self.paths.len() as u64
             ));
         }

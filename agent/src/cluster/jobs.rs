@@ -417,17 +417,19 @@ pub struct ReceiverJob {
 
 impl ReceiverJob {
     /// Binds the first free port in `ports` and serves `root` with
-    /// `token`; a mirror's deletes only if `allow_delete` (its pool's
-    /// `allowDeletes`).
+    /// `token`; a mirror's deletes beneath `mirror` alone (the
+    /// Transfer's destination, where it mirrors and its pool allows
+    /// deletes), none if None.
     pub fn start(
         root: PathBuf,
         token: Vec<u8>,
         tuning: &Tuning,
         ports: std::ops::Range<u16>,
-        allow_delete: bool,
+        mirror: Option<String>,
     ) -> Result<Self> {
         let mut cfg = ServeConfig::new(root, token);
-        cfg.allow_delete = allow_delete;
+        cfg.allow_delete = mirror.is_some();
+        cfg.mirror_base = mirror;
         cfg.observer = Shown::metrics().observe();
         cfg.tune(&tuning.settings()?);
         cfg.encrypt = tuning.encryption();
@@ -438,6 +440,11 @@ impl ReceiverJob {
             port,
             handle: Some(server.spawn()),
         })
+    }
+
+    /// Mirror connections served to their end.
+    pub fn mirrors_done(&self) -> u64 {
+        self.handle.as_ref().map_or(0, ServerHandle::mirrors_done)
     }
 
     /// Sessions that ended so far.

@@ -110,6 +110,10 @@ enum Side {
         /// reports the verdict and progress), and the job ends with the
         /// Transfer. It reports once, where it listens.
         multi: bool,
+        /// The Transfer mirrors: its verdict waits for the mirror's
+        /// deletes (`MIRROR_GRACE` at most), when the job was first
+        /// seen to have one.
+        mirror: Option<Option<Duration>>,
     },
     /// Reads and sends pairs' data for the sender, until the Transfer no
     /// longer names it. It reports once, where it listens.
@@ -703,7 +707,12 @@ fn receiver_side(
     let parent = jobs::under_roots(parent, std::slice::from_ref(root))?;
     let striping = stripe(&parent, s.effective_striping.as_ref());
     let ports = contract::data_ports(cfg.data_port, cfg.max_transfers);
-    let job = ReceiverJob::start(parent, token, tuning, ports, pool.spec.allow_deletes)?;
+    // Deletes beneath the destination alone, and only for a Transfer
+    // that mirrors into a pool that allows them.
+    let deletes = (t.spec.mirror.is_some() && pool.spec.allow_deletes)
+        .then(|| dest.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .flatten();
+    let job = ReceiverJob::start(parent, token, tuning, ports, deletes)?;
     Ok(Side::Receiver {
         job,
         dest,
@@ -711,6 +720,7 @@ fn receiver_side(
         reported: false,
         shown_kept: 0,
         multi: t.multi_pair(),
+        mirror: t.spec.mirror.is_some().then_some(None),
     })
 }
 
@@ -1212,6 +1222,24 @@ fn receiver_verdict(
     }
 }
 
+/// How long a receiver job whose files landed waits for its sender's
+/// mirror (`spec.mirror`) before it ends anyway: the sender connects
+/// for it right after its last session.
+const MIRROR_GRACE: Duration = Duration::from_secs(60);
+
+/// Whether a receiver job whose files landed still waits for its
+/// sender's mirror (`mirror`: None when the Transfer has none, else when
+/// the wait began), `done` mirrors served so far: a mirror's deletes come
+/// after the last session, and the job serves them before it ends, or
+/// ends anyway after `MIRROR_GRACE`.
+fn awaits_mirror(mirror: &mut Option<Option<Duration>>, done: u64, now: Duration) -> bool {
+    let Some(since) = mirror.as_mut() else {
+        return false;
+    };
+    let first = *since.get_or_insert(now);
+    done == 0 && now.saturating_sub(first) < MIRROR_GRACE
+}
+
 /// Looks at a running receiver job; reports what changed. Some(()) when it is over.
 fn observe_receiver(
     reports: &api::Reports,
@@ -1227,6 +1255,7 @@ fn observe_receiver(
         dest,
         shown_kept,
         multi,
+        mirror,
     } = &mut job.side
     else {
         return None;
@@ -1250,7 +1279,12 @@ fn observe_receiver(
     let sums = rj.summaries();
     let at = rj.position().unwrap_or_default();
     let (total, kept) = shown(at, job.carried);
-    let verdict = receiver_verdict(&sums, at, dest);
+    let mut verdict = receiver_verdict(&sums, at, dest);
+    if let Some((ReportState::Succeeded, ..)) = verdict
+        && awaits_mirror(mirror, rj.mirrors_done(), now)
+    {
+        verdict = None;
+    }
     // The verdict, once there is one, ends the job; until then
     // the running progress, at the cadence.
     let update = if let Some((state, msg, rate)) = verdict {
@@ -1549,7 +1583,8 @@ fn lease_info(
 
 #[cfg(test)]
 mod tests {
-    use super::{Position, ReportState, receiver_verdict, shown};
+    use super::{MIRROR_GRACE, Position, ReportState, awaits_mirror, receiver_verdict, shown};
+    use std::time::Duration;
     use wirerate_engine::summary::ReceiverSummary;
 
     fn at(total: u64, done: u64) -> Position {
@@ -1598,6 +1633,20 @@ mod tests {
 
     // A dry run against a running job's receiver (anyone with its token
     // may plan) once ended the job as succeeded, having written nothing.
+    // A receiver job whose Transfer mirrors does not end on its files'
+    // verdict: the sender's mirror connects after its last session, and
+    // found the job gone (a stopped receiver refuses it).
+    #[test]
+    fn a_receiver_job_waits_for_its_mirror_within_the_grace() {
+        let s = Duration::from_secs;
+        assert!(!awaits_mirror(&mut None, 0, s(5)), "no mirror: no wait");
+        let mut m = Some(None);
+        assert!(awaits_mirror(&mut m, 0, s(5)));
+        assert!(awaits_mirror(&mut m, 0, s(5) + MIRROR_GRACE - s(1)));
+        assert!(!awaits_mirror(&mut m, 1, s(6)), "served");
+        assert!(!awaits_mirror(&mut m, 0, s(5) + MIRROR_GRACE), "given up");
+    }
+
     #[test]
     fn a_dry_runs_session_is_no_verdict_of_the_job() {
         let dest = std::path::Path::new("/data/in");

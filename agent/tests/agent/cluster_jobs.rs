@@ -54,9 +54,9 @@ fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
 
     // A second job must get another port from the range.
     let first =
-        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), false).unwrap();
+        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), None).unwrap();
     let mut rx =
-        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), false).unwrap();
+        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), None).unwrap();
     assert_ne!(first.port, rx.port);
 
     let endpoint = format!("127.0.0.1:{}", rx.port);
@@ -161,7 +161,7 @@ fn a_transfers_filters_choose_what_its_sender_sends() {
     write_file(&src.join("b.txt"), 5000, 2);
     std::fs::create_dir_all(&dst).unwrap();
     let mut rx =
-        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), false).unwrap();
+        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), None).unwrap();
     let endpoint = format!("127.0.0.1:{}", rx.port);
     let tx = SenderJob::start(
         Targets::one(std::slice::from_ref(&endpoint)),
@@ -198,8 +198,9 @@ fn a_transfers_mirror_deletes_only_where_its_pool_allows() {
     write_file(&src.join("a.h5"), 5000, 1);
     for allow in [false, true] {
         write_file(&dst.join("run/stray.h5"), 100, 2);
+        let mirror = allow.then(|| "run".to_string());
         let mut rx =
-            ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), allow)
+            ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), mirror)
                 .unwrap();
         let endpoint = format!("127.0.0.1:{}", rx.port);
         let tx = SenderJob::start(
@@ -261,7 +262,7 @@ fn the_progress_a_receiver_shows_never_runs_ahead_of_what_a_resume_keeps() {
     let size: u64 = 40 * (1 << 20) + 777;
     write_file(&file, size as usize, 11);
     let rx =
-        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), false).unwrap();
+        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), None).unwrap();
     assert_eq!(rx.position(), None, "nothing planned yet");
     // 160 Mbit/s: about 2 s, several checkpoints.
     let tx = SenderJob::start(
@@ -331,7 +332,7 @@ fn a_second_session_of_the_same_transfer_counts_on_from_the_first() {
     write_file(&src.join("a.bin"), a, 1);
     write_file(&src.join("b.bin"), b, 2);
     let rx =
-        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), false).unwrap();
+        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), None).unwrap();
     for name in ["a.bin", "b.bin"] {
         let tx = SenderJob::start(
             Targets::one(&[format!("127.0.0.1:{}", rx.port)]),
@@ -393,7 +394,7 @@ fn the_agents_metrics_endpoint_serves_every_metric_the_dashboard_queries() {
     let file = src.join("m.bin");
     write_file(&file, 6 * (1 << 20) + 5, 9);
     let rx =
-        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), false).unwrap();
+        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), None).unwrap();
     let tx = SenderJob::start(
         Targets::one(&[format!("127.0.0.1:{}", rx.port)]),
         TOKEN.to_vec(),
@@ -566,7 +567,7 @@ fn out_of_range_tuning_is_refused_naming_the_field_not_clamped() {
         TOKEN.to_vec(),
         &shallow,
         free_ports(),
-        false,
+        None,
     )
     .err()
     .expect("refused");
@@ -589,7 +590,7 @@ fn a_receiver_job_with_every_port_taken_says_which_and_why() {
         TOKEN.to_vec(),
         &tuning(),
         port..port + 1,
-        false,
+        None,
     )
     .err()
     .expect("refused");
@@ -830,7 +831,7 @@ fn three_receivers(
     write_file(&file, 48 * (1 << 20) + 999, seed);
     let receivers: Vec<ReceiverJob> = (0..3)
         .map(|_| {
-            ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), false).unwrap()
+            ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), None).unwrap()
         })
         .collect();
     let endpoints = receivers

@@ -69,6 +69,9 @@ fn scene(name: &str) -> Scene {
     write_file(&root.join("out/stray.txt"), 40, 6);
     write_file(&root.join("out/sub/notes.tmp"), 30, 7);
     write_file(&root.join("other/f"), 20, 8);
+    // Differs from a source name in case alone: kept (a destination that
+    // folds case would list the landed file so).
+    write_file(&root.join("out/KEEP.txt"), 10, 11);
     cfg.filters.exclude = vec!["*.tmp".into()];
     Scene {
         _dir: dir,
@@ -104,7 +107,7 @@ fn a_mirror_deletes_what_the_source_no_longer_has_and_nothing_else() {
         text.contains("would delete 4 files and 2 directories"),
         "{text}"
     );
-    assert!(text.contains("delete     logs/deep/y.log"), "{text}");
+    assert!(text.contains("would delete logs/deep/y.log"), "{text}");
 
     let run = mirrored(&s.cfg, Guard::default());
     assert!(run.ok, "{}", run.render());
@@ -116,6 +119,7 @@ fn a_mirror_deletes_what_the_source_no_longer_has_and_nothing_else() {
             "other",
             "other/f",
             "out",
+            "out/KEEP.txt",
             "out/keep.txt",
             "out/sub",
             "out/sub/b.bin",
@@ -255,21 +259,25 @@ fn a_mirror_peer_cannot_remove_what_was_not_listed() {
             _ => 0,
         })
         .sum();
-    assert_eq!(count, 10, "{listed:?}");
+    assert_eq!(count, 11, "{listed:?}");
     assert_eq!(tree(&s.root), before, "a listing alone removes nothing");
     // An id past the listing: the connection ends, nothing removed.
-    let got = talk("out", &[Frame::Remove { ids: vec![10] }]);
+    let got = talk("out", &[Frame::Remove { ids: vec![11] }]);
     assert!(!got.contains(&Frame::Finish), "{got:?}");
     assert_eq!(tree(&s.root), before);
     // The same id twice: the first goes, then the connection ends.
     talk("out", &[Frame::Remove { ids: vec![0, 0] }]);
     assert_eq!(tree(&s.root).len(), before.len() - 1);
-    // A base out of the root is refused before any listing.
-    let got = talk("../etc", &[]);
-    assert!(
-        got.iter().all(|f| !matches!(f, Frame::Files { .. })),
-        "{got:?}"
-    );
+    // A base out of the root, or the root itself, is refused before
+    // any listing, saying why.
+    for base in ["../etc", ""] {
+        let got = talk(base, &[]);
+        assert!(
+            matches!(&got[..], [Frame::Error { message, .. }] if message.contains("refused")),
+            "{base:?}: {got:?}"
+        );
+    }
+    assert_eq!(tree(&s.root).len(), before.len() - 1);
 }
 
 // The command line: --delete with a dry run prints the plan and deletes
@@ -319,6 +327,10 @@ fn send_delete_on_the_command_line() {
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("refused"), "{text}");
     assert_eq!(tree(&s.root), before);
+    // A trailing / would leave what is mirrored to guesswork.
+    let out = send_bin(&to, &flags, &token, &s.cfg.source, "out/");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("without a trailing /"));
     // --max-delete means nothing without --delete.
     let out = send_bin(&to, &["--max-delete", "3"], &token, &s.cfg.source, "out");
     assert!(!out.status.success());

@@ -45,15 +45,32 @@ struct Entry {
     ino: u64,
 }
 
-/// Serves a mirror connection: the listing, then the removals.
+/// Serves a mirror connection: the listing, then the removals. What
+/// ends it early is said to the sender (`Error`) before it closes.
 pub(crate) fn run(shared: &Arc<Shared>, mut stream: Conn) -> Result<()> {
+    let served = serve(shared, &mut stream);
+    match &served {
+        Ok(()) => {
+            shared
+                .mirrors
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Err(e) => {
+            let _ = write_frame(
+                &mut stream,
+                &Frame::Error {
+                    retryable: false,
+                    message: e.to_string(),
+                },
+            );
+        }
+    }
+    served
+}
+
+fn serve(shared: &Arc<Shared>, stream: &mut Conn) -> Result<()> {
     if !shared.cfg.allow_delete {
-        let refusal = Frame::Error {
-            retryable: false,
-            message: NO_DELETES.into(),
-        };
-        let _ = write_frame(&mut stream, &refusal);
-        return Ok(());
+        return Err(Error::Config(NO_DELETES.into()));
     }
     let idle = Some(shared.cfg.idle_timeout);
     stream
@@ -61,7 +78,7 @@ pub(crate) fn run(shared: &Arc<Shared>, mut stream: Conn) -> Result<()> {
         .and_then(|()| stream.set_write_timeout(idle))
         .map_err(|e| Error::net("setting the mirror connection's timeouts", e))?;
     let mut reader = FrameReader::default();
-    let base = match reader.read(&mut stream)? {
+    let base = match reader.read(stream)? {
         Frame::MirrorOpen { base } => base,
         other => {
             return Err(
@@ -69,20 +86,38 @@ pub(crate) fn run(shared: &Arc<Shared>, mut stream: Conn) -> Result<()> {
             );
         }
     };
-    if !base.is_empty() {
-        fsroot::validate(&base)?;
-    }
+    check_base(&base, shared.cfg.mirror_base.as_deref())?;
     let mut beat = Beat::new();
     let Some(dir) = shared.root.existing_dir(&base)? else {
         // Nothing there: nothing to list, nothing to remove.
-        write_frame(&mut stream, &Frame::FilesEnd)?;
-        return finish(&mut reader, &mut stream, &[], None, &mut beat);
+        write_frame(stream, &Frame::FilesEnd)?;
+        return finish(&mut reader, stream, &[], None, &mut beat);
     };
-    let entries = list(&dir, &mut || beat.tick(&mut stream))?;
-    send_listing(&mut stream, &entries)?;
-    finish(&mut reader, &mut stream, &entries, Some(&dir), &mut beat)?;
+    let entries = list(&dir, &mut || beat.tick(stream))?;
+    send_listing(stream, &entries)?;
+    finish(&mut reader, stream, &entries, Some(&dir), &mut beat)?;
     tracing::info!(base, listed = entries.len(), "mirror served");
     Ok(())
+}
+
+/// Refuses a mirror of the root itself (it would reach every transfer's
+/// files), of a path a destination could not have, or of any directory
+/// but `only` where the receiver serves one transfer.
+fn check_base(base: &str, only: Option<&str>) -> Result<()> {
+    if base.is_empty() {
+        return Err(Error::PathRefused {
+            path: base.into(),
+            reason: "a mirror names a directory beneath the root, never the root itself".into(),
+        });
+    }
+    fsroot::validate(base)?;
+    match only {
+        Some(only) if only != base => Err(Error::PathRefused {
+            path: base.into(),
+            reason: format!("this receiver mirrors {only:?} alone, its transfer's destination"),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Keepalives while the receiver works, so that the sender can tell a
@@ -139,8 +174,10 @@ fn send_listing(stream: &mut Conn, entries: &[Entry]) -> Result<()> {
         .map_err(|e| Error::net("sending the mirror's listing", e))
 }
 
-/// Reads the sender's removals until its `Finish`, removes each, answers
-/// each that failed, and ends with `Finish`.
+/// Reads the sender's removals until its `Finish`, removes each, then
+/// answers each that failed (`FileResult`) and ends with `Finish`. The
+/// answers wait for the sender's `Finish`: written while it still sends
+/// removals, they could fill both directions at once.
 fn finish(
     reader: &mut FrameReader,
     stream: &mut Conn,
@@ -149,7 +186,7 @@ fn finish(
     beat: &mut Beat,
 ) -> Result<()> {
     let mut done: HashSet<u32> = HashSet::new();
-    let (mut removed, mut failed) = (0u64, 0u64);
+    let mut failed: Vec<(u32, String)> = Vec::new();
     loop {
         match reader.read(stream)? {
             Frame::Keepalive => {}
@@ -170,22 +207,9 @@ fn finish(
                         )
                         .into());
                     }
-                    match remove(dir, e) {
-                        Ok(()) => removed += 1,
-                        Err(message) => {
-                            failed += 1;
-                            tracing::warn!(path = e.listed.path, "mirror: {message}");
-                            write_frame(
-                                stream,
-                                &Frame::FileResult {
-                                    file_id: id,
-                                    ok: false,
-                                    digest: 0,
-                                    identity: 0,
-                                    message,
-                                },
-                            )?;
-                        }
+                    if let Err(message) = remove(dir, e) {
+                        tracing::warn!(path = e.listed.path, "mirror: {message}");
+                        failed.push((id, message));
                     }
                     beat.tick(stream)?;
                 }
@@ -199,8 +223,24 @@ fn finish(
             }
         }
     }
-    if removed + failed > 0 {
-        tracing::info!(removed, failed, "mirror: removals done");
+    if !done.is_empty() {
+        tracing::info!(
+            removed = done.len() - failed.len(),
+            failed = failed.len(),
+            "mirror: removals done"
+        );
+    }
+    for (file_id, message) in failed {
+        write_frame(
+            stream,
+            &Frame::FileResult {
+                file_id,
+                ok: false,
+                digest: 0,
+                identity: 0,
+                message,
+            },
+        )?;
     }
     write_frame(stream, &Frame::Finish)
 }
@@ -210,18 +250,21 @@ const BENEATH: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_MAGICLINKS);
 
 /// Every entry beneath `dir`, at any depth, following no symlink, with
-/// `tick` called between directories. Left out, so never removed: the
-/// receiver's own temporary files, names that are not UTF-8 or too long
-/// for the wire, what cannot be read, and every directory above any of
-/// those (it could not be emptied). More entries than a manifest may
-/// carry is refused.
+/// `tick` called at each. Left out, so never removed: the receiver's own
+/// temporary files, names no destination could have (not UTF-8, too
+/// long, refused by `fsroot::validate`), what cannot be read, what lies
+/// on another file system (a mount beneath the directory), and every
+/// directory above any of those (it could not be emptied). More entries
+/// than a manifest may carry is refused.
 fn list(dir: &OwnedFd, tick: &mut dyn FnMut() -> Result<()>) -> Result<Vec<Entry>> {
+    let dev = rustix::fs::fstat(dir)
+        .map_err(|e| Error::io("reading the mirrored directory", e.into()))?
+        .st_dev;
     let mut entries: Vec<Entry> = Vec::new();
     let mut bytes = 0usize;
     let mut holding: HashSet<String> = HashSet::new();
     let mut stack = vec![String::new()];
     while let Some(at) = stack.pop() {
-        tick()?;
         let Ok((fd, names)) = read_dir(dir, &at) else {
             hold(&mut holding, &at);
             continue;
@@ -235,13 +278,20 @@ fn list(dir: &OwnedFd, tick: &mut dyn FnMut() -> Result<()>) -> Result<Vec<Entry
                 true => name.clone(),
                 false => format!("{at}/{name}"),
             };
-            if fsroot::is_temporary(&name) || path.len() > MAX_PATH {
+            tick()?;
+            if fsroot::is_temporary(&name)
+                || path.len() > MAX_PATH
+                || fsroot::validate(&path).is_err()
+            {
                 hold(&mut holding, &at);
                 continue;
             }
-            let Ok(st) = rustix::fs::statat(&fd, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) else {
-                hold(&mut holding, &at);
-                continue;
+            let st = match rustix::fs::statat(&fd, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) if st.st_dev == dev => st,
+                _ => {
+                    hold(&mut holding, &at);
+                    continue;
+                }
             };
             let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
             let (kind, size) = match kind {
@@ -368,6 +418,9 @@ mod tests {
         std::fs::write(d.join("a/b/.x.wirerate-part"), b"in flight").unwrap();
         std::fs::write(d.join("a/f"), b"12345").unwrap();
         std::fs::write(d.join("c/g"), b"").unwrap();
+        // A name no destination could have: its directory is held too.
+        std::fs::create_dir_all(d.join("e")).unwrap();
+        std::fs::write(d.join("e/x.wirerate-stripe"), b"").unwrap();
         std::os::unix::fs::symlink("/etc", d.join("c/link")).unwrap();
         use EntryKind::{Dir, File};
         assert_eq!(
@@ -379,6 +432,19 @@ mod tests {
                 ("c/link".into(), File, 0),
             ]
         );
+    }
+
+    #[test]
+    fn the_root_and_any_directory_but_the_pinned_one_are_refused() {
+        assert!(check_base("", None).is_err());
+        assert!(check_base("../x", None).is_err());
+        assert!(check_base("a/.b.wirerate-part", None).is_err());
+        assert!(check_base("runs/42", None).is_ok());
+        assert!(check_base("runs/42", Some("runs/42")).is_ok());
+        let e = check_base("other", Some("runs/42"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("mirrors \"runs/42\" alone"), "{e}");
     }
 
     #[test]

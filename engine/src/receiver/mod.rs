@@ -31,7 +31,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -114,6 +114,10 @@ pub struct ServeConfig {
     /// Whether a sender may delete what its source does not have beneath
     /// a directory it mirrors (`send --delete`, `mirror`). Off by default.
     pub allow_delete: bool,
+    /// The one directory a mirror may name, where the receiver serves one
+    /// transfer (the in-cluster agent: its destination); None: any
+    /// directory beneath the root but the root itself.
+    pub mirror_base: Option<String>,
     /// Told of blocks written, files and sessions done, refusals, and each
     /// session's summary.
     pub observer: Observe,
@@ -145,6 +149,7 @@ impl ServeConfig {
             umask: 0o022,
             discard: DiscardPolicy::Refuse,
             allow_delete: false,
+            mirror_base: None,
             observer: unobserved(),
             lobby: None,
         }
@@ -235,6 +240,8 @@ pub(crate) struct Shared {
     /// reconnects lists only the files still open, so one session's
     /// figures alone would make the progress drop.
     job: JobCounters,
+    /// Mirror connections served to their end (`mirror`).
+    mirrors: AtomicU64,
     /// Refused connections and failed accepts are logged at most every
     /// 10 s, with how many (a flood must not flood the log too).
     refusals: Mutex<Throttle>,
@@ -250,12 +257,12 @@ pub(crate) struct Shared {
 #[derive(Debug, Default)]
 pub(crate) struct JobCounters {
     /// Bytes of files published.
-    pub(crate) published: std::sync::atomic::AtomicU64,
+    pub(crate) published: AtomicU64,
     /// Bytes written, durable or not.
-    pub(crate) written: std::sync::atomic::AtomicU64,
+    pub(crate) written: AtomicU64,
     /// Bytes of files found already here at a session's sync level: a
     /// retried session does not offer them again, so they are kept here.
-    pub(crate) present: std::sync::atomic::AtomicU64,
+    pub(crate) present: AtomicU64,
     /// When the first session was planned.
     pub(crate) first_plan: std::sync::OnceLock<Instant>,
 }
@@ -299,6 +306,7 @@ impl Server {
             summaries: Mutex::default(),
             latest: Mutex::default(),
             job: JobCounters::default(),
+            mirrors: AtomicU64::new(0),
             refusals: Mutex::new(Throttle::new(LOG_EVERY)),
             accept_failures: Mutex::new(Throttle::new(LOG_EVERY)),
             failed_handshakes: Mutex::new(HashMap::new()),
@@ -385,6 +393,13 @@ impl ServerHandle {
     /// Connections open now, authenticated or not.
     pub fn connections(&self) -> usize {
         self.shared.admission.connections()
+    }
+
+    /// Mirror connections served to their end (their deletes done, or
+    /// none asked): a receiver that serves one transfer with a mirror is
+    /// done only after it.
+    pub fn mirrors_done(&self) -> u64 {
+        self.shared.mirrors.load(Ordering::Relaxed)
     }
 
     /// Stops accepting and waits for the accept thread.

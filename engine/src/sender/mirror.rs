@@ -8,6 +8,7 @@ use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
@@ -17,11 +18,12 @@ use super::connect::connect;
 use super::select::Select;
 use super::source::SourceList;
 use crate::error::{Error, Result};
-use crate::mirror::{Deletes, Guard, Listed, check, plan};
+use crate::mirror::{Guard, Listed, check, plan};
 use crate::summary::{FileFailure, MirrorSummary, PLAN_SHOWN};
 use crate::violation::{Violation, ViolationKind};
 use crate::wire::{
-    EntryKind, FileEntry, Frame, FrameReader, IDLE_TIMEOUT, MAX_ENTRIES, Purpose, write_frame,
+    EntryKind, FileEntry, Frame, FrameReader, IDLE_TIMEOUT, KEEPALIVE_INTERVAL, MAX_ENTRIES,
+    MAX_MANIFEST_BYTES, Purpose, write_frame,
 };
 
 /// Most ids one `Remove` frame carries (256 KiB of them).
@@ -32,7 +34,9 @@ const REMOVE_CHUNK: usize = 1 << 16;
 pub(crate) struct Mirroring {
     /// The destination directory, relative to the receiver's root.
     base: String,
-    /// What the send sends, relative to `base`.
+    /// What the send sends, relative to `base`, in lower case: a
+    /// destination that folds case (or a name that differs from a sent
+    /// one in case alone) is kept, never taken for an extra.
     sent: HashSet<String>,
     /// Files the source holds (after the filters).
     files: usize,
@@ -60,13 +64,16 @@ impl Mirroring {
             sent: list
                 .files
                 .iter()
-                .filter_map(|f| f.dest.strip_prefix(&prefix).map(str::to_owned))
+                .filter_map(|f| f.dest.strip_prefix(&prefix).map(str::to_lowercase))
                 .collect(),
+            // What the filters left out is still the source's: a fresh
+            // run directory that --min-age empties is no emptied source.
             files: list
                 .files
                 .iter()
                 .filter(|f| f.kind == EntryKind::File)
-                .count(),
+                .count()
+                + list.filtered,
             source: Arc::clone(&list.base),
         })
     }
@@ -110,6 +117,7 @@ fn run(
     out: &mut MirrorSummary,
 ) -> Result<()> {
     let select = cfg.select()?;
+    not_cancelled(cfg)?;
     let (mut conn, _) = connect(cfg, &cfg.socket, Purpose::Mirror, cfg.connect_timeout)?;
     conn.set_read_timeout(Some(IDLE_TIMEOUT))
         .and_then(|()| conn.set_write_timeout(Some(IDLE_TIMEOUT)))
@@ -121,8 +129,19 @@ fn run(
         },
     )?;
     let mut reader = FrameReader::unpacking();
-    let listing = read_listing(&mut reader, &mut conn)?;
-    let deletes = plan(&listing, |e| keeps(m, &select, e));
+    let listing = read_listing(cfg, &mut reader, &mut conn)?;
+    // Looking at the source for each extra may take a while on a slow
+    // file system: the receiver hears from this side meanwhile.
+    let beat = std::cell::RefCell::new((Instant::now(), &mut conn));
+    let deletes = plan(&listing, |e| {
+        let mut b = beat.borrow_mut();
+        if b.0.elapsed() >= KEEPALIVE_INTERVAL {
+            // A failed write shows at the next one.
+            let _ = write_frame(&mut *b.1, &Frame::Keepalive);
+            b.0 = Instant::now();
+        }
+        keeps(m, &select, e)
+    });
     out.files = deletes.files;
     out.dirs = deletes.dirs;
     out.bytes = deletes.bytes;
@@ -132,26 +151,46 @@ fn run(
         .take(PLAN_SHOWN)
         .map(|id| listing[*id as usize].path.clone())
         .collect();
-    let go = !dry && deletes.count() > 0;
+    let mut asked: &[u32] = &[];
     if let Err(refusal) = check(&deletes, guard, m.files) {
         out.refused = Some(refusal.to_string());
-    } else if go {
-        send_removals(&mut conn, &deletes)?;
+    } else if !dry && deletes.count() > 0 {
+        not_cancelled(cfg)?;
+        asked = &deletes.ids;
     }
-    write_frame(&mut conn, &Frame::Finish)?;
-    let failed = read_results(&mut reader, &mut conn, &listing, &deletes, out)?;
-    out.failed = failed;
-    if out.refused.is_none() && go {
-        out.deleted = deletes.count() - failed;
+    let answered = send_removals(&mut conn, asked)
+        .and_then(|()| write_frame(&mut conn, &Frame::Finish))
+        .and_then(|()| read_results(cfg, &mut reader, &mut conn, &listing, asked, out));
+    match answered {
+        Ok(failed) => {
+            out.failed = failed;
+            out.deleted = asked.len() as u64 - failed;
+            Ok(())
+        }
+        Err(e) if !asked.is_empty() => Err(Error::ConnectionLost(format!(
+            "{e}, after asking for {} deletes: some may be done",
+            asked.len()
+        ))),
+        Err(e) => Err(e),
     }
-    Ok(())
+}
+
+/// Refuses to go on once the send is cancelled (its Transfer moved or
+/// was deleted): a mirror starts no deletes after that.
+fn not_cancelled(cfg: &SendConfig) -> Result<()> {
+    match super::cancelled(cfg) {
+        true => Err(Error::Config(
+            "the send was cancelled: the mirror deleted nothing".into(),
+        )),
+        false => Ok(()),
+    }
 }
 
 /// Whether the mirror keeps the destination's entry `e`: the send
-/// sends it, the filters leave it alone, or the source has it (a file the
+/// sends it (in any case), the filters leave it alone, or the source has it (a file the
 /// filters' sizes or ages left out, a directory that held nothing taken).
 fn keeps(m: &Mirroring, select: &Select, e: &Listed) -> bool {
-    m.sent.contains(&e.path)
+    m.sent.contains(&e.path.to_lowercase())
         || select.leaves_alone(&e.path, e.kind == EntryKind::Dir)
         || in_source(&m.source, &e.path)
 }
@@ -171,10 +210,17 @@ fn in_source(source: &OwnedFd, rel: &str) -> bool {
     )
 }
 
-/// The receiver's listing: ids in order from 0, paths it may name.
-fn read_listing(reader: &mut FrameReader, conn: &mut crate::net::Conn) -> Result<Vec<Listed>> {
+/// The receiver's listing: ids in order from 0, paths it may name, at
+/// most what one manifest may carry.
+fn read_listing(
+    cfg: &SendConfig,
+    reader: &mut FrameReader,
+    conn: &mut crate::net::Conn,
+) -> Result<Vec<Listed>> {
     let mut listing: Vec<Listed> = Vec::new();
+    let mut bytes = 0usize;
     loop {
+        not_cancelled(cfg)?;
         match reader.read(conn)? {
             Frame::Keepalive => {}
             Frame::FilesEnd => return Ok(listing),
@@ -187,11 +233,16 @@ fn read_listing(reader: &mut FrameReader, conn: &mut crate::net::Conn) -> Result
                     ..
                 } in entries
                 {
-                    if file_id as usize != listing.len() || listing.len() >= MAX_ENTRIES {
+                    bytes += path.len();
+                    if file_id as usize != listing.len()
+                        || listing.len() >= MAX_ENTRIES
+                        || bytes > MAX_MANIFEST_BYTES
+                    {
                         return Err(Violation::new(
                             ViolationKind::Inconsistent,
                             format!(
-                                "the mirror's listing gave entry {file_id} where {} was due",
+                                "the mirror's listing gave entry {file_id} where {} was due, \
+                                 or more than a manifest carries",
                                 listing.len()
                             ),
                         )
@@ -215,8 +266,8 @@ fn read_listing(reader: &mut FrameReader, conn: &mut crate::net::Conn) -> Result
     }
 }
 
-fn send_removals(conn: &mut crate::net::Conn, deletes: &Deletes) -> Result<()> {
-    for ids in deletes.ids.chunks(REMOVE_CHUNK) {
+fn send_removals(conn: &mut crate::net::Conn, ids: &[u32]) -> Result<()> {
+    for ids in ids.chunks(REMOVE_CHUNK) {
         write_frame(conn, &Frame::Remove { ids: ids.to_vec() })?;
     }
     Ok(())
@@ -225,15 +276,17 @@ fn send_removals(conn: &mut crate::net::Conn, deletes: &Deletes) -> Result<()> {
 /// The receiver's answers to the removals, until its `Finish`: how many
 /// failed, the first of them named in `out`.
 fn read_results(
+    cfg: &SendConfig,
     reader: &mut FrameReader,
     conn: &mut crate::net::Conn,
     listing: &[Listed],
-    deletes: &Deletes,
+    asked: &[u32],
     out: &mut MirrorSummary,
 ) -> Result<u64> {
-    let asked: HashSet<u32> = deletes.ids.iter().copied().collect();
+    let asked: HashSet<u32> = asked.iter().copied().collect();
     let mut failed: HashSet<u32> = HashSet::new();
     loop {
+        not_cancelled(cfg)?;
         match reader.read(conn)? {
             Frame::Keepalive => {}
             Frame::Finish => return Ok(failed.len() as u64),
@@ -242,7 +295,7 @@ fn read_results(
                 ok: false,
                 message,
                 ..
-            } if asked.contains(&file_id) && out.refused.is_none() => {
+            } if asked.contains(&file_id) => {
                 if !failed.insert(file_id) {
                     return Err(Violation::new(
                         ViolationKind::Repeated,

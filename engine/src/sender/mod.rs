@@ -253,6 +253,12 @@ impl SendConfig {
             }
             _ => {}
         }
+        if self.mirror.is_some() && self.dest.ends_with('/') {
+            return Err(Error::Config(format!(
+                "--delete mirrors into the directory the destination names: name it without a trailing / ({:?}), so that what it deletes beneath is plain",
+                self.dest.trim_end_matches('/')
+            )));
+        }
         self.socket.check()
     }
 }
