@@ -226,6 +226,16 @@ pub struct ServeArgs {
     /// Off by default.
     #[arg(long, conflicts_with = "discard_only")]
     pub allow_delete: bool,
+    /// Set the owners and groups senders send (send --keep owner), as
+    /// their maps made them; needs CAP_CHOWN. Root's (id 0) only with
+    /// --allow-root-owner. Off: every file is owned by this receiver.
+    #[arg(long)]
+    pub keep_owners: bool,
+    /// With --keep-owners: give files root's owner or group too, where a
+    /// sender sends id 0 (a file owned by root keeps what root's files
+    /// may do: think twice on shared storage).
+    #[arg(long, requires = "keep_owners")]
+    pub allow_root_owner: bool,
 }
 
 #[derive(Args)]
@@ -280,6 +290,8 @@ pub struct SendArgs {
     #[command(flatten)]
     pub mirror: MirrorArgs,
     #[command(flatten)]
+    pub keep: KeepArgs,
+    #[command(flatten)]
     pub tuning: SendTuning,
     /// Send it this many times, one after another, in this process: each
     /// run after the first joins over the data connections the last one
@@ -301,6 +313,37 @@ pub struct SendArgs {
     /// No progress output.
     #[arg(long, short)]
     pub quiet: bool,
+}
+
+/// What a send keeps of each file beyond its data, mode and times.
+#[derive(Args, Clone)]
+pub struct KeepArgs {
+    /// Keep, comma-separated: owner (owner and group ids; the receiver
+    /// sets them only with serve --keep-owners), xattrs (extended
+    /// attributes in the user. namespace), acls (POSIX ACLs). Each file
+    /// the receiver cannot give them lands all the same, and its log
+    /// says why.
+    #[arg(long, value_name = "WHAT", default_value = "none", value_parser = |s: &str| s.parse::<wirerate_engine::metadata::Keep>())]
+    pub keep: wirerate_engine::metadata::Keep,
+    /// With --keep owner: owner ids of this site mapped to the
+    /// receiving site's, FROM:TO comma-separated (e.g. 1000:2000); an id
+    /// not listed goes as it is.
+    #[arg(long, value_name = "MAP", default_value = "", value_parser = |s: &str| s.parse::<wirerate_engine::metadata::IdMap>())]
+    pub uid_map: wirerate_engine::metadata::IdMap,
+    /// With --keep owner: group ids, likewise.
+    #[arg(long, value_name = "MAP", default_value = "", value_parser = |s: &str| s.parse::<wirerate_engine::metadata::IdMap>())]
+    pub gid_map: wirerate_engine::metadata::IdMap,
+}
+
+impl KeepArgs {
+    /// What the send keeps.
+    pub fn keeping(&self) -> wirerate_engine::sender::Keeping {
+        wirerate_engine::sender::Keeping {
+            keep: self.keep,
+            uids: self.uid_map.clone(),
+            gids: self.gid_map.clone(),
+        }
+    }
 }
 
 /// Mirroring: deleting at the destination what the source does not have.

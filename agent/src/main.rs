@@ -173,6 +173,11 @@ fn serve(a: wirerate_agent::cli::ServeArgs) -> Result<ExitCode> {
         tracing::info!(%addr, "serving metrics on /metrics");
     }
     cfg.allow_delete = a.allow_delete;
+    cfg.owners = match (a.keep_owners, a.allow_root_owner) {
+        (false, _) => wirerate_engine::metadata::OwnerPolicy::Ignore,
+        (true, false) => wirerate_engine::metadata::OwnerPolicy::Keep,
+        (true, true) => wirerate_engine::metadata::OwnerPolicy::KeepRoot,
+    };
     if a.allow_delete {
         tracing::warn!(
             "--allow-delete: senders that mirror (send --delete) may delete beneath their destination directories what their sources do not have"
@@ -211,6 +216,7 @@ fn send_cmd(a: wirerate_agent::cli::SendArgs) -> Result<ExitCode> {
     cfg.dry_run = a.dry_run;
     cfg.filters = a.filters.filters()?;
     cfg.mirror = a.mirror.guard();
+    cfg.keeping = a.keep.keeping();
     cfg.encrypt = a.token.encrypt;
     if a.via.is_some() && !cfg.to.contains(',') {
         bail!("--via names the sender of each of several receivers: give --to several");

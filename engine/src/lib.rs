@@ -43,6 +43,7 @@ pub mod fsroot;
 pub mod io;
 pub mod layout;
 pub mod liveness;
+pub mod metadata;
 pub mod mirror;
 #[cfg(feature = "shells")]
 pub mod net;

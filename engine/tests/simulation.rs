@@ -1219,6 +1219,7 @@ impl Sim {
                 mode: 0o644,
                 mtime: (0, 0),
                 digest: None,
+                meta: None,
                 path: format!("f{}", p.file_id),
             })
             .collect();

@@ -611,6 +611,7 @@ fn raw_identity(size: u64, path: &str) -> u64 {
         mode: 0o644,
         mtime: (0, 0),
         digest: None,
+        meta: None,
         path: path.into(),
     })
 }
@@ -665,6 +666,7 @@ fn raw_control_with(
                 mode: 0o644,
                 mtime: (0, 0),
                 digest: None,
+                meta: None,
                 path: path.into(),
             }],
         },

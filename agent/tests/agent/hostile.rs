@@ -391,6 +391,7 @@ fn manifest_over_its_byte_cap_is_refused_and_memory_stays_bounded() {
                     mode: 0o644,
                     mtime: (0, 0),
                     digest: None,
+                    meta: None,
                     path: path.clone(),
                 })
                 .collect(),
@@ -407,8 +408,8 @@ fn manifest_over_its_byte_cap_is_refused_and_memory_stays_bounded() {
             f[at..at + 4].copy_from_slice(&id.to_le_bytes());
             id += 1;
             // id, kind, size, fingerprint, mode, mtime, the digest's flag,
-            // path's length, path.
-            at += 4 + 1 + 8 + 8 + 2 + 12 + 1 + 2 + path.len();
+            // the metadata's flag, path's length, path.
+            at += 4 + 1 + 8 + 8 + 2 + 12 + 1 + 1 + 2 + path.len();
         }
         // And seal it again, as the sender would have.
         let end = f.len() - wire::FRAME_CHECK_LEN;
@@ -475,6 +476,7 @@ fn a_sender_that_hangs_is_given_up_after_the_idle_timeout() {
                 mode: 0o644,
                 mtime: (0, 0),
                 digest: None,
+                meta: None,
                 path: "held.bin".into(),
             }],
         },
@@ -831,6 +833,7 @@ fn arb_frame() -> impl Strategy<Value = Frame> {
             mode: 0o644,
             mtime: (0, 0),
             digest: None,
+            meta: None,
             path,
         },
     );
@@ -1056,6 +1059,7 @@ fn a_large_manifest_costs_bounded_memory_and_a_failed_session_leaves_no_temporar
                 mode: 0o644,
                 mtime: (0, 0),
                 digest: None,
+                meta: None,
                 path: format!("m/d{:03}/f{i:06}", i / 1000),
             })
             .collect();

@@ -19,6 +19,7 @@ mod faults;
 mod filters;
 mod hostile;
 mod integrity;
+mod metadata;
 mod mirror;
 mod netns;
 mod pairs;

@@ -34,15 +34,26 @@ pub(crate) struct DestFile {
     pub(crate) mode: u32,
     /// The modification time it is published with (the source's).
     pub(crate) mtime: (i64, u32),
-    /// Its descriptors, once its first block is written: a file waiting
-    /// in a large manifest holds a null pointer, not two.
-    opened: Option<Box<Opened>>,
+    /// Its descriptors, once its first block is written, and the owner
+    /// and attributes it is published with: a file waiting in a large
+    /// manifest with neither holds a null pointer, not three.
+    extra: Option<Box<Extra>>,
     /// Its temporary file is created when its block arrives, not when it
     /// is planned (see `is_created_on_write`).
     create_on_write: bool,
     /// Its temporary file was made on write, any checkpoint beside its name
     /// removed then: none is looked for when it is published.
     fresh: bool,
+}
+
+/// What a destination file holds beyond what every file does.
+#[derive(Default)]
+struct Extra {
+    /// Its descriptors, once its first block is written.
+    opened: Option<Opened>,
+    /// The owner and attributes it is published with, as the receiver
+    /// admitted them (`metadata::admitted`).
+    meta: Option<crate::wire::Meta>,
 }
 
 /// The descriptors of a destination file being written.
@@ -512,7 +523,7 @@ impl DestFile {
             identity: 0,
             mode: u32::from(e.mode) & 0o777 & !umask,
             mtime: e.mtime,
-            opened: None,
+            extra: None,
             create_on_write: false,
             fresh: false,
         }))
@@ -537,7 +548,7 @@ impl DestFile {
     /// `create`); the caller tells whether a failure concerns that file
     /// alone (`Error::concerns_one_file`).
     pub(crate) fn open(&mut self, root: &Root, want_direct: bool) -> Result<Option<String>> {
-        if self.opened.is_some() {
+        if self.plain().is_some() {
             return Ok(None);
         }
         let dir = self.dir(root)?;
@@ -569,10 +580,10 @@ impl DestFile {
                 }
             }
         }
-        self.opened = Some(Box::new(Opened {
+        self.extra.get_or_insert_default().opened = Some(Opened {
             plain: Arc::new(plain),
             direct,
-        }));
+        });
         Ok(note)
     }
 
@@ -619,12 +630,33 @@ impl DestFile {
 
     /// The page-cache descriptor, once opened.
     pub(crate) fn plain(&self) -> Option<&Arc<File>> {
-        self.opened.as_ref().map(|o| &o.plain)
+        self.opened().map(|o| &o.plain)
     }
 
     /// The O_DIRECT descriptor, when opened with direct I/O in effect.
     pub(crate) fn direct(&self) -> Option<&Arc<File>> {
-        self.opened.as_ref().and_then(|o| o.direct.as_ref())
+        self.opened().and_then(|o| o.direct.as_ref())
+    }
+
+    fn opened(&self) -> Option<&Opened> {
+        self.extra.as_ref().and_then(|e| e.opened.as_ref())
+    }
+
+    /// Closes its descriptors.
+    fn close(&mut self) {
+        if let Some(e) = &mut self.extra {
+            e.opened = None;
+        }
+    }
+
+    /// The owner and attributes it is published with.
+    fn meta(&self) -> Option<&crate::wire::Meta> {
+        self.extra.as_ref().and_then(|e| e.meta.as_ref())
+    }
+
+    /// Sets the owner and attributes it is published with.
+    pub(crate) fn set_meta(&mut self, meta: crate::wire::Meta) {
+        self.extra.get_or_insert_default().meta = Some(meta);
     }
 
     /// Flushes written blocks to stable storage (the caller marks them
@@ -680,12 +712,15 @@ impl DestFile {
     /// (`Error::PathRefused`), its temporary file left for `discard`.
     pub(crate) fn rename_into_place(&mut self, root: &Root) -> Result<()> {
         if let Some(f) = self.plain() {
+            // The owner first: changing it may clear mode bits.
+            self.set_owner(f);
             rustix::fs::fchmod(&**f, rustix::fs::Mode::from_raw_mode(self.mode)).map_err(|e| {
                 Error::io(format!("setting the mode of {}", self.dest.rel), e.into())
             })?;
+            self.set_xattrs(f);
             self.set_mtime(f);
         }
-        self.opened = None;
+        self.close();
         let dir = self.dir(root)?;
         match rustix::fs::renameat(&dir, self.dest.part_name().as_str(), &dir, self.dest.name()) {
             Ok(()) => {}
@@ -701,6 +736,43 @@ impl DestFile {
             return Ok(());
         }
         self.remove_checkpoint(&dir)
+    }
+
+    /// Gives the open temporary file the owner the sender sent, as the
+    /// receiver admitted it. Only a warning if it cannot (a receiver
+    /// without CAP_CHOWN, a file system that refuses): the data landed.
+    fn set_owner(&self, f: &File) {
+        let Some((uid, gid)) = self.meta().and_then(|m| m.owner) else {
+            return;
+        };
+        let owner = (
+            Some(rustix::process::Uid::from_raw(uid)),
+            Some(rustix::process::Gid::from_raw(gid)),
+        );
+        if let Err(e) = rustix::fs::fchown(f, owner.0, owner.1) {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!(
+                    path = %self.dest.rel,
+                    "setting the owner to {uid}:{gid}: {e} (said once; the receiver needs CAP_CHOWN to keep owners)"
+                );
+            });
+        }
+    }
+
+    /// Gives the open temporary file the attributes the sender sent, as
+    /// the receiver admitted them; a warning for each it cannot set.
+    fn set_xattrs(&self, f: &File) {
+        let Some(m) = self.meta() else {
+            return;
+        };
+        for (name, value) in &m.xattrs {
+            if let Err(e) =
+                rustix::fs::fsetxattr(f, name.as_str(), value, rustix::fs::XattrFlags::empty())
+            {
+                tracing::warn!(path = %self.dest.rel, "setting the attribute {name}: {e}");
+            }
+        }
     }
 
     /// Gives the open temporary file its source's modification time,
@@ -809,8 +881,9 @@ impl DestFile {
             .map_err(|e| Error::io(ctx(), e.into()))
     }
 
-    /// Gives a directory its source's modification time, where it can
-    /// (a failure is said once, as for files).
+    /// Gives a directory its source's owner and attributes (default ACLs
+    /// among them) where the send keeps them, and its modification time,
+    /// where it can (a failure is said, as for files).
     pub(crate) fn set_dir_time(&self, root: &Root) {
         let d = root.dir(&self.dest.rel).and_then(|at| {
             rustix::fs::openat(
@@ -822,7 +895,12 @@ impl DestFile {
             .map_err(|e| Error::io(format!("opening {}", self.dest.rel), e.into()))
         });
         match d {
-            Ok(d) => self.set_mtime(&File::from(d)),
+            Ok(d) => {
+                let d = File::from(d);
+                self.set_owner(&d);
+                self.set_xattrs(&d);
+                self.set_mtime(&d);
+            }
             Err(e) => tracing::debug!(path = %self.dest.rel, "not setting its time: {e}"),
         }
     }
@@ -835,7 +913,7 @@ impl DestFile {
         if self.create_on_write {
             return Ok(());
         }
-        self.opened = None;
+        self.close();
         let dir = self.dir(root)?;
         // Checkpoint first (see `rename_into_place`).
         self.remove_checkpoint(&dir)?;
@@ -863,6 +941,7 @@ mod tests {
             mode: 0o644,
             mtime: (0, 0),
             digest: None,
+            meta: None,
             path: "f.bin".into(),
         };
         let plan = || prepare(&root, &e, 4096, 0o022);

@@ -226,6 +226,7 @@ mod tests {
             mode: 0o644,
             mtime: (0, 0),
             digest: None,
+            meta: None,
             path: path.into(),
         }
     }

@@ -152,6 +152,7 @@ fn send_listing(stream: &mut Conn, entries: &[Entry]) -> Result<()> {
             mode: 0,
             mtime: (0, 0),
             digest: None,
+            meta: None,
             path: e.listed.path.clone(),
         });
         if bytes >= LISTING_CHUNK_BYTES {

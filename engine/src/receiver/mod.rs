@@ -114,6 +114,10 @@ pub struct ServeConfig {
     /// Whether a sender may delete what its source does not have beneath
     /// a directory it mirrors (`send --delete`, `mirror`). Off by default.
     pub allow_delete: bool,
+    /// Whether it sets the owners senders send (`send --keep owner`):
+    /// it needs CAP_CHOWN for that. Off by default; root's is given only
+    /// when asked for (`OwnerPolicy::KeepRoot`).
+    pub owners: crate::metadata::OwnerPolicy,
     /// The one directory a mirror may name, where the receiver serves one
     /// transfer (the in-cluster agent: its destination); None: any
     /// directory beneath the root but the root itself.
@@ -150,6 +154,7 @@ impl ServeConfig {
             discard: DiscardPolicy::Refuse,
             allow_delete: false,
             mirror_base: None,
+            owners: crate::metadata::OwnerPolicy::Ignore,
             observer: unobserved(),
             lobby: None,
         }

@@ -58,6 +58,8 @@ pub(super) struct Planner<'a> {
     /// confirm them: the sender waits for the plan, and on slow shared
     /// storage a chunk's worth of reads could outlast its patience.
     confirm_by: Instant,
+    /// What of the sent owners and attributes was left, said once each.
+    not_kept: Vec<crate::metadata::NotKept>,
 }
 
 /// How long a plan may spend reading back checkpointed blocks; those not
@@ -99,6 +101,7 @@ impl<'a> Planner<'a> {
             tracked: 0,
             part,
             confirm_by: Instant::now() + CONFIRM_BUDGET,
+            not_kept: Vec::new(),
         }
     }
 
@@ -149,6 +152,9 @@ impl<'a> Planner<'a> {
         match outcome {
             Prepared::Accept(mut file, have, resumed) => {
                 file.identity = identity;
+                if let Some(m) = &e.meta {
+                    file.set_meta(self.admit(m));
+                }
                 self.tracked += blocks;
                 // The blocks a piece leaves to other receivers were not
                 // resumed here; those of its own that a per-chunk
@@ -213,6 +219,20 @@ impl<'a> Planner<'a> {
     /// session's sync level compares. A session of a transfer over
     /// several pairs takes every file: its receivers share the files'
     /// temporary copies (and `pairs` refuses a level).
+    /// What of a sent owner and attributes this receiver sets; what it
+    /// leaves is said once a session for each reason.
+    fn admit(&mut self, m: &crate::wire::Meta) -> crate::wire::Meta {
+        let policy = self.shared.cfg.owners;
+        let (admitted, left) = crate::metadata::admitted(m.clone(), policy);
+        for why in left {
+            if !self.not_kept.contains(&why) {
+                tracing::warn!("{why}");
+                self.not_kept.push(why);
+            }
+        }
+        admitted
+    }
+
     fn is_present(&self, e: &FileEntry, still_here: &mut dyn FnMut() -> bool) -> bool {
         if self.sync == SyncLevel::None || e.kind != EntryKind::File || self.part.is_some() {
             return false;

@@ -1029,6 +1029,7 @@ mod tests {
             mode: 0o644,
             mtime: (0, 0),
             digest: None,
+            meta: None,
             path: "f".into(),
         };
         let identity = entry_identity(&e);

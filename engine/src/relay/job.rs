@@ -331,6 +331,7 @@ mod tests {
                 mode: 0o644,
                 mtime: (0, 0),
                 digest: None,
+                meta: None,
                 path: "out".into(),
             },
             rel: rel.as_bytes().to_vec(),

@@ -4,6 +4,7 @@
 mod connect;
 mod generate;
 mod growth;
+mod metadata;
 mod mirror;
 mod open;
 pub mod pairs;
@@ -15,6 +16,8 @@ pub mod source;
 mod streams;
 mod summarize;
 pub mod warm;
+
+pub use metadata::Keeping;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -58,6 +61,9 @@ pub struct SendConfig {
     /// Which files of the source to send (`--include`, `--exclude`,
     /// `--min-size`, ...); empty: all of them.
     pub filters: crate::filter::Filters,
+    /// What it keeps of each file beyond its data, mode and times (owner,
+    /// extended attributes, ACLs: `send --keep`), and the id maps.
+    pub keeping: Keeping,
     /// Mirror: once every file has landed, delete beneath the destination
     /// directory what the source does not have, within this guard
     /// (`--delete`); None leaves the destination's other files alone.
@@ -132,6 +138,7 @@ impl SendConfig {
             dry_run: false,
             filters: crate::filter::Filters::default(),
             mirror: None,
+            keeping: Keeping::default(),
             source: source.into(),
             synthetic: None,
             dest: dest.into(),
@@ -298,6 +305,12 @@ pub(crate) struct RunState {
     /// Under `SyncLevel::Checksum`, each regular file's digest, read once
     /// before the first session (`digest_sources`).
     pub(crate) digests: HashMap<u32, u128>,
+    /// Where the send keeps owners or attributes, each entry's, read
+    /// once before the first session (`metadata`).
+    pub(crate) metas: HashMap<u32, Box<crate::wire::Meta>>,
+    /// Entries whose attributes could not be kept, and why: the first
+    /// `MAX_CUTS_SHOWN`, and how many in all.
+    pub(crate) metas_unread: (Vec<String>, usize),
     pub(crate) bytes_sent: u64,
     pub(crate) bytes_skipped_resume: u64,
     pub(crate) blocks_retried: u64,
@@ -422,6 +435,22 @@ pub(crate) fn send_list(cfg: &SendConfig, list: &SourceList) -> (RunState, Resul
     (st, run)
 }
 
+/// Each entry's owner and attributes, as the send keeps them.
+fn read_metas(cfg: &SendConfig, list: &SourceList, st: &mut RunState) {
+    for (id, f) in list.files.iter().enumerate() {
+        let (meta, why) = metadata::read(&list.base, f, &cfg.keeping);
+        if let Some(m) = meta {
+            st.metas.insert(id as u32, m);
+        }
+        if let Some(why) = why {
+            st.metas_unread.1 += 1;
+            if st.metas_unread.0.len() < MAX_CUTS_SHOWN {
+                st.metas_unread.0.push(why);
+            }
+        }
+    }
+}
+
 /// Runs sessions until one completes, reconnecting with backoff after
 /// each failure that may pass, until `cfg.retry_for` after the first
 /// failure since a session last made progress, or `cfg.refused_for` after
@@ -485,6 +514,9 @@ fn run_sessions(
     }
     if cfg.sync == crate::sync::SyncLevel::Checksum && st.digests.is_empty() {
         st.digests = digest_sources(cfg, list)?;
+    }
+    if cfg.keeping.keep.any() && st.metas.is_empty() {
+        read_metas(cfg, list, st);
     }
     loop {
         if cancelled(cfg) {

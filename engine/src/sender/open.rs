@@ -30,8 +30,13 @@ fn send_manifest(control: &mut Conn, entries: &[FileEntry]) -> Result<()> {
     let mut bytes = 0;
     for e in entries {
         // What an entry takes on the wire, near enough (the codec's
-        // MIN_ENTRY, and a digest's 16 bytes under a checksum sync).
-        bytes += 54 + e.path.len();
+        // MIN_ENTRY, a digest's 16 bytes under a checksum sync, and its
+        // owner and attributes, which may reach 64 KiB).
+        bytes += 54
+            + e.path.len()
+            + e.meta
+                .as_ref()
+                .map_or(0, |m| 9 + 2 + m.xattr_bytes() + 6 * m.xattrs.len());
         chunk.push(e.clone());
         if bytes >= MANIFEST_CHUNK_BYTES {
             encode(
@@ -123,6 +128,7 @@ pub(super) fn open_session(
             mode: f.mode,
             mtime: f.stamp.wire_mtime(),
             digest: st.digests.get(id).copied(),
+            meta: st.metas.get(id).cloned(),
             path: f.dest.clone(),
         })
         .collect();

@@ -46,6 +46,9 @@ pub struct Stamp {
     pub mtime: (i64, i64),
     /// Status change time, seconds and nanoseconds.
     pub ctime: (i64, i64),
+    /// Owner and group ids (sent where the send keeps owners; a change
+    /// shows in `ctime`).
+    pub owner: (u32, u32),
 }
 
 impl Stamp {
@@ -57,6 +60,7 @@ impl Stamp {
             size: m.len(),
             mtime: (m.mtime(), m.mtime_nsec()),
             ctime: (m.ctime(), m.ctime_nsec()),
+            owner: (m.uid(), m.gid()),
         }
     }
 
@@ -68,6 +72,7 @@ impl Stamp {
             size: st.st_size.max(0) as u64,
             mtime: (st.st_mtime, st.st_mtime_nsec as i64),
             ctime: (st.st_ctime, st.st_ctime_nsec as i64),
+            owner: (st.st_uid, st.st_gid),
         }
     }
 
@@ -279,6 +284,7 @@ impl Listed {
             size: st.st_size as u64,
             mtime: (st.st_mtime as i64, st.st_mtime_nsec as i64),
             ctime: (st.st_ctime as i64, st.st_ctime_nsec as i64),
+            owner: (st.st_uid as u32, st.st_gid as u32),
         };
         Self {
             kind: rustix::fs::FileType::from_raw_mode(st.st_mode),
@@ -613,6 +619,7 @@ pub fn synthetic(size: u64, dest: &str) -> Result<SourceList> {
                 size,
                 mtime: (0, 0),
                 ctime: (0, 0),
+                owner: (0, 0),
             },
         }],
         skipped: Vec::new(),
@@ -635,6 +642,7 @@ mod tests {
             size: 100,
             mtime: (10, 5),
             ctime: (11, 6),
+            owner: (0, 0),
         }
     }
 

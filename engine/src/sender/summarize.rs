@@ -41,6 +41,17 @@ pub(super) fn summarize(
             list.hard_links
         ));
     }
+    if st.metas_unread.1 > 0 {
+        warnings.push(format!(
+            "{} file(s) sent without their extended attributes (--keep): {}{}",
+            st.metas_unread.1,
+            st.metas_unread.0.join("; "),
+            match st.metas_unread.1 - st.metas_unread.0.len() {
+                0 => String::new(),
+                n => format!("; and {n} more"),
+            }
+        ));
+    }
     SendSummary {
         ok: outcomes.failures.is_empty(),
         bytes_total: total,

@@ -467,14 +467,15 @@ impl ReceiverControl {
                         });
                         return;
                     }
-                    *path_bytes += e.path.len();
+                    // Attributes are held with the paths, and bounded with them.
+                    *path_bytes += e.path.len() + e.meta.as_ref().map_or(0, |m| m.xattr_bytes());
                     entries.push(e);
                 }
                 if entries.len() > self.limits.max_entries
                     || *path_bytes > self.limits.max_manifest_bytes
                 {
                     let message = format!(
-                        "manifest over {} entries or {} of paths; split the transfer",
+                        "manifest over {} entries or {} of paths and attributes; split the transfer",
                         self.limits.max_entries,
                         crate::units::fmt_bytes(self.limits.max_manifest_bytes as u64)
                     );
@@ -918,6 +919,7 @@ mod tests {
             mode: 0o644,
             mtime: (0, 0),
             digest: None,
+            meta: None,
             path: format!("f{file_id}"),
         }
     }

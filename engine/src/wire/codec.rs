@@ -7,6 +7,7 @@ use super::{
     PlanOutcome, Purpose, RelayEntry, RelayError, RelayJob, SESSION_ID_LEN, Stripe, StripePiece,
     StripeRole, VERSION, Verification,
 };
+use super::{MAX_XATTR_BYTES, MAX_XATTR_NAME, MAX_XATTRS, Meta};
 use crate::tuning::SyncLevel;
 
 /// Why a frame could not be decoded.
@@ -413,7 +414,7 @@ fn sync_code(level: SyncLevel) -> u8 {
 
 /// The fewest bytes a manifest entry takes: id, kind, size, fingerprint,
 /// mode, mtime, the digest's flag and the path's length.
-const MIN_ENTRY: usize = 4 + 1 + 8 + 8 + 2 + 12 + 1 + 2;
+const MIN_ENTRY: usize = 4 + 1 + 8 + 8 + 2 + 12 + 1 + 1 + 2;
 
 /// A one-byte flag: 0 or 1, nothing else.
 fn flag(code: u8, what: &'static str) -> Result<bool, DecodeError> {
@@ -918,7 +919,30 @@ impl Writer<'_> {
                 self.bytes(&d.to_le_bytes());
             }
         }
+        match &e.meta {
+            None => self.u8(0),
+            Some(m) => {
+                self.u8(1);
+                self.meta(m);
+            }
+        }
         self.str(&e.path);
+    }
+    fn meta(&mut self, m: &Meta) {
+        match m.owner {
+            None => self.u8(0),
+            Some((uid, gid)) => {
+                self.u8(1);
+                self.u32(uid);
+                self.u32(gid);
+            }
+        }
+        self.u16(m.xattrs.len() as u16);
+        for (name, value) in &m.xattrs {
+            self.str(name);
+            self.u32(value.len() as u32);
+            self.bytes(value);
+        }
     }
     /// Strings longer than a u16 are cut: every caller bounds them far lower.
     fn str(&mut self, s: &str) {
@@ -1007,6 +1031,11 @@ impl<'a> Reader<'a> {
             1 => Some(u128::from_le_bytes(self.array()?)),
             _ => return Err(DecodeError::Invalid("digest flag")),
         };
+        let meta = match self.u8()? {
+            0 => None,
+            1 => Some(Box::new(self.meta()?)),
+            _ => return Err(DecodeError::Invalid("metadata flag")),
+        };
         Ok(FileEntry {
             file_id,
             kind,
@@ -1015,8 +1044,33 @@ impl<'a> Reader<'a> {
             mode,
             mtime,
             digest,
+            meta,
             path: self.str(MAX_PATH)?,
         })
+    }
+    /// An entry's owner and attributes, within their bounds.
+    fn meta(&mut self) -> Result<Meta, DecodeError> {
+        let owner = match self.u8()? {
+            0 => None,
+            1 => Some((self.u32()?, self.u32()?)),
+            _ => return Err(DecodeError::Invalid("owner flag")),
+        };
+        let count = self.u16()? as usize;
+        if count > MAX_XATTRS {
+            return Err(DecodeError::Invalid("attribute count"));
+        }
+        let mut xattrs = Vec::with_capacity(count);
+        let mut bytes = 0usize;
+        for _ in 0..count {
+            let name = self.str(MAX_XATTR_NAME)?;
+            let len = self.u32()? as usize;
+            bytes += name.len() + len;
+            if name.is_empty() || name.contains('\0') || bytes > MAX_XATTR_BYTES {
+                return Err(DecodeError::Invalid("extended attribute"));
+            }
+            xattrs.push((name, self.take(len)?.to_vec()));
+        }
+        Ok(Meta { owner, xattrs })
     }
     fn str(&mut self, max: usize) -> Result<String, DecodeError> {
         let n = self.u16()? as usize;
@@ -1044,6 +1098,7 @@ pub(crate) mod tests {
                 mode: 0o644,
                 mtime,
                 digest: None,
+                meta: None,
                 path,
             }],
         }
@@ -1270,10 +1325,11 @@ pub(crate) mod tests {
             0u16..=0o777,
             (any::<i64>(), 0u32..1_000_000_000),
             proptest::option::of(any::<u128>()),
+            proptest::option::of(arb_meta()),
             arb_str(200),
         )
             .prop_map(
-                |(file_id, dir, size, fingerprint, mode, mtime, digest, path)| FileEntry {
+                |(file_id, dir, size, fingerprint, mode, mtime, digest, meta, path)| FileEntry {
                     file_id,
                     kind: if dir { EntryKind::Dir } else { EntryKind::File },
                     size,
@@ -1281,9 +1337,24 @@ pub(crate) mod tests {
                     mode,
                     mtime,
                     digest,
+                    meta: meta.map(Box::new),
                     path,
                 },
             )
+    }
+
+    fn arb_meta() -> impl Strategy<Value = Meta> {
+        (
+            proptest::option::of(any::<(u32, u32)>()),
+            proptest::collection::vec(
+                (
+                    "user\\.[a-z]{1,20}",
+                    proptest::collection::vec(any::<u8>(), 0..40),
+                ),
+                0..4,
+            ),
+        )
+            .prop_map(|(owner, xattrs)| Meta { owner, xattrs })
     }
 
     /// Any relay frame (`relay`).
@@ -1584,6 +1655,7 @@ pub(crate) mod tests {
             mode: 0o644,
             mtime: (3, 4),
             digest: None,
+            meta: None,
             path: "a".into(),
         };
         let mut buf = Vec::new();
@@ -1594,9 +1666,16 @@ pub(crate) mod tests {
             &mut buf,
         );
         let mut fields = buf[4..buf.len() - FRAME_CHECK_LEN].to_vec();
-        // The flag sits before the path's length and its one byte.
-        let at = fields.len() - 4;
+        // The digest's flag sits before the metadata's, the path's length
+        // and its one byte.
+        let at = fields.len() - 5;
         assert_eq!(fields[at], 0);
+        let mut bad_meta = fields.clone();
+        bad_meta[at + 1] = 2;
+        assert_eq!(
+            decode_body(&sealed(&bad_meta)),
+            Err(DecodeError::Invalid("metadata flag"))
+        );
         assert_eq!(
             fields.len() - 5,
             MIN_ENTRY + 1,
@@ -1606,6 +1685,50 @@ pub(crate) mod tests {
         assert_eq!(
             decode_body(&sealed(&fields)),
             Err(DecodeError::Invalid("digest flag"))
+        );
+    }
+
+    // An entry's attributes are bounded in count and bytes, and named.
+    #[test]
+    fn an_entrys_attributes_are_bounded() {
+        let with = |xattrs: Vec<(String, Vec<u8>)>| {
+            let entry = FileEntry {
+                file_id: 1,
+                kind: EntryKind::File,
+                size: 5,
+                fingerprint: 2,
+                mode: 0o644,
+                mtime: (3, 4),
+                digest: None,
+                meta: Some(Box::new(Meta {
+                    owner: Some((7, 8)),
+                    xattrs,
+                })),
+                path: "a".into(),
+            };
+            let mut buf = Vec::new();
+            encode(
+                &Frame::Files {
+                    entries: vec![entry],
+                },
+                &mut buf,
+            );
+            decode_body(&buf[4..])
+        };
+        let one = |n: usize| ("user.a".to_string(), vec![0u8; n]);
+        assert!(with(vec![one(10); MAX_XATTRS]).is_ok());
+        assert_eq!(
+            with(vec![one(1); MAX_XATTRS + 1]),
+            Err(DecodeError::Invalid("attribute count"))
+        );
+        assert!(with(vec![one(MAX_XATTR_BYTES - 6)]).is_ok());
+        assert_eq!(
+            with(vec![one(MAX_XATTR_BYTES - 5)]),
+            Err(DecodeError::Invalid("extended attribute"))
+        );
+        assert_eq!(
+            with(vec![(String::new(), vec![1])]),
+            Err(DecodeError::Invalid("extended attribute"))
         );
     }
 

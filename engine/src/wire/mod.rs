@@ -64,8 +64,9 @@ pub const MAGIC: [u8; 4] = *b"WRRT";
 /// 16: `Open.sync`, `FileEntry.mtime` and `PlanOutcome::Present`; 17:
 /// `Open.dry_run`, a session that plans and writes nothing; 18:
 /// `FileEntry.digest`, for `SyncLevel::Checksum`; 19: `Purpose::Mirror`,
-/// `MirrorOpen` and `Remove`, a mirror's deletes).
-pub const VERSION: u16 = 19;
+/// `MirrorOpen` and `Remove`, a mirror's deletes; 20: `FileEntry.meta`,
+/// owners and extended attributes).
+pub const VERSION: u16 = 20;
 /// The first version whose `Hello` carries an encryption offer and whose
 /// `Challenge` says whether TLS follows.
 pub const ENCRYPTION_SINCE: u16 = 13;
@@ -184,8 +185,38 @@ pub struct FileEntry {
     /// (`digest::file_digest` of its blocks at the session's block
     /// size), which the receiver compares with what it has; else none.
     pub digest: Option<u128>,
+    /// Owner and extended attributes, where the send keeps them
+    /// (`send --keep`); boxed, so that an entry without them (and a
+    /// file waiting in a large manifest) costs a pointer.
+    pub meta: Option<Box<Meta>>,
     /// Destination path relative to the receiver's root.
     pub path: String,
+}
+
+/// Most extended attributes one entry carries.
+pub const MAX_XATTRS: usize = 64;
+/// Most bytes of extended attributes (names and values) one entry
+/// carries: the receiver holds them for every file of its manifest.
+pub const MAX_XATTR_BYTES: usize = 64 << 10;
+/// Longest attribute name (XATTR_NAME_MAX).
+pub const MAX_XATTR_NAME: usize = 255;
+
+/// What a file carries beyond its data, mode and times, where the send
+/// keeps it (`metadata`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Meta {
+    /// Owner and group ids, as the sender's map made them.
+    pub owner: Option<(u32, u32)>,
+    /// Extended attributes, name and value (POSIX ACLs among them, as
+    /// `system.posix_acl_access` and `system.posix_acl_default`).
+    pub xattrs: Vec<(String, Vec<u8>)>,
+}
+
+impl Meta {
+    /// Bytes of its attributes' names and values.
+    pub fn xattr_bytes(&self) -> usize {
+        self.xattrs.iter().map(|(n, v)| n.len() + v.len()).sum()
+    }
 }
 
 /// The header that precedes each block's payload.

@@ -146,6 +146,7 @@ mod tests {
                 mode: 0o644,
                 mtime: (0, 0),
                 digest: None,
+                meta: None,
                 path: format!("tree/d{:03}/f{i:05}.bin", i / 500),
             })
             .collect();

@@ -183,6 +183,7 @@ fn entries(list: &SourceList) -> Vec<Vec<RelayEntry>> {
                 mode: f.mode,
                 mtime: f.stamp.wire_mtime(),
                 digest: None,
+                meta: None,
                 path: f.dest.clone(),
             },
             rel,

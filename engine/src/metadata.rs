@@ -1,0 +1,252 @@
+//! What a send keeps of each file beyond its data, mode and times: its
+//! owner and group (through a map, for sites whose ids differ) and its
+//! extended attributes (POSIX ACLs among them). I/O-free: the sender's
+//! shell reads them (`sender::metadata`), the receiver's sets them as it
+//! publishes (`receiver::dest`), and this decides what may go.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::wire::Meta;
+
+/// The attribute that holds a file's access ACL.
+pub const ACL_ACCESS: &str = "system.posix_acl_access";
+/// The attribute that holds a directory's default ACL.
+pub const ACL_DEFAULT: &str = "system.posix_acl_default";
+
+/// What a send keeps (`send --keep owner,xattrs,acls`). None of it by
+/// default: owners mean little across sites whose ids differ, and a
+/// receiver sets them only where its operator allows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Keep {
+    /// Owner and group (the receiver needs `serve --keep-owners`).
+    pub owner: bool,
+    /// Extended attributes in the `user.` namespace.
+    pub xattrs: bool,
+    /// POSIX ACLs (`system.posix_acl_access`, `system.posix_acl_default`).
+    pub acls: bool,
+}
+
+impl Keep {
+    /// The spellings `--keep` takes.
+    pub const NAMES: [&str; 3] = ["owner", "xattrs", "acls"];
+
+    /// Whether it keeps anything.
+    pub fn any(self) -> bool {
+        self.owner || self.xattrs || self.acls
+    }
+
+    /// Whether the attribute `name` is one it keeps.
+    pub fn keeps_xattr(self, name: &str) -> bool {
+        (self.xattrs && name.starts_with("user."))
+            || (self.acls && (name == ACL_ACCESS || name == ACL_DEFAULT))
+    }
+}
+
+impl FromStr for Keep {
+    type Err = String;
+
+    /// A comma-separated list of `owner`, `xattrs` and `acls`, or `none`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut k = Self::default();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match part {
+                "owner" => k.owner = true,
+                "xattrs" => k.xattrs = true,
+                "acls" => k.acls = true,
+                "none" => {}
+                other => {
+                    return Err(format!(
+                        "{other:?} is not something a send keeps: give a comma-separated list of {}, or none",
+                        Self::NAMES.join(", ")
+                    ));
+                }
+            }
+        }
+        Ok(k)
+    }
+}
+
+impl fmt::Display for Keep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = [self.owner, self.xattrs, self.acls]
+            .iter()
+            .zip(Self::NAMES)
+            .filter(|(on, _)| **on)
+            .map(|(_, n)| n)
+            .collect();
+        match names.is_empty() {
+            true => f.write_str("none"),
+            false => f.write_str(&names.join(",")),
+        }
+    }
+}
+
+/// Most pairs one id map holds.
+pub const MAX_ID_MAP: usize = 4096;
+
+/// Ids of the sending site mapped to the receiving site's
+/// (`--uid-map 1000:2000,1001:2001`); an id not in it stays as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IdMap(Vec<(u32, u32)>);
+
+impl IdMap {
+    /// The id `id` maps to.
+    pub fn map(&self, id: u32) -> u32 {
+        self.0
+            .iter()
+            .find(|(from, _)| *from == id)
+            .map_or(id, |(_, to)| *to)
+    }
+}
+
+impl FromStr for IdMap {
+    type Err = String;
+
+    /// `FROM:TO` pairs, comma-separated; each FROM once.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut pairs: Vec<(u32, u32)> = Vec::new();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let parsed = part
+                .split_once(':')
+                .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)));
+            let Some((from, to)) = parsed else {
+                return Err(format!(
+                    "{part:?} is not FROM:TO (two numeric ids, e.g. 1000:2000)"
+                ));
+            };
+            if pairs.iter().any(|(f, _)| *f == from) {
+                return Err(format!("{from} is mapped twice"));
+            }
+            if pairs.len() == MAX_ID_MAP {
+                return Err(format!("more than {MAX_ID_MAP} ids mapped"));
+            }
+            pairs.push((from, to));
+        }
+        Ok(Self(pairs))
+    }
+}
+
+/// Whether a receiver sets the attribute `name` a sender sent: only
+/// those a send keeps at all, whatever the sender says. Never
+/// `security.*` (file capabilities, SELinux labels) or `trusted.*`: one
+/// would hand a program privileges the receiver's operator never gave.
+pub fn settable(name: &str) -> bool {
+    name.starts_with("user.") || name == ACL_ACCESS || name == ACL_DEFAULT
+}
+
+/// What a receiver does with a sent owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnerPolicy {
+    /// Leave every file owned by the receiver (the default).
+    Ignore,
+    /// Set the sent owner, except root's.
+    Keep,
+    /// Set the sent owner, root's too.
+    KeepRoot,
+}
+
+/// Why a receiver did not set what was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotKept {
+    /// The receiver does not set owners.
+    Owners,
+    /// The owner or group is root's, which the receiver does not give.
+    Root,
+    /// An attribute outside what a send keeps.
+    Attribute,
+}
+
+impl fmt::Display for NotKept {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Owners => {
+                "owners not kept: this receiver does not set them (serve --keep-owners, with CAP_CHOWN)"
+            }
+            Self::Root => {
+                "owners not kept: the sender mapped them to root (uid or gid 0), which this receiver does not give (serve --allow-root-owner)"
+            }
+            Self::Attribute => {
+                "an extended attribute outside user.* and POSIX ACLs was sent, and not set"
+            }
+        })
+    }
+}
+
+/// What of `meta` the receiver sets under `policy`, and what it leaves,
+/// saying why.
+pub fn admitted(meta: Meta, policy: OwnerPolicy) -> (Meta, Vec<NotKept>) {
+    let mut left = Vec::new();
+    let owner = match (meta.owner, policy) {
+        (None, _) => None,
+        (Some(_), OwnerPolicy::Ignore) => {
+            left.push(NotKept::Owners);
+            None
+        }
+        (Some((0, _) | (_, 0)), OwnerPolicy::Keep) => {
+            left.push(NotKept::Root);
+            None
+        }
+        (Some(o), _) => Some(o),
+    };
+    let before = meta.xattrs.len();
+    let xattrs: Vec<_> = meta
+        .xattrs
+        .into_iter()
+        .filter(|(n, _)| settable(n))
+        .collect();
+    if xattrs.len() < before {
+        left.push(NotKept::Attribute);
+    }
+    (Meta { owner, xattrs }, left)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keep_and_id_maps_parse_and_refuse_what_they_cannot_mean() {
+        let k: Keep = "owner, acls".parse().unwrap();
+        assert_eq!((k.owner, k.xattrs, k.acls), (true, false, true));
+        assert_eq!(k.to_string(), "owner,acls");
+        assert_eq!("none".parse::<Keep>().unwrap(), Keep::default());
+        assert!(
+            "owners"
+                .parse::<Keep>()
+                .unwrap_err()
+                .contains("owner, xattrs, acls")
+        );
+        assert!(k.keeps_xattr(ACL_ACCESS) && !k.keeps_xattr("user.a"));
+        let m: IdMap = "1000:2000, 5:0".parse().unwrap();
+        assert_eq!((m.map(1000), m.map(5), m.map(7)), (2000, 0, 7));
+        for bad in ["1000", "a:b", "1:2,1:3", "1:-2"] {
+            assert!(bad.parse::<IdMap>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_receiver_sets_only_what_it_allows() {
+        let sent = Meta {
+            owner: Some((1000, 0)),
+            xattrs: vec![
+                ("user.origin".into(), b"x".to_vec()),
+                (ACL_ACCESS.into(), vec![2, 0, 0, 0]),
+                ("security.capability".into(), vec![1]),
+                ("trusted.overlay".into(), vec![1]),
+            ],
+        };
+        let (set, left) = admitted(sent.clone(), OwnerPolicy::Keep);
+        assert_eq!(set.owner, None, "root's group is not given");
+        assert_eq!(
+            set.xattrs.iter().map(|x| x.0.as_str()).collect::<Vec<_>>(),
+            ["user.origin", ACL_ACCESS]
+        );
+        assert_eq!(left, [NotKept::Root, NotKept::Attribute]);
+        let (set, _) = admitted(sent.clone(), OwnerPolicy::KeepRoot);
+        assert_eq!(set.owner, Some((1000, 0)));
+        let (set, left) = admitted(sent, OwnerPolicy::Ignore);
+        assert_eq!(set.owner, None);
+        assert_eq!(left[0], NotKept::Owners);
+    }
+}
