@@ -227,8 +227,10 @@ pub struct ServeArgs {
     #[arg(long, conflicts_with = "discard_only")]
     pub allow_delete: bool,
     /// Set the owners and groups senders send (send --keep owner), as
-    /// their maps made them; needs CAP_CHOWN. Root's (id 0) only with
-    /// --allow-root-owner. Off: every file is owned by this receiver.
+    /// their maps made them: run as root, or with CAP_CHOWN, CAP_FOWNER
+    /// and CAP_DAC_OVERRIDE (a directory given away is written into by a
+    /// later session). Root's (id 0) only with --allow-root-owner. Off:
+    /// every file is owned by this receiver.
     #[arg(long)]
     pub keep_owners: bool,
     /// With --keep-owners: give files root's owner or group too, where a
@@ -236,6 +238,11 @@ pub struct ServeArgs {
     /// may do: think twice on shared storage).
     #[arg(long, requires = "keep_owners")]
     pub allow_root_owner: bool,
+    /// Set the POSIX ACLs senders send (send --keep acls). An ACL grants
+    /// access to the users and groups it names (their ids mapped by the
+    /// sender's --uid-map and --gid-map). Off: files get their mode alone.
+    #[arg(long)]
+    pub keep_acls: bool,
 }
 
 #[derive(Args)]
@@ -320,9 +327,11 @@ pub struct SendArgs {
 pub struct KeepArgs {
     /// Keep, comma-separated: owner (owner and group ids; the receiver
     /// sets them only with serve --keep-owners), xattrs (extended
-    /// attributes in the user. namespace), acls (POSIX ACLs). Each file
-    /// the receiver cannot give them lands all the same, and its log
-    /// says why.
+    /// attributes in the user. namespace), acls (POSIX ACLs, their named
+    /// ids mapped too; the receiver sets them only with serve
+    /// --keep-acls). A file the receiver cannot give them lands all the
+    /// same, and its log says why. Directories the send makes get them
+    /// too; those already there keep theirs.
     #[arg(long, value_name = "WHAT", default_value = "none", value_parser = |s: &str| s.parse::<wirerate_engine::metadata::Keep>())]
     pub keep: wirerate_engine::metadata::Keep,
     /// With --keep owner: owner ids of this site mapped to the

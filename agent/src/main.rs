@@ -173,6 +173,7 @@ fn serve(a: wirerate_agent::cli::ServeArgs) -> Result<ExitCode> {
         tracing::info!(%addr, "serving metrics on /metrics");
     }
     cfg.allow_delete = a.allow_delete;
+    cfg.acls = a.keep_acls;
     cfg.owners = match (a.keep_owners, a.allow_root_owner) {
         (false, _) => wirerate_engine::metadata::OwnerPolicy::Ignore,
         (true, false) => wirerate_engine::metadata::OwnerPolicy::Keep,

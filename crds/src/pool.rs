@@ -356,6 +356,24 @@ pub struct AgentSecurityContext {
     pub add_capabilities: Vec<FileCapability>,
 }
 
+impl DtnPool {
+    /// Whether its agents may give files away and go on working with
+    /// them (CHOWN, FOWNER and DAC_OVERRIDE), which keeping owners needs
+    /// (a Transfer's `spec.keep.owner`): a directory given away is
+    /// written into, and its time set, by a later session.
+    pub fn gives_chown(&self) -> bool {
+        self.spec.security_context.as_ref().is_some_and(|c| {
+            [
+                FileCapability::CHOWN,
+                FileCapability::FOWNER,
+                FileCapability::DAC_OVERRIDE,
+            ]
+            .iter()
+            .all(|cap| c.add_capabilities.contains(cap))
+        })
+    }
+}
+
 /// A capability an agent may be given to get past file permissions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[allow(non_camel_case_types)]

@@ -147,6 +147,15 @@ pub struct TransferSpec {
     /// (`allowDeletes`). Unset: nothing at the destination is deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mirror: Option<Guard>,
+    /// What each landed file keeps of its source beyond its data, mode
+    /// and modification time: `owner` (owner and group ids, through
+    /// `uidMap` and `gidMap`; the destination pool must add the CHOWN,
+    /// FOWNER and DAC_OVERRIDE capabilities, and no id may map to root's
+    /// 0), `xattrs` (extended attributes in `user.`) and `acls` (POSIX
+    /// ACLs, their named ids mapped too). Directories the Transfer makes
+    /// get them too; those already there keep theirs. Unset: none of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep: Option<KeepSpec>,
     /// Cap on the transfer's rate in megabits per second (sharing a path).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 10000000))]
@@ -161,6 +170,67 @@ pub struct TransferSpec {
     #[serde(default = "stall_timeout")]
     #[schemars(range(min = 30, max = 86400))]
     pub stall_timeout_seconds: i32,
+}
+
+/// What a Transfer keeps of each file (`spec.keep`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeepSpec {
+    /// Owner and group ids.
+    #[serde(default)]
+    pub owner: bool,
+    /// Extended attributes in the `user.` namespace.
+    #[serde(default)]
+    pub xattrs: bool,
+    /// POSIX ACLs.
+    #[serde(default)]
+    pub acls: bool,
+    /// Owner ids of the source's site mapped to the destination's; an id
+    /// not listed goes as it is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = wirerate_engine::metadata::MAX_ID_MAP))]
+    pub uid_map: Vec<IdPair>,
+    /// Group ids, likewise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = wirerate_engine::metadata::MAX_ID_MAP))]
+    pub gid_map: Vec<IdPair>,
+}
+
+/// One id mapped: `from` on the source's site, `to` on the destination's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct IdPair {
+    /// The source's id.
+    pub from: u32,
+    /// The destination's.
+    pub to: u32,
+}
+
+impl KeepSpec {
+    /// The engine's terms, or why they cannot be (an id mapped twice).
+    pub fn keeping(&self) -> Result<wirerate_engine::metadata::Keeping, String> {
+        let map = |pairs: &[IdPair]| {
+            pairs
+                .iter()
+                .map(|p| format!("{}:{}", p.from, p.to))
+                .collect::<Vec<_>>()
+                .join(",")
+                .parse::<wirerate_engine::metadata::IdMap>()
+        };
+        Ok(wirerate_engine::metadata::Keeping {
+            keep: wirerate_engine::metadata::Keep {
+                owner: self.owner,
+                xattrs: self.xattrs,
+                acls: self.acls,
+            },
+            uids: map(&self.uid_map).map_err(|e| format!("uidMap: {e}"))?,
+            gids: map(&self.gid_map).map_err(|e| format!("gidMap: {e}"))?,
+        })
+    }
+
+    /// Whether an owner may map to root's id 0, which no pool gives.
+    pub fn maps_to_root(&self) -> bool {
+        self.uid_map.iter().chain(&self.gid_map).any(|p| p.to == 0)
+    }
 }
 
 fn three() -> i32 {

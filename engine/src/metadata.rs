@@ -82,6 +82,17 @@ impl fmt::Display for Keep {
     }
 }
 
+/// What a send keeps, and the id maps its owners go through.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Keeping {
+    /// What it keeps.
+    pub keep: Keep,
+    /// Owner ids, sending site to receiving site.
+    pub uids: IdMap,
+    /// Group ids, likewise.
+    pub gids: IdMap,
+}
+
 /// Most pairs one id map holds.
 pub const MAX_ID_MAP: usize = 4096;
 
@@ -155,6 +166,8 @@ pub enum NotKept {
     Root,
     /// An attribute outside what a send keeps.
     Attribute,
+    /// An ACL, which the receiver does not set.
+    Acls,
 }
 
 impl fmt::Display for NotKept {
@@ -169,13 +182,17 @@ impl fmt::Display for NotKept {
             Self::Attribute => {
                 "an extended attribute outside user.* and POSIX ACLs was sent, and not set"
             }
+            Self::Acls => {
+                "ACLs not kept: this receiver does not set them (serve --keep-acls)"
+            }
         })
     }
 }
 
-/// What of `meta` the receiver sets under `policy`, and what it leaves,
-/// saying why.
-pub fn admitted(meta: Meta, policy: OwnerPolicy) -> (Meta, Vec<NotKept>) {
+/// What of `meta` the receiver sets under `policy` (and `acls`: whether
+/// it sets ACLs, which grant access to users the receiver's operator may
+/// not expect), and what it leaves, saying why.
+pub fn admitted(meta: Meta, policy: OwnerPolicy, acls: bool) -> (Meta, Vec<NotKept>) {
     let mut left = Vec::new();
     let owner = match (meta.owner, policy) {
         (None, _) => None,
@@ -189,16 +206,50 @@ pub fn admitted(meta: Meta, policy: OwnerPolicy) -> (Meta, Vec<NotKept>) {
         }
         (Some(o), _) => Some(o),
     };
-    let before = meta.xattrs.len();
-    let xattrs: Vec<_> = meta
-        .xattrs
-        .into_iter()
-        .filter(|(n, _)| settable(n))
-        .collect();
-    if xattrs.len() < before {
-        left.push(NotKept::Attribute);
+    let is_acl = |n: &str| n == ACL_ACCESS || n == ACL_DEFAULT;
+    let mut xattrs = Vec::with_capacity(meta.xattrs.len());
+    for (name, value) in meta.xattrs {
+        if !settable(&name) {
+            push_once(&mut left, NotKept::Attribute);
+        } else if is_acl(&name) && !acls {
+            push_once(&mut left, NotKept::Acls);
+        } else {
+            xattrs.push((name, value));
+        }
     }
     (Meta { owner, xattrs }, left)
+}
+
+fn push_once(left: &mut Vec<NotKept>, why: NotKept) {
+    if !left.contains(&why) {
+        left.push(why);
+    }
+}
+
+/// The POSIX ACL `value` (as the kernel stores it in
+/// `system.posix_acl_*`: a version, then tag, permissions and id for each
+/// entry) with the ids of its named users and groups mapped; None if it
+/// is not such a value.
+pub fn map_acl(value: &[u8], uids: &IdMap, gids: &IdMap) -> Option<Vec<u8>> {
+    const USER: u16 = 0x02;
+    const GROUP: u16 = 0x08;
+    let (head, entries) = value.split_first_chunk::<4>()?;
+    if u32::from_le_bytes(*head) != 2 || entries.len() % 8 != 0 {
+        return None;
+    }
+    let mut out = head.to_vec();
+    for e in entries.chunks_exact(8) {
+        let tag = u16::from_le_bytes([e[0], e[1]]);
+        let id = u32::from_le_bytes([e[4], e[5], e[6], e[7]]);
+        let id = match tag {
+            USER => uids.map(id),
+            GROUP => gids.map(id),
+            _ => id,
+        };
+        out.extend_from_slice(&e[..4]);
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -236,17 +287,48 @@ mod tests {
                 ("trusted.overlay".into(), vec![1]),
             ],
         };
-        let (set, left) = admitted(sent.clone(), OwnerPolicy::Keep);
+        let (set, left) = admitted(sent.clone(), OwnerPolicy::Keep, true);
         assert_eq!(set.owner, None, "root's group is not given");
         assert_eq!(
             set.xattrs.iter().map(|x| x.0.as_str()).collect::<Vec<_>>(),
             ["user.origin", ACL_ACCESS]
         );
         assert_eq!(left, [NotKept::Root, NotKept::Attribute]);
-        let (set, _) = admitted(sent.clone(), OwnerPolicy::KeepRoot);
+        let (set, _) = admitted(sent.clone(), OwnerPolicy::KeepRoot, true);
         assert_eq!(set.owner, Some((1000, 0)));
-        let (set, left) = admitted(sent, OwnerPolicy::Ignore);
+        let (set, left) = admitted(sent, OwnerPolicy::Ignore, false);
         assert_eq!(set.owner, None);
-        assert_eq!(left[0], NotKept::Owners);
+        assert_eq!(left, [NotKept::Owners, NotKept::Acls, NotKept::Attribute]);
+        assert_eq!(
+            set.xattrs.iter().map(|x| x.0.as_str()).collect::<Vec<_>>(),
+            ["user.origin"]
+        );
+    }
+
+    #[test]
+    fn an_acls_named_ids_go_through_the_maps() {
+        let entry = |tag: u16, id: u32| {
+            let mut e = tag.to_le_bytes().to_vec();
+            e.extend_from_slice(&4u16.to_le_bytes());
+            e.extend_from_slice(&id.to_le_bytes());
+            e
+        };
+        let acl = |user: u32, group: u32| {
+            let mut v = 2u32.to_le_bytes().to_vec();
+            for e in [
+                entry(1, u32::MAX),
+                entry(2, user),
+                entry(8, group),
+                entry(0x20, u32::MAX),
+            ] {
+                v.extend(e);
+            }
+            v
+        };
+        let (uids, gids) = ("7:70".parse().unwrap(), "8:80".parse().unwrap());
+        assert_eq!(map_acl(&acl(7, 8), &uids, &gids), Some(acl(70, 80)));
+        assert_eq!(map_acl(&acl(9, 7), &uids, &gids), Some(acl(9, 7)));
+        assert_eq!(map_acl(&[2, 0, 0, 0, 1], &uids, &gids), None);
+        assert_eq!(map_acl(&[1, 0, 0, 0], &uids, &gids), None);
     }
 }

@@ -34,6 +34,9 @@ pub mod reason {
     /// spec.mirror into a pool that does not allow deletes, or over
     /// several pairs.
     pub const DELETES_NOT_ALLOWED: &str = "DeletesNotAllowed";
+    /// spec.keep that cannot be: an id mapped twice or to root's, or
+    /// owners into a pool whose agents cannot set them.
+    pub const INVALID_KEEP: &str = "InvalidKeep";
 }
 
 /// The longest Transfer name: it is a label value on its token Secret and grant.
@@ -161,6 +164,7 @@ pub fn validate(t: &Transfer, catalog: Catalog<'_>) -> Result<Resolved, Invalid>
         ));
     }
     mirror(t, dst.map(|d| (&receiver_pool, d)), pairs)?;
+    keep(t, dst.map(|d| (&receiver_pool, d)))?;
     // Relays read the source from storage the sender's pool declares
     // shared: each reads what the sender would have.
     let relays = match src.spec.shared_storage {
@@ -248,6 +252,40 @@ fn mirror(
                 reason::DELETES_NOT_ALLOWED,
                 format!(
                     "spec.mirror deletes at the destination, and DtnPool {ns}/{name} does not allow deletes: its admin may set spec.allowDeletes: true, or remove spec.mirror"
+                ),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Whether what `t` keeps of each file can be kept at `dst` (at its key;
+/// None: an agent outside the cluster, whose own flags decide): its id
+/// maps are maps, none gives root's id (no pool sets it), and owners
+/// go only into a pool whose agents may set them.
+fn keep(t: &Transfer, dst: Option<(&Option<Key>, &DtnPool)>) -> Result<(), Invalid> {
+    let Some(k) = &t.spec.keep else {
+        return Ok(());
+    };
+    if let Err(e) = k.keeping() {
+        return Err(invalid(reason::INVALID_KEEP, format!("spec.keep.{e}")));
+    }
+    if !k.owner {
+        return Ok(());
+    }
+    if k.maps_to_root() {
+        return Err(invalid(
+            reason::INVALID_KEEP,
+            "spec.keep maps an id to root's (0), and no pool gives files root's owner or group: map it to another id".to_owned(),
+        ));
+    }
+    match dst {
+        Some((key, d)) if !d.gives_chown() => {
+            let (ns, name) = key.clone().unwrap_or_default();
+            Err(invalid(
+                reason::INVALID_KEEP,
+                format!(
+                    "spec.keep.owner needs agents that may change owners, and DtnPool {ns}/{name} does not add the CHOWN, FOWNER and DAC_OVERRIDE capabilities (spec.securityContext.addCapabilities): its admin may add them, or leave owner out"
                 ),
             ))
         }
@@ -525,6 +563,61 @@ pub(crate) mod tests {
         let e = at(&t).unwrap_err();
         assert_eq!(e.reason, reason::DELETES_NOT_ALLOWED);
         assert!(e.message.contains("several pairs"), "{}", e.message);
+    }
+
+    // Owners kept only into a pool that may set them, never mapped to
+    // root's, and maps that are maps.
+    #[test]
+    fn keeping_owners_needs_chown_and_no_map_to_root() {
+        use wirerate_crds::pool::{AgentSecurityContext, FileCapability};
+        use wirerate_crds::transfer::{IdPair, KeepSpec};
+        let mut t = transfer("t", "/in/a", "/out/a");
+        t.spec.keep = Some(KeepSpec {
+            xattrs: true,
+            ..KeepSpec::default()
+        });
+        assert!(check(&t).is_ok(), "attributes need nothing of the pool");
+        t.spec.keep.as_mut().unwrap().owner = true;
+        let e = check(&t).unwrap_err();
+        assert_eq!(e.reason, reason::INVALID_KEEP);
+        assert!(
+            e.message.contains("does not add the CHOWN, FOWNER"),
+            "{}",
+            e.message
+        );
+        let mut chown = pools();
+        for p in chown.values_mut() {
+            p.spec.security_context = Some(AgentSecurityContext {
+                add_capabilities: vec![
+                    FileCapability::CHOWN,
+                    FileCapability::FOWNER,
+                    FileCapability::DAC_OVERRIDE,
+                ],
+                ..Default::default()
+            });
+        }
+        let at = |t: &Transfer| {
+            validate(
+                t,
+                Catalog {
+                    pools: &chown,
+                    consents: &BTreeSet::new(),
+                },
+            )
+        };
+        assert!(at(&t).is_ok());
+        let k = t.spec.keep.as_mut().unwrap();
+        k.gid_map = vec![IdPair { from: 100, to: 0 }];
+        let e = at(&t).unwrap_err();
+        assert!(e.message.contains("root's (0)"), "{}", e.message);
+        let k = t.spec.keep.as_mut().unwrap();
+        k.gid_map = vec![IdPair { from: 1, to: 2 }, IdPair { from: 1, to: 3 }];
+        let e = at(&t).unwrap_err();
+        assert!(
+            e.message.contains("gidMap: 1 is mapped twice"),
+            "{}",
+            e.message
+        );
     }
 
     // Issue 34's bad input: a pair count out of bounds, and several pairs

@@ -246,6 +246,20 @@ pub struct SendTerms {
     /// Delete at the destination what the source does not have, within
     /// this guard, once every file landed.
     pub mirror: Option<wirerate_engine::mirror::Guard>,
+    /// What each file keeps beyond its data, mode and times.
+    pub keeping: wirerate_engine::metadata::Keeping,
+}
+
+/// What a Transfer asks of its receiver beyond its pool's tuning.
+#[derive(Debug, Clone, Default)]
+pub struct ReceiveTerms {
+    /// Where its mirror may delete: the Transfer's destination, where it
+    /// mirrors and its pool allows deletes; None takes no deletes.
+    pub mirror: Option<String>,
+    /// Whether it sets the owners its sender sends.
+    pub owners: Option<wirerate_engine::metadata::OwnerPolicy>,
+    /// Whether it sets the ACLs its sender sends.
+    pub acls: bool,
 }
 
 impl SenderJob {
@@ -266,6 +280,7 @@ impl SenderJob {
             max_rate_mbps,
             filters,
             mirror,
+            keeping,
         } = terms;
         let Targets {
             endpoints,
@@ -286,6 +301,7 @@ impl SenderJob {
         cfg.sync = sync;
         cfg.filters = filters;
         cfg.mirror = mirror;
+        cfg.keeping = keeping;
         cfg.max_rate = max_rate_mbps.map(|m| m as u64 * 1_000_000 / 8);
         // Longer than a Lease: a lost receiver is replaced before the sender gives up.
         cfg.retry_for = Duration::from_secs(90);
@@ -417,19 +433,21 @@ pub struct ReceiverJob {
 
 impl ReceiverJob {
     /// Binds the first free port in `ports` and serves `root` with
-    /// `token`; a mirror's deletes beneath `mirror` alone (the
-    /// Transfer's destination, where it mirrors and its pool allows
-    /// deletes), none if None.
+    /// `token`, on `terms`.
     pub fn start(
         root: PathBuf,
         token: Vec<u8>,
         tuning: &Tuning,
         ports: std::ops::Range<u16>,
-        mirror: Option<String>,
+        terms: ReceiveTerms,
     ) -> Result<Self> {
         let mut cfg = ServeConfig::new(root, token);
-        cfg.allow_delete = mirror.is_some();
-        cfg.mirror_base = mirror;
+        cfg.allow_delete = terms.mirror.is_some();
+        cfg.mirror_base = terms.mirror;
+        if let Some(owners) = terms.owners {
+            cfg.owners = owners;
+        }
+        cfg.acls = terms.acls;
         cfg.observer = Shown::metrics().observe();
         cfg.tune(&tuning.settings()?);
         cfg.encrypt = tuning.encryption();

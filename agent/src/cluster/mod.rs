@@ -639,6 +639,16 @@ fn sender_side(
                 max_rate_mbps: t.spec.max_rate_mbps,
                 filters: t.spec.filters.clone().unwrap_or_default(),
                 mirror: t.spec.mirror,
+                keeping: t
+                    .spec
+                    .keep
+                    .as_ref()
+                    .map(|k| {
+                        k.keeping()
+                            .map_err(|e| Error::Config(format!("spec.keep.{e}")))
+                    })
+                    .transpose()?
+                    .unwrap_or_default(),
             },
         )?,
         // Over several pairs no one receiver holds the whole.
@@ -712,7 +722,22 @@ fn receiver_side(
     let deletes = (t.spec.mirror.is_some() && pool.spec.allow_deletes)
         .then(|| dest.file_name().map(|n| n.to_string_lossy().into_owned()))
         .flatten();
-    let job = ReceiverJob::start(parent, token, tuning, ports, deletes)?;
+    // Owners only where the Transfer keeps them and the pool gave its
+    // agents the capabilities to set them (the operator checked both);
+    // ACLs where the Transfer keeps them: they grant no more than the
+    // modes its files may already have.
+    let owners = t
+        .spec
+        .keep
+        .as_ref()
+        .is_some_and(|k| k.owner && pool.gives_chown())
+        .then_some(wirerate_engine::metadata::OwnerPolicy::Keep);
+    let terms = jobs::ReceiveTerms {
+        mirror: deletes,
+        owners,
+        acls: t.spec.keep.as_ref().is_some_and(|k| k.acls),
+    };
+    let job = ReceiverJob::start(parent, token, tuning, ports, terms)?;
     Ok(Side::Receiver {
         job,
         dest,

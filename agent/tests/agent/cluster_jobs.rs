@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use crate::common::{TOKEN, assert_same, scratch, write_file};
 use wirerate_agent::cluster::jobs::{
-    ReceiverJob, SendTerms, SenderJob, SenderOutcome, Targets, remove_partials, under_roots,
+    ReceiveTerms, ReceiverJob, SendTerms, SenderJob, SenderOutcome, Targets, remove_partials,
+    under_roots,
 };
 use wirerate_crds::Tuning;
 use wirerate_crds::tuning::Compression;
@@ -53,10 +54,22 @@ fn a_receiver_job_takes_a_sender_jobs_file_into_the_destination_directory() {
     write_file(&file, 9 * (1 << 20) + 4321, 7);
 
     // A second job must get another port from the range.
-    let first =
-        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), None).unwrap();
-    let mut rx =
-        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), None).unwrap();
+    let first = ReceiverJob::start(
+        dst.clone(),
+        TOKEN.to_vec(),
+        &tuning(),
+        free_ports(),
+        ReceiveTerms::default(),
+    )
+    .unwrap();
+    let mut rx = ReceiverJob::start(
+        dst.clone(),
+        TOKEN.to_vec(),
+        &tuning(),
+        free_ports(),
+        ReceiveTerms::default(),
+    )
+    .unwrap();
     assert_ne!(first.port, rx.port);
 
     let endpoint = format!("127.0.0.1:{}", rx.port);
@@ -160,8 +173,14 @@ fn a_transfers_filters_choose_what_its_sender_sends() {
     write_file(&src.join("a.h5"), 5000, 1);
     write_file(&src.join("b.txt"), 5000, 2);
     std::fs::create_dir_all(&dst).unwrap();
-    let mut rx =
-        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), None).unwrap();
+    let mut rx = ReceiverJob::start(
+        dst.clone(),
+        TOKEN.to_vec(),
+        &tuning(),
+        free_ports(),
+        ReceiveTerms::default(),
+    )
+    .unwrap();
     let endpoint = format!("127.0.0.1:{}", rx.port);
     let tx = SenderJob::start(
         Targets::one(std::slice::from_ref(&endpoint)),
@@ -198,9 +217,12 @@ fn a_transfers_mirror_deletes_only_where_its_pool_allows() {
     write_file(&src.join("a.h5"), 5000, 1);
     for allow in [false, true] {
         write_file(&dst.join("run/stray.h5"), 100, 2);
-        let mirror = allow.then(|| "run".to_string());
+        let terms = ReceiveTerms {
+            mirror: allow.then(|| "run".to_string()),
+            ..ReceiveTerms::default()
+        };
         let mut rx =
-            ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), mirror)
+            ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), terms)
                 .unwrap();
         let endpoint = format!("127.0.0.1:{}", rx.port);
         let tx = SenderJob::start(
@@ -234,6 +256,62 @@ fn a_transfers_mirror_deletes_only_where_its_pool_allows() {
     }
 }
 
+// A Transfer's spec.keep reaches both engines: the owner (through its
+// map) and a user attribute land with the file, where the receiving
+// pool sets owners.
+#[test]
+fn a_transfers_keep_reaches_sender_and_receiver() {
+    if !crate::common::require_root("keeping owners in cluster jobs") {
+        return;
+    }
+    let dir = scratch("cluster-jobs-keep");
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    let f = src.join("a.h5");
+    write_file(&f, 5000, 1);
+    std::os::unix::fs::chown(&f, Some(1234), Some(5678)).unwrap();
+    rustix::fs::setxattr(&f, "user.run", b"42", rustix::fs::XattrFlags::empty()).unwrap();
+    std::fs::create_dir_all(&dst).unwrap();
+    let terms = ReceiveTerms {
+        owners: Some(wirerate_engine::metadata::OwnerPolicy::Keep),
+        ..ReceiveTerms::default()
+    };
+    let mut rx =
+        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), terms).unwrap();
+    let endpoint = format!("127.0.0.1:{}", rx.port);
+    let spec = wirerate_crds::transfer::KeepSpec {
+        owner: true,
+        xattrs: true,
+        uid_map: vec![wirerate_crds::transfer::IdPair {
+            from: 1234,
+            to: 4321,
+        }],
+        ..Default::default()
+    };
+    let tx = SenderJob::start(
+        Targets::one(std::slice::from_ref(&endpoint)),
+        TOKEN.to_vec(),
+        src.clone(),
+        "run".into(),
+        &tuning(),
+        SendTerms {
+            keeping: spec.keeping().unwrap(),
+            ..SendTerms::default()
+        },
+    )
+    .unwrap();
+    let SenderOutcome::Verified(_) = wait_outcome(&tx, Duration::from_secs(60)) else {
+        panic!("not verified");
+    };
+    let got = dst.join("run/a.h5");
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(&got).unwrap();
+    assert_eq!((m.uid(), m.gid()), (4321, 5678));
+    let mut v = [0u8; 8];
+    let n = rustix::fs::getxattr(&got, "user.run", &mut v[..]).unwrap();
+    assert_eq!(&v[..n], b"42");
+    rx.stop();
+}
+
 /// What a new session would keep of `name` in `dir` now: all of it once
 /// published, else what its stored checkpoint records. The checkpoint is
 /// read first: publishing removes it, and the published file is then seen.
@@ -261,8 +339,14 @@ fn the_progress_a_receiver_shows_never_runs_ahead_of_what_a_resume_keeps() {
     let file = src.join("scan.raw");
     let size: u64 = 40 * (1 << 20) + 777;
     write_file(&file, size as usize, 11);
-    let rx =
-        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), None).unwrap();
+    let rx = ReceiverJob::start(
+        dst.clone(),
+        TOKEN.to_vec(),
+        &tuning(),
+        free_ports(),
+        ReceiveTerms::default(),
+    )
+    .unwrap();
     assert_eq!(rx.position(), None, "nothing planned yet");
     // 160 Mbit/s: about 2 s, several checkpoints.
     let tx = SenderJob::start(
@@ -331,8 +415,14 @@ fn a_second_session_of_the_same_transfer_counts_on_from_the_first() {
     let (a, b) = (5 * (1 << 20) + 1, 3 * (1 << 20) + 7);
     write_file(&src.join("a.bin"), a, 1);
     write_file(&src.join("b.bin"), b, 2);
-    let rx =
-        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), None).unwrap();
+    let rx = ReceiverJob::start(
+        dst.clone(),
+        TOKEN.to_vec(),
+        &tuning(),
+        free_ports(),
+        ReceiveTerms::default(),
+    )
+    .unwrap();
     for name in ["a.bin", "b.bin"] {
         let tx = SenderJob::start(
             Targets::one(&[format!("127.0.0.1:{}", rx.port)]),
@@ -393,8 +483,14 @@ fn the_agents_metrics_endpoint_serves_every_metric_the_dashboard_queries() {
     std::fs::create_dir_all(&dst).unwrap();
     let file = src.join("m.bin");
     write_file(&file, 6 * (1 << 20) + 5, 9);
-    let rx =
-        ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), None).unwrap();
+    let rx = ReceiverJob::start(
+        dst.clone(),
+        TOKEN.to_vec(),
+        &tuning(),
+        free_ports(),
+        ReceiveTerms::default(),
+    )
+    .unwrap();
     let tx = SenderJob::start(
         Targets::one(&[format!("127.0.0.1:{}", rx.port)]),
         TOKEN.to_vec(),
@@ -567,7 +663,7 @@ fn out_of_range_tuning_is_refused_naming_the_field_not_clamped() {
         TOKEN.to_vec(),
         &shallow,
         free_ports(),
-        None,
+        ReceiveTerms::default(),
     )
     .err()
     .expect("refused");
@@ -590,7 +686,7 @@ fn a_receiver_job_with_every_port_taken_says_which_and_why() {
         TOKEN.to_vec(),
         &tuning(),
         port..port + 1,
-        None,
+        ReceiveTerms::default(),
     )
     .err()
     .expect("refused");
@@ -831,7 +927,14 @@ fn three_receivers(
     write_file(&file, 48 * (1 << 20) + 999, seed);
     let receivers: Vec<ReceiverJob> = (0..3)
         .map(|_| {
-            ReceiverJob::start(dst.clone(), TOKEN.to_vec(), &tuning(), free_ports(), None).unwrap()
+            ReceiverJob::start(
+                dst.clone(),
+                TOKEN.to_vec(),
+                &tuning(),
+                free_ports(),
+                ReceiveTerms::default(),
+            )
+            .unwrap()
         })
         .collect();
     let endpoints = receivers

@@ -14,13 +14,18 @@ use wirerate_engine::sender::{Keeping, send};
 /// An access ACL: the owner rw, user 1001 r, the group r, the mask r,
 /// others nothing (`setfacl -m u:1001:r`), as the kernel stores it.
 fn acl() -> Vec<u8> {
+    acl_of(1001, 0)
+}
+
+/// The same with the named user `user` and others' permissions `other`.
+fn acl_of(user: u32, other: u16) -> Vec<u8> {
     let mut v = 2u32.to_le_bytes().to_vec();
     for (tag, perm, id) in [
         (0x01u16, 6u16, u32::MAX),
-        (0x02, 4, 1001),
+        (0x02, 4, user),
         (0x04, 4, u32::MAX),
         (0x10, 4, u32::MAX),
-        (0x20, 0, u32::MAX),
+        (0x20, other, u32::MAX),
     ] {
         v.extend_from_slice(&tag.to_le_bytes());
         v.extend_from_slice(&perm.to_le_bytes());
@@ -51,6 +56,10 @@ fn source(dir: &Path) -> std::path::PathBuf {
     set_xattr(&f, "user.origin", b"telescope-3");
     set_xattr(&f, ACL_ACCESS, &acl());
     set_xattr(&f, "trusted.site", b"private");
+    // Others may write it: the receiver's umask takes that away.
+    let open = src.join("open.dat");
+    write_file(&open, 10, 3);
+    set_xattr(&open, ACL_ACCESS, &acl_of(1001, 6));
     // A directory with an owner, an attribute and a default ACL.
     let sub = src.join("sub");
     write_file(&sub.join("inner.bin"), 10, 2);
@@ -75,18 +84,27 @@ fn owners_attributes_and_acls_are_kept_where_the_receiver_allows() {
     }
     let dir = scratch("keep-metadata");
     let src = source(dir.path());
-    for (policy, uids, gids, owner) in [
-        // Through the uid map.
-        (OwnerPolicy::Keep, "1234:4321", "", (4321, 5678)),
-        // A receiver that does not set owners keeps its own.
-        (OwnerPolicy::Ignore, "", "", (0, 0)),
+    for (policy, acls, uids, gids, owner) in [
+        // Through the uid map, which names in ACLs go through too.
+        (
+            OwnerPolicy::Keep,
+            true,
+            "1234:4321,1001:2001",
+            "",
+            (4321, 5678),
+        ),
+        // A receiver that does not set owners or ACLs keeps its own.
+        (OwnerPolicy::Ignore, false, "", "", (0, 0)),
         // Mapped to root's group: not given unless allowed.
-        (OwnerPolicy::Keep, "", "5678:0", (0, 0)),
-        (OwnerPolicy::KeepRoot, "", "5678:0", (1234, 0)),
+        (OwnerPolicy::Keep, true, "", "5678:0", (0, 0)),
+        (OwnerPolicy::KeepRoot, true, "", "5678:0", (1234, 0)),
     ] {
-        let root = dir.path().join(format!("dst-{policy:?}-{gids}"));
+        let root = dir.path().join(format!("dst-{policy:?}-{acls}-{gids}"));
         std::fs::create_dir_all(&root).unwrap();
-        let srv = server_with(&root, "127.0.0.1:0", |c| c.owners = policy);
+        let srv = server_with(&root, "127.0.0.1:0", |c| {
+            c.owners = policy;
+            c.acls = acls;
+        });
         let mut cfg = send_cfg(srv.addr(), &src, "run");
         cfg.keeping = keeping(uids, gids);
         let s = send(&cfg).unwrap();
@@ -98,9 +116,19 @@ fn owners_attributes_and_acls_are_kept_where_the_receiver_allows() {
             xattr(&got, "user.origin").as_deref(),
             Some(&b"telescope-3"[..])
         );
-        assert_eq!(xattr(&got, ACL_ACCESS), Some(acl()));
+        let named = if uids.contains("1001:2001") {
+            2001
+        } else {
+            1001
+        };
+        let want = acls.then(|| acl_of(named, 0));
+        assert_eq!(xattr(&got, ACL_ACCESS), want, "{policy:?} {uids}");
         assert_eq!(xattr(&got, "trusted.site"), None, "trusted.* is never sent");
         assert_same(&src.join("frame.h5"), &got);
+        let open = root.join("run/open.dat");
+        let want = acls.then(|| acl_of(named, 4));
+        assert_eq!(xattr(&open, ACL_ACCESS), want, "the umask holds");
+        assert_eq!(std::fs::metadata(&open).unwrap().mode() & 0o777, 0o644);
         let sub = root.join("run/sub");
         let m = std::fs::metadata(&sub).unwrap();
         assert_eq!((m.uid(), m.gid()), owner, "the directory's");
@@ -108,8 +136,26 @@ fn owners_attributes_and_acls_are_kept_where_the_receiver_allows() {
             xattr(&sub, "user.kind").as_deref(),
             Some(&b"calibration"[..])
         );
-        assert_eq!(xattr(&sub, ACL_DEFAULT), Some(acl()));
+        assert_eq!(xattr(&sub, ACL_DEFAULT), acls.then(|| acl_of(named, 0)));
     }
+    // A directory that was there before keeps what it had.
+    let root = dir.path().join("dst-there");
+    std::fs::create_dir_all(root.join("run/sub")).unwrap();
+    let srv = server_with(&root, "127.0.0.1:0", |c| {
+        c.owners = OwnerPolicy::Keep;
+        c.acls = true;
+    });
+    let mut cfg = send_cfg(srv.addr(), &src, "run");
+    cfg.keeping = keeping("", "");
+    assert!(send(&cfg).unwrap().ok);
+    let sub = root.join("run/sub");
+    assert_eq!(std::fs::metadata(&sub).unwrap().uid(), 0);
+    assert_eq!(xattr(&sub, "user.kind"), None);
+    assert_eq!(xattr(&sub, ACL_DEFAULT), None);
+    assert_eq!(
+        std::fs::metadata(root.join("run/frame.h5")).unwrap().uid(),
+        1234
+    );
     // Without --keep, nothing of it goes.
     let root = dir.path().join("dst-plain");
     std::fs::create_dir_all(&root).unwrap();

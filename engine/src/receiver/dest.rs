@@ -712,13 +712,16 @@ impl DestFile {
     /// (`Error::PathRefused`), its temporary file left for `discard`.
     pub(crate) fn rename_into_place(&mut self, root: &Root) -> Result<()> {
         if let Some(f) = self.plain() {
-            // The owner first: changing it may clear mode bits.
-            self.set_owner(f);
+            // Attributes before the mode, so that an ACL's entries for the
+            // owner, group and others (and its mask) follow the mode as
+            // masked here; the owner last, so that nothing after it needs
+            // the rights of a file's owner (CAP_FOWNER).
+            self.set_xattrs(f);
             rustix::fs::fchmod(&**f, rustix::fs::Mode::from_raw_mode(self.mode)).map_err(|e| {
                 Error::io(format!("setting the mode of {}", self.dest.rel), e.into())
             })?;
-            self.set_xattrs(f);
             self.set_mtime(f);
+            self.set_owner(f);
         }
         self.close();
         let dir = self.dir(root)?;
@@ -897,9 +900,9 @@ impl DestFile {
         match d {
             Ok(d) => {
                 let d = File::from(d);
-                self.set_owner(&d);
                 self.set_xattrs(&d);
                 self.set_mtime(&d);
+                self.set_owner(&d);
             }
             Err(e) => tracing::debug!(path = %self.dest.rel, "not setting its time: {e}"),
         }

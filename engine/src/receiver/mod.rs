@@ -118,6 +118,9 @@ pub struct ServeConfig {
     /// it needs CAP_CHOWN for that. Off by default; root's is given only
     /// when asked for (`OwnerPolicy::KeepRoot`).
     pub owners: crate::metadata::OwnerPolicy,
+    /// Whether it sets the POSIX ACLs senders send (`send --keep acls`):
+    /// an ACL grants access to the users it names. Off by default.
+    pub acls: bool,
     /// The one directory a mirror may name, where the receiver serves one
     /// transfer (the in-cluster agent: its destination); None: any
     /// directory beneath the root but the root itself.
@@ -155,6 +158,7 @@ impl ServeConfig {
             allow_delete: false,
             mirror_base: None,
             owners: crate::metadata::OwnerPolicy::Ignore,
+            acls: false,
             observer: unobserved(),
             lobby: None,
         }

@@ -116,6 +116,9 @@ impl<'a> Planner<'a> {
         still_here: &mut dyn FnMut() -> bool,
     ) -> PlanOutcome {
         let tracked = self.tracked;
+        // A directory keeps what it had if it was there before: only
+        // those this send makes take a sender's owner and attributes.
+        let made_here = e.kind == EntryKind::File || self.shared.root.stat(&e.path).is_none();
         let blocks = if e.kind == EntryKind::File {
             Layout::new(e.size, self.block_size).blocks()
         } else {
@@ -152,7 +155,7 @@ impl<'a> Planner<'a> {
         match outcome {
             Prepared::Accept(mut file, have, resumed) => {
                 file.identity = identity;
-                if let Some(m) = &e.meta {
+                if let Some(m) = e.meta.as_ref().filter(|_| made_here) {
                     file.set_meta(self.admit(m));
                 }
                 self.tracked += blocks;
@@ -222,8 +225,8 @@ impl<'a> Planner<'a> {
     /// What of a sent owner and attributes this receiver sets; what it
     /// leaves is said once a session for each reason.
     fn admit(&mut self, m: &crate::wire::Meta) -> crate::wire::Meta {
-        let policy = self.shared.cfg.owners;
-        let (admitted, left) = crate::metadata::admitted(m.clone(), policy);
+        let cfg = &self.shared.cfg;
+        let (admitted, left) = crate::metadata::admitted(m.clone(), cfg.owners, cfg.acls);
         for why in left {
             if !self.not_kept.contains(&why) {
                 tracing::warn!("{why}");

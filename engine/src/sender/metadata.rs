@@ -7,19 +7,9 @@ use std::os::fd::OwnedFd;
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 
 use super::source::SourceFile;
-use crate::metadata::{IdMap, Keep};
+pub use crate::metadata::Keeping;
+use crate::metadata::{ACL_ACCESS, ACL_DEFAULT, Keep, map_acl};
 use crate::wire::{MAX_XATTR_BYTES, MAX_XATTR_NAME, MAX_XATTRS, Meta};
-
-/// What a send keeps, and the id maps its owners go through.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Keeping {
-    /// What it keeps.
-    pub keep: Keep,
-    /// Owner ids, sending site to receiving site.
-    pub uids: IdMap,
-    /// Group ids, likewise.
-    pub gids: IdMap,
-}
 
 /// `f`'s metadata as `k` keeps it, beneath `base`; None when it keeps
 /// nothing. `Err` says why its attributes were left out (they could not
@@ -28,6 +18,7 @@ pub(super) fn read(
     base: &OwnedFd,
     f: &SourceFile,
     k: &Keeping,
+    scratch: &mut Scratch,
 ) -> (Option<Box<Meta>>, Option<String>) {
     if !k.keep.any() {
         return (None, None);
@@ -35,7 +26,7 @@ pub(super) fn read(
     let (uid, gid) = f.stamp.owner;
     let owner = k.keep.owner.then(|| (k.uids.map(uid), k.gids.map(gid)));
     let (xattrs, why) = match k.keep.xattrs || k.keep.acls {
-        true => match xattrs(base, f, k.keep) {
+        true => match xattrs(base, f, k, scratch) {
             Ok(x) => (x, None),
             Err(why) => (Vec::new(), Some(format!("{}: {why}", f.path.display()))),
         },
@@ -44,8 +35,30 @@ pub(super) fn read(
     (Some(Box::new(Meta { owner, xattrs })), why)
 }
 
-/// The attributes of `f` that `keep` names.
-fn xattrs(base: &OwnedFd, f: &SourceFile, keep: Keep) -> Result<Vec<(String, Vec<u8>)>, String> {
+/// Buffers reused for every file's attributes, so that each value keeps
+/// only its own bytes.
+pub(super) struct Scratch {
+    names: Vec<u8>,
+    value: Vec<u8>,
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Self {
+            names: vec![0u8; 64 << 10],
+            value: vec![0u8; MAX_XATTR_BYTES],
+        }
+    }
+}
+
+/// The attributes of `f` that `k` keeps, the ids inside ACLs mapped.
+fn xattrs(
+    base: &OwnedFd,
+    f: &SourceFile,
+    k: &Keeping,
+    scratch: &mut Scratch,
+) -> Result<Vec<(String, Vec<u8>)>, String> {
+    let keep: Keep = k.keep;
     let fd = rustix::fs::openat2(
         base,
         &f.rel,
@@ -54,7 +67,7 @@ fn xattrs(base: &OwnedFd, f: &SourceFile, keep: Keep) -> Result<Vec<(String, Vec
         ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
     )
     .map_err(|e| format!("opening it to read its attributes: {e}"))?;
-    let mut names = vec![0u8; 64 << 10];
+    let Scratch { names, value } = scratch;
     let n = rustix::fs::flistxattr(&fd, &mut names[..])
         .map_err(|e| format!("listing its attributes: {e}"))?;
     let mut out = Vec::new();
@@ -66,12 +79,15 @@ fn xattrs(base: &OwnedFd, f: &SourceFile, keep: Keep) -> Result<Vec<(String, Vec
         if !keep.keeps_xattr(name) {
             continue;
         }
-        let mut value = vec![0u8; MAX_XATTR_BYTES];
         let len = match rustix::fs::fgetxattr(&fd, name, &mut value[..]) {
             Ok(len) => len,
             Err(e) => return Err(format!("reading its attribute {name}: {e}")),
         };
-        value.truncate(len);
+        let v = match name == ACL_ACCESS || name == ACL_DEFAULT {
+            true => map_acl(&value[..len], &k.uids, &k.gids)
+                .ok_or_else(|| format!("its attribute {name} is not a POSIX ACL"))?,
+            false => value[..len].to_vec(),
+        };
         bytes += name.len() + len;
         if out.len() == MAX_XATTRS || bytes > MAX_XATTR_BYTES || name.len() > MAX_XATTR_NAME {
             return Err(format!(
@@ -79,7 +95,7 @@ fn xattrs(base: &OwnedFd, f: &SourceFile, keep: Keep) -> Result<Vec<(String, Vec
                 crate::units::fmt_bytes(MAX_XATTR_BYTES as u64)
             ));
         }
-        out.push((name.to_owned(), value));
+        out.push((name.to_owned(), v));
     }
     Ok(out)
 }

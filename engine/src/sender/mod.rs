@@ -437,8 +437,13 @@ pub(crate) fn send_list(cfg: &SendConfig, list: &SourceList) -> (RunState, Resul
 
 /// Each entry's owner and attributes, as the send keeps them.
 fn read_metas(cfg: &SendConfig, list: &SourceList, st: &mut RunState) {
+    let mut scratch = metadata::Scratch::default();
     for (id, f) in list.files.iter().enumerate() {
-        let (meta, why) = metadata::read(&list.base, f, &cfg.keeping);
+        // A cancel is heeded by the session that would follow.
+        if id % 1024 == 0 && cancelled(cfg) {
+            return;
+        }
+        let (meta, why) = metadata::read(&list.base, f, &cfg.keeping, &mut scratch);
         if let Some(m) = meta {
             st.metas.insert(id as u32, m);
         }

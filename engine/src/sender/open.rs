@@ -32,7 +32,7 @@ fn send_manifest(control: &mut Conn, entries: &[FileEntry]) -> Result<()> {
         // What an entry takes on the wire, near enough (the codec's
         // MIN_ENTRY, a digest's 16 bytes under a checksum sync, and its
         // owner and attributes, which may reach 64 KiB).
-        bytes += 54
+        bytes += 56
             + e.path.len()
             + e.meta
                 .as_ref()

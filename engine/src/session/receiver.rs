@@ -467,8 +467,12 @@ impl ReceiverControl {
                         });
                         return;
                     }
-                    // Attributes are held with the paths, and bounded with them.
-                    *path_bytes += e.path.len() + e.meta.as_ref().map_or(0, |m| m.xattr_bytes());
+                    // Attributes are held with the paths, and bounded with
+                    // them, each with what holding it costs beyond its bytes.
+                    *path_bytes += e.path.len()
+                        + e.meta
+                            .as_ref()
+                            .map_or(0, |m| 64 + m.xattr_bytes() + 64 * m.xattrs.len());
                     entries.push(e);
                 }
                 if entries.len() > self.limits.max_entries
