@@ -141,9 +141,8 @@ pub struct TransferSpec {
     /// Mirror: once every file has landed (never after any failure),
     /// delete beneath the destination directory what the source
     /// directory does not have; what the filters leave out is left
-    /// alone. Nothing is deleted when more than `maxDelete` entries
-    /// (default 1000) or `maxDeleteBytes` would go, or when the source
-    /// holds no file. The destination pool must allow deletes
+    /// alone. Nothing is deleted when more than `maxDelete` entries or
+    /// `maxDeleteBytes` would go, or when the source holds no file. The destination pool must allow deletes
     /// (`allowDeletes`). Unset: nothing at the destination is deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mirror: Option<Guard>,
@@ -209,12 +208,7 @@ impl KeepSpec {
     /// The engine's terms, or why they cannot be (an id mapped twice).
     pub fn keeping(&self) -> Result<wirerate_engine::metadata::Keeping, String> {
         let map = |pairs: &[IdPair]| {
-            pairs
-                .iter()
-                .map(|p| format!("{}:{}", p.from, p.to))
-                .collect::<Vec<_>>()
-                .join(",")
-                .parse::<wirerate_engine::metadata::IdMap>()
+            wirerate_engine::metadata::IdMap::from_pairs(pairs.iter().map(|p| (p.from, p.to)))
         };
         Ok(wirerate_engine::metadata::Keeping {
             keep: wirerate_engine::metadata::Keep {

@@ -14,6 +14,11 @@ pub const ACL_ACCESS: &str = "system.posix_acl_access";
 /// The attribute that holds a directory's default ACL.
 pub const ACL_DEFAULT: &str = "system.posix_acl_default";
 
+/// Whether the attribute `name` holds a POSIX ACL.
+pub fn is_acl(name: &str) -> bool {
+    name == ACL_ACCESS || name == ACL_DEFAULT
+}
+
 /// What a send keeps (`send --keep owner,xattrs,acls`). None of it by
 /// default: owners mean little across sites whose ids differ, and a
 /// receiver sets them only where its operator allows.
@@ -38,8 +43,7 @@ impl Keep {
 
     /// Whether the attribute `name` is one it keeps.
     pub fn keeps_xattr(self, name: &str) -> bool {
-        (self.xattrs && name.starts_with("user."))
-            || (self.acls && (name == ACL_ACCESS || name == ACL_DEFAULT))
+        (self.xattrs && name.starts_with("user.")) || (self.acls && is_acl(name))
     }
 }
 
@@ -102,6 +106,22 @@ pub const MAX_ID_MAP: usize = 4096;
 pub struct IdMap(Vec<(u32, u32)>);
 
 impl IdMap {
+    /// The map of `pairs`, FROM and TO; refused if a FROM is there twice
+    /// or there are more than `MAX_ID_MAP`.
+    pub fn from_pairs(pairs: impl IntoIterator<Item = (u32, u32)>) -> Result<Self, String> {
+        let mut out: Vec<(u32, u32)> = Vec::new();
+        for (from, to) in pairs {
+            if out.iter().any(|(f, _)| *f == from) {
+                return Err(format!("{from} is mapped twice"));
+            }
+            if out.len() == MAX_ID_MAP {
+                return Err(format!("more than {MAX_ID_MAP} ids mapped"));
+            }
+            out.push((from, to));
+        }
+        Ok(Self(out))
+    }
+
     /// The id `id` maps to.
     pub fn map(&self, id: u32) -> u32 {
         self.0
@@ -121,20 +141,14 @@ impl FromStr for IdMap {
             let parsed = part
                 .split_once(':')
                 .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)));
-            let Some((from, to)) = parsed else {
+            let Some(pair) = parsed else {
                 return Err(format!(
                     "{part:?} is not FROM:TO (two numeric ids, e.g. 1000:2000)"
                 ));
             };
-            if pairs.iter().any(|(f, _)| *f == from) {
-                return Err(format!("{from} is mapped twice"));
-            }
-            if pairs.len() == MAX_ID_MAP {
-                return Err(format!("more than {MAX_ID_MAP} ids mapped"));
-            }
-            pairs.push((from, to));
+            pairs.push(pair);
         }
-        Ok(Self(pairs))
+        Self::from_pairs(pairs)
     }
 }
 
@@ -143,13 +157,14 @@ impl FromStr for IdMap {
 /// `security.*` (file capabilities, SELinux labels) or `trusted.*`: one
 /// would hand a program privileges the receiver's operator never gave.
 pub fn settable(name: &str) -> bool {
-    name.starts_with("user.") || name == ACL_ACCESS || name == ACL_DEFAULT
+    name.starts_with("user.") || is_acl(name)
 }
 
 /// What a receiver does with a sent owner.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum OwnerPolicy {
     /// Leave every file owned by the receiver (the default).
+    #[default]
     Ignore,
     /// Set the sent owner, except root's.
     Keep,
@@ -174,7 +189,7 @@ impl fmt::Display for NotKept {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::Owners => {
-                "owners not kept: this receiver does not set them (serve --keep-owners, with CAP_CHOWN)"
+                "owners not kept: this receiver does not set them (serve --keep-owners, as root or with CAP_CHOWN, CAP_FOWNER and CAP_DAC_OVERRIDE)"
             }
             Self::Root => {
                 "owners not kept: the sender mapped them to root (uid or gid 0), which this receiver does not give (serve --allow-root-owner)"
@@ -206,7 +221,6 @@ pub fn admitted(meta: Meta, policy: OwnerPolicy, acls: bool) -> (Meta, Vec<NotKe
         }
         (Some(o), _) => Some(o),
     };
-    let is_acl = |n: &str| n == ACL_ACCESS || n == ACL_DEFAULT;
     let mut xattrs = Vec::with_capacity(meta.xattrs.len());
     for (name, value) in meta.xattrs {
         if !settable(&name) {

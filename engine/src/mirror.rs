@@ -36,7 +36,7 @@ pub const MAX_DELETE: Bound = Bound {
 #[serde(rename_all = "camelCase")]
 pub struct Guard {
     /// Delete nothing if more than this many files and directories
-    /// would go (default 1000).
+    /// would go.
     #[serde(default = "max_delete")]
     #[cfg_attr(feature = "schema", schemars(range(max = MAX_DELETE.max)))]
     pub max_delete: u64,
@@ -124,13 +124,14 @@ impl fmt::Display for Refusal {
             Self::TooMany { count, max } => write!(
                 f,
                 "the mirror would delete {count} entries at the destination, more than its \
-                 limit of {max} ({}): nothing was deleted; check the source, or raise the limit",
-                MAX_DELETE.flag
+                 limit of {max} ({}, {}): nothing was deleted; check the source, or raise the limit",
+                MAX_DELETE.field, MAX_DELETE.flag
             ),
             Self::TooManyBytes { bytes, max } => write!(
                 f,
                 "the mirror would delete {} at the destination, more than its limit of {} \
-                 (--max-delete-bytes): nothing was deleted; check the source, or raise the limit",
+                 (maxDeleteBytes, --max-delete-bytes): nothing was deleted; check the source, or \
+                 raise the limit",
                 crate::units::fmt_bytes(bytes),
                 crate::units::fmt_bytes(max)
             ),
@@ -144,15 +145,14 @@ impl fmt::Display for Refusal {
     }
 }
 
-/// The entries of `listing` a mirror deletes: those `keep` does not keep
-/// (because the source has them, or its filters leave them alone), and
-/// that hold nothing kept at any depth. A directory goes after
-/// everything beneath it.
-pub fn plan(listing: &[Listed], keep: impl Fn(&Listed) -> bool) -> Deletes {
-    let kept: Vec<bool> = listing.iter().map(&keep).collect();
+/// The entries of `listing` a mirror deletes: those not `kept` (the
+/// shell's verdict for each, in order: the source has it, or its filters
+/// leave it alone), and that hold nothing kept at any depth. A directory
+/// goes after everything beneath it.
+pub fn plan(listing: &[Listed], kept: &[bool]) -> Deletes {
     // Every directory above a kept entry stays, or its removal would fail.
     let mut holding: HashSet<&str> = HashSet::new();
-    for (e, _) in listing.iter().zip(&kept).filter(|(_, k)| **k) {
+    for (e, _) in listing.iter().zip(kept).filter(|(_, k)| **k) {
         let mut at = e.path.as_str();
         while let Some((parent, _)) = at.rsplit_once('/') {
             if !holding.insert(parent) {
@@ -163,7 +163,7 @@ pub fn plan(listing: &[Listed], keep: impl Fn(&Listed) -> bool) -> Deletes {
     }
     let mut out = Deletes::default();
     let mut ids: Vec<(usize, u32)> = Vec::new();
-    for (id, (e, k)) in listing.iter().zip(&kept).enumerate() {
+    for (id, (e, k)) in listing.iter().zip(kept).enumerate() {
         if *k || (e.kind == EntryKind::Dir && holding.contains(e.path.as_str())) {
             continue;
         }
@@ -232,13 +232,16 @@ mod tests {
         ]
     }
 
-    fn keep(e: &Listed) -> bool {
-        e.path == "keep.txt" || e.path.ends_with(".tmp")
+    fn kept(listing: &[Listed]) -> Vec<bool> {
+        listing
+            .iter()
+            .map(|e| e.path == "keep.txt" || e.path.ends_with(".tmp"))
+            .collect()
     }
 
     #[test]
     fn extras_go_deepest_first_and_directories_that_hold_a_kept_entry_stay() {
-        let d = plan(&listing(), keep);
+        let d = plan(&listing(), &kept(&listing()));
         assert_eq!(d.ids, vec![4, 2, 3, 6, 1, 8]);
         assert_eq!((d.files, d.dirs, d.bytes), (4, 2, 24));
         // Every directory comes after what is beneath it.
@@ -250,12 +253,12 @@ mod tests {
             }
         }
         // Nothing to delete when everything is kept.
-        assert_eq!(plan(&listing(), |_| true), Deletes::default());
+        assert_eq!(plan(&listing(), &[true; 9]), Deletes::default());
     }
 
     #[test]
     fn the_guard_refuses_too_many_too_large_and_an_empty_source() {
-        let d = plan(&listing(), keep);
+        let d = plan(&listing(), &kept(&listing()));
         let guard = Guard::default();
         assert_eq!(check(&d, &guard, 3), Ok(()));
         let few = Guard {

@@ -257,7 +257,7 @@ pub struct ReceiveTerms {
     /// mirrors and its pool allows deletes; None takes no deletes.
     pub mirror: Option<String>,
     /// Whether it sets the owners its sender sends.
-    pub owners: Option<wirerate_engine::metadata::OwnerPolicy>,
+    pub owners: wirerate_engine::metadata::OwnerPolicy,
     /// Whether it sets the ACLs its sender sends.
     pub acls: bool,
 }
@@ -444,9 +444,7 @@ impl ReceiverJob {
         let mut cfg = ServeConfig::new(root, token);
         cfg.allow_delete = terms.mirror.is_some();
         cfg.mirror_base = terms.mirror;
-        if let Some(owners) = terms.owners {
-            cfg.owners = owners;
-        }
+        cfg.owners = terms.owners;
         cfg.acls = terms.acls;
         cfg.observer = Shown::metrics().observe();
         cfg.tune(&tuning.settings()?);

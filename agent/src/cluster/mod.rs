@@ -110,10 +110,8 @@ enum Side {
         /// reports the verdict and progress), and the job ends with the
         /// Transfer. It reports once, where it listens.
         multi: bool,
-        /// The Transfer mirrors: its verdict waits for the mirror's
-        /// deletes (`MIRROR_GRACE` at most), when the job was first
-        /// seen to have one.
-        mirror: Option<Option<Duration>>,
+        /// Whether its verdict waits for the sender's mirror.
+        mirror: MirrorWait,
     },
     /// Reads and sends pairs' data for the sender, until the Transfer no
     /// longer names it. It reports once, where it listens.
@@ -726,12 +724,10 @@ fn receiver_side(
     // agents the capabilities to set them (the operator checked both);
     // ACLs where the Transfer keeps them: they grant no more than the
     // modes its files may already have.
-    let owners = t
-        .spec
-        .keep
-        .as_ref()
-        .is_some_and(|k| k.owner && pool.gives_chown())
-        .then_some(wirerate_engine::metadata::OwnerPolicy::Keep);
+    let owners = match t.spec.keep.as_ref().is_some_and(|k| k.owner) && pool.gives_chown() {
+        true => wirerate_engine::metadata::OwnerPolicy::Keep,
+        false => wirerate_engine::metadata::OwnerPolicy::Ignore,
+    };
     let terms = jobs::ReceiveTerms {
         mirror: deletes,
         owners,
@@ -745,7 +741,10 @@ fn receiver_side(
         reported: false,
         shown_kept: 0,
         multi: t.multi_pair(),
-        mirror: t.spec.mirror.is_some().then_some(None),
+        mirror: match t.spec.mirror {
+            Some(_) => MirrorWait::Pending,
+            None => MirrorWait::None,
+        },
     })
 }
 
@@ -1252,16 +1251,30 @@ fn receiver_verdict(
 /// for it right after its last session.
 const MIRROR_GRACE: Duration = Duration::from_secs(60);
 
+/// Where a receiver job stands with its sender's mirror: a mirror's
+/// deletes come after the last session, and the job serves them before
+/// it ends, or ends anyway `MIRROR_GRACE` after its files landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MirrorWait {
+    /// The Transfer does not mirror.
+    None,
+    /// It mirrors; its files have not all landed yet.
+    Pending,
+    /// Its files landed at this time since the agent started.
+    Since(Duration),
+}
+
 /// Whether a receiver job whose files landed still waits for its
-/// sender's mirror (`mirror`: None when the Transfer has none, else when
-/// the wait began), `done` mirrors served so far: a mirror's deletes come
-/// after the last session, and the job serves them before it ends, or
-/// ends anyway after `MIRROR_GRACE`.
-fn awaits_mirror(mirror: &mut Option<Option<Duration>>, done: u64, now: Duration) -> bool {
-    let Some(since) = mirror.as_mut() else {
-        return false;
+/// sender's mirror, `done` mirrors served so far, at `now`.
+fn awaits_mirror(mirror: &mut MirrorWait, done: u64, now: Duration) -> bool {
+    let first = match *mirror {
+        MirrorWait::None => return false,
+        MirrorWait::Pending => {
+            *mirror = MirrorWait::Since(now);
+            now
+        }
+        MirrorWait::Since(first) => first,
     };
-    let first = *since.get_or_insert(now);
     done == 0 && now.saturating_sub(first) < MIRROR_GRACE
 }
 
@@ -1608,7 +1621,9 @@ fn lease_info(
 
 #[cfg(test)]
 mod tests {
-    use super::{MIRROR_GRACE, Position, ReportState, awaits_mirror, receiver_verdict, shown};
+    use super::{
+        MIRROR_GRACE, MirrorWait, Position, ReportState, awaits_mirror, receiver_verdict, shown,
+    };
     use std::time::Duration;
     use wirerate_engine::summary::ReceiverSummary;
 
@@ -1656,22 +1671,25 @@ mod tests {
         }
     }
 
-    // A dry run against a running job's receiver (anyone with its token
-    // may plan) once ended the job as succeeded, having written nothing.
     // A receiver job whose Transfer mirrors does not end on its files'
     // verdict: the sender's mirror connects after its last session, and
     // found the job gone (a stopped receiver refuses it).
     #[test]
     fn a_receiver_job_waits_for_its_mirror_within_the_grace() {
         let s = Duration::from_secs;
-        assert!(!awaits_mirror(&mut None, 0, s(5)), "no mirror: no wait");
-        let mut m = Some(None);
+        assert!(
+            !awaits_mirror(&mut MirrorWait::None, 0, s(5)),
+            "no mirror: no wait"
+        );
+        let mut m = MirrorWait::Pending;
         assert!(awaits_mirror(&mut m, 0, s(5)));
         assert!(awaits_mirror(&mut m, 0, s(5) + MIRROR_GRACE - s(1)));
         assert!(!awaits_mirror(&mut m, 1, s(6)), "served");
         assert!(!awaits_mirror(&mut m, 0, s(5) + MIRROR_GRACE), "given up");
     }
 
+    // A dry run against a running job's receiver (anyone with its token
+    // may plan) once ended the job as succeeded, having written nothing.
     #[test]
     fn a_dry_runs_session_is_no_verdict_of_the_job() {
         let dest = std::path::Path::new("/data/in");

@@ -272,7 +272,7 @@ fn a_transfers_keep_reaches_sender_and_receiver() {
     rustix::fs::setxattr(&f, "user.run", b"42", rustix::fs::XattrFlags::empty()).unwrap();
     std::fs::create_dir_all(&dst).unwrap();
     let terms = ReceiveTerms {
-        owners: Some(wirerate_engine::metadata::OwnerPolicy::Keep),
+        owners: wirerate_engine::metadata::OwnerPolicy::Keep,
         ..ReceiveTerms::default()
     };
     let mut rx =

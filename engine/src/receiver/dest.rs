@@ -887,7 +887,7 @@ impl DestFile {
     /// Gives a directory its source's owner and attributes (default ACLs
     /// among them) where the send keeps them, and its modification time,
     /// where it can (a failure is said, as for files).
-    pub(crate) fn set_dir_time(&self, root: &Root) {
+    pub(crate) fn finish_dir(&self, root: &Root) {
         let d = root.dir(&self.dest.rel).and_then(|at| {
             rustix::fs::openat(
                 at,

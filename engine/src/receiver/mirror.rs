@@ -28,11 +28,8 @@ use crate::net::Conn;
 use crate::violation::{Violation, ViolationKind};
 use crate::wire::{
     EntryKind, FileEntry, Frame, FrameReader, KEEPALIVE_INTERVAL, MAX_ENTRIES, MAX_MANIFEST_BYTES,
-    MAX_PATH, encode, pack, write_frame,
+    MAX_PATH, encode_files, pack, write_frame,
 };
-
-/// Listing frames stay well under what one packed frame carries.
-const LISTING_CHUNK_BYTES: usize = 128 << 10;
 
 /// What a receiver that takes no deletes says.
 pub const NO_DELETES: &str = "this receiver takes no deletes: a mirror needs its operator to allow \
@@ -91,11 +88,11 @@ fn serve(shared: &Arc<Shared>, stream: &mut Conn) -> Result<()> {
     let Some(dir) = shared.root.existing_dir(&base)? else {
         // Nothing there: nothing to list, nothing to remove.
         write_frame(stream, &Frame::FilesEnd)?;
-        return finish(&mut reader, stream, &[], None, &mut beat);
+        return serve_removals(&mut reader, stream, &[], None, &mut beat);
     };
     let entries = list(&dir, &mut || beat.tick(stream))?;
     send_listing(stream, &entries)?;
-    finish(&mut reader, stream, &entries, Some(&dir), &mut beat)?;
+    serve_removals(&mut reader, stream, &entries, Some(&dir), &mut beat)?;
     tracing::info!(base, listed = entries.len(), "mirror served");
     Ok(())
 }
@@ -139,12 +136,10 @@ impl Beat {
 }
 
 fn send_listing(stream: &mut Conn, entries: &[Entry]) -> Result<()> {
-    let mut out = Vec::new();
-    let mut chunk = Vec::new();
-    let mut bytes = 0;
-    for (id, e) in entries.iter().enumerate() {
-        bytes += 54 + e.listed.path.len();
-        chunk.push(FileEntry {
+    let listing: Vec<FileEntry> = entries
+        .iter()
+        .enumerate()
+        .map(|(id, e)| FileEntry {
             file_id: id as u32,
             kind: e.listed.kind,
             size: e.listed.size,
@@ -154,21 +149,10 @@ fn send_listing(stream: &mut Conn, entries: &[Entry]) -> Result<()> {
             digest: None,
             meta: None,
             path: e.listed.path.clone(),
-        });
-        if bytes >= LISTING_CHUNK_BYTES {
-            encode(
-                &Frame::Files {
-                    entries: std::mem::take(&mut chunk),
-                },
-                &mut out,
-            );
-            bytes = 0;
-        }
-    }
-    if !chunk.is_empty() {
-        encode(&Frame::Files { entries: chunk }, &mut out);
-    }
-    encode(&Frame::FilesEnd, &mut out);
+        })
+        .collect();
+    let mut out = Vec::new();
+    encode_files(&listing, &mut out);
     pack(&mut out);
     stream
         .write_all(&out)
@@ -179,7 +163,7 @@ fn send_listing(stream: &mut Conn, entries: &[Entry]) -> Result<()> {
 /// answers each that failed (`FileResult`) and ends with `Finish`. The
 /// answers wait for the sender's `Finish`: written while it still sends
 /// removals, they could fill both directions at once.
-fn finish(
+fn serve_removals(
     reader: &mut FrameReader,
     stream: &mut Conn,
     entries: &[Entry],
@@ -208,9 +192,9 @@ fn finish(
                         )
                         .into());
                     }
-                    if let Err(message) = remove(dir, e) {
-                        tracing::warn!(path = e.listed.path, "mirror: {message}");
-                        failed.push((id, message));
+                    if let Err(why) = remove(dir, e) {
+                        tracing::warn!(path = e.listed.path, "mirror: {why}");
+                        failed.push((id, why.to_string()));
                     }
                     beat.tick(stream)?;
                 }
@@ -350,10 +334,37 @@ fn read_dir(dir: &OwnedFd, rel: &str) -> rustix::io::Result<(OwnedFd, Vec<Vec<u8
     Ok((fd, names))
 }
 
+/// Why a listed entry was not removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NotRemoved {
+    /// Its directory cannot be reached (beneath the listed one, with no
+    /// symlink on the way).
+    Unreachable(Errno),
+    /// Another entry took its name since it was listed.
+    Replaced,
+    /// A directory that is not empty: something was added since.
+    NotEmpty,
+    /// The file system refused.
+    Refused(Errno),
+}
+
+impl std::fmt::Display for NotRemoved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unreachable(e) => write!(f, "not removed: its directory cannot be reached ({e})"),
+            Self::Replaced => f.write_str("not removed: replaced since it was listed"),
+            Self::NotEmpty => f.write_str(
+                "not removed: the directory is not empty (something was added since it was listed)",
+            ),
+            Self::Refused(e) => write!(f, "not removed: {e}"),
+        }
+    }
+}
+
 /// Removes `e` beneath `dir` if it is still the entry that was listed;
 /// otherwise, or if it cannot be, says why. One already gone counts as
 /// removed.
-fn remove(dir: &OwnedFd, e: &Entry) -> std::result::Result<(), String> {
+fn remove(dir: &OwnedFd, e: &Entry) -> std::result::Result<(), NotRemoved> {
     let (parent, name) = e
         .listed
         .path
@@ -369,17 +380,13 @@ fn remove(dir: &OwnedFd, e: &Entry) -> std::result::Result<(), String> {
     let parent = match parent {
         Ok(fd) => fd,
         Err(Errno::NOENT) => return Ok(()),
-        Err(err) => {
-            return Err(format!(
-                "not removed: its directory cannot be reached ({err})"
-            ));
-        }
+        Err(err) => return Err(NotRemoved::Unreachable(err)),
     };
     match rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW) {
         Ok(st) if (st.st_dev, st.st_ino) == (e.dev, e.ino) => {}
-        Ok(_) => return Err("not removed: replaced since it was listed".into()),
+        Ok(_) => return Err(NotRemoved::Replaced),
         Err(Errno::NOENT) => return Ok(()),
-        Err(err) => return Err(format!("not removed: {err}")),
+        Err(err) => return Err(NotRemoved::Refused(err)),
     }
     let flags = match e.listed.kind {
         EntryKind::Dir => AtFlags::REMOVEDIR,
@@ -387,11 +394,8 @@ fn remove(dir: &OwnedFd, e: &Entry) -> std::result::Result<(), String> {
     };
     match rustix::fs::unlinkat(&parent, name, flags) {
         Ok(()) | Err(Errno::NOENT) => Ok(()),
-        Err(Errno::NOTEMPTY | Errno::EXIST) => Err(
-            "not removed: the directory is not empty (something was added since it was listed)"
-                .into(),
-        ),
-        Err(err) => Err(format!("not removed: {err}")),
+        Err(Errno::NOTEMPTY | Errno::EXIST) => Err(NotRemoved::NotEmpty),
+        Err(err) => Err(NotRemoved::Refused(err)),
     }
 }
 
@@ -461,8 +465,7 @@ mod tests {
         // Another file published at f's name meanwhile.
         std::fs::write(d.join("f.new"), b"new").unwrap();
         std::fs::rename(d.join("f.new"), d.join("f")).unwrap();
-        let m = remove(&fd, f).unwrap_err();
-        assert!(m.contains("replaced"), "{m}");
+        assert_eq!(remove(&fd, f), Err(NotRemoved::Replaced));
         assert_eq!(std::fs::read(d.join("f")).unwrap(), b"new");
         remove(&fd, g).unwrap();
         assert!(!d.join("g").exists());

@@ -16,6 +16,7 @@ mod dest;
 mod discard;
 mod kept;
 mod lobby;
+mod made_dirs;
 pub mod mirror;
 mod pieces;
 mod plan;
@@ -251,6 +252,8 @@ pub(crate) struct Shared {
     job: JobCounters,
     /// Mirror connections served to their end (`mirror`).
     mirrors: AtomicU64,
+    /// Directories its sessions made (`made_dirs`).
+    made_dirs: made_dirs::MadeDirs,
     /// Refused connections and failed accepts are logged at most every
     /// 10 s, with how many (a flood must not flood the log too).
     refusals: Mutex<Throttle>,
@@ -316,6 +319,7 @@ impl Server {
             latest: Mutex::default(),
             job: JobCounters::default(),
             mirrors: AtomicU64::new(0),
+            made_dirs: made_dirs::MadeDirs::default(),
             refusals: Mutex::new(Throttle::new(LOG_EVERY)),
             accept_failures: Mutex::new(Throttle::new(LOG_EVERY)),
             failed_handshakes: Mutex::new(HashMap::new()),

@@ -116,9 +116,12 @@ impl<'a> Planner<'a> {
         still_here: &mut dyn FnMut() -> bool,
     ) -> PlanOutcome {
         let tracked = self.tracked;
-        // A directory keeps what it had if it was there before: only
-        // those this send makes take a sender's owner and attributes.
-        let made_here = e.kind == EntryKind::File || self.shared.root.stat(&e.path).is_none();
+        // Looked at before `prepare` makes it; a plan that makes
+        // nothing sets nothing.
+        let meta = match self.dry_run || self.discard {
+            true => None,
+            false => self.admit(e),
+        };
         let blocks = if e.kind == EntryKind::File {
             Layout::new(e.size, self.block_size).blocks()
         } else {
@@ -155,8 +158,8 @@ impl<'a> Planner<'a> {
         match outcome {
             Prepared::Accept(mut file, have, resumed) => {
                 file.identity = identity;
-                if let Some(m) = e.meta.as_ref().filter(|_| made_here) {
-                    file.set_meta(self.admit(m));
+                if let Some(m) = meta {
+                    file.set_meta(m);
                 }
                 self.tracked += blocks;
                 // The blocks a piece leaves to other receivers were not
@@ -218,24 +221,30 @@ impl<'a> Planner<'a> {
         }
     }
 
-    /// Whether regular file `e` is already at its destination, as the
-    /// session's sync level compares. A session of a transfer over
-    /// several pairs takes every file: its receivers share the files'
-    /// temporary copies (and `pairs` refuses a level).
-    /// What of a sent owner and attributes this receiver sets; what it
-    /// leaves is said once a session for each reason.
-    fn admit(&mut self, m: &crate::wire::Meta) -> crate::wire::Meta {
+    /// What of `e`'s sent owner and attributes this receiver sets, if
+    /// any; what it leaves is said once a session for each reason. A
+    /// directory takes them only if a session of this receiver made it
+    /// (`Shared::made_dirs`): one that was there before keeps its own.
+    fn admit(&mut self, e: &FileEntry) -> Option<crate::wire::Meta> {
+        let m = e.meta.as_ref()?;
+        if e.kind == EntryKind::Dir && !self.shared.made_dirs.made(&self.shared.root, &e.path) {
+            return None;
+        }
         let cfg = &self.shared.cfg;
-        let (admitted, left) = crate::metadata::admitted(m.clone(), cfg.owners, cfg.acls);
+        let (admitted, left) = crate::metadata::admitted((**m).clone(), cfg.owners, cfg.acls);
         for why in left {
             if !self.not_kept.contains(&why) {
                 tracing::warn!("{why}");
                 self.not_kept.push(why);
             }
         }
-        admitted
+        Some(admitted)
     }
 
+    /// Whether regular file `e` is already at its destination, as the
+    /// session's sync level compares. A session of a transfer over
+    /// several pairs takes every file: its receivers share the files'
+    /// temporary copies (and `pairs` refuses a level).
     fn is_present(&self, e: &FileEntry, still_here: &mut dyn FnMut() -> bool) -> bool {
         if self.sync == SyncLevel::None || e.kind != EntryKind::File || self.part.is_some() {
             return false;

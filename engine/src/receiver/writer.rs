@@ -96,8 +96,9 @@ pub(crate) struct Writer {
     /// A message taken while gathering finished files, handled next.
     lookahead: Option<WriterMsg>,
     warnings: Vec<String>,
-    /// The directories the session made, whose modification times are
-    /// set once nothing more is written into them (`set_dir_times`).
+    /// The directories of the session's manifest, whose modification
+    /// times (and, where the send keeps them, owners and attributes) are
+    /// set once nothing more is written into them (`finish_dirs`).
     dirs: Vec<DestFile>,
     /// What a new session would keep, shown as the transfer's progress.
     kept: Kept,
@@ -263,7 +264,7 @@ impl Writer {
         // what cannot be resumed.
         let _ = self.drain();
         let _ = self.checkpoint_all();
-        self.set_dir_times();
+        self.finish_dirs();
         // Dropping the writer then removes what cannot be resumed.
         Report {
             io_mode: self.mode,
@@ -338,15 +339,16 @@ impl Writer {
         }
     }
 
-    /// Gives each directory the session made its source's modification
-    /// time, deepest first: publishing into a directory changes its time,
+    /// Gives each directory of the session its source's modification
+    /// time (and what else the send keeps), deepest first: publishing
+    /// into a directory changes its time,
     /// and so does setting a child's. Files a later session lands in one
     /// (after a reconnect) change it again.
-    fn set_dir_times(&mut self) {
+    fn finish_dirs(&mut self) {
         let mut dirs = std::mem::take(&mut self.dirs);
         dirs.sort_by_key(|d| std::cmp::Reverse(d.dest.rel.matches('/').count()));
         for d in dirs {
-            d.set_dir_time(&self.shared.root);
+            d.finish_dir(&self.shared.root);
         }
     }
 

@@ -8,12 +8,13 @@ use rustix::fs::{Mode, OFlags, ResolveFlags};
 
 use super::source::SourceFile;
 pub use crate::metadata::Keeping;
-use crate::metadata::{ACL_ACCESS, ACL_DEFAULT, Keep, map_acl};
+use crate::metadata::{Keep, is_acl, map_acl};
 use crate::wire::{MAX_XATTR_BYTES, MAX_XATTR_NAME, MAX_XATTRS, Meta};
 
-/// `f`'s metadata as `k` keeps it, beneath `base`; None when it keeps
-/// nothing. `Err` says why its attributes were left out (they could not
-/// be read, or exceed what an entry carries): the file goes without them.
+/// `f`'s metadata as `k` keeps it, beneath `base`, and why its
+/// attributes were left out if they were (they could not be read, or
+/// exceed what an entry carries: the file goes without them); None when
+/// it keeps nothing.
 pub(super) fn read(
     base: &OwnedFd,
     f: &SourceFile,
@@ -83,7 +84,7 @@ fn xattrs(
             Ok(len) => len,
             Err(e) => return Err(format!("reading its attribute {name}: {e}")),
         };
-        let v = match name == ACL_ACCESS || name == ACL_DEFAULT {
+        let v = match is_acl(name) {
             true => map_acl(&value[..len], &k.uids, &k.gids)
                 .ok_or_else(|| format!("its attribute {name} is not a POSIX ACL"))?,
             false => value[..len].to_vec(),

@@ -130,18 +130,18 @@ fn run(
     )?;
     let mut reader = FrameReader::unpacking();
     let listing = read_listing(cfg, &mut reader, &mut conn)?;
-    // Looking at the source for each extra may take a while on a slow
+    // Looking at the source for each entry may take a while on a slow
     // file system: the receiver hears from this side meanwhile.
-    let beat = std::cell::RefCell::new((Instant::now(), &mut conn));
-    let deletes = plan(&listing, |e| {
-        let mut b = beat.borrow_mut();
-        if b.0.elapsed() >= KEEPALIVE_INTERVAL {
-            // A failed write shows at the next one.
-            let _ = write_frame(&mut *b.1, &Frame::Keepalive);
-            b.0 = Instant::now();
+    let mut beat = Instant::now();
+    let mut kept = Vec::with_capacity(listing.len());
+    for e in &listing {
+        if beat.elapsed() >= KEEPALIVE_INTERVAL {
+            write_frame(&mut conn, &Frame::Keepalive)?;
+            beat = Instant::now();
         }
-        keeps(m, &select, e)
-    });
+        kept.push(keeps(m, &select, e));
+    }
+    let deletes = plan(&listing, &kept);
     out.files = deletes.files;
     out.dirs = deletes.dirs;
     out.bytes = deletes.bytes;
@@ -176,12 +176,14 @@ fn run(
 }
 
 /// Refuses to go on once the send is cancelled (its Transfer moved or
-/// was deleted): a mirror starts no deletes after that.
+/// was deleted): a mirror asks for no deletes after that.
 fn not_cancelled(cfg: &SendConfig) -> Result<()> {
     match super::cancelled(cfg) {
-        true => Err(Error::Config(
-            "the send was cancelled: the mirror deleted nothing".into(),
-        )),
+        true => Err(Error::Cancelled {
+            last: Box::new(Error::Internal(
+                "the mirror was about to go on, and deleted nothing more".into(),
+            )),
+        }),
         false => Ok(()),
     }
 }

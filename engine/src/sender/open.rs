@@ -17,41 +17,12 @@ use crate::session::SenderControl;
 use crate::session::sender::Action;
 use crate::wire::{
     EntryKind, FileEntry, Frame, FrameReader, IDLE_TIMEOUT, KEEPALIVE_INTERVAL, Purpose, SessionId,
-    encode, pack, write_frame,
+    encode_files, pack, write_frame,
 };
-
-/// Manifest frames stay under what one packed frame carries (`pack`),
-/// and so well under the frame cap.
-const MANIFEST_CHUNK_BYTES: usize = 128 << 10;
 
 fn send_manifest(control: &mut Conn, entries: &[FileEntry]) -> Result<()> {
     let mut out = Vec::new();
-    let mut chunk = Vec::new();
-    let mut bytes = 0;
-    for e in entries {
-        // What an entry takes on the wire, near enough (the codec's
-        // MIN_ENTRY, a digest's 16 bytes under a checksum sync, and its
-        // owner and attributes, which may reach 64 KiB).
-        bytes += 56
-            + e.path.len()
-            + e.meta
-                .as_ref()
-                .map_or(0, |m| 9 + 2 + m.xattr_bytes() + 6 * m.xattrs.len());
-        chunk.push(e.clone());
-        if bytes >= MANIFEST_CHUNK_BYTES {
-            encode(
-                &Frame::Files {
-                    entries: std::mem::take(&mut chunk),
-                },
-                &mut out,
-            );
-            bytes = 0;
-        }
-    }
-    if !chunk.is_empty() {
-        encode(&Frame::Files { entries: chunk }, &mut out);
-    }
-    encode(&Frame::FilesEnd, &mut out);
+    encode_files(entries, &mut out);
     pack(&mut out);
     control
         .write_all(&out)

@@ -41,17 +41,6 @@ pub(super) fn summarize(
             list.hard_links
         ));
     }
-    if st.metas_unread.1 > 0 {
-        warnings.push(format!(
-            "{} file(s) sent without their extended attributes (--keep): {}{}",
-            st.metas_unread.1,
-            st.metas_unread.0.join("; "),
-            match st.metas_unread.1 - st.metas_unread.0.len() {
-                0 => String::new(),
-                n => format!("; and {n} more"),
-            }
-        ));
-    }
     SendSummary {
         ok: outcomes.failures.is_empty(),
         bytes_total: total,
@@ -225,6 +214,17 @@ fn warnings(cfg: &SendConfig, st: &RunState, pool: &Pools) -> Vec<String> {
     }
     if let Some(n) = pool.huge_note() {
         warnings.push(n.to_owned());
+    }
+    if st.metas_unread.1 > 0 {
+        warnings.push(format!(
+            "{} file(s) sent without their extended attributes (--keep): {}{}",
+            st.metas_unread.1,
+            st.metas_unread.0.join("; "),
+            match st.metas_unread.1 - st.metas_unread.0.len() {
+                0 => String::new(),
+                n => format!("; and {n} more"),
+            }
+        ));
     }
     warnings.extend(st.stream_cuts.iter().cloned());
     if st.stream_cuts_more > 0 {

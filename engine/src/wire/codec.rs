@@ -96,6 +96,43 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
     encode_for(VERSION, frame, out);
 }
 
+/// A file list's frames stay under what one packed frame carries
+/// (`pack`), and so well under the frame cap.
+const FILES_CHUNK_BYTES: usize = 128 << 10;
+
+/// Appends `entries` as `Files` frames of at most about 128 KiB each,
+/// then `FilesEnd`: a manifest, or a mirror's listing.
+pub fn encode_files(entries: &[FileEntry], out: &mut Vec<u8>) {
+    let mut chunk = Vec::new();
+    let mut bytes = 0;
+    for e in entries {
+        bytes += entry_len(e);
+        chunk.push(e.clone());
+        if bytes >= FILES_CHUNK_BYTES {
+            let entries = std::mem::take(&mut chunk);
+            encode(&Frame::Files { entries }, out);
+            bytes = 0;
+        }
+    }
+    if !chunk.is_empty() {
+        encode(&Frame::Files { entries: chunk }, out);
+    }
+    encode(&Frame::FilesEnd, out);
+}
+
+/// What `entry` takes on the wire.
+fn entry_len(e: &FileEntry) -> usize {
+    let meta = e.meta.as_ref().map_or(0, |m| {
+        1 + m.owner.map_or(0, |_| 8)
+            + 2
+            + m.xattrs
+                .iter()
+                .map(|(n, v)| 2 + n.len() + 4 + v.len())
+                .sum::<usize>()
+    });
+    MIN_ENTRY + e.digest.map_or(0, |_| 16) + meta + e.path.len()
+}
+
 /// Appends the encoding of `frame` as a peer of protocol `version` reads
 /// it: before `CHECKED_SINCE` frames carried no checksum, so a receiver
 /// can tell an older sender, in words it decodes, which version it speaks.

@@ -30,7 +30,9 @@ mod stream;
 
 #[cfg(test)]
 pub(crate) use codec::tests::arb_frame;
-pub use codec::{DecodeError, decode, decode_body, decode_unchecked, encode, encode_for};
+pub use codec::{
+    DecodeError, decode, decode_body, decode_unchecked, encode, encode_files, encode_for,
+};
 pub use pack::{MAX_PACKED_FRAME, MAX_PACKED_RAW, pack};
 #[cfg(feature = "shells")]
 pub use stream::{
