@@ -168,8 +168,9 @@ impl MirrorSummary {
             (_, Some(why)) => s.push_str(&format!("  mirror     refused: {why}\n")),
             (true, None) => s.push_str(&format!("  mirror     would delete {what}\n")),
             (false, None) => s.push_str(&format!(
-                "  mirror     deleted {} of {what}\n",
-                self.deleted
+                "  mirror     deleted {} of {}: {what}\n",
+                self.deleted,
+                self.count()
             )),
         }
         let total = self.files + self.dirs;

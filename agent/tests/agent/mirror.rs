@@ -113,6 +113,11 @@ fn a_mirror_deletes_what_the_source_no_longer_has_and_nothing_else() {
     assert!(run.ok, "{}", run.render());
     let m = run.mirror.as_ref().unwrap();
     assert_eq!((m.deleted, m.failed), (6, 0), "{}", run.render());
+    let text = run.render();
+    assert!(
+        text.contains("mirror     deleted 6 of 6: 4 files and 2 directories"),
+        "{text}"
+    );
     assert_eq!(
         tree(&s.root),
         [
