@@ -7,8 +7,10 @@
 //! instead of being followed.
 #![forbid(unsafe_code)]
 
+use std::ffi::OsString;
 use std::fs::File;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
@@ -360,6 +362,34 @@ impl Root {
             Err(e) => Err(Error::io(format!("removing {name}"), e.into())),
         }
     }
+}
+
+/// The names in the directory `rel_dir` beneath `base`, sorted, with the
+/// directory's descriptor to inspect them through: opened beneath `base`,
+/// following no symlink (the sender's listing of a source, a mirror's of
+/// a destination).
+pub fn list_dir(base: &OwnedFd, rel_dir: &Path) -> rustix::io::Result<(OwnedFd, Vec<OsString>)> {
+    let at = if rel_dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rel_dir
+    };
+    let fd = rustix::fs::openat2(
+        base,
+        at,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        RESOLVE | ResolveFlags::NO_SYMLINKS,
+    )?;
+    let mut names = Vec::new();
+    for e in rustix::fs::Dir::read_from(&fd)? {
+        let name = e?.file_name().to_bytes().to_vec();
+        if name != b"." && name != b".." {
+            names.push(OsString::from_vec(name));
+        }
+    }
+    names.sort();
+    Ok((fd, names))
 }
 
 #[cfg(test)]

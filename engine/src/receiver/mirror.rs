@@ -250,12 +250,12 @@ fn list(dir: &OwnedFd, tick: &mut dyn FnMut() -> Result<()>) -> Result<Vec<Entry
     let mut holding: HashSet<String> = HashSet::new();
     let mut stack = vec![String::new()];
     while let Some(at) = stack.pop() {
-        let Ok((fd, names)) = read_dir(dir, &at) else {
+        let Ok((fd, names)) = fsroot::list_dir(dir, std::path::Path::new(&at)) else {
             hold(&mut holding, &at);
             continue;
         };
         for name in names {
-            let Ok(name) = String::from_utf8(name) else {
+            let Ok(name) = name.into_string() else {
                 hold(&mut holding, &at);
                 continue;
             };
@@ -313,25 +313,6 @@ fn hold(holding: &mut HashSet<String>, dir: &str) {
     while !at.is_empty() && holding.insert(at.to_string()) {
         at = at.rsplit_once('/').map_or("", |(parent, _)| parent);
     }
-}
-
-/// The names in `rel` beneath `dir`, opened following no symlink.
-fn read_dir(dir: &OwnedFd, rel: &str) -> rustix::io::Result<(OwnedFd, Vec<Vec<u8>>)> {
-    let fd = rustix::fs::openat2(
-        dir,
-        if rel.is_empty() { "." } else { rel },
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-        BENEATH,
-    )?;
-    let mut names = Vec::new();
-    for e in rustix::fs::Dir::read_from(&fd)? {
-        let name = e?.file_name().to_bytes().to_vec();
-        if name != b"." && name != b".." {
-            names.push(name);
-        }
-    }
-    Ok((fd, names))
 }
 
 /// Why a listed entry was not removed.

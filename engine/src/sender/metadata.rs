@@ -7,7 +7,7 @@ use std::os::fd::OwnedFd;
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 
 use super::source::SourceFile;
-pub use crate::metadata::Keeping;
+use crate::metadata::Keeping;
 use crate::metadata::{Keep, is_acl, map_acl};
 use crate::wire::{MAX_XATTR_BYTES, MAX_XATTR_NAME, MAX_XATTRS, Meta};
 

@@ -222,9 +222,7 @@ fn read_listing(
     let mut listing: Vec<Listed> = Vec::new();
     let mut bytes = 0usize;
     loop {
-        not_cancelled(cfg)?;
-        match reader.read(conn)? {
-            Frame::Keepalive => {}
+        match next(cfg, reader, conn)? {
             Frame::FilesEnd => return Ok(listing),
             Frame::Files { entries } => {
                 for FileEntry {
@@ -254,18 +252,28 @@ fn read_listing(
                     listing.push(Listed { path, kind, size });
                 }
             }
+            other => return Err(unexpected("the mirror's listing", &other)),
+        }
+    }
+}
+
+/// The receiver's next frame but keepalives, unless the send was
+/// cancelled; its `Error` as the error it reports.
+fn next(cfg: &SendConfig, reader: &mut FrameReader, conn: &mut crate::net::Conn) -> Result<Frame> {
+    loop {
+        not_cancelled(cfg)?;
+        match reader.read(conn)? {
+            Frame::Keepalive => {}
             Frame::Error { message, retryable } => {
                 return Err(Error::Remote { message, retryable });
             }
-            other => {
-                return Err(Violation::unexpected(
-                    "the mirror's listing",
-                    crate::session::describe(&other),
-                )
-                .into());
-            }
+            frame => return Ok(frame),
         }
     }
+}
+
+fn unexpected(expected: &str, got: &Frame) -> Error {
+    Violation::unexpected(expected, crate::session::describe(got)).into()
 }
 
 fn send_removals(conn: &mut crate::net::Conn, ids: &[u32]) -> Result<()> {
@@ -288,9 +296,7 @@ fn read_results(
     let asked: HashSet<u32> = asked.iter().copied().collect();
     let mut failed: HashSet<u32> = HashSet::new();
     loop {
-        not_cancelled(cfg)?;
-        match reader.read(conn)? {
-            Frame::Keepalive => {}
+        match next(cfg, reader, conn)? {
             Frame::Finish => return Ok(failed.len() as u64),
             Frame::FileResult {
                 file_id,
@@ -312,16 +318,7 @@ fn read_results(
                     });
                 }
             }
-            Frame::Error { message, retryable } => {
-                return Err(Error::Remote { message, retryable });
-            }
-            other => {
-                return Err(Violation::unexpected(
-                    "the mirror's removals answered",
-                    crate::session::describe(&other),
-                )
-                .into());
-            }
+            other => return Err(unexpected("the mirror's removals answered", &other)),
         }
     }
 }

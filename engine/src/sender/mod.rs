@@ -17,7 +17,7 @@ mod streams;
 mod summarize;
 pub mod warm;
 
-pub use metadata::Keeping;
+pub use crate::metadata::Keeping;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -16,16 +16,14 @@
 //! under the reader.
 #![forbid(unsafe_code)]
 
-use std::ffi::OsString;
 use std::fmt;
 use std::os::fd::OwnedFd;
-use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::digest::xxh3_64;
-use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
+use rustix::fs::{AtFlags, Mode, OFlags};
 
 use super::select::Select;
 use crate::error::{Error, Result};
@@ -296,33 +294,6 @@ impl Listed {
     }
 }
 
-/// The names in the directory `rel_dir` beneath `base`, sorted, with the
-/// directory's descriptor to inspect them through. Opened like the reader
-/// opens files: beneath the root, following no symlink.
-fn list_dir(base: &OwnedFd, rel_dir: &Path) -> rustix::io::Result<(OwnedFd, Vec<OsString>)> {
-    let at = if rel_dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        rel_dir
-    };
-    let fd = rustix::fs::openat2(
-        base,
-        at,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-    )?;
-    let mut names = Vec::new();
-    for e in rustix::fs::Dir::read_from(&fd)? {
-        let name = e?.file_name().to_bytes().to_vec();
-        if name != b"." && name != b".." {
-            names.push(OsString::from_vec(name));
-        }
-    }
-    names.sort();
-    Ok((fd, names))
-}
-
 fn too_many(source: &Path) -> Error {
     Error::Config(format!(
         "{} has more than {MAX_ENTRIES} entries or {} of destination paths, more than one \
@@ -503,7 +474,7 @@ impl Walk<'_> {
         let shown_dir = self.source.join(rel_dir);
         let listing =
             |e: rustix::io::Errno| Error::io(format!("listing {}", shown_dir.display()), e.into());
-        let (dir, names) = list_dir(&self.list.base, rel_dir).map_err(listing)?;
+        let (dir, names) = crate::fsroot::list_dir(&self.list.base, rel_dir).map_err(listing)?;
         let mut subdirs = Vec::new();
         for name in names {
             let shown = shown_dir.join(&name);

@@ -1682,9 +1682,9 @@ pub(crate) mod tests {
         }
     }
 
-    #[test]
-    fn an_entrys_digest_flag_is_0_or_1() {
-        let entry = FileEntry {
+    /// A file entry with a one-byte path and neither digest nor metadata.
+    fn small_entry() -> FileEntry {
+        FileEntry {
             file_id: 1,
             kind: EntryKind::File,
             size: 5,
@@ -1694,7 +1694,12 @@ pub(crate) mod tests {
             digest: None,
             meta: None,
             path: "a".into(),
-        };
+        }
+    }
+
+    #[test]
+    fn an_entrys_digest_flag_is_0_or_1() {
+        let entry = small_entry();
         let mut buf = Vec::new();
         encode(
             &Frame::Files {
@@ -1730,18 +1735,11 @@ pub(crate) mod tests {
     fn an_entrys_attributes_are_bounded() {
         let with = |xattrs: Vec<(String, Vec<u8>)>| {
             let entry = FileEntry {
-                file_id: 1,
-                kind: EntryKind::File,
-                size: 5,
-                fingerprint: 2,
-                mode: 0o644,
-                mtime: (3, 4),
-                digest: None,
                 meta: Some(Box::new(Meta {
                     owner: Some((7, 8)),
                     xattrs,
                 })),
-                path: "a".into(),
+                ..small_entry()
             };
             let mut buf = Vec::new();
             encode(
