@@ -264,7 +264,7 @@ impl<'a> Planner<'a> {
         let wanted = Wanted {
             size: e.size,
             mtime: e.mtime,
-            digest: e.digest,
+            digest: e.digest.map(u128::from_le_bytes),
         };
         if needs_digest(self.sync, found.as_ref(), &wanted)
             && let Some(f) = &mut found

@@ -98,7 +98,7 @@ pub(super) fn open_session(
             fingerprint: f.stamp.fingerprint(),
             mode: f.mode,
             mtime: f.stamp.wire_mtime(),
-            digest: st.digests.get(id).copied(),
+            digest: st.digests.get(id).map(|d| d.to_le_bytes()),
             meta: st.metas.get(id).cloned(),
             path: f.dest.clone(),
         })

@@ -953,7 +953,7 @@ impl Writer<'_> {
             None => self.u8(0),
             Some(d) => {
                 self.u8(1);
-                self.bytes(&d.to_le_bytes());
+                self.bytes(&d);
             }
         }
         match &e.meta {
@@ -1065,7 +1065,7 @@ impl<'a> Reader<'a> {
         }
         let digest = match self.u8()? {
             0 => None,
-            1 => Some(u128::from_le_bytes(self.array()?)),
+            1 => Some(self.array()?),
             _ => return Err(DecodeError::Invalid("digest flag")),
         };
         let meta = match self.u8()? {
@@ -1361,7 +1361,7 @@ pub(crate) mod tests {
             any::<u64>(),
             0u16..=0o777,
             (any::<i64>(), 0u32..1_000_000_000),
-            proptest::option::of(any::<u128>()),
+            proptest::option::of(any::<[u8; 16]>()),
             proptest::option::of(arb_meta()),
             arb_str(200),
         )

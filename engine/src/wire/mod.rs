@@ -186,7 +186,9 @@ pub struct FileEntry {
     /// Under `SyncLevel::Checksum`, the source file's digest
     /// (`digest::file_digest` of its blocks at the session's block
     /// size), which the receiver compares with what it has; else none.
-    pub digest: Option<u128>,
+    /// Little-endian bytes, not a `u128`: its 16-byte alignment would
+    /// round every entry of a manifest up by 16 bytes.
+    pub digest: Option<[u8; 16]>,
     /// Owner and extended attributes, where the send keeps them
     /// (`send --keep`); boxed, so that an entry without them (and a
     /// file waiting in a large manifest) costs a pointer.
